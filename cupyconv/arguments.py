@@ -1,0 +1,211 @@
+"""Argument normalisation and validation for conv2d.
+
+Everything a convolution call can get wrong is caught here, before any allocation or launch, and
+reported as a ValueError or TypeError that names the argument and the shapes involved. The result
+is a :class:`ConvProblem`: plain integers describing the convolution, shared by the NumPy reference,
+the kernel planner and the torch adapter.
+"""
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+import numpy as np
+
+#: Element types cupyconv computes in, by name. float16 and bfloat16 accumulate in float32.
+SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvProblem:
+    """The shape-level description of one conv2d call (NCHW, weight (K, C/groups, kh, kw))."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    kh: int
+    kw: int
+    stride: tuple[int, int]
+    dilation: tuple[int, int]
+    pad_top: int
+    pad_left: int
+    pad_bottom: int
+    pad_right: int
+    groups: int
+    dtype: str
+    has_bias: bool
+
+    @property
+    def ho(self) -> int:
+        return (self.h + self.pad_top + self.pad_bottom - self.dilation[0] * (self.kh - 1) - 1) // self.stride[0] + 1
+
+    @property
+    def wo(self) -> int:
+        return (self.w + self.pad_left + self.pad_right - self.dilation[1] * (self.kw - 1) - 1) // self.stride[1] + 1
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        return (self.n, self.k, self.ho, self.wo)
+
+    @property
+    def x_shape(self) -> tuple[int, int, int, int]:
+        return (self.n, self.c, self.h, self.w)
+
+    @property
+    def weight_shape(self) -> tuple[int, int, int, int]:
+        return (self.k, self.c // self.groups, self.kh, self.kw)
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds counted as two operations, the convention of FLOP/s figures."""
+        return 2 * self.n * self.k * self.ho * self.wo * (self.c // self.groups) * self.kh * self.kw
+
+
+def dtype_name(dtype) -> str:
+    """The cupyconv name of a NumPy-style dtype, or TypeError for types conv2d does not compute in."""
+    dt = np.dtype(dtype)
+    if dt.name in SUPPORTED_DTYPES:
+        return dt.name
+    raise TypeError(
+        f"conv2d computes in {', '.join(SUPPORTED_DTYPES)}; got dtype {dt.name} "
+        "(integer, bool and complex arrays must be cast first)")
+
+
+def _pair(value, name: str, minimum: int) -> tuple[int, int]:
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}")
+    if isinstance(value, numbers.Integral):
+        pair = (int(value), int(value))
+    elif isinstance(value, (tuple, list)) and len(value) == 2 and all(
+            isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in value):
+        pair = (int(value[0]), int(value[1]))
+    else:
+        raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}")
+    if min(pair) < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return pair
+
+
+def _padding(padding, kernel: tuple[int, int], dilation: tuple[int, int],
+             stride: tuple[int, int]) -> tuple[int, int, int, int]:
+    """(top, left, bottom, right). 'same' puts an odd extra row/column at the bottom/right, as torch."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0, 0, 0, 0)
+        if padding == "same":
+            if stride != (1, 1):
+                raise ValueError(f"padding='same' needs stride 1, got stride={stride}")
+            total = [d * (k - 1) for d, k in zip(dilation, kernel)]
+            before = [t // 2 for t in total]
+            return (before[0], before[1], total[0] - before[0], total[1] - before[1])
+        raise ValueError(f"padding must be an int, a pair, 'valid' or 'same'; got {padding!r}")
+    ph, pw = _pair(padding, "padding", 0)
+    return (ph, pw, ph, pw)
+
+
+def make_problem(x_shape, weight_shape, bias_shape, dtype, stride=1, padding=0, dilation=1,
+                 groups=1) -> ConvProblem:
+    """Check the shapes and hyper-parameters of a conv2d call and describe it as a ConvProblem.
+
+    Args:
+        x_shape: (N, C, H, W).
+        weight_shape: (K, C // groups, kh, kw).
+        bias_shape: (K,) or None.
+        dtype: the common dtype (a name from SUPPORTED_DTYPES).
+        stride, padding, dilation, groups: as torch.nn.functional.conv2d.
+    """
+    x_shape, weight_shape = tuple(x_shape), tuple(weight_shape)
+    if len(x_shape) != 4:
+        raise ValueError(f"x must be 4-D (N, C, H, W), got shape {x_shape}")
+    if len(weight_shape) != 4:
+        raise ValueError(f"weight must be 4-D (K, C/groups, kh, kw), got shape {weight_shape}")
+    if isinstance(groups, (bool, np.bool_)) or not isinstance(groups, numbers.Integral):
+        raise TypeError(f"groups must be an int, got {groups!r}")
+    groups = int(groups)
+    n, c, h, w = x_shape
+    k, cg, kh, kw = weight_shape
+    if groups < 1:
+        raise ValueError(f"groups must be >= 1, got {groups}")
+    if c < 1 or h < 1 or w < 1:
+        raise ValueError(f"x must have C, H and W >= 1, got shape {x_shape}")
+    if k < 1 or kh < 1 or kw < 1:
+        raise ValueError(f"weight must have K, kh and kw >= 1, got shape {weight_shape}")
+    if c % groups:
+        raise ValueError(f"groups={groups} must divide the input channels C={c} (x shape {x_shape})")
+    if k % groups:
+        raise ValueError(f"groups={groups} must divide the output channels K={k} (weight shape {weight_shape})")
+    if cg * groups != c:
+        raise ValueError(
+            f"x has C={c} channels but weight shape {weight_shape} with groups={groups} expects "
+            f"C = weight.shape[1] * groups = {cg * groups}")
+    if bias_shape is not None and tuple(bias_shape) != (k,):
+        raise ValueError(f"bias must have shape ({k},) for weight shape {weight_shape}, got {tuple(bias_shape)}")
+    stride = _pair(stride, "stride", 1)
+    dilation = _pair(dilation, "dilation", 1)
+    top, left, bottom, right = _padding(padding, (kh, kw), dilation, stride)
+    problem = ConvProblem(n=n, c=c, h=h, w=w, k=k, kh=kh, kw=kw, stride=stride, dilation=dilation,
+                          pad_top=top, pad_left=left, pad_bottom=bottom, pad_right=right,
+                          groups=groups, dtype=dtype_name(dtype), has_bias=bias_shape is not None)
+    if problem.ho < 1 or problem.wo < 1:
+        raise ValueError(
+            f"kernel {kh}x{kw} with dilation {dilation} is larger than the padded input "
+            f"{h + top + bottom}x{w + left + right} (x shape {x_shape}, padding {padding!r})")
+    return problem
+
+
+def array_backend(array, name: str) -> str:
+    """'numpy' or 'cupy' for a NumPy or CuPy array; TypeError for anything else."""
+    if isinstance(array, np.ndarray):
+        return "numpy"
+    if type(array).__module__.split(".")[0] == "cupy" and hasattr(array, "device"):
+        return "cupy"
+    raise TypeError(f"{name} must be a NumPy or CuPy array, got {type(array).__name__}")
+
+
+def check_arrays(x, weight, bias, out) -> str:
+    """Check that the arrays of one call agree in kind, dtype and device; return the backend name."""
+    arrays = {"x": x, "weight": weight}
+    if bias is not None:
+        arrays["bias"] = bias
+    backends = {name: array_backend(a, name) for name, a in arrays.items()}
+    if len(set(backends.values())) > 1:
+        raise TypeError(f"x, weight and bias must all be NumPy or all CuPy arrays, got {backends}")
+    backend = backends["x"]
+    for name, a in arrays.items():
+        dtype_name(a.dtype)
+        if a.dtype != x.dtype:
+            raise TypeError(f"{name} has dtype {a.dtype} but x has dtype {x.dtype}; they must match")
+    if bias is not None and bias.ndim != 1:
+        raise ValueError(f"bias must be 1-D (K,), got shape {tuple(bias.shape)}")
+    if backend == "cupy":
+        devices = {name: a.device.id for name, a in arrays.items()}
+        if len(set(devices.values())) > 1:
+            raise ValueError(f"x, weight and bias must be on one GPU, got devices {devices}")
+    if out is not None:
+        if array_backend(out, "out") != backend:
+            raise TypeError(f"out must be a {backend} array like x, got {type(out).__name__}")
+        if out.dtype != x.dtype:
+            raise TypeError(f"out has dtype {out.dtype} but x has dtype {x.dtype}; they must match")
+        if backend == "cupy" and out.device.id != x.device.id:
+            raise ValueError(f"out is on GPU {out.device.id} but x is on GPU {x.device.id}")
+        if not out.flags.c_contiguous:
+            raise ValueError(f"out must be C-contiguous, got strides {out.strides} for shape {out.shape}")
+    return backend
+
+
+def check_out(out, problem: ConvProblem, shape: tuple[int, ...], x, weight, bias) -> None:
+    """out must have the output shape and must not overlap an input (the kernel would read what it writes)."""
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"out must have shape {tuple(shape)} for this convolution, got {tuple(out.shape)}")
+    for name, a in (("x", x), ("weight", weight), ("bias", bias)):
+        if a is not None and _overlaps(out, a):
+            raise ValueError(f"out shares memory with {name}; conv2d never modifies its inputs")
+
+
+def _overlaps(a, b) -> bool:
+    if isinstance(a, np.ndarray):
+        return bool(np.may_share_memory(a, b))
+    import cupy
+    return bool(cupy.may_share_memory(a, b))

@@ -1,0 +1,110 @@
+"""Kernel sources, run-time compilation with NVRTC, and the per-device kernel cache.
+
+The CUDA C lives in ``kernels/`` (in the source tree) or ``cupyconv/kernels/`` (in an installed
+package). Local ``#include "..."`` lines are expanded here, once, so that CuPy's on-disk cache, which
+keys on the source text, sees every header's content. Each specialisation is compiled once per
+(device, name expression) and kept in memory; CuPy's disk cache makes later processes fast.
+"""
+from __future__ import annotations
+
+import functools
+import pathlib
+import re
+
+#: NVRTC options shared by the run-time and the offline (no GPU) compile.
+NVRTC_OPTIONS = ("-std=c++17",)
+
+_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
+_INCLUDE = re.compile(r'^#include "([^"]+)"[^\n]*$', re.MULTILINE)
+
+
+def kernels_dir() -> pathlib.Path:
+    """Where the kernel sources are: inside the installed package, else the source tree's kernels/."""
+    for candidate in (_PACKAGE_DIR / "kernels", _PACKAGE_DIR.parent / "kernels"):
+        if (candidate / "dtypes.cuh").is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"cupyconv's CUDA sources were not found in {_PACKAGE_DIR / 'kernels'} or {_PACKAGE_DIR.parent / 'kernels'}; "
+        "reinstall the package")
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_source(filename: str) -> str:
+    """The source of kernels/<filename> with its local includes expanded (each header once)."""
+    seen: set[str] = set()
+
+    def expand(name: str) -> str:
+        if name in seen:
+            return ""
+        seen.add(name)
+        text = (kernels_dir() / name).read_text()
+        return _INCLUDE.sub(lambda m: expand(m.group(1)), text)
+
+    return expand(filename)
+
+
+def source_file(kernel: str) -> str:
+    """Kernel family name -> the .cu file that defines it."""
+    return f"{kernel}.cu"
+
+
+@functools.lru_cache(maxsize=None)
+def _module(device_id: int, filename: str, expression: str):
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        module = cupy.RawModule(code=kernel_source(filename), options=NVRTC_OPTIONS,
+                                name_expressions=(expression,))
+        return module.get_function(expression)
+
+
+def get_kernel(kernel: str, expression: str):
+    """The compiled cupy.RawKernel for ``expression`` on the current device (compiled on first use)."""
+    import cupy
+
+    return _module(cupy.cuda.Device().id, source_file(kernel), expression)
+
+
+@functools.lru_cache(maxsize=None)
+def compile_offline(kernel: str, expressions: tuple[str, ...], arch: str) -> dict[str, dict[str, int]]:
+    """Compile with NVRTC for ``arch`` (e.g. 'sm_90') without a GPU; ptxas's resource report per expression.
+
+    Returns {expression: {'registers', 'stack_bytes', 'spill_stores', 'spill_loads'}}. Raises
+    RuntimeError with the compiler log when compilation fails.
+    """
+    from cupy.cuda import nvrtc
+
+    program = nvrtc.createProgram(kernel_source(source_file(kernel)), source_file(kernel), [], [])
+    try:
+        for expression in expressions:
+            nvrtc.addNameExpression(program, expression)
+        options = [*NVRTC_OPTIONS, f"-arch={arch}", "--ptxas-options=--verbose"]
+        try:
+            nvrtc.compileProgram(program, options)
+        except nvrtc.NVRTCError as error:
+            raise RuntimeError(f"NVRTC failed for {arch}:\n{nvrtc.getProgramLog(program)}") from error
+        log = nvrtc.getProgramLog(program).replace("\0", "")
+        mangled = {nvrtc.getLoweredName(program, e): e for e in expressions}
+    finally:
+        nvrtc.destroyProgram(program)
+    return _parse_ptxas_log(log, mangled)
+
+
+def _parse_ptxas_log(log: str, mangled: dict[str, str]) -> dict[str, dict[str, int]]:
+    report: dict[str, dict[str, int]] = {}
+    current = None
+    for line in log.splitlines():
+        entry = re.search(r"Compiling entry function '([^']+)'", line)
+        if entry:
+            current = report.setdefault(mangled.get(entry.group(1), entry.group(1)), {})
+            continue
+        if current is None:
+            continue
+        frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if frame:
+            current.update(stack_bytes=int(frame.group(1)), spill_stores=int(frame.group(2)),
+                           spill_loads=int(frame.group(3)))
+        registers = re.search(r"Used (\d+) registers", line)
+        if registers:
+            current["registers"] = int(registers.group(1))
+    return report

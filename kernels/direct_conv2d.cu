@@ -1,0 +1,126 @@
+// Direct 2-D convolution, NCHW, tiled through shared memory.
+//
+// A thread block computes a tile of BK output channels x (BH x BW) output pixels of one group of one
+// image. For each stage (CC input channels x KR kernel rows x KS kernel columns) it stages the input
+// patch those outputs read, halo included, and the matching weight slice in shared memory; each
+// thread then accumulates an RK x RP register block (RK channels x RP pixels). The whole kernel
+// (KR = kh, KS = kw) is one stage whenever the patch fits, so each input element is read from global
+// memory once per tile; the stage split exists so that any kernel size, stride and dilation fits.
+//
+// Thread layout: tid = tk * TP + tp. The TP threads of a channel row take pixels tp, tp + TP, ...
+// (consecutive lanes -> consecutive output columns: coalesced stores), and the TK rows take channels
+// tk, tk + TK, ... (a warp shares tk when TP >= 32, so weight reads are shared-memory broadcasts).
+#include "dtypes.cuh"
+
+namespace cupyconv {
+
+template <typename T, typename Index, int BK, int BH, int BW, int RK, int RP>
+__global__ void __launch_bounds__((BK / RK) * (BH * BW / RP))
+direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+              T* __restrict__ y, int has_bias,
+              int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
+              int sh, int sw, int pt, int pl, int dh, int dw, int groups,
+              int CC, int KR, int KS, int tiles_w, int tiles, int ktiles) {
+    using Acc = typename accumulator<T>::type;
+    constexpr int TP = BH * BW / RP;   // threads along pixels
+    constexpr int TK = BK / RK;        // threads along output channels
+    constexpr int NT = TP * TK;
+    static_assert(TP * RP == BH * BW && TK * RK == BK, "tile must split evenly over threads");
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int PR = (BH - 1) * sh + (KR - 1) * dh + 1;  // patch rows per stage
+    const int PC = (BW - 1) * sw + (KS - 1) * dw + 1;  // patch columns per stage
+    Acc* xs = reinterpret_cast<Acc*>(smem_raw);          // [CC][PR][PC]
+    Acc* ws = xs + CC * PR * PC;                         // [CC][KR][KS][BK]
+
+    const int tid = threadIdx.x;
+    const int tp = tid % TP, tk = tid / TP;
+    const int Cg = C / groups, Kg = K / groups;
+    const int tile = blockIdx.x % tiles;
+    const int kt = (blockIdx.x / tiles) % ktiles;
+    const int g = blockIdx.x / tiles / ktiles;
+    const int oh0 = (tile / tiles_w) * BH, ow0 = (tile % tiles_w) * BW;
+    const int k0 = kt * BK;
+
+    int poff[RP];  // each pixel's offset in the patch for kernel tap (0, 0)
+#pragma unroll
+    for (int i = 0; i < RP; ++i) {
+        const int p = tp + i * TP;
+        poff[i] = (p / BW) * sh * PC + (p % BW) * sw;
+    }
+
+    for (int n = blockIdx.y; n < N; n += gridDim.y) {
+        const T* xg = x + (static_cast<Index>(n) * C + static_cast<Index>(g) * Cg) * H * W;
+        Acc acc[RK][RP];
+#pragma unroll
+        for (int j = 0; j < RK; ++j)
+#pragma unroll
+            for (int i = 0; i < RP; ++i) acc[j][i] = Acc(0);
+
+        for (int c0 = 0; c0 < Cg; c0 += CC) {
+            const int cn = min(CC, Cg - c0);
+            for (int r0 = 0; r0 < kh; r0 += KR) {
+                const int rn = min(KR, kh - r0);
+                for (int s0 = 0; s0 < kw; s0 += KS) {
+                    const int sn = min(KS, kw - s0);
+                    __syncthreads();  // the previous stage's reads are done before it is overwritten
+                    const int ih0 = oh0 * sh - pt + r0 * dh, iw0 = ow0 * sw - pl + s0 * dw;
+                    for (int e = tid; e < cn * PR * PC; e += NT) {
+                        const int c = e / (PR * PC), pr = (e / PC) % PR, pc = e % PC;
+                        const int ih = ih0 + pr, iw = iw0 + pc;
+                        Acc v = Acc(0);  // zero padding
+                        if (ih >= 0 && ih < H && iw >= 0 && iw < W)
+                            v = to_acc<Acc>(xg[(static_cast<Index>(c0 + c) * H + ih) * W + iw]);
+                        xs[e] = v;
+                    }
+                    for (int e = tid; e < cn * KR * KS * BK; e += NT) {
+                        const int kk = e % BK, s = (e / BK) % KS, r = (e / (BK * KS)) % KR;
+                        const int c = e / (BK * KS * KR);
+                        const int k = k0 + kk;
+                        Acc v = Acc(0);  // channels past Kg and taps past the kernel stay zero
+                        if (k < Kg && r < rn && s < sn)
+                            v = to_acc<Acc>(w[((static_cast<Index>(g) * Kg + k) * Cg + c0 + c) * kh * kw +
+                                              (r0 + r) * kw + s0 + s]);
+                        ws[e] = v;
+                    }
+                    __syncthreads();
+                    for (int c = 0; c < cn; ++c) {
+                        for (int r = 0; r < rn; ++r) {
+                            const Acc* xrow = xs + (c * PR + r * dh) * PC;
+                            const Acc* wrow = ws + (c * KR + r) * KS * BK + tk;
+                            for (int s = 0; s < sn; ++s) {
+                                Acc xv[RP], wv[RK];
+#pragma unroll
+                                for (int i = 0; i < RP; ++i) xv[i] = xrow[poff[i] + s * dw];
+#pragma unroll
+                                for (int j = 0; j < RK; ++j) wv[j] = wrow[s * BK + j * TK];
+#pragma unroll
+                                for (int j = 0; j < RK; ++j)
+#pragma unroll
+                                    for (int i = 0; i < RP; ++i) acc[j][i] = fma(wv[j], xv[i], acc[j][i]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+
+        // Epilogue: bias, conversion to the storage type, stores coalesced along output columns.
+#pragma unroll
+        for (int j = 0; j < RK; ++j) {
+            const int k = k0 + tk + j * TK;
+            if (k >= Kg) continue;
+            const int ko = g * Kg + k;
+            const Acc b = has_bias ? to_acc<Acc>(bias[ko]) : Acc(0);
+            T* yk = y + (static_cast<Index>(n) * K + ko) * Ho * Wo;
+#pragma unroll
+            for (int i = 0; i < RP; ++i) {
+                const int p = tp + i * TP;
+                const int oh = oh0 + p / BW, ow = ow0 + p % BW;
+                if (oh < Ho && ow < Wo) yk[static_cast<Index>(oh) * Wo + ow] = from_acc<T>(acc[j][i] + b);
+            }
+        }
+    }
+}
+
+}  // namespace cupyconv
