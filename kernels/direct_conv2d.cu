@@ -15,7 +15,7 @@
 namespace cupyconv {
 
 template <typename T, typename Index, int BK, int BH, int BW, int RK, int RP>
-__global__ void __launch_bounds__((BK / RK) * (BH * BW / RP))
+__global__ void __launch_bounds__((BK / RK) * (BH * BW / RP), 1)
 direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
               T* __restrict__ y, int has_bias,
               int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
@@ -65,6 +65,8 @@ direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
                     const int sn = min(KS, kw - s0);
                     __syncthreads();  // the previous stage's reads are done before it is overwritten
                     const int ih0 = oh0 * sh - pt + r0 * dh, iw0 = ow0 * sw - pl + s0 * dw;
+                    // Not unrolled: the index divisions of unrolled copies cost registers, and spills.
+#pragma unroll 1
                     for (int e = tid; e < cn * PR * PC; e += NT) {
                         const int c = e / (PR * PC), pr = (e / PC) % PR, pc = e % PC;
                         const int ih = ih0 + pr, iw = iw0 + pc;
@@ -73,6 +75,7 @@ direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
                             v = to_acc<Acc>(xg[(static_cast<Index>(c0 + c) * H + ih) * W + iw]);
                         xs[e] = v;
                     }
+#pragma unroll 1
                     for (int e = tid; e < cn * KR * KS * BK; e += NT) {
                         const int kk = e % BK, s = (e / BK) % KS, r = (e / (BK * KS)) % KR;
                         const int c = e / (BK * KS * KR);
