@@ -1,0 +1,122 @@
+"""Argument normalisation and every bad-input error, on NumPy arrays (no GPU needed)."""
+import numpy as np
+import pytest
+
+import cupyconv
+from cupyconv.arguments import make_problem
+
+
+def arrays(n=2, c=4, h=9, w=10, k=6, kh=3, kw=3, groups=1, dtype=np.float32, bias=True):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    weight = rng.standard_normal((k, c // groups, kh, kw)).astype(dtype)
+    b = rng.standard_normal(k).astype(dtype) if bias else None
+    return x, weight, b
+
+
+@pytest.mark.parametrize("stride, padding, dilation, expect", [
+    (1, 0, 1, ((1, 1), (0, 0, 0, 0), (1, 1))),
+    ((2, 3), (1, 2), (2, 1), ((2, 3), (1, 2, 1, 2), (2, 1))),
+    (1, "valid", 1, ((1, 1), (0, 0, 0, 0), (1, 1))),
+    (1, "same", (2, 3), ((1, 1), (2, 3, 2, 3), (2, 3))),
+])
+def test_normalisation(stride, padding, dilation, expect):
+    p = make_problem((2, 4, 9, 10), (6, 4, 3, 3), (6,), "float32", stride, padding, dilation)
+    assert (p.stride, (p.pad_top, p.pad_left, p.pad_bottom, p.pad_right), p.dilation) == expect
+
+
+def test_same_padding_puts_the_odd_extra_at_bottom_right():
+    p = make_problem((1, 1, 8, 8), (1, 1, 4, 2), None, "float32", padding="same")
+    assert (p.pad_top, p.pad_left, p.pad_bottom, p.pad_right) == (1, 0, 2, 1)
+    assert (p.ho, p.wo) == (8, 8)
+
+
+def test_output_shape_and_flops():
+    p = make_problem((256, 3, 224, 224), (96, 3, 11, 11), (96,), "float32", 4, 2)
+    assert p.out_shape == (256, 96, 55, 55)
+    assert p.flops == 2 * 256 * 96 * 55 * 55 * 3 * 11 * 11
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    (dict(x=np.zeros((4, 9, 10), np.float32)[None, None]), ValueError, ["x must be 4-D", "(1, 1, 4, 9, 10)"]),
+    (dict(x=np.zeros((9, 10), np.float32)), ValueError, ["x must be 4-D", "(9, 10)"]),
+    (dict(weight=np.ones((6, 4, 3), np.float32)), ValueError, ["weight must be 4-D", "(6, 4, 3)"]),
+    (dict(weight=np.ones((6, 3, 3, 3), np.float32)), ValueError, ["C=4", "(6, 3, 3, 3)"]),
+    (dict(groups=3), ValueError, ["groups=3", "C=4"]),
+    (dict(groups=4, weight=np.ones((6, 1, 3, 3), np.float32)), ValueError, ["groups=4", "K=6"]),
+    (dict(groups=0), ValueError, ["groups must be >= 1"]),
+    (dict(groups=1.0), TypeError, ["groups must be an int"]),
+    (dict(bias=np.ones(5, np.float32)), ValueError, ["bias must have shape (6,)", "(5,)"]),
+    (dict(bias=np.ones((6, 1), np.float32)), ValueError, ["bias must be 1-D", "(6, 1)"]),
+    (dict(stride=0), ValueError, ["stride must be >= 1"]),
+    (dict(stride=(1, -1)), ValueError, ["stride must be >= 1"]),
+    (dict(stride=(1, 2, 3)), TypeError, ["stride must be an int or a pair"]),
+    (dict(stride=1.5), TypeError, ["stride"]),
+    (dict(dilation=0), ValueError, ["dilation must be >= 1"]),
+    (dict(padding=-1), ValueError, ["padding must be >= 0"]),
+    (dict(padding=(1, -2)), ValueError, ["padding must be >= 0"]),
+    (dict(padding="full"), ValueError, ["'full'", "'same'"]),
+    (dict(padding="same", stride=2), ValueError, ["'same' needs stride 1"]),
+    (dict(weight=np.ones((6, 4, 12, 3), np.float32)), ValueError, ["larger than the padded input", "9x10"]),
+    (dict(weight=np.ones((6, 4, 5, 3), np.float32), dilation=3), ValueError, ["larger than the padded input"]),
+    (dict(weight=np.ones((6, 4, 3, 3), np.float64)), TypeError, ["weight has dtype float64", "float32"]),
+    (dict(bias=np.ones(6, np.float16)), TypeError, ["bias has dtype float16"]),
+    (dict(x=np.ones((2, 4, 9, 10), np.int32)), TypeError, ["int32"]),
+    (dict(x=np.ones((2, 4, 9, 10), bool)), TypeError, ["bool"]),
+    (dict(x=np.ones((2, 4, 9, 10), np.complex64)), TypeError, ["complex64"]),
+    (dict(x=[[1.0]]), TypeError, ["x must be a NumPy or CuPy array", "list"]),
+    (dict(weight=np.ones((0, 4, 3, 3), np.float32)), ValueError, ["K, kh and kw >= 1"]),
+    (dict(x=np.ones((2, 4, 0, 10), np.float32)), ValueError, ["C, H and W >= 1"]),
+])
+def test_errors_name_the_argument_and_shapes(kwargs, error, words):
+    x, weight, bias = arrays()
+    call = dict(x=x, weight=weight, bias=bias)
+    call.update(kwargs)
+    with pytest.raises(error) as info:
+        cupyconv.conv2d(**call)
+    for word in words:
+        assert word in str(info.value)
+
+
+@pytest.mark.parametrize("out, error, words", [
+    (np.empty((2, 6, 7, 9), np.float32), ValueError, ["out must have shape (2, 6, 7, 8)", "(2, 6, 7, 9)"]),
+    (np.empty((2, 6, 7, 8), np.float64), TypeError, ["out has dtype float64"]),
+    (np.empty((2, 6, 7, 16), np.float32)[..., ::2], ValueError, ["C-contiguous"]),
+    ([[0.0]], TypeError, ["out must be a NumPy or CuPy array", "list"]),
+])
+def test_bad_out(out, error, words):
+    x, weight, bias = arrays()
+    with pytest.raises(error) as info:
+        cupyconv.conv2d(x, weight, bias, out=out)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_out_may_not_alias_an_input():
+    x = np.random.default_rng(1).standard_normal((1, 2, 5, 5))
+    weight = np.ones((2, 2, 1, 1))
+    with pytest.raises(ValueError, match="shares memory with x"):
+        cupyconv.conv2d(x, weight, out=x)
+
+
+def test_out_is_written_and_returned():
+    x, weight, bias = arrays()
+    out = np.full((2, 6, 7, 8), np.nan, np.float32)
+    y = cupyconv.conv2d(x, weight, bias, out=out)
+    assert y is out and np.isfinite(out).all()
+    np.testing.assert_array_equal(out, cupyconv.conv2d(x, weight, bias))
+
+
+def test_plan_is_printable_and_explains_the_choice():
+    x, weight, bias = arrays(n=256, c=3, h=224, w=224, k=96, kh=11, kw=11)
+    text = str(cupyconv.plan(x, weight, bias, stride=4, padding=2))
+    assert "direct_conv2d" in text and "why:" in text and "grid" in text
+
+
+def test_import_needs_neither_torch_nor_a_gpu():
+    import subprocess
+    import sys
+
+    code = ("import sys, cupyconv; assert 'torch' not in sys.modules, 'cupyconv imported torch'; "
+            "assert 'cupy' not in sys.modules, 'cupyconv imported cupy at import time'")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,240 @@
+"""conv2d on CuPy arrays against torch in float64, on the GPU: the shared grid in every dtype, 200
+hypothesis-drawn configurations, both seed shapes at full size, a tensor past 2^31 elements, streams,
+and errors that leave nothing allocated. Outputs are poisoned with NaN before every launch."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import cupyconv
+from cases import GRID, Case
+from devices import gpu_count
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch", reason="the GPU tests compare with torch")
+F = torch.nn.functional
+cupy = pytest.importorskip("cupy")
+
+DTYPES = ["float64", "float32", "float16", "bfloat16"]
+TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+                "bfloat16": torch.bfloat16}
+# Relative error floors: float64 and strict float32 are absolute bounds; 16-bit types may also reach
+# twice torch's own error in the same dtype (flash-attention's rule), whichever is larger.
+FLOOR = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-3, "bfloat16": 8e-3}
+
+
+@pytest.fixture(autouse=True)
+def strict_torch_fp32():
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def to_cupy(t):
+    """Zero-copy CuPy view of a CUDA tensor; bfloat16 (which CuPy lacks) as its int16 bits."""
+    if t is None:
+        return None
+    return cupy.from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
+
+
+def run_cupyconv(x, weight, bias, case: Case):
+    """cupyconv on torch CUDA tensors, writing into a NaN-poisoned torch output; returns that output."""
+    from cupyconv.arguments import make_problem
+    from cupyconv.launch import conv2d_cupy
+
+    dtype = str(x.dtype).replace("torch.", "")
+    problem = make_problem(x.shape, weight.shape, None if bias is None else bias.shape, dtype,
+                           case.stride, case.padding, case.dilation, case.groups)
+    out = torch.full(problem.out_shape, float("nan"), device=x.device, dtype=x.dtype)
+    if dtype == "bfloat16":
+        conv2d_cupy(to_cupy(x), to_cupy(weight), to_cupy(bias), problem, to_cupy(out))
+    else:  # the public entry point, with its own checks
+        y = cupyconv.conv2d(to_cupy(x), to_cupy(weight), to_cupy(bias), case.stride, case.padding,
+                            case.dilation, case.groups, out=to_cupy(out))
+        assert y.data.ptr == out.data_ptr()
+    cupy.cuda.get_current_stream().synchronize()
+    return out
+
+
+def random_inputs(case: Case, dtype: str, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    make = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.float64, generator=g).to(TORCH_DTYPES[dtype])
+    x = make(case.n, case.c, case.h, case.w)
+    weight = make(case.k, case.c // case.groups, case.kh, case.kw)
+    bias = make(case.k) if case.bias else None
+    return x, weight, bias
+
+
+def relative_error(out, ref) -> float:
+    if ref.numel() == 0:
+        return 0.0
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+def check(case: Case, dtype: str, seed: int):
+    x, weight, bias = random_inputs(case, dtype, seed)
+    saved = [t.clone() for t in (x, weight, bias) if t is not None]
+    out = run_cupyconv(x, weight, bias, case)
+    up = lambda t: None if t is None else t.double()
+    conv = lambda *ts: F.conv2d(*ts, case.stride, case.padding, case.dilation, case.groups)
+    ref = conv(up(x), up(weight), up(bias))
+    assert out.shape == ref.shape
+    assert not out.isnan().any(), "an output element was never written (or is NaN)"
+    error = relative_error(out, ref)
+    allowed = FLOOR[dtype]
+    if dtype in ("float16", "bfloat16"):
+        allowed = max(allowed, 2 * relative_error(conv(x, weight, bias), ref))
+    assert error <= allowed, f"{dtype} relative error {error:.3g} > {allowed:.3g}"
+    for before, after in zip(saved, (t for t in (x, weight, bias) if t is not None)):
+        assert torch.equal(before, after), "an input was modified"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", GRID, ids=lambda c: c.id)
+def test_grid(case, dtype):
+    check(case, dtype, seed=len(case.id))
+
+
+@st.composite
+def cases(draw):
+    groups = draw(st.sampled_from([1, 1, 1, 2, 3, 4]))
+    c = groups * draw(st.integers(1, 6))
+    k = groups * draw(st.integers(1, 40))
+    kh, kw = draw(st.integers(1, 7)), draw(st.integers(1, 7))
+    stride = draw(st.sampled_from([1, 2, 3, (1, 2), (3, 1)]))
+    dilation = draw(st.sampled_from([1, 1, 2, (1, 3)]))
+    padding = draw(st.sampled_from([0, 1, 2, (0, 3), "valid"] + (["same"] if stride == 1 else [])))
+    case = Case(n=draw(st.integers(0, 3)), c=c, k=k, h=draw(st.integers(1, 40)), w=draw(st.integers(1, 40)),
+                kh=kh, kw=kw, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                bias=draw(st.booleans()))
+    try:
+        cupyconv.arguments.make_problem((case.n, case.c, case.h, case.w), (case.k, case.c // groups, kh, kw),
+                                        None, "float32", stride, padding, dilation, groups)
+    except ValueError:
+        assume(False)  # torch rejects it too: a kernel larger than the padded input
+    return case, draw(st.sampled_from(DTYPES)), draw(st.integers(0, 2**31))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(cases())
+def test_hypothesis_configurations(drawn):
+    case, dtype, seed = drawn
+    check(case, dtype, seed)
+
+
+SEEDS = {
+    "alexnet_conv1": Case(256, 3, 96, 224, 224, 11, 11, stride=4, padding=2),
+    "wide_5x9": Case(8, 32, 64, 512, 512, 5, 9, bias=False),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("name", SEEDS)
+def test_seed_shapes_full_size(name, dtype):
+    """Whole batch computed; every element checked for being written, a sample of images against float64."""
+    case = SEEDS[name]
+    x, weight, bias = random_inputs(case, dtype, seed=7)
+    out = run_cupyconv(x, weight, bias, case)
+    assert not out.isnan().any()
+    sample = [0, case.n // 2, case.n - 1]
+    up = lambda t: None if t is None else t.double()
+    ref = F.conv2d(up(x[sample]), up(weight), up(bias), case.stride, case.padding, case.dilation, case.groups)
+    assert relative_error(out[sample], ref) <= (1e-5 if dtype == "float32" else 2e-3)
+
+
+def test_tensor_past_2_31_elements():
+    """Input and output of 2.15e9 elements each: the planner switches to 64-bit indices."""
+    n, h, w = 2, 32768, 32800
+    assert n * h * w > 2**31
+    x = torch.randn(n, 1, h, w, device="cuda", dtype=torch.float16)
+    weight = torch.randn(1, 1, 3, 3, device="cuda", dtype=torch.float16)
+    case = Case(n, 1, 1, h, w, 3, 3, padding=1, bias=False)
+    assert cupyconv.plan(to_cupy(x), to_cupy(weight), padding=1).index_type == "long long"
+    out = run_cupyconv(x, weight, None, case)
+    # The last rows of the last image lie past element 2^31; recompute them from a crop, padded as
+    # the full input is at the bottom, left and right.
+    crop = F.pad(x[-1:, :, h - 10:].double(), (1, 1, 0, 1))
+    ref = F.conv2d(crop, weight.double())
+    tail = out[-1:, :, h - ref.shape[2]:]
+    assert not tail.isnan().any()
+    assert relative_error(tail, ref) <= 2e-3
+    del x, out
+
+
+def test_public_api_returns_cupy_on_x_device_and_unbatched_shape():
+    rng = cupy.random.default_rng(0)
+    x = rng.standard_normal((3, 10, 11), dtype=cupy.float32)
+    weight = rng.standard_normal((4, 3, 3, 3), dtype=cupy.float32)
+    y = cupyconv.conv2d(x, weight)
+    assert isinstance(y, cupy.ndarray) and y.shape == (4, 8, 9) and y.device.id == x.device.id
+    ref = cupyconv.conv2d(cupy.asnumpy(x), cupy.asnumpy(weight))
+    np.testing.assert_allclose(cupy.asnumpy(y), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_non_contiguous_inputs_are_read_correctly():
+    rng = cupy.random.default_rng(1)
+    nhwc = rng.standard_normal((2, 20, 21, 6), dtype=cupy.float64)
+    x = nhwc.transpose(0, 3, 1, 2)[:, 1:5, ::2, 1:]
+    weight = rng.standard_normal((3, 4, 3, 2), dtype=cupy.float64)[..., ::-1]
+    y = cupyconv.conv2d(x, weight, padding=1, stride=(1, 2))
+    ref = cupyconv.conv2d(cupy.asnumpy(x), cupy.asnumpy(weight), padding=1, stride=(1, 2))
+    np.testing.assert_allclose(cupy.asnumpy(y), ref, rtol=1e-12, atol=1e-12)
+
+
+_SPIN = r'''
+extern "C" __global__ void spin_then_fill(double* x, long long n, long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += gridDim.x * (long long)blockDim.x)
+        x[i] = (double)((i * 7919) % 1000) / 500.0 - 1.0;
+}
+'''
+
+
+def test_runs_on_cupy_current_stream():
+    """A slow producer on a non-blocking stream, then conv2d on that stream: right only if ordered."""
+    spin = cupy.RawKernel(_SPIN, "spin_then_fill")
+    x = cupy.full((2, 3, 30, 30), cupy.nan)
+    weight = cupy.asarray(np.random.default_rng(2).standard_normal((4, 3, 3, 3)))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        spin((4,), (128,), (x, np.int64(x.size), np.int64(200_000_000)))
+        y = cupyconv.conv2d(x, weight)
+    stream.synchronize()
+    ref = cupyconv.conv2d(cupy.asnumpy(x), cupy.asnumpy(weight))
+    np.testing.assert_allclose(cupy.asnumpy(y), ref, rtol=1e-12, atol=1e-12)
+
+
+def test_errors_leave_nothing_allocated():
+    pool = cupy.get_default_memory_pool()
+    x = cupy.ones((2, 4, 9, 9), cupy.float32)
+    weight = cupy.ones((6, 4, 3, 3), cupy.float32)
+    before = pool.used_bytes()
+    bad_calls = [
+        lambda: cupyconv.conv2d(x, cupy.asnumpy(weight)),  # NumPy and CuPy mixed
+        lambda: cupyconv.conv2d(cupy.asnumpy(x), weight),
+        lambda: cupyconv.conv2d(x, weight, groups=3),
+        lambda: cupyconv.conv2d(x, weight, cupy.ones(5, cupy.float32)),
+        lambda: cupyconv.conv2d(x, weight.astype(cupy.float16)),
+        lambda: cupyconv.conv2d(x, weight, out=cupy.empty((2, 6, 7, 8), cupy.float32)),
+        lambda: cupyconv.conv2d(x, weight, out=np.empty((2, 6, 7, 7), np.float32)),
+        lambda: cupyconv.conv2d(x, weight, padding="same", stride=2),
+    ]
+    for call in bad_calls:
+        with pytest.raises((TypeError, ValueError)):
+            call()
+    assert pool.used_bytes() == before
+
+
+@pytest.mark.skipif(gpu_count() < 2, reason="needs two GPUs")
+def test_second_gpu():
+    with cupy.cuda.Device(1):
+        x = cupy.random.standard_normal((1, 2, 8, 8))
+        weight = cupy.random.standard_normal((3, 2, 3, 3))
+    with cupy.cuda.Device(0):
+        y = cupyconv.conv2d(x, weight)
+        with pytest.raises(ValueError, match="one GPU"):
+            cupyconv.conv2d(x, cupy.asarray(cupy.asnumpy(weight)))
+    assert y.device.id == 1
+    np.testing.assert_allclose(cupy.asnumpy(y), cupyconv.conv2d(cupy.asnumpy(x), cupy.asnumpy(weight)), rtol=1e-12)
