@@ -8,11 +8,39 @@
 // memory once per tile; the stage split exists so that any kernel size, stride and dilation fits.
 //
 // Thread layout: tid = tk * TP + tp. The TP threads of a channel row take pixels tp, tp + TP, ...
-// (consecutive lanes -> consecutive output columns: coalesced stores), and the TK rows take channels
-// tk, tk + TK, ... (a warp shares tk when TP >= 32, so weight reads are shared-memory broadcasts).
+// (consecutive lanes -> consecutive output columns: coalesced stores), and thread row tk takes the RK
+// consecutive channels tk * RK ... (a warp shares tk when TP >= 32, so its weight reads are one
+// vector broadcast).
+//
+// Shared-memory layout of the patch: a patch column pc is stored at (pc % sw) * PCS + pc / sw, so the
+// columns one kernel tap reads for consecutive output columns (pc = ow * sw + s * dw) are consecutive
+// words whatever the stride: no bank conflicts. Rows are `pitch` words apart; the planner pads the
+// pitch so that the two output rows one warp covers land in different banks.
 #include "dtypes.cuh"
 
 namespace cupyconv {
+
+// N consecutive values from shared memory, as 16-byte loads where N and the type allow (the caller
+// keeps the address aligned to N elements).
+template <int N, typename Acc>
+__device__ __forceinline__ void load_vector(Acc (&v)[N], const Acc* p) {
+    if constexpr (sizeof(Acc) == 4 && N % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < N; j += 4) {
+            const float4 q = *reinterpret_cast<const float4*>(p + j);
+            v[j] = q.x; v[j + 1] = q.y; v[j + 2] = q.z; v[j + 3] = q.w;
+        }
+    } else if constexpr (sizeof(Acc) * N % 16 == 0) {
+#pragma unroll
+        for (int j = 0; j < N; j += 2) {
+            const double2 q = *reinterpret_cast<const double2*>(p + j);
+            v[j] = q.x; v[j + 1] = q.y;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) v[j] = p[j];
+    }
+}
 
 template <typename T, typename Index, int BK, int BH, int BW, int RK, int RP>
 __global__ void __launch_bounds__((BK / RK) * (BH * BW / RP), 1)
@@ -20,7 +48,7 @@ direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
               T* __restrict__ y, int has_bias,
               int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
               int sh, int sw, int pt, int pl, int dh, int dw, int groups,
-              int CC, int KR, int KS, int tiles_w, int tiles, int ktiles) {
+              int CC, int KR, int KS, int pitch, int tiles_w, int tiles, int ktiles) {
     using Acc = typename accumulator<T>::type;
     constexpr int TP = BH * BW / RP;   // threads along pixels
     constexpr int TK = BK / RK;        // threads along output channels
@@ -30,8 +58,10 @@ direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int PR = (BH - 1) * sh + (KR - 1) * dh + 1;  // patch rows per stage
     const int PC = (BW - 1) * sw + (KS - 1) * dw + 1;  // patch columns per stage
-    Acc* xs = reinterpret_cast<Acc*>(smem_raw);          // [CC][PR][PC]
-    Acc* ws = xs + CC * PR * PC;                         // [CC][KR][KS][BK]
+    const int PCS = (PC + sw - 1) / sw;                  // stored columns of one stride phase
+    const int plane = (CC * PR * pitch + 3) / 4 * 4;     // keeps ws 16-byte aligned
+    Acc* xs = reinterpret_cast<Acc*>(smem_raw);          // [CC][PR][pitch], columns permuted
+    Acc* ws = xs + plane;                                // [CC][KR][KS][BK]
 
     const int tid = threadIdx.x;
     const int tp = tid % TP, tk = tid / TP;
@@ -46,8 +76,9 @@ direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
 #pragma unroll
     for (int i = 0; i < RP; ++i) {
         const int p = tp + i * TP;
-        poff[i] = (p / BW) * sh * PC + (p % BW) * sw;
+        poff[i] = (p / BW) * sh * pitch + p % BW;
     }
+    const int tap_step = dw / sw, phase_step = dw % sw;  // how a tap's permuted column moves with s
 
     for (int n = blockIdx.y; n < N; n += gridDim.y) {
         const T* xg = x + (static_cast<Index>(n) * C + static_cast<Index>(g) * Cg) * H * W;
@@ -73,7 +104,7 @@ direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
                         Acc v = Acc(0);  // zero padding
                         if (ih >= 0 && ih < H && iw >= 0 && iw < W)
                             v = to_acc<Acc>(xg[(static_cast<Index>(c0 + c) * H + ih) * W + iw]);
-                        xs[e] = v;
+                        xs[(c * PR + pr) * pitch + (pc % sw) * PCS + pc / sw] = v;
                     }
 #pragma unroll 1
                     for (int e = tid; e < cn * KR * KS * BK; e += NT) {
@@ -89,14 +120,17 @@ direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
                     __syncthreads();
                     for (int c = 0; c < cn; ++c) {
                         for (int r = 0; r < rn; ++r) {
-                            const Acc* xrow = xs + (c * PR + r * dh) * PC;
-                            const Acc* wrow = ws + (c * KR + r) * KS * BK + tk;
+                            const Acc* xrow = xs + (c * PR + r * dh) * pitch;
+                            const Acc* wrow = ws + (c * KR + r) * KS * BK + tk * RK;
+                            int tap = 0, phase = 0;  // tap s reads permuted column phase * PCS + tap
                             for (int s = 0; s < sn; ++s) {
                                 Acc xv[RP], wv[RK];
 #pragma unroll
-                                for (int i = 0; i < RP; ++i) xv[i] = xrow[poff[i] + s * dw];
-#pragma unroll
-                                for (int j = 0; j < RK; ++j) wv[j] = wrow[s * BK + j * TK];
+                                for (int i = 0; i < RP; ++i) xv[i] = xrow[poff[i] + phase * PCS + tap];
+                                load_vector<RK>(wv, wrow + s * BK);
+                                tap += tap_step;
+                                phase += phase_step;
+                                if (phase >= sw) { phase -= sw; ++tap; }
 #pragma unroll
                                 for (int j = 0; j < RK; ++j)
 #pragma unroll
@@ -111,7 +145,7 @@ direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
         // Epilogue: bias, conversion to the storage type, stores coalesced along output columns.
 #pragma unroll
         for (int j = 0; j < RK; ++j) {
-            const int k = k0 + tk + j * TK;
+            const int k = k0 + tk * RK + j;
             if (k >= Kg) continue;
             const int ko = g * Kg + k;
             const Acc b = has_bias ? to_acc<Acc>(bias[ko]) : Acc(0);

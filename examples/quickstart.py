@@ -1,0 +1,44 @@
+"""cupyconv in a few lines: AlexNet's first layer on the GPU when there is one, else on NumPy.
+
+    python examples/quickstart.py
+"""
+import numpy as np
+
+import cupyconv
+
+
+def gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no CuPy, no driver or no device
+        return False
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    batch = 8 if gpu_available() else 2
+    x = rng.standard_normal((batch, 3, 224, 224), dtype=np.float32)
+    weight = rng.standard_normal((96, 3, 11, 11), dtype=np.float32) * 0.05
+    bias = rng.standard_normal(96, dtype=np.float32)
+
+    # The NumPy path: same call, same result, on the CPU.
+    y_cpu = cupyconv.conv2d(x, weight, bias, stride=4, padding=2)
+    print(f"NumPy (CPU): {x.shape} -> {y_cpu.shape}")
+
+    if not gpu_available():
+        print("No CUDA GPU found: ran on NumPy only. Install with the cuda12 or cuda13 extra on a GPU machine.")
+        return
+    import cupy
+
+    xg, wg, bg = (cupy.asarray(a) for a in (x, weight, bias))
+    print(cupyconv.plan(xg, wg, bg, stride=4, padding=2))  # which kernel runs, and why
+    y_gpu = cupyconv.conv2d(xg, wg, bg, stride=4, padding=2)
+    error = float(np.linalg.norm(cupy.asnumpy(y_gpu) - y_cpu) / np.linalg.norm(y_cpu))
+    print(f"GPU ({cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}): {y_gpu.shape}, "
+          f"relative difference from NumPy {error:.1e}")
+
+
+if __name__ == "__main__":
+    main()
