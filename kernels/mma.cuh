@@ -1,0 +1,81 @@
+// Inline-PTX wrappers for the tensor-core path (sm_80 and newer): asynchronous copies, ldmatrix,
+// TF32 rounding and warp-level mma.sync.
+//
+// PTX rather than cuda_pipeline.h / mma.h because the kernels compile with no CUDA include path
+// (see dtypes.cuh). Every wrapper that reads or writes shared memory clobbers "memory", so the
+// compiler keeps it ordered with the ordinary shared-memory accesses and barriers around it.
+#pragma once
+
+#include "dtypes.cuh"
+
+namespace cupyconv {
+
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 4-byte global -> shared copy that bypasses registers. With valid == false the source size is 0:
+// nothing is read and the destination is zero-filled, which is how padding and out-of-range rows
+// and columns become zeros. `src` must still be a global address; callers pass the tensor's base.
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                 :: "r"(shared_address(dst)), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Wait until at most `Pending` committed groups are still in flight.
+template <int Pending> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(Pending) : "memory");
+}
+
+__device__ __forceinline__ unsigned to_tf32(float v) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
+}
+
+// Four 8x8 16-bit matrices, transposed on the way: lane i gives the address of row i % 8 of matrix
+// i / 8, and receives, of each matrix, the elements (row 2 (i % 4), column i / 4) and (row 2 (i % 4) + 1,
+// column i / 4) packed low/high. Rows of 16 bytes, 16-byte aligned.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(shared_address(row)) : "memory");
+}
+
+// D = A B + D on one warp, float32 accumulators. A is 16 x K row-major, B is K x 8 column-major,
+// with the fragment layouts of the PTX ISA ("Matrix Fragments for mma.m16n8k8 / m16n8k16").
+// The storage type picks the instruction: float -> tf32 m16n8k8, half_t / bfloat16_t -> m16n8k16.
+template <typename T> struct mma_op;
+
+template <> struct mma_op<float> {
+    static constexpr int k = 8;
+    static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+
+template <> struct mma_op<half_t> {
+    static constexpr int k = 16;
+    static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+
+template <> struct mma_op<bfloat16_t> {
+    static constexpr int k = 16;
+    static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+
+}  // namespace cupyconv

@@ -1,0 +1,195 @@
+"""The implicit-GEMM tensor-core kernels (TF32, float16, bfloat16) against torch in float64, on the GPU.
+
+Every tile configuration is forced in turn over the shared grid plus GEMM-specific edges (channel
+counts and reduction lengths that are not multiples of the tiles, groups, N = 0), then both seed
+shapes at full size, the 64-bit index specialisation and the dispatch rules. Outputs are poisoned
+with NaN before each launch; relative error below 2e-3 for TF32 and 1e-2 for float16/bfloat16.
+"""
+import dataclasses
+
+import pytest
+
+from cases import GRID, Case
+
+
+def _cuda_device_count() -> int:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no CuPy, no driver or no device
+        return 0
+
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(_cuda_device_count() == 0, reason="needs a CUDA GPU (cupy finds none)")]
+torch = pytest.importorskip("torch", reason="the GPU tests compare with torch")
+cupy = pytest.importorskip("cupy")
+F = torch.nn.functional
+
+import cupyconv  # noqa: E402
+from cupyconv.arguments import make_problem  # noqa: E402
+from cupyconv.launch import conv2d_cupy  # noqa: E402
+from cupyconv.planner import GEMM_CONFIGS, GEMM_KERNEL, make_plan  # noqa: E402
+
+# "tf32" is float32 storage computed as TF32.
+DTYPES = {"tf32": ("float32", torch.float32), "float16": ("float16", torch.float16),
+          "bfloat16": ("bfloat16", torch.bfloat16)}
+TOLERANCE = {"tf32": 2e-3, "float16": 1e-2, "bfloat16": 1e-2}
+
+GEMM_GRID = GRID + [
+    Case(2, 3, 8, 9, 11, 3, 3, padding=1),                     # Kgemm 27: shorter than one k tile
+    Case(1, 5, 70, 13, 17, 3, 3, padding=1),                   # K 70: past the 64-channel tile
+    Case(2, 7, 130, 11, 9, 3, 2, stride=(2, 1), padding=(1, 0)),  # K 130: two 128-channel tiles
+    Case(1, 9, 40, 15, 16, 5, 5, padding="same", dilation=(1, 2)),  # asymmetric 'same', Kgemm 225
+    Case(1, 4, 8, 10, 9, 4, 2, padding="same"),                # even kernel: extra row/column bottom/right
+    Case(2, 12, 24, 10, 11, 3, 3, padding=1, groups=3),        # grouped, 8 channels per group
+    Case(1, 16, 16, 9, 9, 3, 3, padding=1, groups=16),         # depthwise, forced onto the GEMM
+    Case(3, 6, 48, 7, 5, 1, 1, stride=2),                      # 1x1 with stride, tiles across images
+    Case(0, 8, 16, 9, 11, 3, 3, padding=1),                    # empty batch
+    Case(5, 3, 9, 31, 29, 3, 3, stride=3, padding=(2, 0), dilation=2),  # odd everything
+]
+
+
+def to_cupy(t):
+    """Zero-copy CuPy view of a CUDA tensor; bfloat16 (which CuPy lacks) as its int16 bits."""
+    if t is None:
+        return None
+    return cupy.from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
+
+
+def random_inputs(case: Case, torch_dtype, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    make = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.float64, generator=g).to(torch_dtype)
+    x = make(case.n, case.c, case.h, case.w)
+    weight = make(case.k, case.c // case.groups, case.kh, case.kw)
+    return x, weight, make(case.k) if case.bias else None
+
+
+def gemm_problem(case: Case, dtype: str):
+    # make_problem checks dtypes by NumPy name; bfloat16 shares float16's shape rules.
+    problem = make_problem((case.n, case.c, case.h, case.w), (case.k, case.c // case.groups, case.kh, case.kw),
+                           (case.k,) if case.bias else None, "float16" if dtype == "bfloat16" else dtype,
+                           case.stride, case.padding, case.dilation, case.groups)
+    return dataclasses.replace(problem, dtype=dtype)
+
+
+def run_gemm(x, weight, bias, case: Case, dtype: str, config=None, index_type=None):
+    """cupyconv's implicit GEMM (forced) into a NaN-poisoned torch output; returns the output."""
+    problem = gemm_problem(case, dtype)
+    plan = make_plan(problem, config=config, kernel=GEMM_KERNEL)
+    assert plan.kernel == GEMM_KERNEL
+    if index_type is not None:
+        plan = dataclasses.replace(plan, index_type=index_type)
+    out = torch.full(problem.out_shape, float("nan"), device="cuda", dtype=x.dtype)
+    conv2d_cupy(to_cupy(x), to_cupy(weight), to_cupy(bias), problem, to_cupy(out), plan=plan)
+    torch.cuda.synchronize()
+    return out
+
+
+def relative_error(out, ref) -> float:
+    if ref.numel() == 0:
+        return 0.0
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+def reference(x, weight, bias, case: Case):
+    up = lambda t: None if t is None else t.double()
+    return F.conv2d(up(x), up(weight), up(bias), case.stride, case.padding, case.dilation, case.groups)
+
+
+def check(case: Case, name: str, config=None, index_type=None, seed=0):
+    dtype, torch_dtype = DTYPES[name]
+    x, weight, bias = random_inputs(case, torch_dtype, seed)
+    saved = [t.clone() for t in (x, weight, bias) if t is not None]
+    out = run_gemm(x, weight, bias, case, dtype, config, index_type)
+    ref = reference(x, weight, bias, case)
+    assert out.shape == ref.shape
+    assert not out.isnan().any(), "an output element was never written (or is NaN)"
+    error = relative_error(out, ref)
+    assert error < TOLERANCE[name], f"{name} relative error {error:.3g} >= {TOLERANCE[name]}"
+    for before, after in zip(saved, (t for t in (x, weight, bias) if t is not None)):
+        assert torch.equal(before, after), "an input was modified"
+
+
+@pytest.mark.parametrize("config_index", range(3), ids=["narrow", "mid", "wide"])
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("case", GEMM_GRID, ids=lambda c: c.id)
+def test_grid_every_config(case, name, config_index):
+    config = GEMM_CONFIGS[DTYPES[name][0]][config_index].name
+    check(case, name, config, seed=len(case.id) + config_index)
+
+
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("case", [GEMM_GRID[0], GEMM_GRID[3], GEMM_GRID[-1], GEMM_GRID[-5]], ids=lambda c: c.id)
+def test_64_bit_index_specialisation(case, name):
+    check(case, name, index_type="long long", seed=3)
+
+
+SEEDS = {
+    "alexnet_conv1": Case(256, 3, 96, 224, 224, 11, 11, stride=4, padding=2),
+    "wide_5x9": Case(8, 32, 64, 512, 512, 5, 9, bias=False),
+}
+
+
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("seed_shape", SEEDS)
+def test_seed_shapes_full_size(seed_shape, name):
+    """Whole batch computed (no NaN left); first, middle and last images against float64."""
+    case = SEEDS[seed_shape]
+    dtype, torch_dtype = DTYPES[name]
+    x, weight, bias = random_inputs(case, torch_dtype, seed=11)
+    out = run_gemm(x, weight, bias, case, dtype)
+    assert not out.isnan().any()
+    sample = [0, case.n // 2, case.n - 1]
+    ref = reference(x[sample], weight, bias, case)
+    error = relative_error(out[sample], ref)
+    assert error < TOLERANCE[name], f"{name} relative error {error:.3g}"
+
+
+def test_input_past_2_31_elements():
+    """float16 input of 2.15e9 elements: 64-bit indices chosen, and the last rows (past 2^31) right."""
+    n, c, h, w = 1, 16, 8192, 16400
+    assert n * c * h * w > 2**31
+    case = Case(n, c, 8, h, w, 3, 3, padding=1, bias=True)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(n, c, h, w, device="cuda", dtype=torch.float16, generator=g)
+    weight = torch.randn(8, c, 3, 3, device="cuda", dtype=torch.float16, generator=g)
+    bias = torch.randn(8, device="cuda", dtype=torch.float16, generator=g)
+    assert make_plan(gemm_problem(case, "float16")).index_type == "long long"
+    out = run_gemm(x, weight, bias, case, "float16")
+    crop = F.pad(x[:, :, h - 10:].double(), (1, 1, 0, 1))  # the bottom rows, padded as the full input is
+    ref = F.conv2d(crop, weight.double(), bias.double())
+    tail = out[:, :, h - ref.shape[2]:]
+    assert not tail.isnan().any()
+    assert relative_error(tail, ref) < TOLERANCE["float16"]
+    del x, out
+
+
+def test_dispatch_rules():
+    """16-bit types take the GEMM by default; float32 only with allow_tf32; float64 and depthwise never."""
+    case = Case(2, 8, 32, 12, 12, 3, 3, padding=1)
+    assert make_plan(gemm_problem(case, "float16")).kernel == GEMM_KERNEL
+    assert make_plan(gemm_problem(case, "bfloat16")).kernel == GEMM_KERNEL
+    assert make_plan(gemm_problem(case, "float32")).kernel == "direct_conv2d"
+    assert make_plan(gemm_problem(case, "float32"), allow_tf32=True).kernel == GEMM_KERNEL
+    assert make_plan(gemm_problem(case, "float64"), allow_tf32=True).kernel == "direct_conv2d"
+    depthwise = Case(2, 8, 8, 12, 12, 3, 3, padding=1, groups=8)
+    assert make_plan(gemm_problem(depthwise, "float16")).kernel == "direct_conv2d"
+    with pytest.raises(ValueError, match="computes in"):
+        make_plan(gemm_problem(case, "float64"), kernel=GEMM_KERNEL)
+
+
+def test_public_conv2d_allow_tf32():
+    """cupyconv.conv2d(..., allow_tf32=True) on CuPy float32 runs the GEMM; the default stays strict."""
+    case = Case(2, 16, 40, 20, 18, 3, 3, stride=(1, 2), padding=1)
+    x, weight, bias = random_inputs(case, torch.float32, seed=9)
+    ref = reference(x, weight, bias, case)
+    cx, cw, cb = to_cupy(x), to_cupy(weight), to_cupy(bias)
+    assert cupyconv.plan(cx, cw, cb, case.stride, case.padding, allow_tf32=True).kernel == GEMM_KERNEL
+    fast = torch.from_dlpack(cupyconv.conv2d(cx, cw, cb, case.stride, case.padding, allow_tf32=True))
+    strict = torch.from_dlpack(cupyconv.conv2d(cx, cw, cb, case.stride, case.padding))
+    fast_error, strict_error = relative_error(fast, ref), relative_error(strict, ref)
+    assert fast_error < TOLERANCE["tf32"]
+    assert strict_error < 1e-5
+    assert fast_error > strict_error  # TF32 really ran (its rounding shows)
