@@ -18,7 +18,7 @@ def _problem(x, weight, bias, stride, padding, dilation, groups, out):
     return backend, unbatched, problem
 
 
-def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, out=None):
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, out=None, allow_tf32=False):
     """2-D convolution (cross-correlation) over NCHW arrays, as ``torch.nn.functional.conv2d``.
 
     CuPy arrays run on their GPU, on CuPy's current stream; NumPy arrays run on the CPU.
@@ -35,11 +35,16 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, o
         dilation: int or (dh, dw), >= 1. Default 1.
         groups: >= 1, dividing C and K. groups == C is a depthwise convolution. Default 1.
         out: optional C-contiguous array of the output shape, dtype and device to write into.
+        allow_tf32: let float32 CuPy inputs run on the tensor cores in TF32 (products of operands
+            rounded to 10 mantissa bits, float32 accumulation; relative error about 1e-4 to 1e-3
+            instead of about 1e-6), much faster for large channel counts. Like
+            ``torch.backends.cudnn.allow_tf32``, but off by default. No effect on other dtypes or
+            on NumPy inputs. Default False.
 
     Returns:
         (N, K, Ho, Wo) array (or (K, Ho, Wo) for unbatched input) of x's dtype on x's device, with
         Ho = (H + 2 ph - dh (kh - 1) - 1) // sh + 1 and likewise Wo. float32 is computed in IEEE
-        float32 (no TF32); float16 and bfloat16 accumulate in float32.
+        float32 (no TF32 unless ``allow_tf32``); float16 and bfloat16 accumulate in float32.
 
     Raises:
         TypeError: arrays of another kind, mixed NumPy/CuPy, unsupported or differing dtypes.
@@ -61,14 +66,14 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, o
 
     with cupy.cuda.Device(x.device.id):
         out = cupy.empty(shape, dtype=x.dtype) if out is None else out
-        conv2d_cupy(x4, weight, bias, problem, out.reshape(problem.out_shape))
+        conv2d_cupy(x4, weight, bias, problem, out.reshape(problem.out_shape), allow_tf32=allow_tf32)
     return out
 
 
-def plan(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1) -> LaunchPlan:
+def plan(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, allow_tf32=False) -> LaunchPlan:
     """The GPU launch plan conv2d would use for these arguments (printable: kernel, tiles, grid, why).
 
     Takes the same arguments as :func:`conv2d` (NumPy arrays too: only shapes and dtypes matter).
     """
     _, _, problem = _problem(x, weight, bias, stride, padding, dilation, groups, None)
-    return make_plan(problem)
+    return make_plan(problem, allow_tf32=allow_tf32)

@@ -5,11 +5,13 @@ import numpy as np
 
 from .arguments import ConvProblem
 from .compiler import get_kernel
-from .planner import LaunchPlan, make_plan
+from .planner import GEMM_KERNEL, LaunchPlan, make_plan
 
 
-def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | None = None):
-    """Launch ``plan`` (by default make_plan(problem)) on CuPy's current stream and device, writing ``out``.
+def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | None = None,
+                allow_tf32: bool = False):
+    """Launch ``plan`` (by default make_plan(problem, allow_tf32=allow_tf32)) on CuPy's current stream
+    and device, writing ``out``.
 
     ``problem.dtype`` names the element type, so 16-bit arrays may come as any 2-byte dtype view
     (bfloat16 tensors cross from torch as int16). ``out`` must be C-contiguous. Inputs that are not
@@ -19,14 +21,16 @@ def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | N
 
     if problem.n == 0:
         return out
-    plan = plan or make_plan(problem)
+    plan = plan or make_plan(problem, allow_tf32=allow_tf32)
     x = cupy.ascontiguousarray(x)
     weight = cupy.ascontiguousarray(weight)
     bias = weight if bias is None else cupy.ascontiguousarray(bias)
     p = problem
     ints = (int(p.has_bias), p.n, p.c, p.h, p.w, p.k, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1],
             p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], p.groups,
-            plan.stage_channels, plan.stage_rows, plan.stage_cols, plan.tiles_w, plan.tiles, plan.ktiles)
+            plan.stage_channels, plan.stage_rows, plan.stage_cols, plan.pitch, plan.tiles_w, plan.tiles, plan.ktiles)
+    if plan.kernel == GEMM_KERNEL:  # the implicit GEMM takes the problem's integers only
+        ints = ints[:17]
     kernel = get_kernel(plan.kernel, plan.name_expression)
     kernel(plan.grid, plan.block, (x, weight, bias, out, *(np.int32(v) for v in ints)),
            shared_mem=plan.shared_bytes)

@@ -40,10 +40,13 @@ class TileConfig:
 
 
 #: The direct kernel's tile shapes, most specific first. Chosen by _choose_config.
+#: A 32-wide tile gives each warp one output row (unit-stride, conflict-free patch reads); an 8 x 4
+#: register block gives 32 FMAs per 4 + 2 (vector) shared-memory loads of a kernel tap.
 TILE_CONFIGS = (
-    TileConfig("k32_8x16", bk=32, bh=8, bw=16, rk=4, rp=4),   # many output channels per group
-    TileConfig("k16_8x16", bk=16, bh=8, bw=16, rk=2, rp=4),   # 3 to 16 output channels per group
-    TileConfig("k1_16x16", bk=1, bh=16, bw=16, rk=1, rp=2),   # depthwise: 1 or 2 output channels per group
+    TileConfig("k32_8x32", bk=32, bh=8, bw=32, rk=8, rp=4),   # 17+ output channels per group
+    TileConfig("k32_8x16", bk=32, bh=8, bw=16, rk=8, rp=4),   # the same for outputs at most 16 wide
+    TileConfig("k16_8x32", bk=16, bh=8, bw=32, rk=4, rp=4),   # 3 to 16 output channels per group
+    TileConfig("k1_8x32", bk=1, bh=8, bw=32, rk=1, rp=2),     # depthwise: 1 or 2 output channels per group
     TileConfig("k32_1x1", bk=32, bh=1, bw=1, rk=1, rp=1),     # fallback: any stride and kernel fits
 )
 _CONFIG_BY_NAME = {c.name: c for c in TILE_CONFIGS}
@@ -60,6 +63,7 @@ class LaunchPlan:
     stage_channels: int
     stage_rows: int
     stage_cols: int
+    pitch: int
     tiles_w: int
     tiles: int
     ktiles: int
@@ -73,6 +77,8 @@ class LaunchPlan:
         return name_expression(self.kernel, self.dtype, self.index_type, self.config)
 
     def __str__(self) -> str:
+        if isinstance(self.config, GemmConfig):  # implicit-GEMM plans (see the section below)
+            return _describe_gemm_plan(self)
         c = self.config
         return (f"{self.kernel} [{c.name}: block {c.bk} ch x {c.bh}x{c.bw} px, thread {c.rk} ch x {c.rp} px, "
                 f"{c.threads} threads]\n"
@@ -84,19 +90,41 @@ class LaunchPlan:
 
 def name_expression(kernel: str, dtype: str, index_type: str, cfg: TileConfig) -> str:
     """The C++ template instance, as NVRTC's name_expressions want it."""
+    if isinstance(cfg, GemmConfig):
+        return gemm_name_expression(dtype, index_type, cfg)
     return f"cupyconv::{kernel}<{CTYPES[dtype]},{index_type},{cfg.bk},{cfg.bh},{cfg.bw},{cfg.rk},{cfg.rp}>"
 
 
 def kernel_specialisations() -> list[str]:
     """Every name expression make_plan can choose: what the compile test builds for each GPU arch."""
     return [name_expression("direct_conv2d", dtype, index, cfg)
-            for dtype in CTYPES for index in INDEX_TYPES for cfg in TILE_CONFIGS]
+            for dtype in CTYPES for index in INDEX_TYPES for cfg in TILE_CONFIGS] + gemm_specialisations()
+
+
+def _patch(problem: ConvProblem, cfg: TileConfig, rows: int, cols: int) -> tuple[int, int]:
+    """(patch rows, row pitch in elements) of one stage of the input patch.
+
+    A row stores its columns permuted by stride phase (kernels/direct_conv2d.cu), sw * ceil(PC / sw)
+    of them; the pitch is padded so that the two output rows one warp covers start 16 banks apart.
+    """
+    (sh, sw), (dh, dw) = problem.stride, problem.dilation
+    patch_rows = (cfg.bh - 1) * sh + (rows - 1) * dh + 1
+    patch_cols = (cfg.bw - 1) * sw + (cols - 1) * dw + 1
+    stored = sw * math.ceil(patch_cols / sw)
+    # Padding beyond a quarter of the row would cost more shared memory than the conflicts it saves.
+    pitch = next((p for p in range(stored, stored + max(8, stored // 4) + 1) if sh * p % 32 == 16), stored)
+    return patch_rows, pitch
+
+
+def weight_pitch(cfg: TileConfig) -> int:
+    """Words between two taps' channel vectors in shared memory (WP in kernels/direct_conv2d.cu)."""
+    return cfg.bk + 4 if cfg.bk % 8 == 0 else cfg.bk
 
 
 def _stage_bytes(problem: ConvProblem, cfg: TileConfig, channels: int, rows: int, cols: int) -> int:
-    (sh, sw), (dh, dw) = problem.stride, problem.dilation
-    patch = ((cfg.bh - 1) * sh + (rows - 1) * dh + 1) * ((cfg.bw - 1) * sw + (cols - 1) * dw + 1)
-    return channels * (patch + rows * cols * cfg.bk) * ACCUMULATOR_BYTES[problem.dtype]
+    patch_rows, pitch = _patch(problem, cfg, rows, cols)
+    plane = math.ceil(channels * patch_rows * pitch / 4) * 4  # the weights after it stay 16-byte aligned
+    return (plane + channels * rows * cols * weight_pitch(cfg)) * ACCUMULATOR_BYTES[problem.dtype]
 
 
 def _halvings(n: int) -> list[int]:
@@ -124,19 +152,29 @@ def _choose_stage(problem: ConvProblem, cfg: TileConfig):
 def _choose_config(problem: ConvProblem) -> tuple[TileConfig, str]:
     kg = problem.k // problem.groups
     if kg <= 2:
-        return _CONFIG_BY_NAME["k1_16x16"], f"{kg} output channel(s) per group (depthwise-like)"
+        return _CONFIG_BY_NAME["k1_8x32"], f"{kg} output channel(s) per group (depthwise-like)"
     if kg <= 16:
-        return _CONFIG_BY_NAME["k16_8x16"], f"{kg} output channels per group (<= 16)"
-    return _CONFIG_BY_NAME["k32_8x16"], f"{kg} output channels per group"
+        return _CONFIG_BY_NAME["k16_8x32"], f"{kg} output channels per group (<= 16)"
+    if problem.wo <= 16:
+        return _CONFIG_BY_NAME["k32_8x16"], f"{kg} output channels per group, output {problem.wo} wide (<= 16)"
+    return _CONFIG_BY_NAME["k32_8x32"], f"{kg} output channels per group"
 
 
-def make_plan(problem: ConvProblem, config: str | None = None) -> LaunchPlan:
+def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | None = None,
+              allow_tf32: bool = False) -> LaunchPlan:
     """Choose the kernel specialisation, stage and launch shape for ``problem``.
 
     Args:
         problem: the convolution.
-        config: force a TileConfig by name (tests and benchmarks); None lets the shape decide.
+        config: force a TileConfig (direct) or GemmConfig (implicit GEMM) by name (tests and
+            benchmarks); None lets the shape decide.
+        kernel: force the family, 'direct_conv2d' or 'implicit_gemm_conv2d' (float32 then runs as
+            TF32); None chooses by dtype, ``allow_tf32`` and shape (see choose_kernel).
+        allow_tf32: let float32 run on the tensor cores in TF32 (10-bit mantissa products).
     """
+    family, family_reason = choose_kernel(problem, kernel, allow_tf32, config)
+    if family == GEMM_KERNEL:
+        return make_gemm_plan(problem, config, family_reason)
     if config is not None:
         if config not in _CONFIG_BY_NAME:
             raise ValueError(f"config must be one of {sorted(_CONFIG_BY_NAME)}, got {config!r}")
@@ -160,7 +198,150 @@ def make_plan(problem: ConvProblem, config: str | None = None) -> LaunchPlan:
         raise ValueError(f"output {problem.out_shape} needs {blocks_x} thread blocks per image, over CUDA's 2^31 - 1")
     return LaunchPlan(
         kernel="direct_conv2d", dtype=problem.dtype, index_type=index_type, config=cfg,
-        stage_channels=channels, stage_rows=rows, stage_cols=cols,
+        stage_channels=channels, stage_rows=rows, stage_cols=cols, pitch=_patch(problem, cfg, rows, cols)[1],
         tiles_w=tiles_w, tiles=tiles, ktiles=ktiles,
         grid=(blocks_x, max(1, min(problem.n, MAX_GRID_Y)), 1), block=(cfg.threads, 1, 1),
         shared_bytes=_stage_bytes(problem, cfg, channels, rows, cols), reason=reason)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Implicit-GEMM family (kernels/implicit_gemm_conv2d.cu): tensor cores, float32 accumulators.
+# float16 and bfloat16 use it by default; float32 only as TF32, when the caller allows it; float64 never.
+
+GEMM_KERNEL = "implicit_gemm_conv2d"
+DIRECT_KERNEL = "direct_conv2d"
+KERNELS = (DIRECT_KERNEL, GEMM_KERNEL)
+#: Below this many output channels per group the 8-wide instruction tile is mostly padding (depthwise
+#: convolutions, say): the direct kernel is used.
+GEMM_MIN_GROUP_CHANNELS = 8
+GEMM_DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """Thread-block tile of the implicit GEMM: bm output pixels x bn output channels, bk of the
+    reduction (C/groups * kh * kw) per pipeline stage, warps_m x warps_n warps, `stages` buffers."""
+
+    name: str
+    bm: int
+    bn: int
+    bk: int
+    warps_m: int
+    warps_n: int
+    stages: int
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    def shared_bytes(self, dtype: str) -> int:
+        """The kernel's pipeline buffers (the epilogue reuses them): A [bk][bm + 8], B [bn][bk + pad]."""
+        item = 4 if dtype == "float32" else 2
+        b_stride = self.bk + (4 if item == 4 else 8)
+        return self.stages * (self.bk * (self.bm + 8) + self.bn * b_stride) * item
+
+
+#: Tiles per dtype, by output channels per group (narrowest first). TF32 takes k8 instructions and
+#: 4-byte elements, so half the bk of the 16-bit types for the same shared memory; the 16-bit types
+#: stage through registers, where a second buffer already overlaps loads with the MMAs.
+GEMM_CONFIGS = {
+    "float32": (GemmConfig("m128n32k16", 128, 32, 16, 4, 1, 3),
+                GemmConfig("m128n64k16", 128, 64, 16, 4, 2, 3),
+                GemmConfig("m128n128k16", 128, 128, 16, 2, 4, 2)),
+    "float16": (GemmConfig("m128n32k32", 128, 32, 32, 4, 1, 2),
+                GemmConfig("m128n64k32", 128, 64, 32, 4, 2, 2),
+                GemmConfig("m128n128k32", 128, 128, 32, 2, 4, 2)),
+}
+GEMM_CONFIGS["bfloat16"] = GEMM_CONFIGS["float16"]
+
+
+def gemm_name_expression(dtype: str, index_type: str, cfg: GemmConfig) -> str:
+    return (f"cupyconv::{GEMM_KERNEL}<{CTYPES[dtype]},{index_type},{cfg.bm},{cfg.bn},{cfg.bk},"
+            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages}>")
+
+
+def gemm_specialisations() -> list[str]:
+    return [gemm_name_expression(dtype, index, cfg)
+            for dtype in GEMM_DTYPES for index in INDEX_TYPES for cfg in GEMM_CONFIGS[dtype]]
+
+
+def _gemm_grid(problem: ConvProblem, cfg: GemmConfig) -> tuple[int, int, int]:
+    m = problem.n * problem.ho * problem.wo
+    return (math.ceil(m / cfg.bm), math.ceil(problem.k // problem.groups / cfg.bn), problem.groups)
+
+
+def _gemm_fits_grid(problem: ConvProblem, cfg: GemmConfig) -> bool:
+    mx, ny, gz = _gemm_grid(problem, cfg)
+    return mx < 2**31 and ny <= MAX_GRID_Y and gz <= MAX_GRID_Y
+
+
+def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: bool = False,
+                  config: str | None = None) -> tuple[str, str]:
+    """The kernel family for ``problem`` and why: forced by ``kernel`` (or by a config name of one
+    family), else the implicit GEMM for float16/bfloat16, and for float32 when ``allow_tf32``."""
+    gemm_names = {c.name for configs in GEMM_CONFIGS.values() for c in configs}
+    if kernel is None and config is not None:
+        kernel = GEMM_KERNEL if config in gemm_names else DIRECT_KERNEL
+    if kernel is not None:
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        if kernel == GEMM_KERNEL and problem.dtype not in GEMM_DTYPES:
+            raise ValueError(f"kernel {GEMM_KERNEL!r} computes in {GEMM_DTYPES}, got dtype {problem.dtype}")
+        return kernel, "forced by the caller"
+    kg = problem.k // problem.groups
+    if problem.dtype == "float64":
+        return DIRECT_KERNEL, "float64 has no tensor-core path"
+    if problem.dtype == "float32" and not allow_tf32:
+        return DIRECT_KERNEL, "strict float32 (allow_tf32=False)"
+    if kg < GEMM_MIN_GROUP_CHANNELS:
+        return DIRECT_KERNEL, f"{kg} output channel(s) per group: the 8-wide MMA tile would be mostly padding"
+    if not _gemm_fits_grid(problem, _choose_gemm_config(problem)[0]):
+        return DIRECT_KERNEL, "implicit-GEMM grid exceeds CUDA's limits (groups or channel tiles > 65535)"
+    precision = "TF32 (allow_tf32=True)" if problem.dtype == "float32" else problem.dtype
+    return GEMM_KERNEL, f"tensor cores in {precision}, {kg} output channels per group"
+
+
+def _choose_gemm_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
+    """The narrowest channel tile that holds every output channel of a group, else the widest (each
+    channel tile gathers the input again, so fewer, wider tiles beat exact fits)."""
+    kg = problem.k // problem.groups
+    configs = GEMM_CONFIGS[problem.dtype]
+    for cfg in configs:
+        if kg <= cfg.bn:
+            return cfg, f"{kg} output channels per group fit one {cfg.bn}-channel tile"
+    return configs[-1], f"{kg} output channels per group: {math.ceil(kg / configs[-1].bn)} channel tiles"
+
+
+def make_gemm_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
+    """The implicit-GEMM launch: grid (pixel tiles, channel tiles, groups), one block per tile."""
+    configs = {c.name: c for c in GEMM_CONFIGS[problem.dtype]}
+    if config is not None:
+        if config not in configs:
+            raise ValueError(f"config for {GEMM_KERNEL} in {problem.dtype} must be one of {sorted(configs)}, "
+                             f"got {config!r}")
+        cfg, why = configs[config], "config forced by the caller"
+    else:
+        cfg, why = _choose_gemm_config(problem)
+    if not _gemm_fits_grid(problem, cfg):
+        raise ValueError(f"{GEMM_KERNEL} grid {_gemm_grid(problem, cfg)} exceeds CUDA's limits for "
+                         f"output {problem.out_shape} with groups={problem.groups}")
+    largest = max(problem.n * problem.c * problem.h * problem.w, math.prod(problem.out_shape),
+                  math.prod(problem.weight_shape))
+    grid = _gemm_grid(problem, cfg)
+    fields = {f.name: 0 for f in dataclasses.fields(LaunchPlan)}  # the direct kernel's stage fields stay 0
+    fields.update(
+        kernel=GEMM_KERNEL, dtype=problem.dtype, index_type="int" if largest < 2**31 else "long long",
+        config=cfg, tiles=grid[0], ktiles=grid[1], grid=grid, block=(cfg.threads, 1, 1),
+        shared_bytes=cfg.shared_bytes(problem.dtype), reason=f"{reason}; {why}" if reason else why)
+    return LaunchPlan(**fields)
+
+
+def _describe_gemm_plan(plan: LaunchPlan) -> str:
+    c = plan.config
+    precision = "TF32" if plan.dtype == "float32" else plan.dtype
+    return (f"{plan.kernel} [{c.name}: block {c.bm} px x {c.bn} ch, k {c.bk} per stage, {c.stages} stages, "
+            f"{c.warps_m}x{c.warps_n} warps, {c.threads} threads]\n"
+            f"  {plan.dtype} ({precision} on tensor cores, float32 accumulators), {plan.index_type} indices; "
+            f"{plan.shared_bytes} B shared memory\n"
+            f"  grid {plan.grid} (pixel tiles, channel tiles, groups), block {plan.block}\n"
+            f"  why: {plan.reason}")

@@ -43,7 +43,8 @@ __device__ __forceinline__ void load_vector(Acc (&v)[N], const Acc* p) {
 }
 
 template <typename T, typename Index, int BK, int BH, int BW, int RK, int RP>
-__global__ void __launch_bounds__((BK / RK) * (BH * BW / RP), 1)
+// Two blocks per SM where the accumulators are 4 bytes (the register cap, 128, holds them unspilled).
+__global__ void __launch_bounds__((BK / RK) * (BH * BW / RP), sizeof(T) == 8 ? 1 : 2)
 direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
               T* __restrict__ y, int has_bias,
               int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
@@ -53,7 +54,14 @@ direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
     constexpr int TP = BH * BW / RP;   // threads along pixels
     constexpr int TK = BK / RK;        // threads along output channels
     constexpr int NT = TP * TK;
+    constexpr int NWARPS = NT / 32;
     static_assert(TP * RP == BH * BW && TK * RK == BK, "tile must split evenly over threads");
+    static_assert(NT % 32 == 0, "staging assigns whole warps to rows");
+    // Weight staging layout: a tap's BK channels are WP words apart (planner.weight_pitch must agree),
+    // padded by 4 so that 8 taps x 4 channels stored by one warp fall in 32 distinct banks.
+    constexpr int WP = BK % 8 == 0 ? BK + 4 : BK;
+    constexpr int KL = BK >= 4 ? 4 : 1, TL = 32 / KL;
+    static_assert(BK % KL == 0, "weight staging lanes must divide the channel tile");
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int PR = (BH - 1) * sh + (KR - 1) * dh + 1;  // patch rows per stage
@@ -61,9 +69,9 @@ direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
     const int PCS = (PC + sw - 1) / sw;                  // stored columns of one stride phase
     const int plane = (CC * PR * pitch + 3) / 4 * 4;     // keeps ws 16-byte aligned
     Acc* xs = reinterpret_cast<Acc*>(smem_raw);          // [CC][PR][pitch], columns permuted
-    Acc* ws = xs + plane;                                // [CC][KR][KS][BK]
+    Acc* ws = xs + plane;                                // [CC][KR][KS][WP]
 
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int tp = tid % TP, tk = tid / TP;
     const int Cg = C / groups, Kg = K / groups;
     const int tile = blockIdx.x % tiles;
@@ -95,39 +103,50 @@ direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
                 for (int s0 = 0; s0 < kw; s0 += KS) {
                     const int sn = min(KS, kw - s0);
                     __syncthreads();  // the previous stage's reads are done before it is overwritten
+                    // Staging: one warp per patch row or weight row, lanes along it, so global
+                    // reads are coalesced and index divisions happen once per row, not per element.
                     const int ih0 = oh0 * sh - pt + r0 * dh, iw0 = ow0 * sw - pl + s0 * dw;
-                    // Not unrolled: the index divisions of unrolled copies cost registers, and spills.
 #pragma unroll 1
-                    for (int e = tid; e < cn * PR * PC; e += NT) {
-                        const int c = e / (PR * PC), pr = (e / PC) % PR, pc = e % PC;
-                        const int ih = ih0 + pr, iw = iw0 + pc;
-                        Acc v = Acc(0);  // zero padding
-                        if (ih >= 0 && ih < H && iw >= 0 && iw < W)
-                            v = to_acc<Acc>(xg[(static_cast<Index>(c0 + c) * H + ih) * W + iw]);
-                        xs[(c * PR + pr) * pitch + (pc % sw) * PCS + pc / sw] = v;
+                    for (int row = warp; row < cn * PR; row += NWARPS) {
+                        const int c = row / PR, ih = ih0 + row % PR;
+                        const bool inside = ih >= 0 && ih < H;  // rows outside are zero padding
+                        const T* src = xg + (static_cast<Index>(c0 + c) * H + (inside ? ih : 0)) * W;
+                        Acc* dst = xs + row * pitch;
+                        for (int phase = 0; phase < sw; ++phase) {
+#pragma unroll 1
+                            for (int q = lane; q < PCS; q += 32) {
+                                const int pc = q * sw + phase, iw = iw0 + pc;
+                                Acc v = Acc(0);
+                                if (inside && pc < PC && iw >= 0 && iw < W) v = to_acc<Acc>(src[iw]);
+                                dst[phase * PCS + q] = v;
+                            }
+                        }
                     }
+                    // Weights: KL lanes along channels x TL lanes along taps, so a warp reads
+                    // KL runs of TL consecutive taps and, with the WP pitch, stores to 32 banks.
 #pragma unroll 1
-                    for (int e = tid; e < cn * KR * KS * BK; e += NT) {
-                        const int kk = e % BK, s = (e / BK) % KS, r = (e / (BK * KS)) % KR;
-                        const int c = e / (BK * KS * KR);
-                        const int k = k0 + kk;
-                        Acc v = Acc(0);  // channels past Kg and taps past the kernel stay zero
-                        if (k < Kg && r < rn && s < sn)
-                            v = to_acc<Acc>(w[((static_cast<Index>(g) * Kg + k) * Cg + c0 + c) * kh * kw +
-                                              (r0 + r) * kw + s0 + s]);
-                        ws[e] = v;
+                    for (int row = warp; row < BK / KL * cn; row += NWARPS) {
+                        const int kk = row / cn * KL + lane % KL, c = row % cn, k = k0 + kk;
+                        const T* src = w + ((static_cast<Index>(g) * Kg + k) * Cg + c0 + c) * kh * kw;
+#pragma unroll 1
+                        for (int t = lane / KL; t < rn * sn; t += TL) {
+                            const int r = t / sn, s = t % sn;
+                            // Channels past Kg stay zero: every thread reads RK channels.
+                            ws[((c * KR + r) * KS + s) * WP + kk] =
+                                k < Kg ? to_acc<Acc>(src[(r0 + r) * kw + s0 + s]) : Acc(0);
+                        }
                     }
                     __syncthreads();
                     for (int c = 0; c < cn; ++c) {
                         for (int r = 0; r < rn; ++r) {
                             const Acc* xrow = xs + (c * PR + r * dh) * pitch;
-                            const Acc* wrow = ws + (c * KR + r) * KS * BK + tk * RK;
+                            const Acc* wrow = ws + (c * KR + r) * KS * WP + tk * RK;
                             int tap = 0, phase = 0;  // tap s reads permuted column phase * PCS + tap
                             for (int s = 0; s < sn; ++s) {
                                 Acc xv[RP], wv[RK];
 #pragma unroll
                                 for (int i = 0; i < RP; ++i) xv[i] = xrow[poff[i] + phase * PCS + tap];
-                                load_vector<RK>(wv, wrow + s * BK);
+                                load_vector<RK>(wv, wrow + s * WP);
                                 tap += tap_step;
                                 phase += phase_step;
                                 if (phase >= sw) { phase -= sw; ++tap; }

@@ -38,17 +38,23 @@ def to_cupy(t):
     return cupy.from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
 
 
-def run_cupyconv(x, weight, bias, case: Case):
-    """cupyconv on torch CUDA tensors, writing into a NaN-poisoned torch output; returns that output."""
+def run_cupyconv(x, weight, bias, case: Case, kernel=None):
+    """cupyconv on torch CUDA tensors, writing into a NaN-poisoned torch output; returns that output.
+
+    ``kernel`` forces a kernel family (planner.KERNELS); None lets the planner choose, through the
+    public conv2d where CuPy has the dtype.
+    """
     from cupyconv.arguments import make_problem
     from cupyconv.launch import conv2d_cupy
+    from cupyconv.planner import make_plan
 
     dtype = str(x.dtype).replace("torch.", "")
     problem = make_problem(x.shape, weight.shape, None if bias is None else bias.shape, dtype,
                            case.stride, case.padding, case.dilation, case.groups)
     out = torch.full(problem.out_shape, float("nan"), device=x.device, dtype=x.dtype)
-    if dtype == "bfloat16":
-        conv2d_cupy(to_cupy(x), to_cupy(weight), to_cupy(bias), problem, to_cupy(out))
+    if kernel is not None or dtype == "bfloat16":
+        plan = make_plan(problem, kernel=kernel) if kernel else None
+        conv2d_cupy(to_cupy(x), to_cupy(weight), to_cupy(bias), problem, to_cupy(out), plan=plan)
     else:  # the public entry point, with its own checks
         y = cupyconv.conv2d(to_cupy(x), to_cupy(weight), to_cupy(bias), case.stride, case.padding,
                             case.dilation, case.groups, out=to_cupy(out))
@@ -67,15 +73,18 @@ def random_inputs(case: Case, dtype: str, seed: int):
 
 
 def relative_error(out, ref) -> float:
+    """||out - ref|| / ||ref||; the absolute norm where ref is all zeros (outputs reading only padding)."""
     if ref.numel() == 0:
         return 0.0
-    return float((out.double() - ref).norm() / ref.norm())
+    difference = float((out.double() - ref).norm())
+    scale = float(ref.norm())
+    return difference / scale if scale > 0 else difference
 
 
-def check(case: Case, dtype: str, seed: int):
+def check(case: Case, dtype: str, seed: int, kernel=None):
     x, weight, bias = random_inputs(case, dtype, seed)
     saved = [t.clone() for t in (x, weight, bias) if t is not None]
-    out = run_cupyconv(x, weight, bias, case)
+    out = run_cupyconv(x, weight, bias, case, kernel)
     up = lambda t: None if t is None else t.double()
     conv = lambda *ts: F.conv2d(*ts, case.stride, case.padding, case.dilation, case.groups)
     ref = conv(up(x), up(weight), up(bias))
@@ -90,10 +99,11 @@ def check(case: Case, dtype: str, seed: int):
         assert torch.equal(before, after), "an input was modified"
 
 
+@pytest.mark.parametrize("kernel", ["direct_conv2d", None], ids=["direct", "planned"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", GRID, ids=lambda c: c.id)
-def test_grid(case, dtype):
-    check(case, dtype, seed=len(case.id))
+def test_grid(case, dtype, kernel):
+    check(case, dtype, seed=len(case.id), kernel=kernel)
 
 
 @st.composite
@@ -113,14 +123,14 @@ def cases(draw):
                                         None, "float32", stride, padding, dilation, groups)
     except ValueError:
         assume(False)  # torch rejects it too: a kernel larger than the padded input
-    return case, draw(st.sampled_from(DTYPES)), draw(st.integers(0, 2**31))
+    return case, draw(st.sampled_from(DTYPES)), draw(st.integers(0, 2**31)), draw(st.sampled_from(["direct_conv2d", None]))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(cases())
 def test_hypothesis_configurations(drawn):
-    case, dtype, seed = drawn
-    check(case, dtype, seed)
+    case, dtype, seed, kernel = drawn
+    check(case, dtype, seed, kernel)
 
 
 SEEDS = {
@@ -132,10 +142,11 @@ SEEDS = {
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("name", SEEDS)
 def test_seed_shapes_full_size(name, dtype):
-    """Whole batch computed; every element checked for being written, a sample of images against float64."""
+    """Whole batch computed by the direct kernel; every element checked for being written, a sample
+    of images against float64."""
     case = SEEDS[name]
     x, weight, bias = random_inputs(case, dtype, seed=7)
-    out = run_cupyconv(x, weight, bias, case)
+    out = run_cupyconv(x, weight, bias, case, kernel="direct_conv2d")
     assert not out.isnan().any()
     sample = [0, case.n // 2, case.n - 1]
     up = lambda t: None if t is None else t.double()
@@ -151,7 +162,7 @@ def test_tensor_past_2_31_elements():
     weight = torch.randn(1, 1, 3, 3, device="cuda", dtype=torch.float16)
     case = Case(n, 1, 1, h, w, 3, 3, padding=1, bias=False)
     assert cupyconv.plan(to_cupy(x), to_cupy(weight), padding=1).index_type == "long long"
-    out = run_cupyconv(x, weight, None, case)
+    out = run_cupyconv(x, weight, None, case, kernel="direct_conv2d")
     # The last rows of the last image lie past element 2^31; recompute them from a crop, padded as
     # the full input is at the bottom, left and right.
     crop = F.pad(x[-1:, :, h - 10:].double(), (1, 1, 0, 1))
