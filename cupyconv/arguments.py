@@ -64,7 +64,12 @@ class ConvProblem:
 
 
 def dtype_name(dtype) -> str:
-    """The cupyconv name of a NumPy-style dtype, or TypeError for types conv2d does not compute in."""
+    """The cupyconv name of a NumPy-style dtype, or TypeError for types conv2d does not compute in.
+
+    The names themselves are accepted too: 'bfloat16' is a NumPy dtype only once ml_dtypes is imported.
+    """
+    if isinstance(dtype, str) and dtype in SUPPORTED_DTYPES:
+        return dtype
     dt = np.dtype(dtype)
     if dt.name in SUPPORTED_DTYPES:
         return dt.name

@@ -26,12 +26,12 @@ def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | N
     weight = cupy.ascontiguousarray(weight)
     bias = weight if bias is None else cupy.ascontiguousarray(bias)
     p = problem
-    ints = (int(p.has_bias), p.n, p.c, p.h, p.w, p.k, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1],
-            p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], p.groups,
-            plan.stage_channels, plan.stage_rows, plan.stage_cols, plan.pitch, plan.tiles_w, plan.tiles, plan.ktiles)
-    if plan.kernel == GEMM_KERNEL:  # the implicit GEMM takes the problem's integers only
-        ints = ints[:17]
+    problem_ints = (int(p.has_bias), p.n, p.c, p.h, p.w, p.k, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1],
+                    p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], p.groups)
+    # direct_conv2d also takes its stage and tiling; the implicit GEMM derives its tiling from the problem.
+    plan_ints = () if plan.kernel == GEMM_KERNEL else (
+        plan.stage_channels, plan.stage_rows, plan.stage_cols, plan.pitch, plan.tiles_w, plan.tiles, plan.ktiles)
     kernel = get_kernel(plan.kernel, plan.name_expression)
-    kernel(plan.grid, plan.block, (x, weight, bias, out, *(np.int32(v) for v in ints)),
+    kernel(plan.grid, plan.block, (x, weight, bias, out, *(np.int32(v) for v in problem_ints + plan_ints)),
            shared_mem=plan.shared_bytes)
     return out

@@ -120,3 +120,10 @@ def test_import_needs_neither_torch_nor_a_gpu():
     code = ("import sys, cupyconv; assert 'torch' not in sys.modules, 'cupyconv imported torch'; "
             "assert 'cupy' not in sys.modules, 'cupyconv imported cupy at import time'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_dtype_names_are_accepted_without_ml_dtypes():
+    # bfloat16 is a NumPy dtype only once ml_dtypes is imported; the adapter passes the name.
+    assert make_problem((1, 2, 5, 5), (3, 2, 3, 3), None, "bfloat16").dtype == "bfloat16"
+    with pytest.raises(TypeError):
+        make_problem((1, 2, 5, 5), (3, 2, 3, 3), None, "int8")

@@ -67,11 +67,9 @@ def random_inputs(case: Case, torch_dtype, seed: int):
 
 
 def gemm_problem(case: Case, dtype: str):
-    # make_problem checks dtypes by NumPy name; bfloat16 shares float16's shape rules.
-    problem = make_problem((case.n, case.c, case.h, case.w), (case.k, case.c // case.groups, case.kh, case.kw),
-                           (case.k,) if case.bias else None, "float16" if dtype == "bfloat16" else dtype,
-                           case.stride, case.padding, case.dilation, case.groups)
-    return dataclasses.replace(problem, dtype=dtype)
+    return make_problem((case.n, case.c, case.h, case.w), (case.k, case.c // case.groups, case.kh, case.kw),
+                        (case.k,) if case.bias else None, dtype, case.stride, case.padding, case.dilation,
+                        case.groups)
 
 
 def run_gemm(x, weight, bias, case: Case, dtype: str, config=None, index_type=None):
