@@ -26,7 +26,6 @@ This is the only cupyconv module that imports torch; ``import cupyconv`` never d
 """
 from __future__ import annotations
 
-import dataclasses
 import warnings
 
 import torch
@@ -78,13 +77,8 @@ def _problem(x, weight, bias, stride, padding, dilation, groups) -> ConvProblem:
     if x.dim() not in (3, 4):
         raise ValueError(f"x must be 4-D (N, C, H, W) or 3-D (C, H, W), got shape {tuple(x.shape)}")
     x_shape = (1, *x.shape) if x.dim() == 3 else tuple(x.shape)
-    name = _dtype_name(x.dtype, "x")
-    # make_problem names dtypes through NumPy, which has no bfloat16; the shape checks do not
-    # depend on the element type, so check as float16 (also 2 bytes) and name bfloat16 afterwards.
-    checked_as = "float16" if name == "bfloat16" else name
-    problem = make_problem(x_shape, tuple(weight.shape), None if bias is None else tuple(bias.shape),
-                           checked_as, stride, padding, dilation, groups)
-    return dataclasses.replace(problem, dtype=name)
+    return make_problem(x_shape, tuple(weight.shape), None if bias is None else tuple(bias.shape),
+                        _dtype_name(x.dtype, "x"), stride, padding, dilation, groups)
 
 
 def _op_problem(x, weight, bias, stride, padding, dilation, groups) -> ConvProblem:
