@@ -398,8 +398,9 @@ def test_float32_precision_follows_cudnn_switch(allow_tf32, launches, monkeypatc
         y, torch_y = ours(x), theirs(x)
     assert launches[-1]["kwargs"] == {"allow_tf32": allow_tf32}
     assert not y.isnan().any()
-    if allow_tf32:  # TF32 on both sides: flash-attention's rule against torch's own TF32 error
-        assert relative_error(y, ref) <= max(1e-5, 2 * relative_error(torch_y, ref))
+    if allow_tf32:  # TF32's bound (issue 5), or twice torch's error where cuDNN's TF32 error is larger;
+        # cuDNN may pick a non-TF32 algorithm for a small shape, so torch's error alone is no bound.
+        assert relative_error(y, ref) <= max(2e-3, 2 * relative_error(torch_y, ref))
     else:
         assert relative_error(y, ref) <= 1e-5, "float32 without TF32 must be strict"
 
