@@ -59,18 +59,19 @@ class LaunchPlan:
     kernel: str
     dtype: str
     index_type: str
-    config: TileConfig
-    stage_channels: int
-    stage_rows: int
-    stage_cols: int
-    pitch: int
-    tiles_w: int
-    tiles: int
-    ktiles: int
+    config: "TileConfig | GemmConfig"
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_bytes: int
     reason: str
+    # direct_conv2d only (kernel arguments after the problem's): its stage and tiling.
+    stage_channels: int = 0
+    stage_rows: int = 0
+    stage_cols: int = 0
+    pitch: int = 0
+    tiles_w: int = 0
+    tiles: int = 0
+    ktiles: int = 0
 
     @property
     def name_expression(self) -> str:
@@ -149,6 +150,12 @@ def _choose_stage(problem: ConvProblem, cfg: TileConfig):
     return None
 
 
+def _index_type(problem: ConvProblem) -> str:
+    """32-bit indices while every tensor has fewer than 2^31 elements, else 64-bit."""
+    largest = max(math.prod(problem.x_shape), math.prod(problem.out_shape), math.prod(problem.weight_shape))
+    return "int" if largest < 2**31 else "long long"
+
+
 def _choose_config(problem: ConvProblem) -> tuple[TileConfig, str]:
     kg = problem.k // problem.groups
     if kg <= 2:
@@ -187,9 +194,6 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
         reason += "; no stage of a larger tile fits in shared memory (large stride or dilation)"
         stage = _choose_stage(problem, cfg)
     channels, rows, cols = stage
-    largest = max(problem.n * problem.c * problem.h * problem.w, math.prod(problem.out_shape),
-                  math.prod(problem.weight_shape))
-    index_type = "int" if largest < 2**31 else "long long"
     tiles_w = math.ceil(problem.wo / cfg.bw)
     tiles = math.ceil(problem.ho / cfg.bh) * tiles_w
     ktiles = math.ceil(problem.k // problem.groups / cfg.bk)
@@ -197,7 +201,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
     if blocks_x >= 2**31:
         raise ValueError(f"output {problem.out_shape} needs {blocks_x} thread blocks per image, over CUDA's 2^31 - 1")
     return LaunchPlan(
-        kernel="direct_conv2d", dtype=problem.dtype, index_type=index_type, config=cfg,
+        kernel="direct_conv2d", dtype=problem.dtype, index_type=_index_type(problem), config=cfg,
         stage_channels=channels, stage_rows=rows, stage_cols=cols, pitch=_patch(problem, cfg, rows, cols)[1],
         tiles_w=tiles_w, tiles=tiles, ktiles=ktiles,
         grid=(blocks_x, max(1, min(problem.n, MAX_GRID_Y)), 1), block=(cfg.threads, 1, 1),
@@ -325,15 +329,10 @@ def make_gemm_plan(problem: ConvProblem, config: str | None = None, reason: str 
     if not _gemm_fits_grid(problem, cfg):
         raise ValueError(f"{GEMM_KERNEL} grid {_gemm_grid(problem, cfg)} exceeds CUDA's limits for "
                          f"output {problem.out_shape} with groups={problem.groups}")
-    largest = max(problem.n * problem.c * problem.h * problem.w, math.prod(problem.out_shape),
-                  math.prod(problem.weight_shape))
-    grid = _gemm_grid(problem, cfg)
-    fields = {f.name: 0 for f in dataclasses.fields(LaunchPlan)}  # the direct kernel's stage fields stay 0
-    fields.update(
-        kernel=GEMM_KERNEL, dtype=problem.dtype, index_type="int" if largest < 2**31 else "long long",
-        config=cfg, tiles=grid[0], ktiles=grid[1], grid=grid, block=(cfg.threads, 1, 1),
-        shared_bytes=cfg.shared_bytes(problem.dtype), reason=f"{reason}; {why}" if reason else why)
-    return LaunchPlan(**fields)
+    return LaunchPlan(
+        kernel=GEMM_KERNEL, dtype=problem.dtype, index_type=_index_type(problem), config=cfg,
+        grid=_gemm_grid(problem, cfg), block=(cfg.threads, 1, 1), shared_bytes=cfg.shared_bytes(problem.dtype),
+        reason=f"{reason}; {why}" if reason else why)
 
 
 def _describe_gemm_plan(plan: LaunchPlan) -> str:
