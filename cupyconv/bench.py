@@ -100,6 +100,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=30, help="timed runs per implementation (>= 20)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
     parser.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN autotune (off by default)")
+    parser.add_argument("--commit", default=None,
+                        help="the commit measured, where the tree has no git (default: git rev-parse HEAD)")
     args = parser.parse_args(argv)
     modes = args.dtype or ["fp32"]
     args.modes = list(MODES) if "all" in modes else list(dict.fromkeys(modes))
@@ -256,7 +258,7 @@ def _meta(args, runner: _Runner) -> dict:
 
     return {"gpu": torch.cuda.get_device_name(), "driver": cupy.cuda.runtime.driverGetVersion(),
             "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "cupy": cupy.__version__,
-            "cupyconv": cupyconv.__version__, "commit": _git("rev-parse", "HEAD") or "unknown",
+            "cupyconv": cupyconv.__version__, "commit": args.commit or _git("rev-parse", "HEAD") or "unknown",
             "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")), "layout": args.layout,
             "cudnn_benchmark": args.cudnn_benchmark, "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "ceilings": runner.ceilings}
