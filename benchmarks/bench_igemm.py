@@ -3,14 +3,13 @@ two seed shapes, with CUDA events: warm-up, then the median of many runs. Prints
 
     PYTHONPATH=$PWD python3 benchmarks/bench_igemm.py
 """
-import dataclasses
-import statistics
 import sys
 
 import cupy
 import torch
 
 from cupyconv.arguments import make_problem
+from cupyconv.bench import median_ms
 from cupyconv.launch import conv2d_cupy
 from cupyconv.planner import GEMM_CONFIGS, GEMM_KERNEL, make_plan
 
@@ -26,20 +25,6 @@ def to_cupy(t):
     return None if t is None else cupy.from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
 
 
-def median_ms(fn, warmup=3, repeats=20):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def main(configs_too: bool = True):
     torch.backends.cudnn.allow_tf32 = True  # torch's default for convolutions
     torch.backends.cudnn.benchmark = False
@@ -49,9 +34,7 @@ def main(configs_too: bool = True):
             x = torch.randn(xs, device="cuda").to(torch_dtype)
             w = torch.randn(ws, device="cuda").to(torch_dtype)
             b = torch.randn(ws[0], device="cuda").to(torch_dtype) if has_bias else None
-            problem = make_problem(xs, ws, b.shape if has_bias else None,
-                                   "float16" if dtype == "bfloat16" else dtype, stride, padding)
-            problem = dataclasses.replace(problem, dtype=dtype)
+            problem = make_problem(xs, ws, b.shape if has_bias else None, dtype, stride, padding)
             out = torch.empty(problem.out_shape, device="cuda", dtype=torch_dtype)
             cx, cw, cb, co = to_cupy(x), to_cupy(w), to_cupy(b), to_cupy(out)
             t_torch = median_ms(lambda: torch.nn.functional.conv2d(x, w, b, stride, padding))

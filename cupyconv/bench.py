@@ -83,6 +83,23 @@ LAYERS = (
 SUITES = {"seeds": SEEDS, "layers": LAYERS, "all": SEEDS + LAYERS}
 
 
+def median_ms(fn, repeats: int = 20, warmup: int = 3) -> float:
+    """Median time of ``fn`` in ms, each run between CUDA events on torch's current stream, after warm-up."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
 def bytes_moved(problem: ConvProblem) -> int:
     """Each input read once and the output written once: the memory floor's numerator."""
     item = 8 if problem.dtype == "float64" else 4 if problem.dtype == "float32" else 2
@@ -145,20 +162,6 @@ class _Runner:
         self.torch, self.cupy, self.repeats = torch, cupy, repeats
         self.ceilings = self._measure_ceilings()
 
-    def median_ms(self, fn, repeats: int, warmup: int = 3) -> float:
-        torch = self.torch
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
-
     def _measure_ceilings(self) -> dict:
         torch = self.torch
         n = 8192
@@ -167,12 +170,12 @@ class _Runner:
                                   ("fp16", torch.float16, False), ("bf16", torch.bfloat16, False)):
             torch.backends.cuda.matmul.allow_tf32 = tf32
             a, b = (torch.randn(n, n, device="cuda").to(dtype) for _ in range(2))
-            ms = self.median_ms(lambda: a @ b, repeats=10)
+            ms = median_ms(lambda: a @ b, repeats=10)
             rates[mode] = 2 * n**3 / ms / 1e9  # TFLOP/s
         torch.backends.cuda.matmul.allow_tf32 = False
         src = torch.empty(2**28, device="cuda", dtype=torch.float32)  # 1 GiB
         dst = torch.empty_like(src)
-        ms = self.median_ms(lambda: dst.copy_(src), repeats=10)
+        ms = median_ms(lambda: dst.copy_(src), repeats=10)
         rates["bandwidth_gbps"] = 2 * src.numel() * 4 / ms / 1e6
         return rates
 
@@ -239,8 +242,8 @@ class _Runner:
 
         ours_ms, torch_ms = [], []
         for _ in range(3):  # alternate implementations in rounds so drift hits both alike
-            ours_ms.append(self.median_ms(timed_ours, self.repeats // 3 + 1))
-            torch_ms.append(self.median_ms(timed_torch, self.repeats // 3 + 1))
+            ours_ms.append(median_ms(timed_ours, self.repeats // 3 + 1))
+            torch_ms.append(median_ms(timed_torch, self.repeats // 3 + 1))
         ours_t, torch_t = statistics.median(ours_ms), statistics.median(torch_ms)
         compute_ceiling = self.ceilings["fp32" if mode == "fp32" else mode]
         row.update(status="ok", torch_ms=torch_t, cupyconv_ms=ours_t, speedup=torch_t / ours_t,

@@ -9,11 +9,11 @@ Without a GPU it says so and checks a small batch on the CPU, where cupyconv.tor
 """
 import argparse
 import copy
-import statistics
 
 import torch
 from torch import nn
 
+from cupyconv.bench import median_ms
 from cupyconv.torch import Conv2d
 
 LAYER = dict(in_channels=3, out_channels=96, kernel_size=11, stride=4, padding=2, bias=True)
@@ -26,18 +26,6 @@ def relative_error(out, ref) -> float:
     return float((out.double() - ref).norm() / ref.norm())
 
 
-def median_ms(fn, repeats: int, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def cpu_check() -> None:

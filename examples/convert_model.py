@@ -11,11 +11,11 @@ where cupyconv.torch uses torch's conv2d.
 """
 import argparse
 import copy
-import statistics
 
 import torch
 from torch import nn
 
+from cupyconv.bench import median_ms
 from cupyconv.torch import Conv2d, convert
 
 try:
@@ -28,18 +28,6 @@ def relative_error(out, ref) -> float:
     return float((out.double() - ref).norm() / ref.norm())
 
 
-def median_ms(fn, repeats: int, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def converted_copy(original: nn.Module) -> nn.Module:
