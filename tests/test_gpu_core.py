@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 import cupyconv
 from cases import GRID, Case
+from checks import relative_error
 from devices import gpu_count
 
 pytestmark = pytest.mark.gpu
@@ -70,15 +71,6 @@ def random_inputs(case: Case, dtype: str, seed: int):
     weight = make(case.k, case.c // case.groups, case.kh, case.kw)
     bias = make(case.k) if case.bias else None
     return x, weight, bias
-
-
-def relative_error(out, ref) -> float:
-    """||out - ref|| / ||ref||; the absolute norm where ref is all zeros (outputs reading only padding)."""
-    if ref.numel() == 0:
-        return 0.0
-    difference = float((out.double() - ref).norm())
-    scale = float(ref.norm())
-    return difference / scale if scale > 0 else difference
 
 
 def check(case: Case, dtype: str, seed: int, kernel=None):

@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 
 from cases import GRID, Case
+from checks import relative_error
 
 
 def _cuda_device_count() -> int:
@@ -83,12 +84,6 @@ def run_gemm(x, weight, bias, case: Case, dtype: str, config=None, index_type=No
     conv2d_cupy(to_cupy(x), to_cupy(weight), to_cupy(bias), problem, to_cupy(out), plan=plan)
     torch.cuda.synchronize()
     return out
-
-
-def relative_error(out, ref) -> float:
-    if ref.numel() == 0:
-        return 0.0
-    return float((out.double() - ref).norm() / ref.norm())
 
 
 def reference(x, weight, bias, case: Case):

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 import cupyconv
 from cases import GRID, Case
+from checks import relative_error
 
 # Relative error ||out - ref|| / ||ref|| allowed per dtype (float16 rounds its output to 11 bits).
 TOLERANCE = {np.float64: 1e-12, np.float32: 1e-5, np.float16: 2e-3}
@@ -22,14 +23,6 @@ def random_case(case: Case, seed: int):
 def torch_reference(x, weight, bias, case: Case) -> np.ndarray:
     t = lambda a: None if a is None else torch.from_numpy(np.asarray(a, dtype=np.float64))
     return F.conv2d(t(x), t(weight), t(bias), case.stride, case.padding, case.dilation, case.groups).numpy()
-
-
-def relative_error(out, ref) -> float:
-    if ref.size == 0:
-        return 0.0
-    difference = float(np.linalg.norm(out.astype(np.float64) - ref))
-    scale = float(np.linalg.norm(ref))
-    return difference / scale if scale > 0 else difference
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16], ids=lambda d: np.dtype(d).name)

@@ -19,6 +19,7 @@ F = torch.nn.functional
 nn = torch.nn
 
 from cases import GRID  # noqa: E402  (tests/ is on sys.path through conftest.py)
+from checks import relative_error
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -60,14 +61,6 @@ def launches(monkeypatch):
 
     monkeypatch.setattr(ct, "conv2d_cupy", poisoned_launch)
     return records
-
-
-def relative_error(out, ref) -> float:
-    if ref.numel() == 0:
-        return 0.0
-    difference = float((out.double() - ref).norm())
-    scale = float(ref.norm())
-    return difference / scale if scale > 0 else difference
 
 
 def check_against_torch(ours, theirs, ref, dtype, factor=2.0):
