@@ -4,7 +4,9 @@
 
 Each shape and precision is first checked against a float64 torch reference (a wrong result is
 reported as WRONG and not timed), then timed with CUDA events: warm-up, then cupyconv and torch
-alternating, median of --repeats runs each, several input sets in rotation when one fits in L2.
+alternating run by run, median of --repeats runs each, several input sets in rotation when one fits
+in L2. The events time GPU work only (a spin kernel keeps the GPU busy while the host enqueues each
+run); the host's cost per call is recorded beside it in the JSON.
 The GPU's ceilings (fp32 FMA rate, TF32/fp16/bf16 matrix rate, copy bandwidth) are measured at
 start. Results go to benchmarks/results/ as JSON, a markdown table and a PNG chart of speed-ups.
 torch is imported here only, never by ``import cupyconv``.
@@ -17,13 +19,20 @@ import datetime
 import json
 import math
 import pathlib
+import platform
 import statistics
 import subprocess
 import sys
+import time
 
 from .arguments import ConvProblem, make_problem
 
 L2_BYTES = 50 * 2**20
+#: Spin before each timed run, in GPU clock cycles (about 1 ms on an H100): longer than the host
+#: needs to enqueue one cupyconv or torch call, so the GPU never waits for the host inside the events.
+QUEUE_AHEAD_CYCLES = 2_000_000
+#: Timed runs per implementation: the default, and the least a median is reported from (unless --quick).
+REPEATS, MIN_REPEATS, QUICK_REPEATS = 30, 20, 5
 MODES = ("fp32", "tf32", "fp16", "bf16")
 MODE_DTYPE = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # Relative-error bounds against float64: strict fp32 absolutely; the others may also reach twice
@@ -83,21 +92,42 @@ LAYERS = (
 SUITES = {"seeds": SEEDS, "layers": LAYERS, "all": SEEDS + LAYERS}
 
 
-def median_ms(fn, repeats: int = 20, warmup: int = 3) -> float:
-    """Median time of ``fn`` in ms, each run between CUDA events on torch's current stream, after warm-up."""
+def alternating_ms(fns: dict, repeats: int = 20, warmup: int = 3) -> dict:
+    """GPU time of each callable, interleaved run by run: {name: (median ms, median host us)}.
+
+    Each timed run sits between CUDA events on torch's current stream, behind a spin kernel that keeps
+    the GPU busy while the host enqueues the run: the events then time the GPU's work alone, not
+    Python's launch path. That path is measured separately, on the host (perf_counter around the
+    call), as the second number. The order of the callables flips every run so neither always
+    follows the other (warm caches, clocks).
+    """
     import torch
 
     for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        for fn in fns.values():
+            fn()
+    torch.cuda.synchronize()
+    names = list(fns)
+    events = {name: [] for name in names}
+    host_s = {name: [] for name in names}
+    for run in range(repeats):
+        for name in names if run % 2 == 0 else reversed(names):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
+            start.record()
+            began = time.perf_counter()
+            fns[name]()
+            host_s[name].append(time.perf_counter() - began)
+            end.record()
+            events[name].append((start, end))
+    torch.cuda.synchronize()
+    return {name: (statistics.median([start.elapsed_time(end) for start, end in events[name]]),
+                   1e6 * statistics.median(host_s[name])) for name in names}
+
+
+def median_ms(fn, repeats: int = 20, warmup: int = 3) -> float:
+    """Median GPU time of ``fn`` in ms (CUDA events on torch's current stream, after warm-up; see alternating_ms)."""
+    return alternating_ms({"fn": fn}, repeats, warmup)["fn"][0]
 
 
 def bytes_moved(problem: ConvProblem) -> int:
@@ -114,7 +144,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", action="append", choices=MODES + ("all",),
                         help="precision mode (repeatable; default fp32)")
     parser.add_argument("--layout", choices=("nchw",), default="nchw")
-    parser.add_argument("--repeats", type=int, default=30, help="timed runs per implementation (>= 20)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help=f"timed runs per implementation (default {REPEATS}, at least {MIN_REPEATS})")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smoke test: {QUICK_REPEATS} runs unless --repeats, smaller ceiling measurements")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
     parser.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN autotune (off by default)")
     parser.add_argument("--commit", default=None,
@@ -122,26 +155,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     modes = args.dtype or ["fp32"]
     args.modes = list(MODES) if "all" in modes else list(dict.fromkeys(modes))
-    if args.repeats < 20:
-        parser.error("--repeats must be at least 20")
+    if args.repeats is None:
+        args.repeats = QUICK_REPEATS if args.quick else REPEATS
+    if args.repeats < (1 if args.quick else MIN_REPEATS):
+        parser.error(f"--repeats must be at least {MIN_REPEATS} (a median of fewer is noise; --quick for smoke tests), "
+                     f"got {args.repeats}")
     return args
 
 
 def to_markdown(results: dict) -> str:
     """The table of one run, with the GPU and the commit it measured, for benchmarks/RESULTS.md."""
     meta = results["meta"]
+    header, *rows = table_rows(results)
     lines = [f"GPU: {meta['gpu']}; torch {meta['torch']}, cuDNN {meta['cudnn']}, CuPy {meta['cupy']}; "
              f"layout {meta['layout']}; cudnn.benchmark {meta['cudnn_benchmark']}; {meta['date']}",
              f"commit: {meta['commit']}{' (dirty tree)' if meta['dirty'] else ''}", "",
-             "| shape | mode | kernel | torch ms | cupyconv ms | speed-up | TFLOP/s | % of ceiling | GB/s | % of bandwidth |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in results["rows"]:
-        if r["status"] != "ok":
-            lines.append(f"| {r['shape']} | {r['mode']} | {r.get('kernel', '')} | | | {r['status']} | | | | |")
-            continue
-        lines.append(f"| {r['shape']} | {r['mode']} | {r['kernel']} | {r['torch_ms']:.3f} | {r['cupyconv_ms']:.3f} | "
-                     f"{r['speedup']:.2f}x | {r['tflops']:.1f} | {100 * r['compute_fraction']:.0f}% | "
-                     f"{r['gbps']:.0f} | {100 * r['bandwidth_fraction']:.0f}% |")
+             "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -155,16 +185,16 @@ def _git(*args: str) -> str:
 class _Runner:
     """Holds torch and cupy, the measured ceilings, and runs one (shape, mode) row."""
 
-    def __init__(self, repeats: int):
+    def __init__(self, repeats: int, quick: bool = False):
         import cupy
         import torch
 
         self.torch, self.cupy, self.repeats = torch, cupy, repeats
-        self.ceilings = self._measure_ceilings()
+        self.ceilings = self._measure_ceilings(4096 if quick else 8192)
 
-    def _measure_ceilings(self) -> dict:
+    def _measure_ceilings(self, n: int) -> dict:
+        """Matrix-product rates (TFLOP/s) per mode on n x n x n, and device-to-device copy bandwidth (GB/s)."""
         torch = self.torch
-        n = 8192
         rates = {}
         for mode, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True),
                                   ("fp16", torch.float16, False), ("bf16", torch.bfloat16, False)):
@@ -203,11 +233,12 @@ class _Runner:
         view = lambda t: None if t is None else cupy.from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
         args = (shape.stride, shape.padding, shape.dilation, shape.groups)
+        with stream:  # zero-copy views, made once: the DLPack exchange is the benchmark's cost, not cupyconv's
+            views = [(*(view(t) for t in inputs[i]), view(outs[i])) for i in range(sets)]
 
         def ours(i):
-            x, w, b = inputs[i]
             with stream:
-                conv2d_cupy(view(x), view(w), view(b), problem, view(outs[i]), plan=plan)
+                conv2d_cupy(*views[i][:3], problem, views[i][3], plan=plan)
 
         # Correctness first, on a NaN-poisoned output: every element written, and the first and last
         # images against float64 (the whole batch in float64 would cost more than the timing).
@@ -240,29 +271,42 @@ class _Runner:
             F.conv2d(x, w, b, *args)
             counter["torch"] += 1
 
-        ours_ms, torch_ms = [], []
-        for _ in range(3):  # alternate implementations in rounds so drift hits both alike
-            ours_ms.append(median_ms(timed_ours, self.repeats // 3 + 1))
-            torch_ms.append(median_ms(timed_torch, self.repeats // 3 + 1))
-        ours_t, torch_t = statistics.median(ours_ms), statistics.median(torch_ms)
-        compute_ceiling = self.ceilings["fp32" if mode == "fp32" else mode]
+        times = alternating_ms({"cupyconv": timed_ours, "torch": timed_torch}, self.repeats)
+        (ours_t, ours_host_us), (torch_t, torch_host_us) = times["cupyconv"], times["torch"]
+        compute_ceiling = self.ceilings[mode]
         row.update(status="ok", torch_ms=torch_t, cupyconv_ms=ours_t, speedup=torch_t / ours_t,
+                   torch_host_us=torch_host_us, cupyconv_host_us=ours_host_us, input_sets=sets,
                    tflops=problem.flops / ours_t / 1e9, gbps=bytes_moved(problem) / ours_t / 1e6)
         row.update(compute_fraction=row["tflops"] / compute_ceiling,
                    bandwidth_fraction=row["gbps"] / self.ceilings["bandwidth_gbps"])
         return row
 
 
+def _driver_version() -> str | None:
+    """The NVIDIA driver's version string (e.g. 580.159.04), from nvidia-smi where it is installed."""
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, check=True).stdout.split("\n")[0].strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def _meta(args, runner: _Runner) -> dict:
+    """What was measured, where and with what: GPU, driver, library versions, commit, settings, ceilings."""
     import cupy
+    import numpy
     import torch
 
     import cupyconv
 
     return {"gpu": torch.cuda.get_device_name(), "driver": cupy.cuda.runtime.driverGetVersion(),
-            "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "cupy": cupy.__version__,
-            "cupyconv": cupyconv.__version__, "commit": args.commit or _git("rev-parse", "HEAD") or "unknown",
+            "driver_version": _driver_version(), "cuda_torch": torch.version.cuda,
+            "cuda_cupy": cupy.cuda.runtime.runtimeGetVersion(), "torch": torch.__version__,
+            "cudnn": torch.backends.cudnn.version(), "cupy": cupy.__version__, "numpy": numpy.__version__,
+            "python": platform.python_version(), "cupyconv": cupyconv.__version__,
+            "commit": args.commit or _git("rev-parse", "HEAD") or "unknown",
             "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")), "layout": args.layout,
+            "suite": args.suite, "modes": args.modes, "repeats": args.repeats, "quick": args.quick,
             "cudnn_benchmark": args.cudnn_benchmark, "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "ceilings": runner.ceilings}
 
@@ -286,38 +330,100 @@ def _chart(results: dict, path: pathlib.Path) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def table_rows(results: dict) -> list[list[str]]:
+    """The result table as text cells, header first: what the console and markdown tables show."""
+    rows = [["shape", "mode", "kernel", "torch ms", "cupyconv ms", "speed-up", "TFLOP/s", "% of ceiling",
+             "GB/s", "% of bandwidth"]]
+    for r in results["rows"]:
+        if r["status"] != "ok":
+            rows.append([r["shape"], r["mode"], r.get("kernel", ""), "", "", r["status"], "", "", "", ""])
+            continue
+        rows.append([r["shape"], r["mode"], r["kernel"], f"{r['torch_ms']:.3f}", f"{r['cupyconv_ms']:.3f}",
+                     f"{r['speedup']:.2f}x", f"{r['tflops']:.1f}", f"{100 * r['compute_fraction']:.0f}%",
+                     f"{r['gbps']:.0f}", f"{100 * r['bandwidth_fraction']:.0f}%"])
+    return rows
+
+
+def print_table(results: dict) -> None:
+    """The result table on the console: with rich where it is installed, else as markdown."""
+    try:
+        import rich.console
+        import rich.table
+    except ImportError:
+        print(to_markdown(results))
+        return
+    header, *rows = table_rows(results)
+    table = rich.table.Table(title=f"cupyconv vs torch on {results['meta']['gpu']}, commit {results['meta']['commit']}")
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i < 3 else "right")
+    for cells, row in zip(rows, results["rows"]):
+        table.add_row(*cells, style=None if row["status"] == "ok" else "bold red")
+    console = rich.console.Console()
+    if not console.is_terminal:  # a log or the device's output: wide enough that rows stay on one line
+        console.width = 160
+    console.print(table)
+
+
+def _progress(items: list, total: int):
+    """``items`` with a tqdm progress bar on stderr where tqdm is installed."""
+    try:
+        import tqdm
+    except ImportError:
+        return items
+    return tqdm.tqdm(items, total=total, unit="row", file=sys.stderr)
+
+
+def _row_line(row: dict) -> str:
+    if row["status"] != "ok":
+        return f"{row['shape']:24s} {row['mode']:5s} {row['status']}  <<<<<<<<<<"
+    return (f"{row['shape']:24s} {row['mode']:5s} torch {row['torch_ms']:8.3f} ms  cupyconv {row['cupyconv_ms']:8.3f} ms"
+            f"  {row['speedup']:5.2f}x  {row['tflops']:6.1f} TFLOP/s  {row['kernel']}")
+
+
+def _gpu_missing() -> str | None:
+    """Why the benchmark cannot run here (no torch, CuPy or CUDA GPU), or None when it can."""
     try:
         import cupy
         import torch
     except ImportError as error:
-        print(f"cupyconv.bench needs torch and CuPy: {error}", file=sys.stderr)
+        return f"cupyconv.bench needs torch and CuPy: {error}"
+    if not torch.cuda.is_available():
+        return f"cupyconv.bench needs a CUDA GPU; torch {torch.__version__} sees none"
+    try:
+        cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as error:
+        return f"cupyconv.bench needs a CUDA GPU; CuPy sees none ({error})"
+    return None
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    missing = _gpu_missing()
+    if missing:
+        print(missing, file=sys.stderr)
         return 2
-    if not torch.cuda.is_available() or cupy.cuda.runtime.getDeviceCount() == 0:
-        print("cupyconv.bench needs a CUDA GPU; none found", file=sys.stderr)
-        return 2
+    import torch
+
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
-    runner = _Runner(args.repeats)
+    runner = _Runner(args.repeats, args.quick)
     results = {"meta": _meta(args, runner), "rows": []}
     print("ceilings: " + ", ".join(f"{k} {v:.1f}" for k, v in runner.ceilings.items()), flush=True)
-    for shape in SUITES[args.suite]:
-        for mode in args.modes:
-            row = runner.row(shape, mode)
-            results["rows"].append(row)
-            if row["status"] == "ok":
-                print(f"{shape.name:24s} {mode:5s} torch {row['torch_ms']:8.3f} ms  cupyconv {row['cupyconv_ms']:8.3f} ms"
-                      f"  {row['speedup']:5.2f}x  {row['tflops']:6.1f} TFLOP/s  {row['kernel']}", flush=True)
-            else:
-                print(f"{shape.name:24s} {mode:5s} {row['status']}  <<<<<<<<<<", flush=True)
-            torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"{args.suite}_{'-'.join(args.modes)}"
-    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1))
-    (args.out / f"{stem}.md").write_text(to_markdown(results))
-    _chart(results, args.out / f"{stem}.png")
+    stem = args.out / f"{args.suite}_{'-'.join(args.modes)}{'_quick' if args.quick else ''}"
+    cases = [(shape, mode) for shape in SUITES[args.suite] for mode in args.modes]
+    progress = _progress(cases, len(cases))
+    for shape, mode in progress:
+        row = runner.row(shape, mode)
+        results["rows"].append(row)
+        (progress.write if hasattr(progress, "write") else print)(_row_line(row))
+        # Written after every row: a run stopped at the device's time limit keeps what it measured.
+        stem.with_suffix(".json").write_text(json.dumps(results, indent=1))
+        torch.cuda.empty_cache()
+    stem.with_suffix(".md").write_text(to_markdown(results))
+    _chart(results, stem.with_suffix(".png"))
     print()
-    print(to_markdown(results))
+    print_table(results)
+    print(f"\nwrote {stem}.json, .md and .png", flush=True)
     return 1 if any(r["status"] != "ok" for r in results["rows"]) else 0
 
 

@@ -1,6 +1,8 @@
 """The benchmark's tables, arithmetic and command line, without a GPU."""
+import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -28,29 +30,101 @@ def test_bytes_and_flops():
     assert bench.bytes_moved(bench.SEEDS[0].problem("bfloat16")) * 2 == bench.bytes_moved(p)
 
 
+RESULTS = {"meta": {"gpu": "H100", "torch": "2", "cudnn": 9, "cupy": "14", "layout": "nchw",
+                    "cudnn_benchmark": False, "date": "today", "commit": "abc1234", "dirty": False},
+           "rows": [{"shape": "s", "mode": "fp32", "kernel": "direct_conv2d", "status": "ok", "torch_ms": 2.0,
+                     "cupyconv_ms": 1.0, "speedup": 2.0, "tflops": 10.0, "compute_fraction": 0.2,
+                     "gbps": 100.0, "bandwidth_fraction": 0.03},
+                    {"shape": "t", "mode": "fp16", "kernel": "x", "status": "WRONG (error 1)"}]}
+
+
 def test_markdown_names_the_commit_and_marks_wrong_rows():
-    results = {"meta": {"gpu": "H100", "torch": "2", "cudnn": 9, "cupy": "14", "layout": "nchw",
-                        "cudnn_benchmark": False, "date": "today", "commit": "abc1234", "dirty": False},
-               "rows": [{"shape": "s", "mode": "fp32", "kernel": "direct_conv2d", "status": "ok", "torch_ms": 2.0,
-                         "cupyconv_ms": 1.0, "speedup": 2.0, "tflops": 10.0, "compute_fraction": 0.2,
-                         "gbps": 100.0, "bandwidth_fraction": 0.03},
-                        {"shape": "t", "mode": "fp16", "kernel": "x", "status": "WRONG (error 1)"}]}
-    text = bench.to_markdown(results)
+    text = bench.to_markdown(RESULTS)
     assert "commit: abc1234" in text and "| s | fp32 | direct_conv2d | 2.000 | 1.000 | 2.00x |" in text
     assert "WRONG (error 1)" in text
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    assert len({line.count("|") for line in table}) == 1, "every markdown row has as many cells as the header"
+    assert len(table) == 2 + len(RESULTS["rows"])
+
+
+def test_console_table_and_chart(tmp_path, capsys):
+    bench.print_table(RESULTS)
+    out = capsys.readouterr().out
+    assert "abc1234" in out and "2.00x" in out and "WRONG (error 1)" in out
+    pytest.importorskip("matplotlib")
+    bench._chart(RESULTS, tmp_path / "chart.png")
+    assert (tmp_path / "chart.png").read_bytes()[:4] == b"\x89PNG"
+
+
+class _FakeCuda:
+    """torch.cuda as alternating_ms uses it: each 'GPU' interval is what the callable under test says."""
+
+    def __init__(self):
+        self.clock, self.sleeps = 0.0, 0
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing):
+                assert enable_timing
+
+            def record(self):
+                self.at = fake.clock
+
+            def elapsed_time(self, end):
+                return end.at - self.at
+
+        self.Event = Event
+
+    def _sleep(self, cycles):
+        assert cycles > 0
+        self.sleeps += 1
+
+    def synchronize(self):
+        pass
+
+
+def test_alternating_ms_interleaves_and_takes_medians(monkeypatch):
+    cuda = _FakeCuda()
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    calls = []
+
+    def launch(name, ms):
+        def fn():
+            calls.append(name)
+            cuda.clock += ms
+        return fn
+
+    times = bench.alternating_ms({"a": launch("a", 1.0), "b": launch("b", 3.0)}, repeats=4, warmup=2)
+    assert times["a"][0] == 1.0 and times["b"][0] == 3.0 and times["a"][1] >= 0
+    assert calls[:4] == ["a", "b", "a", "b"]  # warm-up
+    assert calls[4:] == ["a", "b", "b", "a", "a", "b", "b", "a"]  # the order flips every run
+    assert cuda.sleeps == 8  # the GPU is kept busy before every timed run
+    assert bench.median_ms(launch("c", 2.0), repeats=3) == 2.0
 
 
 def test_command_line():
     args = bench.parse_args(["--suite", "layers", "--dtype", "fp16", "--dtype", "bf16"])
     assert args.suite == "layers" and args.modes == ["fp16", "bf16"]
     assert bench.parse_args(["--dtype", "all"]).modes == list(bench.MODES)
+    assert bench.parse_args([]).repeats == bench.REPEATS
     with pytest.raises(SystemExit):
         bench.parse_args(["--repeats", "5"])
+    quick = bench.parse_args(["--quick"])
+    assert quick.quick and quick.repeats == bench.QUICK_REPEATS
+    assert bench.parse_args(["--quick", "--repeats", "7"]).repeats == 7
+    assert str(bench.parse_args(["--out", "/tmp/x"]).out) == "/tmp/x"
 
 
-def test_without_a_gpu_it_says_so_and_fails_cleanly():
-    result = subprocess.run([sys.executable, "-m", "cupyconv.bench", "--suite", "seeds"], capture_output=True, text=True)
-    if result.returncode == 0:
-        pytest.skip("a GPU is present")
+def test_importing_the_benchmark_imports_no_torch():
+    code = "import sys, cupyconv, cupyconv.bench; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_without_a_gpu_it_says_so_and_fails_cleanly(tmp_path):
+    # No GPU visible, also on a machine that has one: the test must never start a benchmark.
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, "-m", "cupyconv.bench", "--suite", "seeds", "--quick",
+                             "--out", str(tmp_path)], capture_output=True, text=True, env=env)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "GPU" in result.stderr or "needs" in result.stderr
+    assert "needs" in result.stderr and ("GPU" in result.stderr or "torch" in result.stderr)
+    assert not list(tmp_path.iterdir())
