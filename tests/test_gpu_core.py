@@ -11,7 +11,7 @@ from cases import GRID, Case
 from checks import relative_error
 from devices import gpu_count
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("strict_torch_fp32")]
 torch = pytest.importorskip("torch", reason="the GPU tests compare with torch")
 F = torch.nn.functional
 cupy = pytest.importorskip("cupy")
@@ -22,14 +22,6 @@ TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": t
 # Relative error floors: float64 and strict float32 are absolute bounds; 16-bit types may also reach
 # twice torch's own error in the same dtype (flash-attention's rule), whichever is larger.
 FLOOR = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-3, "bfloat16": 8e-3}
-
-
-@pytest.fixture(autouse=True)
-def strict_torch_fp32():
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def to_cupy(t):

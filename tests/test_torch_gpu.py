@@ -21,22 +21,15 @@ nn = torch.nn
 from cases import GRID  # noqa: E402  (tests/ is on sys.path through conftest.py)
 from checks import relative_error
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              pytest.mark.usefixtures("strict_torch_fp32")]
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 # Relative-error floors against float64; 16-bit results may also reach twice torch's own error in the
 # same dtype (flash-attention's rule), whichever is larger. float32 is strict IEEE on both sides: the
-# fixture below turns torch's TF32 off, which also keeps cupyconv.torch off its TF32 path.
+# strict_torch_fp32 fixture (conftest.py) turns torch's TF32 off, which also keeps cupyconv.torch off its TF32 path.
 FLOOR = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 NAN_BITS_16 = {"float16": 0x7E00, "bfloat16": 0x7FC0}
-
-
-@pytest.fixture(autouse=True)
-def strict_torch_fp32():
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 @pytest.fixture(autouse=True)
