@@ -1,5 +1,6 @@
-"""Time the implicit-GEMM kernels against torch (same dtype; torch's default TF32 for float32) on the
-two seed shapes, with CUDA events: warm-up, then the median of many runs. Prints a table.
+"""Time the implicit-GEMM kernels -- both families, every tile -- against torch (same dtype; torch's
+default TF32 for float32) on the two seed shapes, with CUDA events: warm-up, then the median of many
+runs. Prints a table; * marks the planner's choice.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_igemm.py
 """
@@ -11,7 +12,7 @@ import torch
 from cupyconv.arguments import make_problem
 from cupyconv.bench import median_ms
 from cupyconv.launch import conv2d_cupy
-from cupyconv.planner import GEMM_CONFIGS, GEMM_KERNEL, make_plan
+from cupyconv.planner import GEMM_CONFIGS, NHWC_CONFIGS, make_plan
 
 SHAPES = {  # (N, C, H, W), (K, C, kh, kw), stride, padding, bias
     "alexnet_conv1": ((256, 3, 224, 224), (96, 3, 11, 11), 4, 2, True),
@@ -38,9 +39,9 @@ def main(configs_too: bool = True):
             out = torch.empty(problem.out_shape, device="cuda", dtype=torch_dtype)
             cx, cw, cb, co = to_cupy(x), to_cupy(w), to_cupy(b), to_cupy(out)
             t_torch = median_ms(lambda: torch.nn.functional.conv2d(x, w, b, stride, padding))
-            chosen = make_plan(problem, kernel=GEMM_KERNEL)
-            plans = [chosen] + ([make_plan(problem, config=c.name) for c in GEMM_CONFIGS[dtype]
-                                 if c.name != chosen.config.name] if configs_too else [])
+            chosen = make_plan(problem, allow_tf32=True)
+            others = [c.name for c in GEMM_CONFIGS[dtype] + NHWC_CONFIGS[dtype] if c.name != chosen.config.name]
+            plans = [chosen] + ([make_plan(problem, config=c) for c in others] if configs_too else [])
             for plan in plans:
                 t = median_ms(lambda: conv2d_cupy(cx, cw, cb, problem, co, plan=plan))
                 tflops = problem.flops / t / 1e9

@@ -43,9 +43,13 @@ def kernel_source(filename: str) -> str:
     return expand(filename)
 
 
+#: Kernels defined in a file of another name.
+_SOURCE_FILES = {"nchw_to_nhwc_tiled": "nchw_to_nhwc.cu", "nchw_to_nhwc_narrow": "nchw_to_nhwc.cu"}
+
+
 def source_file(kernel: str) -> str:
-    """Kernel family name -> the .cu file that defines it."""
-    return f"{kernel}.cu"
+    """Kernel name -> the .cu file that defines it."""
+    return _SOURCE_FILES.get(kernel, f"{kernel}.cu")
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,7 +59,12 @@ def _module(device_id: int, filename: str, expression: str):
     with cupy.cuda.Device(device_id):
         module = cupy.RawModule(code=kernel_source(filename), options=NVRTC_OPTIONS,
                                 name_expressions=(expression,))
-        return module.get_function(expression)
+        function = module.get_function(expression)
+        # Let launches use all the shared memory the device allows a block (the default stops at 48 KB).
+        optin = cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                                     device_id)
+        function.max_dynamic_shared_size_bytes = optin - function.shared_size_bytes
+        return function
 
 
 def get_kernel(kernel: str, expression: str):

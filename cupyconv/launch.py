@@ -5,7 +5,7 @@ import numpy as np
 
 from .arguments import ConvProblem
 from .compiler import get_kernel
-from .planner import GEMM_KERNEL, LaunchPlan, make_plan
+from .planner import DIRECT_KERNEL, NHWC_KERNEL, LaunchPlan, channels_last_copy, make_plan
 
 
 def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | None = None,
@@ -26,12 +26,29 @@ def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | N
     weight = cupy.ascontiguousarray(weight)
     bias = weight if bias is None else cupy.ascontiguousarray(bias)
     p = problem
-    problem_ints = (int(p.has_bias), p.n, p.c, p.h, p.w, p.k, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1],
+    channels = p.c
+    if plan.kernel == NHWC_KERNEL:
+        channels = plan.channels_padded
+        x = _channels_last(x, p.dtype, p.n, p.c, p.h * p.w, channels)
+        weight = _channels_last(weight, p.dtype, p.k, p.c // p.groups, p.kh * p.kw, channels // p.groups)
+    problem_ints = (int(p.has_bias), p.n, channels, p.h, p.w, p.k, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1],
                     p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], p.groups)
-    # direct_conv2d also takes its stage and tiling; the implicit GEMM derives its tiling from the problem.
-    plan_ints = () if plan.kernel == GEMM_KERNEL else (
+    # direct_conv2d also takes its stage and tiling; the GEMMs derive their tiling from the problem.
+    plan_ints = () if plan.kernel != DIRECT_KERNEL else (
         plan.stage_channels, plan.stage_rows, plan.stage_cols, plan.pitch, plan.tiles_w, plan.tiles, plan.ktiles)
     kernel = get_kernel(plan.kernel, plan.name_expression)
     kernel(plan.grid, plan.block, (x, weight, bias, out, *(np.int32(v) for v in problem_ints + plan_ints)),
            shared_mem=plan.shared_bytes)
+    return out
+
+
+def _channels_last(a, dtype: str, n: int, c: int, positions: int, channels_padded: int):
+    """A new [n][positions][channels_padded] copy of the C-contiguous [n][c][positions] array ``a``
+    (zero channels past c; float32 rounded to TF32), made on the current stream."""
+    import cupy
+
+    copy = channels_last_copy(dtype, n, c, positions, channels_padded)
+    out = cupy.empty(n * positions * channels_padded, dtype=a.dtype)
+    get_kernel(copy.kernel, copy.name_expression)(
+        copy.grid, copy.block, (a, out, np.int32(c), np.int32(positions), np.int32(channels_padded)))
     return out

@@ -72,9 +72,15 @@ class LaunchPlan:
     tiles_w: int = 0
     tiles: int = 0
     ktiles: int = 0
+    # implicit_gemm_nhwc only: bytes per cp.async piece, and the channels of the channels-last copies
+    # (C, or C rounded up with zero channels so that a piece never straddles two taps).
+    vec: int = 0
+    channels_padded: int = 0
 
     @property
     def name_expression(self) -> str:
+        if self.kernel == NHWC_KERNEL:
+            return nhwc_name_expression(self.dtype, self.index_type, self.config, self.vec)
         return name_expression(self.kernel, self.dtype, self.index_type, self.config)
 
     def __str__(self) -> str:
@@ -99,7 +105,8 @@ def name_expression(kernel: str, dtype: str, index_type: str, cfg: TileConfig) -
 def kernel_specialisations() -> list[str]:
     """Every name expression make_plan can choose: what the compile test builds for each GPU arch."""
     return [name_expression("direct_conv2d", dtype, index, cfg)
-            for dtype in CTYPES for index in INDEX_TYPES for cfg in TILE_CONFIGS] + gemm_specialisations()
+            for dtype in CTYPES for index in INDEX_TYPES for cfg in TILE_CONFIGS] + gemm_specialisations() + \
+        nhwc_specialisations() + channels_last_specialisations()
 
 
 def _patch(problem: ConvProblem, cfg: TileConfig, rows: int, cols: int) -> tuple[int, int]:
@@ -150,9 +157,11 @@ def _choose_stage(problem: ConvProblem, cfg: TileConfig):
     return None
 
 
-def _index_type(problem: ConvProblem) -> str:
-    """32-bit indices while every tensor has fewer than 2^31 elements, else 64-bit."""
-    largest = max(math.prod(problem.x_shape), math.prod(problem.out_shape), math.prod(problem.weight_shape))
+def _index_type(problem: ConvProblem, channels_padded: int = 0) -> str:
+    """32-bit indices while every tensor (and the channels-last copy of the input with
+    ``channels_padded`` channels, if any) has fewer than 2^31 elements, else 64-bit."""
+    copy = problem.n * channels_padded * problem.h * problem.w
+    largest = max(math.prod(problem.x_shape), math.prod(problem.out_shape), math.prod(problem.weight_shape), copy)
     return "int" if largest < 2**31 else "long long"
 
 
@@ -175,11 +184,13 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
         problem: the convolution.
         config: force a TileConfig (direct) or GemmConfig (implicit GEMM) by name (tests and
             benchmarks); None lets the shape decide.
-        kernel: force the family, 'direct_conv2d' or 'implicit_gemm_conv2d' (float32 then runs as
-            TF32); None chooses by dtype, ``allow_tf32`` and shape (see choose_kernel).
+        kernel: force the family, 'direct_conv2d', 'implicit_gemm_nhwc' or 'implicit_gemm_conv2d'
+            (float32 then runs as TF32); None chooses by dtype, ``allow_tf32`` and shape (see choose_kernel).
         allow_tf32: let float32 run on the tensor cores in TF32 (10-bit mantissa products).
     """
     family, family_reason = choose_kernel(problem, kernel, allow_tf32, config)
+    if family == NHWC_KERNEL:
+        return make_nhwc_plan(problem, config, family_reason)
     if family == GEMM_KERNEL:
         return make_gemm_plan(problem, config, family_reason)
     if config is not None:
@@ -213,8 +224,9 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
 # float16 and bfloat16 use it by default; float32 only as TF32, when the caller allows it; float64 never.
 
 GEMM_KERNEL = "implicit_gemm_conv2d"
+NHWC_KERNEL = "implicit_gemm_nhwc"
 DIRECT_KERNEL = "direct_conv2d"
-KERNELS = (DIRECT_KERNEL, GEMM_KERNEL)
+KERNELS = (DIRECT_KERNEL, GEMM_KERNEL, NHWC_KERNEL)
 #: Below this many output channels per group the 8-wide instruction tile is mostly padding (depthwise
 #: convolutions, say): the direct kernel is used.
 GEMM_MIN_GROUP_CHANNELS = 8
@@ -282,15 +294,19 @@ def _gemm_fits_grid(problem: ConvProblem, cfg: GemmConfig) -> bool:
 def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: bool = False,
                   config: str | None = None) -> tuple[str, str]:
     """The kernel family for ``problem`` and why: forced by ``kernel`` (or by a config name of one
-    family), else the implicit GEMM for float16/bfloat16, and for float32 when ``allow_tf32``."""
-    gemm_names = {c.name for configs in GEMM_CONFIGS.values() for c in configs}
+    family), else a tensor-core GEMM for float16/bfloat16, and for float32 when ``allow_tf32``: the
+    channels-last one (implicit_gemm_nhwc) wherever its copies can be made, else the NCHW gather."""
     if kernel is None and config is not None:
-        kernel = GEMM_KERNEL if config in gemm_names else DIRECT_KERNEL
+        kernel = next((family for family, names in _CONFIG_NAMES.items() if config in names), DIRECT_KERNEL)
     if kernel is not None:
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-        if kernel == GEMM_KERNEL and problem.dtype not in GEMM_DTYPES:
-            raise ValueError(f"kernel {GEMM_KERNEL!r} computes in {GEMM_DTYPES}, got dtype {problem.dtype}")
+        if kernel != DIRECT_KERNEL and problem.dtype not in GEMM_DTYPES:
+            raise ValueError(f"kernel {kernel!r} computes in {GEMM_DTYPES}, got dtype {problem.dtype}")
+        if kernel == NHWC_KERNEL:
+            _, why_not = _nhwc_pieces(problem)
+            if why_not:
+                raise ValueError(f"kernel {NHWC_KERNEL!r} cannot run this problem: {why_not}")
         return kernel, "forced by the caller"
     kg = problem.k // problem.groups
     if problem.dtype == "float64":
@@ -299,10 +315,13 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
         return DIRECT_KERNEL, "strict float32 (allow_tf32=False)"
     if kg < GEMM_MIN_GROUP_CHANNELS:
         return DIRECT_KERNEL, f"{kg} output channel(s) per group: the 8-wide MMA tile would be mostly padding"
+    precision = "TF32 (allow_tf32=True)" if problem.dtype == "float32" else problem.dtype
+    _, why_not = _nhwc_pieces(problem)
+    if not why_not:
+        return NHWC_KERNEL, f"tensor cores in {precision}, {kg} output channels per group"
     if not _gemm_fits_grid(problem, _choose_gemm_config(problem)[0]):
         return DIRECT_KERNEL, "implicit-GEMM grid exceeds CUDA's limits (groups or channel tiles > 65535)"
-    precision = "TF32 (allow_tf32=True)" if problem.dtype == "float32" else problem.dtype
-    return GEMM_KERNEL, f"tensor cores in {precision}, {kg} output channels per group"
+    return GEMM_KERNEL, f"tensor cores in {precision}, {kg} output channels per group; NCHW gather: {why_not}"
 
 
 def _choose_gemm_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
@@ -310,6 +329,10 @@ def _choose_gemm_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
     channel tile gathers the input again, so fewer, wider tiles beat exact fits)."""
     kg = problem.k // problem.groups
     configs = GEMM_CONFIGS[problem.dtype]
+    return _narrowest_that_holds(kg, configs)
+
+
+def _narrowest_that_holds(kg: int, configs) -> tuple[GemmConfig, str]:
     for cfg in configs:
         if kg <= cfg.bn:
             return cfg, f"{kg} output channels per group fit one {cfg.bn}-channel tile"
@@ -343,4 +366,125 @@ def _describe_gemm_plan(plan: LaunchPlan) -> str:
             f"  {plan.dtype} ({precision} on tensor cores, float32 accumulators), {plan.index_type} indices; "
             f"{plan.shared_bytes} B shared memory\n"
             f"  grid {plan.grid} (pixel tiles, channel tiles, groups), block {plan.block}\n"
-            f"  why: {plan.reason}")
+            + (f"  reads channels-last copies made first: input [N][H][W][{plan.channels_padded}], weight "
+               f"[K][kh][kw][{plan.channels_padded} / groups], in {plan.vec}-byte pieces\n"
+               if plan.kernel == NHWC_KERNEL else "")
+            + f"  why: {plan.reason}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Channels-last implicit GEMM (kernels/implicit_gemm_nhwc.cu) and the copies it reads
+# (kernels/nchw_to_nhwc.cu): the input as [N][H][W][Cp], the weight as [K][kh][kw][Cgp].
+
+CHANNELS_LAST_TILED = "nchw_to_nhwc_tiled"
+CHANNELS_LAST_NARROW = "nchw_to_nhwc_narrow"
+#: Up to this many channels the copy runs one thread per position (nchw_to_nhwc_narrow).
+NARROW_CHANNELS = 8
+#: Zero channels may add at most a third to the reduction (AlexNet's 3 -> 4); more, and a smaller
+#: piece (or the NCHW gather) does less work.
+MAX_PADDING_RATIO = 4 / 3
+
+#: Tiles per dtype, narrowest first: k rows of 64 bytes, four stages (80 KB at most, two blocks per SM).
+NHWC_CONFIGS = {
+    "float32": (GemmConfig("nhwc_m128n32k16", 128, 32, 16, 4, 1, 4),
+                GemmConfig("nhwc_m128n64k16", 128, 64, 16, 2, 2, 4),
+                GemmConfig("nhwc_m128n96k16", 128, 96, 16, 4, 2, 4),
+                GemmConfig("nhwc_m128n128k16", 128, 128, 16, 2, 4, 4)),
+    "float16": (GemmConfig("nhwc_m128n32k32", 128, 32, 32, 4, 1, 4),
+                GemmConfig("nhwc_m128n64k32", 128, 64, 32, 2, 2, 4),
+                GemmConfig("nhwc_m128n96k32", 128, 96, 32, 4, 2, 4),
+                GemmConfig("nhwc_m128n128k32", 128, 128, 32, 2, 4, 4)),
+}
+NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
+NHWC_VECS = (16, 8, 4)
+_CONFIG_NAMES = {
+    NHWC_KERNEL: {c.name for configs in NHWC_CONFIGS.values() for c in configs},
+    GEMM_KERNEL: {c.name for configs in GEMM_CONFIGS.values() for c in configs},
+}
+
+
+def _nhwc_shared_bytes(cfg: GemmConfig, dtype: str) -> int:
+    """STAGES x (A [bm][bk + pad] + B [bn][bk + pad]), rows of bk elements + 16 bytes."""
+    item = 4 if dtype == "float32" else 2
+    return cfg.stages * (cfg.bm + cfg.bn) * (cfg.bk * item + 16)
+
+
+def _nhwc_pieces(problem: ConvProblem) -> tuple[tuple[int, int], str]:
+    """((bytes per cp.async piece, channels of the copies), "") or ((0, 0), why the problem cannot run).
+
+    The widest piece whose channel count divides the channels per group; with one group the copies
+    may add zero channels to make it divide (at most MAX_PADDING_RATIO more)."""
+    item = 4 if problem.dtype == "float32" else 2
+    cg = problem.c // problem.groups
+    for vec in NHWC_VECS:
+        per_piece = vec // item
+        padded = math.ceil(cg / per_piece) * per_piece
+        if padded == cg or (problem.groups == 1 and padded <= MAX_PADDING_RATIO * cg):
+            pieces = vec, padded * problem.groups
+            break
+    else:
+        return (0, 0), f"{cg} channels per group is odd, with {problem.groups} groups (no 4-byte pieces)"
+    if problem.n > MAX_GRID_Y or problem.k > MAX_GRID_Y:
+        return (0, 0), f"batch {problem.n} or {problem.k} output channels past the copies' grid limit {MAX_GRID_Y}"
+    cfg = _narrowest_that_holds(problem.k // problem.groups, NHWC_CONFIGS[problem.dtype])[0]
+    mx, ny, gz = _gemm_grid(problem, cfg)
+    if mx >= 2**31 or ny > MAX_GRID_Y or gz > MAX_GRID_Y:
+        return (0, 0), f"grid {(mx, ny, gz)} past CUDA's limits"
+    return pieces, ""
+
+
+def nhwc_name_expression(dtype: str, index_type: str, cfg: GemmConfig, vec: int) -> str:
+    return (f"cupyconv::{NHWC_KERNEL}<{CTYPES[dtype]},{index_type},{cfg.bm},{cfg.bn},{cfg.bk},"
+            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages},{vec}>")
+
+
+def nhwc_specialisations() -> list[str]:
+    return [nhwc_name_expression(dtype, index, cfg, vec) for dtype in GEMM_DTYPES for index in INDEX_TYPES
+            for cfg in NHWC_CONFIGS[dtype] for vec in NHWC_VECS]
+
+
+def make_nhwc_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
+    """The channels-last GEMM launch: grid (pixel tiles, channel tiles, groups), one block per tile."""
+    (vec, channels_padded), why_not = _nhwc_pieces(problem)
+    if why_not:
+        raise ValueError(f"kernel {NHWC_KERNEL!r} cannot run this problem: {why_not}")
+    configs = {c.name: c for c in NHWC_CONFIGS[problem.dtype]}
+    if config is not None:
+        if config not in configs:
+            raise ValueError(f"config for {NHWC_KERNEL} in {problem.dtype} must be one of {sorted(configs)}, "
+                             f"got {config!r}")
+        cfg, why = configs[config], "config forced by the caller"
+    else:
+        cfg, why = _narrowest_that_holds(problem.k // problem.groups, NHWC_CONFIGS[problem.dtype])
+    if channels_padded != problem.c:
+        why += f"; input copied with {channels_padded - problem.c} zero channel(s) for {vec}-byte pieces"
+    return LaunchPlan(
+        kernel=NHWC_KERNEL, dtype=problem.dtype, index_type=_index_type(problem, channels_padded), config=cfg,
+        grid=_gemm_grid(problem, cfg), block=(cfg.threads, 1, 1), shared_bytes=_nhwc_shared_bytes(cfg, problem.dtype),
+        reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChannelsLastCopy:
+    """One launch of kernels/nchw_to_nhwc.cu: [n][c][positions] -> [n][positions][channels_padded]."""
+
+    kernel: str
+    name_expression: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+
+
+def channels_last_copy(dtype: str, n: int, c: int, positions: int, channels_padded: int) -> ChannelsLastCopy:
+    """The copy kernel for these sizes; float32 is rounded to TF32 on the way (the GEMM's operands)."""
+    round_tf32 = "true" if dtype == "float32" else "false"
+    if channels_padded <= NARROW_CHANNELS:
+        kernel, grid, block = CHANNELS_LAST_NARROW, (math.ceil(positions / 256), n, 1), (256, 1, 1)
+    else:
+        kernel, grid, block = (CHANNELS_LAST_TILED, (math.ceil(positions / 32), math.ceil(channels_padded / 32), n),
+                               (32, 8, 1))
+    return ChannelsLastCopy(kernel, f"cupyconv::{kernel}<{CTYPES[dtype]},{round_tf32}>", grid, block)
+
+
+def channels_last_specialisations() -> list[str]:
+    return [f"cupyconv::{kernel}<{CTYPES[dtype]},{'true' if dtype == 'float32' else 'false'}>"
+            for kernel in (CHANNELS_LAST_TILED, CHANNELS_LAST_NARROW) for dtype in GEMM_DTYPES]

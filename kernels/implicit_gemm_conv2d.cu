@@ -128,7 +128,7 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
                                 static_cast<unsigned>(iw) < static_cast<unsigned>(W);
                 const T* src = x + (a_base[i] + k_off);
                 if constexpr (kAsync) {
-                    cp_async_4(a_dst + (warp + NWARPS * j) * A_STRIDE + 32 * i, ok ? src : x, ok);
+                    cp_async<4>(a_dst + (warp + NWARPS * j) * A_STRIDE + 32 * i, ok ? src : x, ok);
                 } else {
                     a_stage_regs[kAsync ? 0 : j][kAsync ? 0 : i] =
                         ok ? reinterpret_cast<const unsigned short*>(src)[0] : static_cast<unsigned short>(0);
@@ -146,7 +146,7 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
             const bool ok = k < Kgemm && n0 + b_n + B_ROWS_PER_PASS * i < Kg;
             const T* src = b_src + static_cast<Index>(B_ROWS_PER_PASS * i) * Kgemm + kt * BK;
             if constexpr (kAsync) {
-                cp_async_4(b_dst + B_ROWS_PER_PASS * i * B_STRIDE, ok ? src : w, ok);
+                cp_async<4>(b_dst + B_ROWS_PER_PASS * i * B_STRIDE, ok ? src : w, ok);
             } else {
                 b_stage_regs[kAsync ? 0 : i] =
                     ok ? reinterpret_cast<const unsigned short*>(src)[0] : static_cast<unsigned short>(0);

@@ -14,12 +14,14 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
-// 4-byte global -> shared copy that bypasses registers. With valid == false the source size is 0:
+// Global -> shared copy of 4, 8 or 16 bytes that bypasses registers (cached in L1 too: convolution
+// gathers read each input element once per kernel tap). With valid == false the source size is 0:
 // nothing is read and the destination is zero-filled, which is how padding and out-of-range rows
 // and columns become zeros. `src` must still be a global address; callers pass the tensor's base.
-__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
-                 :: "r"(shared_address(dst)), "l"(src), "r"(valid ? 4 : 0) : "memory");
+template <int Bytes> __device__ __forceinline__ void cp_async(void* dst, const void* src, bool valid) {
+    static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16, "cp.async moves 4, 8 or 16 bytes");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
+                 :: "r"(shared_address(dst)), "l"(src), "n"(Bytes), "r"(valid ? Bytes : 0) : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
@@ -35,9 +37,14 @@ __device__ __forceinline__ unsigned to_tf32(float v) {
     return r;
 }
 
-// Four 8x8 16-bit matrices, transposed on the way: lane i gives the address of row i % 8 of matrix
-// i / 8, and receives, of each matrix, the elements (row 2 (i % 4), column i / 4) and (row 2 (i % 4) + 1,
-// column i / 4) packed low/high. Rows of 16 bytes, 16-byte aligned.
+// Four 8x8 16-bit matrices: lane i gives the address of row i % 8 of matrix i / 8 (rows of 16 bytes,
+// 16-byte aligned) and receives, of each matrix, row i / 4, elements 2 (i % 4) and 2 (i % 4) + 1
+// packed low/high -- or, with .trans, column i / 4, rows 2 (i % 4) and 2 (i % 4) + 1.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(shared_address(row)) : "memory");
+}
+
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(shared_address(row)) : "memory");

@@ -1,8 +1,10 @@
 """The implicit-GEMM tensor-core kernels (TF32, float16, bfloat16) against torch in float64, on the GPU.
 
-Every tile configuration is forced in turn over the shared grid plus GEMM-specific edges (channel
-counts and reduction lengths that are not multiples of the tiles, groups, N = 0), then both seed
-shapes at full size, the 64-bit index specialisation and the dispatch rules. Outputs are poisoned
+Both families -- implicit_gemm_nhwc (channels-last copies, the default) and implicit_gemm_conv2d
+(NCHW gather, the fallback) -- with every tile configuration forced in turn over the shared grid plus
+GEMM-specific edges (channel counts and reduction lengths that are not multiples of the tiles,
+groups, zero-channel padding, N = 0), then both seed shapes at full size, the 64-bit index
+specialisation and the dispatch rules. Outputs are poisoned
 with NaN before each launch; relative error below 2e-3 for TF32 and 1e-2 for float16/bfloat16.
 """
 import dataclasses
@@ -31,7 +33,7 @@ F = torch.nn.functional
 import cupyconv  # noqa: E402
 from cupyconv.arguments import make_problem  # noqa: E402
 from cupyconv.launch import conv2d_cupy  # noqa: E402
-from cupyconv.planner import GEMM_CONFIGS, GEMM_KERNEL, make_plan  # noqa: E402
+from cupyconv.planner import GEMM_CONFIGS, GEMM_KERNEL, NHWC_CONFIGS, NHWC_KERNEL, make_plan  # noqa: E402
 
 # "tf32" is float32 storage computed as TF32.
 DTYPES = {"tf32": ("float32", torch.float32), "float16": ("float16", torch.float16),
@@ -49,6 +51,11 @@ GEMM_GRID = GRID + [
     Case(3, 6, 48, 7, 5, 1, 1, stride=2),                      # 1x1 with stride, tiles across images
     Case(0, 8, 16, 9, 11, 3, 3, padding=1),                    # empty batch
     Case(5, 3, 9, 31, 29, 3, 3, stride=3, padding=(2, 0), dilation=2),  # odd everything
+    Case(2, 5, 20, 13, 12, 3, 5, padding=(1, 2)),              # channels-last: 5 -> 6 (16-bit), 4-byte pieces
+    Case(2, 1, 16, 12, 12, 3, 3, padding=1),                   # one channel: 16-bit falls back to NCHW
+    Case(2, 16, 24, 9, 10, 3, 3, padding=1, groups=4),         # 4 channels per group: 8-byte 16-bit pieces
+    Case(2, 6, 16, 9, 10, 3, 3, padding=1, groups=2),          # 3 per group: float 4-byte pieces, 16-bit NCHW
+    Case(1, 40, 200, 9, 7, 2, 2, stride=2),                    # Kgemm 160; two channel tiles of 128
 ]
 
 
@@ -73,11 +80,11 @@ def gemm_problem(case: Case, dtype: str):
                         case.groups)
 
 
-def run_gemm(x, weight, bias, case: Case, dtype: str, config=None, index_type=None):
-    """cupyconv's implicit GEMM (forced) into a NaN-poisoned torch output; returns the output."""
+def run_gemm(x, weight, bias, case: Case, dtype: str, config=None, index_type=None, family=NHWC_KERNEL):
+    """cupyconv's implicit GEMM ``family`` (forced) into a NaN-poisoned torch output; returns the output."""
     problem = gemm_problem(case, dtype)
-    plan = make_plan(problem, config=config, kernel=GEMM_KERNEL)
-    assert plan.kernel == GEMM_KERNEL
+    plan = make_plan(problem, config=config, kernel=family)
+    assert plan.kernel == family
     if index_type is not None:
         plan = dataclasses.replace(plan, index_type=index_type)
     out = torch.full(problem.out_shape, float("nan"), device="cuda", dtype=x.dtype)
@@ -91,11 +98,25 @@ def reference(x, weight, bias, case: Case):
     return F.conv2d(up(x), up(weight), up(bias), case.stride, case.padding, case.dilation, case.groups)
 
 
-def check(case: Case, name: str, config=None, index_type=None, seed=0):
+def nhwc_refuses(case: Case, dtype: str) -> bool:
+    """True (after checking the refusal is a clear ValueError) where the channels-last family cannot
+    run ``case``: odd channels per group in 16 bits leave no 4-byte piece, unless one group can be
+    padded by a zero channel at a third more work or less (3 -> 4, 5 -> 6)."""
+    cg = case.c // case.groups
+    if dtype == "float32" or cg % 2 == 0 or (case.groups == 1 and cg >= 3):
+        return False
+    with pytest.raises(ValueError, match="cannot run this problem"):
+        make_plan(gemm_problem(case, dtype), kernel=NHWC_KERNEL)
+    return True
+
+
+def check(case: Case, name: str, config=None, index_type=None, seed=0, family=NHWC_KERNEL):
     dtype, torch_dtype = DTYPES[name]
+    if family == NHWC_KERNEL and nhwc_refuses(case, dtype):
+        return
     x, weight, bias = random_inputs(case, torch_dtype, seed)
     saved = [t.clone() for t in (x, weight, bias) if t is not None]
-    out = run_gemm(x, weight, bias, case, dtype, config, index_type)
+    out = run_gemm(x, weight, bias, case, dtype, config, index_type, family)
     ref = reference(x, weight, bias, case)
     assert out.shape == ref.shape
     assert not out.isnan().any(), "an output element was never written (or is NaN)"
@@ -105,18 +126,24 @@ def check(case: Case, name: str, config=None, index_type=None, seed=0):
         assert torch.equal(before, after), "an input was modified"
 
 
-@pytest.mark.parametrize("config_index", range(3), ids=["narrow", "mid", "wide"])
+FAMILY_CONFIGS = [(GEMM_KERNEL, i) for i in range(len(GEMM_CONFIGS["float16"]))] + \
+                 [(NHWC_KERNEL, i) for i in range(len(NHWC_CONFIGS["float16"]))]
+
+
+@pytest.mark.parametrize("family,config_index", FAMILY_CONFIGS, ids=lambda v: str(v))
 @pytest.mark.parametrize("name", DTYPES)
 @pytest.mark.parametrize("case", GEMM_GRID, ids=lambda c: c.id)
-def test_grid_every_config(case, name, config_index):
-    config = GEMM_CONFIGS[DTYPES[name][0]][config_index].name
-    check(case, name, config, seed=len(case.id) + config_index)
+def test_grid_every_config(case, name, family, config_index):
+    configs = (NHWC_CONFIGS if family == NHWC_KERNEL else GEMM_CONFIGS)[DTYPES[name][0]]
+    check(case, name, configs[config_index].name, seed=len(case.id) + config_index, family=family)
 
 
+@pytest.mark.parametrize("family", [GEMM_KERNEL, NHWC_KERNEL])
 @pytest.mark.parametrize("name", DTYPES)
-@pytest.mark.parametrize("case", [GEMM_GRID[0], GEMM_GRID[3], GEMM_GRID[-1], GEMM_GRID[-5]], ids=lambda c: c.id)
-def test_64_bit_index_specialisation(case, name):
-    check(case, name, index_type="long long", seed=3)
+@pytest.mark.parametrize("case", [GEMM_GRID[0], GEMM_GRID[3], GEMM_GRID[-1], GEMM_GRID[-5], GEMM_GRID[-9]],
+                         ids=lambda c: c.id)
+def test_64_bit_index_specialisation(case, name, family):
+    check(case, name, index_type="long long", seed=3, family=family)
 
 
 SEEDS = {
@@ -125,14 +152,15 @@ SEEDS = {
 }
 
 
+@pytest.mark.parametrize("family", [GEMM_KERNEL, NHWC_KERNEL])
 @pytest.mark.parametrize("name", DTYPES)
 @pytest.mark.parametrize("seed_shape", SEEDS)
-def test_seed_shapes_full_size(seed_shape, name):
+def test_seed_shapes_full_size(seed_shape, name, family):
     """Whole batch computed (no NaN left); first, middle and last images against float64."""
     case = SEEDS[seed_shape]
     dtype, torch_dtype = DTYPES[name]
     x, weight, bias = random_inputs(case, torch_dtype, seed=11)
-    out = run_gemm(x, weight, bias, case, dtype)
+    out = run_gemm(x, weight, bias, case, dtype, family=family)
     assert not out.isnan().any()
     sample = [0, case.n // 2, case.n - 1]
     ref = reference(x[sample], weight, bias, case)
@@ -150,22 +178,28 @@ def test_input_past_2_31_elements():
     weight = torch.randn(8, c, 3, 3, device="cuda", dtype=torch.float16, generator=g)
     bias = torch.randn(8, device="cuda", dtype=torch.float16, generator=g)
     assert make_plan(gemm_problem(case, "float16")).index_type == "long long"
-    out = run_gemm(x, weight, bias, case, "float16")
     crop = F.pad(x[:, :, h - 10:].double(), (1, 1, 0, 1))  # the bottom rows, padded as the full input is
     ref = F.conv2d(crop, weight.double(), bias.double())
-    tail = out[:, :, h - ref.shape[2]:]
-    assert not tail.isnan().any()
-    assert relative_error(tail, ref) < TOLERANCE["float16"]
-    del x, out
+    for family in (NHWC_KERNEL, GEMM_KERNEL):
+        out = run_gemm(x, weight, bias, case, "float16", family=family)
+        tail = out[:, :, h - ref.shape[2]:]
+        assert not tail.isnan().any(), family
+        assert relative_error(tail, ref) < TOLERANCE["float16"], family
+        del out, tail
+    del x
 
 
 def test_dispatch_rules():
-    """16-bit types take the GEMM by default; float32 only with allow_tf32; float64 and depthwise never."""
+    """16-bit types take the GEMM by default (channels-last unless it cannot run); float32 only with
+    allow_tf32; float64 and depthwise never."""
     case = Case(2, 8, 32, 12, 12, 3, 3, padding=1)
-    assert make_plan(gemm_problem(case, "float16")).kernel == GEMM_KERNEL
-    assert make_plan(gemm_problem(case, "bfloat16")).kernel == GEMM_KERNEL
+    assert make_plan(gemm_problem(case, "float16")).kernel == NHWC_KERNEL
+    assert make_plan(gemm_problem(case, "bfloat16")).kernel == NHWC_KERNEL
     assert make_plan(gemm_problem(case, "float32")).kernel == "direct_conv2d"
-    assert make_plan(gemm_problem(case, "float32"), allow_tf32=True).kernel == GEMM_KERNEL
+    assert make_plan(gemm_problem(case, "float32"), allow_tf32=True).kernel == NHWC_KERNEL
+    odd_groups = Case(2, 6, 16, 9, 10, 3, 3, padding=1, groups=2)
+    assert make_plan(gemm_problem(odd_groups, "float16")).kernel == GEMM_KERNEL
+    assert make_plan(gemm_problem(odd_groups, "float32"), allow_tf32=True).kernel == NHWC_KERNEL
     assert make_plan(gemm_problem(case, "float64"), allow_tf32=True).kernel == "direct_conv2d"
     depthwise = Case(2, 8, 8, 12, 12, 3, 3, padding=1, groups=8)
     assert make_plan(gemm_problem(depthwise, "float16")).kernel == "direct_conv2d"
@@ -179,7 +213,7 @@ def test_public_conv2d_allow_tf32():
     x, weight, bias = random_inputs(case, torch.float32, seed=9)
     ref = reference(x, weight, bias, case)
     cx, cw, cb = to_cupy(x), to_cupy(weight), to_cupy(bias)
-    assert cupyconv.plan(cx, cw, cb, case.stride, case.padding, allow_tf32=True).kernel == GEMM_KERNEL
+    assert cupyconv.plan(cx, cw, cb, case.stride, case.padding, allow_tf32=True).kernel == NHWC_KERNEL
     fast = torch.from_dlpack(cupyconv.conv2d(cx, cw, cb, case.stride, case.padding, allow_tf32=True))
     strict = torch.from_dlpack(cupyconv.conv2d(cx, cw, cb, case.stride, case.padding))
     fast_error, strict_error = relative_error(fast, ref), relative_error(strict, ref)

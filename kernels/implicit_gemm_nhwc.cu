@@ -1,0 +1,220 @@
+// Implicit-GEMM 2-D convolution on the tensor cores, reading a channels-last copy of the input.
+//
+// Per group g (gridDim.z), the convolution is the GEMM  Y[m][n] = sum_k A[m][k] B[k][n]  with
+//   m = (image, oh, ow)        output pixels,                        M = N Ho Wo
+//   n = output channel of g,                                         Kg = K / groups
+//   k = (r, s, c)              kernel tap, input channel of g (last), Kgemm = kh kw Cg
+// where Cg counts the (zero-)padded channels of the channels-last copies that launch.py makes with
+// kernels/nchw_to_nhwc.cu: x as [N][H][W][C] and the weight as [K][kh][kw][Cg]. Channel-last order
+// makes every VEC-byte piece of an A row (one pixel, one tap, VEC / sizeof(T) channels) contiguous
+// in global memory, so the gather is one cp.async per piece with zero-fill for padding, and a B row
+// (one output channel) is contiguous over all of k. The NCHW gather of implicit_gemm_conv2d.cu moves
+// one element per instruction instead.
+//
+// Levels, as in CUTLASS:
+//   thread block  BM pixels x BN channels, a STAGES-deep cp.async pipeline over k tiles of BK;
+//   warp          (BM / WARPS_M) x (BN / WARPS_N), a grid of 16 x 8 instruction tiles;
+//   instruction   mma.sync m16n8k8 (TF32) or m16n8k16 (f16, bf16), float32 accumulators.
+// Shared memory: A [BM][BK + pad] and B [BN][BK + pad], both k-contiguous, rows of BK elements + 16
+// bytes (an odd number of 16-byte units), so the 8 rows one ldmatrix phase reads fall in 8 different
+// 16-byte bank groups. Fragments
+// come by ldmatrix (non-transposed) for every type: for TF32 a "b16 pair" is one float, and the
+// 8x8 b16 matrix is the 8 x 4 float block the m16n8k8 fragment wants. Floats arrive TF32-rounded
+// (nchw_to_nhwc's ROUND_TF32), so no per-fragment conversion is needed.
+// Epilogue: accumulators -> shared memory [BN][BM + pad] (float) -> + bias, storage type -> NCHW,
+// a warp on 32 consecutive pixels of one channel per store.
+#include "dtypes.cuh"
+#include "mma.cuh"
+
+namespace cupyconv {
+
+// Blocks per SM asked of the register allocator: 3 of 4 warps, 2 of 8; with 4-byte pieces a thread
+// keeps 4x the pixels' gather state and the 8-warp tiles would spill under the 2-block cap.
+template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC>
+__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, WARPS_M * WARPS_N <= 4 ? 3 : (VEC >= 8 ? 2 : 1))
+implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                   T* __restrict__ y, int has_bias,
+                   int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
+                   int sh, int sw, int pt, int pl, int dh, int dw, int groups) {
+    constexpr int NWARPS = WARPS_M * WARPS_N;
+    constexpr int NT = NWARPS * 32;
+    constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;      // warp tile
+    constexpr int MT = WM / 16, NTILES = WN / 8;             // instruction tiles per warp
+    constexpr int EV = VEC / sizeof(T);                      // channels per copied piece
+    constexpr int KV = BK / EV;                              // pieces per tile row
+    constexpr int ROW_BYTES = BK * sizeof(T) + 16;
+    constexpr int STRIDE = ROW_BYTES / sizeof(T);            // A and B row pitch, elements
+    constexpr int A_STAGE = BM * STRIDE, B_STAGE = BN * STRIDE;
+    constexpr int ROWS_PER_PASS = NT / KV;                   // tile rows the block's threads fill at once
+    constexpr int A_PASSES = BM / ROWS_PER_PASS;
+    constexpr int B_PASSES = (BN + ROWS_PER_PASS - 1) / ROWS_PER_PASS;
+    constexpr int C_STRIDE = BM + 4;                         // epilogue staging [BN][C_STRIDE] floats
+    constexpr int INST_K = mma_op<T>::k;
+    static_assert(sizeof(T) == 4 || sizeof(T) == 2, "float, half_t or bfloat16_t");
+    static_assert(BK * sizeof(T) % 32 == 0, "rows of an odd number of 16-byte units: ldmatrix is conflict-free");
+    static_assert(VEC == 4 || VEC == 8 || VEC == 16, "cp.async moves 4, 8 or 16 bytes");
+    static_assert(NT % KV == 0 && BM % ROWS_PER_PASS == 0, "the A loader covers the tile exactly");
+    static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tiles of 16 x 16 multiples (x4 ldmatrix for B)");
+    static_assert(BN * C_STRIDE * 4 <= STAGES * (A_STAGE + B_STAGE) * static_cast<int>(sizeof(T)),
+                  "epilogue staging fits in the pipeline buffers");
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* a_smem = reinterpret_cast<T*>(smem_raw);              // [STAGES][BM][STRIDE]
+    T* b_smem = a_smem + STAGES * A_STAGE;                   // [STAGES][BN][STRIDE]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = blockIdx.z;
+    const int Cg = C / groups, Kg = K / groups;
+    const int Kgemm = kh * kw * Cg;
+    const Index HoWo = static_cast<Index>(Ho) * Wo;
+    const Index M = static_cast<Index>(N) * HoWo;
+    const Index m0 = static_cast<Index>(blockIdx.x) * BM;
+    const int n0 = blockIdx.y * BN;
+    const int k_tiles = (Kgemm + BK - 1) / BK;
+
+    // --- Loader: thread tid copies piece `piece` of tile rows row0 + ROWS_PER_PASS i, in A and B alike.
+    const int piece = tid % KV, row0 = tid / KV;
+    Index a_base[A_PASSES];   // x offset of the pixel's tap (0, 0), channel 0 of group g
+    int a_ih0[A_PASSES], a_iw0[A_PASSES];
+#pragma unroll
+    for (int i = 0; i < A_PASSES; ++i) {
+        const Index m = m0 + row0 + ROWS_PER_PASS * i;
+        a_base[i] = 0;
+        a_ih0[i] = -(1 << 30);  // pixels past M: every tap is out of range, so they load zeros
+        a_iw0[i] = 0;
+        if (m < M) {
+            const Index image = m / HoWo, p = m - image * HoWo;
+            const int oh = static_cast<int>(p / Wo), ow = static_cast<int>(p - static_cast<Index>(oh) * Wo);
+            a_ih0[i] = oh * sh - pt;
+            a_iw0[i] = ow * sw - pl;
+            a_base[i] = ((image * H + a_ih0[i]) * W + a_iw0[i]) * C + static_cast<Index>(g) * Cg;
+        }
+    }
+    // The (r, s, c) of this thread's piece in the next tile to load, stepped by BK per tile.
+    int tap_c = piece * EV % Cg, tap_rs = piece * EV / Cg;
+    int tap_r = tap_rs / kw, tap_s = tap_rs % kw;
+    const int step_c = BK % Cg, step_rs = BK / Cg;
+    const T* b_src = w + (static_cast<Index>(g) * Kg + n0 + row0) * Kgemm + piece * EV;
+
+    auto load_tile = [&](int kt, int stage) {
+        const bool k_ok = tap_r < kh;
+        const int ih_off = tap_r * dh, iw_off = tap_s * dw;
+        const Index tap_off = (static_cast<Index>(ih_off) * W + iw_off) * C + tap_c;
+        T* a_dst = a_smem + stage * A_STAGE + row0 * STRIDE + piece * EV;
+#pragma unroll
+        for (int i = 0; i < A_PASSES; ++i) {
+            const bool ok = k_ok && static_cast<unsigned>(a_ih0[i] + ih_off) < static_cast<unsigned>(H) &&
+                            static_cast<unsigned>(a_iw0[i] + iw_off) < static_cast<unsigned>(W);
+            cp_async<VEC>(a_dst + ROWS_PER_PASS * i * STRIDE, ok ? x + (a_base[i] + tap_off) : x, ok);
+        }
+        T* b_dst = b_smem + stage * B_STAGE + row0 * STRIDE + piece * EV;
+#pragma unroll
+        for (int i = 0; i < B_PASSES; ++i) {
+            const int row = row0 + ROWS_PER_PASS * i;
+            if (BN % ROWS_PER_PASS == 0 || row < BN) {
+                const bool ok = k_ok && n0 + row < Kg;
+                cp_async<VEC>(b_dst + ROWS_PER_PASS * i * STRIDE,
+                              ok ? b_src + static_cast<Index>(ROWS_PER_PASS * i) * Kgemm + kt * BK : w, ok);
+            }
+        }
+        // Next tile: k + BK in the mixed radix (r, s, c).
+        tap_c += step_c;
+        tap_s += step_rs;
+        if (tap_c >= Cg) { tap_c -= Cg; ++tap_s; }
+        while (tap_s >= kw) { tap_s -= kw; ++tap_r; }
+    };
+
+    // --- Warp tile and accumulators.
+    const int warp_m = warp % WARPS_M, warp_n = warp / WARPS_M;
+    const int wm = warp_m * WM, wn = warp_n * WN;
+    float acc[MT][NTILES][4];
+#pragma unroll
+    for (int a = 0; a < MT; ++a)
+#pragma unroll
+        for (int b = 0; b < NTILES; ++b)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[a][b][e] = 0.0f;
+
+    // ldmatrix row addresses. A (x4 = a0..a3): lanes 0-15 give rows 0-15 at k + 0, lanes 16-31 the
+    // same rows 16 bytes further. B (x4 = b0, b1 of two 8-channel tiles): lanes 0-7 channels 0-7 at
+    // k + 0, 8-15 the same 16 bytes further, 16-31 channels 8-15 likewise.
+    const int a_lane_off = (wm + (lane & 15)) * ROW_BYTES + (lane >> 4) * 16;
+    const int b_lane_off = (wn + (lane & 7) + ((lane >> 4) << 3)) * ROW_BYTES + ((lane >> 3) & 1) * 16;
+    constexpr int INST_BYTES = INST_K * sizeof(T);           // 32 bytes of k per instruction
+
+    auto compute_tile = [&](int stage) {
+        const unsigned char* a_buf = reinterpret_cast<const unsigned char*>(a_smem + stage * A_STAGE) + a_lane_off;
+        const unsigned char* b_buf = reinterpret_cast<const unsigned char*>(b_smem + stage * B_STAGE) + b_lane_off;
+#pragma unroll
+        for (int kk = 0; kk < BK / INST_K; ++kk) {
+            unsigned a_frag[MT][4], b_frag[NTILES][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a_frag[mt], a_buf + mt * 16 * ROW_BYTES + kk * INST_BYTES);
+#pragma unroll
+            for (int nt = 0; nt < NTILES; nt += 2) {
+                unsigned r[4];
+                ldmatrix_x4(r, b_buf + nt * 8 * ROW_BYTES + kk * INST_BYTES);
+                b_frag[nt][0] = r[0]; b_frag[nt][1] = r[1];
+                b_frag[nt + 1][0] = r[2]; b_frag[nt + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NTILES; ++nt) mma_op<T>::run(acc[mt][nt], a_frag[mt], b_frag[nt]);
+        }
+    };
+
+    // --- Main loop. Tile t lives in buffer t % STAGES; the copies for tile t + STAGES - 1 are issued
+    // before the MMAs of tile t, into the buffer tile t - 1 used (free once every warp passed the barrier).
+#pragma unroll 1
+    for (int t = 0; t < STAGES - 1; ++t) {
+        if (t < k_tiles) load_tile(t, t);
+        cp_async_commit();  // empty groups keep the wait count below uniform
+    }
+    int read_stage = 0, write_stage = STAGES - 1;
+#pragma unroll 1
+    for (int t = 0; t < k_tiles; ++t) {
+        cp_async_wait<STAGES - 2>();  // tile t has landed (this thread's copies) ...
+        __syncthreads();              // ... everyone's, and tile t - 1's buffer is no longer read
+        if (t + STAGES - 1 < k_tiles) load_tile(t + STAGES - 1, write_stage);
+        cp_async_commit();
+        compute_tile(read_stage);
+        read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
+        write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the pipeline buffers become the epilogue's staging area
+
+    // --- Epilogue: the whole BN x BM tile through shared memory, then NCHW stores along pixels.
+    float* c_smem = reinterpret_cast<float*>(smem_raw);    // [BN][C_STRIDE]
+    const int quad = lane >> 2, tq = lane & 3;              // PTX's groupID and threadID_in_group
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int m = wm + mt * 16 + quad + (e >> 1) * 8, n = wn + nt * 8 + 2 * tq + (e & 1);
+                c_smem[n * C_STRIDE + m] = acc[mt][nt][e];
+            }
+    __syncthreads();
+    constexpr int PIXELS = BM / 32;                         // pixels per lane
+    Index y_pixel[PIXELS];                                  // image K HoWo + p, or -1 past M
+#pragma unroll
+    for (int i = 0; i < PIXELS; ++i) {
+        const Index m = m0 + lane + 32 * i;
+        const Index image = m / HoWo;
+        y_pixel[i] = m < M ? image * K * HoWo + (m - image * HoWo) : Index(-1);
+    }
+#pragma unroll 1
+    for (int n = warp; n < BN && n0 + n < Kg; n += NWARPS) {
+        const int channel = g * Kg + n0 + n;
+        const float b = has_bias ? to_acc<float>(bias[channel]) : 0.0f;
+        const Index channel_offset = static_cast<Index>(channel) * HoWo;
+#pragma unroll
+        for (int i = 0; i < PIXELS; ++i)
+            if (y_pixel[i] >= 0) y[y_pixel[i] + channel_offset] = from_acc<T>(c_smem[n * C_STRIDE + lane + 32 * i] + b);
+    }
+}
+
+}  // namespace cupyconv
