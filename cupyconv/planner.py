@@ -386,14 +386,11 @@ MAX_PADDING_RATIO = 4 / 3
 
 #: Tiles per dtype, narrowest first: k rows of 64 bytes, four stages (80 KB at most, two blocks per SM).
 NHWC_CONFIGS = {
-    "float32": (GemmConfig("nhwc_m128n32k16", 128, 32, 16, 4, 1, 4),
-                GemmConfig("nhwc_m128n64k16", 128, 64, 16, 2, 2, 4),
-                GemmConfig("nhwc_m128n96k16", 128, 96, 16, 4, 2, 4),
-                GemmConfig("nhwc_m128n128k16", 128, 128, 16, 2, 4, 4)),
-    "float16": (GemmConfig("nhwc_m128n32k32", 128, 32, 32, 4, 1, 4),
-                GemmConfig("nhwc_m128n64k32", 128, 64, 32, 2, 2, 4),
-                GemmConfig("nhwc_m128n96k32", 128, 96, 32, 4, 2, 4),
-                GemmConfig("nhwc_m128n128k32", 128, 128, 32, 2, 4, 4)),
+    dtype: (GemmConfig(f"nhwc_m128n32k{bk}", 128, 32, bk, 4, 1, 4),
+            GemmConfig(f"nhwc_m128n64k{bk}", 128, 64, bk, 2, 2, 4),
+            GemmConfig(f"nhwc_m128n96k{bk}", 128, 96, bk, 4, 2, 4),
+            GemmConfig(f"nhwc_m128n128k{bk}", 128, 128, bk, 2, 4, 4))
+    for dtype, bk in (("float32", 16), ("float16", 32))
 }
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 NHWC_VECS = (16, 8, 4)

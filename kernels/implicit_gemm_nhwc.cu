@@ -28,10 +28,17 @@
 
 namespace cupyconv {
 
-// Blocks per SM asked of the register allocator: 3 of 4 warps, 2 of 8; with 4-byte pieces a thread
-// keeps 4x the pixels' gather state and the 8-warp tiles would spill under the 2-block cap.
+// Blocks per SM asked of the register allocator: as many (at most 3) as 64K registers hold at the
+// accumulators plus ~48 registers of fragments and addresses plus ~4 per gathered pixel.
+__host__ __device__ constexpr int nhwc_min_blocks(int threads, int accumulators, int pixels) {
+    const int blocks = 65536 / (threads * (accumulators + 48 + 4 * pixels));
+    return blocks < 1 ? 1 : (blocks > 3 ? 3 : blocks);
+}
+
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC>
-__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, WARPS_M * WARPS_N <= 4 ? 3 : (VEC >= 8 ? 2 : 1))
+__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32,
+                                  nhwc_min_blocks(WARPS_M * WARPS_N * 32, BM * BN / (WARPS_M * WARPS_N * 32),
+                                                  BM * BK * sizeof(T) / (VEC * WARPS_M * WARPS_N * 32)))
 implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                    T* __restrict__ y, int has_bias,
                    int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,

@@ -49,7 +49,8 @@ nchw_to_nhwc_tiled(const T* __restrict__ x, T* __restrict__ y, int C, int P, int
 }
 
 // Few channels (Cp <= 8, AlexNet's 3 padded to 4): one thread per position reads its C values
-// (coalesced across the warp) and writes its Cp contiguous ones. Grid (ceil(P / 256), N), block 256.
+// (coalesced across the warp) and writes its Cp contiguous ones, as one 8- or 16-byte store where
+// Cp fills one. Grid (ceil(P / 256), N), block 256.
 template <typename T, bool ROUND_TF32>
 __global__ void __launch_bounds__(256)
 nchw_to_nhwc_narrow(const T* __restrict__ x, T* __restrict__ y, int C, int P, int Cp) {
@@ -58,11 +59,21 @@ nchw_to_nhwc_narrow(const T* __restrict__ x, T* __restrict__ y, int C, int P, in
     if (p >= P) return;
     const T* src = x + n * C * P + p;
     T* dst = y + (n * P + p) * Cp;
-#pragma unroll 1
-    for (int c = 0; c < Cp; ++c) {
-        T v{};
-        if (c < C) v = channels_last_value<T, ROUND_TF32>(src[static_cast<long long>(c) * P]);
-        dst[c] = v;
+    alignas(16) T values[8];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+        values[c] = T{};
+        if (c < C) values[c] = channels_last_value<T, ROUND_TF32>(src[static_cast<long long>(c) * P]);
+    }
+    const int bytes = Cp * static_cast<int>(sizeof(T));  // dst is aligned to it: it is p times that
+    if (bytes == 16) {
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(values);
+    } else if (bytes == 8) {
+        *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(values);
+    } else {
+#pragma unroll
+        for (int c = 0; c < 8; ++c)
+            if (c < Cp) dst[c] = values[c];
     }
 }
 
