@@ -5,7 +5,7 @@ import numpy as np
 
 from .arguments import ConvProblem
 from .compiler import get_kernel
-from .planner import DIRECT_KERNEL, NHWC_KERNEL, LaunchPlan, channels_last_copy, make_plan
+from .planner import DEPTHWISE_KERNEL, DIRECT_KERNEL, NHWC_KERNEL, LaunchPlan, channels_last_copy, make_plan
 
 
 def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | None = None,
@@ -33,9 +33,11 @@ def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | N
         weight = _channels_last(weight, p.dtype, p.k, p.c // p.groups, p.kh * p.kw, channels // p.groups)
     problem_ints = (int(p.has_bias), p.n, channels, p.h, p.w, p.k, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1],
                     p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], p.groups)
-    # direct_conv2d also takes its stage and tiling; the GEMMs derive their tiling from the problem.
-    plan_ints = () if plan.kernel != DIRECT_KERNEL else (
-        plan.stage_channels, plan.stage_rows, plan.stage_cols, plan.pitch, plan.tiles_w, plan.tiles, plan.ktiles)
+    # direct_conv2d also takes its stage and tiling, depthwise_conv2d its tiles per output row; the
+    # GEMMs derive their tiling from the problem.
+    plan_ints = {DIRECT_KERNEL: (plan.stage_channels, plan.stage_rows, plan.stage_cols, plan.pitch, plan.tiles_w,
+                                 plan.tiles, plan.ktiles),
+                 DEPTHWISE_KERNEL: (plan.tiles_w,)}.get(plan.kernel, ())
     kernel = get_kernel(plan.kernel, plan.name_expression)
     kernel(plan.grid, plan.block, (x, weight, bias, out, *(np.int32(v) for v in problem_ints + plan_ints)),
            shared_mem=plan.shared_bytes)

@@ -59,12 +59,13 @@ class LaunchPlan:
     kernel: str
     dtype: str
     index_type: str
-    config: "TileConfig | GemmConfig"
+    config: "TileConfig | GemmConfig | DepthwiseConfig"
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_bytes: int
     reason: str
-    # direct_conv2d only (kernel arguments after the problem's): its stage and tiling.
+    # direct_conv2d only (kernel arguments after the problem's): its stage and tiling; depthwise_conv2d
+    # takes tiles_w.
     stage_channels: int = 0
     stage_rows: int = 0
     stage_cols: int = 0
@@ -81,11 +82,20 @@ class LaunchPlan:
     def name_expression(self) -> str:
         if self.kernel == NHWC_KERNEL:
             return nhwc_name_expression(self.dtype, self.index_type, self.config, self.vec)
+        if self.kernel == DEPTHWISE_KERNEL:
+            return depthwise_name_expression(self.dtype, self.index_type, self.config)
         return name_expression(self.kernel, self.dtype, self.index_type, self.config)
 
     def __str__(self) -> str:
         if isinstance(self.config, GemmConfig):  # implicit-GEMM plans (see the section below)
             return _describe_gemm_plan(self)
+        if isinstance(self.config, DepthwiseConfig):
+            c = self.config
+            return (f"{self.kernel} [{c.name}: block {c.th}x{c.tw} px of one channel, {c.rpt} px per thread, "
+                    f"{c.threads} threads]\n"
+                    f"  {self.dtype}, {self.index_type} indices; input patch {self.shared_bytes} B shared memory\n"
+                    f"  grid {self.grid} (tiles, channels, images), block {self.block}\n"
+                    f"  why: {self.reason}")
         c = self.config
         return (f"{self.kernel} [{c.name}: block {c.bk} ch x {c.bh}x{c.bw} px, thread {c.rk} ch x {c.rp} px, "
                 f"{c.threads} threads]\n"
@@ -106,7 +116,7 @@ def kernel_specialisations() -> list[str]:
     """Every name expression make_plan can choose: what the compile test builds for each GPU arch."""
     return [name_expression("direct_conv2d", dtype, index, cfg)
             for dtype in CTYPES for index in INDEX_TYPES for cfg in TILE_CONFIGS] + gemm_specialisations() + \
-        nhwc_specialisations() + channels_last_specialisations()
+        nhwc_specialisations() + channels_last_specialisations() + depthwise_specialisations()
 
 
 def _patch(problem: ConvProblem, cfg: TileConfig, rows: int, cols: int) -> tuple[int, int]:
@@ -189,6 +199,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
         allow_tf32: let float32 run on the tensor cores in TF32 (10-bit mantissa products).
     """
     family, family_reason = choose_kernel(problem, kernel, allow_tf32, config)
+    if family == DEPTHWISE_KERNEL:
+        return make_depthwise_plan(problem, config, family_reason)
     if family == NHWC_KERNEL:
         return make_nhwc_plan(problem, config, family_reason)
     if family == GEMM_KERNEL:
@@ -226,7 +238,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
 GEMM_KERNEL = "implicit_gemm_conv2d"
 NHWC_KERNEL = "implicit_gemm_nhwc"
 DIRECT_KERNEL = "direct_conv2d"
-KERNELS = (DIRECT_KERNEL, GEMM_KERNEL, NHWC_KERNEL)
+DEPTHWISE_KERNEL = "depthwise_conv2d"
+KERNELS = (DIRECT_KERNEL, DEPTHWISE_KERNEL, GEMM_KERNEL, NHWC_KERNEL)
 #: Below this many output channels per group the 8-wide instruction tile is mostly padding (depthwise
 #: convolutions, say): the direct kernel is used.
 GEMM_MIN_GROUP_CHANNELS = 8
@@ -301,14 +314,20 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
     if kernel is not None:
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-        if kernel != DIRECT_KERNEL and problem.dtype not in GEMM_DTYPES:
+        if kernel in (GEMM_KERNEL, NHWC_KERNEL) and problem.dtype not in GEMM_DTYPES:
             raise ValueError(f"kernel {kernel!r} computes in {GEMM_DTYPES}, got dtype {problem.dtype}")
+        if kernel == DEPTHWISE_KERNEL:
+            why_not = _depthwise_refusal(problem)
+            if why_not:
+                raise ValueError(f"kernel {DEPTHWISE_KERNEL!r} cannot run this problem: {why_not}")
         if kernel == NHWC_KERNEL:
             _, why_not = _nhwc_pieces(problem)
             if why_not:
                 raise ValueError(f"kernel {NHWC_KERNEL!r} cannot run this problem: {why_not}")
         return kernel, "forced by the caller"
     kg = problem.k // problem.groups
+    if not _depthwise_refusal(problem):
+        return DEPTHWISE_KERNEL, "one input channel per group: memory-bound, a patch per output tile"
     if problem.dtype == "float64":
         return DIRECT_KERNEL, "float64 has no tensor-core path"
     if problem.dtype == "float32" and not allow_tf32:
@@ -384,20 +403,19 @@ NARROW_CHANNELS = 8
 #: piece (or the NCHW gather) does less work.
 MAX_PADDING_RATIO = 4 / 3
 
-#: Tiles per dtype, narrowest first: k rows of 64 bytes, four stages (80 KB at most, two blocks per SM).
+#: Tiles per dtype: 128 pixels, k rows of 64 bytes, four stages (80 KB at most, two blocks per SM).
+#: Chosen by _choose_nhwc_config from timings of these and of 32-channel and 64-pixel tiles on the
+#: H100 (benchmarks/NOTES_igemm.md): the 64-channel tile with 4 warps of 64 x 32 wins almost everywhere.
 NHWC_CONFIGS = {
-    dtype: (GemmConfig(f"nhwc_m128n32k{bk}", 128, 32, bk, 4, 1, 4),
-            GemmConfig(f"nhwc_m128n64k{bk}", 128, 64, bk, 2, 2, 4),
+    dtype: (GemmConfig(f"nhwc_m128n64k{bk}", 128, 64, bk, 2, 2, 4),
             GemmConfig(f"nhwc_m128n96k{bk}", 128, 96, bk, 4, 2, 4),
             GemmConfig(f"nhwc_m128n128k{bk}", 128, 128, bk, 2, 4, 4))
     for dtype, bk in (("float32", 16), ("float16", 32))
 }
+#: The 128-channel tile pays off (it gathers the input half as often) only with this many blocks.
+WIDE_TILE_BLOCKS = 1024
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 NHWC_VECS = (16, 8, 4)
-_CONFIG_NAMES = {
-    NHWC_KERNEL: {c.name for configs in NHWC_CONFIGS.values() for c in configs},
-    GEMM_KERNEL: {c.name for configs in GEMM_CONFIGS.values() for c in configs},
-}
 
 
 def _nhwc_shared_bytes(cfg: GemmConfig, dtype: str) -> int:
@@ -423,11 +441,27 @@ def _nhwc_pieces(problem: ConvProblem) -> tuple[tuple[int, int], str]:
         return (0, 0), f"{cg} channels per group is odd, with {problem.groups} groups (no 4-byte pieces)"
     if problem.n > MAX_GRID_Y or problem.k > MAX_GRID_Y:
         return (0, 0), f"batch {problem.n} or {problem.k} output channels past the copies' grid limit {MAX_GRID_Y}"
-    cfg = _narrowest_that_holds(problem.k // problem.groups, NHWC_CONFIGS[problem.dtype])[0]
+    cfg = _choose_nhwc_config(problem)[0]
     mx, ny, gz = _gemm_grid(problem, cfg)
     if mx >= 2**31 or ny > MAX_GRID_Y or gz > MAX_GRID_Y:
         return (0, 0), f"grid {(mx, ny, gz)} past CUDA's limits"
     return pieces, ""
+
+
+def _choose_nhwc_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
+    """The 96-channel tile for 65-96 output channels per group (AlexNet), the 128-channel one for
+    more where it makes WIDE_TILE_BLOCKS blocks or more, else the 64-channel one."""
+    kg = problem.k // problem.groups
+    by_width = {c.bn: c for c in NHWC_CONFIGS[problem.dtype]}
+    if 64 < kg <= 96:
+        return by_width[96], f"{kg} output channels per group fit one 96-channel tile"
+    if kg > 96:
+        blocks = math.prod(_gemm_grid(problem, by_width[128]))
+        if blocks >= WIDE_TILE_BLOCKS:
+            return by_width[128], f"{kg} output channels per group, {blocks} blocks of 128 channels"
+        return by_width[64], (f"{kg} output channels per group; 128-channel tiles would make {blocks} blocks "
+                              f"(< {WIDE_TILE_BLOCKS}), 64-channel ones twice as many")
+    return by_width[64], f"{kg} output channels per group: one 64-channel tile"
 
 
 def nhwc_name_expression(dtype: str, index_type: str, cfg: GemmConfig, vec: int) -> str:
@@ -452,7 +486,7 @@ def make_nhwc_plan(problem: ConvProblem, config: str | None = None, reason: str 
                              f"got {config!r}")
         cfg, why = configs[config], "config forced by the caller"
     else:
-        cfg, why = _narrowest_that_holds(problem.k // problem.groups, NHWC_CONFIGS[problem.dtype])
+        cfg, why = _choose_nhwc_config(problem)
     if channels_padded != problem.c:
         why += f"; input copied with {channels_padded - problem.c} zero channel(s) for {vec}-byte pieces"
     return LaunchPlan(
@@ -485,3 +519,83 @@ def channels_last_copy(dtype: str, n: int, c: int, positions: int, channels_padd
 def channels_last_specialisations() -> list[str]:
     return [f"cupyconv::{kernel}<{CTYPES[dtype]},{'true' if dtype == 'float32' else 'false'}>"
             for kernel in (CHANNELS_LAST_TILED, CHANNELS_LAST_NARROW) for dtype in GEMM_DTYPES]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Depthwise family (kernels/depthwise_conv2d.cu): groups == C, any number of outputs per group.
+
+@dataclasses.dataclass(frozen=True)
+class DepthwiseConfig:
+    """Output tile th x tw of one block (one channel of one image); each thread rpt rows of a column."""
+
+    name: str
+    th: int
+    tw: int
+    rpt: int
+
+    @property
+    def threads(self) -> int:
+        return self.th * self.tw // self.rpt
+
+
+#: 32-wide tiles, and 16-wide ones for outputs at most 16 wide (MobileNet's 14x14 and 7x7 stages).
+DEPTHWISE_CONFIGS = (DepthwiseConfig("dw_16x32", 16, 32, 2), DepthwiseConfig("dw_16x16", 16, 16, 1))
+
+
+def _depthwise_shared_bytes(problem: ConvProblem, cfg: DepthwiseConfig) -> int:
+    (sh, sw), (dh, dw) = problem.stride, problem.dilation
+    rows = (cfg.th - 1) * sh + (problem.kh - 1) * dh + 1
+    cols = (cfg.tw - 1) * sw + (problem.kw - 1) * dw + 1
+    return (rows * cols + problem.kh * problem.kw) * ACCUMULATOR_BYTES[problem.dtype]
+
+
+def _choose_depthwise_config(problem: ConvProblem) -> DepthwiseConfig:
+    return DEPTHWISE_CONFIGS[1] if problem.wo <= 16 else DEPTHWISE_CONFIGS[0]
+
+
+def _depthwise_refusal(problem: ConvProblem) -> str:
+    """Why the depthwise kernel cannot run ``problem`` ("" when it can)."""
+    if problem.c // problem.groups != 1:
+        return f"{problem.c // problem.groups} input channels per group (needs 1)"
+    if problem.k > MAX_GRID_Y or problem.n > MAX_GRID_Y:
+        return f"{problem.k} channels or batch {problem.n} past the grid limit {MAX_GRID_Y}"
+    cfg = _choose_depthwise_config(problem)
+    if _depthwise_shared_bytes(problem, cfg) > SHARED_MEMORY_BYTES:
+        return f"the input patch of a {cfg.th}x{cfg.tw} tile exceeds {SHARED_MEMORY_BYTES} B (large kernel, stride or dilation)"
+    return ""
+
+
+def make_depthwise_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
+    """Grid (output tiles, K, N), one block per tile of one channel of one image."""
+    by_name = {c.name: c for c in DEPTHWISE_CONFIGS}
+    if config is not None and config not in by_name:
+        raise ValueError(f"config for {DEPTHWISE_KERNEL} must be one of {sorted(by_name)}, got {config!r}")
+    cfg = by_name[config] if config else _choose_depthwise_config(problem)
+    shared = _depthwise_shared_bytes(problem, cfg)
+    if shared > SHARED_MEMORY_BYTES:
+        raise ValueError(f"kernel {DEPTHWISE_KERNEL!r} cannot run this problem: its {cfg.th}x{cfg.tw} tile's "
+                         f"patch needs {shared} B of shared memory (> {SHARED_MEMORY_BYTES})")
+    tiles_w = math.ceil(problem.wo / cfg.tw)
+    tiles = math.ceil(problem.ho / cfg.th) * tiles_w
+    why = f"config {cfg.name}" + (" (forced by the caller)" if config else f", output {problem.ho}x{problem.wo}")
+    return LaunchPlan(
+        kernel=DEPTHWISE_KERNEL, dtype=problem.dtype, index_type=_index_type(problem), config=cfg,
+        grid=(tiles, problem.k, problem.n), block=(cfg.tw, cfg.th // cfg.rpt, 1), shared_bytes=shared,
+        reason=f"{reason}; {why}" if reason else why, tiles_w=tiles_w, tiles=tiles)
+
+
+def depthwise_specialisations() -> list[str]:
+    return [depthwise_name_expression(dtype, index, cfg)
+            for dtype in CTYPES for index in INDEX_TYPES for cfg in DEPTHWISE_CONFIGS]
+
+
+def depthwise_name_expression(dtype: str, index_type: str, cfg: DepthwiseConfig) -> str:
+    return f"cupyconv::{DEPTHWISE_KERNEL}<{CTYPES[dtype]},{index_type},{cfg.th},{cfg.tw},{cfg.rpt}>"
+
+
+#: Config name -> its family, for make_plan(config=...) without a kernel.
+_CONFIG_NAMES = {
+    DEPTHWISE_KERNEL: {c.name for c in DEPTHWISE_CONFIGS},
+    NHWC_KERNEL: {c.name for configs in NHWC_CONFIGS.values() for c in configs},
+    GEMM_KERNEL: {c.name for configs in GEMM_CONFIGS.values() for c in configs},
+}

@@ -31,11 +31,11 @@ def to_cupy(t):
     return cupy.from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
 
 
-def run_cupyconv(x, weight, bias, case: Case, kernel=None):
+def run_cupyconv(x, weight, bias, case: Case, kernel=None, config=None):
     """cupyconv on torch CUDA tensors, writing into a NaN-poisoned torch output; returns that output.
 
-    ``kernel`` forces a kernel family (planner.KERNELS); None lets the planner choose, through the
-    public conv2d where CuPy has the dtype.
+    ``kernel`` (and ``config``) force a kernel family (planner.KERNELS) and tile; None lets the planner
+    choose, through the public conv2d where CuPy has the dtype.
     """
     from cupyconv.arguments import make_problem
     from cupyconv.launch import conv2d_cupy
@@ -46,7 +46,7 @@ def run_cupyconv(x, weight, bias, case: Case, kernel=None):
                            case.stride, case.padding, case.dilation, case.groups)
     out = torch.full(problem.out_shape, float("nan"), device=x.device, dtype=x.dtype)
     if kernel is not None or dtype == "bfloat16":
-        plan = make_plan(problem, kernel=kernel) if kernel else None
+        plan = make_plan(problem, kernel=kernel, config=config) if kernel else None
         conv2d_cupy(to_cupy(x), to_cupy(weight), to_cupy(bias), problem, to_cupy(out), plan=plan)
     else:  # the public entry point, with its own checks
         y = cupyconv.conv2d(to_cupy(x), to_cupy(weight), to_cupy(bias), case.stride, case.padding,
@@ -65,10 +65,10 @@ def random_inputs(case: Case, dtype: str, seed: int):
     return x, weight, bias
 
 
-def check(case: Case, dtype: str, seed: int, kernel=None):
+def check(case: Case, dtype: str, seed: int, kernel=None, config=None):
     x, weight, bias = random_inputs(case, dtype, seed)
     saved = [t.clone() for t in (x, weight, bias) if t is not None]
-    out = run_cupyconv(x, weight, bias, case, kernel)
+    out = run_cupyconv(x, weight, bias, case, kernel, config)
     up = lambda t: None if t is None else t.double()
     conv = lambda *ts: F.conv2d(*ts, case.stride, case.padding, case.dilation, case.groups)
     ref = conv(up(x), up(weight), up(bias))
@@ -88,6 +88,46 @@ def check(case: Case, dtype: str, seed: int, kernel=None):
 @pytest.mark.parametrize("case", GRID, ids=lambda c: c.id)
 def test_grid(case, dtype, kernel):
     check(case, dtype, seed=len(case.id), kernel=kernel)
+
+
+DEPTHWISE_CASES = [
+    Case(2, 8, 8, 14, 15, 3, 3, padding=1, groups=8),
+    Case(1, 4, 12, 11, 10, 3, 3, padding=1, groups=4),               # channel multiplier 3
+    Case(2, 6, 6, 70, 45, 3, 3, stride=2, padding=1, groups=6),      # several tiles each way, stride 2
+    Case(1, 5, 10, 33, 40, 5, 3, stride=(1, 2), padding=(2, 0), dilation=(1, 2), groups=5, bias=False),
+    Case(3, 3, 3, 14, 14, 3, 3, padding="same", dilation=2, groups=3),  # 14 x 14: MobileNet's late stages
+    Case(1, 2, 2, 9, 40, 1, 7, padding=(0, 3), groups=2),           # a 1 x 7 kernel
+    Case(0, 4, 4, 9, 9, 3, 3, padding=1, groups=4),                 # empty batch
+]
+
+
+@pytest.mark.parametrize("config", ["dw_16x32", "dw_16x16"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", DEPTHWISE_CASES, ids=lambda c: c.id)
+def test_depthwise_kernel(case, dtype, config):
+    """The depthwise kernel, each tile forced, in every dtype; and it is the planner's choice."""
+    from cupyconv.arguments import make_problem
+    from cupyconv.planner import make_plan
+
+    check(case, dtype, seed=len(case.id), kernel="depthwise_conv2d", config=config)
+    problem = make_problem((case.n, case.c, case.h, case.w), (case.k, 1, case.kh, case.kw), None, dtype,
+                           case.stride, case.padding, case.dilation, case.groups)
+    assert make_plan(problem).kernel == "depthwise_conv2d"
+
+
+def test_depthwise_refuses_what_does_not_fit():
+    """A patch past 48 KB (huge dilation): the planner falls back to the direct kernel, a forced
+    depthwise plan is a clear ValueError, and the planned result is right."""
+    from cupyconv.arguments import make_problem
+    from cupyconv.planner import make_plan
+
+    case = Case(1, 2, 2, 200, 300, 3, 3, dilation=(60, 90), groups=2)
+    problem = make_problem((case.n, case.c, case.h, case.w), (case.k, 1, 3, 3), None, "float32",
+                           case.stride, case.padding, case.dilation, case.groups)
+    assert make_plan(problem).kernel == "direct_conv2d"
+    with pytest.raises(ValueError, match="cannot run this problem"):
+        make_plan(problem, kernel="depthwise_conv2d")
+    check(case, "float32", seed=4)
 
 
 @st.composite

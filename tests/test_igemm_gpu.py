@@ -191,7 +191,7 @@ def test_input_past_2_31_elements():
 
 def test_dispatch_rules():
     """16-bit types take the GEMM by default (channels-last unless it cannot run); float32 only with
-    allow_tf32; float64 and depthwise never."""
+    allow_tf32; float64 never; depthwise takes its own kernel."""
     case = Case(2, 8, 32, 12, 12, 3, 3, padding=1)
     assert make_plan(gemm_problem(case, "float16")).kernel == NHWC_KERNEL
     assert make_plan(gemm_problem(case, "bfloat16")).kernel == NHWC_KERNEL
@@ -202,7 +202,7 @@ def test_dispatch_rules():
     assert make_plan(gemm_problem(odd_groups, "float32"), allow_tf32=True).kernel == NHWC_KERNEL
     assert make_plan(gemm_problem(case, "float64"), allow_tf32=True).kernel == "direct_conv2d"
     depthwise = Case(2, 8, 8, 12, 12, 3, 3, padding=1, groups=8)
-    assert make_plan(gemm_problem(depthwise, "float16")).kernel == "direct_conv2d"
+    assert make_plan(gemm_problem(depthwise, "float16")).kernel == "depthwise_conv2d"
     with pytest.raises(ValueError, match="computes in"):
         make_plan(gemm_problem(case, "float64"), kernel=GEMM_KERNEL)
 
