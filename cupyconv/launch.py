@@ -27,17 +27,18 @@ def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | N
     bias = weight if bias is None else cupy.ascontiguousarray(bias)
     p = problem
     channels = p.c
-    if plan.kernel == NHWC_KERNEL:
+    if plan.kernel == NHWC_KERNEL and not plan.a_from_nchw:
         channels = plan.channels_padded
         x = _channels_last(x, p.dtype, p.n, p.c, p.h * p.w, channels)
         weight = _channels_last(weight, p.dtype, p.k, p.c // p.groups, p.kh * p.kw, channels // p.groups)
     problem_ints = (int(p.has_bias), p.n, channels, p.h, p.w, p.k, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1],
                     p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], p.groups)
-    # direct_conv2d also takes its stage and tiling, depthwise_conv2d its tiles per output row; the
+    # direct_conv2d also takes its stage and tiling, depthwise_conv2d its tiles per output row and
+    # channels per block; the
     # GEMMs derive their tiling from the problem.
     plan_ints = {DIRECT_KERNEL: (plan.stage_channels, plan.stage_rows, plan.stage_cols, plan.pitch, plan.tiles_w,
                                  plan.tiles, plan.ktiles),
-                 DEPTHWISE_KERNEL: (plan.tiles_w,)}.get(plan.kernel, ())
+                 DEPTHWISE_KERNEL: (plan.tiles_w, plan.channels_per_block)}.get(plan.kernel, ())
     kernel = get_kernel(plan.kernel, plan.name_expression)
     kernel(plan.grid, plan.block, (x, weight, bias, out, *(np.int32(v) for v in problem_ints + plan_ints)),
            shared_mem=plan.shared_bytes)

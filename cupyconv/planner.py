@@ -65,7 +65,7 @@ class LaunchPlan:
     shared_bytes: int
     reason: str
     # direct_conv2d only (kernel arguments after the problem's): its stage and tiling; depthwise_conv2d
-    # takes tiles_w.
+    # takes tiles_w and channels_per_block.
     stage_channels: int = 0
     stage_rows: int = 0
     stage_cols: int = 0
@@ -77,11 +77,16 @@ class LaunchPlan:
     # (C, or C rounded up with zero channels so that a piece never straddles two taps).
     vec: int = 0
     channels_padded: int = 0
+    # ... or, for 1x1 stride-1 unpadded problems, no copies: A read from the NCHW input, vec bytes of
+    # consecutive pixels per piece.
+    a_from_nchw: bool = False
+    # depthwise_conv2d only: output channels each block computes, one after another.
+    channels_per_block: int = 0
 
     @property
     def name_expression(self) -> str:
         if self.kernel == NHWC_KERNEL:
-            return nhwc_name_expression(self.dtype, self.index_type, self.config, self.vec)
+            return nhwc_name_expression(self.dtype, self.index_type, self.config, self.vec, self.a_from_nchw)
         if self.kernel == DEPTHWISE_KERNEL:
             return depthwise_name_expression(self.dtype, self.index_type, self.config)
         return name_expression(self.kernel, self.dtype, self.index_type, self.config)
@@ -387,7 +392,7 @@ def _describe_gemm_plan(plan: LaunchPlan) -> str:
             f"  grid {plan.grid} (pixel tiles, channel tiles, groups), block {plan.block}\n"
             + (f"  reads channels-last copies made first: input [N][H][W][{plan.channels_padded}], weight "
                f"[K][kh][kw][{plan.channels_padded} / groups], in {plan.vec}-byte pieces\n"
-               if plan.kernel == NHWC_KERNEL else "")
+               if plan.kernel == NHWC_KERNEL and not plan.a_from_nchw else "")
             + f"  why: {plan.reason}")
 
 
@@ -418,20 +423,34 @@ NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 NHWC_VECS = (16, 8, 4)
 
 
-def _nhwc_shared_bytes(cfg: GemmConfig, dtype: str) -> int:
-    """STAGES x (A [bm][bk + pad] + B [bn][bk + pad]), rows of bk elements + 16 bytes."""
+def _nhwc_shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
+    """STAGES x (A + B): B [bn][bk + pad], rows of bk elements + 16 bytes; A the same with bm rows,
+    or (a_from_nchw) [bk][bm + 8]."""
     item = 4 if dtype == "float32" else 2
-    return cfg.stages * (cfg.bm + cfg.bn) * (cfg.bk * item + 16)
+    a_stage = cfg.bk * (cfg.bm + 8) * item if a_from_nchw else cfg.bm * (cfg.bk * item + 16)
+    return cfg.stages * (a_stage + cfg.bn * (cfg.bk * item + 16))
+
+
+def _nchw_a_vec(problem: ConvProblem) -> int:
+    """Bytes per A piece where a 1x1 problem can be read in place (0 where it cannot): stride 1, no
+    padding, 16-byte weight rows, and pieces of pixels that never straddle two images."""
+    item = 4 if problem.dtype == "float32" else 2
+    in_place = (problem.kh, problem.kw, problem.stride) == (1, 1, (1, 1)) and \
+        (problem.pad_top, problem.pad_left, problem.pad_bottom, problem.pad_right) == (0, 0, 0, 0) and \
+        (problem.c // problem.groups * item) % 16 == 0
+    plane = problem.h * problem.w * item
+    return next((vec for vec in NHWC_VECS if in_place and plane % vec == 0), 0)
 
 
 def _nhwc_pieces(problem: ConvProblem) -> tuple[tuple[int, int], str]:
     """((bytes per cp.async piece, channels of the copies), "") or ((0, 0), why the problem cannot run).
 
-    The widest piece whose channel count divides the channels per group; with one group the copies
-    may add zero channels to make it divide (at most MAX_PADDING_RATIO more)."""
+    1x1 problems that _nchw_a_vec accepts: its piece, and the input's channels (no copies). Else the
+    widest piece whose channel count divides the channels per group; with one group the copies may
+    add zero channels to make it divide (at most MAX_PADDING_RATIO more)."""
     item = 4 if problem.dtype == "float32" else 2
     cg = problem.c // problem.groups
-    for vec in NHWC_VECS:
+    for vec in (_nchw_a_vec(problem),) if _nchw_a_vec(problem) else NHWC_VECS:
         per_piece = vec // item
         padded = math.ceil(cg / per_piece) * per_piece
         if padded == cg or (problem.groups == 1 and padded <= MAX_PADDING_RATIO * cg):
@@ -464,14 +483,14 @@ def _choose_nhwc_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
     return by_width[64], f"{kg} output channels per group: one 64-channel tile"
 
 
-def nhwc_name_expression(dtype: str, index_type: str, cfg: GemmConfig, vec: int) -> str:
+def nhwc_name_expression(dtype: str, index_type: str, cfg: GemmConfig, vec: int, a_from_nchw: bool) -> str:
     return (f"cupyconv::{NHWC_KERNEL}<{CTYPES[dtype]},{index_type},{cfg.bm},{cfg.bn},{cfg.bk},"
-            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages},{vec}>")
+            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages},{vec},{'true' if a_from_nchw else 'false'}>")
 
 
 def nhwc_specialisations() -> list[str]:
-    return [nhwc_name_expression(dtype, index, cfg, vec) for dtype in GEMM_DTYPES for index in INDEX_TYPES
-            for cfg in NHWC_CONFIGS[dtype] for vec in NHWC_VECS]
+    return [nhwc_name_expression(dtype, index, cfg, vec, a_from_nchw) for dtype in GEMM_DTYPES
+            for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] for vec in NHWC_VECS for a_from_nchw in (False, True)]
 
 
 def make_nhwc_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
@@ -487,12 +506,16 @@ def make_nhwc_plan(problem: ConvProblem, config: str | None = None, reason: str 
         cfg, why = configs[config], "config forced by the caller"
     else:
         cfg, why = _choose_nhwc_config(problem)
-    if channels_padded != problem.c:
+    a_from_nchw = _nchw_a_vec(problem) != 0
+    if a_from_nchw:
+        why += f"; 1x1: the NCHW input read in place, {vec}-byte pieces of pixels"
+    elif channels_padded != problem.c:
         why += f"; input copied with {channels_padded - problem.c} zero channel(s) for {vec}-byte pieces"
     return LaunchPlan(
-        kernel=NHWC_KERNEL, dtype=problem.dtype, index_type=_index_type(problem, channels_padded), config=cfg,
-        grid=_gemm_grid(problem, cfg), block=(cfg.threads, 1, 1), shared_bytes=_nhwc_shared_bytes(cfg, problem.dtype),
-        reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded)
+        kernel=NHWC_KERNEL, dtype=problem.dtype, index_type=_index_type(problem, 0 if a_from_nchw else channels_padded),
+        config=cfg, grid=_gemm_grid(problem, cfg), block=(cfg.threads, 1, 1),
+        shared_bytes=_nhwc_shared_bytes(cfg, problem.dtype, a_from_nchw),
+        reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded, a_from_nchw=a_from_nchw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -538,8 +561,11 @@ class DepthwiseConfig:
         return self.th * self.tw // self.rpt
 
 
-#: 32-wide tiles, and 16-wide ones for outputs at most 16 wide (MobileNet's 14x14 and 7x7 stages).
-DEPTHWISE_CONFIGS = (DepthwiseConfig("dw_16x32", 16, 32, 2), DepthwiseConfig("dw_16x16", 16, 16, 1))
+#: 32 x 32 tiles, and 16 x 16 ones for outputs at most 16 wide (MobileNet's 14x14 and 7x7 stages).
+DEPTHWISE_CONFIGS = (DepthwiseConfig("dw_32x32", 32, 32, 4), DepthwiseConfig("dw_16x16", 16, 16, 1))
+#: Blocks to aim for (a few waves on a 132-SM H100): channels per block grow until fewer would remain.
+DEPTHWISE_BLOCKS = 2048
+DEPTHWISE_MAX_CHANNELS_PER_BLOCK = 8
 
 
 def _depthwise_shared_bytes(problem: ConvProblem, cfg: DepthwiseConfig) -> int:
@@ -577,11 +603,16 @@ def make_depthwise_plan(problem: ConvProblem, config: str | None = None, reason:
                          f"patch needs {shared} B of shared memory (> {SHARED_MEMORY_BYTES})")
     tiles_w = math.ceil(problem.wo / cfg.tw)
     tiles = math.ceil(problem.ho / cfg.th) * tiles_w
+    channels = 1
+    while channels < DEPTHWISE_MAX_CHANNELS_PER_BLOCK and \
+            tiles * math.ceil(problem.k / (2 * channels)) * problem.n >= DEPTHWISE_BLOCKS:
+        channels *= 2
     why = f"config {cfg.name}" + (" (forced by the caller)" if config else f", output {problem.ho}x{problem.wo}")
     return LaunchPlan(
         kernel=DEPTHWISE_KERNEL, dtype=problem.dtype, index_type=_index_type(problem), config=cfg,
-        grid=(tiles, problem.k, problem.n), block=(cfg.tw, cfg.th // cfg.rpt, 1), shared_bytes=shared,
-        reason=f"{reason}; {why}" if reason else why, tiles_w=tiles_w, tiles=tiles)
+        grid=(tiles, math.ceil(problem.k / channels), problem.n), block=(cfg.tw, cfg.th // cfg.rpt, 1),
+        shared_bytes=shared, reason=f"{reason}; {why}, {channels} channel(s) per block" if reason else why,
+        tiles_w=tiles_w, tiles=tiles, channels_per_block=channels)
 
 
 def depthwise_specialisations() -> list[str]:

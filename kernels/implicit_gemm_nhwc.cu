@@ -23,19 +23,26 @@
 // (nchw_to_nhwc's ROUND_TF32), so no per-fragment conversion is needed.
 // Epilogue: accumulators -> shared memory [BN][BM + pad] (float) -> + bias, storage type -> NCHW,
 // a warp on 32 consecutive pixels of one channel per store.
+//
+// NCHW_A: 1x1, stride-1, unpadded convolutions need no copies at all. The NCHW input of an image
+// is already the matrix A^T [C][pixels], pixels contiguous, and the weight [K][C] is B: A is then
+// copied in VEC-byte pieces of consecutive pixels of one channel into a k-major tile [BK][BM + pad]
+// (fragments by ldmatrix.trans; TF32 by scalar loads), B in 16-byte pieces, and float32 operands
+// are rounded to TF32 as fragments are loaded.
 #include "dtypes.cuh"
 #include "mma.cuh"
 
 namespace cupyconv {
 
 // Blocks per SM asked of the register allocator: as many (at most 3) as 64K registers hold at the
-// accumulators plus ~48 registers of fragments and addresses plus ~4 per gathered pixel.
+// accumulators plus ~48 registers of fragments and addresses plus ~4 per piece copied per tile.
 __host__ __device__ constexpr int nhwc_min_blocks(int threads, int accumulators, int pixels) {
     const int blocks = 65536 / (threads * (accumulators + 48 + 4 * pixels));
     return blocks < 1 ? 1 : (blocks > 3 ? 3 : blocks);
 }
 
-template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC>
+template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
+          bool NCHW_A>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32,
                                   nhwc_min_blocks(WARPS_M * WARPS_N * 32, BM * BN / (WARPS_M * WARPS_N * 32),
                                                   BM * BK * sizeof(T) / (VEC * WARPS_M * WARPS_N * 32)))
@@ -47,26 +54,34 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     constexpr int NT = NWARPS * 32;
     constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;      // warp tile
     constexpr int MT = WM / 16, NTILES = WN / 8;             // instruction tiles per warp
-    constexpr int EV = VEC / sizeof(T);                      // channels per copied piece
-    constexpr int KV = BK / EV;                              // pieces per tile row
-    constexpr int ROW_BYTES = BK * sizeof(T) + 16;
-    constexpr int STRIDE = ROW_BYTES / sizeof(T);            // A and B row pitch, elements
-    constexpr int A_STAGE = BM * STRIDE, B_STAGE = BN * STRIDE;
-    constexpr int ROWS_PER_PASS = NT / KV;                   // tile rows the block's threads fill at once
-    constexpr int A_PASSES = BM / ROWS_PER_PASS;
-    constexpr int B_PASSES = (BN + ROWS_PER_PASS - 1) / ROWS_PER_PASS;
+    constexpr int EV = VEC / sizeof(T);                      // elements per A piece (channels, or pixels)
+    constexpr int B_VEC = NCHW_A ? 16 : VEC;
+    constexpr int B_EV = B_VEC / sizeof(T);                  // channels per B piece
+    constexpr int ROW_BYTES = BK * sizeof(T) + 16;           // k-contiguous rows (B, and A unless NCHW_A)
+    constexpr int STRIDE = ROW_BYTES / sizeof(T);
+    constexpr int A_T_STRIDE = BM + 8;                       // NCHW_A: A^T rows [BK][A_T_STRIDE]
+    constexpr int A_STAGE = NCHW_A ? BK * A_T_STRIDE : BM * STRIDE, B_STAGE = BN * STRIDE;
+    // A loader: pieces per tile row, rows filled per pass of all threads, passes per tile.
+    constexpr int A_PIECES = NCHW_A ? BM / EV : BK / EV;
+    constexpr int A_ROWS_PER_PASS = NT / A_PIECES;
+    constexpr int A_PASSES = (NCHW_A ? BK : BM) / A_ROWS_PER_PASS;
+    constexpr int B_PIECES = BK / B_EV;
+    constexpr int B_ROWS_PER_PASS = NT / B_PIECES;
+    constexpr int B_PASSES = (BN + B_ROWS_PER_PASS - 1) / B_ROWS_PER_PASS;
     constexpr int C_STRIDE = BM + 4;                         // epilogue staging [BN][C_STRIDE] floats
     constexpr int INST_K = mma_op<T>::k;
+    constexpr bool ROUND_TF32 = NCHW_A && sizeof(T) == 4;    // no copy rounded the operands
     static_assert(sizeof(T) == 4 || sizeof(T) == 2, "float, half_t or bfloat16_t");
     static_assert(BK * sizeof(T) % 32 == 0, "rows of an odd number of 16-byte units: ldmatrix is conflict-free");
     static_assert(VEC == 4 || VEC == 8 || VEC == 16, "cp.async moves 4, 8 or 16 bytes");
-    static_assert(NT % KV == 0 && BM % ROWS_PER_PASS == 0, "the A loader covers the tile exactly");
+    static_assert(NT % A_PIECES == 0 && (NCHW_A ? BK : BM) % A_ROWS_PER_PASS == 0, "the A loader covers the tile");
+    static_assert(NT % B_PIECES == 0, "the B loader covers whole rows");
     static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tiles of 16 x 16 multiples (x4 ldmatrix for B)");
     static_assert(BN * C_STRIDE * 4 <= STAGES * (A_STAGE + B_STAGE) * static_cast<int>(sizeof(T)),
                   "epilogue staging fits in the pipeline buffers");
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    T* a_smem = reinterpret_cast<T*>(smem_raw);              // [STAGES][BM][STRIDE]
+    T* a_smem = reinterpret_cast<T*>(smem_raw);              // [STAGES][BM][STRIDE] or [STAGES][BK][A_T_STRIDE]
     T* b_smem = a_smem + STAGES * A_STAGE;                   // [STAGES][BN][STRIDE]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -79,13 +94,15 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     const int n0 = blockIdx.y * BN;
     const int k_tiles = (Kgemm + BK - 1) / BK;
 
-    // --- Loader: thread tid copies piece `piece` of tile rows row0 + ROWS_PER_PASS i, in A and B alike.
-    const int piece = tid % KV, row0 = tid / KV;
-    Index a_base[A_PASSES];   // x offset of the pixel's tap (0, 0), channel 0 of group g
-    int a_ih0[A_PASSES], a_iw0[A_PASSES];
+    // --- A loader: thread tid copies piece `a_piece` of tile rows a_row0 + A_ROWS_PER_PASS i: rows are
+    // pixels and pieces channels, or (NCHW_A) rows are channels and pieces pixels.
+    const int a_piece = tid % A_PIECES, a_row0 = tid / A_PIECES;
+    constexpr int A_PIXELS = NCHW_A ? 1 : A_PASSES;          // pixels whose gather state a thread keeps
+    Index a_base[A_PIXELS];   // x offset of the pixel's tap (0, 0), channel 0 of group g
+    int a_ih0[A_PIXELS], a_iw0[A_PIXELS];
 #pragma unroll
-    for (int i = 0; i < A_PASSES; ++i) {
-        const Index m = m0 + row0 + ROWS_PER_PASS * i;
+    for (int i = 0; i < A_PIXELS; ++i) {
+        const Index m = m0 + (NCHW_A ? a_piece * EV : a_row0 + A_ROWS_PER_PASS * i);
         a_base[i] = 0;
         a_ih0[i] = -(1 << 30);  // pixels past M: every tap is out of range, so they load zeros
         a_iw0[i] = 0;
@@ -94,41 +111,55 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
             const int oh = static_cast<int>(p / Wo), ow = static_cast<int>(p - static_cast<Index>(oh) * Wo);
             a_ih0[i] = oh * sh - pt;
             a_iw0[i] = ow * sw - pl;
-            a_base[i] = ((image * H + a_ih0[i]) * W + a_iw0[i]) * C + static_cast<Index>(g) * Cg;
+            a_base[i] = NCHW_A ? (image * C + static_cast<Index>(g) * Cg) * HoWo + p  // Ho Wo = H W here
+                               : ((image * H + a_ih0[i]) * W + a_iw0[i]) * C + static_cast<Index>(g) * Cg;
         }
     }
-    // The (r, s, c) of this thread's piece in the next tile to load, stepped by BK per tile.
-    int tap_c = piece * EV % Cg, tap_rs = piece * EV / Cg;
+    // NHWC: the (r, s, c) of this thread's piece in the next tile to load, stepped by BK per tile.
+    int tap_c = a_piece * EV % Cg, tap_rs = a_piece * EV / Cg;
     int tap_r = tap_rs / kw, tap_s = tap_rs % kw;
     const int step_c = BK % Cg, step_rs = BK / Cg;
-    const T* b_src = w + (static_cast<Index>(g) * Kg + n0 + row0) * Kgemm + piece * EV;
+    // B loader: piece b_piece of rows (output channels) b_row0 + B_ROWS_PER_PASS i.
+    const int b_piece = tid % B_PIECES, b_row0 = tid / B_PIECES;
+    const T* b_src = w + (static_cast<Index>(g) * Kg + n0 + b_row0) * Kgemm + b_piece * B_EV;
 
     auto load_tile = [&](int kt, int stage) {
-        const bool k_ok = tap_r < kh;
-        const int ih_off = tap_r * dh, iw_off = tap_s * dw;
-        const Index tap_off = (static_cast<Index>(ih_off) * W + iw_off) * C + tap_c;
-        T* a_dst = a_smem + stage * A_STAGE + row0 * STRIDE + piece * EV;
+        if constexpr (NCHW_A) {
+            T* a_dst = a_smem + stage * A_STAGE + a_row0 * A_T_STRIDE + a_piece * EV;
 #pragma unroll
-        for (int i = 0; i < A_PASSES; ++i) {
-            const bool ok = k_ok && static_cast<unsigned>(a_ih0[i] + ih_off) < static_cast<unsigned>(H) &&
-                            static_cast<unsigned>(a_iw0[i] + iw_off) < static_cast<unsigned>(W);
-            cp_async<VEC>(a_dst + ROWS_PER_PASS * i * STRIDE, ok ? x + (a_base[i] + tap_off) : x, ok);
+            for (int i = 0; i < A_PASSES; ++i) {
+                const int c = kt * BK + a_row0 + A_ROWS_PER_PASS * i;
+                const bool ok = a_ih0[0] >= 0 && c < Cg;
+                cp_async<VEC>(a_dst + A_ROWS_PER_PASS * i * A_T_STRIDE, ok ? x + (a_base[0] + c * HoWo) : x, ok);
+            }
+        } else {
+            const bool k_ok = tap_r < kh;
+            const int ih_off = tap_r * dh, iw_off = tap_s * dw;
+            const Index tap_off = (static_cast<Index>(ih_off) * W + iw_off) * C + tap_c;
+            T* a_dst = a_smem + stage * A_STAGE + a_row0 * STRIDE + a_piece * EV;
+#pragma unroll
+            for (int i = 0; i < A_PASSES; ++i) {
+                const bool ok = k_ok && static_cast<unsigned>(a_ih0[i] + ih_off) < static_cast<unsigned>(H) &&
+                                static_cast<unsigned>(a_iw0[i] + iw_off) < static_cast<unsigned>(W);
+                cp_async<VEC>(a_dst + A_ROWS_PER_PASS * i * STRIDE, ok ? x + (a_base[i] + tap_off) : x, ok);
+            }
+            // Next tile: k + BK in the mixed radix (r, s, c).
+            tap_c += step_c;
+            tap_s += step_rs;
+            if (tap_c >= Cg) { tap_c -= Cg; ++tap_s; }
+            while (tap_s >= kw) { tap_s -= kw; ++tap_r; }
         }
-        T* b_dst = b_smem + stage * B_STAGE + row0 * STRIDE + piece * EV;
+        const int k = kt * BK + b_piece * B_EV;
+        T* b_dst = b_smem + stage * B_STAGE + b_row0 * STRIDE + b_piece * B_EV;
 #pragma unroll
         for (int i = 0; i < B_PASSES; ++i) {
-            const int row = row0 + ROWS_PER_PASS * i;
-            if (BN % ROWS_PER_PASS == 0 || row < BN) {
-                const bool ok = k_ok && n0 + row < Kg;
-                cp_async<VEC>(b_dst + ROWS_PER_PASS * i * STRIDE,
-                              ok ? b_src + static_cast<Index>(ROWS_PER_PASS * i) * Kgemm + kt * BK : w, ok);
+            const int row = b_row0 + B_ROWS_PER_PASS * i;
+            if (BN % B_ROWS_PER_PASS == 0 || row < BN) {
+                const bool ok = k < Kgemm && n0 + row < Kg;
+                cp_async<B_VEC>(b_dst + B_ROWS_PER_PASS * i * STRIDE,
+                                ok ? b_src + static_cast<Index>(B_ROWS_PER_PASS * i) * Kgemm + kt * BK : w, ok);
             }
         }
-        // Next tile: k + BK in the mixed radix (r, s, c).
-        tap_c += step_c;
-        tap_s += step_rs;
-        if (tap_c >= Cg) { tap_c -= Cg; ++tap_s; }
-        while (tap_s >= kw) { tap_s -= kw; ++tap_r; }
     };
 
     // --- Warp tile and accumulators.
@@ -143,11 +174,15 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
             for (int e = 0; e < 4; ++e) acc[a][b][e] = 0.0f;
 
     // ldmatrix row addresses. A (x4 = a0..a3): lanes 0-15 give rows 0-15 at k + 0, lanes 16-31 the
-    // same rows 16 bytes further. B (x4 = b0, b1 of two 8-channel tiles): lanes 0-7 channels 0-7 at
-    // k + 0, 8-15 the same 16 bytes further, 16-31 channels 8-15 likewise.
-    const int a_lane_off = (wm + (lane & 15)) * ROW_BYTES + (lane >> 4) * 16;
+    // same rows 16 bytes further; NCHW_A (.trans): lanes 0-7 k rows 0-7 at pixel 0, 8-15 the same rows
+    // at pixel 8, 16-31 k rows 8-15 likewise. B (x4 = b0, b1 of two 8-channel tiles): lanes 0-7
+    // channels 0-7 at k + 0, 8-15 the same 16 bytes further, 16-31 channels 8-15 likewise.
+    const int a_lane_off = NCHW_A ? ((((lane >> 4) << 3) + (lane & 7)) * A_T_STRIDE + wm + ((lane >> 3) & 1) * 8) *
+                                        static_cast<int>(sizeof(T))
+                                  : (wm + (lane & 15)) * ROW_BYTES + (lane >> 4) * 16;
     const int b_lane_off = (wn + (lane & 7) + ((lane >> 4) << 3)) * ROW_BYTES + ((lane >> 3) & 1) * 16;
     constexpr int INST_BYTES = INST_K * sizeof(T);           // 32 bytes of k per instruction
+    const int quad = lane >> 2, tq = lane & 3;               // PTX's groupID and threadID_in_group
 
     auto compute_tile = [&](int stage) {
         const unsigned char* a_buf = reinterpret_cast<const unsigned char*>(a_smem + stage * A_STAGE) + a_lane_off;
@@ -155,12 +190,32 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
 #pragma unroll
         for (int kk = 0; kk < BK / INST_K; ++kk) {
             unsigned a_frag[MT][4], b_frag[NTILES][2];
+            if constexpr (!NCHW_A) {
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a_frag[mt], a_buf + mt * 16 * ROW_BYTES + kk * INST_BYTES);
+                for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a_frag[mt], a_buf + mt * 16 * ROW_BYTES + kk * INST_BYTES);
+            } else if constexpr (sizeof(T) == 2) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+                    ldmatrix_x4_trans(a_frag[mt], a_buf + (kk * INST_K * A_T_STRIDE + mt * 16) * 2);
+            } else {  // TF32 from A^T: a0 (m, k), a1 (m + 8, k), a2 (m, k + 4), a3 (m + 8, k + 4)
+                const float* af = reinterpret_cast<const float*>(a_smem + stage * A_STAGE) +
+                                  (kk * INST_K + tq) * A_T_STRIDE + wm + quad;
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    a_frag[mt][0] = to_tf32(af[mt * 16]);
+                    a_frag[mt][1] = to_tf32(af[mt * 16 + 8]);
+                    a_frag[mt][2] = to_tf32(af[4 * A_T_STRIDE + mt * 16]);
+                    a_frag[mt][3] = to_tf32(af[4 * A_T_STRIDE + mt * 16 + 8]);
+                }
+            }
 #pragma unroll
             for (int nt = 0; nt < NTILES; nt += 2) {
                 unsigned r[4];
                 ldmatrix_x4(r, b_buf + nt * 8 * ROW_BYTES + kk * INST_BYTES);
+                if constexpr (ROUND_TF32) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) r[e] = to_tf32(__uint_as_float(r[e]));
+                }
                 b_frag[nt][0] = r[0]; b_frag[nt][1] = r[1];
                 b_frag[nt + 1][0] = r[2]; b_frag[nt + 1][1] = r[3];
             }
@@ -194,7 +249,6 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
 
     // --- Epilogue: the whole BN x BM tile through shared memory, then NCHW stores along pixels.
     float* c_smem = reinterpret_cast<float*>(smem_raw);    // [BN][C_STRIDE]
-    const int quad = lane >> 2, tq = lane & 3;              // PTX's groupID and threadID_in_group
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

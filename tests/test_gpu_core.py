@@ -101,7 +101,7 @@ DEPTHWISE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("config", ["dw_16x32", "dw_16x16"])
+@pytest.mark.parametrize("config", ["dw_32x32", "dw_16x16"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", DEPTHWISE_CASES, ids=lambda c: c.id)
 def test_depthwise_kernel(case, dtype, config):

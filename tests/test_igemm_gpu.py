@@ -56,7 +56,12 @@ GEMM_GRID = GRID + [
     Case(2, 16, 24, 9, 10, 3, 3, padding=1, groups=4),         # 4 channels per group: 8-byte 16-bit pieces
     Case(2, 6, 16, 9, 10, 3, 3, padding=1, groups=2),          # 3 per group: float 4-byte pieces, 16-bit NCHW
     Case(1, 40, 200, 9, 7, 2, 2, stride=2),                    # Kgemm 160; two channel tiles of 128
+    Case(2, 16, 24, 6, 8, 1, 1),                               # 1x1 read in place: 16-byte pixel pieces
+    Case(3, 24, 40, 5, 6, 1, 1),                               # in place, 4/8-byte pieces, tile spans 3 images
+    Case(1, 136, 72, 9, 12, 1, 1, bias=False),                 # in place, Kgemm 136: a partial last k tile
+    Case(2, 32, 48, 8, 8, 1, 1, groups=2),                     # in place, grouped
 ]
+IN_PLACE_1X1 = GEMM_GRID[-4:]
 
 
 def to_cupy(t):
@@ -205,6 +210,14 @@ def test_dispatch_rules():
     assert make_plan(gemm_problem(depthwise, "float16")).kernel == "depthwise_conv2d"
     with pytest.raises(ValueError, match="computes in"):
         make_plan(gemm_problem(case, "float64"), kernel=GEMM_KERNEL)
+
+
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("case", IN_PLACE_1X1, ids=lambda c: c.id)
+def test_1x1_reads_the_input_in_place(case, name):
+    """1x1, stride 1, no padding: the plan makes no channels-last copies (checked above for values)."""
+    plan = make_plan(gemm_problem(case, DTYPES[name][0]), kernel=NHWC_KERNEL)
+    assert plan.a_from_nchw and "read in place" in str(plan.reason)
 
 
 def test_public_conv2d_allow_tf32():
