@@ -408,14 +408,14 @@ NARROW_CHANNELS = 8
 #: piece (or the NCHW gather) does less work.
 MAX_PADDING_RATIO = 4 / 3
 
-#: Tiles per dtype: 128 pixels, k rows of 64 bytes, four stages (80 KB at most, two blocks per SM).
-#: Chosen by _choose_nhwc_config from timings of these and of 32-channel and 64-pixel tiles on the
-#: H100 (benchmarks/NOTES_igemm.md): the 64-channel tile with 4 warps of 64 x 32 wins almost everywhere.
+#: Tiles per dtype: 128 pixels by 64, 96 or 128 output channels, each with k rows of 64 bytes (four
+#: stages) and of 128 bytes (three; half the barriers per multiply-add). Chosen by _choose_nhwc_config
+#: from timings of these and of other tiles on the H100 (benchmarks/NOTES_igemm.md).
 NHWC_CONFIGS = {
-    dtype: (GemmConfig(f"nhwc_m128n64k{bk}", 128, 64, bk, 2, 2, 4),
-            GemmConfig(f"nhwc_m128n96k{bk}", 128, 96, bk, 4, 2, 4),
-            GemmConfig(f"nhwc_m128n128k{bk}", 128, 128, bk, 2, 4, 4))
-    for dtype, bk in (("float32", 16), ("float16", 32))
+    dtype: tuple(GemmConfig(f"nhwc_m128n{bn}k{bk}", 128, bn, bk, warps_m, warps_n, stages)
+                 for bn, warps_m, warps_n in ((64, 2, 2), (96, 4, 2), (128, 2, 4))
+                 for bk, stages in ((short_k, 4), (2 * short_k, 3)))
+    for dtype, short_k in (("float32", 16), ("float16", 32))
 }
 #: The 128-channel tile pays off (it gathers the input half as often) only with this many blocks.
 WIDE_TILE_BLOCKS = 1024
@@ -442,7 +442,11 @@ def _nchw_a_vec(problem: ConvProblem) -> int:
     return next((vec for vec in NHWC_VECS if in_place and plane % vec == 0), 0)
 
 
-def _nhwc_pieces(problem: ConvProblem) -> tuple[tuple[int, int], str]:
+def _nhwc_vec(problem: ConvProblem) -> int:
+    return _nhwc_pieces(problem, check_grid=False)[0][0]
+
+
+def _nhwc_pieces(problem: ConvProblem, check_grid: bool = True) -> tuple[tuple[int, int], str]:
     """((bytes per cp.async piece, channels of the copies), "") or ((0, 0), why the problem cannot run).
 
     1x1 problems that _nchw_a_vec accepts: its piece, and the input's channels (no copies). Else the
@@ -460,6 +464,8 @@ def _nhwc_pieces(problem: ConvProblem) -> tuple[tuple[int, int], str]:
         return (0, 0), f"{cg} channels per group is odd, with {problem.groups} groups (no 4-byte pieces)"
     if problem.n > MAX_GRID_Y or problem.k > MAX_GRID_Y:
         return (0, 0), f"batch {problem.n} or {problem.k} output channels past the copies' grid limit {MAX_GRID_Y}"
+    if not check_grid:
+        return pieces, ""
     cfg = _choose_nhwc_config(problem)[0]
     mx, ny, gz = _gemm_grid(problem, cfg)
     if mx >= 2**31 or ny > MAX_GRID_Y or gz > MAX_GRID_Y:
@@ -468,19 +474,26 @@ def _nhwc_pieces(problem: ConvProblem) -> tuple[tuple[int, int], str]:
 
 
 def _choose_nhwc_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
-    """The 96-channel tile for 65-96 output channels per group (AlexNet), the 128-channel one for
-    more where it makes WIDE_TILE_BLOCKS blocks or more, else the 64-channel one."""
+    """Channels: the 96-channel tile for 65-96 output channels per group (AlexNet), the 128-channel
+    one for more where it makes WIDE_TILE_BLOCKS blocks or more, else the 64-channel one. Depth: k
+    rows of 128 bytes where the gather copies 16-byte pieces of at least 64 bytes of channels per
+    tap, else of 64 bytes (narrower pieces make a deep tile many copies per thread; few channels per
+    tap make it many taps; 1x1 problems read in place have short reductions)."""
     kg = problem.k // problem.groups
-    by_width = {c.bn: c for c in NHWC_CONFIGS[problem.dtype]}
+    item = 4 if problem.dtype == "float32" else 2
+    deep = _nhwc_vec(problem) == 16 and not _nchw_a_vec(problem) and problem.c // problem.groups * item >= 64
+    candidates = [c for c in NHWC_CONFIGS[problem.dtype] if (c.bk * item == 128) == deep]
+    by_width = {c.bn: c for c in candidates}
+    depth = f"k rows of {by_width[64].bk * item} bytes"
     if 64 < kg <= 96:
-        return by_width[96], f"{kg} output channels per group fit one 96-channel tile"
+        return by_width[96], f"{kg} output channels per group fit one 96-channel tile; {depth}"
     if kg > 96:
         blocks = math.prod(_gemm_grid(problem, by_width[128]))
         if blocks >= WIDE_TILE_BLOCKS:
-            return by_width[128], f"{kg} output channels per group, {blocks} blocks of 128 channels"
+            return by_width[128], f"{kg} output channels per group, {blocks} blocks of 128 channels; {depth}"
         return by_width[64], (f"{kg} output channels per group; 128-channel tiles would make {blocks} blocks "
-                              f"(< {WIDE_TILE_BLOCKS}), 64-channel ones twice as many")
-    return by_width[64], f"{kg} output channels per group: one 64-channel tile"
+                              f"(< {WIDE_TILE_BLOCKS}), 64-channel ones twice as many; {depth}")
+    return by_width[64], f"{kg} output channels per group: one 64-channel tile; {depth}"
 
 
 def nhwc_name_expression(dtype: str, index_type: str, cfg: GemmConfig, vec: int, a_from_nchw: bool) -> str:

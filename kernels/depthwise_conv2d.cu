@@ -54,7 +54,7 @@ depthwise_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __re
 
         const Acc b = has_bias ? to_acc<Acc>(bias[k]) : Acc(0);
         T* out = y + (n * K + k) * static_cast<Index>(Ho) * Wo;
-#pragma unroll
+#pragma unroll 1
         for (int j = 0; j < RPT; ++j) {
             const int oy = threadIdx.y + j * (TH / RPT), oh = oh0 + oy;
             if (oh >= Ho || ow >= Wo) continue;

@@ -35,9 +35,10 @@
 namespace cupyconv {
 
 // Blocks per SM asked of the register allocator: as many (at most 3) as 64K registers hold at the
-// accumulators plus ~48 registers of fragments and addresses plus ~4 per piece copied per tile.
-__host__ __device__ constexpr int nhwc_min_blocks(int threads, int accumulators, int pixels) {
-    const int blocks = 65536 / (threads * (accumulators + 48 + 4 * pixels));
+// accumulators plus ~48 registers of fragments and addresses plus, per piece copied per tile, 2 and
+// the registers of one index.
+__host__ __device__ constexpr int nhwc_min_blocks(int threads, int accumulators, int pieces, int index_registers) {
+    const int blocks = 65536 / (threads * (accumulators + 48 + (2 + 2 * index_registers) * pieces));
     return blocks < 1 ? 1 : (blocks > 3 ? 3 : blocks);
 }
 
@@ -45,7 +46,8 @@ template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int W
           bool NCHW_A>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32,
                                   nhwc_min_blocks(WARPS_M * WARPS_N * 32, BM * BN / (WARPS_M * WARPS_N * 32),
-                                                  BM * BK * sizeof(T) / (VEC * WARPS_M * WARPS_N * 32)))
+                                                  BM * BK * sizeof(T) / (VEC * WARPS_M * WARPS_N * 32),
+                                                  sizeof(Index) / 4))
 implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                    T* __restrict__ y, int has_bias,
                    int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
