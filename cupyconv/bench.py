@@ -305,7 +305,9 @@ def _meta(args, runner: _Runner) -> dict:
             "cudnn": torch.backends.cudnn.version(), "cupy": cupy.__version__, "numpy": numpy.__version__,
             "python": platform.python_version(), "cupyconv": cupyconv.__version__,
             "commit": args.commit or _git("rev-parse", "HEAD") or "unknown",
-            "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")), "layout": args.layout,
+            # A commit named with --commit (a tree without git) is taken as the caller's word.
+            "dirty": not args.commit and bool(_git("status", "--porcelain", "--untracked-files=no")),
+            "layout": args.layout,
             "suite": args.suite, "modes": args.modes, "repeats": args.repeats, "quick": args.quick,
             "cudnn_benchmark": args.cudnn_benchmark, "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "ceilings": runner.ceilings}
