@@ -6,6 +6,7 @@ was picked (``print(cupyconv.plan(x, weight, ...))``). Compilation lives in comp
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from .arguments import ConvProblem
@@ -172,6 +173,14 @@ def _choose_stage(problem: ConvProblem, cfg: TileConfig):
     return None
 
 
+def _forced_config(configs, name: str, what: str):
+    """The config called ``name`` among ``configs``; ValueError naming ``what`` and the choices if none is."""
+    for cfg in configs:
+        if cfg.name == name:
+            return cfg
+    raise ValueError(f"{what} must be one of {sorted(c.name for c in configs)}, got {name!r}")
+
+
 def _index_type(problem: ConvProblem, channels_padded: int = 0) -> str:
     """32-bit indices while every tensor (and the channels-last copy of the input with
     ``channels_padded`` channels, if any) has fewer than 2^31 elements, else 64-bit."""
@@ -191,9 +200,13 @@ def _choose_config(problem: ConvProblem) -> tuple[TileConfig, str]:
     return _CONFIG_BY_NAME["k32_8x32"], f"{kg} output channels per group"
 
 
+@functools.lru_cache(maxsize=4096)
 def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | None = None,
               allow_tf32: bool = False) -> LaunchPlan:
     """Choose the kernel specialisation, stage and launch shape for ``problem``.
+
+    Plans are immutable and depend on the arguments alone, so each is made once and cached (a model
+    calls the same few shapes over and over; planning costs ~20 us of Python).
 
     Args:
         problem: the convolution.
@@ -211,9 +224,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
     if family == GEMM_KERNEL:
         return make_gemm_plan(problem, config, family_reason)
     if config is not None:
-        if config not in _CONFIG_BY_NAME:
-            raise ValueError(f"config must be one of {sorted(_CONFIG_BY_NAME)}, got {config!r}")
-        cfg, reason = _CONFIG_BY_NAME[config], "forced by the caller"
+        cfg, reason = _forced_config(TILE_CONFIGS, config, "config"), "forced by the caller"
     else:
         cfg, reason = _choose_config(problem)
     stage = _choose_stage(problem, cfg)
@@ -326,7 +337,7 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
             if why_not:
                 raise ValueError(f"kernel {DEPTHWISE_KERNEL!r} cannot run this problem: {why_not}")
         if kernel == NHWC_KERNEL:
-            _, why_not = _nhwc_pieces(problem)
+            why_not = _nhwc_refusal(problem)
             if why_not:
                 raise ValueError(f"kernel {NHWC_KERNEL!r} cannot run this problem: {why_not}")
         return kernel, "forced by the caller"
@@ -340,7 +351,7 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
     if kg < GEMM_MIN_GROUP_CHANNELS:
         return DIRECT_KERNEL, f"{kg} output channel(s) per group: the 8-wide MMA tile would be mostly padding"
     precision = "TF32 (allow_tf32=True)" if problem.dtype == "float32" else problem.dtype
-    _, why_not = _nhwc_pieces(problem)
+    why_not = _nhwc_refusal(problem)
     if not why_not:
         return NHWC_KERNEL, f"tensor cores in {precision}, {kg} output channels per group"
     if not _gemm_fits_grid(problem, _choose_gemm_config(problem)[0]):
@@ -365,12 +376,9 @@ def _narrowest_that_holds(kg: int, configs) -> tuple[GemmConfig, str]:
 
 def make_gemm_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
     """The implicit-GEMM launch: grid (pixel tiles, channel tiles, groups), one block per tile."""
-    configs = {c.name: c for c in GEMM_CONFIGS[problem.dtype]}
     if config is not None:
-        if config not in configs:
-            raise ValueError(f"config for {GEMM_KERNEL} in {problem.dtype} must be one of {sorted(configs)}, "
-                             f"got {config!r}")
-        cfg, why = configs[config], "config forced by the caller"
+        cfg = _forced_config(GEMM_CONFIGS[problem.dtype], config, f"config for {GEMM_KERNEL} in {problem.dtype}")
+        why = "config forced by the caller"
     else:
         cfg, why = _choose_gemm_config(problem)
     if not _gemm_fits_grid(problem, cfg):
@@ -442,11 +450,7 @@ def _nchw_a_vec(problem: ConvProblem) -> int:
     return next((vec for vec in NHWC_VECS if in_place and plane % vec == 0), 0)
 
 
-def _nhwc_vec(problem: ConvProblem) -> int:
-    return _nhwc_pieces(problem, check_grid=False)[0][0]
-
-
-def _nhwc_pieces(problem: ConvProblem, check_grid: bool = True) -> tuple[tuple[int, int], str]:
+def _nhwc_pieces(problem: ConvProblem) -> tuple[tuple[int, int], str]:
     """((bytes per cp.async piece, channels of the copies), "") or ((0, 0), why the problem cannot run).
 
     1x1 problems that _nchw_a_vec accepts: its piece, and the input's channels (no copies). Else the
@@ -464,13 +468,19 @@ def _nhwc_pieces(problem: ConvProblem, check_grid: bool = True) -> tuple[tuple[i
         return (0, 0), f"{cg} channels per group is odd, with {problem.groups} groups (no 4-byte pieces)"
     if problem.n > MAX_GRID_Y or problem.k > MAX_GRID_Y:
         return (0, 0), f"batch {problem.n} or {problem.k} output channels past the copies' grid limit {MAX_GRID_Y}"
-    if not check_grid:
-        return pieces, ""
-    cfg = _choose_nhwc_config(problem)[0]
-    mx, ny, gz = _gemm_grid(problem, cfg)
-    if mx >= 2**31 or ny > MAX_GRID_Y or gz > MAX_GRID_Y:
-        return (0, 0), f"grid {(mx, ny, gz)} past CUDA's limits"
     return pieces, ""
+
+
+def _nhwc_refusal(problem: ConvProblem) -> str:
+    """Why the channels-last GEMM cannot run ``problem`` ("" when it can): no piece fits, or the grid
+    of the tile it would choose is past CUDA's limits."""
+    why_not = _nhwc_pieces(problem)[1]
+    if why_not:
+        return why_not
+    mx, ny, gz = _gemm_grid(problem, _choose_nhwc_config(problem)[0])
+    if mx >= 2**31 or ny > MAX_GRID_Y or gz > MAX_GRID_Y:
+        return f"grid {(mx, ny, gz)} past CUDA's limits"
+    return ""
 
 
 def _choose_nhwc_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
@@ -481,7 +491,7 @@ def _choose_nhwc_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
     tap make it many taps; 1x1 problems read in place have short reductions)."""
     kg = problem.k // problem.groups
     item = 4 if problem.dtype == "float32" else 2
-    deep = _nhwc_vec(problem) == 16 and not _nchw_a_vec(problem) and problem.c // problem.groups * item >= 64
+    deep = _nhwc_pieces(problem)[0][0] == 16 and not _nchw_a_vec(problem) and problem.c // problem.groups * item >= 64
     candidates = [c for c in NHWC_CONFIGS[problem.dtype] if (c.bk * item == 128) == deep]
     by_width = {c.bn: c for c in candidates}
     depth = f"k rows of {by_width[64].bk * item} bytes"
@@ -508,15 +518,13 @@ def nhwc_specialisations() -> list[str]:
 
 def make_nhwc_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
     """The channels-last GEMM launch: grid (pixel tiles, channel tiles, groups), one block per tile."""
-    (vec, channels_padded), why_not = _nhwc_pieces(problem)
+    why_not = _nhwc_refusal(problem)
     if why_not:
         raise ValueError(f"kernel {NHWC_KERNEL!r} cannot run this problem: {why_not}")
-    configs = {c.name: c for c in NHWC_CONFIGS[problem.dtype]}
+    vec, channels_padded = _nhwc_pieces(problem)[0]
     if config is not None:
-        if config not in configs:
-            raise ValueError(f"config for {NHWC_KERNEL} in {problem.dtype} must be one of {sorted(configs)}, "
-                             f"got {config!r}")
-        cfg, why = configs[config], "config forced by the caller"
+        cfg = _forced_config(NHWC_CONFIGS[problem.dtype], config, f"config for {NHWC_KERNEL} in {problem.dtype}")
+        why = "config forced by the caller"
     else:
         cfg, why = _choose_nhwc_config(problem)
     a_from_nchw = _nchw_a_vec(problem) != 0
@@ -606,10 +614,8 @@ def _depthwise_refusal(problem: ConvProblem) -> str:
 
 def make_depthwise_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
     """Grid (output tiles, K, N), one block per tile of one channel of one image."""
-    by_name = {c.name: c for c in DEPTHWISE_CONFIGS}
-    if config is not None and config not in by_name:
-        raise ValueError(f"config for {DEPTHWISE_KERNEL} must be one of {sorted(by_name)}, got {config!r}")
-    cfg = by_name[config] if config else _choose_depthwise_config(problem)
+    cfg = (_forced_config(DEPTHWISE_CONFIGS, config, f"config for {DEPTHWISE_KERNEL}") if config
+           else _choose_depthwise_config(problem))
     shared = _depthwise_shared_bytes(problem, cfg)
     if shared > SHARED_MEMORY_BYTES:
         raise ValueError(f"kernel {DEPTHWISE_KERNEL!r} cannot run this problem: its {cfg.th}x{cfg.tw} tile's "

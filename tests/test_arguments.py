@@ -113,6 +113,19 @@ def test_plan_is_printable_and_explains_the_choice():
     assert "direct_conv2d" in text and "why:" in text and "grid" in text
 
 
+def test_plans_are_cached_and_errors_are_not():
+    """The same arguments give the same (immutable) plan object; a bad config raises every time."""
+    from cupyconv.arguments import make_problem
+    from cupyconv.planner import make_plan
+
+    problem = make_problem((2, 16, 9, 9), (32, 16, 3, 3), None, "float16", 1, 1, 1, 1)
+    assert make_plan(problem) is make_plan(problem)
+    assert make_plan(problem, allow_tf32=True) == make_plan(problem)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="must be one of"):
+            make_plan(problem, config="no_such_tile")
+
+
 def test_import_needs_neither_torch_nor_a_gpu():
     import subprocess
     import sys
