@@ -209,7 +209,7 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
                 const int row = kk + ((lane >> 4) << 3) + (lane & 7);
                 const int col = wm + ((lane >> 3) & 1) * 8;
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) ldmatrix_x4_trans(a_frag[mt], a_buf + row * A_STRIDE + col + mt * 16);
+                for (int mt = 0; mt < MT; ++mt) ldmatrix_x4<true>(a_frag[mt], a_buf + row * A_STRIDE + col + mt * 16);
 #pragma unroll
                 for (int nt = 0; nt < NTILES; ++nt) {
                     const unsigned* p = reinterpret_cast<const unsigned*>(b_buf + (wn + nt * 8 + quad) * B_STRIDE + kk + 2 * tq);

@@ -198,7 +198,7 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
             } else if constexpr (sizeof(T) == 2) {
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
-                    ldmatrix_x4_trans(a_frag[mt], a_buf + (kk * INST_K * A_T_STRIDE + mt * 16) * 2);
+                    ldmatrix_x4<true>(a_frag[mt], a_buf + (kk * INST_K * A_T_STRIDE + mt * 16) * 2);
             } else {  // TF32 from A^T: a0 (m, k), a1 (m + 8, k), a2 (m, k + 4), a3 (m + 8, k + 4)
                 const float* af = reinterpret_cast<const float*>(a_smem + stage * A_STAGE) +
                                   (kk * INST_K + tq) * A_T_STRIDE + wm + quad;

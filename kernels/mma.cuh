@@ -41,15 +41,15 @@ __device__ __forceinline__ unsigned to_tf32(float v) {
 
 // Four 8x8 16-bit matrices: lane i gives the address of row i % 8 of matrix i / 8 (rows of 16 bytes,
 // 16-byte aligned) and receives, of each matrix, row i / 4, elements 2 (i % 4) and 2 (i % 4) + 1
-// packed low/high -- or, with .trans, column i / 4, rows 2 (i % 4) and 2 (i % 4) + 1.
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* row) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(shared_address(row)) : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* row) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(shared_address(row)) : "memory");
+// packed low/high -- or, with TRANS, column i / 4, rows 2 (i % 4) and 2 (i % 4) + 1.
+template <bool TRANS = false> __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* row) {
+    if constexpr (TRANS) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(shared_address(row)) : "memory");
+    } else {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(shared_address(row)) : "memory");
+    }
 }
 
 // D = A B + D on one warp, float32 accumulators. A is 16 x K row-major, B is K x 8 column-major,
