@@ -224,31 +224,8 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
         }
     };
 
-    // --- Main loop. Tile t lives in buffer t % STAGES; the loads for tile t + STAGES - 1 are issued
-    // before the MMAs of tile t, into the buffer tile t - 1 used (free once every warp passed the barrier).
-#pragma unroll 1
-    for (int t = 0; t < STAGES - 1; ++t) {
-        if (t < k_tiles) {
-            load_tile(t, t);
-            store_tile(t);
-        }
-        cp_async_commit();  // empty groups keep the wait count below uniform
-    }
-    int read_stage = 0, write_stage = STAGES - 1;
-#pragma unroll 1
-    for (int t = 0; t < k_tiles; ++t) {
-        cp_async_wait<STAGES - 2>();  // tile t has landed (this thread's copies) ...
-        __syncthreads();              // ... everyone's, and tile t - 1's buffer is no longer read
-        const int next = t + STAGES - 1;
-        if (next < k_tiles) load_tile(next, write_stage);
-        cp_async_commit();
-        compute_tile(read_stage);
-        if (next < k_tiles) store_tile(write_stage);
-        read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
-        write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
-    }
-    cp_async_wait<0>();
-    __syncthreads();  // the pipeline buffers become the epilogue's staging area
+    // --- Main loop (mma.cuh); then the pipeline buffers become the epilogue's staging area.
+    run_k_pipeline<STAGES>(k_tiles, load_tile, compute_tile, store_tile);
 
     // --- Epilogue, one warp column (WN channels) at a time.
     T* c_smem = a_smem;  // [WN][C_STRIDE]

@@ -228,26 +228,9 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
         }
     };
 
-    // --- Main loop. Tile t lives in buffer t % STAGES; the copies for tile t + STAGES - 1 are issued
-    // before the MMAs of tile t, into the buffer tile t - 1 used (free once every warp passed the barrier).
-#pragma unroll 1
-    for (int t = 0; t < STAGES - 1; ++t) {
-        if (t < k_tiles) load_tile(t, t);
-        cp_async_commit();  // empty groups keep the wait count below uniform
-    }
-    int read_stage = 0, write_stage = STAGES - 1;
-#pragma unroll 1
-    for (int t = 0; t < k_tiles; ++t) {
-        cp_async_wait<STAGES - 2>();  // tile t has landed (this thread's copies) ...
-        __syncthreads();              // ... everyone's, and tile t - 1's buffer is no longer read
-        if (t + STAGES - 1 < k_tiles) load_tile(t + STAGES - 1, write_stage);
-        cp_async_commit();
-        compute_tile(read_stage);
-        read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
-        write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
-    }
-    cp_async_wait<0>();
-    __syncthreads();  // the pipeline buffers become the epilogue's staging area
+    // --- Main loop (mma.cuh; every copy is a cp.async, nothing to store from registers); then the
+    // pipeline buffers become the epilogue's staging area.
+    run_k_pipeline<STAGES>(k_tiles, load_tile, compute_tile, [](int) {});
 
     // --- Epilogue: the whole BN x BM tile through shared memory, then NCHW stores along pixels.
     float* c_smem = reinterpret_cast<float*>(smem_raw);    // [BN][C_STRIDE]

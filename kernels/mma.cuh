@@ -33,6 +33,38 @@ template <int Pending> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(Pending) : "memory");
 }
 
+// The k loop of a STAGES-deep shared-memory pipeline. Tile t lives in buffer t % STAGES; the loads
+// for tile t + STAGES - 1 are issued (load(tile, buffer): cp.async, or global -> registers) before
+// the MMAs of tile t (compute(buffer)), into the buffer tile t - 1 used, free once every warp passed
+// the barrier; store(buffer) then writes what load left in registers, if anything. Ends with all
+// copies landed and a barrier, so the buffers can be reused (the epilogue's staging area).
+template <int STAGES, typename Load, typename Compute, typename Store>
+__device__ __forceinline__ void run_k_pipeline(int k_tiles, Load&& load, Compute&& compute, Store&& store) {
+#pragma unroll 1
+    for (int t = 0; t < STAGES - 1; ++t) {
+        if (t < k_tiles) {
+            load(t, t);
+            store(t);
+        }
+        cp_async_commit();  // empty groups keep the wait count below uniform
+    }
+    int read_stage = 0, write_stage = STAGES - 1;
+#pragma unroll 1
+    for (int t = 0; t < k_tiles; ++t) {
+        cp_async_wait<STAGES - 2>();  // tile t has landed (this thread's copies) ...
+        __syncthreads();              // ... everyone's, and tile t - 1's buffer is no longer read
+        const int next = t + STAGES - 1;
+        if (next < k_tiles) load(next, write_stage);
+        cp_async_commit();
+        compute(read_stage);
+        if (next < k_tiles) store(write_stage);
+        read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
+        write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+}
+
 __device__ __forceinline__ unsigned to_tf32(float v) {
     unsigned r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
