@@ -1,9 +1,11 @@
-"""Time every implicit-GEMM tile configuration, of both families, against torch (same dtype; torch's
-default TF32 for float32) on a suite of cupyconv.bench, with CUDA events: warm-up, then the median of
-many runs. Prints a table; * marks the planner's choice. This is how tile choices are made; the
-reported figures come from `python -m cupyconv.bench`.
+"""Time every implicit-GEMM tile configuration against torch on a suite of cupyconv.bench, with CUDA
+events: warm-up, then the median of many runs. fp32 times the strict-float32 FMA GEMM's tiles against
+torch with TF32 off; tf32, float16 and bfloat16 both tensor-core families' tiles against torch in the
+same dtype (torch's default TF32). Prints a table; * marks the planner's choice. This is how tile
+choices are made; the reported figures come from `python -m cupyconv.bench`.
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_igemm.py [--suite seeds|layers|all] [--chosen-only] [--nhwc-only]
+    PYTHONPATH=$PWD python3 benchmarks/bench_igemm.py [--suite seeds|layers|all] [--dtype fp32|tf32|float16|bfloat16]
+        [--chosen-only] [--nhwc-only]
 """
 import argparse
 
@@ -12,10 +14,10 @@ import torch
 
 from cupyconv.bench import SUITES, median_ms
 from cupyconv.launch import conv2d_cupy
-from cupyconv.planner import DIRECT_KERNEL, GEMM_CONFIGS, NHWC_CONFIGS, make_plan
+from cupyconv.planner import GEMM_CONFIGS, NHWC_CONFIGS, SIMT_CONFIGS, SIMT_KERNEL, make_plan
 
-DTYPES = {"tf32": ("float32", torch.float32), "float16": ("float16", torch.float16),
-          "bfloat16": ("bfloat16", torch.bfloat16)}
+DTYPES = {"fp32": ("float32", torch.float32), "tf32": ("float32", torch.float32),
+          "float16": ("float16", torch.float16), "bfloat16": ("bfloat16", torch.bfloat16)}
 
 
 def to_cupy(t):
@@ -29,15 +31,16 @@ def main():
     parser.add_argument("--nhwc-only", action="store_true", help="skip the NCHW-gather family")
     parser.add_argument("--dtype", choices=sorted(DTYPES), action="append", help="repeatable; default all")
     args = parser.parse_args()
-    torch.backends.cudnn.allow_tf32 = True  # torch's default for convolutions
     torch.backends.cudnn.benchmark = False
     rows = []
     for shape in SUITES[args.suite]:
         for name in args.dtype or DTYPES:
             dtype, torch_dtype = DTYPES[name]
+            strict = name == "fp32"
+            torch.backends.cudnn.allow_tf32 = not strict  # else torch's default for convolutions
             problem = shape.problem(dtype)
-            chosen = make_plan(problem, allow_tf32=True)
-            if chosen.kernel == DIRECT_KERNEL:
+            chosen = make_plan(problem, allow_tf32=not strict)
+            if chosen.kernel not in ((SIMT_KERNEL,) if strict else ("implicit_gemm_nhwc", "implicit_gemm_conv2d")):
                 continue
             x = torch.randn(problem.x_shape, device="cuda").to(torch_dtype)
             w = torch.randn(problem.weight_shape, device="cuda").to(torch_dtype)
@@ -46,7 +49,7 @@ def main():
             cx, cw, cb, co = to_cupy(x), to_cupy(w), to_cupy(b), to_cupy(out)
             t_torch = median_ms(lambda: torch.nn.functional.conv2d(x, w, b, shape.stride, shape.padding,
                                                                    shape.dilation, shape.groups))
-            configs = NHWC_CONFIGS[dtype] + (() if args.nhwc_only else GEMM_CONFIGS[dtype])
+            configs = SIMT_CONFIGS if strict else NHWC_CONFIGS[dtype] + (() if args.nhwc_only else GEMM_CONFIGS[dtype])
             plans = [chosen]
             for cfg in configs if not args.chosen_only else ():
                 if cfg.name != chosen.config.name:

@@ -5,7 +5,8 @@ import numpy as np
 
 from .arguments import ConvProblem
 from .compiler import get_kernel
-from .planner import DEPTHWISE_KERNEL, DIRECT_KERNEL, NHWC_KERNEL, LaunchPlan, channels_last_copy, make_plan
+from .planner import (DEPTHWISE_KERNEL, DIRECT_KERNEL, NHWC_KERNEL, SIMT_KERNEL, LaunchPlan, channels_last_copy,
+                      make_plan)
 
 
 def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | None = None,
@@ -29,28 +30,33 @@ def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | N
     channels = p.c
     if plan.kernel == NHWC_KERNEL and not plan.a_from_nchw:
         channels = plan.channels_padded
-        x = _channels_last(x, p.dtype, p.n, p.c, p.h * p.w, channels)
-        weight = _channels_last(weight, p.dtype, p.k, p.c // p.groups, p.kh * p.kw, channels // p.groups)
+        x = _channels_last(x, p.dtype, p.n, p.c, p.h * p.w, channels, round_tf32=True)
+        weight = _channels_last(weight, p.dtype, p.k, p.c // p.groups, p.kh * p.kw, channels // p.groups,
+                                round_tf32=True)
+    elif plan.kernel == SIMT_KERNEL:  # B as [groups][Cg kh kw][K / groups, padded]: the weight transposed
+        weight = _channels_last(weight, p.dtype, p.groups, p.k // p.groups, p.c // p.groups * p.kh * p.kw,
+                                plan.weight_columns, round_tf32=False)
     problem_ints = (int(p.has_bias), p.n, channels, p.h, p.w, p.k, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1],
                     p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], p.groups)
-    # direct_conv2d also takes its stage and tiling, depthwise_conv2d its tiles per output row and
-    # channels per block; the
-    # GEMMs derive their tiling from the problem.
+    # direct_conv2d also takes its stage and tiling, depthwise_conv2d its tiles per output row,
+    # channels per block and patch layout, simt_gemm_conv2d the columns of its weight copy; the
+    # tensor-core GEMMs derive their tiling from the problem.
     plan_ints = {DIRECT_KERNEL: (plan.stage_channels, plan.stage_rows, plan.stage_cols, plan.pitch, plan.tiles_w,
                                  plan.tiles, plan.ktiles),
-                 DEPTHWISE_KERNEL: (plan.tiles_w, plan.channels_per_block)}.get(plan.kernel, ())
+                 DEPTHWISE_KERNEL: (plan.tiles_w, plan.channels_per_block, plan.vec, plan.pitch, plan.patch_buffers),
+                 SIMT_KERNEL: (plan.weight_columns,)}.get(plan.kernel, ())
     kernel = get_kernel(plan.kernel, plan.name_expression)
     kernel(plan.grid, plan.block, (x, weight, bias, out, *(np.int32(v) for v in problem_ints + plan_ints)),
            shared_mem=plan.shared_bytes)
     return out
 
 
-def _channels_last(a, dtype: str, n: int, c: int, positions: int, channels_padded: int):
+def _channels_last(a, dtype: str, n: int, c: int, positions: int, channels_padded: int, round_tf32: bool):
     """A new [n][positions][channels_padded] copy of the C-contiguous [n][c][positions] array ``a``
-    (zero channels past c; float32 rounded to TF32), made on the current stream."""
+    (zero channels past c; float32 rounded to TF32 where ``round_tf32``), made on the current stream."""
     import cupy
 
-    copy = channels_last_copy(dtype, n, c, positions, channels_padded)
+    copy = channels_last_copy(dtype, n, c, positions, channels_padded, round_tf32)
     out = cupy.empty(n * positions * channels_padded, dtype=a.dtype)
     get_kernel(copy.kernel, copy.name_expression)(
         copy.grid, copy.block, (a, out, np.int32(c), np.int32(positions), np.int32(channels_padded)))

@@ -60,13 +60,13 @@ class LaunchPlan:
     kernel: str
     dtype: str
     index_type: str
-    config: "TileConfig | GemmConfig | DepthwiseConfig"
+    config: "TileConfig | GemmConfig | SimtConfig | DepthwiseConfig"
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_bytes: int
     reason: str
     # direct_conv2d only (kernel arguments after the problem's): its stage and tiling; depthwise_conv2d
-    # takes tiles_w and channels_per_block.
+    # takes tiles_w, channels_per_block, vec, pitch and patch_buffers.
     stage_channels: int = 0
     stage_rows: int = 0
     stage_cols: int = 0
@@ -81,8 +81,15 @@ class LaunchPlan:
     # ... or, for 1x1 stride-1 unpadded problems, no copies: A read from the NCHW input, vec bytes of
     # consecutive pixels per piece.
     a_from_nchw: bool = False
-    # depthwise_conv2d only: output channels each block computes, one after another.
+    # depthwise_conv2d only: output channels each block computes (block z lanes side by side, each
+    # channels_per_block / lanes one after another), and input patches each lane keeps in shared
+    # memory (2: the next channel's copy overlaps this one's arithmetic). Its vec is bytes per copy
+    # piece, its pitch the patch's row pitch in elements.
     channels_per_block: int = 0
+    patch_buffers: int = 0
+    # simt_gemm_conv2d only: columns of the transposed weight copy [groups][Cg kh kw][weight_columns]
+    # it reads (K / groups rounded up to 4 with zero columns, for 16-byte pieces).
+    weight_columns: int = 0
 
     @property
     def name_expression(self) -> str:
@@ -90,17 +97,24 @@ class LaunchPlan:
             return nhwc_name_expression(self.dtype, self.index_type, self.config, self.vec, self.a_from_nchw)
         if self.kernel == DEPTHWISE_KERNEL:
             return depthwise_name_expression(self.dtype, self.index_type, self.config)
+        if self.kernel == SIMT_KERNEL:
+            return simt_name_expression(self.index_type, self.config)
         return name_expression(self.kernel, self.dtype, self.index_type, self.config)
 
     def __str__(self) -> str:
         if isinstance(self.config, GemmConfig):  # implicit-GEMM plans (see the section below)
             return _describe_gemm_plan(self)
+        if isinstance(self.config, SimtConfig):
+            return _describe_simt_plan(self)
         if isinstance(self.config, DepthwiseConfig):
             c = self.config
-            return (f"{self.kernel} [{c.name}: block {c.th}x{c.tw} px of one channel, {c.rpt} px per thread, "
-                    f"{c.threads} threads]\n"
-                    f"  {self.dtype}, {self.index_type} indices; input patch {self.shared_bytes} B shared memory\n"
-                    f"  grid {self.grid} (tiles, channels, images), block {self.block}\n"
+            taps = f"{c.taps[0]}x{c.taps[1]} taps at row stride {c.taps[2]} unrolled" if c.taps[0] else "run-time taps"
+            return (f"{self.kernel} [{c.name}: {c.th}x{c.tw} px of one channel per lane, {c.rpt} rows per thread, "
+                    f"{self.block[2]} lane(s) x {c.threads} threads; {taps}]\n"
+                    f"  {self.dtype}, {self.index_type} indices; {self.patch_buffers} input patch(es) per lane, rows "
+                    f"of {self.pitch} elements copied in {self.vec}-byte pieces, {self.shared_bytes} B shared memory\n"
+                    f"  grid {self.grid} (tiles, channel blocks, images), block {self.block}, "
+                    f"{self.channels_per_block} channels per block\n"
                     f"  why: {self.reason}")
         c = self.config
         return (f"{self.kernel} [{c.name}: block {c.bk} ch x {c.bh}x{c.bw} px, thread {c.rk} ch x {c.rp} px, "
@@ -122,7 +136,8 @@ def kernel_specialisations() -> list[str]:
     """Every name expression make_plan can choose: what the compile test builds for each GPU arch."""
     return [name_expression("direct_conv2d", dtype, index, cfg)
             for dtype in CTYPES for index in INDEX_TYPES for cfg in TILE_CONFIGS] + gemm_specialisations() + \
-        nhwc_specialisations() + channels_last_specialisations() + depthwise_specialisations()
+        nhwc_specialisations() + channels_last_specialisations() + depthwise_specialisations() + \
+        simt_specialisations()
 
 
 def _patch(problem: ConvProblem, cfg: TileConfig, rows: int, cols: int) -> tuple[int, int]:
@@ -181,10 +196,9 @@ def _forced_config(configs, name: str, what: str):
     raise ValueError(f"{what} must be one of {sorted(c.name for c in configs)}, got {name!r}")
 
 
-def _index_type(problem: ConvProblem, channels_padded: int = 0) -> str:
-    """32-bit indices while every tensor (and the channels-last copy of the input with
-    ``channels_padded`` channels, if any) has fewer than 2^31 elements, else 64-bit."""
-    copy = problem.n * channels_padded * problem.h * problem.w
+def _index_type(problem: ConvProblem, copy: int = 0) -> str:
+    """32-bit indices while every tensor (and a copy of ``copy`` elements the kernel reads, if any)
+    has fewer than 2^31 elements, else 64-bit."""
     largest = max(math.prod(problem.x_shape), math.prod(problem.out_shape), math.prod(problem.weight_shape), copy)
     return "int" if largest < 2**31 else "long long"
 
@@ -212,11 +226,13 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
         problem: the convolution.
         config: force a TileConfig (direct) or GemmConfig (implicit GEMM) by name (tests and
             benchmarks); None lets the shape decide.
-        kernel: force the family, 'direct_conv2d', 'implicit_gemm_nhwc' or 'implicit_gemm_conv2d'
-            (float32 then runs as TF32); None chooses by dtype, ``allow_tf32`` and shape (see choose_kernel).
+        kernel: force the family (one of KERNELS; on 'implicit_gemm_nhwc' or 'implicit_gemm_conv2d'
+            float32 runs as TF32); None chooses by dtype, ``allow_tf32`` and shape (see choose_kernel).
         allow_tf32: let float32 run on the tensor cores in TF32 (10-bit mantissa products).
     """
     family, family_reason = choose_kernel(problem, kernel, allow_tf32, config)
+    if family == SIMT_KERNEL:
+        return make_simt_plan(problem, config, family_reason)
     if family == DEPTHWISE_KERNEL:
         return make_depthwise_plan(problem, config, family_reason)
     if family == NHWC_KERNEL:
@@ -244,7 +260,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
         stage_channels=channels, stage_rows=rows, stage_cols=cols, pitch=_patch(problem, cfg, rows, cols)[1],
         tiles_w=tiles_w, tiles=tiles, ktiles=ktiles,
         grid=(blocks_x, max(1, min(problem.n, MAX_GRID_Y)), 1), block=(cfg.threads, 1, 1),
-        shared_bytes=_stage_bytes(problem, cfg, channels, rows, cols), reason=reason)
+        shared_bytes=_stage_bytes(problem, cfg, channels, rows, cols), reason=f"{family_reason}; {reason}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -255,7 +271,8 @@ GEMM_KERNEL = "implicit_gemm_conv2d"
 NHWC_KERNEL = "implicit_gemm_nhwc"
 DIRECT_KERNEL = "direct_conv2d"
 DEPTHWISE_KERNEL = "depthwise_conv2d"
-KERNELS = (DIRECT_KERNEL, DEPTHWISE_KERNEL, GEMM_KERNEL, NHWC_KERNEL)
+SIMT_KERNEL = "simt_gemm_conv2d"
+KERNELS = (DIRECT_KERNEL, DEPTHWISE_KERNEL, SIMT_KERNEL, GEMM_KERNEL, NHWC_KERNEL)
 #: Below this many output channels per group the 8-wide instruction tile is mostly padding (depthwise
 #: convolutions, say): the direct kernel is used.
 GEMM_MIN_GROUP_CHANNELS = 8
@@ -324,7 +341,9 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
                   config: str | None = None) -> tuple[str, str]:
     """The kernel family for ``problem`` and why: forced by ``kernel`` (or by a config name of one
     family), else a tensor-core GEMM for float16/bfloat16, and for float32 when ``allow_tf32``: the
-    channels-last one (implicit_gemm_nhwc) wherever its copies can be made, else the NCHW gather."""
+    channels-last one (implicit_gemm_nhwc) wherever its copies can be made, else the NCHW gather;
+    strict float32 takes the FMA implicit GEMM (simt_gemm_conv2d) where it can run; depthwise layers
+    the depthwise kernel; the rest, and float64, the direct kernel."""
     if kernel is None and config is not None:
         kernel = next((family for family, names in _CONFIG_NAMES.items() if config in names), DIRECT_KERNEL)
     if kernel is not None:
@@ -332,6 +351,10 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
         if kernel in (GEMM_KERNEL, NHWC_KERNEL) and problem.dtype not in GEMM_DTYPES:
             raise ValueError(f"kernel {kernel!r} computes in {GEMM_DTYPES}, got dtype {problem.dtype}")
+        if kernel == SIMT_KERNEL:
+            why_not = _simt_refusal(problem)
+            if why_not:
+                raise ValueError(f"kernel {SIMT_KERNEL!r} cannot run this problem: {why_not}")
         if kernel == DEPTHWISE_KERNEL:
             why_not = _depthwise_refusal(problem)
             if why_not:
@@ -346,10 +369,13 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
         return DEPTHWISE_KERNEL, "one input channel per group: memory-bound, a patch per output tile"
     if problem.dtype == "float64":
         return DIRECT_KERNEL, "float64 has no tensor-core path"
-    if problem.dtype == "float32" and not allow_tf32:
-        return DIRECT_KERNEL, "strict float32 (allow_tf32=False)"
     if kg < GEMM_MIN_GROUP_CHANNELS:
-        return DIRECT_KERNEL, f"{kg} output channel(s) per group: the 8-wide MMA tile would be mostly padding"
+        return DIRECT_KERNEL, f"{kg} output channel(s) per group: a GEMM tile would be mostly padding"
+    if problem.dtype == "float32" and not allow_tf32:
+        why_not = _simt_refusal(problem)
+        if not why_not:
+            return SIMT_KERNEL, f"strict float32 (allow_tf32=False) on the FMA units, {kg} output channels per group"
+        return DIRECT_KERNEL, f"strict float32 (allow_tf32=False); no FMA implicit GEMM: {why_not}"
     precision = "TF32 (allow_tf32=True)" if problem.dtype == "float32" else problem.dtype
     why_not = _nhwc_refusal(problem)
     if not why_not:
@@ -533,7 +559,7 @@ def make_nhwc_plan(problem: ConvProblem, config: str | None = None, reason: str 
     elif channels_padded != problem.c:
         why += f"; input copied with {channels_padded - problem.c} zero channel(s) for {vec}-byte pieces"
     return LaunchPlan(
-        kernel=NHWC_KERNEL, dtype=problem.dtype, index_type=_index_type(problem, 0 if a_from_nchw else channels_padded),
+        kernel=NHWC_KERNEL, dtype=problem.dtype, index_type=_index_type(problem, 0 if a_from_nchw else problem.n * channels_padded * problem.h * problem.w),
         config=cfg, grid=_gemm_grid(problem, cfg), block=(cfg.threads, 1, 1),
         shared_bytes=_nhwc_shared_bytes(cfg, problem.dtype, a_from_nchw),
         reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded, a_from_nchw=a_from_nchw)
@@ -549,9 +575,11 @@ class ChannelsLastCopy:
     block: tuple[int, int, int]
 
 
-def channels_last_copy(dtype: str, n: int, c: int, positions: int, channels_padded: int) -> ChannelsLastCopy:
-    """The copy kernel for these sizes; float32 is rounded to TF32 on the way (the GEMM's operands)."""
-    round_tf32 = "true" if dtype == "float32" else "false"
+def channels_last_copy(dtype: str, n: int, c: int, positions: int, channels_padded: int,
+                       round_tf32: bool) -> ChannelsLastCopy:
+    """The copy kernel for these sizes; float32 rounded to TF32 on the way where ``round_tf32`` (the
+    tensor-core GEMM's operands), kept exact otherwise (the FMA GEMM's transposed weight)."""
+    round_tf32 = "true" if round_tf32 and dtype == "float32" else "false"
     if channels_padded <= NARROW_CHANNELS:
         kernel, grid, block = CHANNELS_LAST_NARROW, (math.ceil(positions / 256), n, 1), (256, 1, 1)
     else:
@@ -562,7 +590,8 @@ def channels_last_copy(dtype: str, n: int, c: int, positions: int, channels_padd
 
 def channels_last_specialisations() -> list[str]:
     return [f"cupyconv::{kernel}<{CTYPES[dtype]},{'true' if dtype == 'float32' else 'false'}>"
-            for kernel in (CHANNELS_LAST_TILED, CHANNELS_LAST_NARROW) for dtype in GEMM_DTYPES]
+            for kernel in (CHANNELS_LAST_TILED, CHANNELS_LAST_NARROW) for dtype in GEMM_DTYPES] + \
+        [f"cupyconv::{kernel}<float,false>" for kernel in (CHANNELS_LAST_TILED, CHANNELS_LAST_NARROW)]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -570,30 +599,71 @@ def channels_last_specialisations() -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class DepthwiseConfig:
-    """Output tile th x tw of one block (one channel of one image); each thread rpt rows of a column."""
+    """Output tile th x tw of one channel per lane, rpt consecutive rows of a column per thread, up to
+    ``lanes`` lanes (channels side by side) per block. ``taps`` is (kh, kw, row stride) of the
+    unrolled instance a plan runs (one of DEPTHWISE_TAPS), or (0, 0, 0): run-time taps."""
 
     name: str
     th: int
     tw: int
     rpt: int
+    lanes: int
+    taps: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def threads(self) -> int:
+        """Threads of one lane."""
         return self.th * self.tw // self.rpt
 
 
-#: 32 x 32 tiles, and 16 x 16 ones for outputs at most 16 wide (MobileNet's 14x14 and 7x7 stages).
-DEPTHWISE_CONFIGS = (DepthwiseConfig("dw_32x32", 32, 32, 4), DepthwiseConfig("dw_16x16", 16, 16, 1))
-#: Blocks to aim for (a few waves on a 132-SM H100): channels per block grow until fewer would remain.
-DEPTHWISE_BLOCKS = 2048
-DEPTHWISE_MAX_CHANNELS_PER_BLOCK = 8
+#: 32 x 32 tiles, and 16 x 16 ones four lanes at a time for outputs at most 16 wide (MobileNet's
+#: 14x14 and 7x7 stages): 128 threads a block either way. 8 rows per thread: a 3x3 stride-1 thread
+#: reads 10 patch rows for 8 outputs.
+DEPTHWISE_CONFIGS = (DepthwiseConfig("dw_32x32", 32, 32, 8, 1), DepthwiseConfig("dw_16x16", 16, 16, 8, 4))
+#: (kh, kw, row stride) compiled with unrolled taps and the weights in registers (row dilation 1):
+#: the depthwise layers of MobileNet, EfficientNet and ConvNeXt. Anything else runs run-time taps.
+DEPTHWISE_TAPS = ((3, 3, 1), (3, 3, 2), (5, 5, 1), (5, 5, 2), (7, 7, 1))
+#: Blocks to aim for, about four waves of 16 resident 128-thread blocks on a 132-SM H100 (a short
+#: last wave): channels per lane grow while at least this many blocks remain.
+DEPTHWISE_BLOCKS = 8192
+DEPTHWISE_MAX_CHANNELS_PER_LANE = 4
+_STORAGE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
-def _depthwise_shared_bytes(problem: ConvProblem, cfg: DepthwiseConfig) -> int:
+def _depthwise_patch(problem: ConvProblem, cfg: DepthwiseConfig) -> tuple[int, int]:
+    """(rows, columns) of the input patch of one output tile."""
     (sh, sw), (dh, dw) = problem.stride, problem.dilation
-    rows = (cfg.th - 1) * sh + (problem.kh - 1) * dh + 1
-    cols = (cfg.tw - 1) * sw + (problem.kw - 1) * dw + 1
-    return (rows * cols + problem.kh * problem.kw) * ACCUMULATOR_BYTES[problem.dtype]
+    return (cfg.th - 1) * sh + (problem.kh - 1) * dh + 1, (cfg.tw - 1) * sw + (problem.kw - 1) * dw + 1
+
+
+def _depthwise_layout(problem: ConvProblem, cfg: DepthwiseConfig,
+                      channels_per_lane: int | None = None) -> tuple[int, int, int, int, int] | None:
+    """(lanes, channels per lane, patch buffers, bytes per copy piece, row pitch in elements): the
+    first that fits in shared memory, preferring all lanes, two buffers where a lane computes several
+    channels, then the widest pieces; None if even one lane's one patch does not fit.
+
+    A piece must divide the input row (16, 8, 4 bytes; 2 = plain 16-bit loads) so that it lies wholly
+    inside the input or the padding; rows start at an aligned column, up to a piece left of the patch.
+    """
+    item = _STORAGE_BYTES[problem.dtype]
+    rows, cols = _depthwise_patch(problem, cfg)
+    tiles = math.ceil(problem.ho / cfg.th) * math.ceil(problem.wo / cfg.tw)
+    widths = [b for b in (16, 8, 4, 2) if b >= item and problem.w * item % b == 0]
+    lanes = cfg.lanes
+    while lanes > max(problem.k, 1):
+        lanes //= 2
+    for lanes in [lanes >> i for i in range(lanes.bit_length())]:
+        per_lane = channels_per_lane or 1
+        while channels_per_lane is None and per_lane < DEPTHWISE_MAX_CHANNELS_PER_LANE and \
+                tiles * math.ceil(problem.k / (2 * per_lane * lanes)) * problem.n >= DEPTHWISE_BLOCKS:
+            per_lane *= 2
+        for buffers in (2, 1) if per_lane > 1 else (1,):
+            for vec in widths:
+                elements = vec // item
+                pitch = math.ceil((cols + elements - 1) / elements) * elements
+                if lanes * buffers * rows * pitch * item <= SHARED_MEMORY_BYTES:
+                    return lanes, per_lane, buffers, vec, pitch
+    return None
 
 
 def _choose_depthwise_config(problem: ConvProblem) -> DepthwiseConfig:
@@ -607,40 +677,175 @@ def _depthwise_refusal(problem: ConvProblem) -> str:
     if problem.k > MAX_GRID_Y or problem.n > MAX_GRID_Y:
         return f"{problem.k} channels or batch {problem.n} past the grid limit {MAX_GRID_Y}"
     cfg = _choose_depthwise_config(problem)
-    if _depthwise_shared_bytes(problem, cfg) > SHARED_MEMORY_BYTES:
+    if _depthwise_layout(problem, cfg) is None:
         return f"the input patch of a {cfg.th}x{cfg.tw} tile exceeds {SHARED_MEMORY_BYTES} B (large kernel, stride or dilation)"
     return ""
 
 
-def make_depthwise_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
-    """Grid (output tiles, K, N), one block per tile of one channel of one image."""
+def make_depthwise_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
+                        channels_per_lane: int | None = None) -> LaunchPlan:
+    """Grid (output tiles, channel blocks, N), block (tw, th / rpt, lanes): a block computes one output
+    tile of lanes x channels-per-lane channels of one image.
+
+    ``config`` forces a DepthwiseConfig by name, ``channels_per_lane`` the channels each lane computes
+    one after another (tests: the pipelined channel loop on small problems); None lets the shape decide.
+    """
     cfg = (_forced_config(DEPTHWISE_CONFIGS, config, f"config for {DEPTHWISE_KERNEL}") if config
            else _choose_depthwise_config(problem))
-    shared = _depthwise_shared_bytes(problem, cfg)
-    if shared > SHARED_MEMORY_BYTES:
+    layout = _depthwise_layout(problem, cfg, channels_per_lane)
+    rows, cols = _depthwise_patch(problem, cfg)
+    if layout is None:
         raise ValueError(f"kernel {DEPTHWISE_KERNEL!r} cannot run this problem: its {cfg.th}x{cfg.tw} tile's "
-                         f"patch needs {shared} B of shared memory (> {SHARED_MEMORY_BYTES})")
+                         f"{rows}x{cols} input patch needs {rows * cols * _STORAGE_BYTES[problem.dtype]} B of "
+                         f"shared memory (> {SHARED_MEMORY_BYTES})")
+    lanes, per_lane, buffers, vec, pitch = layout
+    taps = (problem.kh, problem.kw, problem.stride[0])
+    cfg = dataclasses.replace(cfg, taps=taps if taps in DEPTHWISE_TAPS and problem.dilation[0] == 1 else (0, 0, 0))
     tiles_w = math.ceil(problem.wo / cfg.tw)
     tiles = math.ceil(problem.ho / cfg.th) * tiles_w
-    channels = 1
-    while channels < DEPTHWISE_MAX_CHANNELS_PER_BLOCK and \
-            tiles * math.ceil(problem.k / (2 * channels)) * problem.n >= DEPTHWISE_BLOCKS:
-        channels *= 2
+    channels = lanes * per_lane
     why = f"config {cfg.name}" + (" (forced by the caller)" if config else f", output {problem.ho}x{problem.wo}")
+    why += f", {lanes} lane(s) x {per_lane} channel(s) per block"
     return LaunchPlan(
         kernel=DEPTHWISE_KERNEL, dtype=problem.dtype, index_type=_index_type(problem), config=cfg,
-        grid=(tiles, math.ceil(problem.k / channels), problem.n), block=(cfg.tw, cfg.th // cfg.rpt, 1),
-        shared_bytes=shared, reason=f"{reason}; {why}, {channels} channel(s) per block" if reason else why,
-        tiles_w=tiles_w, tiles=tiles, channels_per_block=channels)
+        grid=(tiles, math.ceil(problem.k / channels), problem.n), block=(cfg.tw, cfg.th // cfg.rpt, lanes),
+        shared_bytes=lanes * buffers * rows * pitch * _STORAGE_BYTES[problem.dtype],
+        reason=f"{reason}; {why}" if reason else why, tiles_w=tiles_w, tiles=tiles, channels_per_block=channels,
+        vec=vec, pitch=pitch, patch_buffers=buffers)
 
 
 def depthwise_specialisations() -> list[str]:
-    return [depthwise_name_expression(dtype, index, cfg)
-            for dtype in CTYPES for index in INDEX_TYPES for cfg in DEPTHWISE_CONFIGS]
+    return [depthwise_name_expression(dtype, index, dataclasses.replace(cfg, taps=taps))
+            for dtype in CTYPES for index in INDEX_TYPES for cfg in DEPTHWISE_CONFIGS
+            for taps in DEPTHWISE_TAPS + ((0, 0, 0),)]
 
 
 def depthwise_name_expression(dtype: str, index_type: str, cfg: DepthwiseConfig) -> str:
-    return f"cupyconv::{DEPTHWISE_KERNEL}<{CTYPES[dtype]},{index_type},{cfg.th},{cfg.tw},{cfg.rpt}>"
+    kh, kw, sh = cfg.taps
+    return f"cupyconv::{DEPTHWISE_KERNEL}<{CTYPES[dtype]},{index_type},{cfg.th},{cfg.tw},{cfg.rpt},{kh},{kw},{sh}>"
+
+
+# ---------------------------------------------------------------------------------------------------
+# FMA implicit GEMM (kernels/simt_gemm_conv2d.cu): strict float32 (IEEE fmaf) where TF32 is not
+# allowed. It gathers the NCHW input in place and reads a transposed copy of the weight.
+
+@dataclasses.dataclass(frozen=True)
+class SimtConfig:
+    """Thread-block tile of the FMA implicit GEMM: bm output pixels x bn output channels, bk of the
+    reduction per stage, `stages` cp.async buffers; warp tiles wm x wn, each thread 8 x 8 outputs."""
+
+    name: str
+    bm: int
+    bn: int
+    bk: int
+    wm: int
+    wn: int
+    stages: int
+
+    @property
+    def threads(self) -> int:
+        return 32 * (self.bm // self.wm) * (self.bn // self.wn)
+
+    def shared_bytes(self, taps: int) -> int:
+        """The stages, A [bk][bm] and B [bk][bn] floats each, then the tap table (an int4 per tap)."""
+        return 4 * self.stages * self.bk * (self.bm + self.bn) + 16 * taps
+
+
+#: Tiles chosen by _choose_simt_config from H100 timings of these and other tiles on the bench suites
+#: (benchmarks/bench_igemm.py --dtype fp32): k rows of 16 (3 stages) beat 8 (4 stages) by 3-6 % on
+#: most layers, except the 64 x 64 tile, the best for 33-64 output channels. Warp tiles of 64 pixels
+#: x 32 channels (lanes 8 x 4, each thread 8 x 8 outputs).
+SIMT_CONFIGS = (
+    SimtConfig("simt_m256n32", 256, 32, 8, 64, 32, 4),
+    SimtConfig("simt_m64n64", 64, 64, 8, 64, 32, 4),
+    SimtConfig("simt_m128n64k16", 128, 64, 16, 64, 32, 3),
+    SimtConfig("simt_m128n96k16", 128, 96, 16, 64, 32, 3),
+    SimtConfig("simt_m128n128k16", 128, 128, 16, 64, 32, 3),
+)
+_SIMT_BY_NAME = {c.name: c for c in SIMT_CONFIGS}
+#: SMs of the H100 the tiles were timed on: blocks beyond a multiple of it start another wave.
+SIMT_WAVE_BLOCKS = 132
+#: The 128-channel tile does a multiply-add in ~10 % less time than the 64-channel one (it gathers
+#: the input half as often per output channel).
+SIMT_WIDE_TILE_SPEED = 1.1
+#: Kernel taps the tap table holds at most (16 KB of shared memory); larger kernels run direct.
+SIMT_MAX_TAPS = 1024
+
+
+def _simt_weight_columns(problem: ConvProblem) -> int:
+    return math.ceil(problem.k // problem.groups / 4) * 4
+
+
+def _choose_simt_config(problem: ConvProblem) -> tuple[SimtConfig, str]:
+    """Up to 32 output channels per group the 256 x 32 tile, up to 64 the 64 x 64 one, up to 96 the
+    96-channel one. More: 64- or 128-channel tiles, whichever finishes first counting whole waves of
+    SIMT_WAVE_BLOCKS blocks (wave quantisation decides the small late layers: ResNet-50's 7x7 and
+    14x14 stages fill few waves of 128-channel tiles)."""
+    kg = problem.k // problem.groups
+    for limit, name in ((32, "simt_m256n32"), (64, "simt_m64n64"), (96, "simt_m128n96k16")):
+        if kg <= limit:
+            return _SIMT_BY_NAME[name], f"{kg} output channels per group fit one {name} tile"
+
+    def cost(cfg: SimtConfig) -> float:
+        waves = math.ceil(math.prod(_gemm_grid(problem, cfg)) / SIMT_WAVE_BLOCKS)
+        return waves * cfg.bn / (SIMT_WIDE_TILE_SPEED if cfg.bn == 128 else 1.0)
+
+    narrow, wide = _SIMT_BY_NAME["simt_m128n64k16"], _SIMT_BY_NAME["simt_m128n128k16"]
+    cfg = min((wide, narrow), key=cost)
+    return cfg, (f"{kg} output channels per group; {cfg.bn}-channel tiles finish first "
+                 f"({math.prod(_gemm_grid(problem, wide))} blocks of 128 or {math.prod(_gemm_grid(problem, narrow))} "
+                 f"of 64 channels, waves of {SIMT_WAVE_BLOCKS})")
+
+
+def _simt_refusal(problem: ConvProblem) -> str:
+    """Why the FMA implicit GEMM cannot run ``problem`` ("" when it can)."""
+    if problem.dtype != "float32":
+        return f"it computes in float32 only, got {problem.dtype}"
+    if problem.kh * problem.kw > SIMT_MAX_TAPS:
+        return f"{problem.kh}x{problem.kw} kernel taps past its table of {SIMT_MAX_TAPS}"
+    # Tap offsets within a plane are 32-bit.
+    if (problem.h + (problem.kh - 1) * problem.dilation[0]) * (problem.w + (problem.kw - 1) * problem.dilation[1]) >= 2**31:
+        return f"input planes of {problem.h}x{problem.w} past 32-bit tap offsets"
+    mx, ny, gz = _gemm_grid(problem, _choose_simt_config(problem)[0])
+    if mx >= 2**31 or ny > MAX_GRID_Y or gz > MAX_GRID_Y:
+        return f"grid {(mx, ny, gz)} past CUDA's limits"
+    return ""
+
+
+def make_simt_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
+    """The FMA implicit-GEMM launch: grid (pixel tiles, channel tiles, groups), one block per tile."""
+    if config is not None:
+        cfg, why = _forced_config(SIMT_CONFIGS, config, f"config for {SIMT_KERNEL}"), "config forced by the caller"
+    else:
+        cfg, why = _choose_simt_config(problem)
+    grid = _gemm_grid(problem, cfg)
+    if grid[0] >= 2**31 or grid[1] > MAX_GRID_Y or grid[2] > MAX_GRID_Y:
+        raise ValueError(f"{SIMT_KERNEL} grid {grid} exceeds CUDA's limits for output {problem.out_shape} "
+                         f"with groups={problem.groups}")
+    columns = _simt_weight_columns(problem)
+    weight_copy = problem.groups * (problem.c // problem.groups) * problem.kh * problem.kw * columns
+    return LaunchPlan(
+        kernel=SIMT_KERNEL, dtype=problem.dtype, index_type=_index_type(problem, weight_copy), config=cfg,
+        grid=grid, block=(cfg.threads, 1, 1), shared_bytes=cfg.shared_bytes(problem.kh * problem.kw),
+        reason=f"{reason}; {why}" if reason else why, weight_columns=columns)
+
+
+def _describe_simt_plan(plan: LaunchPlan) -> str:
+    c = plan.config
+    return (f"{plan.kernel} [{c.name}: block {c.bm} px x {c.bn} ch, k {c.bk} per stage, {c.stages} stages, "
+            f"warps of {c.wm} px x {c.wn} ch, 8x8 outputs per thread, {c.threads} threads]\n"
+            f"  float32 (IEEE FMA, no TF32), {plan.index_type} indices; {plan.shared_bytes} B shared memory\n"
+            f"  grid {plan.grid} (pixel tiles, channel tiles, groups), block {plan.block}\n"
+            f"  reads the NCHW input in place and a transposed weight copy [groups][Cg kh kw][{plan.weight_columns}]\n"
+            f"  why: {plan.reason}")
+
+
+def simt_name_expression(index_type: str, cfg: SimtConfig) -> str:
+    return f"cupyconv::{SIMT_KERNEL}<{index_type},{cfg.bm},{cfg.bn},{cfg.bk},{cfg.wm},{cfg.wn},{cfg.stages}>"
+
+
+def simt_specialisations() -> list[str]:
+    return [simt_name_expression(index, cfg) for index in INDEX_TYPES for cfg in SIMT_CONFIGS]
 
 
 #: Config name -> its family, for make_plan(config=...) without a kernel.
@@ -648,4 +853,5 @@ _CONFIG_NAMES = {
     DEPTHWISE_KERNEL: {c.name for c in DEPTHWISE_CONFIGS},
     NHWC_KERNEL: {c.name for configs in NHWC_CONFIGS.values() for c in configs},
     GEMM_KERNEL: {c.name for configs in GEMM_CONFIGS.values() for c in configs},
+    SIMT_KERNEL: {c.name for c in SIMT_CONFIGS},
 }

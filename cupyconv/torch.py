@@ -102,6 +102,17 @@ def _as_cupy(tensor: torch.Tensor):
     return cupy.from_dlpack(tensor.detach().__dlpack__(stream=-1))
 
 
+def _torch_allocator(size: int):
+    """CuPy memory from torch's caching allocator on the current device and stream: the temporary
+    copies some kernels read (channels-last input, transposed weight) then follow torch's stream
+    ordering and, inside a CUDA-graph capture, come from the graph's private pool, so a replay never
+    reads memory that was handed to someone else after the capture."""
+    import cupy
+
+    tensor = torch.empty(max(size, 1), dtype=torch.uint8, device=torch.device("cuda", cupy.cuda.Device().id))
+    return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(tensor.data_ptr(), size, tensor), 0)
+
+
 def _cupy_stream(stream: torch.cuda.Stream):
     """The CuPy handle of a torch stream, to make it CuPy's current stream."""
     import cupy
@@ -128,7 +139,7 @@ def _conv2d_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         return out
     device = x.device
     with torch.cuda.device(device), cupy.cuda.Device(device.index), \
-            _cupy_stream(torch.cuda.current_stream(device)):
+            _cupy_stream(torch.cuda.current_stream(device)), cupy.cuda.using_allocator(_torch_allocator):
         conv2d_cupy(_as_cupy(x), _as_cupy(weight), None if bias is None else _as_cupy(bias), problem,
                     _as_cupy(out), allow_tf32=_allow_tf32(x.dtype))
     return out

@@ -1,70 +1,170 @@
 // Depthwise 2-D convolution (one input channel per group: groups == C, any K / groups), NCHW.
 //
 // A depthwise layer does kh kw multiply-adds per output element, so it is bound by memory traffic,
-// not arithmetic: each block reads one input patch once (coalesced, along rows) into shared memory,
-// in the accumulator type, and every output of its TH x TW tile is computed from there with the
-// channel's kh x kw weights. Output channel k reads input channel k / (K / groups).
+// not arithmetic, and the kernel's job is to keep enough bytes in flight. A block runs channel lanes
+// side by side (block z); a lane computes one TH x TW output tile of its channels, one
+// after another. Each channel's input patch is copied into shared memory with cp.async (in the
+// storage type, zero-filled outside the input) in the widest pieces the rows' alignment allows, so a
+// thread has its whole share of the patch in flight at once; with two patch buffers per lane the
+// next channel's copy overlaps this channel's arithmetic.
 //
-// Arguments as the other kernels' (N is the grid's z), then the tiles per output row and the output
-// channels per block (several, one after another, so that small planes still make blocks worth
-// scheduling). Grid: (tiles of the output plane, ceil(K / channels per block), N), block
-// TW x (TH / RPT) threads; a thread computes RPT outputs of one column, TH / RPT rows apart, so a
-// warp's loads and stores run along a row.
-// Dynamic shared memory: the patch, (TH - 1) sh + (kh - 1) dh + 1 rows of
-// (TW - 1) sw + (kw - 1) dw + 1 values, then the kh kw weights.
-#include "dtypes.cuh"
+// A thread computes RPT consecutive rows of one output column, so a warp's loads and stores run
+// along a row. For the common tap counts and row strides (KH, KW, SH > 0; row dilation 1) the taps
+// are unrolled, the channel's weights sit in registers, and the thread slides down the patch: each
+// of the (RPT - 1) SH + KH patch rows it needs is read once (KW values) for every output that uses
+// it, instead of kh kw reads per output. KH == 0 is the generic instance: run-time taps, row stride
+// and dilation, one shared-memory read per multiply-add.
+//
+// Arguments as the other kernels' (N is the grid's z), then: the tiles per output row; the output
+// channels per block (lanes x channels per lane); the bytes per copy piece (16, 8 or 4; 2 is plain
+// 16-bit loads, for rows that are not 4-byte aligned), narrowed here if x is less aligned; the
+// patch's row pitch in elements; the patch buffers per lane (1 or 2).
+// Grid (output tiles, channel blocks, N); block (TW, TH / RPT, lanes).
+// Dynamic shared memory: lanes x buffers x ((TH - 1) sh + (kh - 1) dh + 1) rows x pitch elements.
+#include "mma.cuh"
 
 namespace cupyconv {
 
-template <typename T, typename Index, int TH, int TW, int RPT>
-__global__ void __launch_bounds__(TW * TH / RPT)
-depthwise_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
-                 T* __restrict__ y, int has_bias,
-                 int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
-                 int sh, int sw, int pt, int pl, int dh, int dw, int groups, int tiles_w, int channels_per_block) {
+// Where one channel's input patch comes from and how this thread's share of it is copied: pieces of
+// a fixed size, aligned in the input row (the planner makes W a multiple of the piece), so that a
+// piece lies wholly inside the input or wholly in the padding; rows x pieces of them, the first at
+// column iw_first. The thread's pieces start at (row r0, piece c0) and step by the lane's thread
+// count, (step_r, step_c): worked out once per block, so no division per element.
+struct PatchCopy {
+    int H, W, ih0, iw_first, rows, pieces, pitch, r0, c0, step_r, step_c;
+};
+
+template <int BYTES, typename T, typename Index>
+__device__ __forceinline__ void copy_patch(const PatchCopy& g, T* patch, const T* plane) {
+    constexpr int E = BYTES / sizeof(T);  // elements per piece
+    for (int r = g.r0, c = g.c0; r < g.rows; r += g.step_r) {
+        const int ih = g.ih0 + r, iw = g.iw_first + c * E;
+        const bool valid = static_cast<unsigned>(ih) < static_cast<unsigned>(g.H) &&
+                           static_cast<unsigned>(iw) < static_cast<unsigned>(g.W);
+        const T* src = valid ? plane + static_cast<Index>(ih) * g.W + iw : plane;
+        T* dst = patch + r * g.pitch + c * E;
+        if constexpr (BYTES >= 4) cp_async<BYTES>(dst, src, valid);
+        else *dst = valid ? *src : T{};  // 2-byte pieces: cp.async moves 4 bytes at least
+        c += g.step_c;
+        if (c >= g.pieces) {
+            c -= g.pieces;
+            ++r;
+        }
+    }
+}
+
+// copy_patch with the run-time piece size `bytes`: 16 or 8, 4 for 4- and 2-byte T, 2 for 2-byte T.
+template <typename T, typename Index>
+__device__ __forceinline__ void copy_patch(int bytes, const PatchCopy& g, T* patch, const T* plane) {
+    if (bytes == 16) copy_patch<16, T, Index>(g, patch, plane);
+    else if (bytes == 8) copy_patch<8, T, Index>(g, patch, plane);
+    else if constexpr (sizeof(T) <= 4) {
+        if (bytes == 4) copy_patch<4, T, Index>(g, patch, plane);
+        else if constexpr (sizeof(T) == 2) copy_patch<2, T, Index>(g, patch, plane);
+    }
+}
+
+// No __launch_bounds__: with one, ptxas spills a few bytes in about a third of the instances to stay
+// under a register count of its choosing; without, none spills, and the planner's blocks of 128
+// threads fit at up to 255 registers each.
+template <typename T, typename Index, int TH, int TW, int RPT, int KH, int KW, int SH>
+__global__ void depthwise_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                                 T* __restrict__ y, int has_bias,
+                                 int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
+                                 int sh, int sw, int pt, int pl, int dh, int dw, int groups,
+                                 int tiles_w, int channels_per_block, int vec, int pitch, int buffers) {
+    static_assert(TH % RPT == 0, "a thread computes RPT rows of the tile");
+    static_assert((KH > 0) == (KW > 0) && (KH > 0) == (SH > 0), "unrolled taps need KH, KW and SH; 0 = generic");
     using Acc = typename accumulator<T>::type;
-    constexpr int NT = TW * TH / RPT;
+    constexpr int NT = TW * TH / RPT;  // threads per lane
+    constexpr int TAPS = KH * KW;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    Acc* patch = reinterpret_cast<Acc*>(smem_raw);
 
     const Index n = blockIdx.z;
+    const int lane = threadIdx.z, lanes = blockDim.z, tid = threadIdx.y * TW + threadIdx.x;
     const int oh0 = blockIdx.x / tiles_w * TH, ow0 = blockIdx.x % tiles_w * TW;
     const int rows = (TH - 1) * sh + (kh - 1) * dh + 1, cols = (TW - 1) * sw + (kw - 1) * dw + 1;
     const int ih0 = oh0 * sh - pt, iw0 = ow0 * sw - pl;
-    Acc* weights = patch + rows * cols;
-    const int tid = threadIdx.y * TW + threadIdx.x;
-    const int ox = threadIdx.x, ow = ow0 + ox;
+    T* const lane_patches = reinterpret_cast<T*>(smem_raw) + lane * buffers * rows * pitch;
+
+    // Pieces start at an aligned column at or left of iw0; the patch's column 0 is `offset` in.
+    while (vec > static_cast<int>(sizeof(T)) && reinterpret_cast<unsigned long long>(x) % vec) vec >>= 1;
+    const int elems = max(1, vec / static_cast<int>(sizeof(T)));
+    const int iw_first = iw0 & -elems, offset = iw0 - iw_first;
+    const int pieces = (offset + cols + elems - 1) / elems;
+    const int r0 = tid / pieces, step_r = NT / pieces;
+    const PatchCopy geometry{H, W, ih0, iw_first, rows, pieces, pitch, r0, tid - r0 * pieces, step_r, NT - step_r * pieces};
+
+    const int per_lane = (channels_per_block + lanes - 1) / lanes;
+    const int k_first = blockIdx.y * channels_per_block + lane;
     const int k_end = min(K, (static_cast<int>(blockIdx.y) + 1) * channels_per_block);
+    const int multiplier = K / groups;
+    // Issues the copy of this lane's t-th channel into buffer t % buffers (one cp.async group).
+    auto stage = [&](int t) {
+        const int k = k_first + t * lanes;
+        if (k < k_end)
+            copy_patch<T, Index>(vec, geometry, lane_patches + (t & (buffers - 1)) * rows * pitch,
+                                 x + (n * C + k / multiplier) * static_cast<Index>(H) * W);
+        cp_async_commit();
+    };
 
+    const int ow = ow0 + threadIdx.x;
+    stage(0);
 #pragma unroll 1
-    for (int k = blockIdx.y * channels_per_block; k < k_end; ++k) {
-        const int c = k / (K / groups);
-        const T* plane = x + (n * C + c) * static_cast<Index>(H) * W;
-        // Consecutive threads on consecutive columns of a row: coalesced; zeros outside the input.
-        for (int i = tid; i < rows * cols; i += NT) {
-            const int r = i / cols, col = i - r * cols;
-            const int ih = ih0 + r, iw = iw0 + col;
-            Acc v = Acc(0);
-            if (static_cast<unsigned>(ih) < static_cast<unsigned>(H) && static_cast<unsigned>(iw) < static_cast<unsigned>(W))
-                v = to_acc<Acc>(plane[static_cast<Index>(ih) * W + iw]);
-            patch[i] = v;
-        }
-        for (int i = tid; i < kh * kw; i += NT) weights[i] = to_acc<Acc>(w[static_cast<Index>(k) * kh * kw + i]);
-        __syncthreads();
+    for (int t = 0; t < per_lane; ++t) {
+        cp_async_wait<0>();
+        __syncthreads();  // every lane's patch t has landed, and buffer t + 1 (= t - 1) is no longer read
+        if (buffers == 2 && t + 1 < per_lane) stage(t + 1);
 
-        const Acc b = has_bias ? to_acc<Acc>(bias[k]) : Acc(0);
-        T* out = y + (n * K + k) * static_cast<Index>(Ho) * Wo;
-#pragma unroll 1
-        for (int j = 0; j < RPT; ++j) {
-            const int oy = threadIdx.y + j * (TH / RPT), oh = oh0 + oy;
-            if (oh >= Ho || ow >= Wo) continue;
-            const Acc* p = patch + oy * sh * cols + ox * sw;
-            Acc acc = b;
-            for (int r = 0; r < kh; ++r)
-                for (int s = 0; s < kw; ++s) acc += p[r * dh * cols + s * dw] * weights[r * kw + s];
-            out[static_cast<Index>(oh) * Wo + ow] = from_acc<T>(acc);
+        const int k = k_first + t * lanes;
+        const bool active = k < k_end;
+        if (active) {
+            Acc weights[TAPS > 0 ? TAPS : 1], acc[RPT];
+#pragma unroll
+            for (int i = 0; i < TAPS; ++i) weights[i] = to_acc<Acc>(w[static_cast<Index>(k) * TAPS + i]);
+            const Acc b = has_bias ? to_acc<Acc>(bias[k]) : Acc(0);
+#pragma unroll
+            for (int j = 0; j < RPT; ++j) acc[j] = b;
+            const T* patch = lane_patches + (t & (buffers - 1)) * rows * pitch + offset + threadIdx.x * sw;
+            if constexpr (KH > 0) {
+                // Slide down the column: patch row i feeds output row j through kernel row i - j SH.
+                const T* p = patch + threadIdx.y * (RPT * SH) * pitch;
+#pragma unroll
+                for (int i = 0; i < (RPT - 1) * SH + KH; ++i) {
+                    Acc v[KW];
+#pragma unroll
+                    for (int s = 0; s < KW; ++s) v[s] = to_acc<Acc>(p[i * pitch + s * dw]);
+#pragma unroll
+                    for (int j = 0; j < RPT; ++j) {
+                        const int r = i - j * SH;
+                        if (r >= 0 && r < KH) {
+#pragma unroll
+                            for (int s = 0; s < KW; ++s) acc[j] += weights[r * KW + s] * v[s];
+                        }
+                    }
+                }
+            } else {
+                const T* p = patch + threadIdx.y * RPT * sh * pitch;
+                const T* wk = w + static_cast<Index>(k) * kh * kw;
+                for (int r = 0; r < kh; ++r)
+                    for (int s = 0; s < kw; ++s) {
+                        const Acc wv = to_acc<Acc>(wk[r * kw + s]);
+                        const T* q = p + r * dh * pitch + s * dw;
+#pragma unroll
+                        for (int j = 0; j < RPT; ++j) acc[j] += wv * to_acc<Acc>(q[j * sh * pitch]);
+                    }
+            }
+            T* out = y + (n * K + k) * static_cast<Index>(Ho) * Wo;
+#pragma unroll
+            for (int j = 0; j < RPT; ++j) {
+                const int oh = oh0 + threadIdx.y * RPT + j;
+                if (oh < Ho && ow < Wo) out[static_cast<Index>(oh) * Wo + ow] = from_acc<T>(acc[j]);
+            }
         }
-        __syncthreads();  // the next channel overwrites the patch
+        if (buffers == 1 && t + 1 < per_lane) {
+            __syncthreads();  // the one buffer is free again
+            stage(t + 1);
+        }
     }
 }
 

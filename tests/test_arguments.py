@@ -110,7 +110,56 @@ def test_out_is_written_and_returned():
 def test_plan_is_printable_and_explains_the_choice():
     x, weight, bias = arrays(n=256, c=3, h=224, w=224, k=96, kh=11, kw=11)
     text = str(cupyconv.plan(x, weight, bias, stride=4, padding=2))
-    assert "direct_conv2d" in text and "why:" in text and "grid" in text
+    assert "simt_gemm_conv2d" in text and "why:" in text and "grid" in text and "strict float32" in text
+    x, weight, bias = arrays(n=1, c=3, h=9, w=9, k=4, kh=3, kw=3)  # 4 output channels: too few for a GEMM
+    text = str(cupyconv.plan(x, weight, bias))
+    assert "direct_conv2d" in text and "why:" in text and "4 output channel(s)" in text
+
+
+def test_strict_float32_dispatch():
+    """Strict float32 runs on the FMA implicit GEMM where it can, with reasons where it cannot; it
+    never runs on the tensor cores unless TF32 is allowed."""
+    from cupyconv.arguments import make_problem
+    from cupyconv.planner import DEPTHWISE_KERNEL, DIRECT_KERNEL, NHWC_KERNEL, SIMT_KERNEL, make_plan
+
+    def plan(x_shape, w_shape, dtype="float32", allow_tf32=False, **kw):
+        return make_plan(make_problem(x_shape, w_shape, None, dtype, kw.get("stride", 1), kw.get("padding", 0),
+                                      kw.get("dilation", 1), kw.get("groups", 1)), allow_tf32=allow_tf32)
+
+    assert plan((2, 16, 9, 9), (32, 16, 3, 3)).kernel == SIMT_KERNEL
+    assert plan((2, 16, 9, 9), (32, 16, 3, 3), allow_tf32=True).kernel == NHWC_KERNEL
+    assert plan((2, 16, 9, 9), (32, 4, 3, 3), groups=4).kernel == SIMT_KERNEL  # 8 output channels per group
+    assert plan((2, 16, 9, 9), (16, 1, 3, 3), groups=16).kernel == DEPTHWISE_KERNEL
+    assert plan((2, 16, 9, 9), (32, 16, 3, 3), dtype="float64").kernel == DIRECT_KERNEL
+    wide = plan((1, 2, 40, 1200), (16, 2, 1, 1025))  # more taps than the tap table holds
+    assert wide.kernel == DIRECT_KERNEL and "1x1025 kernel taps" in wide.reason
+    with pytest.raises(ValueError, match="float32 only"):
+        make_plan(make_problem((2, 16, 9, 9), (32, 16, 3, 3), None, "float16"), kernel=SIMT_KERNEL)
+    with pytest.raises(ValueError, match="must be one of"):
+        make_plan(make_problem((2, 16, 9, 9), (32, 16, 3, 3), None, "float32"), kernel=SIMT_KERNEL,
+                  config="nhwc_m128n64k16")
+
+
+def test_strict_float32_tiles():
+    """The channel tile fits the output channels per group; past 96, 64- or 128-channel tiles by whole
+    waves of blocks; the weight copy's columns are padded to a multiple of 4."""
+    from cupyconv.arguments import make_problem
+    from cupyconv.planner import make_plan
+
+    def plan(n, c, k, hw, kernel=3, groups=1):
+        return make_plan(make_problem((n, c, hw, hw), (k, c // groups, kernel, kernel), None, "float32", 1,
+                                      kernel // 2, 1, groups))
+
+    assert plan(8, 32, 24, 128).config.name == "simt_m256n32"
+    assert plan(8, 32, 64, 128).config.name == "simt_m64n64"
+    assert plan(8, 32, 96, 128).config.name == "simt_m128n96k16"
+    assert plan(32, 256, 256, 56).config.name == "simt_m128n128k16"   # 1568 blocks of 128 channels
+    assert plan(32, 256, 256, 14).config.name == "simt_m128n128k16"   # 98 blocks: one wave
+    assert plan(32, 512, 512, 14).config.name == "simt_m128n64k16"    # 196 blocks: two waves, or three of 64
+    assert plan(32, 512, 512, 7).config.name == "simt_m128n64k16"
+    assert "waves" in plan(32, 512, 512, 7).reason
+    assert plan(2, 8, 10, 9).weight_columns == 12
+    assert plan(2, 12, 18, 9, groups=2).weight_columns == 12
 
 
 def test_plans_are_cached_and_errors_are_not():

@@ -325,10 +325,13 @@ def test_inference_mode(launches):
     check_against_torch(y, expected, float64_copy(reference)(x.double()), torch.float16)
 
 
-def test_cuda_graph_capture_and_replay(launches):
-    model, reference = _small_model()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_cuda_graph_capture_and_replay(launches, dtype):
+    """Captured and replayed on new inputs: strict float32 and float16 read temporary copies (the
+    transposed weight, channels-last operands), which must come from the graph's own memory."""
+    model, reference = _small_model(dtype)
     model.eval()
-    static_x = torch.randn(2, 3, 32, 32, device="cuda")
+    static_x = torch.randn(2, 3, 32, 32, device="cuda", dtype=dtype)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side), torch.no_grad():  # warm-up compiles the kernels outside the capture
@@ -340,12 +343,15 @@ def test_cuda_graph_capture_and_replay(launches):
         static_y = model(static_x)
     for seed in (11, 12):
         g = torch.Generator(device="cuda").manual_seed(seed)
-        new_x = torch.randn(static_x.shape, device="cuda", generator=g)
+        new_x = torch.randn(static_x.shape, device="cuda", generator=g, dtype=dtype)
         static_x.copy_(new_x)
+        torch.cuda.empty_cache()  # memory freed after the capture goes back to the driver, as in a long run
+        garbage = torch.full((1 << 22,), float("nan"), device="cuda")  # ... and is handed out again
         graph.replay()
         torch.cuda.synchronize()
         with torch.no_grad():
-            check_against_torch(static_y, None, float64_copy(reference)(new_x.double()), torch.float32)
+            check_against_torch(static_y, reference(new_x), float64_copy(reference)(new_x.double()), dtype)
+        del garbage
 
 
 # --- whole models -------------------------------------------------------------------------------
