@@ -1,4 +1,6 @@
-"""Run one seed convolution a few times (for ncu): python3 benchmarks/profile/one_conv.py alexnet|wide float16|bfloat16|tf32"""
+"""Run one seed convolution a few times (for ncu): python3 benchmarks/profile/one_conv.py alexnet|wide fp32|tf32|float16
+
+fp32 is strict float32 (the FMA implicit GEMM), tf32 float32 on the tensor cores."""
 import sys
 
 import cupy
@@ -8,9 +10,9 @@ import cupyconv
 SHAPES = {"alexnet": ((256, 3, 224, 224), (96, 3, 11, 11), 4, 2), "wide": ((8, 32, 512, 512), (64, 32, 5, 9), 1, 0)}
 shape, mode = sys.argv[1], sys.argv[2]
 xs, ws, stride, padding = SHAPES[shape]
-dtype = cupy.float32 if mode == "tf32" else cupy.float16
+dtype = cupy.float16 if mode == "float16" else cupy.float32
 x = cupy.random.standard_normal(xs, dtype=cupy.float32).astype(dtype)
 w = cupy.random.standard_normal(ws, dtype=cupy.float32).astype(dtype)
 for _ in range(3):
-    cupyconv.conv2d(x, w, None, stride, padding, allow_tf32=True)
+    cupyconv.conv2d(x, w, None, stride, padding, allow_tf32=mode == "tf32")
 cupy.cuda.Device().synchronize()
