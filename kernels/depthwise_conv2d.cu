@@ -93,7 +93,8 @@ __global__ void depthwise_conv2d(const T* __restrict__ x, const T* __restrict__ 
     const int iw_first = iw0 & -elems, offset = iw0 - iw_first;
     const int pieces = (offset + cols + elems - 1) / elems;
     const int r0 = tid / pieces, step_r = NT / pieces;
-    const PatchCopy geometry{H, W, ih0, iw_first, rows, pieces, pitch, r0, tid - r0 * pieces, step_r, NT - step_r * pieces};
+    const PatchCopy geometry{H, W, ih0, iw_first, rows, pieces, pitch,
+                             r0, tid - r0 * pieces, step_r, NT - step_r * pieces};
 
     const int per_lane = (channels_per_block + lanes - 1) / lanes;
     const int k_first = blockIdx.y * channels_per_block + lane;

@@ -98,6 +98,20 @@ DEPTHWISE_CASES = [
     Case(3, 3, 3, 14, 14, 3, 3, padding="same", dilation=2, groups=3),  # 14 x 14: MobileNet's late stages
     Case(1, 2, 2, 9, 40, 1, 7, padding=(0, 3), groups=2),           # a 1 x 7 kernel
     Case(0, 4, 4, 9, 9, 3, 3, padding=1, groups=4),                 # empty batch
+    # Each unrolled instance (DEPTHWISE_TAPS), rows of every copy-piece width (W a multiple of 8, 4, 2
+    # elements, odd: 16-bit loads), partial tiles, channel multipliers 1 and 2.
+    Case(2, 6, 6, 56, 56, 3, 3, padding=1, groups=6),               # MobileNetV2's 56 x 56 layer, small
+    Case(2, 4, 4, 112, 112, 3, 3, stride=2, padding=1, groups=4),   # ... and its stride-2 layer
+    Case(1, 3, 6, 29, 31, 3, 3, stride=2, padding=1, groups=3),     # multiplier 2, odd sizes, stride 2
+    Case(1, 4, 8, 23, 28, 5, 5, padding=2, groups=4),               # 5 x 5, multiplier 2
+    Case(2, 3, 3, 40, 36, 5, 5, stride=2, padding=2, groups=3, bias=False),
+    Case(1, 4, 4, 19, 22, 7, 7, padding=3, groups=4),               # 7 x 7 (ConvNeXt)
+    Case(2, 5, 10, 7, 7, 3, 3, padding=1, groups=5),                # 7 x 7 planes: odd rows
+    Case(1, 3, 3, 17, 20, 1, 1, groups=3),                          # 1 x 1
+    Case(1, 2, 4, 25, 34, 3, 5, stride=(2, 1), padding=(0, 2), groups=2),  # 3 x 5: run-time taps
+    Case(1, 4, 4, 30, 33, 3, 3, padding=1, dilation=2, groups=4),   # row dilation: run-time taps
+    Case(1, 3, 3, 18, 24, 4, 2, padding="same", groups=3),          # asymmetric padding
+    Case(1, 2, 2, 33, 65, 3, 3, padding=(0, 1), groups=2),          # 3 tiles across, last one 1 wide
 ]
 
 
@@ -113,6 +127,75 @@ def test_depthwise_kernel(case, dtype, config):
     problem = make_problem((case.n, case.c, case.h, case.w), (case.k, 1, case.kh, case.kw), None, dtype,
                            case.stride, case.padding, case.dilation, case.groups)
     assert make_plan(problem).kernel == "depthwise_conv2d"
+
+
+def check_depthwise(case: Case, dtype: str, seed: int, config=None, channels_per_lane=None, x_offset=0):
+    """The depthwise kernel with ``config`` and ``channels_per_lane`` forced (planner.make_depthwise_plan),
+    x starting ``x_offset`` elements into its allocation (less aligned than the planner assumes), into a
+    NaN-poisoned output; compared with torch in float64 as check() does. Returns the plan."""
+    from cupyconv.arguments import make_problem
+    from cupyconv.launch import conv2d_cupy
+    from cupyconv.planner import make_depthwise_plan
+
+    x, weight, bias = random_inputs(case, dtype, seed)
+    storage = torch.empty(x.numel() + x_offset, device=x.device, dtype=x.dtype)
+    storage[x_offset:] = x.reshape(-1)
+    x = storage[x_offset:].view(x.shape)
+    problem = make_problem(x.shape, weight.shape, None if bias is None else bias.shape, dtype, case.stride,
+                           case.padding, case.dilation, case.groups)
+    plan = make_depthwise_plan(problem, config, channels_per_lane=channels_per_lane)
+    out = torch.full(problem.out_shape, float("nan"), device=x.device, dtype=x.dtype)
+    conv2d_cupy(to_cupy(x), to_cupy(weight), to_cupy(bias), problem, to_cupy(out), plan=plan)
+    cupy.cuda.get_current_stream().synchronize()
+    up = lambda t: None if t is None else t.double()
+    conv = lambda *ts: F.conv2d(*ts, case.stride, case.padding, case.dilation, case.groups)
+    ref = conv(up(x), up(weight), up(bias))
+    assert not out.isnan().any(), "an output element was never written (or is NaN)"
+    allowed = FLOOR[dtype]
+    if dtype in ("float16", "bfloat16"):
+        allowed = max(allowed, 2 * relative_error(conv(x, weight, bias), ref))
+    error = relative_error(out, ref)
+    assert error <= allowed, f"{dtype} relative error {error:.3g} > {allowed:.3g} ({plan})"
+    return plan
+
+
+@pytest.mark.parametrize("channels_per_lane", [2, 3])
+@pytest.mark.parametrize("config", ["dw_32x32", "dw_16x16"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [
+    Case(2, 5, 10, 13, 13, 3, 3, padding=1, groups=5),              # 10 channels: the last block's lanes part idle
+    Case(1, 7, 7, 36, 40, 3, 3, stride=2, padding=1, groups=7),
+    Case(1, 4, 4, 21, 19, 5, 5, padding=2, groups=4, bias=False),
+    Case(1, 3, 6, 24, 24, 2, 3, padding=(1, 0), dilation=(2, 1), groups=3),  # run-time taps
+], ids=lambda c: c.id)
+def test_depthwise_channel_loop(case, dtype, config, channels_per_lane):
+    """Several channels per lane, one after another: the next channel's patch copied while this one
+    is computed (two buffers), and blocks whose channels run out part-way."""
+    plan = check_depthwise(case, dtype, seed=3, config=config, channels_per_lane=channels_per_lane)
+    assert plan.channels_per_block == plan.block[2] * channels_per_lane
+    assert plan.patch_buffers == 2 or (dtype, case.stride) == ("float64", 2)  # 2 x 34 KB do not fit
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_depthwise_channel_loop_one_buffer(dtype):
+    """A patch too large for two buffers (~32 KB, by a dilation that grows as the dtype narrows): one,
+    refilled after a barrier for each channel."""
+    d = {"float64": 15, "float32": 27}.get(dtype, 45)
+    case = Case(1, 3, 6, 2 * d + 40, 2 * d + 41, 3, 3, padding=1, dilation=d, groups=3)
+    plan = check_depthwise(case, dtype, seed=5, channels_per_lane=2)
+    assert plan.patch_buffers == 1 and plan.channels_per_block == 2
+
+
+@pytest.mark.parametrize("x_offset", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [
+    Case(2, 3, 3, 20, 32, 3, 3, padding=1, groups=3),               # rows allow 16-byte pieces
+    Case(1, 4, 8, 9, 16, 5, 5, stride=2, padding=2, groups=4),      # 16 x 16 tiles, 4 lanes
+], ids=lambda c: c.id)
+def test_depthwise_misaligned_input(case, dtype, x_offset):
+    """x less aligned than its rows: the kernel narrows its copy pieces to what the address allows."""
+    plan = check_depthwise(case, dtype, seed=6, x_offset=x_offset)
+    assert plan.vec == 16
 
 
 def test_depthwise_refuses_what_does_not_fit():

@@ -1,0 +1,84 @@
+"""The depthwise planner without a GPU: every problem the depthwise kernel took before its cp.async
+rewrite is still taken, and every plan's shared-memory layout is one the kernel can run."""
+import itertools
+import math
+
+import pytest
+
+from cupyconv.arguments import make_problem
+from cupyconv.planner import (DEPTHWISE_CONFIGS, DEPTHWISE_KERNEL, DEPTHWISE_TAPS, SHARED_MEMORY_BYTES,
+                              depthwise_specialisations, make_plan)
+
+ITEM = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+GEOMETRIES = [  # (kh, kw, stride, dilation, padding)
+    (3, 3, 1, 1, 1), (3, 3, 2, 1, 1), (5, 5, 1, 1, 2), (5, 5, 2, 1, 2), (7, 7, 1, 1, 3), (1, 1, 1, 1, 0),
+    (3, 5, (2, 1), 1, (1, 2)), (3, 3, 1, (2, 3), 2), (3, 3, 3, 1, 0), (3, 3, 1, (30, 40), 0), (3, 3, 2, 25, 0),
+    (5, 5, 4, 9, 0), (1, 9, 1, (1, 14), 0),
+]
+SIZES = [(7, 7), (14, 14), (13, 20), (56, 56), (112, 112), (75, 149), (300, 320)]
+
+
+def problems():
+    for dtype, (kh, kw, stride, dilation, padding), (h, w), (c, m) in itertools.product(
+            ITEM, GEOMETRIES, SIZES, [(3, 1), (6, 2), (144, 1)]):
+        try:
+            yield make_problem((4, c, h, w), (c * m, 1, kh, kw), None, dtype, stride, padding, dilation, c)
+        except ValueError:  # kernel larger than the padded input
+            continue
+
+
+def accepted_before(p) -> bool:
+    """The rule before this kernel: one patch of the 32x32 tile (16x16 for outputs <= 16 wide) in the
+    accumulator type, plus the weights, in 48 KB."""
+    tile = 16 if p.wo <= 16 else 32
+    rows = (tile - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
+    cols = (tile - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
+    return (rows * cols + p.kh * p.kw) * (8 if p.dtype == "float64" else 4) <= SHARED_MEMORY_BYTES
+
+
+def test_every_problem_accepted_before_is_still_accepted():
+    checked = 0
+    for p in problems():
+        if accepted_before(p):
+            assert make_plan(p).kernel == DEPTHWISE_KERNEL, p
+            checked += 1
+    assert checked > 500
+
+
+@pytest.mark.parametrize("config", [None] + [c.name for c in DEPTHWISE_CONFIGS])
+def test_plan_layouts_fit_the_kernel(config):
+    specialisations = set(depthwise_specialisations())
+    for p in problems():
+        try:
+            plan = make_plan(p, kernel=DEPTHWISE_KERNEL, config=config)
+        except ValueError as error:
+            assert "cannot run this problem" in str(error)
+            continue
+        cfg, item = plan.config, ITEM[p.dtype]
+        lanes, elements = plan.block[2], plan.vec // item or 1
+        rows = (cfg.th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
+        cols = (cfg.tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
+        # Pieces divide the input row, start up to a piece left of the patch, and fit in the pitch.
+        assert plan.vec in (16, 8, 4, 2) and plan.vec >= item and p.w * item % plan.vec == 0
+        assert plan.pitch % elements == 0 and plan.pitch >= cols + elements - 1
+        assert plan.shared_bytes == lanes * plan.patch_buffers * rows * plan.pitch * item <= SHARED_MEMORY_BYTES
+        assert plan.block == (cfg.tw, cfg.th // cfg.rpt, lanes) and 1 <= lanes <= cfg.lanes
+        assert plan.channels_per_block % lanes == 0 and plan.patch_buffers in (1, 2)
+        assert plan.grid == (math.ceil(p.ho / cfg.th) * math.ceil(p.wo / cfg.tw),
+                             math.ceil(p.k / plan.channels_per_block), p.n)
+        unrolled = (p.kh, p.kw, p.stride[0]) in DEPTHWISE_TAPS and p.dilation[0] == 1
+        assert cfg.taps == ((p.kh, p.kw, p.stride[0]) if unrolled else (0, 0, 0))
+        assert plan.name_expression in specialisations
+
+
+def test_mobilenet_layers_plan():
+    """The benchmark's MobileNetV2 layers: unrolled 3x3 taps, the widest pieces the rows allow."""
+    def plan(c, hw, stride, dtype):
+        return make_plan(make_problem((32, c, hw, hw), (c, 1, 3, 3), None, dtype, stride, 1, 1, c))
+
+    for dtype in ("float32", "float16"):
+        s2, s1, small = plan(96, 112, 2, dtype), plan(144, 56, 1, dtype), plan(384, 14, 1, dtype)
+        assert s2.config.taps == (3, 3, 2) and s1.config.taps == (3, 3, 1) and small.config.taps == (3, 3, 1)
+        assert s2.vec == s1.vec == 16 and small.vec == (8 if dtype == "float32" else 4)
+        assert s1.patch_buffers == 2 and small.block == (16, 2, 4)
+        assert "3x3 taps at row stride 1 unrolled" in str(s1)
