@@ -196,11 +196,11 @@ def test_input_past_2_31_elements():
 
 def test_dispatch_rules():
     """16-bit types take the GEMM by default (channels-last unless it cannot run); float32 only with
-    allow_tf32; float64 never; depthwise takes its own kernel."""
+    allow_tf32 (strict float32 takes the FMA implicit GEMM); float64 never; depthwise takes its own kernel."""
     case = Case(2, 8, 32, 12, 12, 3, 3, padding=1)
     assert make_plan(gemm_problem(case, "float16")).kernel == NHWC_KERNEL
     assert make_plan(gemm_problem(case, "bfloat16")).kernel == NHWC_KERNEL
-    assert make_plan(gemm_problem(case, "float32")).kernel == "direct_conv2d"
+    assert make_plan(gemm_problem(case, "float32")).kernel == "simt_gemm_conv2d"
     assert make_plan(gemm_problem(case, "float32"), allow_tf32=True).kernel == NHWC_KERNEL
     odd_groups = Case(2, 6, 16, 9, 10, 3, 3, padding=1, groups=2)
     assert make_plan(gemm_problem(odd_groups, "float16")).kernel == GEMM_KERNEL
