@@ -1,12 +1,14 @@
 """Running a planned convolution on the GPU: operand preparation and the kernel launch."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .arguments import ConvProblem
 from .compiler import get_kernel
-from .planner import (DEPTHWISE_KERNEL, DIRECT_KERNEL, NHWC_KERNEL, SIMT_KERNEL, LaunchPlan, channels_last_copy,
-                      make_plan)
+from .planner import (DEPTHWISE_KERNEL, DIRECT_KERNEL, NHWC_KERNEL, SIMT_KERNEL, WINOGRAD_KERNEL, WINOGRAD_POSITIONS,
+                      LaunchPlan, channels_last_copy, make_plan, winograd_gemm_problem)
 
 
 def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | None = None,
@@ -26,6 +28,9 @@ def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | N
     x = cupy.ascontiguousarray(x)
     weight = cupy.ascontiguousarray(weight)
     bias = weight if bias is None else cupy.ascontiguousarray(bias)
+    if plan.kernel == WINOGRAD_KERNEL:
+        _winograd(x, weight, bias, problem, out, plan)
+        return out
     p = problem
     channels = p.c
     if plan.kernel == NHWC_KERNEL and not plan.a_from_nchw:
@@ -36,6 +41,13 @@ def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | N
     elif plan.kernel == SIMT_KERNEL:  # B as [groups][Cg kh kw][K / groups, padded]: the weight transposed
         weight = _channels_last(weight, p.dtype, p.groups, p.k // p.groups, p.c // p.groups * p.kh * p.kw,
                                 plan.weight_columns, round_tf32=False)
+    _launch(plan, p, x, weight, bias, out, channels)
+    return out
+
+
+def _launch(plan: LaunchPlan, p: ConvProblem, x, weight, bias, out, channels: int):
+    """The kernel of ``plan`` on prepared operands; ``channels`` is x's (p.c, or the padded count of a
+    channels-last copy)."""
     problem_ints = (int(p.has_bias), p.n, channels, p.h, p.w, p.k, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1],
                     p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], p.groups)
     # direct_conv2d also takes its stage and tiling, depthwise_conv2d its tiles per output row,
@@ -48,7 +60,29 @@ def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | N
     kernel = get_kernel(plan.kernel, plan.name_expression)
     kernel(plan.grid, plan.block, (x, weight, bias, out, *(np.int32(v) for v in problem_ints + plan_ints)),
            shared_mem=plan.shared_bytes)
-    return out
+
+
+def _winograd(x, weight, bias, p: ConvProblem, out, plan: LaunchPlan):
+    """Winograd F(2x2, 3x3) (kernels/winograd_conv2d.cu): the weight and input transforms into new
+    arrays U and V, their 16 GEMMs into M (plan.gemm), the output transform into ``out``."""
+    import cupy
+
+    tiles_h, tiles_w = plan.tiles // plan.tiles_w, plan.tiles_w
+    tiles = p.n * plan.tiles
+    u = cupy.empty(WINOGRAD_POSITIONS * p.c * plan.weight_columns, dtype=cupy.float32)
+    v = cupy.empty(WINOGRAD_POSITIONS * p.c * tiles, dtype=cupy.float32)
+    m = cupy.empty(WINOGRAD_POSITIONS * p.k * tiles, dtype=cupy.float32)
+
+    def transform(kernel: str, threads: int, *args):
+        get_kernel(kernel, f"cupyconv::{kernel}<{plan.index_type}>")(
+            (math.ceil(threads / 256),), (256,), tuple(np.int32(a) if isinstance(a, int) else a for a in args))
+
+    transform("winograd_weight_transform", p.c * plan.weight_columns, weight, u, p.c, p.k, plan.weight_columns)
+    transform("winograd_input_transform", p.c * tiles, x, v, p.n, p.c, p.h, p.w, p.pad_top, p.pad_left, tiles_h, tiles_w)
+    gemm = winograd_gemm_problem(p)
+    _launch(plan.gemm, gemm, v, u, u, m, gemm.c)  # no bias: any array stands in for it
+    transform("winograd_output_transform", p.k * tiles, m, bias, out, int(p.has_bias), p.n, p.k, p.ho, p.wo,
+              tiles_h, tiles_w)
 
 
 def _channels_last(a, dtype: str, n: int, c: int, positions: int, channels_padded: int, round_tf32: bool):

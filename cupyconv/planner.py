@@ -90,6 +90,9 @@ class LaunchPlan:
     # simt_gemm_conv2d only: columns of the transposed weight copy [groups][Cg kh kw][weight_columns]
     # it reads (K / groups rounded up to 4 with zero columns, for 16-byte pieces).
     weight_columns: int = 0
+    # winograd_conv2d only: the batched GEMM between its transforms (a simt_gemm_conv2d plan), and
+    # its 2x2 output tiles: tiles_w per row, tiles per image (above).
+    gemm: "LaunchPlan | None" = None
 
     @property
     def name_expression(self) -> str:
@@ -104,6 +107,8 @@ class LaunchPlan:
     def __str__(self) -> str:
         if isinstance(self.config, GemmConfig):  # implicit-GEMM plans (see the section below)
             return _describe_gemm_plan(self)
+        if self.kernel == WINOGRAD_KERNEL:
+            return _describe_winograd_plan(self)
         if isinstance(self.config, SimtConfig):
             return _describe_simt_plan(self)
         if isinstance(self.config, DepthwiseConfig):
@@ -137,7 +142,7 @@ def kernel_specialisations() -> list[str]:
     return [name_expression("direct_conv2d", dtype, index, cfg)
             for dtype in CTYPES for index in INDEX_TYPES for cfg in TILE_CONFIGS] + gemm_specialisations() + \
         nhwc_specialisations() + channels_last_specialisations() + depthwise_specialisations() + \
-        simt_specialisations()
+        simt_specialisations() + winograd_specialisations()
 
 
 def _patch(problem: ConvProblem, cfg: TileConfig, rows: int, cols: int) -> tuple[int, int]:
@@ -231,6 +236,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
         allow_tf32: let float32 run on the tensor cores in TF32 (10-bit mantissa products).
     """
     family, family_reason = choose_kernel(problem, kernel, allow_tf32, config)
+    if family == WINOGRAD_KERNEL:
+        return make_winograd_plan(problem, config, family_reason)
     if family == SIMT_KERNEL:
         return make_simt_plan(problem, config, family_reason)
     if family == DEPTHWISE_KERNEL:
@@ -272,7 +279,8 @@ NHWC_KERNEL = "implicit_gemm_nhwc"
 DIRECT_KERNEL = "direct_conv2d"
 DEPTHWISE_KERNEL = "depthwise_conv2d"
 SIMT_KERNEL = "simt_gemm_conv2d"
-KERNELS = (DIRECT_KERNEL, DEPTHWISE_KERNEL, SIMT_KERNEL, GEMM_KERNEL, NHWC_KERNEL)
+WINOGRAD_KERNEL = "winograd_conv2d"
+KERNELS = (DIRECT_KERNEL, DEPTHWISE_KERNEL, SIMT_KERNEL, WINOGRAD_KERNEL, GEMM_KERNEL, NHWC_KERNEL)
 #: Below this many output channels per group the 8-wide instruction tile is mostly padding (depthwise
 #: convolutions, say): the direct kernel is used.
 GEMM_MIN_GROUP_CHANNELS = 8
@@ -342,7 +350,8 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
     """The kernel family for ``problem`` and why: forced by ``kernel`` (or by a config name of one
     family), else a tensor-core GEMM for float16/bfloat16, and for float32 when ``allow_tf32``: the
     channels-last one (implicit_gemm_nhwc) wherever its copies can be made, else the NCHW gather;
-    strict float32 takes the FMA implicit GEMM (simt_gemm_conv2d) where it can run; depthwise layers
+    strict float32 takes Winograd (winograd_conv2d) for 3x3 stride-1 layers with many channels, else
+    the FMA implicit GEMM (simt_gemm_conv2d) where it can run; depthwise layers
     the depthwise kernel; the rest, and float64, the direct kernel."""
     if kernel is None and config is not None:
         kernel = next((family for family, names in _CONFIG_NAMES.items() if config in names), DIRECT_KERNEL)
@@ -355,6 +364,10 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
             why_not = _simt_refusal(problem)
             if why_not:
                 raise ValueError(f"kernel {SIMT_KERNEL!r} cannot run this problem: {why_not}")
+        if kernel == WINOGRAD_KERNEL:
+            why_not = _winograd_refusal(problem)
+            if why_not:
+                raise ValueError(f"kernel {WINOGRAD_KERNEL!r} cannot run this problem: {why_not}")
         if kernel == DEPTHWISE_KERNEL:
             why_not = _depthwise_refusal(problem)
             if why_not:
@@ -372,6 +385,9 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
     if kg < GEMM_MIN_GROUP_CHANNELS:
         return DIRECT_KERNEL, f"{kg} output channel(s) per group: a GEMM tile would be mostly padding"
     if problem.dtype == "float32" and not allow_tf32:
+        if not _winograd_refusal(problem) and _winograd_pays(problem):
+            return WINOGRAD_KERNEL, (f"strict float32 (allow_tf32=False), 3x3 stride 1 with {problem.c} -> {problem.k} "
+                                     f"channels: Winograd F(2x2, 3x3), 2.25x fewer multiplies")
         why_not = _simt_refusal(problem)
         if not why_not:
             return SIMT_KERNEL, f"strict float32 (allow_tf32=False) on the FMA units, {kg} output channels per group"
@@ -846,6 +862,91 @@ def simt_name_expression(index_type: str, cfg: SimtConfig) -> str:
 
 def simt_specialisations() -> list[str]:
     return [simt_name_expression(index, cfg) for index in INDEX_TYPES for cfg in SIMT_CONFIGS]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Winograd F(2x2, 3x3) for strict float32 (kernels/winograd_conv2d.cu): transforms around a batched
+# GEMM, which is the FMA implicit GEMM run as a 16-group 1x1 convolution.
+
+#: Positions of a transformed 4x4 tile: one GEMM each.
+WINOGRAD_POSITIONS = 16
+#: Temporary memory (the transformed input V and the GEMM's output M, 4x the input and 4x the output,
+#: plus the transformed weight) past which the FMA implicit GEMM runs instead.
+WINOGRAD_MAX_WORKSPACE_BYTES = 2**30
+#: Winograd saves 5/9 of the multiplies but moves V and M through memory twice each: it pays where
+#: C K / (C + K) reaches this (from the FMA rate, ~30 TFLOP/s, against ~2.5 TB/s): 128 -> 128 channels
+#: and more, not 64 -> 64.
+WINOGRAD_MIN_CHANNEL_RATIO = 48
+
+
+def _winograd_tiles(problem: ConvProblem) -> tuple[int, int]:
+    return math.ceil(problem.ho / 2), math.ceil(problem.wo / 2)
+
+
+def winograd_gemm_problem(problem: ConvProblem) -> ConvProblem:
+    """The batched GEMM as simt_gemm_conv2d sees it: one image of 1 x T pixels (T tiles) with 16 C
+    channels, 16 groups, a 1x1 kernel and 16 K outputs."""
+    from .arguments import make_problem
+
+    tiles = problem.n * math.prod(_winograd_tiles(problem))
+    p = WINOGRAD_POSITIONS
+    return make_problem((1, p * problem.c, 1, tiles), (p * problem.k, problem.c, 1, 1), None, "float32", 1, 0, 1, p)
+
+
+def _winograd_workspace_bytes(problem: ConvProblem) -> int:
+    tiles = problem.n * math.prod(_winograd_tiles(problem))
+    columns = math.ceil(problem.k / 4) * 4
+    return 4 * WINOGRAD_POSITIONS * (problem.c * tiles + problem.k * tiles + problem.c * columns)
+
+
+def _winograd_refusal(problem: ConvProblem) -> str:
+    """Why winograd_conv2d cannot run ``problem`` ("" when it can)."""
+    if problem.dtype != "float32":
+        return f"it computes in float32 only, got {problem.dtype}"
+    if (problem.kh, problem.kw, problem.stride, problem.dilation, problem.groups) != (3, 3, (1, 1), (1, 1), 1):
+        return (f"it needs a 3x3 kernel, stride 1, dilation 1 and one group (got {problem.kh}x{problem.kw}, "
+                f"stride {problem.stride}, dilation {problem.dilation}, groups {problem.groups})")
+    workspace = _winograd_workspace_bytes(problem)
+    if workspace > WINOGRAD_MAX_WORKSPACE_BYTES:
+        return f"its temporaries would take {workspace / 2**20:.0f} MiB (> {WINOGRAD_MAX_WORKSPACE_BYTES // 2**20})"
+    return _simt_refusal(winograd_gemm_problem(problem))
+
+
+def _winograd_pays(problem: ConvProblem) -> bool:
+    return problem.c * problem.k / (problem.c + problem.k) >= WINOGRAD_MIN_CHANNEL_RATIO
+
+
+def make_winograd_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
+    """Winograd's transforms (one thread per tile and channel) around the batched GEMM's own plan;
+    ``config`` forces the GEMM's tile."""
+    why_not = _winograd_refusal(problem)
+    if why_not:
+        raise ValueError(f"kernel {WINOGRAD_KERNEL!r} cannot run this problem: {why_not}")
+    gemm = make_simt_plan(winograd_gemm_problem(problem), config)
+    tiles_h, tiles_w = _winograd_tiles(problem)
+    index_type = "long long" if "long long" in (_index_type(problem), gemm.index_type) else "int"
+    return LaunchPlan(
+        kernel=WINOGRAD_KERNEL, dtype=problem.dtype, index_type=index_type, config=gemm.config,
+        grid=gemm.grid, block=gemm.block, shared_bytes=gemm.shared_bytes, reason=reason or "forced by the caller",
+        tiles_w=tiles_w, tiles=tiles_h * tiles_w, weight_columns=gemm.weight_columns,
+        gemm=dataclasses.replace(gemm, index_type=index_type))
+
+
+def _describe_winograd_plan(plan: LaunchPlan) -> str:
+    tiles_h = plan.tiles // plan.tiles_w
+    gemm = "\n".join("    " + line for line in str(plan.gemm).splitlines())
+    return (f"{plan.kernel} [F(2x2, 3x3): {tiles_h}x{plan.tiles_w} output tiles of 2x2 per image; transforms of "
+            f"the weight, the input and the output around 16 GEMMs]\n"
+            f"  float32 (IEEE arithmetic, no TF32), {plan.index_type} indices\n"
+            f"  the 16 GEMMs, as one grouped 1x1 convolution:\n{gemm}\n"
+            f"  why: {plan.reason}")
+
+
+WINOGRAD_TRANSFORMS = ("winograd_weight_transform", "winograd_input_transform", "winograd_output_transform")
+
+
+def winograd_specialisations() -> list[str]:
+    return [f"cupyconv::{kernel}<{index}>" for kernel in WINOGRAD_TRANSFORMS for index in INDEX_TYPES]
 
 
 #: Config name -> its family, for make_plan(config=...) without a kernel.

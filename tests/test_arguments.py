@@ -146,9 +146,9 @@ def test_strict_float32_tiles():
     from cupyconv.arguments import make_problem
     from cupyconv.planner import make_plan
 
-    def plan(n, c, k, hw, kernel=3, groups=1):
+    def plan(n, c, k, hw, kernel=3, groups=1):  # the FMA GEMM forced: 3x3 layers may take Winograd
         return make_plan(make_problem((n, c, hw, hw), (k, c // groups, kernel, kernel), None, "float32", 1,
-                                      kernel // 2, 1, groups))
+                                      kernel // 2, 1, groups), kernel="simt_gemm_conv2d")
 
     assert plan(8, 32, 24, 128).config.name == "simt_m256n32"
     assert plan(8, 32, 64, 128).config.name == "simt_m64n64"
@@ -160,6 +160,33 @@ def test_strict_float32_tiles():
     assert "waves" in plan(32, 512, 512, 7).reason
     assert plan(2, 8, 10, 9).weight_columns == 12
     assert plan(2, 12, 18, 9, groups=2).weight_columns == 12
+
+
+def test_winograd_dispatch():
+    """Strict float32 3x3 stride-1 layers with many channels take Winograd; few channels, strides,
+    dilation, groups, TF32 and 16-bit types do not; forcing it where it cannot run is a clear error."""
+    from cupyconv.arguments import make_problem
+    from cupyconv.planner import SIMT_KERNEL, WINOGRAD_KERNEL, make_plan
+
+    def plan(c, k, hw, dtype="float32", stride=1, dilation=1, groups=1, kernel=None, allow_tf32=False, size=3):
+        return make_plan(make_problem((32, c, hw, hw), (k, c // groups, size, size), None, dtype, stride, 1, dilation,
+                                      groups), kernel=kernel, allow_tf32=allow_tf32)
+
+    assert plan(256, 256, 56).kernel == WINOGRAD_KERNEL
+    assert plan(128, 128, 28).kernel == WINOGRAD_KERNEL
+    assert "Winograd" in str(plan(512, 512, 7))
+    assert plan(64, 64, 56).kernel == SIMT_KERNEL                 # too few channels to pay for the transforms
+    assert plan(128, 128, 28, stride=2).kernel == SIMT_KERNEL
+    assert plan(128, 128, 28, dilation=2).kernel == SIMT_KERNEL
+    assert plan(128, 128, 28, groups=2).kernel == SIMT_KERNEL
+    assert plan(128, 128, 28, size=5).kernel == SIMT_KERNEL
+    assert plan(128, 128, 28, allow_tf32=True).kernel != WINOGRAD_KERNEL
+    assert plan(128, 128, 28, dtype="float16").kernel != WINOGRAD_KERNEL
+    assert plan(512, 512, 224).kernel == SIMT_KERNEL              # temporaries past the 1 GiB cap
+    assert plan(8, 8, 9, kernel=WINOGRAD_KERNEL).kernel == WINOGRAD_KERNEL  # forced where it does not pay
+    for bad in (dict(stride=2), dict(dtype="float64"), dict(size=5)):
+        with pytest.raises(ValueError, match="winograd_conv2d.*cannot run"):
+            plan(8, 8, 9, kernel=WINOGRAD_KERNEL, **bad)
 
 
 def test_plans_are_cached_and_errors_are_not():

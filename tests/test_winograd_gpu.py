@@ -1,0 +1,66 @@
+"""Winograd F(2x2, 3x3) for strict float32 (kernels/winograd_conv2d.cu around simt_gemm_conv2d) against
+torch in float64, on the GPU: forced on every 3x3 stride-1 shape of interest (odd output sizes that
+leave partial 2x2 tiles, every padding including asymmetric 'same', channel counts that are not
+multiples of the GEMM's tiles or of 4, several images, no bias), every GEMM tile forced, the 64-bit
+index specialisation, and the layers the planner sends to it. Outputs are poisoned with NaN before each
+launch; strict float32 must land under 1e-5.
+"""
+import dataclasses
+
+import pytest
+
+from cases import Case
+from checks import relative_error
+from test_gpu_core import check
+from test_simt_gpu import problem_of, run_plan
+
+from cupyconv.planner import SIMT_CONFIGS, WINOGRAD_KERNEL, make_plan  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("strict_torch_fp32")]
+
+WINOGRAD_CASES = [
+    Case(2, 3, 8, 9, 11, 3, 3),                          # no padding: 7 x 9 outputs, partial tiles
+    Case(2, 3, 8, 9, 11, 3, 3, padding=1, bias=False),
+    Case(1, 5, 70, 13, 17, 3, 3, padding=1),             # K 70: columns padded to 72
+    Case(3, 16, 24, 8, 8, 3, 3, padding=2),              # outputs larger than the input
+    Case(1, 6, 6, 12, 12, 3, 3, padding=(0, 1)),
+    Case(2, 9, 40, 15, 16, 3, 3, padding="same"),
+    Case(1, 2, 3, 3, 3, 3, 3),                           # one output pixel
+    Case(1, 2, 3, 4, 4, 3, 3),                           # one 2x2 tile
+    Case(2, 130, 129, 14, 14, 3, 3, padding=1),          # past one 128-channel GEMM tile each way
+    Case(4, 64, 64, 7, 7, 3, 3, padding=1),              # ResNet-50's last stage geometry, small
+]
+
+
+@pytest.mark.parametrize("case", WINOGRAD_CASES, ids=lambda c: c.id)
+def test_forced(case):
+    check(case, "float32", seed=len(case.id), kernel=WINOGRAD_KERNEL)
+
+
+@pytest.mark.parametrize("config", [c.name for c in SIMT_CONFIGS])
+def test_every_gemm_tile(config):
+    check(WINOGRAD_CASES[8], "float32", seed=3, kernel=WINOGRAD_KERNEL, config=config)
+
+
+@pytest.mark.parametrize("case", [WINOGRAD_CASES[0], WINOGRAD_CASES[5], WINOGRAD_CASES[8]], ids=lambda c: c.id)
+def test_64_bit_index_specialisation(case):
+    plan = make_plan(problem_of(case), kernel=WINOGRAD_KERNEL)
+    plan = dataclasses.replace(plan, index_type="long long", gemm=dataclasses.replace(plan.gemm, index_type="long long"))
+    out, ref = run_plan(case, plan, seed=21)
+    assert not out.isnan().any()
+    assert relative_error(out, ref) < 1e-5
+
+
+LAYERS = [
+    Case(4, 128, 128, 28, 28, 3, 3, padding=1),          # r50_l2_3x3_128 at batch 4
+    Case(4, 256, 256, 14, 14, 3, 3, padding=1, bias=False),
+    Case(4, 512, 512, 7, 7, 3, 3, padding=1),
+    Case(2, 256, 256, 56, 56, 3, 3, padding=1),          # vgg_conv3_2 at batch 2
+]
+
+
+@pytest.mark.parametrize("case", LAYERS, ids=lambda c: c.id)
+def test_planned_layers(case):
+    """The planner sends these to Winograd (through the public conv2d), and the result is right."""
+    assert make_plan(problem_of(case)).kernel == WINOGRAD_KERNEL
+    check(case, "float32", seed=len(case.id))
