@@ -7,8 +7,8 @@ import numpy as np
 
 from .arguments import ConvProblem
 from .compiler import get_kernel
-from .planner import (DEPTHWISE_KERNEL, DIRECT_KERNEL, NHWC_KERNEL, SIMT_KERNEL, WINOGRAD_KERNEL, WINOGRAD_POSITIONS,
-                      LaunchPlan, channels_last_copy, make_plan, winograd_gemm_problem)
+from .planner import (DEPTHWISE_KERNEL, DIRECT_KERNEL, NHWC_KERNEL, SIMT_KERNEL, WINOGRAD_KERNEL, LaunchPlan,
+                      channels_last_copy, make_plan, winograd_gemm_problem, winograd_name_expression)
 
 
 def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | None = None,
@@ -63,25 +63,26 @@ def _launch(plan: LaunchPlan, p: ConvProblem, x, weight, bias, out, channels: in
 
 
 def _winograd(x, weight, bias, p: ConvProblem, out, plan: LaunchPlan):
-    """Winograd F(2x2, 3x3) (kernels/winograd_conv2d.cu): the weight and input transforms into new
-    arrays U and V, their 16 GEMMs into M (plan.gemm), the output transform into ``out``."""
+    """Winograd F(m x m, 3x3) (kernels/winograd_conv2d.cu): the weight and input transforms into new
+    arrays U and V, their GEMMs into M (plan.gemm), the output transform into ``out``."""
     import cupy
 
+    m, positions = plan.winograd_tile, (plan.winograd_tile + 2) ** 2
     tiles_h, tiles_w = plan.tiles // plan.tiles_w, plan.tiles_w
     tiles = p.n * plan.tiles
-    u = cupy.empty(WINOGRAD_POSITIONS * p.c * plan.weight_columns, dtype=cupy.float32)
-    v = cupy.empty(WINOGRAD_POSITIONS * p.c * tiles, dtype=cupy.float32)
-    m = cupy.empty(WINOGRAD_POSITIONS * p.k * tiles, dtype=cupy.float32)
+    u = cupy.empty(positions * p.c * plan.weight_columns, dtype=cupy.float32)
+    v = cupy.empty(positions * p.c * tiles, dtype=cupy.float32)
+    y = cupy.empty(positions * p.k * tiles, dtype=cupy.float32)
 
     def transform(kernel: str, threads: int, *args):
-        get_kernel(kernel, f"cupyconv::{kernel}<{plan.index_type}>")(
+        get_kernel(kernel, winograd_name_expression(kernel, m, plan.index_type))(
             (math.ceil(threads / 256),), (256,), tuple(np.int32(a) if isinstance(a, int) else a for a in args))
 
     transform("winograd_weight_transform", p.c * plan.weight_columns, weight, u, p.c, p.k, plan.weight_columns)
     transform("winograd_input_transform", p.c * tiles, x, v, p.n, p.c, p.h, p.w, p.pad_top, p.pad_left, tiles_h, tiles_w)
-    gemm = winograd_gemm_problem(p)
-    _launch(plan.gemm, gemm, v, u, u, m, gemm.c)  # no bias: any array stands in for it
-    transform("winograd_output_transform", p.k * tiles, m, bias, out, int(p.has_bias), p.n, p.k, p.ho, p.wo,
+    gemm = winograd_gemm_problem(p, m)
+    _launch(plan.gemm, gemm, v, u, u, y, gemm.c)  # no bias: any array stands in for it
+    transform("winograd_output_transform", p.k * tiles, y, bias, out, int(p.has_bias), p.n, p.k, p.ho, p.wo,
               tiles_h, tiles_w)
 
 

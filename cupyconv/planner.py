@@ -90,9 +90,10 @@ class LaunchPlan:
     # simt_gemm_conv2d only: columns of the transposed weight copy [groups][Cg kh kw][weight_columns]
     # it reads (K / groups rounded up to 4 with zero columns, for 16-byte pieces).
     weight_columns: int = 0
-    # winograd_conv2d only: the batched GEMM between its transforms (a simt_gemm_conv2d plan), and
-    # its 2x2 output tiles: tiles_w per row, tiles per image (above).
+    # winograd_conv2d only: the batched GEMM between its transforms (a simt_gemm_conv2d plan), and its
+    # output tiles of winograd_tile x winograd_tile pixels: tiles_w per row, tiles per image (above).
     gemm: "LaunchPlan | None" = None
+    winograd_tile: int = 0
 
     @property
     def name_expression(self) -> str:
@@ -387,7 +388,7 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
     if problem.dtype == "float32" and not allow_tf32:
         if not _winograd_refusal(problem) and _winograd_pays(problem):
             return WINOGRAD_KERNEL, (f"strict float32 (allow_tf32=False), 3x3 stride 1 with {problem.c} -> {problem.k} "
-                                     f"channels: Winograd F(2x2, 3x3), 2.25x fewer multiplies")
+                                     f"channels: Winograd, fewer multiplies")
         why_not = _simt_refusal(problem)
         if not why_not:
             return SIMT_KERNEL, f"strict float32 (allow_tf32=False) on the FMA units, {kg} output channels per group"
@@ -865,80 +866,98 @@ def simt_specialisations() -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Winograd F(2x2, 3x3) for strict float32 (kernels/winograd_conv2d.cu): transforms around a batched
-# GEMM, which is the FMA implicit GEMM run as a 16-group 1x1 convolution.
+# Winograd F(m x m, 3x3), m = 2 or 4, for strict float32 (kernels/winograd_conv2d.cu): transforms
+# around a batched GEMM, which is the FMA implicit GEMM run as an (m + 2)^2-group 1x1 convolution.
 
-#: Positions of a transformed 4x4 tile: one GEMM each.
-WINOGRAD_POSITIONS = 16
-#: Temporary memory (the transformed input V and the GEMM's output M, 4x the input and 4x the output,
-#: plus the transformed weight) past which the FMA implicit GEMM runs instead.
-WINOGRAD_MAX_WORKSPACE_BYTES = 2**30
-#: Winograd saves 5/9 of the multiplies but moves V and M through memory twice each: it pays where
-#: C K / (C + K) reaches this (from the FMA rate, ~30 TFLOP/s, against ~2.5 TB/s): 128 -> 128 channels
-#: and more, not 64 -> 64.
-WINOGRAD_MIN_CHANNEL_RATIO = 48
+#: Output tile sizes m of the kernels: F(4x4) saves more multiplies (4x against 2.25x) and moves less
+#: (V and M 2.25x the input and output, against 4x), F(2x2) rounds less.
+WINOGRAD_TILES = (2, 4)
+#: F(4x4)'s error grows with the reduction (2e-6 relative at 64 input channels, 3e-6 at 512 on random
+#: data, against strict float32's 1e-5 bound): above this many input channels F(2x2) runs instead.
+WINOGRAD_4X4_MAX_CHANNELS = 512
+#: Temporaries (the transformed input V, the GEMM's output M and the transformed weight: about 2.25x
+#: (F(4x4)) or 4x (F(2x2)) the input plus the output) past which the FMA implicit GEMM runs instead.
+WINOGRAD_MAX_WORKSPACE_BYTES = 2**31
+#: Winograd pays where the multiplies saved (at the FMA GEMM's ~30 TFLOP/s) outweigh the time V and M
+#: spend crossing memory twice (at ~2.5 TB/s): for F(4x4) where C K / (C + K) exceeds ~16, for F(2x2)
+#: ~77. With margin: 24 and 48 (64 -> 64 channels take F(4x4); F(2x2) runs from 128 -> 128 up).
+WINOGRAD_MIN_CHANNEL_RATIO = {4: 24, 2: 48}
 
 
-def _winograd_tiles(problem: ConvProblem) -> tuple[int, int]:
-    return math.ceil(problem.ho / 2), math.ceil(problem.wo / 2)
+def _winograd_tile(problem: ConvProblem) -> int:
+    return 4 if problem.c <= WINOGRAD_4X4_MAX_CHANNELS else 2
 
 
-def winograd_gemm_problem(problem: ConvProblem) -> ConvProblem:
-    """The batched GEMM as simt_gemm_conv2d sees it: one image of 1 x T pixels (T tiles) with 16 C
-    channels, 16 groups, a 1x1 kernel and 16 K outputs."""
+def _winograd_tiles(problem: ConvProblem, tile: int) -> tuple[int, int]:
+    return math.ceil(problem.ho / tile), math.ceil(problem.wo / tile)
+
+
+def winograd_gemm_problem(problem: ConvProblem, tile: int) -> ConvProblem:
+    """The batched GEMM as simt_gemm_conv2d sees it: one image of 1 x T pixels (T tiles) with a^2 C
+    channels, a^2 groups (a = tile + 2), a 1x1 kernel and a^2 K outputs."""
     from .arguments import make_problem
 
-    tiles = problem.n * math.prod(_winograd_tiles(problem))
-    p = WINOGRAD_POSITIONS
-    return make_problem((1, p * problem.c, 1, tiles), (p * problem.k, problem.c, 1, 1), None, "float32", 1, 0, 1, p)
+    tiles = problem.n * math.prod(_winograd_tiles(problem, tile))
+    positions = (tile + 2) ** 2
+    return make_problem((1, positions * problem.c, 1, tiles), (positions * problem.k, problem.c, 1, 1), None,
+                        "float32", 1, 0, 1, positions)
 
 
-def _winograd_workspace_bytes(problem: ConvProblem) -> int:
-    tiles = problem.n * math.prod(_winograd_tiles(problem))
+def _winograd_workspace_bytes(problem: ConvProblem, tile: int) -> int:
+    tiles = problem.n * math.prod(_winograd_tiles(problem, tile))
     columns = math.ceil(problem.k / 4) * 4
-    return 4 * WINOGRAD_POSITIONS * (problem.c * tiles + problem.k * tiles + problem.c * columns)
+    return 4 * (tile + 2) ** 2 * (problem.c * tiles + problem.k * tiles + problem.c * columns)
 
 
-def _winograd_refusal(problem: ConvProblem) -> str:
-    """Why winograd_conv2d cannot run ``problem`` ("" when it can)."""
+def _winograd_refusal(problem: ConvProblem, tile: int | None = None) -> str:
+    """Why winograd_conv2d (with ``tile``, or the one it would choose) cannot run ``problem`` ("" when it can)."""
     if problem.dtype != "float32":
         return f"it computes in float32 only, got {problem.dtype}"
     if (problem.kh, problem.kw, problem.stride, problem.dilation, problem.groups) != (3, 3, (1, 1), (1, 1), 1):
         return (f"it needs a 3x3 kernel, stride 1, dilation 1 and one group (got {problem.kh}x{problem.kw}, "
                 f"stride {problem.stride}, dilation {problem.dilation}, groups {problem.groups})")
-    workspace = _winograd_workspace_bytes(problem)
+    tile = tile or _winograd_tile(problem)
+    workspace = _winograd_workspace_bytes(problem, tile)
     if workspace > WINOGRAD_MAX_WORKSPACE_BYTES:
         return f"its temporaries would take {workspace / 2**20:.0f} MiB (> {WINOGRAD_MAX_WORKSPACE_BYTES // 2**20})"
-    return _simt_refusal(winograd_gemm_problem(problem))
+    return _simt_refusal(winograd_gemm_problem(problem, tile))
 
 
 def _winograd_pays(problem: ConvProblem) -> bool:
-    return problem.c * problem.k / (problem.c + problem.k) >= WINOGRAD_MIN_CHANNEL_RATIO
+    ratio = problem.c * problem.k / (problem.c + problem.k)
+    return ratio >= WINOGRAD_MIN_CHANNEL_RATIO[_winograd_tile(problem)]
 
 
-def make_winograd_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
+def make_winograd_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
+                       tile: int | None = None) -> LaunchPlan:
     """Winograd's transforms (one thread per tile and channel) around the batched GEMM's own plan;
-    ``config`` forces the GEMM's tile."""
-    why_not = _winograd_refusal(problem)
+    ``config`` forces the GEMM's tile, ``tile`` the output tile m (2 or 4; None: by channel count)."""
+    if tile is not None and tile not in WINOGRAD_TILES:
+        raise ValueError(f"tile must be one of {WINOGRAD_TILES}, got {tile!r}")
+    tile = tile or _winograd_tile(problem)
+    why_not = _winograd_refusal(problem, tile)
     if why_not:
         raise ValueError(f"kernel {WINOGRAD_KERNEL!r} cannot run this problem: {why_not}")
-    gemm = make_simt_plan(winograd_gemm_problem(problem), config)
-    tiles_h, tiles_w = _winograd_tiles(problem)
+    gemm = make_simt_plan(winograd_gemm_problem(problem, tile), config)
+    tiles_h, tiles_w = _winograd_tiles(problem, tile)
     index_type = "long long" if "long long" in (_index_type(problem), gemm.index_type) else "int"
+    why = (f"F({tile}x{tile}, 3x3): {problem.c} input channels" +
+           (f" <= {WINOGRAD_4X4_MAX_CHANNELS}" if tile == 4 else f" > {WINOGRAD_4X4_MAX_CHANNELS} (F(4x4) rounds more)"))
     return LaunchPlan(
         kernel=WINOGRAD_KERNEL, dtype=problem.dtype, index_type=index_type, config=gemm.config,
-        grid=gemm.grid, block=gemm.block, shared_bytes=gemm.shared_bytes, reason=reason or "forced by the caller",
-        tiles_w=tiles_w, tiles=tiles_h * tiles_w, weight_columns=gemm.weight_columns,
+        grid=gemm.grid, block=gemm.block, shared_bytes=gemm.shared_bytes,
+        reason=f"{reason}; {why}" if reason else why,
+        tiles_w=tiles_w, tiles=tiles_h * tiles_w, weight_columns=gemm.weight_columns, winograd_tile=tile,
         gemm=dataclasses.replace(gemm, index_type=index_type))
 
 
 def _describe_winograd_plan(plan: LaunchPlan) -> str:
-    tiles_h = plan.tiles // plan.tiles_w
+    tiles_h, m = plan.tiles // plan.tiles_w, plan.winograd_tile
     gemm = "\n".join("    " + line for line in str(plan.gemm).splitlines())
-    return (f"{plan.kernel} [F(2x2, 3x3): {tiles_h}x{plan.tiles_w} output tiles of 2x2 per image; transforms of "
-            f"the weight, the input and the output around 16 GEMMs]\n"
+    return (f"{plan.kernel} [F({m}x{m}, 3x3): {tiles_h}x{plan.tiles_w} output tiles of {m}x{m} per image; "
+            f"transforms of the weight, the input and the output around {(m + 2) ** 2} GEMMs]\n"
             f"  float32 (IEEE arithmetic, no TF32), {plan.index_type} indices\n"
-            f"  the 16 GEMMs, as one grouped 1x1 convolution:\n{gemm}\n"
+            f"  the {(m + 2) ** 2} GEMMs, as one grouped 1x1 convolution:\n{gemm}\n"
             f"  why: {plan.reason}")
 
 
@@ -946,7 +965,12 @@ WINOGRAD_TRANSFORMS = ("winograd_weight_transform", "winograd_input_transform", 
 
 
 def winograd_specialisations() -> list[str]:
-    return [f"cupyconv::{kernel}<{index}>" for kernel in WINOGRAD_TRANSFORMS for index in INDEX_TYPES]
+    return [winograd_name_expression(kernel, tile, index) for kernel in WINOGRAD_TRANSFORMS
+            for tile in WINOGRAD_TILES for index in INDEX_TYPES]
+
+
+def winograd_name_expression(kernel: str, tile: int, index_type: str) -> str:
+    return f"cupyconv::{kernel}<{tile},{index_type}>"
 
 
 #: Config name -> its family, for make_plan(config=...) without a kernel.

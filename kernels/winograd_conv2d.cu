@@ -1,63 +1,100 @@
-// Winograd F(2x2, 3x3) for strict float32: 3x3, stride-1, undilated, ungrouped convolutions with 2.25x
-// fewer multiplies than the direct sum (Lavin and Gray, "Fast Algorithms for Convolutional Neural
-// Networks", 2016). Every 2x2 output tile is  Y = A^T [ sum_c (G g G^T) .* (B^T d B) ] A  with d the
-// tile's 4x4 input patch and g the 3x3 filter; the sum over c, for each of the 16 positions xi of the
-// 4x4 transformed tile, is a GEMM  M[xi] = V[xi] U[xi]  ([tiles x C] x [C x K]).
+// Winograd F(m x m, 3x3), m = 2 or 4, for strict float32: 3x3, stride-1, undilated, ungrouped
+// convolutions with fewer multiplies than the direct sum (Lavin and Gray, "Fast Algorithms for
+// Convolutional Neural Networks", 2016): 2.25x fewer for m = 2, 4x for m = 4. With a = m + 2, every
+// m x m output tile is  Y = A^T [ sum_c (G g G^T) .* (B^T d B) ] A  with d the tile's a x a input patch
+// and g the 3x3 filter; the sum over c, for each of the a^2 positions xi of the transformed tile, is a
+// GEMM  M[xi] = V[xi] U[xi]  ([tiles x C] x [C x K]).
 //
 // Three kernels here, and simt_gemm_conv2d.cu between them:
-//   winograd_weight_transform  w [K][C][3][3]          -> U [16][C][Kp]   (G g G^T; Kp = K rounded up to 4)
-//   winograd_input_transform   x [N][C][H][W]          -> V [16][C][T]    (B^T d B; T = N tiles_h tiles_w)
-//   simt_gemm_conv2d           V as a 16-group 1x1 convolution of one image of 1 x T pixels, U as its
-//                              transposed weight      -> M [16][K][T]
-//   winograd_output_transform  M                       -> y [N][K][Ho][Wo] (A^T m A + bias)
+//   winograd_weight_transform  w [K][C][3][3]  -> U [a^2][C][Kp]  (G g G^T; Kp = K rounded up to 4)
+//   winograd_input_transform   x [N][C][H][W]  -> V [a^2][C][T]   (B^T d B; T = N tiles_h tiles_w)
+//   simt_gemm_conv2d           V as an a^2-group 1x1 convolution of one image of 1 x T pixels, U as
+//                              its transposed weight              -> M [a^2][K][T]
+//   winograd_output_transform  M                -> y [N][K][Ho][Wo] (A^T m A + bias)
 // V and M are laid out tile-contiguous so that the GEMM's gather is the 1x1 case (a warp reads 128
-// contiguous bytes) and each transform reads and writes along tiles, coalesced. They cost 4x the
-// input and 4x the output in memory traffic: the planner takes this path only where the multiplies
-// saved outweigh it (many channels).
-// The transforms' coefficients are 0, +-1 and 1/2: exact in float32, so the error stays near the
-// direct sum's (~1e-6 relative on random data).
+// contiguous bytes) and each transform reads and writes along tiles, coalesced. They are a^2 / m^2
+// times the input and the output (4x for m = 2, 2.25x for m = 4) and cross memory twice each: the
+// planner takes this path only where the multiplies saved outweigh that.
+// Rounding: m = 2's coefficients (0, +-1, 1/2) are exact; m = 4's (1/6, 1/24, 8, ...) are not, and its
+// error on random data is ~10x the direct sum's (2-3e-6 relative up to 512 channels, against 2e-7),
+// still well inside strict float32's 1e-5; the planner keeps m = 4 to at most 512 input channels.
 #include "dtypes.cuh"
 
 namespace cupyconv {
 
+// The transform matrices of F(M x M, 3x3): B^T (a x a), G (a x 3), A^T (M x a), points 0, +-1, +-2.
+template <int M> struct winograd;
+template <> struct winograd<2> {
+    static constexpr float BT[4][4] = {{1, 0, -1, 0}, {0, 1, 1, 0}, {0, -1, 1, 0}, {0, 1, 0, -1}};
+    static constexpr float G[4][3] = {{1, 0, 0}, {0.5f, 0.5f, 0.5f}, {0.5f, -0.5f, 0.5f}, {0, 0, 1}};
+    static constexpr float AT[2][4] = {{1, 1, 1, 0}, {0, 1, -1, -1}};
+};
+template <> struct winograd<4> {
+    static constexpr float BT[6][6] = {{4, 0, -5, 0, 1, 0},  {0, -4, -4, 1, 1, 0}, {0, 4, -4, -1, 1, 0},
+                                       {0, -2, -1, 2, 1, 0}, {0, 2, -1, -2, 1, 0}, {0, 4, 0, -5, 0, 1}};
+    static constexpr float G[6][3] = {{1.0f / 4, 0, 0},
+                                      {-1.0f / 6, -1.0f / 6, -1.0f / 6},
+                                      {-1.0f / 6, 1.0f / 6, -1.0f / 6},
+                                      {1.0f / 24, 1.0f / 12, 1.0f / 6},
+                                      {1.0f / 24, -1.0f / 12, 1.0f / 6},
+                                      {0, 0, 1}};
+    static constexpr float AT[4][6] = {{1, 1, 1, 1, 1, 0}, {0, 1, -1, 2, -2, 0}, {0, 1, 1, 4, 4, 0}, {0, 1, -1, 8, -8, 1}};
+};
+
+// out = L in R^T for constant matrices L and R, as two products with the zero terms left out at
+// compile time (the loops unroll; x * 0 would otherwise stay, since IEEE float may not drop it).
+template <int ROWS, int INNER, int COLS, int IN_COLS>
+__device__ __forceinline__ void sandwich(const float (&L)[ROWS][INNER], const float (&in)[INNER][IN_COLS],
+                                         const float (&R)[COLS][IN_COLS], float (&out)[ROWS][COLS]) {
+    float t[ROWS][IN_COLS];
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < IN_COLS; ++j) {
+            t[i][j] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < INNER; ++k)
+                if (L[i][k] != 0.0f) t[i][j] += L[i][k] * in[k][j];
+        }
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < COLS; ++j) {
+            out[i][j] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < IN_COLS; ++k)
+                if (R[j][k] != 0.0f) out[i][j] += t[i][k] * R[j][k];
+        }
+}
+
 // One thread per (c, k) pair, k fastest: U[xi][c][k] = (G g G^T)[xi], zero for k >= K.
-//   G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]
-template <typename Index>
+template <int M, typename Index>
 __global__ void __launch_bounds__(256)
 winograd_weight_transform(const float* __restrict__ w, float* __restrict__ u, int C, int K, int Kp) {
+    constexpr int A = M + 2;
     const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= static_cast<Index>(C) * Kp) return;
     const int c = static_cast<int>(i / Kp), k = static_cast<int>(i - static_cast<Index>(c) * Kp);
-    float g[3][3];
+    float g[3][3], out[A][A];
 #pragma unroll
     for (int r = 0; r < 3; ++r)
 #pragma unroll
         for (int s = 0; s < 3; ++s) g[r][s] = k < K ? w[(static_cast<Index>(k) * C + c) * 9 + r * 3 + s] : 0.0f;
-    float t[4][3];  // G g
-#pragma unroll
-    for (int s = 0; s < 3; ++s) {
-        t[0][s] = g[0][s];
-        t[1][s] = 0.5f * (g[0][s] + g[1][s] + g[2][s]);
-        t[2][s] = 0.5f * (g[0][s] - g[1][s] + g[2][s]);
-        t[3][s] = g[2][s];
-    }
+    sandwich(winograd<M>::G, g, winograd<M>::G, out);
     const Index plane = static_cast<Index>(C) * Kp;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {  // (G g) G^T
-        const float row[4] = {t[r][0], 0.5f * (t[r][0] + t[r][1] + t[r][2]), 0.5f * (t[r][0] - t[r][1] + t[r][2]),
-                              t[r][2]};
+    for (int r = 0; r < A; ++r)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) u[(r * 4 + q) * plane + i] = row[q];
-    }
+        for (int q = 0; q < A; ++q) u[(r * A + q) * plane + i] = out[r][q];
 }
 
 // One thread per (c, tile), tile fastest (tiles of one row are neighbours, so a warp's reads overlap
-// in L1): V[xi][c][t] = (B^T d B)[xi] with d the 4x4 patch at (2 th - pt, 2 tw - pl), zeros outside.
-//   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]
-template <typename Index>
+// in L1): V[xi][c][t] = (B^T d B)[xi], d the a x a patch at (M th - pt, M tw - pl), zeros outside.
+template <int M, typename Index>
 __global__ void __launch_bounds__(256)
 winograd_input_transform(const float* __restrict__ x, float* __restrict__ v, int N, int C, int H, int W,
                          int pt, int pl, int tiles_h, int tiles_w) {
+    constexpr int A = M + 2;
     const Index T = static_cast<Index>(N) * tiles_h * tiles_w;
     const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= T * C) return;
@@ -67,39 +104,30 @@ winograd_input_transform(const float* __restrict__ x, float* __restrict__ v, int
     const Index image = image_row / tiles_h;
     const int th = static_cast<int>(image_row - image * tiles_h);
     const float* plane = x + (image * C + c) * H * W;
-    const int ih0 = 2 * th - pt, iw0 = 2 * tw - pl;
-    float d[4][4];
+    const int ih0 = M * th - pt, iw0 = M * tw - pl;
+    float d[A][A], out[A][A];
 #pragma unroll
-    for (int r = 0; r < 4; ++r)
+    for (int r = 0; r < A; ++r)
 #pragma unroll
-        for (int s = 0; s < 4; ++s) {
+        for (int s = 0; s < A; ++s) {
             const int ih = ih0 + r, iw = iw0 + s;
             d[r][s] = static_cast<unsigned>(ih) < static_cast<unsigned>(H) && static_cast<unsigned>(iw) < static_cast<unsigned>(W)
                           ? plane[static_cast<Index>(ih) * W + iw] : 0.0f;
         }
-    float b[4][4];  // B^T d
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-        b[0][s] = d[0][s] - d[2][s];
-        b[1][s] = d[1][s] + d[2][s];
-        b[2][s] = d[2][s] - d[1][s];
-        b[3][s] = d[1][s] - d[3][s];
-    }
+    sandwich(winograd<M>::BT, d, winograd<M>::BT, out);
     const Index plane_v = T * C;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {  // (B^T d) B
-        const float row[4] = {b[r][0] - b[r][2], b[r][1] + b[r][2], b[r][2] - b[r][1], b[r][1] - b[r][3]};
+    for (int r = 0; r < A; ++r)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) v[(r * 4 + q) * plane_v + i] = row[q];
-    }
+        for (int q = 0; q < A; ++q) v[(r * A + q) * plane_v + i] = out[r][q];
 }
 
-// One thread per (k, tile), tile fastest: the 2x2 outputs A^T m A (+ bias) of the 16 M[xi][k][t].
-//   A^T = [1 1 1 0; 0 1 -1 -1]
-template <typename Index>
+// One thread per (k, tile), tile fastest: the M x M outputs A^T m A (+ bias) of the a^2 M[xi][k][t].
+template <int M, typename Index>
 __global__ void __launch_bounds__(256)
 winograd_output_transform(const float* __restrict__ m, const float* __restrict__ bias, float* __restrict__ y,
                           int has_bias, int N, int K, int Ho, int Wo, int tiles_h, int tiles_w) {
+    constexpr int A = M + 2;
     const Index T = static_cast<Index>(N) * tiles_h * tiles_w;
     const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= T * K) return;
@@ -109,29 +137,21 @@ winograd_output_transform(const float* __restrict__ m, const float* __restrict__
     const Index image = image_row / tiles_h;
     const int th = static_cast<int>(image_row - image * tiles_h);
     const Index plane_m = T * K;
-    float a[4][4];
+    float a[A][A], out[M][M];
 #pragma unroll
-    for (int r = 0; r < 4; ++r)
+    for (int r = 0; r < A; ++r)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) a[r][q] = m[(r * 4 + q) * plane_m + i];
-    float s[2][4];  // A^T m
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-        s[0][q] = a[0][q] + a[1][q] + a[2][q];
-        s[1][q] = a[1][q] - a[2][q] - a[3][q];
-    }
+        for (int q = 0; q < A; ++q) a[r][q] = m[(r * A + q) * plane_m + i];
+    sandwich(winograd<M>::AT, a, winograd<M>::AT, out);
     const float b = has_bias ? bias[k] : 0.0f;
-    float* out = y + (image * K + k) * Ho * Wo;
+    float* dst = y + (image * K + k) * Ho * Wo;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {  // (A^T m) A
-        const int oh = 2 * th + r;
-        const float row[2] = {s[r][0] + s[r][1] + s[r][2] + b, s[r][1] - s[r][2] - s[r][3] + b};
+    for (int r = 0; r < M; ++r)
 #pragma unroll
-        for (int q = 0; q < 2; ++q) {
-            const int ow = 2 * tw + q;
-            if (oh < Ho && ow < Wo) out[static_cast<Index>(oh) * Wo + ow] = row[q];
+        for (int q = 0; q < M; ++q) {
+            const int oh = M * th + r, ow = M * tw + q;
+            if (oh < Ho && ow < Wo) dst[static_cast<Index>(oh) * Wo + ow] = out[r][q] + b;
         }
-    }
 }
 
 }  // namespace cupyconv

@@ -163,27 +163,34 @@ def test_strict_float32_tiles():
 
 
 def test_winograd_dispatch():
-    """Strict float32 3x3 stride-1 layers with many channels take Winograd; few channels, strides,
-    dilation, groups, TF32 and 16-bit types do not; forcing it where it cannot run is a clear error."""
+    """Strict float32 3x3 stride-1 layers with enough channels take Winograd, F(4x4) up to 512 input
+    channels and F(2x2) above; few channels, strides, dilation, groups, TF32, 16-bit types and
+    temporaries past the cap do not; forcing it where it cannot run is a clear error."""
     from cupyconv.arguments import make_problem
-    from cupyconv.planner import SIMT_KERNEL, WINOGRAD_KERNEL, make_plan
+    from cupyconv.planner import SIMT_KERNEL, WINOGRAD_KERNEL, make_plan, make_winograd_plan
 
-    def plan(c, k, hw, dtype="float32", stride=1, dilation=1, groups=1, kernel=None, allow_tf32=False, size=3):
-        return make_plan(make_problem((32, c, hw, hw), (k, c // groups, size, size), None, dtype, stride, 1, dilation,
-                                      groups), kernel=kernel, allow_tf32=allow_tf32)
+    def problem(c, k, hw, dtype="float32", stride=1, dilation=1, groups=1, size=3, n=32):
+        return make_problem((n, c, hw, hw), (k, c // groups, size, size), None, dtype, stride, 1, dilation, groups)
 
-    assert plan(256, 256, 56).kernel == WINOGRAD_KERNEL
-    assert plan(128, 128, 28).kernel == WINOGRAD_KERNEL
-    assert "Winograd" in str(plan(512, 512, 7))
-    assert plan(64, 64, 56).kernel == SIMT_KERNEL                 # too few channels to pay for the transforms
+    def plan(*args, kernel=None, allow_tf32=False, **kw):
+        return make_plan(problem(*args, **kw), kernel=kernel, allow_tf32=allow_tf32)
+
+    assert plan(256, 256, 56).kernel == WINOGRAD_KERNEL and plan(256, 256, 56).winograd_tile == 4
+    assert plan(64, 64, 224).winograd_tile == 4                  # VGG's first block: 1.85 GB of temporaries
+    assert plan(1024, 256, 14).winograd_tile == 2                # F(4x4) rounds more with longer sums
+    assert "F(4x4, 3x3)" in str(plan(512, 512, 7))
+    assert plan(32, 32, 56).kernel == SIMT_KERNEL                # too few channels to pay for the transforms
     assert plan(128, 128, 28, stride=2).kernel == SIMT_KERNEL
     assert plan(128, 128, 28, dilation=2).kernel == SIMT_KERNEL
     assert plan(128, 128, 28, groups=2).kernel == SIMT_KERNEL
     assert plan(128, 128, 28, size=5).kernel == SIMT_KERNEL
     assert plan(128, 128, 28, allow_tf32=True).kernel != WINOGRAD_KERNEL
     assert plan(128, 128, 28, dtype="float16").kernel != WINOGRAD_KERNEL
-    assert plan(512, 512, 224).kernel == SIMT_KERNEL              # temporaries past the 1 GiB cap
+    assert plan(512, 512, 224).kernel == SIMT_KERNEL              # temporaries past the cap
     assert plan(8, 8, 9, kernel=WINOGRAD_KERNEL).kernel == WINOGRAD_KERNEL  # forced where it does not pay
+    assert make_winograd_plan(problem(8, 8, 9), tile=2).winograd_tile == 2
+    with pytest.raises(ValueError, match="tile must be one of"):
+        make_winograd_plan(problem(8, 8, 9), tile=3)
     for bad in (dict(stride=2), dict(dtype="float64"), dict(size=5)):
         with pytest.raises(ValueError, match="winograd_conv2d.*cannot run"):
             plan(8, 8, 9, kernel=WINOGRAD_KERNEL, **bad)

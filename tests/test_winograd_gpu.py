@@ -1,9 +1,9 @@
-"""Winograd F(2x2, 3x3) for strict float32 (kernels/winograd_conv2d.cu around simt_gemm_conv2d) against
-torch in float64, on the GPU: forced on every 3x3 stride-1 shape of interest (odd output sizes that
-leave partial 2x2 tiles, every padding including asymmetric 'same', channel counts that are not
-multiples of the GEMM's tiles or of 4, several images, no bias), every GEMM tile forced, the 64-bit
-index specialisation, and the layers the planner sends to it. Outputs are poisoned with NaN before each
-launch; strict float32 must land under 1e-5.
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3) for strict float32 (kernels/winograd_conv2d.cu around
+simt_gemm_conv2d) against torch in float64, on the GPU: both tile sizes forced on every 3x3 stride-1
+shape of interest (odd output sizes that leave partial tiles, every padding including asymmetric
+'same', channel counts that are not multiples of the GEMM's tiles or of 4, several images, no bias),
+every GEMM tile forced, the 64-bit index specialisation, and the layers the planner sends to it.
+Outputs are poisoned with NaN before each launch; strict float32 must land under 1e-5.
 """
 import dataclasses
 
@@ -14,7 +14,7 @@ from checks import relative_error
 from test_gpu_core import check
 from test_simt_gpu import problem_of, run_plan
 
-from cupyconv.planner import SIMT_CONFIGS, WINOGRAD_KERNEL, make_plan  # noqa: E402
+from cupyconv.planner import SIMT_CONFIGS, WINOGRAD_KERNEL, WINOGRAD_TILES, make_plan, make_winograd_plan  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("strict_torch_fp32")]
 
@@ -32,9 +32,12 @@ WINOGRAD_CASES = [
 ]
 
 
+@pytest.mark.parametrize("tile", WINOGRAD_TILES)
 @pytest.mark.parametrize("case", WINOGRAD_CASES, ids=lambda c: c.id)
-def test_forced(case):
-    check(case, "float32", seed=len(case.id), kernel=WINOGRAD_KERNEL)
+def test_forced(case, tile):
+    out, ref = run_plan(case, make_winograd_plan(problem_of(case), tile=tile), seed=len(case.id) + tile)
+    assert not out.isnan().any(), "an output element was never written (or is NaN)"
+    assert relative_error(out, ref) < 1e-5
 
 
 @pytest.mark.parametrize("config", [c.name for c in SIMT_CONFIGS])
@@ -42,9 +45,10 @@ def test_every_gemm_tile(config):
     check(WINOGRAD_CASES[8], "float32", seed=3, kernel=WINOGRAD_KERNEL, config=config)
 
 
+@pytest.mark.parametrize("tile", WINOGRAD_TILES)
 @pytest.mark.parametrize("case", [WINOGRAD_CASES[0], WINOGRAD_CASES[5], WINOGRAD_CASES[8]], ids=lambda c: c.id)
-def test_64_bit_index_specialisation(case):
-    plan = make_plan(problem_of(case), kernel=WINOGRAD_KERNEL)
+def test_64_bit_index_specialisation(case, tile):
+    plan = make_winograd_plan(problem_of(case), tile=tile)
     plan = dataclasses.replace(plan, index_type="long long", gemm=dataclasses.replace(plan.gemm, index_type="long long"))
     out, ref = run_plan(case, plan, seed=21)
     assert not out.isnan().any()
@@ -56,6 +60,8 @@ LAYERS = [
     Case(4, 256, 256, 14, 14, 3, 3, padding=1, bias=False),
     Case(4, 512, 512, 7, 7, 3, 3, padding=1),
     Case(2, 256, 256, 56, 56, 3, 3, padding=1),          # vgg_conv3_2 at batch 2
+    Case(2, 64, 64, 224, 224, 3, 3, padding=1),          # vgg_conv1_2 at batch 2
+    Case(2, 1024, 128, 14, 14, 3, 3, padding=1),         # F(2x2): more input channels than F(4x4) takes
 ]
 
 
