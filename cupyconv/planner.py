@@ -361,22 +361,11 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
         if kernel in (GEMM_KERNEL, NHWC_KERNEL) and problem.dtype not in GEMM_DTYPES:
             raise ValueError(f"kernel {kernel!r} computes in {GEMM_DTYPES}, got dtype {problem.dtype}")
-        if kernel == SIMT_KERNEL:
-            why_not = _simt_refusal(problem)
-            if why_not:
-                raise ValueError(f"kernel {SIMT_KERNEL!r} cannot run this problem: {why_not}")
-        if kernel == WINOGRAD_KERNEL:
-            why_not = _winograd_refusal(problem)
-            if why_not:
-                raise ValueError(f"kernel {WINOGRAD_KERNEL!r} cannot run this problem: {why_not}")
-        if kernel == DEPTHWISE_KERNEL:
-            why_not = _depthwise_refusal(problem)
-            if why_not:
-                raise ValueError(f"kernel {DEPTHWISE_KERNEL!r} cannot run this problem: {why_not}")
-        if kernel == NHWC_KERNEL:
-            why_not = _nhwc_refusal(problem)
-            if why_not:
-                raise ValueError(f"kernel {NHWC_KERNEL!r} cannot run this problem: {why_not}")
+        refusal = {SIMT_KERNEL: _simt_refusal, WINOGRAD_KERNEL: _winograd_refusal,
+                   DEPTHWISE_KERNEL: _depthwise_refusal, NHWC_KERNEL: _nhwc_refusal}.get(kernel)
+        why_not = refusal(problem) if refusal else ""
+        if why_not:
+            raise ValueError(f"kernel {kernel!r} cannot run this problem: {why_not}")
         return kernel, "forced by the caller"
     kg = problem.k // problem.groups
     if not _depthwise_refusal(problem):

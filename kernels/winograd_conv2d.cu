@@ -67,6 +67,18 @@ __device__ __forceinline__ void sandwich(const float (&L)[ROWS][INNER], const fl
         }
 }
 
+// Tile t of T = N tiles_h tiles_w, in (image, tile row, tile column) order.
+template <typename Index> struct Tile {
+    Index image;
+    int th, tw;
+    __device__ __forceinline__ Tile(Index t, int tiles_h, int tiles_w) {
+        const Index image_row = t / tiles_w;
+        tw = static_cast<int>(t - image_row * tiles_w);
+        image = image_row / tiles_h;
+        th = static_cast<int>(image_row - image * tiles_h);
+    }
+};
+
 // One thread per (c, k) pair, k fastest: U[xi][c][k] = (G g G^T)[xi], zero for k >= K.
 template <int M, typename Index>
 __global__ void __launch_bounds__(256)
@@ -98,13 +110,10 @@ winograd_input_transform(const float* __restrict__ x, float* __restrict__ v, int
     const Index T = static_cast<Index>(N) * tiles_h * tiles_w;
     const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= T * C) return;
-    const Index c = i / T, t = i - c * T;
-    const Index image_row = t / tiles_w;
-    const int tw = static_cast<int>(t - image_row * tiles_w);
-    const Index image = image_row / tiles_h;
-    const int th = static_cast<int>(image_row - image * tiles_h);
-    const float* plane = x + (image * C + c) * H * W;
-    const int ih0 = M * th - pt, iw0 = M * tw - pl;
+    const Index c = i / T;
+    const Tile<Index> tile(i - c * T, tiles_h, tiles_w);
+    const float* plane = x + (tile.image * C + c) * H * W;
+    const int ih0 = M * tile.th - pt, iw0 = M * tile.tw - pl;
     float d[A][A], out[A][A];
 #pragma unroll
     for (int r = 0; r < A; ++r)
@@ -131,11 +140,8 @@ winograd_output_transform(const float* __restrict__ m, const float* __restrict__
     const Index T = static_cast<Index>(N) * tiles_h * tiles_w;
     const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= T * K) return;
-    const Index k = i / T, t = i - k * T;
-    const Index image_row = t / tiles_w;
-    const int tw = static_cast<int>(t - image_row * tiles_w);
-    const Index image = image_row / tiles_h;
-    const int th = static_cast<int>(image_row - image * tiles_h);
+    const Index k = i / T;
+    const Tile<Index> tile(i - k * T, tiles_h, tiles_w);
     const Index plane_m = T * K;
     float a[A][A], out[M][M];
 #pragma unroll
@@ -144,12 +150,12 @@ winograd_output_transform(const float* __restrict__ m, const float* __restrict__
         for (int q = 0; q < A; ++q) a[r][q] = m[(r * A + q) * plane_m + i];
     sandwich(winograd<M>::AT, a, winograd<M>::AT, out);
     const float b = has_bias ? bias[k] : 0.0f;
-    float* dst = y + (image * K + k) * Ho * Wo;
+    float* dst = y + (tile.image * K + k) * Ho * Wo;
 #pragma unroll
     for (int r = 0; r < M; ++r)
 #pragma unroll
         for (int q = 0; q < M; ++q) {
-            const int oh = M * th + r, ow = M * tw + q;
+            const int oh = M * tile.th + r, ow = M * tile.tw + q;
             if (oh < Ho && ow < Wo) dst[static_cast<Index>(oh) * Wo + ow] = out[r][q] + b;
         }
 }
