@@ -83,8 +83,8 @@ class LaunchPlan:
     a_from_nchw: bool = False
     # depthwise_conv2d only: output channels each block computes (block z lanes side by side, each
     # channels_per_block / lanes one after another), and input patches each lane keeps in shared
-    # memory (2: the next channel's copy overlaps this one's arithmetic). Its vec is bytes per copy
-    # piece, its pitch the patch's row pitch in elements.
+    # memory (a ring of 1 to 4: the next patch_buffers - 1 channels' copies overlap this one's
+    # arithmetic). Its vec is bytes per copy piece, its pitch the patch's row pitch in elements.
     channels_per_block: int = 0
     patch_buffers: int = 0
     # simt_gemm_conv2d only: columns of the transposed weight copy [groups][Cg kh kw][weight_columns]
@@ -117,8 +117,9 @@ class LaunchPlan:
             taps = f"{c.taps[0]}x{c.taps[1]} taps at row stride {c.taps[2]} unrolled" if c.taps[0] else "run-time taps"
             return (f"{self.kernel} [{c.name}: {c.th}x{c.tw} px of one channel per lane, {c.rpt} rows per thread, "
                     f"{self.block[2]} lane(s) x {c.threads} threads; {taps}]\n"
-                    f"  {self.dtype}, {self.index_type} indices; {self.patch_buffers} input patch(es) per lane, rows "
-                    f"of {self.pitch} elements copied in {self.vec}-byte pieces, {self.shared_bytes} B shared memory\n"
+                    f"  {self.dtype}, {self.index_type} indices; a ring of {self.patch_buffers} input patch(es) per "
+                    f"lane, rows of {self.pitch} elements copied in {self.vec}-byte pieces, {self.shared_bytes} B "
+                    f"shared memory\n"
                     f"  grid {self.grid} (tiles, channel blocks, images), block {self.block}, "
                     f"{self.channels_per_block} channels per block\n"
                     f"  why: {self.reason}")
@@ -629,10 +630,18 @@ DEPTHWISE_CONFIGS = (DepthwiseConfig("dw_32x32", 32, 32, 8, 1), DepthwiseConfig(
 #: (kh, kw, row stride) compiled with unrolled taps and the weights in registers (row dilation 1):
 #: the depthwise layers of MobileNet, EfficientNet and ConvNeXt. Anything else runs run-time taps.
 DEPTHWISE_TAPS = ((3, 3, 1), (3, 3, 2), (5, 5, 1), (5, 5, 2), (7, 7, 1))
-#: Blocks to aim for, about four waves of 16 resident 128-thread blocks on a 132-SM H100 (a short
-#: last wave): channels per lane grow while at least this many blocks remain.
-DEPTHWISE_BLOCKS = 8192
-DEPTHWISE_MAX_CHANNELS_PER_LANE = 4
+#: Channels per lane double while at least this many blocks remain: four per SM of a 132-SM H100.
+#: Registers hold a 3x3 block of 128 threads to ~9 per SM (56 each), so the grid runs in about one
+#: wave of long-lived blocks, each streaming its channels through its ring of patches, rather than
+#: many short waves that each wait out a memory latency.
+DEPTHWISE_BLOCKS = 4 * 132
+DEPTHWISE_MAX_CHANNELS_PER_LANE = 16
+#: Patch buffers per lane at most: the copies of up to three channels in flight behind the one
+#: computed (kernels/depthwise_conv2d.cu dispatches its cp.async wait on it).
+DEPTHWISE_MAX_BUFFERS = 4
+#: Shared memory a ring deeper than two buffers may take (~6 such blocks still fit an SM's 228 KB):
+#: past it, a deeper ring displaces resident blocks that held as many bytes in flight.
+DEPTHWISE_RING_BYTES = 32 * 1024
 _STORAGE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
@@ -645,8 +654,9 @@ def _depthwise_patch(problem: ConvProblem, cfg: DepthwiseConfig) -> tuple[int, i
 def _depthwise_layout(problem: ConvProblem, cfg: DepthwiseConfig,
                       channels_per_lane: int | None = None) -> tuple[int, int, int, int, int] | None:
     """(lanes, channels per lane, patch buffers, bytes per copy piece, row pitch in elements): the
-    first that fits in shared memory, preferring all lanes, two buffers where a lane computes several
-    channels, then the widest pieces; None if even one lane's one patch does not fit.
+    first that fits in shared memory, preferring all lanes, then the deepest ring (up to
+    DEPTHWISE_MAX_BUFFERS and the lane's channels; past two buffers within DEPTHWISE_RING_BYTES), then
+    the widest pieces; None if even one lane's one patch does not fit.
 
     A piece must divide the input row (16, 8, 4 bytes; 2 = plain 16-bit loads) so that it lies wholly
     inside the input or the padding; rows start at an aligned column, up to a piece left of the patch.
@@ -659,15 +669,18 @@ def _depthwise_layout(problem: ConvProblem, cfg: DepthwiseConfig,
     while lanes > max(problem.k, 1):
         lanes //= 2
     for lanes in [lanes >> i for i in range(lanes.bit_length())]:
-        per_lane = channels_per_lane or 1
-        while channels_per_lane is None and per_lane < DEPTHWISE_MAX_CHANNELS_PER_LANE and \
-                tiles * math.ceil(problem.k / (2 * per_lane * lanes)) * problem.n >= DEPTHWISE_BLOCKS:
-            per_lane *= 2
-        for buffers in (2, 1) if per_lane > 1 else (1,):
+        per_lane, most = channels_per_lane or 1, min(DEPTHWISE_MAX_CHANNELS_PER_LANE, math.ceil(problem.k / lanes))
+        while channels_per_lane is None and per_lane < most:
+            more = min(2 * per_lane, most)  # no more than the lane has: idle trips of the ring cost barriers
+            if tiles * math.ceil(problem.k / (more * lanes)) * problem.n < DEPTHWISE_BLOCKS:
+                break
+            per_lane = more
+        for buffers in range(min(DEPTHWISE_MAX_BUFFERS, per_lane), 0, -1):
+            budget = SHARED_MEMORY_BYTES if buffers <= 2 else DEPTHWISE_RING_BYTES
             for vec in widths:
                 elements = vec // item
                 pitch = math.ceil((cols + elements - 1) / elements) * elements
-                if lanes * buffers * rows * pitch * item <= SHARED_MEMORY_BYTES:
+                if lanes * buffers * rows * pitch * item <= budget:
                     return lanes, per_lane, buffers, vec, pitch
     return None
 
@@ -711,7 +724,7 @@ def make_depthwise_plan(problem: ConvProblem, config: str | None = None, reason:
     tiles = math.ceil(problem.ho / cfg.th) * tiles_w
     channels = lanes * per_lane
     why = f"config {cfg.name}" + (" (forced by the caller)" if config else f", output {problem.ho}x{problem.wo}")
-    why += f", {lanes} lane(s) x {per_lane} channel(s) per block"
+    why += f", {lanes} lane(s) x {per_lane} channel(s) per block, {buffers} patch buffer(s) per lane"
     return LaunchPlan(
         kernel=DEPTHWISE_KERNEL, dtype=problem.dtype, index_type=_index_type(problem), config=cfg,
         grid=(tiles, math.ceil(problem.k / channels), problem.n), block=(cfg.tw, cfg.th // cfg.rpt, lanes),

@@ -5,8 +5,9 @@
 // side by side (block z); a lane computes one TH x TW output tile of its channels, one
 // after another. Each channel's input patch is copied into shared memory with cp.async (in the
 // storage type, zero-filled outside the input) in the widest pieces the rows' alignment allows, so a
-// thread has its whole share of the patch in flight at once; with two patch buffers per lane the
-// next channel's copy overlaps this channel's arithmetic.
+// thread has its whole share of the patch in flight at once. A lane keeps a ring of B patch buffers
+// (B = 1 to 4): the copies of the next B - 1 channels are in flight while one is computed, so a
+// long-lived block waits out one memory latency at its start rather than one per channel.
 //
 // A thread computes RPT consecutive rows of one output column, so a warp's loads and stores run
 // along a row. For the common tap counts and row strides (KH, KW, SH > 0; row dilation 1) the taps
@@ -18,7 +19,7 @@
 // Arguments as the other kernels' (N is the grid's z), then: the tiles per output row; the output
 // channels per block (lanes x channels per lane); the bytes per copy piece (16, 8 or 4; 2 is plain
 // 16-bit loads, for rows that are not 4-byte aligned), narrowed here if x is less aligned; the
-// patch's row pitch in elements; the patch buffers per lane (1 or 2).
+// patch's row pitch in elements; the patch buffers per lane (1 to 4).
 // Grid (output tiles, channel blocks, N); block (TW, TH / RPT, lanes).
 // Dynamic shared memory: lanes x buffers x ((TH - 1) sh + (kh - 1) dh + 1) rows x pitch elements.
 #include "mma.cuh"
@@ -64,6 +65,15 @@ __device__ __forceinline__ void copy_patch(int bytes, const PatchCopy& g, T* pat
     }
 }
 
+// Waits until the copy of the channel about to be computed has landed. The ring keeps the groups of
+// the next B - 2 channels in flight behind it (none for B <= 2); cp.async.wait_group takes that
+// count as an immediate, so the run-time B picks the instruction.
+__device__ __forceinline__ void cp_async_wait_ring(int buffers) {
+    if (buffers == 4) cp_async_wait<2>();
+    else if (buffers == 3) cp_async_wait<1>();
+    else cp_async_wait<0>();
+}
+
 // No __launch_bounds__: with one, ptxas spills a few bytes in about a third of the instances to stay
 // under a register count of its choosing; without, none spills, and the planner's blocks of 128
 // threads fit at up to 255 registers each.
@@ -100,22 +110,29 @@ __global__ void depthwise_conv2d(const T* __restrict__ x, const T* __restrict__ 
     const int k_first = blockIdx.y * channels_per_block + lane;
     const int k_end = min(K, (static_cast<int>(blockIdx.y) + 1) * channels_per_block);
     const int multiplier = K / groups;
-    // Issues the copy of this lane's t-th channel into buffer t % buffers (one cp.async group).
-    auto stage = [&](int t) {
+    // Issues the copy of this lane's t-th channel into ring buffer `buffer`: one cp.async group, empty
+    // past the lane's channels so that the wait count stays the same to the end.
+    auto stage = [&](int t, int buffer) {
         const int k = k_first + t * lanes;
         if (k < k_end)
-            copy_patch<T, Index>(vec, geometry, lane_patches + (t & (buffers - 1)) * rows * pitch,
+            copy_patch<T, Index>(vec, geometry, lane_patches + buffer * rows * pitch,
                                  x + (n * C + k / multiplier) * static_cast<Index>(H) * W);
         cp_async_commit();
     };
 
     const int ow = ow0 + threadIdx.x;
-    stage(0);
+#pragma unroll 1
+    for (int t = 0; t + 1 < buffers; ++t) stage(t, t);  // the first B - 1 channels
+    int current = 0;  // ring buffer of channel t: t % buffers
 #pragma unroll 1
     for (int t = 0; t < per_lane; ++t) {
-        cp_async_wait<0>();
-        __syncthreads();  // every lane's patch t has landed, and buffer t + 1 (= t - 1) is no longer read
-        if (buffers == 2 && t + 1 < per_lane) stage(t + 1);
+        cp_async_wait_ring(buffers);
+        __syncthreads();  // every lane's patch t has landed, and channel t - 1's buffer is no longer read
+        stage(t + buffers - 1, current == 0 ? buffers - 1 : current - 1);
+        if (buffers == 1) {  // ... which with one buffer is channel t's own: wait for it at once
+            cp_async_wait<0>();
+            __syncthreads();
+        }
 
         const int k = k_first + t * lanes;
         const bool active = k < k_end;
@@ -126,7 +143,7 @@ __global__ void depthwise_conv2d(const T* __restrict__ x, const T* __restrict__ 
             const Acc b = has_bias ? to_acc<Acc>(bias[k]) : Acc(0);
 #pragma unroll
             for (int j = 0; j < RPT; ++j) acc[j] = b;
-            const T* patch = lane_patches + (t & (buffers - 1)) * rows * pitch + offset + threadIdx.x * sw;
+            const T* patch = lane_patches + current * rows * pitch + offset + threadIdx.x * sw;
             if constexpr (KH > 0) {
                 // Slide down the column: patch row i feeds output row j through kernel row i - j SH.
                 const T* p = patch + threadIdx.y * (RPT * SH) * pitch;
@@ -162,10 +179,7 @@ __global__ void depthwise_conv2d(const T* __restrict__ x, const T* __restrict__ 
                 if (oh < Ho && ow < Wo) out[static_cast<Index>(oh) * Wo + ow] = from_acc<T>(acc[j]);
             }
         }
-        if (buffers == 1 && t + 1 < per_lane) {
-            __syncthreads();  // the one buffer is free again
-            stage(t + 1);
-        }
+        current = current + 1 == buffers ? 0 : current + 1;
     }
 }
 

@@ -1,13 +1,15 @@
 """The depthwise planner without a GPU: every problem the depthwise kernel took before its cp.async
-rewrite is still taken, and every plan's shared-memory layout is one the kernel can run."""
+rewrite is still taken, every plan's shared-memory layout is one the kernel can run, and its ring of
+patch buffers is as deep as the rules allow."""
 import itertools
 import math
 
 import pytest
 
 from cupyconv.arguments import make_problem
-from cupyconv.planner import (DEPTHWISE_CONFIGS, DEPTHWISE_KERNEL, DEPTHWISE_TAPS, SHARED_MEMORY_BYTES,
-                              depthwise_specialisations, make_plan)
+from cupyconv.planner import (DEPTHWISE_BLOCKS, DEPTHWISE_CONFIGS, DEPTHWISE_KERNEL, DEPTHWISE_MAX_BUFFERS,
+                              DEPTHWISE_MAX_CHANNELS_PER_LANE, DEPTHWISE_RING_BYTES, DEPTHWISE_TAPS,
+                              SHARED_MEMORY_BYTES, depthwise_specialisations, make_depthwise_plan, make_plan)
 
 ITEM = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 GEOMETRIES = [  # (kh, kw, stride, dilation, padding)
@@ -63,7 +65,18 @@ def test_plan_layouts_fit_the_kernel(config):
         assert plan.pitch % elements == 0 and plan.pitch >= cols + elements - 1
         assert plan.shared_bytes == lanes * plan.patch_buffers * rows * plan.pitch * item <= SHARED_MEMORY_BYTES
         assert plan.block == (cfg.tw, cfg.th // cfg.rpt, lanes) and 1 <= lanes <= cfg.lanes
-        assert plan.channels_per_block % lanes == 0 and plan.patch_buffers in (1, 2)
+        assert plan.channels_per_block % lanes == 0
+        per_lane, buffers = plan.channels_per_block // lanes, plan.patch_buffers
+        assert 1 <= per_lane <= max(1, min(DEPTHWISE_MAX_CHANNELS_PER_LANE, math.ceil(p.k / lanes)))
+        # The ring: no deeper than the lane's channels, past two buffers within its own budget, and
+        # as deep as that allows (one more buffer would not fit even with the narrowest pieces).
+        assert 1 <= buffers <= min(DEPTHWISE_MAX_BUFFERS, per_lane)
+        assert buffers <= 2 or plan.shared_bytes <= DEPTHWISE_RING_BYTES
+        if buffers < min(DEPTHWISE_MAX_BUFFERS, per_lane):
+            pitch = min(math.ceil((cols + e - 1) / e) * e for e in
+                        (v // item for v in (16, 8, 4, 2) if v >= item and p.w * item % v == 0))
+            budget = SHARED_MEMORY_BYTES if buffers + 1 <= 2 else DEPTHWISE_RING_BYTES
+            assert lanes * (buffers + 1) * rows * pitch * item > budget
         assert plan.grid == (math.ceil(p.ho / cfg.th) * math.ceil(p.wo / cfg.tw),
                              math.ceil(p.k / plan.channels_per_block), p.n)
         unrolled = (p.kh, p.kw, p.stride[0]) in DEPTHWISE_TAPS and p.dilation[0] == 1
@@ -72,7 +85,8 @@ def test_plan_layouts_fit_the_kernel(config):
 
 
 def test_mobilenet_layers_plan():
-    """The benchmark's MobileNetV2 layers: unrolled 3x3 taps, the widest pieces the rows allow."""
+    """The benchmark's MobileNetV2 layers: unrolled 3x3 taps, the widest pieces the rows allow, 16
+    channels per block and about one wave of blocks (NOTES.md, the ring's prediction)."""
     def plan(c, hw, stride, dtype):
         return make_plan(make_problem((32, c, hw, hw), (c, 1, 3, 3), None, dtype, stride, 1, 1, c))
 
@@ -80,5 +94,28 @@ def test_mobilenet_layers_plan():
         s2, s1, small = plan(96, 112, 2, dtype), plan(144, 56, 1, dtype), plan(384, 14, 1, dtype)
         assert s2.config.taps == (3, 3, 2) and s1.config.taps == (3, 3, 1) and small.config.taps == (3, 3, 1)
         assert s2.vec == s1.vec == 16 and small.vec == (8 if dtype == "float32" else 4)
-        assert s1.patch_buffers == 2 and small.block == (16, 2, 4)
-        assert "3x3 taps at row stride 1 unrolled" in str(s1)
+        assert small.block == (16, 2, 4)
+        assert s1.channels_per_block == s2.channels_per_block == small.channels_per_block == 16
+        assert [math.prod(p.grid) for p in (s1, s2, small)] == [1152, 768, 768]
+        # 17.7 KB fp32 patches of the stride-2 layer: two buffers in 48 KB; 9.4 KB fp16 ones: three.
+        assert (s1.patch_buffers, s2.patch_buffers, small.patch_buffers) == (4, 2 if dtype == "float32" else 3, 4)
+        assert "3x3 taps at row stride 1 unrolled" in str(s1) and "a ring of 4 input patch(es)" in str(s1)
+
+
+def test_channels_per_lane():
+    """Channels per lane double while DEPTHWISE_BLOCKS blocks remain, never past what a lane has; a
+    forced count is taken as given, with as many buffers as it has channels up to four."""
+    few = make_plan(make_problem((64, 3, 224, 224), (3, 1, 3, 3), None, "float32", 1, 1, 1, 3))
+    assert few.channels_per_block == 3 and few.patch_buffers == 3 and math.prod(few.grid) >= DEPTHWISE_BLOCKS
+    one = make_plan(make_problem((1, 8, 20, 20), (8, 1, 3, 3), None, "float32", 1, 1, 1, 8))
+    assert one.channels_per_block == 1 and one.patch_buffers == 1
+    problem = make_problem((1, 10, 13, 13), (10, 1, 3, 3), None, "float16", 1, 1, 1, 10)
+    for per_lane in range(1, 8):
+        forced = make_depthwise_plan(problem, "dw_32x32", channels_per_lane=per_lane)
+        assert forced.channels_per_block == per_lane and forced.patch_buffers == min(per_lane, DEPTHWISE_MAX_BUFFERS)
+
+
+def test_every_ring_depth_is_planned():
+    """The planner itself picks each depth from 1 to DEPTHWISE_MAX_BUFFERS somewhere in the sweep."""
+    assert {make_plan(p).patch_buffers for p in problems() if make_plan(p).kernel == DEPTHWISE_KERNEL} == \
+        set(range(1, DEPTHWISE_MAX_BUFFERS + 1))

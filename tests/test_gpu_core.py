@@ -159,7 +159,7 @@ def check_depthwise(case: Case, dtype: str, seed: int, config=None, channels_per
     return plan
 
 
-@pytest.mark.parametrize("channels_per_lane", [2, 3])
+@pytest.mark.parametrize("channels_per_lane", [2, 3, 6])
 @pytest.mark.parametrize("config", ["dw_32x32", "dw_16x16"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", [
@@ -169,21 +169,55 @@ def check_depthwise(case: Case, dtype: str, seed: int, config=None, channels_per
     Case(1, 3, 6, 24, 24, 2, 3, padding=(1, 0), dilation=(2, 1), groups=3),  # run-time taps
 ], ids=lambda c: c.id)
 def test_depthwise_channel_loop(case, dtype, config, channels_per_lane):
-    """Several channels per lane, one after another: the next channel's patch copied while this one
-    is computed (two buffers), and blocks whose channels run out part-way."""
+    """Several channels per lane, one after another: the next channels' patches copied while this one
+    is computed (a ring of up to four buffers), and blocks whose channels run out part-way."""
     plan = check_depthwise(case, dtype, seed=3, config=config, channels_per_lane=channels_per_lane)
     assert plan.channels_per_block == plan.block[2] * channels_per_lane
-    assert plan.patch_buffers == 2 or (dtype, case.stride) == ("float64", 2)  # 2 x 34 KB do not fit
+    assert plan.patch_buffers >= 2 or (dtype, case.stride) == ("float64", 2)  # 2 x 34 KB do not fit
+
+
+@pytest.mark.parametrize("channels_per_lane", [1, 2, 3, 4, 5, 7])
+@pytest.mark.parametrize("config", ["dw_32x32", "dw_16x16"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_depthwise_ring_depths(dtype, config, channels_per_lane):
+    """Each ring depth, min(4, channels per lane) patch buffers, over 11 channels: the last block's
+    lanes run out part-way through the ring (some before others with four lanes), and with 5 or 7
+    channels per lane the ring wraps. float64 patches (9.2 KB; 4 lanes of 2.6 KB) fit only 3 deep in
+    planner.DEPTHWISE_RING_BYTES."""
+    case = Case(2, 11, 11, 30, 29, 3, 3, padding=1, groups=11)
+    plan = check_depthwise(case, dtype, seed=7, config=config, channels_per_lane=channels_per_lane)
+    deepest = 3 if dtype == "float64" else 4
+    assert plan.patch_buffers == min(channels_per_lane, deepest)
+    assert plan.channels_per_block == plan.block[2] * channels_per_lane
+
+
+@pytest.mark.parametrize("channels_per_lane", [2, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_depthwise_channel_loop_one_buffer(dtype, channels_per_lane):
+    """A patch too large for two buffers (~32 KB, by a dilation that grows as the dtype narrows): one,
+    refilled after a barrier for each channel; with 4 channels per lane the second block of 6 has 2."""
+    d = {"float64": 15, "float32": 27}.get(dtype, 45)
+    case = Case(1, 3, 6, 2 * d + 40, 2 * d + 41, 3, 3, padding=1, dilation=d, groups=3)
+    plan = check_depthwise(case, dtype, seed=5, channels_per_lane=channels_per_lane)
+    assert plan.patch_buffers == 1 and plan.channels_per_block == channels_per_lane
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_depthwise_channel_loop_one_buffer(dtype):
-    """A patch too large for two buffers (~32 KB, by a dilation that grows as the dtype narrows): one,
-    refilled after a barrier for each channel."""
-    d = {"float64": 15, "float32": 27}.get(dtype, 45)
-    case = Case(1, 3, 6, 2 * d + 40, 2 * d + 41, 3, 3, padding=1, dilation=d, groups=3)
-    plan = check_depthwise(case, dtype, seed=5, channels_per_lane=2)
-    assert plan.patch_buffers == 1 and plan.channels_per_block == 2
+@pytest.mark.parametrize("layer", [(144, 56, 1), (96, 112, 2), (384, 14, 1)], ids=["dw144", "dw96s2", "dw384"])
+def test_depthwise_mobilenet_layers(layer, dtype):
+    """The benchmark's MobileNetV2 depthwise layers (channels, size, stride) at batch 2: as planned for
+    batch 2, and with the block layout planned for the benchmark's batch 32 (16 channels per block,
+    the deepest ring that fits), which only the grid's image count tells apart."""
+    from cupyconv.arguments import make_problem
+    from cupyconv.planner import make_plan
+
+    c, hw, stride = layer
+    case = Case(2, c, c, hw, hw, 3, 3, stride=stride, padding=1, groups=c)
+    check(case, dtype, seed=c, kernel="depthwise_conv2d")
+    full = make_plan(make_problem((32, c, hw, hw), (c, 1, 3, 3), None, dtype, stride, 1, 1, c))
+    plan = check_depthwise(case, dtype, seed=c + 1, channels_per_lane=full.channels_per_block // full.block[2])
+    layout = lambda p: (p.config, p.block, p.channels_per_block, p.patch_buffers, p.vec, p.pitch, p.grid[:2])
+    assert layout(plan) == layout(full) and plan.grid[2] == 2
 
 
 @pytest.mark.parametrize("x_offset", [1, 2, 3, 4])
