@@ -630,11 +630,13 @@ DEPTHWISE_CONFIGS = (DepthwiseConfig("dw_32x32", 32, 32, 8, 1), DepthwiseConfig(
 #: (kh, kw, row stride) compiled with unrolled taps and the weights in registers (row dilation 1):
 #: the depthwise layers of MobileNet, EfficientNet and ConvNeXt. Anything else runs run-time taps.
 DEPTHWISE_TAPS = ((3, 3, 1), (3, 3, 2), (5, 5, 1), (5, 5, 2), (7, 7, 1))
-#: Channels per lane double while at least this many blocks remain: four per SM of a 132-SM H100.
-#: Registers hold a 3x3 block of 128 threads to ~9 per SM (56 each), so the grid runs in about one
-#: wave of long-lived blocks, each streaming its channels through its ring of patches, rather than
-#: many short waves that each wait out a memory latency.
+#: Channels per lane double while a block's input patches stay within DEPTHWISE_BLOCK_INPUT_BYTES and
+#: at least DEPTHWISE_BLOCKS blocks (four per SM of a 132-SM H100) remain. From H100 timings of every
+#: channel count (benchmarks/bench_depthwise.py, results/depthwise_sweep.txt): each MobileNetV2 layer
+#: and dtype ran fastest with 11-26 KB of input per block -- fp32 stride-2 layers one channel per
+#: block, 16-bit 56x56 layers 4-8 -- more made fewer, longer blocks with too few warps between them.
 DEPTHWISE_BLOCKS = 4 * 132
+DEPTHWISE_BLOCK_INPUT_BYTES = 24 * 1024
 DEPTHWISE_MAX_CHANNELS_PER_LANE = 16
 #: Patch buffers per lane at most: the copies of up to three channels in flight behind the one
 #: computed (kernels/depthwise_conv2d.cu dispatches its cp.async wait on it).
@@ -672,7 +674,8 @@ def _depthwise_layout(problem: ConvProblem, cfg: DepthwiseConfig,
         per_lane, most = channels_per_lane or 1, min(DEPTHWISE_MAX_CHANNELS_PER_LANE, math.ceil(problem.k / lanes))
         while channels_per_lane is None and per_lane < most:
             more = min(2 * per_lane, most)  # no more than the lane has: idle trips of the ring cost barriers
-            if tiles * math.ceil(problem.k / (more * lanes)) * problem.n < DEPTHWISE_BLOCKS:
+            if tiles * math.ceil(problem.k / (more * lanes)) * problem.n < DEPTHWISE_BLOCKS or \
+                    lanes * more * rows * cols * item > DEPTHWISE_BLOCK_INPUT_BYTES:
                 break
             per_lane = more
         for buffers in range(min(DEPTHWISE_MAX_BUFFERS, per_lane), 0, -1):

@@ -206,8 +206,8 @@ def test_depthwise_channel_loop_one_buffer(dtype, channels_per_lane):
 @pytest.mark.parametrize("layer", [(144, 56, 1), (96, 112, 2), (384, 14, 1)], ids=["dw144", "dw96s2", "dw384"])
 def test_depthwise_mobilenet_layers(layer, dtype):
     """The benchmark's MobileNetV2 depthwise layers (channels, size, stride) at batch 2: as planned for
-    batch 2, and with the block layout planned for the benchmark's batch 32 (16 channels per block,
-    the deepest ring that fits), which only the grid's image count tells apart."""
+    batch 2, and with the block layout planned for the benchmark's batch 32 (its channels per block
+    and ring), which only the grid's image count tells apart."""
     from cupyconv.arguments import make_problem
     from cupyconv.planner import make_plan
 
