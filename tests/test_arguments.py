@@ -153,6 +153,7 @@ def test_strict_float32_tiles():
     assert plan(8, 32, 24, 128).config.name == "simt_m256n32"
     assert plan(8, 32, 64, 128).config.name == "simt_m64n64"
     assert plan(8, 32, 96, 128).config.name == "simt_m128n96k16"
+    assert plan(32, 128, 128, 56).config.name == "simt_m64n128k16"
     assert plan(32, 256, 256, 56).config.name == "simt_m128n128k16"   # 1568 blocks of 128 channels
     assert plan(32, 256, 256, 14).config.name == "simt_m128n128k16"   # 98 blocks: one wave
     assert plan(32, 512, 512, 14).config.name == "simt_m128n64k16"    # 196 blocks: two waves, or three of 64
