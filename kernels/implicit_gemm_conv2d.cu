@@ -27,6 +27,7 @@
 // Epilogue: accumulators + bias -> storage type -> shared memory (one warp column of channels at a
 // time, reusing the pipeline buffers) -> global, 32 lanes on 32 consecutive pixels of one channel.
 #include "dtypes.cuh"
+#include "gather_pixel.cuh"
 #include "mma.cuh"
 
 namespace cupyconv {
@@ -82,17 +83,11 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
     int a_ih0[A_PIXELS], a_iw0[A_PIXELS];
 #pragma unroll
     for (int i = 0; i < A_PIXELS; ++i) {
-        const Index m = m0 + lane + 32 * i;
-        a_base[i] = 0;
-        a_ih0[i] = -(1 << 30);  // pixels past M: every row is out of range, so they load zeros
-        a_iw0[i] = 0;
-        if (m < M) {
-            const Index image = m / HoWo, p = m - image * HoWo;
-            const int oh = static_cast<int>(p / Wo), ow = static_cast<int>(p - static_cast<Index>(oh) * Wo);
-            a_ih0[i] = oh * sh - pt;
-            a_iw0[i] = ow * sw - pl;
-            a_base[i] = (image * C + static_cast<Index>(g) * Cg) * HW + static_cast<Index>(a_ih0[i]) * W + a_iw0[i];
-        }
+        const GatherPixel<Index> px = gather_pixel<GatherLayout::nchw>(m0 + lane + 32 * i, M, HoWo, Wo, C, H, W, sh,
+                                                                        sw, pt, pl, g, Cg);
+        a_base[i] = px.base;
+        a_ih0[i] = px.ih0;
+        a_iw0[i] = px.iw0;
     }
     // Per gathered k row: its (c, r, s), advanced by BK = (dc, dr, ds) in mixed radix per tile.
     int a_c[A_ROWS], a_r[A_ROWS], a_s[A_ROWS];

@@ -30,6 +30,7 @@
 // (fragments by ldmatrix.trans; TF32 by scalar loads), B in 16-byte pieces, and float32 operands
 // are rounded to TF32 as fragments are loaded.
 #include "dtypes.cuh"
+#include "gather_pixel.cuh"
 #include "mma.cuh"
 
 namespace cupyconv {
@@ -104,18 +105,12 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     int a_ih0[A_PIXELS], a_iw0[A_PIXELS];
 #pragma unroll
     for (int i = 0; i < A_PIXELS; ++i) {
-        const Index m = m0 + (NCHW_A ? a_piece * EV : a_row0 + A_ROWS_PER_PASS * i);
-        a_base[i] = 0;
-        a_ih0[i] = -(1 << 30);  // pixels past M: every tap is out of range, so they load zeros
-        a_iw0[i] = 0;
-        if (m < M) {
-            const Index image = m / HoWo, p = m - image * HoWo;
-            const int oh = static_cast<int>(p / Wo), ow = static_cast<int>(p - static_cast<Index>(oh) * Wo);
-            a_ih0[i] = oh * sh - pt;
-            a_iw0[i] = ow * sw - pl;
-            a_base[i] = NCHW_A ? (image * C + static_cast<Index>(g) * Cg) * HoWo + p  // Ho Wo = H W here
-                               : ((image * H + a_ih0[i]) * W + a_iw0[i]) * C + static_cast<Index>(g) * Cg;
-        }
+        constexpr GatherLayout LAYOUT = NCHW_A ? GatherLayout::nchw_in_place : GatherLayout::nhwc;
+        const GatherPixel<Index> px = gather_pixel<LAYOUT>(m0 + (NCHW_A ? a_piece * EV : a_row0 + A_ROWS_PER_PASS * i),
+                                                           M, HoWo, Wo, C, H, W, sh, sw, pt, pl, g, Cg);
+        a_base[i] = px.base;
+        a_ih0[i] = px.ih0;
+        a_iw0[i] = px.iw0;
     }
     // NHWC: the (r, s, c) of this thread's piece in the next tile to load, stepped by BK per tile.
     int tap_c = a_piece * EV % Cg, tap_rs = a_piece * EV / Cg;

@@ -21,6 +21,7 @@
 // Shared memory: per stage A [BK][BM] and B [BK][BN], k-major (a thread's 4 pixels or 4 channels at
 // one k are one float4); after the stages a table of the kernel taps (offset in an input plane, row
 // and column offsets), so that a k costs one lookup instead of two divisions.
+#include "gather_pixel.cuh"
 #include "mma.cuh"
 
 namespace cupyconv {
@@ -83,17 +84,11 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
     int a_ih0[A_PIXELS], a_iw0[A_PIXELS];
 #pragma unroll
     for (int i = 0; i < A_PIXELS; ++i) {
-        const Index m = m0 + a_m + NT * i;
-        a_base[i] = 0;
-        a_ih0[i] = -(1 << 30);  // pixels past M: every tap is out of range, so they load zeros
-        a_iw0[i] = 0;
-        if (m < M) {
-            const Index image = m / HoWo, p = m - image * HoWo;
-            const int oh = static_cast<int>(p / Wo), ow = static_cast<int>(p - static_cast<Index>(oh) * Wo);
-            a_ih0[i] = oh * sh - pt;
-            a_iw0[i] = ow * sw - pl;
-            a_base[i] = (image * C + static_cast<Index>(g) * Cg) * HW + static_cast<Index>(a_ih0[i]) * W + a_iw0[i];
-        }
+        const GatherPixel<Index> px = gather_pixel<GatherLayout::nchw>(m0 + a_m + NT * i, M, HoWo, Wo, C, H, W, sh,
+                                                                        sw, pt, pl, g, Cg);
+        a_base[i] = px.base;
+        a_ih0[i] = px.ih0;
+        a_iw0[i] = px.iw0;
     }
     // The (c, tap) of the thread's next k, in the mixed radix (Cg, kh kw); after its KPT elements a
     // tile moves on by the other k groups' BK - KPT.
@@ -104,24 +99,25 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
     const float* wt_g = wt + static_cast<Index>(g) * Kgemm * Kgp;
 
     auto load_tile = [&](int kt, int stage) {
-        float* a_dst = a_smem + stage * A_STAGE + a_k0 * BM + a_m;
+        if (A_LOADERS == NT || tid < A_LOADERS) {
+            float* a_dst = a_smem + stage * A_STAGE + a_k0 * BM + a_m;
 #pragma unroll
-        for (int j = 0; j < KPT; ++j) {
-            if (A_LOADERS < NT && tid >= A_LOADERS) break;
-            const int4 tap = taps[a_tap];
+            for (int j = 0; j < KPT; ++j) {
+                const int4 tap = taps[a_tap];
 #pragma unroll
-            for (int i = 0; i < A_PIXELS; ++i) {
-                const bool ok = a_c < Cg && static_cast<unsigned>(a_ih0[i] + tap.y) < static_cast<unsigned>(H) &&
-                                static_cast<unsigned>(a_iw0[i] + tap.z) < static_cast<unsigned>(W);
-                cp_async<4>(a_dst + j * BM + NT * i, ok ? x + (a_base[i] + a_c_off + tap.x) : x, ok);
+                for (int i = 0; i < A_PIXELS; ++i) {
+                    const bool ok = a_c < Cg && static_cast<unsigned>(a_ih0[i] + tap.y) < static_cast<unsigned>(H) &&
+                                    static_cast<unsigned>(a_iw0[i] + tap.z) < static_cast<unsigned>(W);
+                    cp_async<4>(a_dst + j * BM + NT * i, ok ? x + (a_base[i] + a_c_off + tap.x) : x, ok);
+                }
+                if (++a_tap == taps_per_c) { a_tap = 0; ++a_c; a_c_off += HW; }
             }
-            if (++a_tap == taps_per_c) { a_tap = 0; ++a_c; a_c_off += HW; }
-        }
-        if constexpr (KPT < BK) {
-            a_tap += skip_tap;
-            a_c += skip_c;
-            a_c_off += skip_c * HW;
-            if (a_tap >= taps_per_c) { a_tap -= taps_per_c; ++a_c; a_c_off += HW; }
+            if constexpr (KPT < BK) {
+                a_tap += skip_tap;
+                a_c += skip_c;
+                a_c_off += skip_c * HW;
+                if (a_tap >= taps_per_c) { a_tap -= taps_per_c; ++a_c; a_c_off += HW; }
+            }
         }
 #pragma unroll
         for (int i = 0; i < B_PASSES; ++i) {
