@@ -900,9 +900,11 @@ def _winograd_tiles(problem: ConvProblem, tile: int) -> tuple[int, int]:
     return math.ceil(problem.ho / tile), math.ceil(problem.wo / tile)
 
 
+@functools.lru_cache(maxsize=4096)
 def winograd_gemm_problem(problem: ConvProblem, tile: int) -> ConvProblem:
     """The batched GEMM as simt_gemm_conv2d sees it: one image of 1 x T pixels (T tiles) with a^2 C
-    channels, a^2 groups (a = tile + 2), a 1x1 kernel and a^2 K outputs."""
+    channels, a^2 groups (a = tile + 2), a 1x1 kernel and a^2 K outputs. Cached: launch.py asks for it
+    on every call."""
     from .arguments import make_problem
 
     tiles = problem.n * math.prod(_winograd_tiles(problem, tile))
