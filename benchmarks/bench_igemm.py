@@ -13,6 +13,7 @@ import cupy
 import torch
 
 from cupyconv.bench import SUITES, median_ms
+from cupyconv.compiler import compute_capability
 from cupyconv.launch import conv2d_cupy
 from cupyconv.planner import GEMM_CONFIGS, NHWC_CONFIGS, SIMT_CONFIGS, SIMT_KERNEL, make_plan
 
@@ -39,7 +40,7 @@ def main():
             strict = name == "fp32"
             torch.backends.cudnn.allow_tf32 = not strict  # else torch's default for convolutions
             problem = shape.problem(dtype)
-            chosen = make_plan(problem, allow_tf32=not strict)
+            chosen = make_plan(problem, allow_tf32=not strict, compute_capability=compute_capability())
             if chosen.kernel not in ((SIMT_KERNEL,) if strict else ("implicit_gemm_nhwc", "implicit_gemm_conv2d")):
                 continue
             x = torch.randn(problem.x_shape, device="cuda").to(torch_dtype)
@@ -54,7 +55,7 @@ def main():
             for cfg in configs if not args.chosen_only else ():
                 if cfg.name != chosen.config.name:
                     try:
-                        plans.append(make_plan(problem, config=cfg.name))
+                        plans.append(make_plan(problem, config=cfg.name, compute_capability=compute_capability()))
                     except ValueError:  # a family that cannot run this problem
                         pass
             for plan in plans:

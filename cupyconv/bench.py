@@ -216,6 +216,7 @@ class _Runner:
                  make(shape.k) if shape.bias else None) for _ in range(sets)]
 
     def row(self, shape: Shape, mode: str) -> dict:
+        from .compiler import compute_capability
         from .launch import conv2d_cupy
         from .planner import make_plan
 
@@ -225,7 +226,7 @@ class _Runner:
         allow_tf32 = mode == "tf32"  # the one place cupyconv's precision mode is chosen
         torch.backends.cudnn.allow_tf32 = allow_tf32
         problem = shape.problem(MODE_DTYPE[mode])
-        plan = make_plan(problem, allow_tf32=allow_tf32)
+        plan = make_plan(problem, allow_tf32=allow_tf32, compute_capability=compute_capability())
         row = {"shape": shape.name, "mode": mode, "kernel": plan.kernel, "plan": str(plan)}
         sets = max(1, min(4, math.ceil(2 * L2_BYTES / bytes_moved(problem))))
         inputs = self._inputs(shape, torch_dtype, sets)

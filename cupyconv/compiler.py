@@ -54,12 +54,14 @@ def source_file(kernel: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _module(device_id: int, filename: str, expression: str):
+def _module(device_id: int, filename: str, expression: str, arch: str):
     import cupy
 
+    # CuPy appends the device's own -arch=sm_XX; NVRTC keeps an architecture-specific target given
+    # before it (sm_90a stays sm_90a: checked on the cubin's header).
+    options = NVRTC_OPTIONS + ((f"-arch={arch}",) if arch else ())
     with cupy.cuda.Device(device_id):
-        module = cupy.RawModule(code=kernel_source(filename), options=NVRTC_OPTIONS,
-                                name_expressions=(expression,))
+        module = cupy.RawModule(code=kernel_source(filename), options=options, name_expressions=(expression,))
         function = module.get_function(expression)
         # Let launches use all the shared memory the device allows a block (the default stops at 48 KB).
         optin = cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin,
@@ -68,11 +70,20 @@ def _module(device_id: int, filename: str, expression: str):
         return function
 
 
-def get_kernel(kernel: str, expression: str):
-    """The compiled cupy.RawKernel for ``expression`` on the current device (compiled on first use)."""
+def get_kernel(kernel: str, expression: str, arch: str = ""):
+    """The compiled cupy.RawKernel for ``expression`` on the current device (compiled on first use),
+    for NVRTC target ``arch`` where the specialisation needs one (planner.LaunchPlan.arch), else for
+    the device's own."""
     import cupy
 
-    return _module(cupy.cuda.Device().id, source_file(kernel), expression)
+    return _module(cupy.cuda.Device().id, source_file(kernel), expression, arch)
+
+
+def compute_capability() -> int:
+    """The current device's compute capability as an int (90 for sm_90), for planner.make_plan."""
+    import cupy
+
+    return int(cupy.cuda.Device().compute_capability)
 
 
 @functools.lru_cache(maxsize=None)

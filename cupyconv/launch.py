@@ -6,15 +6,15 @@ import math
 import numpy as np
 
 from .arguments import ConvProblem
-from .compiler import get_kernel
+from .compiler import compute_capability, get_kernel
 from .planner import (DEPTHWISE_KERNEL, DIRECT_KERNEL, NHWC_KERNEL, SIMT_KERNEL, WINOGRAD_KERNEL, LaunchPlan,
                       channels_last_copy, make_plan, winograd_gemm_problem, winograd_name_expression)
 
 
 def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | None = None,
                 allow_tf32: bool = False):
-    """Launch ``plan`` (by default make_plan(problem, allow_tf32=allow_tf32)) on CuPy's current stream
-    and device, writing ``out``.
+    """Launch ``plan`` (by default make_plan(problem, allow_tf32=allow_tf32) for the current device)
+    on CuPy's current stream and device, writing ``out``.
 
     ``problem.dtype`` names the element type, so 16-bit arrays may come as any 2-byte dtype view
     (bfloat16 tensors cross from torch as int16). ``out`` must be C-contiguous. Inputs that are not
@@ -24,7 +24,7 @@ def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | N
 
     if problem.n == 0:
         return out
-    plan = plan or make_plan(problem, allow_tf32=allow_tf32)
+    plan = plan or make_plan(problem, allow_tf32=allow_tf32, compute_capability=compute_capability())
     x = cupy.ascontiguousarray(x)
     weight = cupy.ascontiguousarray(weight)
     bias = weight if bias is None else cupy.ascontiguousarray(bias)
@@ -57,7 +57,7 @@ def _launch(plan: LaunchPlan, p: ConvProblem, x, weight, bias, out, channels: in
                                  plan.tiles, plan.ktiles),
                  DEPTHWISE_KERNEL: (plan.tiles_w, plan.channels_per_block, plan.vec, plan.pitch, plan.patch_buffers),
                  SIMT_KERNEL: (plan.weight_columns,)}.get(plan.kernel, ())
-    kernel = get_kernel(plan.kernel, plan.name_expression)
+    kernel = get_kernel(plan.kernel, plan.name_expression, plan.arch)
     kernel(plan.grid, plan.block, (x, weight, bias, out, *(np.int32(v) for v in problem_ints + plan_ints)),
            shared_mem=plan.shared_bytes)
 

@@ -94,6 +94,8 @@ class LaunchPlan:
     # output tiles of winograd_tile x winograd_tile pixels: tiles_w per row, tiles per image (above).
     gemm: "LaunchPlan | None" = None
     winograd_tile: int = 0
+    # The NVRTC target the specialisation needs where it is not the device's own ("sm_90a": wgmma).
+    arch: str = ""
 
     @property
     def name_expression(self) -> str:
@@ -140,11 +142,17 @@ def name_expression(kernel: str, dtype: str, index_type: str, cfg: TileConfig) -
 
 
 def kernel_specialisations() -> list[str]:
-    """Every name expression make_plan can choose: what the compile test builds for each GPU arch."""
+    """Every name expression make_plan can choose for any GPU: what the compile test builds for each
+    arch (arch_specialisations() has those of one arch alone)."""
     return [name_expression("direct_conv2d", dtype, index, cfg)
             for dtype in CTYPES for index in INDEX_TYPES for cfg in TILE_CONFIGS] + gemm_specialisations() + \
-        nhwc_specialisations() + channels_last_specialisations() + depthwise_specialisations() + \
+        nhwc_specialisations(wgmma=False) + channels_last_specialisations() + depthwise_specialisations() + \
         simt_specialisations() + winograd_specialisations()
+
+
+def arch_specialisations() -> dict[str, list[str]]:
+    """NVRTC target -> the name expressions that compile for it alone."""
+    return {WGMMA_ARCH: nhwc_specialisations(wgmma=True)}
 
 
 def _patch(problem: ConvProblem, cfg: TileConfig, rows: int, cols: int) -> tuple[int, int]:
@@ -223,7 +231,7 @@ def _choose_config(problem: ConvProblem) -> tuple[TileConfig, str]:
 
 @functools.lru_cache(maxsize=4096)
 def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | None = None,
-              allow_tf32: bool = False) -> LaunchPlan:
+              allow_tf32: bool = False, compute_capability: int = 0) -> LaunchPlan:
     """Choose the kernel specialisation, stage and launch shape for ``problem``.
 
     Plans are immutable and depend on the arguments alone, so each is made once and cached (a model
@@ -236,6 +244,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
         kernel: force the family (one of KERNELS; on 'implicit_gemm_nhwc' or 'implicit_gemm_conv2d'
             float32 runs as TF32); None chooses by dtype, ``allow_tf32`` and shape (see choose_kernel).
         allow_tf32: let float32 run on the tensor cores in TF32 (10-bit mantissa products).
+        compute_capability: of the GPU that will run the plan (90 for sm_90), where kernels for one
+            architecture alone may be chosen (wgmma on the H100); 0, any GPU.
     """
     family, family_reason = choose_kernel(problem, kernel, allow_tf32, config)
     if family == WINOGRAD_KERNEL:
@@ -245,7 +255,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
     if family == DEPTHWISE_KERNEL:
         return make_depthwise_plan(problem, config, family_reason)
     if family == NHWC_KERNEL:
-        return make_nhwc_plan(problem, config, family_reason)
+        return make_nhwc_plan(problem, config, family_reason, compute_capability)
     if family == GEMM_KERNEL:
         return make_gemm_plan(problem, config, family_reason)
     if config is not None:
@@ -301,6 +311,8 @@ class GemmConfig:
     warps_m: int
     warps_n: int
     stages: int
+    # implicit_gemm_nhwc on Hopper: warpgroups of 64 pixels multiply with wgmma (sm_90a only).
+    wgmma: bool = False
 
     @property
     def threads(self) -> int:
@@ -426,8 +438,9 @@ def make_gemm_plan(problem: ConvProblem, config: str | None = None, reason: str 
 def _describe_gemm_plan(plan: LaunchPlan) -> str:
     c = plan.config
     precision = "TF32" if plan.dtype == "float32" else plan.dtype
+    warps = (f"{c.bm // 64} warpgroups with wgmma ({plan.arch})" if c.wgmma else f"{c.warps_m}x{c.warps_n} warps")
     return (f"{plan.kernel} [{c.name}: block {c.bm} px x {c.bn} ch, k {c.bk} per stage, {c.stages} stages, "
-            f"{c.warps_m}x{c.warps_n} warps, {c.threads} threads]\n"
+            f"{warps}, {c.threads} threads]\n"
             f"  {plan.dtype} ({precision} on tensor cores, float32 accumulators), {plan.index_type} indices; "
             f"{plan.shared_bytes} B shared memory\n"
             f"  grid {plan.grid} (pixel tiles, channel tiles, groups), block {plan.block}\n"
@@ -460,14 +473,27 @@ NHWC_CONFIGS = {
 }
 #: The 128-channel tile pays off (it gathers the input half as often) only with this many blocks.
 WIDE_TILE_BLOCKS = 1024
+#: Hopper (sm_90a): two warpgroups of 64 pixels x 64 or 128 channels with wgmma, k rows of 128
+#: bytes, 128-byte swizzled; as many stages as two blocks per SM hold in shared memory. (A 96-channel
+#: tile was slower than the 128-channel one everywhere on the H100, AlexNet's 96 channels included.)
+WGMMA_ARCH = "sm_90a"
+WGMMA_COMPUTE_CAPABILITY = 90
+#: With wgmma the 128-channel tile is faster from half a wave of blocks (H100: r50_l3_3x3_256 fp16,
+#: 98 blocks, 0.037 ms against 0.044 with 64 channels), not with 52 (r50_l4_3x3_512: 0.063 vs 0.050).
+WGMMA_WIDE_TILE_BLOCKS = 64
+for _dtype, _item in (("float32", 4), ("float16", 2)):
+    NHWC_CONFIGS[_dtype] += tuple(GemmConfig(f"nhwc_wgmma_m128n{bn}", 128, bn, 128 // _item, 8, 1, stages, wgmma=True)
+                                  for bn, stages in ((64, 4), (128, 3)))
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 NHWC_VECS = (16, 8, 4)
 
 
 def _nhwc_shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
     """STAGES x (A + B): B [bn][bk + pad], rows of bk elements + 16 bytes; A the same with bm rows,
-    or (a_from_nchw) [bk][bm + 8]."""
+    or (a_from_nchw) [bk][bm + 8]. wgmma: rows of 128 bytes, unpadded, and 1 KB to align the tiles."""
     item = 4 if dtype == "float32" else 2
+    if cfg.wgmma:
+        return cfg.stages * (cfg.bm + cfg.bn) * 128 + 1024
     a_stage = cfg.bk * (cfg.bm + 8) * item if a_from_nchw else cfg.bm * (cfg.bk * item + 16)
     return cfg.stages * (a_stage + cfg.bn * (cfg.bk * item + 16))
 
@@ -516,16 +542,43 @@ def _nhwc_refusal(problem: ConvProblem) -> str:
     return ""
 
 
-def _choose_nhwc_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
-    """Channels: the 96-channel tile for 65-96 output channels per group (AlexNet), the 128-channel
-    one for more where it makes WIDE_TILE_BLOCKS blocks or more, else the 64-channel one. Depth: k
-    rows of 128 bytes where the gather copies 16-byte pieces of at least 64 bytes of channels per
-    tap, else of 64 bytes (narrower pieces make a deep tile many copies per thread; few channels per
-    tap make it many taps; 1x1 problems read in place have short reductions)."""
+def _wgmma_refusal(problem: ConvProblem, compute_capability: int) -> str:
+    """Why the wgmma tiles cannot run ``problem`` ("" when they can): they need the H100's sm_90a
+    and k rows of 128 bytes gathered in 16-byte pieces from channels-last copies."""
+    if compute_capability != WGMMA_COMPUTE_CAPABILITY:
+        return f"wgmma needs compute capability {WGMMA_COMPUTE_CAPABILITY} (sm_90a), got {compute_capability or 'none'}"
+    if _nhwc_pieces(problem)[0][0] != 16 or _nchw_a_vec(problem):
+        return "wgmma needs 16-byte pieces from channels-last copies (this problem has narrower ones or none)"
+    return ""
+
+
+def _deep_nhwc(problem: ConvProblem) -> bool:
+    """Whether k rows of 128 bytes pay: 16-byte pieces from copies, >= 64 bytes of channels per tap."""
+    item = 4 if problem.dtype == "float32" else 2
+    return _nhwc_pieces(problem)[0][0] == 16 and not _nchw_a_vec(problem) and problem.c // problem.groups * item >= 64
+
+
+def _choose_nhwc_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[GemmConfig, str]:
+    """On compute capability 9.0, wherever 16-byte pieces are gathered from copies: the wgmma tiles,
+    128 channels wide for more than 64 output channels per group where that makes
+    WGMMA_WIDE_TILE_BLOCKS blocks or more, else 64 wide.
+
+    Elsewhere (mma.sync), channels: the 96-channel tile for 65-96 output channels per group
+    (AlexNet), the 128-channel one for more where it makes WIDE_TILE_BLOCKS blocks or more, else the
+    64-channel one. Depth: k rows of 128 bytes where the gather copies 16-byte pieces of at least 64
+    bytes of channels per tap, else of 64 bytes (narrower pieces make a deep tile many copies per
+    thread; few channels per tap make it many taps; 1x1 problems read in place have short
+    reductions)."""
     kg = problem.k // problem.groups
     item = 4 if problem.dtype == "float32" else 2
-    deep = _nhwc_pieces(problem)[0][0] == 16 and not _nchw_a_vec(problem) and problem.c // problem.groups * item >= 64
-    candidates = [c for c in NHWC_CONFIGS[problem.dtype] if (c.bk * item == 128) == deep]
+    if not _wgmma_refusal(problem, compute_capability):
+        by_width = {c.bn: c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma}
+        blocks = math.prod(_gemm_grid(problem, by_width[128]))
+        if kg > 64 and blocks >= WGMMA_WIDE_TILE_BLOCKS:
+            return by_width[128], f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels"
+        return by_width[64], f"wgmma; {kg} output channels per group, 64-channel tiles"
+    deep = _deep_nhwc(problem)
+    candidates = [c for c in NHWC_CONFIGS[problem.dtype] if (c.bk * item == 128) == deep and not c.wgmma]
     by_width = {c.bn: c for c in candidates}
     depth = f"k rows of {by_width[64].bk * item} bytes"
     if 64 < kg <= 96:
@@ -540,16 +593,20 @@ def _choose_nhwc_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
 
 
 def nhwc_name_expression(dtype: str, index_type: str, cfg: GemmConfig, vec: int, a_from_nchw: bool) -> str:
+    flag = lambda b: "true" if b else "false"
     return (f"cupyconv::{NHWC_KERNEL}<{CTYPES[dtype]},{index_type},{cfg.bm},{cfg.bn},{cfg.bk},"
-            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages},{vec},{'true' if a_from_nchw else 'false'}>")
+            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages},{vec},{flag(a_from_nchw)},{flag(cfg.wgmma)}>")
 
 
-def nhwc_specialisations() -> list[str]:
+def nhwc_specialisations(wgmma: bool) -> list[str]:
+    """The mma.sync ones (any GPU), or the wgmma ones (sm_90a: 16-byte pieces from copies only)."""
     return [nhwc_name_expression(dtype, index, cfg, vec, a_from_nchw) for dtype in GEMM_DTYPES
-            for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] for vec in NHWC_VECS for a_from_nchw in (False, True)]
+            for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] if cfg.wgmma == wgmma
+            for vec in ((16,) if wgmma else NHWC_VECS) for a_from_nchw in ((False,) if wgmma else (False, True))]
 
 
-def make_nhwc_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
+def make_nhwc_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
+                   compute_capability: int = 0) -> LaunchPlan:
     """The channels-last GEMM launch: grid (pixel tiles, channel tiles, groups), one block per tile."""
     why_not = _nhwc_refusal(problem)
     if why_not:
@@ -558,8 +615,11 @@ def make_nhwc_plan(problem: ConvProblem, config: str | None = None, reason: str 
     if config is not None:
         cfg = _forced_config(NHWC_CONFIGS[problem.dtype], config, f"config for {NHWC_KERNEL} in {problem.dtype}")
         why = "config forced by the caller"
+        why_not = _wgmma_refusal(problem, compute_capability) if cfg.wgmma else ""
+        if why_not:
+            raise ValueError(f"config {config!r} cannot run this problem: {why_not}")
     else:
-        cfg, why = _choose_nhwc_config(problem)
+        cfg, why = _choose_nhwc_config(problem, compute_capability)
     a_from_nchw = _nchw_a_vec(problem) != 0
     if a_from_nchw:
         why += f"; 1x1: the NCHW input read in place, {vec}-byte pieces of pixels"
@@ -569,7 +629,8 @@ def make_nhwc_plan(problem: ConvProblem, config: str | None = None, reason: str 
         kernel=NHWC_KERNEL, dtype=problem.dtype, index_type=_index_type(problem, 0 if a_from_nchw else problem.n * channels_padded * problem.h * problem.w),
         config=cfg, grid=_gemm_grid(problem, cfg), block=(cfg.threads, 1, 1),
         shared_bytes=_nhwc_shared_bytes(cfg, problem.dtype, a_from_nchw),
-        reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded, a_from_nchw=a_from_nchw)
+        reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded, a_from_nchw=a_from_nchw,
+        arch=WGMMA_ARCH if cfg.wgmma else "")
 
 
 @dataclasses.dataclass(frozen=True)

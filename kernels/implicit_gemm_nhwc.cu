@@ -24,6 +24,11 @@
 // Epilogue: accumulators -> shared memory [BN][BM + pad] (float) -> + bias, storage type -> NCHW,
 // a warp on 32 consecutive pixels of one channel per store.
 //
+// WGMMA (Hopper, sm_90a only: see wgmma.cuh): each warpgroup of the block multiplies its 64 pixels
+// by all BN channels with wgmma, the tensor cores reading A and B straight from shared memory, where
+// rows are 128 bytes of k, 128-byte swizzled instead of padded (WARPS_M = BM / 16 warps in one
+// column, so the accumulators are laid out as the mma.sync path's and share its epilogue).
+//
 // NCHW_A: 1x1, stride-1, unpadded convolutions need no copies at all. The NCHW input of an image
 // is already the matrix A^T [C][pixels], pixels contiguous, and the weight [K][C] is B: A is then
 // copied in VEC-byte pieces of consecutive pixels of one channel into a k-major tile [BK][BM + pad]
@@ -32,6 +37,7 @@
 #include "dtypes.cuh"
 #include "gather_pixel.cuh"
 #include "mma.cuh"
+#include "wgmma.cuh"
 
 namespace cupyconv {
 
@@ -44,7 +50,7 @@ __host__ __device__ constexpr int nhwc_min_blocks(int threads, int accumulators,
 }
 
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
-          bool NCHW_A>
+          bool NCHW_A, bool WGMMA>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32,
                                   nhwc_min_blocks(WARPS_M * WARPS_N * 32, BM * BN / (WARPS_M * WARPS_N * 32),
                                                   BM * BK * sizeof(T) / (VEC * WARPS_M * WARPS_N * 32),
@@ -60,7 +66,7 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     constexpr int EV = VEC / sizeof(T);                      // elements per A piece (channels, or pixels)
     constexpr int B_VEC = NCHW_A ? 16 : VEC;
     constexpr int B_EV = B_VEC / sizeof(T);                  // channels per B piece
-    constexpr int ROW_BYTES = BK * sizeof(T) + 16;           // k-contiguous rows (B, and A unless NCHW_A)
+    constexpr int ROW_BYTES = BK * sizeof(T) + (WGMMA ? 0 : 16);  // k-contiguous rows (B, and A unless NCHW_A)
     constexpr int STRIDE = ROW_BYTES / sizeof(T);
     constexpr int A_T_STRIDE = BM + 8;                       // NCHW_A: A^T rows [BK][A_T_STRIDE]
     constexpr int A_STAGE = NCHW_A ? BK * A_T_STRIDE : BM * STRIDE, B_STAGE = BN * STRIDE;
@@ -74,8 +80,15 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     constexpr int C_STRIDE = BM + 4;                         // epilogue staging [BN][C_STRIDE] floats
     constexpr int INST_K = mma_op<T>::k;
     constexpr bool ROUND_TF32 = NCHW_A && sizeof(T) == 4;    // no copy rounded the operands
+    // wgmma tiles left running while the next barrier is reached and the next loads are issued: one,
+    // where four stages leave two tiles of loads ahead.
+    constexpr int WGMMA_LAG = WGMMA && STAGES >= 4 ? 1 : 0;
     static_assert(sizeof(T) == 4 || sizeof(T) == 2, "float, half_t or bfloat16_t");
     static_assert(BK * sizeof(T) % 32 == 0, "rows of an odd number of 16-byte units: ldmatrix is conflict-free");
+    static_assert(!WGMMA || (BK * sizeof(T) == 128 && VEC == 16 && !NCHW_A && WARPS_N == 1 && BM == 16 * WARPS_M &&
+                             BM % 64 == 0 && (NT / 8) % 8 == 0),
+                  "wgmma: 128-byte swizzled rows of 16-byte pieces, whole warpgroups of 64 pixels x BN channels, "
+                  "loader rows a multiple of 8 apart (one swizzle slot per thread)");
     static_assert(VEC == 4 || VEC == 8 || VEC == 16, "cp.async moves 4, 8 or 16 bytes");
     static_assert(NT % A_PIECES == 0 && (NCHW_A ? BK : BM) % A_ROWS_PER_PASS == 0, "the A loader covers the tile");
     static_assert(NT % B_PIECES == 0, "the B loader covers whole rows");
@@ -83,8 +96,11 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     static_assert(BN * C_STRIDE * 4 <= STAGES * (A_STAGE + B_STAGE) * static_cast<int>(sizeof(T)),
                   "epilogue staging fits in the pipeline buffers");
 
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    T* a_smem = reinterpret_cast<T*>(smem_raw);              // [STAGES][BM][STRIDE] or [STAGES][BK][A_T_STRIDE]
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // wgmma tiles start on 1024-byte boundaries (the swizzle repeats every 8 rows); the planner adds
+    // the 1 KB this may skip.
+    unsigned char* smem = WGMMA ? smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023) : smem_raw;
+    T* a_smem = reinterpret_cast<T*>(smem);                  // [STAGES][BM][STRIDE] or [STAGES][BK][A_T_STRIDE]
     T* b_smem = a_smem + STAGES * A_STAGE;                   // [STAGES][BN][STRIDE]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -133,7 +149,7 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
             const bool k_ok = tap_r < kh;
             const int ih_off = tap_r * dh, iw_off = tap_s * dw;
             const Index tap_off = (static_cast<Index>(ih_off) * W + iw_off) * C + tap_c;
-            T* a_dst = a_smem + stage * A_STAGE + a_row0 * STRIDE + a_piece * EV;
+            T* a_dst = a_smem + stage * A_STAGE + a_row0 * STRIDE + (WGMMA ? swizzle128_slot(a_piece, a_row0) : a_piece) * EV;
 #pragma unroll
             for (int i = 0; i < A_PASSES; ++i) {
                 const bool ok = k_ok && static_cast<unsigned>(a_ih0[i] + ih_off) < static_cast<unsigned>(H) &&
@@ -147,7 +163,7 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
             while (tap_s >= kw) { tap_s -= kw; ++tap_r; }
         }
         const int k = kt * BK + b_piece * B_EV;
-        T* b_dst = b_smem + stage * B_STAGE + b_row0 * STRIDE + b_piece * B_EV;
+        T* b_dst = b_smem + stage * B_STAGE + b_row0 * STRIDE + (WGMMA ? swizzle128_slot(b_piece, b_row0) : b_piece) * B_EV;
 #pragma unroll
         for (int i = 0; i < B_PASSES; ++i) {
             const int row = b_row0 + B_ROWS_PER_PASS * i;
@@ -182,6 +198,18 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     const int quad = lane >> 2, tq = lane & 3;               // PTX's groupID and threadID_in_group
 
     auto compute_tile = [&](int stage) {
+        if constexpr (WGMMA) {
+            const unsigned a_tile = shared_address(a_smem + stage * A_STAGE) + (warp / 4) * 64 * ROW_BYTES;
+            const unsigned b_tile = shared_address(b_smem + stage * B_STAGE);
+            float (&d)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(acc);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / INST_K; ++kk)
+                wgmma_op<T, BN>::run(d, wgmma_descriptor(a_tile + kk * INST_BYTES), wgmma_descriptor(b_tile + kk * INST_BYTES));
+            wgmma_commit();
+            wgmma_wait<WGMMA_LAG>();  // this tile's MMAs may still run; the buffer of the one before is free
+            return;
+        }
         const unsigned char* a_buf = reinterpret_cast<const unsigned char*>(a_smem + stage * A_STAGE) + a_lane_off;
         const unsigned char* b_buf = reinterpret_cast<const unsigned char*>(b_smem + stage * B_STAGE) + b_lane_off;
 #pragma unroll
@@ -225,10 +253,14 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
 
     // --- Main loop (mma.cuh; every copy is a cp.async, nothing to store from registers); then the
     // pipeline buffers become the epilogue's staging area.
-    run_k_pipeline<STAGES>(k_tiles, load_tile, compute_tile, [](int) {});
+    run_k_pipeline<STAGES, WGMMA, WGMMA_LAG>(k_tiles, load_tile, compute_tile, [](int) {});
+    if constexpr (WGMMA_LAG > 0) {  // the last tile's MMAs read the buffers the epilogue overwrites
+        wgmma_wait<0>();
+        __syncthreads();
+    }
 
     // --- Epilogue: the whole BN x BM tile through shared memory, then NCHW stores along pixels.
-    float* c_smem = reinterpret_cast<float*>(smem_raw);    // [BN][C_STRIDE]
+    float* c_smem = reinterpret_cast<float*>(smem);        // [BN][C_STRIDE]
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

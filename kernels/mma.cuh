@@ -38,22 +38,30 @@ template <int Pending> __device__ __forceinline__ void cp_async_wait() {
 // the MMAs of tile t (compute(buffer)), into the buffer tile t - 1 used, free once every warp passed
 // the barrier; store(buffer) then writes what load left in registers, if anything. Ends with all
 // copies landed and a barrier, so the buffers can be reused (the epilogue's staging area).
-template <int STAGES, typename Load, typename Compute, typename Store>
+// ASYNC_PROXY: the tensor cores read the buffers through the async proxy (wgmma), so each thread
+// fences its landed copies before the barrier. LAG: compute may return with the MMAs of its last LAG
+// tiles still reading their buffers (asynchronous wgmma), so loads run LAG tiles less far ahead,
+// into the buffer of tile t - 1 - LAG; the caller waits for the MMAs before reusing the buffers.
+template <int STAGES, bool ASYNC_PROXY = false, int LAG = 0, typename Load, typename Compute, typename Store>
 __device__ __forceinline__ void run_k_pipeline(int k_tiles, Load&& load, Compute&& compute, Store&& store) {
+    constexpr int AHEAD = STAGES - 1 - LAG;  // tiles loaded ahead of the one computed
+    static_assert(AHEAD >= 1, "a stage to load into while computing");
 #pragma unroll 1
-    for (int t = 0; t < STAGES - 1; ++t) {
+    for (int t = 0; t < AHEAD; ++t) {
         if (t < k_tiles) {
             load(t, t);
             store(t);
         }
         cp_async_commit();  // empty groups keep the wait count below uniform
     }
-    int read_stage = 0, write_stage = STAGES - 1;
+    int read_stage = 0, write_stage = AHEAD;
 #pragma unroll 1
     for (int t = 0; t < k_tiles; ++t) {
-        cp_async_wait<STAGES - 2>();  // tile t has landed (this thread's copies) ...
-        __syncthreads();              // ... everyone's, and tile t - 1's buffer is no longer read
-        const int next = t + STAGES - 1;
+        cp_async_wait<AHEAD - 1>();   // tile t has landed (this thread's copies) ...
+        if constexpr (ASYNC_PROXY)  // sm_90: shared memory written by cp.async, read next by the tensor cores
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();              // ... everyone's, and tile t - 1 - LAG's buffer is no longer read
+        const int next = t + AHEAD;
         if (next < k_tiles) load(next, write_stage);
         cp_async_commit();
         compute(read_stage);

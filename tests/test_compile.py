@@ -1,14 +1,14 @@
-"""Every kernel specialisation the planner can choose compiles with NVRTC for sm_80 and sm_90, without
-a GPU, and spills no registers (ptxas's report)."""
+"""Every kernel specialisation the planner can choose compiles with NVRTC for sm_80 and sm_90 (and the
+architecture-specific ones, wgmma, for sm_90a), without a GPU, and spills no registers (ptxas's report)."""
 import pytest
 
 from cupyconv.compiler import compile_offline
-from cupyconv.planner import kernel_specialisations
+from cupyconv.planner import arch_specialisations, kernel_specialisations
 
 
-def _by_kernel():
+def _by_kernel(expressions=None):
     families: dict[str, list[str]] = {}
-    for expression in kernel_specialisations():
+    for expression in kernel_specialisations() if expressions is None else expressions:
         family = expression.split("<")[0].split("::")[-1]
         families.setdefault(family, []).append(expression)
     return families
@@ -17,7 +17,16 @@ def _by_kernel():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("kernel", sorted(_by_kernel()))
 def test_specialisations_compile_without_spills(kernel, arch):
-    expressions = tuple(_by_kernel()[kernel])
+    _check(kernel, tuple(_by_kernel()[kernel]), arch)
+
+
+@pytest.mark.parametrize("arch,kernel", [(arch, kernel) for arch, expressions in arch_specialisations().items()
+                                         for kernel in _by_kernel(expressions)])
+def test_arch_specialisations_compile_without_spills(arch, kernel):
+    _check(kernel, tuple(_by_kernel(arch_specialisations()[arch])[kernel]), arch)
+
+
+def _check(kernel, expressions, arch):
     report = compile_offline(kernel, expressions, arch)
     assert set(report) == set(expressions), "ptxas reported on other kernels than asked for"
     for expression, resources in report.items():

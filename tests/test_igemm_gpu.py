@@ -32,6 +32,7 @@ F = torch.nn.functional
 
 import cupyconv  # noqa: E402
 from cupyconv.arguments import make_problem  # noqa: E402
+from cupyconv.compiler import compute_capability  # noqa: E402
 from cupyconv.launch import conv2d_cupy  # noqa: E402
 from cupyconv.planner import GEMM_CONFIGS, GEMM_KERNEL, NHWC_CONFIGS, NHWC_KERNEL, make_plan  # noqa: E402
 
@@ -62,6 +63,17 @@ GEMM_GRID = GRID + [
     Case(2, 32, 48, 8, 8, 1, 1, groups=2),                     # in place, grouped
 ]
 IN_PLACE_1X1 = GEMM_GRID[-4:]
+# Problems the wgmma tiles run by default (16-byte pieces of >= 64 bytes of channels per tap: 16-bit
+# types with 32 channels per group, float32 with 16), with partial pixel, channel and k tiles.
+WGMMA_GRID = [
+    Case(2, 32, 64, 17, 19, 3, 3, padding=1),                  # one 64-channel tile, k rows = taps
+    Case(1, 40, 70, 13, 11, 5, 3, stride=(2, 1), padding=(2, 1)),  # k rows straddle taps; K 70
+    Case(3, 64, 130, 9, 9, 3, 3, padding=1),                   # two 128-channel tiles, the second partial
+    Case(2, 128, 96, 10, 12, 3, 3, padding=2, dilation=2, groups=2),  # grouped, 64 channels per group
+    Case(1, 96, 32, 7, 7, 1, 1, stride=2),                     # 1x1 with stride: copies, one tap
+    Case(2, 16, 24, 9, 10, 3, 3, padding=1),                   # float32 only: 16 channels = 64 bytes
+    Case(1, 32, 40, 8, 8, 2, 2, bias=False),                   # Kgemm 128: two k tiles of 16-bit
+]
 
 
 def to_cupy(t):
@@ -88,7 +100,7 @@ def gemm_problem(case: Case, dtype: str):
 def run_gemm(x, weight, bias, case: Case, dtype: str, config=None, index_type=None, family=NHWC_KERNEL):
     """cupyconv's implicit GEMM ``family`` (forced) into a NaN-poisoned torch output; returns the output."""
     problem = gemm_problem(case, dtype)
-    plan = make_plan(problem, config=config, kernel=family)
+    plan = make_plan(problem, config=config, kernel=family, compute_capability=compute_capability())
     assert plan.kernel == family
     if index_type is not None:
         plan = dataclasses.replace(plan, index_type=index_type)
@@ -132,7 +144,8 @@ def check(case: Case, name: str, config=None, index_type=None, seed=0, family=NH
 
 
 FAMILY_CONFIGS = [(GEMM_KERNEL, i) for i in range(len(GEMM_CONFIGS["float16"]))] + \
-                 [(NHWC_KERNEL, i) for i in range(len(NHWC_CONFIGS["float16"]))]
+                 [(NHWC_KERNEL, i) for i, c in enumerate(NHWC_CONFIGS["float16"]) if not c.wgmma]
+WGMMA_CONFIGS = [i for i, c in enumerate(NHWC_CONFIGS["float16"]) if c.wgmma]
 
 
 @pytest.mark.parametrize("family,config_index", FAMILY_CONFIGS, ids=lambda v: str(v))
@@ -141,6 +154,44 @@ FAMILY_CONFIGS = [(GEMM_KERNEL, i) for i in range(len(GEMM_CONFIGS["float16"]))]
 def test_grid_every_config(case, name, family, config_index):
     configs = (NHWC_CONFIGS if family == NHWC_KERNEL else GEMM_CONFIGS)[DTYPES[name][0]]
     check(case, name, configs[config_index].name, seed=len(case.id) + config_index, family=family)
+
+
+def _wgmma_runs(case: Case, dtype: str) -> bool:
+    """Whether the wgmma tiles can take ``case``: 16-byte pieces (channels per group a multiple of 8
+    16-bit or 4 float32 values, or one group padded to it by a third at most) and not a 1x1 stride-1
+    unpadded problem (read in place, with no copies)."""
+    item, cg = (4 if dtype == "float32" else 2), case.c // case.groups
+    per_piece = 16 // item
+    padded = -(-cg // per_piece) * per_piece
+    pieces = padded == cg or (case.groups == 1 and 3 * padded <= 4 * cg)
+    in_place = (case.kh, case.kw, case.stride, case.padding) in ((1, 1, 1, 0), (1, 1, (1, 1), 0)) and \
+        cg * item % 16 == 0 and case.h * case.w * item % 4 == 0
+    return pieces and not in_place
+
+
+@pytest.mark.skipif(_cuda_device_count() == 0 or compute_capability() != 90,
+                    reason="wgmma runs on compute capability 9.0 (sm_90a) alone")
+@pytest.mark.parametrize("config_index", WGMMA_CONFIGS, ids=lambda i: NHWC_CONFIGS["float16"][i].name)
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("case", GEMM_GRID + WGMMA_GRID, ids=lambda c: c.id)
+def test_wgmma_every_config(case, name, config_index):
+    """Every wgmma tile on every problem it takes; a clear refusal on the others."""
+    dtype = DTYPES[name][0]
+    config = NHWC_CONFIGS[dtype][config_index].name
+    if not _wgmma_runs(case, dtype):
+        with pytest.raises(ValueError, match="wgmma needs|cannot run this problem"):
+            make_plan(gemm_problem(case, dtype), config=config, compute_capability=90)
+        return
+    check(case, name, config, seed=len(case.id) + config_index)
+
+
+def test_wgmma_needs_sm_90():
+    """Forcing a wgmma tile for another GPU is refused before any launch; the default there is mma.sync."""
+    problem = gemm_problem(WGMMA_GRID[0], "float16")
+    with pytest.raises(ValueError, match="compute capability 90"):
+        make_plan(problem, config=NHWC_CONFIGS["float16"][WGMMA_CONFIGS[0]].name, compute_capability=80)
+    assert not make_plan(problem, compute_capability=80).config.wgmma
+    assert make_plan(problem, compute_capability=90).config.wgmma
 
 
 @pytest.mark.parametrize("family", [GEMM_KERNEL, NHWC_KERNEL])

@@ -1,0 +1,81 @@
+// Inline-PTX wrappers for Hopper's warpgroup MMA (wgmma), which exists only on the sm_90a target:
+// kernels that include this header are compiled for sm_90a alone (compiler.py, planner.WGMMA_ARCH).
+//
+// A warpgroup (4 consecutive warps, the first at a warp index divisible by 4) multiplies a 64 x K
+// tile of A by a K x N tile of B, both read by the tensor cores straight from shared memory, into
+// float32 accumulators spread over its 128 threads as mma.sync's m16n8 fragments are: warp w of
+// the group holds rows 16 w + lane / 4 and 16 w + lane / 4 + 8, and d[4 j + e] is column
+// 8 j + 2 (lane % 4) + (e & 1) of the first (e < 2) or second row. The instructions are
+// asynchronous: fence, issue, commit, then wait before the accumulators or the operands' shared
+// memory are touched again.
+//
+// Operand layout ("K-major, 128-byte swizzle", the layout TMA's SWIZZLE_128B writes): each row (one
+// pixel of A, one output channel of B) is 128 bytes of k, and the 16-byte piece j of row r is stored
+// in slot j ^ (r % 8) of it, so the eight rows the tensor cores read together hit eight different
+// bank groups. Rows follow each other; a tile starts on a 1024-byte boundary.
+#pragma once
+
+#include "dtypes.cuh"
+
+namespace cupyconv {
+
+// Slot of 16-byte piece `piece` of row `row` in a 128-byte-swizzled tile.
+__host__ __device__ constexpr int swizzle128_slot(int piece, int row) { return piece ^ (row & 7); }
+
+// Shared-memory matrix descriptor of a 128-byte-swizzled, K-major tile starting at shared address
+// `address` (+ 32 k-bytes per instruction, which the hardware swizzles like the rows): start
+// address / 16 in bits 0-13, leading-dimension offset 1 (unused for swizzled K-major), 1024 bytes
+// between groups of 8 rows (bits 32-45, / 16), swizzle mode 1 = 128 bytes in bits 62-63.
+__device__ __forceinline__ unsigned long long wgmma_descriptor(unsigned address) {
+    return static_cast<unsigned long long>((address & 0x3FFFF) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) |
+           (1ull << 62);
+}
+
+// Before the first wgmma of a tile: orders this thread's earlier accumulator accesses before it.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Wait until at most `Pending` committed wgmma groups are still running.
+template <int Pending> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(Pending) : "memory");
+}
+
+// d (64 x N, float32) += A (64 x k) B (k x N) for one instruction's k: 16 of half_t / bfloat16_t,
+// 8 of TF32 (float storage), i.e. 32 bytes of each row. a and b are wgmma_descriptor()s.
+template <typename T, int N> struct wgmma_op;
+
+// The accumulator operand lists: "%0, %1, ..." for N / 2 registers; the descriptors follow them.
+#define CUPYCONV_WGMMA_D32 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+    "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define CUPYCONV_WGMMA_D64 \
+    CUPYCONV_WGMMA_D32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define CUPYCONV_ACC8(i) \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+        "+f"(d[i + 7])
+#define CUPYCONV_ACC32 CUPYCONV_ACC8(0), CUPYCONV_ACC8(8), CUPYCONV_ACC8(16), CUPYCONV_ACC8(24)
+#define CUPYCONV_ACC64 CUPYCONV_ACC32, CUPYCONV_ACC8(32), CUPYCONV_ACC8(40), CUPYCONV_ACC8(48), CUPYCONV_ACC8(56)
+
+// One specialisation per (type, N): the PTX names the shape and types, and the operand list is as
+// long as the accumulators. Scale-d is 1 (accumulate); A and B are not scaled and not transposed
+// (both K-major; TF32 has no transpose operands).
+#define CUPYCONV_WGMMA(TYPE, N, REGS, SHAPE_TYPES, MODIFIERS)                                               \
+    template <> struct wgmma_op<TYPE, N> {                                                                  \
+        static __device__ __forceinline__ void run(float (&d)[N / 2], unsigned long long a,                 \
+                                                   unsigned long long b) {                                  \
+            asm volatile("wgmma.mma_async.sync.aligned.m64n" #N SHAPE_TYPES " {" CUPYCONV_WGMMA_D##REGS     \
+                         "}, %" #REGS ", %" CUPYCONV_NEXT_##REGS ", 1, 1, 1" MODIFIERS ";\n"                \
+                         : CUPYCONV_ACC##REGS : "l"(a), "l"(b) : "memory");                                 \
+        }                                                                                                   \
+    };
+#define CUPYCONV_NEXT_32 "33"
+#define CUPYCONV_NEXT_64 "65"
+#define CUPYCONV_WGMMA_ALL_N(TYPE, SHAPE_TYPES_K, MODIFIERS) \
+    CUPYCONV_WGMMA(TYPE, 64, 32, SHAPE_TYPES_K, MODIFIERS)   \
+    CUPYCONV_WGMMA(TYPE, 128, 64, SHAPE_TYPES_K, MODIFIERS)
+
+CUPYCONV_WGMMA_ALL_N(half_t, "k16.f32.f16.f16", ", 0, 0")
+CUPYCONV_WGMMA_ALL_N(bfloat16_t, "k16.f32.bf16.bf16", ", 0, 0")
+CUPYCONV_WGMMA_ALL_N(float, "k8.f32.tf32.tf32", "")
+
+}  // namespace cupyconv
