@@ -311,8 +311,9 @@ class GemmConfig:
     warps_m: int
     warps_n: int
     stages: int
-    # implicit_gemm_nhwc on Hopper: warpgroups of 64 pixels multiply with wgmma (sm_90a only).
-    wgmma: bool = False
+    # implicit_gemm_nhwc on Hopper (sm_90a only): warpgroups multiply with wgmma, each on 64 pixels x
+    # bn channels (WGMMA_PIXEL_ROWS) or on 64 channels x 128 pixels (WGMMA_CHANNEL_ROWS); 0: mma.sync.
+    wgmma: int = 0
 
     @property
     def threads(self) -> int:
@@ -438,7 +439,8 @@ def make_gemm_plan(problem: ConvProblem, config: str | None = None, reason: str 
 def _describe_gemm_plan(plan: LaunchPlan) -> str:
     c = plan.config
     precision = "TF32" if plan.dtype == "float32" else plan.dtype
-    warps = (f"{c.bm // 64} warpgroups with wgmma ({plan.arch})" if c.wgmma else f"{c.warps_m}x{c.warps_n} warps")
+    warps = (f"{c.threads // 128} warpgroups of {'64 px' if c.wgmma == WGMMA_PIXEL_ROWS else '64 ch'} with wgmma "
+             f"({plan.arch})" if c.wgmma else f"{c.warps_m}x{c.warps_n} warps")
     return (f"{plan.kernel} [{c.name}: block {c.bm} px x {c.bn} ch, k {c.bk} per stage, {c.stages} stages, "
             f"{warps}, {c.threads} threads]\n"
             f"  {plan.dtype} ({precision} on tensor cores, float32 accumulators), {plan.index_type} indices; "
@@ -473,17 +475,21 @@ NHWC_CONFIGS = {
 }
 #: The 128-channel tile pays off (it gathers the input half as often) only with this many blocks.
 WIDE_TILE_BLOCKS = 1024
-#: Hopper (sm_90a): two warpgroups of 64 pixels x 64 or 128 channels with wgmma, k rows of 128
-#: bytes, 128-byte swizzled; as many stages as two blocks per SM hold in shared memory. (A 96-channel
-#: tile was slower than the 128-channel one everywhere on the H100, AlexNet's 96 channels included.)
+#: Hopper (sm_90a) wgmma tiles, k rows of 128 bytes, 128-byte swizzled: two warpgroups of 64
+#: pixels x 128 channels (3 stages), or warpgroups of 64 channels x 128 pixels, two (256 pixels) or
+#: one (128), with 4 stages. Chosen by _choose_nhwc_config from H100 timings of these and of others
+#: (64 pixels x 64 or 96 channels; 256 pixels x 64 or 128 channels; 3 stages) in benchmarks/NOTES_igemm.md.
 WGMMA_ARCH = "sm_90a"
 WGMMA_COMPUTE_CAPABILITY = 90
-#: With wgmma the 128-channel tile is faster from half a wave of blocks (H100: r50_l3_3x3_256 fp16,
-#: 98 blocks, 0.037 ms against 0.044 with 64 channels), not with 52 (r50_l4_3x3_512: 0.063 vs 0.050).
+#: The 128-channel tile is the faster from half a wave of blocks (H100: r50_l3_3x3_256 fp16, 98
+#: blocks, 0.037 ms, the 64-channel tiles 0.041-0.043), not with 52 (r50_l4_3x3_512: 0.063 vs 0.046).
 WGMMA_WIDE_TILE_BLOCKS = 64
+WGMMA_PIXEL_ROWS, WGMMA_CHANNEL_ROWS = 1, 2
 for _dtype, _item in (("float32", 4), ("float16", 2)):
-    NHWC_CONFIGS[_dtype] += tuple(GemmConfig(f"nhwc_wgmma_m128n{bn}", 128, bn, 128 // _item, 8, 1, stages, wgmma=True)
-                                  for bn, stages in ((64, 4), (128, 3)))
+    NHWC_CONFIGS[_dtype] += (
+        GemmConfig("nhwc_wgmma_m128n128", 128, 128, 128 // _item, 8, 1, 3, wgmma=WGMMA_PIXEL_ROWS),
+        *(GemmConfig(f"nhwc_wgmma_ch_m{bm}n64", bm, 64, 128 // _item, bm // 32, 1, 4, wgmma=WGMMA_CHANNEL_ROWS)
+          for bm in (256, 128)))
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 NHWC_VECS = (16, 8, 4)
 
@@ -559,9 +565,10 @@ def _deep_nhwc(problem: ConvProblem) -> bool:
 
 
 def _choose_nhwc_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[GemmConfig, str]:
-    """On compute capability 9.0, wherever 16-byte pieces are gathered from copies: the wgmma tiles,
-    128 channels wide for more than 64 output channels per group where that makes
-    WGMMA_WIDE_TILE_BLOCKS blocks or more, else 64 wide.
+    """On compute capability 9.0, wherever 16-byte pieces are gathered from copies, the wgmma tiles:
+    for up to 64 output channels per group, warpgroups of 64 channels x 128 pixels, two per block;
+    for more, 128 pixels x 128 channels where that makes WGMMA_WIDE_TILE_BLOCKS blocks or more, else
+    one warpgroup of 64 channels x 128 pixels per block (twice the blocks).
 
     Elsewhere (mma.sync), channels: the 96-channel tile for 65-96 output channels per group
     (AlexNet), the 128-channel one for more where it makes WIDE_TILE_BLOCKS blocks or more, else the
@@ -572,11 +579,15 @@ def _choose_nhwc_config(problem: ConvProblem, compute_capability: int = 0) -> tu
     kg = problem.k // problem.groups
     item = 4 if problem.dtype == "float32" else 2
     if not _wgmma_refusal(problem, compute_capability):
-        by_width = {c.bn: c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma}
-        blocks = math.prod(_gemm_grid(problem, by_width[128]))
-        if kg > 64 and blocks >= WGMMA_WIDE_TILE_BLOCKS:
-            return by_width[128], f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels"
-        return by_width[64], f"wgmma; {kg} output channels per group, 64-channel tiles"
+        by_pixels = {c.bm: c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_CHANNEL_ROWS}
+        if kg <= 64:
+            return by_pixels[256], f"wgmma; {kg} output channels per group: one 64-channel tile"
+        wide = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PIXEL_ROWS)
+        blocks = math.prod(_gemm_grid(problem, wide))
+        if blocks >= WGMMA_WIDE_TILE_BLOCKS:
+            return wide, f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels"
+        return by_pixels[128], (f"wgmma; {kg} output channels per group; 128-channel tiles would make {blocks} "
+                                f"blocks (< {WGMMA_WIDE_TILE_BLOCKS}), 64-channel ones twice as many")
     deep = _deep_nhwc(problem)
     candidates = [c for c in NHWC_CONFIGS[problem.dtype] if (c.bk * item == 128) == deep and not c.wgmma]
     by_width = {c.bn: c for c in candidates}
@@ -595,13 +606,13 @@ def _choose_nhwc_config(problem: ConvProblem, compute_capability: int = 0) -> tu
 def nhwc_name_expression(dtype: str, index_type: str, cfg: GemmConfig, vec: int, a_from_nchw: bool) -> str:
     flag = lambda b: "true" if b else "false"
     return (f"cupyconv::{NHWC_KERNEL}<{CTYPES[dtype]},{index_type},{cfg.bm},{cfg.bn},{cfg.bk},"
-            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages},{vec},{flag(a_from_nchw)},{flag(cfg.wgmma)}>")
+            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages},{vec},{flag(a_from_nchw)},{cfg.wgmma}>")
 
 
 def nhwc_specialisations(wgmma: bool) -> list[str]:
     """The mma.sync ones (any GPU), or the wgmma ones (sm_90a: 16-byte pieces from copies only)."""
     return [nhwc_name_expression(dtype, index, cfg, vec, a_from_nchw) for dtype in GEMM_DTYPES
-            for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] if cfg.wgmma == wgmma
+            for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] if bool(cfg.wgmma) == wgmma
             for vec in ((16,) if wgmma else NHWC_VECS) for a_from_nchw in ((False,) if wgmma else (False, True))]
 
 

@@ -24,10 +24,13 @@
 // Epilogue: accumulators -> shared memory [BN][BM + pad] (float) -> + bias, storage type -> NCHW,
 // a warp on 32 consecutive pixels of one channel per store.
 //
-// WGMMA (Hopper, sm_90a only: see wgmma.cuh): each warpgroup of the block multiplies its 64 pixels
-// by all BN channels with wgmma, the tensor cores reading A and B straight from shared memory, where
-// rows are 128 bytes of k, 128-byte swizzled instead of padded (WARPS_M = BM / 16 warps in one
-// column, so the accumulators are laid out as the mma.sync path's and share its epilogue).
+// WGMMA (Hopper, sm_90a only: see wgmma.cuh): the warpgroups multiply with wgmma, the tensor cores
+// reading A and B straight from shared memory, where rows are 128 bytes of k, 128-byte swizzled
+// instead of padded. WGMMA_PIXEL_ROWS: each warpgroup takes 64 pixels x all BN channels (WARPS_M =
+// BM / 16 warps in one column, so the accumulators are laid out as the mma.sync path's and share its
+// epilogue). WGMMA_CHANNEL_ROWS: the operands swap roles -- each warpgroup takes the 64 channels
+// (BN = 64) x 128 pixels of its own, the weight tile as wgmma's A, so each instruction reads a
+// 64-row weight tile and a 128-row pixel tile instead of two 64-row tiles per 64 x 64 product.
 //
 // NCHW_A: 1x1, stride-1, unpadded convolutions need no copies at all. The NCHW input of an image
 // is already the matrix A^T [C][pixels], pixels contiguous, and the weight [K][C] is B: A is then
@@ -44,13 +47,15 @@ namespace cupyconv {
 // Blocks per SM asked of the register allocator: as many (at most 3) as 64K registers hold at the
 // accumulators plus ~48 registers of fragments and addresses plus, per piece copied per tile, 2 and
 // the registers of one index.
+enum WgmmaRows { NO_WGMMA = 0, WGMMA_PIXEL_ROWS = 1, WGMMA_CHANNEL_ROWS = 2 };
+
 __host__ __device__ constexpr int nhwc_min_blocks(int threads, int accumulators, int pieces, int index_registers) {
     const int blocks = 65536 / (threads * (accumulators + 48 + (2 + 2 * index_registers) * pieces));
     return blocks < 1 ? 1 : (blocks > 3 ? 3 : blocks);
 }
 
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
-          bool NCHW_A, bool WGMMA>
+          bool NCHW_A, int WGMMA_ROWS>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32,
                                   nhwc_min_blocks(WARPS_M * WARPS_N * 32, BM * BN / (WARPS_M * WARPS_N * 32),
                                                   BM * BK * sizeof(T) / (VEC * WARPS_M * WARPS_N * 32),
@@ -60,6 +65,7 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
                    int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                    int sh, int sw, int pt, int pl, int dh, int dw, int groups) {
     constexpr int NWARPS = WARPS_M * WARPS_N;
+    constexpr bool WGMMA = WGMMA_ROWS != NO_WGMMA;
     constexpr int NT = NWARPS * 32;
     constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;      // warp tile
     constexpr int MT = WM / 16, NTILES = WN / 8;             // instruction tiles per warp
@@ -83,12 +89,14 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     // wgmma tiles left running while the next barrier is reached and the next loads are issued: one,
     // where four stages leave two tiles of loads ahead.
     constexpr int WGMMA_LAG = WGMMA && STAGES >= 4 ? 1 : 0;
+    constexpr int WG_PIXELS = WGMMA_ROWS == WGMMA_CHANNEL_ROWS ? 128 : 64;  // pixels per warpgroup
     static_assert(sizeof(T) == 4 || sizeof(T) == 2, "float, half_t or bfloat16_t");
     static_assert(BK * sizeof(T) % 32 == 0, "rows of an odd number of 16-byte units: ldmatrix is conflict-free");
-    static_assert(!WGMMA || (BK * sizeof(T) == 128 && VEC == 16 && !NCHW_A && WARPS_N == 1 && BM == 16 * WARPS_M &&
-                             BM % 64 == 0 && (NT / 8) % 8 == 0),
-                  "wgmma: 128-byte swizzled rows of 16-byte pieces, whole warpgroups of 64 pixels x BN channels, "
-                  "loader rows a multiple of 8 apart (one swizzle slot per thread)");
+    static_assert(!WGMMA || (BK * sizeof(T) == 128 && VEC == 16 && !NCHW_A && WARPS_N == 1 &&
+                             BM == WG_PIXELS * (NWARPS / 4) && NWARPS % 4 == 0 && (NT / 8) % 8 == 0 &&
+                             (WGMMA_ROWS == WGMMA_PIXEL_ROWS || BN == 64)),
+                  "wgmma: 128-byte swizzled rows of 16-byte pieces, whole warpgroups of 64 pixels x BN channels "
+                  "or 64 channels x 128 pixels, loader rows a multiple of 8 apart (one swizzle slot per thread)");
     static_assert(VEC == 4 || VEC == 8 || VEC == 16, "cp.async moves 4, 8 or 16 bytes");
     static_assert(NT % A_PIECES == 0 && (NCHW_A ? BK : BM) % A_ROWS_PER_PASS == 0, "the A loader covers the tile");
     static_assert(NT % B_PIECES == 0, "the B loader covers whole rows");
@@ -199,13 +207,16 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
 
     auto compute_tile = [&](int stage) {
         if constexpr (WGMMA) {
-            const unsigned a_tile = shared_address(a_smem + stage * A_STAGE) + (warp / 4) * 64 * ROW_BYTES;
-            const unsigned b_tile = shared_address(b_smem + stage * B_STAGE);
-            float (&d)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(acc);
+            const unsigned pixels = shared_address(a_smem + stage * A_STAGE) + (warp / 4) * WG_PIXELS * ROW_BYTES;
+            const unsigned channels = shared_address(b_smem + stage * B_STAGE);
+            constexpr bool SWAP = WGMMA_ROWS == WGMMA_CHANNEL_ROWS;
+            constexpr int N = SWAP ? WG_PIXELS : BN;     // wgmma's n: the columns of each warpgroup's tile
+            float (&d)[N / 2] = reinterpret_cast<float (&)[N / 2]>(acc);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BK / INST_K; ++kk)
-                wgmma_op<T, BN>::run(d, wgmma_descriptor(a_tile + kk * INST_BYTES), wgmma_descriptor(b_tile + kk * INST_BYTES));
+                wgmma_op<T, N>::run(d, wgmma_descriptor((SWAP ? channels : pixels) + kk * INST_BYTES),
+                                    wgmma_descriptor((SWAP ? pixels : channels) + kk * INST_BYTES));
             wgmma_commit();
             wgmma_wait<WGMMA_LAG>();  // this tile's MMAs may still run; the buffer of the one before is free
             return;
@@ -267,8 +278,14 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
         for (int nt = 0; nt < NTILES; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int m = wm + mt * 16 + quad + (e >> 1) * 8, n = wn + nt * 8 + 2 * tq + (e & 1);
-                c_smem[n * C_STRIDE + m] = acc[mt][nt][e];
+                const int row = quad + (e >> 1) * 8, col = 2 * tq + (e & 1);
+                if constexpr (WGMMA_ROWS == WGMMA_CHANNEL_ROWS) {  // rows: channels; columns: the group's pixels
+                    const int n = (warp & 3) * 16 + row, m = (warp >> 2) * WG_PIXELS + (mt * NTILES + nt) * 8 + col;
+                    c_smem[n * C_STRIDE + m] = acc[mt][nt][e];
+                } else {
+                    const int m = wm + mt * 16 + row, n = wn + nt * 8 + col;
+                    c_smem[n * C_STRIDE + m] = acc[mt][nt][e];
+                }
             }
     __syncthreads();
     constexpr int PIXELS = BM / 32;                         // pixels per lane
