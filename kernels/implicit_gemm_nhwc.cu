@@ -44,11 +44,12 @@
 
 namespace cupyconv {
 
+// The WGMMA_ROWS template argument (planner.WGMMA_PIXEL_ROWS / WGMMA_CHANNEL_ROWS; 0: mma.sync).
+enum WgmmaRows { NO_WGMMA = 0, WGMMA_PIXEL_ROWS = 1, WGMMA_CHANNEL_ROWS = 2 };
+
 // Blocks per SM asked of the register allocator: as many (at most 3) as 64K registers hold at the
 // accumulators plus ~48 registers of fragments and addresses plus, per piece copied per tile, 2 and
 // the registers of one index.
-enum WgmmaRows { NO_WGMMA = 0, WGMMA_PIXEL_ROWS = 1, WGMMA_CHANNEL_ROWS = 2 };
-
 __host__ __device__ constexpr int nhwc_min_blocks(int threads, int accumulators, int pieces, int index_registers) {
     const int blocks = 65536 / (threads * (accumulators + 48 + (2 + 2 * index_registers) * pieces));
     return blocks < 1 ? 1 : (blocks > 3 ? 3 : blocks);
