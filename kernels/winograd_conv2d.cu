@@ -79,6 +79,25 @@ template <typename Index> struct Tile {
     }
 };
 
+// The transformed tiles live as [a^2][rows][positions]: element (r, q) of a thread's a x a tile is in
+// plane r a + q (planes `plane` apart), at the thread's position i, so neighbouring threads touch
+// neighbouring words.
+template <int A, typename Index>
+__device__ __forceinline__ void store_planes(const float (&t)[A][A], float* __restrict__ dst, Index plane, Index i) {
+#pragma unroll
+    for (int r = 0; r < A; ++r)
+#pragma unroll
+        for (int q = 0; q < A; ++q) dst[(r * A + q) * plane + i] = t[r][q];
+}
+
+template <int A, typename Index>
+__device__ __forceinline__ void load_planes(float (&t)[A][A], const float* __restrict__ src, Index plane, Index i) {
+#pragma unroll
+    for (int r = 0; r < A; ++r)
+#pragma unroll
+        for (int q = 0; q < A; ++q) t[r][q] = src[(r * A + q) * plane + i];
+}
+
 // One thread per (c, k) pair, k fastest: U[xi][c][k] = (G g G^T)[xi], zero for k >= K.
 template <int M, typename Index>
 __global__ void __launch_bounds__(256)
@@ -93,11 +112,7 @@ winograd_weight_transform(const float* __restrict__ w, float* __restrict__ u, in
 #pragma unroll
         for (int s = 0; s < 3; ++s) g[r][s] = k < K ? w[(static_cast<Index>(k) * C + c) * 9 + r * 3 + s] : 0.0f;
     sandwich(winograd<M>::G, g, winograd<M>::G, out);
-    const Index plane = static_cast<Index>(C) * Kp;
-#pragma unroll
-    for (int r = 0; r < A; ++r)
-#pragma unroll
-        for (int q = 0; q < A; ++q) u[(r * A + q) * plane + i] = out[r][q];
+    store_planes(out, u, static_cast<Index>(C) * Kp, i);
 }
 
 // One thread per (c, tile), tile fastest (tiles of one row are neighbours, so a warp's reads overlap
@@ -124,11 +139,7 @@ winograd_input_transform(const float* __restrict__ x, float* __restrict__ v, int
                           ? plane[static_cast<Index>(ih) * W + iw] : 0.0f;
         }
     sandwich(winograd<M>::BT, d, winograd<M>::BT, out);
-    const Index plane_v = T * C;
-#pragma unroll
-    for (int r = 0; r < A; ++r)
-#pragma unroll
-        for (int q = 0; q < A; ++q) v[(r * A + q) * plane_v + i] = out[r][q];
+    store_planes(out, v, T * C, i);
 }
 
 // One thread per (k, tile), tile fastest: the M x M outputs A^T m A (+ bias) of the a^2 M[xi][k][t].
@@ -142,12 +153,8 @@ winograd_output_transform(const float* __restrict__ m, const float* __restrict__
     if (i >= T * K) return;
     const Index k = i / T;
     const Tile<Index> tile(i - k * T, tiles_h, tiles_w);
-    const Index plane_m = T * K;
     float a[A][A], out[M][M];
-#pragma unroll
-    for (int r = 0; r < A; ++r)
-#pragma unroll
-        for (int q = 0; q < A; ++q) a[r][q] = m[(r * A + q) * plane_m + i];
+    load_planes(a, m, T * K, i);
     sandwich(winograd<M>::AT, a, winograd<M>::AT, out);
     const float b = has_bias ? bias[k] : 0.0f;
     float* dst = y + (tile.image * K + k) * Ho * Wo;
