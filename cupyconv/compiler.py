@@ -83,7 +83,15 @@ def compute_capability() -> int:
     """The current device's compute capability as an int (90 for sm_90), for planner.make_plan."""
     import cupy
 
-    return int(cupy.cuda.Device().compute_capability)
+    return _compute_capability(cupy.cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=None)
+def _compute_capability(device_id: int) -> int:
+    # Asked once per device: every conv2d call plans with it.
+    import cupy
+
+    return int(cupy.cuda.Device(device_id).compute_capability)
 
 
 @functools.lru_cache(maxsize=None)
