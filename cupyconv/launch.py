@@ -7,8 +7,9 @@ import numpy as np
 
 from .arguments import ConvProblem
 from .compiler import compute_capability, get_kernel
-from .planner import (DEPTHWISE_KERNEL, DIRECT_KERNEL, NHWC_KERNEL, SIMT_KERNEL, WINOGRAD_KERNEL, LaunchPlan,
-                      channels_last_copy, make_plan, winograd_gemm_problem, winograd_name_expression)
+from .planner import (DEPTHWISE_KERNEL, DIRECT_KERNEL, NHWC_KERNEL, SIMT_KERNEL, WINOGRAD_BLOCK, WINOGRAD_KERNEL,
+                      LaunchPlan, channels_last_copy, make_plan, winograd_channels, winograd_gemm_problem,
+                      winograd_name_expression)
 
 
 def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | None = None,
@@ -63,26 +64,30 @@ def _launch(plan: LaunchPlan, p: ConvProblem, x, weight, bias, out, channels: in
 
 
 def _winograd(x, weight, bias, p: ConvProblem, out, plan: LaunchPlan):
-    """Winograd F(m x m, 3x3) (kernels/winograd_conv2d.cu): the weight and input transforms into new
-    arrays U and V, their GEMMs into M (plan.gemm), the output transform into ``out``."""
+    """Winograd F(m x m, 3x3) (kernels/winograd_conv2d.cu): the weight and input transforms (of the
+    C' = C sh sw polyphase channels) into new arrays U and V, their GEMMs into M (plan.gemm), the
+    output transform into ``out``."""
     import cupy
 
     m, positions = plan.winograd_tile, (plan.winograd_tile + 2) ** 2
     tiles_h, tiles_w = plan.tiles // plan.tiles_w, plan.tiles_w
-    tiles = p.n * plan.tiles
-    u = cupy.empty(positions * p.c * plan.weight_columns, dtype=cupy.float32)
-    v = cupy.empty(positions * p.c * tiles, dtype=cupy.float32)
+    tiles, channels = p.n * plan.tiles, winograd_channels(p)
+    u = cupy.empty(positions * channels * plan.weight_columns, dtype=cupy.float32)
+    v = cupy.empty(positions * channels * tiles, dtype=cupy.float32)
     y = cupy.empty(positions * p.k * tiles, dtype=cupy.float32)
 
-    def transform(kernel: str, threads: int, *args):
+    def transform(kernel: str, blocks: int, *args):
         get_kernel(kernel, winograd_name_expression(kernel, m, plan.index_type))(
-            (math.ceil(threads / 256),), (256,), tuple(np.int32(a) if isinstance(a, int) else a for a in args))
+            (blocks,), (WINOGRAD_BLOCK,), tuple(np.int32(a) if isinstance(a, int) else a for a in args))
 
-    transform("winograd_weight_transform", p.c * plan.weight_columns, weight, u, p.c, p.k, plan.weight_columns)
-    transform("winograd_input_transform", p.c * tiles, x, v, p.n, p.c, p.h, p.w, p.pad_top, p.pad_left, tiles_h, tiles_w)
+    (sh, sw), blocks = p.stride, lambda threads: math.ceil(threads / WINOGRAD_BLOCK)
+    transform("winograd_weight_transform", blocks(channels * plan.weight_columns), weight, u, p.c, p.k,
+              plan.weight_columns, p.kh, p.kw, sh, sw)
+    transform("winograd_input_transform", channels * blocks(tiles), x, v, p.n, p.c, p.h, p.w, p.pad_top, p.pad_left,
+              sh, sw, tiles_h, tiles_w)
     gemm = winograd_gemm_problem(p, m)
     _launch(plan.gemm, gemm, v, u, u, y, gemm.c)  # no bias: any array stands in for it
-    transform("winograd_output_transform", p.k * tiles, y, bias, out, int(p.has_bias), p.n, p.k, p.ho, p.wo,
+    transform("winograd_output_transform", blocks(p.k * tiles), y, bias, out, int(p.has_bias), p.n, p.k, p.ho, p.wo,
               tiles_h, tiles_w)
 
 

@@ -365,7 +365,8 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
     """The kernel family for ``problem`` and why: forced by ``kernel`` (or by a config name of one
     family), else a tensor-core GEMM for float16/bfloat16, and for float32 when ``allow_tf32``: the
     channels-last one (implicit_gemm_nhwc) wherever its copies can be made, else the NCHW gather;
-    strict float32 takes Winograd (winograd_conv2d) for 3x3 stride-1 layers with many channels, else
+    strict float32 takes Winograd (winograd_conv2d) for layers with many (phase) channels whose kernel
+    spans 3 strides (3x3 stride 1, AlexNet's 11x11 stride 4), else
     the FMA implicit GEMM (simt_gemm_conv2d) where it can run; depthwise layers
     the depthwise kernel; the rest, and float64, the direct kernel."""
     if kernel is None and config is not None:
@@ -390,8 +391,9 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
         return DIRECT_KERNEL, f"{kg} output channel(s) per group: a GEMM tile would be mostly padding"
     if problem.dtype == "float32" and not allow_tf32:
         if not _winograd_refusal(problem) and _winograd_pays(problem):
-            return WINOGRAD_KERNEL, (f"strict float32 (allow_tf32=False), 3x3 stride 1 with {problem.c} -> {problem.k} "
-                                     f"channels: Winograd, fewer multiplies")
+            return WINOGRAD_KERNEL, (f"strict float32 (allow_tf32=False), {problem.kh}x{problem.kw} stride "
+                                     f"{problem.stride} with {problem.c} -> {problem.k} channels: Winograd, "
+                                     f"fewer multiplies")
         why_not = _simt_refusal(problem)
         if not why_not:
             return SIMT_KERNEL, f"strict float32 (allow_tf32=False) on the FMA units, {kg} output channels per group"
@@ -948,24 +950,38 @@ def simt_specialisations() -> list[str]:
 # ---------------------------------------------------------------------------------------------------
 # Winograd F(m x m, 3x3), m = 2 or 4, for strict float32 (kernels/winograd_conv2d.cu): transforms
 # around a batched GEMM, which is the FMA implicit GEMM run as an (m + 2)^2-group 1x1 convolution.
+# A strided kernel that spans 3 strides each way (AlexNet's 11x11 at stride 4) is the stride-1 3x3
+# convolution of its C sh sw polyphase channels (see the kernel file), taken the same way.
 
 #: Output tile sizes m of the kernels: F(4x4) saves more multiplies (4x against 2.25x) and moves less
 #: (V and M 2.25x the input and output, against 4x), F(2x2) rounds less.
 WINOGRAD_TILES = (2, 4)
 #: F(4x4)'s error grows with the reduction (2e-6 relative at 64 input channels, 3e-6 at 512 on random
-#: data, against strict float32's 1e-5 bound): above this many input channels F(2x2) runs instead.
+#: data, against strict float32's 1e-5 bound): above this many (phase) channels F(2x2) runs instead.
 WINOGRAD_4X4_MAX_CHANNELS = 512
 #: Temporaries (the transformed input V, the GEMM's output M and the transformed weight: about 2.25x
 #: (F(4x4)) or 4x (F(2x2)) the input plus the output) past which the FMA implicit GEMM runs instead.
 WINOGRAD_MAX_WORKSPACE_BYTES = 2**31
 #: Winograd pays where the multiplies saved (at the FMA GEMM's ~30 TFLOP/s) outweigh the time V and M
-#: spend crossing memory twice (at ~2.5 TB/s): for F(4x4) where C K / (C + K) exceeds ~16, for F(2x2)
-#: ~77. With margin: 24 and 48 (64 -> 64 channels take F(4x4); F(2x2) runs from 128 -> 128 up).
+#: spend crossing memory twice (at ~2.5 TB/s): for 3x3 stride-1 layers, for F(4x4) where C K / (C + K)
+#: exceeds ~16, for F(2x2) ~77. With margin: 24 and 48 (64 -> 64 channels take F(4x4); F(2x2) runs
+#: from 128 -> 128 up). Strided layers count their phase channels and the multiplies they save
+#: (_winograd_gain).
 WINOGRAD_MIN_CHANNEL_RATIO = {4: 24, 2: 48}
+#: Kernel extent in strides (ceil(kh / sh), ceil(kw / sw)) the 3x3 transforms take.
+WINOGRAD_SPAN = (3, 3)
+#: Threads per block of the transforms (kernels/winograd_conv2d.cu: __launch_bounds__(256)); the input
+#: transform's blocks each take this many tiles of one phase channel.
+WINOGRAD_BLOCK = 256
+
+
+def winograd_channels(problem: ConvProblem) -> int:
+    """C': the input channels of the stride-1 3x3 problem, one per channel and polyphase (p, q)."""
+    return problem.c * problem.stride[0] * problem.stride[1]
 
 
 def _winograd_tile(problem: ConvProblem) -> int:
-    return 4 if problem.c <= WINOGRAD_4X4_MAX_CHANNELS else 2
+    return 4 if winograd_channels(problem) <= WINOGRAD_4X4_MAX_CHANNELS else 2
 
 
 def _winograd_tiles(problem: ConvProblem, tile: int) -> tuple[int, int]:
@@ -980,24 +996,26 @@ def winograd_gemm_problem(problem: ConvProblem, tile: int) -> ConvProblem:
     from .arguments import make_problem
 
     tiles = problem.n * math.prod(_winograd_tiles(problem, tile))
-    positions = (tile + 2) ** 2
-    return make_problem((1, positions * problem.c, 1, tiles), (positions * problem.k, problem.c, 1, 1), None,
+    positions, channels = (tile + 2) ** 2, winograd_channels(problem)
+    return make_problem((1, positions * channels, 1, tiles), (positions * problem.k, channels, 1, 1), None,
                         "float32", 1, 0, 1, positions)
 
 
 def _winograd_workspace_bytes(problem: ConvProblem, tile: int) -> int:
     tiles = problem.n * math.prod(_winograd_tiles(problem, tile))
-    columns = math.ceil(problem.k / 4) * 4
-    return 4 * (tile + 2) ** 2 * (problem.c * tiles + problem.k * tiles + problem.c * columns)
+    columns, channels = math.ceil(problem.k / 4) * 4, winograd_channels(problem)
+    return 4 * (tile + 2) ** 2 * (channels * tiles + problem.k * tiles + channels * columns)
 
 
 def _winograd_refusal(problem: ConvProblem, tile: int | None = None) -> str:
     """Why winograd_conv2d (with ``tile``, or the one it would choose) cannot run ``problem`` ("" when it can)."""
     if problem.dtype != "float32":
         return f"it computes in float32 only, got {problem.dtype}"
-    if (problem.kh, problem.kw, problem.stride, problem.dilation, problem.groups) != (3, 3, (1, 1), (1, 1), 1):
-        return (f"it needs a 3x3 kernel, stride 1, dilation 1 and one group (got {problem.kh}x{problem.kw}, "
-                f"stride {problem.stride}, dilation {problem.dilation}, groups {problem.groups})")
+    span = (-(-problem.kh // problem.stride[0]), -(-problem.kw // problem.stride[1]))
+    if span != WINOGRAD_SPAN or problem.dilation != (1, 1) or problem.groups != 1:
+        return (f"it needs a kernel of 3 strides each way (3x3 at stride 1, 5x5 at 2, 11x11 at 4, ...), "
+                f"dilation 1 and one group (got {problem.kh}x{problem.kw} at stride {problem.stride}, "
+                f"dilation {problem.dilation}, groups {problem.groups})")
     tile = tile or _winograd_tile(problem)
     workspace = _winograd_workspace_bytes(problem, tile)
     if workspace > WINOGRAD_MAX_WORKSPACE_BYTES:
@@ -1005,9 +1023,18 @@ def _winograd_refusal(problem: ConvProblem, tile: int | None = None) -> str:
     return _simt_refusal(winograd_gemm_problem(problem, tile))
 
 
+def _winograd_gain(problem: ConvProblem, tile: int) -> float:
+    """Multiplies saved per output and phase channel, relative to a 3x3 stride-1 layer's: a strided
+    kernel pads its taps to 3 sh x 3 sw (AlexNet's 121 to 144), saving less per phase channel."""
+    transformed = (tile + 2) ** 2 / tile**2
+    direct = problem.kh * problem.kw / (problem.stride[0] * problem.stride[1])
+    return (direct - transformed) / (9 - transformed)
+
+
 def _winograd_pays(problem: ConvProblem) -> bool:
-    ratio = problem.c * problem.k / (problem.c + problem.k)
-    return ratio >= WINOGRAD_MIN_CHANNEL_RATIO[_winograd_tile(problem)]
+    channels, tile = winograd_channels(problem), _winograd_tile(problem)
+    ratio = channels * problem.k / (channels + problem.k) * _winograd_gain(problem, tile)
+    return ratio >= WINOGRAD_MIN_CHANNEL_RATIO[tile]
 
 
 def make_winograd_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
@@ -1023,7 +1050,10 @@ def make_winograd_plan(problem: ConvProblem, config: str | None = None, reason: 
     gemm = make_simt_plan(winograd_gemm_problem(problem, tile), config)
     tiles_h, tiles_w = _winograd_tiles(problem, tile)
     index_type = "long long" if "long long" in (_index_type(problem), gemm.index_type) else "int"
-    why = (f"F({tile}x{tile}, 3x3): {problem.c} input channels" +
+    channels = winograd_channels(problem)
+    what = (f"{channels} input channels" if problem.stride == (1, 1) else
+            f"{channels} phase channels ({problem.c} channels x {problem.stride[0]}x{problem.stride[1]} phases)")
+    why = (f"F({tile}x{tile}, 3x3): {what}" +
            (f" <= {WINOGRAD_4X4_MAX_CHANNELS}" if tile == 4 else f" > {WINOGRAD_4X4_MAX_CHANNELS} (F(4x4) rounds more)"))
     return LaunchPlan(
         kernel=WINOGRAD_KERNEL, dtype=problem.dtype, index_type=index_type, config=gemm.config,

@@ -1,23 +1,30 @@
-// Winograd F(m x m, 3x3), m = 2 or 4, for strict float32: 3x3, stride-1, undilated, ungrouped
-// convolutions with fewer multiplies than the direct sum (Lavin and Gray, "Fast Algorithms for
-// Convolutional Neural Networks", 2016): 2.25x fewer for m = 2, 4x for m = 4. With a = m + 2, every
-// m x m output tile is  Y = A^T [ sum_c (G g G^T) .* (B^T d B) ] A  with d the tile's a x a input patch
-// and g the 3x3 filter; the sum over c, for each of the a^2 positions xi of the transformed tile, is a
-// GEMM  M[xi] = V[xi] U[xi]  ([tiles x C] x [C x K]).
+// Winograd F(m x m, 3x3), m = 2 or 4, for strict float32: undilated, ungrouped convolutions whose
+// kernel spans 3 strides each way (3x3 at stride 1; 5x5 or 6x6 at stride 2; AlexNet's 11x11 at 4), with
+// fewer multiplies than the direct sum (Lavin and Gray, "Fast Algorithms for Convolutional Neural
+// Networks", 2016): 2.25x fewer for m = 2, 4x for m = 4. With a = m + 2, every m x m output tile is
+//   Y = A^T [ sum_c (G g G^T) .* (B^T d B) ] A
+// with d the tile's a x a input patch and g the 3x3 filter; the sum over c, for each of the a^2
+// positions xi of the transformed tile, is a GEMM  M[xi] = V[xi] U[xi]  ([tiles x C'] x [C' x K]).
+//
+// Strides (sh, sw) are met by the polyphase split: with x padded, output (oh, ow) sums
+//   x[sh oh + r][sw ow + s] w[r][s],   r = sh i + p, s = sw j + q  (p < sh, q < sw, i, j < 3),
+// so phase (p, q) of channel c, x_pq[i'][j'] = x[sh i' + p][sw j' + q], is one of C' = C sh sw input
+// channels of a stride-1 3x3 convolution with filter w_pq[i][j] = w[sh i + p][sw j + q] (zero past the
+// kernel). The transforms below read x and w through that split; stride 1 is the phase (0, 0) alone.
 //
 // Three kernels here, and simt_gemm_conv2d.cu between them:
-//   winograd_weight_transform  w [K][C][3][3]  -> U [a^2][C][Kp]  (G g G^T; Kp = K rounded up to 4)
-//   winograd_input_transform   x [N][C][H][W]  -> V [a^2][C][T]   (B^T d B; T = N tiles_h tiles_w)
+//   winograd_weight_transform  w [K][C][kh][kw] -> U [a^2][C'][Kp]  (G g G^T; Kp = K rounded up to 4)
+//   winograd_input_transform   x [N][C][H][W]   -> V [a^2][C'][T]   (B^T d B; T = N tiles_h tiles_w)
 //   simt_gemm_conv2d           V as an a^2-group 1x1 convolution of one image of 1 x T pixels, U as
-//                              its transposed weight              -> M [a^2][K][T]
-//   winograd_output_transform  M                -> y [N][K][Ho][Wo] (A^T m A + bias)
+//                              its transposed weight                -> M [a^2][K][T]
+//   winograd_output_transform  M                 -> y [N][K][Ho][Wo] (A^T m A + bias)
 // V and M are laid out tile-contiguous so that the GEMM's gather is the 1x1 case (a warp reads 128
 // contiguous bytes) and each transform reads and writes along tiles, coalesced. They are a^2 / m^2
-// times the input and the output (4x for m = 2, 2.25x for m = 4) and cross memory twice each: the
+// times the phases and the output (4x for m = 2, 2.25x for m = 4) and cross memory twice each: the
 // planner takes this path only where the multiplies saved outweigh that.
 // Rounding: m = 2's coefficients (0, +-1, 1/2) are exact; m = 4's (1/6, 1/24, 8, ...) are not, and its
 // error on random data is ~10x the direct sum's (2-3e-6 relative up to 512 channels, against 2e-7),
-// still well inside strict float32's 1e-5; the planner keeps m = 4 to at most 512 input channels.
+// still well inside strict float32's 1e-5; the planner keeps m = 4 to at most 512 channels C'.
 #include "dtypes.cuh"
 
 namespace cupyconv {
@@ -98,48 +105,65 @@ __device__ __forceinline__ void load_planes(float (&t)[A][A], const float* __res
         for (int q = 0; q < A; ++q) t[r][q] = src[(r * A + q) * plane + i];
 }
 
-// One thread per (c, k) pair, k fastest: U[xi][c][k] = (G g G^T)[xi], zero for k >= K.
+// One thread per (c', k) pair, k fastest: U[xi][c'][k] = (G g G^T)[xi] for c' = (c, p, q), g = w_pq
+// (taps past the kernel and channels k >= K are zeros).
 template <int M, typename Index>
 __global__ void __launch_bounds__(256)
-winograd_weight_transform(const float* __restrict__ w, float* __restrict__ u, int C, int K, int Kp) {
+winograd_weight_transform(const float* __restrict__ w, float* __restrict__ u, int C, int K, int Kp, int kh, int kw,
+                          int sh, int sw) {
     constexpr int A = M + 2;
     const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= static_cast<Index>(C) * Kp) return;
-    const int c = static_cast<int>(i / Kp), k = static_cast<int>(i - static_cast<Index>(c) * Kp);
+    const int phases = sh * sw;
+    if (i >= static_cast<Index>(C) * phases * Kp) return;
+    const int cp = static_cast<int>(i / Kp), k = static_cast<int>(i - static_cast<Index>(cp) * Kp);
+    const int c = cp / phases, p = (cp - c * phases) / sw, q = cp - c * phases - p * sw;
+    const float* filter = w + (static_cast<Index>(k) * C + c) * kh * kw;
     float g[3][3], out[A][A];
 #pragma unroll
     for (int r = 0; r < 3; ++r)
 #pragma unroll
-        for (int s = 0; s < 3; ++s) g[r][s] = k < K ? w[(static_cast<Index>(k) * C + c) * 9 + r * 3 + s] : 0.0f;
+        for (int s = 0; s < 3; ++s) {
+            const int tap_h = sh * r + p, tap_w = sw * s + q;
+            g[r][s] = k < K && tap_h < kh && tap_w < kw ? filter[tap_h * kw + tap_w] : 0.0f;
+        }
     sandwich(winograd<M>::G, g, winograd<M>::G, out);
-    store_planes(out, u, static_cast<Index>(C) * Kp, i);
+    store_planes(out, u, static_cast<Index>(C) * phases * Kp, i);
 }
 
-// One thread per (c, tile), tile fastest (tiles of one row are neighbours, so a warp's reads overlap
-// in L1): V[xi][c][t] = (B^T d B)[xi], d the a x a patch at (M th - pt, M tw - pl), zeros outside.
+// One block of 256 tiles (a row of tiles are neighbours, so a warp's reads overlap in L1) for one phase
+// channel c' = (c, p, q): V[xi][c'][t] = (B^T d B)[xi], d the a x a patch of x_pq at (M th, M tw), that
+// is of x at (sh M th + p - pt, sw M tw + q - pl) with rows sh and columns sw apart, zeros outside.
+// Blocks run phase-fastest, so the sh sw blocks that read one stretch of x run together and share it
+// in L2 (channel-major, each phase would read all N images of channel c again).
 template <int M, typename Index>
 __global__ void __launch_bounds__(256)
 winograd_input_transform(const float* __restrict__ x, float* __restrict__ v, int N, int C, int H, int W,
-                         int pt, int pl, int tiles_h, int tiles_w) {
+                         int pt, int pl, int sh, int sw, int tiles_h, int tiles_w) {
     constexpr int A = M + 2;
     const Index T = static_cast<Index>(N) * tiles_h * tiles_w;
-    const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= T * C) return;
-    const Index c = i / T;
-    const Tile<Index> tile(i - c * T, tiles_h, tiles_w);
+    const int phases = sh * sw;
+    const Index chunks = (T + blockDim.x - 1) / blockDim.x;
+    const Index block = blockIdx.x;
+    const int phase = static_cast<int>(block % phases);
+    const Index c_chunk = block / phases;
+    const Index c = c_chunk / chunks;
+    const Index t = (c_chunk - c * chunks) * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    const int p = phase / sw, q = phase - p * sw;
+    const Tile<Index> tile(t, tiles_h, tiles_w);
     const float* plane = x + (tile.image * C + c) * H * W;
-    const int ih0 = M * tile.th - pt, iw0 = M * tile.tw - pl;
+    const int ih0 = sh * M * tile.th + p - pt, iw0 = sw * M * tile.tw + q - pl;
     float d[A][A], out[A][A];
 #pragma unroll
     for (int r = 0; r < A; ++r)
 #pragma unroll
         for (int s = 0; s < A; ++s) {
-            const int ih = ih0 + r, iw = iw0 + s;
+            const int ih = ih0 + sh * r, iw = iw0 + sw * s;
             d[r][s] = static_cast<unsigned>(ih) < static_cast<unsigned>(H) && static_cast<unsigned>(iw) < static_cast<unsigned>(W)
                           ? plane[static_cast<Index>(ih) * W + iw] : 0.0f;
         }
     sandwich(winograd<M>::BT, d, winograd<M>::BT, out);
-    store_planes(out, v, T * C, i);
+    store_planes(out, v, T * C * phases, (c * phases + phase) * T + t);
 }
 
 // One thread per (k, tile), tile fastest: the M x M outputs A^T m A (+ bias) of the a^2 M[xi][k][t].

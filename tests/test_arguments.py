@@ -110,7 +110,8 @@ def test_out_is_written_and_returned():
 def test_plan_is_printable_and_explains_the_choice():
     x, weight, bias = arrays(n=256, c=3, h=224, w=224, k=96, kh=11, kw=11)
     text = str(cupyconv.plan(x, weight, bias, stride=4, padding=2))
-    assert "simt_gemm_conv2d" in text and "why:" in text and "grid" in text and "strict float32" in text
+    assert "winograd_conv2d" in text and "why:" in text and "grid" in text and "strict float32" in text
+    assert "48 phase channels (3 channels x 4x4 phases)" in text and "simt_gemm_conv2d" in text  # and its GEMM
     x, weight, bias = arrays(n=1, c=3, h=9, w=9, k=4, kh=3, kw=3)  # 4 output channels: too few for a GEMM
     text = str(cupyconv.plan(x, weight, bias))
     assert "direct_conv2d" in text and "why:" in text and "4 output channel(s)" in text
@@ -192,9 +193,34 @@ def test_winograd_dispatch():
     assert make_winograd_plan(problem(8, 8, 9), tile=2).winograd_tile == 2
     with pytest.raises(ValueError, match="tile must be one of"):
         make_winograd_plan(problem(8, 8, 9), tile=3)
-    for bad in (dict(stride=2), dict(dtype="float64"), dict(size=5)):
+    for bad in (dict(stride=2), dict(dtype="float64"), dict(size=5), dict(size=7, stride=2)):
         with pytest.raises(ValueError, match="winograd_conv2d.*cannot run"):
             plan(8, 8, 9, kernel=WINOGRAD_KERNEL, **bad)
+
+
+def test_strided_winograd_dispatch():
+    """Kernels spanning 3 strides each way run as the stride-1 3x3 problem of their C sh sw polyphase
+    channels: AlexNet's conv1 (48 phase channels) and 5x5 stride-2 layers take it where the phase
+    channels and the multiplies saved pay; other strided kernels, and too few channels, do not."""
+    from cupyconv.arguments import make_problem
+    from cupyconv.planner import SIMT_KERNEL, WINOGRAD_KERNEL, make_plan, winograd_channels, winograd_gemm_problem
+
+    def problem(c, k, hw, kh, kw, stride, padding=0, n=32):
+        return make_problem((n, c, hw, hw), (k, c, kh, kw), None, "float32", stride, padding)
+
+    alexnet = problem(3, 96, 224, 11, 11, 4, 2, n=256)
+    plan = make_plan(alexnet)
+    assert plan.kernel == WINOGRAD_KERNEL and plan.winograd_tile == 4 and winograd_channels(alexnet) == 48
+    assert (plan.tiles_w, plan.tiles) == (14, 14 * 14)                       # 55 x 55 outputs in 4 x 4 tiles
+    assert winograd_gemm_problem(alexnet, 4).c == 36 * 48 and winograd_gemm_problem(alexnet, 4).w == 256 * 196
+    assert make_plan(problem(3, 64, 224, 11, 11, 4, 2)).kernel == SIMT_KERNEL  # 64 outputs: too few to pay
+    assert make_plan(problem(64, 128, 56, 5, 5, 2, 2)).kernel == WINOGRAD_KERNEL
+    assert make_plan(problem(64, 128, 56, 5, 9, (2, 3))).kernel == WINOGRAD_KERNEL  # strides may differ
+    assert make_plan(problem(256, 256, 28, 5, 5, 2, 2)).winograd_tile == 2   # 1024 phase channels
+    assert make_plan(problem(3, 64, 224, 7, 7, 2, 3)).kernel == SIMT_KERNEL  # 7x7 at stride 2: 4 strides
+    assert make_plan(problem(128, 128, 56, 3, 3, 2, 1)).kernel == SIMT_KERNEL  # 3x3 at stride 2: 2 strides
+    assert make_plan(problem(8, 8, 56, 5, 5, 2, 2)).kernel == SIMT_KERNEL    # too few channels
+    assert make_plan(problem(8, 8, 56, 5, 5, 2, 2), kernel=WINOGRAD_KERNEL).kernel == WINOGRAD_KERNEL
 
 
 def test_plans_are_cached_and_errors_are_not():

@@ -2,8 +2,10 @@
 simt_gemm_conv2d) against torch in float64, on the GPU: both tile sizes forced on every 3x3 stride-1
 shape of interest (odd output sizes that leave partial tiles, every padding including asymmetric
 'same', channel counts that are not multiples of the GEMM's tiles or of 4, several images, no bias),
-every GEMM tile forced, the 64-bit index specialisation, and the layers the planner sends to it.
-Outputs are poisoned with NaN before each launch; strict float32 must land under 1e-5.
+and on strided kernels of 3 strides each way (polyphase channels: AlexNet's 11x11 at stride 4, 5x5,
+6x6 and 9x9 ones, strides that differ by axis, kernels that do not fill their 3 strides), every GEMM
+tile forced, the 64-bit index specialisation, the layers the planner sends to it, and AlexNet's conv1
+at full size. Outputs are poisoned with NaN before each launch; strict float32 must land under 1e-5.
 """
 import dataclasses
 
@@ -11,9 +13,10 @@ import pytest
 
 from cases import Case
 from checks import relative_error
-from test_gpu_core import check
+from test_gpu_core import F, check, cupy, random_inputs, to_cupy, torch
 from test_simt_gpu import problem_of, run_plan
 
+import cupyconv  # noqa: E402
 from cupyconv.planner import SIMT_CONFIGS, WINOGRAD_KERNEL, WINOGRAD_TILES, make_plan, make_winograd_plan  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("strict_torch_fp32")]
@@ -29,6 +32,12 @@ WINOGRAD_CASES = [
     Case(1, 2, 3, 4, 4, 3, 3),                           # one 2x2 tile
     Case(2, 130, 129, 14, 14, 3, 3, padding=1),          # past one 128-channel GEMM tile each way
     Case(4, 64, 64, 7, 7, 3, 3, padding=1),              # ResNet-50's last stage geometry, small
+    Case(3, 3, 96, 39, 41, 11, 11, stride=4, padding=2),  # AlexNet conv1's geometry: 48 phase channels
+    Case(2, 5, 70, 17, 19, 5, 5, stride=2, padding=1),   # 5x5 at stride 2: 20 phase channels
+    Case(2, 4, 9, 18, 16, 6, 6, stride=2, bias=False),   # 6x6 fills its 3 strides exactly
+    Case(1, 3, 12, 26, 29, 9, 7, stride=(3, 3), padding=(0, 4)),  # 9x7 at stride 3: taps short of 9 wide
+    Case(2, 6, 10, 21, 23, 5, 9, stride=(2, 3), padding=(2, 1)),  # strides that differ by axis
+    Case(1, 2, 5, 11, 11, 11, 11, stride=4),             # one output pixel
 ]
 
 
@@ -46,7 +55,8 @@ def test_every_gemm_tile(config):
 
 
 @pytest.mark.parametrize("tile", WINOGRAD_TILES)
-@pytest.mark.parametrize("case", [WINOGRAD_CASES[0], WINOGRAD_CASES[5], WINOGRAD_CASES[8]], ids=lambda c: c.id)
+@pytest.mark.parametrize("case", [WINOGRAD_CASES[0], WINOGRAD_CASES[5], WINOGRAD_CASES[8], WINOGRAD_CASES[10]],
+                         ids=lambda c: c.id)
 def test_64_bit_index_specialisation(case, tile):
     plan = make_winograd_plan(problem_of(case), tile=tile)
     plan = dataclasses.replace(plan, index_type="long long", gemm=dataclasses.replace(plan.gemm, index_type="long long"))
@@ -62,6 +72,9 @@ LAYERS = [
     Case(2, 256, 256, 56, 56, 3, 3, padding=1),          # vgg_conv3_2 at batch 2
     Case(2, 64, 64, 224, 224, 3, 3, padding=1),          # vgg_conv1_2 at batch 2
     Case(2, 1024, 128, 14, 14, 3, 3, padding=1),         # F(2x2): more input channels than F(4x4) takes
+    Case(2, 3, 96, 224, 224, 11, 11, stride=4, padding=2),  # AlexNet conv1 at batch 2
+    Case(2, 64, 128, 56, 56, 5, 5, stride=2, padding=2),
+    Case(2, 256, 256, 28, 28, 5, 5, stride=2, padding=2),   # F(2x2): 1024 phase channels
 ]
 
 
@@ -70,3 +83,19 @@ def test_planned_layers(case):
     """The planner sends these to Winograd (through the public conv2d), and the result is right."""
     assert make_plan(problem_of(case)).kernel == WINOGRAD_KERNEL
     check(case, "float32", seed=len(case.id))
+
+
+def test_alexnet_conv1_full_size():
+    """AlexNet's conv1 (batch 256, 1 GB of temporaries) through the public conv2d: Winograd on its 48
+    phase channels; every element written, a sample of images against float64."""
+    case = Case(256, 3, 96, 224, 224, 11, 11, stride=4, padding=2)
+    x, weight, bias = random_inputs(case, "float32", seed=9)
+    x_c, w_c, b_c = to_cupy(x), to_cupy(weight), to_cupy(bias)
+    assert cupyconv.plan(x_c, w_c, b_c, case.stride, case.padding).kernel == WINOGRAD_KERNEL
+    out = cupy.full((256, 96, 55, 55), cupy.nan, dtype=cupy.float32)
+    cupyconv.conv2d(x_c, w_c, b_c, case.stride, case.padding, out=out)
+    out = torch.from_dlpack(out)
+    assert not out.isnan().any()
+    sample = [0, case.n // 2, case.n - 1]
+    ref = F.conv2d(x[sample].double(), weight.double(), bias.double(), case.stride, case.padding)
+    assert relative_error(out[sample], ref) < 1e-5
