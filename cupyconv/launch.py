@@ -8,8 +8,8 @@ import numpy as np
 from .arguments import ConvProblem
 from .compiler import compute_capability, get_kernel
 from .planner import (DEPTHWISE_KERNEL, DIRECT_KERNEL, NHWC_KERNEL, SIMT_KERNEL, WINOGRAD_BLOCK, WINOGRAD_KERNEL,
-                      LaunchPlan, channels_last_copy, make_plan, winograd_channels, winograd_gemm_problem,
-                      winograd_name_expression)
+                      LaunchPlan, channels_last_copy, make_plan, winograd_blocks, winograd_channels,
+                      winograd_gemm_problem, winograd_name_expression)
 
 
 def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan: LaunchPlan | None = None,
@@ -64,31 +64,37 @@ def _launch(plan: LaunchPlan, p: ConvProblem, x, weight, bias, out, channels: in
 
 
 def _winograd(x, weight, bias, p: ConvProblem, out, plan: LaunchPlan):
-    """Winograd F(m x m, 3x3) (kernels/winograd_conv2d.cu): the weight and input transforms (of the
-    C' = C sh sw polyphase channels) into new arrays U and V, their GEMMs into M (plan.gemm), the
-    output transform into ``out``."""
+    """Winograd F(m x m, 3x3) (kernels/winograd_conv2d.cu): the weight transform (of the C' phase
+    channels) into a new array U, then per pass of plan.winograd_images images the input transform
+    into V, the GEMMs into M (plan.gemm, or plan.gemm_last for a shorter last pass), the output
+    transform into that pass's images of ``out``."""
     import cupy
 
-    m, positions = plan.winograd_tile, (plan.winograd_tile + 2) ** 2
+    m, positions, images = plan.winograd_tile, (plan.winograd_tile + 2) ** 2, plan.winograd_images
     tiles_h, tiles_w = plan.tiles // plan.tiles_w, plan.tiles_w
-    tiles, channels = p.n * plan.tiles, winograd_channels(p)
+    channels, (bh, bw), (sh, sw) = winograd_channels(p), winograd_blocks(p), p.stride
     u = cupy.empty(positions * channels * plan.weight_columns, dtype=cupy.float32)
-    v = cupy.empty(positions * channels * tiles, dtype=cupy.float32)
-    y = cupy.empty(positions * p.k * tiles, dtype=cupy.float32)
+    v = cupy.empty(positions * channels * images * plan.tiles, dtype=cupy.float32)
+    y = cupy.empty(positions * p.k * images * plan.tiles, dtype=cupy.float32)
 
-    def transform(kernel: str, blocks: int, *args):
+    def transform(kernel: str, threads: int, *args, blocks_per: int = 1):
         get_kernel(kernel, winograd_name_expression(kernel, m, plan.index_type))(
-            (blocks,), (WINOGRAD_BLOCK,), tuple(np.int32(a) if isinstance(a, int) else a for a in args))
+            (blocks_per * math.ceil(threads / WINOGRAD_BLOCK),), (WINOGRAD_BLOCK,),
+            tuple(np.int32(a) if isinstance(a, int) else a for a in args))
 
-    (sh, sw), blocks = p.stride, lambda threads: math.ceil(threads / WINOGRAD_BLOCK)
-    transform("winograd_weight_transform", blocks(channels * plan.weight_columns), weight, u, p.c, p.k,
-              plan.weight_columns, p.kh, p.kw, sh, sw)
-    transform("winograd_input_transform", channels * blocks(tiles), x, v, p.n, p.c, p.h, p.w, p.pad_top, p.pad_left,
-              sh, sw, tiles_h, tiles_w)
-    gemm = winograd_gemm_problem(p, m)
-    _launch(plan.gemm, gemm, v, u, u, y, gemm.c)  # no bias: any array stands in for it
-    transform("winograd_output_transform", blocks(p.k * tiles), y, bias, out, int(p.has_bias), p.n, p.k, p.ho, p.wo,
-              tiles_h, tiles_w)
+    transform("winograd_weight_transform", channels * plan.weight_columns, weight, u, p.c, p.k, plan.weight_columns,
+              p.kh, p.kw, sh, sw, bh, bw)
+    x, out = x.reshape(p.n, -1), out.reshape(p.n, -1)  # a pass's images are rows
+    for first in range(0, p.n, images):
+        count = min(images, p.n - first)
+        tiles = count * plan.tiles
+        transform("winograd_input_transform", tiles, x[first:first + count], v, count, p.c, p.h, p.w, p.pad_top,
+                  p.pad_left, sh, sw, bh, bw, tiles_h, tiles_w, blocks_per=channels)
+        gemm = winograd_gemm_problem(p, m, count)
+        # No bias: any array stands in for it.
+        _launch(plan.gemm if count == images else plan.gemm_last, gemm, v, u, u, y, gemm.c)
+        transform("winograd_output_transform", p.k * tiles, y, bias, out[first:first + count], int(p.has_bias), count,
+                  p.k, p.ho, p.wo, tiles_h, tiles_w)
 
 
 def _channels_last(a, dtype: str, n: int, c: int, positions: int, channels_padded: int, round_tf32: bool):

@@ -94,6 +94,10 @@ class LaunchPlan:
     # output tiles of winograd_tile x winograd_tile pixels: tiles_w per row, tiles per image (above).
     gemm: "LaunchPlan | None" = None
     winograd_tile: int = 0
+    # ... which runs in passes of winograd_images images (all, unless the temporaries would pass
+    # WINOGRAD_MAX_WORKSPACE_BYTES), the last pass's GEMM planned as gemm_last.
+    winograd_images: int = 0
+    gemm_last: "LaunchPlan | None" = None
     # The NVRTC target the specialisation needs where it is not the device's own ("sm_90a": wgmma).
     arch: str = ""
 
@@ -960,7 +964,7 @@ WINOGRAD_TILES = (2, 4)
 #: data, against strict float32's 1e-5 bound): above this many (phase) channels F(2x2) runs instead.
 WINOGRAD_4X4_MAX_CHANNELS = 512
 #: Temporaries (the transformed input V, the GEMM's output M and the transformed weight: about 2.25x
-#: (F(4x4)) or 4x (F(2x2)) the input plus the output) past which the FMA implicit GEMM runs instead.
+#: (F(4x4)) or 4x (F(2x2)) the phases plus the output) a pass may take: larger batches run in passes.
 WINOGRAD_MAX_WORKSPACE_BYTES = 2**31
 #: Winograd pays where the multiplies saved (at the FMA GEMM's ~30 TFLOP/s) outweigh the time V and M
 #: spend crossing memory twice (at ~2.5 TB/s): for 3x3 stride-1 layers, for F(4x4) where C K / (C + K)
@@ -968,16 +972,22 @@ WINOGRAD_MAX_WORKSPACE_BYTES = 2**31
 #: from 128 -> 128 up). Strided layers count their phase channels and the multiplies they save
 #: (_winograd_gain).
 WINOGRAD_MIN_CHANNEL_RATIO = {4: 24, 2: 48}
-#: Kernel extent in strides (ceil(kh / sh), ceil(kw / sw)) the 3x3 transforms take.
-WINOGRAD_SPAN = (3, 3)
 #: Threads per block of the transforms (kernels/winograd_conv2d.cu: __launch_bounds__(256)); the input
 #: transform's blocks each take this many tiles of one phase channel.
 WINOGRAD_BLOCK = 256
 
 
+def winograd_blocks(problem: ConvProblem) -> tuple[int, int]:
+    """(bh, bw): blocks of 3 strides that cover the kernel down and across (1 x 1 for 3x3 stride 1 and
+    AlexNet's 11x11 stride 4; 2 x 3 for the 5x9 at stride 1)."""
+    return (math.ceil(math.ceil(problem.kh / problem.stride[0]) / 3),
+            math.ceil(math.ceil(problem.kw / problem.stride[1]) / 3))
+
+
 def winograd_channels(problem: ConvProblem) -> int:
-    """C': the input channels of the stride-1 3x3 problem, one per channel and polyphase (p, q)."""
-    return problem.c * problem.stride[0] * problem.stride[1]
+    """C': the input channels of the stride-1 3x3 problem, one per channel and phase (u, v, p, q): bh x bw
+    blocks of 3 strides, sh x sw polyphase components."""
+    return problem.c * math.prod(winograd_blocks(problem)) * problem.stride[0] * problem.stride[1]
 
 
 def _winograd_tile(problem: ConvProblem) -> int:
@@ -989,45 +999,48 @@ def _winograd_tiles(problem: ConvProblem, tile: int) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=4096)
-def winograd_gemm_problem(problem: ConvProblem, tile: int) -> ConvProblem:
-    """The batched GEMM as simt_gemm_conv2d sees it: one image of 1 x T pixels (T tiles) with a^2 C
-    channels, a^2 groups (a = tile + 2), a 1x1 kernel and a^2 K outputs. Cached: launch.py asks for it
-    on every call."""
+def winograd_gemm_problem(problem: ConvProblem, tile: int, images: int | None = None) -> ConvProblem:
+    """The batched GEMM as simt_gemm_conv2d sees it for ``images`` images (default all): one image of
+    1 x T pixels (T tiles) with a^2 C' channels, a^2 groups (a = tile + 2), a 1x1 kernel and a^2 K
+    outputs. Cached: launch.py asks for it on every call."""
     from .arguments import make_problem
 
-    tiles = problem.n * math.prod(_winograd_tiles(problem, tile))
+    tiles = (problem.n if images is None else images) * math.prod(_winograd_tiles(problem, tile))
     positions, channels = (tile + 2) ** 2, winograd_channels(problem)
     return make_problem((1, positions * channels, 1, tiles), (positions * problem.k, channels, 1, 1), None,
                         "float32", 1, 0, 1, positions)
 
 
-def _winograd_workspace_bytes(problem: ConvProblem, tile: int) -> int:
-    tiles = problem.n * math.prod(_winograd_tiles(problem, tile))
-    columns, channels = math.ceil(problem.k / 4) * 4, winograd_channels(problem)
-    return 4 * (tile + 2) ** 2 * (channels * tiles + problem.k * tiles + channels * columns)
+def _winograd_images(problem: ConvProblem, tile: int) -> int:
+    """Images per pass: all, or as many as keep the temporaries (U, and V and M of the pass's tiles)
+    within WINOGRAD_MAX_WORKSPACE_BYTES, in passes of equal size but the last (0: not even one)."""
+    positions, channels = (tile + 2) ** 2, winograd_channels(problem)
+    weight = 4 * positions * channels * math.ceil(problem.k / 4) * 4
+    per_image = 4 * positions * (channels + problem.k) * math.prod(_winograd_tiles(problem, tile))
+    fit = max(0, (WINOGRAD_MAX_WORKSPACE_BYTES - weight) // per_image)
+    if fit == 0 or problem.n == 0:
+        return min(fit, problem.n)
+    return math.ceil(problem.n / math.ceil(problem.n / fit))
 
 
 def _winograd_refusal(problem: ConvProblem, tile: int | None = None) -> str:
     """Why winograd_conv2d (with ``tile``, or the one it would choose) cannot run ``problem`` ("" when it can)."""
     if problem.dtype != "float32":
         return f"it computes in float32 only, got {problem.dtype}"
-    span = (-(-problem.kh // problem.stride[0]), -(-problem.kw // problem.stride[1]))
-    if span != WINOGRAD_SPAN or problem.dilation != (1, 1) or problem.groups != 1:
-        return (f"it needs a kernel of 3 strides each way (3x3 at stride 1, 5x5 at 2, 11x11 at 4, ...), "
-                f"dilation 1 and one group (got {problem.kh}x{problem.kw} at stride {problem.stride}, "
-                f"dilation {problem.dilation}, groups {problem.groups})")
+    if problem.dilation != (1, 1) or problem.groups != 1:
+        return f"it needs dilation 1 and one group (got dilation {problem.dilation}, groups {problem.groups})"
     tile = tile or _winograd_tile(problem)
-    workspace = _winograd_workspace_bytes(problem, tile)
-    if workspace > WINOGRAD_MAX_WORKSPACE_BYTES:
-        return f"its temporaries would take {workspace / 2**20:.0f} MiB (> {WINOGRAD_MAX_WORKSPACE_BYTES // 2**20})"
-    return _simt_refusal(winograd_gemm_problem(problem, tile))
+    if problem.n and not _winograd_images(problem, tile):
+        return f"its temporaries for one image would pass {WINOGRAD_MAX_WORKSPACE_BYTES // 2**20} MiB"
+    return _simt_refusal(winograd_gemm_problem(problem, tile, max(1, _winograd_images(problem, tile))))
 
 
 def _winograd_gain(problem: ConvProblem, tile: int) -> float:
-    """Multiplies saved per output and phase channel, relative to a 3x3 stride-1 layer's: a strided
-    kernel pads its taps to 3 sh x 3 sw (AlexNet's 121 to 144), saving less per phase channel."""
+    """Multiplies saved per output and phase channel, relative to a 3x3 stride-1 layer's: strided or
+    larger kernels pad their taps to 3 bh sh x 3 bw sw (AlexNet's 121 to 144, the 5x9's 45 to 54),
+    saving less per phase channel (below zero where padding outweighs the transform's saving)."""
     transformed = (tile + 2) ** 2 / tile**2
-    direct = problem.kh * problem.kw / (problem.stride[0] * problem.stride[1])
+    direct = problem.kh * problem.kw * problem.c / winograd_channels(problem)
     return (direct - transformed) / (9 - transformed)
 
 
@@ -1039,28 +1052,38 @@ def _winograd_pays(problem: ConvProblem) -> bool:
 
 def make_winograd_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
                        tile: int | None = None) -> LaunchPlan:
-    """Winograd's transforms (one thread per tile and channel) around the batched GEMM's own plan;
-    ``config`` forces the GEMM's tile, ``tile`` the output tile m (2 or 4; None: by channel count)."""
+    """Winograd's transforms (one thread per tile and channel) around the batched GEMM's own plan, in
+    passes of winograd_images images; ``config`` forces the GEMM's tile, ``tile`` the output tile m
+    (2 or 4; None: by channel count)."""
     if tile is not None and tile not in WINOGRAD_TILES:
         raise ValueError(f"tile must be one of {WINOGRAD_TILES}, got {tile!r}")
     tile = tile or _winograd_tile(problem)
     why_not = _winograd_refusal(problem, tile)
     if why_not:
         raise ValueError(f"kernel {WINOGRAD_KERNEL!r} cannot run this problem: {why_not}")
-    gemm = make_simt_plan(winograd_gemm_problem(problem, tile), config)
+    images = max(1, _winograd_images(problem, tile))
+    gemm, gemm_last = (make_simt_plan(winograd_gemm_problem(problem, tile, n), config)
+                       for n in (images, problem.n % images or images))
     tiles_h, tiles_w = _winograd_tiles(problem, tile)
     index_type = "long long" if "long long" in (_index_type(problem), gemm.index_type) else "int"
-    channels = winograd_channels(problem)
-    what = (f"{channels} input channels" if problem.stride == (1, 1) else
-            f"{channels} phase channels ({problem.c} channels x {problem.stride[0]}x{problem.stride[1]} phases)")
+    channels, (bh, bw), (sh, sw) = winograd_channels(problem), winograd_blocks(problem), problem.stride
+    what = f"{channels} input channels"
+    if channels != problem.c:
+        splits = [f"{problem.c} channels"] + [f"{a}x{b} {name}" for a, b, name in
+                                               ((bh, bw, "blocks of 3 strides"), (sh, sw, "phases")) if a * b > 1]
+        what = f"{channels} phase channels ({' x '.join(splits)})"
     why = (f"F({tile}x{tile}, 3x3): {what}" +
            (f" <= {WINOGRAD_4X4_MAX_CHANNELS}" if tile == 4 else f" > {WINOGRAD_4X4_MAX_CHANNELS} (F(4x4) rounds more)"))
+    if images < problem.n:
+        why += f"; {math.ceil(problem.n / images)} passes of {images} image(s) keep the temporaries within " \
+               f"{WINOGRAD_MAX_WORKSPACE_BYTES // 2**20} MiB"
     return LaunchPlan(
         kernel=WINOGRAD_KERNEL, dtype=problem.dtype, index_type=index_type, config=gemm.config,
         grid=gemm.grid, block=gemm.block, shared_bytes=gemm.shared_bytes,
         reason=f"{reason}; {why}" if reason else why,
         tiles_w=tiles_w, tiles=tiles_h * tiles_w, weight_columns=gemm.weight_columns, winograd_tile=tile,
-        gemm=dataclasses.replace(gemm, index_type=index_type))
+        winograd_images=images, gemm=dataclasses.replace(gemm, index_type=index_type),
+        gemm_last=dataclasses.replace(gemm_last, index_type=index_type))
 
 
 def _describe_winograd_plan(plan: LaunchPlan) -> str:
@@ -1069,7 +1092,7 @@ def _describe_winograd_plan(plan: LaunchPlan) -> str:
     return (f"{plan.kernel} [F({m}x{m}, 3x3): {tiles_h}x{plan.tiles_w} output tiles of {m}x{m} per image; "
             f"transforms of the weight, the input and the output around {(m + 2) ** 2} GEMMs]\n"
             f"  float32 (IEEE arithmetic, no TF32), {plan.index_type} indices\n"
-            f"  the {(m + 2) ** 2} GEMMs, as one grouped 1x1 convolution:\n{gemm}\n"
+            f"  the {(m + 2) ** 2} GEMMs, as one grouped 1x1 convolution of {plan.winograd_images} image(s) a pass:\n{gemm}\n"
             f"  why: {plan.reason}")
 
 

@@ -1,16 +1,20 @@
-// Winograd F(m x m, 3x3), m = 2 or 4, for strict float32: undilated, ungrouped convolutions whose
-// kernel spans 3 strides each way (3x3 at stride 1; 5x5 or 6x6 at stride 2; AlexNet's 11x11 at 4), with
+// Winograd F(m x m, 3x3), m = 2 or 4, for strict float32: undilated, ungrouped convolutions (3x3 at
+// stride 1 as it stands; AlexNet's 11x11 at stride 4 and larger kernels through the splits below), with
 // fewer multiplies than the direct sum (Lavin and Gray, "Fast Algorithms for Convolutional Neural
 // Networks", 2016): 2.25x fewer for m = 2, 4x for m = 4. With a = m + 2, every m x m output tile is
 //   Y = A^T [ sum_c (G g G^T) .* (B^T d B) ] A
 // with d the tile's a x a input patch and g the 3x3 filter; the sum over c, for each of the a^2
 // positions xi of the transformed tile, is a GEMM  M[xi] = V[xi] U[xi]  ([tiles x C'] x [C' x K]).
 //
-// Strides (sh, sw) are met by the polyphase split: with x padded, output (oh, ow) sums
-//   x[sh oh + r][sw ow + s] w[r][s],   r = sh i + p, s = sw j + q  (p < sh, q < sw, i, j < 3),
-// so phase (p, q) of channel c, x_pq[i'][j'] = x[sh i' + p][sw j' + q], is one of C' = C sh sw input
-// channels of a stride-1 3x3 convolution with filter w_pq[i][j] = w[sh i + p][sw j + q] (zero past the
-// kernel). The transforms below read x and w through that split; stride 1 is the phase (0, 0) alone.
+// Other kernels become a stride-1 3x3 convolution of more channels by two splits. With x padded,
+// output (oh, ow) sums x[sh oh + r][sw ow + s] w[r][s] over the taps; write
+//   r = sh (3 u + i) + p,   s = sw (3 v + j) + q   (p < sh, q < sw, i, j < 3, u < bh, v < bw),
+// bh = ceil(ceil(kh / sh) / 3) blocks of 3 strides down the kernel, bw across. Then the "phase"
+// (u, v, p, q) of channel c, x_uvpq[i'][j'] = x[sh (i' + 3 u) + p][sw (j' + 3 v) + q], is one of
+// C' = C bh bw sh sw input channels of a stride-1 3x3 convolution with filter
+// w_uvpq[i][j] = w[sh (3 u + i) + p][sw (3 v + j) + q], zero past the kernel: the polyphase split for
+// strides, the block split for kernels past 3 strides (the 5x9 at stride 1: 2 x 3 blocks). The
+// transforms read x and w through them; a 3x3 stride-1 layer is the phase (0, 0, 0, 0) alone.
 //
 // Three kernels here, and simt_gemm_conv2d.cu between them:
 //   winograd_weight_transform  w [K][C][kh][kw] -> U [a^2][C'][Kp]  (G g G^T; Kp = K rounded up to 4)
@@ -105,25 +109,36 @@ __device__ __forceinline__ void load_planes(float (&t)[A][A], const float* __res
         for (int q = 0; q < A; ++q) t[r][q] = src[(r * A + q) * plane + i];
 }
 
-// One thread per (c', k) pair, k fastest: U[xi][c'][k] = (G g G^T)[xi] for c' = (c, p, q), g = w_pq
-// (taps past the kernel and channels k >= K are zeros).
+// Phase ph of bh bw sh sw, in (u, v, p, q) order: the tap or input offset of its (0, 0) element.
+struct Phase {
+    int row, col;
+    __device__ __forceinline__ Phase(int ph, int sh, int sw, int bw) {
+        const int q = ph % sw, p = ph / sw % sh, v = ph / (sw * sh) % bw, u = ph / (sw * sh * bw);
+        row = 3 * sh * u + p;
+        col = 3 * sw * v + q;
+    }
+};
+
+// One thread per (c', k) pair, k fastest: U[xi][c'][k] = (G g G^T)[xi] for c' = (c, phase), g that
+// phase's 3x3 filter (taps past the kernel and channels k >= K are zeros).
 template <int M, typename Index>
 __global__ void __launch_bounds__(256)
 winograd_weight_transform(const float* __restrict__ w, float* __restrict__ u, int C, int K, int Kp, int kh, int kw,
-                          int sh, int sw) {
+                          int sh, int sw, int bh, int bw) {
     constexpr int A = M + 2;
     const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
-    const int phases = sh * sw;
+    const int phases = bh * bw * sh * sw;
     if (i >= static_cast<Index>(C) * phases * Kp) return;
     const int cp = static_cast<int>(i / Kp), k = static_cast<int>(i - static_cast<Index>(cp) * Kp);
-    const int c = cp / phases, p = (cp - c * phases) / sw, q = cp - c * phases - p * sw;
+    const int c = cp / phases;
+    const Phase phase(cp - c * phases, sh, sw, bw);
     const float* filter = w + (static_cast<Index>(k) * C + c) * kh * kw;
     float g[3][3], out[A][A];
 #pragma unroll
     for (int r = 0; r < 3; ++r)
 #pragma unroll
         for (int s = 0; s < 3; ++s) {
-            const int tap_h = sh * r + p, tap_w = sw * s + q;
+            const int tap_h = phase.row + sh * r, tap_w = phase.col + sw * s;
             g[r][s] = k < K && tap_h < kh && tap_w < kw ? filter[tap_h * kw + tap_w] : 0.0f;
         }
     sandwich(winograd<M>::G, g, winograd<M>::G, out);
@@ -131,28 +146,28 @@ winograd_weight_transform(const float* __restrict__ w, float* __restrict__ u, in
 }
 
 // One block of 256 tiles (a row of tiles are neighbours, so a warp's reads overlap in L1) for one phase
-// channel c' = (c, p, q): V[xi][c'][t] = (B^T d B)[xi], d the a x a patch of x_pq at (M th, M tw), that
-// is of x at (sh M th + p - pt, sw M tw + q - pl) with rows sh and columns sw apart, zeros outside.
-// Blocks run phase-fastest, so the sh sw blocks that read one stretch of x run together and share it
-// in L2 (channel-major, each phase would read all N images of channel c again).
+// channel c' = (c, phase): V[xi][c'][t] = (B^T d B)[xi], d the a x a patch of that phase at (M th, M tw),
+// that is of x from (sh M th + phase.row - pt, sw M tw + phase.col - pl) with rows sh and columns sw
+// apart, zeros outside. Blocks run phase-fastest, so the bh bw sh sw blocks that read one stretch of x
+// run together and share it in L2 (channel-major, each phase would read all N images of c again).
 template <int M, typename Index>
 __global__ void __launch_bounds__(256)
 winograd_input_transform(const float* __restrict__ x, float* __restrict__ v, int N, int C, int H, int W,
-                         int pt, int pl, int sh, int sw, int tiles_h, int tiles_w) {
+                         int pt, int pl, int sh, int sw, int bh, int bw, int tiles_h, int tiles_w) {
     constexpr int A = M + 2;
     const Index T = static_cast<Index>(N) * tiles_h * tiles_w;
-    const int phases = sh * sw;
+    const int phases = bh * bw * sh * sw;
     const Index chunks = (T + blockDim.x - 1) / blockDim.x;
     const Index block = blockIdx.x;
-    const int phase = static_cast<int>(block % phases);
+    const int ph = static_cast<int>(block % phases);
     const Index c_chunk = block / phases;
     const Index c = c_chunk / chunks;
     const Index t = (c_chunk - c * chunks) * blockDim.x + threadIdx.x;
     if (t >= T) return;
-    const int p = phase / sw, q = phase - p * sw;
+    const Phase phase(ph, sh, sw, bw);
     const Tile<Index> tile(t, tiles_h, tiles_w);
     const float* plane = x + (tile.image * C + c) * H * W;
-    const int ih0 = sh * M * tile.th + p - pt, iw0 = sw * M * tile.tw + q - pl;
+    const int ih0 = sh * M * tile.th + phase.row - pt, iw0 = sw * M * tile.tw + phase.col - pl;
     float d[A][A], out[A][A];
 #pragma unroll
     for (int r = 0; r < A; ++r)
@@ -163,7 +178,7 @@ winograd_input_transform(const float* __restrict__ x, float* __restrict__ v, int
                           ? plane[static_cast<Index>(ih) * W + iw] : 0.0f;
         }
     sandwich(winograd<M>::BT, d, winograd<M>::BT, out);
-    store_planes(out, v, T * C * phases, (c * phases + phase) * T + t);
+    store_planes(out, v, T * C * phases, (c * phases + ph) * T + t);
 }
 
 // One thread per (k, tile), tile fastest: the M x M outputs A^T m A (+ bias) of the a^2 M[xi][k][t].

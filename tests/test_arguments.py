@@ -182,28 +182,35 @@ def test_winograd_dispatch():
     assert plan(1024, 256, 14).winograd_tile == 2                # F(4x4) rounds more with longer sums
     assert "F(4x4, 3x3)" in str(plan(512, 512, 7))
     assert plan(32, 32, 56).kernel == SIMT_KERNEL                # too few channels to pay for the transforms
-    assert plan(128, 128, 28, stride=2).kernel == SIMT_KERNEL
+    assert plan(128, 128, 28, stride=2).kernel == SIMT_KERNEL    # taps padded 2x2 -> 3x3 per phase: no saving
     assert plan(128, 128, 28, dilation=2).kernel == SIMT_KERNEL
     assert plan(128, 128, 28, groups=2).kernel == SIMT_KERNEL
-    assert plan(128, 128, 28, size=5).kernel == SIMT_KERNEL
     assert plan(128, 128, 28, allow_tf32=True).kernel != WINOGRAD_KERNEL
     assert plan(128, 128, 28, dtype="float16").kernel != WINOGRAD_KERNEL
-    assert plan(512, 512, 224).kernel == SIMT_KERNEL              # temporaries past the cap
+    big = plan(512, 512, 224)                                     # 14.8 GB of temporaries at once: 8 passes of 4 images
+    assert big.kernel == WINOGRAD_KERNEL and big.winograd_images == 4 and "8 passes of 4 image(s)" in big.reason
+    assert plan(512, 512, 224, n=30).winograd_images == 4            # passes as even as they come: 4 x 7 + 2
+    assert plan(512, 512, 224, n=30).gemm_last.grid[0] < big.gemm.grid[0]
+    assert plan(512, 512, 2048, n=2).kernel == SIMT_KERNEL          # one image's temporaries past the cap
     assert plan(8, 8, 9, kernel=WINOGRAD_KERNEL).kernel == WINOGRAD_KERNEL  # forced where it does not pay
     assert make_winograd_plan(problem(8, 8, 9), tile=2).winograd_tile == 2
     with pytest.raises(ValueError, match="tile must be one of"):
         make_winograd_plan(problem(8, 8, 9), tile=3)
-    for bad in (dict(stride=2), dict(dtype="float64"), dict(size=5), dict(size=7, stride=2)):
+    for bad in (dict(dilation=2), dict(dtype="float64"), dict(groups=2)):
         with pytest.raises(ValueError, match="winograd_conv2d.*cannot run"):
             plan(8, 8, 9, kernel=WINOGRAD_KERNEL, **bad)
+    with pytest.raises(ValueError, match="winograd_conv2d.*cannot run.*one image"):
+        plan(512, 512, 2048, n=2, kernel=WINOGRAD_KERNEL)
 
 
-def test_strided_winograd_dispatch():
-    """Kernels spanning 3 strides each way run as the stride-1 3x3 problem of their C sh sw polyphase
-    channels: AlexNet's conv1 (48 phase channels) and 5x5 stride-2 layers take it where the phase
-    channels and the multiplies saved pay; other strided kernels, and too few channels, do not."""
+def test_strided_and_large_winograd_dispatch():
+    """Other kernels run as the stride-1 3x3 problem of their C bh bw sh sw phase channels (blocks of 3
+    strides, polyphase components): AlexNet's conv1 (48), the wide 5x9 seed (192, in passes of 3 images),
+    5x5 layers, where the phase channels and the multiplies saved pay; kernels that pad their taps too
+    far (7x7 at stride 2, 3x3 at stride 2) and too few channels do not; forced, any stride and size run."""
     from cupyconv.arguments import make_problem
-    from cupyconv.planner import SIMT_KERNEL, WINOGRAD_KERNEL, make_plan, winograd_channels, winograd_gemm_problem
+    from cupyconv.planner import (SIMT_KERNEL, WINOGRAD_KERNEL, make_plan, winograd_blocks, winograd_channels,
+                                  winograd_gemm_problem)
 
     def problem(c, k, hw, kh, kw, stride, padding=0, n=32):
         return make_problem((n, c, hw, hw), (k, c, kh, kw), None, "float32", stride, padding)
@@ -221,6 +228,15 @@ def test_strided_winograd_dispatch():
     assert make_plan(problem(128, 128, 56, 3, 3, 2, 1)).kernel == SIMT_KERNEL  # 3x3 at stride 2: 2 strides
     assert make_plan(problem(8, 8, 56, 5, 5, 2, 2)).kernel == SIMT_KERNEL    # too few channels
     assert make_plan(problem(8, 8, 56, 5, 5, 2, 2), kernel=WINOGRAD_KERNEL).kernel == WINOGRAD_KERNEL
+    wide = make_problem((8, 32, 512, 512), (64, 32, 5, 9), None, "float32", 1, 0)
+    plan = make_plan(wide)
+    assert plan.kernel == WINOGRAD_KERNEL and winograd_blocks(wide) == (2, 3) and winograd_channels(wide) == 192
+    assert "192 phase channels (32 channels x 2x3 blocks of 3 strides)" in plan.reason
+    assert plan.winograd_images == 3 and "3 passes of 3 image(s)" in plan.reason  # 590 MB of temporaries an image
+    assert winograd_gemm_problem(wide, 4, 2).w == 2 * 127 * 126 and plan.gemm_last.grid[0] < plan.gemm.grid[0]
+    assert make_plan(problem(64, 64, 56, 5, 5, 1, 2)).kernel == WINOGRAD_KERNEL   # 2 x 2 blocks: 25 taps of 36
+    assert make_plan(problem(64, 64, 56, 7, 7, 1, 3)).kernel == SIMT_KERNEL       # 3 x 3 blocks: 49 of 81
+    assert make_plan(problem(8, 8, 56, 7, 7, 2, 3), kernel=WINOGRAD_KERNEL).kernel == WINOGRAD_KERNEL
 
 
 def test_plans_are_cached_and_errors_are_not():

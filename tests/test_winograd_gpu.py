@@ -2,10 +2,12 @@
 simt_gemm_conv2d) against torch in float64, on the GPU: both tile sizes forced on every 3x3 stride-1
 shape of interest (odd output sizes that leave partial tiles, every padding including asymmetric
 'same', channel counts that are not multiples of the GEMM's tiles or of 4, several images, no bias),
-and on strided kernels of 3 strides each way (polyphase channels: AlexNet's 11x11 at stride 4, 5x5,
-6x6 and 9x9 ones, strides that differ by axis, kernels that do not fill their 3 strides), every GEMM
-tile forced, the 64-bit index specialisation, the layers the planner sends to it, and AlexNet's conv1
-at full size. Outputs are poisoned with NaN before each launch; strict float32 must land under 1e-5.
+on strided kernels (polyphase channels: AlexNet's 11x11 at stride 4, 5x5, 6x6 and 9x9 ones, strides
+that differ by axis, kernels that do not fill their 3 strides) and on kernels past 3 strides (blocks of
+3x3 taps: the 5x9 seed's, 5x5, 7x7 at stride 2, 4x10), every GEMM tile forced, the 64-bit index
+specialisation, passes of a few images with a shorter last one, the layers the planner sends to it,
+and both seed shapes at full size. Outputs are poisoned with NaN before each launch; strict float32
+must land under 1e-5.
 """
 import dataclasses
 
@@ -38,6 +40,10 @@ WINOGRAD_CASES = [
     Case(1, 3, 12, 26, 29, 9, 7, stride=(3, 3), padding=(0, 4)),  # 9x7 at stride 3: taps short of 9 wide
     Case(2, 6, 10, 21, 23, 5, 9, stride=(2, 3), padding=(2, 1)),  # strides that differ by axis
     Case(1, 2, 5, 11, 11, 11, 11, stride=4),             # one output pixel
+    Case(2, 32, 64, 21, 27, 5, 9),                       # the wide seed's 5x9: 2 x 3 blocks, 192 phase channels
+    Case(1, 5, 7, 16, 13, 5, 5, padding=2, bias=False),  # 2 x 2 blocks, 11 of 36 taps zero
+    Case(2, 3, 6, 23, 21, 7, 7, stride=2, padding=3),    # ResNet's stem geometry: 2 x 2 blocks x 2 x 2 phases
+    Case(1, 2, 3, 15, 16, 4, 10, stride=(1, 2), padding=(1, 2)),
 ]
 
 
@@ -85,17 +91,39 @@ def test_planned_layers(case):
     check(case, "float32", seed=len(case.id))
 
 
-def test_alexnet_conv1_full_size():
-    """AlexNet's conv1 (batch 256, 1 GB of temporaries) through the public conv2d: Winograd on its 48
-    phase channels; every element written, a sample of images against float64."""
-    case = Case(256, 3, 96, 224, 224, 11, 11, stride=4, padding=2)
+def test_passes_of_images(monkeypatch):
+    """With the temporaries capped at two images' worth, 5 images run in passes of 2, 2 and 1 (the last
+    GEMM planned apart); every pass writes its own images."""
+    import cupyconv.planner as planner
+
+    case = Case(5, 6, 10, 52, 56, 5, 9, padding=(2, 1))
+    problem = problem_of(case)
+    # 52 x 50 outputs: 13 x 13 tiles an image; 36 phase channels; 10 outputs, 12 weight columns.
+    per_image, weight = 4 * 36 * (36 + 10) * 13 * 13, 4 * 36 * 36 * 12
+    monkeypatch.setattr(planner, "WINOGRAD_MAX_WORKSPACE_BYTES", weight + 2 * per_image + 1)
+    plan = make_winograd_plan(problem)
+    assert plan.winograd_images == 2 and plan.gemm_last.grid != plan.gemm.grid
+    out, ref = run_plan(case, plan, seed=17)
+    assert not out.isnan().any()
+    assert relative_error(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["alexnet_conv1", "wide_5x9"])
+def test_seed_shapes_full_size(name):
+    """Both seed shapes through the public conv2d: Winograd (AlexNet's conv1 on 48 phase channels with
+    1 GB of temporaries; the wide 5x9 on 192, in passes of 3, 3 and 2 images); every element written, a
+    sample of images against float64."""
+    case = {"alexnet_conv1": Case(256, 3, 96, 224, 224, 11, 11, stride=4, padding=2),
+            "wide_5x9": Case(8, 32, 64, 512, 512, 5, 9, bias=False)}[name]
     x, weight, bias = random_inputs(case, "float32", seed=9)
     x_c, w_c, b_c = to_cupy(x), to_cupy(weight), to_cupy(bias)
     assert cupyconv.plan(x_c, w_c, b_c, case.stride, case.padding).kernel == WINOGRAD_KERNEL
-    out = cupy.full((256, 96, 55, 55), cupy.nan, dtype=cupy.float32)
+    problem = problem_of(case)
+    out = cupy.full(problem.out_shape, cupy.nan, dtype=cupy.float32)
     cupyconv.conv2d(x_c, w_c, b_c, case.stride, case.padding, out=out)
     out = torch.from_dlpack(out)
     assert not out.isnan().any()
     sample = [0, case.n // 2, case.n - 1]
-    ref = F.conv2d(x[sample].double(), weight.double(), bias.double(), case.stride, case.padding)
+    up = lambda t: None if t is None else t[sample].double() if t.dim() == 4 else t.double()
+    ref = F.conv2d(up(x), up(weight), up(bias), case.stride, case.padding)
     assert relative_error(out[sample], ref) < 1e-5
