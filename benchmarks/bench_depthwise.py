@@ -1,5 +1,6 @@
-"""Time the depthwise kernel at every channels-per-lane count (which sets the patch ring's depth and
-the number of blocks) against torch on the depthwise layers of a cupyconv.bench suite, with CUDA events:
+"""Time the depthwise kernel at every channels-per-lane count (which sets the number of blocks) and
+patch-ring depth (channels per lane, or one more: then every channel of a lane is copied before the
+first is computed) against torch on the depthwise layers of a cupyconv.bench suite, with CUDA events:
 warm-up, then the median of many runs. Prints a table; * marks the planner's choice. This is how the
 planner's DEPTHWISE_BLOCKS is chosen; the reported figures come from `python -m cupyconv.bench`.
 
@@ -12,7 +13,7 @@ import torch
 
 from cupyconv.bench import SUITES, median_ms
 from cupyconv.launch import conv2d_cupy
-from cupyconv.planner import DEPTHWISE_KERNEL, make_depthwise_plan, make_plan
+from cupyconv.planner import DEPTHWISE_KERNEL, DEPTHWISE_MAX_BUFFERS, make_depthwise_plan, make_plan
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -40,13 +41,17 @@ def main():
             cx, cw, co = to_cupy(x), to_cupy(w), to_cupy(out)
             t_torch = median_ms(lambda: torch.nn.functional.conv2d(x, w, None, shape.stride, shape.padding,
                                                                    shape.dilation, shape.groups))
-            for per_lane in (1, 2, 4, 8, 16):
-                plan = make_depthwise_plan(problem, channels_per_lane=per_lane)
-                t = median_ms(lambda: conv2d_cupy(cx, cw, None, problem, co, plan=plan))
-                star = " *" if (plan.channels_per_block, plan.patch_buffers) == \
-                    (chosen.channels_per_block, chosen.patch_buffers) else ""
-                rows.append((shape.name, name, f"{per_lane}/lane x{plan.block[2]}, B={plan.patch_buffers}, "
-                             f"{plan.grid[0] * plan.grid[1] * plan.grid[2]} blocks{star}", t, t_torch))
+            for per_lane in (1, 2, 3, 4, 6, 8, 16):
+                for buffers in sorted({min(DEPTHWISE_MAX_BUFFERS, b) for b in (per_lane, per_lane + 1)}):
+                    try:
+                        plan = make_depthwise_plan(problem, channels_per_lane=per_lane, patch_buffers=buffers)
+                    except ValueError:  # the ring does not fit in shared memory
+                        continue
+                    t = median_ms(lambda: conv2d_cupy(cx, cw, None, problem, co, plan=plan))
+                    star = " *" if (plan.channels_per_block, plan.patch_buffers) == \
+                        (chosen.channels_per_block, chosen.patch_buffers) else ""
+                    rows.append((shape.name, name, f"{per_lane}/lane x{plan.block[2]}, B={plan.patch_buffers}, "
+                                 f"{plan.grid[0] * plan.grid[1] * plan.grid[2]} blocks{star}", t, t_torch))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cupy {cupy.__version__}")
     print(f"{'shape':22s} {'dtype':6s} {'layout (* chosen)':36s} {'ours ms':>8s} {'torch ms':>9s} {'speed-up':>8s}")
     for r in rows:

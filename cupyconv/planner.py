@@ -731,8 +731,8 @@ def _depthwise_patch(problem: ConvProblem, cfg: DepthwiseConfig) -> tuple[int, i
     return (cfg.th - 1) * sh + (problem.kh - 1) * dh + 1, (cfg.tw - 1) * sw + (problem.kw - 1) * dw + 1
 
 
-def _depthwise_layout(problem: ConvProblem, cfg: DepthwiseConfig,
-                      channels_per_lane: int | None = None) -> tuple[int, int, int, int, int] | None:
+def _depthwise_layout(problem: ConvProblem, cfg: DepthwiseConfig, channels_per_lane: int | None = None,
+                      patch_buffers: int | None = None) -> tuple[int, int, int, int, int] | None:
     """(lanes, channels per lane, patch buffers, bytes per copy piece, row pitch in elements): the
     first that fits in shared memory, preferring all lanes, then the deepest ring (up to
     DEPTHWISE_MAX_BUFFERS and the lane's channels; past two buffers within DEPTHWISE_RING_BYTES), then
@@ -756,7 +756,7 @@ def _depthwise_layout(problem: ConvProblem, cfg: DepthwiseConfig,
                     lanes * more * rows * cols * item > DEPTHWISE_BLOCK_INPUT_BYTES:
                 break
             per_lane = more
-        for buffers in range(min(DEPTHWISE_MAX_BUFFERS, per_lane), 0, -1):
+        for buffers in [patch_buffers] if patch_buffers else range(min(DEPTHWISE_MAX_BUFFERS, per_lane), 0, -1):
             budget = SHARED_MEMORY_BYTES if buffers <= 2 else DEPTHWISE_RING_BYTES
             for vec in widths:
                 elements = vec // item
@@ -783,16 +783,19 @@ def _depthwise_refusal(problem: ConvProblem) -> str:
 
 
 def make_depthwise_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
-                        channels_per_lane: int | None = None) -> LaunchPlan:
+                        channels_per_lane: int | None = None, patch_buffers: int | None = None) -> LaunchPlan:
     """Grid (output tiles, channel blocks, N), block (tw, th / rpt, lanes): a block computes one output
     tile of lanes x channels-per-lane channels of one image.
 
     ``config`` forces a DepthwiseConfig by name, ``channels_per_lane`` the channels each lane computes
-    one after another (tests: the pipelined channel loop on small problems); None lets the shape decide.
+    one after another (tests: the pipelined channel loop on small problems), ``patch_buffers`` the ring's
+    depth (1 to DEPTHWISE_MAX_BUFFERS; benchmarks/bench_depthwise.py); None lets the shape decide.
     """
+    if patch_buffers is not None and not 1 <= patch_buffers <= DEPTHWISE_MAX_BUFFERS:
+        raise ValueError(f"patch_buffers must be 1 to {DEPTHWISE_MAX_BUFFERS}, got {patch_buffers!r}")
     cfg = (_forced_config(DEPTHWISE_CONFIGS, config, f"config for {DEPTHWISE_KERNEL}") if config
            else _choose_depthwise_config(problem))
-    layout = _depthwise_layout(problem, cfg, channels_per_lane)
+    layout = _depthwise_layout(problem, cfg, channels_per_lane, patch_buffers)
     rows, cols = _depthwise_patch(problem, cfg)
     if layout is None:
         raise ValueError(f"kernel {DEPTHWISE_KERNEL!r} cannot run this problem: its {cfg.th}x{cfg.tw} tile's "
