@@ -369,8 +369,8 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
     """The kernel family for ``problem`` and why: forced by ``kernel`` (or by a config name of one
     family), else a tensor-core GEMM for float16/bfloat16, and for float32 when ``allow_tf32``: the
     channels-last one (implicit_gemm_nhwc) wherever its copies can be made, else the NCHW gather;
-    strict float32 takes Winograd (winograd_conv2d) for layers with many (phase) channels whose kernel
-    spans 3 strides (3x3 stride 1, AlexNet's 11x11 stride 4), else
+    strict float32 takes Winograd (winograd_conv2d) for undilated, ungrouped layers where its phase
+    channels and the multiplies they save pay (3x3 stride 1, AlexNet's 11x11 stride 4, the 5x9), else
     the FMA implicit GEMM (simt_gemm_conv2d) where it can run; depthwise layers
     the depthwise kernel; the rest, and float64, the direct kernel."""
     if kernel is None and config is not None:
@@ -957,8 +957,8 @@ def simt_specialisations() -> list[str]:
 # ---------------------------------------------------------------------------------------------------
 # Winograd F(m x m, 3x3), m = 2 or 4, for strict float32 (kernels/winograd_conv2d.cu): transforms
 # around a batched GEMM, which is the FMA implicit GEMM run as an (m + 2)^2-group 1x1 convolution.
-# A strided kernel that spans 3 strides each way (AlexNet's 11x11 at stride 4) is the stride-1 3x3
-# convolution of its C sh sw polyphase channels (see the kernel file), taken the same way.
+# Other undilated, ungrouped kernels are the stride-1 3x3 convolution of their C' = C bh bw sh sw phase
+# channels (3x3 blocks of taps, polyphase components; see the kernel file), taken the same way.
 
 #: Output tile sizes m of the kernels: F(4x4) saves more multiplies (4x against 2.25x) and moves less
 #: (V and M 2.25x the input and output, against 4x), F(2x2) rounds less.
@@ -1021,9 +1021,8 @@ def _winograd_images(problem: ConvProblem, tile: int) -> int:
     weight = 4 * positions * channels * math.ceil(problem.k / 4) * 4
     per_image = 4 * positions * (channels + problem.k) * math.prod(_winograd_tiles(problem, tile))
     fit = max(0, (WINOGRAD_MAX_WORKSPACE_BYTES - weight) // per_image)
-    if fit == 0 or problem.n == 0:
-        return min(fit, problem.n)
-    return math.ceil(problem.n / math.ceil(problem.n / fit))
+    n = max(problem.n, 1)
+    return fit and math.ceil(n / math.ceil(n / fit))
 
 
 def _winograd_refusal(problem: ConvProblem, tile: int | None = None) -> str:
@@ -1033,9 +1032,10 @@ def _winograd_refusal(problem: ConvProblem, tile: int | None = None) -> str:
     if problem.dilation != (1, 1) or problem.groups != 1:
         return f"it needs dilation 1 and one group (got dilation {problem.dilation}, groups {problem.groups})"
     tile = tile or _winograd_tile(problem)
-    if problem.n and not _winograd_images(problem, tile):
+    images = _winograd_images(problem, tile)
+    if not images:
         return f"its temporaries for one image would pass {WINOGRAD_MAX_WORKSPACE_BYTES // 2**20} MiB"
-    return _simt_refusal(winograd_gemm_problem(problem, tile, max(1, _winograd_images(problem, tile))))
+    return _simt_refusal(winograd_gemm_problem(problem, tile, images))
 
 
 def _winograd_gain(problem: ConvProblem, tile: int) -> float:
@@ -1064,7 +1064,7 @@ def make_winograd_plan(problem: ConvProblem, config: str | None = None, reason: 
     why_not = _winograd_refusal(problem, tile)
     if why_not:
         raise ValueError(f"kernel {WINOGRAD_KERNEL!r} cannot run this problem: {why_not}")
-    images = max(1, _winograd_images(problem, tile))
+    images = _winograd_images(problem, tile)
     gemm, gemm_last = (make_simt_plan(winograd_gemm_problem(problem, tile, n), config)
                        for n in (images, problem.n % images or images))
     tiles_h, tiles_w = _winograd_tiles(problem, tile)
@@ -1095,7 +1095,8 @@ def _describe_winograd_plan(plan: LaunchPlan) -> str:
     return (f"{plan.kernel} [F({m}x{m}, 3x3): {tiles_h}x{plan.tiles_w} output tiles of {m}x{m} per image; "
             f"transforms of the weight, the input and the output around {(m + 2) ** 2} GEMMs]\n"
             f"  float32 (IEEE arithmetic, no TF32), {plan.index_type} indices\n"
-            f"  the {(m + 2) ** 2} GEMMs, as one grouped 1x1 convolution of {plan.winograd_images} image(s) a pass:\n{gemm}\n"
+            f"  the {(m + 2) ** 2} GEMMs, as one grouped 1x1 convolution of {plan.winograd_images} image(s) "
+            f"a pass:\n{gemm}\n"
             f"  why: {plan.reason}")
 
 
