@@ -77,24 +77,27 @@ def _winograd(x, weight, bias, p: ConvProblem, out, plan: LaunchPlan):
     v = cupy.empty(positions * channels * images * plan.tiles, dtype=cupy.float32)
     y = cupy.empty(positions * p.k * images * plan.tiles, dtype=cupy.float32)
 
-    def transform(kernel: str, threads: int, *args, blocks_per: int = 1):
+    def transform(kernel: str, blocks: int, *args):
         get_kernel(kernel, winograd_name_expression(kernel, m, plan.index_type))(
-            (blocks_per * math.ceil(threads / WINOGRAD_BLOCK),), (WINOGRAD_BLOCK,),
-            tuple(np.int32(a) if isinstance(a, int) else a for a in args))
+            (blocks,), (WINOGRAD_BLOCK,), tuple(np.int32(a) if isinstance(a, int) else a for a in args))
 
-    transform("winograd_weight_transform", channels * plan.weight_columns, weight, u, p.c, p.k, plan.weight_columns,
-              p.kh, p.kw, sh, sw, bh, bw)
+    def blocks(threads: int) -> int:
+        return math.ceil(threads / WINOGRAD_BLOCK)
+
+    transform("winograd_weight_transform", blocks(channels * plan.weight_columns), weight, u, p.c, p.k,
+              plan.weight_columns, p.kh, p.kw, sh, sw, bh, bw)
     x, out = x.reshape(p.n, -1), out.reshape(p.n, -1)  # a pass's images are rows
     for first in range(0, p.n, images):
         count = min(images, p.n - first)
         tiles = count * plan.tiles
-        transform("winograd_input_transform", tiles, x[first:first + count], v, count, p.c, p.h, p.w, p.pad_top,
-                  p.pad_left, sh, sw, bh, bw, tiles_h, tiles_w, blocks_per=channels)
+        # Each block takes WINOGRAD_BLOCK tiles of one phase channel.
+        transform("winograd_input_transform", channels * blocks(tiles), x[first:first + count], v, count, p.c, p.h,
+                  p.w, p.pad_top, p.pad_left, sh, sw, bh, bw, tiles_h, tiles_w)
         gemm = winograd_gemm_problem(p, m, count)
         # No bias: any array stands in for it.
         _launch(plan.gemm if count == images else plan.gemm_last, gemm, v, u, u, y, gemm.c)
-        transform("winograd_output_transform", p.k * tiles, y, bias, out[first:first + count], int(p.has_bias), count,
-                  p.k, p.ho, p.wo, tiles_h, tiles_w)
+        transform("winograd_output_transform", blocks(p.k * tiles), y, bias, out[first:first + count],
+                  int(p.has_bias), count, p.k, p.ho, p.wo, tiles_h, tiles_w)
 
 
 def _channels_last(a, dtype: str, n: int, c: int, positions: int, channels_padded: int, round_tf32: bool):
