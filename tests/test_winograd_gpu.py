@@ -16,7 +16,7 @@ import pytest
 from cases import Case
 from checks import relative_error
 from test_gpu_core import F, check, cupy, random_inputs, to_cupy, torch
-from test_simt_gpu import problem_of, run_plan
+from test_simt_gpu import SEEDS, problem_of, run_plan
 
 import cupyconv  # noqa: E402
 from cupyconv.planner import SIMT_CONFIGS, WINOGRAD_KERNEL, WINOGRAD_TILES, make_plan, make_winograd_plan  # noqa: E402
@@ -108,13 +108,12 @@ def test_passes_of_images(monkeypatch):
     assert relative_error(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize("name", ["alexnet_conv1", "wide_5x9"])
+@pytest.mark.parametrize("name", SEEDS)
 def test_seed_shapes_full_size(name):
     """Both seed shapes through the public conv2d: Winograd (AlexNet's conv1 on 48 phase channels with
     1 GB of temporaries; the wide 5x9 on 192, in passes of 3, 3 and 2 images); every element written, a
     sample of images against float64."""
-    case = {"alexnet_conv1": Case(256, 3, 96, 224, 224, 11, 11, stride=4, padding=2),
-            "wide_5x9": Case(8, 32, 64, 512, 512, 5, 9, bias=False)}[name]
+    case = SEEDS[name]
     x, weight, bias = random_inputs(case, "float32", seed=9)
     x_c, w_c, b_c = to_cupy(x), to_cupy(weight), to_cupy(bias)
     assert cupyconv.plan(x_c, w_c, b_c, case.stride, case.padding).kernel == WINOGRAD_KERNEL
