@@ -87,6 +87,8 @@ class LaunchPlan:
     # arithmetic). Its vec is bytes per copy piece, its pitch the patch's row pitch in elements.
     channels_per_block: int = 0
     patch_buffers: int = 0
+    # depthwise_column_conv2d only: row segments of rpt rows per output column (ceil(Ho / rpt)).
+    segments: int = 0
     # simt_gemm_conv2d only: columns of the transposed weight copy [groups][Cg kh kw][weight_columns]
     # it reads (K / groups rounded up to 4 with zero columns, for 16-byte pieces).
     weight_columns: int = 0
@@ -107,6 +109,8 @@ class LaunchPlan:
             return nhwc_name_expression(self.dtype, self.index_type, self.config, self.vec, self.a_from_nchw)
         if self.kernel == DEPTHWISE_KERNEL:
             return depthwise_name_expression(self.dtype, self.index_type, self.config)
+        if self.kernel == DEPTHWISE_COLUMN_KERNEL:
+            return column_name_expression(self.dtype, self.index_type, self.config)
         if self.kernel == SIMT_KERNEL:
             return simt_name_expression(self.index_type, self.config)
         return name_expression(self.kernel, self.dtype, self.index_type, self.config)
@@ -118,6 +122,8 @@ class LaunchPlan:
             return _describe_winograd_plan(self)
         if isinstance(self.config, SimtConfig):
             return _describe_simt_plan(self)
+        if isinstance(self.config, ColumnConfig):
+            return _describe_column_plan(self)
         if isinstance(self.config, DepthwiseConfig):
             c = self.config
             taps = f"{c.taps[0]}x{c.taps[1]} taps at row stride {c.taps[2]} unrolled" if c.taps[0] else "run-time taps"
@@ -151,7 +157,7 @@ def kernel_specialisations() -> list[str]:
     return [name_expression("direct_conv2d", dtype, index, cfg)
             for dtype in CTYPES for index in INDEX_TYPES for cfg in TILE_CONFIGS] + gemm_specialisations() + \
         nhwc_specialisations(wgmma=False) + channels_last_specialisations() + depthwise_specialisations() + \
-        simt_specialisations() + winograd_specialisations()
+        column_specialisations() + simt_specialisations() + winograd_specialisations()
 
 
 def arch_specialisations() -> dict[str, list[str]]:
@@ -258,6 +264,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
         return make_simt_plan(problem, config, family_reason)
     if family == DEPTHWISE_KERNEL:
         return make_depthwise_plan(problem, config, family_reason)
+    if family == DEPTHWISE_COLUMN_KERNEL:
+        return make_column_plan(problem, config, family_reason)
     if family == NHWC_KERNEL:
         return make_nhwc_plan(problem, config, family_reason, compute_capability)
     if family == GEMM_KERNEL:
@@ -294,9 +302,11 @@ GEMM_KERNEL = "implicit_gemm_conv2d"
 NHWC_KERNEL = "implicit_gemm_nhwc"
 DIRECT_KERNEL = "direct_conv2d"
 DEPTHWISE_KERNEL = "depthwise_conv2d"
+DEPTHWISE_COLUMN_KERNEL = "depthwise_column_conv2d"
 SIMT_KERNEL = "simt_gemm_conv2d"
 WINOGRAD_KERNEL = "winograd_conv2d"
-KERNELS = (DIRECT_KERNEL, DEPTHWISE_KERNEL, SIMT_KERNEL, WINOGRAD_KERNEL, GEMM_KERNEL, NHWC_KERNEL)
+KERNELS = (DIRECT_KERNEL, DEPTHWISE_KERNEL, DEPTHWISE_COLUMN_KERNEL, SIMT_KERNEL, WINOGRAD_KERNEL, GEMM_KERNEL,
+           NHWC_KERNEL)
 #: Below this many output channels per group the 8-wide instruction tile is mostly padding (depthwise
 #: convolutions, say): the direct kernel is used.
 GEMM_MIN_GROUP_CHANNELS = 8
@@ -381,12 +391,16 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
         if kernel in (GEMM_KERNEL, NHWC_KERNEL) and problem.dtype not in GEMM_DTYPES:
             raise ValueError(f"kernel {kernel!r} computes in {GEMM_DTYPES}, got dtype {problem.dtype}")
         refusal = {SIMT_KERNEL: _simt_refusal, WINOGRAD_KERNEL: _winograd_refusal,
-                   DEPTHWISE_KERNEL: _depthwise_refusal, NHWC_KERNEL: _nhwc_refusal}.get(kernel)
+                   DEPTHWISE_KERNEL: _depthwise_refusal, DEPTHWISE_COLUMN_KERNEL: _column_refusal,
+                   NHWC_KERNEL: _nhwc_refusal}.get(kernel)
         why_not = refusal(problem) if refusal else ""
         if why_not:
             raise ValueError(f"kernel {kernel!r} cannot run this problem: {why_not}")
         return kernel, "forced by the caller"
     kg = problem.k // problem.groups
+    if not _column_refusal(problem) and problem.wo <= COLUMN_MAX_WIDTH:
+        return DEPTHWISE_COLUMN_KERNEL, (f"one input channel per group, output {problem.ho}x{problem.wo} (at most "
+                                         f"{COLUMN_MAX_WIDTH} wide): a thread per output column, no shared memory")
     if not _depthwise_refusal(problem):
         return DEPTHWISE_KERNEL, "one input channel per group: memory-bound, a patch per output tile"
     if problem.dtype == "float64":
@@ -829,6 +843,91 @@ def depthwise_name_expression(dtype: str, index_type: str, cfg: DepthwiseConfig)
 
 
 # ---------------------------------------------------------------------------------------------------
+# Depthwise columns (kernels/depthwise_column_conv2d.cu): small planes, a thread per output column
+# segment reading its input rows through L1, no shared memory and no barriers.
+
+@dataclasses.dataclass(frozen=True)
+class ColumnConfig:
+    """rpt consecutive output rows of one column per thread; ``taps`` as DepthwiseConfig's (one of
+    DEPTHWISE_TAPS: the kernel has unrolled instances only)."""
+
+    name: str
+    rpt: int
+    taps: tuple[int, int, int] = (0, 0, 0)
+
+
+#: Rows per thread: 7 divides MobileNet's and ResNet's 7 x 2^n planes, 4 and 8 the rest. The plan
+#: takes the one that computes the fewest rows past Ho, the longest on a tie (fewer rows read twice).
+COLUMN_CONFIGS = (ColumnConfig("col_r4", 4), ColumnConfig("col_r7", 7), ColumnConfig("col_r8", 8))
+#: Threads per block: the kernel has no shared state, so this only sets the scheduling grain.
+COLUMN_BLOCK = 128
+#: Widest output the planner gives the column kernel (past it, depthwise_conv2d's tiles).
+COLUMN_MAX_WIDTH = 16
+
+
+def _column_refusal(problem: ConvProblem) -> str:
+    """Why the column kernel cannot run ``problem`` ("" when it can)."""
+    if problem.c // problem.groups != 1:
+        return f"{problem.c // problem.groups} input channels per group (needs 1)"
+    taps = (problem.kh, problem.kw, problem.stride[0])
+    if taps not in DEPTHWISE_TAPS or problem.dilation[0] != 1:
+        return (f"{problem.kh}x{problem.kw} taps at row stride {problem.stride[0]} and row dilation "
+                f"{problem.dilation[0]} have no unrolled instance (kh, kw, row stride: {DEPTHWISE_TAPS}; row dilation 1)")
+    return ""
+
+
+def _choose_column_config(problem: ConvProblem) -> ColumnConfig:
+    return min(COLUMN_CONFIGS, key=lambda c: (math.ceil(problem.ho / c.rpt) * c.rpt, -c.rpt))
+
+
+def make_column_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
+                     rows_per_thread: int | None = None, block: int | None = None) -> LaunchPlan:
+    """Grid (ceil(N K segments Wo / block)), block (COLUMN_BLOCK): a thread computes rpt rows of one
+    output column of one channel of one image. ``config`` forces a ColumnConfig by name;
+    ``rows_per_thread`` and ``block`` force other values (benchmarks/bench_depthwise.py sweeps them)."""
+    why_not = _column_refusal(problem)
+    if why_not:
+        raise ValueError(f"kernel {DEPTHWISE_COLUMN_KERNEL!r} cannot run this problem: {why_not}")
+    if rows_per_thread is not None:
+        cfg = ColumnConfig(f"col_r{rows_per_thread}", rows_per_thread)
+    else:
+        cfg = (_forced_config(COLUMN_CONFIGS, config, f"config for {DEPTHWISE_COLUMN_KERNEL}") if config
+               else _choose_column_config(problem))
+    cfg = dataclasses.replace(cfg, taps=(problem.kh, problem.kw, problem.stride[0]))
+    block = block or COLUMN_BLOCK
+    segments = math.ceil(problem.ho / cfg.rpt)
+    blocks = math.ceil(problem.n * problem.k * segments * problem.wo / block)
+    if blocks >= 2**31:
+        raise ValueError(f"output {problem.out_shape} needs {blocks} thread blocks, over CUDA's 2^31 - 1")
+    forced = config or rows_per_thread
+    why = f"config {cfg.name}" + (" (forced by the caller)" if forced else f", output {problem.ho} rows")
+    # 32-bit indices also need the thread numbers (up to blocks x block) to fit.
+    index_type = _index_type(problem, copy=blocks * block)
+    return LaunchPlan(kernel=DEPTHWISE_COLUMN_KERNEL, dtype=problem.dtype, index_type=index_type, config=cfg,
+                      grid=(blocks, 1, 1), block=(block, 1, 1), shared_bytes=0,
+                      reason=f"{reason}; {why}" if reason else why, segments=segments)
+
+
+def _describe_column_plan(plan: LaunchPlan) -> str:
+    c = plan.config
+    return (f"{plan.kernel} [{c.name}: {c.rpt} rows of one output column per thread, {c.taps[0]}x{c.taps[1]} taps "
+            f"at row stride {c.taps[2]} unrolled]\n"
+            f"  {plan.dtype}, {plan.index_type} indices; {plan.segments} row segment(s) per column, no shared memory\n"
+            f"  grid {plan.grid}, block {plan.block}\n"
+            f"  why: {plan.reason}")
+
+
+def column_name_expression(dtype: str, index_type: str, cfg: ColumnConfig) -> str:
+    kh, kw, sh = cfg.taps
+    return f"cupyconv::{DEPTHWISE_COLUMN_KERNEL}<{CTYPES[dtype]},{index_type},{cfg.rpt},{kh},{kw},{sh}>"
+
+
+def column_specialisations() -> list[str]:
+    return [column_name_expression(dtype, index, dataclasses.replace(cfg, taps=taps))
+            for dtype in CTYPES for index in INDEX_TYPES for cfg in COLUMN_CONFIGS for taps in DEPTHWISE_TAPS]
+
+
+# ---------------------------------------------------------------------------------------------------
 # FMA implicit GEMM (kernels/simt_gemm_conv2d.cu): strict float32 (IEEE fmaf) where TF32 is not
 # allowed. It gathers the NCHW input in place and reads a transposed copy of the weight.
 
@@ -1115,6 +1214,7 @@ def winograd_name_expression(kernel: str, tile: int, index_type: str) -> str:
 #: Config name -> its family, for make_plan(config=...) without a kernel.
 _CONFIG_NAMES = {
     DEPTHWISE_KERNEL: {c.name for c in DEPTHWISE_CONFIGS},
+    DEPTHWISE_COLUMN_KERNEL: {c.name for c in COLUMN_CONFIGS},
     NHWC_KERNEL: {c.name for configs in NHWC_CONFIGS.values() for c in configs},
     GEMM_KERNEL: {c.name for configs in GEMM_CONFIGS.values() for c in configs},
     SIMT_KERNEL: {c.name for c in SIMT_CONFIGS},

@@ -121,7 +121,8 @@ def test_strict_float32_dispatch():
     """Strict float32 runs on the FMA implicit GEMM where it can, with reasons where it cannot; it
     never runs on the tensor cores unless TF32 is allowed."""
     from cupyconv.arguments import make_problem
-    from cupyconv.planner import DEPTHWISE_KERNEL, DIRECT_KERNEL, NHWC_KERNEL, SIMT_KERNEL, make_plan
+    from cupyconv.planner import (DEPTHWISE_COLUMN_KERNEL, DEPTHWISE_KERNEL, DIRECT_KERNEL, NHWC_KERNEL, SIMT_KERNEL,
+                                  make_plan)
 
     def plan(x_shape, w_shape, dtype="float32", allow_tf32=False, **kw):
         return make_plan(make_problem(x_shape, w_shape, None, dtype, kw.get("stride", 1), kw.get("padding", 0),
@@ -130,7 +131,8 @@ def test_strict_float32_dispatch():
     assert plan((2, 16, 9, 9), (32, 16, 3, 3)).kernel == SIMT_KERNEL
     assert plan((2, 16, 9, 9), (32, 16, 3, 3), allow_tf32=True).kernel == NHWC_KERNEL
     assert plan((2, 16, 9, 9), (32, 4, 3, 3), groups=4).kernel == SIMT_KERNEL  # 8 output channels per group
-    assert plan((2, 16, 9, 9), (16, 1, 3, 3), groups=16).kernel == DEPTHWISE_KERNEL
+    assert plan((2, 16, 9, 9), (16, 1, 3, 3), groups=16).kernel == DEPTHWISE_COLUMN_KERNEL
+    assert plan((2, 16, 40, 40), (16, 1, 3, 3), groups=16).kernel == DEPTHWISE_KERNEL
     assert plan((2, 16, 9, 9), (32, 16, 3, 3), dtype="float64").kernel == DIRECT_KERNEL
     wide = plan((1, 2, 40, 1200), (16, 2, 1, 1025))  # more taps than the tap table holds
     assert wide.kernel == DIRECT_KERNEL and "1x1025 kernel taps" in wide.reason

@@ -1,15 +1,17 @@
 """The depthwise planner without a GPU: every problem the depthwise kernel took before its cp.async
-rewrite is still taken, every plan's shared-memory layout is one the kernel can run, and its ring of
-patch buffers is as deep as the rules allow."""
+rewrite is still taken by a depthwise kernel, every plan's shared-memory layout is one the kernel can
+run, its ring of patch buffers is as deep as the rules allow, and small planes go to the column kernel."""
 import itertools
 import math
 
 import pytest
 
 from cupyconv.arguments import make_problem
-from cupyconv.planner import (DEPTHWISE_BLOCKS, DEPTHWISE_CONFIGS, DEPTHWISE_KERNEL, DEPTHWISE_MAX_BUFFERS,
+from cupyconv.planner import (COLUMN_BLOCK, COLUMN_CONFIGS, COLUMN_MAX_WIDTH, DEPTHWISE_BLOCKS,
+                              DEPTHWISE_COLUMN_KERNEL, DEPTHWISE_CONFIGS, DEPTHWISE_KERNEL, DEPTHWISE_MAX_BUFFERS,
                               DEPTHWISE_MAX_CHANNELS_PER_LANE, DEPTHWISE_RING_BYTES, DEPTHWISE_TAPS,
-                              SHARED_MEMORY_BYTES, depthwise_specialisations, make_depthwise_plan, make_plan)
+                              SHARED_MEMORY_BYTES, column_specialisations, depthwise_specialisations,
+                              make_column_plan, make_depthwise_plan, make_plan)
 
 ITEM = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 GEOMETRIES = [  # (kh, kw, stride, dilation, padding)
@@ -42,7 +44,7 @@ def test_every_problem_accepted_before_is_still_accepted():
     checked = 0
     for p in problems():
         if accepted_before(p):
-            assert make_plan(p).kernel == DEPTHWISE_KERNEL, p
+            assert make_plan(p).kernel in (DEPTHWISE_KERNEL, DEPTHWISE_COLUMN_KERNEL), p
             checked += 1
     assert checked > 500
 
@@ -87,22 +89,68 @@ def test_plan_layouts_fit_the_kernel(config):
 def test_mobilenet_layers_plan():
     """The benchmark's MobileNetV2 layers: unrolled 3x3 taps, the widest pieces the rows allow, and the
     channels per block that ran fastest on the H100 (results/depthwise_sweep.txt): 11-26 KB of input
-    patches per block."""
-    def plan(c, hw, stride, dtype):
-        return make_plan(make_problem((32, c, hw, hw), (c, 1, 3, 3), None, dtype, stride, 1, 1, c))
+    patches per block; the 14 x 14 layer on the column kernel, 7 rows per thread (results/
+    depthwise_columns.txt), or with the tile kernel forced, 4 lanes of 16 x 16 tiles."""
+    def problem(c, hw, stride, dtype):
+        return make_problem((32, c, hw, hw), (c, 1, 3, 3), None, dtype, stride, 1, 1, c)
 
-    expected = {  # (channels per block, patch buffers, blocks) of dw144, dw96s2, dw384
+    expected = {  # (channels per block, patch buffers, blocks) of dw144, dw96s2, dw384 (tiles forced)
         "float32": ((4, 4, 4608), (1, 1, 12288), (16, 4, 768)),
         "float16": ((8, 4, 2304), (2, 2, 6144), (16, 4, 768)),
     }
     for dtype in ("float32", "float16"):
-        s1, s2, small = plan(144, 56, 1, dtype), plan(96, 112, 2, dtype), plan(384, 14, 1, dtype)
+        s1, s2 = make_plan(problem(144, 56, 1, dtype)), make_plan(problem(96, 112, 2, dtype))
+        small = make_depthwise_plan(problem(384, 14, 1, dtype))
         assert s2.config.taps == (3, 3, 2) and s1.config.taps == (3, 3, 1) and small.config.taps == (3, 3, 1)
         assert s2.vec == s1.vec == 16 and small.vec == (8 if dtype == "float32" else 4)
         assert small.block == (16, 2, 4)
         assert [(p.channels_per_block, p.patch_buffers, math.prod(p.grid)) for p in (s1, s2, small)] == \
             list(expected[dtype])
         assert "3x3 taps at row stride 1 unrolled" in str(s1) and "a ring of 4 input patch(es)" in str(s1)
+        columns = make_plan(problem(384, 14, 1, dtype))
+        assert columns.kernel == DEPTHWISE_COLUMN_KERNEL and columns.config.name == "col_r7"
+        assert columns.segments == 2 and columns.grid == (32 * 384 * 2 * 14 // COLUMN_BLOCK, 1, 1)
+
+
+@pytest.mark.parametrize("dtype", ITEM)
+def test_column_kernel_takes_small_planes_with_unrolled_taps(dtype):
+    """Outputs at most COLUMN_MAX_WIDTH wide with unrolled taps (kh, kw, row stride in DEPTHWISE_TAPS,
+    row dilation 1; any column stride and dilation) go to the column kernel, the rest to the tiles."""
+    def plan(hw, k=3, stride=1, dilation=1, multiplier=1):
+        return make_plan(make_problem((2, 6, *hw), (6 * multiplier, 1, k, k), None, dtype, stride, k // 2, dilation, 6))
+
+    assert plan((14, 14)).kernel == DEPTHWISE_COLUMN_KERNEL
+    assert plan((7, 7), k=7).kernel == DEPTHWISE_COLUMN_KERNEL
+    assert plan((28, 28), stride=2).kernel == DEPTHWISE_COLUMN_KERNEL  # 14 x 14 out
+    assert plan((9, 20), stride=(1, 2), dilation=(1, 2), multiplier=2).kernel == DEPTHWISE_COLUMN_KERNEL
+    assert plan((20, COLUMN_MAX_WIDTH + 1)).kernel == DEPTHWISE_KERNEL
+    assert plan((14, 14), dilation=2).kernel == DEPTHWISE_KERNEL  # row dilation: run-time taps
+    assert plan((14, 14), k=3, stride=3).kernel == DEPTHWISE_KERNEL  # no unrolled 3x3 at row stride 3
+    assert plan((14, 14)).name_expression in column_specialisations()
+
+
+def test_column_config_and_grid():
+    """The config that computes the fewest rows past Ho, the longest on a tie; one thread per rpt rows
+    of a column of each channel and image; a forced config or kernel is checked."""
+    rows = {c.name: c.rpt for c in COLUMN_CONFIGS}
+    for ho, name in ((14, "col_r7"), (7, "col_r7"), (16, "col_r8"), (12, "col_r4"), (56, "col_r8"), (1, "col_r4")):
+        p = make_problem((3, 5, ho, 9), (10, 1, 3, 3), None, "float32", 1, 1, 1, 5)
+        plan = make_column_plan(p)
+        assert plan.config.name == name, ho
+        assert plan.segments == math.ceil(ho / rows[name])
+        assert plan.grid == (math.ceil(3 * 10 * plan.segments * 9 / COLUMN_BLOCK), 1, 1)
+        assert plan.block == (COLUMN_BLOCK, 1, 1) and plan.shared_bytes == 0
+        assert f"{rows[name]} rows of one output column per thread" in str(plan)
+    p = make_problem((1, 4, 14, 14), (4, 1, 3, 3), None, "float16", 1, 1, 1, 4)
+    assert make_plan(p, config="col_r4").config.rpt == 4  # a config names its family
+    with pytest.raises(ValueError, match="config for depthwise_column_conv2d must be one of"):
+        make_column_plan(p, "dw_16x16")
+    dilated = make_problem((1, 4, 14, 14), (4, 1, 3, 3), None, "float16", 1, 2, 2, 4)
+    with pytest.raises(ValueError, match="cannot run this problem: 3x3 taps at row stride 1 and row dilation 2"):
+        make_plan(dilated, kernel=DEPTHWISE_COLUMN_KERNEL)
+    grouped = make_problem((1, 4, 14, 14), (4, 2, 3, 3), None, "float32", 1, 1, 1, 2)
+    with pytest.raises(ValueError, match="2 input channels per group"):
+        make_plan(grouped, kernel=DEPTHWISE_COLUMN_KERNEL)
 
 
 def test_channels_per_lane():

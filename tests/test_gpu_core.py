@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import cupyconv
+from cupyconv.planner import DEPTHWISE_TAPS
 from cases import GRID, Case
 from checks import relative_error
 from devices import gpu_count
@@ -129,6 +130,20 @@ def test_depthwise_kernel(case, dtype, config):
     assert make_plan(problem).kernel == "depthwise_conv2d"
 
 
+def assert_matches_torch(out, x, weight, bias, case: Case, dtype: str, plan):
+    """``out`` (computed by ``plan``) has every element written and is within ``dtype``'s tolerance of
+    torch in float64."""
+    up = lambda t: None if t is None else t.double()
+    conv = lambda *ts: F.conv2d(*ts, case.stride, case.padding, case.dilation, case.groups)
+    ref = conv(up(x), up(weight), up(bias))
+    assert not out.isnan().any(), "an output element was never written (or is NaN)"
+    allowed = FLOOR[dtype]
+    if dtype in ("float16", "bfloat16"):
+        allowed = max(allowed, 2 * relative_error(conv(x, weight, bias), ref))
+    error = relative_error(out, ref)
+    assert error <= allowed, f"{dtype} relative error {error:.3g} > {allowed:.3g} ({plan})"
+
+
 def check_depthwise(case: Case, dtype: str, seed: int, config=None, channels_per_lane=None, x_offset=0):
     """The depthwise kernel with ``config`` and ``channels_per_lane`` forced (planner.make_depthwise_plan),
     x starting ``x_offset`` elements into its allocation (less aligned than the planner assumes), into a
@@ -147,15 +162,7 @@ def check_depthwise(case: Case, dtype: str, seed: int, config=None, channels_per
     out = torch.full(problem.out_shape, float("nan"), device=x.device, dtype=x.dtype)
     conv2d_cupy(to_cupy(x), to_cupy(weight), to_cupy(bias), problem, to_cupy(out), plan=plan)
     cupy.cuda.get_current_stream().synchronize()
-    up = lambda t: None if t is None else t.double()
-    conv = lambda *ts: F.conv2d(*ts, case.stride, case.padding, case.dilation, case.groups)
-    ref = conv(up(x), up(weight), up(bias))
-    assert not out.isnan().any(), "an output element was never written (or is NaN)"
-    allowed = FLOOR[dtype]
-    if dtype in ("float16", "bfloat16"):
-        allowed = max(allowed, 2 * relative_error(conv(x, weight, bias), ref))
-    error = relative_error(out, ref)
-    assert error <= allowed, f"{dtype} relative error {error:.3g} > {allowed:.3g} ({plan})"
+    assert_matches_torch(out, x, weight, bias, case, dtype, plan)
     return plan
 
 
@@ -218,6 +225,57 @@ def test_depthwise_mobilenet_layers(layer, dtype):
     plan = check_depthwise(case, dtype, seed=c + 1, channels_per_lane=full.channels_per_block // full.block[2])
     layout = lambda p: (p.config, p.block, p.channels_per_block, p.patch_buffers, p.vec, p.pitch, p.grid[:2])
     assert layout(plan) == layout(full) and plan.grid[2] == 2
+
+
+# The depthwise cases with unrolled taps (DEPTHWISE_TAPS, row dilation 1), and more.
+COLUMN_CASES = [case for case in DEPTHWISE_CASES
+                if (case.kh, case.kw, case.stride if isinstance(case.stride, int) else case.stride[0]) in DEPTHWISE_TAPS
+                and (case.dilation if isinstance(case.dilation, int) else case.dilation[0]) == 1] + [
+    Case(2, 6, 12, 14, 14, 3, 3, stride=(1, 2), padding=(1, 0), dilation=(1, 2), groups=6),  # column stride, dilation
+    Case(3, 8, 8, 7, 7, 3, 3, padding=1, groups=8),                 # MobileNet's 7 x 7 planes
+    Case(2, 5, 5, 13, 11, 5, 5, stride=2, padding=2, groups=5, bias=False),
+    Case(1, 4, 4, 9, 12, 7, 7, padding=3, groups=4),
+    Case(2, 3, 6, 17, 5, 3, 3, stride=2, padding=(2, 1), groups=3),  # more padding than the taps reach
+    Case(1, 130, 130, 3, 40, 3, 3, padding=1, groups=130),           # threads of one warp across channels
+]
+
+
+def check_column(case: Case, dtype: str, seed: int, config=None, index_type=None):
+    """depthwise_column_conv2d with ``config`` (and ``index_type``) forced, into a NaN-poisoned output,
+    against torch in float64 as check() does. Returns the plan."""
+    import dataclasses
+
+    from cupyconv.arguments import make_problem
+    from cupyconv.launch import conv2d_cupy
+    from cupyconv.planner import make_column_plan
+
+    x, weight, bias = random_inputs(case, dtype, seed)
+    problem = make_problem(x.shape, weight.shape, None if bias is None else bias.shape, dtype, case.stride,
+                           case.padding, case.dilation, case.groups)
+    plan = make_column_plan(problem, config)
+    if index_type:
+        plan = dataclasses.replace(plan, index_type=index_type)
+    out = torch.full(problem.out_shape, float("nan"), device=x.device, dtype=x.dtype)
+    conv2d_cupy(to_cupy(x), to_cupy(weight), to_cupy(bias), problem, to_cupy(out), plan=plan)
+    cupy.cuda.get_current_stream().synchronize()
+    assert_matches_torch(out, x, weight, bias, case, dtype, plan)
+    return plan
+
+
+@pytest.mark.parametrize("config", ["col_r4", "col_r7", "col_r8"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", COLUMN_CASES, ids=lambda c: c.id)
+def test_depthwise_column_kernel(case, dtype, config):
+    """The column kernel, each rows-per-thread config forced, in every dtype: partial last segments,
+    channel multipliers, column stride and dilation, every unrolled tap set."""
+    plan = check_column(case, dtype, seed=len(case.id) + 1, config=config)
+    assert plan.kernel == "depthwise_column_conv2d" and plan.shared_bytes == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_depthwise_column_kernel_64bit_indices(dtype):
+    """The 64-bit-index instance on a small problem (the planner takes it past 2^31 elements)."""
+    check_column(Case(2, 6, 12, 15, 14, 3, 3, stride=2, padding=1, groups=6), dtype, seed=9, index_type="long long")
 
 
 @pytest.mark.parametrize("x_offset", [1, 2, 3, 4])

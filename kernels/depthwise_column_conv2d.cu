@@ -1,0 +1,80 @@
+// Depthwise 2-D convolution for small planes (one input channel per group: groups == C, any K / groups),
+// NCHW, with no shared memory.
+//
+// depthwise_conv2d copies a patch per output tile into shared memory and synchronises its block once
+// per channel. On MobileNet's 14 x 14 and 7 x 7 planes a channel is a few hundred instructions of
+// work, so those barriers and the copy's latency are most of the time, and a 16 x 16 tile leaves a
+// quarter of the threads idle (benchmarks/NOTES.md). Here a thread computes RPT consecutive rows of
+// one output column of one channel and reads the (RPT - 1) SH + KH input rows they need straight
+// from global memory (L1 catches the reads that neighbouring columns and row segments share): no
+// barrier, and every load independent of the others, so a thread has all of them in flight at once.
+// Threads are numbered column-fastest, then by row segment, channel and image, so a warp's loads run
+// along rows and no thread idles on a partial tile; only the last segment of a column may compute
+// rows past Ho, which it does not store.
+//
+// Unrolled taps only (KH x KW at row stride SH, row dilation 1: planner.DEPTHWISE_TAPS); the column
+// stride, dilation and padding are run-time. Arguments as depthwise_conv2d's problem arguments
+// (kh, kw, sh and dh are unused: the template has them), then the row segments per output column,
+// ceil(Ho / RPT). Grid (ceil(N K segments Wo / blockDim.x)), a 1-D block of any size.
+#include "dtypes.cuh"
+
+namespace cupyconv {
+
+template <typename T, typename Index, int RPT, int KH, int KW, int SH>
+__global__ void depthwise_column_conv2d(const T* __restrict__ x, const T* __restrict__ w,
+                                        const T* __restrict__ bias, T* __restrict__ y, int has_bias,
+                                        int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
+                                        int sh, int sw, int pt, int pl, int dh, int dw, int groups,
+                                        int segments) {
+    using Acc = typename accumulator<T>::type;
+    constexpr int TAPS = KH * KW;
+    constexpr int ROWS = (RPT - 1) * SH + KH;  // input rows under the thread's RPT output rows
+
+    const Index item = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const Index column = item / Wo;  // (plane, segment) of this output column
+    const Index plane = column / segments;  // n K + k
+    if (plane >= static_cast<Index>(N) * K) return;
+    const int ow = static_cast<int>(item - column * Wo);
+    const int oh0 = static_cast<int>(column - plane * segments) * RPT;
+    const int k = static_cast<int>(plane % K);
+    const T* xp = x + (plane / K * C + k / (K / groups)) * static_cast<Index>(H) * W;
+
+    Acc weights[TAPS], acc[RPT];
+#pragma unroll
+    for (int i = 0; i < TAPS; ++i) weights[i] = to_acc<Acc>(w[static_cast<Index>(k) * TAPS + i]);
+    const Acc b = has_bias ? to_acc<Acc>(bias[k]) : Acc(0);
+#pragma unroll
+    for (int j = 0; j < RPT; ++j) acc[j] = b;
+    int iw[KW];
+    bool column_valid[KW];
+#pragma unroll
+    for (int s = 0; s < KW; ++s) {
+        iw[s] = ow * sw - pl + s * dw;
+        column_valid[s] = static_cast<unsigned>(iw[s]) < static_cast<unsigned>(W);
+    }
+    // Slide down the column: input row i feeds output row j through kernel row i - j SH.
+    const int ih0 = oh0 * SH - pt;
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+        const int ih = ih0 + i;
+        const bool row_valid = static_cast<unsigned>(ih) < static_cast<unsigned>(H);
+        Acc v[KW];
+#pragma unroll
+        for (int s = 0; s < KW; ++s)
+            v[s] = row_valid && column_valid[s] ? to_acc<Acc>(xp[static_cast<Index>(ih) * W + iw[s]]) : Acc(0);
+#pragma unroll
+        for (int j = 0; j < RPT; ++j) {
+            const int r = i - j * SH;
+            if (r >= 0 && r < KH) {
+#pragma unroll
+                for (int s = 0; s < KW; ++s) acc[j] += weights[r * KW + s] * v[s];
+            }
+        }
+    }
+    T* out = y + plane * Ho * Wo + ow;
+#pragma unroll
+    for (int j = 0; j < RPT; ++j)
+        if (oh0 + j < Ho) out[static_cast<Index>(oh0 + j) * Wo] = from_acc<T>(acc[j]);
+}
+
+}  // namespace cupyconv
