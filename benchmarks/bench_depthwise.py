@@ -52,7 +52,7 @@ def variants(problem, ring: bool, rows: list[int], blocks: list[int]):
                 plan = make_column_plan(problem, rows_per_thread=rpt, block=block)
             except ValueError:  # taps without an unrolled instance
                 return
-            yield f"columns {rpt} rows/thread, {plan.grid[0]} x {block}", plan
+            yield f"columns {rpt} rows/thread, {math.prod(plan.grid)} x {plan.block[:2]}", plan
 
 
 def main():
@@ -60,8 +60,8 @@ def main():
     parser.add_argument("--suite", choices=sorted(SUITES) + ["mobilenet"], default="layers")
     parser.add_argument("--ring", action="store_true", help="also time each ring one deeper than its channels")
     parser.add_argument("--rows", type=int, action="append", help="column kernel's rows per thread (repeatable)")
-    parser.add_argument("--blocks", type=int, action="append", help=f"column kernel's block size (repeatable; "
-                        f"default {COLUMN_BLOCK})")
+    parser.add_argument("--blocks", type=int, action="append", help=f"column kernel's threads per block at most "
+                        f"(repeatable; default {COLUMN_BLOCK})")
     parser.add_argument("--small", action="store_true", help=f"only outputs at most {COLUMN_MAX_WIDTH} wide")
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()

@@ -7,8 +7,8 @@ import numpy as np
 
 from .arguments import ConvProblem
 from .compiler import compute_capability, get_kernel
-from .planner import (DEPTHWISE_COLUMN_KERNEL, DEPTHWISE_KERNEL, DIRECT_KERNEL, NHWC_KERNEL, SIMT_KERNEL,
-                      WINOGRAD_BLOCK, WINOGRAD_KERNEL, LaunchPlan, channels_last_copy, make_plan, winograd_blocks, winograd_channels,
+from .planner import (DEPTHWISE_KERNEL, DIRECT_KERNEL, NHWC_KERNEL, SIMT_KERNEL, WINOGRAD_BLOCK, WINOGRAD_KERNEL,
+                      LaunchPlan, channels_last_copy, make_plan, winograd_blocks, winograd_channels,
                       winograd_gemm_problem, winograd_name_expression)
 
 
@@ -52,13 +52,12 @@ def _launch(plan: LaunchPlan, p: ConvProblem, x, weight, bias, out, channels: in
     problem_ints = (int(p.has_bias), p.n, channels, p.h, p.w, p.k, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1],
                     p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], p.groups)
     # direct_conv2d also takes its stage and tiling, depthwise_conv2d its tiles per output row,
-    # channels per block and patch layout, depthwise_column_conv2d its row segments per column,
-    # simt_gemm_conv2d the columns of its weight copy; the tensor-core GEMMs derive their tiling from
-    # the problem.
+    # channels per block and patch layout, simt_gemm_conv2d the columns of its weight copy; the
+    # tensor-core GEMMs and depthwise_column_conv2d derive their tiling from the problem and the grid.
     plan_ints = {DIRECT_KERNEL: (plan.stage_channels, plan.stage_rows, plan.stage_cols, plan.pitch, plan.tiles_w,
                                  plan.tiles, plan.ktiles),
                  DEPTHWISE_KERNEL: (plan.tiles_w, plan.channels_per_block, plan.vec, plan.pitch, plan.patch_buffers),
-                 DEPTHWISE_COLUMN_KERNEL: (plan.segments,), SIMT_KERNEL: (plan.weight_columns,)}.get(plan.kernel, ())
+                 SIMT_KERNEL: (plan.weight_columns,)}.get(plan.kernel, ())
     kernel = get_kernel(plan.kernel, plan.name_expression, plan.arch)
     kernel(plan.grid, plan.block, (x, weight, bias, out, *(np.int32(v) for v in problem_ints + plan_ints)),
            shared_mem=plan.shared_bytes)

@@ -15,6 +15,8 @@ from .arguments import ConvProblem
 SHARED_MEMORY_BYTES = 48 * 1024
 #: CUDA's limit on gridDim.y; images beyond it are looped over inside the kernel.
 MAX_GRID_Y = 65535
+#: CUDA's limit on threads per block.
+MAX_BLOCK_THREADS = 1024
 #: Input channels staged together at most; more only adds synchronisation-free loop trips.
 MAX_STAGE_CHANNELS = 16
 
@@ -87,8 +89,6 @@ class LaunchPlan:
     # arithmetic). Its vec is bytes per copy piece, its pitch the patch's row pitch in elements.
     channels_per_block: int = 0
     patch_buffers: int = 0
-    # depthwise_column_conv2d only: row segments of rpt rows per output column (ceil(Ho / rpt)).
-    segments: int = 0
     # simt_gemm_conv2d only: columns of the transposed weight copy [groups][Cg kh kw][weight_columns]
     # it reads (K / groups rounded up to 4 with zero columns, for 16-byte pieces).
     weight_columns: int = 0
@@ -859,7 +859,8 @@ class ColumnConfig:
 #: Rows per thread: 7 divides MobileNet's and ResNet's 7 x 2^n planes, 4 and 8 the rest. The plan
 #: takes the one that computes the fewest rows past Ho, the longest on a tie (fewer rows read twice).
 COLUMN_CONFIGS = (ColumnConfig("col_r4", 4), ColumnConfig("col_r7", 7), ColumnConfig("col_r8", 8))
-#: Threads per block: the kernel has no shared state, so this only sets the scheduling grain.
+#: Threads per block at most (whole output rows of as many channels as fit): the kernel shares nothing
+#: between threads, so this only sets the scheduling grain (H100: 64-128 alike, 256 slower).
 COLUMN_BLOCK = 128
 #: Widest output the planner gives the column kernel (past it, depthwise_conv2d's tiles).
 COLUMN_MAX_WIDTH = 16
@@ -869,6 +870,10 @@ def _column_refusal(problem: ConvProblem) -> str:
     """Why the column kernel cannot run ``problem`` ("" when it can)."""
     if problem.c // problem.groups != 1:
         return f"{problem.c // problem.groups} input channels per group (needs 1)"
+    if problem.wo > MAX_BLOCK_THREADS:
+        return f"output {problem.wo} wide: a block holds whole rows, at most {MAX_BLOCK_THREADS}"
+    if problem.n > MAX_GRID_Y or math.ceil(problem.ho / min(c.rpt for c in COLUMN_CONFIGS)) > MAX_GRID_Y:
+        return f"batch {problem.n} or {problem.ho} output rows past the grid limit {MAX_GRID_Y}"
     taps = (problem.kh, problem.kw, problem.stride[0])
     if taps not in DEPTHWISE_TAPS or problem.dilation[0] != 1:
         return (f"{problem.kh}x{problem.kw} taps at row stride {problem.stride[0]} and row dilation "
@@ -882,9 +887,10 @@ def _choose_column_config(problem: ConvProblem) -> ColumnConfig:
 
 def make_column_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
                      rows_per_thread: int | None = None, block: int | None = None) -> LaunchPlan:
-    """Grid (ceil(N K segments Wo / block)), block (COLUMN_BLOCK): a thread computes rpt rows of one
-    output column of one channel of one image. ``config`` forces a ColumnConfig by name;
-    ``rows_per_thread`` and ``block`` force other values (benchmarks/bench_depthwise.py sweeps them)."""
+    """Grid (ceil(K / P), row segments, N), block (Wo, P): a thread computes rpt rows of one output
+    column of one channel of one image, a block whole rows of P channels, as many as fit in
+    COLUMN_BLOCK threads. ``config`` forces a ColumnConfig by name; ``rows_per_thread`` and ``block``
+    (threads at most) force other values (benchmarks/bench_depthwise.py sweeps them)."""
     why_not = _column_refusal(problem)
     if why_not:
         raise ValueError(f"kernel {DEPTHWISE_COLUMN_KERNEL!r} cannot run this problem: {why_not}")
@@ -894,26 +900,19 @@ def make_column_plan(problem: ConvProblem, config: str | None = None, reason: st
         cfg = (_forced_config(COLUMN_CONFIGS, config, f"config for {DEPTHWISE_COLUMN_KERNEL}") if config
                else _choose_column_config(problem))
     cfg = dataclasses.replace(cfg, taps=(problem.kh, problem.kw, problem.stride[0]))
-    block = block or COLUMN_BLOCK
-    segments = math.ceil(problem.ho / cfg.rpt)
-    blocks = math.ceil(problem.n * problem.k * segments * problem.wo / block)
-    if blocks >= 2**31:
-        raise ValueError(f"output {problem.out_shape} needs {blocks} thread blocks, over CUDA's 2^31 - 1")
-    forced = config or rows_per_thread
-    why = f"config {cfg.name}" + (" (forced by the caller)" if forced else f", output {problem.ho} rows")
-    # 32-bit indices also need the thread numbers (up to blocks x block) to fit.
-    index_type = _index_type(problem, copy=blocks * block)
-    return LaunchPlan(kernel=DEPTHWISE_COLUMN_KERNEL, dtype=problem.dtype, index_type=index_type, config=cfg,
-                      grid=(blocks, 1, 1), block=(block, 1, 1), shared_bytes=0,
-                      reason=f"{reason}; {why}" if reason else why, segments=segments)
+    channels = max(1, min(problem.k, (block or COLUMN_BLOCK) // problem.wo))
+    why = f"config {cfg.name}" + (" (forced by the caller)" if config or rows_per_thread else f", output {problem.ho} rows")
+    return LaunchPlan(kernel=DEPTHWISE_COLUMN_KERNEL, dtype=problem.dtype, index_type=_index_type(problem), config=cfg,
+                      grid=(math.ceil(problem.k / channels), math.ceil(problem.ho / cfg.rpt), problem.n),
+                      block=(problem.wo, channels, 1), shared_bytes=0, reason=f"{reason}; {why}" if reason else why)
 
 
 def _describe_column_plan(plan: LaunchPlan) -> str:
     c = plan.config
     return (f"{plan.kernel} [{c.name}: {c.rpt} rows of one output column per thread, {c.taps[0]}x{c.taps[1]} taps "
             f"at row stride {c.taps[2]} unrolled]\n"
-            f"  {plan.dtype}, {plan.index_type} indices; {plan.segments} row segment(s) per column, no shared memory\n"
-            f"  grid {plan.grid}, block {plan.block}\n"
+            f"  {plan.dtype}, {plan.index_type} indices; {plan.block[1]} channel(s) per block, no shared memory\n"
+            f"  grid {plan.grid} (channel blocks, row segments, images), block {plan.block}\n"
             f"  why: {plan.reason}")
 
 

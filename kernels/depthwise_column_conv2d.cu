@@ -8,14 +8,16 @@
 // one output column of one channel and reads the (RPT - 1) SH + KH input rows they need straight
 // from global memory (L1 catches the reads that neighbouring columns and row segments share): no
 // barrier, and every load independent of the others, so a thread has all of them in flight at once.
-// Threads are numbered column-fastest, then by row segment, channel and image, so a warp's loads run
-// along rows and no thread idles on a partial tile; only the last segment of a column may compute
-// rows past Ho, which it does not store.
+// A block holds whole output rows of P channels side by side (threadIdx.x the column, threadIdx.y
+// the channel), so a warp's loads run along rows, and every index comes from the thread and block
+// numbers without a division (ncu on an earlier, flattened numbering: the integer pipe was the
+// busiest, with five run-time divisions per thread). Only the last row segment of a column may
+// compute rows past Ho, which it does not store.
 //
 // Unrolled taps only (KH x KW at row stride SH, row dilation 1: planner.DEPTHWISE_TAPS); the column
 // stride, dilation and padding are run-time. Arguments as depthwise_conv2d's problem arguments
-// (kh, kw, sh and dh are unused: the template has them), then the row segments per output column,
-// ceil(Ho / RPT). Grid (ceil(N K segments Wo / blockDim.x)), a 1-D block of any size.
+// (kh, kw, sh and dh are unused: the template has them). Grid (ceil(K / P), ceil(Ho / RPT), N),
+// block (Wo, P).
 #include "dtypes.cuh"
 
 namespace cupyconv {
@@ -24,20 +26,16 @@ template <typename T, typename Index, int RPT, int KH, int KW, int SH>
 __global__ void depthwise_column_conv2d(const T* __restrict__ x, const T* __restrict__ w,
                                         const T* __restrict__ bias, T* __restrict__ y, int has_bias,
                                         int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
-                                        int sh, int sw, int pt, int pl, int dh, int dw, int groups,
-                                        int segments) {
+                                        int sh, int sw, int pt, int pl, int dh, int dw, int groups) {
     using Acc = typename accumulator<T>::type;
     constexpr int TAPS = KH * KW;
     constexpr int ROWS = (RPT - 1) * SH + KH;  // input rows under the thread's RPT output rows
 
-    const Index item = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
-    const Index column = item / Wo;  // (plane, segment) of this output column
-    const Index plane = column / segments;  // n K + k
-    if (plane >= static_cast<Index>(N) * K) return;
-    const int ow = static_cast<int>(item - column * Wo);
-    const int oh0 = static_cast<int>(column - plane * segments) * RPT;
-    const int k = static_cast<int>(plane % K);
-    const T* xp = x + (plane / K * C + k / (K / groups)) * static_cast<Index>(H) * W;
+    const int ow = threadIdx.x, k = blockIdx.x * blockDim.y + threadIdx.y, oh0 = blockIdx.y * RPT;
+    if (k >= K) return;
+    const Index n = blockIdx.z;
+    const int c = groups == K ? k : k / (K / groups);  // the input channel (a division only for multipliers)
+    const T* xp = x + (n * C + c) * static_cast<Index>(H) * W;
 
     Acc weights[TAPS], acc[RPT];
 #pragma unroll
@@ -71,7 +69,7 @@ __global__ void depthwise_column_conv2d(const T* __restrict__ x, const T* __rest
             }
         }
     }
-    T* out = y + plane * Ho * Wo + ow;
+    T* out = y + (n * K + k) * static_cast<Index>(Ho) * Wo + ow;
 #pragma unroll
     for (int j = 0; j < RPT; ++j)
         if (oh0 + j < Ho) out[static_cast<Index>(oh0 + j) * Wo] = from_acc<T>(acc[j]);

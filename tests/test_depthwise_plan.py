@@ -109,7 +109,7 @@ def test_mobilenet_layers_plan():
         assert "3x3 taps at row stride 1 unrolled" in str(s1) and "a ring of 4 input patch(es)" in str(s1)
         columns = make_plan(problem(384, 14, 1, dtype))
         assert columns.kernel == DEPTHWISE_COLUMN_KERNEL and columns.config.name == "col_r7"
-        assert columns.segments == 2 and columns.grid == (32 * 384 * 2 * 14 // COLUMN_BLOCK, 1, 1)
+        assert columns.block == (14, 9, 1) and columns.grid == (43, 2, 32)  # 9 channels of 14-wide rows
 
 
 @pytest.mark.parametrize("dtype", ITEM)
@@ -131,15 +131,15 @@ def test_column_kernel_takes_small_planes_with_unrolled_taps(dtype):
 
 def test_column_config_and_grid():
     """The config that computes the fewest rows past Ho, the longest on a tie; one thread per rpt rows
-    of a column of each channel and image; a forced config or kernel is checked."""
+    of a column of each channel and image, whole rows of up to COLUMN_BLOCK // Wo channels a block; a
+    forced config or kernel is checked."""
     rows = {c.name: c.rpt for c in COLUMN_CONFIGS}
     for ho, name in ((14, "col_r7"), (7, "col_r7"), (16, "col_r8"), (12, "col_r4"), (56, "col_r8"), (1, "col_r4")):
         p = make_problem((3, 5, ho, 9), (10, 1, 3, 3), None, "float32", 1, 1, 1, 5)
         plan = make_column_plan(p)
         assert plan.config.name == name, ho
-        assert plan.segments == math.ceil(ho / rows[name])
-        assert plan.grid == (math.ceil(3 * 10 * plan.segments * 9 / COLUMN_BLOCK), 1, 1)
-        assert plan.block == (COLUMN_BLOCK, 1, 1) and plan.shared_bytes == 0
+        assert plan.block == (9, 10, 1) and plan.shared_bytes == 0  # all 10 channels' rows in one block
+        assert plan.grid == (1, math.ceil(ho / rows[name]), 3)
         assert f"{rows[name]} rows of one output column per thread" in str(plan)
     p = make_problem((1, 4, 14, 14), (4, 1, 3, 3), None, "float16", 1, 1, 1, 4)
     assert make_plan(p, config="col_r4").config.rpt == 4  # a config names its family
@@ -151,6 +151,11 @@ def test_column_config_and_grid():
     grouped = make_problem((1, 4, 14, 14), (4, 2, 3, 3), None, "float32", 1, 1, 1, 2)
     with pytest.raises(ValueError, match="2 input channels per group"):
         make_plan(grouped, kernel=DEPTHWISE_COLUMN_KERNEL)
+    wide = make_problem((1, 2, 3, 1500), (2, 1, 3, 3), None, "float32", 1, 1, 1, 2)
+    with pytest.raises(ValueError, match="output 1500 wide: a block holds whole rows, at most 1024"):
+        make_plan(wide, kernel=DEPTHWISE_COLUMN_KERNEL)
+    assert make_column_plan(make_problem((1, 300, 3, 1000), (300, 1, 3, 3), None, "float32", 1, 1, 1, 300)).block == \
+        (1000, 1, 1)  # a row wider than COLUMN_BLOCK: one channel a block
 
 
 def test_channels_per_lane():

@@ -120,14 +120,15 @@ DEPTHWISE_CASES = [
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", DEPTHWISE_CASES, ids=lambda c: c.id)
 def test_depthwise_kernel(case, dtype, config):
-    """The depthwise kernel, each tile forced, in every dtype; and it is the planner's choice."""
+    """The depthwise kernel, each tile forced, in every dtype; and the planner chooses a depthwise kernel
+    (depthwise_column_conv2d for outputs at most 16 wide with unrolled taps)."""
     from cupyconv.arguments import make_problem
     from cupyconv.planner import make_plan
 
     check(case, dtype, seed=len(case.id), kernel="depthwise_conv2d", config=config)
     problem = make_problem((case.n, case.c, case.h, case.w), (case.k, 1, case.kh, case.kw), None, dtype,
                            case.stride, case.padding, case.dilation, case.groups)
-    assert make_plan(problem).kernel == "depthwise_conv2d"
+    assert make_plan(problem).kernel in ("depthwise_conv2d", "depthwise_column_conv2d")
 
 
 def assert_matches_torch(out, x, weight, bias, case: Case, dtype: str, plan):
@@ -212,16 +213,18 @@ def test_depthwise_channel_loop_one_buffer(dtype, channels_per_lane):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layer", [(144, 56, 1), (96, 112, 2), (384, 14, 1)], ids=["dw144", "dw96s2", "dw384"])
 def test_depthwise_mobilenet_layers(layer, dtype):
-    """The benchmark's MobileNetV2 depthwise layers (channels, size, stride) at batch 2: as planned for
-    batch 2, and with the block layout planned for the benchmark's batch 32 (its channels per block
-    and ring), which only the grid's image count tells apart."""
+    """The benchmark's MobileNetV2 depthwise layers (channels, size, stride) at batch 2: as planned (the
+    column kernel for the 14 x 14 one), with the tile kernel forced, and with the tile kernel's block
+    layout for the benchmark's batch 32 (its channels per block and ring), which only the grid's image
+    count tells apart."""
     from cupyconv.arguments import make_problem
-    from cupyconv.planner import make_plan
+    from cupyconv.planner import make_depthwise_plan
 
     c, hw, stride = layer
     case = Case(2, c, c, hw, hw, 3, 3, stride=stride, padding=1, groups=c)
+    check(case, dtype, seed=c)
     check(case, dtype, seed=c, kernel="depthwise_conv2d")
-    full = make_plan(make_problem((32, c, hw, hw), (c, 1, 3, 3), None, dtype, stride, 1, 1, c))
+    full = make_depthwise_plan(make_problem((32, c, hw, hw), (c, 1, 3, 3), None, dtype, stride, 1, 1, c))
     plan = check_depthwise(case, dtype, seed=c + 1, channels_per_lane=full.channels_per_block // full.block[2])
     layout = lambda p: (p.config, p.block, p.channels_per_block, p.patch_buffers, p.vec, p.pitch, p.grid[:2])
     assert layout(plan) == layout(full) and plan.grid[2] == 2
@@ -236,7 +239,8 @@ COLUMN_CASES = [case for case in DEPTHWISE_CASES
     Case(2, 5, 5, 13, 11, 5, 5, stride=2, padding=2, groups=5, bias=False),
     Case(1, 4, 4, 9, 12, 7, 7, padding=3, groups=4),
     Case(2, 3, 6, 17, 5, 3, 3, stride=2, padding=(2, 1), groups=3),  # more padding than the taps reach
-    Case(1, 130, 130, 3, 40, 3, 3, padding=1, groups=130),           # threads of one warp across channels
+    Case(1, 130, 130, 3, 40, 3, 3, padding=1, groups=130),           # 3 channels a block: the last block's 2 idle
+    Case(1, 3, 3, 5, 200, 3, 3, padding=1, groups=3),                # rows wider than a block of 128: one channel
 ]
 
 

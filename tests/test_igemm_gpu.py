@@ -258,7 +258,7 @@ def test_dispatch_rules():
     assert make_plan(gemm_problem(odd_groups, "float32"), allow_tf32=True).kernel == NHWC_KERNEL
     assert make_plan(gemm_problem(case, "float64"), allow_tf32=True).kernel == "direct_conv2d"
     depthwise = Case(2, 8, 8, 12, 12, 3, 3, padding=1, groups=8)
-    assert make_plan(gemm_problem(depthwise, "float16")).kernel == "depthwise_conv2d"
+    assert make_plan(gemm_problem(depthwise, "float16")).kernel == "depthwise_column_conv2d"  # 12 wide
     with pytest.raises(ValueError, match="computes in"):
         make_plan(gemm_problem(case, "float64"), kernel=GEMM_KERNEL)
 
