@@ -860,7 +860,7 @@ class ColumnConfig:
 #: takes the one that computes the fewest rows past Ho, the longest on a tie (fewer rows read twice).
 COLUMN_CONFIGS = (ColumnConfig("col_r4", 4), ColumnConfig("col_r7", 7), ColumnConfig("col_r8", 8))
 #: Threads per block at most (whole output rows of as many channels as fit): the kernel shares nothing
-#: between threads, so this only sets the scheduling grain (H100: 64-128 alike, 256 slower).
+#: between threads, so this only sets the scheduling grain (H100: 64 to 256 within 4 % at 7 rows a thread).
 COLUMN_BLOCK = 128
 #: Widest output the planner gives the column kernel (past it, depthwise_conv2d's tiles).
 COLUMN_MAX_WIDTH = 16

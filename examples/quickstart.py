@@ -1,4 +1,5 @@
-"""cupyconv in a few lines: AlexNet's first layer on the GPU when there is one, else on NumPy.
+"""cupyconv in a few lines: AlexNet's first layer and a MobileNet depthwise layer on the GPU when there
+is one, else on NumPy.
 
     python examples/quickstart.py
 """
@@ -38,6 +39,15 @@ def main() -> None:
     error = float(np.linalg.norm(cupy.asnumpy(y_gpu) - y_cpu) / np.linalg.norm(y_cpu))
     print(f"GPU ({cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}): {y_gpu.shape}, "
           f"relative difference from NumPy {error:.1e}")
+
+    # A depthwise layer (groups == channels) on 14 x 14 planes: the plan names the small-plane kernel.
+    xd = rng.standard_normal((4, 384, 14, 14), dtype=np.float32)
+    wd = rng.standard_normal((384, 1, 3, 3), dtype=np.float32)
+    print(cupyconv.plan(cupy.asarray(xd), cupy.asarray(wd), padding=1, groups=384))
+    yd = cupyconv.conv2d(cupy.asarray(xd), cupy.asarray(wd), padding=1, groups=384)
+    yd_cpu = cupyconv.conv2d(xd, wd, padding=1, groups=384)
+    error = float(np.linalg.norm(cupy.asnumpy(yd) - yd_cpu) / np.linalg.norm(yd_cpu))
+    print(f"depthwise {xd.shape} -> {yd.shape}, relative difference from NumPy {error:.1e}")
 
 
 if __name__ == "__main__":
