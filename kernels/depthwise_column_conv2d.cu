@@ -18,6 +18,7 @@
 // stride, dilation and padding are run-time. Arguments as depthwise_conv2d's problem arguments
 // (kh, kw, sh and dh are unused: the template has them). Grid (ceil(K / P), ceil(Ho / RPT), N),
 // block (Wo, P).
+#include "depthwise_rows.cuh"
 #include "dtypes.cuh"
 
 namespace cupyconv {
@@ -50,7 +51,7 @@ __global__ void depthwise_column_conv2d(const T* __restrict__ x, const T* __rest
         iw[s] = ow * sw - pl + s * dw;
         column_valid[s] = static_cast<unsigned>(iw[s]) < static_cast<unsigned>(W);
     }
-    // Slide down the column: input row i feeds output row j through kernel row i - j SH.
+    // Slide down the column, reading each input row once.
     const int ih0 = oh0 * SH - pt;
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) {
@@ -60,14 +61,7 @@ __global__ void depthwise_column_conv2d(const T* __restrict__ x, const T* __rest
 #pragma unroll
         for (int s = 0; s < KW; ++s)
             v[s] = row_valid && column_valid[s] ? to_acc<Acc>(xp[static_cast<Index>(ih) * W + iw[s]]) : Acc(0);
-#pragma unroll
-        for (int j = 0; j < RPT; ++j) {
-            const int r = i - j * SH;
-            if (r >= 0 && r < KH) {
-#pragma unroll
-                for (int s = 0; s < KW; ++s) acc[j] += weights[r * KW + s] * v[s];
-            }
-        }
+        accumulate_input_row<RPT, KH, KW, SH>(acc, weights, v, i);
     }
     T* out = y + (n * K + k) * static_cast<Index>(Ho) * Wo + ow;
 #pragma unroll

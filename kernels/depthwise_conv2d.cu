@@ -22,6 +22,7 @@
 // patch's row pitch in elements; the patch buffers per lane (1 to 4).
 // Grid (output tiles, channel blocks, N); block (TW, TH / RPT, lanes).
 // Dynamic shared memory: lanes x buffers x ((TH - 1) sh + (kh - 1) dh + 1) rows x pitch elements.
+#include "depthwise_rows.cuh"
 #include "mma.cuh"
 
 namespace cupyconv {
@@ -145,21 +146,14 @@ __global__ void depthwise_conv2d(const T* __restrict__ x, const T* __restrict__ 
             for (int j = 0; j < RPT; ++j) acc[j] = b;
             const T* patch = lane_patches + current * rows * pitch + offset + threadIdx.x * sw;
             if constexpr (KH > 0) {
-                // Slide down the column: patch row i feeds output row j through kernel row i - j SH.
+                // Slide down the column, reading each patch row once.
                 const T* p = patch + threadIdx.y * (RPT * SH) * pitch;
 #pragma unroll
                 for (int i = 0; i < (RPT - 1) * SH + KH; ++i) {
                     Acc v[KW];
 #pragma unroll
                     for (int s = 0; s < KW; ++s) v[s] = to_acc<Acc>(p[i * pitch + s * dw]);
-#pragma unroll
-                    for (int j = 0; j < RPT; ++j) {
-                        const int r = i - j * SH;
-                        if (r >= 0 && r < KH) {
-#pragma unroll
-                            for (int s = 0; s < KW; ++s) acc[j] += weights[r * KW + s] * v[s];
-                        }
-                    }
+                    accumulate_input_row<RPT, KH, KW, SH>(acc, weights, v, i);
                 }
             } else {
                 const T* p = patch + threadIdx.y * RPT * sh * pitch;
