@@ -1,0 +1,73 @@
+"""A convolution call as data: the kernel launches it makes, the operands they read and write, and
+the temporaries they need.
+
+Each kernel family turns its :class:`~cupyconv.planner.LaunchPlan` into a :class:`CallProgram` once
+per problem (``program(plan, problem)`` in its module under ``cupyconv/families/``). The executor
+(executor.py) resolves the kernels, packs the arguments and keeps the result, so a call for a shape
+seen before is a dictionary lookup, the allocations and the launches.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+#: The operands a launch may point into. X: the caller's input, C-contiguous NCHW. WEIGHT: the
+#: caller's weight, C-contiguous (K, C/groups, kh, kw). PREPARED: the weight in the form the family
+#: reads (written by WeightPreparation.launches, kept while the weight is unchanged). BIAS: the bias
+#: (K,), or, where the call has none, any valid pointer (the kernels read it only when has_bias).
+#: OUT: the C-contiguous NCHW output. WORKSPACE: this call's temporaries.
+X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE = "x", "weight", "prepared", "bias", "out", "workspace"
+OPERANDS = (X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE)
+#: Offsets of the temporaries in the workspace are multiples of this (cp.async and vector loads need 16).
+WORKSPACE_ALIGNMENT = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Pointer:
+    """A pointer argument: ``operand``'s address plus ``offset`` bytes."""
+
+    operand: str
+    offset: int = 0
+
+    def __post_init__(self):
+        if self.operand not in OPERANDS:
+            raise ValueError(f"operand must be one of {OPERANDS}, got {self.operand!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One kernel launch. ``args`` are the kernel's parameters in order: a Pointer for each pointer
+    parameter, a Python int for each ``int`` parameter (passed as a 32-bit int)."""
+
+    kernel: str
+    name_expression: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    args: tuple
+    #: NVRTC target where the specialisation needs one (LaunchPlan.arch), else "" (the device's own).
+    arch: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightPreparation:
+    """How a family's PREPARED operand is made from WEIGHT: ``launches`` write ``nbytes`` bytes.
+    ``key`` names the prepared form, so that plans with the same key share one prepared weight."""
+
+    key: tuple
+    nbytes: int
+    launches: tuple[Launch, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class CallProgram:
+    """Everything one call runs: ``launches`` in order, a workspace of ``workspace_bytes`` (0: none),
+    and the weight preparation its launches' PREPARED pointers need (None: they read WEIGHT)."""
+
+    launches: tuple[Launch, ...]
+    workspace_bytes: int = 0
+    weight: WeightPreparation | None = None
+
+
+def align(nbytes: int) -> int:
+    """``nbytes`` rounded up to WORKSPACE_ALIGNMENT, for the next temporary's offset."""
+    return -(-nbytes // WORKSPACE_ALIGNMENT) * WORKSPACE_ALIGNMENT
