@@ -214,3 +214,15 @@ def _overlaps(a, b) -> bool:
         return bool(np.may_share_memory(a, b))
     import cupy
     return bool(cupy.may_share_memory(a, b))
+
+
+def check_output_size(shape: tuple[int, ...], itemsize: int, memory_bytes: int | None, where: str) -> None:
+    """ValueError naming the output shape when the output alone would not fit in ``memory_bytes``
+    (the device's memory; None: unknown, no check), before anything is allocated: huge paddings
+    and strides would otherwise reach the allocator with absurd sizes."""
+    nbytes = itemsize
+    for extent in shape:
+        nbytes *= extent
+    if memory_bytes is not None and nbytes > memory_bytes:
+        raise ValueError(f"the output of shape {tuple(shape)} needs {nbytes:.4g} bytes, more than {where}'s "
+                         f"{memory_bytes:.4g} bytes of memory (check padding, stride and dilation)")

@@ -70,20 +70,21 @@ def _module(device_id: int, filename: str, expression: str, arch: str):
         return function
 
 
-def get_kernel(kernel: str, expression: str, arch: str = ""):
-    """The compiled cupy.RawKernel for ``expression`` on the current device (compiled on first use),
-    for NVRTC target ``arch`` where the specialisation needs one (planner.LaunchPlan.arch), else for
-    the device's own."""
+def get_kernel(kernel: str, expression: str, arch: str = "", device_id: int | None = None):
+    """The compiled cupy.RawKernel for ``expression`` on device ``device_id`` (default: the current
+    one), compiled on first use, for NVRTC target ``arch`` where the specialisation needs one
+    (planner.LaunchPlan.arch), else for the device's own."""
     import cupy
 
-    return _module(cupy.cuda.Device().id, source_file(kernel), expression, arch)
+    return _module(cupy.cuda.Device().id if device_id is None else device_id, source_file(kernel), expression, arch)
 
 
-def compute_capability() -> int:
-    """The current device's compute capability as an int (90 for sm_90), for planner.make_plan."""
+def compute_capability(device_id: int | None = None) -> int:
+    """The compute capability of device ``device_id`` (default: the current one) as an int (90 for
+    sm_90), for planner.make_plan."""
     import cupy
 
-    return _compute_capability(cupy.cuda.Device().id)
+    return _compute_capability(cupy.cuda.Device().id if device_id is None else device_id)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,11 +1,26 @@
-"""The public conv2d: one call for NumPy (CPU) and CuPy (GPU) arrays, and the plan it would use."""
+"""The public conv2d: one call for NumPy (CPU) and CuPy (GPU) arrays, and the plan it would use.
+
+A CuPy call is checked once per call signature (shapes, strides, dtypes, devices, hyper-parameters):
+the checked problem and its ready-to-launch executable are kept under that signature, so a call seen
+before costs a dictionary lookup, the output's allocation and the launches. Anything not in the
+signature (whether ``out`` overlaps an input) is checked on every call.
+"""
 from __future__ import annotations
+
+import math
+import os
 
 import numpy as np
 
-from .arguments import check_arrays, check_out, make_problem
+from .arguments import check_arrays, check_out, check_output_size, make_problem
 from .planner import LaunchPlan, make_plan
 from .reference import conv2d_numpy
+from .weights import PreparedWeight
+
+#: Call signature -> _CupyCall, for CuPy calls that passed every check once.
+_CUPY_CALLS: dict = {}
+#: cupy.ndarray, once a CuPy call has been seen (import cupyconv must not import CuPy).
+_cupy_ndarray = None
 
 
 def _problem(x, weight, bias, stride, padding, dilation, groups, out):
@@ -18,6 +33,54 @@ def _problem(x, weight, bias, stride, padding, dilation, groups, out):
     return backend, unbatched, problem
 
 
+def _extent(a) -> tuple[int, int]:
+    """Bytes [low, high) that ``a`` spans around its data pointer (empty: (0, 0))."""
+    if a.size == 0:
+        return 0, 0
+    low = sum(min(0, (n - 1) * s) for n, s in zip(a.shape, a.strides))
+    high = sum(max(0, (n - 1) * s) for n, s in zip(a.shape, a.strides)) + a.itemsize
+    return low, high
+
+
+class _CupyCall:
+    """A checked CuPy call signature: its output shape, its executable, what must be copied first."""
+
+    __slots__ = ("shape", "exe", "device_id", "x_copy", "weight_copy", "bias_copy", "extents")
+
+    def __init__(self, problem, shape, exe, device_id, x, weight, bias):
+        self.shape, self.exe, self.device_id = shape, exe, device_id
+        self.x_copy, self.weight_copy = not x.flags.c_contiguous, not weight.flags.c_contiguous
+        self.bias_copy = bias is not None and not bias.flags.c_contiguous
+        self.extents = tuple(None if a is None else _extent(a) for a in (x, weight, bias))
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _cupy_call(x, weight, bias, stride, padding, dilation, groups, out, allow_tf32) -> _CupyCall:
+    """Every check of a CuPy call (raising before anything is allocated or launched), then its executable."""
+    from .executor import executable
+    from .launch import device_memory
+
+    _, unbatched, problem = _problem(x, weight, bias, stride, padding, dilation, groups, out)
+    shape = problem.out_shape[1:] if unbatched else problem.out_shape
+    device_id = x.device.id
+    check_output_size(shape, x.dtype.itemsize, device_memory(device_id), f"GPU {device_id}")
+    if out is not None:
+        check_out(out, problem, shape, x, weight, bias)
+    exe = executable(problem, allow_tf32, device_id) if math.prod(shape) else None
+    return _CupyCall(problem, shape, exe, device_id, x, weight, bias)
+
+
+def _overlaps(a, extent_a, b, extent_b) -> bool:
+    return extent_a[0] != extent_a[1] and extent_b[0] != extent_b[1] and \
+        a.data.ptr + extent_a[0] < b.data.ptr + extent_b[1] and b.data.ptr + extent_b[0] < a.data.ptr + extent_a[1]
+
+
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, out=None, allow_tf32=False):
     """2-D convolution (cross-correlation) over NCHW arrays, as ``torch.nn.functional.conv2d``.
 
@@ -26,7 +89,9 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, o
     Args:
         x: input, (N, C, H, W), or (C, H, W) for one unbatched image. float16, bfloat16, float32 or
             float64; any strides (non-contiguous inputs are copied first).
-        weight: (K, C // groups, kh, kw), same dtype and device as ``x``.
+        weight: (K, C // groups, kh, kw), same dtype and device as ``x``; or a
+            :class:`~cupyconv.PreparedWeight` of one (:func:`cupyconv.prepare_weight`), whose
+            transformed forms are made once instead of on every call.
         bias: optional (K,), same dtype and device as ``x``.
         stride: int or (sh, sw), >= 1. Default 1.
         padding: int or (ph, pw) zero padding on both sides, or 'valid' (none) or 'same' (output as
@@ -49,24 +114,68 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, o
     Raises:
         TypeError: arrays of another kind, mixed NumPy/CuPy, unsupported or differing dtypes.
         ValueError: inconsistent shapes, bad stride/padding/dilation/groups, a kernel larger than the
-            padded input, arrays on different GPUs, or a bad ``out``. Raised before any launch.
+            padded input, an output larger than the device's memory, arrays on different GPUs, or a
+            bad ``out``. Raised before anything is allocated or launched.
     """
+    prepared = weight if type(weight) is PreparedWeight else None
+    if prepared is not None:
+        weight = prepared.array
+    if type(x) is _cupy_ndarray:
+        try:
+            key = (x.shape, x.strides, x.dtype, x.data.device_id, type(weight), weight.shape, weight.strides,
+                   weight.dtype, weight.data.device_id,
+                   None if bias is None else (type(bias), bias.shape, bias.strides, bias.dtype, bias.data.device_id),
+                   stride, padding, dilation, groups, bool(allow_tf32),
+                   None if out is None else (type(out), out.shape, out.strides, out.dtype, out.data.device_id))
+            call = _CUPY_CALLS.get(key)
+        except (AttributeError, TypeError):  # not CuPy arrays, or unhashable arguments: the full checks say which
+            key = call = None
+        if call is None:
+            call = _cupy_call(x, weight, bias, stride, padding, dilation, groups, out, allow_tf32)
+            if key is not None:
+                _CUPY_CALLS[key] = call
+        return _run_cupy(call, x, weight, bias, out, prepared)
     backend, unbatched, problem = _problem(x, weight, bias, stride, padding, dilation, groups, out)
+    if backend == "cupy":
+        _remember_cupy()
+        return conv2d(x, prepared or weight, bias, stride, padding, dilation, groups, out=out, allow_tf32=allow_tf32)
     shape = problem.out_shape[1:] if unbatched else problem.out_shape
+    check_output_size(shape, x.dtype.itemsize, _physical_memory(), "this machine")
     if out is not None:
         check_out(out, problem, shape, x, weight, bias)
-    x4 = x[None] if unbatched else x
-    if backend == "numpy":
-        out = np.empty(shape, dtype=x.dtype) if out is None else out
-        conv2d_numpy(x4, weight, bias, problem, out.reshape(problem.out_shape))
-        return out
+    out = np.empty(shape, dtype=x.dtype) if out is None else out
+    conv2d_numpy(x[None] if unbatched else x, weight, bias, problem, out.reshape(problem.out_shape))
+    return out
+
+
+def _remember_cupy() -> None:
+    global _cupy_ndarray
     import cupy
 
-    from .launch import conv2d_cupy
+    _cupy_ndarray = cupy.ndarray
 
-    with cupy.cuda.Device(x.device.id):
-        out = cupy.empty(shape, dtype=x.dtype) if out is None else out
-        conv2d_cupy(x4, weight, bias, problem, out.reshape(problem.out_shape), allow_tf32=allow_tf32)
+
+def _run_cupy(call: _CupyCall, x, weight, bias, out, prepared):
+    import cupy
+
+    from .launch import run
+
+    if out is not None:
+        for name, a, extent in (("x", x, call.extents[0]), ("weight", weight, call.extents[1]),
+                                ("bias", bias, call.extents[2])):
+            if a is not None and _overlaps(out, (0, out.nbytes), a, extent):
+                raise ValueError(f"out shares memory with {name}; conv2d never modifies its inputs")
+    if cupy.cuda.runtime.getDevice() != call.device_id:
+        with cupy.cuda.Device(call.device_id):
+            return _run_cupy(call, x, weight, bias, out, prepared)
+    if out is None:
+        out = cupy.empty(call.shape, dtype=x.dtype)
+    if call.exe is None:  # an empty output: nothing to compute
+        return out
+    run(call.exe, cupy.ascontiguousarray(x) if call.x_copy else x,
+        cupy.ascontiguousarray(weight) if call.weight_copy else weight,
+        cupy.ascontiguousarray(bias) if call.bias_copy else bias, out,
+        prepared)
     return out
 
 
@@ -75,5 +184,7 @@ def plan(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, all
 
     Takes the same arguments as :func:`conv2d` (NumPy arrays too: only shapes and dtypes matter).
     """
+    if type(weight) is PreparedWeight:
+        weight = weight.array
     _, _, problem = _problem(x, weight, bias, stride, padding, dilation, groups, None)
     return make_plan(problem, allow_tf32=allow_tf32)

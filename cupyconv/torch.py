@@ -6,11 +6,15 @@
     model = convert(model)                                           # every plain nn.Conv2d runs on cupyconv
 
 How a CUDA call runs: the arguments are checked (cupyconv.arguments.make_problem) before anything
-is launched; the tensors cross to CuPy through DLPack without a copy (bfloat16 as an int16 view,
-since CuPy has no bfloat16); the output is allocated by torch, so torch's caching allocator owns
-it; the kernel runs on torch's current stream of the input's device, so no host synchronisation
-is needed and the call can be captured in a CUDA graph. The convolution is registered as the custom
-op ``cupyconv::conv2d`` with a fake (meta) implementation and an autograd formula, so
+is launched, once per call signature (shapes, strides, dtypes, devices, hyper-parameters, the TF32
+switch): a signature seen before costs a dictionary lookup, torch's allocations and the launches,
+which go to the CUDA driver with the tensors' addresses (no DLPack exchange, no CuPy arrays). The
+output, the temporaries and the prepared weights come from torch's caching allocator, and the
+kernels run on torch's current stream of the input's device, so no host synchronisation is needed
+and the call can be captured in a CUDA graph (inside a capture the weight is prepared in the graph,
+so a replay reads the weight as it is then). Autograd runs through a torch.autograd.Function, and
+only where a gradient is needed. Under torch.compile the convolution is the custom op
+``cupyconv::conv2d``, with a fake (meta) implementation and the same autograd formula, so
 ``torch.compile(fullgraph=True)`` traces it without graph breaks.
 
 Precision follows torch's switch for convolutions, as nn.Conv2d does: float32 runs on cupyconv's
@@ -26,16 +30,18 @@ This is the only cupyconv module that imports torch; ``import cupyconv`` never d
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .arguments import ConvProblem, make_problem
-from .launch import conv2d_cupy
+from .arguments import ConvProblem, check_output_size, make_problem
+from .executor import addresses
+from .program import align
 
-__all__ = ["Conv2d", "conv2d", "convert"]
+__all__ = ["Conv2d", "conv2d", "convert", "clear_weight_caches", "WeightCache"]
 
 #: torch dtype -> cupyconv's name for it.
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
@@ -91,58 +97,134 @@ def _op_problem(x, weight, bias, stride, padding, dilation, groups) -> ConvProbl
                        dtype=_dtype_name(x.dtype, "x"), has_bias=bias is not None)
 
 
-def _as_cupy(tensor: torch.Tensor):
-    """A CuPy view of a CUDA tensor: same memory, no copy."""
-    import cupy
-
-    if tensor.dtype == torch.bfloat16:
-        # CuPy has no bfloat16; the launch reads the element type from the problem, not the array.
-        tensor = tensor.view(torch.int16)
-    # stream=-1: the kernel runs on the stream that produced the tensor, so no event is needed.
-    return cupy.from_dlpack(tensor.detach().__dlpack__(stream=-1))
+def _raw_stream(device_index: int) -> int:
+    """The handle of torch's current stream on ``device_index``."""
+    if _get_raw_stream is not None:
+        return _get_raw_stream(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
 
 
-def _torch_allocator(size: int):
-    """CuPy memory from torch's caching allocator on the current device and stream: the temporary
-    copies some kernels read (channels-last input, transposed weight) then follow torch's stream
-    ordering and, inside a CUDA-graph capture, come from the graph's private pool, so a replay never
-    reads memory that was handed to someone else after the capture."""
-    import cupy
-
-    tensor = torch.empty(max(size, 1), dtype=torch.uint8, device=torch.device("cuda", cupy.cuda.Device().id))
-    return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(tensor.data_ptr(), size, tensor), 0)
+# torch's own fast accessor of the current stream's handle (what its generated code calls); the
+# public torch.cuda.current_stream makes a Stream object each call.
+_get_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _cupy_stream(stream: torch.cuda.Stream):
-    """The CuPy handle of a torch stream, to make it CuPy's current stream."""
-    import cupy
+class _Call:
+    """A checked CUDA call signature: the problem, its executable (None for an empty output), the
+    output's shape and device, and whether the output goes back to channels_last."""
 
-    # CuPy 14 deprecates ExternalStream in favour of the CUDA stream protocol, which recent torch
-    # streams implement; older pairs only have ExternalStream.
-    if hasattr(cupy.cuda.Stream, "from_external") and hasattr(stream, "__cuda_stream__"):
-        return cupy.cuda.Stream.from_external(stream)
-    return cupy.cuda.ExternalStream(stream.cuda_stream, stream.device.index)
+    __slots__ = ("problem", "exe", "shape", "device", "device_index", "channels_last")
+
+    def __init__(self, problem: ConvProblem, x: torch.Tensor, allow_tf32: bool):
+        from .executor import executable
+        from .launch import device_memory
+
+        self.problem, self.device, self.device_index = problem, x.device, x.device.index
+        self.shape = problem.out_shape
+        check_output_size(self.shape, x.element_size(), device_memory(self.device_index), f"GPU {self.device_index}")
+        self.exe = executable(problem, allow_tf32, self.device_index) if math.prod(self.shape) else None
+        self.channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+
+
+#: Call signature (shapes, strides, dtypes, devices, hyper-parameters, TF32 switch) -> _Call, for
+#: CUDA calls that passed every check once.
+_CALLS: dict = {}
+
+
+class WeightCache:
+    """The prepared forms of one module's weight (transposed, channels-last, TF32-rounded or
+    Winograd-transformed, as the chosen kernels read it), made once and kept while the weight's
+    storage and version counter are unchanged: an in-place update, an optimizer step or
+    load_state_dict bumps the version, and the next call prepares the weight again.
+
+    Changes made through ``weight.data`` bypass the version counter (torch's own rule for
+    ``.data``); call :meth:`clear` (``cupyconv.torch.clear_weight_caches(model)``) after those.
+    Copies of a module (deepcopy, pickling) start empty.
+    """
+
+    __slots__ = ("_stamp", "_forms")
+
+    def __init__(self):
+        self._stamp, self._forms = None, {}
+
+    def clear(self) -> None:
+        self._stamp, self._forms = None, {}
+
+    def __deepcopy__(self, memo):
+        return WeightCache()
+
+    def __reduce__(self):
+        return WeightCache, ()
+
+    def address(self, weight: torch.Tensor, exe, stream: int) -> int | None:
+        """The address of the form ``exe`` reads, made on ``stream`` if new; None where ``weight``
+        cannot be cached (an inference tensor has no version counter)."""
+        if weight.is_inference():
+            return None
+        stamp = (weight.data_ptr(), weight._version, weight.dtype, weight.shape, weight.stride())
+        if stamp != self._stamp:
+            self._stamp, self._forms = stamp, {}
+        preparation = exe.weight
+        form = self._forms.get(preparation.key)
+        if form is None:
+            buffer = torch.empty(preparation.nbytes, dtype=torch.uint8, device=weight.device)
+            exe.prepare_weight(addresses(0, weight.data_ptr(), buffer.data_ptr(), 0, 0, 0), stream)
+            form = self._forms[preparation.key] = (buffer, stream)
+        elif form[1] != stream:
+            # Made on another stream: this one waits for it, and the allocator keeps the buffer
+            # until this stream's reads are done.
+            current = torch.cuda.current_stream(weight.device)
+            made = torch.cuda.Event()
+            made.record(torch.cuda.ExternalStream(form[1], device=weight.device))
+            current.wait_event(made)
+            form[0].record_stream(current)
+            form = self._forms[preparation.key] = (form[0], stream)
+        return form[0].data_ptr()
+
+
+def _forward(call: _Call, x, weight, bias, cache: WeightCache | None) -> torch.Tensor:
+    """Run a checked CUDA call on torch's current stream of x's device; every allocation (output,
+    workspace, prepared weight) from torch's caching allocator, so that it follows torch's stream
+    order and, inside a CUDA-graph capture, comes from the graph's pool."""
+    if torch.cuda.current_device() != call.device_index:
+        with torch.cuda.device(call.device_index):
+            return _forward(call, x, weight, bias, cache)
+    out = torch.empty(call.shape, dtype=x.dtype, device=call.device)
+    exe = call.exe
+    if exe is None:
+        return out
+    x = x if x.is_contiguous() else x.contiguous()
+    cached_weight = weight
+    weight = weight if weight.is_contiguous() else weight.contiguous()
+    bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
+    stream = _raw_stream(call.device_index)
+    preparation, prepared = exe.weight, 0
+    # Inside a capture the weight is prepared in the graph itself: a replay after the weight changed
+    # must read the new weight, as torch's own convolution would.
+    if preparation is not None and cache is not None and weight is cached_weight \
+            and not torch.cuda.is_current_stream_capturing():
+        prepared = cache.address(weight, exe, stream) or 0
+    prepare_here = preparation is not None and not prepared
+    nbytes = exe.workspace_bytes + (align(preparation.nbytes) if prepare_here else 0)
+    workspace = torch.empty(nbytes, dtype=torch.uint8, device=call.device) if nbytes else None
+    base = workspace.data_ptr() if nbytes else 0
+    if prepare_here:
+        prepared, base = base, base + align(preparation.nbytes)
+    operands = addresses(x.data_ptr(), weight.data_ptr(), prepared, 0 if bias is None else bias.data_ptr(),
+                         out.data_ptr(), base)
+    if prepare_here:
+        exe.prepare_weight(operands, stream)
+    exe.run(operands, stream)
+    return out.contiguous(memory_format=torch.channels_last) if call.channels_last else out
 
 
 @torch.library.custom_op("cupyconv::conv2d", mutates_args=(), device_types="cuda")
 def _conv2d_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: list[int],
                padding: list[int], dilation: list[int], groups: int) -> torch.Tensor:
-    """cupyconv's kernel on torch's current stream of x's device. padding is (top, left, bottom, right)."""
-    import cupy
-
+    """cupyconv's kernel on torch's current stream of x's device. padding is (top, left, bottom, right).
+    What torch.compile calls; eager calls skip the op's dispatch (_conv2d)."""
     problem = _op_problem(x, weight, bias, stride, padding, dilation, groups)
-    # Made contiguous by torch, so that any copy comes from torch's allocator, never CuPy's pool.
-    x, weight = x.contiguous(), weight.contiguous()
-    bias = None if bias is None else bias.contiguous()
-    out = torch.empty(problem.out_shape, device=x.device, dtype=x.dtype)
-    if out.numel() == 0:
-        return out
-    device = x.device
-    with torch.cuda.device(device), cupy.cuda.Device(device.index), \
-            _cupy_stream(torch.cuda.current_stream(device)), cupy.cuda.using_allocator(_torch_allocator):
-        conv2d_cupy(_as_cupy(x), _as_cupy(weight), None if bias is None else _as_cupy(bias), problem,
-                    _as_cupy(out), allow_tf32=_allow_tf32(x.dtype))
-    return out
+    return _forward(_Call(problem, x.contiguous(), _allow_tf32(x.dtype)), x, weight, bias, None)
 
 
 @_conv2d_op.register_kernel("cpu")
@@ -158,8 +240,7 @@ def _conv2d_op_fake(x, weight, bias, stride, padding, dilation, groups):
     return x.new_empty(_op_problem(x, weight, bias, stride, padding, dilation, groups).out_shape)
 
 
-def _conv2d_op_setup_context(ctx, inputs, output):
-    x, weight, bias, stride, padding, dilation, groups = inputs
+def _save_for_backward(ctx, x, weight, stride, padding, dilation, groups) -> None:
     needs_x, needs_weight = ctx.needs_input_grad[:2]
     # Each gradient needs only the other operand; keep just what a needed gradient reads.
     ctx.save_for_backward(x if needs_weight else None, weight if needs_x else None)
@@ -167,7 +248,11 @@ def _conv2d_op_setup_context(ctx, inputs, output):
     ctx.conv = (tuple(stride), tuple(padding), tuple(dilation), groups)
 
 
-def _conv2d_op_backward(ctx, grad_out):
+def _conv2d_op_setup_context(ctx, inputs, output):
+    _save_for_backward(ctx, *inputs[:2], *inputs[3:])
+
+
+def _gradients(ctx, grad_out):
     """Gradients by torch's convolution-gradient functions, for each input that needs one."""
     x, weight = ctx.saved_tensors
     stride, (top, left, bottom, right), dilation, groups = ctx.conv
@@ -188,24 +273,83 @@ def _conv2d_op_backward(ctx, grad_out):
         grad_weight = torch.nn.grad.conv2d_weight(x_read, ctx.weight_shape, grad_out, stride, pad, dilation, groups)
     if needs_bias:
         grad_bias = grad_out.sum((0, 2, 3))
-    return grad_x, grad_weight, grad_bias, None, None, None, None
+    return grad_x, grad_weight, grad_bias
+
+
+def _conv2d_op_backward(ctx, grad_out):
+    return *_gradients(ctx, grad_out), None, None, None, None
 
 
 torch.library.register_autograd("cupyconv::conv2d", _conv2d_op_backward, setup_context=_conv2d_op_setup_context)
 
 
-def _conv2d(x, weight, bias, problem: ConvProblem):
-    """Run a checked problem through the custom op, keeping x's batching and memory format."""
-    unbatched = x.dim() == 3
-    x4 = x.unsqueeze(0) if unbatched else x
-    channels_last = x4.is_contiguous(memory_format=torch.channels_last) and not x4.is_contiguous()
-    y = torch.ops.cupyconv.conv2d(
-        x4, weight, bias, list(problem.stride),
-        [problem.pad_top, problem.pad_left, problem.pad_bottom, problem.pad_right],
-        list(problem.dilation), problem.groups)
-    if channels_last:
-        y = y.contiguous(memory_format=torch.channels_last)
-    return y.squeeze(0) if unbatched else y
+class _Conv2dFunction(torch.autograd.Function):
+    """The eager call with autograd: the custom op's formula without the op's Python dispatch."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, call, cache):
+        p = call.problem
+        _save_for_backward(ctx, x, weight, p.stride, (p.pad_top, p.pad_left, p.pad_bottom, p.pad_right), p.dilation,
+                           p.groups)
+        return _forward(call, x, weight, bias, cache)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return *_gradients(ctx, grad_out), None, None
+
+
+def _op_conv2d(x, weight, bias, problem: ConvProblem):
+    """A checked 4-D problem through the custom op (what torch.compile traces), keeping x's memory format."""
+    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    y = torch.ops.cupyconv.conv2d(x, weight, bias, list(problem.stride),
+                                  [problem.pad_top, problem.pad_left, problem.pad_bottom, problem.pad_right],
+                                  list(problem.dilation), problem.groups)
+    return y.contiguous(memory_format=torch.channels_last) if channels_last else y
+
+
+def _checked_conv2d(x, weight, bias, stride, padding, dilation, groups, cache):
+    """Every check, then the call: on CPU torch's conv2d, under torch.compile the custom op, 3-D
+    input as one image, else the eager path, whose checked signature is kept for the next call."""
+    problem = _problem(x, weight, bias, stride, padding, dilation, groups)
+    if x.device.type != "cuda":
+        return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    if x.dim() == 3:
+        return _conv2d(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups, cache).squeeze(0)
+    if torch.compiler.is_compiling():
+        return _op_conv2d(x, weight, bias, problem)
+    call = _Call(problem, x, _allow_tf32(x.dtype))
+    try:
+        _CALLS[_signature(x, weight, bias, stride, padding, dilation, groups)] = call
+    except TypeError:  # unhashable arguments (lists): checked on every call
+        pass
+    return call
+
+
+def _signature(x, weight, bias, stride, padding, dilation, groups) -> tuple:
+    """What a call's checks depend on. Raises AttributeError or TypeError for non-tensors and
+    unhashable arguments (which then take the full checks)."""
+    return (x.shape, x.stride(), x.dtype, x.get_device(), weight.shape, weight.stride(), weight.dtype,
+            weight.get_device(),
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
+            stride, padding, dilation, groups, x.dtype is torch.float32 and torch.backends.cudnn.allow_tf32)
+
+
+def _conv2d(x, weight, bias, stride, padding, dilation, groups, cache: WeightCache | None):
+    """conv2d with a module's weight cache (None: prepare the weight on every call)."""
+    if torch.compiler.is_compiling():  # traced: the custom op, never the eager path's caches
+        return _checked_conv2d(x, weight, bias, stride, padding, dilation, groups, cache)
+    try:
+        call = _CALLS.get(_signature(x, weight, bias, stride, padding, dilation, groups))
+    except (AttributeError, TypeError):
+        call = None
+    if call is None:
+        call = _checked_conv2d(x, weight, bias, stride, padding, dilation, groups, cache)
+        if not isinstance(call, _Call):  # computed already (CPU, compiled or unbatched)
+            return call
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or
+                                    (bias is not None and bias.requires_grad)):
+        return _Conv2dFunction.apply(x, weight, bias, call, cache)
+    return _forward(call, x, weight, bias, cache)
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
@@ -213,7 +357,10 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
     CUDA tensors run cupyconv's kernel on torch's current stream of x's device, with no copy in
     or out; other devices run ``torch.nn.functional.conv2d``. Differentiable, and traceable by
-    ``torch.compile(fullgraph=True)``.
+    ``torch.compile(fullgraph=True)``. The arguments are checked once per call signature (shapes,
+    strides, dtypes, devices, hyper-parameters); a signature seen before costs a lookup, the
+    allocations and the launches. The weight is prepared (transposed, made channels-last, rounded
+    or transformed, as the chosen kernel reads it) on every call here; :class:`Conv2d` keeps it.
 
     Args:
         x: (N, C, H, W) or unbatched (C, H, W); float16, bfloat16, float32 or float64; any
@@ -235,12 +382,10 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     Raises:
         TypeError: a non-tensor argument, or an unsupported or mismatched dtype.
         ValueError: tensors on different devices, inconsistent shapes, bad stride, padding,
-            dilation or groups, or a kernel larger than the padded input.
+            dilation or groups, a kernel larger than the padded input, or an output larger than
+            the GPU's memory.
     """
-    problem = _problem(x, weight, bias, stride, padding, dilation, groups)
-    if x.device.type != "cuda":
-        return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
-    return _conv2d(x, weight, bias, problem)
+    return _conv2d(x, weight, bias, stride, padding, dilation, groups, None)
 
 
 class Conv2d(nn.Conv2d):
@@ -250,16 +395,39 @@ class Conv2d(nn.Conv2d):
     nn.Conv2d, so the two load each other's checkpoints. padding_mode 'reflect', 'replicate' and
     'circular' pad with torch.nn.functional.pad and then run an unpadded cupyconv convolution, as
     nn.Conv2d does with its own kernel. See :func:`conv2d` for precision and devices.
+
+    The weight's prepared forms are kept in the module (a :class:`WeightCache`, not in the
+    state_dict) while the weight's storage and version are unchanged: an optimizer step,
+    ``load_state_dict`` or any in-place update under torch's version counter prepares it again on
+    the next call. After changes through ``weight.data``, which torch does not count, call
+    :func:`clear_weight_caches`.
     """
+
+    def _weight_cache(self) -> WeightCache:
+        # Made on first use: convert() switches a module's class without running __init__.
+        cache = self.__dict__.get("_cupyconv_weights")
+        if cache is None:
+            cache = self.__dict__["_cupyconv_weights"] = WeightCache()
+        return cache
 
     def _conv_forward(self, input, weight, bias):
         if self.padding_mode != "zeros":
-            return conv2d(F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode),
-                          weight, bias, self.stride, 0, self.dilation, self.groups)
-        return conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+            return _conv2d(F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode),
+                           weight, bias, self.stride, 0, self.dilation, self.groups, self._weight_cache())
+        return _conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups,
+                       self._weight_cache())
 
     def _get_name(self):
         return "cupyconv.Conv2d"
+
+
+def clear_weight_caches(model: nn.Module) -> None:
+    """Forget every prepared weight of the cupyconv modules in ``model`` (needed only after changes
+    through ``weight.data``, which torch's version counter does not see)."""
+    for module in model.modules():
+        cache = module.__dict__.get("_cupyconv_weights")
+        if cache is not None:
+            cache.clear()
 
 
 def _left_alone(module: nn.Module, inverse: bool) -> bool:
@@ -296,6 +464,7 @@ def convert(model: nn.Module, inverse: bool = False) -> nn.Module:
                 skipped.append(f"{name or '(model)'} (dtype {module.weight.dtype})")
                 continue
             module.__class__ = target
+            module.__dict__.pop("_cupyconv_weights", None)
         elif _left_alone(module, inverse):
             skipped.append(f"{name or '(model)'} ({type(module).__qualname__})")
     if skipped:

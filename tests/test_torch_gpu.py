@@ -6,6 +6,7 @@ Every launch goes through the ``launches`` fixture, which fills the output with 
 element the kernel never writes fails) and records what the kernel was given.
 """
 import copy
+import math
 import os
 import pathlib
 import subprocess
@@ -29,30 +30,29 @@ DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 # same dtype (flash-attention's rule), whichever is larger. float32 is strict IEEE on both sides: the
 # strict_torch_fp32 fixture (conftest.py) turns torch's TF32 off, which also keeps cupyconv.torch off its TF32 path.
 FLOOR = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
-NAN_BITS_16 = {"float16": 0x7E00, "bfloat16": 0x7FC0}
+ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 
 
 @pytest.fixture(autouse=True)
 def launches(monkeypatch):
-    """Every cupyconv launch of the test: NaN-poisoned output, and a record of pointers, stream, device."""
+    """Every cupyconv call of the test: the output filled with NaN first (all bytes 0xFF: NaN in every
+    dtype) on the call's stream, and a record of the addresses, stream, device and plan it ran with."""
     import cupy
 
-    import cupyconv.torch as ct
+    from cupyconv import executor
 
-    launch = ct.conv2d_cupy
+    run = executor.Executable.run
     records = []
 
-    def poisoned_launch(x, weight, bias, problem, out, **kwargs):
-        if problem.dtype in NAN_BITS_16:
-            out.view(cupy.uint16).fill(NAN_BITS_16[problem.dtype])
-        else:
-            out.fill(cupy.nan)
-        records.append(dict(x=x.data.ptr, weight=weight.data.ptr, bias=None if bias is None else bias.data.ptr,
-                            out=out.data.ptr, stream=cupy.cuda.get_current_stream().ptr,
-                            device=cupy.cuda.Device().id, kwargs=kwargs))
-        return launch(x, weight, bias, problem, out, **kwargs)
+    def poisoned_run(self, addresses, stream):
+        x, weight, _, bias, out, _ = addresses
+        p = self.problem
+        cupy.cuda.runtime.memsetAsync(out, 0xFF, math.prod(p.out_shape) * ITEMSIZE[p.dtype], stream)
+        records.append(dict(x=x, weight=weight, bias=bias if p.has_bias else None, out=out, stream=stream,
+                            device=cupy.cuda.runtime.getDevice(), plan=self.plan))
+        return run(self, addresses, stream)
 
-    monkeypatch.setattr(ct, "conv2d_cupy", poisoned_launch)
+    monkeypatch.setattr(executor.Executable, "run", poisoned_run)
     return records
 
 
@@ -388,7 +388,8 @@ def test_float32_precision_follows_cudnn_switch(allow_tf32, launches, monkeypatc
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", allow_tf32)
     with torch.no_grad():
         y, torch_y = ours(x), theirs(x)
-    assert launches[-1]["kwargs"] == {"allow_tf32": allow_tf32}
+    plan = launches[-1]["plan"]
+    assert (plan.kernel in ("implicit_gemm_nhwc", "implicit_gemm_conv2d")) == allow_tf32, str(plan)
     assert not y.isnan().any()
     if allow_tf32:  # TF32's bound (issue 5), or twice torch's error where cuDNN's TF32 error is larger;
         # cuDNN may pick a non-TF32 algorithm for a small shape, so torch's error alone is no bound.

@@ -1,0 +1,114 @@
+"""Ready-to-launch convolutions: a CallProgram bound to one device, its kernels resolved and its
+arguments packed once, so that a call only writes its operands' addresses and launches.
+
+The executor knows addresses and streams, not arrays: the CuPy front (launch.py) and the torch
+adapter (torch.py) allocate the output, the workspace and the prepared weight from their own
+allocators and pass the addresses in ``program.OPERANDS`` order. Each launch goes to the CUDA driver
+directly (cuLaunchKernel on a packed parameter block) instead of through CuPy's per-call argument
+conversion, which costs several microseconds per launch.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+
+from .arguments import ConvProblem
+from .compiler import compute_capability, get_kernel
+from .program import OPERANDS, CallProgram, Launch, Pointer
+
+_SLOT = ctypes.sizeof(ctypes.c_uint64)
+_INT32_MASK = 0xFFFFFFFF
+
+
+class PackedLaunch:
+    """One Launch on one device: the CUfunction, the launch shape and an argument block whose int
+    slots are filled once and whose pointer slots each call fills (``pointers``: (slot, index of
+    the operand in OPERANDS, byte offset))."""
+
+    __slots__ = ("function", "launch_shape", "values", "params_address", "pointers", "_params")
+
+    def __init__(self, launch: Launch, device_id: int):
+        kernel = get_kernel(launch.kernel, launch.name_expression, launch.arch, device_id)
+        self.function = kernel.kernel.ptr  # compiles on first use (CuPy's disk cache makes later processes fast)
+        self.launch_shape = (*launch.grid, *launch.block, launch.shared_bytes)
+        # Every parameter gets an 8-byte slot: a pointer fills it, an int its low 4 bytes (x86-64 and
+        # aarch64 are little-endian), which is where cuLaunchKernel reads a 4-byte parameter.
+        self.values = (ctypes.c_uint64 * max(1, len(launch.args)))()
+        self._params = (ctypes.c_void_p * max(1, len(launch.args)))(
+            *(ctypes.addressof(self.values) + _SLOT * i for i in range(len(launch.args))))
+        self.params_address = ctypes.addressof(self._params)
+        pointers = []
+        for slot, arg in enumerate(launch.args):
+            if isinstance(arg, Pointer):
+                pointers.append((slot, OPERANDS.index(arg.operand), arg.offset))
+            else:
+                self.values[slot] = int(arg) & _INT32_MASK
+        self.pointers = tuple(pointers)
+
+    def __call__(self, addresses, stream: int) -> None:
+        from cupy.cuda import driver
+
+        values = self.values
+        for slot, operand, offset in self.pointers:
+            values[slot] = addresses[operand] + offset
+        driver.launchKernel(self.function, *self.launch_shape, stream, self.params_address, 0)
+
+
+class Executable:
+    """A CallProgram ready to run on one device.
+
+    ``workspace_bytes`` of temporaries and, where ``weight`` is set, ``weight.nbytes`` of prepared
+    weight are the caller's to provide. ``run`` launches the call, ``prepare_weight`` the weight
+    preparation (once per weight where the caller caches it, else before each run).
+    """
+
+    def __init__(self, program: CallProgram, problem: ConvProblem, plan, device_id: int):
+        self.problem, self.plan, self.device_id = problem, plan, device_id
+        self.workspace_bytes = program.workspace_bytes
+        self.weight = program.weight
+        self._launches = tuple(PackedLaunch(launch, device_id) for launch in program.launches)
+        self._weight_launches = tuple(PackedLaunch(launch, device_id) for launch in
+                                      (program.weight.launches if program.weight else ()))
+        # The argument blocks are shared: one thread at a time fills and launches them
+        # (cuLaunchKernel copies the parameters before it returns).
+        self._lock = threading.Lock()
+
+    def run(self, addresses, stream: int) -> None:
+        """Launch the call on ``stream``; ``addresses`` has one address per OPERANDS entry (PREPARED
+        and WORKSPACE 0 where the program has none)."""
+        with self._lock:
+            for launch in self._launches:
+                launch(addresses, stream)
+
+    def prepare_weight(self, addresses, stream: int) -> None:
+        """Write the PREPARED operand from WEIGHT on ``stream`` (nothing where the program reads WEIGHT)."""
+        with self._lock:
+            for launch in self._weight_launches:
+                launch(addresses, stream)
+
+
+@functools.lru_cache(maxsize=4096)
+def executable(problem: ConvProblem, allow_tf32: bool, device_id: int) -> Executable:
+    """The planner's choice for ``problem`` on device ``device_id``, ready to launch. Made once per
+    (problem, precision, device): a model calls the same few shapes over and over."""
+    from .planner import make_plan
+
+    plan = make_plan(problem, allow_tf32=allow_tf32, compute_capability=compute_capability(device_id))
+    return executable_for_plan(plan, problem, device_id)
+
+
+@functools.lru_cache(maxsize=4096)
+def executable_for_plan(plan, problem: ConvProblem, device_id: int) -> Executable:
+    """``plan`` (any plan make_plan can make for ``problem``, forced tiles included) ready to launch."""
+    from .planner import program
+
+    return Executable(program(plan, problem), problem, plan, device_id)
+
+
+def addresses(x: int, weight: int, prepared: int, bias: int, out: int, workspace: int) -> tuple[int, ...]:
+    """The operand addresses in OPERANDS order (X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE; a test
+    checks the two agree); a missing bias (0) reads as the weight's address: the kernels read it
+    only when has_bias."""
+    return x, weight, prepared, bias or weight, out, workspace
+

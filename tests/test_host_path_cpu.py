@@ -1,0 +1,44 @@
+"""The host path without a GPU: the operand order the executor packs, the output-size check of the
+NumPy path, what prepare_weight accepts, and the torch module's weight cache across copies."""
+import copy
+
+import numpy as np
+import pytest
+
+import cupyconv
+from cupyconv import executor, program
+
+
+def test_executor_addresses_follow_program_operand_order():
+    named = dict(zip(program.OPERANDS, executor.addresses(1, 2, 3, 4, 5, 6)))
+    assert named == {program.X: 1, program.WEIGHT: 2, program.PREPARED: 3, program.BIAS: 4, program.OUT: 5,
+                     program.WORKSPACE: 6}
+    assert executor.addresses(1, 2, 3, 0, 5, 6)[program.OPERANDS.index(program.BIAS)] == 2  # no bias: the weight
+
+
+def test_huge_numpy_output_raises_before_allocating():
+    x, w = np.ones((1, 3, 5, 5), np.float32), np.ones((2, 3, 3, 3), np.float32)
+    with pytest.raises(ValueError, match=r"output of shape \(1, 2, 2000000003, 2000000003\)"):
+        cupyconv.conv2d(x, w, padding=10**9)
+
+
+def test_prepare_weight_needs_a_cupy_array():
+    with pytest.raises(TypeError, match="prepare_weight needs a CuPy array, got ndarray"):
+        cupyconv.prepare_weight(np.ones((2, 3, 3, 3), np.float32))
+    with pytest.raises(TypeError, match="got list"):
+        cupyconv.prepare_weight([[1.0]])
+
+
+def test_module_weight_cache_is_not_copied_or_saved():
+    torch = pytest.importorskip("torch")
+    from cupyconv.torch import Conv2d, WeightCache, convert
+
+    layer = Conv2d(3, 4, 3)
+    cache = layer._weight_cache()
+    cache._stamp, cache._forms = ("stamp",), {"key": "form"}
+    clone = copy.deepcopy(layer)
+    assert clone._weight_cache()._forms == {} and clone._weight_cache() is not cache
+    assert "_cupyconv_weights" not in layer.state_dict()
+    assert isinstance(cache, WeightCache)
+    convert(layer, inverse=True)
+    assert type(layer) is torch.nn.Conv2d and "_cupyconv_weights" not in layer.__dict__
