@@ -18,8 +18,10 @@ import torch
 
 from cupyconv.bench import L2_BYTES, SUITES, Shape, alternating_ms, bytes_moved
 from cupyconv.launch import conv2d_cupy
-from cupyconv.planner import (COLUMN_BLOCK, COLUMN_CONFIGS, COLUMN_MAX_WIDTH, DEPTHWISE_COLUMN_KERNEL, DEPTHWISE_KERNEL, DEPTHWISE_MAX_BUFFERS,
-                              make_column_plan, make_depthwise_plan, make_plan)
+from cupyconv.families import depthwise_column_conv2d, depthwise_conv2d
+from cupyconv.families.depthwise_column_conv2d import COLUMN_BLOCK, COLUMN_CONFIGS, COLUMN_MAX_WIDTH
+from cupyconv.families.depthwise_conv2d import DEPTHWISE_MAX_BUFFERS
+from cupyconv.planner import DEPTHWISE_COLUMN_KERNEL, DEPTHWISE_KERNEL, make_plan
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 #: Every distinct depthwise layer of MobileNetV2 at batch 32 (channels, input size, stride).
@@ -41,7 +43,7 @@ def variants(problem, ring: bool, rows: list[int], blocks: list[int]):
         depths = {min(DEPTHWISE_MAX_BUFFERS, b) for b in ((per_lane, per_lane + 1) if ring else (per_lane,))}
         for buffers in sorted(depths):
             try:
-                plan = make_depthwise_plan(problem, channels_per_lane=per_lane, patch_buffers=buffers)
+                plan = depthwise_conv2d.make_plan(problem, channels_per_lane=per_lane, patch_buffers=buffers)
             except ValueError:  # the ring does not fit in shared memory
                 continue
             yield (f"tiles {per_lane}/lane x{plan.block[2]}, B={plan.patch_buffers}, "
@@ -49,7 +51,7 @@ def variants(problem, ring: bool, rows: list[int], blocks: list[int]):
     for rpt in rows or [c.rpt for c in COLUMN_CONFIGS]:
         for block in blocks:
             try:
-                plan = make_column_plan(problem, rows_per_thread=rpt, block=block)
+                plan = depthwise_column_conv2d.make_plan(problem, rows_per_thread=rpt, block=block)
             except ValueError:  # taps without an unrolled instance
                 return
             yield f"columns {rpt} rows/thread, {math.prod(plan.grid)} x {plan.block[:2]}", plan

@@ -15,7 +15,10 @@ import torch
 from cupyconv.bench import SUITES, median_ms
 from cupyconv.compiler import compute_capability
 from cupyconv.launch import conv2d_cupy
-from cupyconv.planner import GEMM_CONFIGS, NHWC_CONFIGS, SIMT_CONFIGS, SIMT_KERNEL, make_plan
+from cupyconv.families.implicit_gemm_conv2d import GEMM_CONFIGS
+from cupyconv.families.implicit_gemm_nhwc import NHWC_CONFIGS
+from cupyconv.families.simt_gemm_conv2d import SIMT_CONFIGS
+from cupyconv.planner import SIMT_KERNEL, make_plan
 
 DTYPES = {"fp32": ("float32", torch.float32), "tf32": ("float32", torch.float32),
           "float16": ("float16", torch.float16), "bfloat16": ("bfloat16", torch.bfloat16)}

@@ -14,10 +14,10 @@
 // busiest, with five run-time divisions per thread). Only the last row segment of a column may
 // compute rows past Ho, which it does not store.
 //
-// Unrolled taps only (KH x KW at row stride SH, row dilation 1: planner.DEPTHWISE_TAPS); the column
-// stride, dilation and padding are run-time. Arguments as depthwise_conv2d's problem arguments
-// (kh, kw, sh and dh are unused: the template has them). Grid (ceil(K / P), ceil(Ho / RPT), N),
-// block (Wo, P).
+// Unrolled taps only (KH x KW at row stride SH, row dilation 1: DEPTHWISE_TAPS in
+// families/depthwise_conv2d.py); the column stride, dilation and padding are run-time. Arguments as
+// depthwise_conv2d's problem arguments (kh, kw, sh and dh are unused: the template has them).
+// Grid (ceil(K / P), ceil(Ho / RPT), N), block (Wo, P).
 #include "depthwise_rows.cuh"
 #include "dtypes.cuh"
 

@@ -57,8 +57,9 @@ direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
     constexpr int NWARPS = NT / 32;
     static_assert(TP * RP == BH * BW && TK * RK == BK, "tile must split evenly over threads");
     static_assert(NT % 32 == 0, "staging assigns whole warps to rows");
-    // Weight staging layout: a tap's BK channels are WP words apart (planner.weight_pitch must agree),
-    // padded by 4 so that 8 taps x 4 channels stored by one warp fall in 32 distinct banks.
+    // Weight staging layout: a tap's BK channels are WP words apart (weight_pitch in
+    // families/direct_conv2d.py must agree), padded by 4 so that 8 taps x 4 channels stored by one
+    // warp fall in 32 distinct banks.
     constexpr int WP = BK % 8 == 0 ? BK + 4 : BK;
     constexpr int KL = BK >= 4 ? 4 : 1, TL = 32 / KL;
     static_assert(BK % KL == 0, "weight staging lanes must divide the channel tile");

@@ -44,7 +44,8 @@
 
 namespace cupyconv {
 
-// The WGMMA_ROWS template argument (planner.WGMMA_PIXEL_ROWS / WGMMA_CHANNEL_ROWS; 0: mma.sync).
+// The WGMMA_ROWS template argument (WGMMA_PIXEL_ROWS / WGMMA_CHANNEL_ROWS in
+// families/implicit_gemm_nhwc.py; 0: mma.sync).
 enum WgmmaRows { NO_WGMMA = 0, WGMMA_PIXEL_ROWS = 1, WGMMA_CHANNEL_ROWS = 2 };
 
 // Blocks per SM asked of the register allocator: as many (at most 3) as 64K registers hold at the

@@ -1,5 +1,6 @@
 // Inline-PTX wrappers for Hopper's warpgroup MMA (wgmma), which exists only on the sm_90a target:
-// kernels that include this header are compiled for sm_90a alone (compiler.py, planner.WGMMA_ARCH).
+// kernels that include this header are compiled for sm_90a alone (compiler.py, WGMMA_ARCH in
+// families/implicit_gemm_nhwc.py).
 //
 // A warpgroup (4 consecutive warps, the first at a warp index divisible by 4) multiplies a 64 x K
 // tile of A by a K x N tile of B, both read by the tensor cores straight from shared memory, into

@@ -171,7 +171,8 @@ def test_winograd_dispatch():
     channels and F(2x2) above; few channels, strides, dilation, groups, TF32, 16-bit types and
     temporaries past the cap do not; forcing it where it cannot run is a clear error."""
     from cupyconv.arguments import make_problem
-    from cupyconv.planner import SIMT_KERNEL, WINOGRAD_KERNEL, make_plan, make_winograd_plan
+    from cupyconv.families import winograd_conv2d
+    from cupyconv.planner import SIMT_KERNEL, WINOGRAD_KERNEL, make_plan
 
     def problem(c, k, hw, dtype="float32", stride=1, dilation=1, groups=1, size=3, n=32):
         return make_problem((n, c, hw, hw), (k, c // groups, size, size), None, dtype, stride, 1, dilation, groups)
@@ -195,9 +196,9 @@ def test_winograd_dispatch():
     assert plan(512, 512, 224, n=30).gemm_last.grid[0] < big.gemm.grid[0]
     assert plan(512, 512, 2048, n=2).kernel == SIMT_KERNEL          # one image's temporaries past the cap
     assert plan(8, 8, 9, kernel=WINOGRAD_KERNEL).kernel == WINOGRAD_KERNEL  # forced where it does not pay
-    assert make_winograd_plan(problem(8, 8, 9), tile=2).winograd_tile == 2
+    assert winograd_conv2d.make_plan(problem(8, 8, 9), tile=2).winograd_tile == 2
     with pytest.raises(ValueError, match="tile must be one of"):
-        make_winograd_plan(problem(8, 8, 9), tile=3)
+        winograd_conv2d.make_plan(problem(8, 8, 9), tile=3)
     for bad in (dict(dilation=2), dict(dtype="float64"), dict(groups=2)):
         with pytest.raises(ValueError, match="winograd_conv2d.*cannot run"):
             plan(8, 8, 9, kernel=WINOGRAD_KERNEL, **bad)
@@ -211,8 +212,8 @@ def test_strided_and_large_winograd_dispatch():
     5x5 layers, where the phase channels and the multiplies saved pay; kernels that pad their taps too
     far (7x7 at stride 2, 3x3 at stride 2) and too few channels do not; forced, any stride and size run."""
     from cupyconv.arguments import make_problem
-    from cupyconv.planner import (SIMT_KERNEL, WINOGRAD_KERNEL, make_plan, winograd_blocks, winograd_channels,
-                                  winograd_gemm_problem)
+    from cupyconv.families.winograd_conv2d import winograd_blocks, winograd_channels, winograd_gemm_problem
+    from cupyconv.planner import SIMT_KERNEL, WINOGRAD_KERNEL, make_plan
 
     def problem(c, k, hw, kh, kw, stride, padding=0, n=32):
         return make_problem((n, c, hw, hw), (k, c, kh, kw), None, "float32", stride, padding)

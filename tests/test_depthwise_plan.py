@@ -7,11 +7,12 @@ import math
 import pytest
 
 from cupyconv.arguments import make_problem
-from cupyconv.planner import (COLUMN_BLOCK, COLUMN_CONFIGS, COLUMN_MAX_WIDTH, DEPTHWISE_BLOCKS,
-                              DEPTHWISE_COLUMN_KERNEL, DEPTHWISE_CONFIGS, DEPTHWISE_KERNEL, DEPTHWISE_MAX_BUFFERS,
-                              DEPTHWISE_MAX_CHANNELS_PER_LANE, DEPTHWISE_RING_BYTES, DEPTHWISE_TAPS,
-                              SHARED_MEMORY_BYTES, column_specialisations, depthwise_specialisations,
-                              make_column_plan, make_depthwise_plan, make_plan)
+from cupyconv.families import depthwise_column_conv2d, depthwise_conv2d
+from cupyconv.families.common import SHARED_MEMORY_BYTES
+from cupyconv.families.depthwise_column_conv2d import COLUMN_CONFIGS, COLUMN_MAX_WIDTH
+from cupyconv.families.depthwise_conv2d import (DEPTHWISE_BLOCKS, DEPTHWISE_CONFIGS, DEPTHWISE_MAX_BUFFERS,
+                                                DEPTHWISE_MAX_CHANNELS_PER_LANE, DEPTHWISE_RING_BYTES, DEPTHWISE_TAPS)
+from cupyconv.planner import DEPTHWISE_COLUMN_KERNEL, DEPTHWISE_KERNEL, make_plan
 
 ITEM = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 GEOMETRIES = [  # (kh, kw, stride, dilation, padding)
@@ -51,7 +52,7 @@ def test_every_problem_accepted_before_is_still_accepted():
 
 @pytest.mark.parametrize("config", [None] + [c.name for c in DEPTHWISE_CONFIGS])
 def test_plan_layouts_fit_the_kernel(config):
-    specialisations = set(depthwise_specialisations())
+    specialisations = set(depthwise_conv2d.specialisations())
     for p in problems():
         try:
             plan = make_plan(p, kernel=DEPTHWISE_KERNEL, config=config)
@@ -100,7 +101,7 @@ def test_mobilenet_layers_plan():
     }
     for dtype in ("float32", "float16"):
         s1, s2 = make_plan(problem(144, 56, 1, dtype)), make_plan(problem(96, 112, 2, dtype))
-        small = make_depthwise_plan(problem(384, 14, 1, dtype))
+        small = depthwise_conv2d.make_plan(problem(384, 14, 1, dtype))
         assert s2.config.taps == (3, 3, 2) and s1.config.taps == (3, 3, 1) and small.config.taps == (3, 3, 1)
         assert s2.vec == s1.vec == 16 and small.vec == (8 if dtype == "float32" else 4)
         assert small.block == (16, 2, 4)
@@ -126,7 +127,7 @@ def test_column_kernel_takes_small_planes_with_unrolled_taps(dtype):
     assert plan((20, COLUMN_MAX_WIDTH + 1)).kernel == DEPTHWISE_KERNEL
     assert plan((14, 14), dilation=2).kernel == DEPTHWISE_KERNEL  # row dilation: run-time taps
     assert plan((14, 14), k=3, stride=3).kernel == DEPTHWISE_KERNEL  # no unrolled 3x3 at row stride 3
-    assert plan((14, 14)).name_expression in column_specialisations()
+    assert plan((14, 14)).name_expression in depthwise_column_conv2d.specialisations()
 
 
 def test_column_config_and_grid():
@@ -136,7 +137,7 @@ def test_column_config_and_grid():
     rows = {c.name: c.rpt for c in COLUMN_CONFIGS}
     for ho, name in ((14, "col_r7"), (7, "col_r7"), (16, "col_r8"), (12, "col_r4"), (56, "col_r8"), (1, "col_r4")):
         p = make_problem((3, 5, ho, 9), (10, 1, 3, 3), None, "float32", 1, 1, 1, 5)
-        plan = make_column_plan(p)
+        plan = depthwise_column_conv2d.make_plan(p)
         assert plan.config.name == name, ho
         assert plan.block == (9, 10, 1) and plan.shared_bytes == 0  # all 10 channels' rows in one block
         assert plan.grid == (1, math.ceil(ho / rows[name]), 3)
@@ -144,7 +145,7 @@ def test_column_config_and_grid():
     p = make_problem((1, 4, 14, 14), (4, 1, 3, 3), None, "float16", 1, 1, 1, 4)
     assert make_plan(p, config="col_r4").config.rpt == 4  # a config names its family
     with pytest.raises(ValueError, match="config for depthwise_column_conv2d must be one of"):
-        make_column_plan(p, "dw_16x16")
+        depthwise_column_conv2d.make_plan(p, "dw_16x16")
     dilated = make_problem((1, 4, 14, 14), (4, 1, 3, 3), None, "float16", 1, 2, 2, 4)
     with pytest.raises(ValueError, match="cannot run this problem: 3x3 taps at row stride 1 and row dilation 2"):
         make_plan(dilated, kernel=DEPTHWISE_COLUMN_KERNEL)
@@ -154,7 +155,7 @@ def test_column_config_and_grid():
     wide = make_problem((1, 2, 3, 1500), (2, 1, 3, 3), None, "float32", 1, 1, 1, 2)
     with pytest.raises(ValueError, match="output 1500 wide: a block holds whole rows, at most 1024"):
         make_plan(wide, kernel=DEPTHWISE_COLUMN_KERNEL)
-    assert make_column_plan(make_problem((1, 300, 3, 1000), (300, 1, 3, 3), None, "float32", 1, 1, 1, 300)).block == \
+    assert depthwise_column_conv2d.make_plan(make_problem((1, 300, 3, 1000), (300, 1, 3, 3), None, "float32", 1, 1, 1, 300)).block == \
         (1000, 1, 1)  # a row wider than COLUMN_BLOCK: one channel a block
 
 
@@ -168,7 +169,7 @@ def test_channels_per_lane():
     assert one.channels_per_block == 1 and one.patch_buffers == 1
     problem = make_problem((1, 10, 13, 13), (10, 1, 3, 3), None, "float16", 1, 1, 1, 10)
     for per_lane in range(1, 8):
-        forced = make_depthwise_plan(problem, "dw_32x32", channels_per_lane=per_lane)
+        forced = depthwise_conv2d.make_plan(problem, "dw_32x32", channels_per_lane=per_lane)
         assert forced.channels_per_block == per_lane and forced.patch_buffers == min(per_lane, DEPTHWISE_MAX_BUFFERS)
 
 

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import cupyconv
-from cupyconv.planner import DEPTHWISE_TAPS
+from cupyconv.families.depthwise_conv2d import DEPTHWISE_TAPS
 from cases import GRID, Case
 from checks import relative_error
 from devices import gpu_count
@@ -146,12 +146,12 @@ def assert_matches_torch(out, x, weight, bias, case: Case, dtype: str, plan):
 
 
 def check_depthwise(case: Case, dtype: str, seed: int, config=None, channels_per_lane=None, x_offset=0):
-    """The depthwise kernel with ``config`` and ``channels_per_lane`` forced (planner.make_depthwise_plan),
-    x starting ``x_offset`` elements into its allocation (less aligned than the planner assumes), into a
+    """The depthwise kernel with ``config`` and ``channels_per_lane`` forced (depthwise_conv2d.make_plan), x
+    starting ``x_offset`` elements into its allocation (less aligned than the planner assumes), into a
     NaN-poisoned output; compared with torch in float64 as check() does. Returns the plan."""
     from cupyconv.arguments import make_problem
+    from cupyconv.families import depthwise_conv2d
     from cupyconv.launch import conv2d_cupy
-    from cupyconv.planner import make_depthwise_plan
 
     x, weight, bias = random_inputs(case, dtype, seed)
     storage = torch.empty(x.numel() + x_offset, device=x.device, dtype=x.dtype)
@@ -159,7 +159,7 @@ def check_depthwise(case: Case, dtype: str, seed: int, config=None, channels_per
     x = storage[x_offset:].view(x.shape)
     problem = make_problem(x.shape, weight.shape, None if bias is None else bias.shape, dtype, case.stride,
                            case.padding, case.dilation, case.groups)
-    plan = make_depthwise_plan(problem, config, channels_per_lane=channels_per_lane)
+    plan = depthwise_conv2d.make_plan(problem, config, channels_per_lane=channels_per_lane)
     out = torch.full(problem.out_shape, float("nan"), device=x.device, dtype=x.dtype)
     conv2d_cupy(to_cupy(x), to_cupy(weight), to_cupy(bias), problem, to_cupy(out), plan=plan)
     cupy.cuda.get_current_stream().synchronize()
@@ -191,7 +191,7 @@ def test_depthwise_ring_depths(dtype, config, channels_per_lane):
     """Each ring depth, min(4, channels per lane) patch buffers, over 11 channels: the last block's
     lanes run out part-way through the ring (some before others with four lanes), and with 5 or 7
     channels per lane the ring wraps. float64 patches (9.2 KB; 4 lanes of 2.6 KB) fit only 3 deep in
-    planner.DEPTHWISE_RING_BYTES."""
+    depthwise_conv2d.DEPTHWISE_RING_BYTES."""
     case = Case(2, 11, 11, 30, 29, 3, 3, padding=1, groups=11)
     plan = check_depthwise(case, dtype, seed=7, config=config, channels_per_lane=channels_per_lane)
     deepest = 3 if dtype == "float64" else 4
@@ -218,13 +218,13 @@ def test_depthwise_mobilenet_layers(layer, dtype):
     layout for the benchmark's batch 32 (its channels per block and ring), which only the grid's image
     count tells apart."""
     from cupyconv.arguments import make_problem
-    from cupyconv.planner import make_depthwise_plan
+    from cupyconv.families import depthwise_conv2d
 
     c, hw, stride = layer
     case = Case(2, c, c, hw, hw, 3, 3, stride=stride, padding=1, groups=c)
     check(case, dtype, seed=c)
     check(case, dtype, seed=c, kernel="depthwise_conv2d")
-    full = make_depthwise_plan(make_problem((32, c, hw, hw), (c, 1, 3, 3), None, dtype, stride, 1, 1, c))
+    full = depthwise_conv2d.make_plan(make_problem((32, c, hw, hw), (c, 1, 3, 3), None, dtype, stride, 1, 1, c))
     plan = check_depthwise(case, dtype, seed=c + 1, channels_per_lane=full.channels_per_block // full.block[2])
     layout = lambda p: (p.config, p.block, p.channels_per_block, p.patch_buffers, p.vec, p.pitch, p.grid[:2])
     assert layout(plan) == layout(full) and plan.grid[2] == 2
@@ -250,13 +250,13 @@ def check_column(case: Case, dtype: str, seed: int, config=None, index_type=None
     import dataclasses
 
     from cupyconv.arguments import make_problem
+    from cupyconv.families import depthwise_column_conv2d
     from cupyconv.launch import conv2d_cupy
-    from cupyconv.planner import make_column_plan
 
     x, weight, bias = random_inputs(case, dtype, seed)
     problem = make_problem(x.shape, weight.shape, None if bias is None else bias.shape, dtype, case.stride,
                            case.padding, case.dilation, case.groups)
-    plan = make_column_plan(problem, config)
+    plan = depthwise_column_conv2d.make_plan(problem, config)
     if index_type:
         plan = dataclasses.replace(plan, index_type=index_type)
     out = torch.full(problem.out_shape, float("nan"), device=x.device, dtype=x.dtype)

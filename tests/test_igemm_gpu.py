@@ -34,7 +34,9 @@ import cupyconv  # noqa: E402
 from cupyconv.arguments import make_problem  # noqa: E402
 from cupyconv.compiler import compute_capability  # noqa: E402
 from cupyconv.launch import conv2d_cupy  # noqa: E402
-from cupyconv.planner import GEMM_CONFIGS, GEMM_KERNEL, NHWC_CONFIGS, NHWC_KERNEL, make_plan  # noqa: E402
+from cupyconv.families.implicit_gemm_conv2d import GEMM_CONFIGS  # noqa: E402
+from cupyconv.families.implicit_gemm_nhwc import NHWC_CONFIGS  # noqa: E402
+from cupyconv.planner import GEMM_KERNEL, NHWC_KERNEL, make_plan  # noqa: E402
 
 # "tf32" is float32 storage computed as TF32.
 DTYPES = {"tf32": ("float32", torch.float32), "float16": ("float16", torch.float16),

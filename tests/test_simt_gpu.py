@@ -18,7 +18,8 @@ from test_gpu_core import F, check, cupy, random_inputs, to_cupy, torch
 import cupyconv  # noqa: E402
 from cupyconv.arguments import make_problem  # noqa: E402
 from cupyconv.launch import conv2d_cupy  # noqa: E402
-from cupyconv.planner import SIMT_CONFIGS, SIMT_KERNEL, make_plan  # noqa: E402
+from cupyconv.families.simt_gemm_conv2d import SIMT_CONFIGS  # noqa: E402
+from cupyconv.planner import SIMT_KERNEL, make_plan  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("strict_torch_fp32")]
 

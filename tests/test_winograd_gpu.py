@@ -19,7 +19,10 @@ from test_gpu_core import F, check, cupy, random_inputs, to_cupy, torch
 from test_simt_gpu import SEEDS, problem_of, run_plan
 
 import cupyconv  # noqa: E402
-from cupyconv.planner import SIMT_CONFIGS, WINOGRAD_KERNEL, WINOGRAD_TILES, make_plan, make_winograd_plan  # noqa: E402
+from cupyconv.families import winograd_conv2d  # noqa: E402
+from cupyconv.families.simt_gemm_conv2d import SIMT_CONFIGS  # noqa: E402
+from cupyconv.families.winograd_conv2d import WINOGRAD_TILES  # noqa: E402
+from cupyconv.planner import WINOGRAD_KERNEL, make_plan  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("strict_torch_fp32")]
 
@@ -50,7 +53,7 @@ WINOGRAD_CASES = [
 @pytest.mark.parametrize("tile", WINOGRAD_TILES)
 @pytest.mark.parametrize("case", WINOGRAD_CASES, ids=lambda c: c.id)
 def test_forced(case, tile):
-    out, ref = run_plan(case, make_winograd_plan(problem_of(case), tile=tile), seed=len(case.id) + tile)
+    out, ref = run_plan(case, winograd_conv2d.make_plan(problem_of(case), tile=tile), seed=len(case.id) + tile)
     assert not out.isnan().any(), "an output element was never written (or is NaN)"
     assert relative_error(out, ref) < 1e-5
 
@@ -64,7 +67,7 @@ def test_every_gemm_tile(config):
 @pytest.mark.parametrize("case", [WINOGRAD_CASES[0], WINOGRAD_CASES[5], WINOGRAD_CASES[8], WINOGRAD_CASES[10]],
                          ids=lambda c: c.id)
 def test_64_bit_index_specialisation(case, tile):
-    plan = make_winograd_plan(problem_of(case), tile=tile)
+    plan = winograd_conv2d.make_plan(problem_of(case), tile=tile)
     plan = dataclasses.replace(plan, index_type="long long", gemm=dataclasses.replace(plan.gemm, index_type="long long"))
     out, ref = run_plan(case, plan, seed=21)
     assert not out.isnan().any()
@@ -94,14 +97,12 @@ def test_planned_layers(case):
 def test_passes_of_images(monkeypatch):
     """With the temporaries capped at two images' worth, 5 images run in passes of 2, 2 and 1 (the last
     GEMM planned apart); every pass writes its own images."""
-    import cupyconv.planner as planner
-
     case = Case(5, 6, 10, 52, 56, 5, 9, padding=(2, 1))
     problem = problem_of(case)
     # 52 x 50 outputs: 13 x 13 tiles an image; 36 phase channels; 10 outputs, 12 weight columns.
     per_image, weight = 4 * 36 * (36 + 10) * 13 * 13, 4 * 36 * 36 * 12
-    monkeypatch.setattr(planner, "WINOGRAD_MAX_WORKSPACE_BYTES", weight + 2 * per_image + 1)
-    plan = make_winograd_plan(problem)
+    monkeypatch.setattr(winograd_conv2d, "WINOGRAD_MAX_WORKSPACE_BYTES", weight + 2 * per_image + 1)
+    plan = winograd_conv2d.make_plan(problem)
     assert plan.winograd_images == 2 and plan.gemm_last.grid != plan.gemm.grid
     out, ref = run_plan(case, plan, seed=17)
     assert not out.isnan().any()

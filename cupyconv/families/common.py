@@ -1,0 +1,59 @@
+"""What the kernel families share: CUDA's limits, the C++ names of the dtypes, index widths, the
+implicit GEMMs' grid, and the convolution kernels' common parameter list."""
+from __future__ import annotations
+
+import math
+
+from ..arguments import ConvProblem
+from ..program import BIAS, OUT, WEIGHT, X, Launch, Pointer
+
+#: Dynamic shared memory a block may use without opting in to more (the same on every GPU since sm_20).
+SHARED_MEMORY_BYTES = 48 * 1024
+#: CUDA's limit on gridDim.y; images beyond it are looped over inside the kernel.
+MAX_GRID_Y = 65535
+#: CUDA's limit on threads per block.
+MAX_BLOCK_THREADS = 1024
+
+#: C++ storage type of each dtype in kernels/dtypes.cuh, and its size in bytes.
+CTYPES = {"float16": "cupyconv::half_t", "bfloat16": "cupyconv::bfloat16_t", "float32": "float", "float64": "double"}
+STORAGE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+INDEX_TYPES = ("int", "long long")
+
+
+def forced_config(configs, name: str, what: str):
+    """The config called ``name`` among ``configs``; ValueError naming ``what`` and the choices if none is."""
+    for cfg in configs:
+        if cfg.name == name:
+            return cfg
+    raise ValueError(f"{what} must be one of {sorted(c.name for c in configs)}, got {name!r}")
+
+
+def index_type(problem: ConvProblem, copy: int = 0) -> str:
+    """32-bit indices while every tensor (and a copy of ``copy`` elements the kernel reads, if any)
+    has fewer than 2^31 elements, else 64-bit."""
+    largest = max(math.prod(problem.x_shape), math.prod(problem.out_shape), math.prod(problem.weight_shape), copy)
+    return "int" if largest < 2**31 else "long long"
+
+
+def gemm_grid(problem: ConvProblem, cfg) -> tuple[int, int, int]:
+    """The implicit GEMMs' grid for a tile of cfg.bm pixels x cfg.bn channels: (pixel tiles, channel
+    tiles, groups)."""
+    m = problem.n * problem.ho * problem.wo
+    return (math.ceil(m / cfg.bm), math.ceil(problem.k // problem.groups / cfg.bn), problem.groups)
+
+
+def grid_fits(grid: tuple[int, int, int]) -> bool:
+    """Whether CUDA can launch ``grid`` (x below 2^31, y and z at most MAX_GRID_Y)."""
+    return grid[0] < 2**31 and grid[1] <= MAX_GRID_Y and grid[2] <= MAX_GRID_Y
+
+
+def conv_launch(plan, problem: ConvProblem, *plan_ints: int, x: Pointer = Pointer(X), weight: Pointer = Pointer(WEIGHT),
+                out: Pointer = Pointer(OUT), channels: int | None = None) -> Launch:
+    """The launch of ``plan``'s convolution kernel. The convolution kernels share their parameters:
+    x, w, bias, y, has_bias, the problem's sizes (``channels``: x's, where a copy pads them; default
+    problem.c), then ``plan_ints``, their own."""
+    p = problem
+    args = (x, weight, Pointer(BIAS), out, int(p.has_bias), p.n, p.c if channels is None else channels, p.h, p.w, p.k,
+            p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1],
+            p.groups, *plan_ints)
+    return Launch(plan.kernel, plan.name_expression, plan.grid, plan.block, plan.shared_bytes, args, plan.arch)

@@ -1,0 +1,282 @@
+"""The channels-last implicit GEMM on tensor cores (kernels/implicit_gemm_nhwc.cu; mma.sync, and wgmma
+on the H100) and the copies it reads (kernels/nchw_to_nhwc.cu): the input as [N][H][W][Cp] in the
+workspace, the weight as [K][kh][kw][Cgp] prepared once; 1x1 stride-1 unpadded problems read both
+in place. The default tensor-core family."""
+from __future__ import annotations
+
+import math
+
+from ..arguments import ConvProblem
+from ..planner import LaunchPlan
+from ..program import PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation
+from .common import (CTYPES, INDEX_TYPES, MAX_GRID_Y, STORAGE_BYTES, conv_launch, forced_config, gemm_grid, grid_fits,
+                     index_type)
+from .implicit_gemm_conv2d import GEMM_DTYPES, GemmConfig, describe_tiles, dtype_refusal
+
+KERNEL = "implicit_gemm_nhwc"
+CHANNELS_LAST_TILED = "nchw_to_nhwc_tiled"
+CHANNELS_LAST_NARROW = "nchw_to_nhwc_narrow"
+#: Up to this many channels the copy runs one thread per position (nchw_to_nhwc_narrow).
+NARROW_CHANNELS = 8
+#: Zero channels may add at most a third to the reduction (AlexNet's 3 -> 4); more, and a smaller
+#: piece (or the NCHW gather) does less work.
+MAX_PADDING_RATIO = 4 / 3
+
+#: Tiles per dtype: 128 pixels by 64, 96 or 128 output channels, each with k rows of 64 bytes (four
+#: stages) and of 128 bytes (three; half the barriers per multiply-add). Chosen by _choose_config
+#: from timings of these and of other tiles on the H100 (benchmarks/NOTES_igemm.md).
+NHWC_CONFIGS = {
+    dtype: tuple(GemmConfig(f"nhwc_m128n{bn}k{bk}", 128, bn, bk, warps_m, warps_n, stages)
+                 for bn, warps_m, warps_n in ((64, 2, 2), (96, 4, 2), (128, 2, 4))
+                 for bk, stages in ((short_k, 4), (2 * short_k, 3)))
+    for dtype, short_k in (("float32", 16), ("float16", 32))
+}
+#: The 128-channel tile pays off (it gathers the input half as often) only with this many blocks.
+WIDE_TILE_BLOCKS = 1024
+#: Hopper (sm_90a) wgmma tiles, k rows of 128 bytes, 128-byte swizzled: two warpgroups of 64
+#: pixels x 128 channels (3 stages), or warpgroups of 64 channels x 128 pixels, two (256 pixels) or
+#: one (128), with 4 stages. Chosen by _choose_config from H100 timings of these and of others
+#: (64 pixels x 64 or 96 channels; 256 pixels x 64 or 128 channels; 3 stages) in benchmarks/NOTES_igemm.md.
+WGMMA_ARCH = "sm_90a"
+WGMMA_COMPUTE_CAPABILITY = 90
+#: The 128-channel tile is the faster from half a wave of blocks (H100: r50_l3_3x3_256 fp16, 98
+#: blocks, 0.037 ms, the 64-channel tiles 0.041-0.043), not with 52 (r50_l4_3x3_512: 0.063 vs 0.046).
+WGMMA_WIDE_TILE_BLOCKS = 64
+WGMMA_PIXEL_ROWS, WGMMA_CHANNEL_ROWS = 1, 2
+for _dtype, _item in (("float32", 4), ("float16", 2)):
+    NHWC_CONFIGS[_dtype] += (
+        GemmConfig("nhwc_wgmma_m128n128", 128, 128, 128 // _item, 8, 1, 3, wgmma=WGMMA_PIXEL_ROWS),
+        *(GemmConfig(f"nhwc_wgmma_ch_m{bm}n64", bm, 64, 128 // _item, bm // 32, 1, 4, wgmma=WGMMA_CHANNEL_ROWS)
+          for bm in (256, 128)))
+NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
+CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs)
+NHWC_VECS = (16, 8, 4)
+
+
+def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
+    """STAGES x (A + B): B [bn][bk + pad], rows of bk elements + 16 bytes; A the same with bm rows,
+    or (a_from_nchw) [bk][bm + 8]. wgmma: rows of 128 bytes, unpadded, and 1 KB to align the tiles."""
+    item = 4 if dtype == "float32" else 2
+    if cfg.wgmma:
+        return cfg.stages * (cfg.bm + cfg.bn) * 128 + 1024
+    a_stage = cfg.bk * (cfg.bm + 8) * item if a_from_nchw else cfg.bm * (cfg.bk * item + 16)
+    return cfg.stages * (a_stage + cfg.bn * (cfg.bk * item + 16))
+
+
+def _nchw_a_vec(problem: ConvProblem) -> int:
+    """Bytes per A piece where a 1x1 problem can be read in place (0 where it cannot): stride 1, no
+    padding, 16-byte weight rows, and pieces of pixels that never straddle two images."""
+    item = 4 if problem.dtype == "float32" else 2
+    in_place = (problem.kh, problem.kw, problem.stride) == (1, 1, (1, 1)) and \
+        (problem.pad_top, problem.pad_left, problem.pad_bottom, problem.pad_right) == (0, 0, 0, 0) and \
+        (problem.c // problem.groups * item) % 16 == 0
+    plane = problem.h * problem.w * item
+    return next((vec for vec in NHWC_VECS if in_place and plane % vec == 0), 0)
+
+
+def _pieces(problem: ConvProblem) -> tuple[tuple[int, int], str]:
+    """((bytes per cp.async piece, channels of the copies), "") or ((0, 0), why the problem cannot run).
+
+    1x1 problems that _nchw_a_vec accepts: its piece, and the input's channels (no copies). Else the
+    widest piece whose channel count divides the channels per group; with one group the copies may
+    add zero channels to make it divide (at most MAX_PADDING_RATIO more)."""
+    item = 4 if problem.dtype == "float32" else 2
+    cg = problem.c // problem.groups
+    for vec in (_nchw_a_vec(problem),) if _nchw_a_vec(problem) else NHWC_VECS:
+        per_piece = vec // item
+        padded = math.ceil(cg / per_piece) * per_piece
+        if padded == cg or (problem.groups == 1 and padded <= MAX_PADDING_RATIO * cg):
+            pieces = vec, padded * problem.groups
+            break
+    else:
+        return (0, 0), f"{cg} channels per group is odd, with {problem.groups} groups (no 4-byte pieces)"
+    if problem.n > MAX_GRID_Y or problem.k > MAX_GRID_Y:
+        return (0, 0), f"batch {problem.n} or {problem.k} output channels past the copies' grid limit {MAX_GRID_Y}"
+    return pieces, ""
+
+
+def refusal(problem: ConvProblem) -> str:
+    """Why the channels-last GEMM cannot run ``problem`` ("" when it can): a dtype without tensor-core
+    instructions here, no piece fits, or the grid of the tile it would choose is past CUDA's limits."""
+    why_not = dtype_refusal(problem) or _pieces(problem)[1]
+    if why_not:
+        return why_not
+    mx, ny, gz = gemm_grid(problem, _choose_config(problem)[0])
+    if not grid_fits((mx, ny, gz)):
+        return f"grid {(mx, ny, gz)} past CUDA's limits"
+    return ""
+
+
+def _wgmma_refusal(problem: ConvProblem, compute_capability: int) -> str:
+    """Why the wgmma tiles cannot run ``problem`` ("" when they can): they need the H100's sm_90a
+    and k rows of 128 bytes gathered in 16-byte pieces from channels-last copies."""
+    if compute_capability != WGMMA_COMPUTE_CAPABILITY:
+        return f"wgmma needs compute capability {WGMMA_COMPUTE_CAPABILITY} (sm_90a), got {compute_capability or 'none'}"
+    if _pieces(problem)[0][0] != 16 or _nchw_a_vec(problem):
+        return "wgmma needs 16-byte pieces from channels-last copies (this problem has narrower ones or none)"
+    return ""
+
+
+def _deep(problem: ConvProblem) -> bool:
+    """Whether k rows of 128 bytes pay: 16-byte pieces from copies, >= 64 bytes of channels per tap."""
+    item = 4 if problem.dtype == "float32" else 2
+    return _pieces(problem)[0][0] == 16 and not _nchw_a_vec(problem) and problem.c // problem.groups * item >= 64
+
+
+def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[GemmConfig, str]:
+    """On compute capability 9.0, wherever 16-byte pieces are gathered from copies, the wgmma tiles:
+    for up to 64 output channels per group, warpgroups of 64 channels x 128 pixels, two per block;
+    for more, 128 pixels x 128 channels where that makes WGMMA_WIDE_TILE_BLOCKS blocks or more, else
+    one warpgroup of 64 channels x 128 pixels per block (twice the blocks).
+
+    Elsewhere (mma.sync), channels: the 96-channel tile for 65-96 output channels per group
+    (AlexNet), the 128-channel one for more where it makes WIDE_TILE_BLOCKS blocks or more, else the
+    64-channel one. Depth: k rows of 128 bytes where the gather copies 16-byte pieces of at least 64
+    bytes of channels per tap, else of 64 bytes (narrower pieces make a deep tile many copies per
+    thread; few channels per tap make it many taps; 1x1 problems read in place have short
+    reductions)."""
+    kg = problem.k // problem.groups
+    item = 4 if problem.dtype == "float32" else 2
+    if not _wgmma_refusal(problem, compute_capability):
+        by_pixels = {c.bm: c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_CHANNEL_ROWS}
+        if kg <= 64:
+            return by_pixels[256], f"wgmma; {kg} output channels per group: one 64-channel tile"
+        wide = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PIXEL_ROWS)
+        blocks = math.prod(gemm_grid(problem, wide))
+        if blocks >= WGMMA_WIDE_TILE_BLOCKS:
+            return wide, f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels"
+        return by_pixels[128], (f"wgmma; {kg} output channels per group; 128-channel tiles would make {blocks} "
+                                f"blocks (< {WGMMA_WIDE_TILE_BLOCKS}), 64-channel ones twice as many")
+    deep = _deep(problem)
+    candidates = [c for c in NHWC_CONFIGS[problem.dtype] if (c.bk * item == 128) == deep and not c.wgmma]
+    by_width = {c.bn: c for c in candidates}
+    depth = f"k rows of {by_width[64].bk * item} bytes"
+    if 64 < kg <= 96:
+        return by_width[96], f"{kg} output channels per group fit one 96-channel tile; {depth}"
+    if kg > 96:
+        blocks = math.prod(gemm_grid(problem, by_width[128]))
+        if blocks >= WIDE_TILE_BLOCKS:
+            return by_width[128], f"{kg} output channels per group, {blocks} blocks of 128 channels; {depth}"
+        return by_width[64], (f"{kg} output channels per group; 128-channel tiles would make {blocks} blocks "
+                              f"(< {WIDE_TILE_BLOCKS}), 64-channel ones twice as many; {depth}")
+    return by_width[64], f"{kg} output channels per group: one 64-channel tile; {depth}"
+
+
+def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
+              compute_capability: int = 0) -> LaunchPlan:
+    """The channels-last GEMM launch: grid (pixel tiles, channel tiles, groups), one block per tile.
+    ``compute_capability``: of the GPU that will run it (90: the wgmma tiles may be chosen; 0: any GPU)."""
+    why_not = refusal(problem)
+    if why_not:
+        raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
+    vec, channels_padded = _pieces(problem)[0]
+    if config is not None:
+        cfg = forced_config(NHWC_CONFIGS[problem.dtype], config, f"config for {KERNEL} in {problem.dtype}")
+        why = "config forced by the caller"
+        why_not = _wgmma_refusal(problem, compute_capability) if cfg.wgmma else ""
+        if why_not:
+            raise ValueError(f"config {config!r} cannot run this problem: {why_not}")
+    else:
+        cfg, why = _choose_config(problem, compute_capability)
+    a_from_nchw = _nchw_a_vec(problem) != 0
+    if a_from_nchw:
+        why += f"; 1x1: the NCHW input read in place, {vec}-byte pieces of pixels"
+    elif channels_padded != problem.c:
+        why += f"; input copied with {channels_padded - problem.c} zero channel(s) for {vec}-byte pieces"
+    copy = 0 if a_from_nchw else problem.n * channels_padded * problem.h * problem.w
+    return LaunchPlan(
+        kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem, copy),
+        config=cfg, grid=gemm_grid(problem, cfg), block=(cfg.threads, 1, 1),
+        shared_bytes=_shared_bytes(cfg, problem.dtype, a_from_nchw),
+        reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded, a_from_nchw=a_from_nchw,
+        arch=WGMMA_ARCH if cfg.wgmma else "")
+
+
+def describe(plan: LaunchPlan) -> str:
+    """The printed plan: tile, warps (or wgmma warpgroups), launch shape, the copies it reads and why."""
+    c = plan.config
+    warps = (f"{c.threads // 128} warpgroups of {'64 px' if c.wgmma == WGMMA_PIXEL_ROWS else '64 ch'} with wgmma "
+             f"({plan.arch})" if c.wgmma else f"{c.warps_m}x{c.warps_n} warps")
+    reads = "" if plan.a_from_nchw else (
+        f"  reads channels-last copies made first: input [N][H][W][{plan.channels_padded}], weight "
+        f"[K][kh][kw][{plan.channels_padded} / groups], in {plan.vec}-byte pieces\n")
+    return describe_tiles(plan, warps, reads)
+
+
+def specialisation(dtype: str, index: str, cfg: GemmConfig, vec: int, a_from_nchw: bool) -> str:
+    """The C++ template instance of ``cfg`` gathering ``vec``-byte pieces (of the NCHW input where
+    ``a_from_nchw``, else of the channels-last copy)."""
+    flag = "true" if a_from_nchw else "false"
+    return (f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.bk},"
+            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages},{vec},{flag},{cfg.wgmma}>")
+
+
+def name_expression(plan: LaunchPlan) -> str:
+    """The specialisation ``plan`` launches."""
+    return specialisation(plan.dtype, plan.index_type, plan.config, plan.vec, plan.a_from_nchw)
+
+
+def _gemm_specialisations(wgmma: bool) -> list[str]:
+    """The mma.sync ones (any GPU), or the wgmma ones (sm_90a: 16-byte pieces from copies only)."""
+    return [specialisation(dtype, index, cfg, vec, a_from_nchw) for dtype in GEMM_DTYPES
+            for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] if bool(cfg.wgmma) == wgmma
+            for vec in ((16,) if wgmma else NHWC_VECS) for a_from_nchw in ((False,) if wgmma else (False, True))]
+
+
+def _copy_specialisation(kernel: str, dtype: str, round_tf32: bool) -> str:
+    return f"cupyconv::{kernel}<{CTYPES[dtype]},{'true' if round_tf32 and dtype == 'float32' else 'false'}>"
+
+
+def channels_last_specialisations() -> list[str]:
+    """The copies of this family's operands (float32 rounded to TF32) and the exact float32 one of
+    simt_gemm_conv2d's transposed weight."""
+    return [_copy_specialisation(kernel, dtype, round_tf32)
+            for kernel in (CHANNELS_LAST_TILED, CHANNELS_LAST_NARROW)
+            for dtype, round_tf32 in [(dtype, True) for dtype in GEMM_DTYPES] + [("float32", False)]]
+
+
+def specialisations() -> list[str]:
+    """The mma.sync GEMMs and the channels-last copies (any GPU)."""
+    return _gemm_specialisations(wgmma=False) + channels_last_specialisations()
+
+
+def arch_specialisations() -> dict[str, list[str]]:
+    """NVRTC target -> the name expressions that compile for it alone (the wgmma tiles)."""
+    return {WGMMA_ARCH: _gemm_specialisations(wgmma=True)}
+
+
+def channels_last_copy(dtype: str, n: int, c: int, positions: int, channels_padded: int, round_tf32: bool,
+                       source: Pointer, copy: Pointer) -> Launch:
+    """The launch (kernels/nchw_to_nhwc.cu) copying the C-contiguous [n][c][positions] ``source`` to
+    [n][positions][channels_padded] at ``copy``, zero channels past c; float32 rounded to TF32 on the
+    way where ``round_tf32`` (the tensor-core GEMM's operands), kept exact otherwise (the FMA GEMM's
+    transposed weight)."""
+    if channels_padded <= NARROW_CHANNELS:
+        kernel, grid, block = CHANNELS_LAST_NARROW, (math.ceil(positions / 256), n, 1), (256, 1, 1)
+    else:
+        kernel, grid, block = (CHANNELS_LAST_TILED, (math.ceil(positions / 32), math.ceil(channels_padded / 32), n),
+                               (32, 8, 1))
+    return Launch(kernel, _copy_specialisation(kernel, dtype, round_tf32), grid, block, 0,
+                  (source, copy, c, positions, channels_padded))
+
+
+def _weight_preparation(problem: ConvProblem, channels_padded: int) -> WeightPreparation:
+    """The weight as [K][kh][kw][Cgp], Cgp = channels_padded / groups (zero channels past C / groups),
+    float32 rounded to TF32."""
+    p, cgp = problem, channels_padded // problem.groups
+    copy = channels_last_copy(p.dtype, p.k, p.c // p.groups, p.kh * p.kw, cgp, True, Pointer(WEIGHT), Pointer(PREPARED))
+    return WeightPreparation((KERNEL, p.dtype, p.weight_shape, cgp), p.k * p.kh * p.kw * cgp * STORAGE_BYTES[p.dtype],
+                             (copy,))
+
+
+def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
+    """1x1 problems read in place: one launch on the caller's operands. Else the input's channels-last
+    copy into the workspace, then the GEMM on it and on the prepared weight."""
+    if plan.a_from_nchw:
+        return CallProgram((conv_launch(plan, problem),))
+    p = problem
+    x_copy = channels_last_copy(p.dtype, p.n, p.c, p.h * p.w, plan.channels_padded, True, Pointer(X),
+                                Pointer(WORKSPACE))
+    gemm = conv_launch(plan, p, x=Pointer(WORKSPACE), weight=Pointer(PREPARED), channels=plan.channels_padded)
+    return CallProgram((x_copy, gemm), p.n * p.h * p.w * plan.channels_padded * STORAGE_BYTES[p.dtype],
+                       _weight_preparation(p, plan.channels_padded))

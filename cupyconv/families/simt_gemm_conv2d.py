@@ -1,0 +1,168 @@
+"""The FMA implicit GEMM (kernels/simt_gemm_conv2d.cu): strict float32 (IEEE fmaf) where TF32 is not
+allowed. It gathers the NCHW input in place and reads a transposed copy of the weight, prepared once."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..arguments import ConvProblem
+from ..planner import LaunchPlan
+from ..program import OUT, PREPARED, WEIGHT, X, CallProgram, Launch, Pointer, WeightPreparation
+from .common import INDEX_TYPES, STORAGE_BYTES, conv_launch, forced_config, gemm_grid, grid_fits, index_type
+from .implicit_gemm_nhwc import channels_last_copy
+
+KERNEL = "simt_gemm_conv2d"
+
+
+@dataclasses.dataclass(frozen=True)
+class SimtConfig:
+    """Thread-block tile of the FMA implicit GEMM: bm output pixels x bn output channels, bk of the
+    reduction per stage, `stages` cp.async buffers; warp tiles wm x wn, each thread 8 x 8 outputs."""
+
+    name: str
+    bm: int
+    bn: int
+    bk: int
+    wm: int
+    wn: int
+    stages: int
+
+    @property
+    def threads(self) -> int:
+        return 32 * (self.bm // self.wm) * (self.bn // self.wn)
+
+    def shared_bytes(self, taps: int) -> int:
+        """The stages, A [bk][bm] and B [bk][bn] floats each, then the tap table (an int4 per tap)."""
+        return 4 * self.stages * self.bk * (self.bm + self.bn) + 16 * taps
+
+
+#: Tiles chosen by _choose_config from H100 timings of these and other tiles on the bench suites
+#: (benchmarks/bench_igemm.py --dtype fp32): k rows of 16 (3 stages) beat 8 (4 stages) by 3-6 % on
+#: most layers, except the 64 x 64 tile, the best for 33-64 output channels. Warp tiles of 64 pixels
+#: x 32 channels (lanes 8 x 4, each thread 8 x 8 outputs). The first four by output channels.
+SIMT_CONFIGS = (
+    SimtConfig("simt_m256n32", 256, 32, 8, 64, 32, 4),
+    SimtConfig("simt_m64n64", 64, 64, 8, 64, 32, 4),
+    SimtConfig("simt_m128n64k16", 128, 64, 16, 64, 32, 3),
+    SimtConfig("simt_m128n96k16", 128, 96, 16, 64, 32, 3),
+    SimtConfig("simt_m128n128k16", 128, 128, 16, 64, 32, 3),
+    SimtConfig("simt_m64n128k16", 64, 128, 16, 64, 32, 3),
+)
+_SIMT_BY_NAME = {c.name: c for c in SIMT_CONFIGS}
+CONFIG_NAMES = frozenset(_SIMT_BY_NAME)
+#: SMs of the H100 the tiles were timed on: blocks beyond a multiple of it start another wave.
+SIMT_WAVE_BLOCKS = 132
+#: The 128-channel tile does a multiply-add in ~10 % less time than the 64-channel one (it gathers
+#: the input half as often per output channel).
+SIMT_WIDE_TILE_SPEED = 1.1
+#: Kernel taps the tap table holds at most (16 KB of shared memory); larger kernels run direct.
+SIMT_MAX_TAPS = 1024
+
+
+def weight_columns(problem: ConvProblem) -> int:
+    """Columns of the transposed weight copy: K / groups rounded up to 4 (16-byte pieces)."""
+    return math.ceil(problem.k // problem.groups / 4) * 4
+
+
+def _choose_config(problem: ConvProblem) -> tuple[SimtConfig, str]:
+    """Up to 32 output channels per group the 256 x 32 tile, up to 64 the 64 x 64 one, up to 96 the
+    96-channel one, up to 128 the 64 x 128 one (the input gathered once, twice the blocks of 128 x 128:
+    r50_down_3x3s2 0.212 ms against 0.245 with 128 x 64). More: 64- or 128-channel tiles of 128 pixels,
+    whichever finishes first counting whole waves of
+    SIMT_WAVE_BLOCKS blocks (wave quantisation decides the small late layers: ResNet-50's 7x7 and
+    14x14 stages fill few waves of 128-channel tiles)."""
+    kg = problem.k // problem.groups
+    for limit, name in ((32, "simt_m256n32"), (64, "simt_m64n64"), (96, "simt_m128n96k16"), (128, "simt_m64n128k16")):
+        if kg <= limit:
+            return _SIMT_BY_NAME[name], f"{kg} output channels per group fit one {name} tile"
+
+    def cost(cfg: SimtConfig) -> float:
+        waves = math.ceil(math.prod(gemm_grid(problem, cfg)) / SIMT_WAVE_BLOCKS)
+        return waves * cfg.bn / (SIMT_WIDE_TILE_SPEED if cfg.bn == 128 else 1.0)
+
+    narrow, wide = _SIMT_BY_NAME["simt_m128n64k16"], _SIMT_BY_NAME["simt_m128n128k16"]
+    cfg = min((wide, narrow), key=cost)
+    return cfg, (f"{kg} output channels per group; {cfg.bn}-channel tiles finish first "
+                 f"({math.prod(gemm_grid(problem, wide))} blocks of 128 or {math.prod(gemm_grid(problem, narrow))} "
+                 f"of 64 channels, waves of {SIMT_WAVE_BLOCKS})")
+
+
+def refusal(problem: ConvProblem) -> str:
+    """Why the FMA implicit GEMM cannot run ``problem`` ("" when it can)."""
+    if problem.dtype != "float32":
+        return f"it computes in float32 only, got {problem.dtype}"
+    if problem.kh * problem.kw > SIMT_MAX_TAPS:
+        return f"{problem.kh}x{problem.kw} kernel taps past its table of {SIMT_MAX_TAPS}"
+    # Tap offsets within a plane are 32-bit.
+    if (problem.h + (problem.kh - 1) * problem.dilation[0]) * (problem.w + (problem.kw - 1) * problem.dilation[1]) >= 2**31:
+        return f"input planes of {problem.h}x{problem.w} past 32-bit tap offsets"
+    grid = gemm_grid(problem, _choose_config(problem)[0])
+    if not grid_fits(grid):
+        return f"grid {grid} past CUDA's limits"
+    return ""
+
+
+def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
+    """The FMA implicit-GEMM launch: grid (pixel tiles, channel tiles, groups), one block per tile."""
+    if config is not None:
+        cfg, why = forced_config(SIMT_CONFIGS, config, f"config for {KERNEL}"), "config forced by the caller"
+    else:
+        cfg, why = _choose_config(problem)
+    grid = gemm_grid(problem, cfg)
+    if not grid_fits(grid):
+        raise ValueError(f"{KERNEL} grid {grid} exceeds CUDA's limits for output {problem.out_shape} "
+                         f"with groups={problem.groups}")
+    columns = weight_columns(problem)
+    weight_copy = problem.groups * (problem.c // problem.groups) * problem.kh * problem.kw * columns
+    return LaunchPlan(
+        kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem, weight_copy), config=cfg,
+        grid=grid, block=(cfg.threads, 1, 1), shared_bytes=cfg.shared_bytes(problem.kh * problem.kw),
+        reason=f"{reason}; {why}" if reason else why, weight_columns=columns)
+
+
+def describe(plan: LaunchPlan) -> str:
+    """The printed plan: tile, launch shape, the weight copy it reads and why."""
+    c = plan.config
+    return (f"{plan.kernel} [{c.name}: block {c.bm} px x {c.bn} ch, k {c.bk} per stage, {c.stages} stages, "
+            f"warps of {c.wm} px x {c.wn} ch, 8x8 outputs per thread, {c.threads} threads]\n"
+            f"  float32 (IEEE FMA, no TF32), {plan.index_type} indices; {plan.shared_bytes} B shared memory\n"
+            f"  grid {plan.grid} (pixel tiles, channel tiles, groups), block {plan.block}\n"
+            f"  reads the NCHW input in place and a transposed weight copy [groups][Cg kh kw][{plan.weight_columns}]\n"
+            f"  why: {plan.reason}")
+
+
+def specialisation(index: str, cfg: SimtConfig) -> str:
+    """The C++ template instance of ``cfg`` (float32 only)."""
+    return f"cupyconv::{KERNEL}<{index},{cfg.bm},{cfg.bn},{cfg.bk},{cfg.wm},{cfg.wn},{cfg.stages}>"
+
+
+def name_expression(plan: LaunchPlan) -> str:
+    """The specialisation ``plan`` launches."""
+    return specialisation(plan.index_type, plan.config)
+
+
+def specialisations() -> list[str]:
+    """Every index width and tile."""
+    return [specialisation(index, cfg) for index in INDEX_TYPES for cfg in SIMT_CONFIGS]
+
+
+def gemm_launch(plan: LaunchPlan, problem: ConvProblem, x: Pointer, weight: Pointer, out: Pointer) -> Launch:
+    """The launch of ``plan`` on ``x``, the transposed weight ``weight`` ([groups][Cg kh kw][columns])
+    and ``out``; winograd_conv2d runs its batched GEMM through it."""
+    return conv_launch(plan, problem, plan.weight_columns, x=x, weight=weight, out=out)
+
+
+def _weight_preparation(problem: ConvProblem, columns: int) -> WeightPreparation:
+    """The weight transposed, [groups][Cg kh kw][columns]: zero columns past K / groups, exact float32."""
+    p = problem
+    rows = p.c // p.groups * p.kh * p.kw
+    copy = channels_last_copy(p.dtype, p.groups, p.k // p.groups, rows, columns, False, Pointer(WEIGHT),
+                              Pointer(PREPARED))
+    return WeightPreparation((KERNEL, p.dtype, p.weight_shape, p.groups, columns),
+                             p.groups * rows * columns * STORAGE_BYTES[p.dtype], (copy,))
+
+
+def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
+    """One launch on the caller's input and output and the prepared (transposed) weight."""
+    return CallProgram((gemm_launch(plan, problem, Pointer(X), Pointer(PREPARED), Pointer(OUT)),),
+                       weight=_weight_preparation(problem, plan.weight_columns))
