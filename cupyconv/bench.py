@@ -6,7 +6,10 @@ Each shape and precision is first checked against a float64 torch reference (a w
 reported as WRONG and not timed), then timed with CUDA events: warm-up, then cupyconv and torch
 alternating run by run, median of --repeats runs each, several input sets in rotation when one fits
 in L2. The events time GPU work only (a spin kernel keeps the GPU busy while the host enqueues each
-run); the host's cost per call is recorded beside it in the JSON.
+run). The host's cost per call is measured apart, in loops of back-to-back calls behind a longer spin,
+for cupyconv.conv2d on CuPy arrays, cupyconv.torch.conv2d and torch's F.conv2d: it says where a
+layer is host-bound when called eagerly.
+``--suite models`` times whole torchvision models instead (cupyconv/bench_models.py).
 The GPU's ceilings (fp32 FMA rate, TF32/fp16/bf16 matrix rate, copy bandwidth) are measured at
 start. Results go to benchmarks/results/ as JSON, a markdown table and a PNG chart of speed-ups.
 torch is imported here only, never by ``import cupyconv``.
@@ -33,11 +36,16 @@ L2_BYTES = 50 * 2**20
 QUEUE_AHEAD_CYCLES = 2_000_000
 #: Timed runs per implementation: the default, and the least a median is reported from (unless --quick).
 REPEATS, MIN_REPEATS, QUICK_REPEATS = 30, 20, 5
+#: Host cost: loops of this many back-to-back calls, median over HOST_LOOPS loops.
+HOST_CALLS, HOST_LOOPS = 10, 5
+#: The ways in whose host cost is measured: torch's F.conv2d, cupyconv.conv2d (CuPy), cupyconv.torch.conv2d.
+HOST_APIS = ("torch", "cupyconv", "cupyconv_torch")
 MODES = ("fp32", "tf32", "fp16", "bf16")
 MODE_DTYPE = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # Relative-error bounds against float64: strict fp32 absolutely; the others may also reach twice
 # torch's own error in the same precision.
 MODE_FLOOR = {"fp32": 1e-5, "tf32": 2e-3, "fp16": 1e-2, "bf16": 1e-2}
+LAYOUTS = ("nchw", "channels_last")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,42 +100,104 @@ LAYERS = (
 SUITES = {"seeds": SEEDS, "layers": LAYERS, "all": SEEDS + LAYERS}
 
 
-def alternating_ms(fns: dict, repeats: int = 20, warmup: int = 3) -> dict:
-    """GPU time of each callable, interleaved run by run: {name: (median ms, median host us)}.
-
-    Each timed run sits between CUDA events on torch's current stream, behind a spin kernel that keeps
-    the GPU busy while the host enqueues the run: the events then time the GPU's work alone, not
-    Python's launch path. That path is measured separately, on the host (perf_counter around the
-    call), as the second number. The order of the callables flips every run so neither always
-    follows the other (warm caches, clocks).
-    """
+def _warm_up(fns: dict, warmup: int) -> None:
+    """Call each callable ``warmup`` times (kernels compiled, allocator and caches settled), then wait for the GPU."""
     import torch
 
     for _ in range(warmup):
         for fn in fns.values():
             fn()
     torch.cuda.synchronize()
+
+
+def _turns(names: list, runs: int):
+    """(run, name) for every run of every name, the order flipping every run so that neither always
+    follows the other (warm caches, clocks)."""
+    for run in range(runs):
+        for name in names if run % 2 == 0 else reversed(names):
+            yield run, name
+
+
+def alternating_ms(fns: dict, repeats: int = 20, warmup: int = 3) -> dict:
+    """GPU time of each callable, interleaved run by run: {name: (median ms, median host us)}.
+
+    Each timed run sits between CUDA events on torch's current stream, behind a spin kernel that keeps
+    the GPU busy while the host enqueues the run: the events then time the GPU's work alone, not
+    Python's launch path. That path is measured separately, on the host (perf_counter around the
+    call), as the second number. The order of the callables flips every run (see _turns).
+    """
+    import torch
+
+    _warm_up(fns, warmup)
     names = list(fns)
     events = {name: [] for name in names}
     host_s = {name: [] for name in names}
-    for run in range(repeats):
-        for name in names if run % 2 == 0 else reversed(names):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
-            start.record()
-            began = time.perf_counter()
-            fns[name]()
-            host_s[name].append(time.perf_counter() - began)
-            end.record()
-            events[name].append((start, end))
+    for _, name in _turns(names, repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
+        start.record()
+        began = time.perf_counter()
+        fns[name]()
+        host_s[name].append(time.perf_counter() - began)
+        end.record()
+        events[name].append((start, end))
     torch.cuda.synchronize()
     return {name: (statistics.median([start.elapsed_time(end) for start, end in events[name]]),
                    1e6 * statistics.median(host_s[name])) for name in names}
 
 
+def alternating_loop_ms(fns: dict, calls: int, loops: int = 5, warmup: int = 3, *, gpu_busy: bool = False) -> dict:
+    """Wall time per call of each callable, in ms: {name: median over ``loops`` loops of ``calls`` calls}.
+
+    The calls of a loop run back to back, timed with perf_counter around the loop; the callables
+    alternate loop by loop (see _turns).
+
+    gpu_busy=False: the loop ends with torch.cuda.synchronize() inside the clock -- what a user's loop
+    sees per call (a forward, a replay), whichever of the host and the GPU is the slower.
+    gpu_busy=True: a spin kernel of QUEUE_AHEAD_CYCLES per call (about 1 ms each; a Python call takes
+    well under that) is queued before the loop and the clock stops before the synchronize: the GPU is
+    never waiting for work, the host never waits for the GPU, and the time is the host's own cost per
+    call. A call that synchronises would wait out the spin and show up as about 1 ms.
+    """
+    import torch
+
+    _warm_up(fns, warmup)
+    per_call = {name: [] for name in fns}
+    for _, name in _turns(list(fns), loops):
+        fn = fns[name]
+        if gpu_busy:
+            torch.cuda._sleep(calls * QUEUE_AHEAD_CYCLES)
+        began = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if not gpu_busy:
+            torch.cuda.synchronize()
+        per_call[name].append((time.perf_counter() - began) / calls)
+        torch.cuda.synchronize()  # the next loop starts on an idle GPU
+    return {name: 1e3 * statistics.median(seconds) for name, seconds in per_call.items()}
+
+
 def median_ms(fn, repeats: int = 20, warmup: int = 3) -> float:
     """Median GPU time of ``fn`` in ms (CUDA events on torch's current stream, after warm-up; see alternating_ms)."""
     return alternating_ms({"fn": fn}, repeats, warmup)["fn"][0]
+
+
+def relative_error(out, ref) -> float:
+    """||out - ref|| / ||ref||, with ``ref`` a float64 torch tensor: the check before every timing."""
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+def error_bound(mode: str, torch_error: float) -> float:
+    """The error one convolution may have: strict fp32 absolutely MODE_FLOOR; the other modes also up to
+    twice torch's own error in that precision."""
+    return MODE_FLOOR[mode] if mode == "fp32" else max(MODE_FLOOR[mode], 2 * torch_error)
+
+
+def error_status(error: float, bound: float) -> str | None:
+    """The WRONG status of a result whose error is NaN or above ``bound``, or None when it passes."""
+    if not math.isfinite(error) or error > bound:
+        return f"WRONG (error {error:.2e} > {bound:.1e})"
+    return None
 
 
 def bytes_moved(problem: ConvProblem) -> int:
@@ -139,11 +209,21 @@ def bytes_moved(problem: ConvProblem) -> int:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """The command line of both benchmarks: the layer suites here, ``--suite models`` in bench_models.
+
+    Resolves ``args.modes`` (the precision modes in order) and ``args.layouts`` ({mode: [layout, ...]});
+    the models suite's own options are added and resolved by bench_models.
+    """
+    from . import bench_models
+
     parser = argparse.ArgumentParser(prog="python -m cupyconv.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", choices=sorted(SUITES), default="seeds")
+    parser.add_argument("--suite", choices=sorted(SUITES) + ["models"], default="seeds",
+                        help="layer suites, or whole torchvision models (see --model)")
     parser.add_argument("--dtype", action="append", choices=MODES + ("all",),
                         help="precision mode (repeatable; default fp32)")
-    parser.add_argument("--layout", choices=("nchw",), default="nchw")
+    parser.add_argument("--layout", action="append", choices=LAYOUTS,
+                        help="memory format (repeatable); channels_last for --suite models only. Default nchw, "
+                             "and for models in fp16/bf16 both")
     parser.add_argument("--repeats", type=int, default=None,
                         help=f"timed runs per implementation (default {REPEATS}, at least {MIN_REPEATS})")
     parser.add_argument("--quick", action="store_true",
@@ -152,6 +232,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN autotune (off by default)")
     parser.add_argument("--commit", default=None,
                         help="the commit measured, where the tree has no git (default: git rev-parse HEAD)")
+    bench_models.add_arguments(parser)
     args = parser.parse_args(argv)
     modes = args.dtype or ["fp32"]
     args.modes = list(MODES) if "all" in modes else list(dict.fromkeys(modes))
@@ -160,19 +241,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.repeats < (1 if args.quick else MIN_REPEATS):
         parser.error(f"--repeats must be at least {MIN_REPEATS} (a median of fewer is noise; --quick for smoke tests), "
                      f"got {args.repeats}")
+    if args.suite != "models" and set(args.layout or ["nchw"]) != {"nchw"}:
+        parser.error(f"--suite {args.suite} runs NCHW only; --layout channels_last is for --suite models")
+    args.layouts = {mode: ["nchw"] for mode in args.modes}
+    bench_models.check_args(parser, args)
     return args
 
 
-def to_markdown(results: dict) -> str:
-    """The table of one run, with the GPU and the commit it measured, for benchmarks/RESULTS.md."""
-    meta = results["meta"]
-    header, *rows = table_rows(results)
+def markdown(meta: dict, cells: list[list[str]], notes=()) -> str:
+    """A table of text cells (header first) under a line naming the GPU, versions and settings and a
+    ``commit:`` line, then ``notes`` (one line each): the form of every table in benchmarks/RESULTS.md."""
+    header, *rows = cells
     lines = [f"GPU: {meta['gpu']}; torch {meta['torch']}, cuDNN {meta['cudnn']}, CuPy {meta['cupy']}; "
              f"layout {meta['layout']}; cudnn.benchmark {meta['cudnn_benchmark']}; {meta['date']}",
              f"commit: {meta['commit']}{' (dirty tree)' if meta['dirty'] else ''}", "",
              "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
+    if notes:
+        lines += ["", *notes]
     return "\n".join(lines) + "\n"
+
+
+def to_markdown(results: dict) -> str:
+    """The table of one run, with the GPU and the commit it measured, for benchmarks/RESULTS.md."""
+    return markdown(results["meta"], table_rows(results))
 
 
 def _git(*args: str) -> str:
@@ -252,12 +344,12 @@ class _Runner:
         sample = [0, shape.n - 1]
         up = lambda t: None if t is None else t.double()
         ref = F.conv2d(up(x[sample]), up(w), up(b), *args)
-        err = float((outs[0][sample].double() - ref).norm() / ref.norm())
-        torch_err = float((F.conv2d(x[sample], w, b, *args).double() - ref).norm() / ref.norm())
-        allowed = MODE_FLOOR[mode] if mode == "fp32" else max(MODE_FLOOR[mode], 2 * torch_err)
+        err = relative_error(outs[0][sample], ref)
+        torch_err = relative_error(F.conv2d(x[sample], w, b, *args), ref)
         row.update(error=err, torch_error=torch_err)
-        if not math.isfinite(err) or err > allowed:
-            row["status"] = f"WRONG (error {err:.2e} > {allowed:.1e})"
+        wrong = error_status(err, error_bound(mode, torch_err))
+        if wrong:
+            row["status"] = wrong
             return row
         del ref
 
@@ -280,7 +372,28 @@ class _Runner:
                    tflops=problem.flops / ours_t / 1e9, gbps=bytes_moved(problem) / ours_t / 1e6)
         row.update(compute_fraction=row["tflops"] / compute_ceiling,
                    bandwidth_fraction=row["gbps"] / self.ceilings["bandwidth_gbps"])
+        row["host_us"] = self._host_us(inputs[0], views[0], args, allow_tf32, stream)
         return row
+
+    def _host_us(self, tensors, views, args, allow_tf32: bool, stream) -> dict:
+        """Host time of one call (us) through each public way in, with the GPU kept busy.
+
+        ``cupyconv``: cupyconv.conv2d on CuPy arrays, out= given (None in bf16: CuPy has no bfloat16, so
+        the public CuPy call cannot take one); ``cupyconv_torch``: cupyconv.torch.conv2d on the torch
+        tensors; ``torch``: F.conv2d. Unlike the GPU timing above, these include argument checks,
+        planning and, for the adapter, DLPack and the output allocation: what an eager model pays.
+        """
+        import cupyconv
+        from .torch import conv2d as adapter_conv2d
+
+        (x, w, b), (xv, wv, bv, outv) = tensors, views
+        fns = {"torch": lambda: self.torch.nn.functional.conv2d(x, w, b, *args),
+               "cupyconv_torch": lambda: adapter_conv2d(x, w, b, *args)}
+        if x.dtype != self.torch.bfloat16:
+            fns["cupyconv"] = lambda: cupyconv.conv2d(xv, wv, bv, *args, out=outv, allow_tf32=allow_tf32)
+        with stream:  # CuPy's current stream is torch's, behind the same spin
+            per_call_ms = alternating_loop_ms(fns, HOST_CALLS, HOST_LOOPS, gpu_busy=True)
+        return {name: 1e3 * per_call_ms[name] if name in per_call_ms else None for name in HOST_APIS}
 
 
 def _driver_version() -> str | None:
@@ -292,8 +405,8 @@ def _driver_version() -> str | None:
         return None
 
 
-def _meta(args, runner: _Runner) -> dict:
-    """What was measured, where and with what: GPU, driver, library versions, commit, settings, ceilings."""
+def _meta(args) -> dict:
+    """What was measured, where and with what: GPU, driver, library versions, commit, settings."""
     import cupy
     import numpy
     import torch
@@ -308,10 +421,9 @@ def _meta(args, runner: _Runner) -> dict:
             "commit": args.commit or _git("rev-parse", "HEAD") or "unknown",
             # A commit named with --commit (a tree without git) is taken as the caller's word.
             "dirty": not args.commit and bool(_git("status", "--porcelain", "--untracked-files=no")),
-            "layout": args.layout,
+            "layout": ", ".join(dict.fromkeys(layout for layouts in args.layouts.values() for layout in layouts)),
             "suite": args.suite, "modes": args.modes, "repeats": args.repeats, "quick": args.quick,
-            "cudnn_benchmark": args.cudnn_benchmark, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "ceilings": runner.ceilings}
+            "cudnn_benchmark": args.cudnn_benchmark, "date": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
 def _chart(results: dict, path: pathlib.Path) -> None:
@@ -333,16 +445,23 @@ def _chart(results: dict, path: pathlib.Path) -> None:
     plt.close(fig)
 
 
+def _us(value) -> str:
+    """A host cost in us as a table cell; n/a where it was not measured (bf16 on CuPy)."""
+    return "n/a" if value is None else f"{value:.0f}"
+
+
 def table_rows(results: dict) -> list[list[str]]:
     """The result table as text cells, header first: what the console and markdown tables show."""
-    rows = [["shape", "mode", "kernel", "torch ms", "cupyconv ms", "speed-up", "TFLOP/s", "% of ceiling",
-             "GB/s", "% of bandwidth"]]
+    rows = [["shape", "mode", "kernel", "torch ms", "cupyconv ms", "speed-up", "torch host µs",
+             "cupyconv host µs", "cupyconv.torch host µs", "TFLOP/s", "% of ceiling", "GB/s", "% of bandwidth"]]
     for r in results["rows"]:
         if r["status"] != "ok":
-            rows.append([r["shape"], r["mode"], r.get("kernel", ""), "", "", r["status"], "", "", "", ""])
+            rows.append([r["shape"], r["mode"], r.get("kernel", ""), "", "", r["status"]] + [""] * 7)
             continue
+        host = r["host_us"]
         rows.append([r["shape"], r["mode"], r["kernel"], f"{r['torch_ms']:.3f}", f"{r['cupyconv_ms']:.3f}",
-                     f"{r['speedup']:.2f}x", f"{r['tflops']:.1f}", f"{100 * r['compute_fraction']:.0f}%",
+                     f"{r['speedup']:.2f}x", *(_us(host[name]) for name in HOST_APIS),
+                     f"{r['tflops']:.1f}", f"{100 * r['compute_fraction']:.0f}%",
                      f"{r['gbps']:.0f}", f"{100 * r['bandwidth_fraction']:.0f}%"])
     return rows
 
@@ -379,8 +498,9 @@ def _progress(items: list, total: int):
 def _row_line(row: dict) -> str:
     if row["status"] != "ok":
         return f"{row['shape']:24s} {row['mode']:5s} {row['status']}  <<<<<<<<<<"
+    host = "/".join(_us(row["host_us"][name]) for name in HOST_APIS)
     return (f"{row['shape']:24s} {row['mode']:5s} torch {row['torch_ms']:8.3f} ms  cupyconv {row['cupyconv_ms']:8.3f} ms"
-            f"  {row['speedup']:5.2f}x  {row['tflops']:6.1f} TFLOP/s  {row['kernel']}")
+            f"  {row['speedup']:5.2f}x  {row['tflops']:6.1f} TFLOP/s  host us {host}  {row['kernel']}")
 
 
 def _gpu_missing() -> str | None:
@@ -401,6 +521,10 @@ def _gpu_missing() -> str | None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.suite == "models":
+        from . import bench_models
+
+        return bench_models.main(args)
     missing = _gpu_missing()
     if missing:
         print(missing, file=sys.stderr)
@@ -409,7 +533,7 @@ def main(argv=None) -> int:
 
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     runner = _Runner(args.repeats, args.quick)
-    results = {"meta": _meta(args, runner), "rows": []}
+    results = {"meta": {**_meta(args), "ceilings": runner.ceilings}, "rows": []}
     print("ceilings: " + ", ".join(f"{k} {v:.1f}" for k, v in runner.ceilings.items()), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"{args.suite}_{'-'.join(args.modes)}{'_quick' if args.quick else ''}"

@@ -34,13 +34,19 @@ RESULTS = {"meta": {"gpu": "H100", "torch": "2", "cudnn": 9, "cupy": "14", "layo
                     "cudnn_benchmark": False, "date": "today", "commit": "abc1234", "dirty": False},
            "rows": [{"shape": "s", "mode": "fp32", "kernel": "direct_conv2d", "status": "ok", "torch_ms": 2.0,
                      "cupyconv_ms": 1.0, "speedup": 2.0, "tflops": 10.0, "compute_fraction": 0.2,
-                     "gbps": 100.0, "bandwidth_fraction": 0.03},
+                     "gbps": 100.0, "bandwidth_fraction": 0.03,
+                     "host_us": {"torch": 19.7, "cupyconv": 159.2, "cupyconv_torch": 289.0}},
+                    {"shape": "u", "mode": "bf16", "kernel": "implicit_gemm_nhwc", "status": "ok", "torch_ms": 1.0,
+                     "cupyconv_ms": 1.0, "speedup": 1.0, "tflops": 10.0, "compute_fraction": 0.2,
+                     "gbps": 100.0, "bandwidth_fraction": 0.03,
+                     "host_us": {"torch": 20.0, "cupyconv": None, "cupyconv_torch": 300.0}},
                     {"shape": "t", "mode": "fp16", "kernel": "x", "status": "WRONG (error 1)"}]}
 
 
 def test_markdown_names_the_commit_and_marks_wrong_rows():
     text = bench.to_markdown(RESULTS)
-    assert "commit: abc1234" in text and "| s | fp32 | direct_conv2d | 2.000 | 1.000 | 2.00x |" in text
+    assert "commit: abc1234" in text and "| s | fp32 | direct_conv2d | 2.000 | 1.000 | 2.00x | 20 | 159 | 289 |" in text
+    assert "| 1.00x | 20 | n/a | 300 |" in text  # no public CuPy call in bf16
     assert "WRONG (error 1)" in text
     table = [line for line in text.splitlines() if line.startswith("|")]
     assert len({line.count("|") for line in table}) == 1, "every markdown row has as many cells as the header"
@@ -102,6 +108,39 @@ def test_alternating_ms_interleaves_and_takes_medians(monkeypatch):
     assert bench.median_ms(launch("c", 2.0), repeats=3) == 2.0
 
 
+def test_alternating_loop_ms_times_loops_of_calls(monkeypatch):
+    cuda = _FakeCuda()
+    clock = types.SimpleNamespace(now=0.0)
+    cuda.synchronize = lambda: setattr(clock, "now", clock.now + 1.0)  # waiting for the GPU: 1 s
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+    calls, cycles = [], []
+    cuda._sleep = cycles.append
+
+    def host(name, seconds):
+        def fn():
+            calls.append(name)
+            clock.now += seconds
+        return fn
+
+    fns = {"a": host("a", 0.001), "b": host("b", 0.003)}
+    busy = bench.alternating_loop_ms(fns, calls=4, loops=3, warmup=1, gpu_busy=True)
+    assert busy == pytest.approx({"a": 1.0, "b": 3.0})  # the host's cost alone: the wait is outside the clock
+    assert cycles == [4 * bench.QUEUE_AHEAD_CYCLES] * 6  # a spin per loop, 1 ms-ish per call
+    assert calls[2:] == ["a"] * 4 + ["b"] * 8 + ["a"] * 8 + ["b"] * 4  # alternating loop by loop
+    wall = bench.alternating_loop_ms(fns, calls=4, loops=3, warmup=1)
+    assert wall == pytest.approx({"a": 1.0 + 250.0, "b": 3.0 + 250.0})  # a user's loop waits at its end
+    assert len(cycles) == 6  # no spin without gpu_busy
+
+
+def test_error_bounds():
+    assert bench.error_bound("fp32", 1.0) == bench.MODE_FLOOR["fp32"]  # strict fp32: absolute
+    assert bench.error_bound("fp16", 1.0) == 2.0 and bench.error_bound("fp16", 0.0) == bench.MODE_FLOOR["fp16"]
+    assert bench.error_status(1e-6, 1e-5) is None
+    assert bench.error_status(2e-5, 1e-5) == "WRONG (error 2.00e-05 > 1.0e-05)"
+    assert bench.error_status(float("nan"), 1.0).startswith("WRONG")
+
+
 def test_command_line():
     args = bench.parse_args(["--suite", "layers", "--dtype", "fp16", "--dtype", "bf16"])
     assert args.suite == "layers" and args.modes == ["fp16", "bf16"]
@@ -113,6 +152,11 @@ def test_command_line():
     assert quick.quick and quick.repeats == bench.QUICK_REPEATS
     assert bench.parse_args(["--quick", "--repeats", "7"]).repeats == 7
     assert str(bench.parse_args(["--out", "/tmp/x"]).out) == "/tmp/x"
+    assert bench.parse_args(["--dtype", "fp16"]).layouts == {"fp16": ["nchw"]}
+    with pytest.raises(SystemExit):  # the layer suites are NCHW only
+        bench.parse_args(["--suite", "layers", "--layout", "channels_last"])
+    with pytest.raises(SystemExit):  # models options on a layer suite
+        bench.parse_args(["--suite", "layers", "--model", "resnet50"])
 
 
 def test_importing_the_benchmark_imports_no_torch():

@@ -1,0 +1,486 @@
+"""Models benchmark: torchvision models converted by cupyconv.torch.convert, against the originals.
+
+    python -m cupyconv.bench --suite models --model resnet50 --dtype fp16
+    python -m cupyconv.bench --suite models --model resnet50 --per-layer
+
+What a user who converts a model sees, as against the layer suites' GPU time of one convolution:
+each model (random weights, eval mode, on the GPU in the mode's dtype and memory format) is copied
+and converted, the converted copy's logits are checked against a float64 copy of the same model
+beside torch's own, and then both are timed in the same process, alternating loop by loop, as a
+user's loop runs them: eagerly, as CUDA-graph replays, or compiled by torch.compile. ``--per-layer``
+instead times every distinct convolution of each model on the input it gets in the model, torch's
+F.conv2d against cupyconv.torch.conv2d. Rows are printed as they are measured and the JSON and
+markdown are rewritten after every row, so a run stopped at a time limit keeps what it measured.
+The command line is cupyconv.bench's; torch and torchvision are imported only when a run starts.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+
+from . import bench
+
+MODELS = ("resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "vgg16")
+TIMINGS = ("eager", "graph", "compile")
+DEFAULT_TIMINGS = ("eager", "graph")
+#: torch.compile takes about a minute per model and side: only these unless --model names others.
+COMPILE_DEFAULT_MODELS = ("resnet50",)
+BATCHES, LAYER_BATCHES = (1, 8, 32, 128), (1, 32)
+IMAGE = (3, 224, 224)
+#: Whole-model relative-error floors against float64. A model's logits carry the rounding of every
+#: layer, amplified by the ones after it, so these are looser than bench.MODE_FLOOR's one-layer bounds
+#: (strict fp32 runs some layers on Winograd, 2-4e-6 a layer); a row also passes within twice
+#: torch's own error in the same mode.
+MODEL_FLOOR = {"fp32": 1e-4, "tf32": 1e-2, "fp16": 5e-2, "bf16": 5e-2}
+#: Whole-model and per-layer wall timings: loops of calls (forwards, replays, layer calls), median over
+#: the loops; --quick's smoke-test counts.
+LOOPS, CALLS, QUICK_LOOPS, QUICK_CALLS = 5, 10, 2, 3
+LAYER_CALLS = 20
+WARMUP = 3
+
+
+def add_arguments(parser) -> None:
+    """The models suite's options, on cupyconv.bench's parser."""
+    parser.add_argument("--model", action="append", choices=MODELS, dest="models",
+                        help="--suite models: a torchvision model (repeatable; default all)")
+    parser.add_argument("--batch", action="append", type=int, dest="batches", metavar="N",
+                        help=f"--suite models: batch size (repeatable; default {' '.join(map(str, BATCHES))}, "
+                             f"with --per-layer {' '.join(map(str, LAYER_BATCHES))})")
+    parser.add_argument("--timing", action="append", choices=TIMINGS, dest="timings",
+                        help=f"--suite models: eager forwards, CUDA-graph replays or torch.compile (repeatable; "
+                             f"default {' '.join(DEFAULT_TIMINGS)}; compile: {' '.join(COMPILE_DEFAULT_MODELS)} "
+                             f"unless --model is given)")
+    parser.add_argument("--per-layer", action="store_true",
+                        help="--suite models: time each distinct convolution of the models instead of whole models")
+
+
+def check_args(parser, args) -> None:
+    """Refuse the models options on other suites; for --suite models, fill in their defaults.
+
+    Sets ``args.layouts`` ({mode: layouts}: NCHW for fp32 and tf32, both for fp16 and bf16, which
+    a 16-bit user runs channels_last), ``args.models``, ``args.batches``, ``args.timings`` and
+    ``args.compile_models``.
+    """
+    given = {"--model": args.models, "--batch": args.batches, "--timing": args.timings,
+             "--per-layer": args.per_layer}
+    if args.suite != "models":
+        named = [option for option, value in given.items() if value]
+        if named:
+            parser.error(f"{', '.join(named)}: for --suite models only")
+        return
+    if args.per_layer and args.timings:
+        parser.error("--timing applies to whole models; --per-layer times each layer's GPU and wall time")
+    if any(batch < 1 for batch in args.batches or ()):
+        parser.error(f"--batch must be at least 1, got {args.batches}")
+    args.layouts = {mode: list(dict.fromkeys(args.layout)) if args.layout
+                    else ["nchw", "channels_last"] if mode in ("fp16", "bf16") else ["nchw"]
+                    for mode in args.modes}
+    args.compile_models = list(dict.fromkeys(args.models)) if args.models else list(COMPILE_DEFAULT_MODELS)
+    args.models = list(dict.fromkeys(args.models or MODELS))
+    args.batches = list(dict.fromkeys(args.batches or (LAYER_BATCHES if args.per_layer else BATCHES)))
+    args.timings = [] if args.per_layer else list(dict.fromkeys(args.timings or DEFAULT_TIMINGS))
+    if not args.per_layer:  # --timing compile alone: only the models it runs on
+        args.models = [model for model in args.models if timings_for(args, model)]
+
+
+def timings_for(args, model: str) -> list[str]:
+    """The timings run on ``model``: compile only on args.compile_models."""
+    return [t for t in args.timings if t != "compile" or model in args.compile_models]
+
+
+def output_stem(args) -> str:
+    """The file name (without suffix) of a run: what it selected, so that runs split by model, mode or
+    batch into one folder do not overwrite each other."""
+    parts = ["model_layers" if args.per_layer else "models",
+             "all" if args.models == list(MODELS) else "-".join(args.models), "-".join(args.modes)]
+    if args.batches != list(LAYER_BATCHES if args.per_layer else BATCHES):
+        parts.append("b" + "-".join(map(str, args.batches)))
+    if args.layout:
+        parts.append("-".join(dict.fromkeys(args.layout)))
+    if args.timings and args.timings != list(DEFAULT_TIMINGS):
+        parts.append("-".join(args.timings))
+    if args.quick:
+        parts.append("quick")
+    return "_".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvConfig:
+    """One convolution call as F.conv2d sees it: what makes two layers the same to time."""
+
+    x_shape: tuple
+    weight_shape: tuple
+    bias: bool
+    stride: tuple
+    padding: tuple | str
+    dilation: tuple
+    groups: int
+    dtype: str
+    channels_last: bool
+
+    def label(self) -> str:
+        """E.g. ``64->64 56x56 k3x3 s1 p1``, plus ``d2``, ``g64``, ``+bias`` where they apply (N is the row's batch)."""
+        pair = lambda v: v if isinstance(v, str) else str(v[0]) if v[0] == v[1] else f"{v[0]}x{v[1]}"
+        _, c, h, w = self.x_shape
+        k, _, kh, kw = self.weight_shape
+        text = f"{c}->{k} {h}x{w} k{kh}x{kw} s{pair(self.stride)} p{pair(self.padding)}"
+        if self.dilation != (1, 1):
+            text += f" d{pair(self.dilation)}"
+        if self.groups != 1:
+            text += f" g{self.groups}"
+        return text + (" +bias" if self.bias else "")
+
+
+@dataclasses.dataclass
+class ConvCall:
+    """One nn.Conv2d call seen during a forward: the module's name, its config, its input and the module."""
+
+    name: str
+    config: ConvConfig
+    x: object
+    module: object
+
+
+def record_convs(model, x) -> list[ConvCall]:
+    """Run ``model(x)`` once with a pre-hook on every nn.Conv2d: each call, in call order.
+
+    The hooks are removed again, also when the forward raises. Every input is kept, so call this
+    under torch.inference_mode() (or no_grad) and group the calls (group_convs) before the next.
+    """
+    import torch
+
+    calls = []
+
+    def hook(name):
+        def record(module, inputs):
+            (x,) = inputs
+            channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+            padding = module.padding if isinstance(module.padding, str) else tuple(module.padding)
+            config = ConvConfig(tuple(x.shape), tuple(module.weight.shape), module.bias is not None,
+                                tuple(module.stride), padding, tuple(module.dilation), module.groups,
+                                str(x.dtype).removeprefix("torch."), channels_last)
+            calls.append(ConvCall(name, config, x, module))
+        return record
+
+    handles = [module.register_forward_pre_hook(hook(name)) for name, module in model.named_modules()
+               if isinstance(module, torch.nn.Conv2d)]
+    try:
+        model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return calls
+
+
+def group_convs(calls: list[ConvCall]) -> list[tuple[ConvCall, list[str]]]:
+    """Calls with the same config as one group, in order of first appearance: (first call, names of all).
+
+    Only the first call's input is kept: identical configs time the same.
+    """
+    groups: dict[ConvConfig, tuple[ConvCall, list[str]]] = {}
+    for call in calls:
+        groups.setdefault(call.config, (call, []))[1].append(call.name)
+    return list(groups.values())
+
+
+def _oom_errors() -> tuple:
+    """The exceptions of a GPU out of memory, from torch's allocator or CuPy's pool."""
+    import cupy
+    import torch
+
+    return torch.cuda.OutOfMemoryError, cupy.cuda.memory.OutOfMemoryError
+
+
+def _status(error: float, torch_error: float, bound: float) -> str | None:
+    """WRONG (or SKIP where torch's own result is not finite, which leaves nothing to compare), or None."""
+    if not math.isfinite(torch_error):
+        return f"SKIP (torch's own error is {torch_error})"
+    return bench.error_status(error, bound)
+
+
+class _Run:
+    """One suite's run: selected models and modes, the rows measured, their files and exit status."""
+
+    def __init__(self, args, torch, torchvision):
+        self.args, self.torch, self.torchvision = args, torch, torchvision
+        self.loops, self.calls = (QUICK_LOOPS, QUICK_CALLS) if args.quick else (LOOPS, CALLS)
+        self.layer_calls = QUICK_CALLS if args.quick else LAYER_CALLS
+        meta = {**bench._meta(args), "models": args.models, "batches": args.batches, "timings": args.timings,
+                "compile_models": args.compile_models, "per_layer": args.per_layer, "layouts": args.layouts,
+                "loops": self.loops, "calls_per_loop": self.layer_calls if args.per_layer else self.calls,
+                "model_floor": MODEL_FLOOR, "image": IMAGE,
+                "torchvision": torchvision.__version__}
+        self.results = {"meta": meta, "rows": []}
+        args.out.mkdir(parents=True, exist_ok=True)
+        self.stem = args.out / output_stem(args)
+
+    def each_variant(self, rows_of) -> None:
+        """Call ``rows_of(model name, mode, layout, model)`` for every selection, with torch's model (random
+        weights, seed 0, nothing downloaded) in eval mode on the GPU in the mode's dtype and layout, and
+        the precision flags of the mode set; each is freed before the next is made."""
+        torch = self.torch
+        for name in self.args.models:
+            torch.manual_seed(0)
+            master = self.torchvision.models.get_model(name, weights=None).eval()
+            for mode in self.args.modes:
+                for layout in self.args.layouts[mode]:
+                    # strict fp32 is strict in the matmuls (classifiers, ConvNeXt's MLPs) as well
+                    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
+                    rows_of(name, mode, layout,
+                            copy.deepcopy(master).to("cuda", self.dtype(mode), memory_format=self.memory(layout)))
+                    torch.cuda.empty_cache()
+
+    def dtype(self, mode: str):
+        return getattr(self.torch, bench.MODE_DTYPE[mode])
+
+    def memory(self, layout: str):
+        return self.torch.channels_last if layout == "channels_last" else self.torch.contiguous_format
+
+    def input(self, batch: int, mode: str, layout: str):
+        """The same images for every mode and layout of a batch size (seeded), in that dtype and layout."""
+        torch = self.torch
+        images = torch.randn(batch, *IMAGE, generator=torch.Generator().manual_seed(batch))
+        return images.to("cuda", self.dtype(mode)).contiguous(memory_format=self.memory(layout))
+
+    def measured(self, row: dict, measure) -> dict:
+        """``row`` completed by ``measure()`` under inference_mode; an out-of-memory row is skipped, with the
+        reason; the seconds it took either way."""
+        began = time.perf_counter()
+        try:
+            with self.torch.inference_mode():
+                row.update(measure())
+        except _oom_errors() as error:
+            row["status"] = f"SKIP (out of GPU memory: {str(error).splitlines()[0][:120]})"
+        row["seconds"] = time.perf_counter() - began
+        self.torch.cuda.empty_cache()
+        return row
+
+    def add(self, row: dict, line: str) -> None:
+        """Keep a row, print it, and rewrite the JSON and markdown."""
+        self.results["rows"].append(row)
+        print(f"{line}  ({row['seconds']:.1f} s)", flush=True)
+        self.stem.with_suffix(".json").write_text(json.dumps(self.results, indent=1))
+        self.stem.with_suffix(".md").write_text(to_markdown(self.results))
+
+    # -- whole models --------------------------------------------------------------------------------
+
+    def model_rows(self, name: str, mode: str, layout: str, model) -> None:
+        """Every batch and timing of one model variant: convert a copy, check it, time both."""
+        from .torch import Conv2d, convert
+
+        ours = convert(copy.deepcopy(model))
+        convs = sum(type(m) is Conv2d for m in ours.modules())
+        reference = copy.deepcopy(model).double()
+        for batch in self.args.batches:
+            x = self.input(batch, mode, layout)
+            sample = sorted({0, batch - 1})  # first and last images against float64: the whole batch would cost more
+            with self.torch.inference_mode():
+                ref = reference(x[sample].double())
+            for timing in timings_for(self.args, name):
+                row = {"model": name, "mode": mode, "layout": layout, "batch": batch, "timing": timing,
+                       "convs": convs}
+                self.measured(row, lambda: self.time_model(timing, mode, model, ours, x, ref, sample))
+                self.add(row, _model_line(row))
+
+    def prepare(self, timing: str, model, x):
+        """A callable running one forward of ``model`` on ``x`` the way ``timing`` measures it, returning the output.
+
+        graph: captured once into a CUDA graph (static input and output) after warm-up forwards on a
+        side stream, as torch's documentation says, which also compiles cupyconv's kernels outside the
+        capture; compile: torch.compile(fullgraph=True, dynamic=False) (static shapes, as the eager model),
+        compiled by its first call here.
+        """
+        torch = self.torch
+        if timing == "eager":
+            return lambda: model(x)
+        if timing == "compile":
+            compiled = torch.compile(model, fullgraph=True, dynamic=False)
+            compiled(x)
+            torch.cuda.synchronize()
+            return lambda: compiled(x)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP):
+                model(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = model(x)
+
+        def replay():
+            graph.replay()
+            return out
+        return replay
+
+    def time_model(self, timing: str, mode: str, theirs, ours, x, ref, sample) -> dict:
+        """Check the converted model's output of this timing against float64 beside torch's, then time both."""
+        torch = self.torch
+        if timing == "compile":
+            torch._dynamo.reset()  # each row compiles afresh, for its batch: no recompile limits, no dynamic shapes
+        runs, setup_s = {}, {}
+        for side, model in (("torch", theirs), ("cupyconv", ours)):
+            began = time.perf_counter()
+            runs[side] = self.prepare(timing, model, x)
+            setup_s[side] = time.perf_counter() - began
+        error, torch_error = (bench.relative_error(runs[side]()[sample], ref) for side in ("cupyconv", "torch"))
+        row = {"error": error, "torch_error": torch_error}
+        if timing == "compile":
+            row.update(torch_compile_s=setup_s["torch"], cupyconv_compile_s=setup_s["cupyconv"])
+        status = _status(error, torch_error, max(MODEL_FLOOR[mode], 2 * torch_error))
+        if status:
+            return {**row, "status": status}
+        ms = bench.alternating_loop_ms(runs, self.calls, self.loops, WARMUP)
+        return {**row, "status": "ok", "torch_ms": ms["torch"], "cupyconv_ms": ms["cupyconv"],
+                "speedup": ms["torch"] / ms["cupyconv"]}
+
+    # -- per layer -----------------------------------------------------------------------------------
+
+    def layer_rows(self, name: str, mode: str, layout: str, model) -> None:
+        """Every distinct convolution of one model variant at each batch, on the input the model gives it."""
+        for batch in self.args.batches:
+            x = self.input(batch, mode, layout)
+            with self.torch.inference_mode():
+                groups = group_convs(record_convs(model, x))
+            for call, names in groups:
+                row = {"model": name, "mode": mode, "layout": layout, "batch": batch,
+                       "layer": call.config.label(), "count": len(names), "names": names}
+                self.measured(row, lambda: self.time_layer(mode, call))
+                self.add(row, _layer_line(row))
+            del groups
+
+    def time_layer(self, mode: str, call: ConvCall) -> dict:
+        """Check cupyconv.torch.conv2d against float64 beside F.conv2d on the layer's input, then time
+        both: GPU time (CUDA events; bench.alternating_ms) and wall time per call in a back-to-back loop."""
+        from .torch import conv2d as adapter_conv2d
+
+        F = self.torch.nn.functional
+        x, m = call.x, call.module
+        args = (m.weight, m.bias, m.stride, m.padding, m.dilation, m.groups)
+        fns = {"torch": lambda: F.conv2d(x, *args), "cupyconv": lambda: adapter_conv2d(x, *args)}
+        sample = sorted({0, x.shape[0] - 1})
+        ref = F.conv2d(x[sample].double(), m.weight.double(), None if m.bias is None else m.bias.double(), *args[2:])
+        error, torch_error = (bench.relative_error(fns[side]()[sample], ref) for side in ("cupyconv", "torch"))
+        row = {"error": error, "torch_error": torch_error}
+        status = _status(error, torch_error, bench.error_bound(mode, torch_error))
+        if status:
+            return {**row, "status": status}
+        gpu = bench.alternating_ms(fns, self.args.repeats, WARMUP)
+        wall = bench.alternating_loop_ms(fns, self.layer_calls, self.loops, WARMUP)
+        return {**row, "status": "ok", "torch_ms": gpu["torch"][0], "cupyconv_ms": gpu["cupyconv"][0],
+                "speedup": gpu["torch"][0] / gpu["cupyconv"][0], "torch_wall_us": 1e3 * wall["torch"],
+                "cupyconv_wall_us": 1e3 * wall["cupyconv"], "wall_speedup": wall["torch"] / wall["cupyconv"]}
+
+
+def _model_line(row: dict) -> str:
+    head = f"{row['model']:16s} {row['mode']:5s} {row['layout']:13s} N{row['batch']:<4d} {row['timing']:8s}"
+    if row["status"] != "ok":
+        return f"{head} {row['status']}  <<<<<<<<<<"
+    return (f"{head} torch {row['torch_ms']:8.3f} ms  cupyconv {row['cupyconv_ms']:8.3f} ms  {row['speedup']:5.2f}x"
+            f"  error {row['error']:.1e} (torch {row['torch_error']:.1e})")
+
+
+def _layer_line(row: dict) -> str:
+    head = f"{row['model']:16s} {row['mode']:5s} {row['layout']:13s} N{row['batch']:<4d} {row['layer']:36s} x{row['count']:<3d}"
+    if row["status"] != "ok":
+        return f"{head} {row['status']}  <<<<<<<<<<"
+    return (f"{head} GPU ms torch {row['torch_ms']:7.3f} cupyconv {row['cupyconv_ms']:7.3f} {row['speedup']:5.2f}x"
+            f"  wall us torch {row['torch_wall_us']:7.0f} cupyconv {row['cupyconv_wall_us']:7.0f} "
+            f"{row['wall_speedup']:5.2f}x")
+
+
+def _speedup(value: float) -> str:
+    return f"{value:.2f}x"
+
+
+def model_cells(rows: list[dict]) -> list[list[str]]:
+    """The models table as text cells, header first: a line per (model, mode, layout, batch, timing)."""
+    cells = [["model", "mode", "layout", "batch", "timing", "torch ms", "cupyconv ms", "speed-up",
+              "cupyconv error", "torch error", "compile s (torch / cupyconv)"]]
+    for r in rows:
+        head = [r["model"], r["mode"], r["layout"], str(r["batch"]), r["timing"]]
+        errors = [f"{r['error']:.1e}", f"{r['torch_error']:.1e}"] if "error" in r else ["", ""]
+        compiled = f"{r['torch_compile_s']:.1f} / {r['cupyconv_compile_s']:.1f}" if "torch_compile_s" in r else ""
+        if r["status"] != "ok":
+            cells.append(head + ["", "", r["status"], *errors, compiled])
+            continue
+        cells.append(head + [f"{r['torch_ms']:.3f}", f"{r['cupyconv_ms']:.3f}", _speedup(r["speedup"]), *errors, compiled])
+    return cells
+
+
+def geomean_notes(rows: list[dict]) -> list[str]:
+    """A line per timing: the geometric mean speed-up over its NCHW rows that were timed."""
+    notes = []
+    for timing in TIMINGS:
+        speedups = [r["speedup"] for r in rows if r["timing"] == timing and r["layout"] == "nchw" and r["status"] == "ok"]
+        if speedups:
+            notes.append(f"geomean speed-up, {timing}, NCHW rows: {_speedup(statistics.geometric_mean(speedups))} "
+                         f"over {len(speedups)} rows")
+    return notes
+
+
+def layer_cells(rows: list[dict]) -> list[list[str]]:
+    """The per-layer table as text cells, header first: a line per distinct layer, ``loses`` naming the
+    measures in which cupyconv is slower, and after each (model, mode, layout, batch) the count-weighted
+    sum over its timed layers: all the model's convolution time, by either measure."""
+    cells = [["model", "mode", "layout", "batch", "layer", "count", "torch GPU ms", "cupyconv GPU ms",
+              "GPU speed-up", "torch wall µs", "cupyconv wall µs", "wall speed-up", "loses"]]
+    keys = list(dict.fromkeys((r["model"], r["mode"], r["layout"], r["batch"]) for r in rows))
+    for key in keys:
+        group = [r for r in rows if (r["model"], r["mode"], r["layout"], r["batch"]) == key]
+        head = [key[0], key[1], key[2], str(key[3])]
+        for r in group:
+            if r["status"] != "ok":
+                cells.append(head + [r["layer"], str(r["count"]), "", "", r["status"], "", "", "", ""])
+                continue
+            loses = [name for name, speedup in (("GPU", r["speedup"]), ("wall", r["wall_speedup"])) if speedup < 1]
+            cells.append(head + [r["layer"], str(r["count"]), f"{r['torch_ms']:.3f}", f"{r['cupyconv_ms']:.3f}",
+                                 _speedup(r["speedup"]), f"{r['torch_wall_us']:.0f}", f"{r['cupyconv_wall_us']:.0f}",
+                                 _speedup(r["wall_speedup"]), ", ".join(loses)])
+        timed = [r for r in group if r["status"] == "ok"]
+        if timed:
+            total = {field: sum(r["count"] * r[field] for r in timed)
+                     for field in ("torch_ms", "cupyconv_ms", "torch_wall_us", "cupyconv_wall_us")}
+            cells.append(head + [f"sum of {len(timed)} timed layers", str(sum(r["count"] for r in timed)),
+                                 f"{total['torch_ms']:.3f}", f"{total['cupyconv_ms']:.3f}",
+                                 _speedup(total["torch_ms"] / total["cupyconv_ms"]), f"{total['torch_wall_us']:.0f}",
+                                 f"{total['cupyconv_wall_us']:.0f}",
+                                 _speedup(total["torch_wall_us"] / total["cupyconv_wall_us"]), ""])
+    return cells
+
+
+def to_markdown(results: dict) -> str:
+    """The run's table (whole models with their geomean lines, or per layer) under bench's header lines."""
+    rows = results["rows"]
+    if results["meta"]["per_layer"]:
+        return bench.markdown(results["meta"], layer_cells(rows))
+    return bench.markdown(results["meta"], model_cells(rows), geomean_notes(rows))
+
+
+def main(args) -> int:
+    """Run --suite models as parsed by cupyconv.bench.parse_args. Exit status as bench's: 0 when every
+    timed row was right (skipped rows included), 1 when any row is WRONG, 2 without torchvision or a GPU."""
+    try:
+        import torchvision
+    except ImportError as error:
+        print(f"--suite models needs torchvision (pip install torchvision, or the bench extra): {error}",
+              file=sys.stderr)
+        return 2
+    missing = bench._gpu_missing()
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
+    import torch
+
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
+    run = _Run(args, torch, torchvision)
+    run.each_variant(run.layer_rows if args.per_layer else run.model_rows)
+    print()
+    print(to_markdown(run.results))
+    print(f"wrote {run.stem}.json and .md", flush=True)
+    return 1 if any(r["status"].startswith("WRONG") for r in run.results["rows"]) else 0

@@ -1,0 +1,174 @@
+"""The models benchmark's command line, layer grouping and tables, without a GPU or torchvision."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cupyconv import bench, bench_models
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+
+def models_args(*argv):
+    return bench.parse_args(["--suite", "models", *argv])
+
+
+def test_defaults():
+    args = models_args("--dtype", "all")
+    assert args.models == list(bench_models.MODELS) and args.batches == [1, 8, 32, 128]
+    assert args.timings == ["eager", "graph"] and not args.per_layer
+    assert args.layouts == {"fp32": ["nchw"], "tf32": ["nchw"], "fp16": ["nchw", "channels_last"],
+                            "bf16": ["nchw", "channels_last"]}
+    assert bench_models.output_stem(args) == "models_all_fp32-tf32-fp16-bf16"
+    layers = models_args("--per-layer")
+    assert layers.batches == [1, 32] and layers.timings == [] and layers.modes == ["fp32"]
+    assert bench_models.output_stem(layers) == "model_layers_all_fp32"
+
+
+def test_selections():
+    args = models_args("--model", "vgg16", "--model", "resnet18", "--batch", "32", "--batch", "1",
+                       "--dtype", "fp16", "--layout", "channels_last", "--timing", "graph", "--quick")
+    assert args.models == ["vgg16", "resnet18"] and args.batches == [32, 1] and args.timings == ["graph"]
+    assert args.layouts == {"fp16": ["channels_last"]}
+    assert bench_models.output_stem(args) == "models_vgg16-resnet18_fp16_b32-1_channels_last_graph_quick"
+
+
+def test_compile_runs_on_resnet50_unless_models_are_named():
+    args = models_args("--timing", "eager", "--timing", "compile")
+    assert bench_models.timings_for(args, "resnet50") == ["eager", "compile"]
+    assert bench_models.timings_for(args, "vgg16") == ["eager"]
+    assert models_args("--timing", "compile").models == ["resnet50"]  # no model built for nothing
+    named = models_args("--timing", "compile", "--model", "mobilenet_v2")
+    assert named.models == ["mobilenet_v2"] and bench_models.timings_for(named, "mobilenet_v2") == ["compile"]
+
+
+@pytest.mark.parametrize("argv", [["--batch", "0"], ["--per-layer", "--timing", "eager"], ["--model", "alexnet"],
+                                  ["--timing", "jit"], ["--layout", "nhwc"]])
+def test_bad_options(argv):
+    with pytest.raises(SystemExit):
+        models_args(*argv)
+
+
+def small_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.Conv2d(8, 8, 3, padding=1, bias=False),
+                         nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 8, 3, padding=1, bias=False),
+                         nn.Conv2d(8, 16, 1, stride=2, dilation=1)).eval()
+
+
+def test_layers_are_recorded_and_identical_ones_grouped():
+    model = small_net()
+    x = torch.randn(2, 3, 10, 10)
+    with torch.inference_mode():
+        calls = bench_models.record_convs(model, x)
+    assert [c.name for c in calls] == ["0", "2", "3", "4", "5", "6"]
+    assert all(not m._forward_pre_hooks for m in model.modules()), "hooks removed"
+    first = calls[0]
+    assert first.x is x and first.module is model[0]
+    assert first.config == bench_models.ConvConfig((2, 3, 10, 10), (8, 3, 3, 3), True, (1, 1), (1, 1), (1, 1), 1,
+                                                   "float32", False)
+    groups = bench_models.group_convs(calls)
+    assert [(call.name, names) for call, names in groups] == [("0", ["0"]), ("2", ["2", "3", "5"]), ("4", ["4"]),
+                                                              ("6", ["6"])]
+    assert [call.config.label() for call, _ in groups] == [
+        "3->8 10x10 k3x3 s1 p1 +bias", "8->8 10x10 k3x3 s1 p1", "8->8 10x10 k3x3 s1 p1 g8 +bias",
+        "8->16 10x10 k1x1 s2 p0 +bias"]
+
+
+def test_channels_last_and_string_padding_are_part_of_the_config():
+    model = nn.Sequential(nn.Conv2d(4, 4, (3, 5), padding="same", dilation=(1, 2))).to(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        (call,) = bench_models.record_convs(model, torch.randn(2, 4, 9, 9).contiguous(memory_format=torch.channels_last))
+    assert call.config.channels_last and call.config.padding == "same"
+    assert call.config.label() == "4->4 9x9 k3x5 s1 psame d1x2 +bias"
+
+
+def test_hooks_are_removed_when_the_forward_raises():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3))
+    with pytest.raises(RuntimeError):
+        bench_models.record_convs(model, torch.randn(1, 5, 8, 8))
+    assert not model[0]._forward_pre_hooks
+
+
+META = {"gpu": "H100", "torch": "2", "cudnn": 9, "cupy": "14", "layout": "nchw, channels_last",
+        "cudnn_benchmark": False, "date": "today", "commit": "abc1234", "dirty": False}
+
+
+def model_row(model="resnet50", timing="eager", layout="nchw", speedup=2.0, **fields):
+    row = {"model": model, "mode": "fp16", "layout": layout, "batch": 32, "timing": timing, "convs": 53,
+           "status": "ok", "error": 1e-3, "torch_error": 2e-3, "torch_ms": 2.0 * speedup, "cupyconv_ms": 2.0,
+           "speedup": speedup, "seconds": 3.0}
+    return {**row, **fields}
+
+
+def table(text):
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    assert len({line.count("|") for line in lines}) == 1, "every markdown row has as many cells as the header"
+    return lines
+
+
+def test_models_markdown():
+    rows = [model_row(speedup=2.0), model_row(speedup=0.5, model="vgg16"),
+            model_row(speedup=8.0, layout="channels_last"),  # not in the NCHW geomean
+            model_row(timing="graph", speedup=1.25),
+            model_row(timing="compile", speedup=1.0, torch_compile_s=41.2, cupyconv_compile_s=55.7),
+            {"model": "resnet50", "mode": "fp16", "layout": "nchw", "batch": 32, "timing": "graph", "convs": 53,
+             "status": "WRONG (error 1.00e+00 > 5.0e-02)", "error": 1.0, "torch_error": 2e-3, "seconds": 3.0},
+            {"model": "resnet50", "mode": "fp16", "layout": "nchw", "batch": 128, "timing": "graph", "convs": 53,
+             "status": "SKIP (out of GPU memory: CUDA out of memory)", "seconds": 3.0}]
+    text = bench_models.to_markdown({"meta": {**META, "per_layer": False}, "rows": rows})
+    assert "commit: abc1234" in text
+    lines = table(text)
+    assert len(lines) == 2 + len(rows)
+    assert "| resnet50 | fp16 | nchw | 32 | eager | 4.000 | 2.000 | 2.00x | 1.0e-03 | 2.0e-03 |  |" in text
+    assert "| compile | 2.000 | 2.000 | 1.00x | 1.0e-03 | 2.0e-03 | 41.2 / 55.7 |" in text
+    assert "WRONG (error 1.00e+00 > 5.0e-02) | 1.0e+00 |" in text and "| SKIP (out of GPU memory" in text
+    assert "geomean speed-up, eager, NCHW rows: 1.00x over 2 rows" in text  # sqrt(2 x 0.5)
+    assert "geomean speed-up, graph, NCHW rows: 1.25x over 1 rows" in text
+    assert "geomean speed-up, compile, NCHW rows: 1.00x over 1 rows" in text
+
+
+def layer_row(layer, count, torch_ms, cupyconv_ms, torch_wall_us, cupyconv_wall_us, batch=32, status="ok"):
+    return {"model": "resnet50", "mode": "fp32", "layout": "nchw", "batch": batch, "layer": layer, "count": count,
+            "names": [f"l{i}" for i in range(count)], "status": status, "torch_ms": torch_ms,
+            "cupyconv_ms": cupyconv_ms, "speedup": torch_ms / cupyconv_ms, "torch_wall_us": torch_wall_us,
+            "cupyconv_wall_us": cupyconv_wall_us, "wall_speedup": torch_wall_us / cupyconv_wall_us}
+
+
+def test_per_layer_markdown_marks_losses_and_sums_by_count():
+    rows = [layer_row("64->64 56x56 k3x3 s1 p1", 3, 0.1, 0.05, 30, 300),
+            layer_row("3->64 224x224 k7x7 s2 p3", 1, 0.2, 0.4, 250, 500),
+            layer_row("256->64 56x56 k1x1 s1 p0", 2, 0.1, 0.1, 20, 20, status="WRONG (error 1.00e+00 > 1.0e-05)"),
+            layer_row("64->64 56x56 k3x3 s1 p1", 3, 0.01, 0.02, 30, 20, batch=1)]
+    text = bench_models.to_markdown({"meta": {**META, "per_layer": True}, "rows": rows})
+    lines = table(text)
+    assert len(lines) == 2 + len(rows) + 2  # a sum line per (model, mode, layout, batch)
+    assert "| 64->64 56x56 k3x3 s1 p1 | 3 | 0.100 | 0.050 | 2.00x | 30 | 300 | 0.10x | wall |" in text
+    assert "| 3->64 224x224 k7x7 s2 p3 | 1 | 0.200 | 0.400 | 0.50x | 250 | 500 | 0.50x | GPU, wall |" in text
+    assert "| 256->64 56x56 k1x1 s1 p0 | 2 |  |  | WRONG (error 1.00e+00 > 1.0e-05) |" in text
+    # 3 x 0.1 + 0.2 = 0.5 ms against 3 x 0.05 + 0.4 = 0.55; wall 3 x 30 + 250 = 340 against 3 x 300 + 500
+    assert "| resnet50 | fp32 | nchw | 32 | sum of 2 timed layers | 4 | 0.500 | 0.550 | 0.91x | 340 | 1400 | 0.24x |  |" in text
+    assert "| resnet50 | fp32 | nchw | 1 | 64->64 56x56 k3x3 s1 p1 | 3 | 0.010 | 0.020 | 0.50x | 30 | 20 | 1.50x | GPU |" in text
+
+
+def test_importing_the_models_benchmark_imports_no_torch():
+    code = "import sys, cupyconv.bench_models; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_without_torchvision_or_a_gpu_it_says_so_and_fails_cleanly(tmp_path):
+    # No GPU visible, also on a machine that has one: the test must never start a benchmark.
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, "-m", "cupyconv.bench", "--suite", "models", "--model", "resnet18",
+                             "--quick", "--out", str(tmp_path)], capture_output=True, text=True, env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        assert "needs torchvision" in result.stderr
+    else:
+        assert "needs a CUDA GPU" in result.stderr
+    assert not list(tmp_path.iterdir())
