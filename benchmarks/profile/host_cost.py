@@ -1,0 +1,113 @@
+"""Host cost of one call, per kernel family and entry point, with the GPU kept busy so that only the
+host's time is measured (the calls queue behind a spin kernel; none waits for the GPU).
+
+    PYTHONPATH=$PWD python3 benchmarks/profile/host_cost.py            # the table
+    PYTHONPATH=$PWD python3 benchmarks/profile/host_cost.py --profile simt_fp32   # cProfile of one row
+
+Entry points: cupyconv.conv2d on CuPy arrays (a plain weight, and a PreparedWeight), the torch
+adapter's functional conv2d and Conv2d.forward (the module keeps the prepared weight), against
+torch's F.conv2d and nn.Conv2d. The row's shape is ResNet-50-like at batch 1 unless it names
+another; the kernel family is the planner's choice on this GPU (printed).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import time
+
+import cupy
+import torch
+
+import cupyconv
+from cupyconv.torch import Conv2d
+from cupyconv.torch import conv2d as torch_adapter_conv2d
+
+F = torch.nn.functional
+
+# name: (x shape, weight shape, conv kwargs, dtype, TF32 on)
+ROWS = {
+    "winograd_fp32": ((1, 64, 56, 56), (64, 64, 3, 3), {"padding": 1}, torch.float32, False),
+    "simt_fp32": ((1, 256, 14, 14), (1024, 256, 1, 1), {}, torch.float32, False),
+    "nhwc_tf32": ((1, 64, 56, 56), (64, 64, 3, 3), {"padding": 1}, torch.float32, True),
+    "nhwc_fp16": ((1, 64, 56, 56), (64, 64, 3, 3), {"padding": 1}, torch.float16, False),
+    "nhwc_1x1_bf16": ((1, 256, 14, 14), (1024, 256, 1, 1), {}, torch.bfloat16, False),
+    "depthwise_fp16": ((1, 144, 56, 56), (144, 1, 3, 3), {"padding": 1, "groups": 144}, torch.float16, False),
+    "column_fp32": ((1, 384, 14, 14), (384, 1, 3, 3), {"padding": 1, "groups": 384}, torch.float32, False),
+    "direct_fp64": ((1, 64, 28, 28), (64, 64, 3, 3), {"padding": 1}, torch.float64, False),
+}
+CALLS, LOOPS = 200, 7
+#: GPU clock cycles of the spin ahead of each loop: longer than the loop takes on the host.
+SPIN_CYCLES = 400_000_000
+
+
+def host_us(fn) -> float:
+    """Median over LOOPS of host microseconds per call, CALLS calls per loop queued behind a spin."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(LOOPS):
+        torch.cuda._sleep(SPIN_CYCLES)
+        start = time.perf_counter()
+        for _ in range(CALLS):
+            fn()
+        times.append((time.perf_counter() - start) / CALLS * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def entry_points(name: str) -> dict:
+    x_shape, w_shape, kwargs, dtype, tf32 = ROWS[name]
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.manual_seed(0)
+    x = torch.randn(x_shape, device="cuda").to(dtype)
+    theirs = torch.nn.Conv2d(x_shape[1], w_shape[0], w_shape[2:], bias=True, device="cuda", dtype=dtype, **kwargs)
+    ours = Conv2d(x_shape[1], w_shape[0], w_shape[2:], bias=True, device="cuda", dtype=dtype, **kwargs)
+    ours.load_state_dict(theirs.state_dict())
+    w, b = theirs.weight.detach(), theirs.bias.detach()
+    points = {"torch F.conv2d": lambda: F.conv2d(x, w, b, **kwargs), "torch nn.Conv2d": lambda: theirs(x),
+              "cupyconv.torch.conv2d": lambda: torch_adapter_conv2d(x, w, b, **kwargs),
+              "cupyconv.torch.Conv2d": lambda: ours(x)}
+    if dtype != torch.bfloat16:  # CuPy has no bfloat16 arrays
+        cx, cw, cb = (cupy.from_dlpack(t) for t in (x, w, b))
+        prepared = cupyconv.prepare_weight(cw)
+        points["cupyconv.conv2d (CuPy)"] = lambda: cupyconv.conv2d(cx, cw, cb, allow_tf32=tf32, **kwargs)
+        points["cupyconv.conv2d (CuPy, prepared)"] = lambda: cupyconv.conv2d(cx, prepared, cb, allow_tf32=tf32,
+                                                                             **kwargs)
+    return points
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", choices=sorted(ROWS), help="cProfile the cupyconv entry points of one row")
+    args = parser.parse_args()
+    with torch.no_grad():
+        if args.profile:
+            for point, fn in entry_points(args.profile).items():
+                if point.startswith("cupyconv"):
+                    host_us(fn)
+                    profiler = cProfile.Profile()
+                    profiler.runcall(lambda: [fn() for _ in range(2000)])
+                    print(f"--- {point}")
+                    pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
+            return
+        names = list(ROWS)
+        columns = list(entry_points(names[0]))
+        print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}, CuPy {cupy.__version__}; host us per "
+              f"call (median of {LOOPS} loops of {CALLS}), GPU kept busy\n")
+        print("| row | kernel | " + " | ".join(columns) + " |")
+        print("| --- | --- | " + " | ".join("---" for _ in columns) + " |")
+        for name in names:
+            points = entry_points(name)
+            x_shape, w_shape, kwargs, dtype, tf32 = ROWS[name]
+            plan_x = torch.empty(x_shape, dtype=torch.float16 if dtype == torch.bfloat16 else dtype)
+            plan_w = torch.empty(w_shape, dtype=plan_x.dtype)
+            kernel = cupyconv.plan(plan_x.numpy(), plan_w.numpy(), allow_tf32=tf32, **kwargs).kernel
+            cells = [f"{host_us(points[c]):.1f}" if c in points else "-" for c in columns]
+            print(f"| {name} | {kernel} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
