@@ -1,0 +1,245 @@
+"""Each family's CallProgram without a GPU, for every plan the planner makes on the shared grid (every
+dtype, TF32 or not, on the H100 or any GPU) and with every family and tile forced: each launch names a
+specialisation the compile test builds, passes what its kernel's __global__ signature asks for,
+fits CUDA's limits, and writes only the output, the workspace or the prepared weight; temporaries
+sit aligned and apart inside the workspace. Also: Winograd's passes of images, and the printed
+plans as they read before the families were split out of the planner."""
+import functools
+import itertools
+import math
+import re
+
+import pytest
+
+from cases import GRID, Case
+from cupyconv import planner
+from cupyconv.arguments import make_problem
+from cupyconv.compiler import kernel_source, source_file
+from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, direct_conv2d, implicit_gemm_conv2d,
+                               implicit_gemm_nhwc, simt_gemm_conv2d, winograd_conv2d)
+from cupyconv.families.common import STORAGE_BYTES
+from cupyconv.program import BIAS, OUT, PREPARED, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X, Pointer
+
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: The grid, and 1x1 problems the channels-last GEMM reads in place (no copies) in every dtype.
+CASES = GRID + [Case(2, 64, 32, 8, 8, 1, 1), Case(3, 16, 24, 4, 6, 1, 1, bias=False)]
+#: Dynamic shared memory a block may opt in to on the H100 (227 KB).
+MAX_SHARED_BYTES = 227 * 1024
+
+
+def problem_of(case: Case, dtype: str):
+    return make_problem((case.n, case.c, case.h, case.w), (case.k, case.c // case.groups, case.kh, case.kw),
+                        (case.k,) if case.bias else None, dtype, case.stride, case.padding, case.dilation,
+                        case.groups)
+
+
+def config_names(kernel: str, dtype: str) -> list[str]:
+    """The tiles ``kernel`` may be forced to in ``dtype`` (Winograd's are its GEMM's)."""
+    tables = {planner.DIRECT_KERNEL: direct_conv2d.TILE_CONFIGS,
+              planner.DEPTHWISE_KERNEL: depthwise_conv2d.DEPTHWISE_CONFIGS,
+              planner.DEPTHWISE_COLUMN_KERNEL: depthwise_column_conv2d.COLUMN_CONFIGS,
+              planner.SIMT_KERNEL: simt_gemm_conv2d.SIMT_CONFIGS,
+              planner.WINOGRAD_KERNEL: simt_gemm_conv2d.SIMT_CONFIGS,
+              planner.GEMM_KERNEL: implicit_gemm_conv2d.GEMM_CONFIGS.get(dtype, ()),
+              planner.NHWC_KERNEL: implicit_gemm_nhwc.NHWC_CONFIGS.get(dtype, ())}
+    return [c.name for c in tables[kernel]]
+
+
+def plans_for(case: Case, dtype: str):
+    """The distinct plans make_plan makes for ``case`` in ``dtype``: its own choices (strict or TF32,
+    compute capability 0 or 90), and each family with each of its tiles forced where it takes them."""
+    problem = problem_of(case, dtype)
+    plans = [planner.make_plan(problem, allow_tf32=tf32, compute_capability=cc)
+             for tf32, cc in itertools.product((False, True), (0, 90))]
+    for kernel in planner.KERNELS:
+        for config, cc in itertools.product([None, *config_names(kernel, dtype)], (0, 90)):
+            try:
+                plans.append(planner.make_plan(problem, config, kernel, compute_capability=cc))
+            except ValueError:  # the family (or the tile) does not take this problem
+                continue
+    return problem, list(dict.fromkeys(plans))
+
+
+@functools.lru_cache(maxsize=None)
+def parameters(kernel: str) -> tuple[str, ...]:
+    """Each parameter of ``kernel``'s __global__ signature in its .cu: 'in' (const pointer), 'out'
+    (pointer written) or 'int'."""
+    source = kernel_source(source_file(kernel))
+    match = re.search(rf"__global__[^{{;]*?\b{kernel}\s*\(([^)]*)\)", source)
+    assert match, f"no __global__ {kernel} in {source_file(kernel)}"
+    kinds = []
+    for parameter in match.group(1).split(","):
+        words = parameter.replace("*", " * ").split()
+        if "*" in words:
+            kinds.append("in" if words[0] == "const" else "out")
+        else:
+            assert words[0] == "int", f"{kernel}: parameter {parameter!r} is neither a pointer nor an int"
+            kinds.append("int")
+    return tuple(kinds)
+
+
+def temporaries(plan, problem) -> list[int]:
+    """Bytes of each per-call temporary, in workspace order: the channels-last GEMM's input copy;
+    Winograd's transformed input V and GEMM output M of one pass."""
+    if plan.kernel == planner.NHWC_KERNEL and not plan.a_from_nchw:
+        return [problem.n * problem.h * problem.w * plan.channels_padded * STORAGE_BYTES[problem.dtype]]
+    if plan.kernel == planner.WINOGRAD_KERNEL:
+        floats = 4 * (plan.winograd_tile + 2) ** 2 * plan.winograd_images * plan.tiles
+        return [floats * winograd_conv2d.winograd_channels(problem), floats * problem.k]
+    return []
+
+
+def check_program(plan, problem):
+    """Checks the program of ``plan`` (see the module docstring); returns it."""
+    call = planner.program(plan, problem)
+    if problem.n == 0:  # nothing to launch
+        assert call.launches == () and call.weight is None and call.workspace_bytes == 0
+        return call
+    any_gpu, one_arch = set(planner.kernel_specialisations()), planner.arch_specialisations()
+    preparation = [(launch, True) for launch in (call.weight.launches if call.weight else ())]
+    for launch, prepares in preparation + [(launch, False) for launch in call.launches]:
+        assert launch.name_expression in (one_arch[launch.arch] if launch.arch else any_gpu), launch
+        kinds = parameters(launch.kernel)
+        assert len(launch.args) == len(kinds), (launch.kernel, launch.args)
+        # The caller's operands are never written; the preparation reads the weight alone.
+        writes = {PREPARED} if prepares else {OUT, WORKSPACE}
+        reads = {WEIGHT} if prepares else {X, WEIGHT, PREPARED, BIAS, WORKSPACE}
+        for kind, arg in zip(kinds, launch.args):
+            if kind == "int":
+                assert type(arg) is int and -2**31 <= arg < 2**31, (launch.kernel, arg)
+            else:
+                assert isinstance(arg, Pointer), (launch.kernel, arg)
+                assert arg.operand in (writes if kind == "out" else reads), (launch.kernel, kind, arg)
+        grid, block = launch.grid, launch.block
+        assert len(grid) == len(block) == 3, launch
+        assert 1 <= grid[0] < 2**31 and 1 <= grid[1] <= 65535 and 1 <= grid[2] <= 65535, launch
+        assert min(block) >= 1 and block[0] <= 1024 and block[1] <= 1024 and block[2] <= 64, launch
+        assert math.prod(block) <= 1024 and 0 <= launch.shared_bytes <= MAX_SHARED_BYTES, launch
+    pointers = [arg for launch in call.launches for arg in launch.args if isinstance(arg, Pointer)]
+    assert any(p.operand == PREPARED for p in pointers) == (call.weight is not None)
+    if call.weight:
+        assert call.weight.nbytes > 0 and call.weight.key[0] == plan.kernel
+    sizes = {X: math.prod(problem.x_shape), OUT: math.prod(problem.out_shape)}
+    for p in pointers:
+        if p.operand in sizes:
+            assert 0 <= p.offset < sizes[p.operand] * STORAGE_BYTES[problem.dtype], p
+    offsets = sorted({p.offset for p in pointers if p.operand == WORKSPACE})
+    extents = temporaries(plan, problem)
+    assert len(offsets) == len(extents) and (call.workspace_bytes > 0) == bool(extents)
+    for i, (offset, nbytes) in enumerate(zip(offsets, extents)):
+        assert offset % WORKSPACE_ALIGNMENT == 0 and offset + nbytes <= call.workspace_bytes
+        assert i + 1 == len(offsets) or offset + nbytes <= offsets[i + 1], "temporaries overlap"
+    return call
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_programs(case, dtype):
+    problem, plans = plans_for(case, dtype)
+    for plan in plans:
+        check_program(plan, problem)
+
+
+def test_the_grid_covers_every_family_and_form():
+    """The plans test_programs checks take every family, the wgmma tiles, NHWC in place and Winograd."""
+    plans = [plan for case, dtype in itertools.product(CASES, DTYPES) for plan in plans_for(case, dtype)[1]]
+    assert {plan.kernel for plan in plans} == set(planner.KERNELS)
+    assert any(plan.arch for plan in plans) and any(plan.a_from_nchw for plan in plans)
+    assert any(plan.kernel == planner.NHWC_KERNEL and not plan.a_from_nchw for plan in plans)
+
+
+@pytest.mark.parametrize("fit,counts", [(1, [1] * 5), (2, [2, 2, 1]), (3, [3, 2])])
+def test_winograd_passes(monkeypatch, fit, counts):
+    """With the temporaries capped at ``fit`` images' worth, 5 images run in passes of ``counts``:
+    each pass's input transform reads its images of x, its GEMM multiplies their tiles, its output
+    transform writes its images of out."""
+    case = Case(5, 6, 10, 52, 56, 5, 9, padding=(2, 1))
+    problem = problem_of(case, "float32")
+    # 52 x 50 outputs: 13 x 13 tiles an image; 36 phase channels; 10 outputs, 12 weight columns.
+    per_image, weight = 4 * 36 * (36 + 10) * 13 * 13, 4 * 36 * 36 * 12
+    monkeypatch.setattr(winograd_conv2d, "WINOGRAD_MAX_WORKSPACE_BYTES", weight + fit * per_image + 1)
+    plan = winograd_conv2d.make_plan(problem)
+    call = check_program(plan, problem)
+    assert call.workspace_bytes <= fit * per_image + WORKSPACE_ALIGNMENT and call.weight.nbytes == weight
+    inputs = [launch for launch in call.launches if launch.kernel == "winograd_input_transform"]
+    outputs = [launch for launch in call.launches if launch.kernel == "winograd_output_transform"]
+    gemms = [launch for launch in call.launches if launch.kernel == planner.SIMT_KERNEL]
+    assert [launch.args[2] for launch in inputs] == [launch.args[4] for launch in outputs] == counts
+    firsts = [sum(counts[:i]) for i in range(len(counts))]
+    assert [launch.args[0] for launch in inputs] == [Pointer(X, first * 4 * 6 * 52 * 56) for first in firsts]
+    assert [launch.args[2] for launch in outputs] == [Pointer(OUT, first * 4 * 10 * 52 * 50) for first in firsts]
+    assert [launch.args[8] for launch in gemms] == [count * 13 * 13 for count in counts]  # the GEMMs' W: tiles
+
+
+def test_weight_preparations_name_their_form():
+    """Plans that read the same prepared bytes share a key; anything that changes the bytes changes it."""
+    def key(x_shape, w_shape, dtype="float32", stride=1, groups=1, **kw):
+        problem = make_problem(x_shape, w_shape, None, dtype, stride, 1, 1, groups)
+        return planner.program(planner.make_plan(problem, **kw), problem).weight.key
+
+    simt = dict(kernel=planner.SIMT_KERNEL)
+    assert key((2, 16, 9, 9), (32, 16, 3, 3), **simt) == key((8, 16, 30, 20), (32, 16, 3, 3), stride=2, **simt)
+    assert key((2, 16, 9, 9), (32, 8, 3, 3), groups=2, **simt) != key((2, 8, 9, 9), (32, 8, 3, 3), **simt)
+    nhwc = dict(kernel=planner.NHWC_KERNEL)
+    assert key((2, 16, 9, 9), (32, 16, 3, 3), **nhwc) != key((2, 16, 9, 9), (32, 16, 3, 3), "float16", **nhwc)
+    assert key((2, 16, 9, 9), (32, 16, 3, 3), **nhwc) != key((2, 16, 9, 9), (32, 16, 3, 3), **simt)
+    winograd = dict(kernel=planner.WINOGRAD_KERNEL)
+    assert key((2, 16, 9, 9), (32, 16, 3, 3), **winograd) != key((2, 16, 9, 9), (32, 16, 3, 3), stride=2, **winograd)
+
+
+#: (x, weight, dtype, stride, padding, groups, allow_tf32, compute capability) -> lines of the plan
+#: as printed before the families moved out of planner.py.
+PRINTED = [
+    (((32, 256, 14, 14), (256, 256, 3, 3), "float16", 1, 1, 1, False, 90), [
+        "implicit_gemm_nhwc [nhwc_wgmma_m128n128: block 128 px x 128 ch, k 64 per stage, 3 stages, 2 warpgroups of "
+        "64 px with wgmma (sm_90a), 256 threads]",
+        "  grid (49, 2, 1) (pixel tiles, channel tiles, groups), block (256, 1, 1)",
+        "  reads channels-last copies made first: input [N][H][W][256], weight [K][kh][kw][256 / groups], in "
+        "16-byte pieces",
+        "  why: tensor cores in float16, 256 output channels per group; wgmma; 256 output channels per group, 98 "
+        "blocks of 128 channels"]),
+    (((32, 256, 14, 14), (256, 256, 3, 3), "float16", 1, 1, 1, False, 0), [
+        "implicit_gemm_nhwc [nhwc_m128n64k64: block 128 px x 64 ch, k 64 per stage, 3 stages, 2x2 warps, 128 "
+        "threads]",
+        "  float16 (float16 on tensor cores, float32 accumulators), int indices; 82944 B shared memory"]),
+    (((4, 64, 8, 8), (64, 64, 1, 1), "float32", 1, 0, 1, True, 0), [
+        "  float32 (TF32 on tensor cores, float32 accumulators), int indices; 55296 B shared memory",
+        "  why: tensor cores in TF32 (allow_tf32=True), 64 output channels per group; 64 output channels per group: "
+        "one 64-channel tile; k rows of 64 bytes; 1x1: the NCHW input read in place, 16-byte pieces of pixels"]),
+    (((2, 6, 9, 9), (16, 3, 3, 3), "float16", 1, 0, 2, False, 0), [
+        "implicit_gemm_conv2d [m128n32k32: block 128 px x 32 ch, k 32 per stage, 2 stages, 4x1 warps, 128 threads]",
+        "  why: tensor cores in float16, 8 output channels per group; NCHW gather: 3 channels per group is odd, with "
+        "2 groups (no 4-byte pieces); 8 output channels per group fit one 32-channel tile"]),
+    (((32, 384, 14, 14), (384, 1, 3, 3), "float32", 1, 1, 384, False, 0), [
+        "depthwise_column_conv2d [col_r7: 7 rows of one output column per thread, 3x3 taps at row stride 1 "
+        "unrolled]",
+        "  grid (43, 2, 32) (channel blocks, row segments, images), block (14, 9, 1)"]),
+    (((32, 144, 56, 56), (144, 1, 3, 3), "bfloat16", 1, 1, 144, False, 0), [
+        "  bfloat16, int indices; a ring of 4 input patch(es) per lane, rows of 48 elements copied in 16-byte "
+        "pieces, 13056 B shared memory",
+        "  grid (4, 18, 32) (tiles, channel blocks, images), block (32, 4, 1), 8 channels per block"]),
+    (((32, 128, 56, 56), (128, 128, 3, 3), "float32", 2, 1, 1, False, 0), [
+        "simt_gemm_conv2d [simt_m64n128k16: block 64 px x 128 ch, k 16 per stage, 3 stages, warps of 64 px x 32 ch, "
+        "8x8 outputs per thread, 128 threads]",
+        "  reads the NCHW input in place and a transposed weight copy [groups][Cg kh kw][128]"]),
+    (((8, 32, 512, 512), (64, 32, 5, 9), "float32", 1, 0, 1, False, 0), [
+        "winograd_conv2d [F(4x4, 3x3): 127x126 output tiles of 4x4 per image; transforms of the weight, the input "
+        "and the output around 36 GEMMs]",
+        "      grid (751, 1, 36) (pixel tiles, channel tiles, groups), block (64, 1, 1)",
+        "  why: strict float32 (allow_tf32=False), 5x9 stride (1, 1) with 32 -> 64 channels: Winograd, fewer "
+        "multiplies; F(4x4, 3x3): 192 phase channels (32 channels x 2x3 blocks of 3 strides) <= 512; 3 passes of 3 "
+        "image(s) keep the temporaries within 2048 MiB"]),
+    (((1, 4, 16, 13), (5, 4, 3, 5), "float64", 2, (1, 2), 1, False, 0), [
+        "direct_conv2d [k16_8x32: block 16 ch x 8x32 px, thread 4 ch x 4 px, 256 threads]",
+        "  float64, int indices; stage 4 ch x 3x5 taps, 48768 B shared memory",
+        "  why: float64 has no tensor-core path; 5 output channels per group (<= 16)"]),
+]
+
+
+@pytest.mark.parametrize("arguments,lines", PRINTED)
+def test_printed_plans_are_unchanged(arguments, lines):
+    x_shape, w_shape, dtype, stride, padding, groups, allow_tf32, cc = arguments
+    problem = make_problem(x_shape, w_shape, None, dtype, stride, padding, 1, groups)
+    text = str(planner.make_plan(problem, allow_tf32=allow_tf32, compute_capability=cc)).splitlines()
+    for line in lines:
+        assert line in text
