@@ -47,6 +47,11 @@ def grid_fits(grid: tuple[int, int, int]) -> bool:
     return grid[0] < 2**31 and grid[1] <= MAX_GRID_Y and grid[2] <= MAX_GRID_Y
 
 
+def grid_refusal(grid: tuple[int, int, int]) -> str:
+    """Why CUDA cannot launch ``grid`` ("" when it can), for the families' refusals."""
+    return "" if grid_fits(grid) else f"grid {grid} past CUDA's limits"
+
+
 def conv_launch(plan, problem: ConvProblem, *plan_ints: int, x: Pointer = Pointer(X), weight: Pointer = Pointer(WEIGHT),
                 out: Pointer = Pointer(OUT), channels: int | None = None) -> Launch:
     """The launch of ``plan``'s convolution kernel. The convolution kernels share their parameters:

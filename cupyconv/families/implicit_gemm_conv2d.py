@@ -9,7 +9,7 @@ import math
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
 from ..program import CallProgram
-from .common import CTYPES, INDEX_TYPES, conv_launch, forced_config, gemm_grid, grid_fits, index_type
+from .common import CTYPES, INDEX_TYPES, conv_launch, forced_config, gemm_grid, grid_fits, grid_refusal, index_type
 
 KERNEL = "implicit_gemm_conv2d"
 #: Below this many output channels per group the 8-wide instruction tile is mostly padding (depthwise
@@ -79,13 +79,7 @@ def dtype_refusal(problem: ConvProblem) -> str:
 def refusal(problem: ConvProblem) -> str:
     """Why the NCHW-gather GEMM cannot run ``problem`` ("" when it can): a dtype without tensor-core
     instructions here, or the grid of the tile it would choose past CUDA's limits."""
-    why_not = dtype_refusal(problem)
-    if why_not:
-        return why_not
-    grid = gemm_grid(problem, _choose_config(problem)[0])
-    if not grid_fits(grid):
-        return f"grid {grid} past CUDA's limits"
-    return ""
+    return dtype_refusal(problem) or grid_refusal(gemm_grid(problem, _choose_config(problem)[0]))
 
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:

@@ -9,8 +9,8 @@ import math
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
 from ..program import PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation
-from .common import (CTYPES, INDEX_TYPES, MAX_GRID_Y, STORAGE_BYTES, conv_launch, forced_config, gemm_grid, grid_fits,
-                     index_type)
+from .common import (CTYPES, INDEX_TYPES, MAX_GRID_Y, STORAGE_BYTES, conv_launch, forced_config, gemm_grid,
+                     grid_refusal, index_type)
 from .implicit_gemm_conv2d import GEMM_DTYPES, GemmConfig, describe_tiles, dtype_refusal
 
 KERNEL = "implicit_gemm_nhwc"
@@ -99,12 +99,7 @@ def refusal(problem: ConvProblem) -> str:
     """Why the channels-last GEMM cannot run ``problem`` ("" when it can): a dtype without tensor-core
     instructions here, no piece fits, or the grid of the tile it would choose is past CUDA's limits."""
     why_not = dtype_refusal(problem) or _pieces(problem)[1]
-    if why_not:
-        return why_not
-    mx, ny, gz = gemm_grid(problem, _choose_config(problem)[0])
-    if not grid_fits((mx, ny, gz)):
-        return f"grid {(mx, ny, gz)} past CUDA's limits"
-    return ""
+    return why_not or grid_refusal(gemm_grid(problem, _choose_config(problem)[0]))
 
 
 def _wgmma_refusal(problem: ConvProblem, compute_capability: int) -> str:

@@ -8,7 +8,8 @@ import math
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
 from ..program import OUT, PREPARED, WEIGHT, X, CallProgram, Launch, Pointer, WeightPreparation
-from .common import INDEX_TYPES, STORAGE_BYTES, conv_launch, forced_config, gemm_grid, grid_fits, index_type
+from .common import (INDEX_TYPES, STORAGE_BYTES, conv_launch, forced_config, gemm_grid, grid_fits, grid_refusal,
+                     index_type)
 from .implicit_gemm_nhwc import channels_last_copy
 
 KERNEL = "simt_gemm_conv2d"
@@ -96,10 +97,7 @@ def refusal(problem: ConvProblem) -> str:
     # Tap offsets within a plane are 32-bit.
     if (problem.h + (problem.kh - 1) * problem.dilation[0]) * (problem.w + (problem.kw - 1) * problem.dilation[1]) >= 2**31:
         return f"input planes of {problem.h}x{problem.w} past 32-bit tap offsets"
-    grid = gemm_grid(problem, _choose_config(problem)[0])
-    if not grid_fits(grid):
-        return f"grid {grid} past CUDA's limits"
-    return ""
+    return grid_refusal(gemm_grid(problem, _choose_config(problem)[0]))
 
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
