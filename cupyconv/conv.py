@@ -13,14 +13,15 @@ import os
 import numpy as np
 
 from .arguments import check_arrays, check_out, check_output_size, make_problem
+from .launch import run
 from .planner import LaunchPlan, make_plan
 from .reference import conv2d_numpy
 from .weights import PreparedWeight
 
 #: Call signature -> _CupyCall, for CuPy calls that passed every check once.
 _CUPY_CALLS: dict = {}
-#: cupy.ndarray, once a CuPy call has been seen (import cupyconv must not import CuPy).
-_cupy_ndarray = None
+#: cupy and cupy.ndarray, once a CuPy call has been seen (import cupyconv must not import CuPy).
+_cupy = _cupy_ndarray = None
 
 
 def _problem(x, weight, bias, stride, padding, dilation, groups, out):
@@ -149,17 +150,14 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, o
 
 
 def _remember_cupy() -> None:
-    global _cupy_ndarray
+    global _cupy, _cupy_ndarray
     import cupy
 
-    _cupy_ndarray = cupy.ndarray
+    _cupy, _cupy_ndarray = cupy, cupy.ndarray
 
 
 def _run_cupy(call: _CupyCall, x, weight, bias, out, prepared):
-    import cupy
-
-    from .launch import run
-
+    cupy = _cupy
     if out is not None:
         for name, a, extent in (("x", x, call.extents[0]), ("weight", weight, call.extents[1]),
                                 ("bias", bias, call.extents[2])):

@@ -15,7 +15,7 @@ import threading
 
 from .arguments import ConvProblem
 from .compiler import compute_capability, get_kernel
-from .program import OPERANDS, CallProgram, Launch, Pointer
+from .program import OPERANDS, CallProgram, Launch, Pointer, align
 
 _SLOT = ctypes.sizeof(ctypes.c_uint64)
 _INT32_MASK = 0xFFFFFFFF
@@ -26,9 +26,12 @@ class PackedLaunch:
     slots are filled once and whose pointer slots each call fills (``pointers``: (slot, index of
     the operand in OPERANDS, byte offset))."""
 
-    __slots__ = ("function", "launch_shape", "values", "params_address", "pointers", "_params")
+    __slots__ = ("function", "launch_shape", "values", "params_address", "pointers", "_params", "_launch_kernel")
 
     def __init__(self, launch: Launch, device_id: int):
+        from cupy.cuda import driver
+
+        self._launch_kernel = driver.launchKernel
         kernel = get_kernel(launch.kernel, launch.name_expression, launch.arch, device_id)
         self.function = kernel.kernel.ptr  # compiles on first use (CuPy's disk cache makes later processes fast)
         self.launch_shape = (*launch.grid, *launch.block, launch.shared_bytes)
@@ -47,12 +50,10 @@ class PackedLaunch:
         self.pointers = tuple(pointers)
 
     def __call__(self, addresses, stream: int) -> None:
-        from cupy.cuda import driver
-
         values = self.values
         for slot, operand, offset in self.pointers:
             values[slot] = addresses[operand] + offset
-        driver.launchKernel(self.function, *self.launch_shape, stream, self.params_address, 0)
+        self._launch_kernel(self.function, *self.launch_shape, stream, self.params_address, 0)
 
 
 class Executable:
@@ -80,6 +81,18 @@ class Executable:
         with self._lock:
             for launch in self._launches:
                 launch(addresses, stream)
+
+    def launch(self, x: int, weight: int, prepared: int, bias: int, out: int, workspace: int, prepare_weight: bool,
+               stream: int) -> None:
+        """The call on ``stream`` given its operands' addresses (bias 0: none). Where
+        ``prepare_weight``, the weight is prepared first at the workspace's start (which then holds
+        align(weight.nbytes) more bytes) and ``prepared`` is ignored."""
+        if prepare_weight:
+            prepared, workspace = workspace, workspace + align(self.weight.nbytes)
+        operands = addresses(x, weight, prepared, bias, out, workspace)
+        if prepare_weight:
+            self.prepare_weight(operands, stream)
+        self.run(operands, stream)
 
     def prepare_weight(self, addresses, stream: int) -> None:
         """Write the PREPARED operand from WEIGHT on ``stream`` (nothing where the program reads WEIGHT)."""

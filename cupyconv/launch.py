@@ -3,36 +3,51 @@ launches through the executor on CuPy's current stream."""
 from __future__ import annotations
 
 import functools
+import threading
 
 from .arguments import ConvProblem
-from .executor import Executable, addresses, executable, executable_for_plan
+from .executor import Executable, executable, executable_for_plan
 from .program import align
+
+
+#: (device, stream handle) -> the workspace kept for calls outside a stream capture, grown as needed:
+#: such a call allocates only its output. Calls on one stream use it in the stream's order; the lock
+#: keeps two threads' launches on one stream from interleaving.
+_WORKSPACES: dict = {}
+_WORKSPACE_LOCK = threading.Lock()
+
+
+def release_workspaces() -> None:
+    """Give the workspaces kept per stream back to CuPy's memory pool."""
+    with _WORKSPACE_LOCK:
+        _WORKSPACES.clear()
 
 
 def run(exe: Executable, x, weight, bias, out, prepared=None) -> None:
     """Launch ``exe`` on CuPy's current stream (its device must be current): C-contiguous CuPy
     arrays ``x``, ``weight``, ``bias`` (or None) and ``out``. ``prepared`` (a weights.PreparedWeight)
     supplies the prepared weight where the program reads one; without it the weight is prepared
-    into this call's workspace first."""
+    into the workspace first."""
     import cupy
 
     stream = cupy.cuda.get_current_stream().ptr
     preparation = exe.weight
     prepare_here = preparation is not None and prepared is None
-    workspace_bytes = exe.workspace_bytes + (align(preparation.nbytes) if prepare_here else 0)
-    # Freed to the pool when this returns: the pool hands it out again only in this stream's order.
-    workspace = cupy.empty(workspace_bytes, dtype=cupy.uint8) if workspace_bytes else None
-    base = workspace.data.ptr if workspace is not None else 0
-    prepared_address = 0
-    if prepare_here:
-        prepared_address, base = base, base + align(preparation.nbytes)
-    elif preparation is not None:
-        prepared_address = prepared.address(exe, stream)
-    operands = addresses(x.data.ptr, weight.data.ptr, prepared_address, 0 if bias is None else bias.data.ptr,
-                         out.data.ptr, base)
-    if prepare_here:
-        exe.prepare_weight(operands, stream)
-    exe.run(operands, stream)
+    operands = (x.data.ptr, weight.data.ptr, 0 if prepare_here or preparation is None else prepared.address(exe, stream),
+                0 if bias is None else bias.data.ptr, out.data.ptr)
+    nbytes = exe.workspace_bytes + (align(preparation.nbytes) if prepare_here else 0)
+    if not nbytes:
+        exe.launch(*operands, 0, False, stream)
+    elif cupy.cuda.runtime.streamIsCapturing(stream):
+        workspace = cupy.cuda.alloc(nbytes)  # from the pool, for the graph's lifetime as CuPy arranges
+        exe.launch(*operands, workspace.ptr, prepare_here, stream)
+    else:
+        with _WORKSPACE_LOCK:
+            key = (exe.device_id, stream)
+            workspace = _WORKSPACES.get(key)
+            if workspace is None or workspace.mem.size < nbytes:
+                workspace = _WORKSPACES[key] = cupy.cuda.alloc(nbytes)
+            exe.launch(*operands, workspace.ptr, prepare_here, stream)
 
 
 def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan=None, allow_tf32: bool = False):

@@ -31,6 +31,7 @@ This is the only cupyconv module that imports torch; ``import cupyconv`` never d
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 
 import torch
@@ -41,7 +42,7 @@ from .arguments import ConvProblem, check_output_size, make_problem
 from .executor import addresses
 from .program import align
 
-__all__ = ["Conv2d", "conv2d", "convert", "clear_weight_caches", "WeightCache"]
+__all__ = ["Conv2d", "conv2d", "convert", "clear_weight_caches", "release_workspaces", "WeightCache"]
 
 #: torch dtype -> cupyconv's name for it.
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
@@ -161,7 +162,8 @@ class WeightCache:
         cannot be cached (an inference tensor has no version counter)."""
         if weight.is_inference():
             return None
-        stamp = (weight.data_ptr(), weight._version, weight.dtype, weight.shape, weight.stride())
+        # The shape and dtype are in the preparation's key; the strides say how the storage is read.
+        stamp = (weight.data_ptr(), weight._version, weight.stride())
         if stamp != self._stamp:
             self._stamp, self._forms = stamp, {}
         preparation = exe.weight
@@ -182,6 +184,20 @@ class WeightCache:
         return form[0].data_ptr()
 
 
+#: (device index, stream handle) -> the workspace kept for calls outside a CUDA-graph capture,
+#: grown as needed (as torch keeps cuBLAS's workspace per stream): such a call allocates only its
+#: output. Calls on one stream use it in the stream's order; the lock keeps two threads' launches
+#: on one stream from interleaving.
+_WORKSPACES: dict = {}
+_WORKSPACE_LOCK = threading.Lock()
+
+
+def release_workspaces() -> None:
+    """Give the workspaces kept per stream back to torch's caching allocator."""
+    with _WORKSPACE_LOCK:
+        _WORKSPACES.clear()
+
+
 def _forward(call: _Call, x, weight, bias, cache: WeightCache | None) -> torch.Tensor:
     """Run a checked CUDA call on torch's current stream of x's device; every allocation (output,
     workspace, prepared weight) from torch's caching allocator, so that it follows torch's stream
@@ -198,23 +214,27 @@ def _forward(call: _Call, x, weight, bias, cache: WeightCache | None) -> torch.T
     weight = weight if weight.is_contiguous() else weight.contiguous()
     bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
     stream = _raw_stream(call.device_index)
+    capturing = torch.cuda.is_current_stream_capturing()
     preparation, prepared = exe.weight, 0
     # Inside a capture the weight is prepared in the graph itself: a replay after the weight changed
     # must read the new weight, as torch's own convolution would.
-    if preparation is not None and cache is not None and weight is cached_weight \
-            and not torch.cuda.is_current_stream_capturing():
+    if preparation is not None and cache is not None and weight is cached_weight and not capturing:
         prepared = cache.address(weight, exe, stream) or 0
     prepare_here = preparation is not None and not prepared
     nbytes = exe.workspace_bytes + (align(preparation.nbytes) if prepare_here else 0)
-    workspace = torch.empty(nbytes, dtype=torch.uint8, device=call.device) if nbytes else None
-    base = workspace.data_ptr() if nbytes else 0
-    if prepare_here:
-        prepared, base = base, base + align(preparation.nbytes)
-    operands = addresses(x.data_ptr(), weight.data_ptr(), prepared, 0 if bias is None else bias.data_ptr(),
-                         out.data_ptr(), base)
-    if prepare_here:
-        exe.prepare_weight(operands, stream)
-    exe.run(operands, stream)
+    operands = (x.data_ptr(), weight.data_ptr(), prepared, 0 if bias is None else bias.data_ptr(), out.data_ptr())
+    if not nbytes:
+        exe.launch(*operands, 0, False, stream)
+    elif capturing:
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=call.device)
+        exe.launch(*operands, workspace.data_ptr(), prepare_here, stream)
+    else:
+        with _WORKSPACE_LOCK:
+            key = (call.device_index, stream)
+            workspace = _WORKSPACES.get(key)
+            if workspace is None or workspace.numel() < nbytes:
+                workspace = _WORKSPACES[key] = torch.empty(nbytes, dtype=torch.uint8, device=call.device)
+            exe.launch(*operands, workspace.data_ptr(), prepare_here, stream)
     return out.contiguous(memory_format=torch.channels_last) if call.channels_last else out
 
 

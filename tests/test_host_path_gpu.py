@@ -43,14 +43,18 @@ def _cupy_conv(x, w, kwargs, allow_tf32):
     """cupyconv.conv2d on CuPy views of x and w, into a NaN-poisoned output."""
     ref = F.conv2d(x.double(), _as_torch(w).double(), **kwargs)
     out = cupy.full(ref.shape, cupy.nan, dtype=cupy.from_dlpack(x).dtype)
-    y = cupyconv.conv2d(cupy.from_dlpack(x), w if isinstance(w, cupyconv.PreparedWeight) else cupy.from_dlpack(w),
+    y = cupyconv.conv2d(cupy.from_dlpack(x), w if isinstance(w, (cupyconv.PreparedWeight, cupy.ndarray))
+                        else cupy.from_dlpack(w),
                         out=out, allow_tf32=allow_tf32, **kwargs)
     assert y is out
     return torch.from_dlpack(out), ref
 
 
 def _as_torch(w):
-    return torch.from_dlpack(w.array) if isinstance(w, cupyconv.PreparedWeight) else w
+    """The weight (a tensor, a CuPy array or a PreparedWeight) as a torch tensor, sharing memory."""
+    if isinstance(w, cupyconv.PreparedWeight):
+        w = w.array
+    return w if isinstance(w, torch.Tensor) else torch.from_dlpack(w)
 
 
 @pytest.mark.parametrize("name, x_shape, w_shape, kwargs, dtype, allow_tf32", LAYERS, ids=[l[0] for l in LAYERS])

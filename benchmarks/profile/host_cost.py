@@ -79,11 +79,43 @@ def entry_points(name: str) -> dict:
     return points
 
 
+def primitives() -> dict:
+    """Host microseconds of the steps a call is made of: the floor under any entry point."""
+    from cupy.cuda import driver
+
+    from cupyconv.compiler import get_kernel
+
+    kernel = get_kernel("nchw_to_nhwc_narrow", "cupyconv::nchw_to_nhwc_narrow<float,false>")
+    src, dst = cupy.zeros(256, cupy.float32), cupy.zeros(256, cupy.float32)
+    import ctypes
+    values = (ctypes.c_uint64 * 5)(src.data.ptr, dst.data.ptr, 1, 1, 1)
+    params = (ctypes.c_void_p * 5)(*(ctypes.addressof(values) + 8 * i for i in range(5)))
+    function, address = kernel.kernel.ptr, ctypes.addressof(params)
+    stream = cupy.cuda.get_current_stream().ptr
+    return {
+        # (the argument block stays alive with the lambda: cuLaunchKernel reads it at each call)
+        "cuLaunchKernel (driver.launchKernel)": lambda keep=(values, params): driver.launchKernel(
+            function, 1, 1, 1, 256, 1, 1, 0, stream, address, 0),
+        "CuPy RawKernel call": lambda: kernel((1,), (256,), (src, dst, 1, 1, 1)),
+        "cupy.empty((1, 64, 56, 56))": lambda: cupy.empty((1, 64, 56, 56), cupy.float32),
+        "cupy.cuda.get_current_stream().ptr": lambda: cupy.cuda.get_current_stream().ptr,
+        "torch.empty((1, 64, 56, 56))": lambda: torch.empty((1, 64, 56, 56), device="cuda"),
+        "torch._C._cuda_getCurrentRawStream(0)": lambda: torch._C._cuda_getCurrentRawStream(0),
+        "torch.cuda.is_current_stream_capturing()": torch.cuda.is_current_stream_capturing,
+        "torch.cuda.current_device()": torch.cuda.current_device,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", choices=sorted(ROWS), help="cProfile the cupyconv entry points of one row")
+    parser.add_argument("--primitives", action="store_true", help="time the steps a call is made of")
     args = parser.parse_args()
     with torch.no_grad():
+        if args.primitives:
+            for what, fn in primitives().items():
+                print(f"{what}: {host_us(fn):.2f} us")
+            return
         if args.profile:
             for point, fn in entry_points(args.profile).items():
                 if point.startswith("cupyconv"):
