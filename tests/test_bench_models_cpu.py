@@ -93,6 +93,27 @@ def test_hooks_are_removed_when_the_forward_raises():
     assert not model[0]._forward_pre_hooks
 
 
+def test_batch_norm_is_scaled_to_unit_mean_square_layer_by_layer():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.BatchNorm2d(8)).eval()
+    with torch.no_grad():
+        model[0].weight.mul_(1e-3)  # a drifting scale, as random initialisation gives
+    images = torch.randn(4, 3, 12, 12)
+    bench_models.calibrate_batch_norm(model, images)
+    assert all(not m._forward_pre_hooks for m in model.modules()), "hooks removed"
+    with torch.no_grad():
+        assert float(model[:2](images).pow(2).mean()) == pytest.approx(1, rel=1e-3)
+        assert float(model(images).pow(2).mean()) == pytest.approx(1, rel=1e-3)  # scaled after the first
+    assert not model[1].running_mean.any() and not model.training  # features not centred, still eval
+
+
+def test_a_check_against_a_torch_result_without_signal_is_skipped():
+    assert bench_models._status(1e-3, 1e-3, 5e-2) is None
+    assert bench_models._status(1e-1, 1e-3, 5e-2).startswith("WRONG")
+    assert bench_models._status(1.0, 1.0, 2.0).startswith("SKIP (torch's own error is 1")
+    assert bench_models._status(float("nan"), float("nan"), 5e-2).startswith("SKIP")
+
+
 META = {"gpu": "H100", "torch": "2", "cudnn": 9, "cupy": "14", "layout": "nchw, channels_last",
         "cudnn_benchmark": False, "date": "today", "commit": "abc1234", "dirty": False}
 
