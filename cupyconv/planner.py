@@ -54,6 +54,9 @@ class LaunchPlan:
     # simt_gemm_conv2d only: columns of the transposed weight copy [groups][Cg kh kw][weight_columns]
     # it reads (K / groups rounded up to 4 with zero columns, for 16-byte pieces).
     weight_columns: int = 0
+    # ... and the runs of the reduction it splits across blocks (split-K, 1: none): grid z is
+    # groups x splits, each split's partial sums go to the workspace, kernels/split_k_reduce.cu adds them.
+    splits: int = 1
     # winograd_conv2d only: the batched GEMM between its transforms (a simt_gemm_conv2d plan), and its
     # output tiles of winograd_tile x winograd_tile pixels: tiles_w per row, tiles per image (above).
     gemm: "LaunchPlan | None" = None

@@ -21,6 +21,12 @@
 // Shared memory: per stage A [BK][BM] and B [BK][BN], k-major (a thread's 4 pixels or 4 channels at
 // one k are one float4); after the stages a table of the kernel taps (offset in an input plane, row
 // and column offsets), so that a k costs one lookup instead of two divisions.
+//
+// Split-K (splits > 1, for problems of too few tiles to fill the GPU): gridDim.z = groups x splits,
+// block z = split groups + g takes the split-th run of ceil(k tiles / splits) k tiles and writes its
+// partial sums, without bias, to y + split split_elements (the host passes a workspace and
+// has_bias = 0); kernels/split_k_reduce.cu then adds the splits in order, so the result is the same
+// bits on every run.
 #include "gather_pixel.cuh"
 #include "mma.cuh"
 
@@ -38,7 +44,8 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, simt_min_blocks((B
 simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, const float* __restrict__ bias,
                  float* __restrict__ y, int has_bias,
                  int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
-                 int sh, int sw, int pt, int pl, int dh, int dw, int groups, int Kgp) {
+                 int sh, int sw, int pt, int pl, int dh, int dw, int groups, int Kgp, int splits,
+                 int split_elements) {
     constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN, NT = WARPS_M * WARPS_N * 32;
     constexpr int LM = WM / 8, LN = WN / 8;                  // lanes along pixels and along channels
     constexpr int A_STAGE = BK * BM, B_STAGE = BK * BN;
@@ -62,7 +69,7 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
     int4* taps = reinterpret_cast<int4*>(b_smem + STAGES * B_STAGE);  // [kh kw]: {r dh W + s dw, r dh, s dw}
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = blockIdx.z;
+    const int g = blockIdx.z % groups, split = blockIdx.z / groups;
     const int Cg = C / groups, Kg = K / groups;
     const int taps_per_c = kh * kw;
     const int Kgemm = Cg * taps_per_c;
@@ -71,7 +78,10 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
     const Index M = static_cast<Index>(N) * HoWo;
     const Index m0 = static_cast<Index>(blockIdx.x) * BM;
     const int n0 = blockIdx.y * BN;
-    const int k_tiles = (Kgemm + BK - 1) / BK;
+    const int split_tiles = ((Kgemm + BK - 1) / BK + splits - 1) / splits;
+    const int kt0 = split * split_tiles;  // this split's first k tile
+    const int k_tiles = max(0, min((Kgemm + BK - 1) / BK - kt0, split_tiles));
+    y += static_cast<Index>(split) * split_elements;
 
     for (int t = tid; t < taps_per_c; t += NT) {
         const int r = t / kw, s = t - r * kw;
@@ -92,7 +102,7 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
     }
     // The (c, tap) of the thread's next k, in the mixed radix (Cg, kh kw); after its KPT elements a
     // tile moves on by the other k groups' BK - KPT.
-    int a_c = a_k0 / taps_per_c, a_tap = a_k0 - a_c * taps_per_c;
+    int a_c = (kt0 * BK + a_k0) / taps_per_c, a_tap = kt0 * BK + a_k0 - a_c * taps_per_c;
     Index a_c_off = static_cast<Index>(a_c) * HW;
     const int skip_c = (BK - KPT) / taps_per_c, skip_tap = (BK - KPT) - skip_c * taps_per_c;
 
@@ -124,7 +134,7 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
             const int piece = tid + NT * i;
             if (B_PIECES % NT == 0 || piece < B_PIECES) {
                 const int row = piece / (BN / 4), col = piece % (BN / 4) * 4;
-                const int k = kt * BK + row, n = n0 + col;
+                const int k = (kt0 + kt) * BK + row, n = n0 + col;
                 const bool ok = k < Kgemm && n < Kgp;
                 cp_async<16>(b_smem + stage * B_STAGE + row * BN + col, ok ? wt_g + static_cast<Index>(k) * Kgp + n : wt,
                              ok);

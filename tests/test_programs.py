@@ -80,12 +80,20 @@ def parameters(kernel: str) -> tuple[str, ...]:
 
 def temporaries(plan, problem) -> list[int]:
     """Bytes of each per-call temporary, in workspace order: the channels-last GEMM's input copy;
-    Winograd's transformed input V and GEMM output M of one pass."""
+    Winograd's transformed input V and GEMM output M of one pass; split-K's partial sums (the
+    FMA GEMM's, or Winograd's GEMM's after M)."""
     if plan.kernel == planner.NHWC_KERNEL and not plan.a_from_nchw:
         return [problem.n * problem.h * problem.w * plan.channels_padded * STORAGE_BYTES[problem.dtype]]
     if plan.kernel == planner.WINOGRAD_KERNEL:
         floats = 4 * (plan.winograd_tile + 2) ** 2 * plan.winograd_images * plan.tiles
-        return [floats * winograd_conv2d.winograd_channels(problem), floats * problem.k]
+        partials = [4 * gemm.splits * (plan.winograd_tile + 2) ** 2 * problem.k * count * plan.tiles
+                    for gemm, count in ((plan.gemm, plan.winograd_images),
+                                        (plan.gemm_last, problem.n % plan.winograd_images or plan.winograd_images))
+                    if gemm.splits > 1]
+        return [floats * winograd_conv2d.winograd_channels(problem), floats * problem.k] + \
+            ([max(partials)] if partials else [])
+    if plan.kernel == planner.SIMT_KERNEL and plan.splits > 1:
+        return [4 * plan.splits * math.prod(problem.out_shape)]
     return []
 
 

@@ -106,3 +106,51 @@ def test_seed_shapes_full_size(name):
     up = lambda t: None if t is None else t.double()
     ref = F.conv2d(up(x[sample]), up(weight), up(bias), case.stride, case.padding)
     assert relative_error(out[sample], ref) < 1e-5
+
+
+# --- split-K -------------------------------------------------------------------------------------
+
+SPLIT_CASES = [c for c in SIMT_GRID if c.n and (c.c // c.groups) * c.kh * c.kw > 16]
+
+
+@pytest.mark.parametrize("splits", [2, 3, 7])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: c.id)
+def test_split_k_forced(case, splits):
+    """The reduction split into 2, 3 or 7 runs (7 leaves some runs empty on short reductions, which
+    must write zeros): every element written, within strict float32's bound."""
+    from cupyconv.families import simt_gemm_conv2d
+
+    plan = simt_gemm_conv2d.make_plan(problem_of(case), splits=splits)
+    assert plan.splits == splits and plan.grid[2] == case.groups * splits
+    out, ref = run_plan(case, plan, seed=splits)
+    assert not out.isnan().any()
+    assert relative_error(out, ref) < 1e-5
+
+
+# ResNet-50's batch-1 layers that split: a 1x1 of 1024 channels on 14x14 (8 tiles of 64 k tiles), a
+# stride-2 3x3 (8 tiles of 288), and a 3x3 on Winograd, whose batched GEMM splits.
+SPLIT_LAYERS = {"r50_b1_1x1_1024to256": Case(1, 1024, 256, 14, 14, 1, 1),
+                "r50_b1_3x3s2_512": Case(1, 512, 512, 14, 14, 3, 3, stride=2, padding=1),
+                "r50_b1_3x3_64_winograd": Case(1, 64, 64, 56, 56, 3, 3, padding=1)}
+
+
+@pytest.mark.parametrize("name", SPLIT_LAYERS)
+def test_split_k_is_planned_and_deterministic(name):
+    """The planner splits these batch-1 layers, and ten runs on the same inputs give the same bits
+    (the partial sums are added in a fixed order, never atomically)."""
+    case = SPLIT_LAYERS[name]
+    plan = make_plan(problem_of(case))
+    assert (plan.gemm or plan).splits > 1, str(plan)
+    x, weight, bias = random_inputs(case, "float32", seed=3)
+    problem = problem_of(case)
+    outs = []
+    for _ in range(10):
+        out = torch.full(problem.out_shape, float("nan"), device="cuda")
+        conv2d_cupy(to_cupy(x), to_cupy(weight), to_cupy(bias), problem, to_cupy(out), plan=plan)
+        outs.append(out)
+    torch.cuda.synchronize()
+    assert all(torch.equal(outs[0], out) for out in outs[1:]), "split-K must be bitwise repeatable"
+    up = lambda t: None if t is None else t.double()
+    ref = F.conv2d(up(x), up(weight), up(bias), case.stride, case.padding)
+    assert not outs[0].isnan().any()
+    assert relative_error(outs[0], ref) < 1e-5

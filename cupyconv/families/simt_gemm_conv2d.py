@@ -7,8 +7,8 @@ import math
 
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
-from ..program import OUT, PREPARED, WEIGHT, X, CallProgram, Launch, Pointer, WeightPreparation
-from .common import (INDEX_TYPES, STORAGE_BYTES, conv_launch, forced_config, gemm_grid, grid_fits, grid_refusal,
+from ..program import BIAS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation
+from .common import (INDEX_TYPES, MAX_GRID_Y, STORAGE_BYTES, conv_launch, forced_config, gemm_grid, grid_fits, grid_refusal,
                      index_type)
 from .implicit_gemm_nhwc import channels_last_copy
 
@@ -58,6 +58,18 @@ SIMT_WAVE_BLOCKS = 132
 SIMT_WIDE_TILE_SPEED = 1.1
 #: Kernel taps the tap table holds at most (16 KB of shared memory); larger kernels run direct.
 SIMT_MAX_TAPS = 1024
+#: Split-K: a problem of fewer tiles than this (two per SM of the H100, which keeps 1 to 3 of them
+#: resident) splits its reduction across blocks, up to SPLIT_K_MAX runs of at least SPLIT_K_MIN_TILES
+#: k tiles each (shorter runs spend their time filling the pipeline), while the partial sums
+#: (splits x the output) stay within SPLIT_K_MAX_WORKSPACE_BYTES. Batch-1 layers of ResNet-50 make
+#: 4 to 60 tiles of up to 128 k tiles each.
+SPLIT_K_TARGET_BLOCKS = 2 * SIMT_WAVE_BLOCKS
+SPLIT_K_MIN_TILES = 4
+SPLIT_K_MAX = 16
+SPLIT_K_MAX_WORKSPACE_BYTES = 2**28
+REDUCE_KERNEL = "split_k_reduce"
+#: Threads per block of kernels/split_k_reduce.cu.
+REDUCE_BLOCK = 256
 
 
 def weight_columns(problem: ConvProblem) -> int:
@@ -100,8 +112,21 @@ def refusal(problem: ConvProblem) -> str:
     return grid_refusal(gemm_grid(problem, _choose_config(problem)[0]))
 
 
-def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
-    """The FMA implicit-GEMM launch: grid (pixel tiles, channel tiles, groups), one block per tile."""
+def _splits(problem: ConvProblem, cfg: SimtConfig, grid: tuple[int, int, int]) -> int:
+    """Runs of the reduction for split-K (1: none): enough to make SPLIT_K_TARGET_BLOCKS blocks,
+    within SPLIT_K_MAX, SPLIT_K_MIN_TILES k tiles a run and the partials' workspace."""
+    k_tiles = math.ceil(problem.c // problem.groups * problem.kh * problem.kw / cfg.bk)
+    splits = min(math.ceil(SPLIT_K_TARGET_BLOCKS / max(1, math.prod(grid))), k_tiles // SPLIT_K_MIN_TILES,
+                 SPLIT_K_MAX)
+    elements = math.prod(problem.out_shape)
+    while splits > 1 and (4 * splits * elements > SPLIT_K_MAX_WORKSPACE_BYTES or grid[2] * splits > MAX_GRID_Y):
+        splits -= 1
+    return max(splits, 1)
+
+
+def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "", splits: int | None = None) -> LaunchPlan:
+    """The FMA implicit-GEMM launch: grid (pixel tiles, channel tiles, groups x splits), one block per
+    tile and run of the reduction. ``splits`` forces split-K's runs (1: none; None: _splits)."""
     if config is not None:
         cfg, why = forced_config(SIMT_CONFIGS, config, f"config for {KERNEL}"), "config forced by the caller"
     else:
@@ -110,12 +135,23 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
     if not grid_fits(grid):
         raise ValueError(f"{KERNEL} grid {grid} exceeds CUDA's limits for output {problem.out_shape} "
                          f"with groups={problem.groups}")
+    if splits is None:
+        splits = _splits(problem, cfg, grid)
+        if splits > 1:
+            why += (f"; split-K: {math.prod(grid)} tiles (< {SPLIT_K_TARGET_BLOCKS}) each reduce over {splits} "
+                    f"runs of the {problem.c // problem.groups * problem.kh * problem.kw} products")
+    elif not 1 <= splits <= MAX_GRID_Y // grid[2] or splits * math.prod(problem.out_shape) >= 2**31:
+        raise ValueError(f"splits must be 1 to {MAX_GRID_Y // grid[2]} with splits x the output below 2^31 "
+                         f"elements, got {splits!r}")
+    else:
+        why += f"; split-K forced: {splits} runs"
+    grid = (grid[0], grid[1], grid[2] * splits)
     columns = weight_columns(problem)
     weight_copy = problem.groups * (problem.c // problem.groups) * problem.kh * problem.kw * columns
     return LaunchPlan(
         kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem, weight_copy), config=cfg,
         grid=grid, block=(cfg.threads, 1, 1), shared_bytes=cfg.shared_bytes(problem.kh * problem.kw),
-        reason=f"{reason}; {why}" if reason else why, weight_columns=columns)
+        reason=f"{reason}; {why}" if reason else why, weight_columns=columns, splits=splits)
 
 
 def describe(plan: LaunchPlan) -> str:
@@ -124,8 +160,11 @@ def describe(plan: LaunchPlan) -> str:
     return (f"{plan.kernel} [{c.name}: block {c.bm} px x {c.bn} ch, k {c.bk} per stage, {c.stages} stages, "
             f"warps of {c.wm} px x {c.wn} ch, 8x8 outputs per thread, {c.threads} threads]\n"
             f"  float32 (IEEE FMA, no TF32), {plan.index_type} indices; {plan.shared_bytes} B shared memory\n"
-            f"  grid {plan.grid} (pixel tiles, channel tiles, groups), block {plan.block}\n"
+            f"  grid {plan.grid} (pixel tiles, channel tiles, groups{' x splits' if plan.splits > 1 else ''}), "
+            f"block {plan.block}\n"
             f"  reads the NCHW input in place and a transposed weight copy [groups][Cg kh kw][{plan.weight_columns}]\n"
+            + (f"  split-K: {plan.splits} runs of the reduction write partial sums to the workspace, added in "
+               f"order by {REDUCE_KERNEL} (the same bits on every run)\n" if plan.splits > 1 else "") +
             f"  why: {plan.reason}")
 
 
@@ -140,14 +179,31 @@ def name_expression(plan: LaunchPlan) -> str:
 
 
 def specialisations() -> list[str]:
-    """Every index width and tile."""
-    return [specialisation(index, cfg) for index in INDEX_TYPES for cfg in SIMT_CONFIGS]
+    """Every index width and tile, and split-K's reduction."""
+    return [specialisation(index, cfg) for index in INDEX_TYPES for cfg in SIMT_CONFIGS] + \
+        [f"cupyconv::{REDUCE_KERNEL}<{index}>" for index in INDEX_TYPES]
 
 
-def gemm_launch(plan: LaunchPlan, problem: ConvProblem, x: Pointer, weight: Pointer, out: Pointer) -> Launch:
-    """The launch of ``plan`` on ``x``, the transposed weight ``weight`` ([groups][Cg kh kw][columns])
-    and ``out``; winograd_conv2d runs its batched GEMM through it."""
-    return conv_launch(plan, problem, plan.weight_columns, x=x, weight=weight, out=out)
+def partial_bytes(plan: LaunchPlan, problem: ConvProblem) -> int:
+    """Workspace bytes of split-K's partial sums (0 without split-K)."""
+    return 4 * plan.splits * math.prod(problem.out_shape) if plan.splits > 1 else 0
+
+
+def gemm_launches(plan: LaunchPlan, problem: ConvProblem, x: Pointer, weight: Pointer, out: Pointer,
+                  partial: Pointer) -> tuple[Launch, ...]:
+    """The launches of ``plan`` on ``x``, the transposed weight ``weight`` ([groups][Cg kh kw][columns])
+    and ``out``: the GEMM, or with split-K the GEMM into ``partial`` (partial_bytes of workspace) and
+    the ordered reduction into ``out``. winograd_conv2d runs its batched GEMM through it."""
+    if plan.splits == 1:
+        return (conv_launch(plan, problem, plan.weight_columns, 1, 0, x=x, weight=weight, out=out),)
+    elements = math.prod(problem.out_shape)
+    gemm = conv_launch(plan, problem, plan.weight_columns, plan.splits, elements, x=x, weight=weight, out=partial)
+    gemm = dataclasses.replace(gemm, args=gemm.args[:4] + (0,) + gemm.args[5:])  # the bias is the reduction's
+    reduce = Launch(REDUCE_KERNEL, f"cupyconv::{REDUCE_KERNEL}<{plan.index_type}>",
+                    (math.ceil(elements / REDUCE_BLOCK), 1, 1), (REDUCE_BLOCK, 1, 1), 0,
+                    (partial, Pointer(BIAS), out, int(problem.has_bias), plan.splits, elements, problem.k,
+                     problem.ho * problem.wo))
+    return gemm, reduce
 
 
 def _weight_preparation(problem: ConvProblem, columns: int) -> WeightPreparation:
@@ -161,6 +217,7 @@ def _weight_preparation(problem: ConvProblem, columns: int) -> WeightPreparation
 
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
-    """One launch on the caller's input and output and the prepared (transposed) weight."""
-    return CallProgram((gemm_launch(plan, problem, Pointer(X), Pointer(PREPARED), Pointer(OUT)),),
-                       weight=_weight_preparation(problem, plan.weight_columns))
+    """The GEMM on the caller's input and output and the prepared (transposed) weight; with split-K,
+    its partial sums in the workspace and their reduction."""
+    return CallProgram(gemm_launches(plan, problem, Pointer(X), Pointer(PREPARED), Pointer(OUT), Pointer(WORKSPACE)),
+                       partial_bytes(plan, problem), _weight_preparation(problem, plan.weight_columns))

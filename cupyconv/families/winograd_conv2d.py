@@ -205,17 +205,21 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
         (_transform("winograd_weight_transform", plan, _blocks(channels * plan.weight_columns), Pointer(WEIGHT),
                     Pointer(PREPARED), p.c, p.k, plan.weight_columns, p.kh, p.kw, sh, sw, bh, bw),))
     v, y = Pointer(WORKSPACE), Pointer(WORKSPACE, align(_FLOAT * positions * channels * images * plan.tiles))
+    partial = Pointer(WORKSPACE, y.offset + align(_FLOAT * positions * p.k * images * plan.tiles))
     image_in, image_out = _FLOAT * p.c * p.h * p.w, _FLOAT * p.k * p.ho * p.wo
-    launches = []
+    launches, partials = [], 0
     for first in range(0, p.n, images):
         count = min(images, p.n - first)
         tiles = count * plan.tiles
+        gemm, gemm_problem = plan.gemm if count == images else plan.gemm_last, winograd_gemm_problem(p, m, count)
+        partials = max(partials, simt.partial_bytes(gemm, gemm_problem))
         launches += [
             # Each block takes WINOGRAD_BLOCK tiles of one phase channel.
             _transform("winograd_input_transform", plan, channels * _blocks(tiles), Pointer(X, first * image_in), v,
                        count, p.c, p.h, p.w, p.pad_top, p.pad_left, sh, sw, bh, bw, tiles_h, tiles_w),
-            simt.gemm_launch(plan.gemm if count == images else plan.gemm_last, winograd_gemm_problem(p, m, count),
-                             v, Pointer(PREPARED), y),
+            *simt.gemm_launches(gemm, gemm_problem, v, Pointer(PREPARED), y, partial),
             _transform("winograd_output_transform", plan, _blocks(p.k * tiles), y, Pointer(BIAS),
                        Pointer(OUT, first * image_out), int(p.has_bias), count, p.k, p.ho, p.wo, tiles_h, tiles_w)]
-    return CallProgram(tuple(launches), y.offset + _FLOAT * positions * p.k * images * plan.tiles, u)
+    # V, M, then (with split-K) the GEMM's partial sums.
+    return CallProgram(tuple(launches), partial.offset + partials if partials else
+                       y.offset + _FLOAT * positions * p.k * images * plan.tiles, u)
