@@ -1,9 +1,11 @@
 """The benchmark's tables, arithmetic and command line, without a GPU."""
+import contextlib
 import os
 import subprocess
 import sys
 import types
 
+import numpy as np
 import pytest
 
 from cupyconv import bench
@@ -131,6 +133,25 @@ def test_alternating_loop_ms_times_loops_of_calls(monkeypatch):
     wall = bench.alternating_loop_ms(fns, calls=4, loops=3, warmup=1)
     assert wall == pytest.approx({"a": 1.0 + 250.0, "b": 3.0 + 250.0})  # a user's loop waits at its end
     assert len(cycles) == 6  # no spin without gpu_busy
+
+
+def test_host_cost_calls_each_public_way_in(monkeypatch):
+    # On the CPU the public calls run NumPy's and torch's paths: what is checked is the wiring (every
+    # argument reaches every call, out= is written, no public CuPy call in bf16), not the times.
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    runner = object.__new__(bench._Runner)  # no ceilings measured
+    runner.torch = torch
+    args = (2, 1, 1, 2)  # stride, padding, dilation, groups
+    x, w, b = torch.randn(2, 4, 9, 9), torch.randn(6, 2, 3, 3), torch.randn(6)
+    out = np.full((2, 6, 5, 5), np.nan, dtype=np.float32)
+    host = runner._host_us((x, w, b), (x.numpy(), w.numpy(), b.numpy(), out), args, False, contextlib.nullcontext())
+    assert set(host) == set(bench.HOST_APIS) and all(us > 0 for us in host.values())
+    np.testing.assert_allclose(out, torch.nn.functional.conv2d(x, w, b, *args).numpy(), rtol=1e-5, atol=1e-5)
+    x16, w16, b16 = (t.to(torch.bfloat16) for t in (x, w, b))
+    host = runner._host_us((x16, w16, b16), (None, None, None, None), args, False, contextlib.nullcontext())
+    assert host["cupyconv"] is None and host["torch"] > 0 and host["cupyconv_torch"] > 0
 
 
 def test_error_bounds():
