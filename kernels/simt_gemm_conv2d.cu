@@ -22,7 +22,8 @@
 // one k are one float4); after the stages a table of the kernel taps (offset in an input plane, row
 // and column offsets), so that a k costs one lookup instead of two divisions.
 //
-// Split-K (splits > 1, for problems of too few tiles to fill the GPU): gridDim.z = groups x splits,
+// Split-K (the SPLIT_K instances, for problems of too few tiles to fill the GPU; the others compile as
+// if it did not exist, at their old register counts): gridDim.z = groups x splits,
 // block z = split groups + g takes the split-th run of ceil(k tiles / splits) k tiles and writes its
 // partial sums, without bias, to y + split split_elements (the host passes a workspace and
 // has_bias = 0); kernels/split_k_reduce.cu then adds the splits in order, so the result is the same
@@ -39,7 +40,7 @@ __host__ __device__ constexpr int simt_min_blocks(int threads) {
     return blocks < 1 ? 1 : (blocks > 8 ? 8 : blocks);
 }
 
-template <typename Index, int BM, int BN, int BK, int WM, int WN, int STAGES>
+template <typename Index, int BM, int BN, int BK, int WM, int WN, int STAGES, bool SPLIT_K>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, simt_min_blocks((BM / WM) * (BN / WN) * 32))
 simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, const float* __restrict__ bias,
                  float* __restrict__ y, int has_bias,
@@ -69,7 +70,7 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
     int4* taps = reinterpret_cast<int4*>(b_smem + STAGES * B_STAGE);  // [kh kw]: {r dh W + s dw, r dh, s dw}
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = blockIdx.z % groups, split = blockIdx.z / groups;
+    const int g = SPLIT_K ? blockIdx.z % groups : blockIdx.z, split = SPLIT_K ? blockIdx.z / groups : 0;
     const int Cg = C / groups, Kg = K / groups;
     const int taps_per_c = kh * kw;
     const int Kgemm = Cg * taps_per_c;
@@ -78,10 +79,11 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
     const Index M = static_cast<Index>(N) * HoWo;
     const Index m0 = static_cast<Index>(blockIdx.x) * BM;
     const int n0 = blockIdx.y * BN;
-    const int split_tiles = ((Kgemm + BK - 1) / BK + splits - 1) / splits;
+    const int all_tiles = (Kgemm + BK - 1) / BK;
+    const int split_tiles = SPLIT_K ? (all_tiles + splits - 1) / splits : all_tiles;
     const int kt0 = split * split_tiles;  // this split's first k tile
-    const int k_tiles = max(0, min((Kgemm + BK - 1) / BK - kt0, split_tiles));
-    y += static_cast<Index>(split) * split_elements;
+    const int k_tiles = SPLIT_K ? max(0, min(all_tiles - kt0, split_tiles)) : all_tiles;
+    if (SPLIT_K) y += static_cast<Index>(split) * split_elements;
 
     for (int t = tid; t < taps_per_c; t += NT) {
         const int r = t / kw, s = t - r * kw;

@@ -127,11 +127,12 @@ def test_split_k_forced(case, splits):
     assert relative_error(out, ref) < 1e-5
 
 
-# ResNet-50's batch-1 layers that split: a 1x1 of 1024 channels on 14x14 (8 tiles of 64 k tiles), a
-# stride-2 3x3 (8 tiles of 288), and a 3x3 on Winograd, whose batched GEMM splits.
+# Batch-1 layers that split: ResNet-50's 1x1 of 1024 channels on 14x14 (8 tiles of 64 k tiles) and
+# stride-2 3x3 of 512 (8 tiles of 288), and a 3x3 on Winograd F(2x2) whose batched GEMM (16 tiles of
+# 40 k tiles) splits.
 SPLIT_LAYERS = {"r50_b1_1x1_1024to256": Case(1, 1024, 256, 14, 14, 1, 1),
                 "r50_b1_3x3s2_512": Case(1, 512, 512, 14, 14, 3, 3, stride=2, padding=1),
-                "r50_b1_3x3_64_winograd": Case(1, 64, 64, 56, 56, 3, 3, padding=1)}
+                "winograd_b1_3x3_640to128": Case(1, 640, 128, 7, 7, 3, 3, padding=1)}
 
 
 @pytest.mark.parametrize("name", SPLIT_LAYERS)

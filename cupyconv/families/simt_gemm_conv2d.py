@@ -58,11 +58,13 @@ SIMT_WAVE_BLOCKS = 132
 SIMT_WIDE_TILE_SPEED = 1.1
 #: Kernel taps the tap table holds at most (16 KB of shared memory); larger kernels run direct.
 SIMT_MAX_TAPS = 1024
-#: Split-K: a problem of fewer tiles than this (two per SM of the H100, which keeps 1 to 3 of them
-#: resident) splits its reduction across blocks, up to SPLIT_K_MAX runs of at least SPLIT_K_MIN_TILES
-#: k tiles each (shorter runs spend their time filling the pipeline), while the partial sums
-#: (splits x the output) stay within SPLIT_K_MAX_WORKSPACE_BYTES. Batch-1 layers of ResNet-50 make
-#: 4 to 60 tiles of up to 128 k tiles each.
+#: Split-K: a problem of at most half a wave of tiles (SIMT_WAVE_BLOCKS / 2) splits its reduction
+#: across blocks, into enough runs to make SPLIT_K_TARGET_BLOCKS blocks (two per SM of the H100,
+#: which keeps 1 to 3 of them resident), up to SPLIT_K_MAX runs of at least SPLIT_K_MIN_TILES k tiles
+#: each (shorter runs spend their time filling the pipeline), while the partial sums (splits x the
+#: output) stay within SPLIT_K_MAX_WORKSPACE_BYTES. Batch-1 layers of ResNet-50 make 4 to 60 tiles of
+#: up to 288 k tiles each; splitting batch-32 layers of 98-104 tiles into 3 measured slower (H100,
+#: benchmarks/NOTES.md).
 SPLIT_K_TARGET_BLOCKS = 2 * SIMT_WAVE_BLOCKS
 SPLIT_K_MIN_TILES = 4
 SPLIT_K_MAX = 16
@@ -115,6 +117,8 @@ def refusal(problem: ConvProblem) -> str:
 def _splits(problem: ConvProblem, cfg: SimtConfig, grid: tuple[int, int, int]) -> int:
     """Runs of the reduction for split-K (1: none): enough to make SPLIT_K_TARGET_BLOCKS blocks,
     within SPLIT_K_MAX, SPLIT_K_MIN_TILES k tiles a run and the partials' workspace."""
+    if 2 * math.prod(grid) > SIMT_WAVE_BLOCKS:
+        return 1
     k_tiles = math.ceil(problem.c // problem.groups * problem.kh * problem.kw / cfg.bk)
     splits = min(math.ceil(SPLIT_K_TARGET_BLOCKS / max(1, math.prod(grid))), k_tiles // SPLIT_K_MIN_TILES,
                  SPLIT_K_MAX)
@@ -138,7 +142,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     if splits is None:
         splits = _splits(problem, cfg, grid)
         if splits > 1:
-            why += (f"; split-K: {math.prod(grid)} tiles (< {SPLIT_K_TARGET_BLOCKS}) each reduce over {splits} "
+            why += (f"; split-K: {math.prod(grid)} tiles (<= {SIMT_WAVE_BLOCKS // 2}) each reduce over {splits} "
                     f"runs of the {problem.c // problem.groups * problem.kh * problem.kw} products")
     elif not 1 <= splits <= MAX_GRID_Y // grid[2] or splits * math.prod(problem.out_shape) >= 2**31:
         raise ValueError(f"splits must be 1 to {MAX_GRID_Y // grid[2]} with splits x the output below 2^31 "
@@ -168,19 +172,21 @@ def describe(plan: LaunchPlan) -> str:
             f"  why: {plan.reason}")
 
 
-def specialisation(index: str, cfg: SimtConfig) -> str:
-    """The C++ template instance of ``cfg`` (float32 only)."""
-    return f"cupyconv::{KERNEL}<{index},{cfg.bm},{cfg.bn},{cfg.bk},{cfg.wm},{cfg.wn},{cfg.stages}>"
+def specialisation(index: str, cfg: SimtConfig, split_k: bool = False) -> str:
+    """The C++ template instance of ``cfg`` (float32 only), with split-K or without."""
+    return (f"cupyconv::{KERNEL}<{index},{cfg.bm},{cfg.bn},{cfg.bk},{cfg.wm},{cfg.wn},{cfg.stages},"
+            f"{'true' if split_k else 'false'}>")
 
 
 def name_expression(plan: LaunchPlan) -> str:
     """The specialisation ``plan`` launches."""
-    return specialisation(plan.index_type, plan.config)
+    return specialisation(plan.index_type, plan.config, plan.splits > 1)
 
 
 def specialisations() -> list[str]:
     """Every index width and tile, and split-K's reduction."""
-    return [specialisation(index, cfg) for index in INDEX_TYPES for cfg in SIMT_CONFIGS] + \
+    return [specialisation(index, cfg, split_k) for index in INDEX_TYPES for cfg in SIMT_CONFIGS
+            for split_k in (False, True)] + \
         [f"cupyconv::{REDUCE_KERNEL}<{index}>" for index in INDEX_TYPES]
 
 
