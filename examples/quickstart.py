@@ -1,5 +1,5 @@
-"""cupyconv in a few lines: AlexNet's first layer and a MobileNet depthwise layer on the GPU when there
-is one, else on NumPy.
+"""cupyconv in a few lines: AlexNet's first layer, a MobileNet depthwise layer and a prepared weight,
+on the GPU when there is one, else on NumPy.
 
     python examples/quickstart.py
 """
@@ -48,6 +48,18 @@ def main() -> None:
     yd_cpu = cupyconv.conv2d(xd, wd, padding=1, groups=384)
     error = float(np.linalg.norm(cupy.asnumpy(yd) - yd_cpu) / np.linalg.norm(yd_cpu))
     print(f"depthwise {xd.shape} -> {yd.shape}, relative difference from NumPy {error:.1e}")
+
+    # A loop over batches: prepare the weight once (AlexNet's conv1 runs on Winograd in strict float32,
+    # which reads a transformed weight), and the transform is made on the first call only.
+    prepared = cupyconv.prepare_weight(wg)
+    for step in range(3):
+        y_step = cupyconv.conv2d(cupy.asarray(x[::-1]) if step % 2 else xg, prepared, bg, stride=4, padding=2)
+    wg *= 0.5  # an in-place change of the weight: CuPy arrays have no version counter, so say so
+    prepared.refresh()
+    y_half = cupyconv.conv2d(xg, prepared, bg, stride=4, padding=2)
+    expected = cupyconv.conv2d(x, weight * 0.5, bias, stride=4, padding=2)
+    error = float(np.linalg.norm(cupy.asnumpy(y_half) - expected) / np.linalg.norm(expected))
+    print(f"prepared weight, after refresh(): relative difference from NumPy {error:.1e} ({y_step.shape})")
 
 
 if __name__ == "__main__":
