@@ -8,6 +8,7 @@ the kernel planner and the torch adapter.
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 
 import numpy as np
@@ -205,24 +206,36 @@ def check_out(out, problem: ConvProblem, shape: tuple[int, ...], x, weight, bias
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"out must have shape {tuple(shape)} for this convolution, got {tuple(out.shape)}")
     for name, a in (("x", x), ("weight", weight), ("bias", bias)):
-        if a is not None and _overlaps(out, a):
+        if a is not None and overlaps(address(out), extent(out), address(a), extent(a)):
             raise ValueError(f"out shares memory with {name}; conv2d never modifies its inputs")
 
 
-def _overlaps(a, b) -> bool:
-    if isinstance(a, np.ndarray):
-        return bool(np.may_share_memory(a, b))
-    import cupy
-    return bool(cupy.may_share_memory(a, b))
+def address(a) -> int:
+    """The data address of a NumPy or CuPy array."""
+    return a.__array_interface__["data"][0] if isinstance(a, np.ndarray) else a.data.ptr
+
+
+def extent(a) -> tuple[int, int]:
+    """Bytes [low, high) that ``a`` spans around its data address, from its shape and strides ((0, 0):
+    empty). The same bounds as numpy.may_share_memory's, cheap enough for every call."""
+    if a.size == 0:
+        return 0, 0
+    low = sum(min(0, (n - 1) * s) for n, s in zip(a.shape, a.strides))
+    high = sum(max(0, (n - 1) * s) for n, s in zip(a.shape, a.strides)) + a.itemsize
+    return low, high
+
+
+def overlaps(address_a: int, extent_a: tuple[int, int], address_b: int, extent_b: tuple[int, int]) -> bool:
+    """Whether two arrays' spans (address + extent) share a byte."""
+    return extent_a[0] != extent_a[1] and extent_b[0] != extent_b[1] and \
+        address_a + extent_a[0] < address_b + extent_b[1] and address_b + extent_b[0] < address_a + extent_a[1]
 
 
 def check_output_size(shape: tuple[int, ...], itemsize: int, memory_bytes: int | None, where: str) -> None:
     """ValueError naming the output shape when the output alone would not fit in ``memory_bytes``
     (the device's memory; None: unknown, no check), before anything is allocated: huge paddings
     and strides would otherwise reach the allocator with absurd sizes."""
-    nbytes = itemsize
-    for extent in shape:
-        nbytes *= extent
+    nbytes = itemsize * math.prod(shape)
     if memory_bytes is not None and nbytes > memory_bytes:
         raise ValueError(f"the output of shape {tuple(shape)} needs {nbytes:.4g} bytes, more than {where}'s "
                          f"{memory_bytes:.4g} bytes of memory (check padding, stride and dilation)")

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from .arguments import check_arrays, check_out, check_output_size, make_problem
+from .arguments import check_arrays, check_out, check_output_size, extent, make_problem, overlaps
 from .launch import run
 from .planner import LaunchPlan, make_plan
 from .reference import conv2d_numpy
@@ -34,15 +34,6 @@ def _problem(x, weight, bias, stride, padding, dilation, groups, out):
     return backend, unbatched, problem
 
 
-def _extent(a) -> tuple[int, int]:
-    """Bytes [low, high) that ``a`` spans around its data pointer (empty: (0, 0))."""
-    if a.size == 0:
-        return 0, 0
-    low = sum(min(0, (n - 1) * s) for n, s in zip(a.shape, a.strides))
-    high = sum(max(0, (n - 1) * s) for n, s in zip(a.shape, a.strides)) + a.itemsize
-    return low, high
-
-
 class _CupyCall:
     """A checked CuPy call signature: its output shape, its executable, what must be copied first."""
 
@@ -52,7 +43,7 @@ class _CupyCall:
         self.shape, self.exe, self.device_id = shape, exe, device_id
         self.x_copy, self.weight_copy = not x.flags.c_contiguous, not weight.flags.c_contiguous
         self.bias_copy = bias is not None and not bias.flags.c_contiguous
-        self.extents = tuple(None if a is None else _extent(a) for a in (x, weight, bias))
+        self.extents = tuple(None if a is None else extent(a) for a in (x, weight, bias))
 
 
 def _physical_memory() -> int | None:
@@ -75,11 +66,6 @@ def _cupy_call(x, weight, bias, stride, padding, dilation, groups, out, allow_tf
         check_out(out, problem, shape, x, weight, bias)
     exe = executable(problem, allow_tf32, device_id) if math.prod(shape) else None
     return _CupyCall(problem, shape, exe, device_id, x, weight, bias)
-
-
-def _overlaps(a, extent_a, b, extent_b) -> bool:
-    return extent_a[0] != extent_a[1] and extent_b[0] != extent_b[1] and \
-        a.data.ptr + extent_a[0] < b.data.ptr + extent_b[1] and b.data.ptr + extent_b[0] < a.data.ptr + extent_a[1]
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, out=None, allow_tf32=False):
@@ -121,25 +107,29 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, o
     prepared = weight if type(weight) is PreparedWeight else None
     if prepared is not None:
         weight = prepared.array
-    if type(x) is _cupy_ndarray:
-        try:
-            key = (x.shape, x.strides, x.dtype, x.data.device_id, type(weight), weight.shape, weight.strides,
-                   weight.dtype, weight.data.device_id,
-                   None if bias is None else (type(bias), bias.shape, bias.strides, bias.dtype, bias.data.device_id),
-                   stride, padding, dilation, groups, bool(allow_tf32),
-                   None if out is None else (type(out), out.shape, out.strides, out.dtype, out.data.device_id))
-            call = _CUPY_CALLS.get(key)
-        except (AttributeError, TypeError):  # not CuPy arrays, or unhashable arguments: the full checks say which
-            key = call = None
-        if call is None:
-            call = _cupy_call(x, weight, bias, stride, padding, dilation, groups, out, allow_tf32)
-            if key is not None:
-                _CUPY_CALLS[key] = call
-        return _run_cupy(call, x, weight, bias, out, prepared)
-    backend, unbatched, problem = _problem(x, weight, bias, stride, padding, dilation, groups, out)
-    if backend == "cupy":
-        _remember_cupy()
-        return conv2d(x, prepared or weight, bias, stride, padding, dilation, groups, out=out, allow_tf32=allow_tf32)
+    if type(x) is not _cupy_ndarray:
+        if check_arrays(x, weight, bias, out) == "numpy":
+            return _numpy_conv2d(x, weight, bias, stride, padding, dilation, groups, out)
+        _remember_cupy()  # the first CuPy call: from now on its arrays take the lookup below first
+    try:
+        key = (x.shape, x.strides, x.dtype, x.data.device_id, type(weight), weight.shape, weight.strides,
+               weight.dtype, weight.data.device_id,
+               None if bias is None else (type(bias), bias.shape, bias.strides, bias.dtype, bias.data.device_id),
+               stride, padding, dilation, groups, bool(allow_tf32),
+               None if out is None else (type(out), out.shape, out.strides, out.dtype, out.data.device_id))
+        call = _CUPY_CALLS.get(key)
+    except (AttributeError, TypeError):  # not CuPy arrays, or unhashable arguments: the full checks say which
+        key = call = None
+    if call is None:
+        call = _cupy_call(x, weight, bias, stride, padding, dilation, groups, out, allow_tf32)
+        if key is not None:
+            _CUPY_CALLS[key] = call
+    return _run_cupy(call, x, weight, bias, out, prepared)
+
+
+def _numpy_conv2d(x, weight, bias, stride, padding, dilation, groups, out):
+    """The CPU path (the reference): every check, then conv2d_numpy."""
+    _, unbatched, problem = _problem(x, weight, bias, stride, padding, dilation, groups, out)
     shape = problem.out_shape[1:] if unbatched else problem.out_shape
     check_output_size(shape, x.dtype.itemsize, _physical_memory(), "this machine")
     if out is not None:
@@ -159,9 +149,9 @@ def _remember_cupy() -> None:
 def _run_cupy(call: _CupyCall, x, weight, bias, out, prepared):
     cupy = _cupy
     if out is not None:
-        for name, a, extent in (("x", x, call.extents[0]), ("weight", weight, call.extents[1]),
-                                ("bias", bias, call.extents[2])):
-            if a is not None and _overlaps(out, (0, out.nbytes), a, extent):
+        for name, a, span in (("x", x, call.extents[0]), ("weight", weight, call.extents[1]),
+                              ("bias", bias, call.extents[2])):
+            if a is not None and overlaps(out.data.ptr, (0, out.nbytes), a.data.ptr, span):
                 raise ValueError(f"out shares memory with {name}; conv2d never modifies its inputs")
     if cupy.cuda.runtime.getDevice() != call.device_id:
         with cupy.cuda.Device(call.device_id):

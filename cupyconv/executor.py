@@ -60,8 +60,9 @@ class Executable:
     """A CallProgram ready to run on one device.
 
     ``workspace_bytes`` of temporaries and, where ``weight`` is set, ``weight.nbytes`` of prepared
-    weight are the caller's to provide. ``run`` launches the call, ``prepare_weight`` the weight
-    preparation (once per weight where the caller caches it, else before each run).
+    weight are the caller's to provide (Workspaces does it for the fronts). ``launch`` launches the
+    call, with the weight preparation first where asked; ``prepare_weight`` the preparation alone,
+    for a caller that keeps the prepared weight.
     """
 
     def __init__(self, program: CallProgram, problem: ConvProblem, plan, device_id: int):
@@ -75,13 +76,6 @@ class Executable:
         # (cuLaunchKernel copies the parameters before it returns).
         self._lock = threading.Lock()
 
-    def run(self, addresses, stream: int) -> None:
-        """Launch the call on ``stream``; ``addresses`` has one address per OPERANDS entry (PREPARED
-        and WORKSPACE 0 where the program has none)."""
-        with self._lock:
-            for launch in self._launches:
-                launch(addresses, stream)
-
     def launch(self, x: int, weight: int, prepared: int, bias: int, out: int, workspace: int, prepare_weight: bool,
                stream: int) -> None:
         """The call on ``stream`` given its operands' addresses (bias 0: none). Where
@@ -90,15 +84,55 @@ class Executable:
         if prepare_weight:
             prepared, workspace = workspace, workspace + align(self.weight.nbytes)
         operands = addresses(x, weight, prepared, bias, out, workspace)
-        if prepare_weight:
-            self.prepare_weight(operands, stream)
-        self.run(operands, stream)
+        with self._lock:
+            for launch in (self._weight_launches + self._launches if prepare_weight else self._launches):
+                launch(operands, stream)
 
-    def prepare_weight(self, addresses, stream: int) -> None:
-        """Write the PREPARED operand from WEIGHT on ``stream`` (nothing where the program reads WEIGHT)."""
+    def workspace_bytes_for(self, prepare_weight: bool) -> int:
+        """Workspace a call needs: its temporaries, and the prepared weight where it makes it itself."""
+        return self.workspace_bytes + (align(self.weight.nbytes) if prepare_weight else 0)
+
+    def prepare_weight(self, weight: int, prepared: int, stream: int) -> None:
+        """Write the PREPARED operand at ``prepared`` from the weight at ``weight`` on ``stream``."""
+        operands = addresses(0, weight, prepared, 0, 0, 0)
         with self._lock:
             for launch in self._weight_launches:
-                launch(addresses, stream)
+                launch(operands, stream)
+
+
+class Workspaces:
+    """The workspace kept per (device, stream) for calls outside a stream capture, grown as needed (as
+    torch keeps cuBLAS's per stream), so that such a call allocates only its output; calls inside a
+    capture allocate their own, which the capture keeps. Calls on one stream use it in the stream's
+    order; the lock keeps two threads' launches on one stream from interleaving. ``allocate(nbytes)``
+    returns (buffer, address) from the front's allocator (CuPy's pool, torch's caching allocator)."""
+
+    def __init__(self, allocate):
+        self._allocate, self._kept, self._lock = allocate, {}, threading.Lock()
+
+    def clear(self) -> None:
+        """Give the kept workspaces back to the allocator."""
+        with self._lock:
+            self._kept.clear()
+
+    def launch(self, exe: Executable, x: int, weight: int, prepared: int, bias: int, out: int, stream: int,
+               capturing: bool) -> None:
+        """``exe``'s call on ``stream``. ``prepared`` 0 where ``exe`` reads a prepared weight that the
+        caller does not keep: it is then made in the workspace first."""
+        prepare_here = exe.weight is not None and not prepared
+        nbytes = exe.workspace_bytes_for(prepare_here)
+        if not nbytes:
+            exe.launch(x, weight, prepared, bias, out, 0, False, stream)
+        elif capturing:
+            _, workspace = self._allocate(nbytes)
+            exe.launch(x, weight, prepared, bias, out, workspace, prepare_here, stream)
+        else:
+            with self._lock:
+                key = (exe.device_id, stream)
+                kept = self._kept.get(key)
+                if kept is None or kept[2] < nbytes:
+                    kept = self._kept[key] = (*self._allocate(nbytes), nbytes)
+                exe.launch(x, weight, prepared, bias, out, kept[1], prepare_here, stream)
 
 
 @functools.lru_cache(maxsize=4096)

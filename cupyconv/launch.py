@@ -3,24 +3,25 @@ launches through the executor on CuPy's current stream."""
 from __future__ import annotations
 
 import functools
-import threading
 
 from .arguments import ConvProblem
-from .executor import Executable, executable, executable_for_plan
-from .program import align
+from .executor import Executable, Workspaces, executable, executable_for_plan
 
 
-#: (device, stream handle) -> the workspace kept for calls outside a stream capture, grown as needed:
-#: such a call allocates only its output. Calls on one stream use it in the stream's order; the lock
-#: keeps two threads' launches on one stream from interleaving.
-_WORKSPACES: dict = {}
-_WORKSPACE_LOCK = threading.Lock()
+def _allocate(nbytes: int):
+    import cupy
+
+    memory = cupy.cuda.alloc(nbytes)
+    return memory, memory.ptr
+
+
+#: The workspaces of CuPy calls, from CuPy's memory pool.
+_WORKSPACES = Workspaces(_allocate)
 
 
 def release_workspaces() -> None:
     """Give the workspaces kept per stream back to CuPy's memory pool."""
-    with _WORKSPACE_LOCK:
-        _WORKSPACES.clear()
+    _WORKSPACES.clear()
 
 
 def run(exe: Executable, x, weight, bias, out, prepared=None) -> None:
@@ -30,24 +31,12 @@ def run(exe: Executable, x, weight, bias, out, prepared=None) -> None:
     into the workspace first."""
     import cupy
 
-    stream = cupy.cuda.get_current_stream().ptr
-    preparation = exe.weight
-    prepare_here = preparation is not None and prepared is None
-    operands = (x.data.ptr, weight.data.ptr, 0 if prepare_here or preparation is None else prepared.address(exe, stream),
-                0 if bias is None else bias.data.ptr, out.data.ptr)
-    nbytes = exe.workspace_bytes + (align(preparation.nbytes) if prepare_here else 0)
-    if not nbytes:
-        exe.launch(*operands, 0, False, stream)
-    elif cupy.cuda.runtime.streamIsCapturing(stream):
-        workspace = cupy.cuda.alloc(nbytes)  # from the pool, for the graph's lifetime as CuPy arranges
-        exe.launch(*operands, workspace.ptr, prepare_here, stream)
-    else:
-        with _WORKSPACE_LOCK:
-            key = (exe.device_id, stream)
-            workspace = _WORKSPACES.get(key)
-            if workspace is None or workspace.mem.size < nbytes:
-                workspace = _WORKSPACES[key] = cupy.cuda.alloc(nbytes)
-            exe.launch(*operands, workspace.ptr, prepare_here, stream)
+    cuda = cupy.cuda
+    stream = cuda.get_current_stream().ptr
+    _WORKSPACES.launch(exe, x.data.ptr, weight.data.ptr,
+                       prepared.address(exe, stream) if prepared is not None and exe.weight is not None else 0,
+                       0 if bias is None else bias.data.ptr, out.data.ptr, stream,
+                       cuda.runtime.streamIsCapturing(stream))
 
 
 def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan=None, allow_tf32: bool = False):

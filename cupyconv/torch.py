@@ -31,7 +31,6 @@ This is the only cupyconv module that imports torch; ``import cupyconv`` never d
 from __future__ import annotations
 
 import math
-import threading
 import warnings
 
 import torch
@@ -39,8 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .arguments import ConvProblem, check_output_size, make_problem
-from .executor import addresses
-from .program import align
+from .executor import Workspaces
+from .families.common import STORAGE_BYTES
 
 __all__ = ["Conv2d", "conv2d", "convert", "clear_weight_caches", "release_workspaces", "WeightCache"]
 
@@ -116,15 +115,16 @@ class _Call:
 
     __slots__ = ("problem", "exe", "shape", "device", "device_index", "channels_last")
 
-    def __init__(self, problem: ConvProblem, x: torch.Tensor, allow_tf32: bool):
+    def __init__(self, problem: ConvProblem, device: torch.device, allow_tf32: bool, channels_last: bool):
         from .executor import executable
         from .launch import device_memory
 
-        self.problem, self.device, self.device_index = problem, x.device, x.device.index
+        self.problem, self.device, self.device_index = problem, device, device.index
         self.shape = problem.out_shape
-        check_output_size(self.shape, x.element_size(), device_memory(self.device_index), f"GPU {self.device_index}")
+        check_output_size(self.shape, STORAGE_BYTES[problem.dtype], device_memory(self.device_index),
+                          f"GPU {self.device_index}")
         self.exe = executable(problem, allow_tf32, self.device_index) if math.prod(self.shape) else None
-        self.channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        self.channels_last = channels_last
 
 
 #: Call signature (shapes, strides, dtypes, devices, hyper-parameters, TF32 switch) -> _Call, for
@@ -170,7 +170,7 @@ class WeightCache:
         form = self._forms.get(preparation.key)
         if form is None:
             buffer = torch.empty(preparation.nbytes, dtype=torch.uint8, device=weight.device)
-            exe.prepare_weight(addresses(0, weight.data_ptr(), buffer.data_ptr(), 0, 0, 0), stream)
+            exe.prepare_weight(weight.data_ptr(), buffer.data_ptr(), stream)
             form = self._forms[preparation.key] = (buffer, stream)
         elif form[1] != stream:
             # Made on another stream: this one waits for it, and the allocator keeps the buffer
@@ -184,18 +184,19 @@ class WeightCache:
         return form[0].data_ptr()
 
 
-#: (device index, stream handle) -> the workspace kept for calls outside a CUDA-graph capture,
-#: grown as needed (as torch keeps cuBLAS's workspace per stream): such a call allocates only its
-#: output. Calls on one stream use it in the stream's order; the lock keeps two threads' launches
-#: on one stream from interleaving.
-_WORKSPACES: dict = {}
-_WORKSPACE_LOCK = threading.Lock()
+def _allocate(nbytes: int):
+    workspace = torch.empty(nbytes, dtype=torch.uint8, device=torch.cuda.current_device())
+    return workspace, workspace.data_ptr()
+
+
+#: The workspaces of the adapter's calls, from torch's caching allocator (inside a CUDA-graph
+#: capture, from the graph's pool).
+_WORKSPACES = Workspaces(_allocate)
 
 
 def release_workspaces() -> None:
     """Give the workspaces kept per stream back to torch's caching allocator."""
-    with _WORKSPACE_LOCK:
-        _WORKSPACES.clear()
+    _WORKSPACES.clear()
 
 
 def _forward(call: _Call, x, weight, bias, cache: WeightCache | None) -> torch.Tensor:
@@ -215,26 +216,13 @@ def _forward(call: _Call, x, weight, bias, cache: WeightCache | None) -> torch.T
     bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
     stream = _raw_stream(call.device_index)
     capturing = torch.cuda.is_current_stream_capturing()
-    preparation, prepared = exe.weight, 0
+    prepared = 0
     # Inside a capture the weight is prepared in the graph itself: a replay after the weight changed
     # must read the new weight, as torch's own convolution would.
-    if preparation is not None and cache is not None and weight is cached_weight and not capturing:
+    if exe.weight is not None and cache is not None and weight is cached_weight and not capturing:
         prepared = cache.address(weight, exe, stream) or 0
-    prepare_here = preparation is not None and not prepared
-    nbytes = exe.workspace_bytes + (align(preparation.nbytes) if prepare_here else 0)
-    operands = (x.data_ptr(), weight.data_ptr(), prepared, 0 if bias is None else bias.data_ptr(), out.data_ptr())
-    if not nbytes:
-        exe.launch(*operands, 0, False, stream)
-    elif capturing:
-        workspace = torch.empty(nbytes, dtype=torch.uint8, device=call.device)
-        exe.launch(*operands, workspace.data_ptr(), prepare_here, stream)
-    else:
-        with _WORKSPACE_LOCK:
-            key = (call.device_index, stream)
-            workspace = _WORKSPACES.get(key)
-            if workspace is None or workspace.numel() < nbytes:
-                workspace = _WORKSPACES[key] = torch.empty(nbytes, dtype=torch.uint8, device=call.device)
-            exe.launch(*operands, workspace.data_ptr(), prepare_here, stream)
+    _WORKSPACES.launch(exe, x.data_ptr(), weight.data_ptr(), prepared, 0 if bias is None else bias.data_ptr(),
+                       out.data_ptr(), stream, capturing)
     return out.contiguous(memory_format=torch.channels_last) if call.channels_last else out
 
 
@@ -244,7 +232,7 @@ def _conv2d_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     """cupyconv's kernel on torch's current stream of x's device. padding is (top, left, bottom, right).
     What torch.compile calls; eager calls skip the op's dispatch (_conv2d)."""
     problem = _op_problem(x, weight, bias, stride, padding, dilation, groups)
-    return _forward(_Call(problem, x.contiguous(), _allow_tf32(x.dtype)), x, weight, bias, None)
+    return _forward(_Call(problem, x.device, _allow_tf32(x.dtype), False), x, weight, bias, None)
 
 
 @_conv2d_op.register_kernel("cpu")
@@ -337,7 +325,8 @@ def _checked_conv2d(x, weight, bias, stride, padding, dilation, groups, cache):
         return _conv2d(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups, cache).squeeze(0)
     if torch.compiler.is_compiling():
         return _op_conv2d(x, weight, bias, problem)
-    call = _Call(problem, x, _allow_tf32(x.dtype))
+    call = _Call(problem, x.device, _allow_tf32(x.dtype),
+                 x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous())
     try:
         _CALLS[_signature(x, weight, bias, stride, padding, dilation, groups)] = call
     except TypeError:  # unhashable arguments (lists): checked on every call

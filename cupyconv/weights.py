@@ -60,14 +60,12 @@ class PreparedWeight:
         """The address of the form ``exe`` (an executor.Executable) reads, made on ``stream`` if new."""
         import cupy
 
-        from .executor import addresses
-
         preparation = exe.weight
         with self._lock:
             form = self._forms.get(preparation.key)
             if form is None:
                 buffer = cupy.empty(preparation.nbytes, dtype=cupy.uint8)
-                exe.prepare_weight(addresses(0, self.array.data.ptr, buffer.data.ptr, 0, 0, 0), stream)
+                exe.prepare_weight(self.array.data.ptr, buffer.data.ptr, stream)
                 form = self._forms[preparation.key] = (buffer, stream)
             elif form[1] != stream:
                 # Written on another stream: this one waits for it once, then both may read it.

@@ -41,18 +41,17 @@ def launches(monkeypatch):
 
     from cupyconv import executor
 
-    run = executor.Executable.run
+    launch = executor.Executable.launch
     records = []
 
-    def poisoned_run(self, addresses, stream):
-        x, weight, _, bias, out, _ = addresses
+    def poisoned_launch(self, x, weight, prepared, bias, out, workspace, prepare_weight, stream):
         p = self.problem
         cupy.cuda.runtime.memsetAsync(out, 0xFF, math.prod(p.out_shape) * ITEMSIZE[p.dtype], stream)
         records.append(dict(x=x, weight=weight, bias=bias if p.has_bias else None, out=out, stream=stream,
                             device=cupy.cuda.runtime.getDevice(), plan=self.plan))
-        return run(self, addresses, stream)
+        return launch(self, x, weight, prepared, bias, out, workspace, prepare_weight, stream)
 
-    monkeypatch.setattr(executor.Executable, "run", poisoned_run)
+    monkeypatch.setattr(executor.Executable, "launch", poisoned_launch)
     return records
 
 

@@ -53,12 +53,13 @@ def grid_refusal(grid: tuple[int, int, int]) -> str:
 
 
 def conv_launch(plan, problem: ConvProblem, *plan_ints: int, x: Pointer = Pointer(X), weight: Pointer = Pointer(WEIGHT),
-                out: Pointer = Pointer(OUT), channels: int | None = None) -> Launch:
+                out: Pointer = Pointer(OUT), channels: int | None = None, has_bias: bool | None = None) -> Launch:
     """The launch of ``plan``'s convolution kernel. The convolution kernels share their parameters:
-    x, w, bias, y, has_bias, the problem's sizes (``channels``: x's, where a copy pads them; default
-    problem.c), then ``plan_ints``, their own."""
+    x, w, bias, y, has_bias (default problem.has_bias), the problem's sizes (``channels``: x's, where
+    a copy pads them; default problem.c), then ``plan_ints``, their own."""
     p = problem
-    args = (x, weight, Pointer(BIAS), out, int(p.has_bias), p.n, p.c if channels is None else channels, p.h, p.w, p.k,
+    has_bias = p.has_bias if has_bias is None else has_bias
+    args = (x, weight, Pointer(BIAS), out, int(has_bias), p.n, p.c if channels is None else channels, p.h, p.w, p.k,
             p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1],
             p.groups, *plan_ints)
     return Launch(plan.kernel, plan.name_expression, plan.grid, plan.block, plan.shared_bytes, args, plan.arch)

@@ -203,8 +203,9 @@ def gemm_launches(plan: LaunchPlan, problem: ConvProblem, x: Pointer, weight: Po
     if plan.splits == 1:
         return (conv_launch(plan, problem, plan.weight_columns, 1, 0, x=x, weight=weight, out=out),)
     elements = math.prod(problem.out_shape)
-    gemm = conv_launch(plan, problem, plan.weight_columns, plan.splits, elements, x=x, weight=weight, out=partial)
-    gemm = dataclasses.replace(gemm, args=gemm.args[:4] + (0,) + gemm.args[5:])  # the bias is the reduction's
+    # The bias is the reduction's to add.
+    gemm = conv_launch(plan, problem, plan.weight_columns, plan.splits, elements, x=x, weight=weight, out=partial,
+                       has_bias=False)
     reduce = Launch(REDUCE_KERNEL, f"cupyconv::{REDUCE_KERNEL}<{plan.index_type}>",
                     (math.ceil(elements / REDUCE_BLOCK), 1, 1), (REDUCE_BLOCK, 1, 1), 0,
                     (partial, Pointer(BIAS), out, int(problem.has_bias), plan.splits, elements, problem.k,
