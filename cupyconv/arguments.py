@@ -15,11 +15,18 @@ import numpy as np
 
 #: Element types cupyconv computes in, by name. float16 and bfloat16 accumulate in float32.
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: Memory orders of the input and output: NCHW (torch's default), or NHWC (channels last: torch's
+#: channels_last, and what the tensor cores read best).
+LAYOUTS = ("NCHW", "NHWC")
+#: Memory orders of the weight: (K, C/groups, kh, kw), or (K, kh, kw, C/groups).
+WEIGHT_LAYOUTS = ("KCHW", "KHWC")
 
 
 @dataclasses.dataclass(frozen=True)
 class ConvProblem:
-    """The shape-level description of one conv2d call (NCHW, weight (K, C/groups, kh, kw))."""
+    """The shape-level description of one conv2d call. Sizes are named logically (n, c, h, w; k,
+    kh, kw); ``layout`` and ``weight_layout`` say how the arrays hold them in memory (C-contiguous
+    in that order)."""
 
     n: int
     c: int
@@ -37,6 +44,8 @@ class ConvProblem:
     groups: int
     dtype: str
     has_bias: bool
+    layout: str = "NCHW"
+    weight_layout: str = "KCHW"
 
     @property
     def ho(self) -> int:
@@ -57,6 +66,22 @@ class ConvProblem:
     @property
     def weight_shape(self) -> tuple[int, int, int, int]:
         return (self.k, self.c // self.groups, self.kh, self.kw)
+
+    @property
+    def x_array_shape(self) -> tuple[int, int, int, int]:
+        """x's shape as its array holds it (in ``layout``)."""
+        return (self.n, self.h, self.w, self.c) if self.layout == "NHWC" else self.x_shape
+
+    @property
+    def out_array_shape(self) -> tuple[int, int, int, int]:
+        """The output's shape as its array holds it (in ``layout``)."""
+        return (self.n, self.ho, self.wo, self.k) if self.layout == "NHWC" else self.out_shape
+
+    @property
+    def weight_array_shape(self) -> tuple[int, int, int, int]:
+        """The weight's shape as its array holds it (in ``weight_layout``)."""
+        k, cg, kh, kw = self.weight_shape
+        return (k, kh, kw, cg) if self.weight_layout == "KHWC" else self.weight_shape
 
     @property
     def flops(self) -> int:
@@ -111,22 +136,51 @@ def _padding(padding, kernel: tuple[int, int], dilation: tuple[int, int],
     return (ph, pw, ph, pw)
 
 
+def check_layouts(layout, weight_layout) -> None:
+    """ValueError naming the argument unless ``layout`` is one of LAYOUTS and ``weight_layout`` one of
+    WEIGHT_LAYOUTS."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if weight_layout not in WEIGHT_LAYOUTS:
+        raise ValueError(f"weight_layout must be one of {WEIGHT_LAYOUTS}, got {weight_layout!r}")
+
+
 def make_problem(x_shape, weight_shape, bias_shape, dtype, stride=1, padding=0, dilation=1,
-                 groups=1) -> ConvProblem:
+                 groups=1, layout="NCHW", weight_layout="KCHW") -> ConvProblem:
     """Check the shapes and hyper-parameters of a conv2d call and describe it as a ConvProblem.
 
     Args:
-        x_shape: (N, C, H, W).
-        weight_shape: (K, C // groups, kh, kw).
+        x_shape: (N, C, H, W), or (N, H, W, C) where ``layout`` is 'NHWC'.
+        weight_shape: (K, C // groups, kh, kw), or (K, kh, kw, C // groups) where ``weight_layout``
+            is 'KHWC'.
         bias_shape: (K,) or None.
         dtype: the common dtype (a name from SUPPORTED_DTYPES).
         stride, padding, dilation, groups: as torch.nn.functional.conv2d.
+        layout, weight_layout: the arrays' memory orders (LAYOUTS, WEIGHT_LAYOUTS).
     """
+    check_layouts(layout, weight_layout)
     x_shape, weight_shape = tuple(x_shape), tuple(weight_shape)
     if len(x_shape) != 4:
-        raise ValueError(f"x must be 4-D (N, C, H, W), got shape {x_shape}")
+        raise ValueError(f"x must be 4-D ({', '.join(layout)}) for layout={layout!r}, got shape {x_shape}")
     if len(weight_shape) != 4:
-        raise ValueError(f"weight must be 4-D (K, C/groups, kh, kw), got shape {weight_shape}")
+        order = "K, C/groups, kh, kw" if weight_layout == "KCHW" else "K, kh, kw, C/groups"
+        raise ValueError(f"weight must be 4-D ({order}) for weight_layout={weight_layout!r}, got shape {weight_shape}")
+    if layout == "NCHW" and weight_layout == "KCHW":
+        return _make_problem(x_shape, weight_shape, bias_shape, dtype, stride, padding, dilation, groups)
+    logical_x = (x_shape[0], x_shape[3], x_shape[1], x_shape[2]) if layout == "NHWC" else x_shape
+    logical_weight = (weight_shape[0], weight_shape[3], weight_shape[1], weight_shape[2]) \
+        if weight_layout == "KHWC" else weight_shape
+    try:
+        problem = _make_problem(logical_x, logical_weight, bias_shape, dtype, stride, padding, dilation, groups)
+    except ValueError as error:
+        raise ValueError(f"{error} [x of shape {x_shape} in layout {layout!r} is (N, C, H, W) = {logical_x}; weight of "
+                         f"shape {weight_shape} in weight_layout {weight_layout!r} is (K, C/groups, kh, kw) = "
+                         f"{logical_weight}]") from None
+    return dataclasses.replace(problem, layout=layout, weight_layout=weight_layout)
+
+
+def _make_problem(x_shape, weight_shape, bias_shape, dtype, stride, padding, dilation, groups) -> ConvProblem:
+    """make_problem of logical shapes, x (N, C, H, W) and weight (K, C // groups, kh, kw)."""
     if isinstance(groups, (bool, np.bool_)) or not isinstance(groups, numbers.Integral):
         raise TypeError(f"groups must be an int, got {groups!r}")
     groups = int(groups)

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from .arguments import check_arrays, check_out, check_output_size, extent, make_problem, overlaps
+from .arguments import check_arrays, check_layouts, check_out, check_output_size, extent, make_problem, overlaps
 from .launch import run
 from .planner import LaunchPlan, make_plan
 from .reference import conv2d_numpy
@@ -24,20 +24,31 @@ _CUPY_CALLS: dict = {}
 _cupy = _cupy_ndarray = None
 
 
-def _problem(x, weight, bias, stride, padding, dilation, groups, out):
+def _problem(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout):
     backend = check_arrays(x, weight, bias, out)
+    check_layouts(layout, weight_layout)
     if x.ndim not in (3, 4):
-        raise ValueError(f"x must be 4-D (N, C, H, W) or 3-D (C, H, W), got shape {tuple(x.shape)}")
+        raise ValueError(f"x must be 4-D ({', '.join(layout)}) or 3-D ({', '.join(layout[1:])}) for "
+                         f"layout={layout!r}, got shape {tuple(x.shape)}")
     unbatched = x.ndim == 3
     problem = make_problem((1, *x.shape) if unbatched else x.shape, weight.shape,
-                           None if bias is None else bias.shape, x.dtype, stride, padding, dilation, groups)
+                           None if bias is None else bias.shape, x.dtype, stride, padding, dilation, groups,
+                           layout, weight_layout)
     return backend, unbatched, problem
+
+
+def _out_shape(problem, unbatched: bool) -> tuple[int, ...]:
+    """The output array's shape: in the problem's layout, without the batch for an unbatched x."""
+    shape = problem.out_array_shape
+    return shape[1:] if unbatched else shape
 
 
 class _CupyCall:
     """A checked CuPy call signature: its output shape, its executable, what must be copied first."""
 
     __slots__ = ("shape", "exe", "device_id", "x_copy", "weight_copy", "bias_copy", "extents")
+    #: cp.async reads pieces of up to 16 bytes in place: an operand at a less aligned address is copied.
+    ALIGNMENT = 16
 
     def __init__(self, problem, shape, exe, device_id, x, weight, bias):
         self.shape, self.exe, self.device_id = shape, exe, device_id
@@ -53,13 +64,13 @@ def _physical_memory() -> int | None:
         return None
 
 
-def _cupy_call(x, weight, bias, stride, padding, dilation, groups, out, allow_tf32) -> _CupyCall:
+def _cupy_call(x, weight, bias, stride, padding, dilation, groups, out, allow_tf32, layout, weight_layout) -> _CupyCall:
     """Every check of a CuPy call (raising before anything is allocated or launched), then its executable."""
     from .executor import executable
     from .launch import device_memory
 
-    _, unbatched, problem = _problem(x, weight, bias, stride, padding, dilation, groups, out)
-    shape = problem.out_shape[1:] if unbatched else problem.out_shape
+    _, unbatched, problem = _problem(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout)
+    shape = _out_shape(problem, unbatched)
     device_id = x.device.id
     check_output_size(shape, x.dtype.itemsize, device_memory(device_id), f"GPU {device_id}")
     if out is not None:
@@ -68,17 +79,20 @@ def _cupy_call(x, weight, bias, stride, padding, dilation, groups, out, allow_tf
     return _CupyCall(problem, shape, exe, device_id, x, weight, bias)
 
 
-def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, out=None, allow_tf32=False):
-    """2-D convolution (cross-correlation) over NCHW arrays, as ``torch.nn.functional.conv2d``.
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, out=None, allow_tf32=False,
+           layout="NCHW", weight_layout="KCHW"):
+    """2-D convolution (cross-correlation) over NCHW or NHWC arrays, as ``torch.nn.functional.conv2d``.
 
     CuPy arrays run on their GPU, on CuPy's current stream; NumPy arrays run on the CPU.
 
     Args:
-        x: input, (N, C, H, W), or (C, H, W) for one unbatched image. float16, bfloat16, float32 or
-            float64; any strides (non-contiguous inputs are copied first).
-        weight: (K, C // groups, kh, kw), same dtype and device as ``x``; or a
-            :class:`~cupyconv.PreparedWeight` of one (:func:`cupyconv.prepare_weight`), whose
-            transformed forms are made once instead of on every call.
+        x: input, (N, C, H, W), or (C, H, W) for one unbatched image; with ``layout="NHWC"``,
+            (N, H, W, C) or (H, W, C). float16, bfloat16, float32 or float64; any strides
+            (non-contiguous inputs are copied first).
+        weight: (K, C // groups, kh, kw), or (K, kh, kw, C // groups) with ``weight_layout="KHWC"``;
+            same dtype and device as ``x``; or a :class:`~cupyconv.PreparedWeight` of one
+            (:func:`cupyconv.prepare_weight`), whose transformed forms are made once instead of on
+            every call.
         bias: optional (K,), same dtype and device as ``x``.
         stride: int or (sh, sw), >= 1. Default 1.
         padding: int or (ph, pw) zero padding on both sides, or 'valid' (none) or 'same' (output as
@@ -92,50 +106,62 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, o
             instead of about 1e-6), much faster for large channel counts. Like
             ``torch.backends.cudnn.allow_tf32``, but off by default. No effect on other dtypes or
             on NumPy inputs. Default False.
+        layout: the memory order of ``x`` and of the output: "NCHW" (default) or "NHWC" (channels
+            last, as torch's channels_last; the tensor-core GEMM reads and writes it in place, the
+            other kernels transpose around an NCHW computation).
+        weight_layout: the memory order of ``weight``: "KCHW" (default) or "KHWC".
 
     Returns:
-        (N, K, Ho, Wo) array (or (K, Ho, Wo) for unbatched input) of x's dtype on x's device, with
-        Ho = (H + 2 ph - dh (kh - 1) - 1) // sh + 1 and likewise Wo. float32 is computed in IEEE
-        float32 (no TF32 unless ``allow_tf32``); float16 and bfloat16 accumulate in float32.
+        (N, K, Ho, Wo) array (or (K, Ho, Wo) for unbatched input; (N, Ho, Wo, K) or (Ho, Wo, K) for
+        layout "NHWC") of x's dtype on x's device, with Ho = (H + 2 ph - dh (kh - 1) - 1) // sh + 1
+        and likewise Wo. float32 is computed in IEEE float32 (no TF32 unless ``allow_tf32``);
+        float16 and bfloat16 accumulate in float32.
 
     Raises:
         TypeError: arrays of another kind, mixed NumPy/CuPy, unsupported or differing dtypes.
-        ValueError: inconsistent shapes, bad stride/padding/dilation/groups, a kernel larger than the
-            padded input, an output larger than the device's memory, arrays on different GPUs, or a
-            bad ``out``. Raised before anything is allocated or launched.
+        ValueError: inconsistent shapes (naming the layouts they were read in), bad
+            stride/padding/dilation/groups/layout, a kernel larger than the padded input, an output
+            larger than the device's memory, arrays on different GPUs, or a bad ``out``. Raised
+            before anything is allocated or launched.
     """
     prepared = weight if type(weight) is PreparedWeight else None
     if prepared is not None:
         weight = prepared.array
     if type(x) is not _cupy_ndarray:
         if check_arrays(x, weight, bias, out) == "numpy":
-            return _numpy_conv2d(x, weight, bias, stride, padding, dilation, groups, out)
+            return _numpy_conv2d(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout)
         _remember_cupy()  # the first CuPy call: from now on its arrays take the lookup below first
     try:
         key = (x.shape, x.strides, x.dtype, x.data.device_id, type(weight), weight.shape, weight.strides,
                weight.dtype, weight.data.device_id,
                None if bias is None else (type(bias), bias.shape, bias.strides, bias.dtype, bias.data.device_id),
                stride, padding, dilation, groups, bool(allow_tf32),
-               None if out is None else (type(out), out.shape, out.strides, out.dtype, out.data.device_id))
+               None if out is None else (type(out), out.shape, out.strides, out.dtype, out.data.device_id),
+               layout, weight_layout)
         call = _CUPY_CALLS.get(key)
     except (AttributeError, TypeError):  # not CuPy arrays, or unhashable arguments: the full checks say which
         key = call = None
     if call is None:
-        call = _cupy_call(x, weight, bias, stride, padding, dilation, groups, out, allow_tf32)
+        call = _cupy_call(x, weight, bias, stride, padding, dilation, groups, out, allow_tf32, layout, weight_layout)
         if key is not None:
             _CUPY_CALLS[key] = call
     return _run_cupy(call, x, weight, bias, out, prepared)
 
 
-def _numpy_conv2d(x, weight, bias, stride, padding, dilation, groups, out):
-    """The CPU path (the reference): every check, then conv2d_numpy."""
-    _, unbatched, problem = _problem(x, weight, bias, stride, padding, dilation, groups, out)
-    shape = problem.out_shape[1:] if unbatched else problem.out_shape
+def _numpy_conv2d(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout):
+    """The CPU path (the reference): every check, then conv2d_numpy on NCHW views of the arrays."""
+    _, unbatched, problem = _problem(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout)
+    shape = _out_shape(problem, unbatched)
     check_output_size(shape, x.dtype.itemsize, _physical_memory(), "this machine")
     if out is not None:
         check_out(out, problem, shape, x, weight, bias)
     out = np.empty(shape, dtype=x.dtype) if out is None else out
-    conv2d_numpy(x[None] if unbatched else x, weight, bias, problem, out.reshape(problem.out_shape))
+    x, out4 = (x[None], out[None]) if unbatched else (x, out)
+    if layout == "NHWC":
+        x, out4 = x.transpose(0, 3, 1, 2), out4.transpose(0, 3, 1, 2)
+    if weight_layout == "KHWC":
+        weight = weight.transpose(0, 3, 1, 2)
+    conv2d_numpy(x, weight, bias, problem, out4)
     return out
 
 
@@ -160,6 +186,10 @@ def _run_cupy(call: _CupyCall, x, weight, bias, out, prepared):
         out = cupy.empty(call.shape, dtype=x.dtype)
     if call.exe is None:  # an empty output: nothing to compute
         return out
+    if x.data.ptr % _CupyCall.ALIGNMENT:
+        x = x.copy()
+    if weight.data.ptr % _CupyCall.ALIGNMENT and prepared is None:
+        weight = weight.copy()
     run(call.exe, cupy.ascontiguousarray(x) if call.x_copy else x,
         cupy.ascontiguousarray(weight) if call.weight_copy else weight,
         cupy.ascontiguousarray(bias) if call.bias_copy else bias, out,
@@ -167,12 +197,14 @@ def _run_cupy(call: _CupyCall, x, weight, bias, out, prepared):
     return out
 
 
-def plan(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, allow_tf32=False) -> LaunchPlan:
-    """The GPU launch plan conv2d would use for these arguments (printable: kernel, tiles, grid, why).
+def plan(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, allow_tf32=False, layout="NCHW",
+         weight_layout="KCHW") -> LaunchPlan:
+    """The GPU launch plan conv2d would use for these arguments (printable: kernel, tiles, grid, why,
+    and what is read in place or transposed for the layouts).
 
     Takes the same arguments as :func:`conv2d` (NumPy arrays too: only shapes and dtypes matter).
     """
     if type(weight) is PreparedWeight:
         weight = weight.array
-    _, _, problem = _problem(x, weight, bias, stride, padding, dilation, groups, None)
+    _, _, problem = _problem(x, weight, bias, stride, padding, dilation, groups, None, layout, weight_layout)
     return make_plan(problem, allow_tf32=allow_tf32)

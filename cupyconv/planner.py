@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from . import layouts
 from .arguments import ConvProblem
 from .program import CallProgram, Pointer
 
@@ -67,6 +68,10 @@ class LaunchPlan:
     gemm_last: "LaunchPlan | None" = None
     # The NVRTC target the specialisation needs where it is not the device's own ("sm_90a": wgmma).
     arch: str = ""
+    # The problem's memory orders of x and the output, and of the weight. Where the family does not
+    # compute them natively (LAYOUTS and WEIGHT_LAYOUTS in its module), layouts.py transposes around it.
+    layout: str = "NCHW"
+    weight_layout: str = "KCHW"
 
     @property
     def name_expression(self) -> str:
@@ -74,7 +79,7 @@ class LaunchPlan:
         return FAMILIES[self.kernel].name_expression(self)
 
     def __str__(self) -> str:
-        return FAMILIES[self.kernel].describe(self)
+        return FAMILIES[self.kernel].describe(self) + layouts.describe(self)
 
 
 # The families build LaunchPlans: imported once the class exists.
@@ -178,8 +183,10 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
     """
     family, family_reason = choose_kernel(problem, kernel, allow_tf32, config)
     if family == NHWC_KERNEL:  # the one family with tiles for one architecture alone
-        return implicit_gemm_nhwc.make_plan(problem, config, family_reason, compute_capability)
-    return FAMILIES[family].make_plan(problem, config, family_reason)
+        plan = implicit_gemm_nhwc.make_plan(problem, config, family_reason, compute_capability)
+    else:
+        plan = FAMILIES[family].make_plan(problem, config, family_reason)
+    return dataclasses.replace(plan, layout=problem.layout, weight_layout=problem.weight_layout)
 
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
@@ -191,7 +198,11 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
     """
     if problem.n == 0:
         return CallProgram(())
-    call = FAMILIES[plan.kernel].program(plan, problem)
+    family = FAMILIES[plan.kernel]
+    if layouts.native(family, problem):
+        call = family.program(plan, problem)
+    else:
+        call = layouts.transposed(family.program(plan, layouts.nchw(problem)), problem)
     for launch in call.launches + (call.weight.launches if call.weight else ()):
         for position, arg in enumerate(launch.args):
             if not isinstance(arg, Pointer) and not -2**31 <= arg < 2**31:

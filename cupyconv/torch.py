@@ -30,6 +30,7 @@ This is the only cupyconv module that imports torch; ``import cupyconv`` never d
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -78,13 +79,29 @@ def _check_tensors(x, weight, bias) -> None:
 
 
 def _problem(x, weight, bias, stride, padding, dilation, groups) -> ConvProblem:
-    """Check every argument of a conv2d call (a 3-D x counts as one image); raises before any launch."""
+    """Check every argument of a conv2d call (a 3-D x counts as one image); raises before any launch.
+    The problem's layouts follow the tensors' memory formats (_layouts)."""
     _check_tensors(x, weight, bias)
     if x.dim() not in (3, 4):
         raise ValueError(f"x must be 4-D (N, C, H, W) or 3-D (C, H, W), got shape {tuple(x.shape)}")
     x_shape = (1, *x.shape) if x.dim() == 3 else tuple(x.shape)
-    return make_problem(x_shape, tuple(weight.shape), None if bias is None else tuple(bias.shape),
-                        _dtype_name(x.dtype, "x"), stride, padding, dilation, groups)
+    problem = make_problem(x_shape, tuple(weight.shape), None if bias is None else tuple(bias.shape),
+                           _dtype_name(x.dtype, "x"), stride, padding, dilation, groups)
+    layout, weight_layout = _layouts(x, weight)
+    return dataclasses.replace(problem, layout=layout, weight_layout=weight_layout)
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    """Whether a 4-D tensor is channels_last and not also contiguous (a C = 1 or 1 x 1 tensor is both)."""
+    return t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
+
+
+def _layouts(x: torch.Tensor, weight: torch.Tensor) -> tuple[str, str]:
+    """(layout, weight_layout) of a call, as torch's convolution picks its memory format: the output
+    (and so x) is channels_last when x or the weight is; the weight is read as it is stored."""
+    weight_channels_last = _channels_last(weight)
+    return ("NHWC" if _channels_last(x) or weight_channels_last else "NCHW",
+            "KHWC" if weight_channels_last else "KCHW")
 
 
 def _op_problem(x, weight, bias, stride, padding, dilation, groups) -> ConvProblem:
@@ -111,11 +128,12 @@ _get_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 class _Call:
     """A checked CUDA call signature: the problem, its executable (None for an empty output), the
-    output's shape and device, and whether the output goes back to channels_last."""
+    output's shape and device, and the memory formats x, the weight and the output take (those of
+    the problem's layouts)."""
 
-    __slots__ = ("problem", "exe", "shape", "device", "device_index", "channels_last")
+    __slots__ = ("problem", "exe", "shape", "device", "device_index", "x_format", "weight_format")
 
-    def __init__(self, problem: ConvProblem, device: torch.device, allow_tf32: bool, channels_last: bool):
+    def __init__(self, problem: ConvProblem, device: torch.device, allow_tf32: bool):
         from .executor import executable
         from .launch import device_memory
 
@@ -124,7 +142,8 @@ class _Call:
         check_output_size(self.shape, STORAGE_BYTES[problem.dtype], device_memory(self.device_index),
                           f"GPU {self.device_index}")
         self.exe = executable(problem, allow_tf32, self.device_index) if math.prod(self.shape) else None
-        self.channels_last = channels_last
+        self.x_format = torch.channels_last if problem.layout == "NHWC" else torch.contiguous_format
+        self.weight_format = torch.channels_last if problem.weight_layout == "KHWC" else torch.contiguous_format
 
 
 #: Call signature (shapes, strides, dtypes, devices, hyper-parameters, TF32 switch) -> _Call, for
@@ -206,13 +225,13 @@ def _forward(call: _Call, x, weight, bias, cache: WeightCache | None) -> torch.T
     if torch.cuda.current_device() != call.device_index:
         with torch.cuda.device(call.device_index):
             return _forward(call, x, weight, bias, cache)
-    out = torch.empty(call.shape, dtype=x.dtype, device=call.device)
+    out = torch.empty(call.shape, dtype=x.dtype, device=call.device, memory_format=call.x_format)
     exe = call.exe
     if exe is None:
         return out
-    x = x if x.is_contiguous() else x.contiguous()
+    x = _in_format(x, call.x_format)
     cached_weight = weight
-    weight = weight if weight.is_contiguous() else weight.contiguous()
+    weight = _in_format(weight, call.weight_format)
     bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
     stream = _raw_stream(call.device_index)
     capturing = torch.cuda.is_current_stream_capturing()
@@ -223,7 +242,18 @@ def _forward(call: _Call, x, weight, bias, cache: WeightCache | None) -> torch.T
         prepared = cache.address(weight, exe, stream) or 0
     _WORKSPACES.launch(exe, x.data_ptr(), weight.data_ptr(), prepared, 0 if bias is None else bias.data_ptr(),
                        out.data_ptr(), stream, capturing)
-    return out.contiguous(memory_format=torch.channels_last) if call.channels_last else out
+    return out
+
+
+#: cp.async reads pieces of up to 16 bytes in place: a tensor at a less aligned address is copied.
+_ALIGNMENT = 16
+
+
+def _in_format(t: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
+    """``t`` dense in ``memory_format`` at an address the kernels can read in place (a copy if not)."""
+    if t.is_contiguous(memory_format=memory_format) and not t.data_ptr() % _ALIGNMENT:
+        return t
+    return t.clone(memory_format=memory_format)
 
 
 @torch.library.custom_op("cupyconv::conv2d", mutates_args=(), device_types="cuda")
@@ -232,7 +262,7 @@ def _conv2d_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     """cupyconv's kernel on torch's current stream of x's device. padding is (top, left, bottom, right).
     What torch.compile calls; eager calls skip the op's dispatch (_conv2d)."""
     problem = _op_problem(x, weight, bias, stride, padding, dilation, groups)
-    return _forward(_Call(problem, x.device, _allow_tf32(x.dtype), False), x, weight, bias, None)
+    return _forward(_Call(problem, x.device, _allow_tf32(x.dtype)), x, weight, bias, None)
 
 
 @_conv2d_op.register_kernel("cpu")
@@ -325,8 +355,7 @@ def _checked_conv2d(x, weight, bias, stride, padding, dilation, groups, cache):
         return _conv2d(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups, cache).squeeze(0)
     if torch.compiler.is_compiling():
         return _op_conv2d(x, weight, bias, problem)
-    call = _Call(problem, x.device, _allow_tf32(x.dtype),
-                 x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous())
+    call = _Call(problem, x.device, _allow_tf32(x.dtype))
     try:
         _CALLS[_signature(x, weight, bias, stride, padding, dilation, groups)] = call
     except TypeError:  # unhashable arguments (lists): checked on every call

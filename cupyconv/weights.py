@@ -36,6 +36,8 @@ class PreparedWeight:
             raise ValueError(f"weight must be 4-D (K, C/groups, kh, kw), got shape {tuple(array.shape)}")
         with cupy.cuda.Device(array.device.id):
             self.array = cupy.ascontiguousarray(array)
+            if self.array.data.ptr % 16:  # kernels read some weights in place with 16-byte copies
+                self.array = self.array.copy()
         self._forms: dict = {}  # WeightPreparation.key -> (CuPy buffer, stream it was written on)
         self._lock = threading.Lock()
         self._crossed_streams = False

@@ -21,8 +21,10 @@
 // come by ldmatrix (non-transposed) for every type: for TF32 a "b16 pair" is one float, and the
 // 8x8 b16 matrix is the 8 x 4 float block the m16n8k8 fragment wants. Floats arrive TF32-rounded
 // (nchw_to_nhwc's ROUND_TF32), so no per-fragment conversion is needed.
-// Epilogue: accumulators -> shared memory [BN][BM + pad] (float) -> + bias, storage type -> NCHW,
-// a warp on 32 consecutive pixels of one channel per store.
+// Epilogue: accumulators -> shared memory (float) -> + bias, storage type -> y. NCHW output: staged
+// [BN][BM + pad], a warp stores 32 consecutive pixels of one channel; NHWC_OUT (the NHWC layout,
+// x read in place or from a padded copy): staged [BM][BN + pad], a warp stores one pixel's
+// consecutive channels.
 //
 // WGMMA (Hopper, sm_90a only: see wgmma.cuh): the warpgroups multiply with wgmma, the tensor cores
 // reading A and B straight from shared memory, where rows are 128 bytes of k, 128-byte swizzled
@@ -57,7 +59,7 @@ __host__ __device__ constexpr int nhwc_min_blocks(int threads, int accumulators,
 }
 
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
-          bool NCHW_A, int WGMMA_ROWS>
+          bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32,
                                   nhwc_min_blocks(WARPS_M * WARPS_N * 32, BM * BN / (WARPS_M * WARPS_N * 32),
                                                   BM * BK * sizeof(T) / (VEC * WARPS_M * WARPS_N * 32),
@@ -86,6 +88,7 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     constexpr int B_ROWS_PER_PASS = NT / B_PIECES;
     constexpr int B_PASSES = (BN + B_ROWS_PER_PASS - 1) / B_ROWS_PER_PASS;
     constexpr int C_STRIDE = BM + 4;                         // epilogue staging [BN][C_STRIDE] floats
+    constexpr int D_STRIDE = BN + 4;                         // NHWC_OUT: staging [BM][D_STRIDE] floats
     constexpr int INST_K = mma_op<T>::k;
     constexpr bool ROUND_TF32 = NCHW_A && sizeof(T) == 4;    // no copy rounded the operands
     // wgmma tiles left running while the next barrier is reached and the next loads are issued: one,
@@ -103,8 +106,10 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     static_assert(NT % A_PIECES == 0 && (NCHW_A ? BK : BM) % A_ROWS_PER_PASS == 0, "the A loader covers the tile");
     static_assert(NT % B_PIECES == 0, "the B loader covers whole rows");
     static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tiles of 16 x 16 multiples (x4 ldmatrix for B)");
-    static_assert(BN * C_STRIDE * 4 <= STAGES * (A_STAGE + B_STAGE) * static_cast<int>(sizeof(T)),
+    static_assert((NHWC_OUT ? BM * D_STRIDE : BN * C_STRIDE) * 4 <=
+                  STAGES * (A_STAGE + B_STAGE) * static_cast<int>(sizeof(T)),
                   "epilogue staging fits in the pipeline buffers");
+    static_assert(!(NHWC_OUT && NCHW_A), "NCHW_A reads an NCHW input, whose output is NCHW");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // wgmma tiles start on 1024-byte boundaries (the swizzle repeats every 8 rows); the planner adds
@@ -272,8 +277,12 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
         __syncthreads();
     }
 
-    // --- Epilogue: the whole BN x BM tile through shared memory, then NCHW stores along pixels.
-    float* c_smem = reinterpret_cast<float*>(smem);        // [BN][C_STRIDE]
+    // --- Epilogue: the whole BM x BN tile through shared memory, then stores along pixels (NCHW) or
+    // channels (NHWC_OUT).
+    float* c_smem = reinterpret_cast<float*>(smem);
+    auto stage_value = [&](int m, int n, float v) {
+        c_smem[NHWC_OUT ? m * D_STRIDE + n : n * C_STRIDE + m] = v;
+    };
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -281,15 +290,32 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int row = quad + (e >> 1) * 8, col = 2 * tq + (e & 1);
-                if constexpr (WGMMA_ROWS == WGMMA_CHANNEL_ROWS) {  // rows: channels; columns: the group's pixels
-                    const int n = (warp & 3) * 16 + row, m = (warp >> 2) * WG_PIXELS + (mt * NTILES + nt) * 8 + col;
-                    c_smem[n * C_STRIDE + m] = acc[mt][nt][e];
-                } else {
-                    const int m = wm + mt * 16 + row, n = wn + nt * 8 + col;
-                    c_smem[n * C_STRIDE + m] = acc[mt][nt][e];
-                }
+                if constexpr (WGMMA_ROWS == WGMMA_CHANNEL_ROWS)  // rows: channels; columns: the group's pixels
+                    stage_value((warp >> 2) * WG_PIXELS + (mt * NTILES + nt) * 8 + col, (warp & 3) * 16 + row,
+                                acc[mt][nt][e]);
+                else
+                    stage_value(wm + mt * 16 + row, wn + nt * 8 + col, acc[mt][nt][e]);
             }
     __syncthreads();
+    if constexpr (NHWC_OUT) {
+        constexpr int CHANNELS = (BN + 31) / 32;            // channels per lane
+        float b[CHANNELS];
+#pragma unroll
+        for (int j = 0; j < CHANNELS; ++j) {
+            const int n = lane + 32 * j;
+            b[j] = has_bias && n < BN && n0 + n < Kg ? to_acc<float>(bias[g * Kg + n0 + n]) : 0.0f;
+        }
+#pragma unroll 1
+        for (int m = warp; m < BM && m0 + m < M; m += NWARPS) {
+            T* y_row = y + (m0 + m) * K + g * Kg + n0;
+#pragma unroll
+            for (int j = 0; j < CHANNELS; ++j) {
+                const int n = lane + 32 * j;
+                if (n < BN && n0 + n < Kg) y_row[n] = from_acc<T>(c_smem[m * D_STRIDE + n] + b[j]);
+            }
+        }
+        return;
+    }
     constexpr int PIXELS = BM / 32;                         // pixels per lane
     Index y_pixel[PIXELS];                                  // image K HoWo + p, or -1 past M
 #pragma unroll

@@ -1,10 +1,13 @@
-// Channels-last copies for the NHWC implicit GEMM (kernels/implicit_gemm_nhwc.cu).
+// Channels-last copies for the NHWC implicit GEMM (kernels/implicit_gemm_nhwc.cu), and the
+// transposes that let the NCHW kernels run NHWC arrays (cupyconv/layouts.py).
 //
 //   y[n][p][c] = x[n][c][p] for c < C, 0 for C <= c < Cp        (p = h W + w, or a kernel tap r kw + s)
 //
 // The same transpose repacks an input [N][C][H][W] into [N][H][W][Cp] and a weight [K][Cg][kh][kw]
 // into [K][kh][kw][Cgp]: the GEMM then reads whole 16-, 8- or 4-byte vectors of channels. Padding
-// channels are zeros on both sides, so they add nothing to the sums.
+// channels are zeros on both sides, so they add nothing to the sums. With the roles of c and p
+// swapped (C = H W, P = channels, Cp = C) it turns [N][H][W][C] back into [N][C][H][W].
+// pad_channels does the NHWC input's and KHWC weight's share: y[p][c] = x[p][c], zeros past C.
 //
 // ROUND_TF32 rounds float32 to TF32 (cvt.rna) on the way, once per element, so the GEMM can feed
 // shared-memory words straight to mma.sync .tf32 instead of rounding every fragment it loads.
@@ -23,13 +26,16 @@ template <typename T, bool ROUND_TF32> __device__ __forceinline__ T channels_las
 }
 
 // Many channels: a 32 x 32 (channel, position) tile through shared memory, so that both the reads
-// (along p) and the writes (along c) are coalesced. Block (32, 8), grid (ceil(P / 32), ceil(Cp / 32), N).
+// (along p) and the writes (along c) are coalesced. Block (32, 8); a 1-D grid of
+// N x ceil(Cp / 32) x ceil(P / 32) tiles (p fastest), so that no size meets gridDim.y's limit.
 template <typename T, bool ROUND_TF32>
 __global__ void __launch_bounds__(256)
 nchw_to_nhwc_tiled(const T* __restrict__ x, T* __restrict__ y, int C, int P, int Cp) {
     __shared__ T tile[32][33];  // +1 column: the transposed read is conflict-free
-    const long long n = blockIdx.z;
-    const int p0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
+    const long long tiles_p = (P + 31) / 32, tiles_c = (Cp + 31) / 32;
+    const long long tile_index = blockIdx.x;
+    const long long n = tile_index / (tiles_p * tiles_c);
+    const int p0 = static_cast<int>(tile_index % tiles_p) * 32, c0 = static_cast<int>(tile_index / tiles_p % tiles_c) * 32;
     const int tx = threadIdx.x, ty = threadIdx.y;
     const T* src = x + n * C * P;
     T* dst = y + n * Cp * P;
@@ -50,12 +56,13 @@ nchw_to_nhwc_tiled(const T* __restrict__ x, T* __restrict__ y, int C, int P, int
 
 // Few channels (Cp <= 8, AlexNet's 3 padded to 4): one thread per position reads its C values
 // (coalesced across the warp) and writes its Cp contiguous ones, as one 8- or 16-byte store where
-// Cp fills one. Grid (ceil(P / 256), N), block 256.
+// Cp fills one. Block 256; a 1-D grid of N x ceil(P / 256) blocks.
 template <typename T, bool ROUND_TF32>
 __global__ void __launch_bounds__(256)
 nchw_to_nhwc_narrow(const T* __restrict__ x, T* __restrict__ y, int C, int P, int Cp) {
-    const long long n = blockIdx.y;
-    const int p = blockIdx.x * 256 + threadIdx.x;
+    const long long blocks_p = (P + 255) / 256;
+    const long long n = blockIdx.x / blocks_p;
+    const int p = static_cast<int>(blockIdx.x % blocks_p) * 256 + threadIdx.x;
     if (p >= P) return;
     const T* src = x + n * C * P + p;
     T* dst = y + (n * P + p) * Cp;
@@ -75,6 +82,19 @@ nchw_to_nhwc_narrow(const T* __restrict__ x, T* __restrict__ y, int C, int P, in
         for (int c = 0; c < 8; ++c)
             if (c < Cp) dst[c] = values[c];
     }
+}
+
+// y[p][c] = x[p][c] for c < C, 0 for C <= c < Cp, over P rows: the NHWC input or KHWC weight given
+// the zero channels (and TF32 rounding) the GEMM's pieces need. One thread per element of y
+// (coalesced writes; reads coalesced but for the row ends). 1-D grid of ceil(P Cp / 256) blocks.
+template <typename T, bool ROUND_TF32>
+__global__ void __launch_bounds__(256)
+pad_channels(const T* __restrict__ x, T* __restrict__ y, int C, int P, int Cp) {
+    const long long i = static_cast<long long>(blockIdx.x) * 256 + threadIdx.x;
+    if (i >= static_cast<long long>(P) * Cp) return;
+    const long long p = i / Cp;
+    const int c = static_cast<int>(i - p * Cp);
+    y[i] = c < C ? channels_last_value<T, ROUND_TF32>(x[p * C + c]) : T{};
 }
 
 }  // namespace cupyconv

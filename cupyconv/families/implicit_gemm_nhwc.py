@@ -1,7 +1,11 @@
 """The channels-last implicit GEMM on tensor cores (kernels/implicit_gemm_nhwc.cu; mma.sync, and wgmma
 on the H100) and the copies it reads (kernels/nchw_to_nhwc.cu): the input as [N][H][W][Cp] in the
 workspace, the weight as [K][kh][kw][Cgp] prepared once; 1x1 stride-1 unpadded problems read both
-in place. The default tensor-core family."""
+in place. The default tensor-core family.
+
+It computes the NHWC layout natively: an NHWC input is read in place (copied only to add zero
+channels or, in float32, to round to TF32), the output is written NHWC, and a KHWC weight is the
+form it reads (in place where it needs neither)."""
 from __future__ import annotations
 
 import math
@@ -14,8 +18,12 @@ from .common import (CTYPES, INDEX_TYPES, MAX_GRID_Y, STORAGE_BYTES, conv_launch
 from .implicit_gemm_conv2d import GEMM_DTYPES, GemmConfig, describe_tiles, dtype_refusal
 
 KERNEL = "implicit_gemm_nhwc"
+#: The layouts it reads and writes in place (layouts.py transposes for the families without these).
+LAYOUTS = ("NCHW", "NHWC")
+WEIGHT_LAYOUTS = ("KCHW", "KHWC")
 CHANNELS_LAST_TILED = "nchw_to_nhwc_tiled"
 CHANNELS_LAST_NARROW = "nchw_to_nhwc_narrow"
+PAD_CHANNELS = "pad_channels"
 #: Up to this many channels the copy runs one thread per position (nchw_to_nhwc_narrow).
 NARROW_CHANNELS = 8
 #: Zero channels may add at most a third to the reduction (AlexNet's 3 -> 4); more, and a smaller
@@ -67,7 +75,7 @@ def _nchw_a_vec(problem: ConvProblem) -> int:
     """Bytes per A piece where a 1x1 problem can be read in place (0 where it cannot): stride 1, no
     padding, 16-byte weight rows, and pieces of pixels that never straddle two images."""
     item = 4 if problem.dtype == "float32" else 2
-    in_place = (problem.kh, problem.kw, problem.stride) == (1, 1, (1, 1)) and \
+    in_place = problem.layout == "NCHW" and (problem.kh, problem.kw, problem.stride) == (1, 1, (1, 1)) and \
         (problem.pad_top, problem.pad_left, problem.pad_bottom, problem.pad_right) == (0, 0, 0, 0) and \
         (problem.c // problem.groups * item) % 16 == 0
     plane = problem.h * problem.w * item
@@ -178,7 +186,9 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         why += f"; 1x1: the NCHW input read in place, {vec}-byte pieces of pixels"
     elif channels_padded != problem.c:
         why += f"; input copied with {channels_padded - problem.c} zero channel(s) for {vec}-byte pieces"
-    copy = 0 if a_from_nchw else problem.n * channels_padded * problem.h * problem.w
+    elif problem.layout == "NHWC" and _x_copied(problem, channels_padded):
+        why += "; NHWC input copied rounded to TF32"
+    copy = problem.n * channels_padded * problem.h * problem.w if _x_copied(problem, channels_padded) else 0
     return LaunchPlan(
         kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem, copy),
         config=cfg, grid=gemm_grid(problem, cfg), block=(cfg.threads, 1, 1),
@@ -192,30 +202,48 @@ def describe(plan: LaunchPlan) -> str:
     c = plan.config
     warps = (f"{c.threads // 128} warpgroups of {'64 px' if c.wgmma == WGMMA_PIXEL_ROWS else '64 ch'} with wgmma "
              f"({plan.arch})" if c.wgmma else f"{c.warps_m}x{c.warps_n} warps")
+    made = "copies made first" if plan.layout == "NCHW" else "operands (copied first unless read in place)"
     reads = "" if plan.a_from_nchw else (
-        f"  reads channels-last copies made first: input [N][H][W][{plan.channels_padded}], weight "
+        f"  reads channels-last {made}: input [N][H][W][{plan.channels_padded}], weight "
         f"[K][kh][kw][{plan.channels_padded} / groups], in {plan.vec}-byte pieces\n")
     return describe_tiles(plan, warps, reads)
 
 
-def specialisation(dtype: str, index: str, cfg: GemmConfig, vec: int, a_from_nchw: bool) -> str:
+def _x_copied(problem: ConvProblem, channels_padded: int) -> bool:
+    """Whether the GEMM reads a copy of x: NCHW inputs but 1x1 ones read in place; NHWC inputs that
+    need zero channels, or float32 ones (rounded to TF32 on the way)."""
+    if problem.layout == "NCHW":
+        return not _nchw_a_vec(problem)
+    return channels_padded != problem.c or problem.dtype == "float32"
+
+
+def _weight_copied(problem: ConvProblem, channels_padded: int) -> bool:
+    """Whether the GEMM reads a prepared weight: KCHW weights (but those the 1x1 NCHW_A path reads in
+    place, rounding fragments itself); KHWC ones that need zero channels or TF32 rounding."""
+    if _nchw_a_vec(problem):  # 1x1: KCHW and KHWC are the same memory
+        return False
+    return problem.weight_layout == "KCHW" or channels_padded != problem.c or problem.dtype == "float32"
+
+
+def specialisation(dtype: str, index: str, cfg: GemmConfig, vec: int, a_from_nchw: bool, nhwc_out: bool) -> str:
     """The C++ template instance of ``cfg`` gathering ``vec``-byte pieces (of the NCHW input where
-    ``a_from_nchw``, else of the channels-last copy)."""
-    flag = "true" if a_from_nchw else "false"
+    ``a_from_nchw``, else of channels-last x) and writing an NHWC output where ``nhwc_out``."""
     return (f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.bk},"
-            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages},{vec},{flag},{cfg.wgmma}>")
+            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages},{vec},{str(a_from_nchw).lower()},{cfg.wgmma},"
+            f"{str(nhwc_out).lower()}>")
 
 
 def name_expression(plan: LaunchPlan) -> str:
     """The specialisation ``plan`` launches."""
-    return specialisation(plan.dtype, plan.index_type, plan.config, plan.vec, plan.a_from_nchw)
+    return specialisation(plan.dtype, plan.index_type, plan.config, plan.vec, plan.a_from_nchw, plan.layout == "NHWC")
 
 
 def _gemm_specialisations(wgmma: bool) -> list[str]:
-    """The mma.sync ones (any GPU), or the wgmma ones (sm_90a: 16-byte pieces from copies only)."""
-    return [specialisation(dtype, index, cfg, vec, a_from_nchw) for dtype in GEMM_DTYPES
+    """The mma.sync ones (any GPU), or the wgmma ones (sm_90a: 16-byte pieces from channels-last x only)."""
+    return [specialisation(dtype, index, cfg, vec, a_from_nchw, nhwc_out) for dtype in GEMM_DTYPES
             for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] if bool(cfg.wgmma) == wgmma
-            for vec in ((16,) if wgmma else NHWC_VECS) for a_from_nchw in ((False,) if wgmma else (False, True))]
+            for vec in ((16,) if wgmma else NHWC_VECS)
+            for a_from_nchw, nhwc_out in ((False, False), (False, True)) + (() if wgmma else ((True, False),))]
 
 
 def _copy_specialisation(kernel: str, dtype: str, round_tf32: bool) -> str:
@@ -223,11 +251,12 @@ def _copy_specialisation(kernel: str, dtype: str, round_tf32: bool) -> str:
 
 
 def channels_last_specialisations() -> list[str]:
-    """The copies of this family's operands (float32 rounded to TF32) and the exact float32 one of
-    simt_gemm_conv2d's transposed weight."""
+    """The copies of this family's operands (float32 rounded to TF32), the exact ones of every dtype
+    (simt_gemm_conv2d's transposed weight; layouts.py's transposes) and the NHWC operands' padding."""
+    roundings = [(dtype, True) for dtype in GEMM_DTYPES] + [("float32", False), ("float64", False)]
     return [_copy_specialisation(kernel, dtype, round_tf32)
-            for kernel in (CHANNELS_LAST_TILED, CHANNELS_LAST_NARROW)
-            for dtype, round_tf32 in [(dtype, True) for dtype in GEMM_DTYPES] + [("float32", False)]]
+            for kernel in (CHANNELS_LAST_TILED, CHANNELS_LAST_NARROW) for dtype, round_tf32 in roundings] + \
+        [_copy_specialisation(PAD_CHANNELS, dtype, True) for dtype in GEMM_DTYPES]
 
 
 def specialisations() -> list[str]:
@@ -247,31 +276,45 @@ def channels_last_copy(dtype: str, n: int, c: int, positions: int, channels_padd
     way where ``round_tf32`` (the tensor-core GEMM's operands), kept exact otherwise (the FMA GEMM's
     transposed weight)."""
     if channels_padded <= NARROW_CHANNELS:
-        kernel, grid, block = CHANNELS_LAST_NARROW, (math.ceil(positions / 256), n, 1), (256, 1, 1)
+        kernel, grid, block = CHANNELS_LAST_NARROW, (n * math.ceil(positions / 256), 1, 1), (256, 1, 1)
     else:
-        kernel, grid, block = (CHANNELS_LAST_TILED, (math.ceil(positions / 32), math.ceil(channels_padded / 32), n),
-                               (32, 8, 1))
+        kernel, grid, block = (CHANNELS_LAST_TILED,
+                               (n * math.ceil(channels_padded / 32) * math.ceil(positions / 32), 1, 1), (32, 8, 1))
     return Launch(kernel, _copy_specialisation(kernel, dtype, round_tf32), grid, block, 0,
                   (source, copy, c, positions, channels_padded))
 
 
+def pad_channels(dtype: str, rows: int, c: int, channels_padded: int, source: Pointer, copy: Pointer) -> Launch:
+    """The launch (kernels/nchw_to_nhwc.cu) copying [rows][c] at ``source`` to [rows][channels_padded]
+    at ``copy``, zero channels past c, float32 rounded to TF32."""
+    return Launch(PAD_CHANNELS, _copy_specialisation(PAD_CHANNELS, dtype, True),
+                  (math.ceil(rows * channels_padded / 256), 1, 1), (256, 1, 1), 0, (source, copy, c, rows, channels_padded))
+
+
 def _weight_preparation(problem: ConvProblem, channels_padded: int) -> WeightPreparation:
     """The weight as [K][kh][kw][Cgp], Cgp = channels_padded / groups (zero channels past C / groups),
-    float32 rounded to TF32."""
-    p, cgp = problem, channels_padded // problem.groups
-    copy = channels_last_copy(p.dtype, p.k, p.c // p.groups, p.kh * p.kw, cgp, True, Pointer(WEIGHT), Pointer(PREPARED))
-    return WeightPreparation((KERNEL, p.dtype, p.weight_shape, cgp), p.k * p.kh * p.kw * cgp * STORAGE_BYTES[p.dtype],
-                             (copy,))
+    float32 rounded to TF32: transposed from KCHW, or padded and rounded from KHWC."""
+    p, cg, cgp = problem, problem.c // problem.groups, channels_padded // problem.groups
+    if p.weight_layout == "KHWC":
+        copy = pad_channels(p.dtype, p.k * p.kh * p.kw, cg, cgp, Pointer(WEIGHT), Pointer(PREPARED))
+    else:
+        copy = channels_last_copy(p.dtype, p.k, cg, p.kh * p.kw, cgp, True, Pointer(WEIGHT), Pointer(PREPARED))
+    return WeightPreparation((KERNEL, p.dtype, p.weight_shape, p.weight_layout, cgp),
+                             p.k * p.kh * p.kw * cgp * STORAGE_BYTES[p.dtype], (copy,))
 
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
-    """1x1 problems read in place: one launch on the caller's operands. Else the input's channels-last
-    copy into the workspace, then the GEMM on it and on the prepared weight."""
-    if plan.a_from_nchw:
-        return CallProgram((conv_launch(plan, problem),))
+    """The GEMM on channels-last operands: x and the weight read in place where they are in the form
+    it reads, else copied first (x into the workspace, the weight as the prepared weight)."""
     p = problem
-    x_copy = channels_last_copy(p.dtype, p.n, p.c, p.h * p.w, plan.channels_padded, True, Pointer(X),
-                                Pointer(WORKSPACE))
-    gemm = conv_launch(plan, p, x=Pointer(WORKSPACE), weight=Pointer(PREPARED), channels=plan.channels_padded)
-    return CallProgram((x_copy, gemm), p.n * p.h * p.w * plan.channels_padded * STORAGE_BYTES[p.dtype],
-                       _weight_preparation(p, plan.channels_padded))
+    x, workspace, launches = Pointer(X), 0, []
+    if _x_copied(p, plan.channels_padded):
+        x, workspace = Pointer(WORKSPACE), p.n * p.h * p.w * plan.channels_padded * STORAGE_BYTES[p.dtype]
+        if p.layout == "NHWC":
+            launches.append(pad_channels(p.dtype, p.n * p.h * p.w, p.c, plan.channels_padded, Pointer(X), x))
+        else:
+            launches.append(channels_last_copy(p.dtype, p.n, p.c, p.h * p.w, plan.channels_padded, True, Pointer(X), x))
+    weight = _weight_preparation(p, plan.channels_padded) if _weight_copied(p, plan.channels_padded) else None
+    launches.append(conv_launch(plan, p, x=x, weight=Pointer(PREPARED) if weight else Pointer(WEIGHT),
+                                channels=plan.channels_padded))
+    return CallProgram(tuple(launches), workspace, weight)

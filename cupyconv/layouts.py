@@ -1,0 +1,99 @@
+"""The NHWC layout and KHWC weights for kernel families that compute NCHW only.
+
+A family that computes a layout natively says so (``LAYOUTS`` / ``WEIGHT_LAYOUTS`` in its module:
+implicit_gemm_nhwc reads NHWC inputs and KHWC weights in place and writes NHWC outputs). For the
+others the call's program is the family's NCHW program with transposes around it
+(kernels/nchw_to_nhwc.cu): the NHWC input to NCHW in the workspace first, the NCHW output from the
+workspace to the caller's NHWC output last, and a KHWC weight to KCHW as (part of) the prepared
+weight, so that a kept preparation transposes it once. Each transpose is a pass over its tensor:
+correct and complete, not as fast as a native kernel.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .arguments import ConvProblem
+from .program import OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation, align
+
+NCHW, NHWC, KCHW, KHWC = "NCHW", "NHWC", "KCHW", "KHWC"
+
+
+def native(family, problem: ConvProblem) -> bool:
+    """Whether ``family`` (a module of cupyconv/families) computes ``problem``'s layouts as they are."""
+    return problem.layout in getattr(family, "LAYOUTS", (NCHW,)) and \
+        problem.weight_layout in getattr(family, "WEIGHT_LAYOUTS", (KCHW,))
+
+
+def nchw(problem: ConvProblem) -> ConvProblem:
+    """``problem`` with NCHW arrays and a KCHW weight."""
+    return dataclasses.replace(problem, layout=NCHW, weight_layout=KCHW)
+
+
+def describe(plan) -> str:
+    """The printed plan's lines on layouts: what the kernel reads in place and what is transposed."""
+    from .planner import FAMILIES
+
+    if (plan.layout, plan.weight_layout) == (NCHW, KCHW):
+        return ""
+    family = FAMILIES[plan.kernel]
+    lines = []
+    for what, layout, layouts in (("x and the output", plan.layout, getattr(family, "LAYOUTS", (NCHW,))),
+                                  ("the weight", plan.weight_layout, getattr(family, "WEIGHT_LAYOUTS", (KCHW,)))):
+        if layout in (NHWC, KHWC):
+            lines.append(f"  {what} in {layout}: " + ("read in place by the kernel" if layout in layouts else
+                                                      f"transposed for the kernel, which computes {layouts[0]} only"))
+    return "".join(f"{line}\n" for line in lines)
+
+
+def _transpose(dtype: str, batch: int, rows: int, columns: int, source: Pointer, target: Pointer) -> Launch:
+    """[batch][rows][columns] at ``source`` -> [batch][columns][rows] at ``target``."""
+    from .families.implicit_gemm_nhwc import channels_last_copy
+
+    return channels_last_copy(dtype, batch, rows, columns, rows, False, source, target)
+
+
+def _moved(pointer, moves: dict):
+    """``pointer`` with its operand replaced by where ``moves`` puts it (offsets add)."""
+    if isinstance(pointer, Pointer) and pointer.operand in moves:
+        target = moves[pointer.operand]
+        return Pointer(target.operand, target.offset + pointer.offset)
+    return pointer
+
+
+def _relocated(launches, moves: dict) -> tuple[Launch, ...]:
+    return tuple(dataclasses.replace(launch, args=tuple(_moved(arg, moves) for arg in launch.args))
+                 for launch in launches)
+
+
+def transposed(call: CallProgram, problem: ConvProblem) -> CallProgram:
+    """``call`` (the family's program for nchw(problem)) run on ``problem``'s arrays: transposes of the
+    NHWC input and output through the workspace (after the family's own temporaries), and of a KHWC
+    weight into the prepared weight, which the family's own preparation (if any) then reads."""
+    p, item = problem, _item(problem.dtype)
+    before, after, moves = [], [], {}
+    workspace = align(call.workspace_bytes)
+    if p.layout == NHWC:
+        x_nchw, workspace = Pointer(WORKSPACE, workspace), workspace + align(p.n * p.c * p.h * p.w * item)
+        out_nchw, workspace = Pointer(WORKSPACE, workspace), workspace + align(p.n * p.k * p.ho * p.wo * item)
+        before.append(_transpose(p.dtype, p.n, p.h * p.w, p.c, Pointer(X), x_nchw))
+        after.append(_transpose(p.dtype, p.n, p.k, p.ho * p.wo, out_nchw, Pointer(OUT)))
+        moves.update({X: x_nchw, OUT: out_nchw})
+    else:
+        workspace = call.workspace_bytes
+    weight = call.weight
+    if p.weight_layout == KHWC:
+        kept = align(weight.nbytes) if weight else 0
+        kchw = Pointer(PREPARED, kept)
+        transpose = _transpose(p.dtype, p.k, p.kh * p.kw, p.c // p.groups, Pointer(WEIGHT), kchw)
+        own = _relocated(weight.launches, {WEIGHT: kchw}) if weight else ()
+        key = (weight.key if weight else ("kchw", p.dtype, p.weight_shape)) + (KHWC,)
+        weight = WeightPreparation(key, kept + p.k * (p.c // p.groups) * p.kh * p.kw * item, (transpose, *own))
+        moves[WEIGHT] = kchw
+    launches = (*before, *_relocated(call.launches, moves), *after)
+    return CallProgram(launches, workspace, weight)
+
+
+def _item(dtype: str) -> int:
+    from .families.common import STORAGE_BYTES
+
+    return STORAGE_BYTES[dtype]
