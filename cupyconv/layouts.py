@@ -65,8 +65,8 @@ def _relocated(launches, moves: dict) -> tuple[Launch, ...]:
                  for launch in launches)
 
 
-def transposed(call: CallProgram, problem: ConvProblem) -> CallProgram:
-    """``call`` (the family's program for nchw(problem)) run on ``problem``'s arrays: transposes of the
+def transposed(call: CallProgram, plan, problem: ConvProblem) -> CallProgram:
+    """``call`` (``plan``'s program for nchw(problem)) run on ``problem``'s arrays: transposes of the
     NHWC input and output through the workspace (after the family's own temporaries), and of a KHWC
     weight into the prepared weight, which the family's own preparation (if any) then reads."""
     p, item = problem, _item(problem.dtype)
@@ -86,7 +86,7 @@ def transposed(call: CallProgram, problem: ConvProblem) -> CallProgram:
         kchw = Pointer(PREPARED, kept)
         transpose = _transpose(p.dtype, p.k, p.kh * p.kw, p.c // p.groups, Pointer(WEIGHT), kchw)
         own = _relocated(weight.launches, {WEIGHT: kchw}) if weight else ()
-        key = (weight.key if weight else ("kchw", p.dtype, p.weight_shape)) + (KHWC,)
+        key = (weight.key if weight else (plan.kernel, p.dtype, p.weight_shape)) + (KHWC,)
         weight = WeightPreparation(key, kept + p.k * (p.c // p.groups) * p.kh * p.kw * item, (transpose, *own))
         moves[WEIGHT] = kchw
     launches = (*before, *_relocated(call.launches, moves), *after)

@@ -202,7 +202,7 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
     if layouts.native(family, problem):
         call = family.program(plan, problem)
     else:
-        call = layouts.transposed(family.program(plan, layouts.nchw(problem)), problem)
+        call = layouts.transposed(family.program(plan, layouts.nchw(problem)), plan, problem)
     for launch in call.launches + (call.weight.launches if call.weight else ()):
         for position, arg in enumerate(launch.args):
             if not isinstance(arg, Pointer) and not -2**31 <= arg < 2**31:

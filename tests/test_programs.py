@@ -4,6 +4,7 @@ specialisation the compile test builds, passes what its kernel's __global__ sign
 fits CUDA's limits, and writes only the output, the workspace or the prepared weight; temporaries
 sit aligned and apart inside the workspace. Also: Winograd's passes of images, and the printed
 plans as they read before the families were split out of the planner."""
+import dataclasses
 import functools
 import itertools
 import math
@@ -27,10 +28,11 @@ CASES = GRID + [Case(2, 64, 32, 8, 8, 1, 1), Case(3, 16, 24, 4, 6, 1, 1, bias=Fa
 MAX_SHARED_BYTES = 227 * 1024
 
 
-def problem_of(case: Case, dtype: str):
-    return make_problem((case.n, case.c, case.h, case.w), (case.k, case.c // case.groups, case.kh, case.kw),
-                        (case.k,) if case.bias else None, dtype, case.stride, case.padding, case.dilation,
-                        case.groups)
+def problem_of(case: Case, dtype: str, layout: str = "NCHW", weight_layout: str = "KCHW"):
+    problem = make_problem((case.n, case.c, case.h, case.w), (case.k, case.c // case.groups, case.kh, case.kw),
+                           (case.k,) if case.bias else None, dtype, case.stride, case.padding, case.dilation,
+                           case.groups)
+    return dataclasses.replace(problem, layout=layout, weight_layout=weight_layout)
 
 
 def config_names(kernel: str, dtype: str) -> list[str]:
@@ -45,10 +47,10 @@ def config_names(kernel: str, dtype: str) -> list[str]:
     return [c.name for c in tables[kernel]]
 
 
-def plans_for(case: Case, dtype: str):
+def plans_for(case: Case, dtype: str, layout: str = "NCHW", weight_layout: str = "KCHW"):
     """The distinct plans make_plan makes for ``case`` in ``dtype``: its own choices (strict or TF32,
     compute capability 0 or 90), and each family with each of its tiles forced where it takes them."""
-    problem = problem_of(case, dtype)
+    problem = problem_of(case, dtype, layout, weight_layout)
     plans = [planner.make_plan(problem, allow_tf32=tf32, compute_capability=cc)
              for tf32, cc in itertools.product((False, True), (0, 90))]
     for kernel in planner.KERNELS:
@@ -79,11 +81,19 @@ def parameters(kernel: str) -> tuple[str, ...]:
 
 
 def temporaries(plan, problem) -> list[int]:
-    """Bytes of each per-call temporary, in workspace order: the channels-last GEMM's input copy;
-    Winograd's transformed input V and GEMM output M of one pass; split-K's partial sums (the
-    FMA GEMM's, or Winograd's GEMM's after M)."""
-    if plan.kernel == planner.NHWC_KERNEL and not plan.a_from_nchw:
-        return [problem.n * problem.h * problem.w * plan.channels_padded * STORAGE_BYTES[problem.dtype]]
+    """Bytes of each per-call temporary, in workspace order: the channels-last GEMM's input copy (of an
+    NCHW input, or of an NHWC one that needs zero channels or TF32 rounding); Winograd's transformed
+    input V and GEMM output M of one pass; split-K's partial sums (the FMA GEMM's, or Winograd's
+    GEMM's after M); then, for an NHWC problem of a family that computes NCHW alone, the NCHW copies
+    of x and of the output."""
+    item = STORAGE_BYTES[problem.dtype]
+    if plan.kernel == planner.NHWC_KERNEL:
+        copied = not plan.a_from_nchw if problem.layout == "NCHW" else \
+            plan.channels_padded != problem.c or problem.dtype == "float32"
+        return [problem.n * problem.h * problem.w * plan.channels_padded * item] if copied else []
+    if problem.layout == "NHWC":
+        return temporaries(plan, dataclasses.replace(problem, layout="NCHW")) + \
+            [math.prod(problem.x_shape) * item, math.prod(problem.out_shape) * item]
     if plan.kernel == planner.WINOGRAD_KERNEL:
         floats = 4 * (plan.winograd_tile + 2) ** 2 * plan.winograd_images * plan.tiles
         partials = [4 * gemm.splits * (plan.winograd_tile + 2) ** 2 * problem.k * count * plan.tiles
@@ -110,8 +120,11 @@ def check_program(plan, problem):
         kinds = parameters(launch.kernel)
         assert len(launch.args) == len(kinds), (launch.kernel, launch.args)
         # The caller's operands are never written; the preparation reads the weight alone.
+        # (A KHWC weight transposed for an NCHW family is read from the prepared weight by the
+        # family's own preparation.)
         writes = {PREPARED} if prepares else {OUT, WORKSPACE}
-        reads = {WEIGHT} if prepares else {X, WEIGHT, PREPARED, BIAS, WORKSPACE}
+        reads = ({WEIGHT, PREPARED} if problem.weight_layout == "KHWC" else {WEIGHT}) if prepares else \
+            {X, WEIGHT, PREPARED, BIAS, WORKSPACE}
         for kind, arg in zip(kinds, launch.args):
             if kind == "int":
                 assert type(arg) is int and -2**31 <= arg < 2**31, (launch.kernel, arg)
@@ -146,6 +159,30 @@ def test_programs(case, dtype):
     problem, plans = plans_for(case, dtype)
     for plan in plans:
         check_program(plan, problem)
+
+
+LAYOUT_PAIRS = [("NHWC", "KCHW"), ("NCHW", "KHWC"), ("NHWC", "KHWC")]
+
+
+@pytest.mark.parametrize("layouts", LAYOUT_PAIRS, ids="-".join)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_layout_programs(case, dtype, layouts):
+    """Every plan's program for NHWC arrays and KHWC weights: the channels-last GEMM reads them in
+    place (one launch where nothing needs zero channels or rounding), the others through transposes."""
+    problem, plans = plans_for(case, dtype, *layouts)
+    for plan in plans:
+        assert (plan.layout, plan.weight_layout) == layouts
+        call = check_program(plan, problem)
+        if problem.n == 0:
+            continue
+        names = [launch.kernel for launch in call.launches]
+        if plan.kernel != planner.NHWC_KERNEL and layouts[0] == "NHWC":
+            assert names[0] == names[-1] == implicit_gemm_nhwc.CHANNELS_LAST_TILED or \
+                implicit_gemm_nhwc.CHANNELS_LAST_NARROW in (names[0], names[-1]), names
+        if plan.kernel == planner.NHWC_KERNEL and layouts == ("NHWC", "KHWC") and dtype != "float32" and \
+                plan.channels_padded == problem.c:
+            assert names == [planner.NHWC_KERNEL] and call.weight is None, "NHWC operands read in place"
 
 
 def test_the_grid_covers_every_family_and_form():

@@ -1,0 +1,81 @@
+"""NHWC arrays and KHWC weights on the NumPy path against torch's CPU conv2d in float64; the errors
+that name a layout; printed plans that say what is read in place and what is transposed."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cupyconv
+from cases import GRID
+from checks import relative_error
+
+TOLERANCE = {np.float64: 1e-12, np.float32: 1e-5}
+LAYOUT_PAIRS = [("NHWC", "KCHW"), ("NCHW", "KHWC"), ("NHWC", "KHWC")]
+
+
+def in_layouts(x, weight, layout, weight_layout):
+    """NCHW x and KCHW weight rearranged (C-contiguous) into the given layouts."""
+    if layout == "NHWC":
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    if weight_layout == "KHWC":
+        weight = np.ascontiguousarray(weight.transpose(0, 2, 3, 1))
+    return x, weight
+
+
+@pytest.mark.parametrize("layouts", LAYOUT_PAIRS, ids="-".join)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", GRID, ids=lambda c: c.id)
+def test_numpy_layouts_match_torch(case, dtype, layouts):
+    rng = np.random.default_rng(len(case.id))
+    x = rng.standard_normal((case.n, case.c, case.h, case.w)).astype(dtype)
+    weight = rng.standard_normal((case.k, case.c // case.groups, case.kh, case.kw)).astype(dtype)
+    bias = rng.standard_normal(case.k).astype(dtype) if case.bias else None
+    ref = F.conv2d(*(None if a is None else torch.from_numpy(a.astype(np.float64)) for a in (x, weight, bias)),
+                   case.stride, case.padding, case.dilation, case.groups).numpy()
+    xl, wl = in_layouts(x, weight, *layouts)
+    out = np.full(ref.transpose(0, 2, 3, 1).shape if layouts[0] == "NHWC" else ref.shape, np.nan, dtype=dtype)
+    got = cupyconv.conv2d(xl, wl, bias, case.stride, case.padding, case.dilation, case.groups, out=out,
+                          layout=layouts[0], weight_layout=layouts[1])
+    assert got is out and not np.isnan(out).any()
+    as_nchw = out.transpose(0, 3, 1, 2) if layouts[0] == "NHWC" else out
+    assert relative_error(as_nchw, ref) < TOLERANCE[dtype]
+
+
+def test_unbatched_nhwc():
+    rng = np.random.default_rng(1)
+    x, weight = rng.standard_normal((7, 9, 4)), rng.standard_normal((5, 3, 3, 4))
+    out = cupyconv.conv2d(x, weight, padding=1, layout="NHWC", weight_layout="KHWC")
+    ref = F.conv2d(torch.from_numpy(x).permute(2, 0, 1), torch.from_numpy(weight).permute(0, 3, 1, 2), padding=1)
+    assert out.shape == (7, 9, 5)
+    assert relative_error(out, ref.permute(1, 2, 0).numpy()) < 1e-12
+
+
+@pytest.mark.parametrize("argument,value", [("layout", "NWHC"), ("layout", "nchw"), ("weight_layout", "KWHC")])
+def test_bad_layout_names_the_argument(argument, value):
+    with pytest.raises(ValueError, match=rf"{argument} must be one of"):
+        cupyconv.conv2d(np.ones((1, 2, 5, 5)), np.ones((3, 2, 3, 3)), **{argument: value})
+
+
+def test_shapes_that_do_not_fit_the_layout_name_it():
+    x = np.ones((1, 5, 5, 2))  # NHWC with C = 2
+    with pytest.raises(ValueError, match=r"layout 'NCHW'.*\(N, C, H, W\) = \(1, 5, 5, 2\)"):
+        cupyconv.conv2d(x, np.ones((3, 2, 3, 3)), weight_layout="KHWC")
+    with pytest.raises(ValueError, match=r"weight_layout 'KCHW'"):
+        cupyconv.conv2d(x, np.ones((3, 5, 3, 3)), layout="NHWC")
+    with pytest.raises(ValueError, match=r"x must be 4-D \(N, H, W, C\) or 3-D \(H, W, C\) for layout='NHWC'"):
+        cupyconv.conv2d(np.ones((5, 5)), np.ones((3, 2, 3, 3)), layout="NHWC")
+    with pytest.raises(ValueError, match=r"must have shape \(1, 3, 3, 4\)"):  # out in the layout's order
+        cupyconv.conv2d(x, np.ones((4, 3, 3, 2)), layout="NHWC", weight_layout="KHWC", out=np.empty((1, 4, 3, 3)))
+
+
+def test_plans_say_what_is_read_in_place():
+    x16, w16 = np.empty((8, 56, 56, 64), np.float16), np.empty((64, 3, 3, 64), np.float16)
+    printed = str(cupyconv.plan(x16, w16, padding=1, layout="NHWC", weight_layout="KHWC"))
+    assert "implicit_gemm_nhwc" in printed
+    assert "x and the output in NHWC: read in place" in printed and "the weight in KHWC: read in place" in printed
+    x32, w32 = x16.astype(np.float32), w16.astype(np.float32)
+    printed = str(cupyconv.plan(x32, w32, padding=1, layout="NHWC", weight_layout="KHWC"))
+    assert "winograd" in printed or "simt" in printed
+    assert "transposed for the kernel, which computes NCHW only" in printed
+    assert "transposed for the kernel, which computes KCHW only" in printed
+    assert "NHWC" not in str(cupyconv.plan(x32.transpose(0, 3, 1, 2), w32.transpose(0, 3, 1, 2), padding=1))

@@ -1,0 +1,212 @@
+"""NHWC arrays and KHWC weights on the GPU, against torch in float64.
+
+Every family forced in turn on NHWC / KHWC problems (the channels-last GEMM reads them in place, the
+others through transposes), with NaN-poisoned outputs; the result equals the NCHW one bit for bit
+where the same kernel computes both; the public CuPy call; and the torch adapter, whose channels_last
+tensors go in and come out channels_last with no copy, mixed formats following torch's choice.
+"""
+import itertools
+
+import pytest
+
+from cases import GRID, Case
+from checks import relative_error
+from devices import gpu_count
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_count(), reason="needs a CUDA GPU (cupy finds none)")]
+torch = pytest.importorskip("torch", reason="the GPU tests compare with torch")
+cupy = pytest.importorskip("cupy")
+F = torch.nn.functional
+
+import dataclasses  # noqa: E402
+
+import cupyconv  # noqa: E402
+import cupyconv.torch as cct  # noqa: E402
+from cupyconv import planner  # noqa: E402
+from cupyconv.arguments import make_problem  # noqa: E402
+from cupyconv.compiler import compute_capability  # noqa: E402
+from cupyconv.executor import executable  # noqa: E402
+from cupyconv.launch import conv2d_cupy  # noqa: E402
+
+LAYOUT_PAIRS = [("NHWC", "KCHW"), ("NCHW", "KHWC"), ("NHWC", "KHWC")]
+TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+                "float64": torch.float64}
+TENSOR_CORE = (planner.NHWC_KERNEL, planner.GEMM_KERNEL)
+CASES = GRID + [
+    Case(2, 32, 64, 17, 19, 3, 3, padding=1),          # wgmma, one 64-channel tile
+    Case(3, 64, 130, 9, 9, 3, 3, padding=1),           # two 128-channel tiles, the second partial
+    Case(2, 128, 96, 10, 12, 3, 3, padding=2, dilation=2, groups=2),
+    Case(2, 16, 24, 6, 8, 1, 1),                       # 1x1: NCHW reads it in place (A^T), NHWC too
+    Case(2, 5, 20, 13, 12, 3, 5, padding=(1, 2)),      # 16-bit: 5 -> 6 zero-padded channels
+    Case(2, 96, 96, 12, 12, 3, 3, padding=1, groups=96),  # depthwise, vectorisable channels
+]
+
+
+def tolerance(dtype: str, kernel: str) -> float:
+    if dtype == "float64":
+        return 1e-12
+    if dtype == "float32":
+        return 2e-3 if kernel in TENSOR_CORE else 1e-5
+    return 1e-2
+
+
+def to_cupy(t):
+    """Zero-copy CuPy view of a CUDA tensor (bfloat16 as its int16 bits)."""
+    if t is None:
+        return None
+    return cupy.from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
+
+
+def inputs(case: Case, dtype: str, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    make = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.float64, generator=g).to(TORCH_DTYPES[dtype])
+    x, weight = make(case.n, case.c, case.h, case.w), make(case.k, case.c // case.groups, case.kh, case.kw)
+    return x, weight, make(case.k) if case.bias else None
+
+
+def reference(x, weight, bias, case: Case):
+    up = lambda t: None if t is None else t.double()
+    return F.conv2d(up(x), up(weight), up(bias), case.stride, case.padding, case.dilation, case.groups)
+
+
+def problem_of(case: Case, dtype: str, layout: str, weight_layout: str):
+    problem = make_problem((case.n, case.c, case.h, case.w), (case.k, case.c // case.groups, case.kh, case.kw),
+                           (case.k,) if case.bias else None, dtype, case.stride, case.padding, case.dilation,
+                           case.groups)
+    return dataclasses.replace(problem, layout=layout, weight_layout=weight_layout)
+
+
+def arranged(t, layout: str):
+    """The C-contiguous array of NCHW tensor ``t`` in ``layout`` (NHWC / KHWC: channels last)."""
+    return t.permute(0, 2, 3, 1).contiguous() if layout in ("NHWC", "KHWC") else t.contiguous()
+
+
+def run(plan, problem, x, weight, bias):
+    """``plan`` on x and the weight arranged in the problem's layouts; the output as an NCHW view."""
+    shape = problem.out_array_shape
+    out = torch.full(shape, float("nan"), device="cuda", dtype=x.dtype)
+    conv2d_cupy(to_cupy(arranged(x, problem.layout)), to_cupy(arranged(weight, problem.weight_layout)),
+                to_cupy(bias), problem, to_cupy(out), plan=plan)
+    torch.cuda.synchronize()
+    return out.permute(0, 3, 1, 2) if problem.layout == "NHWC" else out
+
+
+def family_dtypes():
+    for kernel in planner.KERNELS:
+        dtypes = ("float16", "bfloat16", "float32") if kernel in TENSOR_CORE else \
+            ("float64", "float32", "float16") if kernel == planner.DIRECT_KERNEL else ("float32", "float16", "bfloat16")
+        yield from ((kernel, dtype) for dtype in dtypes)
+
+
+@pytest.mark.parametrize("layouts", LAYOUT_PAIRS, ids="-".join)
+@pytest.mark.parametrize("kernel,dtype", list(family_dtypes()), ids="-".join)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_every_family_in_every_layout(case, kernel, dtype, layouts):
+    problem = problem_of(case, dtype, *layouts)
+    try:
+        plan = planner.make_plan(problem, kernel=kernel, compute_capability=compute_capability())
+    except ValueError:  # the family does not take this problem (test_programs checks the refusals)
+        return
+    x, weight, bias = inputs(case, dtype, seed=len(case.id))
+    saved = [t.clone() for t in (x, weight, bias) if t is not None]
+    out = run(plan, problem, x, weight, bias)
+    ref = reference(x, weight, bias, case)
+    assert out.shape == ref.shape and not out.isnan().any(), "an output element was never written"
+    assert relative_error(out, ref) < tolerance(dtype, kernel)
+    for before, after in zip(saved, (t for t in (x, weight, bias) if t is not None)):
+        assert torch.equal(before, after), "an input was modified"
+    # The same kernel and tiles on NCHW arrays sum in the same order: the same bits.
+    nchw = problem_of(case, dtype, "NCHW", "KCHW")
+    nchw_plan = planner.make_plan(nchw, config=plan.config.name if kernel == planner.NHWC_KERNEL else None,
+                                  kernel=kernel, compute_capability=compute_capability())
+    if not nchw_plan.a_from_nchw and nchw_plan.config == plan.config:
+        assert torch.equal(run(nchw_plan, nchw, x, weight, bias), out)
+
+
+@pytest.mark.parametrize("layouts", LAYOUT_PAIRS, ids="-".join)
+@pytest.mark.parametrize("mode", ["float32", "tf32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("case", [CASES[0], CASES[10], *CASES[-6:]], ids=lambda c: c.id)
+def test_public_call(case, mode, layouts):
+    """cupyconv.conv2d(..., layout=, weight_layout=) as a CuPy user calls it, the planner choosing."""
+    dtype = "float32" if mode == "tf32" else mode
+    x, weight, bias = inputs(case, dtype, seed=3)
+    problem = problem_of(case, dtype, *layouts)
+    out = torch.full(problem.out_array_shape, float("nan"), device="cuda", dtype=x.dtype)
+    got = cupyconv.conv2d(to_cupy(arranged(x, layouts[0])), to_cupy(arranged(weight, layouts[1])), to_cupy(bias),
+                          case.stride, case.padding, case.dilation, case.groups, out=to_cupy(out),
+                          allow_tf32=mode == "tf32", layout=layouts[0], weight_layout=layouts[1])
+    assert got.data.ptr == out.data_ptr()
+    torch.cuda.synchronize()
+    out = out.permute(0, 3, 1, 2) if layouts[0] == "NHWC" else out
+    kernel = "tensor cores" if mode in ("tf32", "float16", "bfloat16") else ""
+    assert not out.isnan().any() and relative_error(out, reference(x, weight, bias, case)) < \
+        tolerance(dtype, planner.NHWC_KERNEL if kernel else "")
+
+
+def test_misaligned_views_are_copied():
+    """A C-contiguous NHWC view at an address the 16-byte copies cannot read is copied first."""
+    case = Case(2, 64, 64, 9, 9, 3, 3, padding=1)
+    x, weight, bias = inputs(case, "float16", seed=5)
+    storage = torch.empty(x.numel() + 1, device="cuda", dtype=torch.float16)
+    shifted = storage[1:].view(2, 9, 9, 64)
+    shifted.copy_(x.permute(0, 2, 3, 1))
+    assert shifted.data_ptr() % 16
+    out = cupyconv.conv2d(to_cupy(shifted), to_cupy(arranged(weight, "KHWC")), to_cupy(bias), padding=1,
+                          layout="NHWC", weight_layout="KHWC")
+    got = torch.from_dlpack(out).permute(0, 3, 1, 2)
+    assert relative_error(got, reference(x, weight, bias, case)) < 1e-2
+    y = cct.conv2d(shifted.permute(0, 3, 1, 2), weight.to(memory_format=torch.channels_last), bias, padding=1)
+    assert relative_error(y, reference(x, weight, bias, case)) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_torch_channels_last_in_place(dtype):
+    """channels_last x and weight: a channels_last output, and (16-bit) one GEMM launch, no copies."""
+    case = Case(4, 64, 128, 14, 14, 3, 3, padding=1)
+    x, weight, bias = inputs(case, dtype, seed=7)
+    x_cl, w_cl = x.to(memory_format=torch.channels_last), weight.to(memory_format=torch.channels_last)
+    y = cct.conv2d(x_cl, w_cl, bias, padding=1)
+    assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+    bound = 2e-3 if dtype == "float32" and torch.backends.cudnn.allow_tf32 else tolerance(dtype, planner.NHWC_KERNEL)
+    assert relative_error(y, reference(x, weight, bias, case)) < bound
+    problem = cct._problem(x_cl, w_cl, bias, 1, 1, 1, 1)
+    assert (problem.layout, problem.weight_layout) == ("NHWC", "KHWC")
+    if dtype != "float32":
+        exe = executable(problem, False, x.device.index)
+        assert exe.plan.kernel == planner.NHWC_KERNEL and len(exe._launches) == 1 and exe.weight is None
+
+
+@pytest.mark.parametrize("x_cl,w_cl", list(itertools.product((False, True), repeat=2)))
+def test_torch_mixed_formats_follow_torch(x_cl, w_cl, strict_torch_fp32):
+    case = Case(2, 16, 32, 10, 11, 3, 3, padding=1)
+    x, weight, bias = inputs(case, "float32", seed=11)
+    x = x.to(memory_format=torch.channels_last) if x_cl else x
+    weight = weight.to(memory_format=torch.channels_last) if w_cl else weight
+    y, expected = cct.conv2d(x, weight, bias, padding=1), F.conv2d(x, weight, bias, padding=1)
+    assert y.is_contiguous(memory_format=torch.channels_last) == expected.is_contiguous(memory_format=torch.channels_last)
+    assert y.is_contiguous() == expected.is_contiguous()
+    assert relative_error(y, reference(x, weight, bias, case)) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_converted_channels_last_model(dtype, strict_torch_fp32):
+    """A converted channels_last model stays channels_last and gives torch's result; the weight cache
+    follows an in-place update of a channels_last weight."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 7, stride=2, padding=3), torch.nn.BatchNorm2d(32),
+                                torch.nn.ReLU(), torch.nn.Conv2d(32, 64, 3, padding=1),
+                                torch.nn.Conv2d(64, 64, 1, groups=2), torch.nn.Conv2d(64, 64, 3, padding=1, groups=64))
+    model = model.cuda().eval().to(dtype=dtype, memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 32, 32, device="cuda", dtype=dtype).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        expected = model(x)
+        converted = cct.convert(model)
+        y = converted(x)
+        assert y.is_contiguous(memory_format=torch.channels_last)
+        bound = 2e-2 if dtype == torch.float16 else 1e-5
+        assert relative_error(y, expected) < bound
+        converted[3].weight.mul_(-0.5)  # in place: the prepared forms are stale now
+        again = converted(x)
+        fresh = cct.convert(torch.nn.Sequential(*[m for m in model]))  # same modules, emptied caches
+        cct.clear_weight_caches(fresh)
+        assert torch.equal(again, fresh(x))
