@@ -10,6 +10,8 @@ run). The host's cost per call is measured apart, in loops of back-to-back calls
 for cupyconv.conv2d on CuPy arrays, cupyconv.torch.conv2d and torch's F.conv2d: it says where a
 layer is host-bound when called eagerly.
 ``--suite models`` times whole torchvision models instead (cupyconv/bench_models.py).
+``--layout channels_last`` runs the rows on NHWC arrays and KHWC weights (torch's channels_last).
+torch is timed in both of its layouts in every row, and the speed-up is over the faster of the two.
 The GPU's ceilings (fp32 FMA rate, TF32/fp16/bf16 matrix rate, copy bandwidth) are measured at
 start. Results go to benchmarks/results/ as JSON, a markdown table and a PNG chart of speed-ups.
 torch is imported here only, never by ``import cupyconv``.
@@ -64,10 +66,14 @@ class Shape:
     groups: int = 1
     bias: bool = False
 
-    def problem(self, dtype: str) -> ConvProblem:
-        return make_problem((self.n, self.c, self.h, self.w), (self.k, self.c // self.groups, self.kh, self.kw),
-                            (self.k,) if self.bias else None, dtype, self.stride, self.padding, self.dilation,
-                            self.groups)
+    def problem(self, dtype: str, layout: str = "nchw") -> ConvProblem:
+        """The problem in ``layout`` (channels_last: NHWC arrays and a KHWC weight)."""
+        problem = make_problem((self.n, self.c, self.h, self.w), (self.k, self.c // self.groups, self.kh, self.kw),
+                               (self.k,) if self.bias else None, dtype, self.stride, self.padding, self.dilation,
+                               self.groups)
+        if layout == "channels_last":
+            problem = dataclasses.replace(problem, layout="NHWC", weight_layout="KHWC")
+        return problem
 
 
 SEEDS = (
@@ -222,8 +228,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", action="append", choices=MODES + ("all",),
                         help="precision mode (repeatable; default fp32)")
     parser.add_argument("--layout", action="append", choices=LAYOUTS,
-                        help="memory format (repeatable); channels_last for --suite models only. Default nchw, "
-                             "and for models in fp16/bf16 both")
+                        help="memory format (repeatable). Default nchw, and for models in fp16/bf16 both")
     parser.add_argument("--repeats", type=int, default=None,
                         help=f"timed runs per implementation (default {REPEATS}, at least {MIN_REPEATS})")
     parser.add_argument("--quick", action="store_true",
@@ -241,9 +246,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.repeats < (1 if args.quick else MIN_REPEATS):
         parser.error(f"--repeats must be at least {MIN_REPEATS} (a median of fewer is noise; --quick for smoke tests), "
                      f"got {args.repeats}")
-    if args.suite != "models" and set(args.layout or ["nchw"]) != {"nchw"}:
-        parser.error(f"--suite {args.suite} runs NCHW only; --layout channels_last is for --suite models")
-    args.layouts = {mode: ["nchw"] for mode in args.modes}
+    args.layouts = {mode: list(dict.fromkeys(args.layout or ["nchw"])) for mode in args.modes}
     bench_models.check_args(parser, args)
     return args
 
@@ -307,7 +310,8 @@ class _Runner:
         return [(make(shape.n, shape.c, shape.h, shape.w), make(shape.k, shape.c // shape.groups, shape.kh, shape.kw),
                  make(shape.k) if shape.bias else None) for _ in range(sets)]
 
-    def row(self, shape: Shape, mode: str) -> dict:
+    def row(self, shape: Shape, mode: str, layout: str = "nchw") -> dict:
+        """One (shape, mode, layout) row: cupyconv on arrays in ``layout``, torch in both of its layouts."""
         from .compiler import compute_capability
         from .launch import conv2d_cupy
         from .planner import make_plan
@@ -317,13 +321,25 @@ class _Runner:
         torch_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[MODE_DTYPE[mode]]
         allow_tf32 = mode == "tf32"  # the one place cupyconv's precision mode is chosen
         torch.backends.cudnn.allow_tf32 = allow_tf32
-        problem = shape.problem(MODE_DTYPE[mode])
+        problem = shape.problem(MODE_DTYPE[mode], layout)
         plan = make_plan(problem, allow_tf32=allow_tf32, compute_capability=compute_capability())
-        row = {"shape": shape.name, "mode": mode, "kernel": plan.kernel, "plan": str(plan)}
+        row = {"shape": shape.name, "mode": mode, "layout": layout, "kernel": plan.kernel, "plan": str(plan)}
         sets = max(1, min(4, math.ceil(2 * L2_BYTES / bytes_moved(problem))))
-        inputs = self._inputs(shape, torch_dtype, sets)
-        outs = [torch.empty(problem.out_shape, device="cuda", dtype=torch_dtype) for _ in range(sets)]
-        view = lambda t: None if t is None else cupy.from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
+        by_layout = {"nchw": self._inputs(shape, torch_dtype, sets)}
+        by_layout["channels_last"] = [tuple(None if t is None or t.dim() != 4 else t.to(memory_format=torch.channels_last)
+                                            for t in ts[:2]) + ts[2:] for ts in by_layout["nchw"]]
+        inputs = by_layout[layout]
+        memory_format = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+        outs = [torch.empty(problem.out_shape, device="cuda", dtype=torch_dtype, memory_format=memory_format)
+                for _ in range(sets)]
+
+        def view(t):
+            """A zero-copy CuPy array of ``t`` in the problem's layout (bfloat16 as its int16 bits)."""
+            if t is None:
+                return None
+            if t.dim() == 4 and layout == "channels_last":
+                t = t.permute(0, 2, 3, 1)  # NHWC / KHWC, C-contiguous
+            return cupy.from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
         args = (shape.stride, shape.padding, shape.dilation, shape.groups)
         with stream:  # zero-copy views, made once: the DLPack exchange is the benchmark's cost, not cupyconv's
@@ -353,29 +369,36 @@ class _Runner:
             return row
         del ref
 
-        counter = {"ours": 0, "torch": 0}
+        counter = dict.fromkeys(["cupyconv", *LAYOUTS], 0)
 
         def timed_ours():
-            ours(counter["ours"] % sets)
-            counter["ours"] += 1
+            ours(counter["cupyconv"] % sets)
+            counter["cupyconv"] += 1
 
-        def timed_torch():
-            x, w, b = inputs[counter["torch"] % sets]
-            F.conv2d(x, w, b, *args)
-            counter["torch"] += 1
+        def timed_torch(torch_layout):
+            def run():
+                x, w, b = by_layout[torch_layout][counter[torch_layout] % sets]
+                F.conv2d(x, w, b, *args)
+                counter[torch_layout] += 1
+            return run
 
-        times = alternating_ms({"cupyconv": timed_ours, "torch": timed_torch}, self.repeats)
-        (ours_t, ours_host_us), (torch_t, torch_host_us) = times["cupyconv"], times["torch"]
+        times = alternating_ms({"cupyconv": timed_ours, **{name: timed_torch(name) for name in LAYOUTS}},
+                               self.repeats)
+        ours_t, ours_host_us = times["cupyconv"]
+        torch_layout = min(LAYOUTS, key=lambda name: times[name][0])  # torch's faster layout
+        torch_t, torch_host_us = times[torch_layout]
         compute_ceiling = self.ceilings[mode]
-        row.update(status="ok", torch_ms=torch_t, cupyconv_ms=ours_t, speedup=torch_t / ours_t,
-                   torch_host_us=torch_host_us, cupyconv_host_us=ours_host_us, input_sets=sets,
-                   tflops=problem.flops / ours_t / 1e9, gbps=bytes_moved(problem) / ours_t / 1e6)
+        row.update(status="ok", torch_ms=torch_t, torch_layout=torch_layout, cupyconv_ms=ours_t,
+                   speedup=torch_t / ours_t, torch_host_us=torch_host_us, cupyconv_host_us=ours_host_us,
+                   input_sets=sets, tflops=problem.flops / ours_t / 1e9, gbps=bytes_moved(problem) / ours_t / 1e6,
+                   **{f"torch_{name}_ms": times[name][0] for name in LAYOUTS})
         row.update(compute_fraction=row["tflops"] / compute_ceiling,
                    bandwidth_fraction=row["gbps"] / self.ceilings["bandwidth_gbps"])
-        row["host_us"] = self._host_us(inputs[0], views[0], args, allow_tf32, stream)
+        row["host_us"] = self._host_us(inputs[0], views[0], args, allow_tf32, stream,
+                                       (problem.layout, problem.weight_layout))
         return row
 
-    def _host_us(self, tensors, views, args, allow_tf32: bool, stream) -> dict:
+    def _host_us(self, tensors, views, args, allow_tf32: bool, stream, layouts=("NCHW", "KCHW")) -> dict:
         """Host time of one call (us) through each public way in, with the GPU kept busy.
 
         ``cupyconv``: cupyconv.conv2d on CuPy arrays, out= given (None in bf16: CuPy has no bfloat16, so
@@ -390,7 +413,8 @@ class _Runner:
         fns = {"torch": lambda: self.torch.nn.functional.conv2d(x, w, b, *args),
                "cupyconv_torch": lambda: adapter_conv2d(x, w, b, *args)}
         if x.dtype != self.torch.bfloat16:
-            fns["cupyconv"] = lambda: cupyconv.conv2d(xv, wv, bv, *args, out=outv, allow_tf32=allow_tf32)
+            fns["cupyconv"] = lambda: cupyconv.conv2d(xv, wv, bv, *args, out=outv, allow_tf32=allow_tf32,
+                                                      layout=layouts[0], weight_layout=layouts[1])
         with stream:  # CuPy's current stream is torch's, behind the same spin
             per_call_ms = alternating_loop_ms(fns, HOST_CALLS, HOST_LOOPS, gpu_busy=True)
         return {name: 1e3 * per_call_ms[name] if name in per_call_ms else None for name in HOST_APIS}
@@ -434,10 +458,10 @@ def _chart(results: dict, path: pathlib.Path) -> None:
 
     rows = [r for r in results["rows"] if r["status"] == "ok"]
     fig, ax = plt.subplots(figsize=(10, max(3, 0.3 * len(rows))))
-    labels = [f"{r['shape']} {r['mode']}" for r in rows]
+    labels = [f"{r['shape']} {r['mode']}{' CL' if r.get('layout') == 'channels_last' else ''}" for r in rows]
     ax.barh(labels, [r["speedup"] for r in rows], color=["tab:green" if r["speedup"] >= 1 else "tab:red" for r in rows])
     ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_xlabel("speed-up over torch (torch ms / cupyconv ms)")
+    ax.set_xlabel("speed-up over torch's faster layout (torch ms / cupyconv ms)")
     ax.set_title(f"cupyconv vs torch, {results['meta']['gpu']}, commit {results['meta']['commit'][:10]}")
     ax.invert_yaxis()
     fig.tight_layout()
@@ -452,14 +476,17 @@ def _us(value) -> str:
 
 def table_rows(results: dict) -> list[list[str]]:
     """The result table as text cells, header first: what the console and markdown tables show."""
-    rows = [["shape", "mode", "kernel", "torch ms", "cupyconv ms", "speed-up", "torch host µs",
-             "cupyconv host µs", "cupyconv.torch host µs", "TFLOP/s", "% of ceiling", "GB/s", "% of bandwidth"]]
+    rows = [["shape", "mode", "layout", "kernel", "torch NCHW ms", "torch CL ms", "cupyconv ms",
+             "speed-up (torch's faster)", "torch host µs", "cupyconv host µs", "cupyconv.torch host µs", "TFLOP/s",
+             "% of ceiling", "GB/s", "% of bandwidth"]]
     for r in results["rows"]:
+        layout = "CL" if r.get("layout") == "channels_last" else "NCHW"
         if r["status"] != "ok":
-            rows.append([r["shape"], r["mode"], r.get("kernel", ""), "", "", r["status"]] + [""] * 7)
+            rows.append([r["shape"], r["mode"], layout, r.get("kernel", ""), "", "", "", r["status"]] + [""] * 7)
             continue
         host = r["host_us"]
-        rows.append([r["shape"], r["mode"], r["kernel"], f"{r['torch_ms']:.3f}", f"{r['cupyconv_ms']:.3f}",
+        torch_ms = [f"{r[key]:.3f}" if key in r else "" for key in ("torch_nchw_ms", "torch_channels_last_ms")]
+        rows.append([r["shape"], r["mode"], layout, r["kernel"], *torch_ms, f"{r['cupyconv_ms']:.3f}",
                      f"{r['speedup']:.2f}x", *(_us(host[name]) for name in HOST_APIS),
                      f"{r['tflops']:.1f}", f"{100 * r['compute_fraction']:.0f}%",
                      f"{r['gbps']:.0f}", f"{100 * r['bandwidth_fraction']:.0f}%"])
@@ -477,7 +504,7 @@ def print_table(results: dict) -> None:
     header, *rows = table_rows(results)
     table = rich.table.Table(title=f"cupyconv vs torch on {results['meta']['gpu']}, commit {results['meta']['commit']}")
     for i, name in enumerate(header):
-        table.add_column(name, justify="left" if i < 3 else "right")
+        table.add_column(name, justify="left" if i < 4 else "right")
     for cells, row in zip(rows, results["rows"]):
         table.add_row(*cells, style=None if row["status"] == "ok" else "bold red")
     console = rich.console.Console()
@@ -497,9 +524,10 @@ def _progress(items: list, total: int):
 
 def _row_line(row: dict) -> str:
     if row["status"] != "ok":
-        return f"{row['shape']:24s} {row['mode']:5s} {row['status']}  <<<<<<<<<<"
+        return f"{row['shape']:24s} {row['mode']:5s} {row.get('layout', 'nchw'):13s} {row['status']}  <<<<<<<<<<"
     host = "/".join(_us(row["host_us"][name]) for name in HOST_APIS)
-    return (f"{row['shape']:24s} {row['mode']:5s} torch {row['torch_ms']:8.3f} ms  cupyconv {row['cupyconv_ms']:8.3f} ms"
+    return (f"{row['shape']:24s} {row['mode']:5s} {row.get('layout', 'nchw'):13s} torch "
+            f"{row['torch_ms']:8.3f} ms ({row.get('torch_layout', 'nchw')})  cupyconv {row['cupyconv_ms']:8.3f} ms"
             f"  {row['speedup']:5.2f}x  {row['tflops']:6.1f} TFLOP/s  host us {host}  {row['kernel']}")
 
 
@@ -536,11 +564,13 @@ def main(argv=None) -> int:
     results = {"meta": {**_meta(args), "ceilings": runner.ceilings}, "rows": []}
     print("ceilings: " + ", ".join(f"{k} {v:.1f}" for k, v in runner.ceilings.items()), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"{args.suite}_{'-'.join(args.modes)}{'_quick' if args.quick else ''}"
-    cases = [(shape, mode) for shape in SUITES[args.suite] for mode in args.modes]
+    layouts = args.layouts[args.modes[0]]
+    stem = args.out / (f"{args.suite}_{'-'.join(args.modes)}{'_' + '-'.join(layouts) if layouts != ['nchw'] else ''}"
+                       f"{'_quick' if args.quick else ''}")
+    cases = [(shape, mode, layout) for shape in SUITES[args.suite] for mode in args.modes for layout in layouts]
     progress = _progress(cases, len(cases))
-    for shape, mode in progress:
-        row = runner.row(shape, mode)
+    for shape, mode, layout in progress:
+        row = runner.row(shape, mode, layout)
         results["rows"].append(row)
         (progress.write if hasattr(progress, "write") else print)(_row_line(row))
         # Written after every row: a run stopped at the device's time limit keeps what it measured.

@@ -35,6 +35,7 @@ def test_bytes_and_flops():
 RESULTS = {"meta": {"gpu": "H100", "torch": "2", "cudnn": 9, "cupy": "14", "layout": "nchw",
                     "cudnn_benchmark": False, "date": "today", "commit": "abc1234", "dirty": False},
            "rows": [{"shape": "s", "mode": "fp32", "kernel": "direct_conv2d", "status": "ok", "torch_ms": 2.0,
+                     "torch_nchw_ms": 2.0, "torch_channels_last_ms": 3.0, "layout": "nchw",
                      "cupyconv_ms": 1.0, "speedup": 2.0, "tflops": 10.0, "compute_fraction": 0.2,
                      "gbps": 100.0, "bandwidth_fraction": 0.03,
                      "host_us": {"torch": 19.7, "cupyconv": 159.2, "cupyconv_torch": 289.0}},
@@ -47,7 +48,7 @@ RESULTS = {"meta": {"gpu": "H100", "torch": "2", "cudnn": 9, "cupy": "14", "layo
 
 def test_markdown_names_the_commit_and_marks_wrong_rows():
     text = bench.to_markdown(RESULTS)
-    assert "commit: abc1234" in text and "| s | fp32 | direct_conv2d | 2.000 | 1.000 | 2.00x | 20 | 159 | 289 |" in text
+    assert "commit: abc1234" in text and "| s | fp32 | NCHW | direct_conv2d | 2.000 | 3.000 | 1.000 | 2.00x | 20 | 159 | 289 |" in text
     assert "| 1.00x | 20 | n/a | 300 |" in text  # no public CuPy call in bf16
     assert "WRONG (error 1)" in text
     table = [line for line in text.splitlines() if line.startswith("|")]
@@ -174,8 +175,8 @@ def test_command_line():
     assert bench.parse_args(["--quick", "--repeats", "7"]).repeats == 7
     assert str(bench.parse_args(["--out", "/tmp/x"]).out) == "/tmp/x"
     assert bench.parse_args(["--dtype", "fp16"]).layouts == {"fp16": ["nchw"]}
-    with pytest.raises(SystemExit):  # the layer suites are NCHW only
-        bench.parse_args(["--suite", "layers", "--layout", "channels_last"])
+    both = bench.parse_args(["--suite", "layers", "--dtype", "fp16", "--layout", "nchw", "--layout", "channels_last"])
+    assert both.layouts == {"fp16": ["nchw", "channels_last"]}
     with pytest.raises(SystemExit):  # models options on a layer suite
         bench.parse_args(["--suite", "layers", "--model", "resnet50"])
 
