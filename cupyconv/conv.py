@@ -186,6 +186,9 @@ def _run_cupy(call: _CupyCall, x, weight, bias, out, prepared):
         out = cupy.empty(call.shape, dtype=x.dtype)
     if call.exe is None:  # an empty output: nothing to compute
         return out
+    if out.data.ptr % _CupyCall.ALIGNMENT:  # vector stores: compute into an aligned output, then copy
+        out[...] = _run_cupy(call, x, weight, bias, None, prepared)
+        return out
     if x.data.ptr % _CupyCall.ALIGNMENT:
         x = x.copy()
     if weight.data.ptr % _CupyCall.ALIGNMENT and prepared is None:

@@ -83,18 +83,19 @@ class LaunchPlan:
 
 
 # The families build LaunchPlans: imported once the class exists.
-from .families import (depthwise_column_conv2d, depthwise_conv2d, direct_conv2d,  # noqa: E402
+from .families import (depthwise_column_conv2d, depthwise_conv2d, depthwise_nhwc, direct_conv2d,  # noqa: E402
                        implicit_gemm_conv2d, implicit_gemm_nhwc, simt_gemm_conv2d, winograd_conv2d)
 
 #: Kernel family -> its module. A new family is a module in families/ and an entry here (and, to be
 #: chosen without being forced, a rule in choose_kernel).
 FAMILIES = {family.KERNEL: family for family in (direct_conv2d, depthwise_conv2d, depthwise_column_conv2d,
-                                                 simt_gemm_conv2d, winograd_conv2d, implicit_gemm_conv2d,
-                                                 implicit_gemm_nhwc)}
+                                                 depthwise_nhwc, simt_gemm_conv2d, winograd_conv2d,
+                                                 implicit_gemm_conv2d, implicit_gemm_nhwc)}
 KERNELS = tuple(FAMILIES)
 DIRECT_KERNEL = direct_conv2d.KERNEL
 DEPTHWISE_KERNEL = depthwise_conv2d.KERNEL
 DEPTHWISE_COLUMN_KERNEL = depthwise_column_conv2d.KERNEL
+DEPTHWISE_NHWC_KERNEL = depthwise_nhwc.KERNEL
 SIMT_KERNEL = simt_gemm_conv2d.KERNEL
 WINOGRAD_KERNEL = winograd_conv2d.KERNEL
 GEMM_KERNEL = implicit_gemm_conv2d.KERNEL
@@ -124,7 +125,7 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
     strict float32 takes Winograd (winograd_conv2d) for undilated, ungrouped layers where its phase
     channels and the multiplies they save pay (3x3 stride 1, AlexNet's 11x11 stride 4, the 5x9), else
     the FMA implicit GEMM (simt_gemm_conv2d) where it can run; depthwise layers
-    the depthwise kernel; the rest, and float64, the direct kernel."""
+    the depthwise kernels (on NHWC arrays, depthwise_nhwc); the rest, and float64, the direct kernel."""
     if kernel is None and config is not None:
         kernel = next((name for name, family in FAMILIES.items() if config in family.CONFIG_NAMES), DIRECT_KERNEL)
     if kernel is not None:
@@ -135,6 +136,8 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
             raise ValueError(f"kernel {kernel!r} cannot run this problem: {why_not}")
         return kernel, "forced by the caller"
     kg = problem.k // problem.groups
+    if not depthwise_nhwc.refusal(problem):
+        return DEPTHWISE_NHWC_KERNEL, "NHWC, one channel per group: vectors of channels per thread, in place"
     if not depthwise_column_conv2d.refusal(problem) and problem.wo <= depthwise_column_conv2d.COLUMN_MAX_WIDTH:
         return DEPTHWISE_COLUMN_KERNEL, (f"one input channel per group, output {problem.ho}x{problem.wo} (at most "
                                          f"{depthwise_column_conv2d.COLUMN_MAX_WIDTH} wide): a thread per output "

@@ -13,10 +13,11 @@ import re
 import pytest
 
 from cases import GRID, Case
-from cupyconv import planner
+from cupyconv import layouts, planner
+from cupyconv.layouts import native
 from cupyconv.arguments import make_problem
 from cupyconv.compiler import kernel_source, source_file
-from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, direct_conv2d, implicit_gemm_conv2d,
+from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, depthwise_nhwc, direct_conv2d, implicit_gemm_conv2d,
                                implicit_gemm_nhwc, simt_gemm_conv2d, winograd_conv2d)
 from cupyconv.families.common import STORAGE_BYTES
 from cupyconv.program import BIAS, OUT, PREPARED, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X, Pointer
@@ -40,6 +41,7 @@ def config_names(kernel: str, dtype: str) -> list[str]:
     tables = {planner.DIRECT_KERNEL: direct_conv2d.TILE_CONFIGS,
               planner.DEPTHWISE_KERNEL: depthwise_conv2d.DEPTHWISE_CONFIGS,
               planner.DEPTHWISE_COLUMN_KERNEL: depthwise_column_conv2d.COLUMN_CONFIGS,
+              planner.DEPTHWISE_NHWC_KERNEL: depthwise_nhwc.NHWC_DEPTHWISE_CONFIGS,
               planner.SIMT_KERNEL: simt_gemm_conv2d.SIMT_CONFIGS,
               planner.WINOGRAD_KERNEL: simt_gemm_conv2d.SIMT_CONFIGS,
               planner.GEMM_KERNEL: implicit_gemm_conv2d.GEMM_CONFIGS.get(dtype, ()),
@@ -91,7 +93,7 @@ def temporaries(plan, problem) -> list[int]:
         copied = not plan.a_from_nchw if problem.layout == "NCHW" else \
             plan.channels_padded != problem.c or problem.dtype == "float32"
         return [problem.n * problem.h * problem.w * plan.channels_padded * item] if copied else []
-    if problem.layout == "NHWC":
+    if problem.layout == "NHWC" and not layouts.native(planner.FAMILIES[plan.kernel], problem):
         return temporaries(plan, dataclasses.replace(problem, layout="NCHW")) + \
             [math.prod(problem.x_shape) * item, math.prod(problem.out_shape) * item]
     if plan.kernel == planner.WINOGRAD_KERNEL:
@@ -177,7 +179,7 @@ def test_layout_programs(case, dtype, layouts):
         if problem.n == 0:
             continue
         names = [launch.kernel for launch in call.launches]
-        if plan.kernel != planner.NHWC_KERNEL and layouts[0] == "NHWC":
+        if not native(planner.FAMILIES[plan.kernel], problem) and layouts[0] == "NHWC":
             assert names[0] == names[-1] == implicit_gemm_nhwc.CHANNELS_LAST_TILED or \
                 implicit_gemm_nhwc.CHANNELS_LAST_NARROW in (names[0], names[-1]), names
         if plan.kernel == planner.NHWC_KERNEL and layouts == ("NHWC", "KHWC") and dtype != "float32" and \
@@ -187,7 +189,8 @@ def test_layout_programs(case, dtype, layouts):
 
 def test_the_grid_covers_every_family_and_form():
     """The plans test_programs checks take every family, the wgmma tiles, NHWC in place and Winograd."""
-    plans = [plan for case, dtype in itertools.product(CASES, DTYPES) for plan in plans_for(case, dtype)[1]]
+    plans = [plan for case, dtype, layouts in itertools.product(CASES, DTYPES, [("NCHW", "KCHW"), ("NHWC", "KHWC")])
+             for plan in plans_for(case, dtype, *layouts)[1]]
     assert {plan.kernel for plan in plans} == set(planner.KERNELS)
     assert any(plan.arch for plan in plans) and any(plan.a_from_nchw for plan in plans)
     assert any(plan.kernel == planner.NHWC_KERNEL and not plan.a_from_nchw for plan in plans)

@@ -126,8 +126,12 @@ def test_channels_last_in_channels_last_out(dtype):
         y = ours(x)
         check_against_torch(y, theirs(x), float64_copy(theirs)(x.double()), dtype)
     assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
-    with torch.no_grad():
-        assert ours(x.contiguous()).is_contiguous()
+    with torch.no_grad():  # a contiguous x with the channels_last weight: channels_last, as torch's conv
+        expected = F.conv2d(x.contiguous(), ours.weight, ours.bias, ours.stride, ours.padding, ours.dilation,
+                            ours.groups)
+        assert ours(x.contiguous()).is_contiguous(memory_format=torch.channels_last) == \
+            expected.is_contiguous(memory_format=torch.channels_last)
+        assert ours.to(memory_format=torch.contiguous_format)(x.contiguous()).is_contiguous()
 
 
 def test_non_contiguous_and_unbatched_inputs():
