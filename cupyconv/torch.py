@@ -97,8 +97,11 @@ def _channels_last(t: torch.Tensor) -> bool:
 
 
 def _layouts(x: torch.Tensor, weight: torch.Tensor) -> tuple[str, str]:
-    """(layout, weight_layout) of a call, as torch's convolution picks its memory format: the output
-    (and so x) is channels_last when x or the weight is; the weight is read as it is stored."""
+    """(layout, weight_layout) of a call, as torch's CUDA convolution picks its memory format: the
+    output (and so x) is channels_last when x or the weight is, but never in float64; the weight is
+    read as it is stored."""
+    if x.dtype == torch.float64:
+        return "NCHW", "KCHW"
     weight_channels_last = _channels_last(weight)
     return ("NHWC" if _channels_last(x) or weight_channels_last else "NCHW",
             "KHWC" if weight_channels_last else "KCHW")
