@@ -179,10 +179,11 @@ def test_torch_channels_last_in_place(dtype):
         assert exe.plan.kernel == planner.NHWC_KERNEL and len(exe._launches) == 1 and exe.weight is None
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])  # torch keeps float64 contiguous
 @pytest.mark.parametrize("x_cl,w_cl", list(itertools.product((False, True), repeat=2)))
-def test_torch_mixed_formats_follow_torch(x_cl, w_cl, strict_torch_fp32):
+def test_torch_mixed_formats_follow_torch(x_cl, w_cl, dtype, strict_torch_fp32):
     case = Case(2, 16, 32, 10, 11, 3, 3, padding=1)
-    x, weight, bias = inputs(case, "float32", seed=11)
+    x, weight, bias = inputs(case, dtype, seed=11)
     x = x.to(memory_format=torch.channels_last) if x_cl else x
     weight = weight.to(memory_format=torch.channels_last) if w_cl else weight
     y, expected = cct.conv2d(x, weight, bias, padding=1), F.conv2d(x, weight, bias, padding=1)
