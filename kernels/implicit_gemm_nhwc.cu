@@ -20,7 +20,8 @@
 // 16-byte bank groups. Fragments
 // come by ldmatrix (non-transposed) for every type: for TF32 a "b16 pair" is one float, and the
 // 8x8 b16 matrix is the 8 x 4 float block the m16n8k8 fragment wants. Floats arrive TF32-rounded
-// (nchw_to_nhwc's ROUND_TF32), so no per-fragment conversion is needed.
+// (nchw_to_nhwc's ROUND_TF32), so no per-fragment conversion is needed; an NHWC input read in place
+// is rounded in shared memory by the thread that copied it (ROUND_A).
 // Epilogue: accumulators -> shared memory (float) -> + bias, storage type -> y. NCHW output: staged
 // [BN][BM + pad], a warp stores 32 consecutive pixels of one channel; NHWC_OUT (the NHWC layout,
 // x read in place or from a padded copy): staged [BM][BN + pad], a warp stores one pixel's
@@ -91,6 +92,9 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     constexpr int D_STRIDE = BN + 4;                         // NHWC_OUT: staging [BM][D_STRIDE] floats
     constexpr int INST_K = mma_op<T>::k;
     constexpr bool ROUND_TF32 = NCHW_A && sizeof(T) == 4;    // no copy rounded the operands
+    // An NHWC float32 input read in place arrives unrounded: each thread rounds the A pieces it
+    // copied once they land, before the barrier (so mma.sync and wgmma alike read TF32 values).
+    constexpr bool ROUND_A = NHWC_OUT && sizeof(T) == 4;
     // wgmma tiles left running while the next barrier is reached and the next loads are issued: one,
     // where four stages leave two tiles of loads ahead.
     constexpr int WGMMA_LAG = WGMMA && STAGES >= 4 ? 1 : 0;
@@ -271,7 +275,19 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
 
     // --- Main loop (mma.cuh; every copy is a cp.async, nothing to store from registers); then the
     // pipeline buffers become the epilogue's staging area.
-    run_k_pipeline<STAGES, WGMMA, WGMMA_LAG>(k_tiles, load_tile, compute_tile, [](int) {});
+    auto round_a = [&](int stage) {
+        if constexpr (ROUND_A) {
+            T* a_dst = a_smem + stage * A_STAGE + a_row0 * STRIDE + (WGMMA ? swizzle128_slot(a_piece, a_row0) : a_piece) * EV;
+#pragma unroll
+            for (int i = 0; i < A_PASSES; ++i)
+#pragma unroll
+                for (int e = 0; e < EV; ++e) {
+                    float& v = reinterpret_cast<float&>(a_dst[A_ROWS_PER_PASS * i * STRIDE + e]);
+                    v = __uint_as_float(to_tf32(v));
+                }
+        }
+    };
+    run_k_pipeline<STAGES, WGMMA, WGMMA_LAG>(k_tiles, load_tile, compute_tile, [](int) {}, round_a);
     if constexpr (WGMMA_LAG > 0) {  // the last tile's MMAs read the buffers the epilogue overwrites
         wgmma_wait<0>();
         __syncthreads();

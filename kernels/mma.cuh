@@ -42,8 +42,12 @@ template <int Pending> __device__ __forceinline__ void cp_async_wait() {
 // fences its landed copies before the barrier. LAG: compute may return with the MMAs of its last LAG
 // tiles still reading their buffers (asynchronous wgmma), so loads run LAG tiles less far ahead,
 // into the buffer of tile t - 1 - LAG; the caller waits for the MMAs before reusing the buffers.
-template <int STAGES, bool ASYNC_PROXY = false, int LAG = 0, typename Load, typename Compute, typename Store>
-__device__ __forceinline__ void run_k_pipeline(int k_tiles, Load&& load, Compute&& compute, Store&& store) {
+// landed(buffer), where given, runs once this thread's copies of the tile in ``buffer`` have landed and
+// before the barrier: a thread may rewrite what it copied itself (the NHWC GEMM rounds float32 to TF32).
+template <int STAGES, bool ASYNC_PROXY = false, int LAG = 0, typename Load, typename Compute, typename Store,
+          typename Landed>
+__device__ __forceinline__ void run_k_pipeline(int k_tiles, Load&& load, Compute&& compute, Store&& store,
+                                               Landed&& landed) {
     constexpr int AHEAD = STAGES - 1 - LAG;  // tiles loaded ahead of the one computed
     static_assert(AHEAD >= 1, "a stage to load into while computing");
 #pragma unroll 1
@@ -58,6 +62,7 @@ __device__ __forceinline__ void run_k_pipeline(int k_tiles, Load&& load, Compute
 #pragma unroll 1
     for (int t = 0; t < k_tiles; ++t) {
         cp_async_wait<AHEAD - 1>();   // tile t has landed (this thread's copies) ...
+        landed(read_stage);
         if constexpr (ASYNC_PROXY)  // sm_90: shared memory written by cp.async, read next by the tensor cores
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();              // ... everyone's, and tile t - 1 - LAG's buffer is no longer read
@@ -71,6 +76,11 @@ __device__ __forceinline__ void run_k_pipeline(int k_tiles, Load&& load, Compute
     }
     cp_async_wait<0>();
     __syncthreads();
+}
+
+template <int STAGES, bool ASYNC_PROXY = false, int LAG = 0, typename Load, typename Compute, typename Store>
+__device__ __forceinline__ void run_k_pipeline(int k_tiles, Load&& load, Compute&& compute, Store&& store) {
+    run_k_pipeline<STAGES, ASYNC_PROXY, LAG>(k_tiles, load, compute, store, [](int) {});
 }
 
 __device__ __forceinline__ unsigned to_tf32(float v) {

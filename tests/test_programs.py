@@ -84,14 +84,13 @@ def parameters(kernel: str) -> tuple[str, ...]:
 
 def temporaries(plan, problem) -> list[int]:
     """Bytes of each per-call temporary, in workspace order: the channels-last GEMM's input copy (of an
-    NCHW input, or of an NHWC one that needs zero channels or TF32 rounding); Winograd's transformed
+    NCHW input, or of an NHWC one that needs zero channels); Winograd's transformed
     input V and GEMM output M of one pass; split-K's partial sums (the FMA GEMM's, or Winograd's
     GEMM's after M); then, for an NHWC problem of a family that computes NCHW alone, the NCHW copies
     of x and of the output."""
     item = STORAGE_BYTES[problem.dtype]
     if plan.kernel == planner.NHWC_KERNEL:
-        copied = not plan.a_from_nchw if problem.layout == "NCHW" else \
-            plan.channels_padded != problem.c or problem.dtype == "float32"
+        copied = not plan.a_from_nchw if problem.layout == "NCHW" else plan.channels_padded != problem.c
         return [problem.n * problem.h * problem.w * plan.channels_padded * item] if copied else []
     if problem.layout == "NHWC" and not layouts.native(planner.FAMILIES[plan.kernel], problem):
         return temporaries(plan, dataclasses.replace(problem, layout="NCHW")) + \
@@ -182,9 +181,9 @@ def test_layout_programs(case, dtype, layouts):
         if not native(planner.FAMILIES[plan.kernel], problem) and layouts[0] == "NHWC":
             assert names[0] == names[-1] == implicit_gemm_nhwc.CHANNELS_LAST_TILED or \
                 implicit_gemm_nhwc.CHANNELS_LAST_NARROW in (names[0], names[-1]), names
-        if plan.kernel == planner.NHWC_KERNEL and layouts == ("NHWC", "KHWC") and dtype != "float32" and \
-                plan.channels_padded == problem.c:
-            assert names == [planner.NHWC_KERNEL] and call.weight is None, "NHWC operands read in place"
+        if plan.kernel == planner.NHWC_KERNEL and layouts == ("NHWC", "KHWC") and plan.channels_padded == problem.c:
+            assert names == [planner.NHWC_KERNEL], "NHWC x read in place"
+            assert (call.weight is None) == (dtype != "float32"), "KHWC weight read in place but to round to TF32"
 
 
 def test_the_grid_covers_every_family_and_form():

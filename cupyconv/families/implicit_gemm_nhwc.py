@@ -4,8 +4,8 @@ workspace, the weight as [K][kh][kw][Cgp] prepared once; 1x1 stride-1 unpadded p
 in place. The default tensor-core family.
 
 It computes the NHWC layout natively: an NHWC input is read in place (copied only to add zero
-channels or, in float32, to round to TF32), the output is written NHWC, and a KHWC weight is the
-form it reads (in place where it needs neither)."""
+channels; float32 is rounded to TF32 in shared memory), the output is written NHWC, and a KHWC
+weight is the form it reads (in place where it needs no zero channels and, in float32, no rounding)."""
 from __future__ import annotations
 
 import math
@@ -186,8 +186,6 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         why += f"; 1x1: the NCHW input read in place, {vec}-byte pieces of pixels"
     elif channels_padded != problem.c:
         why += f"; input copied with {channels_padded - problem.c} zero channel(s) for {vec}-byte pieces"
-    elif problem.layout == "NHWC" and _x_copied(problem, channels_padded):
-        why += "; NHWC input copied rounded to TF32"
     copy = problem.n * channels_padded * problem.h * problem.w if _x_copied(problem, channels_padded) else 0
     return LaunchPlan(
         kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem, copy),
@@ -211,10 +209,10 @@ def describe(plan: LaunchPlan) -> str:
 
 def _x_copied(problem: ConvProblem, channels_padded: int) -> bool:
     """Whether the GEMM reads a copy of x: NCHW inputs but 1x1 ones read in place; NHWC inputs that
-    need zero channels, or float32 ones (rounded to TF32 on the way)."""
+    need zero channels (float32 ones read in place are rounded to TF32 in shared memory)."""
     if problem.layout == "NCHW":
         return not _nchw_a_vec(problem)
-    return channels_padded != problem.c or problem.dtype == "float32"
+    return channels_padded != problem.c
 
 
 def _weight_copied(problem: ConvProblem, channels_padded: int) -> bool:
