@@ -92,8 +92,11 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     constexpr int D_STRIDE = BN + 4;                         // NHWC_OUT: staging [BM][D_STRIDE] floats
     constexpr int INST_K = mma_op<T>::k;
     constexpr bool ROUND_TF32 = NCHW_A && sizeof(T) == 4;    // no copy rounded the operands
-    // An NHWC float32 input read in place arrives unrounded: each thread rounds the A pieces it
-    // copied once they land, before the barrier (so mma.sync and wgmma alike read TF32 values).
+    // An NHWC float32 input of a 1x1 problem is read in place, unrounded: each thread rounds the A
+    // pieces it copied once they land, before the barrier (so mma.sync and wgmma alike read TF32
+    // values). Other NHWC float32 inputs come rounded by a copy (families/implicit_gemm_nhwc.py
+    // _x_copied): rounding between the wait and the barrier stalls every k tile, which costs a
+    // many-tap reduction more than the copy does (benchmarks/NOTES.md).
     constexpr bool ROUND_A = NHWC_OUT && sizeof(T) == 4;
     // wgmma tiles left running while the next barrier is reached and the next loads are issued: one,
     // where four stages leave two tiles of loads ahead.
@@ -277,6 +280,7 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     // pipeline buffers become the epilogue's staging area.
     auto round_a = [&](int stage) {
         if constexpr (ROUND_A) {
+            if (kh * kw != 1) return;
             T* a_dst = a_smem + stage * A_STAGE + a_row0 * STRIDE + (WGMMA ? swizzle128_slot(a_piece, a_row0) : a_piece) * EV;
 #pragma unroll
             for (int i = 0; i < A_PASSES; ++i)

@@ -84,13 +84,14 @@ def parameters(kernel: str) -> tuple[str, ...]:
 
 def temporaries(plan, problem) -> list[int]:
     """Bytes of each per-call temporary, in workspace order: the channels-last GEMM's input copy (of an
-    NCHW input, or of an NHWC one that needs zero channels); Winograd's transformed
+    NCHW input, or of an NHWC one that needs zero channels or, float32 with several taps, rounding); Winograd's transformed
     input V and GEMM output M of one pass; split-K's partial sums (the FMA GEMM's, or Winograd's
     GEMM's after M); then, for an NHWC problem of a family that computes NCHW alone, the NCHW copies
     of x and of the output."""
     item = STORAGE_BYTES[problem.dtype]
     if plan.kernel == planner.NHWC_KERNEL:
-        copied = not plan.a_from_nchw if problem.layout == "NCHW" else plan.channels_padded != problem.c
+        copied = not plan.a_from_nchw if problem.layout == "NCHW" else plan.channels_padded != problem.c or (
+            problem.dtype == "float32" and problem.kh * problem.kw != 1)
         return [problem.n * problem.h * problem.w * plan.channels_padded * item] if copied else []
     if problem.layout == "NHWC" and not layouts.native(planner.FAMILIES[plan.kernel], problem):
         return temporaries(plan, dataclasses.replace(problem, layout="NCHW")) + \
@@ -182,7 +183,7 @@ def test_layout_programs(case, dtype, layouts):
             assert names[0] == names[-1] == implicit_gemm_nhwc.CHANNELS_LAST_TILED or \
                 implicit_gemm_nhwc.CHANNELS_LAST_NARROW in (names[0], names[-1]), names
         if plan.kernel == planner.NHWC_KERNEL and layouts == ("NHWC", "KHWC") and plan.channels_padded == problem.c:
-            assert names == [planner.NHWC_KERNEL], "NHWC x read in place"
+            assert names == [planner.NHWC_KERNEL] or (dtype == "float32" and problem.kh * problem.kw > 1), names
             assert (call.weight is None) == (dtype != "float32"), "KHWC weight read in place but to round to TF32"
 
 

@@ -4,7 +4,8 @@ workspace, the weight as [K][kh][kw][Cgp] prepared once; 1x1 stride-1 unpadded p
 in place. The default tensor-core family.
 
 It computes the NHWC layout natively: an NHWC input is read in place (copied only to add zero
-channels; float32 is rounded to TF32 in shared memory), the output is written NHWC, and a KHWC
+channels or, in float32 with more than one tap, to round to TF32; 1x1 float32 inputs are rounded in
+shared memory), the output is written NHWC, and a KHWC
 weight is the form it reads (in place where it needs no zero channels and, in float32, no rounding)."""
 from __future__ import annotations
 
@@ -209,10 +210,11 @@ def describe(plan: LaunchPlan) -> str:
 
 def _x_copied(problem: ConvProblem, channels_padded: int) -> bool:
     """Whether the GEMM reads a copy of x: NCHW inputs but 1x1 ones read in place; NHWC inputs that
-    need zero channels (float32 ones read in place are rounded to TF32 in shared memory)."""
+    need zero channels, and float32 ones with more than one tap, rounded to TF32 by the copy (1x1
+    ones the kernel rounds in shared memory: the rule its ROUND_A follows)."""
     if problem.layout == "NCHW":
         return not _nchw_a_vec(problem)
-    return channels_padded != problem.c
+    return channels_padded != problem.c or (problem.dtype == "float32" and problem.kh * problem.kw != 1)
 
 
 def _weight_copied(problem: ConvProblem, channels_padded: int) -> bool:
