@@ -13,6 +13,7 @@ import functools
 
 from . import layouts
 from .arguments import ConvProblem
+from .families.common import grid_fits
 from .program import CallProgram, Pointer
 
 
@@ -207,6 +208,10 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
     else:
         call = layouts.transposed(family.program(plan, layouts.nchw(problem)), plan, problem)
     for launch in call.launches + (call.weight.launches if call.weight else ()):
+        if not grid_fits(launch.grid):  # the copies' and transposes' grids (the families check their own)
+            raise ValueError(f"{launch.kernel} needs grid {launch.grid}, past CUDA's limits: the problem "
+                             f"{problem.x_array_shape} -> {problem.out_array_shape} in layout {problem.layout} is too "
+                             f"large for {plan.kernel}")
         for position, arg in enumerate(launch.args):
             if not isinstance(arg, Pointer) and not -2**31 <= arg < 2**31:
                 raise ValueError(f"{launch.kernel} argument {position} is {arg}, past its 32-bit int: the problem "

@@ -26,16 +26,13 @@ template <typename T, bool ROUND_TF32> __device__ __forceinline__ T channels_las
 }
 
 // Many channels: a 32 x 32 (channel, position) tile through shared memory, so that both the reads
-// (along p) and the writes (along c) are coalesced. Block (32, 8); a 1-D grid of
-// N x ceil(Cp / 32) x ceil(P / 32) tiles (p fastest), so that no size meets gridDim.y's limit.
+// (along p) and the writes (along c) are coalesced. Block (32, 8), grid (ceil(P / 32), ceil(Cp / 32), N).
 template <typename T, bool ROUND_TF32>
 __global__ void __launch_bounds__(256)
 nchw_to_nhwc_tiled(const T* __restrict__ x, T* __restrict__ y, int C, int P, int Cp) {
     __shared__ T tile[32][33];  // +1 column: the transposed read is conflict-free
-    // 32-bit arithmetic: 64-bit divisions here made the copies of the GEMM's operands ~2x slower.
-    const unsigned tiles_p = (P + 31) / 32, tiles_c = (Cp + 31) / 32, tile_pc = blockIdx.x / tiles_p;
-    const long long n = tile_pc / tiles_c;
-    const int p0 = static_cast<int>(blockIdx.x - tile_pc * tiles_p) * 32, c0 = static_cast<int>(tile_pc % tiles_c) * 32;
+    const long long n = blockIdx.z;
+    const int p0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
     const int tx = threadIdx.x, ty = threadIdx.y;
     const T* src = x + n * C * P;
     T* dst = y + n * Cp * P;
@@ -56,13 +53,12 @@ nchw_to_nhwc_tiled(const T* __restrict__ x, T* __restrict__ y, int C, int P, int
 
 // Few channels (Cp <= 8, AlexNet's 3 padded to 4): one thread per position reads its C values
 // (coalesced across the warp) and writes its Cp contiguous ones, as one 8- or 16-byte store where
-// Cp fills one. Block 256; a 1-D grid of N x ceil(P / 256) blocks.
+// Cp fills one. Grid (ceil(P / 256), N), block 256.
 template <typename T, bool ROUND_TF32>
 __global__ void __launch_bounds__(256)
 nchw_to_nhwc_narrow(const T* __restrict__ x, T* __restrict__ y, int C, int P, int Cp) {
-    const unsigned blocks_p = (P + 255) / 256, image = blockIdx.x / blocks_p;
-    const long long n = image;
-    const int p = static_cast<int>(blockIdx.x - image * blocks_p) * 256 + threadIdx.x;
+    const long long n = blockIdx.y;
+    const int p = blockIdx.x * 256 + threadIdx.x;
     if (p >= P) return;
     const T* src = x + n * C * P + p;
     T* dst = y + (n * P + p) * Cp;
@@ -90,9 +86,14 @@ nchw_to_nhwc_narrow(const T* __restrict__ x, T* __restrict__ y, int C, int P, in
 template <typename T, bool ROUND_TF32>
 __global__ void __launch_bounds__(256)
 pad_channels(const T* __restrict__ x, T* __restrict__ y, int C, int P, int Cp) {
-    const long long i = static_cast<long long>(blockIdx.x) * 256 + threadIdx.x;
-    if (i >= static_cast<long long>(P) * Cp) return;
-    const long long p = i / Cp;
+    const long long i = static_cast<long long>(blockIdx.x) * 256 + threadIdx.x, total = static_cast<long long>(P) * Cp;
+    if (i >= total) return;
+    long long p;
+    if (total <= 0xffffffffLL) {  // 32-bit division where it suffices: a 64-bit one per element is slow
+        p = static_cast<unsigned>(i) / static_cast<unsigned>(Cp);
+    } else {
+        p = i / Cp;
+    }
     const int c = static_cast<int>(i - p * Cp);
     y[i] = c < C ? channels_last_value<T, ROUND_TF32>(x[p * C + c]) : T{};
 }

@@ -276,10 +276,10 @@ def channels_last_copy(dtype: str, n: int, c: int, positions: int, channels_padd
     way where ``round_tf32`` (the tensor-core GEMM's operands), kept exact otherwise (the FMA GEMM's
     transposed weight)."""
     if channels_padded <= NARROW_CHANNELS:
-        kernel, grid, block = CHANNELS_LAST_NARROW, (n * math.ceil(positions / 256), 1, 1), (256, 1, 1)
+        kernel, grid, block = CHANNELS_LAST_NARROW, (math.ceil(positions / 256), n, 1), (256, 1, 1)
     else:
-        kernel, grid, block = (CHANNELS_LAST_TILED,
-                               (n * math.ceil(channels_padded / 32) * math.ceil(positions / 32), 1, 1), (32, 8, 1))
+        kernel, grid, block = (CHANNELS_LAST_TILED, (math.ceil(positions / 32), math.ceil(channels_padded / 32), n),
+                               (32, 8, 1))
     return Launch(kernel, _copy_specialisation(kernel, dtype, round_tf32), grid, block, 0,
                   (source, copy, c, positions, channels_padded))
 
