@@ -79,3 +79,19 @@ def test_plans_say_what_is_read_in_place():
     assert "transposed for the kernel, which computes NCHW only" in printed
     assert "transposed for the kernel, which computes KCHW only" in printed
     assert "NHWC" not in str(cupyconv.plan(x32.transpose(0, 3, 1, 2), w32.transpose(0, 3, 1, 2), padding=1))
+
+
+def test_transposes_past_the_grid_limit_are_refused_before_a_launch():
+    """An NHWC plane of more than 65535 x 32 positions cannot be transposed for an NCHW-only family:
+    the program says so with a ValueError (raised when the call is first prepared, before any launch)."""
+    import dataclasses
+
+    from cupyconv import planner
+    from cupyconv.arguments import make_problem
+
+    problem = dataclasses.replace(make_problem((1, 1, 1500, 1500), (8, 1, 3, 3), None, "float32", padding=1),
+                                  layout="NHWC")
+    plan = planner.make_plan(problem)
+    assert "transposed" in str(plan)
+    with pytest.raises(ValueError, match=r"past CUDA's limits.*layout NHWC"):
+        planner.program(plan, problem)
