@@ -108,13 +108,21 @@ def _layouts(x: torch.Tensor, weight: torch.Tensor) -> tuple[str, str]:
 
 
 def _op_problem(x, weight, bias, stride, padding, dilation, groups) -> ConvProblem:
-    """The ConvProblem of the custom op's explicit arguments (padding = (top, left, bottom, right))."""
+    """The ConvProblem of the custom op's explicit arguments (padding = (top, left, bottom, right)),
+    its layouts following the tensors' memory formats as in eager calls."""
     n, c, h, w = x.shape
     k, _, kh, kw = weight.shape
     top, left, bottom, right = padding
+    layout, weight_layout = _layouts(x, weight)
     return ConvProblem(n=n, c=c, h=h, w=w, k=k, kh=kh, kw=kw, stride=tuple(stride), dilation=tuple(dilation),
                        pad_top=top, pad_left=left, pad_bottom=bottom, pad_right=right, groups=groups,
-                       dtype=_dtype_name(x.dtype, "x"), has_bias=bias is not None)
+                       dtype=_dtype_name(x.dtype, "x"), has_bias=bias is not None, layout=layout,
+                       weight_layout=weight_layout)
+
+
+def _memory_format(problem: ConvProblem) -> torch.memory_format:
+    """The memory format of the problem's x and output."""
+    return torch.channels_last if problem.layout == "NHWC" else torch.contiguous_format
 
 
 def _raw_stream(device_index: int) -> int:
@@ -145,7 +153,7 @@ class _Call:
         check_output_size(self.shape, STORAGE_BYTES[problem.dtype], device_memory(self.device_index),
                           f"GPU {self.device_index}")
         self.exe = executable(problem, allow_tf32, self.device_index) if math.prod(self.shape) else None
-        self.x_format = torch.channels_last if problem.layout == "NHWC" else torch.contiguous_format
+        self.x_format = _memory_format(problem)
         self.weight_format = torch.channels_last if problem.weight_layout == "KHWC" else torch.contiguous_format
 
 
@@ -273,12 +281,14 @@ def _conv2d_op_cpu(x, weight, bias, stride, padding, dilation, groups):
     # Makes the op total over devices (and testable in CPU-only CI); conv2d() itself sends CPU
     # tensors to F.conv2d directly.
     top, left, bottom, right = padding
-    return F.conv2d(F.pad(x, (left, right, top, bottom)), weight, bias, stride, 0, dilation, groups)
+    y = F.conv2d(F.pad(x, (left, right, top, bottom)), weight, bias, stride, 0, dilation, groups)
+    return y.contiguous(memory_format=_memory_format(_op_problem(x, weight, bias, stride, padding, dilation, groups)))
 
 
 @_conv2d_op.register_fake
 def _conv2d_op_fake(x, weight, bias, stride, padding, dilation, groups):
-    return x.new_empty(_op_problem(x, weight, bias, stride, padding, dilation, groups).out_shape)
+    problem = _op_problem(x, weight, bias, stride, padding, dilation, groups)
+    return torch.empty(problem.out_shape, dtype=x.dtype, device=x.device, memory_format=_memory_format(problem))
 
 
 def _save_for_backward(ctx, x, weight, stride, padding, dilation, groups) -> None:
@@ -340,12 +350,11 @@ class _Conv2dFunction(torch.autograd.Function):
 
 
 def _op_conv2d(x, weight, bias, problem: ConvProblem):
-    """A checked 4-D problem through the custom op (what torch.compile traces), keeping x's memory format."""
-    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-    y = torch.ops.cupyconv.conv2d(x, weight, bias, list(problem.stride),
-                                  [problem.pad_top, problem.pad_left, problem.pad_bottom, problem.pad_right],
-                                  list(problem.dilation), problem.groups)
-    return y.contiguous(memory_format=torch.channels_last) if channels_last else y
+    """A checked 4-D problem through the custom op (what torch.compile traces); the output in the memory
+    format torch's convolution would give (the op computes channels_last tensors in place)."""
+    return torch.ops.cupyconv.conv2d(x, weight, bias, list(problem.stride),
+                                     [problem.pad_top, problem.pad_left, problem.pad_bottom, problem.pad_right],
+                                     list(problem.dilation), problem.groups)
 
 
 def _checked_conv2d(x, weight, bias, stride, padding, dilation, groups, cache):

@@ -214,3 +214,19 @@ def test_converted_channels_last_model(dtype, strict_torch_fp32):
         fresh = cct.convert(torch.nn.Sequential(*[m for m in model]))  # same modules, emptied caches
         cct.clear_weight_caches(fresh)
         assert torch.equal(again, fresh(x))
+
+
+def test_compiled_channels_last_model(strict_torch_fp32):
+    """torch.compile(fullgraph=True) of a converted channels_last model: the custom op computes NHWC in
+    place too, with a channels_last output, as eager calls do."""
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(32, 32, 3, padding=1, groups=32))
+    model = model.cuda().half().eval().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 16, 12, 12, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        expected = model(x)
+        torch._dynamo.reset()
+        y = torch.compile(cct.convert(model), fullgraph=True)(x)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    assert relative_error(y, expected) < 2e-2

@@ -216,11 +216,30 @@ def test_op_route_equals_torch(case):
 
 def test_op_route_keeps_channels_last():
     x, w, b, args = _random_conv(CONV_CASES[1])
+    x, w, b = (None if t is None else t.float() for t in (x, w, b))  # float64 stays contiguous (below)
     x = x.contiguous(memory_format=torch.channels_last)
     y = _op_call(x, w, b, args)
     assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
     torch.testing.assert_close(y, F.conv2d(x, w, b, **args))
     assert _op_call(x.contiguous(), w, b, args).is_contiguous()
+    # A channels_last weight makes the output channels_last (torch's CUDA rule), float64 never.
+    w_cl = w.contiguous(memory_format=torch.channels_last)
+    assert _op_call(x.contiguous(), w_cl, b, args).is_contiguous(memory_format=torch.channels_last)
+    x64, w64 = x.double(), w_cl.double()
+    assert _op_call(x64, w64, b.double() if b is not None else None, args).is_contiguous()
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_opcheck_channels_last(channels_last):
+    """The fake kernel's output strides are the real kernel's in both memory formats."""
+    x, w, b, args = _random_conv(CONV_CASES[1])
+    if channels_last:
+        x, w = x.contiguous(memory_format=torch.channels_last), w.contiguous(memory_format=torch.channels_last)
+    problem = ct._problem(x, w, b, **args)
+    torch.library.opcheck(torch.ops.cupyconv.conv2d.default,
+                          (x, w, b, list(problem.stride),
+                           [problem.pad_top, problem.pad_left, problem.pad_bottom, problem.pad_right],
+                           list(problem.dilation), problem.groups))
 
 
 @pytest.mark.parametrize("case", GRAD_CASES)
