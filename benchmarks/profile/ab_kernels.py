@@ -3,8 +3,12 @@
 Median of 200 CUDA-event timings per launch after warm-up."""
 import sys
 
+import pathlib
+
 import cupy
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from ab_layers import event_median_ms  # noqa: E402
 from cupyconv.bench import LAYERS, MODE_DTYPE, SEEDS
 from cupyconv.executor import addresses, executable
 from cupyconv.program import align
@@ -27,18 +31,8 @@ def main(label: str) -> None:
         operands = addresses(*(b.data.ptr for b in buffers))
         stream = cupy.cuda.get_current_stream().ptr
         for name, launch in [("weight", l) for l in exe._weight_launches] + [("call", l) for l in exe._launches]:
-            for _ in range(10):
-                launch(operands, stream)
-            times = []
-            for _ in range(200):
-                start, end = cupy.cuda.Event(), cupy.cuda.Event()
-                start.record()
-                launch(operands, stream)
-                end.record()
-                end.synchronize()
-                times.append(cupy.cuda.get_elapsed_time(start, end))
-            times.sort()
-            print(f"{label} {shape.name:16s} {name:6s} grid {launch.launch_shape[:3]} {times[100]:.4f} ms", flush=True)
+            ms = event_median_ms(lambda: launch(operands, stream))
+            print(f"{label} {shape.name:16s} {name:6s} grid {launch.launch_shape[:3]} {ms:.4f} ms", flush=True)
 
 
 if __name__ == "__main__":

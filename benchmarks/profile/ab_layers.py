@@ -22,19 +22,24 @@ def main(label: str) -> None:
             w = cupy.random.standard_normal(problem.weight_shape, dtype=cupy.float32).astype(dtype)
             b = cupy.random.standard_normal(problem.k, dtype=cupy.float32).astype(dtype) if problem.has_bias else None
             out = cupy.empty(problem.out_shape, dtype=dtype)
-            run = lambda: conv2d_cupy(x, w, b, problem, out, allow_tf32=True)
-            for _ in range(10):
-                run()
-            times = []
-            for _ in range(200):
-                start, end = cupy.cuda.Event(), cupy.cuda.Event()
-                start.record()
-                run()
-                end.record()
-                end.synchronize()
-                times.append(cupy.cuda.get_elapsed_time(start, end))
-            times.sort()
-            print(f"{label} {shape.name:16s} {mode} {times[len(times) // 2]:.4f} ms", flush=True)
+            ms = event_median_ms(lambda: conv2d_cupy(x, w, b, problem, out, allow_tf32=True))
+            print(f"{label} {shape.name:16s} {mode} {ms:.4f} ms", flush=True)
+
+
+def event_median_ms(run, repeats: int = 200, warmup: int = 10) -> float:
+    """Median GPU time of ``run()`` in ms, each run alone between CUDA events on CuPy's current stream."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeats):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end))
+    times.sort()
+    return times[len(times) // 2]
 
 
 if __name__ == "__main__":
