@@ -1,9 +1,8 @@
 """GPU time of each launch of a call's program, one by one (run it once per tree to A/B kernels):
     python benchmarks/profile/ab_kernels.py LABEL
 Median of 200 CUDA-event timings per launch after warm-up."""
-import sys
-
 import pathlib
+import sys
 
 import cupy
 
