@@ -15,6 +15,7 @@ import numpy as np
 from .arguments import check_arrays, check_layouts, check_out, check_output_size, extent, make_problem, overlaps
 from .launch import run
 from .planner import LaunchPlan, make_plan
+from .program import OPERAND_ALIGNMENT
 from .reference import conv2d_numpy
 from .weights import PreparedWeight
 
@@ -47,8 +48,6 @@ class _CupyCall:
     """A checked CuPy call signature: its output shape, its executable, what must be copied first."""
 
     __slots__ = ("shape", "exe", "device_id", "x_copy", "weight_copy", "bias_copy", "extents")
-    #: cp.async reads pieces of up to 16 bytes in place: an operand at a less aligned address is copied.
-    ALIGNMENT = 16
 
     def __init__(self, problem, shape, exe, device_id, x, weight, bias):
         self.shape, self.exe, self.device_id = shape, exe, device_id
@@ -186,12 +185,12 @@ def _run_cupy(call: _CupyCall, x, weight, bias, out, prepared):
         out = cupy.empty(call.shape, dtype=x.dtype)
     if call.exe is None:  # an empty output: nothing to compute
         return out
-    if out.data.ptr % _CupyCall.ALIGNMENT:  # vector stores: compute into an aligned output, then copy
+    if out.data.ptr % OPERAND_ALIGNMENT:  # vector stores: compute into an aligned output, then copy
         out[...] = _run_cupy(call, x, weight, bias, None, prepared)
         return out
-    if x.data.ptr % _CupyCall.ALIGNMENT:
+    if x.data.ptr % OPERAND_ALIGNMENT:
         x = x.copy()
-    if weight.data.ptr % _CupyCall.ALIGNMENT and prepared is None:
+    if weight.data.ptr % OPERAND_ALIGNMENT and prepared is None:
         weight = weight.copy()
     run(call.exe, cupy.ascontiguousarray(x) if call.x_copy else x,
         cupy.ascontiguousarray(weight) if call.weight_copy else weight,

@@ -19,6 +19,9 @@ X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE = "x", "weight", "prepared", "bias", "
 OPERANDS = (X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE)
 #: Offsets of the temporaries in the workspace are multiples of this (cp.async and vector loads need 16).
 WORKSPACE_ALIGNMENT = 256
+#: The kernels read some caller operands in place with cp.async and vector loads of up to 16 bytes:
+#: the fronts copy an operand whose address is not a multiple of this first.
+OPERAND_ALIGNMENT = 16
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,6 +41,7 @@ from torch import nn
 from .arguments import ConvProblem, check_output_size, make_problem
 from .executor import Workspaces
 from .families.common import STORAGE_BYTES
+from .program import OPERAND_ALIGNMENT
 
 __all__ = ["Conv2d", "conv2d", "convert", "clear_weight_caches", "release_workspaces", "WeightCache"]
 
@@ -256,13 +257,9 @@ def _forward(call: _Call, x, weight, bias, cache: WeightCache | None) -> torch.T
     return out
 
 
-#: cp.async reads pieces of up to 16 bytes in place: a tensor at a less aligned address is copied.
-_ALIGNMENT = 16
-
-
 def _in_format(t: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
     """``t`` dense in ``memory_format`` at an address the kernels can read in place (a copy if not)."""
-    if t.is_contiguous(memory_format=memory_format) and not t.data_ptr() % _ALIGNMENT:
+    if t.is_contiguous(memory_format=memory_format) and not t.data_ptr() % OPERAND_ALIGNMENT:
         return t
     return t.clone(memory_format=memory_format)
 

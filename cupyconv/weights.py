@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 
 from .arguments import array_backend, dtype_name
+from .program import OPERAND_ALIGNMENT
 
 
 class PreparedWeight:
@@ -36,7 +37,7 @@ class PreparedWeight:
             raise ValueError(f"weight must be 4-D (K, C/groups, kh, kw), got shape {tuple(array.shape)}")
         with cupy.cuda.Device(array.device.id):
             self.array = cupy.ascontiguousarray(array)
-            if self.array.data.ptr % 16:  # kernels read some weights in place with 16-byte copies
+            if self.array.data.ptr % OPERAND_ALIGNMENT:  # some kernels read the weight in place
                 self.array = self.array.copy()
         self._forms: dict = {}  # WeightPreparation.key -> (CuPy buffer, stream it was written on)
         self._lock = threading.Lock()
