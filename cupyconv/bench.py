@@ -326,8 +326,8 @@ class _Runner:
         row = {"shape": shape.name, "mode": mode, "layout": layout, "kernel": plan.kernel, "plan": str(plan)}
         sets = max(1, min(4, math.ceil(2 * L2_BYTES / bytes_moved(problem))))
         by_layout = {"nchw": self._inputs(shape, torch_dtype, sets)}
-        by_layout["channels_last"] = [tuple(None if t is None or t.dim() != 4 else t.to(memory_format=torch.channels_last)
-                                            for t in ts[:2]) + ts[2:] for ts in by_layout["nchw"]]
+        by_layout["channels_last"] = [(x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last), b)
+                                      for x, w, b in by_layout["nchw"]]
         inputs = by_layout[layout]
         memory_format = torch.channels_last if layout == "channels_last" else torch.contiguous_format
         outs = [torch.empty(problem.out_shape, device="cuda", dtype=torch_dtype, memory_format=memory_format)

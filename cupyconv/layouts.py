@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from .arguments import ConvProblem
+from .families.common import STORAGE_BYTES
 from .program import OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation, align
 
 NCHW, NHWC, KCHW, KHWC = "NCHW", "NHWC", "KCHW", "KHWC"
@@ -69,17 +70,16 @@ def transposed(call: CallProgram, plan, problem: ConvProblem) -> CallProgram:
     """``call`` (``plan``'s program for nchw(problem)) run on ``problem``'s arrays: transposes of the
     NHWC input and output through the workspace (after the family's own temporaries), and of a KHWC
     weight into the prepared weight, which the family's own preparation (if any) then reads."""
-    p, item = problem, _item(problem.dtype)
+    p, item = problem, STORAGE_BYTES[problem.dtype]
     before, after, moves = [], [], {}
-    workspace = align(call.workspace_bytes)
+    workspace = call.workspace_bytes
     if p.layout == NHWC:
-        x_nchw, workspace = Pointer(WORKSPACE, workspace), workspace + align(p.n * p.c * p.h * p.w * item)
-        out_nchw, workspace = Pointer(WORKSPACE, workspace), workspace + align(p.n * p.k * p.ho * p.wo * item)
+        x_nchw = Pointer(WORKSPACE, align(workspace))
+        out_nchw = Pointer(WORKSPACE, x_nchw.offset + align(p.n * p.c * p.h * p.w * item))
+        workspace = out_nchw.offset + p.n * p.k * p.ho * p.wo * item
         before.append(_transpose(p.dtype, p.n, p.h * p.w, p.c, Pointer(X), x_nchw))
         after.append(_transpose(p.dtype, p.n, p.k, p.ho * p.wo, out_nchw, Pointer(OUT)))
         moves.update({X: x_nchw, OUT: out_nchw})
-    else:
-        workspace = call.workspace_bytes
     weight = call.weight
     if p.weight_layout == KHWC:
         kept = align(weight.nbytes) if weight else 0
@@ -91,9 +91,3 @@ def transposed(call: CallProgram, plan, problem: ConvProblem) -> CallProgram:
         moves[WEIGHT] = kchw
     launches = (*before, *_relocated(call.launches, moves), *after)
     return CallProgram(launches, workspace, weight)
-
-
-def _item(dtype: str) -> int:
-    from .families.common import STORAGE_BYTES
-
-    return STORAGE_BYTES[dtype]
