@@ -47,6 +47,9 @@ class LaunchPlan:
     # ... or, for 1x1 stride-1 unpadded problems, no copies: A read from the NCHW input, vec bytes of
     # consecutive pixels per piece.
     a_from_nchw: bool = False
+    # ... and, for float32 NHWC inputs it reads in place (no copy rounded them), TF32 rounding of the
+    # input pieces in shared memory as they land.
+    round_a: bool = False
     # depthwise_conv2d only: output channels each block computes (block z lanes side by side, each
     # channels_per_block / lanes one after another), and input patches each lane keeps in shared
     # memory (a ring of 1 to 4: the next patch_buffers - 1 channels' copies overlap this one's

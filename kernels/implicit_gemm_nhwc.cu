@@ -60,7 +60,7 @@ __host__ __device__ constexpr int nhwc_min_blocks(int threads, int accumulators,
 }
 
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
-          bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT>
+          bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32,
                                   nhwc_min_blocks(WARPS_M * WARPS_N * 32, BM * BN / (WARPS_M * WARPS_N * 32),
                                                   BM * BK * sizeof(T) / (VEC * WARPS_M * WARPS_N * 32),
@@ -92,12 +92,12 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     constexpr int D_STRIDE = BN + 4;                         // NHWC_OUT: staging [BM][D_STRIDE] floats
     constexpr int INST_K = mma_op<T>::k;
     constexpr bool ROUND_TF32 = NCHW_A && sizeof(T) == 4;    // no copy rounded the operands
-    // An NHWC float32 input of a 1x1 problem is read in place, unrounded: each thread rounds the A
-    // pieces it copied once they land, before the barrier (so mma.sync and wgmma alike read TF32
-    // values). Other NHWC float32 inputs come rounded by a copy (families/implicit_gemm_nhwc.py
-    // _x_copied): rounding between the wait and the barrier stalls every k tile, which costs a
+    // ROUND_A: a float32 NHWC input read in place, unrounded (the planner takes it for 1x1 problems;
+    // others come rounded by a copy, families/implicit_gemm_nhwc.py _x_copied): each thread rounds
+    // the A pieces it copied once they land, before the barrier, so mma.sync and wgmma alike read
+    // TF32 values. Rounding between the wait and the barrier stalls every k tile, which costs a
     // many-tap reduction more than the copy does (benchmarks/NOTES.md).
-    constexpr bool ROUND_A = NHWC_OUT && sizeof(T) == 4;
+    static_assert(!ROUND_A || (NHWC_OUT && sizeof(T) == 4), "ROUND_A: float32 NHWC inputs read in place");
     // wgmma tiles left running while the next barrier is reached and the next loads are issued: one,
     // where four stages leave two tiles of loads ahead.
     constexpr int WGMMA_LAG = WGMMA && STAGES >= 4 ? 1 : 0;
@@ -280,7 +280,6 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     // pipeline buffers become the epilogue's staging area.
     auto round_a = [&](int stage) {
         if constexpr (ROUND_A) {
-            if (kh * kw != 1) return;
             T* a_dst = a_smem + stage * A_STAGE + a_row0 * STRIDE + (WGMMA ? swizzle128_slot(a_piece, a_row0) : a_piece) * EV;
 #pragma unroll
             for (int i = 0; i < A_PASSES; ++i)

@@ -187,12 +187,17 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         why += f"; 1x1: the NCHW input read in place, {vec}-byte pieces of pixels"
     elif channels_padded != problem.c:
         why += f"; input copied with {channels_padded - problem.c} zero channel(s) for {vec}-byte pieces"
-    copy = problem.n * channels_padded * problem.h * problem.w if _x_copied(problem, channels_padded) else 0
+    copied = _x_copied(problem, channels_padded)
+    round_a = problem.layout == "NHWC" and problem.dtype == "float32" and not copied
+    if round_a:
+        why += "; NHWC input read in place, rounded to TF32 in shared memory"
+    copy = problem.n * channels_padded * problem.h * problem.w if copied else 0
     return LaunchPlan(
         kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem, copy),
         config=cfg, grid=gemm_grid(problem, cfg), block=(cfg.threads, 1, 1),
         shared_bytes=_shared_bytes(cfg, problem.dtype, a_from_nchw),
         reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded, a_from_nchw=a_from_nchw,
+        round_a=round_a,
         arch=WGMMA_ARCH if cfg.wgmma else "")
 
 
@@ -210,8 +215,8 @@ def describe(plan: LaunchPlan) -> str:
 
 def _x_copied(problem: ConvProblem, channels_padded: int) -> bool:
     """Whether the GEMM reads a copy of x: NCHW inputs but 1x1 ones read in place; NHWC inputs that
-    need zero channels, and float32 ones with more than one tap, rounded to TF32 by the copy (1x1
-    ones the kernel rounds in shared memory: the rule its ROUND_A follows)."""
+    need zero channels, and float32 ones with more than one tap, rounded to TF32 by the copy (the
+    kernel rounds float32 ones it reads in place itself: LaunchPlan.round_a, its ROUND_A)."""
     if problem.layout == "NCHW":
         return not _nchw_a_vec(problem)
     return channels_padded != problem.c or (problem.dtype == "float32" and problem.kh * problem.kw != 1)
@@ -225,25 +230,29 @@ def _weight_copied(problem: ConvProblem, channels_padded: int) -> bool:
     return problem.weight_layout == "KCHW" or channels_padded != problem.c or problem.dtype == "float32"
 
 
-def specialisation(dtype: str, index: str, cfg: GemmConfig, vec: int, a_from_nchw: bool, nhwc_out: bool) -> str:
+def specialisation(dtype: str, index: str, cfg: GemmConfig, vec: int, a_from_nchw: bool, nhwc_out: bool,
+                   round_a: bool = False) -> str:
     """The C++ template instance of ``cfg`` gathering ``vec``-byte pieces (of the NCHW input where
-    ``a_from_nchw``, else of channels-last x) and writing an NHWC output where ``nhwc_out``."""
+    ``a_from_nchw``, else of channels-last x), writing an NHWC output where ``nhwc_out`` and rounding
+    an unrounded float32 input to TF32 in shared memory where ``round_a``."""
+    flags = ",".join(str(flag).lower() for flag in (a_from_nchw, cfg.wgmma, nhwc_out, round_a))
     return (f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.bk},"
-            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages},{vec},{str(a_from_nchw).lower()},{cfg.wgmma},"
-            f"{str(nhwc_out).lower()}>")
+            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages},{vec},{flags}>")
 
 
 def name_expression(plan: LaunchPlan) -> str:
     """The specialisation ``plan`` launches."""
-    return specialisation(plan.dtype, plan.index_type, plan.config, plan.vec, plan.a_from_nchw, plan.layout == "NHWC")
+    return specialisation(plan.dtype, plan.index_type, plan.config, plan.vec, plan.a_from_nchw, plan.layout == "NHWC",
+                          plan.round_a)
 
 
 def _gemm_specialisations(wgmma: bool) -> list[str]:
     """The mma.sync ones (any GPU), or the wgmma ones (sm_90a: 16-byte pieces from channels-last x only)."""
-    return [specialisation(dtype, index, cfg, vec, a_from_nchw, nhwc_out) for dtype in GEMM_DTYPES
+    return [specialisation(dtype, index, cfg, vec, a_from_nchw, nhwc_out, round_a) for dtype in GEMM_DTYPES
             for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] if bool(cfg.wgmma) == wgmma
             for vec in ((16,) if wgmma else NHWC_VECS)
-            for a_from_nchw, nhwc_out in ((False, False), (False, True)) + (() if wgmma else ((True, False),))]
+            for a_from_nchw, nhwc_out, round_a in ((False, False, False), (False, True, False))
+            + (((False, True, True),) if dtype == "float32" else ()) + (() if wgmma else ((True, False, False),))]
 
 
 def _copy_specialisation(kernel: str, dtype: str, round_tf32: bool) -> str:
