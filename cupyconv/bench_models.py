@@ -489,11 +489,32 @@ def layer_cells(rows: list[dict]) -> list[list[str]]:
     return cells
 
 
+def per_image_notes(rows: list[dict]) -> list[str]:
+    """A line per (model, mode, layout) timed at several batches: the convolutions' GPU time per image
+    at each batch (count-weighted sums over the layers timed at every batch, / batch), cupyconv and
+    torch, and cupyconv's small batches against its largest (split-K's aim: the same rate per image)."""
+    notes = []
+    for key in dict.fromkeys((r["model"], r["mode"], r["layout"]) for r in rows):
+        group = [r for r in rows if (r["model"], r["mode"], r["layout"]) == key and r["status"] == "ok"]
+        batches = sorted({r["batch"] for r in group})
+        layers = set.intersection(*({r["layer"] for r in group if r["batch"] == b} for b in batches)) if batches else set()
+        if len(batches) < 2 or not layers:
+            continue
+        per_image = {b: {side: sum(r["count"] * r[f"{side}_ms"] for r in group if r["batch"] == b and r["layer"] in layers)
+                         / b for side in ("cupyconv", "torch")} for b in batches}
+        largest = per_image[batches[-1]]["cupyconv"]
+        notes.append(f"{' '.join(key)}: GPU ms per image over {len(layers)} layers, cupyconv / torch: " + ", ".join(
+            f"N{b} {per_image[b]['cupyconv']:.4f} / {per_image[b]['torch']:.4f}"
+            f" ({per_image[b]['cupyconv'] / largest:.2f}x N{batches[-1]}'s)" for b in batches))
+    return notes
+
+
 def to_markdown(results: dict) -> str:
-    """The run's table (whole models with their geomean lines, or per layer) under bench's header lines."""
+    """The run's table (whole models with their geomean lines, or per layer with per-image lines) under
+    bench's header lines."""
     rows = results["rows"]
     if results["meta"]["per_layer"]:
-        return bench.markdown(results["meta"], layer_cells(rows))
+        return bench.markdown(results["meta"], layer_cells(rows), per_image_notes(rows))
     return bench.markdown(results["meta"], model_cells(rows), geomean_notes(rows))
 
 

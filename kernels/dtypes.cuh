@@ -10,6 +10,10 @@ namespace cupyconv {
 struct half_t { unsigned short bits; };
 struct bfloat16_t { unsigned short bits; };
 
+// A where Cond, else B (std::conditional; the kernels compile without standard headers).
+template <bool Cond, typename A, typename B> struct select_type { using type = A; };
+template <typename A, typename B> struct select_type<false, A, B> { using type = B; };
+
 // Accumulator type: float for every storage type but double.
 template <typename T> struct accumulator { using type = float; };
 template <> struct accumulator<double> { using type = double; };

@@ -35,6 +35,12 @@
 // (BN = 64) x 128 pixels of its own, the weight tile as wgmma's A, so each instruction reads a
 // 64-row weight tile and a 128-row pixel tile instead of two 64-row tiles per 64 x 64 product.
 //
+// SPLIT_K (problems of too few tiles to fill the GPU; the other instances compile as if it did not
+// exist): gridDim.z = groups x splits, block z = split groups + g takes the split-th run of
+// ceil(k tiles / splits) k tiles and writes its float32 partial sums, without bias, to
+// y + split split_elements, in the output's layout (the host passes a workspace and has_bias = 0);
+// kernels/split_k_reduce.cu adds the runs in order, so the result is the same bits on every run.
+//
 // NCHW_A: 1x1, stride-1, unpadded convolutions need no copies at all. The NCHW input of an image
 // is already the matrix A^T [C][pixels], pixels contiguous, and the weight [K][C] is B: A is then
 // copied in VEC-byte pieces of consecutive pixels of one channel into a k-major tile [BK][BM + pad]
@@ -60,15 +66,15 @@ __host__ __device__ constexpr int nhwc_min_blocks(int threads, int accumulators,
 }
 
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
-          bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A>
+          bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32,
                                   nhwc_min_blocks(WARPS_M * WARPS_N * 32, BM * BN / (WARPS_M * WARPS_N * 32),
                                                   BM * BK * sizeof(T) / (VEC * WARPS_M * WARPS_N * 32),
                                                   sizeof(Index) / 4))
 implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
-                   T* __restrict__ y, int has_bias,
+                   void* __restrict__ y_out, int has_bias,
                    int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
-                   int sh, int sw, int pt, int pl, int dh, int dw, int groups) {
+                   int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements) {
     constexpr int NWARPS = WARPS_M * WARPS_N;
     constexpr bool WGMMA = WGMMA_ROWS != NO_WGMMA;
     constexpr int NT = NWARPS * 32;
@@ -126,14 +132,19 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     T* b_smem = a_smem + STAGES * A_STAGE;                   // [STAGES][BN][STRIDE]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = blockIdx.z;
+    const int g = SPLIT_K ? blockIdx.z % groups : blockIdx.z, split = SPLIT_K ? blockIdx.z / groups : 0;
     const int Cg = C / groups, Kg = K / groups;
     const int Kgemm = kh * kw * Cg;
     const Index HoWo = static_cast<Index>(Ho) * Wo;
     const Index M = static_cast<Index>(N) * HoWo;
     const Index m0 = static_cast<Index>(blockIdx.x) * BM;
     const int n0 = blockIdx.y * BN;
-    const int k_tiles = (Kgemm + BK - 1) / BK;
+    const int all_tiles = (Kgemm + BK - 1) / BK;
+    const int split_tiles = SPLIT_K ? (all_tiles + splits - 1) / splits : all_tiles;
+    const int kt0 = split * split_tiles;                     // this split's first k tile
+    const int k_tiles = SPLIT_K ? max(0, min(all_tiles - kt0, split_tiles)) : all_tiles;
+    using Y = typename select_type<SPLIT_K, float, T>::type;  // partial sums, or the output
+    Y* y = static_cast<Y*>(y_out) + (SPLIT_K ? static_cast<Index>(split) * split_elements : 0);
 
     // --- A loader: thread tid copies piece `a_piece` of tile rows a_row0 + A_ROWS_PER_PASS i: rows are
     // pixels and pieces channels, or (NCHW_A) rows are channels and pieces pixels.
@@ -151,7 +162,7 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
         a_iw0[i] = px.iw0;
     }
     // NHWC: the (r, s, c) of this thread's piece in the next tile to load, stepped by BK per tile.
-    int tap_c = a_piece * EV % Cg, tap_rs = a_piece * EV / Cg;
+    int tap_c = (kt0 * BK + a_piece * EV) % Cg, tap_rs = (kt0 * BK + a_piece * EV) / Cg;
     int tap_r = tap_rs / kw, tap_s = tap_rs % kw;
     const int step_c = BK % Cg, step_rs = BK / Cg;
     // B loader: piece b_piece of rows (output channels) b_row0 + B_ROWS_PER_PASS i.
@@ -290,7 +301,8 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
                 }
         }
     };
-    run_k_pipeline<STAGES, WGMMA, WGMMA_LAG>(k_tiles, load_tile, compute_tile, [](int) {}, round_a);
+    run_k_pipeline<STAGES, WGMMA, WGMMA_LAG>(
+        k_tiles, [&](int t, int stage) { load_tile(kt0 + t, stage); }, compute_tile, [](int) {}, round_a);
     if constexpr (WGMMA_LAG > 0) {  // the last tile's MMAs read the buffers the epilogue overwrites
         wgmma_wait<0>();
         __syncthreads();
@@ -326,11 +338,11 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
         }
 #pragma unroll 1
         for (int m = warp; m < BM && m0 + m < M; m += NWARPS) {
-            T* y_row = y + (m0 + m) * K + g * Kg + n0;
+            Y* y_row = y + (m0 + m) * K + g * Kg + n0;
 #pragma unroll
             for (int j = 0; j < CHANNELS; ++j) {
                 const int n = lane + 32 * j;
-                if (n < BN && n0 + n < Kg) y_row[n] = from_acc<T>(c_smem[m * D_STRIDE + n] + b[j]);
+                if (n < BN && n0 + n < Kg) y_row[n] = from_acc<Y>(c_smem[m * D_STRIDE + n] + b[j]);
             }
         }
         return;
@@ -350,7 +362,7 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
         const Index channel_offset = static_cast<Index>(channel) * HoWo;
 #pragma unroll
         for (int i = 0; i < PIXELS; ++i)
-            if (y_pixel[i] >= 0) y[y_pixel[i] + channel_offset] = from_acc<T>(c_smem[n * C_STRIDE + lane + 32 * i] + b);
+            if (y_pixel[i] >= 0) y[y_pixel[i] + channel_offset] = from_acc<Y>(c_smem[n * C_STRIDE + lane + 32 * i] + b);
     }
 }
 

@@ -173,6 +173,9 @@ def test_per_layer_markdown_marks_losses_and_sums_by_count():
     # 3 x 0.1 + 0.2 = 0.5 ms against 3 x 0.05 + 0.4 = 0.55; wall 3 x 30 + 250 = 340 against 3 x 300 + 500
     assert "| resnet50 | fp32 | nchw | 32 | sum of 2 timed layers | 4 | 0.500 | 0.550 | 0.91x | 340 | 1400 | 0.24x |  |" in text
     assert "| resnet50 | fp32 | nchw | 1 | 64->64 56x56 k3x3 s1 p1 | 3 | 0.010 | 0.020 | 0.50x | 30 | 20 | 1.50x | GPU |" in text
+    # Per image over the one layer timed at both batches: N1 3 x 0.02 / 1 against N32 3 x 0.05 / 32.
+    assert ("resnet50 fp32 nchw: GPU ms per image over 1 layers, cupyconv / torch: N1 0.0600 / 0.0300 (12.80x N32's), "
+            "N32 0.0047 / 0.0094 (1.00x N32's)") in text
 
 
 def test_importing_the_models_benchmark_imports_no_torch():

@@ -286,3 +286,82 @@ def test_public_conv2d_allow_tf32():
     assert fast_error < TOLERANCE["tf32"]
     assert strict_error < 1e-5
     assert fast_error > strict_error  # TF32 really ran (its rounding shows)
+
+
+# --- split-K ---------------------------------------------------------------------------------------
+
+def run_split(case: Case, dtype: str, torch_dtype, layout: str, splits=None, config=None, seed=0, runs=1):
+    """The channels-last GEMM's plan for ``case`` in ``layout`` (NCHW, or NHWC arrays with a KHWC
+    weight), split-K forced to ``splits`` runs (None: the planner's choice), run ``runs`` times into
+    NaN-poisoned outputs; returns the plan, the outputs (as NCHW views) and the float64 reference."""
+    from cupyconv.families import implicit_gemm_nhwc
+
+    problem = dataclasses.replace(gemm_problem(case, dtype), layout=layout,
+                                  weight_layout="KHWC" if layout == "NHWC" else "KCHW")
+    plan = dataclasses.replace(implicit_gemm_nhwc.make_plan(problem, config, "", compute_capability(), splits),
+                               layout=problem.layout, weight_layout=problem.weight_layout)
+    x, weight, bias = random_inputs(case, torch_dtype, seed)
+    last = (lambda t: t.permute(0, 2, 3, 1).contiguous()) if layout == "NHWC" else (lambda t: t.contiguous())
+    outs = []
+    for _ in range(runs):
+        out = torch.full(problem.out_array_shape, float("nan"), device="cuda", dtype=torch_dtype)
+        conv2d_cupy(to_cupy(last(x)), to_cupy(last(weight)), to_cupy(bias), problem, to_cupy(out), plan=plan)
+        outs.append(out.permute(0, 3, 1, 2) if layout == "NHWC" else out)
+    torch.cuda.synchronize()
+    return plan, outs, reference(x, weight, bias, case)
+
+
+SPLIT_GRID = [c for c in GEMM_GRID + WGMMA_GRID if c.n and c.k // c.groups >= 8]
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("splits", [2, 3, 7])
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("case", SPLIT_GRID, ids=lambda c: c.id)
+def test_split_k_forced(case, name, splits, layout):
+    """The reduction forced into 2, 3 or 7 runs (7 leaves runs empty on short reductions, which must
+    write zeros), with the default tile (wgmma on the H100) and an mma.sync one: every element
+    written, within the dtype's tolerance, in both output layouts."""
+    dtype, torch_dtype = DTYPES[name]
+    if nhwc_refuses(case, dtype):
+        return
+    mma_sync = next(c.name for c in NHWC_CONFIGS[dtype] if not c.wgmma)
+    for config in (None, mma_sync):
+        plan, (out,), ref = run_split(case, dtype, torch_dtype, layout, splits, config, seed=splits)
+        assert plan.splits == splits and plan.grid[2] == case.groups * splits
+        assert not out.isnan().any(), "an output element was never written (or is NaN)"
+        assert relative_error(out, ref) < TOLERANCE[name], (config, relative_error(out, ref))
+
+
+# Batch 1 and 8 layers of ResNet-50 and MobileNetV2 that make too few tiles for the H100's 132 SMs.
+SMALL_BATCH_LAYERS = {
+    "r50_b1_l4_3x3_512": Case(1, 512, 512, 7, 7, 3, 3, padding=1),
+    "r50_b1_l4_1x1_2048to512": Case(1, 2048, 512, 7, 7, 1, 1),
+    "r50_b1_l3_3x3_256": Case(1, 256, 256, 14, 14, 3, 3, padding=1),
+    "r50_b8_l4_3x3s2_512": Case(8, 512, 512, 14, 14, 3, 3, stride=2, padding=1, bias=False),
+    "mv2_b1_1x1_960to160": Case(1, 960, 160, 7, 7, 1, 1),
+}
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("layer", SMALL_BATCH_LAYERS)
+def test_split_k_is_planned_and_deterministic(layer, name, layout):
+    """The planner splits these small-batch layers, and ten runs on the same inputs give the same
+    bits (the runs' partial sums are added in a fixed order, never atomically)."""
+    dtype, torch_dtype = DTYPES[name]
+    plan, outs, ref = run_split(SMALL_BATCH_LAYERS[layer], dtype, torch_dtype, layout, seed=4, runs=10)
+    assert plan.splits > 1, str(plan)
+    assert all(torch.equal(outs[0], out) for out in outs[1:]), "split-K must be bitwise repeatable"
+    assert not outs[0].isnan().any()
+    assert relative_error(outs[0], ref) < TOLERANCE[name]
+
+
+def test_split_k_refusals():
+    """A forced split count past the grid or with 64-bit indices is a ValueError before any launch."""
+    from cupyconv.families import implicit_gemm_nhwc
+
+    problem = gemm_problem(SMALL_BATCH_LAYERS["r50_b1_l4_3x3_512"], "float16")
+    for bad in (0, -1, 70000, 2.0):
+        with pytest.raises(ValueError, match="splits must be"):
+            implicit_gemm_nhwc.make_plan(problem, splits=bad)

@@ -19,7 +19,7 @@ from cupyconv.arguments import make_problem
 from cupyconv.compiler import kernel_source, source_file
 from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, depthwise_nhwc, direct_conv2d, implicit_gemm_conv2d,
                                implicit_gemm_nhwc, simt_gemm_conv2d, winograd_conv2d)
-from cupyconv.families.common import STORAGE_BYTES
+from cupyconv.families.common import REDUCE_KERNEL, STORAGE_BYTES
 from cupyconv.program import BIAS, OUT, PREPARED, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X, Pointer
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -85,14 +85,15 @@ def parameters(kernel: str) -> tuple[str, ...]:
 def temporaries(plan, problem) -> list[int]:
     """Bytes of each per-call temporary, in workspace order: the channels-last GEMM's input copy (of an
     NCHW input, or of an NHWC one that needs zero channels or, float32 with several taps, rounding); Winograd's transformed
-    input V and GEMM output M of one pass; split-K's partial sums (the FMA GEMM's, or Winograd's
-    GEMM's after M); then, for an NHWC problem of a family that computes NCHW alone, the NCHW copies
+    input V and GEMM output M of one pass; split-K's partial sums (the GEMMs', after the input's copy,
+    or Winograd's GEMM's after M); then, for an NHWC problem of a family that computes NCHW alone, the NCHW copies
     of x and of the output."""
     item = STORAGE_BYTES[problem.dtype]
+    partials = [4 * plan.splits * math.prod(problem.out_shape)] if plan.splits > 1 else []
     if plan.kernel == planner.NHWC_KERNEL:
         copied = not plan.a_from_nchw if problem.layout == "NCHW" else plan.channels_padded != problem.c or (
             problem.dtype == "float32" and problem.kh * problem.kw != 1)
-        return [problem.n * problem.h * problem.w * plan.channels_padded * item] if copied else []
+        return ([problem.n * problem.h * problem.w * plan.channels_padded * item] if copied else []) + partials
     if problem.layout == "NHWC" and not layouts.native(planner.FAMILIES[plan.kernel], problem):
         return temporaries(plan, dataclasses.replace(problem, layout="NCHW")) + \
             [math.prod(problem.x_shape) * item, math.prod(problem.out_shape) * item]
@@ -104,8 +105,8 @@ def temporaries(plan, problem) -> list[int]:
                     if gemm.splits > 1]
         return [floats * winograd_conv2d.winograd_channels(problem), floats * problem.k] + \
             ([max(partials)] if partials else [])
-    if plan.kernel == planner.SIMT_KERNEL and plan.splits > 1:
-        return [4 * plan.splits * math.prod(problem.out_shape)]
+    if plan.kernel == planner.SIMT_KERNEL:
+        return partials
     return []
 
 
@@ -183,7 +184,8 @@ def test_layout_programs(case, dtype, layouts):
             assert names[0] == names[-1] == implicit_gemm_nhwc.CHANNELS_LAST_TILED or \
                 implicit_gemm_nhwc.CHANNELS_LAST_NARROW in (names[0], names[-1]), names
         if plan.kernel == planner.NHWC_KERNEL and layouts == ("NHWC", "KHWC") and plan.channels_padded == problem.c:
-            assert names == [planner.NHWC_KERNEL] or (dtype == "float32" and problem.kh * problem.kw > 1), names
+            in_place = [planner.NHWC_KERNEL] + ([REDUCE_KERNEL] if plan.splits > 1 else [])
+            assert names == in_place or (dtype == "float32" and problem.kh * problem.kw > 1), names
             assert (call.weight is None) == (dtype != "float32"), "KHWC weight read in place but to round to TF32"
 
 
@@ -194,6 +196,7 @@ def test_the_grid_covers_every_family_and_form():
     assert {plan.kernel for plan in plans} == set(planner.KERNELS)
     assert any(plan.arch for plan in plans) and any(plan.a_from_nchw for plan in plans)
     assert any(plan.kernel == planner.NHWC_KERNEL and not plan.a_from_nchw for plan in plans)
+    assert {plan.kernel for plan in plans if plan.splits > 1} == {planner.NHWC_KERNEL, planner.SIMT_KERNEL}
 
 
 @pytest.mark.parametrize("fit,counts", [(1, [1] * 5), (2, [2, 2, 1]), (3, [3, 2])])

@@ -1,5 +1,6 @@
 """What the kernel families share: CUDA's limits, the C++ names of the dtypes, index widths, the
-implicit GEMMs' grid, and the convolution kernels' common parameter list."""
+implicit GEMMs' grid, the convolution kernels' common parameter list, and split-K (the runs of a
+GEMM's reduction and their ordered sum, kernels/split_k_reduce.cu)."""
 from __future__ import annotations
 
 import math
@@ -63,3 +64,55 @@ def conv_launch(plan, problem: ConvProblem, *plan_ints: int, x: Pointer = Pointe
             p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1],
             p.groups, *plan_ints)
     return Launch(plan.kernel, plan.name_expression, plan.grid, plan.block, plan.shared_bytes, args, plan.arch)
+
+
+#: Split-K, for GEMMs of too few tiles to fill the GPU: at most SPLIT_K_MAX runs of the reduction,
+#: each of at least SPLIT_K_MIN_TILES k tiles (shorter runs spend their time filling the pipeline),
+#: while the float32 partial sums (runs x the output) stay within SPLIT_K_MAX_WORKSPACE_BYTES.
+SPLIT_K_MIN_TILES = 4
+SPLIT_K_MAX = 16
+SPLIT_K_MAX_WORKSPACE_BYTES = 2**28
+REDUCE_KERNEL = "split_k_reduce"
+#: Threads per block of kernels/split_k_reduce.cu.
+REDUCE_BLOCK = 256
+
+
+def split_k_runs(problem: ConvProblem, grid: tuple[int, int, int], k_tiles: int, target_blocks: int) -> int:
+    """Runs of the reduction (1: none) that bring ``grid``'s blocks (z: groups) up to about
+    ``target_blocks``, within SPLIT_K_MAX, SPLIT_K_MIN_TILES of its ``k_tiles`` per run, the partials'
+    workspace, CUDA's grid z and 32-bit offsets into the partials."""
+    splits = min(math.ceil(target_blocks / max(1, math.prod(grid))), k_tiles // SPLIT_K_MIN_TILES, SPLIT_K_MAX)
+    elements = math.prod(problem.out_shape)
+    while splits > 1 and (4 * splits * elements > SPLIT_K_MAX_WORKSPACE_BYTES or grid[2] * splits > MAX_GRID_Y
+                          or splits * elements >= 2**31):
+        splits -= 1
+    return max(splits, 1)
+
+
+def check_splits(splits, grid: tuple[int, int, int], problem: ConvProblem) -> None:
+    """ValueError unless a caller's forced ``splits`` fits ``grid`` (z: groups) and 32-bit offsets."""
+    if not (isinstance(splits, int) and 1 <= splits <= MAX_GRID_Y // grid[2]) or \
+            splits * math.prod(problem.out_shape) >= 2**31:
+        raise ValueError(f"splits must be 1 to {MAX_GRID_Y // grid[2]} with splits x the output below 2^31 "
+                         f"elements, got {splits!r}")
+
+
+def partial_bytes(splits: int, problem: ConvProblem) -> int:
+    """Workspace bytes of split-K's float32 partial sums (0 without split-K)."""
+    return 4 * splits * math.prod(problem.out_shape) if splits > 1 else 0
+
+
+def split_k_reduce(dtype: str, index: str, problem: ConvProblem, splits: int, partial: Pointer,
+                   out: Pointer = Pointer(OUT), channels_last: bool = False) -> Launch:
+    """The launch adding ``splits`` runs of float32 partial sums at ``partial`` in run order, plus the
+    bias, into ``out`` of ``dtype`` (NCHW, or NHWC where ``channels_last``): the same bits on every run."""
+    elements = math.prod(problem.out_shape)
+    return Launch(REDUCE_KERNEL, reduce_specialisation(dtype, index),
+                  (math.ceil(elements / REDUCE_BLOCK), 1, 1), (REDUCE_BLOCK, 1, 1), 0,
+                  (partial, Pointer(BIAS), out, int(problem.has_bias), splits, elements, problem.k,
+                   1 if channels_last else problem.ho * problem.wo))
+
+
+def reduce_specialisation(dtype: str, index: str) -> str:
+    """The C++ template instance of split-K's reduction writing ``dtype``."""
+    return f"cupyconv::{REDUCE_KERNEL}<{CTYPES[dtype]},{index}>"

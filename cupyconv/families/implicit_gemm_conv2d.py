@@ -107,7 +107,8 @@ def describe_tiles(plan: LaunchPlan, warps: str, reads: str = "") -> str:
             f"{warps}, {c.threads} threads]\n"
             f"  {plan.dtype} ({precision} on tensor cores, float32 accumulators), {plan.index_type} indices; "
             f"{plan.shared_bytes} B shared memory\n"
-            f"  grid {plan.grid} (pixel tiles, channel tiles, groups), block {plan.block}\n"
+            f"  grid {plan.grid} (pixel tiles, channel tiles, groups{' x splits' if plan.splits > 1 else ''}), "
+            f"block {plan.block}\n"
             + reads + f"  why: {plan.reason}")
 
 

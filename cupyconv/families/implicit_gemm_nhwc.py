@@ -13,9 +13,10 @@ import math
 
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
-from ..program import PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation
-from .common import (CTYPES, INDEX_TYPES, MAX_GRID_Y, STORAGE_BYTES, conv_launch, forced_config, gemm_grid,
-                     grid_refusal, index_type)
+from ..program import OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation, align
+from .common import (CTYPES, INDEX_TYPES, MAX_GRID_Y, REDUCE_KERNEL, STORAGE_BYTES, check_splits, conv_launch,
+                     forced_config, gemm_grid, grid_refusal, index_type, partial_bytes, reduce_specialisation,
+                     split_k_reduce, split_k_runs)
 from .implicit_gemm_conv2d import GEMM_DTYPES, GemmConfig, describe_tiles, dtype_refusal
 
 KERNEL = "implicit_gemm_nhwc"
@@ -60,6 +61,12 @@ for _dtype, _item in (("float32", 4), ("float16", 2)):
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs)
 NHWC_VECS = (16, 8, 4)
+#: Split-K (common.split_k_runs): a grid of at most SPLIT_K_MAX_BLOCKS tiles (half the H100's 132
+#: SMs) splits its reduction into runs until it makes about SPLIT_K_TARGET_BLOCKS blocks (two per SM:
+#: one resident block of the largest tiles, and the next to hide the tail). Batch 1-8 layers of
+#: ResNet-50's last stages make 2-32 tiles of 36-72 k tiles each.
+SPLIT_K_MAX_BLOCKS = 66
+SPLIT_K_TARGET_BLOCKS = 264
 
 
 def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
@@ -166,10 +173,21 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     return by_width[64], f"{kg} output channels per group: one 64-channel tile; {depth}"
 
 
+def _splits(problem: ConvProblem, cfg: GemmConfig, channels_padded: int, index: str) -> int:
+    """Runs of the reduction for split-K (1: none): up to SPLIT_K_TARGET_BLOCKS blocks for grids of
+    at most SPLIT_K_MAX_BLOCKS tiles with 32-bit indices (the split instances are compiled for those)."""
+    grid = gemm_grid(problem, cfg)
+    if math.prod(grid) > SPLIT_K_MAX_BLOCKS or index != "int":
+        return 1
+    k_tiles = math.ceil(problem.kh * problem.kw * (channels_padded // problem.groups) / cfg.bk)
+    return split_k_runs(problem, grid, k_tiles, SPLIT_K_TARGET_BLOCKS)
+
+
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
-              compute_capability: int = 0) -> LaunchPlan:
-    """The channels-last GEMM launch: grid (pixel tiles, channel tiles, groups), one block per tile.
-    ``compute_capability``: of the GPU that will run it (90: the wgmma tiles may be chosen; 0: any GPU)."""
+              compute_capability: int = 0, splits: int | None = None) -> LaunchPlan:
+    """The channels-last GEMM launch: grid (pixel tiles, channel tiles, groups x splits), one block
+    per tile and run of the reduction. ``compute_capability``: of the GPU that will run it (90: the
+    wgmma tiles may be chosen; 0: any GPU). ``splits`` forces split-K's runs (1: none; None: _splits)."""
     why_not = refusal(problem)
     if why_not:
         raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
@@ -192,12 +210,25 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     if round_a:
         why += "; NHWC input read in place, rounded to TF32 in shared memory"
     copy = problem.n * channels_padded * problem.h * problem.w if copied else 0
+    index = index_type(problem, copy)
+    grid = gemm_grid(problem, cfg)
+    if splits is None:
+        splits = _splits(problem, cfg, channels_padded, index)
+        if splits > 1:
+            why += (f"; split-K: {math.prod(grid)} tiles (<= {SPLIT_K_MAX_BLOCKS}) each reduce over {splits} runs "
+                    f"of the {problem.kh * problem.kw * channels_padded // problem.groups} products")
+    else:
+        check_splits(splits, grid, problem)
+        if splits > 1 and index != "int":
+            raise ValueError(f"splits > 1 needs 32-bit indices; this problem {problem.x_shape} -> "
+                             f"{problem.out_shape} needs 64-bit ones")
+        why += f"; split-K forced: {splits} runs"
     return LaunchPlan(
-        kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem, copy),
-        config=cfg, grid=gemm_grid(problem, cfg), block=(cfg.threads, 1, 1),
+        kernel=KERNEL, dtype=problem.dtype, index_type=index,
+        config=cfg, grid=(grid[0], grid[1], grid[2] * splits), block=(cfg.threads, 1, 1),
         shared_bytes=_shared_bytes(cfg, problem.dtype, a_from_nchw),
         reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded, a_from_nchw=a_from_nchw,
-        round_a=round_a,
+        round_a=round_a, splits=splits,
         arch=WGMMA_ARCH if cfg.wgmma else "")
 
 
@@ -210,6 +241,9 @@ def describe(plan: LaunchPlan) -> str:
     reads = "" if plan.a_from_nchw else (
         f"  reads channels-last {made}: input [N][H][W][{plan.channels_padded}], weight "
         f"[K][kh][kw][{plan.channels_padded} / groups], in {plan.vec}-byte pieces\n")
+    if plan.splits > 1:
+        reads += (f"  split-K: {plan.splits} runs of the reduction write float32 partial sums to the workspace, "
+                  f"added in order by {REDUCE_KERNEL} (the same bits on every run)\n")
     return describe_tiles(plan, warps, reads)
 
 
@@ -231,11 +265,12 @@ def _weight_copied(problem: ConvProblem, channels_padded: int) -> bool:
 
 
 def specialisation(dtype: str, index: str, cfg: GemmConfig, vec: int, a_from_nchw: bool, nhwc_out: bool,
-                   round_a: bool = False) -> str:
+                   round_a: bool = False, split_k: bool = False) -> str:
     """The C++ template instance of ``cfg`` gathering ``vec``-byte pieces (of the NCHW input where
-    ``a_from_nchw``, else of channels-last x), writing an NHWC output where ``nhwc_out`` and rounding
-    an unrounded float32 input to TF32 in shared memory where ``round_a``."""
-    flags = ",".join(str(flag).lower() for flag in (a_from_nchw, cfg.wgmma, nhwc_out, round_a))
+    ``a_from_nchw``, else of channels-last x), writing an NHWC output where ``nhwc_out``, rounding
+    an unrounded float32 input to TF32 in shared memory where ``round_a``, and writing split-K's
+    partial sums where ``split_k``."""
+    flags = ",".join(str(flag).lower() for flag in (a_from_nchw, cfg.wgmma, nhwc_out, round_a, split_k))
     return (f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.bk},"
             f"{cfg.warps_m},{cfg.warps_n},{cfg.stages},{vec},{flags}>")
 
@@ -243,16 +278,18 @@ def specialisation(dtype: str, index: str, cfg: GemmConfig, vec: int, a_from_nch
 def name_expression(plan: LaunchPlan) -> str:
     """The specialisation ``plan`` launches."""
     return specialisation(plan.dtype, plan.index_type, plan.config, plan.vec, plan.a_from_nchw, plan.layout == "NHWC",
-                          plan.round_a)
+                          plan.round_a, plan.splits > 1)
 
 
 def _gemm_specialisations(wgmma: bool) -> list[str]:
-    """The mma.sync ones (any GPU), or the wgmma ones (sm_90a: 16-byte pieces from channels-last x only)."""
-    return [specialisation(dtype, index, cfg, vec, a_from_nchw, nhwc_out, round_a) for dtype in GEMM_DTYPES
+    """The mma.sync ones (any GPU), or the wgmma ones (sm_90a: 16-byte pieces from channels-last x only);
+    split-K's with 32-bit indices alone (_splits)."""
+    return [specialisation(dtype, index, cfg, vec, a_from_nchw, nhwc_out, round_a, split_k) for dtype in GEMM_DTYPES
             for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] if bool(cfg.wgmma) == wgmma
             for vec in ((16,) if wgmma else NHWC_VECS)
             for a_from_nchw, nhwc_out, round_a in ((False, False, False), (False, True, False))
-            + (((False, True, True),) if dtype == "float32" else ()) + (() if wgmma else ((True, False, False),))]
+            + (((False, True, True),) if dtype == "float32" else ()) + (() if wgmma else ((True, False, False),))
+            for split_k in ((False, True) if index == "int" else (False,))]
 
 
 def _copy_specialisation(kernel: str, dtype: str, round_tf32: bool) -> str:
@@ -269,8 +306,9 @@ def channels_last_specialisations() -> list[str]:
 
 
 def specialisations() -> list[str]:
-    """The mma.sync GEMMs and the channels-last copies (any GPU)."""
-    return _gemm_specialisations(wgmma=False) + channels_last_specialisations()
+    """The mma.sync GEMMs, split-K's reductions and the channels-last copies (any GPU)."""
+    return _gemm_specialisations(wgmma=False) + [reduce_specialisation(dtype, "int") for dtype in GEMM_DTYPES
+                                                 if dtype != "float32"] + channels_last_specialisations()
 
 
 def arch_specialisations() -> dict[str, list[str]]:
@@ -314,16 +352,24 @@ def _weight_preparation(problem: ConvProblem, channels_padded: int) -> WeightPre
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
     """The GEMM on channels-last operands: x and the weight read in place where they are in the form
-    it reads, else copied first (x into the workspace, the weight as the prepared weight)."""
+    it reads, else copied first (x into the workspace, the weight as the prepared weight); with
+    split-K, its partial sums in the workspace (after x's copy) and their reduction."""
     p = problem
     x, workspace, launches = Pointer(X), 0, []
     if _x_copied(p, plan.channels_padded):
-        x, workspace = Pointer(WORKSPACE), p.n * p.h * p.w * plan.channels_padded * STORAGE_BYTES[p.dtype]
+        x, workspace = Pointer(WORKSPACE), align(p.n * p.h * p.w * plan.channels_padded * STORAGE_BYTES[p.dtype])
         if p.layout == "NHWC":
             launches.append(pad_channels(p.dtype, p.n * p.h * p.w, p.c, plan.channels_padded, Pointer(X), x))
         else:
             launches.append(channels_last_copy(p.dtype, p.n, p.c, p.h * p.w, plan.channels_padded, True, Pointer(X), x))
     weight = _weight_preparation(p, plan.channels_padded) if _weight_copied(p, plan.channels_padded) else None
-    launches.append(conv_launch(plan, p, x=x, weight=Pointer(PREPARED) if weight else Pointer(WEIGHT),
-                                channels=plan.channels_padded))
-    return CallProgram(tuple(launches), workspace, weight)
+    weight_pointer = Pointer(PREPARED) if weight else Pointer(WEIGHT)
+    if plan.splits == 1:
+        launches.append(conv_launch(plan, p, 1, 0, x=x, weight=weight_pointer, channels=plan.channels_padded))
+        return CallProgram(tuple(launches), workspace, weight)
+    partial = Pointer(WORKSPACE, workspace)
+    # The bias is the reduction's to add.
+    launches += [conv_launch(plan, p, plan.splits, math.prod(p.out_shape), x=x, weight=weight_pointer, out=partial,
+                             channels=plan.channels_padded, has_bias=False),
+                 split_k_reduce(p.dtype, plan.index_type, p, plan.splits, partial, Pointer(OUT), p.layout == "NHWC")]
+    return CallProgram(tuple(launches), workspace + partial_bytes(plan.splits, p), weight)

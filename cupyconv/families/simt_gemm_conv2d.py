@@ -7,9 +7,10 @@ import math
 
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
-from ..program import BIAS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation
-from .common import (INDEX_TYPES, MAX_GRID_Y, STORAGE_BYTES, conv_launch, forced_config, gemm_grid, grid_fits, grid_refusal,
-                     index_type)
+from ..program import OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation
+from .common import (INDEX_TYPES, REDUCE_KERNEL, STORAGE_BYTES, check_splits, conv_launch, forced_config, gemm_grid,
+                     grid_fits, grid_refusal, index_type, partial_bytes, reduce_specialisation, split_k_reduce,
+                     split_k_runs)
 from .implicit_gemm_nhwc import channels_last_copy
 
 KERNEL = "simt_gemm_conv2d"
@@ -58,20 +59,12 @@ SIMT_WAVE_BLOCKS = 132
 SIMT_WIDE_TILE_SPEED = 1.1
 #: Kernel taps the tap table holds at most (16 KB of shared memory); larger kernels run direct.
 SIMT_MAX_TAPS = 1024
-#: Split-K: a problem of at most half a wave of tiles (SIMT_WAVE_BLOCKS / 2) splits its reduction
-#: across blocks, into enough runs to make SPLIT_K_TARGET_BLOCKS blocks (two per SM of the H100,
-#: which keeps 1 to 3 of them resident), up to SPLIT_K_MAX runs of at least SPLIT_K_MIN_TILES k tiles
-#: each (shorter runs spend their time filling the pipeline), while the partial sums (splits x the
-#: output) stay within SPLIT_K_MAX_WORKSPACE_BYTES. Batch-1 layers of ResNet-50 make 4 to 60 tiles of
-#: up to 288 k tiles each; splitting batch-32 layers of 98-104 tiles into 3 measured slower (H100,
+#: Split-K (common.split_k_runs): a problem of at most half a wave of tiles (SIMT_WAVE_BLOCKS / 2)
+#: splits its reduction across blocks, into enough runs to make SPLIT_K_TARGET_BLOCKS blocks (two per
+#: SM of the H100, which keeps 1 to 3 of them resident). Batch-1 layers of ResNet-50 make 4 to 60 tiles
+#: of up to 288 k tiles each; splitting batch-32 layers of 98-104 tiles into 3 measured slower (H100,
 #: benchmarks/NOTES.md).
 SPLIT_K_TARGET_BLOCKS = 2 * SIMT_WAVE_BLOCKS
-SPLIT_K_MIN_TILES = 4
-SPLIT_K_MAX = 16
-SPLIT_K_MAX_WORKSPACE_BYTES = 2**28
-REDUCE_KERNEL = "split_k_reduce"
-#: Threads per block of kernels/split_k_reduce.cu.
-REDUCE_BLOCK = 256
 
 
 def weight_columns(problem: ConvProblem) -> int:
@@ -115,17 +108,12 @@ def refusal(problem: ConvProblem) -> str:
 
 
 def _splits(problem: ConvProblem, cfg: SimtConfig, grid: tuple[int, int, int]) -> int:
-    """Runs of the reduction for split-K (1: none): enough to make SPLIT_K_TARGET_BLOCKS blocks,
-    within SPLIT_K_MAX, SPLIT_K_MIN_TILES k tiles a run and the partials' workspace."""
+    """Runs of the reduction for split-K (1: none): up to SPLIT_K_TARGET_BLOCKS blocks for grids of
+    at most half a wave."""
     if 2 * math.prod(grid) > SIMT_WAVE_BLOCKS:
         return 1
-    k_tiles = math.ceil(problem.c // problem.groups * problem.kh * problem.kw / cfg.bk)
-    splits = min(math.ceil(SPLIT_K_TARGET_BLOCKS / max(1, math.prod(grid))), k_tiles // SPLIT_K_MIN_TILES,
-                 SPLIT_K_MAX)
-    elements = math.prod(problem.out_shape)
-    while splits > 1 and (4 * splits * elements > SPLIT_K_MAX_WORKSPACE_BYTES or grid[2] * splits > MAX_GRID_Y):
-        splits -= 1
-    return max(splits, 1)
+    return split_k_runs(problem, grid, math.ceil(problem.c // problem.groups * problem.kh * problem.kw / cfg.bk),
+                        SPLIT_K_TARGET_BLOCKS)
 
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "", splits: int | None = None) -> LaunchPlan:
@@ -144,10 +132,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         if splits > 1:
             why += (f"; split-K: {math.prod(grid)} tiles (<= {SIMT_WAVE_BLOCKS // 2}) each reduce over {splits} "
                     f"runs of the {problem.c // problem.groups * problem.kh * problem.kw} products")
-    elif not 1 <= splits <= MAX_GRID_Y // grid[2] or splits * math.prod(problem.out_shape) >= 2**31:
-        raise ValueError(f"splits must be 1 to {MAX_GRID_Y // grid[2]} with splits x the output below 2^31 "
-                         f"elements, got {splits!r}")
     else:
+        check_splits(splits, grid, problem)
         why += f"; split-K forced: {splits} runs"
     grid = (grid[0], grid[1], grid[2] * splits)
     columns = weight_columns(problem)
@@ -187,12 +173,7 @@ def specialisations() -> list[str]:
     """Every index width and tile, and split-K's reduction."""
     return [specialisation(index, cfg, split_k) for index in INDEX_TYPES for cfg in SIMT_CONFIGS
             for split_k in (False, True)] + \
-        [f"cupyconv::{REDUCE_KERNEL}<{index}>" for index in INDEX_TYPES]
-
-
-def partial_bytes(plan: LaunchPlan, problem: ConvProblem) -> int:
-    """Workspace bytes of split-K's partial sums (0 without split-K)."""
-    return 4 * plan.splits * math.prod(problem.out_shape) if plan.splits > 1 else 0
+        [reduce_specialisation("float32", index) for index in INDEX_TYPES]
 
 
 def gemm_launches(plan: LaunchPlan, problem: ConvProblem, x: Pointer, weight: Pointer, out: Pointer,
@@ -206,11 +187,7 @@ def gemm_launches(plan: LaunchPlan, problem: ConvProblem, x: Pointer, weight: Po
     # The bias is the reduction's to add.
     gemm = conv_launch(plan, problem, plan.weight_columns, plan.splits, elements, x=x, weight=weight, out=partial,
                        has_bias=False)
-    reduce = Launch(REDUCE_KERNEL, f"cupyconv::{REDUCE_KERNEL}<{plan.index_type}>",
-                    (math.ceil(elements / REDUCE_BLOCK), 1, 1), (REDUCE_BLOCK, 1, 1), 0,
-                    (partial, Pointer(BIAS), out, int(problem.has_bias), plan.splits, elements, problem.k,
-                     problem.ho * problem.wo))
-    return gemm, reduce
+    return gemm, split_k_reduce("float32", plan.index_type, problem, plan.splits, partial, out)
 
 
 def _weight_preparation(problem: ConvProblem, columns: int) -> WeightPreparation:
@@ -227,4 +204,4 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
     """The GEMM on the caller's input and output and the prepared (transposed) weight; with split-K,
     its partial sums in the workspace and their reduction."""
     return CallProgram(gemm_launches(plan, problem, Pointer(X), Pointer(PREPARED), Pointer(OUT), Pointer(WORKSPACE)),
-                       partial_bytes(plan, problem), _weight_preparation(problem, plan.weight_columns))
+                       partial_bytes(plan.splits, problem), _weight_preparation(problem, plan.weight_columns))

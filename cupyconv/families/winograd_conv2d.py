@@ -18,7 +18,7 @@ from ..arguments import ConvProblem, make_problem
 from ..planner import LaunchPlan
 from ..program import BIAS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation, align
 from . import simt_gemm_conv2d as simt
-from .common import INDEX_TYPES, STORAGE_BYTES, index_type
+from .common import INDEX_TYPES, STORAGE_BYTES, index_type, partial_bytes
 
 KERNEL = "winograd_conv2d"
 #: Its config names are those of the GEMM's tiles, which select simt_gemm_conv2d when given alone.
@@ -212,7 +212,7 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
         count = min(images, p.n - first)
         tiles = count * plan.tiles
         gemm, gemm_problem = plan.gemm if count == images else plan.gemm_last, winograd_gemm_problem(p, m, count)
-        partials = max(partials, simt.partial_bytes(gemm, gemm_problem))
+        partials = max(partials, partial_bytes(gemm.splits, gemm_problem))
         launches += [
             # Each block takes WINOGRAD_BLOCK tiles of one phase channel.
             _transform("winograd_input_transform", plan, channels * _blocks(tiles), Pointer(X, first * image_in), v,

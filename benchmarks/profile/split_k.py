@@ -1,0 +1,85 @@
+"""GPU time of the tensor-core GEMM's split-K against its runs (--splits), on small-batch layers:
+    python benchmarks/profile/split_k.py [--batch 1 --batch 8] [--mode fp16 --mode tf32]
+Each layer of bench.LAYERS (ResNet-50 and MobileNetV2's GEMM layers) at the given batches, fp16 on
+NHWC arrays and TF32 on NCHW ones, run 20 times in one captured CUDA graph (as a converted model in
+graph mode runs it: no host between launches); the median over 30 replays per call. The planner's
+choice is marked with *, and torch's F.conv2d is timed the same way in the same layout."""
+import argparse
+import dataclasses
+
+import cupy
+import torch
+
+from cupyconv.bench import LAYERS, MODE_DTYPE
+from cupyconv.executor import executable_for_plan
+from cupyconv.families import implicit_gemm_nhwc
+from cupyconv.launch import run
+from cupyconv.weights import prepare_weight
+
+CALLS, REPLAYS = 20, 30
+LAYOUT = {"fp16": "channels_last", "bf16": "channels_last", "tf32": "nchw"}
+
+
+def graph_ms(enqueue) -> float:
+    """Median ms per call of ``enqueue()`` (CALLS per graph) over REPLAYS graph replays."""
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream), cupy.cuda.ExternalStream(stream.cuda_stream):
+        enqueue()  # compiled, allocated and warm before capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(CALLS):
+                enqueue()
+    times = []
+    for _ in range(REPLAYS + 3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / CALLS)
+    return sorted(times[3:])[REPLAYS // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch", action="append", type=int)
+    parser.add_argument("--mode", action="append", choices=sorted(LAYOUT))
+    parser.add_argument("--splits", default="1,2,3,4,6,8,12,16")
+    args = parser.parse_args()
+    candidates = [int(s) for s in args.splits.split(",")]
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    for mode in args.mode or ["fp16", "tf32"]:
+        for batch in args.batch or [1, 8]:
+            for shape in LAYERS:
+                if shape.groups != 1:
+                    continue
+                shape = dataclasses.replace(shape, n=batch)
+                problem = shape.problem(MODE_DTYPE[mode], LAYOUT[mode])
+                auto = implicit_gemm_nhwc.make_plan(problem, compute_capability=90)
+                tdtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32}[mode]
+                fmt = torch.channels_last if LAYOUT[mode] == "channels_last" else torch.contiguous_format
+                x = torch.randn(shape.n, shape.c, shape.h, shape.w, device="cuda", dtype=tdtype).to(memory_format=fmt)
+                w = torch.randn(shape.k, shape.c, shape.kh, shape.kw, device="cuda", dtype=tdtype).to(memory_format=fmt)
+                out = torch.empty(problem.out_array_shape, device="cuda", dtype=tdtype)
+                arrays = [cupy.from_dlpack(t.permute(0, 2, 3, 1) if fmt == torch.channels_last else t)
+                          for t in (x, w)]
+                y = cupy.from_dlpack(out)
+                prepared = prepare_weight(arrays[1])  # the weight's copy kept, as in a model
+                timings = [f"torch {graph_ms(lambda: torch.nn.functional.conv2d(x, w, None, shape.stride, shape.padding)):.4f}"]
+                for splits in candidates:
+                    try:
+                        plan = dataclasses.replace(implicit_gemm_nhwc.make_plan(problem, compute_capability=90,
+                                                                                splits=splits),
+                                                   layout=problem.layout, weight_layout=problem.weight_layout)
+                    except ValueError:
+                        continue
+                    exe = executable_for_plan(plan, problem, 0)
+                    ms = graph_ms(lambda: run(exe, arrays[0], arrays[1], None, y, prepared))
+                    timings.append(f"{splits}{'*' if splits == auto.splits else ''} {ms:.4f}")
+                print(f"{mode} N{batch:<3d} {shape.name:22s} {auto.config.name:22s} grid {auto.grid} | "
+                      + "  ".join(timings), flush=True)
+
+
+if __name__ == "__main__":
+    main()
