@@ -7,29 +7,26 @@ choice is marked with *, and torch's F.conv2d is timed the same way in the same 
 import argparse
 import dataclasses
 
-import cupy
 import torch
 
 from cupyconv.bench import LAYERS, MODE_DTYPE
 from cupyconv.executor import executable_for_plan
 from cupyconv.families import implicit_gemm_nhwc
-from cupyconv.launch import run
-from cupyconv.weights import prepare_weight
 
 CALLS, REPLAYS = 20, 30
 LAYOUT = {"fp16": "channels_last", "bf16": "channels_last", "tf32": "nchw"}
 
 
 def graph_ms(enqueue) -> float:
-    """Median ms per call of ``enqueue()`` (CALLS per graph) over REPLAYS graph replays."""
+    """Median ms per call of ``enqueue(stream)`` (CALLS per graph) over REPLAYS graph replays."""
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()
-    with torch.cuda.stream(stream), cupy.cuda.ExternalStream(stream.cuda_stream):
-        enqueue()  # compiled, allocated and warm before capture
+    with torch.cuda.stream(stream):
+        enqueue(stream.cuda_stream)  # compiled and warm before capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
             for _ in range(CALLS):
-                enqueue()
+                enqueue(stream.cuda_stream)
     times = []
     for _ in range(REPLAYS + 3):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -62,11 +59,8 @@ def main() -> None:
                 x = torch.randn(shape.n, shape.c, shape.h, shape.w, device="cuda", dtype=tdtype).to(memory_format=fmt)
                 w = torch.randn(shape.k, shape.c, shape.kh, shape.kw, device="cuda", dtype=tdtype).to(memory_format=fmt)
                 out = torch.empty(problem.out_array_shape, device="cuda", dtype=tdtype)
-                arrays = [cupy.from_dlpack(t.permute(0, 2, 3, 1) if fmt == torch.channels_last else t)
-                          for t in (x, w)]
-                y = cupy.from_dlpack(out)
-                prepared = prepare_weight(arrays[1])  # the weight's copy kept, as in a model
-                timings = [f"torch {graph_ms(lambda: torch.nn.functional.conv2d(x, w, None, shape.stride, shape.padding)):.4f}"]
+                torch_ms = graph_ms(lambda _: torch.nn.functional.conv2d(x, w, None, shape.stride, shape.padding))
+                timings = [f"torch {torch_ms:.4f}"]
                 for splits in candidates:
                     try:
                         plan = dataclasses.replace(implicit_gemm_nhwc.make_plan(problem, compute_capability=90,
@@ -75,7 +69,13 @@ def main() -> None:
                     except ValueError:
                         continue
                     exe = executable_for_plan(plan, problem, 0)
-                    ms = graph_ms(lambda: run(exe, arrays[0], arrays[1], None, y, prepared))
+                    # The weight's form prepared once and a workspace allocated before capture, as in a model.
+                    prepared = torch.empty(exe.weight.nbytes if exe.weight else 1, device="cuda", dtype=torch.uint8)
+                    workspace = torch.empty(max(1, exe.workspace_bytes_for(False)), device="cuda", dtype=torch.uint8)
+                    if exe.weight:
+                        exe.prepare_weight(w.data_ptr(), prepared.data_ptr(), torch.cuda.current_stream().cuda_stream)
+                    ms = graph_ms(lambda stream: exe.launch(x.data_ptr(), w.data_ptr(), prepared.data_ptr(), 0,
+                                                            out.data_ptr(), workspace.data_ptr(), False, stream))
                     timings.append(f"{splits}{'*' if splits == auto.splits else ''} {ms:.4f}")
                 print(f"{mode} N{batch:<3d} {shape.name:22s} {auto.config.name:22s} grid {auto.grid} | "
                       + "  ".join(timings), flush=True)

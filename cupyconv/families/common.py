@@ -67,9 +67,7 @@ def conv_launch(plan, problem: ConvProblem, *plan_ints: int, x: Pointer = Pointe
 
 
 #: Split-K, for GEMMs of too few tiles to fill the GPU: at most SPLIT_K_MAX runs of the reduction,
-#: each of at least SPLIT_K_MIN_TILES k tiles (shorter runs spend their time filling the pipeline),
 #: while the float32 partial sums (runs x the output) stay within SPLIT_K_MAX_WORKSPACE_BYTES.
-SPLIT_K_MIN_TILES = 4
 SPLIT_K_MAX = 16
 SPLIT_K_MAX_WORKSPACE_BYTES = 2**28
 REDUCE_KERNEL = "split_k_reduce"
@@ -77,11 +75,11 @@ REDUCE_KERNEL = "split_k_reduce"
 REDUCE_BLOCK = 256
 
 
-def split_k_runs(problem: ConvProblem, grid: tuple[int, int, int], k_tiles: int, target_blocks: int) -> int:
-    """Runs of the reduction (1: none) that bring ``grid``'s blocks (z: groups) up to about
-    ``target_blocks``, within SPLIT_K_MAX, SPLIT_K_MIN_TILES of its ``k_tiles`` per run, the partials'
-    workspace, CUDA's grid z and 32-bit offsets into the partials."""
-    splits = min(math.ceil(target_blocks / max(1, math.prod(grid))), k_tiles // SPLIT_K_MIN_TILES, SPLIT_K_MAX)
+def split_k_runs(problem: ConvProblem, grid: tuple[int, int, int], k_tiles: int, wanted: int, min_tiles: int) -> int:
+    """Runs of the reduction (1: none): ``wanted``, within SPLIT_K_MAX, ``min_tiles`` of its ``k_tiles``
+    per run (shorter runs spend their time filling the pipeline), the partials' workspace, CUDA's grid
+    z (``grid``'s z: groups) and 32-bit offsets into the partials."""
+    splits = min(wanted, k_tiles // min_tiles, SPLIT_K_MAX)
     elements = math.prod(problem.out_shape)
     while splits > 1 and (4 * splits * elements > SPLIT_K_MAX_WORKSPACE_BYTES or grid[2] * splits > MAX_GRID_Y
                           or splits * elements >= 2**31):

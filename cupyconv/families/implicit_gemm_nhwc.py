@@ -62,11 +62,16 @@ NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs)
 NHWC_VECS = (16, 8, 4)
 #: Split-K (common.split_k_runs): a grid of at most SPLIT_K_MAX_BLOCKS tiles (half the H100's 132
-#: SMs) splits its reduction into runs until it makes about SPLIT_K_TARGET_BLOCKS blocks (two per SM:
-#: one resident block of the largest tiles, and the next to hide the tail). Batch 1-8 layers of
-#: ResNet-50's last stages make 2-32 tiles of 36-72 k tiles each.
+#: SMs) with a reduction of at least SPLIT_K_MIN_REDUCTION k tiles splits it into as many runs as keep
+#: the blocks within SPLIT_K_TARGET_BLOCKS (one per SM: more, and a second wave costs more than the
+#: runs save), of at least SPLIT_K_MIN_TILES k tiles each. Chosen from H100 timings of every run count
+#: on the batch 1 and 8 layers of the layers suite in fp16 and TF32 (benchmarks/NOTES.md; e.g.
+#: ResNet-50's 3x3 of 512 at batch 1, 8 tiles of 72 k tiles: 0.025 ms whole, 0.007 in 16 runs; a
+#: TF32 1x1 of 96 channels in 2 runs 0.0067 ms against 0.0049 whole).
 SPLIT_K_MAX_BLOCKS = 66
-SPLIT_K_TARGET_BLOCKS = 264
+SPLIT_K_TARGET_BLOCKS = 132
+SPLIT_K_MIN_REDUCTION = 12
+SPLIT_K_MIN_TILES = 3
 
 
 def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
@@ -175,12 +180,13 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
 
 def _splits(problem: ConvProblem, cfg: GemmConfig, channels_padded: int, index: str) -> int:
     """Runs of the reduction for split-K (1: none): up to SPLIT_K_TARGET_BLOCKS blocks for grids of
-    at most SPLIT_K_MAX_BLOCKS tiles with 32-bit indices (the split instances are compiled for those)."""
+    at most SPLIT_K_MAX_BLOCKS tiles and reductions of SPLIT_K_MIN_REDUCTION k tiles or more, with
+    32-bit indices (the split instances are compiled for those)."""
     grid = gemm_grid(problem, cfg)
-    if math.prod(grid) > SPLIT_K_MAX_BLOCKS or index != "int":
-        return 1
     k_tiles = math.ceil(problem.kh * problem.kw * (channels_padded // problem.groups) / cfg.bk)
-    return split_k_runs(problem, grid, k_tiles, SPLIT_K_TARGET_BLOCKS)
+    if math.prod(grid) > SPLIT_K_MAX_BLOCKS or k_tiles < SPLIT_K_MIN_REDUCTION or index != "int":
+        return 1
+    return split_k_runs(problem, grid, k_tiles, SPLIT_K_TARGET_BLOCKS // math.prod(grid), SPLIT_K_MIN_TILES)
 
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",

@@ -61,10 +61,11 @@ SIMT_WIDE_TILE_SPEED = 1.1
 SIMT_MAX_TAPS = 1024
 #: Split-K (common.split_k_runs): a problem of at most half a wave of tiles (SIMT_WAVE_BLOCKS / 2)
 #: splits its reduction across blocks, into enough runs to make SPLIT_K_TARGET_BLOCKS blocks (two per
-#: SM of the H100, which keeps 1 to 3 of them resident). Batch-1 layers of ResNet-50 make 4 to 60 tiles
-#: of up to 288 k tiles each; splitting batch-32 layers of 98-104 tiles into 3 measured slower (H100,
-#: benchmarks/NOTES.md).
+#: SM of the H100, which keeps 1 to 3 of them resident), of at least SPLIT_K_MIN_TILES k tiles each.
+#: Batch-1 layers of ResNet-50 make 4 to 60 tiles of up to 288 k tiles each; splitting batch-32 layers
+#: of 98-104 tiles into 3 measured slower (H100, benchmarks/NOTES.md).
 SPLIT_K_TARGET_BLOCKS = 2 * SIMT_WAVE_BLOCKS
+SPLIT_K_MIN_TILES = 4
 
 
 def weight_columns(problem: ConvProblem) -> int:
@@ -113,7 +114,7 @@ def _splits(problem: ConvProblem, cfg: SimtConfig, grid: tuple[int, int, int]) -
     if 2 * math.prod(grid) > SIMT_WAVE_BLOCKS:
         return 1
     return split_k_runs(problem, grid, math.ceil(problem.c // problem.groups * problem.kh * problem.kw / cfg.bk),
-                        SPLIT_K_TARGET_BLOCKS)
+                        math.ceil(SPLIT_K_TARGET_BLOCKS / max(1, math.prod(grid))), SPLIT_K_MIN_TILES)
 
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "", splits: int | None = None) -> LaunchPlan:
