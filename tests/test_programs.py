@@ -183,7 +183,9 @@ def test_layout_programs(case, dtype, layouts):
         if not native(planner.FAMILIES[plan.kernel], problem) and layouts[0] == "NHWC":
             assert names[0] == names[-1] == implicit_gemm_nhwc.CHANNELS_LAST_TILED or \
                 implicit_gemm_nhwc.CHANNELS_LAST_NARROW in (names[0], names[-1]), names
-        if plan.kernel == planner.NHWC_KERNEL and layouts == ("NHWC", "KHWC") and plan.channels_padded == problem.c:
+        one_tap = problem.kh * problem.kw == 1  # a 1x1 KCHW weight is KHWC memory: read in place too
+        if plan.kernel == planner.NHWC_KERNEL and layouts in (("NHWC", "KHWC"), ("NHWC", "KCHW") if one_tap else ()) \
+                and plan.channels_padded == problem.c:
             in_place = [planner.NHWC_KERNEL] + ([REDUCE_KERNEL] if plan.splits > 1 else [])
             assert names == in_place or (dtype == "float32" and problem.kh * problem.kw > 1), names
             assert (call.weight is None) == (dtype != "float32"), "KHWC weight read in place but to round to TF32"

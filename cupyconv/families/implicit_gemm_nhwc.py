@@ -262,12 +262,19 @@ def _x_copied(problem: ConvProblem, channels_padded: int) -> bool:
     return channels_padded != problem.c or (problem.dtype == "float32" and problem.kh * problem.kw != 1)
 
 
+def _weight_channels_last(problem: ConvProblem) -> bool:
+    """Whether the weight's memory is [K][kh][kw][C / groups]: KHWC, or a 1x1 weight in either layout
+    (the same memory; torch calls a 1x1 weight contiguous, not channels_last)."""
+    return problem.weight_layout == "KHWC" or problem.kh * problem.kw == 1
+
+
 def _weight_copied(problem: ConvProblem, channels_padded: int) -> bool:
-    """Whether the GEMM reads a prepared weight: KCHW weights (but those the 1x1 NCHW_A path reads in
-    place, rounding fragments itself); KHWC ones that need zero channels or TF32 rounding."""
-    if _nchw_a_vec(problem):  # 1x1: KCHW and KHWC are the same memory
+    """Whether the GEMM reads a prepared weight: KCHW weights of more than one tap; channels-last ones
+    that need zero channels or TF32 rounding (but not those the 1x1 NCHW_A path reads in place,
+    rounding fragments itself)."""
+    if _nchw_a_vec(problem):
         return False
-    return problem.weight_layout == "KCHW" or channels_padded != problem.c or problem.dtype == "float32"
+    return not _weight_channels_last(problem) or channels_padded != problem.c or problem.dtype == "float32"
 
 
 def specialisation(dtype: str, index: str, cfg: GemmConfig, vec: int, a_from_nchw: bool, nhwc_out: bool,
@@ -346,9 +353,9 @@ def pad_channels(dtype: str, rows: int, c: int, channels_padded: int, source: Po
 
 def _weight_preparation(problem: ConvProblem, channels_padded: int) -> WeightPreparation:
     """The weight as [K][kh][kw][Cgp], Cgp = channels_padded / groups (zero channels past C / groups),
-    float32 rounded to TF32: transposed from KCHW, or padded and rounded from KHWC."""
+    float32 rounded to TF32: transposed from KCHW, or padded and rounded from channels-last memory."""
     p, cg, cgp = problem, problem.c // problem.groups, channels_padded // problem.groups
-    if p.weight_layout == "KHWC":
+    if _weight_channels_last(p):
         copy = pad_channels(p.dtype, p.k * p.kh * p.kw, cg, cgp, Pointer(WEIGHT), Pointer(PREPARED))
     else:
         copy = channels_last_copy(p.dtype, p.k, cg, p.kh * p.kw, cgp, True, Pointer(WEIGHT), Pointer(PREPARED))
