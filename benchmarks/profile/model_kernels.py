@@ -1,8 +1,11 @@
 """GPU time per kernel of one torchvision model's forward, torch's and converted (torch.profiler):
-    python benchmarks/profile/model_kernels.py resnet50 --batch 1 --dtype fp16 --layout channels_last
-Ten forwards after warm-up; kernels summed by name, the largest first, and each side's total."""
+    python benchmarks/profile/model_kernels.py resnet50 --batch 1 --dtype fp16 --layout channels_last [--graph]
+Ten forwards after warm-up (--graph: ten replays of a CUDA graph of one forward); kernels summed by
+name, the largest first, each side's total, and the idle time between kernels summed by the kernel
+that waited (the gap before it)."""
 import argparse
 import copy
+import time
 
 import torch
 import torchvision
@@ -13,23 +16,50 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, 
 FORWARDS = 10
 
 
-def kernel_times(model, x) -> list[tuple[str, float, int]]:
-    """(kernel name, total µs per forward, launches per forward), largest first."""
+def kernel_times(model, x, graph: bool) -> tuple[list, list]:
+    """[(kernel name, total µs per forward, launches per forward)] and [(kernel name, µs idle before
+    it per forward, count)], largest first."""
     with torch.no_grad():
         for _ in range(3):
             model(x)
         torch.cuda.synchronize()
+        run = lambda: model(x)
+        if graph:
+            captured = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(captured):
+                model(x)
+            run = captured.replay
+            run()
+            torch.cuda.synchronize()
+            began = time.perf_counter()
+            host = []
+            for _ in range(50):
+                start = time.perf_counter()
+                run()
+                host.append(time.perf_counter() - start)
+            torch.cuda.synchronize()
+            print(f"graph replay: {1e3 * (time.perf_counter() - began) / 50:.3f} ms per replay back to back, "
+                  f"host {1e6 * sorted(host)[25]:.0f} us per replay() call (median)")
+        torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(FORWARDS):
-                model(x)
-            torch.cuda.synchronize()
+                run()
+                torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
     totals: dict[str, list] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            entry = totals.setdefault(event.name, [0.0, 0])
-            entry[0] += event.device_time_total / FORWARDS
-            entry[1] += 1 / FORWARDS
-    return sorted(((name, us, round(n)) for name, (us, n) in totals.items()), key=lambda t: -t[1])
+    gaps: dict[str, list] = {}
+    for before, event in zip([None] + kernels[:-1], kernels):
+        entry = totals.setdefault(event.name, [0.0, 0])
+        entry[0] += event.time_range.elapsed_us() / FORWARDS
+        entry[1] += 1 / FORWARDS
+        idle = 0 if before is None else event.time_range.start - before.time_range.end
+        if 0 < idle < 1000:  # not the host's wait between forwards
+            gap = gaps.setdefault(event.name, [0.0, 0])
+            gap[0] += idle / FORWARDS
+            gap[1] += 1 / FORWARDS
+    order = lambda table: sorted(((name, us, round(n)) for name, (us, n) in table.items()), key=lambda t: -t[1])
+    return order(totals), order(gaps)
 
 
 def main() -> None:
@@ -39,16 +69,22 @@ def main() -> None:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
     parser.add_argument("--layout", choices=("nchw", "channels_last"), default="channels_last")
     parser.add_argument("--rows", type=int, default=15)
+    parser.add_argument("--graph", action="store_true", help="replay a CUDA graph of the forward")
+    parser.add_argument("--inference-mode", action="store_true", help="under torch.inference_mode (as the models suite)")
     args = parser.parse_args()
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
     fmt = torch.channels_last if args.layout == "channels_last" else torch.contiguous_format
     model = getattr(torchvision.models, args.model)().cuda().to(DTYPES[args.dtype]).to(memory_format=fmt).eval()
     x = torch.randn(args.batch, 3, 224, 224, device="cuda", dtype=DTYPES[args.dtype]).to(memory_format=fmt)
     for label, m in (("torch", model), ("cupyconv", cc.convert(copy.deepcopy(model)))):
-        times = kernel_times(m, x)
+        with torch.inference_mode(args.inference_mode):
+            times, gaps = kernel_times(m, x, args.graph)
         print(f"--- {label}: {sum(t[1] for t in times):.1f} us of kernels per forward, "
-              f"{sum(t[2] for t in times)} launches")
+              f"{sum(t[2] for t in times)} launches; {sum(t[1] for t in gaps):.1f} us idle between them")
         for name, us, n in times[:args.rows]:
+            print(f"{us:9.1f} us  x{n:<4d} {name[:150]}")
+        print("  idle before:")
+        for name, us, n in gaps[:8]:
             print(f"{us:9.1f} us  x{n:<4d} {name[:150]}")
 
 
