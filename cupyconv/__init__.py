@@ -6,9 +6,10 @@
 ``cupyconv.torch`` holds the PyTorch adapter; importing cupyconv itself needs neither torch nor a GPU.
 """
 from .arguments import ConvProblem, SUPPORTED_DTYPES
+from .batchnorm import fold_batchnorm
 from .conv import conv2d, plan
 from .launch import release_workspaces
 from .weights import PreparedWeight, prepare_weight
 
 __version__ = "0.1.0"
-__all__ = ["conv2d", "plan", "prepare_weight", "PreparedWeight", "release_workspaces", "ConvProblem", "SUPPORTED_DTYPES", "__version__"]
+__all__ = ["conv2d", "plan", "fold_batchnorm", "prepare_weight", "PreparedWeight", "release_workspaces", "ConvProblem", "SUPPORTED_DTYPES", "__version__"]
