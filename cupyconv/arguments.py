@@ -20,6 +20,10 @@ SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "float64")
 LAYOUTS = ("NCHW", "NHWC")
 #: Memory orders of the weight: (K, C/groups, kh, kw), or (K, kh, kw, C/groups).
 WEIGHT_LAYOUTS = ("KCHW", "KHWC")
+#: The epilogue's activations, applied to conv + bias + residual before the one rounding to the
+#: output's dtype; their index is the kernels' code (kernels/epilogue.cuh). As torch's: relu, relu6
+#: (hardtanh 0..6), silu, gelu (exact, erf), sigmoid, tanh.
+ACTIVATIONS = ("none", "relu", "relu6", "silu", "gelu", "sigmoid", "tanh")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +50,9 @@ class ConvProblem:
     has_bias: bool
     layout: str = "NCHW"
     weight_layout: str = "KCHW"
+    # The epilogue: activation(conv + bias + residual); ACTIVATIONS names the activations.
+    activation: str = "none"
+    has_residual: bool = False
 
     @property
     def ho(self) -> int:
@@ -146,7 +153,7 @@ def check_layouts(layout, weight_layout) -> None:
 
 
 def make_problem(x_shape, weight_shape, bias_shape, dtype, stride=1, padding=0, dilation=1,
-                 groups=1, layout="NCHW", weight_layout="KCHW") -> ConvProblem:
+                 groups=1, layout="NCHW", weight_layout="KCHW", activation=None, residual_shape=None) -> ConvProblem:
     """Check the shapes and hyper-parameters of a conv2d call and describe it as a ConvProblem.
 
     Args:
@@ -157,8 +164,36 @@ def make_problem(x_shape, weight_shape, bias_shape, dtype, stride=1, padding=0, 
         dtype: the common dtype (a name from SUPPORTED_DTYPES).
         stride, padding, dilation, groups: as torch.nn.functional.conv2d.
         layout, weight_layout: the arrays' memory orders (LAYOUTS, WEIGHT_LAYOUTS).
+        activation: None or one of ACTIVATIONS, applied in the epilogue.
+        residual_shape: the shape of the array added in the epilogue (the output's, in ``layout``),
+            or None.
     """
     check_layouts(layout, weight_layout)
+    activation = check_activation(activation)
+    problem = _problem_in_layouts(x_shape, weight_shape, bias_shape, dtype, stride, padding, dilation, groups, layout,
+                                  weight_layout)
+    if residual_shape is not None and tuple(residual_shape) != problem.out_array_shape:
+        raise ValueError(f"residual must have the output's shape {problem.out_array_shape} (layout {layout!r}), got "
+                         f"{tuple(residual_shape)}")
+    if activation == "none" and residual_shape is None:
+        return problem
+    return dataclasses.replace(problem, activation=activation, has_residual=residual_shape is not None)
+
+
+def check_activation(activation) -> str:
+    """The activation's name ('none' for None); TypeError or ValueError naming the choices."""
+    if activation is None:
+        return "none"
+    if not isinstance(activation, str):
+        raise TypeError(f"activation must be None or one of {ACTIVATIONS}, got {activation!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be None or one of {ACTIVATIONS}, got {activation!r}")
+    return activation
+
+
+def _problem_in_layouts(x_shape, weight_shape, bias_shape, dtype, stride, padding, dilation, groups, layout,
+                        weight_layout) -> ConvProblem:
+    """make_problem without the epilogue."""
     x_shape, weight_shape = tuple(x_shape), tuple(weight_shape)
     if len(x_shape) != 4:
         raise ValueError(f"x must be 4-D ({', '.join(layout)}) for layout={layout!r}, got shape {x_shape}")
@@ -253,6 +288,27 @@ def check_arrays(x, weight, bias, out) -> str:
         if not out.flags.c_contiguous:
             raise ValueError(f"out must be C-contiguous, got strides {out.strides} for shape {out.shape}")
     return backend
+
+
+def check_residual(residual, x, out) -> None:
+    """The residual must be an array of x's kind, dtype and device (its shape is make_problem's to
+    check); it may be ``out`` itself, but must not overlap ``out`` otherwise (an element would be
+    read after another thread wrote it)."""
+    backend = array_backend(x, "x")
+    if array_backend(residual, "residual") != backend:
+        raise TypeError(f"residual must be a {backend} array like x, got {type(residual).__name__}")
+    if residual.dtype != x.dtype:
+        raise TypeError(f"residual has dtype {residual.dtype} but x has dtype {x.dtype}; they must match")
+    if backend == "cupy" and residual.device.id != x.device.id:
+        raise ValueError(f"residual is on GPU {residual.device.id} but x is on GPU {x.device.id}")
+    if out is not None and not same_array(residual, out) and \
+            overlaps(address(out), extent(out), address(residual), extent(residual)):
+        raise ValueError("residual shares memory with out without being out itself (same memory, shape and strides)")
+
+
+def same_array(a, b) -> bool:
+    """Whether ``a`` and ``b`` view the same elements in the same order."""
+    return address(a) == address(b) and a.shape == b.shape and a.strides == b.strides
 
 
 def check_out(out, problem: ConvProblem, shape: tuple[int, ...], x, weight, bias) -> None:

@@ -12,7 +12,8 @@ import os
 
 import numpy as np
 
-from .arguments import check_arrays, check_layouts, check_out, check_output_size, extent, make_problem, overlaps
+from .arguments import (check_arrays, check_layouts, check_out, check_output_size, check_residual, extent, make_problem,
+                        overlaps, same_array)
 from .launch import run
 from .planner import LaunchPlan, make_plan
 from .program import OPERAND_ALIGNMENT
@@ -25,16 +26,21 @@ _CUPY_CALLS: dict = {}
 _cupy = _cupy_ndarray = None
 
 
-def _problem(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout):
+def _problem(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout, activation=None,
+             residual=None):
     backend = check_arrays(x, weight, bias, out)
     check_layouts(layout, weight_layout)
     if x.ndim not in (3, 4):
         raise ValueError(f"x must be 4-D ({', '.join(layout)}) or 3-D ({', '.join(layout[1:])}) for "
                          f"layout={layout!r}, got shape {tuple(x.shape)}")
     unbatched = x.ndim == 3
+    residual_shape = None
+    if residual is not None:
+        check_residual(residual, x, out)
+        residual_shape = (1, *residual.shape) if unbatched else residual.shape
     problem = make_problem((1, *x.shape) if unbatched else x.shape, weight.shape,
                            None if bias is None else bias.shape, x.dtype, stride, padding, dilation, groups,
-                           layout, weight_layout)
+                           layout, weight_layout, activation, residual_shape)
     return backend, unbatched, problem
 
 
@@ -63,12 +69,14 @@ def _physical_memory() -> int | None:
         return None
 
 
-def _cupy_call(x, weight, bias, stride, padding, dilation, groups, out, allow_tf32, layout, weight_layout) -> _CupyCall:
+def _cupy_call(x, weight, bias, stride, padding, dilation, groups, out, allow_tf32, layout, weight_layout, activation,
+               residual) -> _CupyCall:
     """Every check of a CuPy call (raising before anything is allocated or launched), then its executable."""
     from .executor import executable
     from .launch import device_memory
 
-    _, unbatched, problem = _problem(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout)
+    _, unbatched, problem = _problem(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout,
+                                     activation, residual)
     shape = _out_shape(problem, unbatched)
     device_id = x.device.id
     check_output_size(shape, x.dtype.itemsize, device_memory(device_id), f"GPU {device_id}")
@@ -79,7 +87,7 @@ def _cupy_call(x, weight, bias, stride, padding, dilation, groups, out, allow_tf
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, out=None, allow_tf32=False,
-           layout="NCHW", weight_layout="KCHW"):
+           layout="NCHW", weight_layout="KCHW", activation=None, residual=None):
     """2-D convolution (cross-correlation) over NCHW or NHWC arrays, as ``torch.nn.functional.conv2d``.
 
     CuPy arrays run on their GPU, on CuPy's current stream; NumPy arrays run on the CPU.
@@ -109,6 +117,12 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, o
             last, as torch's channels_last; the tensor-core GEMM reads and writes it in place, the
             other kernels transpose around an NCHW computation).
         weight_layout: the memory order of ``weight``: "KCHW" (default) or "KHWC".
+        activation: None (default), "relu", "relu6", "silu", "gelu" (exact), "sigmoid" or "tanh",
+            applied in the kernel's epilogue, as torch's functions of those names.
+        residual: optional array of the output's shape (in ``layout``), dtype and device, added in
+            the epilogue; it may be ``out`` itself (in-place accumulate). The result is
+            ``activation(conv(x, weight) + bias + residual)``, computed in float32 (float64 for
+            float64) and rounded once.
 
     Returns:
         (N, K, Ho, Wo) array (or (K, Ho, Wo) for unbatched input; (N, Ho, Wo, K) or (Ho, Wo, K) for
@@ -120,15 +134,17 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, o
         TypeError: arrays of another kind, mixed NumPy/CuPy, unsupported or differing dtypes.
         ValueError: inconsistent shapes (naming the layouts they were read in), bad
             stride/padding/dilation/groups/layout, a kernel larger than the padded input, an output
-            larger than the device's memory, arrays on different GPUs, or a bad ``out``. Raised
-            before anything is allocated or launched.
+            larger than the device's memory, arrays on different GPUs, a bad ``out``, an unknown
+            activation, or a residual of another shape, or overlapping ``out`` without being it.
+            Raised before anything is allocated or launched.
     """
     prepared = weight if type(weight) is PreparedWeight else None
     if prepared is not None:
         weight = prepared.array
     if type(x) is not _cupy_ndarray:
         if check_arrays(x, weight, bias, out) == "numpy":
-            return _numpy_conv2d(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout)
+            return _numpy_conv2d(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout,
+                                 activation, residual)
         _remember_cupy()  # the first CuPy call: from now on its arrays take the lookup below first
     try:
         key = (x.shape, x.strides, x.dtype, x.data.device_id, type(weight), weight.shape, weight.strides,
@@ -136,31 +152,38 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, o
                None if bias is None else (type(bias), bias.shape, bias.strides, bias.dtype, bias.data.device_id),
                stride, padding, dilation, groups, bool(allow_tf32),
                None if out is None else (type(out), out.shape, out.strides, out.dtype, out.data.device_id),
-               layout, weight_layout)
+               layout, weight_layout, activation,
+               None if residual is None else (type(residual), residual.shape, residual.strides, residual.dtype,
+                                              residual.data.device_id, residual is out))
         call = _CUPY_CALLS.get(key)
     except (AttributeError, TypeError):  # not CuPy arrays, or unhashable arguments: the full checks say which
         key = call = None
     if call is None:
-        call = _cupy_call(x, weight, bias, stride, padding, dilation, groups, out, allow_tf32, layout, weight_layout)
+        call = _cupy_call(x, weight, bias, stride, padding, dilation, groups, out, allow_tf32, layout, weight_layout,
+                          activation, residual)
         if key is not None:
             _CUPY_CALLS[key] = call
-    return _run_cupy(call, x, weight, bias, out, prepared)
+    return _run_cupy(call, x, weight, bias, out, prepared, residual)
 
 
-def _numpy_conv2d(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout):
+def _numpy_conv2d(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout, activation, residual):
     """The CPU path (the reference): every check, then conv2d_numpy on NCHW views of the arrays."""
-    _, unbatched, problem = _problem(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout)
+    _, unbatched, problem = _problem(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout,
+                                     activation, residual)
     shape = _out_shape(problem, unbatched)
     check_output_size(shape, x.dtype.itemsize, _physical_memory(), "this machine")
     if out is not None:
         check_out(out, problem, shape, x, weight, bias)
     out = np.empty(shape, dtype=x.dtype) if out is None else out
     x, out4 = (x[None], out[None]) if unbatched else (x, out)
+    if residual is not None and unbatched:
+        residual = residual[None]
     if layout == "NHWC":
         x, out4 = x.transpose(0, 3, 1, 2), out4.transpose(0, 3, 1, 2)
+        residual = None if residual is None else residual.transpose(0, 3, 1, 2)
     if weight_layout == "KHWC":
         weight = weight.transpose(0, 3, 1, 2)
-    conv2d_numpy(x, weight, bias, problem, out4)
+    conv2d_numpy(x, weight, bias, problem, out4, residual)
     return out
 
 
@@ -171,23 +194,28 @@ def _remember_cupy() -> None:
     _cupy, _cupy_ndarray = cupy, cupy.ndarray
 
 
-def _run_cupy(call: _CupyCall, x, weight, bias, out, prepared):
+def _run_cupy(call: _CupyCall, x, weight, bias, out, prepared, residual):
     cupy = _cupy
     if out is not None:
         for name, a, span in (("x", x, call.extents[0]), ("weight", weight, call.extents[1]),
                               ("bias", bias, call.extents[2])):
             if a is not None and overlaps(out.data.ptr, (0, out.nbytes), a.data.ptr, span):
                 raise ValueError(f"out shares memory with {name}; conv2d never modifies its inputs")
+        if residual is not None and not same_array(residual, out) and \
+                overlaps(out.data.ptr, (0, out.nbytes), residual.data.ptr, extent(residual)):
+            raise ValueError("residual shares memory with out without being out itself (same memory, shape and strides)")
     if cupy.cuda.runtime.getDevice() != call.device_id:
         with cupy.cuda.Device(call.device_id):
-            return _run_cupy(call, x, weight, bias, out, prepared)
+            return _run_cupy(call, x, weight, bias, out, prepared, residual)
     if out is None:
         out = cupy.empty(call.shape, dtype=x.dtype)
     if call.exe is None:  # an empty output: nothing to compute
         return out
     if out.data.ptr % OPERAND_ALIGNMENT:  # vector stores: compute into an aligned output, then copy
-        out[...] = _run_cupy(call, x, weight, bias, None, prepared)
+        out[...] = _run_cupy(call, x, weight, bias, None, prepared, residual)
         return out
+    if residual is not None and (not residual.flags.c_contiguous or residual.data.ptr % OPERAND_ALIGNMENT):
+        residual = residual.copy() if residual.flags.c_contiguous else cupy.ascontiguousarray(residual)
     if x.data.ptr % OPERAND_ALIGNMENT:
         x = x.copy()
     if weight.data.ptr % OPERAND_ALIGNMENT and prepared is None:
@@ -195,12 +223,12 @@ def _run_cupy(call: _CupyCall, x, weight, bias, out, prepared):
     run(call.exe, cupy.ascontiguousarray(x) if call.x_copy else x,
         cupy.ascontiguousarray(weight) if call.weight_copy else weight,
         cupy.ascontiguousarray(bias) if call.bias_copy else bias, out,
-        prepared)
+        prepared, residual)
     return out
 
 
 def plan(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, allow_tf32=False, layout="NCHW",
-         weight_layout="KCHW") -> LaunchPlan:
+         weight_layout="KCHW", activation=None, residual=None) -> LaunchPlan:
     """The GPU launch plan conv2d would use for these arguments (printable: kernel, tiles, grid, why,
     and what is read in place or transposed for the layouts).
 
@@ -208,5 +236,6 @@ def plan(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, all
     """
     if type(weight) is PreparedWeight:
         weight = weight.array
-    _, _, problem = _problem(x, weight, bias, stride, padding, dilation, groups, None, layout, weight_layout)
+    _, _, problem = _problem(x, weight, bias, stride, padding, dilation, groups, None, layout, weight_layout,
+                             activation, residual)
     return make_plan(problem, allow_tf32=allow_tf32)

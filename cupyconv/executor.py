@@ -77,13 +77,13 @@ class Executable:
         self._lock = threading.Lock()
 
     def launch(self, x: int, weight: int, prepared: int, bias: int, out: int, workspace: int, prepare_weight: bool,
-               stream: int) -> None:
-        """The call on ``stream`` given its operands' addresses (bias 0: none). Where
+               stream: int, residual: int = 0) -> None:
+        """The call on ``stream`` given its operands' addresses (bias, residual 0: none). Where
         ``prepare_weight``, the weight is prepared first at the workspace's start (which then holds
         align(weight.nbytes) more bytes) and ``prepared`` is ignored."""
         if prepare_weight:
             prepared, workspace = workspace, workspace + align(self.weight.nbytes)
-        operands = addresses(x, weight, prepared, bias, out, workspace)
+        operands = addresses(x, weight, prepared, bias, out, workspace, residual)
         with self._lock:
             for launch in (self._weight_launches + self._launches if prepare_weight else self._launches):
                 launch(operands, stream)
@@ -94,7 +94,7 @@ class Executable:
 
     def prepare_weight(self, weight: int, prepared: int, stream: int) -> None:
         """Write the PREPARED operand at ``prepared`` from the weight at ``weight`` on ``stream``."""
-        operands = addresses(0, weight, prepared, 0, 0, 0)
+        operands = addresses(0, weight, prepared, 0, 0, 0, 0)
         with self._lock:
             for launch in self._weight_launches:
                 launch(operands, stream)
@@ -116,23 +116,23 @@ class Workspaces:
             self._kept.clear()
 
     def launch(self, exe: Executable, x: int, weight: int, prepared: int, bias: int, out: int, stream: int,
-               capturing: bool) -> None:
+               capturing: bool, residual: int = 0) -> None:
         """``exe``'s call on ``stream``. ``prepared`` 0 where ``exe`` reads a prepared weight that the
         caller does not keep: it is then made in the workspace first."""
         prepare_here = exe.weight is not None and not prepared
         nbytes = exe.workspace_bytes_for(prepare_here)
         if not nbytes:
-            exe.launch(x, weight, prepared, bias, out, 0, False, stream)
+            exe.launch(x, weight, prepared, bias, out, 0, False, stream, residual)
         elif capturing:
             _, workspace = self._allocate(nbytes)
-            exe.launch(x, weight, prepared, bias, out, workspace, prepare_here, stream)
+            exe.launch(x, weight, prepared, bias, out, workspace, prepare_here, stream, residual)
         else:
             with self._lock:
                 key = (exe.device_id, stream)
                 kept = self._kept.get(key)
                 if kept is None or kept[2] < nbytes:
                     kept = self._kept[key] = (*self._allocate(nbytes), nbytes)
-                exe.launch(x, weight, prepared, bias, out, kept[1], prepare_here, stream)
+                exe.launch(x, weight, prepared, bias, out, kept[1], prepare_here, stream, residual)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -153,9 +153,10 @@ def executable_for_plan(plan, problem: ConvProblem, device_id: int) -> Executabl
     return Executable(program(plan, problem), problem, plan, device_id)
 
 
-def addresses(x: int, weight: int, prepared: int, bias: int, out: int, workspace: int) -> tuple[int, ...]:
-    """The operand addresses in OPERANDS order (X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE; a test
-    checks the two agree); a missing bias (0) reads as the weight's address: the kernels read it
-    only when has_bias."""
-    return x, weight, prepared, bias or weight, out, workspace
+def addresses(x: int, weight: int, prepared: int, bias: int, out: int, workspace: int,
+              residual: int = 0) -> tuple[int, ...]:
+    """The operand addresses in OPERANDS order (X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE, RESIDUAL;
+    a test checks the two agree); a missing bias (0) reads as the weight's address and a missing
+    residual as the output's: the kernels read them only when has_bias, has_residual."""
+    return x, weight, prepared, bias or weight, out, workspace, residual or out
 

@@ -14,7 +14,7 @@ import dataclasses
 
 from .arguments import ConvProblem
 from .families.common import STORAGE_BYTES
-from .program import OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation, align
+from .program import OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation, align
 
 NCHW, NHWC, KCHW, KHWC = "NCHW", "NHWC", "KCHW", "KHWC"
 
@@ -68,8 +68,8 @@ def _relocated(launches, moves: dict) -> tuple[Launch, ...]:
 
 def transposed(call: CallProgram, plan, problem: ConvProblem) -> CallProgram:
     """``call`` (``plan``'s program for nchw(problem)) run on ``problem``'s arrays: transposes of the
-    NHWC input and output through the workspace (after the family's own temporaries), and of a KHWC
-    weight into the prepared weight, which the family's own preparation (if any) then reads."""
+    NHWC input, residual and output through the workspace (after the family's own temporaries), and
+    of a KHWC weight into the prepared weight, which the family's own preparation (if any) then reads."""
     p, item = problem, STORAGE_BYTES[problem.dtype]
     before, after, moves = [], [], {}
     workspace = call.workspace_bytes
@@ -80,6 +80,11 @@ def transposed(call: CallProgram, plan, problem: ConvProblem) -> CallProgram:
         before.append(_transpose(p.dtype, p.n, p.h * p.w, p.c, Pointer(X), x_nchw))
         after.append(_transpose(p.dtype, p.n, p.k, p.ho * p.wo, out_nchw, Pointer(OUT)))
         moves.update({X: x_nchw, OUT: out_nchw})
+        if p.has_residual:  # read before anything is written: the residual may be the output itself
+            residual_nchw = Pointer(WORKSPACE, align(workspace))
+            workspace = residual_nchw.offset + p.n * p.k * p.ho * p.wo * item
+            before.append(_transpose(p.dtype, p.n, p.ho * p.wo, p.k, Pointer(RESIDUAL), residual_nchw))
+            moves[RESIDUAL] = residual_nchw
     weight = call.weight
     if p.weight_layout == KHWC:
         kept = align(weight.nbytes) if weight else 0

@@ -76,6 +76,9 @@ class LaunchPlan:
     # compute them natively (LAYOUTS and WEIGHT_LAYOUTS in its module), layouts.py transposes around it.
     layout: str = "NCHW"
     weight_layout: str = "KCHW"
+    # The problem's epilogue (ConvProblem.activation, has_residual), which every family applies.
+    activation: str = "none"
+    has_residual: bool = False
 
     @property
     def name_expression(self) -> str:
@@ -83,7 +86,10 @@ class LaunchPlan:
         return FAMILIES[self.kernel].name_expression(self)
 
     def __str__(self) -> str:
-        return FAMILIES[self.kernel].describe(self) + layouts.describe(self)
+        epilogue = "" if self.activation == "none" and not self.has_residual else (
+            f"\n  epilogue: {'' if self.activation == 'none' else self.activation}"
+            f"(conv + bias{' + residual' if self.has_residual else ''}) in the accumulator type, rounded once")
+        return FAMILIES[self.kernel].describe(self) + epilogue + layouts.describe(self)
 
 
 # The families build LaunchPlans: imported once the class exists.
@@ -193,7 +199,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
         plan = implicit_gemm_nhwc.make_plan(problem, config, family_reason, compute_capability)
     else:
         plan = FAMILIES[family].make_plan(problem, config, family_reason)
-    return dataclasses.replace(plan, layout=problem.layout, weight_layout=problem.weight_layout)
+    return dataclasses.replace(plan, layout=problem.layout, weight_layout=problem.weight_layout,
+                               activation=problem.activation, has_residual=problem.has_residual)
 
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:

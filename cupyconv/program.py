@@ -14,9 +14,11 @@ import dataclasses
 #: caller's weight, C-contiguous (K, C/groups, kh, kw). PREPARED: the weight in the form the family
 #: reads (written by WeightPreparation.launches, kept while the weight is unchanged). BIAS: the bias
 #: (K,), or, where the call has none, any valid pointer (the kernels read it only when has_bias).
-#: OUT: the C-contiguous NCHW output. WORKSPACE: this call's temporaries.
-X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE = "x", "weight", "prepared", "bias", "out", "workspace"
-OPERANDS = (X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE)
+#: OUT: the C-contiguous NCHW output. WORKSPACE: this call's temporaries. RESIDUAL: the array added
+#: in the epilogue (the output's shape and layout; may be OUT itself), or, where the call has none,
+#: any valid pointer (read only when has_residual).
+X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE, RESIDUAL = "x", "weight", "prepared", "bias", "out", "workspace", "residual"
+OPERANDS = (X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE, RESIDUAL)
 #: Offsets of the temporaries in the workspace are multiples of this (cp.async and vector loads need 16).
 WORKSPACE_ALIGNMENT = 256
 #: The kernels read some caller operands in place with cp.async and vector loads of up to 16 bytes:

@@ -3,17 +3,48 @@
 The convolution is a sum over kernel taps: for each tap (r, s) the strided, dilated view of the
 padded input that the tap reads is multiplied by that tap's (K, C/groups) weight matrix, group by
 group. Memory stays at one input-sized buffer (no im2col), and each product is a BLAS matmul.
-float16 and bfloat16 accumulate in float32, float32 in float32, float64 in float64.
+float16 and bfloat16 accumulate in float32, float32 in float32, float64 in float64. The epilogue
+(activation(conv + bias + residual)) is computed in that precision too and rounded once, as the
+kernels do (kernels/epilogue.cuh).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from .arguments import ConvProblem
 
 
-def conv2d_numpy(x: np.ndarray, weight: np.ndarray, bias, problem: ConvProblem, out: np.ndarray) -> np.ndarray:
-    """Write conv2d(x, weight, bias) described by ``problem`` into ``out`` and return it."""
+_ERF = np.frompyfunc(math.erf, 1, 1)
+
+
+def activate(y: np.ndarray, activation: str) -> np.ndarray:
+    """torch's ``activation`` of the float array ``y`` (ACTIVATIONS; relu and relu6 keep NaN), in y's dtype."""
+    with np.errstate(over="ignore"):  # exp(-y) of a large negative y is inf, and the result is right
+        return _activate(y, activation)
+
+
+def _activate(y: np.ndarray, activation: str) -> np.ndarray:
+    if activation == "relu":
+        return np.where(y < 0, 0, y).astype(y.dtype, copy=False)
+    if activation == "relu6":
+        return np.where(y < 0, 0, np.where(y > 6, 6, y)).astype(y.dtype, copy=False)
+    if activation == "silu":
+        return y / (1 + np.exp(-y))
+    if activation == "gelu":  # the exact (erf) form, torch's default
+        return (0.5 * y * (1 + _ERF(y * np.sqrt(0.5, dtype=y.dtype)).astype(y.dtype))).astype(y.dtype, copy=False)
+    if activation == "sigmoid":
+        return 1 / (1 + np.exp(-y))
+    if activation == "tanh":
+        return np.tanh(y)
+    return y
+
+
+def conv2d_numpy(x: np.ndarray, weight: np.ndarray, bias, problem: ConvProblem, out: np.ndarray,
+                 residual: np.ndarray | None = None) -> np.ndarray:
+    """Write conv2d(x, weight, bias) described by ``problem``, through its epilogue (``residual``: an
+    array of the output's logical shape, or None), into ``out`` and return it."""
     acc = np.float64 if problem.dtype == "float64" else np.float32
     n, g = problem.n, problem.groups
     cg, kg = problem.c // g, problem.k // g
@@ -32,5 +63,7 @@ def conv2d_numpy(x: np.ndarray, weight: np.ndarray, bias, problem: ConvProblem, 
     y = y.reshape(n, problem.k, ho, wo)
     if bias is not None:
         y += bias.astype(acc).reshape(1, -1, 1, 1)
-    out[...] = y.astype(out.dtype)
+    if residual is not None:  # read before out is written: it may be out itself
+        y += residual.astype(acc)
+    out[...] = activate(y, problem.activation).astype(out.dtype)
     return out

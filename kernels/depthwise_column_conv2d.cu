@@ -20,12 +20,14 @@
 // Grid (ceil(K / P), ceil(Ho / RPT), N), block (Wo, P).
 #include "depthwise_rows.cuh"
 #include "dtypes.cuh"
+#include "epilogue.cuh"
 
 namespace cupyconv {
 
 template <typename T, typename Index, int RPT, int KH, int KW, int SH>
 __global__ void depthwise_column_conv2d(const T* __restrict__ x, const T* __restrict__ w,
                                         const T* __restrict__ bias, T* __restrict__ y, int has_bias,
+                                        const T* __restrict__ residual, int has_residual, int activation,
                                         int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                                         int sh, int sw, int pt, int pl, int dh, int dw, int groups) {
     using Acc = typename accumulator<T>::type;
@@ -63,10 +65,12 @@ __global__ void depthwise_column_conv2d(const T* __restrict__ x, const T* __rest
             v[s] = row_valid && column_valid[s] ? to_acc<Acc>(xp[static_cast<Index>(ih) * W + iw[s]]) : Acc(0);
         accumulate_input_row<RPT, KH, KW, SH>(acc, weights, v, i);
     }
-    T* out = y + (n * K + k) * static_cast<Index>(Ho) * Wo + ow;
+    const Index plane = (n * K + k) * static_cast<Index>(Ho) * Wo + ow;
 #pragma unroll
-    for (int j = 0; j < RPT; ++j)
-        if (oh0 + j < Ho) out[static_cast<Index>(oh0 + j) * Wo] = from_acc<T>(acc[j]);
+    for (int j = 0; j < RPT; ++j) {
+        const Index o = plane + static_cast<Index>(oh0 + j) * Wo;
+        if (oh0 + j < Ho) y[o] = epilogue<T>(acc[j], residual, has_residual, activation, o);
+    }
 }
 
 }  // namespace cupyconv

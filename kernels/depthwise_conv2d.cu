@@ -23,6 +23,7 @@
 // Grid (output tiles, channel blocks, N); block (TW, TH / RPT, lanes).
 // Dynamic shared memory: lanes x buffers x ((TH - 1) sh + (kh - 1) dh + 1) rows x pitch elements.
 #include "depthwise_rows.cuh"
+#include "epilogue.cuh"
 #include "mma.cuh"
 
 namespace cupyconv {
@@ -80,7 +81,7 @@ __device__ __forceinline__ void cp_async_wait_ring(int buffers) {
 // threads fit at up to 255 registers each.
 template <typename T, typename Index, int TH, int TW, int RPT, int KH, int KW, int SH>
 __global__ void depthwise_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
-                                 T* __restrict__ y, int has_bias,
+                                 T* __restrict__ y, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
                                  int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                                  int sh, int sw, int pt, int pl, int dh, int dw, int groups,
                                  int tiles_w, int channels_per_block, int vec, int pitch, int buffers) {
@@ -166,11 +167,12 @@ __global__ void depthwise_conv2d(const T* __restrict__ x, const T* __restrict__ 
                         for (int j = 0; j < RPT; ++j) acc[j] += wv * to_acc<Acc>(q[j * sh * pitch]);
                     }
             }
-            T* out = y + (n * K + k) * static_cast<Index>(Ho) * Wo;
+            const Index plane = (n * K + k) * static_cast<Index>(Ho) * Wo;
 #pragma unroll
             for (int j = 0; j < RPT; ++j) {
                 const int oh = oh0 + threadIdx.y * RPT + j;
-                if (oh < Ho && ow < Wo) out[static_cast<Index>(oh) * Wo + ow] = from_acc<T>(acc[j]);
+                const Index o = plane + static_cast<Index>(oh) * Wo + ow;
+                if (oh < Ho && ow < Wo) y[o] = epilogue<T>(acc[j], residual, has_residual, activation, o);
             }
         }
         current = current + 1 == buffers ? 0 : current + 1;

@@ -10,6 +10,7 @@
 // Arguments as every convolution kernel's (families/common.py conv_launch; K and groups are C).
 // 1-D grid over N Ho Wo C / VEC threads, 256 per block.
 #include "dtypes.cuh"
+#include "epilogue.cuh"
 
 namespace cupyconv {
 
@@ -18,7 +19,8 @@ template <typename T, int VEC> struct alignas(sizeof(T) * VEC) vec_t { T v[VEC];
 template <typename T, typename Index, int VEC>
 __global__ void __launch_bounds__(256)
 depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
-               int has_bias, int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
+               int has_bias, const T* __restrict__ residual, int has_residual, int activation,
+               int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                int sh, int sw, int pt, int pl, int dh, int dw, int groups) {
     using Acc = typename accumulator<T>::type;
     using Vec = vec_t<T, VEC>;
@@ -57,9 +59,15 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll
         for (int j = 0; j < VEC; ++j) acc[j] += to_acc<Acc>(bias[c0 + j]);
     }
+    const Index o = pixel * C + c0;
+    if (has_residual) {  // a vector: the residual is aligned as the output is (the fronts check both)
+        const Vec rv = *reinterpret_cast<const Vec*>(residual + o);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) out.v[j] = from_acc<T>(acc[j]);
-    *reinterpret_cast<Vec*>(y + pixel * C + c0) = out;
+        for (int j = 0; j < VEC; ++j) acc[j] += to_acc<Acc>(rv.v[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.v[j] = from_acc<T>(activate(acc[j], activation));
+    *reinterpret_cast<Vec*>(y + o) = out;
 }
 
 }  // namespace cupyconv

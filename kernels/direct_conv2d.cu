@@ -17,6 +17,7 @@
 // words whatever the stride: no bank conflicts. Rows are `pitch` words apart; the planner pads the
 // pitch so that the two output rows one warp covers land in different banks.
 #include "dtypes.cuh"
+#include "epilogue.cuh"
 
 namespace cupyconv {
 
@@ -46,7 +47,7 @@ template <typename T, typename Index, int BK, int BH, int BW, int RK, int RP>
 // Two blocks per SM where the accumulators are 4 bytes (the register cap, 128, holds them unspilled).
 __global__ void __launch_bounds__((BK / RK) * (BH * BW / RP), sizeof(T) == 8 ? 1 : 2)
 direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
-              T* __restrict__ y, int has_bias,
+              T* __restrict__ y, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
               int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
               int sh, int sw, int pt, int pl, int dh, int dw, int groups,
               int CC, int KR, int KS, int pitch, int tiles_w, int tiles, int ktiles) {
@@ -169,12 +170,13 @@ direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
             if (k >= Kg) continue;
             const int ko = g * Kg + k;
             const Acc b = has_bias ? to_acc<Acc>(bias[ko]) : Acc(0);
-            T* yk = y + (static_cast<Index>(n) * K + ko) * Ho * Wo;
+            const Index plane = (static_cast<Index>(n) * K + ko) * Ho * Wo;
 #pragma unroll
             for (int i = 0; i < RP; ++i) {
                 const int p = tp + i * TP;
                 const int oh = oh0 + p / BW, ow = ow0 + p % BW;
-                if (oh < Ho && ow < Wo) yk[static_cast<Index>(oh) * Wo + ow] = from_acc<T>(acc[j][i] + b);
+                const Index o = plane + static_cast<Index>(oh) * Wo + ow;
+                if (oh < Ho && ow < Wo) y[o] = epilogue<T>(acc[j][i] + b, residual, has_residual, activation, o);
             }
         }
     }

@@ -27,6 +27,7 @@
 // Epilogue: accumulators + bias -> storage type -> shared memory (one warp column of channels at a
 // time, reusing the pipeline buffers) -> global, 32 lanes on 32 consecutive pixels of one channel.
 #include "dtypes.cuh"
+#include "epilogue.cuh"
 #include "gather_pixel.cuh"
 #include "mma.cuh"
 
@@ -37,7 +38,7 @@ namespace cupyconv {
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, (BM * BN) / (WARPS_M * WARPS_N * 32) <= 32 ? 2 : 1)
 implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
-                     T* __restrict__ y, int has_bias,
+                     T* __restrict__ y, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
                      int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                      int sh, int sw, int pt, int pl, int dh, int dw, int groups) {
     constexpr bool kAsync = sizeof(T) == 4;                  // float: cp.async; 16-bit: via registers
@@ -231,6 +232,17 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
         const Index image = m / HoWo;
         y_pixel[i] = image * K * HoWo + (m - image * HoWo);
     }
+    // The epilogue in float, rounded once as it is staged: the residual read at the element's output
+    // offset (image K HoWo + channel HoWo + p), computed only where there is one.
+    auto finish = [&](float v, int m, int n_group) -> T {
+        const Index pixel = m0 + m;
+        if (has_residual && pixel < M && n_group < Kg) {
+            const Index image = pixel / HoWo;
+            v += to_acc<float>(residual[image * K * HoWo + (pixel - image * HoWo) +
+                                        static_cast<Index>(g * Kg + n_group) * HoWo]);
+        }
+        return from_acc<T>(activate(v, activation));
+    };
 #pragma unroll 1
     for (int column = 0; column < WARPS_N; ++column) {
         const int n_col = n0 + column * WN;  // first channel (within the group) of this column
@@ -244,8 +256,8 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
                         const int m = wm + mt * 16 + quad;
-                        c_smem[n * C_STRIDE + m] = from_acc<T>(acc[mt][nt][e] + b);
-                        c_smem[n * C_STRIDE + m + 8] = from_acc<T>(acc[mt][nt][2 + e] + b);
+                        c_smem[n * C_STRIDE + m] = finish(acc[mt][nt][e] + b, m, n_col + n);
+                        c_smem[n * C_STRIDE + m + 8] = finish(acc[mt][nt][2 + e] + b, m + 8, n_col + n);
                     }
                 }
             }

@@ -47,6 +47,7 @@
 // (fragments by ldmatrix.trans; TF32 by scalar loads), B in 16-byte pieces, and float32 operands
 // are rounded to TF32 as fragments are loaded.
 #include "dtypes.cuh"
+#include "epilogue.cuh"
 #include "gather_pixel.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32,
                                                   BM * BK * sizeof(T) / (VEC * WARPS_M * WARPS_N * 32),
                                                   sizeof(Index) / 4))
 implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
-                   void* __restrict__ y_out, int has_bias,
+                   void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
                    int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                    int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements) {
     constexpr int NWARPS = WARPS_M * WARPS_N;
@@ -338,11 +339,12 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
         }
 #pragma unroll 1
         for (int m = warp; m < BM && m0 + m < M; m += NWARPS) {
-            Y* y_row = y + (m0 + m) * K + g * Kg + n0;
+            const Index row = (m0 + m) * K + g * Kg + n0;
 #pragma unroll
             for (int j = 0; j < CHANNELS; ++j) {
                 const int n = lane + 32 * j;
-                if (n < BN && n0 + n < Kg) y_row[n] = from_acc<Y>(c_smem[m * D_STRIDE + n] + b[j]);
+                if (n < BN && n0 + n < Kg)
+                    y[row + n] = epilogue<Y>(c_smem[m * D_STRIDE + n] + b[j], residual, has_residual, activation, row + n);
             }
         }
         return;
@@ -362,7 +364,9 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
         const Index channel_offset = static_cast<Index>(channel) * HoWo;
 #pragma unroll
         for (int i = 0; i < PIXELS; ++i)
-            if (y_pixel[i] >= 0) y[y_pixel[i] + channel_offset] = from_acc<Y>(c_smem[n * C_STRIDE + lane + 32 * i] + b);
+            if (y_pixel[i] >= 0)
+                y[y_pixel[i] + channel_offset] = epilogue<Y>(c_smem[n * C_STRIDE + lane + 32 * i] + b, residual,
+                                                             has_residual, activation, y_pixel[i] + channel_offset);
     }
 }
 

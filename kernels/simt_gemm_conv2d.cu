@@ -28,6 +28,7 @@
 // partial sums, without bias, to y + split split_elements (the host passes a workspace and
 // has_bias = 0); kernels/split_k_reduce.cu then adds the splits in order, so the result is the same
 // bits on every run.
+#include "epilogue.cuh"
 #include "gather_pixel.cuh"
 #include "mma.cuh"
 
@@ -43,7 +44,8 @@ __host__ __device__ constexpr int simt_min_blocks(int threads) {
 template <typename Index, int BM, int BN, int BK, int WM, int WN, int STAGES, bool SPLIT_K>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, simt_min_blocks((BM / WM) * (BN / WN) * 32))
 simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, const float* __restrict__ bias,
-                 float* __restrict__ y, int has_bias,
+                 float* __restrict__ y, int has_bias, const float* __restrict__ residual, int has_residual,
+                 int activation,
                  int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                  int sh, int sw, int pt, int pl, int dh, int dw, int groups, int Kgp, int splits,
                  int split_elements) {
@@ -177,7 +179,8 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
 
     // --- Epilogue, from registers: + bias, NCHW stores; 4 consecutive pixels as one float4 where the
     // planes are a multiple of 4 pixels (a run then never crosses an image) and y is 16-byte aligned.
-    const bool vector_store = HoWo % 4 == 0 && (reinterpret_cast<unsigned long long>(y) & 15) == 0;
+    const bool vector_store = HoWo % 4 == 0 && (reinterpret_cast<unsigned long long>(y) & 15) == 0 &&
+                              (!has_residual || (reinterpret_cast<unsigned long long>(residual) & 15) == 0);
     float b[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -200,13 +203,21 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
             if (n >= Kg) continue;
             const Index channel_offset = static_cast<Index>(g * Kg + n) * HoWo;
             if (vector_store && y_pixel[3] >= 0) {
-                *reinterpret_cast<float4*>(y + y_pixel[0] + channel_offset) =
-                    make_float4(acc[half * 4][j] + b[j], acc[half * 4 + 1][j] + b[j], acc[half * 4 + 2][j] + b[j],
-                                acc[half * 4 + 3][j] + b[j]);
+                const Index o = y_pixel[0] + channel_offset;
+                float4 r = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (has_residual) r = *reinterpret_cast<const float4*>(residual + o);
+                *reinterpret_cast<float4*>(y + o) =
+                    make_float4(activate(acc[half * 4][j] + b[j] + r.x, activation),
+                                activate(acc[half * 4 + 1][j] + b[j] + r.y, activation),
+                                activate(acc[half * 4 + 2][j] + b[j] + r.z, activation),
+                                activate(acc[half * 4 + 3][j] + b[j] + r.w, activation));
             } else {
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                    if (y_pixel[e] >= 0) y[y_pixel[e] + channel_offset] = acc[half * 4 + e][j] + b[j];
+                    if (y_pixel[e] >= 0)
+                        y[y_pixel[e] + channel_offset] = epilogue<float>(acc[half * 4 + e][j] + b[j], residual,
+                                                                         has_residual, activation,
+                                                                         y_pixel[e] + channel_offset);
             }
         }
     }

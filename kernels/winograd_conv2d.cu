@@ -30,6 +30,7 @@
 // error on random data is ~10x the direct sum's (2-3e-6 relative up to 512 channels, against 2e-7),
 // still well inside strict float32's 1e-5; the planner keeps m = 4 to at most 512 channels C'.
 #include "dtypes.cuh"
+#include "epilogue.cuh"
 
 namespace cupyconv {
 
@@ -181,11 +182,13 @@ winograd_input_transform(const float* __restrict__ x, float* __restrict__ v, int
     store_planes(out, v, T * C * phases, (c * phases + ph) * T + t);
 }
 
-// One thread per (k, tile), tile fastest: the M x M outputs A^T m A (+ bias) of the a^2 M[xi][k][t].
+// One thread per (k, tile), tile fastest: the M x M outputs A^T m A (+ bias, through the epilogue) of
+// the a^2 M[xi][k][t].
 template <int M, typename Index>
 __global__ void __launch_bounds__(256)
 winograd_output_transform(const float* __restrict__ m, const float* __restrict__ bias, float* __restrict__ y,
-                          int has_bias, int N, int K, int Ho, int Wo, int tiles_h, int tiles_w) {
+                          int has_bias, const float* __restrict__ residual, int has_residual, int activation,
+                          int N, int K, int Ho, int Wo, int tiles_h, int tiles_w) {
     constexpr int A = M + 2;
     const Index T = static_cast<Index>(N) * tiles_h * tiles_w;
     const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -196,13 +199,14 @@ winograd_output_transform(const float* __restrict__ m, const float* __restrict__
     load_planes(a, m, T * K, i);
     sandwich(winograd<M>::AT, a, winograd<M>::AT, out);
     const float b = has_bias ? bias[k] : 0.0f;
-    float* dst = y + (tile.image * K + k) * Ho * Wo;
+    const Index plane = (tile.image * K + k) * Ho * Wo;
 #pragma unroll
     for (int r = 0; r < M; ++r)
 #pragma unroll
         for (int q = 0; q < M; ++q) {
             const int oh = M * tile.th + r, ow = M * tile.tw + q;
-            if (oh < Ho && ow < Wo) dst[static_cast<Index>(oh) * Wo + ow] = out[r][q] + b;
+            const Index o = plane + static_cast<Index>(oh) * Wo + ow;
+            if (oh < Ho && ow < Wo) y[o] = epilogue<float>(out[r][q] + b, residual, has_residual, activation, o);
         }
 }
 

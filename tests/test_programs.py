@@ -15,12 +15,12 @@ import pytest
 from cases import GRID, Case
 from cupyconv import layouts, planner
 from cupyconv.layouts import native
-from cupyconv.arguments import make_problem
+from cupyconv.arguments import ACTIVATIONS, make_problem
 from cupyconv.compiler import kernel_source, source_file
 from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, depthwise_nhwc, direct_conv2d, implicit_gemm_conv2d,
                                implicit_gemm_nhwc, simt_gemm_conv2d, winograd_conv2d)
 from cupyconv.families.common import REDUCE_KERNEL, STORAGE_BYTES
-from cupyconv.program import BIAS, OUT, PREPARED, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X, Pointer
+from cupyconv.program import BIAS, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X, Pointer
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: The grid, and 1x1 problems the channels-last GEMM reads in place (no copies) in every dtype.
@@ -29,11 +29,13 @@ CASES = GRID + [Case(2, 64, 32, 8, 8, 1, 1), Case(3, 16, 24, 4, 6, 1, 1, bias=Fa
 MAX_SHARED_BYTES = 227 * 1024
 
 
-def problem_of(case: Case, dtype: str, layout: str = "NCHW", weight_layout: str = "KCHW"):
+def problem_of(case: Case, dtype: str, layout: str = "NCHW", weight_layout: str = "KCHW", activation: str = "none",
+               has_residual: bool = False):
     problem = make_problem((case.n, case.c, case.h, case.w), (case.k, case.c // case.groups, case.kh, case.kw),
                            (case.k,) if case.bias else None, dtype, case.stride, case.padding, case.dilation,
                            case.groups)
-    return dataclasses.replace(problem, layout=layout, weight_layout=weight_layout)
+    return dataclasses.replace(problem, layout=layout, weight_layout=weight_layout, activation=activation,
+                               has_residual=has_residual)
 
 
 def config_names(kernel: str, dtype: str) -> list[str]:
@@ -49,10 +51,11 @@ def config_names(kernel: str, dtype: str) -> list[str]:
     return [c.name for c in tables[kernel]]
 
 
-def plans_for(case: Case, dtype: str, layout: str = "NCHW", weight_layout: str = "KCHW"):
+def plans_for(case: Case, dtype: str, layout: str = "NCHW", weight_layout: str = "KCHW", activation: str = "none",
+              has_residual: bool = False):
     """The distinct plans make_plan makes for ``case`` in ``dtype``: its own choices (strict or TF32,
     compute capability 0 or 90), and each family with each of its tiles forced where it takes them."""
-    problem = problem_of(case, dtype, layout, weight_layout)
+    problem = problem_of(case, dtype, layout, weight_layout, activation, has_residual)
     plans = [planner.make_plan(problem, allow_tf32=tf32, compute_capability=cc)
              for tf32, cc in itertools.product((False, True), (0, 90))]
     for kernel in planner.KERNELS:
@@ -68,6 +71,12 @@ def plans_for(case: Case, dtype: str, layout: str = "NCHW", weight_layout: str =
 def parameters(kernel: str) -> tuple[str, ...]:
     """Each parameter of ``kernel``'s __global__ signature in its .cu: 'in' (const pointer), 'out'
     (pointer written) or 'int'."""
+    return tuple(kind for kind, _ in signature(kernel))
+
+
+@functools.lru_cache(maxsize=None)
+def signature(kernel: str) -> tuple[tuple[str, str], ...]:
+    """(kind, name) of each parameter of ``kernel``'s __global__ signature (kinds as parameters())."""
     source = kernel_source(source_file(kernel))
     match = re.search(rf"__global__[^{{;]*?\b{kernel}\s*\(([^)]*)\)", source)
     assert match, f"no __global__ {kernel} in {source_file(kernel)}"
@@ -75,10 +84,10 @@ def parameters(kernel: str) -> tuple[str, ...]:
     for parameter in match.group(1).split(","):
         words = parameter.replace("*", " * ").split()
         if "*" in words:
-            kinds.append("in" if words[0] == "const" else "out")
+            kinds.append(("in" if words[0] == "const" else "out", words[-1]))
         else:
             assert words[0] == "int", f"{kernel}: parameter {parameter!r} is neither a pointer nor an int"
-            kinds.append("int")
+            kinds.append(("int", words[-1]))
     return tuple(kinds)
 
 
@@ -87,7 +96,7 @@ def temporaries(plan, problem) -> list[int]:
     NCHW input, or of an NHWC one that needs zero channels or, float32 with several taps, rounding); Winograd's transformed
     input V and GEMM output M of one pass; split-K's partial sums (the GEMMs', after the input's copy,
     or Winograd's GEMM's after M); then, for an NHWC problem of a family that computes NCHW alone, the NCHW copies
-    of x and of the output."""
+    of x, of the output and (where there is one) of the residual."""
     item = STORAGE_BYTES[problem.dtype]
     partials = [4 * plan.splits * math.prod(problem.out_shape)] if plan.splits > 1 else []
     if plan.kernel == planner.NHWC_KERNEL:
@@ -96,7 +105,8 @@ def temporaries(plan, problem) -> list[int]:
         return ([problem.n * problem.h * problem.w * plan.channels_padded * item] if copied else []) + partials
     if problem.layout == "NHWC" and not layouts.native(planner.FAMILIES[plan.kernel], problem):
         return temporaries(plan, dataclasses.replace(problem, layout="NCHW")) + \
-            [math.prod(problem.x_shape) * item, math.prod(problem.out_shape) * item]
+            [math.prod(problem.x_shape) * item, math.prod(problem.out_shape) * item] + \
+            ([math.prod(problem.out_shape) * item] if problem.has_residual else [])
     if plan.kernel == planner.WINOGRAD_KERNEL:
         floats = 4 * (plan.winograd_tile + 2) ** 2 * plan.winograd_images * plan.tiles
         partials = [4 * gemm.splits * (plan.winograd_tile + 2) ** 2 * problem.k * count * plan.tiles
@@ -127,7 +137,7 @@ def check_program(plan, problem):
         # family's own preparation.)
         writes = {PREPARED} if prepares else {OUT, WORKSPACE}
         reads = ({WEIGHT, PREPARED} if problem.weight_layout == "KHWC" else {WEIGHT}) if prepares else \
-            {X, WEIGHT, PREPARED, BIAS, WORKSPACE}
+            {X, WEIGHT, PREPARED, BIAS, WORKSPACE, RESIDUAL}
         for kind, arg in zip(kinds, launch.args):
             if kind == "int":
                 assert type(arg) is int and -2**31 <= arg < 2**31, (launch.kernel, arg)
@@ -217,11 +227,11 @@ def test_winograd_passes(monkeypatch, fit, counts):
     inputs = [launch for launch in call.launches if launch.kernel == "winograd_input_transform"]
     outputs = [launch for launch in call.launches if launch.kernel == "winograd_output_transform"]
     gemms = [launch for launch in call.launches if launch.kernel == planner.SIMT_KERNEL]
-    assert [launch.args[2] for launch in inputs] == [launch.args[4] for launch in outputs] == counts
+    assert [launch.args[2] for launch in inputs] == [launch.args[7] for launch in outputs] == counts
     firsts = [sum(counts[:i]) for i in range(len(counts))]
     assert [launch.args[0] for launch in inputs] == [Pointer(X, first * 4 * 6 * 52 * 56) for first in firsts]
     assert [launch.args[2] for launch in outputs] == [Pointer(OUT, first * 4 * 10 * 52 * 50) for first in firsts]
-    assert [launch.args[8] for launch in gemms] == [count * 13 * 13 for count in counts]  # the GEMMs' W: tiles
+    assert [launch.args[11] for launch in gemms] == [count * 13 * 13 for count in counts]  # the GEMMs' W: tiles
 
 
 def test_weight_preparations_name_their_form():
@@ -296,3 +306,32 @@ def test_printed_plans_are_unchanged(arguments, lines):
     text = str(planner.make_plan(problem, allow_tf32=allow_tf32, compute_capability=cc)).splitlines()
     for line in lines:
         assert line in text
+
+
+@pytest.mark.parametrize("layouts", [("NCHW", "KCHW"), ("NHWC", "KHWC")], ids="-".join)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES[::3], ids=lambda c: c.id)
+def test_epilogue_programs(case, dtype, layouts):
+    """With an activation and a residual, every plan's program has a launch that finishes the output
+    (has_residual = 1 and the activation's code); the launches that write partial sums to the
+    workspace pass neither."""
+    problem, plans = plans_for(case, dtype, *layouts, activation="silu", has_residual=True)
+    code = ACTIVATIONS.index("silu")
+    for plan in plans:
+        assert (plan.activation, plan.has_residual) == ("silu", True) and "epilogue: silu(conv + bias + residual)" in str(plan)
+        call = check_program(plan, problem)
+        if problem.n == 0:
+            continue
+        finishing = []
+        for launch in call.launches:
+            kinds, names = zip(*signature(launch.kernel))
+            if "residual" not in names:
+                continue
+            index = names.index("residual")
+            flags = launch.args[index + 1: index + 3]
+            written = launch.args[kinds.index("out")]
+            if flags == (1, code):
+                finishing.append(launch)
+            else:  # partial sums (split-K's runs, Winograd's GEMM) to the workspace: no epilogue
+                assert flags == (0, 0) and written.operand == WORKSPACE, (launch.kernel, launch.args)
+        assert finishing, [launch.kernel for launch in call.launches]

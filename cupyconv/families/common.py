@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from ..arguments import ConvProblem
-from ..program import BIAS, OUT, WEIGHT, X, Launch, Pointer
+from ..arguments import ACTIVATIONS, ConvProblem
+from ..program import BIAS, OUT, RESIDUAL, WEIGHT, X, Launch, Pointer
 
 #: Dynamic shared memory a block may use without opting in to more (the same on every GPU since sm_20).
 SHARED_MEMORY_BYTES = 48 * 1024
@@ -53,14 +53,23 @@ def grid_refusal(grid: tuple[int, int, int]) -> str:
     return "" if grid_fits(grid) else f"grid {grid} past CUDA's limits"
 
 
+def epilogue_args(problem: ConvProblem, residual: Pointer = Pointer(RESIDUAL), partial: bool = False) -> tuple:
+    """The epilogue's kernel arguments (kernels/epilogue.cuh): residual, has_residual, activation;
+    none of it where the kernel writes partial sums (``partial``: split-K's runs, Winograd's GEMM)."""
+    if partial:
+        return residual, 0, 0
+    return residual, int(problem.has_residual), ACTIVATIONS.index(problem.activation)
+
+
 def conv_launch(plan, problem: ConvProblem, *plan_ints: int, x: Pointer = Pointer(X), weight: Pointer = Pointer(WEIGHT),
-                out: Pointer = Pointer(OUT), channels: int | None = None, has_bias: bool | None = None) -> Launch:
+                out: Pointer = Pointer(OUT), channels: int | None = None, partial: bool = False) -> Launch:
     """The launch of ``plan``'s convolution kernel. The convolution kernels share their parameters:
-    x, w, bias, y, has_bias (default problem.has_bias), the problem's sizes (``channels``: x's, where
-    a copy pads them; default problem.c), then ``plan_ints``, their own."""
+    x, w, bias, y, has_bias, the epilogue's (epilogue_args), the problem's sizes (``channels``: x's,
+    where a copy pads them; default problem.c), then ``plan_ints``, their own. ``partial``: the
+    kernel writes float32 partial sums that a later launch finishes (no bias, residual or activation)."""
     p = problem
-    has_bias = p.has_bias if has_bias is None else has_bias
-    args = (x, weight, Pointer(BIAS), out, int(has_bias), p.n, p.c if channels is None else channels, p.h, p.w, p.k,
+    args = (x, weight, Pointer(BIAS), out, int(p.has_bias and not partial), *epilogue_args(p, partial=partial),
+            p.n, p.c if channels is None else channels, p.h, p.w, p.k,
             p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1],
             p.groups, *plan_ints)
     return Launch(plan.kernel, plan.name_expression, plan.grid, plan.block, plan.shared_bytes, args, plan.arch)
@@ -103,12 +112,13 @@ def partial_bytes(splits: int, problem: ConvProblem) -> int:
 def split_k_reduce(dtype: str, index: str, problem: ConvProblem, splits: int, partial: Pointer,
                    out: Pointer = Pointer(OUT), channels_last: bool = False) -> Launch:
     """The launch adding ``splits`` runs of float32 partial sums at ``partial`` in run order, plus the
-    bias, into ``out`` of ``dtype`` (NCHW, or NHWC where ``channels_last``): the same bits on every run."""
+    bias, through the epilogue into ``out`` of ``dtype`` (NCHW, or NHWC where ``channels_last``): the
+    same bits on every run."""
     elements = math.prod(problem.out_shape)
     return Launch(REDUCE_KERNEL, reduce_specialisation(dtype, index),
                   (math.ceil(elements / REDUCE_BLOCK), 1, 1), (REDUCE_BLOCK, 1, 1), 0,
-                  (partial, Pointer(BIAS), out, int(problem.has_bias), splits, elements, problem.k,
-                   1 if channels_last else problem.ho * problem.wo))
+                  (partial, Pointer(BIAS), out, int(problem.has_bias), *epilogue_args(problem), splits, elements,
+                   problem.k, 1 if channels_last else problem.ho * problem.wo))
 
 
 def reduce_specialisation(dtype: str, index: str) -> str:

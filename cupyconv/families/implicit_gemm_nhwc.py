@@ -383,6 +383,6 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
     partial = Pointer(WORKSPACE, workspace)
     # The bias is the reduction's to add.
     launches += [conv_launch(plan, p, plan.splits, math.prod(p.out_shape), x=x, weight=weight_pointer, out=partial,
-                             channels=plan.channels_padded, has_bias=False),
+                             channels=plan.channels_padded, partial=True),
                  split_k_reduce(p.dtype, plan.index_type, p, plan.splits, partial, Pointer(OUT), p.layout == "NHWC")]
     return CallProgram(tuple(launches), workspace + partial_bytes(plan.splits, p), weight)

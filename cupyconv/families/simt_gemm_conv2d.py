@@ -187,7 +187,7 @@ def gemm_launches(plan: LaunchPlan, problem: ConvProblem, x: Pointer, weight: Po
     elements = math.prod(problem.out_shape)
     # The bias is the reduction's to add.
     gemm = conv_launch(plan, problem, plan.weight_columns, plan.splits, elements, x=x, weight=weight, out=partial,
-                       has_bias=False)
+                       partial=True)
     return gemm, split_k_reduce("float32", plan.index_type, problem, plan.splits, partial, out)
 
 

@@ -16,9 +16,10 @@ import math
 
 from ..arguments import ConvProblem, make_problem
 from ..planner import LaunchPlan
-from ..program import BIAS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation, align
+from ..program import (BIAS, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation,
+                       align)
 from . import simt_gemm_conv2d as simt
-from .common import INDEX_TYPES, STORAGE_BYTES, index_type, partial_bytes
+from .common import INDEX_TYPES, STORAGE_BYTES, epilogue_args, index_type, partial_bytes
 
 KERNEL = "winograd_conv2d"
 #: Its config names are those of the GEMM's tiles, which select simt_gemm_conv2d when given alone.
@@ -219,7 +220,9 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
                        count, p.c, p.h, p.w, p.pad_top, p.pad_left, sh, sw, bh, bw, tiles_h, tiles_w),
             *simt.gemm_launches(gemm, gemm_problem, v, Pointer(PREPARED), y, partial),
             _transform("winograd_output_transform", plan, _blocks(p.k * tiles), y, Pointer(BIAS),
-                       Pointer(OUT, first * image_out), int(p.has_bias), count, p.k, p.ho, p.wo, tiles_h, tiles_w)]
+                       Pointer(OUT, first * image_out), int(p.has_bias),
+                       *epilogue_args(p, Pointer(RESIDUAL, first * image_out)), count, p.k, p.ho, p.wo, tiles_h,
+                       tiles_w)]
     # V, M, then (with split-K) the GEMM's partial sums.
     return CallProgram(tuple(launches), partial.offset + partials if partials else
                        y.offset + _FLOAT * positions * p.k * images * plan.tiles, u)
