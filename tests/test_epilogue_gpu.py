@@ -91,17 +91,20 @@ def run(plan, problem, x, weight, bias, residual, in_place: bool = False):
     return out.permute(0, 3, 1, 2) if problem.layout == "NHWC" else out
 
 
-def family_dtypes():
+def family_dtype_layouts():
+    """(family, dtype, layouts): the tensor cores' dtypes, the direct kernel's float64, the NHWC-only
+    depthwise kernel in NHWC alone."""
     for kernel in planner.KERNELS:
         dtypes = ("float16", "bfloat16", "float32") if kernel in TENSOR_CORE else \
-            ("float64", "float32", "float16") if kernel == planner.DIRECT_KERNEL else ("float32", "float16")
-        yield from ((kernel, dtype) for dtype in dtypes)
+            ("float64", "float32", "float16") if kernel == planner.DIRECT_KERNEL else \
+            ("float32",) if kernel in (planner.SIMT_KERNEL, planner.WINOGRAD_KERNEL) else ("float32", "float16")
+        layouts = LAYOUTS[1:] if kernel == planner.DEPTHWISE_NHWC_KERNEL else LAYOUTS
+        yield from ((kernel, dtype, pair) for dtype in dtypes for pair in layouts)
 
 
 @pytest.mark.parametrize("residual", [False, True], ids=["no_residual", "residual"])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("layouts", LAYOUTS, ids="-".join)
-@pytest.mark.parametrize("kernel,dtype", list(family_dtypes()), ids=str)
+@pytest.mark.parametrize("kernel,dtype,layouts", list(family_dtype_layouts()), ids=str)
 def test_every_family_layout_and_activation(kernel, dtype, layouts, activation, residual):
     ran = 0
     for index, case in enumerate(CASES):
