@@ -11,8 +11,10 @@ import functools
 import pathlib
 import re
 
-#: NVRTC options shared by the run-time and the offline (no GPU) compile.
-NVRTC_OPTIONS = ("-std=c++17",)
+#: NVRTC options shared by the run-time and the offline (no GPU) compile. -default-device: every
+#: function is device code, so that the generic lambdas of the epilogue (kernels/epilogue.cuh,
+#: with_epilogue) compile; the kernels have no host code.
+NVRTC_OPTIONS = ("-std=c++17", "-default-device")
 
 _PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 _INCLUDE = re.compile(r'^#include "([^"]+)"[^\n]*$', re.MULTILINE)

@@ -66,11 +66,13 @@ __global__ void depthwise_column_conv2d(const T* __restrict__ x, const T* __rest
         accumulate_input_row<RPT, KH, KW, SH>(acc, weights, v, i);
     }
     const Index plane = (n * K + k) * static_cast<Index>(Ho) * Wo + ow;
+    with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll
-    for (int j = 0; j < RPT; ++j) {
-        const Index o = plane + static_cast<Index>(oh0 + j) * Wo;
-        if (oh0 + j < Ho) y[o] = epilogue<T>(acc[j], residual, has_residual, activation, o);
-    }
+        for (int j = 0; j < RPT; ++j) {
+            const Index o = plane + static_cast<Index>(oh0 + j) * Wo;
+            if (oh0 + j < Ho) y[o] = finish(acc[j], o);
+        }
+    });
 }
 
 }  // namespace cupyconv

@@ -168,12 +168,14 @@ __global__ void depthwise_conv2d(const T* __restrict__ x, const T* __restrict__ 
                     }
             }
             const Index plane = (n * K + k) * static_cast<Index>(Ho) * Wo;
+            with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll
-            for (int j = 0; j < RPT; ++j) {
-                const int oh = oh0 + threadIdx.y * RPT + j;
-                const Index o = plane + static_cast<Index>(oh) * Wo + ow;
-                if (oh < Ho && ow < Wo) y[o] = epilogue<T>(acc[j], residual, has_residual, activation, o);
-            }
+                for (int j = 0; j < RPT; ++j) {
+                    const int oh = oh0 + threadIdx.y * RPT + j;
+                    const Index o = plane + static_cast<Index>(oh) * Wo + ow;
+                    if (oh < Ho && ow < Wo) y[o] = finish(acc[j], o);
+                }
+            });
         }
         current = current + 1 == buffers ? 0 : current + 1;
     }

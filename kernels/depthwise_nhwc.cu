@@ -60,13 +60,10 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         for (int j = 0; j < VEC; ++j) acc[j] += to_acc<Acc>(bias[c0 + j]);
     }
     const Index o = pixel * C + c0;
-    if (has_residual) {  // a vector: the residual is aligned as the output is (the fronts check both)
-        const Vec rv = *reinterpret_cast<const Vec*>(residual + o);
+    with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) acc[j] += to_acc<Acc>(rv.v[j]);
-    }
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) out.v[j] = from_acc<T>(activate(acc[j], activation));
+        for (int j = 0; j < VEC; ++j) out.v[j] = finish(acc[j], o + j);
+    });
     *reinterpret_cast<Vec*>(y + o) = out;
 }
 

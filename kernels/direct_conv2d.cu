@@ -163,22 +163,25 @@ direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
             }
         }
 
-        // Epilogue: bias, conversion to the storage type, stores coalesced along output columns.
+        // Epilogue: bias, the fused epilogue, conversion to the storage type, stores coalesced along
+        // output columns.
+        with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll
-        for (int j = 0; j < RK; ++j) {
-            const int k = k0 + tk * RK + j;
-            if (k >= Kg) continue;
-            const int ko = g * Kg + k;
-            const Acc b = has_bias ? to_acc<Acc>(bias[ko]) : Acc(0);
-            const Index plane = (static_cast<Index>(n) * K + ko) * Ho * Wo;
+            for (int j = 0; j < RK; ++j) {
+                const int k = k0 + tk * RK + j;
+                if (k >= Kg) continue;
+                const int ko = g * Kg + k;
+                const Acc b = has_bias ? to_acc<Acc>(bias[ko]) : Acc(0);
+                const Index plane = (static_cast<Index>(n) * K + ko) * Ho * Wo;
 #pragma unroll
-            for (int i = 0; i < RP; ++i) {
-                const int p = tp + i * TP;
-                const int oh = oh0 + p / BW, ow = ow0 + p % BW;
-                const Index o = plane + static_cast<Index>(oh) * Wo + ow;
-                if (oh < Ho && ow < Wo) y[o] = epilogue<T>(acc[j][i] + b, residual, has_residual, activation, o);
+                for (int i = 0; i < RP; ++i) {
+                    const int p = tp + i * TP;
+                    const int oh = oh0 + p / BW, ow = ow0 + p % BW;
+                    const Index o = plane + static_cast<Index>(oh) * Wo + ow;
+                    if (oh < Ho && ow < Wo) y[o] = finish(acc[j][i] + b, o);
+                }
             }
-        }
+        });
     }
 }
 

@@ -45,4 +45,18 @@ __device__ __forceinline__ Out epilogue(Acc v, const T* __restrict__ residual, i
     return from_acc<Out>(activate(v, activation));
 }
 
+// Runs body(finish), finish(v, i) giving the output element at offset i of the sum v: the plain
+// rounding where the call has no epilogue, else epilogue(). The choice is made once per thread,
+// outside the stores: a per-element branch and switch made memory-bound GEMMs up to 1.7x slower
+// (benchmarks/NOTES.md). Both paths are compiled into every instance.
+template <typename Out, typename T, typename Body>
+__device__ __forceinline__ void with_epilogue(const T* __restrict__ residual, int has_residual, int activation,
+                                              Body&& body) {
+    if (!has_residual && activation == ACT_NONE) {
+        body([](auto v, auto) { return from_acc<Out>(v); });
+    } else {
+        body([=](auto v, auto i) { return epilogue<Out>(v, residual, has_residual, activation, i); });
+    }
+}
+
 }  // namespace cupyconv

@@ -233,16 +233,15 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
         y_pixel[i] = image * K * HoWo + (m - image * HoWo);
     }
     // The epilogue in float, rounded once as it is staged: the residual read at the element's output
-    // offset (image K HoWo + channel HoWo + p), computed only where there is one.
-    auto finish = [&](float v, int m, int n_group) -> T {
+    // offset (image K HoWo + channel HoWo + p; 0 for the tile's elements past the output, never
+    // stored), which the plain path never computes.
+    auto offset = [&](int m, int n_group) -> Index {
         const Index pixel = m0 + m;
-        if (has_residual && pixel < M && n_group < Kg) {
-            const Index image = pixel / HoWo;
-            v += to_acc<float>(residual[image * K * HoWo + (pixel - image * HoWo) +
-                                        static_cast<Index>(g * Kg + n_group) * HoWo]);
-        }
-        return from_acc<T>(activate(v, activation));
+        if (pixel >= M || n_group >= Kg) return 0;
+        const Index image = pixel / HoWo;
+        return image * K * HoWo + (pixel - image * HoWo) + static_cast<Index>(g * Kg + n_group) * HoWo;
     };
+    with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll 1
     for (int column = 0; column < WARPS_N; ++column) {
         const int n_col = n0 + column * WN;  // first channel (within the group) of this column
@@ -256,8 +255,8 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
                         const int m = wm + mt * 16 + quad;
-                        c_smem[n * C_STRIDE + m] = finish(acc[mt][nt][e] + b, m, n_col + n);
-                        c_smem[n * C_STRIDE + m + 8] = finish(acc[mt][nt][2 + e] + b, m + 8, n_col + n);
+                        c_smem[n * C_STRIDE + m] = finish(acc[mt][nt][e] + b, offset(m, n_col + n));
+                        c_smem[n * C_STRIDE + m + 8] = finish(acc[mt][nt][2 + e] + b, offset(m + 8, n_col + n));
                     }
                 }
             }
@@ -274,6 +273,7 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
         }
         __syncthreads();
     }
+    });
 }
 
 }  // namespace cupyconv

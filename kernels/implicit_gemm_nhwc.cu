@@ -337,16 +337,17 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
             const int n = lane + 32 * j;
             b[j] = has_bias && n < BN && n0 + n < Kg ? to_acc<float>(bias[g * Kg + n0 + n]) : 0.0f;
         }
+        with_epilogue<Y>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll 1
-        for (int m = warp; m < BM && m0 + m < M; m += NWARPS) {
-            const Index row = (m0 + m) * K + g * Kg + n0;
+            for (int m = warp; m < BM && m0 + m < M; m += NWARPS) {
+                const Index row = (m0 + m) * K + g * Kg + n0;
 #pragma unroll
-            for (int j = 0; j < CHANNELS; ++j) {
-                const int n = lane + 32 * j;
-                if (n < BN && n0 + n < Kg)
-                    y[row + n] = epilogue<Y>(c_smem[m * D_STRIDE + n] + b[j], residual, has_residual, activation, row + n);
+                for (int j = 0; j < CHANNELS; ++j) {
+                    const int n = lane + 32 * j;
+                    if (n < BN && n0 + n < Kg) y[row + n] = finish(c_smem[m * D_STRIDE + n] + b[j], row + n);
+                }
             }
-        }
+        });
         return;
     }
     constexpr int PIXELS = BM / 32;                         // pixels per lane
@@ -357,17 +358,19 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
         const Index image = m / HoWo;
         y_pixel[i] = m < M ? image * K * HoWo + (m - image * HoWo) : Index(-1);
     }
+    with_epilogue<Y>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll 1
-    for (int n = warp; n < BN && n0 + n < Kg; n += NWARPS) {
-        const int channel = g * Kg + n0 + n;
-        const float b = has_bias ? to_acc<float>(bias[channel]) : 0.0f;
-        const Index channel_offset = static_cast<Index>(channel) * HoWo;
+        for (int n = warp; n < BN && n0 + n < Kg; n += NWARPS) {
+            const int channel = g * Kg + n0 + n;
+            const float b = has_bias ? to_acc<float>(bias[channel]) : 0.0f;
+            const Index channel_offset = static_cast<Index>(channel) * HoWo;
 #pragma unroll
-        for (int i = 0; i < PIXELS; ++i)
-            if (y_pixel[i] >= 0)
-                y[y_pixel[i] + channel_offset] = epilogue<Y>(c_smem[n * C_STRIDE + lane + 32 * i] + b, residual,
-                                                             has_residual, activation, y_pixel[i] + channel_offset);
-    }
+            for (int i = 0; i < PIXELS; ++i)
+                if (y_pixel[i] >= 0)
+                    y[y_pixel[i] + channel_offset] = finish(c_smem[n * C_STRIDE + lane + 32 * i] + b,
+                                                            y_pixel[i] + channel_offset);
+        }
+    });
 }
 
 }  // namespace cupyconv

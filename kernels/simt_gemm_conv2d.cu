@@ -179,48 +179,43 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
 
     // --- Epilogue, from registers: + bias, NCHW stores; 4 consecutive pixels as one float4 where the
     // planes are a multiple of 4 pixels (a run then never crosses an image) and y is 16-byte aligned.
-    const bool vector_store = HoWo % 4 == 0 && (reinterpret_cast<unsigned long long>(y) & 15) == 0 &&
-                              (!has_residual || (reinterpret_cast<unsigned long long>(residual) & 15) == 0);
+    const bool vector_store = HoWo % 4 == 0 && (reinterpret_cast<unsigned long long>(y) & 15) == 0;
     float b[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         const int n = n0 + b_frag_off + (j >> 2) * (WN / 2) + (j & 3);
         b[j] = has_bias && n < Kg ? bias[g * Kg + n] : 0.0f;
     }
+    with_epilogue<float>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const Index m = m0 + a_frag_off + half * (WM / 2);  // first of the run's 4 pixels
-        if (m >= M) continue;
-        Index y_pixel[4];  // image K HoWo + p of each pixel of the run, or -1 past M
+        for (int half = 0; half < 2; ++half) {
+            const Index m = m0 + a_frag_off + half * (WM / 2);  // first of the run's 4 pixels
+            if (m >= M) continue;
+            Index y_pixel[4];  // image K HoWo + p of each pixel of the run, or -1 past M
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const Index image = (m + e) / HoWo;
-            y_pixel[e] = m + e < M ? image * K * HoWo + (m + e - image * HoWo) : Index(-1);
-        }
+            for (int e = 0; e < 4; ++e) {
+                const Index image = (m + e) / HoWo;
+                y_pixel[e] = m + e < M ? image * K * HoWo + (m + e - image * HoWo) : Index(-1);
+            }
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int n = n0 + b_frag_off + (j >> 2) * (WN / 2) + (j & 3);
-            if (n >= Kg) continue;
-            const Index channel_offset = static_cast<Index>(g * Kg + n) * HoWo;
-            if (vector_store && y_pixel[3] >= 0) {
-                const Index o = y_pixel[0] + channel_offset;
-                float4 r = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (has_residual) r = *reinterpret_cast<const float4*>(residual + o);
-                *reinterpret_cast<float4*>(y + o) =
-                    make_float4(activate(acc[half * 4][j] + b[j] + r.x, activation),
-                                activate(acc[half * 4 + 1][j] + b[j] + r.y, activation),
-                                activate(acc[half * 4 + 2][j] + b[j] + r.z, activation),
-                                activate(acc[half * 4 + 3][j] + b[j] + r.w, activation));
-            } else {
+            for (int j = 0; j < 8; ++j) {
+                const int n = n0 + b_frag_off + (j >> 2) * (WN / 2) + (j & 3);
+                if (n >= Kg) continue;
+                const Index channel_offset = static_cast<Index>(g * Kg + n) * HoWo;
+                if (vector_store && y_pixel[3] >= 0) {
+                    const Index o = y_pixel[0] + channel_offset;
+                    *reinterpret_cast<float4*>(y + o) =
+                        make_float4(finish(acc[half * 4][j] + b[j], o), finish(acc[half * 4 + 1][j] + b[j], o + 1),
+                                    finish(acc[half * 4 + 2][j] + b[j], o + 2), finish(acc[half * 4 + 3][j] + b[j], o + 3));
+                } else {
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (y_pixel[e] >= 0)
-                        y[y_pixel[e] + channel_offset] = epilogue<float>(acc[half * 4 + e][j] + b[j], residual,
-                                                                         has_residual, activation,
-                                                                         y_pixel[e] + channel_offset);
+                    for (int e = 0; e < 4; ++e)
+                        if (y_pixel[e] >= 0)
+                            y[y_pixel[e] + channel_offset] = finish(acc[half * 4 + e][j] + b[j], y_pixel[e] + channel_offset);
+                }
             }
         }
-    }
+    });
 }
 
 }  // namespace cupyconv

@@ -200,14 +200,16 @@ winograd_output_transform(const float* __restrict__ m, const float* __restrict__
     sandwich(winograd<M>::AT, a, winograd<M>::AT, out);
     const float b = has_bias ? bias[k] : 0.0f;
     const Index plane = (tile.image * K + k) * Ho * Wo;
+    with_epilogue<float>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll
-    for (int r = 0; r < M; ++r)
+        for (int r = 0; r < M; ++r)
 #pragma unroll
-        for (int q = 0; q < M; ++q) {
-            const int oh = M * tile.th + r, ow = M * tile.tw + q;
-            const Index o = plane + static_cast<Index>(oh) * Wo + ow;
-            if (oh < Ho && ow < Wo) y[o] = epilogue<float>(out[r][q] + b, residual, has_residual, activation, o);
-        }
+            for (int q = 0; q < M; ++q) {
+                const int oh = M * tile.th + r, ow = M * tile.tw + q;
+                const Index o = plane + static_cast<Index>(oh) * Wo + ow;
+                if (oh < Ho && ow < Wo) y[o] = finish(out[r][q] + b, o);
+            }
+    });
 }
 
 }  // namespace cupyconv
