@@ -233,13 +233,21 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
         y_pixel[i] = image * K * HoWo + (m - image * HoWo);
     }
     // The epilogue in float, rounded once as it is staged: the residual read at the element's output
-    // offset (image K HoWo + channel HoWo + p; 0 for the tile's elements past the output, never
-    // stored), which the plain path never computes.
-    auto offset = [&](int m, int n_group) -> Index {
-        const Index pixel = m0 + m;
-        if (pixel >= M || n_group >= Kg) return 0;
-        const Index image = pixel / HoWo;
-        return image * K * HoWo + (pixel - image * HoWo) + static_cast<Index>(g * Kg + n_group) * HoWo;
+    // offset, image K HoWo + p of its pixel (one per row this thread stages, found once; -1 past the
+    // output) + channel HoWo. Elements past the output, never stored, read offset 0. The plain path
+    // computes none of it.
+    Index staged_pixel[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const Index pixel = m0 + wm + mt * 16 + quad + 8 * h;
+            const Index image = pixel / HoWo;
+            staged_pixel[mt][h] = pixel < M ? image * K * HoWo + (pixel - image * HoWo) : Index(-1);
+        }
+    auto offset = [&](int mt, int h, int n_group) -> Index {
+        return staged_pixel[mt][h] < 0 || n_group >= Kg ? Index(0)
+                                                        : staged_pixel[mt][h] + static_cast<Index>(g * Kg + n_group) * HoWo;
     };
     with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll 1
@@ -255,8 +263,8 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
                         const int m = wm + mt * 16 + quad;
-                        c_smem[n * C_STRIDE + m] = finish(acc[mt][nt][e] + b, offset(m, n_col + n));
-                        c_smem[n * C_STRIDE + m + 8] = finish(acc[mt][nt][2 + e] + b, offset(m + 8, n_col + n));
+                        c_smem[n * C_STRIDE + m] = finish(acc[mt][nt][e] + b, offset(mt, 0, n_col + n));
+                        c_smem[n * C_STRIDE + m + 8] = finish(acc[mt][nt][2 + e] + b, offset(mt, 1, n_col + n));
                     }
                 }
             }
