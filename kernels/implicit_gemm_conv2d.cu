@@ -34,9 +34,11 @@
 namespace cupyconv {
 
 // Two blocks per SM where the accumulators (BM BN / threads per thread) leave room for it; the
-// 64-accumulator tiles would spill under that register cap, so they get one.
+// 64-accumulator tiles would spill under that register cap, so they get one, as do the 64-bit index
+// instances (their addresses and the fused epilogue's copies of the stores spilled under it on sm_80).
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES>
-__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, (BM * BN) / (WARPS_M * WARPS_N * 32) <= 32 ? 2 : 1)
+__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32,
+                                  (BM * BN) / (WARPS_M * WARPS_N * 32) <= 32 && sizeof(Index) == 4 ? 2 : 1)
 implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                      T* __restrict__ y, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
                      int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
@@ -61,7 +63,8 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
     static_assert(BK % NWARPS == 0 && BK % INST_K == 0 && NT % BK == 0 && BN % B_ROWS_PER_PASS == 0,
                   "BK must split over the warps, the instruction and the B loader");
     static_assert(STAGES >= 2, "at least double buffering");
-    static_assert(WN * C_STRIDE <= STAGES * (A_STAGE + B_STAGE), "epilogue staging fits in the pipeline buffers");
+    static_assert(WN * C_STRIDE * 4 <= STAGES * (A_STAGE + B_STAGE) * static_cast<int>(sizeof(T)),
+                  "epilogue staging (float) fits in the pipeline buffers");
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* a_smem = reinterpret_cast<T*>(smem_raw);              // [STAGES][BK][A_STRIDE]
@@ -223,8 +226,9 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
     // --- Main loop (mma.cuh); then the pipeline buffers become the epilogue's staging area.
     run_k_pipeline<STAGES>(k_tiles, load_tile, compute_tile, store_tile);
 
-    // --- Epilogue, one warp column (WN channels) at a time.
-    T* c_smem = a_smem;  // [WN][C_STRIDE]
+    // --- Epilogue, one warp column (WN channels) at a time: acc + bias staged in float, then the fused
+    // epilogue (epilogue.cuh) and the one rounding as each element is stored.
+    float* c_smem = reinterpret_cast<float*>(smem_raw);  // [WN][C_STRIDE]
     Index y_pixel[A_PIXELS];  // image * K * HoWo + p for the pixels this lane stores
 #pragma unroll
     for (int i = 0; i < A_PIXELS; ++i) {
@@ -232,24 +236,6 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
         const Index image = m / HoWo;
         y_pixel[i] = image * K * HoWo + (m - image * HoWo);
     }
-    // The epilogue in float, rounded once as it is staged: the residual read at the element's output
-    // offset, image K HoWo + p of its pixel (one per row this thread stages, found once; -1 past the
-    // output) + channel HoWo. Elements past the output, never stored, read offset 0. The plain path
-    // computes none of it.
-    Index staged_pixel[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const Index pixel = m0 + wm + mt * 16 + quad + 8 * h;
-            const Index image = pixel / HoWo;
-            staged_pixel[mt][h] = pixel < M ? image * K * HoWo + (pixel - image * HoWo) : Index(-1);
-        }
-    auto offset = [&](int mt, int h, int n_group) -> Index {
-        return staged_pixel[mt][h] < 0 || n_group >= Kg ? Index(0)
-                                                        : staged_pixel[mt][h] + static_cast<Index>(g * Kg + n_group) * HoWo;
-    };
-    with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll 1
     for (int column = 0; column < WARPS_N; ++column) {
         const int n_col = n0 + column * WN;  // first channel (within the group) of this column
@@ -263,25 +249,27 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
                         const int m = wm + mt * 16 + quad;
-                        c_smem[n * C_STRIDE + m] = finish(acc[mt][nt][e] + b, offset(mt, 0, n_col + n));
-                        c_smem[n * C_STRIDE + m + 8] = finish(acc[mt][nt][2 + e] + b, offset(mt, 1, n_col + n));
+                        c_smem[n * C_STRIDE + m] = acc[mt][nt][e] + b;
+                        c_smem[n * C_STRIDE + m + 8] = acc[mt][nt][2 + e] + b;
                     }
                 }
             }
         }
         __syncthreads();
+        with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll 1
-        for (int n = warp; n < WN; n += NWARPS) {
-            if (n_col + n >= Kg) break;
-            const Index channel_offset = static_cast<Index>(g * Kg + n_col + n) * HoWo;
+            for (int n = warp; n < WN; n += NWARPS) {
+                if (n_col + n >= Kg) break;
+                const Index channel_offset = static_cast<Index>(g * Kg + n_col + n) * HoWo;
 #pragma unroll
-            for (int i = 0; i < A_PIXELS; ++i) {
-                if (m0 + lane + 32 * i < M) y[y_pixel[i] + channel_offset] = c_smem[n * C_STRIDE + lane + 32 * i];
+                for (int i = 0; i < A_PIXELS; ++i) {
+                    const Index o = y_pixel[i] + channel_offset;
+                    if (m0 + lane + 32 * i < M) y[o] = finish(c_smem[n * C_STRIDE + lane + 32 * i], o);
+                }
             }
-        }
+        });
         __syncthreads();
     }
-    });
 }
 
 }  // namespace cupyconv

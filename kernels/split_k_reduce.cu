@@ -18,7 +18,8 @@ split_k_reduce(const float* __restrict__ partial, const T* __restrict__ bias, T*
     if (i >= elements) return;
     float sum = partial[i];
     for (int s = 1; s < splits; ++s) sum += partial[static_cast<Index>(s) * elements + i];
-    y[i] = epilogue<T>(has_bias ? sum + to_acc<float>(bias[(i / plane) % K]) : sum, residual, has_residual, activation, i);
+    if (has_bias) sum += to_acc<float>(bias[(i / plane) % K]);
+    with_epilogue<T>(residual, has_residual, activation, [&](auto finish) { y[i] = finish(sum, i); });
 }
 
 }  // namespace cupyconv
