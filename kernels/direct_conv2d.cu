@@ -44,8 +44,9 @@ __device__ __forceinline__ void load_vector(Acc (&v)[N], const Acc* p) {
 }
 
 template <typename T, typename Index, int BK, int BH, int BW, int RK, int RP>
-// Two blocks per SM where the accumulators are 4 bytes (the register cap, 128, holds them unspilled).
-__global__ void __launch_bounds__((BK / RK) * (BH * BW / RP), sizeof(T) == 8 ? 1 : 2)
+// Two blocks per SM where the accumulators are 4 bytes and indices 32-bit (the register cap, 128,
+// holds them unspilled; 64-bit addresses and the fused epilogue's copies of the stores spilled under it).
+__global__ void __launch_bounds__((BK / RK) * (BH * BW / RP), sizeof(T) == 8 || sizeof(Index) == 8 ? 1 : 2)
 direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
               T* __restrict__ y, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
               int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
