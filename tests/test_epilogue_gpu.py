@@ -21,10 +21,8 @@ from cupyconv.arguments import ACTIVATIONS, make_problem  # noqa: E402
 from cupyconv.compiler import compute_capability  # noqa: E402
 from cupyconv.families import implicit_gemm_nhwc, simt_gemm_conv2d  # noqa: E402
 from cupyconv.launch import conv2d_cupy  # noqa: E402
+from test_layouts_gpu import TENSOR_CORE, TORCH_DTYPES, arranged, to_cupy, tolerance  # noqa: E402
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-                "float64": torch.float64}
-TENSOR_CORE = (planner.NHWC_KERNEL, planner.GEMM_KERNEL)
 TORCH_ACTIVATIONS = {"none": lambda y: y, "relu": F.relu, "relu6": F.relu6, "silu": F.silu, "gelu": F.gelu,
                      "sigmoid": torch.sigmoid, "tanh": torch.tanh}
 # One problem per family's usual ground: a GEMM layer, a depthwise layer narrow enough for the column
@@ -37,21 +35,6 @@ CASES = [
     Case(3, 6, 16, 9, 10, 3, 2, stride=(2, 1), padding=(1, 0), groups=2),
 ]
 LAYOUTS = [("NCHW", "KCHW"), ("NHWC", "KHWC")]
-
-
-def tolerance(dtype: str, kernel: str) -> float:
-    if dtype == "float64":
-        return 1e-12
-    if dtype == "float32":
-        return 2e-3 if kernel in TENSOR_CORE else 1e-5
-    return 1e-2
-
-
-def to_cupy(t):
-    """Zero-copy CuPy view of a CUDA tensor (bfloat16 as its int16 bits)."""
-    if t is None:
-        return None
-    return cupy.from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
 
 
 def problem_of(case: Case, dtype: str, layout: str, weight_layout: str, activation: str, residual: bool):
@@ -68,10 +51,6 @@ def tensors(case: Case, problem, dtype: str, seed: int):
     make = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.float64, generator=g).to(TORCH_DTYPES[dtype])
     return (make(case.n, case.c, case.h, case.w), make(case.k, case.c // case.groups, case.kh, case.kw),
             make(case.k) if case.bias else None, make(*problem.out_shape))
-
-
-def arranged(t, layout: str):
-    return t.permute(0, 2, 3, 1).contiguous() if layout in ("NHWC", "KHWC") else t.contiguous()
 
 
 def reference(case: Case, x, weight, bias, residual, activation: str):

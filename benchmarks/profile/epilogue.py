@@ -5,35 +5,17 @@ fused (cupyconv.conv2d(..., activation="relu", residual=r)); the convolution the
 add and relu (two more passes over the output). Each run 20 times in one captured CUDA graph (no
 host between launches), median of 30 replays per call."""
 import dataclasses
+import pathlib
+import sys
 
 import torch
 
-from cupyconv.bench import LAYERS
-from cupyconv.executor import executable
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from split_k import graph_ms  # noqa: E402
+from cupyconv.bench import LAYERS  # noqa: E402
+from cupyconv.executor import executable  # noqa: E402
 
-CALLS, REPLAYS = 20, 30
 ROWS = ("r50_l1_1x1_256", "r50_l3_3x3_256", "r50_l3_1x1_256to1024", "mbv2_pw_1x1_96to576")
-
-
-def graph_ms(enqueue) -> float:
-    """Median ms per call of ``enqueue(stream)`` (CALLS per graph) over REPLAYS graph replays."""
-    stream = torch.cuda.Stream()
-    torch.cuda.synchronize()
-    with torch.cuda.stream(stream):
-        enqueue(stream.cuda_stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(CALLS):
-                enqueue(stream.cuda_stream)
-    times = []
-    for _ in range(REPLAYS + 3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / CALLS)
-    return sorted(times[3:])[REPLAYS // 2]
 
 
 def main() -> None:
