@@ -279,12 +279,7 @@ def check_arrays(x, weight, bias, out) -> str:
         if len(set(devices.values())) > 1:
             raise ValueError(f"x, weight and bias must be on one GPU, got devices {devices}")
     if out is not None:
-        if array_backend(out, "out") != backend:
-            raise TypeError(f"out must be a {backend} array like x, got {type(out).__name__}")
-        if out.dtype != x.dtype:
-            raise TypeError(f"out has dtype {out.dtype} but x has dtype {x.dtype}; they must match")
-        if backend == "cupy" and out.device.id != x.device.id:
-            raise ValueError(f"out is on GPU {out.device.id} but x is on GPU {x.device.id}")
+        _check_like_x("out", out, x, backend)
         if not out.flags.c_contiguous:
             raise ValueError(f"out must be C-contiguous, got strides {out.strides} for shape {out.shape}")
     return backend
@@ -294,16 +289,26 @@ def check_residual(residual, x, out) -> None:
     """The residual must be an array of x's kind, dtype and device (its shape is make_problem's to
     check); it may be ``out`` itself, but must not overlap ``out`` otherwise (an element would be
     read after another thread wrote it)."""
-    backend = array_backend(x, "x")
-    if array_backend(residual, "residual") != backend:
-        raise TypeError(f"residual must be a {backend} array like x, got {type(residual).__name__}")
-    if residual.dtype != x.dtype:
-        raise TypeError(f"residual has dtype {residual.dtype} but x has dtype {x.dtype}; they must match")
-    if backend == "cupy" and residual.device.id != x.device.id:
-        raise ValueError(f"residual is on GPU {residual.device.id} but x is on GPU {x.device.id}")
-    if out is not None and not same_array(residual, out) and \
-            overlaps(address(out), extent(out), address(residual), extent(residual)):
+    _check_like_x("residual", residual, x, array_backend(x, "x"))
+    if out is not None:
+        check_residual_overlap(residual, out)
+
+
+def check_residual_overlap(residual, out) -> None:
+    """ValueError where ``residual`` shares memory with ``out`` without being it (checked on every
+    call: addresses are not part of a call's signature)."""
+    if not same_array(residual, out) and overlaps(address(out), extent(out), address(residual), extent(residual)):
         raise ValueError("residual shares memory with out without being out itself (same memory, shape and strides)")
+
+
+def _check_like_x(name: str, array, x, backend: str) -> None:
+    """``array`` (out or residual) must be of x's kind (``backend``), dtype and device."""
+    if array_backend(array, name) != backend:
+        raise TypeError(f"{name} must be a {backend} array like x, got {type(array).__name__}")
+    if array.dtype != x.dtype:
+        raise TypeError(f"{name} has dtype {array.dtype} but x has dtype {x.dtype}; they must match")
+    if backend == "cupy" and array.device.id != x.device.id:
+        raise ValueError(f"{name} is on GPU {array.device.id} but x is on GPU {x.device.id}")
 
 
 def same_array(a, b) -> bool:

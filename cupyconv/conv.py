@@ -12,8 +12,8 @@ import os
 
 import numpy as np
 
-from .arguments import (check_arrays, check_layouts, check_out, check_output_size, check_residual, extent, make_problem,
-                        overlaps, same_array)
+from .arguments import (check_arrays, check_layouts, check_out, check_output_size, check_residual,
+                        check_residual_overlap, extent, make_problem, overlaps)
 from .launch import run
 from .planner import LaunchPlan, make_plan
 from .program import OPERAND_ALIGNMENT
@@ -201,9 +201,8 @@ def _run_cupy(call: _CupyCall, x, weight, bias, out, prepared, residual):
                               ("bias", bias, call.extents[2])):
             if a is not None and overlaps(out.data.ptr, (0, out.nbytes), a.data.ptr, span):
                 raise ValueError(f"out shares memory with {name}; conv2d never modifies its inputs")
-        if residual is not None and not same_array(residual, out) and \
-                overlaps(out.data.ptr, (0, out.nbytes), residual.data.ptr, extent(residual)):
-            raise ValueError("residual shares memory with out without being out itself (same memory, shape and strides)")
+        if residual is not None:
+            check_residual_overlap(residual, out)
     if cupy.cuda.runtime.getDevice() != call.device_id:
         with cupy.cuda.Device(call.device_id):
             return _run_cupy(call, x, weight, bias, out, prepared, residual)

@@ -178,11 +178,10 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     return by_width[64], f"{kg} output channels per group: one 64-channel tile; {depth}"
 
 
-def _splits(problem: ConvProblem, cfg: GemmConfig, channels_padded: int, index: str) -> int:
+def _splits(problem: ConvProblem, cfg: GemmConfig, grid: tuple[int, int, int], channels_padded: int, index: str) -> int:
     """Runs of the reduction for split-K (1: none): up to SPLIT_K_TARGET_BLOCKS blocks for grids of
     at most SPLIT_K_MAX_BLOCKS tiles and reductions of SPLIT_K_MIN_REDUCTION k tiles or more, with
-    32-bit indices (the split instances are compiled for those)."""
-    grid = gemm_grid(problem, cfg)
+    32-bit indices (the split instances are compiled for those). ``grid``: cfg's gemm_grid."""
     k_tiles = math.ceil(problem.kh * problem.kw * (channels_padded // problem.groups) / cfg.bk)
     if math.prod(grid) > SPLIT_K_MAX_BLOCKS or k_tiles < SPLIT_K_MIN_REDUCTION or index != "int":
         return 1
@@ -219,7 +218,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     index = index_type(problem, copy)
     grid = gemm_grid(problem, cfg)
     if splits is None:
-        splits = _splits(problem, cfg, channels_padded, index)
+        splits = _splits(problem, cfg, grid, channels_padded, index)
         if splits > 1:
             why += (f"; split-K: {math.prod(grid)} tiles (<= {SPLIT_K_MAX_BLOCKS}) each reduce over {splits} runs "
                     f"of the {problem.kh * problem.kw * channels_padded // problem.groups} products")
