@@ -62,11 +62,26 @@ def _allow_tf32(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and torch.backends.cudnn.allow_tf32
 
 
-def _check_tensors(x, weight, bias) -> None:
+#: cupyconv's activations as torch computes them (gelu in its exact erf form, torch's default).
+ACTIVATION_FUNCTIONS = {"none": None, "relu": F.relu, "relu6": F.relu6, "silu": F.silu, "gelu": F.gelu,
+                        "sigmoid": torch.sigmoid, "tanh": torch.tanh}
+
+
+def _epilogue(y: torch.Tensor, residual: torch.Tensor | None, activation: str) -> torch.Tensor:
+    """activation(y + residual) by torch's operations: the CPU path, and calls that need gradients."""
+    if residual is not None:
+        y = y + residual
+    function = ACTIVATION_FUNCTIONS[activation]
+    return y if function is None else function(y)
+
+
+def _check_tensors(x, weight, bias, residual=None) -> None:
     """Kinds, dtypes and devices; shapes are make_problem's job."""
     tensors = {"x": x, "weight": weight}
     if bias is not None:
         tensors["bias"] = bias
+    if residual is not None:
+        tensors["residual"] = residual
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -79,15 +94,22 @@ def _check_tensors(x, weight, bias) -> None:
         raise ValueError(f"bias must be 1-D (K,), got shape {tuple(bias.shape)}")
 
 
-def _problem(x, weight, bias, stride, padding, dilation, groups) -> ConvProblem:
+def _problem(x, weight, bias, stride, padding, dilation, groups, activation=None, residual=None) -> ConvProblem:
     """Check every argument of a conv2d call (a 3-D x counts as one image); raises before any launch.
     The problem's layouts follow the tensors' memory formats (_layouts)."""
-    _check_tensors(x, weight, bias)
+    _check_tensors(x, weight, bias, residual)
     if x.dim() not in (3, 4):
         raise ValueError(f"x must be 4-D (N, C, H, W) or 3-D (C, H, W), got shape {tuple(x.shape)}")
     x_shape = (1, *x.shape) if x.dim() == 3 else tuple(x.shape)
+    residual_shape = None
+    if residual is not None:
+        if residual.dim() != x.dim():
+            raise ValueError(f"residual must have the output's shape ({x.dim()}-D like x), got shape "
+                             f"{tuple(residual.shape)}")
+        residual_shape = (1, *residual.shape) if x.dim() == 3 else tuple(residual.shape)
     problem = make_problem(x_shape, tuple(weight.shape), None if bias is None else tuple(bias.shape),
-                           _dtype_name(x.dtype, "x"), stride, padding, dilation, groups)
+                           _dtype_name(x.dtype, "x"), stride, padding, dilation, groups, activation=activation,
+                           residual_shape=residual_shape)
     layout, weight_layout = _layouts(x, weight)
     return dataclasses.replace(problem, layout=layout, weight_layout=weight_layout)
 
@@ -108,7 +130,7 @@ def _layouts(x: torch.Tensor, weight: torch.Tensor) -> tuple[str, str]:
             "KHWC" if weight_channels_last else "KCHW")
 
 
-def _op_problem(x, weight, bias, stride, padding, dilation, groups) -> ConvProblem:
+def _op_problem(x, weight, bias, stride, padding, dilation, groups, residual=None, activation="none") -> ConvProblem:
     """The ConvProblem of the custom op's explicit arguments (padding = (top, left, bottom, right)),
     its layouts following the tensors' memory formats as in eager calls."""
     n, c, h, w = x.shape
@@ -118,7 +140,7 @@ def _op_problem(x, weight, bias, stride, padding, dilation, groups) -> ConvProbl
     return ConvProblem(n=n, c=c, h=h, w=w, k=k, kh=kh, kw=kw, stride=tuple(stride), dilation=tuple(dilation),
                        pad_top=top, pad_left=left, pad_bottom=bottom, pad_right=right, groups=groups,
                        dtype=_dtype_name(x.dtype, "x"), has_bias=bias is not None, layout=layout,
-                       weight_layout=weight_layout)
+                       weight_layout=weight_layout, activation=activation, has_residual=residual is not None)
 
 
 def _memory_format(problem: ConvProblem) -> torch.memory_format:
@@ -230,13 +252,13 @@ def release_workspaces() -> None:
     _WORKSPACES.clear()
 
 
-def _forward(call: _Call, x, weight, bias, cache: WeightCache | None) -> torch.Tensor:
+def _forward(call: _Call, x, weight, bias, cache: WeightCache | None, residual=None) -> torch.Tensor:
     """Run a checked CUDA call on torch's current stream of x's device; every allocation (output,
     workspace, prepared weight) from torch's caching allocator, so that it follows torch's stream
     order and, inside a CUDA-graph capture, comes from the graph's pool."""
     if torch.cuda.current_device() != call.device_index:
         with torch.cuda.device(call.device_index):
-            return _forward(call, x, weight, bias, cache)
+            return _forward(call, x, weight, bias, cache, residual)
     out = torch.empty(call.shape, dtype=x.dtype, device=call.device, memory_format=call.x_format)
     exe = call.exe
     if exe is None:
@@ -245,6 +267,8 @@ def _forward(call: _Call, x, weight, bias, cache: WeightCache | None) -> torch.T
     cached_weight = weight
     weight = _in_format(weight, call.weight_format)
     bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
+    # Read at the output's positions, so in the output's memory format.
+    residual = 0 if residual is None else _in_format(residual, call.x_format).data_ptr()
     stream = _raw_stream(call.device_index)
     capturing = torch.cuda.is_current_stream_capturing()
     prepared = 0
@@ -253,7 +277,7 @@ def _forward(call: _Call, x, weight, bias, cache: WeightCache | None) -> torch.T
     if exe.weight is not None and cache is not None and weight is cached_weight and not capturing:
         prepared = cache.address(weight, exe, stream) or 0
     _WORKSPACES.launch(exe, x.data_ptr(), weight.data_ptr(), prepared, 0 if bias is None else bias.data_ptr(),
-                       out.data_ptr(), stream, capturing)
+                       out.data_ptr(), stream, capturing, residual)
     return out
 
 
@@ -266,24 +290,28 @@ def _in_format(t: torch.Tensor, memory_format: torch.memory_format) -> torch.Ten
 
 @torch.library.custom_op("cupyconv::conv2d", mutates_args=(), device_types="cuda")
 def _conv2d_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: list[int],
-               padding: list[int], dilation: list[int], groups: int) -> torch.Tensor:
-    """cupyconv's kernel on torch's current stream of x's device. padding is (top, left, bottom, right).
-    What torch.compile calls; eager calls skip the op's dispatch (_conv2d)."""
-    problem = _op_problem(x, weight, bias, stride, padding, dilation, groups)
-    return _forward(_Call(problem, x.device, _allow_tf32(x.dtype)), x, weight, bias, None)
+               padding: list[int], dilation: list[int], groups: int, residual: torch.Tensor | None = None,
+               activation: str = "none") -> torch.Tensor:
+    """cupyconv's kernel on torch's current stream of x's device: activation(conv + bias + residual).
+    padding is (top, left, bottom, right). What torch.compile calls; eager calls skip the op's
+    dispatch (_conv2d). Differentiable without an epilogue only: conv2d() computes the epilogue of
+    calls that need gradients with torch's operations."""
+    problem = _op_problem(x, weight, bias, stride, padding, dilation, groups, residual, activation)
+    return _forward(_Call(problem, x.device, _allow_tf32(x.dtype)), x, weight, bias, None, residual)
 
 
 @_conv2d_op.register_kernel("cpu")
-def _conv2d_op_cpu(x, weight, bias, stride, padding, dilation, groups):
+def _conv2d_op_cpu(x, weight, bias, stride, padding, dilation, groups, residual=None, activation="none"):
     # Makes the op total over devices (and testable in CPU-only CI); conv2d() itself sends CPU
     # tensors to F.conv2d directly.
     top, left, bottom, right = padding
-    y = F.conv2d(F.pad(x, (left, right, top, bottom)), weight, bias, stride, 0, dilation, groups)
+    y = _epilogue(F.conv2d(F.pad(x, (left, right, top, bottom)), weight, bias, stride, 0, dilation, groups),
+                  residual, activation)
     return y.contiguous(memory_format=_memory_format(_op_problem(x, weight, bias, stride, padding, dilation, groups)))
 
 
 @_conv2d_op.register_fake
-def _conv2d_op_fake(x, weight, bias, stride, padding, dilation, groups):
+def _conv2d_op_fake(x, weight, bias, stride, padding, dilation, groups, residual=None, activation="none"):
     problem = _op_problem(x, weight, bias, stride, padding, dilation, groups)
     return torch.empty(problem.out_shape, dtype=x.dtype, device=x.device, memory_format=_memory_format(problem))
 
@@ -297,7 +325,8 @@ def _save_for_backward(ctx, x, weight, stride, padding, dilation, groups) -> Non
 
 
 def _conv2d_op_setup_context(ctx, inputs, output):
-    _save_for_backward(ctx, *inputs[:2], *inputs[3:])
+    _save_for_backward(ctx, *inputs[:2], *inputs[3:7])
+    ctx.epilogue = inputs[7] is not None or inputs[8] != "none"
 
 
 def _gradients(ctx, grad_out):
@@ -325,7 +354,11 @@ def _gradients(ctx, grad_out):
 
 
 def _conv2d_op_backward(ctx, grad_out):
-    return *_gradients(ctx, grad_out), None, None, None, None
+    if ctx.epilogue:
+        raise RuntimeError("cupyconv::conv2d has no gradient through its epilogue (activation, residual); "
+                           "cupyconv.torch.conv2d computes the epilogue of calls that need gradients with torch's "
+                           "operations")
+    return *_gradients(ctx, grad_out), None, None, None, None, None, None
 
 
 torch.library.register_autograd("cupyconv::conv2d", _conv2d_op_backward, setup_context=_conv2d_op_setup_context)
@@ -346,61 +379,75 @@ class _Conv2dFunction(torch.autograd.Function):
         return *_gradients(ctx, grad_out), None, None
 
 
-def _op_conv2d(x, weight, bias, problem: ConvProblem):
+def _op_conv2d(x, weight, bias, problem: ConvProblem, residual=None):
     """A checked 4-D problem through the custom op (what torch.compile traces); the output in the memory
     format torch's convolution would give (the op computes channels_last tensors in place)."""
     return torch.ops.cupyconv.conv2d(x, weight, bias, list(problem.stride),
                                      [problem.pad_top, problem.pad_left, problem.pad_bottom, problem.pad_right],
-                                     list(problem.dilation), problem.groups)
+                                     list(problem.dilation), problem.groups, residual, problem.activation)
 
 
-def _checked_conv2d(x, weight, bias, stride, padding, dilation, groups, cache):
+def _checked_conv2d(x, weight, bias, stride, padding, dilation, groups, cache, activation, residual):
     """Every check, then the call: on CPU torch's conv2d, under torch.compile the custom op, 3-D
     input as one image, else the eager path, whose checked signature is kept for the next call."""
-    problem = _problem(x, weight, bias, stride, padding, dilation, groups)
+    problem = _problem(x, weight, bias, stride, padding, dilation, groups, activation, residual)
     if x.device.type != "cuda":
-        return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+        return _epilogue(F.conv2d(x, weight, bias, stride, padding, dilation, groups), residual, problem.activation)
     if x.dim() == 3:
-        return _conv2d(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups, cache).squeeze(0)
+        return _conv2d(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups, cache, activation,
+                       None if residual is None else residual.unsqueeze(0)).squeeze(0)
     if torch.compiler.is_compiling():
-        return _op_conv2d(x, weight, bias, problem)
+        return _op_conv2d(x, weight, bias, problem, residual)
     call = _Call(problem, x.device, _allow_tf32(x.dtype))
     try:
-        _CALLS[_signature(x, weight, bias, stride, padding, dilation, groups)] = call
+        _CALLS[_signature(x, weight, bias, stride, padding, dilation, groups, activation, residual)] = call
     except TypeError:  # unhashable arguments (lists): checked on every call
         pass
     return call
 
 
-def _signature(x, weight, bias, stride, padding, dilation, groups) -> tuple:
+def _signature(x, weight, bias, stride, padding, dilation, groups, activation, residual) -> tuple:
     """What a call's checks depend on. Raises AttributeError or TypeError for non-tensors and
     unhashable arguments (which then take the full checks)."""
     return (x.shape, x.stride(), x.dtype, x.get_device(), weight.shape, weight.stride(), weight.dtype,
             weight.get_device(),
             None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
-            stride, padding, dilation, groups, x.dtype is torch.float32 and torch.backends.cudnn.allow_tf32)
+            stride, padding, dilation, groups, x.dtype is torch.float32 and torch.backends.cudnn.allow_tf32,
+            activation,
+            None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.get_device()))
 
 
-def _conv2d(x, weight, bias, stride, padding, dilation, groups, cache: WeightCache | None):
-    """conv2d with a module's weight cache (None: prepare the weight on every call)."""
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def _conv2d(x, weight, bias, stride, padding, dilation, groups, cache: WeightCache | None, activation=None,
+            residual=None):
+    """conv2d with a module's weight cache (None: prepare the weight on every call) and an epilogue."""
+    if (activation is not None or residual is not None) and _needs_grad(x, weight, bias, residual):
+        # The fused kernel keeps no pre-activation for a backward: the convolution alone runs on
+        # cupyconv, the epilogue on torch's differentiable operations (after the same checks).
+        problem = _problem(x, weight, bias, stride, padding, dilation, groups, activation, residual)
+        return _epilogue(_conv2d(x, weight, bias, stride, padding, dilation, groups, cache), residual,
+                         problem.activation)
     if torch.compiler.is_compiling():  # traced: the custom op, never the eager path's caches
-        return _checked_conv2d(x, weight, bias, stride, padding, dilation, groups, cache)
+        return _checked_conv2d(x, weight, bias, stride, padding, dilation, groups, cache, activation, residual)
     try:
-        call = _CALLS.get(_signature(x, weight, bias, stride, padding, dilation, groups))
+        call = _CALLS.get(_signature(x, weight, bias, stride, padding, dilation, groups, activation, residual))
     except (AttributeError, TypeError):
         call = None
     if call is None:
-        call = _checked_conv2d(x, weight, bias, stride, padding, dilation, groups, cache)
+        call = _checked_conv2d(x, weight, bias, stride, padding, dilation, groups, cache, activation, residual)
         if not isinstance(call, _Call):  # computed already (CPU, compiled or unbatched)
             return call
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or
-                                    (bias is not None and bias.requires_grad)):
+    if _needs_grad(x, weight, bias):
         return _Conv2dFunction.apply(x, weight, bias, call, cache)
-    return _forward(call, x, weight, bias, cache)
+    return _forward(call, x, weight, bias, cache, residual)
 
 
-def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """2-D convolution (cross-correlation) of torch tensors, as ``torch.nn.functional.conv2d``.
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, activation=None, residual=None):
+    """2-D convolution (cross-correlation) of torch tensors, as ``torch.nn.functional.conv2d``, with an
+    optional fused epilogue: ``activation(conv2d(x, weight) + bias + residual)``.
 
     CUDA tensors run cupyconv's kernel on torch's current stream of x's device, with no copy in
     or out; other devices run ``torch.nn.functional.conv2d``. Differentiable, and traceable by
@@ -420,6 +467,14 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
             as torch). Default 0.
         dilation: int or (dh, dw), >= 1. Default 1.
         groups: >= 1, dividing C and K. Default 1.
+        activation: None, 'relu', 'relu6', 'silu', 'gelu' (exact, torch's default), 'sigmoid' or
+            'tanh', applied to the float32 (float64) accumulators before the one rounding.
+        residual: None or a tensor of the output's shape, x's dtype and device, added before the
+            activation (any memory format; the output's is read in place).
+
+        Without gradients the epilogue runs inside the convolution's kernel; where a gradient is
+        needed it runs as torch's operations after the convolution (the kernel keeps no
+        pre-activation for the backward), with the same result within the dtype's rounding.
 
     Returns:
         (N, K, Ho, Wo) tensor (or (K, Ho, Wo)) of x's dtype on x's device, allocated by torch.
@@ -427,12 +482,13 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         IEEE float32; float16 and bfloat16 accumulate in float32.
 
     Raises:
-        TypeError: a non-tensor argument, or an unsupported or mismatched dtype.
+        TypeError: a non-tensor argument, an unsupported or mismatched dtype, or an activation that
+            is not a string.
         ValueError: tensors on different devices, inconsistent shapes, bad stride, padding,
-            dilation or groups, a kernel larger than the padded input, or an output larger than
-            the GPU's memory.
+            dilation or groups, a kernel larger than the padded input, an output larger than the
+            GPU's memory, an unknown activation or a residual not of the output's shape.
     """
-    return _conv2d(x, weight, bias, stride, padding, dilation, groups, None)
+    return _conv2d(x, weight, bias, stride, padding, dilation, groups, None, activation, residual)
 
 
 class Conv2d(nn.Conv2d):
@@ -469,12 +525,16 @@ class Conv2d(nn.Conv2d):
 
 
 def clear_weight_caches(model: nn.Module) -> None:
-    """Forget every prepared weight of the cupyconv modules in ``model`` (needed only after changes
-    through ``weight.data``, which torch's version counter does not see)."""
+    """Forget every prepared weight of the cupyconv modules in ``model`` and fold fused BatchNorms
+    again (needed only after changes through ``.data``, which torch's version counter does not see,
+    and, for CUDA graphs of a fused model captured before, after changes other than its
+    load_state_dict)."""
     for module in model.modules():
         cache = module.__dict__.get("_cupyconv_weights")
         if cache is not None:
             cache.clear()
+        if hasattr(module, "refold"):  # a FusedConv2d: its folded BatchNorm too
+            module.refold()
 
 
 def _left_alone(module: nn.Module, inverse: bool) -> bool:
@@ -484,8 +544,10 @@ def _left_alone(module: nn.Module, inverse: bool) -> bool:
     return isinstance(module, nn.Conv2d) and type(module) is not nn.Conv2d and not isinstance(module, Conv2d)
 
 
-def convert(model: nn.Module, inverse: bool = False) -> nn.Module:
-    """Make every plain ``nn.Conv2d`` in ``model`` a cupyconv :class:`Conv2d`, in place.
+def convert(model: nn.Module, inverse: bool = False, fuse: bool = False) -> nn.Module:
+    """Make every plain ``nn.Conv2d`` in ``model`` a cupyconv :class:`Conv2d`, in place; with
+    ``fuse=True``, also fuse each conv -> BatchNorm2d -> (+ residual) -> activation chain of an
+    eval-mode model into one cupyconv call.
 
     Each module keeps its identity: its class is switched, so parameters (the same Parameter
     objects), buffers, hooks, device, dtype and training flag are untouched, and optimizers or
@@ -494,15 +556,50 @@ def convert(model: nn.Module, inverse: bool = False) -> nn.Module:
     parametrized or quantized convolutions, user classes), and convolutions whose dtype cupyconv
     does not compute in, are left alone and listed in one UserWarning.
 
+    ``fuse=True`` (cupyconv.torch_fusion) traces the converted model with torch.fx and returns a
+    new ``torch.fx.GraphModule`` that shares the model's modules, parameters and buffers, so its
+    state_dict has the same keys and loads the same checkpoints. Each chain becomes a
+    :class:`cupyconv.torch_fusion.FusedConv2d` at the convolution's path: the BatchNorm folded
+    into the weight and bias (float64, rounded once; again whenever they or the statistics change),
+    the residual add and the activation (ReLU, ReLU6, SiLU, exact GELU, Sigmoid, Tanh, as modules,
+    functions or methods) in the kernel's epilogue. A model torch.fx cannot trace is returned
+    unfused, and BatchNorms that cannot be folded are left alone, listed in one UserWarning.
+    Folding freezes the BatchNorm statistics, so it is refused in training mode.
+
     Args:
         model: any module; it may itself be an nn.Conv2d.
-        inverse: switch cupyconv Conv2d modules back to plain nn.Conv2d instead.
+        inverse: switch cupyconv Conv2d modules back to plain nn.Conv2d instead; given a fused
+            model, return the original model (its modules restored, with whatever the fused model
+            loaded since, as they share their tensors).
+        fuse: fuse chains as above (the model must be in eval mode).
 
     Returns:
-        ``model``, converted.
+        ``model``, converted; with fuse=True the fused GraphModule.
+
+    Raises:
+        TypeError: ``model`` is not a module.
+        ValueError: fuse=True with the model or one of its BatchNorms in training mode, or with
+            inverse=True.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if fuse and inverse:
+        raise ValueError("convert: fuse=True and inverse=True exclude each other (inverse of a fused model "
+                         "returns the model it was made from)")
+    if fuse:
+        from .torch_fusion import check_eval, fuse as fuse_chains
+
+        check_eval(model)  # before the model is changed in place
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            convert(model)
+        fused, skipped = fuse_chains(model)
+        notes = [str(w.message) for w in caught] + skipped
+        if notes:
+            warnings.warn("; ".join(notes), UserWarning, stacklevel=2)
+        return fused
+    if inverse and "_cupyconv_unfused" in model.__dict__:
+        model = model.__dict__["_cupyconv_unfused"]
     source, target = (Conv2d, nn.Conv2d) if inverse else (nn.Conv2d, Conv2d)
     skipped = []
     for name, module in model.named_modules():

@@ -326,11 +326,79 @@ def test_tf32_follows_cudnn_switch_for_float32_only(monkeypatch):
     assert not any(ct._allow_tf32(dtype) for dtype in (torch.float16, torch.bfloat16, torch.float64))
 
 
-# --- errors -------------------------------------------------------------------------------------
-
 def _t(*shape, dtype=torch.float32, device="cpu"):
     return torch.randn(shape, dtype=dtype, device=device)
 
+
+# --- the epilogue -------------------------------------------------------------------------------
+
+def _torch_epilogue(y, residual, activation):
+    """What conv2d's epilogue means, in torch's own functions."""
+    y = y if residual is None else y + residual
+    return {None: y, "relu": F.relu(y), "relu6": F.relu6(y), "silu": F.silu(y), "gelu": F.gelu(y),
+            "sigmoid": torch.sigmoid(y), "tanh": torch.tanh(y)}[activation]
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "relu6", "silu", "gelu", "sigmoid", "tanh"])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_epilogue_cpu_and_op_route_equal_torch(activation, with_residual):
+    x, w, b, args = _random_conv(CONV_CASES[1])
+    y = F.conv2d(x, w, b, **args)
+    residual = 4 * torch.randn_like(y) if with_residual else None  # both sides of relu6's range
+    expected = _torch_epilogue(y, residual, activation)
+    torch.testing.assert_close(ct.conv2d(x, w, b, **args, activation=activation, residual=residual), expected)
+    problem = ct._problem(x, w, b, **args, activation=activation, residual=residual)
+    torch.testing.assert_close(ct._op_conv2d(x, w, b, problem, residual), expected)
+    # Unbatched: a 3-D residual.
+    torch.testing.assert_close(
+        ct.conv2d(x[0], w, b, **args, activation=activation, residual=None if residual is None else residual[0]),
+        expected[0])
+
+
+@pytest.mark.parametrize("activation", ["relu6", "gelu"])
+def test_epilogue_op_opcheck(activation):
+    x, w, b, args = _random_conv(CONV_CASES[0])
+    p = ct._problem(x, w, b, **args)
+    residual = torch.randn(p.out_shape, dtype=x.dtype)
+    torch.library.opcheck(torch.ops.cupyconv.conv2d.default,
+                          (x, w, b, list(p.stride), [p.pad_top, p.pad_left, p.pad_bottom, p.pad_right],
+                           list(p.dilation), p.groups, residual, activation), test_utils=("test_schema",
+                                                                                          "test_faketensor"))
+
+
+def test_epilogue_gradients_through_torch_operations():
+    """A call that needs gradients computes the epilogue with torch's operations: the gradients of
+    every input, the residual's included, are torch's."""
+    x, w, b, args = _random_conv(GRAD_CASES[1], requires_grad=True)
+    residual = torch.randn(F.conv2d(x, w, b, **args).shape, dtype=x.dtype, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda x, w, b, r: ct.conv2d(x, w, b, **args, activation="silu", residual=r), (x, w, b, residual))
+
+
+def test_op_refuses_gradients_through_its_epilogue():
+    x, w, b, args = _random_conv(CONV_CASES[0], requires_grad=True)
+    problem = ct._problem(x, w, b, **args, activation="relu")
+    with pytest.raises(RuntimeError, match="no gradient through its epilogue"):
+        ct._op_conv2d(x, w, b, problem).sum().backward()
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(activation="swish"), ValueError, r"activation must be None or one of"),
+    (dict(activation=3), TypeError, r"activation must be None or one of"),
+    (dict(residual=_t(2, 6, 6, 5)), ValueError, r"residual must have the output's shape \(2, 6, 6, 6\)"),
+    (dict(residual=_t(6, 1, 1)), ValueError, r"residual must have the output's shape \(4-D like x\)"),
+    (dict(residual=_t(2, 6, 6, 6, dtype=torch.float64)), TypeError, r"residual has dtype torch.float64"),
+    (dict(residual=_t(2, 6, 6, 6).numpy()), TypeError, r"residual must be a torch.Tensor"),
+])
+def test_epilogue_errors(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        ct.conv2d(_t(2, 3, 8, 8), _t(6, 3, 3, 3), _t(6), **kwargs)
+    x = _t(2, 3, 8, 8).requires_grad_()  # the gradient route checks the same
+    with pytest.raises(error, match=message):
+        ct.conv2d(x, _t(6, 3, 3, 3), _t(6), **kwargs)
+
+
+# --- errors -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, error, message", [
     ((_t(1, 3, 8, 8).int(), _t(4, 3, 3, 3).int()), TypeError, r"x has dtype torch.int32; cupyconv computes in"),
