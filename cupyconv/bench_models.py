@@ -7,7 +7,10 @@ What a user who converts a model sees, as against the layer suites' GPU time of 
 each model (random weights, eval mode, on the GPU in the mode's dtype and memory format) is copied
 and converted, the converted copy's logits are checked against a float64 copy of the same model
 beside torch's own, and then both are timed in the same process, alternating loop by loop, as a
-user's loop runs them: eagerly, as CUDA-graph replays, or compiled by torch.compile. ``--per-layer``
+user's loop runs them: eagerly, as CUDA-graph replays, or compiled by torch.compile. ``--fuse``
+converts with ``convert(model, fuse=True)`` (BatchNorm folded, activations and residual adds in the
+convolutions' epilogues), and its ``autotuned`` timing sets the fused model's CUDA graph against a
+graph of torch.compile(mode="max-autotune-no-cudagraphs") of the original. ``--per-layer``
 instead times every distinct convolution of each model on the input it gets in the model, torch's
 F.conv2d against cupyconv.torch.conv2d. Rows are printed as they are measured and the JSON and
 markdown are rewritten after every row, so a run stopped at a time limit keeps what it measured.
@@ -25,9 +28,12 @@ import time
 from . import bench
 
 MODELS = ("resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "vgg16")
-TIMINGS = ("eager", "graph", "compile")
+TIMINGS = ("eager", "graph", "compile", "autotuned")
+#: torch's side of the autotuned timing (captured in a CUDA graph as the graph timing's).
+AUTOTUNE_MODE = "max-autotune-no-cudagraphs"
 DEFAULT_TIMINGS = ("eager", "graph")
-#: torch.compile takes tens of seconds a row (37 s for resnet50 on the H100): only these unless --model names others.
+#: torch.compile takes tens of seconds a row (37 s for resnet50 on the H100), max-autotune minutes: compile
+#: and autotuned run only on these unless --model names others.
 COMPILE_DEFAULT_MODELS = ("resnet50",)
 BATCHES, LAYER_BATCHES = (1, 8, 32, 128), (1, 32)
 IMAGE = (3, 224, 224)
@@ -55,9 +61,13 @@ def add_arguments(parser) -> None:
                         help=f"--suite models: batch size (repeatable; default {' '.join(map(str, BATCHES))}, "
                              f"with --per-layer {' '.join(map(str, LAYER_BATCHES))})")
     parser.add_argument("--timing", action="append", choices=TIMINGS, dest="timings",
-                        help=f"--suite models: eager forwards, CUDA-graph replays or torch.compile (repeatable; "
-                             f"default {' '.join(DEFAULT_TIMINGS)}; compile: {' '.join(COMPILE_DEFAULT_MODELS)} "
-                             f"unless --model is given)")
+                        help=f"--suite models: eager forwards, CUDA-graph replays, torch.compile, or (with --fuse) "
+                             f"the fused model's graph against torch.compile(mode={AUTOTUNE_MODE!r})'s in a graph "
+                             f"(repeatable; default {' '.join(DEFAULT_TIMINGS)}; compile and autotuned: "
+                             f"{' '.join(COMPILE_DEFAULT_MODELS)} unless --model is given)")
+    parser.add_argument("--fuse", action="store_true",
+                        help="--suite models: convert(model, fuse=True): BatchNorm folded, activations and residual "
+                             "adds fused into the convolutions")
     parser.add_argument("--per-layer", action="store_true",
                         help="--suite models: time each distinct convolution of the models instead of whole models")
 
@@ -70,14 +80,16 @@ def check_args(parser, args) -> None:
     ``args.compile_models``.
     """
     given = {"--model": args.models, "--batch": args.batches, "--timing": args.timings,
-             "--per-layer": args.per_layer}
+             "--per-layer": args.per_layer, "--fuse": args.fuse}
     if args.suite != "models":
         named = [option for option, value in given.items() if value]
         if named:
             parser.error(f"{', '.join(named)}: for --suite models only")
         return
-    if args.per_layer and args.timings:
-        parser.error("--timing applies to whole models; --per-layer times each layer's GPU and wall time")
+    if args.per_layer and (args.timings or args.fuse):
+        parser.error("--timing and --fuse apply to whole models; --per-layer times each layer's GPU and wall time")
+    if "autotuned" in (args.timings or ()) and not args.fuse:
+        parser.error("--timing autotuned times fused models: add --fuse")
     if any(batch < 1 for batch in args.batches or ()):
         parser.error(f"--batch must be at least 1, got {args.batches}")
     args.layouts = {mode: list(dict.fromkeys(args.layout)) if args.layout
@@ -92,8 +104,8 @@ def check_args(parser, args) -> None:
 
 
 def timings_for(args, model: str) -> list[str]:
-    """The timings run on ``model``: compile only on args.compile_models."""
-    return [t for t in args.timings if t != "compile" or model in args.compile_models]
+    """The timings run on ``model``: compile and autotuned only on args.compile_models."""
+    return [t for t in args.timings if t not in ("compile", "autotuned") or model in args.compile_models]
 
 
 def output_stem(args) -> str:
@@ -107,6 +119,8 @@ def output_stem(args) -> str:
         parts.append("-".join(dict.fromkeys(args.layout)))
     if args.timings and args.timings != list(DEFAULT_TIMINGS):
         parts.append("-".join(args.timings))
+    if args.fuse:
+        parts.append("fused")
     if args.quick:
         parts.append("quick")
     return "_".join(parts)
@@ -244,6 +258,7 @@ class _Run:
         self.loops, self.calls = (QUICK_LOOPS, QUICK_CALLS) if args.quick else (LOOPS, CALLS)
         self.layer_calls = QUICK_CALLS if args.quick else LAYER_CALLS
         meta = {**bench._meta(args), "models": args.models, "batches": args.batches, "timings": args.timings,
+                "fused": args.fuse, "autotune_mode": AUTOTUNE_MODE,
                 "compile_models": args.compile_models, "per_layer": args.per_layer, "layouts": args.layouts,
                 "loops": self.loops, "calls_per_loop": self.layer_calls if args.per_layer else self.calls,
                 "model_floor": MODEL_FLOOR, "image": IMAGE,
@@ -305,11 +320,12 @@ class _Run:
     # -- whole models --------------------------------------------------------------------------------
 
     def model_rows(self, name: str, mode: str, layout: str, model) -> None:
-        """Every batch and timing of one model variant: convert a copy, check it, time both."""
+        """Every batch and timing of one model variant: convert a copy (fused with --fuse), check it, time both."""
         from .torch import Conv2d, convert
+        from .torch_fusion import FusedConv2d
 
-        ours = convert(copy.deepcopy(model))
-        convs = sum(type(m) is Conv2d for m in ours.modules())
+        ours = convert(copy.deepcopy(model), fuse=self.args.fuse)
+        convs = sum(type(m) in (Conv2d, FusedConv2d) for m in ours.modules())
         reference = copy.deepcopy(model).double()
         for batch in self.args.batches:
             x = self.input(batch, mode, layout)
@@ -318,26 +334,30 @@ class _Run:
                 ref = reference(x[sample].double())
             for timing in timings_for(self.args, name):
                 row = {"model": name, "mode": mode, "layout": layout, "batch": batch, "timing": timing,
-                       "convs": convs}
+                       "convs": convs, "fused": sum(type(m) is FusedConv2d for m in ours.modules())}
                 self.measured(row, lambda: self.time_model(timing, mode, model, ours, x, ref, sample))
                 self.add(row, _model_line(row))
 
-    def prepare(self, timing: str, model, x):
+    def prepare(self, timing: str, model, x, side_name: str):
         """A callable running one forward of ``model`` on ``x`` the way ``timing`` measures it, returning the output.
 
         graph: captured once into a CUDA graph (static input and output) after warm-up forwards on a
         side stream, as torch's documentation says, which also compiles cupyconv's kernels outside the
         capture; compile: torch.compile(fullgraph=True, dynamic=False) (static shapes, as the eager model),
-        compiled by its first call here.
+        compiled by its first call here; autotuned: torch's side compiled so with AUTOTUNE_MODE, then
+        both sides captured as graph's.
         """
         torch = self.torch
         if timing == "eager":
             return lambda: model(x)
-        if timing == "compile":
-            compiled = torch.compile(model, fullgraph=True, dynamic=False)
+        if timing == "compile" or (timing == "autotuned" and side_name == "torch"):
+            compiled = torch.compile(model, fullgraph=True, dynamic=False,
+                                     mode=AUTOTUNE_MODE if timing == "autotuned" else None)
             compiled(x)
             torch.cuda.synchronize()
-            return lambda: compiled(x)
+            if timing == "compile":
+                return lambda: compiled(x)
+            model = compiled
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -356,16 +376,16 @@ class _Run:
     def time_model(self, timing: str, mode: str, theirs, ours, x, ref, sample) -> dict:
         """Check the converted model's output of this timing against float64 beside torch's, then time both."""
         torch = self.torch
-        if timing == "compile":
+        if timing in ("compile", "autotuned"):
             torch._dynamo.reset()  # each row compiles afresh, for its batch: no recompile limits, no dynamic shapes
         runs, setup_s = {}, {}
         for side, model in (("torch", theirs), ("cupyconv", ours)):
             began = time.perf_counter()
-            runs[side] = self.prepare(timing, model, x)
+            runs[side] = self.prepare(timing, model, x, side)
             setup_s[side] = time.perf_counter() - began
         error, torch_error = (bench.relative_error(runs[side]()[sample], ref) for side in ("cupyconv", "torch"))
         row = {"error": error, "torch_error": torch_error}
-        if timing == "compile":
+        if timing in ("compile", "autotuned"):
             row.update(torch_compile_s=setup_s["torch"], cupyconv_compile_s=setup_s["cupyconv"])
         status = _status(error, torch_error, max(MODEL_FLOOR[mode], 2 * torch_error))
         if status:
@@ -413,7 +433,8 @@ class _Run:
 
 
 def _model_line(row: dict) -> str:
-    head = f"{row['model']:16s} {row['mode']:5s} {row['layout']:13s} N{row['batch']:<4d} {row['timing']:8s}"
+    head = (f"{row['model']:16s} {row['mode']:5s} {row['layout']:13s} N{row['batch']:<4d} {row['timing']:9s}"
+            f"{' fused' if row.get('fused') else ''}")
     if row["status"] != "ok":
         return f"{head} {row['status']}  <<<<<<<<<<"
     return (f"{head} torch {row['torch_ms']:8.3f} ms  cupyconv {row['cupyconv_ms']:8.3f} ms  {row['speedup']:5.2f}x"
@@ -435,10 +456,11 @@ def _speedup(value: float) -> str:
 
 def model_cells(rows: list[dict]) -> list[list[str]]:
     """The models table as text cells, header first: a line per (model, mode, layout, batch, timing)."""
-    cells = [["model", "mode", "layout", "batch", "timing", "torch ms", "cupyconv ms", "speed-up",
+    cells = [["model", "mode", "layout", "batch", "timing", "cupyconv model", "torch ms", "cupyconv ms", "speed-up",
               "cupyconv error", "torch error", "compile s (torch / cupyconv)"]]
     for r in rows:
-        head = [r["model"], r["mode"], r["layout"], str(r["batch"]), r["timing"]]
+        variant = f"fused ({r['fused']} of {r['convs']} convs)" if r.get("fused") else "converted"
+        head = [r["model"], r["mode"], r["layout"], str(r["batch"]), r["timing"], variant]
         errors = [f"{r['error']:.1e}", f"{r['torch_error']:.1e}"] if "error" in r else ["", ""]
         compiled = f"{r['torch_compile_s']:.1f} / {r['cupyconv_compile_s']:.1f}" if "torch_compile_s" in r else ""
         if r["status"] != "ok":

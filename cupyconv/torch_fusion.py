@@ -193,14 +193,17 @@ def _residual(node: fx.Node | None, source: fx.Node) -> fx.Node | None:
     return other if isinstance(other, fx.Node) and other is not source else None
 
 
-def _batch_norm(node: fx.Node | None, source: fx.Node, conv: nn.Conv2d, modules: dict, skipped: list):
-    """The eval-mode BatchNorm2d ``node`` applies to ``source`` alone, or None (listed in ``skipped``
-    where it is one that cannot be folded)."""
-    if node is None or node.op != "call_module" or not isinstance(modules[node.target], nn.modules.batchnorm._BatchNorm):
+def _batch_norm(source: fx.Node, conv: nn.Conv2d, modules: dict, skipped: list):
+    """The eval-mode BatchNorm2d applied to ``source`` (a convolution's output) alone, or None; a
+    BatchNorm among its users that cannot be folded is listed in ``skipped`` with the reason."""
+    norms = [n for n in source.users
+             if n.op == "call_module" and isinstance(modules[n.target], nn.modules.batchnorm._BatchNorm)]
+    if not norms:
         return None
-    bn = modules[node.target]
-    reason = None
-    if type(bn) is not nn.BatchNorm2d:
+    node, bn, reason = norms[0], modules[norms[0].target], None
+    if len(source.users) > 1:
+        reason = f"the output of {source.target} is also used elsewhere"
+    elif type(bn) is not nn.BatchNorm2d:
         reason = f"{type(bn).__qualname__} is not nn.BatchNorm2d"
     elif bn.running_mean is None:
         reason = "it keeps no running statistics"
@@ -224,7 +227,7 @@ def _fuse_graph(gm: fx.GraphModule, skipped: list) -> int:
                 or node.kwargs:
             continue
         conv, chain, end = modules[node.target], [node], node
-        bn = _batch_norm(_only_user(end), end, conv, modules, skipped)
+        bn = _batch_norm(end, conv, modules, skipped)
         if bn is not None:
             end = _only_user(end)
             chain.append(end)

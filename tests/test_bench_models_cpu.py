@@ -44,8 +44,20 @@ def test_compile_runs_on_resnet50_unless_models_are_named():
     assert named.models == ["mobilenet_v2"] and bench_models.timings_for(named, "mobilenet_v2") == ["compile"]
 
 
+def test_fuse_and_the_autotuned_timing():
+    args = models_args("--fuse", "--timing", "graph", "--timing", "autotuned", "--dtype", "fp16")
+    assert args.fuse and bench_models.timings_for(args, "resnet50") == ["graph", "autotuned"]
+    assert bench_models.timings_for(args, "vgg16") == ["graph"]  # autotuned is compile's cost: resnet50 unless named
+    assert bench_models.output_stem(args) == "models_all_fp16_graph-autotuned_fused"
+    text = bench_models.to_markdown({"meta": {**META, "per_layer": False},
+                                     "rows": [model_row(timing="autotuned", fused=53, torch_compile_s=200.0,
+                                                        cupyconv_compile_s=1.5)]})
+    assert "| autotuned | fused (53 of 53 convs) | 4.000 | 2.000 | 2.00x |" in text and "200.0 / 1.5" in text
+
+
 @pytest.mark.parametrize("argv", [["--batch", "0"], ["--per-layer", "--timing", "eager"], ["--model", "alexnet"],
-                                  ["--timing", "jit"], ["--layout", "nhwc"]])
+                                  ["--timing", "jit"], ["--layout", "nhwc"], ["--timing", "autotuned"],
+                                  ["--per-layer", "--fuse"]])
 def test_bad_options(argv):
     with pytest.raises(SystemExit):
         models_args(*argv)
@@ -144,8 +156,8 @@ def test_models_markdown():
     assert "commit: abc1234" in text
     lines = table(text)
     assert len(lines) == 2 + len(rows)
-    assert "| resnet50 | fp16 | nchw | 32 | eager | 4.000 | 2.000 | 2.00x | 1.0e-03 | 2.0e-03 |  |" in text
-    assert "| compile | 2.000 | 2.000 | 1.00x | 1.0e-03 | 2.0e-03 | 41.2 / 55.7 |" in text
+    assert "| resnet50 | fp16 | nchw | 32 | eager | converted | 4.000 | 2.000 | 2.00x | 1.0e-03 | 2.0e-03 |  |" in text
+    assert "| compile | converted | 2.000 | 2.000 | 1.00x | 1.0e-03 | 2.0e-03 | 41.2 / 55.7 |" in text
     assert "WRONG (error 1.00e+00 > 5.0e-02) | 1.0e+00 |" in text and "| SKIP (out of GPU memory" in text
     assert "geomean speed-up, eager, NCHW rows: 1.00x over 2 rows" in text  # sqrt(2 x 0.5)
     assert "geomean speed-up, graph, NCHW rows: 1.25x over 1 rows" in text
