@@ -267,8 +267,9 @@ def _forward(call: _Call, x, weight, bias, cache: WeightCache | None, residual=N
     cached_weight = weight
     weight = _in_format(weight, call.weight_format)
     bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
-    # Read at the output's positions, so in the output's memory format.
-    residual = 0 if residual is None else _in_format(residual, call.x_format).data_ptr()
+    # Read at the output's positions, so in the output's memory format (a copy, if one is made, must
+    # live until the launch is queued: the workspace may otherwise get its memory).
+    residual = None if residual is None else _in_format(residual, call.x_format)
     stream = _raw_stream(call.device_index)
     capturing = torch.cuda.is_current_stream_capturing()
     prepared = 0
@@ -277,7 +278,7 @@ def _forward(call: _Call, x, weight, bias, cache: WeightCache | None, residual=N
     if exe.weight is not None and cache is not None and weight is cached_weight and not capturing:
         prepared = cache.address(weight, exe, stream) or 0
     _WORKSPACES.launch(exe, x.data_ptr(), weight.data_ptr(), prepared, 0 if bias is None else bias.data_ptr(),
-                       out.data_ptr(), stream, capturing, residual)
+                       out.data_ptr(), stream, capturing, 0 if residual is None else residual.data_ptr())
     return out
 
 
