@@ -37,27 +37,17 @@ template <int ACT, typename Acc> __device__ __forceinline__ Acc activate(Acc v) 
 
 // The output element at offset i, of type Out, from the sum v (accumulators plus bias): plainly
 // rounded, or through the epilogue with activation ACT.
-// residual_at(i) and apply(v + residual) split the call, so that a kernel can issue the residual
-// loads of several elements before any store (the compiler may not move a load past a store that
-// could alias it).
 template <typename Out> struct plain_finish {
     template <typename Acc, typename Index> __device__ __forceinline__ Out operator()(Acc v, Index) const {
         return from_acc<Out>(v);
     }
-    template <typename Acc, typename Index> __device__ __forceinline__ Acc residual_at(Index) const { return Acc(0); }
-    template <typename Acc> __device__ __forceinline__ Out apply(Acc v) const { return from_acc<Out>(v); }
 };
 
 template <typename Out, int ACT, typename T> struct fused_finish {
     const T* __restrict__ residual;
     int has_residual;
     template <typename Acc, typename Index> __device__ __forceinline__ Out operator()(Acc v, Index i) const {
-        return apply(v + residual_at<Acc>(i));
-    }
-    template <typename Acc, typename Index> __device__ __forceinline__ Acc residual_at(Index i) const {
-        return has_residual ? to_acc<Acc>(residual[i]) : Acc(0);
-    }
-    template <typename Acc> __device__ __forceinline__ Out apply(Acc v) const {
+        if (has_residual) v += to_acc<Acc>(residual[i]);
         return from_acc<Out>(activate<ACT>(v));
     }
 };

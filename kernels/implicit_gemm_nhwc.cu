@@ -337,31 +337,14 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
             const int n = lane + 32 * j;
             b[j] = has_bias && n < BN && n0 + n < Kg ? to_acc<float>(bias[g * Kg + n0 + n]) : 0.0f;
         }
-        // ROWS rows per warp at a time, their residual loaded before any store: one row's loads at a time
-        // left the fused residual read latency-bound (benchmarks/NOTES.md).
-        constexpr int ROWS = CHANNELS >= 8 ? 1 : 8 / CHANNELS;  // 8 loads in flight per lane: no spills at 128 registers
         with_epilogue<Y>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll 1
-            for (int m1 = warp; m1 < BM && m0 + m1 < M; m1 += NWARPS * ROWS) {
-                float r[ROWS][CHANNELS];
+            for (int m = warp; m < BM && m0 + m < M; m += NWARPS) {
+                const Index row = (m0 + m) * K + g * Kg + n0;
 #pragma unroll
-                for (int i = 0; i < ROWS; ++i)
-#pragma unroll
-                    for (int j = 0; j < CHANNELS; ++j) {
-                        const int m = m1 + i * NWARPS, n = lane + 32 * j;
-                        const bool inside = m < BM && m0 + m < M && n < BN && n0 + n < Kg;
-                        r[i][j] = inside ? finish.template residual_at<float>((m0 + m) * K + g * Kg + n0 + n) : 0.0f;
-                    }
-#pragma unroll
-                for (int i = 0; i < ROWS; ++i) {
-                    const int m = m1 + i * NWARPS;
-                    if (m >= BM || m0 + m >= M) break;
-                    const Index row = (m0 + m) * K + g * Kg + n0;
-#pragma unroll
-                    for (int j = 0; j < CHANNELS; ++j) {
-                        const int n = lane + 32 * j;
-                        if (n < BN && n0 + n < Kg) y[row + n] = finish.apply(c_smem[m * D_STRIDE + n] + b[j] + r[i][j]);
-                    }
+                for (int j = 0; j < CHANNELS; ++j) {
+                    const int n = lane + 32 * j;
+                    if (n < BN && n0 + n < Kg) y[row + n] = finish(c_smem[m * D_STRIDE + n] + b[j], row + n);
                 }
             }
         });
