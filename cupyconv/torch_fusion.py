@@ -18,7 +18,6 @@ values.
 from __future__ import annotations
 
 import operator
-import warnings
 
 import torch
 import torch.nn.functional as F

@@ -13,7 +13,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from test_fusion_cpu import MODELS, _randomise  # noqa: E402  (tests/ is on sys.path through conftest.py)
 from test_torch_cpu import _torch_epilogue  # noqa: E402
-from test_torch_gpu import check_against_torch, launches  # noqa: E402,F401  (launches: autouse fixture)
+from test_torch_gpu import capture, check_against_torch, launches  # noqa: E402,F401  (launches: autouse fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
               pytest.mark.usefixtures("strict_torch_fp32")]
@@ -110,15 +110,7 @@ def test_cuda_graph_of_a_fused_model_follows_load_state_dict():
     original = _randomise(build()).cuda().eval()
     fused = ct.convert(copy.deepcopy(original), fuse=True)
     static_x = torch.randn(x_shape, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.no_grad():
-        for _ in range(2):
-            fused(static_x)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.no_grad():
-        static_y = fused(static_x)
+    graph, static_y = capture(fused, static_x)
     graph.replay()
     with torch.no_grad():
         torch.testing.assert_close(static_y, original(static_x), rtol=1e-5, atol=1e-5)

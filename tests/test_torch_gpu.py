@@ -333,21 +333,28 @@ def test_inference_mode(launches):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-def test_cuda_graph_capture_and_replay(launches, dtype):
-    """Captured and replayed on new inputs: strict float32 and float16 read temporary copies (the
-    transposed weight, channels-last operands), which must come from the graph's own memory."""
-    model, reference = _small_model(dtype)
-    model.eval()
-    static_x = torch.randn(2, 3, 32, 32, device="cuda", dtype=dtype)
+def capture(model, static_x):
+    """(CUDA graph, static output) of one no-grad forward, after a warm-up on a side stream that
+    compiles the kernels outside the capture (torch's recipe)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.no_grad():  # warm-up compiles the kernels outside the capture
+    with torch.cuda.stream(side), torch.no_grad():
         for _ in range(2):
             model(static_x)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph), torch.no_grad():
         static_y = model(static_x)
+    return graph, static_y
+
+
+def test_cuda_graph_capture_and_replay(launches, dtype):
+    """Captured and replayed on new inputs: strict float32 and float16 read temporary copies (the
+    transposed weight, channels-last operands), which must come from the graph's own memory."""
+    model, reference = _small_model(dtype)
+    model.eval()
+    static_x = torch.randn(2, 3, 32, 32, device="cuda", dtype=dtype)
+    graph, static_y = capture(model, static_x)
     for seed in (11, 12):
         g = torch.Generator(device="cuda").manual_seed(seed)
         new_x = torch.randn(static_x.shape, device="cuda", generator=g, dtype=dtype)
