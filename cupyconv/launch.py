@@ -6,6 +6,7 @@ import functools
 
 from .arguments import ConvProblem
 from .executor import Executable, Workspaces, executable, executable_for_plan
+from .program import OPERAND_ALIGNMENT
 
 
 def _allocate(nbytes: int):
@@ -55,6 +56,14 @@ def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan=None, allow_tf3
     run(exe, cupy.ascontiguousarray(x), cupy.ascontiguousarray(weight),
         None if bias is None else cupy.ascontiguousarray(bias), out, residual=residual)
     return out
+
+
+def aligned(a):
+    """CuPy array ``a`` C-contiguous at an address the kernels read with 16-byte vectors (a copy if not)."""
+    import cupy
+
+    a = cupy.ascontiguousarray(a)
+    return a.copy() if a.data.ptr % OPERAND_ALIGNMENT else a
 
 
 @functools.lru_cache(maxsize=None)

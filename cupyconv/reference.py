@@ -1,4 +1,5 @@
-"""The NumPy implementation of conv2d: the CPU path and the readable reference for the kernels.
+"""The NumPy implementation of conv2d and of its weight gradient: the CPU path and the readable
+reference for the kernels.
 
 The convolution is a sum over kernel taps: for each tap (r, s) the strided, dilated view of the
 padded input that the tap reads is multiplied by that tap's (K, C/groups) weight matrix, group by
@@ -66,4 +67,29 @@ def conv2d_numpy(x: np.ndarray, weight: np.ndarray, bias, problem: ConvProblem, 
     if residual is not None:  # read before out is written: it may be out itself
         y += residual.astype(acc)
     out[...] = activate(y, problem.activation).astype(out.dtype)
+    return out
+
+
+def conv2d_weight_numpy(x: np.ndarray, grad_output: np.ndarray, problem: ConvProblem, out: np.ndarray) -> np.ndarray:
+    """Write the gradient of conv2d (``problem``) with respect to its weight into ``out`` (K, C/groups,
+    kh, kw) and return it: for each tap (r, s), grad_output (per group, Kg x N Ho Wo) times the
+    strided view of the padded input that the tap reads (Cg x N Ho Wo) transposed. ``x`` is (N, C, H,
+    W), ``grad_output`` (N, K, Ho, Wo). Accumulates in float32 (float64 for float64) by BLAS."""
+    acc = np.float64 if problem.dtype == "float64" else np.float32
+    n, g = problem.n, problem.groups
+    cg, kg = problem.c // g, problem.k // g
+    ho, wo = problem.ho, problem.wo
+    (sh, sw), (dh, dw) = problem.stride, problem.dilation
+    padded = np.pad(x.astype(acc, copy=False),
+                    ((0, 0), (0, 0), (problem.pad_top, problem.pad_bottom), (problem.pad_left, problem.pad_right)))
+    # (groups, Kg, N Ho Wo): the reduction runs over images and output pixels together.
+    dy = grad_output.astype(acc, copy=False).reshape(n, g, kg, ho * wo).transpose(1, 2, 0, 3).reshape(g, kg, -1)
+    taps = np.empty((g, kg, cg, problem.kh, problem.kw), dtype=acc)
+    for r in range(problem.kh):
+        rows = slice(r * dh, r * dh + sh * (ho - 1) + 1, sh)
+        for s in range(problem.kw):
+            cols = slice(s * dw, s * dw + sw * (wo - 1) + 1, sw)
+            window = padded[:, :, rows, cols].reshape(n, g, cg, ho * wo).transpose(1, 2, 0, 3).reshape(g, cg, -1)
+            taps[:, :, :, r, s] = np.matmul(dy, window.transpose(0, 2, 1))
+    out[...] = taps.reshape(problem.weight_shape).astype(out.dtype)
     return out

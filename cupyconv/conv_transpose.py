@@ -1,0 +1,322 @@
+"""Transposed convolution: conv_transpose2d, and the gradient of conv2d with respect to its input.
+
+Both compute one sum. For a convolution of weight w (K, C/groups, kh, kw), stride (sh, sw),
+dilation (dh, dw) and padding (pt, pl), the transposed convolution of y (N, K, Hy, Wy) is
+
+    out[n, c, h, v] = sum of y[n, k, p, q] w[k, c, r, s] over p sh + r dh - pt = h, q sw + s dw - pl = v
+
+(k and c in the same group). It runs on the forward kernels, without a zero-stuffed input: the
+output splits into sh x sw stride phases, rows h = a + sh i and columns v = b + sw j. The taps that
+reach phase (a, b) are those with r dh = a + pt (mod sh) and s dw = b + pl (mod sw), and they read
+y at stride 1, every dh / gcd(sh, dh)-th row. So each phase is a stride-1 forward convolution of y
+with those taps (flipped, K and C swapped in each group) and explicit, possibly asymmetric,
+padding; where that padding would be negative, the phase reads a window of y instead. The planner
+picks each phase's kernel as for any convolution (3x3 stride 1 is one phase, often on Winograd).
+One phase writes the output in place; several write their rows and columns of it through a
+temporary each. A phase no tap reaches holds the bias (or zeros).
+
+The NumPy path runs the same phases on the NumPy convolution, so the CPU tests check the
+decomposition itself against torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import numbers
+
+import numpy as np
+
+from .arguments import ConvProblem, _pair, check_layouts, dtype_name
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisPhase:
+    """One stride phase along one axis: output indices start, start + stride, ... (``count`` of them)
+    receive the forward taps ``taps`` (in the order the phase's kernel reads them: descending),
+    which read y[read_start:read_stop] at ``dilation`` with ``pad_before`` / ``pad_after`` zeros.
+    ``taps`` is empty where no tap reaches the phase (it holds the bias alone)."""
+
+    start: int
+    count: int
+    taps: tuple[int, ...]
+    dilation: int = 1
+    read_start: int = 0
+    read_stop: int = 0
+    pad_before: int = 0
+    pad_after: int = 0
+
+
+def axis_phases(out_size: int, in_size: int, kernel: int, stride: int, dilation: int,
+                pad_before: int) -> tuple[AxisPhase, ...]:
+    """The stride phases of one axis of a transposed convolution reading ``in_size`` positions of y
+    and writing ``out_size`` outputs (phases that hold no output are left out)."""
+    phases = []
+    for a in range(min(stride, out_size)):
+        count = (out_size - a + stride - 1) // stride
+        taps = [r for r in range(kernel) if (a + pad_before - r * dilation) % stride == 0]
+        if not taps:
+            phases.append(AxisPhase(a, count, ()))
+            continue
+        # Tap r_j reads y at i + o_j; consecutive taps' offsets differ by dilation / gcd(stride, dilation).
+        step = dilation // math.gcd(stride, dilation) if len(taps) > 1 else 1
+        last_offset = (a + pad_before - taps[-1] * dilation) // stride
+        before = -last_offset
+        after = count - in_size - before + step * (len(taps) - 1)
+        read_start, read_stop = max(0, -before), in_size + min(0, after)
+        if read_stop <= read_start:  # every tap reads past y's edges
+            phases.append(AxisPhase(a, count, ()))
+            continue
+        phases.append(AxisPhase(a, count, tuple(reversed(taps)), step, read_start, read_stop, max(0, before),
+                                max(0, after)))
+    return tuple(phases)
+
+
+@dataclasses.dataclass(frozen=True)
+class TransposeProblem:
+    """A transposed convolution by logical sizes: y (n, k, hy, wy) in, (n, c, h, w) out, the weight
+    (k, c / groups, kh, kw) of the convolution it transposes, its stride, dilation and leading
+    padding (pad_top, pad_left); the memory orders of y and the output (``layout``) and of the
+    weight (``weight_layout``)."""
+
+    n: int
+    k: int
+    hy: int
+    wy: int
+    c: int
+    h: int
+    w: int
+    kh: int
+    kw: int
+    stride: tuple[int, int]
+    dilation: tuple[int, int]
+    pad_top: int
+    pad_left: int
+    groups: int
+    dtype: str
+    has_bias: bool
+    layout: str = "NCHW"
+    weight_layout: str = "KCHW"
+
+    @property
+    def out_array_shape(self) -> tuple[int, int, int, int]:
+        return (self.n, self.h, self.w, self.c) if self.layout == "NHWC" else (self.n, self.c, self.h, self.w)
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One 2-D stride phase: its rows and columns (AxisPhase), and the forward problem that computes
+    it (None where no tap reaches it)."""
+
+    rows: AxisPhase
+    cols: AxisPhase
+    problem: ConvProblem | None
+
+
+@functools.lru_cache(maxsize=1024)
+def phases(tp: TransposeProblem) -> tuple[Phase, ...]:
+    """The stride phases of ``tp``, each with its stride-1 forward ConvProblem on the phase's window
+    of y (x: (n, k, rows read, columns read); weight: (c, k / groups, taps, taps), KCHW)."""
+    rows = axis_phases(tp.h, tp.hy, tp.kh, tp.stride[0], tp.dilation[0], tp.pad_top)
+    cols = axis_phases(tp.w, tp.wy, tp.kw, tp.stride[1], tp.dilation[1], tp.pad_left)
+    result = []
+    for row in rows:
+        for col in cols:
+            problem = None
+            if row.taps and col.taps:
+                problem = ConvProblem(
+                    n=tp.n, c=tp.k, h=row.read_stop - row.read_start, w=col.read_stop - col.read_start, k=tp.c,
+                    kh=len(row.taps), kw=len(col.taps), stride=(1, 1), dilation=(row.dilation, col.dilation),
+                    pad_top=row.pad_before, pad_left=col.pad_before, pad_bottom=row.pad_after,
+                    pad_right=col.pad_after, groups=tp.groups, dtype=tp.dtype, has_bias=tp.has_bias,
+                    layout=tp.layout)
+                assert (problem.ho, problem.wo) == (row.count, col.count), (tp, row, col)
+            result.append(Phase(row, col, problem))
+    return tuple(result)
+
+
+def swapped_weight(weight, tp: TransposeProblem):
+    """The forward weight (k, c / groups, kh, kw) (KHWC: (k, kh, kw, c / groups)) with k and c swapped in
+    each group: (c, k / groups, kh, kw), the weight of the phases' convolutions before their taps are
+    picked. A view where the layout allows."""
+    if tp.weight_layout == "KHWC":
+        weight = weight.transpose(0, 3, 1, 2)
+    g, kg, cg = tp.groups, tp.k // tp.groups, tp.c // tp.groups
+    return weight.reshape(g, kg, cg, tp.kh, tp.kw).transpose(0, 2, 1, 3, 4).reshape(tp.c, kg, tp.kh, tp.kw)
+
+
+def _axes(layout: str) -> tuple[int, int]:
+    """The row and column axes of an array in ``layout``."""
+    return (1, 2) if layout == "NHWC" else (2, 3)
+
+
+def run_phases(y, weight, bias, tp: TransposeProblem, out, conv, xp):
+    """Write the transposed convolution of y (``tp.layout``) with ``weight`` (``tp.weight_layout``)
+    and ``bias`` into ``out`` (the output's array shape, in ``tp.layout``) through ``conv(x, w, bias,
+    problem, out)``, the forward convolution of one phase into a C-contiguous ``out``; ``xp`` is
+    numpy or cupy."""
+    if tp.n == 0 or out.size == 0:
+        return out
+    swapped = swapped_weight(weight, tp)
+    row_axis, col_axis = _axes(tp.layout)
+    every = phases(tp)
+    for phase in every:
+        index = [slice(None)] * 4
+        index[row_axis] = slice(phase.rows.start, None, tp.stride[0])
+        index[col_axis] = slice(phase.cols.start, None, tp.stride[1])
+        target = out[tuple(index)]
+        if phase.problem is None:
+            if bias is None:
+                target[...] = 0
+            else:
+                target[...] = bias.reshape((1, 1, 1, -1) if tp.layout == "NHWC" else (1, -1, 1, 1))
+            continue
+        window = [slice(None)] * 4
+        window[row_axis] = slice(phase.rows.read_start, phase.rows.read_stop)
+        window[col_axis] = slice(phase.cols.read_start, phase.cols.read_stop)
+        taps = xp.ascontiguousarray(swapped[:, :, list(phase.rows.taps)][:, :, :, list(phase.cols.taps)])
+        if len(every) == 1:
+            conv(y[tuple(window)], taps, bias, phase.problem, out)
+        else:
+            part = xp.empty(phase.problem.out_array_shape, dtype=out.dtype)
+            conv(y[tuple(window)], taps, bias, phase.problem, part)
+            target[...] = part
+    return out
+
+
+def _numpy_conv(x, weight, bias, problem: ConvProblem, out):
+    from .reference import conv2d_numpy
+
+    if problem.layout == "NHWC":  # the NumPy convolution computes NCHW views
+        x, out = x.transpose(0, 3, 1, 2), out.transpose(0, 3, 1, 2)
+    return conv2d_numpy(x, weight, bias, dataclasses.replace(problem, layout="NCHW"), out)
+
+
+def _cupy_conv(allow_tf32: bool):
+    from .launch import aligned, conv2d_cupy
+
+    def conv(x, weight, bias, problem, out):
+        return conv2d_cupy(aligned(x), weight, None if bias is None else aligned(bias), problem, out,
+                           allow_tf32=allow_tf32)
+
+    return conv
+
+
+def transposed(y, weight, bias, tp: TransposeProblem, backend: str, allow_tf32: bool = False):
+    """The transposed convolution ``tp`` of NumPy or CuPy arrays (``backend``), in a new array."""
+    if backend == "numpy":
+        out = np.empty(tp.out_array_shape, dtype=y.dtype)
+        return run_phases(y, weight, bias, tp, out, _numpy_conv, np)
+    import cupy
+
+    with cupy.cuda.Device(y.device.id):
+        out = cupy.empty(tp.out_array_shape, dtype=y.dtype)
+        return run_phases(y, weight, bias, tp, out, _cupy_conv(allow_tf32), cupy)
+
+
+def _padding_pair(padding, name: str) -> tuple[int, int]:
+    if isinstance(padding, str):
+        raise ValueError(f"{name} must be an int or a pair of ints (conv_transpose2d takes no {padding!r}), "
+                         f"got {padding!r}")
+    return _pair(padding, name, 0)
+
+
+def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,
+                     allow_tf32=False, layout="NCHW", weight_layout="KCHW"):
+    """2-D transposed convolution, as ``torch.nn.functional.conv_transpose2d``: the gradient of a
+    conv2d with respect to its input, plus a bias. CuPy arrays run on their GPU (the forward
+    kernels, one stride phase at a time), NumPy arrays on the CPU.
+
+    Args:
+        x: (N, C_in, H, W) or unbatched (C_in, H, W); with ``layout="NHWC"``, (N, H, W, C_in) or
+            (H, W, C_in). float16, bfloat16, float32 or float64.
+        weight: (C_in, C_out // groups, kh, kw), torch's shape for a transposed convolution (the
+            weight of the conv2d it transposes); with ``weight_layout="KHWC"``, (C_in, kh, kw,
+            C_out // groups). Same dtype and device as x.
+        bias: optional (C_out,).
+        stride, dilation: int or pair, >= 1. Default 1.
+        padding: int or pair, >= 0: dilation (k - 1) - padding zeros are added to each side of the
+            input, as torch. Default 0.
+        output_padding: int or pair, >= 0 and smaller than the stride or the dilation: extra rows
+            and columns at the bottom and right of the output. Default 0.
+        groups: >= 1, dividing C_in and C_out. Default 1.
+        allow_tf32: float32 on CuPy may run on the tensor cores in TF32, as in conv2d.
+        layout, weight_layout: memory orders, as in conv2d.
+
+    Returns:
+        (N, C_out, Ho, Wo) (in ``layout``; unbatched without N), Ho = (H - 1) sh - 2 ph +
+        dh (kh - 1) + output_padding + 1, likewise Wo; x's dtype and device.
+
+    Raises:
+        TypeError, ValueError: as conv2d, naming the argument and the shapes, before any launch.
+    """
+    from .arguments import check_arrays
+
+    backend = check_arrays(x, weight, bias, None)
+    check_layouts(layout, weight_layout)
+    if x.ndim not in (3, 4):
+        raise ValueError(f"x must be 4-D ({', '.join(layout)}) or 3-D ({', '.join(layout[1:])}) for "
+                         f"layout={layout!r}, got shape {tuple(x.shape)}")
+    unbatched = x.ndim == 3
+    x4 = x[None] if unbatched else x
+    tp = make_transpose_problem(x4.shape, weight.shape, None if bias is None else bias.shape, x.dtype, stride,
+                                padding, output_padding, groups, dilation, layout, weight_layout)
+    out = transposed(x4, weight, bias, tp, backend, allow_tf32)
+    return out[0] if unbatched else out
+
+
+def make_transpose_problem(x_shape, weight_shape, bias_shape, dtype, stride, padding, output_padding, groups,
+                           dilation, layout="NCHW", weight_layout="KCHW") -> TransposeProblem:
+    """Check conv_transpose2d's shapes and hyper-parameters (ValueError/TypeError naming them) and
+    describe the call as a TransposeProblem."""
+    check_layouts(layout, weight_layout)
+    x_shape, weight_shape = tuple(x_shape), tuple(weight_shape)
+    if len(weight_shape) != 4:
+        order = "C_in, C_out/groups, kh, kw" if weight_layout == "KCHW" else "C_in, kh, kw, C_out/groups"
+        raise ValueError(f"weight must be 4-D ({order}) for weight_layout={weight_layout!r}, got shape {weight_shape}")
+    n, h, w, c_in = x_shape if layout == "NHWC" else (x_shape[0], *x_shape[2:], x_shape[1])
+    if weight_layout == "KHWC":
+        k, kh, kw, cg_out = weight_shape
+    else:
+        k, cg_out, kh, kw = weight_shape
+    if isinstance(groups, (bool, np.bool_)) or not isinstance(groups, numbers.Integral):
+        raise TypeError(f"groups must be an int, got {groups!r}")
+    if groups < 1:
+        raise ValueError(f"groups must be >= 1, got {groups}")
+    if c_in < 1 or h < 1 or w < 1:
+        raise ValueError(f"x must have C_in, H and W >= 1, got shape {x_shape} (layout {layout!r})")
+    if min(cg_out, kh, kw) < 1:
+        raise ValueError(f"weight must have C_out/groups, kh and kw >= 1, got shape {weight_shape}")
+    if k != c_in:
+        raise ValueError(f"weight shape {weight_shape} expects C_in = {k} input channels (its first axis), but x "
+                         f"of shape {x_shape} (layout {layout!r}) has {c_in}")
+    if c_in % groups:
+        raise ValueError(f"groups={groups} must divide the input channels C_in={c_in} (x shape {x_shape})")
+    c_out = cg_out * groups
+    if bias_shape is not None and tuple(bias_shape) != (c_out,):
+        raise ValueError(f"bias must have shape ({c_out},) (C_out = weight.shape[1] * groups) for weight shape "
+                         f"{weight_shape}, got {tuple(bias_shape)}")
+    stride, dilation = _pair(stride, "stride", 1), _pair(dilation, "dilation", 1)
+    pad = _padding_pair(padding, "padding")
+    extra = _padding_pair(output_padding, "output_padding")
+    for axis in range(2):
+        if extra[axis] >= max(stride[axis], dilation[axis]):
+            raise ValueError(f"output_padding {output_padding!r} must be smaller than the stride {stride} or the "
+                             f"dilation {dilation} along each axis")
+    size = [(n_in - 1) * s - 2 * p + d * (kernel - 1) + e + 1
+            for n_in, s, p, d, kernel, e in zip((h, w), stride, pad, dilation, (kh, kw), extra)]
+    if min(size) < 1:
+        raise ValueError(f"the output would be {size[0]}x{size[1]}: padding {padding!r} is too large for x of shape "
+                         f"{x_shape} and kernel {kh}x{kw} (stride {stride}, dilation {dilation})")
+    return TransposeProblem(n=n, k=k, hy=h, wy=w, c=c_out, h=size[0], w=size[1], kh=kh, kw=kw, stride=stride,
+                            dilation=dilation, pad_top=pad[0], pad_left=pad[1], groups=groups, dtype=dtype_name(dtype),
+                            has_bias=bias_shape is not None, layout=layout, weight_layout=weight_layout)
+
+
+def input_gradient_problem(problem: ConvProblem) -> TransposeProblem:
+    """The transposed convolution that is conv2d ``problem``'s gradient with respect to its input."""
+    return TransposeProblem(n=problem.n, k=problem.k, hy=problem.ho, wy=problem.wo, c=problem.c, h=problem.h,
+                            w=problem.w, kh=problem.kh, kw=problem.kw, stride=problem.stride,
+                            dilation=problem.dilation, pad_top=problem.pad_top, pad_left=problem.pad_left,
+                            groups=problem.groups, dtype=problem.dtype, has_bias=False, layout=problem.layout,
+                            weight_layout=problem.weight_layout)
