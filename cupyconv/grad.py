@@ -70,8 +70,7 @@ def conv2d_input(input_shape, weight, grad_output, stride=1, padding=0, dilation
     problem = make_problem((1, *shape) if unbatched else shape, weight.shape, None, grad_output.dtype, stride, padding,
                            dilation, groups, layout, weight_layout)
     _check_grad_output(grad_output, problem, unbatched, f"input_shape {shape} and weight shape {tuple(weight.shape)}")
-    dy = grad_output[None] if unbatched else grad_output
-    dx = transposed(dy, weight, None, input_gradient_problem(problem), backend, allow_tf32)
+    dx = input_gradient(problem, weight, grad_output[None] if unbatched else grad_output, backend, allow_tf32)
     return dx[0] if unbatched else dx
 
 
@@ -109,8 +108,28 @@ def conv2d_weight(x, weight_shape, grad_output, stride=1, padding=0, dilation=1,
                            groups, layout, weight_layout)
     _check_grad_output(grad_output, problem, unbatched, f"x shape {tuple(x.shape)} and weight_shape {shape}")
     x4, dy = (x[None], grad_output[None]) if unbatched else (x, grad_output)
+    return weight_gradient(problem, x4, dy, backend)
+
+
+def input_gradient(problem: ConvProblem, weight, grad_output, backend: str, allow_tf32: bool = False):
+    """conv2d_input of a checked ``problem``: ``weight`` (``problem.weight_layout``) and 4-D
+    ``grad_output`` (``problem.layout``) of the ``backend`` ('numpy' or 'cupy'; CuPy runs on its
+    current stream and allocator); a new 4-D array in ``problem.layout``. What the torch adapter's
+    backward calls."""
+    return transposed(grad_output, weight, None, input_gradient_problem(problem), backend, allow_tf32)
+
+
+def weight_gradient(problem: ConvProblem, x, grad_output, backend: str):
+    """conv2d_weight of a checked ``problem``: 4-D ``x`` and ``grad_output`` (``problem.layout``) of
+    the ``backend``; a new array of the weight's shape in ``problem.weight_layout``."""
     if backend == "numpy":
-        return _numpy_weight_gradient(x4, dy, problem)
+        from .reference import conv2d_weight_numpy
+
+        if problem.layout == "NHWC":
+            x, grad_output = x.transpose(0, 3, 1, 2), grad_output.transpose(0, 3, 1, 2)
+        out = np.empty(problem.weight_shape, dtype=x.dtype)
+        conv2d_weight_numpy(x, grad_output, problem, out)
+        return np.ascontiguousarray(out.transpose(0, 2, 3, 1)) if problem.weight_layout == "KHWC" else out
     import cupy
 
     from .launch import aligned
@@ -118,14 +137,4 @@ def conv2d_weight(x, weight_shape, grad_output, stride=1, padding=0, dilation=1,
 
     with cupy.cuda.Device(x.device.id):
         out = cupy.empty(problem.weight_array_shape, dtype=x.dtype)
-        return conv2d_weight_cupy(aligned(x4), aligned(dy), problem, out)
-
-
-def _numpy_weight_gradient(x, dy, problem: ConvProblem):
-    from .reference import conv2d_weight_numpy
-
-    if problem.layout == "NHWC":
-        x, dy = x.transpose(0, 3, 1, 2), dy.transpose(0, 3, 1, 2)
-    out = np.empty(problem.weight_shape, dtype=x.dtype)
-    conv2d_weight_numpy(x, dy, problem, out)
-    return np.ascontiguousarray(out.transpose(0, 2, 3, 1)) if problem.weight_layout == "KHWC" else out
+        return conv2d_weight_cupy(aligned(x), aligned(grad_output), problem, out)
