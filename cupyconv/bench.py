@@ -9,7 +9,9 @@ in L2. The events time GPU work only (a spin kernel keeps the GPU busy while the
 run). The host's cost per call is measured apart, in loops of back-to-back calls behind a longer spin,
 for cupyconv.conv2d on CuPy arrays, cupyconv.torch.conv2d and torch's F.conv2d: it says where a
 layer is host-bound when called eagerly.
-``--suite models`` times whole torchvision models instead (cupyconv/bench_models.py).
+``--suite models`` times whole torchvision models instead (cupyconv/bench_models.py); ``--pass dgrad``
+and ``--pass wgrad`` the gradients of the layers, and ``--suite transposed`` transposed convolutions
+(cupyconv/bench_grad.py).
 ``--layout channels_last`` runs the rows on NHWC arrays and KHWC weights (torch's channels_last).
 torch is timed in both of its layouts in every row, and the speed-up is over the faster of the two.
 The GPU's ceilings (fp32 FMA rate, TF32/fp16/bf16 matrix rate, copy bandwidth) are measured at
@@ -220,11 +222,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     Resolves ``args.modes`` (the precision modes in order) and ``args.layouts`` ({mode: [layout, ...]});
     the models suite's own options are added and resolved by bench_models.
     """
-    from . import bench_models
+    from . import bench_grad, bench_models
 
     parser = argparse.ArgumentParser(prog="python -m cupyconv.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", choices=sorted(SUITES) + ["models"], default="seeds",
-                        help="layer suites, or whole torchvision models (see --model)")
+    parser.add_argument("--suite", choices=sorted(SUITES) + ["models", "transposed"], default="seeds",
+                        help="layer suites, whole torchvision models (see --model), or transposed convolutions")
     parser.add_argument("--dtype", action="append", choices=MODES + ("all",),
                         help="precision mode (repeatable; default fp32)")
     parser.add_argument("--layout", action="append", choices=LAYOUTS,
@@ -238,6 +240,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--commit", default=None,
                         help="the commit measured, where the tree has no git (default: git rev-parse HEAD)")
     bench_models.add_arguments(parser)
+    bench_grad.add_arguments(parser)
     args = parser.parse_args(argv)
     modes = args.dtype or ["fp32"]
     args.modes = list(MODES) if "all" in modes else list(dict.fromkeys(modes))
@@ -248,6 +251,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                      f"got {args.repeats}")
     args.layouts = {mode: list(dict.fromkeys(args.layout or ["nchw"])) for mode in args.modes}
     bench_models.check_args(parser, args)
+    bench_grad.check_args(parser, args)
     return args
 
 
@@ -553,6 +557,12 @@ def main(argv=None) -> int:
         from . import bench_models
 
         return bench_models.main(args)
+    if args.suite == "transposed" or args.passes != ["fwd"]:
+        from . import bench_grad
+
+        status = bench_grad.main(args)
+        if args.suite == "transposed" or "fwd" not in args.passes:
+            return status
     missing = _gpu_missing()
     if missing:
         print(missing, file=sys.stderr)

@@ -1,0 +1,191 @@
+"""The input gradient, conv_transpose2d and conv1d on the GPU against torch in float64: every dtype
+at its tolerance (16-bit and TF32 judged against torch's own error in that precision), both layouts,
+the stride phases (several phases, phases no tap reaches, output_padding), with every temporary and
+output of the call allocated NaN-poisoned, so an element never written fails."""
+import contextlib
+
+import numpy as np
+import pytest
+
+import cupyconv
+from cases import Case
+from checks import relative_error
+from cupyconv.arguments import make_problem
+from cupyconv.conv_transpose import make_transpose_problem, transposed
+from devices import gpu_count
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+if gpu_count():
+    import cupy
+
+TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "tf32": torch.float32,
+                "float16": torch.float16, "bfloat16": torch.bfloat16}
+FLOOR = {"float64": 1e-12, "float32": 1e-5, "tf32": 2e-3, "float16": 2e-3, "bfloat16": 1.5e-2}
+MODES = list(TORCH_DTYPES)
+
+
+@contextlib.contextmanager
+def nan_poisoned_memory():
+    """CuPy allocations inside the block come filled with 0xFF bytes (NaN in every float type)."""
+    pool = cupy.get_default_memory_pool()
+
+    def allocate(size):
+        memory = pool.malloc(size)
+        memory.memset_async(0xFF, size)
+        return memory
+
+    with cupy.cuda.using_allocator(allocate):
+        yield
+
+
+def to_cupy(t, nhwc=False):
+    if nhwc:
+        t = t.permute(0, 2, 3, 1)
+    t = t.contiguous()
+    return cupy.from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
+
+
+def from_cupy(a, dtype, nhwc=False):
+    t = torch.from_dlpack(a)
+    if dtype == torch.bfloat16:
+        t = t.view(torch.bfloat16)
+    return t.permute(0, 3, 1, 2) if nhwc else t
+
+
+def bound(mode, own, ref):
+    """Strict modes absolutely; TF32 and 16-bit up to 4x torch's own error in that precision."""
+    torch_error = relative_error(own, ref)
+    return FLOOR[mode] if mode in ("float64", "float32") else max(FLOOR[mode], 4 * torch_error)
+
+
+@contextlib.contextmanager
+def precision(mode):
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = mode == "tf32"
+    yield
+    torch.backends.cudnn.allow_tf32 = saved
+
+
+DGRAD_CASES = [
+    Case(2, 8, 16, 9, 11, 3, 3, padding=1),                        # one phase, Winograd in fp32
+    Case(2, 16, 32, 14, 15, 3, 3, stride=2, padding=1),            # four phases
+    Case(1, 8, 8, 12, 12, 1, 1, stride=2),                         # phases no tap reaches
+    Case(2, 6, 12, 17, 19, 4, 2, stride=(2, 3), padding=(0, 1), dilation=(2, 1)),
+    Case(1, 8, 16, 10, 9, 4, 2, padding="same"),                   # asymmetric padding
+    Case(2, 16, 16, 13, 13, 3, 3, padding=1, groups=16),           # depthwise
+    Case(1, 8, 24, 11, 10, 3, 3, stride=2, padding=1, groups=8),   # channel multiplier 3
+    Case(2, 16, 24, 9, 9, 3, 3, stride=2, padding=1, groups=2),    # grouped
+    Case(1, 4, 16, 23, 37, 5, 5, stride=3, padding=2, dilation=2),
+    Case(0, 8, 16, 9, 11, 3, 3, padding=1),                        # empty batch
+    Case(4, 64, 64, 28, 28, 3, 3, padding=1),                      # tensor-core sized
+    Case(2, 32, 64, 56, 56, 1, 1, stride=2),                       # ResNet's projection shortcut
+]
+
+
+@pytest.mark.parametrize("nhwc", [False, True], ids=["NCHW", "NHWC"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", DGRAD_CASES, ids=lambda c: c.id)
+def test_input_gradient(case, mode, nhwc):
+    dtype = TORCH_DTYPES[mode]
+    gen = torch.Generator(device="cuda").manual_seed(len(case.id))
+    x = torch.randn(case.n, case.c, case.h, case.w, device="cuda", dtype=torch.float64, generator=gen)
+    w = torch.randn(case.k, case.c // case.groups, case.kh, case.kw, device="cuda", dtype=torch.float64, generator=gen)
+    args = (case.stride, case.padding, case.dilation, case.groups)
+    xr, wr = x.clone().requires_grad_(), w.clone()
+    y = F.conv2d(xr, wr, None, *args)
+    dy = torch.randn(y.shape, device="cuda", dtype=torch.float64, generator=gen)
+    y.backward(dy)
+    ref = xr.grad
+    layout = ("NHWC", "KHWC") if nhwc else ("NCHW", "KCHW")
+    problem = make_problem(tuple(x.permute(0, 2, 3, 1).shape) if nhwc else tuple(x.shape),
+                           tuple(w.permute(0, 2, 3, 1).shape) if nhwc else tuple(w.shape), None,
+                           "float32" if mode == "tf32" else mode, *args, *layout)
+    with nan_poisoned_memory(), precision(mode):
+        out = cupyconv.grad.input_gradient(problem, to_cupy(w.to(dtype), nhwc), to_cupy(dy.to(dtype), nhwc), "cupy",
+                                           allow_tf32=mode == "tf32")
+        got = from_cupy(out, dtype, nhwc)
+        xo = x.to(dtype).requires_grad_()
+        F.conv2d(xo, w.to(dtype), None, *args).backward(dy.to(dtype))
+    assert got.shape == x.shape and not got.isnan().any()
+    assert relative_error(got, ref) <= bound(mode, xo.grad, ref)
+
+
+def test_public_input_gradient_on_cupy_matches_numpy_path():
+    rng = np.random.default_rng(1)
+    weight, dy = rng.standard_normal((12, 3, 3, 5)), rng.standard_normal((2, 12, 7, 5))
+    ref = cupyconv.grad.conv2d_input((2, 6, 16, 13), weight, dy, stride=2, padding=(1, 2), groups=2)
+    with nan_poisoned_memory():
+        got = cupyconv.grad.conv2d_input((2, 6, 16, 13), cupy.asarray(weight), cupy.asarray(dy), stride=2,
+                                         padding=(1, 2), groups=2)
+    assert isinstance(got, cupy.ndarray) and relative_error(cupy.asnumpy(got), ref) < 1e-12
+
+
+TRANSPOSED = [
+    # n, c_in, c_out, h, w, k, stride, padding, output_padding, groups, dilation
+    (4, 32, 16, 8, 8, 4, 2, 1, 0, 1, 1),       # DCGAN
+    (2, 64, 32, 14, 14, 3, 2, 1, 1, 1, 1),     # decoder, output_padding
+    (2, 64, 32, 7, 7, 2, 2, 0, 0, 1, 1),       # U-Net 2x2 up-sampling: four 1x1 phases
+    (2, 16, 16, 9, 9, 3, 2, 1, 1, 16, 1),      # depthwise
+    (1, 8, 12, 5, 6, 3, 3, 0, 2, 2, 1),        # stride past the kernel, output_padding 2
+    (1, 8, 8, 6, 5, 3, 2, 2, 2, 1, 3),         # output_padding past the stride (below the dilation)
+    (8, 100, 64, 1, 1, 4, 1, 0, 0, 1, 1),      # DCGAN's first layer: 1x1 input
+]
+
+
+@pytest.mark.parametrize("nhwc", [False, True], ids=["NCHW", "NHWC"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", TRANSPOSED, ids=str)
+def test_conv_transpose2d(case, mode, nhwc):
+    n, c_in, c_out, h, w_, k, stride, padding, output_padding, groups, dilation = case
+    dtype = TORCH_DTYPES[mode]
+    gen = torch.Generator(device="cuda").manual_seed(sum(case))
+    x = torch.randn(n, c_in, h, w_, device="cuda", dtype=torch.float64, generator=gen)
+    w = torch.randn(c_in, c_out // groups, k, k, device="cuda", dtype=torch.float64, generator=gen)
+    b = torch.randn(c_out, device="cuda", dtype=torch.float64, generator=gen)
+    args = (stride, padding, output_padding, groups, dilation)
+    ref = F.conv_transpose2d(x, w, b, *args)
+    tp = make_transpose_problem(tuple(x.permute(0, 2, 3, 1).shape) if nhwc else tuple(x.shape),
+                                tuple(w.permute(0, 2, 3, 1).shape) if nhwc else tuple(w.shape), (c_out,),
+                                "float32" if mode == "tf32" else mode, stride, padding, output_padding, groups,
+                                dilation, "NHWC" if nhwc else "NCHW", "KHWC" if nhwc else "KCHW")
+    with nan_poisoned_memory(), precision(mode):
+        out = transposed(to_cupy(x.to(dtype), nhwc), to_cupy(w.to(dtype), nhwc), to_cupy(b.to(dtype)), tp, "cupy",
+                         allow_tf32=mode == "tf32")
+        got = from_cupy(out, dtype, nhwc)
+        own = F.conv_transpose2d(x.to(dtype), w.to(dtype), b.to(dtype), *args)
+    assert got.shape == ref.shape and not got.isnan().any()
+    assert relative_error(got, ref) <= bound(mode, own, ref)
+
+
+def test_public_conv_transpose2d_and_conv1d_on_cupy():
+    rng = np.random.default_rng(2)
+    x, weight, bias = rng.standard_normal((2, 6, 5, 7)), rng.standard_normal((6, 4, 3, 3)), rng.standard_normal(8)
+    ref = cupyconv.conv_transpose2d(x, weight, bias, stride=2, padding=1, output_padding=1, groups=2)
+    with nan_poisoned_memory():
+        got = cupyconv.conv_transpose2d(cupy.asarray(x), cupy.asarray(weight), cupy.asarray(bias), stride=2,
+                                        padding=1, output_padding=1, groups=2)
+    assert relative_error(cupy.asnumpy(got), ref) < 1e-12
+    x1, w1 = rng.standard_normal((3, 8, 40)).astype(np.float32), rng.standard_normal((16, 8, 5)).astype(np.float32)
+    ref1 = F.conv1d(torch.from_numpy(x1).double(), torch.from_numpy(w1).double(), stride=2, padding=2).numpy()
+    got1 = cupyconv.conv1d(cupy.asarray(x1), cupy.asarray(w1), stride=2, padding=2)
+    assert got1.shape == ref1.shape and relative_error(cupy.asnumpy(got1), ref1) < 1e-5
+
+
+@pytest.mark.parametrize("mode", ["float32", "float16"])
+@pytest.mark.parametrize("layout", ["NCL", "NLC"])
+def test_conv1d_plans_a_row_of_pixels(mode, layout):
+    """conv1d runs the 2-D plan of a height-1 image: a GEMM tiles its N x L output pixels (not the
+    direct kernel's 2-D tile), and the result matches torch's conv1d."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 64, 1000)).astype(mode)
+    w = rng.standard_normal((128, 64, 3)).astype(mode)
+    ref = F.conv1d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), padding=1).numpy()
+    xl = np.ascontiguousarray(x.transpose(0, 2, 1)) if layout == "NLC" else x
+    plan = cupyconv.plan(xl[:, None] if layout == "NLC" else xl[:, :, None], w[:, :, None], padding=(0, 1),
+                         layout="NHWC" if layout == "NLC" else "NCHW")
+    assert plan.kernel != "direct_conv2d", plan
+    got = cupy.asnumpy(cupyconv.conv1d(cupy.asarray(xl), cupy.asarray(w), padding=1, layout=layout))
+    got = got.transpose(0, 2, 1) if layout == "NLC" else got
+    assert relative_error(got, ref) < (1e-5 if mode == "float32" else 2e-3)
