@@ -332,7 +332,6 @@ def test_inference_mode(launches):
     check_against_torch(y, expected, float64_copy(reference)(x.double()), torch.float16)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def capture(model, static_x):
     """(CUDA graph, static output) of one no-grad forward, after a warm-up on a side stream that
     compiles the kernels outside the capture (torch's recipe)."""
@@ -348,6 +347,7 @@ def capture(model, static_x):
     return graph, static_y
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_cuda_graph_capture_and_replay(launches, dtype):
     """Captured and replayed on new inputs: strict float32 and float16 read temporary copies (the
     transposed weight, channels-last operands), which must come from the graph's own memory."""
