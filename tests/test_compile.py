@@ -4,6 +4,7 @@ import pytest
 
 from cupyconv.compiler import compile_offline
 from cupyconv.planner import arch_specialisations, kernel_specialisations
+from cupyconv.wgrad import wgrad_specialisations
 
 
 def _by_kernel(expressions=None):
@@ -24,6 +25,13 @@ def test_specialisations_compile_without_spills(kernel, arch):
                                          for kernel in _by_kernel(expressions)])
 def test_arch_specialisations_compile_without_spills(arch, kernel):
     _check(kernel, tuple(_by_kernel(arch_specialisations()[arch])[kernel]), arch)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("kernel", sorted(_by_kernel(wgrad_specialisations())))
+def test_wgrad_specialisations_compile_without_spills(kernel, arch):
+    """The weight gradient's GEMM (every dtype, layout, index width and tile) and its reduction."""
+    _check(kernel, tuple(_by_kernel(wgrad_specialisations())[kernel]), arch)
 
 
 def _check(kernel, expressions, arch):
