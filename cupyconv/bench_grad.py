@@ -18,8 +18,8 @@ import json
 import math
 import sys
 
-from .bench import (MODE_DTYPE, SUITES, Shape, _gpu_missing, _meta, _progress, alternating_ms, error_bound,
-                    error_status, markdown, relative_error)
+from .bench import (MODE_DTYPE, SUITES, Shape, _gpu_missing, _meta, _progress, _Runner, alternating_ms,
+                    error_bound, error_status, markdown, relative_error)
 
 PASSES = ("fwd", "dgrad", "wgrad")
 
@@ -52,14 +52,9 @@ def check_args(parser, args) -> None:
     args.passes = list(PASSES) if "all" in passes else list(dict.fromkeys(passes))
 
 
-class _GradRunner:
-    """Holds torch and cupy, and times one (shape, mode, layout, pass) row."""
-
-    def __init__(self, repeats: int):
-        import cupy
-        import torch
-
-        self.torch, self.cupy, self.repeats = torch, cupy, repeats
+class _GradRunner(_Runner):
+    """Holds torch, cupy and the measured ceilings (cupyconv.bench's), and times one (shape, mode,
+    layout, pass) row."""
 
     def _view(self, t, layout: str):
         """A zero-copy CuPy array of ``t`` in ``layout`` (bfloat16 as its int16 bits)."""
@@ -70,13 +65,13 @@ class _GradRunner:
             t = t.permute(0, 2, 3, 1)
         return self.cupy.from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
 
-    def _back(self, array, like):
-        """The CuPy result ``array`` as a torch tensor of ``like``'s dtype and logical (NCHW) shape."""
+    def _back(self, array, like, layout: str):
+        """The CuPy result ``array`` (in ``layout``) as a torch tensor of ``like``'s dtype, logical (NCHW) order."""
         torch = self.torch
         t = torch.from_dlpack(array)
         if like.dtype == torch.bfloat16:
             t = t.view(torch.bfloat16)
-        return t.permute(0, 3, 1, 2) if t.shape != like.shape else t
+        return t.permute(0, 3, 1, 2) if layout == "channels_last" else t
 
     def _time(self, row: dict, ours, torch_fns: dict, flops: int, check) -> dict:
         """Check ``ours`` with ``check`` (error, torch error), then time it against ``torch_fns`` (by layout)."""
@@ -91,7 +86,9 @@ class _GradRunner:
         row.update(status="ok", torch_ms=times[torch_layout][0], torch_layout=torch_layout,
                    cupyconv_ms=times["cupyconv"][0], speedup=times[torch_layout][0] / times["cupyconv"][0],
                    tflops=flops / times["cupyconv"][0] / 1e9,
+                   torch_tflops=flops / times[torch_layout][0] / 1e9,
                    **{f"torch_{name}_ms": times[name][0] for name in torch_fns})
+        row["compute_fraction"] = row["tflops"] / self.ceilings[row["mode"]]
         return row
 
     def grad_row(self, shape: Shape, mode: str, layout: str, which: str) -> dict:
@@ -124,7 +121,7 @@ class _GradRunner:
             def check():
                 sample = [0, shape.n - 1]
                 ref = torch.nn.grad.conv2d_input((2, *x.shape[1:]), up(w), up(dy[sample]), *args)
-                got = self._back(ours(), x)[sample]
+                got = self._back(ours(), x, layout)[sample]
                 mine = torch.nn.grad.conv2d_input((2, *x.shape[1:]), w, dy[sample], *args)
                 return relative_error(got, ref), relative_error(mine, ref)
 
@@ -137,7 +134,7 @@ class _GradRunner:
 
             def check():
                 ref = torch.nn.grad.conv2d_weight(up(x), w.shape, up(dy), *args)
-                got = self._back(ours(), w)
+                got = self._back(ours(), w, layout)
                 mine = torch.nn.grad.conv2d_weight(x, w.shape, dy, *args)
                 return relative_error(got, ref), relative_error(mine, ref)
 
@@ -177,7 +174,7 @@ class _GradRunner:
             up = lambda t: t.double()
             ref = F.conv_transpose2d(up(x), up(w), up(b), *args)
             mine = F.conv_transpose2d(x, w, b, *args)
-            return relative_error(self._back(ours(), ref), ref), relative_error(mine, ref)
+            return relative_error(self._back(ours(), ref, layout), ref), relative_error(mine, ref)
 
         flops = 2 * n * c_in * h * w_ * c_out * k * k
         torch_fns = {name_: (lambda t=t: F.conv_transpose2d(t[0], t[1], b, *args)) for name_, t in by_layout.items()}
@@ -186,15 +183,17 @@ class _GradRunner:
 
 def table(results: dict) -> str:
     cells = [["layer", "pass", "mode", "layout", "torch NCHW ms", "torch CL ms", "cupyconv ms",
-              "speed-up (torch's faster)", "TFLOP/s", "error", "torch error"]]
+              "speed-up (torch's faster)", "TFLOP/s", "% of matrix/FMA rate", "torch TFLOP/s", "error",
+              "torch error"]]
     for r in results["rows"]:
         layout = "CL" if r["layout"] == "channels_last" else "NCHW"
         if r["status"] != "ok":
-            cells.append([r["shape"], r["pass"], r["mode"], layout, "", "", "", r["status"], "", "", ""])
+            cells.append([r["shape"], r["pass"], r["mode"], layout, "", "", "", r["status"], "", "", "", "", ""])
             continue
         cells.append([r["shape"], r["pass"], r["mode"], layout, f"{r['torch_nchw_ms']:.3f}",
                       f"{r['torch_channels_last_ms']:.3f}", f"{r['cupyconv_ms']:.3f}", f"{r['speedup']:.2f}x",
-                      f"{r['tflops']:.1f}", f"{r['error']:.1e}", f"{r['torch_error']:.1e}"])
+                      f"{r['tflops']:.1f}", f"{100 * r['compute_fraction']:.0f}%", f"{r['torch_tflops']:.1f}",
+                      f"{r['error']:.1e}", f"{r['torch_error']:.1e}"])
     speedups = {}
     for r in results["rows"]:
         if r["status"] == "ok":
@@ -212,8 +211,9 @@ def main(args) -> int:
     import torch
 
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
-    runner = _GradRunner(args.repeats)
-    results = {"meta": {**_meta(args), "passes": args.passes}, "rows": []}
+    runner = _GradRunner(args.repeats, args.quick)
+    results = {"meta": {**_meta(args), "passes": args.passes, "ceilings": runner.ceilings}, "rows": []}
+    print("ceilings: " + ", ".join(f"{k} {v:.1f}" for k, v in runner.ceilings.items()), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     layouts = args.layouts[args.modes[0]]
     transposed_suite = args.suite == "transposed"
