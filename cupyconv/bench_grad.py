@@ -101,6 +101,11 @@ class _GradRunner(_Runner):
         torch.backends.cudnn.allow_tf32 = allow_tf32
         problem = shape.problem(MODE_DTYPE[mode], layout)
         row = {"shape": shape.name, "mode": mode, "layout": layout, "pass": which}
+        if which == "wgrad":
+            from . import wgrad_tensor_cores
+
+            why_not = wgrad_tensor_cores.refusal(problem, allow_tf32)
+            row["kernel"] = "wgrad tensor cores" if not why_not else f"wgrad FMA ({why_not})"
         make = lambda *s: torch.randn(*s, device="cuda", dtype=torch.float32).to(torch_dtype)
         x = make(shape.n, shape.c, shape.h, shape.w)
         w = make(shape.k, shape.c // shape.groups, shape.kh, shape.kw)
@@ -130,7 +135,7 @@ class _GradRunner(_Runner):
         else:
             def ours():
                 with stream:
-                    return weight_gradient(problem, xv, dyv, "cupy")
+                    return weight_gradient(problem, xv, dyv, "cupy", allow_tf32)
 
             def check():
                 ref = torch.nn.grad.conv2d_weight(up(x), w.shape, up(dy), *args)

@@ -74,8 +74,8 @@ def conv2d_input(input_shape, weight, grad_output, stride=1, padding=0, dilation
     return dx[0] if unbatched else dx
 
 
-def conv2d_weight(x, weight_shape, grad_output, stride=1, padding=0, dilation=1, groups=1, *, layout="NCHW",
-                  weight_layout="KCHW"):
+def conv2d_weight(x, weight_shape, grad_output, stride=1, padding=0, dilation=1, groups=1, *, allow_tf32=False,
+                  layout="NCHW", weight_layout="KCHW"):
     """The gradient of ``conv2d(x, weight, ...)`` with respect to the weight, as
     ``torch.nn.grad.conv2d_weight``.
 
@@ -85,13 +85,17 @@ def conv2d_weight(x, weight_shape, grad_output, stride=1, padding=0, dilation=1,
         weight_shape: the weight's shape, (K, C // groups, kh, kw) (KHWC: (K, kh, kw, C // groups)).
         grad_output: the gradient of the convolution's output, of its shape, x's dtype and device.
         stride, padding, dilation, groups, layout, weight_layout: the convolution's, as conv2d.
+        allow_tf32: float32 on CuPy may run on the tensor cores in TF32, as in conv2d.
 
     Returns:
-        An array of ``weight_shape`` (in ``weight_layout``), x's dtype and device. On the GPU, an
-        implicit GEMM reducing over N x Ho x Wo on the FMA units, accumulated in float32 (float64
-        for float64) in fixed-length chunks whose sums are added in a fixed order: the error does
-        not grow with N Ho Wo as a serial sum's does, and the result is bitwise the same on every
-        run. On the CPU, BLAS products per tap.
+        An array of ``weight_shape`` (in ``weight_layout``), x's dtype and device, bitwise the same
+        on every run. On the GPU, float16, bfloat16 and TF32 ungrouped convolutions run on the
+        tensor cores (the forward's channels-last GEMM computing the gradient as a convolution,
+        its N x Ho x Wo reduction split into runs added in a fixed order; wgrad_tensor_cores.py);
+        the rest, strict float32 and float64 included, on an implicit GEMM on the FMA units that
+        accumulates in float32 (float64 for float64) in fixed-length chunks added in a fixed
+        order, so that the error does not grow with N Ho Wo as a serial sum's does (wgrad.py). On
+        the CPU, BLAS products per tap.
 
     Raises:
         TypeError, ValueError: as conv2d, naming the argument and the shapes, before any launch;
@@ -108,7 +112,7 @@ def conv2d_weight(x, weight_shape, grad_output, stride=1, padding=0, dilation=1,
                            groups, layout, weight_layout)
     _check_grad_output(grad_output, problem, unbatched, f"x shape {tuple(x.shape)} and weight_shape {shape}")
     x4, dy = (x[None], grad_output[None]) if unbatched else (x, grad_output)
-    return weight_gradient(problem, x4, dy, backend)
+    return weight_gradient(problem, x4, dy, backend, allow_tf32)
 
 
 def input_gradient(problem: ConvProblem, weight, grad_output, backend: str, allow_tf32: bool = False):
@@ -119,9 +123,10 @@ def input_gradient(problem: ConvProblem, weight, grad_output, backend: str, allo
     return transposed(grad_output, weight, None, input_gradient_problem(problem), backend, allow_tf32)
 
 
-def weight_gradient(problem: ConvProblem, x, grad_output, backend: str):
+def weight_gradient(problem: ConvProblem, x, grad_output, backend: str, allow_tf32: bool = False):
     """conv2d_weight of a checked ``problem``: 4-D ``x`` and ``grad_output`` (``problem.layout``) of
-    the ``backend``; a new array of the weight's shape in ``problem.weight_layout``."""
+    the ``backend``; a new array of the weight's shape in ``problem.weight_layout``. On CuPy, the
+    tensor cores where wgrad_tensor_cores takes the problem, else wgrad.py's FMA kernel."""
     if backend == "numpy":
         from .reference import conv2d_weight_numpy
 
@@ -132,9 +137,10 @@ def weight_gradient(problem: ConvProblem, x, grad_output, backend: str):
         return np.ascontiguousarray(out.transpose(0, 2, 3, 1)) if problem.weight_layout == "KHWC" else out
     import cupy
 
+    from . import wgrad, wgrad_tensor_cores
     from .launch import aligned
-    from .wgrad import conv2d_weight_cupy
 
+    family = wgrad_tensor_cores if not wgrad_tensor_cores.refusal(problem, allow_tf32) else wgrad
     with cupy.cuda.Device(x.device.id):
         out = cupy.empty(problem.weight_array_shape, dtype=x.dtype)
-        return conv2d_weight_cupy(aligned(x), aligned(grad_output), problem, out)
+        return family.conv2d_weight_cupy(aligned(x), aligned(grad_output), problem, out)

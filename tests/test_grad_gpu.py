@@ -189,3 +189,47 @@ def test_conv1d_plans_a_row_of_pixels(mode, layout):
     got = cupy.asnumpy(cupyconv.conv1d(cupy.asarray(xl), cupy.asarray(w), padding=1, layout=layout))
     got = got.transpose(0, 2, 1) if layout == "NLC" else got
     assert relative_error(got, ref) < (1e-5 if mode == "float32" else 2e-3)
+
+
+WGRAD_TC_CASES = [
+    Case(2, 8, 16, 9, 11, 3, 3, padding=1),
+    Case(3, 16, 32, 14, 15, 3, 3, stride=2, padding=1),            # a trailing row no tap reads
+    Case(1, 5, 12, 17, 19, 4, 2, stride=(2, 3), padding=(0, 1), dilation=(2, 1)),  # odd C, N padded to 8
+    Case(2, 8, 16, 10, 9, 4, 2, padding="same"),
+    Case(9, 64, 64, 28, 28, 3, 3, padding=1),                      # N = 9: images padded to 16
+    Case(32, 32, 64, 14, 14, 1, 1),                                 # a long reduction in many runs
+    Case(4, 3, 32, 40, 40, 7, 7, stride=2, padding=3),             # ResNet's stem geometry
+]
+
+
+@pytest.mark.parametrize("nhwc", [False, True], ids=["NCHW", "NHWC"])
+@pytest.mark.parametrize("mode", ["float16", "bfloat16", "tf32"])
+@pytest.mark.parametrize("case", WGRAD_TC_CASES, ids=lambda c: c.id)
+def test_weight_gradient_on_tensor_cores(case, mode, nhwc):
+    """cupyconv.grad.weight_gradient takes the tensor cores (wgrad_tensor_cores) for 16-bit and TF32
+    ungrouped problems; against torch in float64, at most 4x torch's own error in that precision."""
+    from cupyconv import wgrad_tensor_cores
+
+    dtype = TORCH_DTYPES[mode]
+    gen = torch.Generator(device="cuda").manual_seed(len(case.id))
+    x = torch.randn(case.n, case.c, case.h, case.w, device="cuda", dtype=torch.float64, generator=gen)
+    w = torch.randn(case.k, case.c, case.kh, case.kw, device="cuda", dtype=torch.float64, generator=gen)
+    args = (case.stride, case.padding, case.dilation)
+    y = F.conv2d(x, w.clone().requires_grad_(), None, *args)
+    dy = torch.randn(y.shape, device="cuda", dtype=torch.float64, generator=gen)
+    wr = w.clone().requires_grad_()
+    F.conv2d(x, wr, None, *args).backward(dy)
+    layout = ("NHWC", "KHWC") if nhwc else ("NCHW", "KCHW")
+    problem = make_problem(tuple(x.permute(0, 2, 3, 1).shape) if nhwc else tuple(x.shape),
+                           tuple(w.permute(0, 2, 3, 1).shape) if nhwc else tuple(w.shape), None,
+                           "float32" if mode == "tf32" else mode, *args, 1, *layout)
+    assert wgrad_tensor_cores.refusal(problem, mode == "tf32") == ""
+    xc, dyc = to_cupy(x.to(dtype), nhwc), to_cupy(dy.to(dtype), nhwc)
+    with nan_poisoned_memory(), precision(mode):
+        runs = [cupyconv.grad.weight_gradient(problem, xc, dyc, "cupy", allow_tf32=mode == "tf32") for _ in range(3)]
+        wo = w.to(dtype).requires_grad_()
+        F.conv2d(x.to(dtype), wo, None, *args).backward(dy.to(dtype))
+    got = from_cupy(runs[0], dtype, nhwc)
+    assert got.shape == w.shape and not got.isnan().any()
+    assert relative_error(got, wr.grad) <= bound(mode, wo.grad, wr.grad)
+    assert all(bool((r == runs[0]).all()) for r in runs[1:])  # the same bits on every run
