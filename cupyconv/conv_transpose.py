@@ -46,6 +46,14 @@ class AxisPhase:
     pad_before: int = 0
     pad_after: int = 0
 
+    @property
+    def tap_slice(self) -> slice:
+        """``taps`` as a slice of the weight's axis (evenly spaced, descending): indexing by it is a
+        view, with no index array copied from the host (which a CUDA-graph capture could not hold)."""
+        first, last = self.taps[0], self.taps[-1]
+        step = self.taps[1] - first if len(self.taps) > 1 else -1
+        return slice(first, last - 1 if last > 0 else None, step)
+
 
 def axis_phases(out_size: int, in_size: int, kernel: int, stride: int, dilation: int,
                 pad_before: int) -> tuple[AxisPhase, ...]:
@@ -174,7 +182,7 @@ def run_phases(y, weight, bias, tp: TransposeProblem, out, conv, xp):
         window = [slice(None)] * 4
         window[row_axis] = slice(phase.rows.read_start, phase.rows.read_stop)
         window[col_axis] = slice(phase.cols.read_start, phase.cols.read_stop)
-        taps = xp.ascontiguousarray(swapped[:, :, list(phase.rows.taps)][:, :, :, list(phase.cols.taps)])
+        taps = xp.ascontiguousarray(swapped[:, :, phase.rows.tap_slice, phase.cols.tap_slice])
         if len(every) == 1:
             conv(y[tuple(window)], taps, bias, phase.problem, out)
         else:

@@ -1,9 +1,10 @@
-"""The PyTorch adapter: a drop-in ``Conv2d``, a functional ``conv2d`` and ``convert`` for whole models.
+"""The PyTorch adapter: drop-in ``Conv2d``, ``ConvTranspose2d`` and ``Conv1d``, their functional forms
+and ``convert`` for whole models.
 
     from cupyconv.torch import Conv2d, conv2d, convert
     layer = Conv2d(3, 96, 11, stride=4, padding=2, device="cuda")  # nn.Conv2d's signature, parameters, init
     y = conv2d(x, weight, bias, stride=4, padding=2)                 # torch tensors in and out
-    model = convert(model)                                           # every plain nn.Conv2d runs on cupyconv
+    model = convert(model)      # every plain nn.Conv2d, nn.ConvTranspose2d and nn.Conv1d runs on cupyconv
 
 How a CUDA call runs: the arguments are checked (cupyconv.arguments.make_problem) before anything
 is launched, once per call signature (shapes, strides, dtypes, devices, hyper-parameters, the TF32
@@ -23,15 +24,35 @@ strict IEEE float32 when it is false; the switch is read at each call (at captur
 graph). float16 and bfloat16 accumulate in float32 and are rounded once on output; float64 is
 float64 throughout.
 
-CPU tensors (and any non-CUDA device) are computed by torch.nn.functional.conv2d after the same
-argument checks, so a model converted on the CPU gives torch's results there.
+Gradients: the backward of a CUDA call runs cupyconv's gradient kernels (cupyconv.grad: the input
+gradient as a transposed convolution, the weight gradient as a deterministic implicit GEMM, bitwise
+the same run after run) on torch's current stream, with CuPy allocating from torch's caching
+allocator for the duration, so a backward can be captured in a CUDA graph too. The arrays pass
+between torch and CuPy by DLPack, without copies (channels_last tensors as NHWC arrays). The bias
+gradient is a sum. ``set_backward("torch")`` (or the environment variable
+``CUPYCONV_TORCH_BACKWARD=torch`` at import) computes the gradients with torch's functions instead.
+A backward that records a graph (``create_graph=True``, for second derivatives) always uses torch's
+differentiable functions, as do the custom op's formula under torch.compile and CPU tensors.
+
+``ConvTranspose2d`` / ``conv_transpose2d`` compute CUDA tensors with cupyconv.conv_transpose (the
+forward kernels, one stride phase at a time); their gradients are a cupyconv conv2d (input) and
+cupyconv's weight gradient with the roles of input and output swapped. ``Conv1d`` / ``conv1d`` are
+conv2d of height 1 (views, no copies) through this module's conv2d, so they share its autograd,
+torch.compile support and channels handling. Under torch.compile the transposed convolution is
+torch's own (no custom op is registered for it).
+
+CPU tensors (and any non-CUDA device) are computed by torch.nn.functional's conv2d,
+conv_transpose2d and conv1d after the same argument checks, so a model converted on the CPU gives
+torch's results there.
 
 This is the only cupyconv module that imports torch; ``import cupyconv`` never does.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
 import warnings
 
 import torch
@@ -39,11 +60,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from .arguments import ConvProblem, check_output_size, make_problem
+from .conv1d import _single
+from .conv_transpose import TransposeProblem, make_transpose_problem, transposed
 from .executor import Workspaces
+from .grad import input_gradient, weight_gradient
 from .families.common import STORAGE_BYTES
 from .program import OPERAND_ALIGNMENT
 
-__all__ = ["Conv2d", "conv2d", "convert", "clear_weight_caches", "release_workspaces", "WeightCache"]
+__all__ = ["Conv2d", "ConvTranspose2d", "Conv1d", "conv2d", "conv_transpose2d", "conv1d", "convert", "set_backward",
+           "clear_weight_caches", "release_workspaces", "WeightCache"]
 
 #: torch dtype -> cupyconv's name for it.
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
@@ -60,6 +85,45 @@ def _dtype_name(dtype: torch.dtype, name: str) -> str:
 def _allow_tf32(dtype: torch.dtype) -> bool:
     """Whether float32 may run as TF32: torch's switch for convolutions (the one nn.Conv2d follows)."""
     return dtype == torch.float32 and torch.backends.cudnn.allow_tf32
+
+
+#: Who computes the gradients of CUDA calls: cupyconv's kernels or torch's functions (set_backward).
+BACKWARDS = ("cupyconv", "torch")
+BACKWARD_VARIABLE = "CUPYCONV_TORCH_BACKWARD"
+
+
+def _checked_backward(kind, where: str) -> str:
+    if not isinstance(kind, str) or kind not in BACKWARDS:
+        raise ValueError(f"{where} must be one of {BACKWARDS}, got {kind!r}")
+    return kind
+
+
+_BACKWARD = _checked_backward(os.environ.get(BACKWARD_VARIABLE) or "cupyconv",
+                              f"the environment variable {BACKWARD_VARIABLE}")
+
+
+def set_backward(kind: str) -> str:
+    """Choose who computes the gradients of this module's convolutions on CUDA tensors.
+
+    Args:
+        kind: 'cupyconv' (the default): cupyconv's gradient kernels (cupyconv.grad), the weight
+            gradient deterministic (bitwise the same run after run); 'torch': torch's gradient
+            functions (torch.nn.grad, cuDNN). The environment variable CUPYCONV_TORCH_BACKWARD
+            (same values) sets the initial choice when cupyconv.torch is imported.
+
+        Either way, a backward that records its own graph (``create_graph=True``) runs torch's
+        differentiable functions, so second derivatives exist; so do CPU tensors and the custom op
+        under torch.compile. Read at each backward.
+
+    Returns:
+        The previous choice.
+
+    Raises:
+        ValueError: ``kind`` is not one of 'cupyconv', 'torch'.
+    """
+    global _BACKWARD
+    previous, _BACKWARD = _BACKWARD, _checked_backward(kind, "set_backward's kind")
+    return previous
 
 
 #: cupyconv's activations as torch computes them (gelu in its exact erf form, torch's default).
@@ -289,6 +353,79 @@ def _in_format(t: torch.Tensor, memory_format: torch.memory_format) -> torch.Ten
     return t.clone(memory_format=memory_format)
 
 
+# --- torch tensors as cupyconv arrays (the backward's and the transposed convolution's bridge) ---------
+
+class _StreamHandle:
+    """A raw CUDA stream handle under the CUDA stream protocol (what CuPy's Stream.from_external reads)."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return 0, self.ptr
+
+
+def _torch_allocator(device_index: int):
+    """CuPy's allocator for the bridge: each allocation a uint8 tensor from torch's caching allocator on
+    torch's current stream of the device (inside a CUDA-graph capture, from the graph's pool), owned by
+    the CuPy memory that wraps it."""
+    import cupy
+
+    device = torch.device("cuda", device_index)
+
+    def allocate(nbytes: int):
+        buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(buffer.data_ptr(), nbytes, buffer, device_index), 0)
+
+    return allocate
+
+
+@contextlib.contextmanager
+def _arrays(device: torch.device):
+    """The backend ('cupy' or 'numpy') of cupyconv's array functions for tensors on ``device``. On CUDA,
+    CuPy runs, for the duration, on the device, on torch's current stream of it and with its memory
+    from torch's caching allocator: what it computes follows torch's stream order, can be captured in
+    a CUDA graph, and its temporaries return to torch's cache. The CPU gives NumPy (what the tests use
+    to check the bridge's formulas without a GPU)."""
+    if device.type != "cuda":
+        yield "numpy"
+        return
+    import cupy
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    raw = _raw_stream(index)
+    stream = cupy.cuda.Stream.from_external(_StreamHandle(raw)) if hasattr(cupy.cuda.Stream, "from_external") \
+        else cupy.cuda.ExternalStream(raw, index)
+    # torch's current device too: the DLPack exchanges compare streams with torch's current one.
+    with torch.cuda.device(index), cupy.cuda.Device(index), stream, cupy.cuda.using_allocator(_torch_allocator(index)):
+        yield "cupy"
+
+
+def _to_array(t: torch.Tensor, memory_format: torch.memory_format, backend: str):
+    """A 4-D (or 1-D) tensor as a C-contiguous array of ``backend``, without a copy where ``t`` is
+    dense in ``memory_format`` already: the channels_last tensor's array is NHWC (KHWC for a weight),
+    the tensor permuted (0, 2, 3, 1). bfloat16 travels as int16 (cupyconv reads the problem's dtype)."""
+    t = _in_format(t.detach(), memory_format)
+    if memory_format is torch.channels_last:
+        t = t.permute(0, 2, 3, 1)
+    if backend == "numpy":
+        return t.numpy()
+    import cupy
+
+    return cupy.from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
+
+
+def _from_array(a, channels_last: bool, dtype: torch.dtype, backend: str) -> torch.Tensor:
+    """A new array of ``backend`` (4-D, in NHWC/KHWC order where ``channels_last``) as a logical
+    (N, C, H, W) tensor of ``dtype``, without a copy: channels_last where the array is NHWC."""
+    t = torch.from_numpy(a) if backend == "numpy" else torch.from_dlpack(a)
+    if t.dtype != dtype:  # bfloat16 as int16
+        t = t.view(dtype)
+    return t.permute(0, 3, 1, 2) if channels_last else t
+
+
 @torch.library.custom_op("cupyconv::conv2d", mutates_args=(), device_types="cuda")
 def _conv2d_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: list[int],
                padding: list[int], dilation: list[int], groups: int, residual: torch.Tensor | None = None,
@@ -355,6 +492,9 @@ def _gradients(ctx, grad_out):
 
 
 def _conv2d_op_backward(ctx, grad_out):
+    """The custom op's autograd formula (what torch.compile traces): torch's gradient functions
+    (_gradients) whatever set_backward chose, so that the compiled graph holds only ops it knows;
+    eager calls run cupyconv's gradient kernels (_Conv2dFunction)."""
     if ctx.epilogue:
         raise RuntimeError("cupyconv::conv2d has no gradient through its epilogue (activation, residual); "
                            "cupyconv.torch.conv2d computes the epilogue of calls that need gradients with torch's "
@@ -365,18 +505,53 @@ def _conv2d_op_backward(ctx, grad_out):
 torch.library.register_autograd("cupyconv::conv2d", _conv2d_op_backward, setup_context=_conv2d_op_setup_context)
 
 
+def _kernel_gradients(ctx, grad_out, problem: ConvProblem):
+    """Gradients by cupyconv's kernels (cupyconv.grad's input_gradient and weight_gradient of the
+    checked ``problem``), for each input that needs one; the arrays in the problem's layouts, on
+    torch's stream and allocator (_arrays). The bias gradient is a sum."""
+    x, weight = ctx.saved_tensors
+    needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+    x_format = _memory_format(problem)
+    grad_x = grad_weight = grad_bias = None
+    with _arrays(grad_out.device) as backend:
+        dy = _to_array(grad_out, x_format, backend)
+        if needs_x:
+            weight_format = torch.channels_last if problem.weight_layout == "KHWC" else torch.contiguous_format
+            dx = input_gradient(problem, _to_array(weight, weight_format, backend), dy, backend,
+                                backend == "cupy" and _allow_tf32(grad_out.dtype))
+            grad_x = _from_array(dx, problem.layout == "NHWC", grad_out.dtype, backend)
+        if needs_weight:
+            dw = weight_gradient(problem, _to_array(x, x_format, backend), dy, backend,
+                                 backend == "cupy" and _allow_tf32(grad_out.dtype))
+            grad_weight = _from_array(dw, problem.weight_layout == "KHWC", grad_out.dtype, backend)
+    if needs_bias:
+        grad_bias = grad_out.sum((0, 2, 3))
+    return grad_x, grad_weight, grad_bias
+
+
+def _kernel_backward(n: int) -> bool:
+    """Whether a backward runs cupyconv's gradient kernels: chosen by set_backward, not recording a
+    graph of its own (create_graph needs torch's differentiable functions) and not empty."""
+    return _BACKWARD == "cupyconv" and not torch.is_grad_enabled() and n > 0
+
+
 class _Conv2dFunction(torch.autograd.Function):
-    """The eager call with autograd: the custom op's formula without the op's Python dispatch."""
+    """The eager call with autograd: the custom op's formula without the op's Python dispatch, its
+    gradients by cupyconv's kernels (_kernel_gradients) unless set_backward chose torch's or the
+    backward records a graph (create_graph: torch's differentiable functions, for second derivatives)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, call, cache):
         p = call.problem
         _save_for_backward(ctx, x, weight, p.stride, (p.pad_top, p.pad_left, p.pad_bottom, p.pad_right), p.dilation,
                            p.groups)
+        ctx.problem = p
         return _forward(call, x, weight, bias, cache)
 
     @staticmethod
     def backward(ctx, grad_out):
+        if _kernel_backward(ctx.problem.n):
+            return *_kernel_gradients(ctx, grad_out, ctx.problem), None, None
         return *_gradients(ctx, grad_out), None, None
 
 
@@ -525,6 +700,234 @@ class Conv2d(nn.Conv2d):
         return "cupyconv.Conv2d"
 
 
+# --- transposed convolution ---------------------------------------------------------------------
+
+def _transpose_problem(x, weight, bias, stride, padding, output_padding, groups, dilation) -> TransposeProblem:
+    """Check every argument of a conv_transpose2d call (a 3-D x counts as one image) in torch's
+    logical shapes; raises before any launch. The layouts follow the tensors' memory formats as
+    conv2d's do (_layouts)."""
+    _check_tensors(x, weight, bias)
+    if x.dim() not in (3, 4):
+        raise ValueError(f"x must be 4-D (N, C_in, H, W) or 3-D (C_in, H, W), got shape {tuple(x.shape)}")
+    if weight.dim() != 4:
+        raise ValueError(f"weight must be 4-D (C_in, C_out/groups, kh, kw), got shape {tuple(weight.shape)}")
+    x_shape = (1, *x.shape) if x.dim() == 3 else tuple(x.shape)
+    tp = make_transpose_problem(x_shape, tuple(weight.shape), None if bias is None else tuple(bias.shape),
+                                _dtype_name(x.dtype, "x"), stride, padding, output_padding, groups, dilation)
+    layout, weight_layout = _layouts(x, weight)
+    return dataclasses.replace(tp, layout=layout, weight_layout=weight_layout)
+
+
+def _transposed(tp: TransposeProblem, x, weight, bias) -> torch.Tensor:
+    """The checked transposed convolution ``tp`` of 4-D tensors by cupyconv (conv_transpose.transposed),
+    on torch's current stream of x's device with torch's allocator (on the CPU, NumPy's path: for
+    tests); a new tensor, channels_last where tp's layout is NHWC."""
+    x_format = torch.channels_last if tp.layout == "NHWC" else torch.contiguous_format
+    weight_format = torch.channels_last if tp.weight_layout == "KHWC" else torch.contiguous_format
+    if x.is_cuda:
+        from .launch import device_memory
+
+        index = x.device.index
+        check_output_size((tp.n, tp.c, tp.h, tp.w), STORAGE_BYTES[tp.dtype], device_memory(index), f"GPU {index}")
+    with _arrays(x.device) as backend:
+        y = transposed(_to_array(x, x_format, backend), _to_array(weight, weight_format, backend),
+                       None if bias is None else _to_array(bias, torch.contiguous_format, backend), tp, backend,
+                       backend == "cupy" and _allow_tf32(x.dtype))
+        return _from_array(y, tp.layout == "NHWC", x.dtype, backend)
+
+
+def _transposed_gradients(ctx, grad_y):
+    """The gradients of y = conv_transpose2d(x, weight) + bias, for each input that needs one.
+
+    The transposed convolution is the input gradient of the conv2d C of weight ``weight`` (C_in as
+    its output channels), stride, padding, dilation and groups whose input has y's shape. So
+    grad x = C(grad y), and grad weight = C's weight gradient with C's input grad y and C's output
+    gradient x. C's output has floor(output_padding / stride) more rows (columns) than x where
+    output_padding >= stride (allowed when the dilation is larger): grad x is cropped to x's size, and
+    x is read with zero rows (columns) added at the bottom (right) for the weight gradient. By
+    cupyconv's kernels (its conv2d; weight_gradient) as set_backward chooses, else, and in a backward
+    that records a graph, by torch's differentiable functions."""
+    x, weight = ctx.saved_tensors
+    tp: TransposeProblem = ctx.tp
+    needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+    stride, padding, dilation, groups = tp.stride, (tp.pad_top, tp.pad_left), tp.dilation, tp.groups
+    conv = make_problem((tp.n, tp.c, tp.h, tp.w), ctx.weight_shape, None, tp.dtype, stride, padding, dilation, groups)
+    extra_h, extra_w = conv.ho - tp.hy, conv.wo - tp.wy
+    kernels = _kernel_backward(tp.n)
+    grad_x = grad_weight = grad_bias = None
+    if needs_x:
+        if kernels:
+            with torch.no_grad():
+                grad_x = _conv2d(grad_y, weight, None, stride, padding, dilation, groups, None)
+        else:
+            grad_x = F.conv2d(grad_y, weight, None, stride, padding, dilation, groups)
+        if extra_h or extra_w:
+            grad_x = grad_x[:, :, :tp.hy, :tp.wy]
+    if needs_weight:
+        x_read = F.pad(x, (0, extra_w, 0, extra_h)) if extra_h or extra_w else x
+        if kernels:
+            problem = dataclasses.replace(conv, layout=tp.layout, weight_layout=tp.weight_layout)
+            memory_format = _memory_format(problem)
+            with _arrays(grad_y.device) as backend:
+                dw = weight_gradient(problem, _to_array(grad_y, memory_format, backend),
+                                     _to_array(x_read, memory_format, backend), backend,
+                                     backend == "cupy" and _allow_tf32(grad_y.dtype))
+                grad_weight = _from_array(dw, tp.weight_layout == "KHWC", grad_y.dtype, backend)
+        else:
+            grad_weight = torch.nn.grad.conv2d_weight(grad_y, ctx.weight_shape, x_read, stride, padding, dilation,
+                                                      groups)
+    if needs_bias:
+        grad_bias = grad_y.sum((0, 2, 3))
+    return grad_x, grad_weight, grad_bias
+
+
+class _ConvTranspose2dFunction(torch.autograd.Function):
+    """conv_transpose2d of CUDA tensors with autograd (_transposed_gradients)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, tp):
+        needs_x, needs_weight = ctx.needs_input_grad[:2]
+        ctx.save_for_backward(x if needs_weight else None, weight if needs_x else None)
+        ctx.tp, ctx.weight_shape = tp, tuple(weight.shape)
+        return _transposed(tp, x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        return *_transposed_gradients(ctx, grad_y), None
+
+
+def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """2-D transposed convolution of torch tensors, as ``torch.nn.functional.conv_transpose2d`` (the
+    gradient of a conv2d with respect to its input, plus a bias).
+
+    CUDA tensors run cupyconv's transposed convolution (cupyconv.conv_transpose: the forward kernels,
+    one stride phase at a time, no zero-stuffed input) on torch's current stream of x's device, the
+    tensors passed by DLPack without copies and CuPy's temporaries from torch's caching allocator;
+    other devices, and calls traced by torch.compile, run ``torch.nn.functional.conv_transpose2d``
+    after the same checks. Differentiable: the gradients are a cupyconv conv2d (x) and cupyconv's
+    weight gradient (weight), or torch's (see :func:`set_backward`).
+
+    Args:
+        x: (N, C_in, H, W) or unbatched (C_in, H, W); float16, bfloat16, float32 or float64; any
+            strides. A channels_last x (or weight) gives a channels_last output, as torch's
+            convolutions do (float64 never).
+        weight: (C_in, C_out // groups, kh, kw), x's dtype and device.
+        bias: optional (C_out,).
+        stride, dilation: int or (h, w), >= 1. Default 1.
+        padding: int or (h, w), >= 0: dilation (k - 1) - padding zeros on each side of the input, as
+            torch. Default 0.
+        output_padding: int or (h, w), >= 0 and smaller than the stride or the dilation: extra rows
+            and columns at the bottom and right of the output. Default 0.
+        groups: >= 1, dividing C_in and C_out. Default 1.
+
+    Returns:
+        (N, C_out, Ho, Wo) (or (C_out, Ho, Wo)), Ho = (H - 1) sh - 2 ph + dh (kh - 1) +
+        output_padding + 1, likewise Wo; x's dtype and device. float32 is TF32 when
+        torch.backends.cudnn.allow_tf32 is true (torch's default), else strict IEEE float32.
+
+    Raises:
+        TypeError: a non-tensor argument or an unsupported or mismatched dtype.
+        ValueError: tensors on different devices, inconsistent shapes, bad stride, padding,
+            output_padding, dilation or groups, or an output larger than the GPU's memory.
+    """
+    tp = _transpose_problem(x, weight, bias, stride, padding, output_padding, groups, dilation)
+    if x.device.type != "cuda" or torch.compiler.is_compiling():
+        return F.conv_transpose2d(x, weight, bias, stride, padding, output_padding, groups, dilation)
+    if x.dim() == 3:
+        return conv_transpose2d(x.unsqueeze(0), weight, bias, stride, padding, output_padding, groups,
+                                dilation).squeeze(0)
+    if _needs_grad(x, weight, bias):
+        return _ConvTranspose2dFunction.apply(x, weight, bias, tp)
+    return _transposed(tp, x, weight, bias)
+
+
+class ConvTranspose2d(nn.ConvTranspose2d):
+    """``torch.nn.ConvTranspose2d`` computed by cupyconv on CUDA tensors (torch's conv_transpose2d
+    elsewhere).
+
+    Same constructor arguments, parameters, initialisation and state_dict as nn.ConvTranspose2d, so
+    the two load each other's checkpoints; ``forward(input, output_size=None)`` picks the
+    output_padding that gives ``output_size`` as nn.ConvTranspose2d does. See
+    :func:`conv_transpose2d` for precision, devices and gradients.
+    """
+
+    def forward(self, input, output_size=None):
+        if self.padding_mode != "zeros":
+            raise ValueError("Only `zeros` padding mode is supported for ConvTranspose2d")
+        output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size, 2,
+                                              self.dilation)
+        return conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding, output_padding, self.groups,
+                                self.dilation)
+
+    def _get_name(self):
+        return "cupyconv.ConvTranspose2d"
+
+
+# --- 1-D convolution ----------------------------------------------------------------------------
+
+def _conv1d(x, weight, bias, stride, padding, dilation, groups, cache: WeightCache | None):
+    """conv1d as a conv2d of height 1 on views (x (N, C, 1, L), weight (K, C/groups, 1, k)) through
+    _conv2d, which gives the autograd, the custom op under torch.compile and the memory formats; on
+    other devices, torch's conv1d after the same checks."""
+    _check_tensors(x, weight, bias)
+    if x.dim() not in (2, 3):
+        raise ValueError(f"x must be 3-D (N, C, L) or 2-D (C, L), got shape {tuple(x.shape)}")
+    if weight.dim() != 3:
+        raise ValueError(f"weight must be 3-D (K, C/groups, k), got shape {tuple(weight.shape)}")
+    rows = (_single(stride, "stride"), _single(padding, "padding", ("same", "valid")), _single(dilation, "dilation"))
+    if x.device.type != "cuda":
+        _problem(x.unsqueeze(-2), weight.unsqueeze(-2), bias, *rows, groups)
+        return F.conv1d(x, weight, bias, stride, padding, dilation, groups)
+    return _conv2d(x.unsqueeze(-2), weight.unsqueeze(-2), bias, rows[0], rows[1], rows[2], groups, cache).squeeze(-2)
+
+
+def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """1-D convolution (cross-correlation) of torch tensors, as ``torch.nn.functional.conv1d``.
+
+    A conv2d of height 1 through :func:`conv2d` (views, no copies): CUDA tensors run cupyconv's
+    kernels, with conv2d's autograd (cupyconv's gradient kernels, see :func:`set_backward`), streams,
+    precision and torch.compile support; other devices run ``torch.nn.functional.conv1d`` after the
+    same checks.
+
+    Args:
+        x: (N, C, L) or unbatched (C, L); float16, bfloat16, float32 or float64.
+        weight: (K, C // groups, k), x's dtype and device.
+        bias: optional (K,).
+        stride, dilation: int or 1-tuple, >= 1. Default 1.
+        padding: int or 1-tuple zeros on both ends, 'valid' or 'same' (stride 1). Default 0.
+        groups: >= 1, dividing C and K. Default 1.
+
+    Returns:
+        (N, K, Lo) (or (K, Lo)), Lo = (L + 2 p - d (k - 1) - 1) // s + 1; x's dtype and device.
+
+    Raises:
+        TypeError, ValueError: as :func:`conv2d`; shape errors name the height-1 view they were read in.
+    """
+    return _conv1d(x, weight, bias, stride, padding, dilation, groups, None)
+
+
+class Conv1d(nn.Conv1d):
+    """``torch.nn.Conv1d`` computed by cupyconv on CUDA tensors (torch's conv1d elsewhere): a conv2d
+    of height 1, see :func:`conv1d`.
+
+    Same constructor arguments, parameters, initialisation and state_dict as nn.Conv1d. padding_mode
+    'reflect', 'replicate' and 'circular' pad with torch.nn.functional.pad and then run an unpadded
+    convolution, as nn.Conv1d does. The weight's prepared forms are kept as :class:`Conv2d` keeps
+    them.
+    """
+
+    _weight_cache = Conv2d._weight_cache
+
+    def _conv_forward(self, input, weight, bias):
+        if self.padding_mode != "zeros":
+            return _conv1d(F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode), weight, bias,
+                           self.stride, 0, self.dilation, self.groups, self._weight_cache())
+        return _conv1d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups, self._weight_cache())
+
+    def _get_name(self):
+        return "cupyconv.Conv1d"
+
+
 def clear_weight_caches(model: nn.Module) -> None:
     """Forget every prepared weight of the cupyconv modules in ``model`` and fold fused BatchNorms
     again (needed only after changes through ``.data``, which torch's version counter does not see,
@@ -538,24 +941,31 @@ def clear_weight_caches(model: nn.Module) -> None:
             module.refold()
 
 
+#: The torch modules convert() switches (exactly these classes) and the cupyconv modules they become.
+CONVERSIONS = {nn.Conv2d: Conv2d, nn.ConvTranspose2d: ConvTranspose2d, nn.Conv1d: Conv1d}
+
+
 def _left_alone(module: nn.Module, inverse: bool) -> bool:
     """A convolution convert() would be expected to switch but cannot: a subclass it does not know."""
+    ours = tuple(CONVERSIONS.values())
     if inverse:
-        return isinstance(module, Conv2d) and type(module) is not Conv2d
-    return isinstance(module, nn.Conv2d) and type(module) is not nn.Conv2d and not isinstance(module, Conv2d)
+        return isinstance(module, ours) and type(module) not in ours
+    return isinstance(module, tuple(CONVERSIONS)) and type(module) not in CONVERSIONS and not isinstance(module, ours)
 
 
 def convert(model: nn.Module, inverse: bool = False, fuse: bool = False) -> nn.Module:
-    """Make every plain ``nn.Conv2d`` in ``model`` a cupyconv :class:`Conv2d`, in place; with
-    ``fuse=True``, also fuse each conv -> BatchNorm2d -> (+ residual) -> activation chain of an
-    eval-mode model into one cupyconv call.
+    """Make every plain ``nn.Conv2d``, ``nn.ConvTranspose2d`` and ``nn.Conv1d`` in ``model`` a cupyconv
+    :class:`Conv2d`, :class:`ConvTranspose2d` and :class:`Conv1d`, in place; with ``fuse=True``, also
+    fuse each conv -> BatchNorm2d -> (+ residual) -> activation chain of an eval-mode model into one
+    cupyconv call.
 
     Each module keeps its identity: its class is switched, so parameters (the same Parameter
     objects), buffers, hooks, device, dtype and training flag are untouched, and optimizers or
-    other references to it stay valid. Only modules whose type is exactly nn.Conv2d are switched:
-    a subclass may override forward in ways cupyconv cannot honour, so subclasses (LazyConv2d,
-    parametrized or quantized convolutions, user classes), and convolutions whose dtype cupyconv
-    does not compute in, are left alone and listed in one UserWarning.
+    other references to it stay valid. Only modules whose type is exactly one of those three
+    classes are switched: a subclass may override forward in ways cupyconv cannot honour, so
+    subclasses (LazyConv2d, LazyConvTranspose2d, parametrized or quantized convolutions, user
+    classes), and convolutions whose dtype cupyconv does not compute in, are left alone and listed
+    in one UserWarning.
 
     ``fuse=True`` (cupyconv.torch_fusion) traces the converted model with torch.fx and returns a
     new ``torch.fx.GraphModule`` that shares the model's modules, parameters and buffers, so its
@@ -569,9 +979,10 @@ def convert(model: nn.Module, inverse: bool = False, fuse: bool = False) -> nn.M
 
     Args:
         model: any module; it may itself be an nn.Conv2d.
-        inverse: switch cupyconv Conv2d modules back to plain nn.Conv2d instead; given a fused
-            model, return the original model (its modules restored, with whatever the fused model
-            loaded since, as they share their tensors).
+        inverse: switch cupyconv Conv2d, ConvTranspose2d and Conv1d modules back to plain nn.Conv2d,
+            nn.ConvTranspose2d and nn.Conv1d instead; given a fused model, return the original model
+            (its modules restored, with whatever the fused model loaded since, as they share their
+            tensors).
         fuse: fuse chains as above (the model must be in eval mode).
 
     Returns:
@@ -601,10 +1012,11 @@ def convert(model: nn.Module, inverse: bool = False, fuse: bool = False) -> nn.M
         return fused
     if inverse and "_cupyconv_unfused" in model.__dict__:
         model = model.__dict__["_cupyconv_unfused"]
-    source, target = (Conv2d, nn.Conv2d) if inverse else (nn.Conv2d, Conv2d)
+    targets = {ours: theirs for theirs, ours in CONVERSIONS.items()} if inverse else CONVERSIONS
     skipped = []
     for name, module in model.named_modules():
-        if type(module) is source:
+        target = targets.get(type(module))
+        if target is not None:
             if not inverse and module.weight.dtype not in DTYPE_NAMES:
                 skipped.append(f"{name or '(model)'} (dtype {module.weight.dtype})")
                 continue

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from .torch import Conv2d, WeightCache, _conv2d, _epilogue, _problem
+from .torch import Conv1d, Conv2d, ConvTranspose2d, WeightCache, _conv2d, _epilogue, _problem
 
 __all__ = ["FusedConv2d", "fuse"]
 
@@ -154,7 +154,8 @@ class _Tracer(fx.Tracer):
     """torch.fx's tracer with cupyconv's modules as leaves (they are not in torch.nn's namespace)."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return isinstance(m, (Conv2d, FusedConv2d)) or super().is_leaf_module(m, module_qualified_name)
+        return isinstance(m, (Conv2d, ConvTranspose2d, Conv1d, FusedConv2d)) or \
+            super().is_leaf_module(m, module_qualified_name)
 
 
 def _only_user(node: fx.Node) -> fx.Node | None:

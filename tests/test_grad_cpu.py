@@ -224,3 +224,12 @@ def test_conv1d_fused_epilogue_and_out():
 def test_errors_name_the_argument(call, message):
     with pytest.raises((TypeError, ValueError), match=message):
         call()
+
+
+@given(st.integers(1, 6), st.integers(1, 4), st.integers(1, 4), st.integers(0, 5), st.integers(1, 30))
+@settings(max_examples=200, deadline=None)
+def test_tap_slices_pick_the_phase_taps(kernel, stride, dilation, pad, size):
+    """A phase's taps are evenly spaced, so a slice (a view, capturable in a CUDA graph) picks them."""
+    for phase in axis_phases(size * stride + kernel, size, kernel, stride, dilation, pad):
+        if phase.taps:
+            assert tuple(range(kernel)[phase.tap_slice]) == phase.taps
