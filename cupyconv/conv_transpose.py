@@ -158,15 +158,25 @@ def _axes(layout: str) -> tuple[int, int]:
     return (1, 2) if layout == "NHWC" else (2, 3)
 
 
-def run_phases(y, weight, bias, tp: TransposeProblem, out, conv, xp):
+def run_phases(y, weight, bias, tp: TransposeProblem, out, conv, xp, min_channels: int = 0):
     """Write the transposed convolution of y (``tp.layout``) with ``weight`` (``tp.weight_layout``)
     and ``bias`` into ``out`` (the output's array shape, in ``tp.layout``) through ``conv(x, w, bias,
     problem, out)``, the forward convolution of one phase into a C-contiguous ``out``; ``xp`` is
-    numpy or cupy."""
+    numpy or cupy. An ungrouped output of fewer than ``min_channels`` channels (a generator's RGB
+    layer, the input gradient of a network's stem) is computed with zero channels added up to
+    ``min_channels`` and cut on the way out: the GEMMs take 8 output channels or more, and fewer
+    would run on the direct kernel at a tenth of the speed."""
     if tp.n == 0 or out.size == 0:
         return out
     swapped = swapped_weight(weight, tp)
+    channels = tp.c
+    if tp.groups == 1 and channels < min_channels:
+        swapped = xp.concatenate([swapped, xp.zeros((min_channels - channels, *swapped.shape[1:]), swapped.dtype)])
+        if bias is not None:
+            bias = xp.concatenate([bias, xp.zeros(min_channels - channels, bias.dtype)])
+        tp = dataclasses.replace(tp, c=min_channels)
     row_axis, col_axis = _axes(tp.layout)
+    channel_axis = 3 if tp.layout == "NHWC" else 1
     every = phases(tp)
     for phase in every:
         index = [slice(None)] * 4
@@ -177,18 +187,22 @@ def run_phases(y, weight, bias, tp: TransposeProblem, out, conv, xp):
             if bias is None:
                 target[...] = 0
             else:
-                target[...] = bias.reshape((1, 1, 1, -1) if tp.layout == "NHWC" else (1, -1, 1, 1))
+                shape = [1, 1, 1, 1]
+                shape[channel_axis] = channels
+                target[...] = bias[:channels].reshape(shape)
             continue
         window = [slice(None)] * 4
         window[row_axis] = slice(phase.rows.read_start, phase.rows.read_stop)
         window[col_axis] = slice(phase.cols.read_start, phase.cols.read_stop)
         taps = xp.ascontiguousarray(swapped[:, :, phase.rows.tap_slice, phase.cols.tap_slice])
-        if len(every) == 1:
+        if len(every) == 1 and tp.c == channels:
             conv(y[tuple(window)], taps, bias, phase.problem, out)
         else:
             part = xp.empty(phase.problem.out_array_shape, dtype=out.dtype)
             conv(y[tuple(window)], taps, bias, phase.problem, part)
-            target[...] = part
+            kept = [slice(None)] * 4
+            kept[channel_axis] = slice(0, channels)
+            target[...] = part[tuple(kept)]
     return out
 
 
@@ -210,16 +224,21 @@ def _cupy_conv(allow_tf32: bool):
     return conv
 
 
-def transposed(y, weight, bias, tp: TransposeProblem, backend: str, allow_tf32: bool = False):
-    """The transposed convolution ``tp`` of NumPy or CuPy arrays (``backend``), in a new array."""
+def transposed(y, weight, bias, tp: TransposeProblem, backend: str, allow_tf32: bool = False,
+               min_channels: int | None = None):
+    """The transposed convolution ``tp`` of NumPy or CuPy arrays (``backend``), in a new array.
+    ``min_channels``: see run_phases (default: the GEMMs' least output channels on CuPy, none on NumPy)."""
     if backend == "numpy":
         out = np.empty(tp.out_array_shape, dtype=y.dtype)
-        return run_phases(y, weight, bias, tp, out, _numpy_conv, np)
+        return run_phases(y, weight, bias, tp, out, _numpy_conv, np, min_channels or 0)
     import cupy
+
+    from .families.implicit_gemm_conv2d import GEMM_MIN_GROUP_CHANNELS
 
     with cupy.cuda.Device(y.device.id):
         out = cupy.empty(tp.out_array_shape, dtype=y.dtype)
-        return run_phases(y, weight, bias, tp, out, _cupy_conv(allow_tf32), cupy)
+        return run_phases(y, weight, bias, tp, out, _cupy_conv(allow_tf32), cupy,
+                          GEMM_MIN_GROUP_CHANNELS if min_channels is None else min_channels)
 
 
 def _padding_pair(padding, name: str) -> tuple[int, int]:

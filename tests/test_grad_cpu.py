@@ -233,3 +233,22 @@ def test_tap_slices_pick_the_phase_taps(kernel, stride, dilation, pad, size):
     for phase in axis_phases(size * stride + kernel, size, kernel, stride, dilation, pad):
         if phase.taps:
             assert tuple(range(kernel)[phase.tap_slice]) == phase.taps
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_few_output_channels_padded_to_a_gemm_tile(layout, bias, stride):
+    """Outputs of fewer than 8 channels are computed with zero channels added (as the GPU does, for
+    its GEMMs) and cut: the result is torch's."""
+    from cupyconv.conv_transpose import make_transpose_problem, transposed
+
+    rng = np.random.default_rng(9)
+    x, weight = rng.standard_normal((2, 16, 5, 6)), rng.standard_normal((16, 3, 4, 4))
+    b = rng.standard_normal(3) if bias else None
+    ref = F.conv_transpose2d(t64(x), t64(weight), t64(b), stride, 1).numpy()
+    xl = nhwc(x) if layout == "NHWC" else x
+    tp = make_transpose_problem(xl.shape, weight.shape, None if b is None else b.shape, "float64", stride, 1, 0, 1, 1,
+                                layout)
+    out = transposed(xl, weight, b, tp, "numpy", min_channels=8)
+    assert relative_error(nchw(out) if layout == "NHWC" else out, ref) < 1e-12
