@@ -143,6 +143,13 @@ def _padding(padding, kernel: tuple[int, int], dilation: tuple[int, int],
     return (ph, pw, ph, pw)
 
 
+def check_x_dims(x, layout: str, what: str = "x") -> None:
+    """ValueError naming the layout unless ``x`` is 4-D (batched) or 3-D (one image)."""
+    if x.ndim not in (3, 4):
+        raise ValueError(f"{what} must be 4-D ({', '.join(layout)}) or 3-D ({', '.join(layout[1:])}) for "
+                         f"layout={layout!r}, got shape {tuple(x.shape)}")
+
+
 def check_layouts(layout, weight_layout) -> None:
     """ValueError naming the argument unless ``layout`` is one of LAYOUTS and ``weight_layout`` one of
     WEIGHT_LAYOUTS."""

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from .arguments import (check_arrays, check_layouts, check_out, check_output_size, check_residual,
+from .arguments import (check_arrays, check_layouts, check_out, check_x_dims, check_output_size, check_residual,
                         check_residual_overlap, extent, make_problem, overlaps)
 from .launch import run
 from .planner import LaunchPlan, make_plan
@@ -30,9 +30,7 @@ def _problem(x, weight, bias, stride, padding, dilation, groups, out, layout, we
              residual=None):
     backend = check_arrays(x, weight, bias, out)
     check_layouts(layout, weight_layout)
-    if x.ndim not in (3, 4):
-        raise ValueError(f"x must be 4-D ({', '.join(layout)}) or 3-D ({', '.join(layout[1:])}) for "
-                         f"layout={layout!r}, got shape {tuple(x.shape)}")
+    check_x_dims(x, layout)
     unbatched = x.ndim == 3
     residual_shape = None
     if residual is not None:

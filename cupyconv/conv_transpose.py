@@ -27,7 +27,7 @@ import numbers
 
 import numpy as np
 
-from .arguments import ConvProblem, _pair, check_layouts, dtype_name
+from .arguments import ConvProblem, _pair, check_arrays, check_layouts, check_x_dims, dtype_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,13 +277,9 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     Raises:
         TypeError, ValueError: as conv2d, naming the argument and the shapes, before any launch.
     """
-    from .arguments import check_arrays
-
     backend = check_arrays(x, weight, bias, None)
     check_layouts(layout, weight_layout)
-    if x.ndim not in (3, 4):
-        raise ValueError(f"x must be 4-D ({', '.join(layout)}) or 3-D ({', '.join(layout[1:])}) for "
-                         f"layout={layout!r}, got shape {tuple(x.shape)}")
+    check_x_dims(x, layout)
     unbatched = x.ndim == 3
     x4 = x[None] if unbatched else x
     tp = make_transpose_problem(x4.shape, weight.shape, None if bias is None else bias.shape, x.dtype, stride,

@@ -17,7 +17,7 @@ import numbers
 
 import numpy as np
 
-from .arguments import ConvProblem, check_arrays, check_layouts, make_problem
+from .arguments import ConvProblem, check_arrays, check_layouts, check_x_dims, make_problem
 from .conv_transpose import input_gradient_problem, transposed
 
 __all__ = ["conv2d_input", "conv2d_weight"]
@@ -105,9 +105,7 @@ def conv2d_weight(x, weight_shape, grad_output, stride=1, padding=0, dilation=1,
     check_layouts(layout, weight_layout)
     shape = _shape(weight_shape, "weight_shape", (4,))
     unbatched = x.ndim == 3
-    if x.ndim not in (3, 4):
-        raise ValueError(f"x must be 4-D ({', '.join(layout)}) or 3-D ({', '.join(layout[1:])}) for "
-                         f"layout={layout!r}, got shape {tuple(x.shape)}")
+    check_x_dims(x, layout)
     problem = make_problem((1, *x.shape) if unbatched else x.shape, shape, None, x.dtype, stride, padding, dilation,
                            groups, layout, weight_layout)
     _check_grad_output(grad_output, problem, unbatched, f"x shape {tuple(x.shape)} and weight_shape {shape}")

@@ -42,6 +42,20 @@ def _activate(y: np.ndarray, activation: str) -> np.ndarray:
     return y
 
 
+def _tap_windows(x: np.ndarray, problem: ConvProblem):
+    """For each kernel tap (r, s): (r, s, the strided view (N, C, Ho, Wo) of the zero-padded input
+    that the tap reads), the input in the accumulator type (float32; float64 for float64)."""
+    acc = np.float64 if problem.dtype == "float64" else np.float32
+    ho, wo = problem.ho, problem.wo
+    (sh, sw), (dh, dw) = problem.stride, problem.dilation
+    padded = np.pad(x.astype(acc, copy=False),
+                    ((0, 0), (0, 0), (problem.pad_top, problem.pad_bottom), (problem.pad_left, problem.pad_right)))
+    for r in range(problem.kh):
+        rows = slice(r * dh, r * dh + sh * (ho - 1) + 1, sh)
+        for s in range(problem.kw):
+            yield r, s, padded[:, :, rows, slice(s * dw, s * dw + sw * (wo - 1) + 1, sw)]
+
+
 def conv2d_numpy(x: np.ndarray, weight: np.ndarray, bias, problem: ConvProblem, out: np.ndarray,
                  residual: np.ndarray | None = None) -> np.ndarray:
     """Write conv2d(x, weight, bias) described by ``problem``, through its epilogue (``residual``: an
@@ -50,17 +64,10 @@ def conv2d_numpy(x: np.ndarray, weight: np.ndarray, bias, problem: ConvProblem, 
     n, g = problem.n, problem.groups
     cg, kg = problem.c // g, problem.k // g
     ho, wo = problem.ho, problem.wo
-    (sh, sw), (dh, dw) = problem.stride, problem.dilation
-    padded = np.pad(x.astype(acc, copy=False),
-                    ((0, 0), (0, 0), (problem.pad_top, problem.pad_bottom), (problem.pad_left, problem.pad_right)))
     taps = weight.astype(acc, copy=False).reshape(g, kg, cg, problem.kh, problem.kw)
     y = np.zeros((n, g, kg, ho * wo), dtype=acc)
-    for r in range(problem.kh):
-        rows = slice(r * dh, r * dh + sh * (ho - 1) + 1, sh)
-        for s in range(problem.kw):
-            cols = slice(s * dw, s * dw + sw * (wo - 1) + 1, sw)
-            window = padded[:, :, rows, cols].reshape(n, g, cg, ho * wo)
-            y += np.matmul(taps[None, :, :, :, r, s], window)
+    for r, s, window in _tap_windows(x, problem):
+        y += np.matmul(taps[None, :, :, :, r, s], window.reshape(n, g, cg, ho * wo))
     y = y.reshape(n, problem.k, ho, wo)
     if bias is not None:
         y += bias.astype(acc).reshape(1, -1, 1, 1)
@@ -78,18 +85,12 @@ def conv2d_weight_numpy(x: np.ndarray, grad_output: np.ndarray, problem: ConvPro
     acc = np.float64 if problem.dtype == "float64" else np.float32
     n, g = problem.n, problem.groups
     cg, kg = problem.c // g, problem.k // g
-    ho, wo = problem.ho, problem.wo
-    (sh, sw), (dh, dw) = problem.stride, problem.dilation
-    padded = np.pad(x.astype(acc, copy=False),
-                    ((0, 0), (0, 0), (problem.pad_top, problem.pad_bottom), (problem.pad_left, problem.pad_right)))
+    plane = problem.ho * problem.wo
     # (groups, Kg, N Ho Wo): the reduction runs over images and output pixels together.
-    dy = grad_output.astype(acc, copy=False).reshape(n, g, kg, ho * wo).transpose(1, 2, 0, 3).reshape(g, kg, -1)
+    dy = grad_output.astype(acc, copy=False).reshape(n, g, kg, plane).transpose(1, 2, 0, 3).reshape(g, kg, -1)
     taps = np.empty((g, kg, cg, problem.kh, problem.kw), dtype=acc)
-    for r in range(problem.kh):
-        rows = slice(r * dh, r * dh + sh * (ho - 1) + 1, sh)
-        for s in range(problem.kw):
-            cols = slice(s * dw, s * dw + sw * (wo - 1) + 1, sw)
-            window = padded[:, :, rows, cols].reshape(n, g, cg, ho * wo).transpose(1, 2, 0, 3).reshape(g, cg, -1)
-            taps[:, :, :, r, s] = np.matmul(dy, window.transpose(0, 2, 1))
+    for r, s, window in _tap_windows(x, problem):
+        window = window.reshape(n, g, cg, plane).transpose(1, 2, 0, 3).reshape(g, cg, -1)
+        taps[:, :, :, r, s] = np.matmul(dy, window.transpose(0, 2, 1))
     out[...] = taps.reshape(problem.weight_shape).astype(out.dtype)
     return out
