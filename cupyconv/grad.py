@@ -124,7 +124,8 @@ def input_gradient(problem: ConvProblem, weight, grad_output, backend: str, allo
 def weight_gradient(problem: ConvProblem, x, grad_output, backend: str, allow_tf32: bool = False):
     """conv2d_weight of a checked ``problem``: 4-D ``x`` and ``grad_output`` (``problem.layout``) of
     the ``backend``; a new array of the weight's shape in ``problem.weight_layout``. On CuPy, the
-    tensor cores where wgrad_tensor_cores takes the problem, else wgrad.py's FMA kernel."""
+    tensor cores where wgrad_tensor_cores takes the problem, depthwise layers of 3x3, 5x5 and 7x7
+    taps on wgrad_depthwise's kernel, the rest on wgrad.py's FMA GEMM."""
     if backend == "numpy":
         from .reference import conv2d_weight_numpy
 
@@ -135,10 +136,15 @@ def weight_gradient(problem: ConvProblem, x, grad_output, backend: str, allow_tf
         return np.ascontiguousarray(out.transpose(0, 2, 3, 1)) if problem.weight_layout == "KHWC" else out
     import cupy
 
-    from . import wgrad, wgrad_tensor_cores
+    from . import wgrad, wgrad_depthwise, wgrad_tensor_cores
     from .launch import aligned
 
-    family = wgrad_tensor_cores if not wgrad_tensor_cores.refusal(problem, allow_tf32) else wgrad
+    if not wgrad_tensor_cores.refusal(problem, allow_tf32):
+        family = wgrad_tensor_cores
+    elif not wgrad_depthwise.refusal(problem):
+        family = wgrad_depthwise
+    else:
+        family = wgrad
     with cupy.cuda.Device(x.device.id):
         out = cupy.empty(problem.weight_array_shape, dtype=x.dtype)
         return family.conv2d_weight_cupy(aligned(x), aligned(grad_output), problem, out)

@@ -5,6 +5,7 @@ import pytest
 from cupyconv.compiler import compile_offline
 from cupyconv.planner import arch_specialisations, kernel_specialisations
 from cupyconv.wgrad import wgrad_specialisations
+from cupyconv.wgrad_depthwise import specialisations as depthwise_wgrad_specialisations
 
 
 def _by_kernel(expressions=None):
@@ -28,10 +29,11 @@ def test_arch_specialisations_compile_without_spills(arch, kernel):
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("kernel", sorted(_by_kernel(wgrad_specialisations())))
+@pytest.mark.parametrize("kernel", sorted(_by_kernel(wgrad_specialisations() + depthwise_wgrad_specialisations())))
 def test_wgrad_specialisations_compile_without_spills(kernel, arch):
-    """The weight gradient's GEMM (every dtype, layout, index width and tile) and its reduction."""
-    _check(kernel, tuple(_by_kernel(wgrad_specialisations())[kernel]), arch)
+    """The weight gradient's GEMM (every dtype, layout, index width and tile), its reduction and the
+    depthwise kernel (every dtype, layout and kernel size)."""
+    _check(kernel, tuple(_by_kernel(wgrad_specialisations() + depthwise_wgrad_specialisations())[kernel]), arch)
 
 
 def _check(kernel, expressions, arch):

@@ -233,3 +233,45 @@ def test_weight_gradient_on_tensor_cores(case, mode, nhwc):
     assert got.shape == w.shape and not got.isnan().any()
     assert relative_error(got, wr.grad) <= bound(mode, wo.grad, wr.grad)
     assert all(bool((r == runs[0]).all()) for r in runs[1:])  # the same bits on every run
+
+
+DEPTHWISE_CASES = [
+    Case(2, 16, 16, 14, 15, 3, 3, padding=1, groups=16),
+    Case(3, 24, 24, 28, 28, 3, 3, stride=2, padding=1, groups=24),
+    Case(1, 40, 40, 17, 19, 5, 5, padding=2, groups=40),
+    Case(2, 8, 24, 12, 12, 3, 3, padding=1, groups=8),             # channel multiplier 3
+    Case(1, 36, 36, 9, 10, 7, 7, padding="same", dilation=(1, 2), groups=36),
+    Case(64, 33, 33, 8, 8, 3, 3, padding=1, groups=33),            # many runs; channels past a warp
+]
+
+
+@pytest.mark.parametrize("nhwc", [False, True], ids=["NCHW", "NHWC"])
+@pytest.mark.parametrize("mode", ["float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("case", DEPTHWISE_CASES, ids=lambda c: c.id)
+def test_depthwise_weight_gradient(case, mode, nhwc):
+    """Depthwise layers take wgrad_depthwise's kernel; against torch in float64, the same bits on
+    every run."""
+    from cupyconv import wgrad_depthwise
+
+    dtype = TORCH_DTYPES[mode]
+    gen = torch.Generator(device="cuda").manual_seed(len(case.id))
+    x = torch.randn(case.n, case.c, case.h, case.w, device="cuda", dtype=torch.float64, generator=gen)
+    w = torch.randn(case.k, 1, case.kh, case.kw, device="cuda", dtype=torch.float64, generator=gen)
+    args = (case.stride, case.padding, case.dilation, case.groups)
+    dy = torch.randn(F.conv2d(x, w, None, *args).shape, device="cuda", dtype=torch.float64, generator=gen)
+    wr = w.clone().requires_grad_()
+    F.conv2d(x, wr, None, *args).backward(dy)
+    layout = ("NHWC", "KHWC") if nhwc else ("NCHW", "KCHW")
+    problem = make_problem(tuple(x.permute(0, 2, 3, 1).shape) if nhwc else tuple(x.shape),
+                           tuple(w.permute(0, 2, 3, 1).shape) if nhwc else tuple(w.shape), None, mode, *args,
+                           *layout)
+    assert wgrad_depthwise.refusal(problem) == ""
+    xc, dyc = to_cupy(x.to(dtype), nhwc), to_cupy(dy.to(dtype), nhwc)
+    with nan_poisoned_memory():
+        runs = [cupyconv.grad.weight_gradient(problem, xc, dyc, "cupy") for _ in range(3)]
+        wo = w.to(dtype).requires_grad_()
+        F.conv2d(x.to(dtype), wo, None, *args).backward(dy.to(dtype))
+    got = from_cupy(runs[0], dtype, nhwc)
+    assert got.shape == w.shape and not got.isnan().any()
+    assert relative_error(got, wr.grad) <= bound(mode, wo.grad, wr.grad)
+    assert all(bool((r == runs[0]).all()) for r in runs[1:])
