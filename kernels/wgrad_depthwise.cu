@@ -13,10 +13,11 @@
 
 namespace cupyconv {
 
-// Two blocks per SM asked of the register allocator (at most 128 registers a thread): without it
-// ptxas gave the 7x7 NHWC instances 80 registers and spilled.
+// Two blocks per SM asked of the register allocator (at most 128 registers a thread) for float sums:
+// without it ptxas gave the 7x7 NHWC instances 80 registers and spilled. One for double's 49 sums of
+// two registers each.
 template <typename T, bool CHANNELS_LAST, int KH, int KW>
-__global__ void __launch_bounds__(256, 2)
+__global__ void __launch_bounds__(256, sizeof(typename accumulator<T>::type) == 8 ? 1 : 2)
 wgrad_depthwise(const T* __restrict__ x, const T* __restrict__ dy, typename accumulator<T>::type* __restrict__ ws,
                 int N, int C, int H, int W, int K, int Ho, int Wo, int sh, int sw, int pt, int pl, int dh, int dw) {
     using Acc = typename accumulator<T>::type;
@@ -31,10 +32,13 @@ wgrad_depthwise(const T* __restrict__ x, const T* __restrict__ dy, typename accu
     Acc acc[TAPS];
 #pragma unroll
     for (int t = 0; t < TAPS; ++t) acc[t] = Acc(0);
-    if (active) {
+    if (active && begin + lane < end) {
+        // The pixel's image and place in it, advanced by LANES per step: one 64-bit division per
+        // thread, not one per pixel (emulated, it cost more than the pixel's loads and FMAs).
+        long long n = (begin + lane) / plane;
+        int pq = static_cast<int>(begin + lane - n * plane);
         for (long long l = begin + lane; l < end; l += LANES) {
-            const long long n = l / plane;
-            const int pq = static_cast<int>(l - n * plane), p = pq / Wo, q = pq - p * Wo;
+            const int p = pq / Wo, q = pq - p * Wo;
             const Acc g = to_acc<Acc>(dy[CHANNELS_LAST ? l * K + k : (n * K + k) * plane + pq]);
             const T* image = CHANNELS_LAST ? x + n * H * W * C + c : x + (n * C + c) * H * W;
             const int ih0 = p * sh - pt, iw0 = q * sw - pl;
@@ -50,6 +54,7 @@ wgrad_depthwise(const T* __restrict__ x, const T* __restrict__ dy, typename accu
                     acc[r * KW + s] += g * to_acc<Acc>(image[CHANNELS_LAST ? at * C : at]);
                 }
             }
+            for (pq += LANES; pq >= plane; pq -= static_cast<int>(plane)) ++n;
         }
     }
     // The lanes' sums, tap by tap, in a fixed tree order.
