@@ -22,8 +22,10 @@ TARGET_BLOCKS = 528
 MIN_RUN_PIXELS = {"NCHW": 4096, "NHWC": 512}
 
 
+@functools.lru_cache(maxsize=1024)
 def refusal(problem: ConvProblem) -> str:
-    """Why this kernel cannot compute ``problem``'s weight gradient ("" when it can)."""
+    """Why this kernel cannot compute ``problem``'s weight gradient ("" when it can). Kept per problem:
+    every backward of a layer asks it again."""
     if problem.c // problem.groups != 1:
         return f"{problem.c // problem.groups} input channels per group (not depthwise)"
     if (problem.kh, problem.kw) not in KERNEL_SIZES:

@@ -48,8 +48,10 @@ def dual_problem(problem: ConvProblem) -> ConvProblem:
                        layout="NHWC", weight_layout="KHWC")
 
 
+@functools.lru_cache(maxsize=1024)
 def refusal(problem: ConvProblem, allow_tf32: bool) -> str:
-    """Why the tensor cores cannot compute ``problem``'s weight gradient ("" when they can)."""
+    """Why the tensor cores cannot compute ``problem``'s weight gradient ("" when they can). Kept per
+    problem: every backward of a layer asks it again."""
     if problem.dtype == "float64" or (problem.dtype == "float32" and not allow_tf32):
         return f"{problem.dtype}{'' if problem.dtype == 'float64' else ' (strict, allow_tf32=False)'} has no tensor-core path"
     if problem.groups != 1:
