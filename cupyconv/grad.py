@@ -90,8 +90,8 @@ def conv2d_weight(x, weight_shape, grad_output, stride=1, padding=0, dilation=1,
     Returns:
         An array of ``weight_shape`` (in ``weight_layout``), x's dtype and device, bitwise the same
         on every run. On the GPU, float16, bfloat16 and TF32 ungrouped convolutions run on the
-        tensor cores (the forward's channels-last GEMM computing the gradient as a convolution,
-        its N x Ho x Wo reduction split into runs added in a fixed order; wgrad_tensor_cores.py);
+        tensor cores (an implicit GEMM reading channels-last x and dy in place, its N x Ho x Wo
+        reduction split into runs added in a fixed order; wgrad_tensor_cores.py);
         the rest, strict float32 and float64 included, on an implicit GEMM on the FMA units that
         accumulates in float32 (float64 for float64) in fixed-length chunks added in a fixed
         order, so that the error does not grow with N Ho Wo as a serial sum's does (wgrad.py). On

@@ -1,18 +1,19 @@
-"""The weight gradient on the tensor cores (float16, bfloat16, and float32 as TF32): the forward
-channels-last implicit GEMM (families/implicit_gemm_nhwc.py) computing it as a convolution.
+"""The weight gradient on the tensor cores (float16, bfloat16, and float32 as TF32): the implicit GEMM
+of kernels/wgrad_tensor_cores.cu, reading channels-last x and dy in place, and wgrad.py's ordered
+reduction of its runs.
 
-    dW[k, c, r, s] = sum over n, p, q of dy[n, k, p, q] x[n, c, p sh + r dh - pt, q sw + s dw - pl]
+    dW[o, (r, s, c)] = sum over l = (n, p, q) of dy[n, p, q, o] x[n, p sh + r dh - pt, q sw + s dw - pl, c]
 
-is a forward convolution with the roles moved: its batch is the C input channels, its channels the
-N images, its kernel taps the Ho x Wo output pixels (dy as a weight [K][Ho][Wo][N]), its output
-pixels the kh x kw taps of the weight, its stride the dilation and its dilation the stride, with
-the same padding. Its input x' = x as [C][H][W][N] and its weight dy' = dy as [K][Ho][Wo][N] are
-made by the tiled transpose of kernels/nchw_to_nhwc.cu (N padded with zeros to whole 16-byte
-pieces); it writes [C][kh'][kw'][K] (kh' > kh only where the input has rows that no tap reads: those are cut)
-and that is transposed into the weight's layout. The N Ho Wo reduction runs in split-K runs (float32
-partial sums added in a fixed order by split_k_reduce), enough to fill the GPU with blocks: the
+is a GEMM of K rows, J = kh kw C columns and a reduction over the L = N Ho Wo output pixels. Both
+operands are read l-major (a pixel's channels are contiguous in NHWC) and transposed by ldmatrix on
+their way to the tensor cores. NCHW inputs, and channel counts that no whole 16-byte piece of dy (or
+4-byte piece of x) divides, are first copied channels-last with zero channels (nchw_to_nhwc.cu); the
+zero rows and columns of the result are cut. The reduction runs in splits fixed by the problem alone,
+whose float32 partial sums wgrad_reduce adds in order and rounds once into the weight's layout: the
 result is bitwise the same on every run. Ungrouped convolutions only; the rest take wgrad.py's FMA
-kernel.
+kernel (wgrad_depthwise.py for depthwise layers).
+
+This module holds the family's tile table, its choice and refusal, the plan and the launch.
 """
 from __future__ import annotations
 
@@ -20,122 +21,331 @@ import dataclasses
 import functools
 import math
 
+from . import wgrad
 from .arguments import ConvProblem
-from .families import implicit_gemm_nhwc
-from .families.common import MAX_GRID_Y, SPLIT_K_MAX_WORKSPACE_BYTES
+from .families.common import CTYPES, INDEX_TYPES, MAX_GRID_Y, STORAGE_BYTES, forced_config
 
-#: Blocks wanted (two waves of the H100's 132 SMs) and k tiles each run of the reduction keeps at
-#: least (a shorter run spends its time filling the pipeline).
+KERNEL = "wgrad_tensor_cores"
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    """Thread-block tile: bm output channels x bj (tap, channel) columns, l tiles of bl pixels through
+    ``stages`` buffers, warps_m x warps_j warps, multiplying with mma.sync or (``wgmma``, sm_90a, 16-bit
+    types) wgmma. ``speed``: the tensor-core rate relative to the 128 x 128 tile of the same kind that
+    the choice assumes (smaller tiles load more per multiply-add)."""
+
+    name: str
+    bm: int
+    bj: int
+    bl: int
+    warps_m: int
+    warps_j: int
+    stages: int
+    speed: float
+    wgmma: bool = False
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_j
+
+    def shared_bytes(self, itemsize: int) -> int:
+        """Pipeline buffers: per stage, bl rows of bm + 8 (dy) and bj + 8 (x) elements; wgmma: unpadded
+        rows and 1 KB to align the tiles."""
+        if self.wgmma:
+            return self.stages * self.bl * (self.bm + self.bj) * itemsize + 1024
+        return self.stages * self.bl * (self.bm + 8 + self.bj + 8) * itemsize
+
+
+#: Tiles per storage size: k tiles (bl) of 64 bytes of each pixel row, four stages. The speeds are
+#: estimates from the loads per multiply-add (128 x 128 loads 1 element per 64, 64 x 128 per 42.7,
+#: 64 x 64 per 32), to be replaced by timings.
+CONFIGS = {
+    itemsize: tuple(TileConfig(f"tc_m{bm}j{bj}", bm, bj, 64 // itemsize, warps_m, warps_j, 4, speed)
+                    for bm, bj, warps_m, warps_j, speed in ((128, 128, 2, 4, 1.0), (64, 128, 2, 2, 0.85),
+                                                            (64, 64, 2, 2, 0.7)))
+    for itemsize in (2, 4)
+}
+#: Hopper (sm_90a) tiles for 16-bit types read in 16-byte pieces: warpgroups of 64 channels x 128
+#: columns, l tiles of 64 pixels (128 bytes of each row per panel): 128 x 128 in three stages (two
+#: blocks an SM), 64 x 128 (layers of 64 channels) and 256 x 128 (one block an SM, half the loads per
+#: multiply-add of 128 x 128) in four. From an H100 sweep of these and of 128 x 64, six-stage tiles of
+#: 32 pixels and four-stage 128 x 128 (benchmarks/NOTES.md): none of those was faster by more than
+#: the noise on any ResNet-50 or VGG layer.
+WGMMA_ARCH = "sm_90a"
+WGMMA_COMPUTE_CAPABILITY = 90
+WGMMA_CONFIGS = tuple(TileConfig(f"tc_wgmma_m{bm}j128", bm, 128, 64, bm // 16, 1, stages, speed, wgmma=True)
+                      for bm, stages, speed in ((128, 3, 1.0), (64, 4, 0.85), (256, 4, 1.05)))
+CONFIG_NAMES = frozenset(c.name for configs in (*CONFIGS.values(), WGMMA_CONFIGS) for c in configs)
+#: Blocks the runs aim at: two per SM on the H100's 132 (a fixed rule, not the device's, so that the
+#: result's bits depend on the problem alone).
 TARGET_BLOCKS = 264
-MIN_RUN_K_TILES = 16
+#: l tiles each run keeps at least (a shorter run spends its time filling the pipeline).
+MIN_RUN_TILES = 8
+#: Bytes of an x piece per storage size: 16 where the channels allow, else 8 (16-bit types, their
+#: channels padded to a multiple of 4) or 4 (float32, any channels).
+X_VECS = {2: (16, 8), 4: (16, 4)}
 
 
-def _padded_images(problem: ConvProblem) -> int:
-    """The images N rounded up to whole 16-byte pieces (the copies' zero channels)."""
-    per_piece = 16 // (4 if problem.dtype == "float32" else 2)
-    return math.ceil(problem.n / per_piece) * per_piece
+@dataclasses.dataclass(frozen=True)
+class TensorCorePlan:
+    """The launches of one weight gradient: copies where needed (``x_copy``, ``dy_copy``: 'transpose' from
+    NCHW, 'pad' for zero channels, '' in place), the GEMM ``expression`` on ``grid`` x ``block`` with
+    ``shared_bytes`` into a float32 workspace [splits][Kp][kh kw Cp], then wgrad_reduce into the weight
+    (through a [Kp][kh][kw][Cp] temporary where Cp > C or Kp > K). ``reason`` says why."""
+
+    config: TileConfig
+    dtype: str
+    layout: str
+    weight_layout: str
+    index_type: str
+    arch: str            # the NVRTC target the GEMM needs ("" for the device's own)
+    channels: int        # Cp: x's channels as the kernel reads them
+    out_channels: int    # Kp: dy's
+    x_vec: int
+    x_copy: str
+    dy_copy: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    splits: int
+    workspace_bytes: int
+    expression: str
+    reduce_expression: str
+    reason: str
+
+    def __str__(self) -> str:
+        c = self.config
+        return (f"{KERNEL} [{c.name}: {c.bm} out channels x {c.bj} (tap, channel) columns, l tiles of {c.bl}, "
+                f"{c.stages} stages, {c.threads} threads, {'wgmma (' + self.arch + ')' if c.wgmma else 'mma.sync'}]\n"
+                f"  {self.dtype} (float32 accumulators), {self.layout} -> {self.weight_layout}, {self.index_type} "
+                f"indices; x as {self.channels} channels in {self.x_vec}-byte pieces "
+                f"({self.x_copy or 'in place'}), dy as {self.out_channels} ({self.dy_copy or 'in place'})\n"
+                f"  grid {self.grid} ((j tiles, o tiles, runs)), block {self.block}, {self.shared_bytes} B shared; "
+                f"workspace {self.workspace_bytes} B\n"
+                f"  {self.expression}\n  {self.reduce_expression}\n  why: {self.reason}")
 
 
-def dual_problem(problem: ConvProblem) -> ConvProblem:
-    """The forward convolution whose output is ``problem``'s weight gradient (as [C][kh'][kw'][K])."""
-    p = problem
-    # Trailing padding that makes the output exactly kh x kw where no input row must be cut for it.
-    bottom = max(0, p.dilation[0] * (p.kh - 1) + p.stride[0] * (p.ho - 1) + 1 - p.h - p.pad_top)
-    right = max(0, p.dilation[1] * (p.kw - 1) + p.stride[1] * (p.wo - 1) + 1 - p.w - p.pad_left)
-    return ConvProblem(n=p.c, c=_padded_images(p), h=p.h, w=p.w, k=p.k, kh=p.ho, kw=p.wo,
-                       stride=p.dilation, dilation=p.stride, pad_top=p.pad_top, pad_left=p.pad_left,
-                       pad_bottom=bottom, pad_right=right, groups=1, dtype=p.dtype, has_bias=False,
-                       layout="NHWC", weight_layout="KHWC")
+def _channels(problem: ConvProblem) -> tuple[int, int, int]:
+    """(Cp, Kp, x piece bytes): dy's channels rounded up to whole 16-byte pieces; x's rounded up to the
+    narrower piece of X_VECS, or to 16-byte pieces where that adds no more channels."""
+    item = STORAGE_BYTES[problem.dtype]
+
+    def rounded(channels: int, vec: int) -> int:
+        return math.ceil(channels * item / vec) * vec // item
+
+    wide, narrow = X_VECS[item]
+    vec = wide if rounded(problem.c, wide) == rounded(problem.c, narrow) else narrow
+    return rounded(problem.c, vec), rounded(problem.k, 16), vec
+
+
+def _sizes(problem: ConvProblem) -> tuple[int, int, int]:
+    """(Kp, J, L): the GEMM's rows and columns as the kernel computes them, and its reduction."""
+    cp, kp, _ = _channels(problem)
+    return kp, problem.kh * problem.kw * cp, problem.n * problem.ho * problem.wo
+
+
+def _tiles(problem: ConvProblem, cfg: TileConfig) -> tuple[int, int]:
+    kp, j, _ = _sizes(problem)
+    return math.ceil(j / cfg.bj), math.ceil(kp / cfg.bm)
+
+
+def _wgmma_applies(problem: ConvProblem, compute_capability: int) -> bool:
+    """wgmma's tiles run 16-bit types read in 16-byte pieces, on sm_90a."""
+    return compute_capability == WGMMA_COMPUTE_CAPABILITY and STORAGE_BYTES[problem.dtype] == 2 and \
+        _channels(problem)[2] == 16
+
+
+def configs(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, ...]:
+    """The tiles that can run ``problem``: mma.sync's, and wgmma's where they apply."""
+    item = STORAGE_BYTES[problem.dtype]
+    return CONFIGS[item] + (WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else ())
+
+
+def _choose_config(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, str]:
+    """The tile of least padded area per unit of speed (the first on ties: the larger tile), among
+    wgmma's where they apply, else mma.sync's."""
+    kp, j, _ = _sizes(problem)
+    configs = WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else CONFIGS[STORAGE_BYTES[problem.dtype]]
+
+    def cost(cfg: TileConfig) -> float:
+        return math.ceil(kp / cfg.bm) * cfg.bm * math.ceil(j / cfg.bj) * cfg.bj / cfg.speed
+
+    cfg = min(configs, key=cost)
+    return cfg, (f"Kp={kp} x J={j}: {cfg.name} wastes least (padded area / estimated speed {cost(cfg):.0f}, "
+                 f"against {', '.join(f'{c.name} {cost(c):.0f}' for c in configs if c is not cfg)})")
 
 
 @functools.lru_cache(maxsize=1024)
 def refusal(problem: ConvProblem, allow_tf32: bool) -> str:
     """Why the tensor cores cannot compute ``problem``'s weight gradient ("" when they can). Kept per
     problem: every backward of a layer asks it again."""
-    if problem.dtype == "float64" or (problem.dtype == "float32" and not allow_tf32):
-        return f"{problem.dtype}{'' if problem.dtype == 'float64' else ' (strict, allow_tf32=False)'} has no tensor-core path"
+    if problem.dtype not in DTYPES or (problem.dtype == "float32" and not allow_tf32):
+        return f"{problem.dtype}{' (strict, allow_tf32=False)' if problem.dtype == 'float32' else ''} has no tensor-core path"
     if problem.groups != 1:
         return f"{problem.groups} groups"
     if problem.n == 0:
         return "an empty batch"
-    dual = dual_problem(problem)
-    if max(dual.n * dual.h * dual.w * dual.c, dual.k * dual.kh * dual.kw * dual.c) >= 2**31 or dual.n > MAX_GRID_Y or \
-            (problem.layout == "NHWC" and math.ceil(problem.n * problem.h * problem.w / 32) > MAX_GRID_Y):
-        return "the transposed copies pass 2^31 elements or the grid's limits"
-    return implicit_gemm_nhwc.refusal(dual)
+    why_not = wgrad.refusal(problem)
+    if why_not:
+        return why_not
+    kp, j, _ = _sizes(problem)
+    if kp * j >= 2**31:
+        return f"a weight of {kp * j} elements past wgrad_reduce's 32-bit element index"
+    if problem.layout == "NCHW" and max(problem.n, math.ceil(problem.k / 32), math.ceil(problem.c / 32)) > MAX_GRID_Y:
+        return f"batch {problem.n} past the channels-last copies' grid limit {MAX_GRID_Y}"
+    if math.ceil(kp / 64) > MAX_GRID_Y:
+        return f"{problem.k} output channels past the grid's y limit"
+    return ""
 
 
-@functools.lru_cache(maxsize=1024)
-def make_plan(problem: ConvProblem, compute_capability: int = 0):
-    """The dual problem and the channels-last GEMM's plan for it, split into runs of the reduction:
-    as many as give about TARGET_BLOCKS blocks, each of at least MIN_RUN_K_TILES k tiles, within the
-    partial sums' workspace cap and 32-bit indices."""
-    dual = dual_problem(problem)
-    whole = implicit_gemm_nhwc.make_plan(dual, None, "weight gradient as a forward convolution", compute_capability,
-                                         splits=1)
-    tiles = math.prod(whole.grid)
-    k_tiles = math.ceil(dual.kh * dual.kw * dual.c / whole.config.bk)
-    elements = math.prod(dual.out_shape)
-    splits = min(math.ceil(TARGET_BLOCKS / tiles), max(1, k_tiles // MIN_RUN_K_TILES), MAX_GRID_Y,
-                 max(1, SPLIT_K_MAX_WORKSPACE_BYTES // (4 * elements)), max(1, (2**31 - 1) // elements))
-    if whole.index_type != "int" or splits <= 1:
-        splits = 1
-    plan = implicit_gemm_nhwc.make_plan(dual, None, "weight gradient as a forward convolution", compute_capability,
-                                        splits=splits)
-    return dual, dataclasses.replace(plan, layout="NHWC", weight_layout="KHWC")
+def _copy(problem: ConvProblem, channels: int, padded: int) -> str:
+    if problem.layout == "NCHW":
+        return "transpose"
+    return "pad" if padded != channels else ""
 
 
-def _transposed_copy(source, rows: int, columns: int, columns_padded: int, out, batches: int = 1):
-    """out[b][j][i] = source[b][i][j] for each of ``batches`` matrices of ``columns`` x ``rows``
-    (i < columns; zeros for columns <= i < columns_padded): the tiled transpose of
-    kernels/nchw_to_nhwc.cu, which copies bits (16-bit types as float16)."""
+def expression(dtype: str, index: str, cfg: TileConfig, x_vec: int) -> str:
+    """The C++ template instance of the GEMM."""
+    return (f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bj},{cfg.bl},{cfg.warps_m},{cfg.warps_j},"
+            f"{cfg.stages},{x_vec},{'true' if cfg.wgmma else 'false'}>")
+
+
+# typed: splits=True or 2.0 must reach the checks, not the plan cached for 1 or 2.
+@functools.lru_cache(maxsize=1024, typed=True)
+def make_plan(problem: ConvProblem, allow_tf32: bool = True, config: str | None = None,
+              splits: int | None = None, compute_capability: int = 0) -> TensorCorePlan:
+    """The launch plan of ``problem``'s weight gradient on the tensor cores.
+
+    Args:
+        problem: the forward convolution (cupyconv.arguments.make_problem); its layout says how x and
+            grad_output are held, its weight_layout how the gradient is written.
+        allow_tf32: whether float32 may run as TF32 (it must: strict float32 is refused).
+        config: a name from CONFIGS (or, on sm_90a for 16-byte pieces, WGMMA_CONFIGS) to force the
+            tile (tests); None chooses by shape.
+        splits: the runs of the reduction to force (tests); None chooses from the problem: enough for
+            TARGET_BLOCKS blocks, each run of at least MIN_RUN_TILES l tiles, within wgrad.py's
+            workspace cap.
+        compute_capability: the device's (compiler.compute_capability(); 90 takes wgmma's tiles
+            where they apply), 0 for none.
+
+    Raises:
+        ValueError: naming why, for a problem the kernel cannot run, an unknown config, or splits out
+            of range.
+    """
+    why_not = refusal(problem, allow_tf32)
+    if why_not:
+        raise ValueError(f"{KERNEL} cannot run {problem}: {why_not}")
+    item = STORAGE_BYTES[problem.dtype]
+    if config is not None:
+        cfg = forced_config(configs(problem, compute_capability), config,
+                            f"config for {KERNEL} in {problem.dtype} on compute capability {compute_capability}")
+        why = "config forced by the caller"
+    else:
+        cfg, why = _choose_config(problem, compute_capability)
+    cp, kp, x_vec = _channels(problem)
+    _, j, length = _sizes(problem)
+    j_tiles, o_tiles = _tiles(problem, cfg)
+    l_tiles = math.ceil(length / cfg.bl)
+    run_bytes = kp * j * 4
+    if splits is None:
+        wanted = math.ceil(TARGET_BLOCKS / (j_tiles * o_tiles))
+        splits = max(1, min(wanted, l_tiles // MIN_RUN_TILES, wgrad.MAX_WORKSPACE_BYTES // run_bytes, MAX_GRID_Y))
+        why += (f"; {splits} run(s) of the {length} pixels: {j_tiles * o_tiles} tiles want {wanted} for "
+                f"{TARGET_BLOCKS} blocks, runs of >= {MIN_RUN_TILES} l tiles allow {l_tiles // MIN_RUN_TILES}")
+    else:
+        if isinstance(splits, bool) or not isinstance(splits, int) or not 1 <= splits <= MAX_GRID_Y:
+            raise ValueError(f"splits must be an int from 1 to {MAX_GRID_Y} (CUDA's grid z limit), got {splits!r}")
+        if splits > 1 and splits * run_bytes > wgrad.MAX_WORKSPACE_BYTES:
+            raise ValueError(f"splits={splits} needs a workspace of {splits * run_bytes} B, past the cap of "
+                             f"{wgrad.MAX_WORKSPACE_BYTES} B (weight gradient of {kp} x {j} in float32)")
+        why += f"; splits forced by the caller: {splits}"
+    largest = max(problem.n * problem.h * problem.w * cp, length * kp)
+    index = "int" if largest < 2**31 else "long long"
+    return TensorCorePlan(
+        config=cfg, dtype=problem.dtype, layout=problem.layout, weight_layout=problem.weight_layout,
+        index_type=index, arch=WGMMA_ARCH if cfg.wgmma else "", channels=cp, out_channels=kp, x_vec=x_vec,
+        x_copy=_copy(problem, problem.c, cp),
+        dy_copy=_copy(problem, problem.k, kp), grid=(j_tiles, o_tiles, splits), block=(cfg.threads, 1, 1),
+        shared_bytes=cfg.shared_bytes(item), splits=splits, workspace_bytes=splits * run_bytes,
+        expression=expression(problem.dtype, index, cfg, x_vec),
+        reduce_expression=wgrad.reduce_specialisation(problem.dtype), reason=why)
+
+
+def specialisations() -> list[str]:
+    """Every mma.sync GEMM name expression a plan can use (wgrad.py lists the reduction's)."""
+    return [expression(dtype, index, cfg, vec) for dtype in DTYPES for index in INDEX_TYPES
+            for cfg in CONFIGS[STORAGE_BYTES[dtype]] for vec in X_VECS[STORAGE_BYTES[dtype]]]
+
+
+def arch_specialisations() -> dict[str, list[str]]:
+    """The GEMM name expressions that need an architecture-specific target: wgmma's, for sm_90a."""
+    return {WGMMA_ARCH: [expression(dtype, index, cfg, 16) for dtype in ("float16", "bfloat16")
+                         for index in INDEX_TYPES for cfg in WGMMA_CONFIGS]}
+
+
+def _channels_last(a, how: str, positions: int, channels: int, padded: int):
+    """``a`` as a C-contiguous [positions][padded] array: itself, or a copy with zero channels from
+    NHWC ('pad') or NCHW ('transpose'), by the kernels of nchw_to_nhwc.cu (bits copied: 16-bit types
+    as float16)."""
+    import cupy
     import numpy as np
 
     from .compiler import get_kernel
-    from .families.common import CTYPES
+    from .families.implicit_gemm_nhwc import CHANNELS_LAST_TILED, PAD_CHANNELS
 
-    kernel = implicit_gemm_nhwc.CHANNELS_LAST_TILED
-    dtype = {2: "float16", 4: "float32", 8: "float64"}[source.dtype.itemsize]
-    function = get_kernel(kernel, f"cupyconv::{kernel}<{CTYPES[dtype]},false>")
-    function((math.ceil(rows / 32), math.ceil(columns_padded / 32), batches), (32, 8, 1),
-             (source, out, np.int32(columns), np.int32(rows), np.int32(columns_padded)))
-
-
-def _images_last(a, problem: ConvProblem, images_padded: int):
-    """x (N, C, H, W) or dy (N, K, Ho, Wo), in ``problem.layout``, as [channels][plane][images_padded]."""
-    import cupy
-
+    if not how:
+        return a
     n = a.shape[0]
-    plane_channels = a.size // max(n, 1)
-    channels = a.shape[3] if problem.layout == "NHWC" else a.shape[1]
-    plane = plane_channels // channels
-    out = cupy.empty((channels, plane, images_padded), dtype=a.dtype)
-    if problem.layout == "NCHW":  # [N][C plane] -> [C plane][Np]: one transpose
-        _transposed_copy(a, plane_channels, n, images_padded, out)
-    else:  # [N plane][C] -> [C][N plane] -> [C][plane][Np]: two
-        middle = cupy.empty((channels, n * plane), dtype=a.dtype)
-        _transposed_copy(a, channels, n * plane, n * plane, middle)
-        _transposed_copy(middle, plane, n, images_padded, out, batches=channels)
+    out = cupy.empty((positions, padded), dtype=a.dtype)
+    ctype = CTYPES["float32" if a.dtype.itemsize == 4 else "float16"]
+    if how == "pad":
+        function = get_kernel(PAD_CHANNELS, f"cupyconv::{PAD_CHANNELS}<{ctype},false>")
+        function((math.ceil(positions * padded / 256),), (256,),
+                 (a, out, np.int32(channels), np.int32(positions), np.int32(padded)))
+    else:  # [N][C][plane] -> [N][plane][Cp]
+        plane = positions // max(n, 1)
+        function = get_kernel(CHANNELS_LAST_TILED, f"cupyconv::{CHANNELS_LAST_TILED}<{ctype},false>")
+        function((math.ceil(plane / 32), math.ceil(padded / 32), n), (32, 8, 1),
+                 (a, out, np.int32(channels), np.int32(plane), np.int32(padded)))
     return out
 
 
-def conv2d_weight_cupy(x, grad_output, problem: ConvProblem, out):
+def conv2d_weight_cupy(x, grad_output, problem: ConvProblem, out, plan: TensorCorePlan | None = None):
     """Write ``problem``'s weight gradient into ``out`` (C-contiguous, ``problem.weight_array_shape``)
     from C-contiguous CuPy ``x`` and ``grad_output`` in ``problem.layout``, on CuPy's current stream
-    (refusal(problem, ...) must be ""; float32 runs as TF32)."""
+    (float32 runs as TF32; refusal(problem, True) must be ""). ``plan``: from make_plan (None: the
+    default)."""
     import cupy
+    import numpy as np
 
-    from .compiler import compute_capability
-    from .executor import executable_for_plan
-    from .launch import run
+    from .compiler import compute_capability, get_kernel
 
-    dual, plan = make_plan(problem, compute_capability())
-    images = dual.c
-    x_t = _images_last(x, problem, images)
-    dy_t = _images_last(grad_output, problem, images)
-    dual_out = cupy.empty(dual.out_array_shape, dtype=x.dtype)
-    run(executable_for_plan(plan, dual, cupy.cuda.Device().id), x_t, dy_t, None, dual_out)
-    taps = dual_out[:, :problem.kh, :problem.kw, :]  # [C][kh][kw][K]
-    out[...] = taps.transpose(3, 1, 2, 0) if problem.weight_layout == "KHWC" else taps.transpose(3, 0, 1, 2)
+    p = problem
+    if plan is None:
+        plan = make_plan(p, True, None, None, compute_capability())
+    elif (plan.dtype, plan.layout, plan.weight_layout) != (p.dtype, p.layout, p.weight_layout):
+        raise ValueError(f"plan is for {plan.dtype} {plan.layout} -> {plan.weight_layout}, the problem is "
+                         f"{p.dtype} {p.layout} -> {p.weight_layout}")
+    cp, kp = plan.channels, plan.out_channels
+    x_cl = _channels_last(x, plan.x_copy, p.n * p.h * p.w, p.c, cp)
+    dy_cl = _channels_last(grad_output, plan.dy_copy, p.n * p.ho * p.wo, p.k, kp)
+    j = p.kh * p.kw * cp
+    workspace = cupy.empty(plan.workspace_bytes // 4, dtype=np.float32)
+    i32 = np.int32
+    gemm = get_kernel(KERNEL, plan.expression, plan.arch)
+    gemm(plan.grid, plan.block,
+         (x_cl, dy_cl, workspace, *(i32(v) for v in (
+             p.n, cp, p.h, p.w, kp, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1], p.pad_top, p.pad_left,
+             p.dilation[0], p.dilation[1]))), shared_mem=plan.shared_bytes)
+    exact = (cp, kp) == (p.c, p.k)
+    target = out if exact else cupy.empty((kp, p.kh, p.kw, cp), dtype=out.dtype)
+    reduce = get_kernel(wgrad.REDUCE_KERNEL, plan.reduce_expression)
+    reduce((math.ceil(kp * j / wgrad.REDUCE_BLOCK),), (wgrad.REDUCE_BLOCK,),
+           (workspace, target, i32(plan.splits), i32(kp * j), i32(cp), i32(p.kh * p.kw), i32(1),
+            i32(not exact or p.weight_layout == "KHWC")))
+    if not exact:
+        cut = target[:p.k, :, :, :p.c]
+        out[...] = cut if p.weight_layout == "KHWC" else cut.transpose(0, 3, 1, 2)
     return out
-

@@ -32,6 +32,17 @@ __device__ __forceinline__ unsigned long long wgmma_descriptor(unsigned address)
            (1ull << 62);
 }
 
+// Descriptor of an MN-major tile, 128-byte swizzled (wgmma's transposed operands, 16-bit types
+// only): each row is 128 bytes of 64 consecutive m (or n) at one k, 16-byte piece j of row k stored
+// in slot j ^ (k % 8); groups of 8 k rows are 1024 bytes apart (the stride offset), and 64-wide
+// panels of m (or n) are ``panel_bytes`` apart (the leading offset). + 2048 bytes per instruction
+// (16 k rows).
+__device__ __forceinline__ unsigned long long wgmma_descriptor_mn(unsigned address, unsigned panel_bytes) {
+    return static_cast<unsigned long long>((address & 0x3FFFF) >> 4) |
+           (static_cast<unsigned long long>((panel_bytes & 0x3FFFF) >> 4) << 16) | ((1024ull >> 4) << 32) |
+           (1ull << 62);
+}
+
 // Before the first wgmma of a tile: orders this thread's earlier accumulator accesses before it.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -42,7 +53,8 @@ template <int Pending> __device__ __forceinline__ void wgmma_wait() {
 
 // d (64 x N, float32) += A (64 x k) B (k x N) for one instruction's k: 16 of half_t / bfloat16_t,
 // 8 of TF32 (float storage), i.e. 32 bytes of each row. a and b are wgmma_descriptor()s.
-template <typename T, int N> struct wgmma_op;
+// MN_MAJOR: both operands MN-major (wgmma_descriptor_mn), transposed by the tensor cores.
+template <typename T, int N, bool MN_MAJOR = false> struct wgmma_op;
 
 // The accumulator operand lists: "%0, %1, ..." for N / 2 registers; the descriptors follow them.
 #define CUPYCONV_WGMMA_D32 \
@@ -57,11 +69,11 @@ template <typename T, int N> struct wgmma_op;
 #define CUPYCONV_ACC32 CUPYCONV_ACC8(0), CUPYCONV_ACC8(8), CUPYCONV_ACC8(16), CUPYCONV_ACC8(24)
 #define CUPYCONV_ACC64 CUPYCONV_ACC32, CUPYCONV_ACC8(32), CUPYCONV_ACC8(40), CUPYCONV_ACC8(48), CUPYCONV_ACC8(56)
 
-// One specialisation per (type, N): the PTX names the shape and types, and the operand list is as
-// long as the accumulators. Scale-d is 1 (accumulate); A and B are not scaled and not transposed
-// (both K-major; TF32 has no transpose operands).
-#define CUPYCONV_WGMMA(TYPE, N, REGS, SHAPE_TYPES, MODIFIERS)                                               \
-    template <> struct wgmma_op<TYPE, N> {                                                                  \
+// One specialisation per (type, N, majorness): the PTX names the shape and types, and the operand
+// list is as long as the accumulators. Scale-d is 1 (accumulate); A and B are not scaled, and
+// transposed (MN-major) or not (K-major; TF32 has no transpose operands).
+#define CUPYCONV_WGMMA(TYPE, N, REGS, SHAPE_TYPES, MN_MAJOR, MODIFIERS)                                     \
+    template <> struct wgmma_op<TYPE, N, MN_MAJOR> {                                                        \
         static __device__ __forceinline__ void run(float (&d)[N / 2], unsigned long long a,                 \
                                                    unsigned long long b) {                                  \
             asm volatile("wgmma.mma_async.sync.aligned.m64n" #N SHAPE_TYPES " {" CUPYCONV_WGMMA_D##REGS     \
@@ -71,12 +83,14 @@ template <typename T, int N> struct wgmma_op;
     };
 #define CUPYCONV_NEXT_32 "33"
 #define CUPYCONV_NEXT_64 "65"
-#define CUPYCONV_WGMMA_ALL_N(TYPE, SHAPE_TYPES_K, MODIFIERS) \
-    CUPYCONV_WGMMA(TYPE, 64, 32, SHAPE_TYPES_K, MODIFIERS)   \
-    CUPYCONV_WGMMA(TYPE, 128, 64, SHAPE_TYPES_K, MODIFIERS)
+#define CUPYCONV_WGMMA_ALL_N(TYPE, SHAPE_TYPES_K, MN_MAJOR, MODIFIERS) \
+    CUPYCONV_WGMMA(TYPE, 64, 32, SHAPE_TYPES_K, MN_MAJOR, MODIFIERS)   \
+    CUPYCONV_WGMMA(TYPE, 128, 64, SHAPE_TYPES_K, MN_MAJOR, MODIFIERS)
 
-CUPYCONV_WGMMA_ALL_N(half_t, "k16.f32.f16.f16", ", 0, 0")
-CUPYCONV_WGMMA_ALL_N(bfloat16_t, "k16.f32.bf16.bf16", ", 0, 0")
-CUPYCONV_WGMMA_ALL_N(float, "k8.f32.tf32.tf32", "")
+CUPYCONV_WGMMA_ALL_N(half_t, "k16.f32.f16.f16", false, ", 0, 0")
+CUPYCONV_WGMMA_ALL_N(bfloat16_t, "k16.f32.bf16.bf16", false, ", 0, 0")
+CUPYCONV_WGMMA_ALL_N(half_t, "k16.f32.f16.f16", true, ", 1, 1")
+CUPYCONV_WGMMA_ALL_N(bfloat16_t, "k16.f32.bf16.bf16", true, ", 1, 1")
+CUPYCONV_WGMMA_ALL_N(float, "k8.f32.tf32.tf32", false, "")
 
 }  // namespace cupyconv

@@ -6,6 +6,8 @@ from cupyconv.compiler import compile_offline
 from cupyconv.planner import arch_specialisations, kernel_specialisations
 from cupyconv.wgrad import wgrad_specialisations
 from cupyconv.wgrad_depthwise import specialisations as depthwise_wgrad_specialisations
+from cupyconv.wgrad_tensor_cores import arch_specialisations as tensor_core_wgrad_arch_specialisations
+from cupyconv.wgrad_tensor_cores import specialisations as tensor_core_wgrad_specialisations
 
 
 def _by_kernel(expressions=None):
@@ -28,12 +30,23 @@ def test_arch_specialisations_compile_without_spills(arch, kernel):
     _check(kernel, tuple(_by_kernel(arch_specialisations()[arch])[kernel]), arch)
 
 
+def _wgrad_specialisations():
+    return wgrad_specialisations() + depthwise_wgrad_specialisations() + tensor_core_wgrad_specialisations()
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("kernel", sorted(_by_kernel(wgrad_specialisations() + depthwise_wgrad_specialisations())))
+@pytest.mark.parametrize("kernel", sorted(_by_kernel(_wgrad_specialisations())))
 def test_wgrad_specialisations_compile_without_spills(kernel, arch):
-    """The weight gradient's GEMM (every dtype, layout, index width and tile), its reduction and the
-    depthwise kernel (every dtype, layout and kernel size)."""
-    _check(kernel, tuple(_by_kernel(wgrad_specialisations() + depthwise_wgrad_specialisations())[kernel]), arch)
+    """The weight gradient's FMA GEMM (every dtype, layout, index width and tile), its reduction, the
+    depthwise kernel (every dtype, layout and kernel size) and the tensor-core GEMM (every dtype,
+    index width, tile and piece)."""
+    _check(kernel, tuple(_by_kernel(_wgrad_specialisations())[kernel]), arch)
+
+
+@pytest.mark.parametrize("arch", sorted(tensor_core_wgrad_arch_specialisations()))
+def test_wgrad_arch_specialisations_compile_without_spills(arch):
+    """The tensor-core weight gradient's wgmma instances, for sm_90a."""
+    _check("wgrad_tensor_cores", tuple(tensor_core_wgrad_arch_specialisations()[arch]), arch)
 
 
 def _check(kernel, expressions, arch):

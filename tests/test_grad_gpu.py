@@ -194,22 +194,20 @@ def test_conv1d_plans_a_row_of_pixels(mode, layout):
 WGRAD_TC_CASES = [
     Case(2, 8, 16, 9, 11, 3, 3, padding=1),
     Case(3, 16, 32, 14, 15, 3, 3, stride=2, padding=1),            # a trailing row no tap reads
-    Case(1, 5, 12, 17, 19, 4, 2, stride=(2, 3), padding=(0, 1), dilation=(2, 1)),  # odd C, N padded to 8
+    Case(1, 5, 12, 17, 19, 4, 2, stride=(2, 3), padding=(0, 1), dilation=(2, 1)),  # odd C and K: padded copies
     Case(2, 8, 16, 10, 9, 4, 2, padding="same"),
-    Case(9, 64, 64, 28, 28, 3, 3, padding=1),                      # N = 9: images padded to 16
+    Case(9, 64, 64, 28, 28, 3, 3, padding=1),
     Case(32, 32, 64, 14, 14, 1, 1),                                 # a long reduction in many runs
     Case(4, 3, 32, 40, 40, 7, 7, stride=2, padding=3),             # ResNet's stem geometry
+    Case(2, 12, 3, 13, 7, 3, 3, padding=1),                        # 16-bit x in 8-byte pieces; K = 3
+    Case(2, 136, 72, 5, 6, 2, 3, padding=(1, 0)),                  # column tiles across taps, channel tails
 ]
 
 
-@pytest.mark.parametrize("nhwc", [False, True], ids=["NCHW", "NHWC"])
-@pytest.mark.parametrize("mode", ["float16", "bfloat16", "tf32"])
-@pytest.mark.parametrize("case", WGRAD_TC_CASES, ids=lambda c: c.id)
-def test_weight_gradient_on_tensor_cores(case, mode, nhwc):
-    """cupyconv.grad.weight_gradient takes the tensor cores (wgrad_tensor_cores) for 16-bit and TF32
-    ungrouped problems; against torch in float64, at most 4x torch's own error in that precision."""
-    from cupyconv import wgrad_tensor_cores
-
+def _weight_gradient_case(case, mode, nhwc, compute):
+    """``compute(problem, x, dy)`` (CuPy arrays in the problem's layout, NaN-poisoned allocations)
+    three times against torch's float64 weight gradient: at most 4x torch's own error in that
+    precision, and the same bits every run."""
     dtype = TORCH_DTYPES[mode]
     gen = torch.Generator(device="cuda").manual_seed(len(case.id))
     x = torch.randn(case.n, case.c, case.h, case.w, device="cuda", dtype=torch.float64, generator=gen)
@@ -223,16 +221,56 @@ def test_weight_gradient_on_tensor_cores(case, mode, nhwc):
     problem = make_problem(tuple(x.permute(0, 2, 3, 1).shape) if nhwc else tuple(x.shape),
                            tuple(w.permute(0, 2, 3, 1).shape) if nhwc else tuple(w.shape), None,
                            "float32" if mode == "tf32" else mode, *args, 1, *layout)
-    assert wgrad_tensor_cores.refusal(problem, mode == "tf32") == ""
     xc, dyc = to_cupy(x.to(dtype), nhwc), to_cupy(dy.to(dtype), nhwc)
     with nan_poisoned_memory(), precision(mode):
-        runs = [cupyconv.grad.weight_gradient(problem, xc, dyc, "cupy", allow_tf32=mode == "tf32") for _ in range(3)]
+        runs = [compute(problem, xc, dyc) for _ in range(3)]
         wo = w.to(dtype).requires_grad_()
         F.conv2d(x.to(dtype), wo, None, *args).backward(dy.to(dtype))
     got = from_cupy(runs[0], dtype, nhwc)
     assert got.shape == w.shape and not got.isnan().any()
     assert relative_error(got, wr.grad) <= bound(mode, wo.grad, wr.grad)
     assert all(bool((r == runs[0]).all()) for r in runs[1:])  # the same bits on every run
+
+
+@pytest.mark.parametrize("nhwc", [False, True], ids=["NCHW", "NHWC"])
+@pytest.mark.parametrize("mode", ["float16", "bfloat16", "tf32"])
+@pytest.mark.parametrize("case", WGRAD_TC_CASES, ids=lambda c: c.id)
+def test_weight_gradient_on_tensor_cores(case, mode, nhwc):
+    """cupyconv.grad.weight_gradient takes the tensor cores (wgrad_tensor_cores) for 16-bit and TF32
+    ungrouped problems."""
+    from cupyconv import wgrad_tensor_cores
+
+    def compute(problem, x, dy):
+        assert wgrad_tensor_cores.refusal(problem, mode == "tf32") == ""
+        return cupyconv.grad.weight_gradient(problem, x, dy, "cupy", allow_tf32=mode == "tf32")
+
+    _weight_gradient_case(case, mode, nhwc, compute)
+
+
+TILE_CASES = [(case, config, mode) for config in ("tc_m128j128", "tc_m64j128", "tc_m64j64")
+              for case in (2, 7, 8) for mode in ("float16", "tf32")] + \
+             [(case, config, mode) for config in ("tc_wgmma_m128j128", "tc_wgmma_m64j128", "tc_wgmma_m256j128")
+              for case in (2, 8) for mode in ("float16", "bfloat16")]
+
+
+@pytest.mark.parametrize("nhwc", [False, True], ids=["NCHW", "NHWC"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("case,config,mode", TILE_CASES, ids=lambda v: WGRAD_TC_CASES[v].id if isinstance(v, int) else v)
+def test_tensor_core_weight_gradient_every_tile(case, config, mode, splits, nhwc):
+    """Every tile of wgrad_tensor_cores (mma.sync; wgmma on sm_90a), whole and in forced runs, with
+    padded and unpadded channels and column tiles across taps."""
+    from cupyconv import wgrad_tensor_cores
+    from cupyconv.compiler import compute_capability
+
+    if config.startswith("tc_wgmma") and compute_capability() != wgrad_tensor_cores.WGMMA_COMPUTE_CAPABILITY:
+        pytest.skip(f"wgmma needs sm_90a; this GPU is sm_{compute_capability()}")
+
+    def compute(problem, x, dy):
+        plan = wgrad_tensor_cores.make_plan(problem, True, config, splits, compute_capability())
+        out = cupy.empty(problem.weight_array_shape, dtype=x.dtype)
+        return wgrad_tensor_cores.conv2d_weight_cupy(x, dy, problem, out, plan)
+
+    _weight_gradient_case(WGRAD_TC_CASES[case], mode, nhwc, compute)
 
 
 DEPTHWISE_CASES = [

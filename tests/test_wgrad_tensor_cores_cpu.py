@@ -1,50 +1,65 @@
-"""The tensor-core weight gradient's dual problem and plan, without a GPU: the forward convolution it
-runs (x as [C][H][W][N], dy as the weight [K][Ho][Wo][N]) computes the weight gradient, checked with
-the NumPy convolution against torch; the plan's split-K runs; the refusals."""
-import dataclasses
-
-import numpy as np
+"""The tensor-core weight gradient's plan, without a GPU: the channels and pieces it reads (copies only
+where NCHW or channel counts need them), the tile choice, the split-K runs and their limits, the
+refusals and the printed plan. The kernel's results are checked on the GPU (test_grad_gpu.py)."""
 import pytest
-import torch
-import torch.nn.functional as F
 
-from cases import GRID
-from checks import relative_error
-from cupyconv import wgrad_tensor_cores
+from cupyconv import wgrad, wgrad_tensor_cores as tc
 from cupyconv.arguments import make_problem
-from cupyconv.reference import conv2d_numpy
 
 
-@pytest.mark.parametrize("case", [c for c in GRID if c.groups == 1 and c.n > 0], ids=lambda c: c.id)
-def test_dual_problem_computes_the_weight_gradient(case):
-    rng = np.random.default_rng(len(case.id))
-    problem = make_problem((case.n, case.c, case.h, case.w), (case.k, case.c, case.kh, case.kw), None, "float16",
-                           case.stride, case.padding, case.dilation)
-    x = rng.standard_normal(problem.x_shape)
-    dy = rng.standard_normal(problem.out_shape)
-    dual = wgrad_tensor_cores.dual_problem(problem)
-    assert dual.c % 8 == 0 and dual.c >= case.n and (dual.ho, dual.wo) >= (case.kh, case.kw)
-    pad = ((0, 0), (0, dual.c - case.n), (0, 0), (0, 0))
-    x_dual = np.pad(x.transpose(1, 0, 2, 3), pad)        # [C][Np][H][W]: the NCHW view of [C][H][W][Np]
-    dy_dual = np.pad(dy.transpose(1, 0, 2, 3), pad)      # [K][Np][Ho][Wo]
-    out = np.empty(dual.out_shape)
-    conv2d_numpy(x_dual, dy_dual, None, dataclasses.replace(dual, dtype="float64", layout="NCHW",
-                                                            weight_layout="KCHW"), out)
-    got = out[:, :, :case.kh, :case.kw].transpose(1, 0, 2, 3)
-    xt, wt = torch.from_numpy(x).requires_grad_(), torch.from_numpy(rng.standard_normal(problem.weight_shape))
-    wt.requires_grad_()
-    F.conv2d(xt, wt, None, case.stride, case.padding, case.dilation).backward(torch.from_numpy(dy))
-    assert relative_error(got, wt.grad.numpy()) < 1e-12
+def _problem(n, c, k, hw, kernel, dtype="float16", stride=1, padding=0, layout="NHWC", groups=1):
+    x = (n, hw, hw, c) if layout == "NHWC" else (n, c, hw, hw)
+    w = (k, kernel, kernel, c // groups) if layout == "NHWC" else (k, c // groups, kernel, kernel)
+    weight_layout = "KHWC" if layout == "NHWC" else "KCHW"
+    return make_problem(x, w, None, dtype, stride, padding, 1, groups, layout, weight_layout)
 
 
-def test_plan_splits_the_reduction_to_fill_the_gpu():
-    problem = make_problem((32, 256, 56, 56), (256, 256, 3, 3), None, "float16", 1, 1)
-    dual, plan = wgrad_tensor_cores.make_plan(problem, 90)
-    assert (dual.n, dual.c, dual.kh, dual.kw, dual.k) == (256, 32, 56, 56, 256)
-    assert plan.kernel == "implicit_gemm_nhwc" and plan.config.wgmma and plan.splits > 1
-    assert plan.grid[2] == plan.splits and 132 <= plan.grid[0] * plan.grid[1] * plan.grid[2] <= 600
-    tiny = make_problem((1, 64, 7, 7), (64, 64, 1, 1), None, "bfloat16")
-    assert wgrad_tensor_cores.make_plan(tiny, 90)[1].splits == 1  # a reduction of 8 x 49 products: one run
+@pytest.mark.parametrize("dtype,c,k,expected", [
+    ("float16", 64, 64, (64, 64, 16, "", "")),
+    ("float16", 3, 64, (4, 64, 8, "pad", "")),       # the stem: 4 channels in 8-byte pieces, not 8 in 16
+    ("float16", 12, 64, (12, 64, 8, "", "")),        # 24 bytes: whole 8-byte pieces, no copy
+    ("float16", 6, 3, (8, 8, 16, "pad", "pad")),      # 16-byte pieces cost no more channels than 8-byte ones
+    ("bfloat16", 5, 12, (8, 16, 16, "pad", "pad")),
+    ("float32", 3, 64, (3, 64, 4, "", "")),          # float32 reads any channel count in 4-byte pieces
+    ("float32", 64, 6, (64, 8, 16, "", "pad")),
+])
+def test_channels_and_copies(dtype, c, k, expected):
+    plan = tc.make_plan(_problem(2, c, k, 9, 3, dtype, padding=1))
+    assert (plan.channels, plan.out_channels, plan.x_vec, plan.x_copy, plan.dy_copy) == expected
+
+
+def test_nchw_inputs_are_transposed():
+    plan = tc.make_plan(_problem(2, 64, 64, 9, 3, layout="NCHW"))
+    assert (plan.x_copy, plan.dy_copy, plan.weight_layout) == ("transpose", "transpose", "KCHW")
+
+
+def test_tiles_fit_the_gemm():
+    assert tc.make_plan(_problem(8, 256, 256, 14, 3)).config.name == "tc_m128j128"
+    assert tc.make_plan(_problem(8, 64, 64, 56, 1)).config.name == "tc_m64j64"  # J = 64: half a 128 column
+    assert tc.make_plan(_problem(8, 128, 64, 28, 1)).config.name == "tc_m64j128"
+
+
+def test_runs_fill_the_gpu_and_respect_the_limits():
+    plan = tc.make_plan(_problem(32, 64, 64, 56, 3, padding=1))
+    tiles = plan.grid[0] * plan.grid[1]
+    assert plan.splits == plan.grid[2] > 1 and tc.TARGET_BLOCKS <= tiles * plan.splits < tc.TARGET_BLOCKS + tiles
+    assert plan.workspace_bytes == plan.splits * 64 * 9 * 64 * 4
+    assert tc.make_plan(_problem(1, 64, 64, 7, 1)).splits == 1   # 49 pixels: one l tile
+    big = tc.make_plan(_problem(256, 512, 2048, 14, 3, padding=1))
+    assert big.workspace_bytes <= wgrad.MAX_WORKSPACE_BYTES
+    runs = tc.make_plan(_problem(32, 64, 64, 56, 3, padding=1), True, None, 5)
+    assert runs.splits == 5 and runs.grid[2] == 5
+
+
+@pytest.mark.parametrize("splits", [0, True, 2.0, 70000])
+def test_forced_splits_are_checked(splits):
+    with pytest.raises(ValueError, match="splits"):
+        tc.make_plan(_problem(2, 64, 64, 9, 3), True, None, splits)
+
+
+def test_unknown_config_is_refused():
+    with pytest.raises(ValueError, match="tc_m1j1"):
+        tc.make_plan(_problem(2, 64, 64, 9, 3), True, "tc_m1j1")
 
 
 @pytest.mark.parametrize("dtype,allow_tf32,groups,n,reason", [
@@ -55,9 +70,41 @@ def test_plan_splits_the_reduction_to_fill_the_gpu():
 ])
 def test_refusals(dtype, allow_tf32, groups, n, reason):
     problem = make_problem((n, 8, 9, 9), (8, 8 // groups, 3, 3), None, dtype, 1, 1, 1, groups)
-    assert reason in wgrad_tensor_cores.refusal(problem, allow_tf32)
+    assert reason in tc.refusal(problem, allow_tf32)
+    with pytest.raises(ValueError, match=reason):
+        tc.make_plan(problem, allow_tf32)
 
 
 def test_takes_16_bit_and_tf32():
     for dtype, tf32 in (("float16", False), ("bfloat16", False), ("float32", True)):
-        assert wgrad_tensor_cores.refusal(make_problem((3, 8, 9, 9), (8, 8, 3, 3), None, dtype, 2, 1), tf32) == ""
+        assert tc.refusal(make_problem((3, 8, 9, 9), (8, 8, 3, 3), None, dtype, 2, 1), tf32) == ""
+
+
+def test_large_tensors_take_64_bit_indices():
+    assert tc.make_plan(_problem(2, 64, 64, 9, 3)).index_type == "int"
+    assert tc.make_plan(_problem(64, 512, 64, 256, 1)).index_type == "long long"  # 2^31 elements of x
+
+
+def test_every_plan_uses_a_listed_specialisation():
+    listed = set(tc.specialisations())
+    for dtype in ("float16", "bfloat16", "float32"):
+        for c in (3, 12, 64):
+            plan = tc.make_plan(_problem(2, c, 32, 9, 3, dtype))
+            assert plan.expression in listed
+
+
+def test_printed_plan_says_what_runs():
+    text = str(tc.make_plan(_problem(2, 3, 64, 9, 3, layout="NCHW")))
+    assert "wgrad_tensor_cores" in text and "transpose" in text and "why:" in text and "8-byte pieces" in text
+
+
+def test_hopper_takes_wgmma_where_it_applies():
+    listed = set(tc.arch_specialisations()[tc.WGMMA_ARCH])
+    plan = tc.make_plan(_problem(8, 256, 256, 14, 3), True, None, None, 90)
+    assert plan.config.wgmma and plan.arch == "sm_90a" and plan.expression in listed
+    assert plan.config.name == "tc_wgmma_m256j128" and plan.shared_bytes == 4 * 64 * 384 * 2 + 1024
+    for problem in (_problem(8, 12, 64, 14, 3), _problem(8, 64, 64, 14, 3, "float32")):  # 8-byte pieces; TF32
+        assert not tc.make_plan(problem, True, None, None, 90).config.wgmma
+    assert not tc.make_plan(_problem(8, 256, 256, 14, 3), True, None, None, 80).config.wgmma
+    with pytest.raises(ValueError, match="tc_wgmma_m128j128"):
+        tc.make_plan(_problem(8, 256, 256, 14, 3), True, "tc_wgmma_m128j128", None, 80)

@@ -1,12 +1,12 @@
-"""Where the tensor-core weight gradient's time goes (wgrad_tensor_cores.py), part by part:
-    python benchmarks/profile/wgrad_parts.py [--mode fp16] [--layer vgg_conv3_2 ...]
-For layers of bench.LAYERS (ungrouped ones), fp16/bf16 on NHWC arrays, TF32 on NCHW: GPU time (CUDA
-events, median of 30 after warm-up) of x's transpose to [C][H][W][N], dy's to [K][Ho][Wo][N], the
-dual forward GEMM with its split-K reduction, the transpose into the weight's layout, and the
-whole call; torch.nn.grad.conv2d_weight in its faster layout beside it, and the GEMM alone at
-other run counts (--splits)."""
+"""Where the tensor-core weight gradient's time goes (wgrad_tensor_cores.py), and what other tiles and
+run counts would give:
+    python benchmarks/profile/wgrad_parts.py [--mode fp16] [--layer vgg_conv3_2 ...] [--sweep]
+For the ungrouped layers of bench.LAYERS, fp16/bf16 on NHWC arrays, TF32 on NCHW: GPU time (CUDA
+events, median of 30 after warm-up) of the whole call with its default plan, of its GEMM launch
+alone, and torch.nn.grad.conv2d_weight in its faster layout beside it. --sweep adds every tile that
+can run the layer on this GPU at half, the default and twice the default run count, each as a whole
+call."""
 import argparse
-import dataclasses
 import statistics
 
 import cupy
@@ -14,11 +14,8 @@ import torch
 
 from cupyconv import wgrad_tensor_cores as tc
 from cupyconv.bench import LAYERS, MODE_DTYPE
-from cupyconv.compiler import compute_capability
-from cupyconv.executor import executable_for_plan
-from cupyconv.families import implicit_gemm_nhwc
+from cupyconv.compiler import compute_capability, get_kernel
 from cupyconv.grad import weight_gradient
-from cupyconv.launch import run
 
 REPEATS = 30
 LAYOUT = {"fp16": "channels_last", "bf16": "channels_last", "tf32": "nchw"}
@@ -42,7 +39,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", action="append", choices=sorted(LAYOUT))
     parser.add_argument("--layer", action="append")
-    parser.add_argument("--splits", action="append", type=int, default=[])
+    parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()
     torch_dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32}
     for mode in args.mode or ["fp16"]:
@@ -53,41 +50,40 @@ def main() -> None:
                 continue
             problem = shape.problem(MODE_DTYPE[mode], layout)
             nhwc = layout == "channels_last"
-            x = torch.randn(problem.x_shape, device="cuda").to(torch_dtypes[mode])
-            dy = torch.randn(problem.out_shape, device="cuda").to(torch_dtypes[mode])
             fmt = torch.channels_last if nhwc else torch.contiguous_format
-            x, dy = x.contiguous(memory_format=fmt), dy.contiguous(memory_format=fmt)
-            view = lambda t: cupy.from_dlpack((t.permute(0, 2, 3, 1) if nhwc else t).view(torch.int16)
-                                              if t.dtype == torch.bfloat16 else (t.permute(0, 2, 3, 1) if nhwc else t))
+            x = torch.randn(problem.x_shape, device="cuda").to(torch_dtypes[mode]).contiguous(memory_format=fmt)
+            dy = torch.randn(problem.out_shape, device="cuda").to(torch_dtypes[mode]).contiguous(memory_format=fmt)
+
+            def view(t):
+                t = t.permute(0, 2, 3, 1) if nhwc else t
+                return cupy.from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
+
             xv, dyv = view(x), view(dy)
-            dual, plan = tc.make_plan(problem, compute_capability())
-            x_t = tc._images_last(xv, problem, dual.c)
-            dy_t = tc._images_last(dyv, problem, dual.c)
-            out = cupy.empty(dual.out_array_shape, dtype=xv.dtype)
-            weight = cupy.empty(problem.weight_array_shape, dtype=xv.dtype)
-            device = cupy.cuda.Device().id
-
-            def gemm(p=plan):
-                return lambda: run(executable_for_plan(p, dual, device), x_t, dy_t, None, out)
-
-            parts = {
-                "x transpose": lambda: tc._images_last(xv, problem, dual.c),
-                "dy transpose": lambda: tc._images_last(dyv, problem, dual.c),
-                f"GEMM ({plan.splits} runs)": gemm(),
-                "to weight": lambda: weight.__setitem__(Ellipsis, out[:, :problem.kh, :problem.kw, :].transpose(
-                    3, 1, 2, 0) if nhwc else out[:, :problem.kh, :problem.kw, :].transpose(3, 0, 1, 2)),
-                "whole call": lambda: weight_gradient(problem, xv, dyv, "cupy", mode == "tf32"),
-            }
-            for splits in args.splits:
-                forced = implicit_gemm_nhwc.make_plan(dual, None, "", compute_capability(), splits=splits)
-                parts[f"GEMM ({splits} runs)"] = gemm(dataclasses.replace(forced, layout="NHWC", weight_layout="KHWC"))
+            out = cupy.empty(problem.weight_array_shape, dtype=xv.dtype)
+            plan = tc.make_plan(problem, True, None, None, compute_capability())
+            parts = {"whole call": lambda: weight_gradient(problem, xv, dyv, "cupy", mode == "tf32")}
+            if not (plan.x_copy or plan.dy_copy):
+                workspace = cupy.empty(plan.workspace_bytes // 4, dtype=cupy.float32)
+                gemm = get_kernel(tc.KERNEL, plan.expression, plan.arch)
+                p = problem
+                ints = [cupy.int32(v) for v in (p.n, plan.channels, p.h, p.w, plan.out_channels, p.ho, p.wo, p.kh,
+                                                p.kw, *p.stride, p.pad_top, p.pad_left, *p.dilation)]
+                parts["GEMM"] = lambda: gemm(plan.grid, plan.block, (xv, dyv, workspace, *ints),
+                                             shared_mem=plan.shared_bytes)
+            if args.sweep:
+                for cfg in tc.configs(problem, compute_capability()):
+                    for splits in sorted({max(1, plan.splits // 2), plan.splits, 2 * plan.splits}):
+                        try:
+                            forced = tc.make_plan(problem, True, cfg.name, splits, compute_capability())
+                        except ValueError:
+                            continue
+                        parts[f"{cfg.name}/{splits}"] = lambda f=forced: tc.conv2d_weight_cupy(xv, dyv, problem, out, f)
             with torch.no_grad():
-                torch_ms = min(ms(lambda f=f: torch.nn.grad.conv2d_weight(x.contiguous(memory_format=f), problem.weight_shape,
-                                                                          dy.contiguous(memory_format=f), shape.stride,
-                                                                          shape.padding, shape.dilation))
-                               for f in (torch.contiguous_format, torch.channels_last))
-            line = "  ".join(f"{name} {ms(fn):.3f}" for name, fn in parts.items())
-            print(f"{shape.name:22s} {mode} {plan.config.name:22s} grid {plan.grid}  {line}  torch {torch_ms:.3f} ms",
+                torch_ms = min(ms(lambda f=f: torch.nn.grad.conv2d_weight(
+                    x.contiguous(memory_format=f), problem.weight_shape, dy.contiguous(memory_format=f),
+                    shape.stride, shape.padding, shape.dilation)) for f in (torch.contiguous_format, torch.channels_last))
+            line = "  ".join(f"{name} {ms(fn):.4f}" for name, fn in parts.items())
+            print(f"{shape.name:22s} {mode} {plan.config.name} grid {plan.grid}  torch {torch_ms:.4f}  {line}",
                   flush=True)
 
 
