@@ -33,8 +33,8 @@ DTYPES = ("float16", "bfloat16", "float32")
 class TileConfig:
     """Thread-block tile: bm output channels x bj (tap, channel) columns, l tiles of bl pixels through
     ``stages`` buffers, warps_m x warps_j warps, multiplying with mma.sync or (``wgmma``, sm_90a, 16-bit
-    types) wgmma. ``speed``: the tensor-core rate relative to the 128 x 128 tile of the same kind that
-    the choice assumes (smaller tiles load more per multiply-add)."""
+    types) wgmma. ``blocks_per_sm``: how many fit an SM (shared memory); ``sm_tflops``: the rate an SM
+    full of them reaches on a long reduction (H100 timings), for the choice's timing model."""
 
     name: str
     bm: int
@@ -43,7 +43,8 @@ class TileConfig:
     warps_m: int
     warps_j: int
     stages: int
-    speed: float
+    blocks_per_sm: int
+    sm_tflops: float
     wgmma: bool = False
 
     @property
@@ -58,13 +59,14 @@ class TileConfig:
         return self.stages * self.bl * (self.bm + 8 + self.bj + 8) * itemsize
 
 
-#: Tiles per storage size: k tiles (bl) of 64 bytes of each pixel row, four stages. The speeds are
-#: estimates from the loads per multiply-add (128 x 128 loads 1 element per 64, 64 x 128 per 42.7,
-#: 64 x 64 per 32), to be replaced by timings.
+#: mma.sync tiles per storage size: k tiles (bl) of 64 bytes of each pixel row, four stages, two
+#: blocks an SM. Rates from H100 sweeps of the ResNet-50 and VGG layers (benchmarks/NOTES.md): about
+#: 1.2-1.3 TFLOP/s an SM in 16-bit types, 0.57 in TF32 (scalar fragment loads).
 CONFIGS = {
-    itemsize: tuple(TileConfig(f"tc_m{bm}j{bj}", bm, bj, 64 // itemsize, warps_m, warps_j, 4, speed)
-                    for bm, bj, warps_m, warps_j, speed in ((128, 128, 2, 4, 1.0), (64, 128, 2, 2, 0.85),
-                                                            (64, 64, 2, 2, 0.7)))
+    itemsize: tuple(TileConfig(f"tc_m{bm}j{bj}", bm, bj, 64 // itemsize, warps_m, warps_j, 4, 2, rate * (
+                        1.0 if itemsize == 2 else 0.45))
+                    for bm, bj, warps_m, warps_j, rate in ((128, 128, 2, 4, 1.3), (64, 128, 2, 2, 1.2),
+                                                           (64, 64, 2, 2, 1.2)))
     for itemsize in (2, 4)
 }
 #: Hopper (sm_90a) tiles for 16-bit types read in 16-byte pieces: warpgroups of 64 channels x 128
@@ -72,17 +74,22 @@ CONFIGS = {
 #: blocks an SM), 64 x 128 (layers of 64 channels) and 256 x 128 (one block an SM, half the loads per
 #: multiply-add of 128 x 128) in four. From an H100 sweep of these and of 128 x 64, six-stage tiles of
 #: 32 pixels and four-stage 128 x 128 (benchmarks/NOTES.md): none of those was faster by more than
-#: the noise on any ResNet-50 or VGG layer.
+#: the noise on any ResNet-50 or VGG layer. The rates: VGG's 3x3 layers of 64 and 256 channels.
 WGMMA_ARCH = "sm_90a"
 WGMMA_COMPUTE_CAPABILITY = 90
-WGMMA_CONFIGS = tuple(TileConfig(f"tc_wgmma_m{bm}j128", bm, 128, 64, bm // 16, 1, stages, speed, wgmma=True)
-                      for bm, stages, speed in ((128, 3, 1.0), (64, 4, 0.85), (256, 4, 1.05)))
+WGMMA_CONFIGS = tuple(TileConfig(f"tc_wgmma_m{bm}j128", bm, 128, 64, bm // 16, 1, stages, blocks, rate, wgmma=True)
+                      for bm, stages, blocks, rate in ((128, 3, 2, 2.5), (64, 4, 2, 1.8), (256, 4, 1, 2.6)))
 CONFIG_NAMES = frozenset(c.name for configs in (*CONFIGS.values(), WGMMA_CONFIGS) for c in configs)
-#: Blocks the runs aim at: two per SM on the H100's 132 (a fixed rule, not the device's, so that the
-#: result's bits depend on the problem alone).
-TARGET_BLOCKS = 264
-#: l tiles each run keeps at least (a shorter run spends its time filling the pipeline).
-MIN_RUN_TILES = 8
+#: The timing model's machine: the H100's SMs, the bandwidth the partial sums move at, and the k
+#: tiles' worth of time a block spends filling and draining its pipeline. A fixed machine, not the
+#: device's, so that the runs, and so the result's bits, depend on the problem alone.
+MODEL_SMS = 132
+MODEL_BANDWIDTH = 2.5e12
+FILL_TILES = 2
+#: l tiles each run keeps at least (a shorter run spends its time filling the pipeline), and at most
+#: this many runs.
+MIN_RUN_TILES = 4
+MAX_SPLITS = 1024
 #: Bytes of an x piece per storage size: 16 where the channels allow, else 8 (16-bit types, their
 #: channels padded to a multiple of 4) or 4 (float32, any channels).
 X_VECS = {2: (16, 8), 4: (16, 4)}
@@ -163,18 +170,36 @@ def configs(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, 
     return CONFIGS[item] + (WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else ())
 
 
-def _choose_config(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, str]:
-    """The tile of least padded area per unit of speed (the first on ties: the larger tile), among
-    wgmma's where they apply, else mma.sync's."""
-    kp, j, _ = _sizes(problem)
+def _model_us(problem: ConvProblem, cfg: TileConfig, splits: int) -> float:
+    """Estimated µs of the GEMM in ``splits`` runs and of its partial sums' round trip: waves of
+    blocks (blocks_per_sm on each of MODEL_SMS), each running its l tiles plus FILL_TILES at its share
+    of the SM's rate; then the float32 partial sums written and read back once each."""
+    kp, j, length = _sizes(problem)
+    j_tiles, o_tiles = _tiles(problem, cfg)
+    blocks = j_tiles * o_tiles * splits
+    waves = math.ceil(blocks / (cfg.blocks_per_sm * MODEL_SMS))
+    tiles_per_run = math.ceil(math.ceil(length / cfg.bl) / splits)
+    tile_us = 2 * cfg.bm * cfg.bj * cfg.bl / (cfg.sm_tflops * 1e6 / cfg.blocks_per_sm)
+    return waves * (tiles_per_run + FILL_TILES) * tile_us + 2 * splits * kp * j * 4 / MODEL_BANDWIDTH * 1e6
+
+
+def _split_choices(problem: ConvProblem, cfg: TileConfig) -> range:
+    """Run counts the choice weighs: each run at least MIN_RUN_TILES l tiles, at most MAX_SPLITS runs,
+    the partial sums within wgrad.py's workspace cap (one run always)."""
+    kp, j, length = _sizes(problem)
+    by_length = math.ceil(length / cfg.bl) // MIN_RUN_TILES
+    return range(1, max(1, min(MAX_SPLITS, by_length, wgrad.MAX_WORKSPACE_BYTES // (kp * j * 4))) + 1)
+
+
+def _choose(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, int, str]:
+    """The tile and run count of least modelled time (_model_us), among wgmma's tiles where they
+    apply, else mma.sync's; the first on ties (the larger tile, the fewer runs)."""
     configs = WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else CONFIGS[STORAGE_BYTES[problem.dtype]]
-
-    def cost(cfg: TileConfig) -> float:
-        return math.ceil(kp / cfg.bm) * cfg.bm * math.ceil(j / cfg.bj) * cfg.bj / cfg.speed
-
-    cfg = min(configs, key=cost)
-    return cfg, (f"Kp={kp} x J={j}: {cfg.name} wastes least (padded area / estimated speed {cost(cfg):.0f}, "
-                 f"against {', '.join(f'{c.name} {cost(c):.0f}' for c in configs if c is not cfg)})")
+    best = {cfg: min(_split_choices(problem, cfg), key=lambda s, c=cfg: _model_us(problem, c, s)) for cfg in configs}
+    cfg = min(configs, key=lambda c: _model_us(problem, c, best[c]))
+    return cfg, best[cfg], (f"{cfg.name} in {best[cfg]} run(s) has the least modelled time, "
+                            f"{_model_us(problem, cfg, best[cfg]):.1f} us (against "
+                            f"{', '.join(f'{c.name} in {best[c]} {_model_us(problem, c, best[c]):.1f}' for c in configs if c is not cfg)})")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -224,9 +249,8 @@ def make_plan(problem: ConvProblem, allow_tf32: bool = True, config: str | None 
         allow_tf32: whether float32 may run as TF32 (it must: strict float32 is refused).
         config: a name from CONFIGS (or, on sm_90a for 16-byte pieces, WGMMA_CONFIGS) to force the
             tile (tests); None chooses by shape.
-        splits: the runs of the reduction to force (tests); None chooses from the problem: enough for
-            TARGET_BLOCKS blocks, each run of at least MIN_RUN_TILES l tiles, within wgrad.py's
-            workspace cap.
+        splits: the runs of the reduction to force (tests); None chooses them with the tile (_choose:
+            a timing model of waves of blocks and the partial sums' traffic).
         compute_capability: the device's (compiler.compute_capability(); 90 takes wgmma's tiles
             where they apply), 0 for none.
 
@@ -238,22 +262,19 @@ def make_plan(problem: ConvProblem, allow_tf32: bool = True, config: str | None 
     if why_not:
         raise ValueError(f"{KERNEL} cannot run {problem}: {why_not}")
     item = STORAGE_BYTES[problem.dtype]
+    cp, kp, x_vec = _channels(problem)
+    _, j, length = _sizes(problem)
     if config is not None:
         cfg = forced_config(configs(problem, compute_capability), config,
                             f"config for {KERNEL} in {problem.dtype} on compute capability {compute_capability}")
+        chosen_splits = min(_split_choices(problem, cfg), key=lambda s: _model_us(problem, cfg, s))
         why = "config forced by the caller"
     else:
-        cfg, why = _choose_config(problem, compute_capability)
-    cp, kp, x_vec = _channels(problem)
-    _, j, length = _sizes(problem)
+        cfg, chosen_splits, why = _choose(problem, compute_capability)
     j_tiles, o_tiles = _tiles(problem, cfg)
-    l_tiles = math.ceil(length / cfg.bl)
     run_bytes = kp * j * 4
     if splits is None:
-        wanted = math.ceil(TARGET_BLOCKS / (j_tiles * o_tiles))
-        splits = max(1, min(wanted, l_tiles // MIN_RUN_TILES, wgrad.MAX_WORKSPACE_BYTES // run_bytes, MAX_GRID_Y))
-        why += (f"; {splits} run(s) of the {length} pixels: {j_tiles * o_tiles} tiles want {wanted} for "
-                f"{TARGET_BLOCKS} blocks, runs of >= {MIN_RUN_TILES} l tiles allow {l_tiles // MIN_RUN_TILES}")
+        splits = chosen_splits
     else:
         if isinstance(splits, bool) or not isinstance(splits, int) or not 1 <= splits <= MAX_GRID_Y:
             raise ValueError(f"splits must be an int from 1 to {MAX_GRID_Y} (CUDA's grid z limit), got {splits!r}")

@@ -1,6 +1,8 @@
 """The tensor-core weight gradient's plan, without a GPU: the channels and pieces it reads (copies only
 where NCHW or channel counts need them), the tile choice, the split-K runs and their limits, the
 refusals and the printed plan. The kernel's results are checked on the GPU (test_grad_gpu.py)."""
+import math
+
 import pytest
 
 from cupyconv import wgrad, wgrad_tensor_cores as tc
@@ -34,21 +36,34 @@ def test_nchw_inputs_are_transposed():
 
 
 def test_tiles_fit_the_gemm():
-    assert tc.make_plan(_problem(8, 256, 256, 14, 3)).config.name == "tc_m128j128"
-    assert tc.make_plan(_problem(8, 64, 64, 56, 1)).config.name == "tc_m64j64"  # J = 64: half a 128 column
-    assert tc.make_plan(_problem(8, 128, 64, 28, 1)).config.name == "tc_m64j128"
+    assert tc.make_plan(_problem(32, 256, 256, 56, 3)).config.name == "tc_m128j128"  # long: the largest tile
+    assert tc.make_plan(_problem(32, 64, 64, 112, 1)).config.name == "tc_m64j64"  # J = 64: half a 128 column
+    assert tc.make_plan(_problem(8, 256, 256, 14, 3)).config.name != "tc_m128j128"  # short: more, smaller tiles
 
 
 def test_runs_fill_the_gpu_and_respect_the_limits():
     plan = tc.make_plan(_problem(32, 64, 64, 56, 3, padding=1))
     tiles = plan.grid[0] * plan.grid[1]
-    assert plan.splits == plan.grid[2] > 1 and tc.TARGET_BLOCKS <= tiles * plan.splits < tc.TARGET_BLOCKS + tiles
+    assert plan.splits == plan.grid[2] > 1 and tiles * plan.splits >= tc.MODEL_SMS // 2  # a few tiles, many runs
+    assert math.ceil(32 * 56 * 56 / plan.config.bl) / plan.splits >= tc.MIN_RUN_TILES
     assert plan.workspace_bytes == plan.splits * 64 * 9 * 64 * 4
     assert tc.make_plan(_problem(1, 64, 64, 7, 1)).splits == 1   # 49 pixels: one l tile
     big = tc.make_plan(_problem(256, 512, 2048, 14, 3, padding=1))
     assert big.workspace_bytes <= wgrad.MAX_WORKSPACE_BYTES
     runs = tc.make_plan(_problem(32, 64, 64, 56, 3, padding=1), True, None, 5)
     assert runs.splits == 5 and runs.grid[2] == 5
+
+
+def test_the_model_weighs_waves_against_runs():
+    """A second wave of blocks costs a whole run's time; more runs cost partial sums."""
+    problem = _problem(32, 256, 256, 14, 3, padding=1)
+    cfg = tc.WGMMA_CONFIGS[0]
+    tiles = math.prod(tc._tiles(problem, cfg))
+    one_wave = cfg.blocks_per_sm * tc.MODEL_SMS // tiles
+    assert tc._model_us(problem, cfg, one_wave) < tc._model_us(problem, cfg, one_wave + 1)
+    assert tc._model_us(problem, cfg, one_wave) < tc._model_us(problem, cfg, 1)
+    plan = tc.make_plan(problem, True, None, None, 90)
+    assert plan.config.wgmma and "modelled time" in plan.reason
 
 
 @pytest.mark.parametrize("splits", [0, True, 2.0, 70000])
@@ -100,7 +115,7 @@ def test_printed_plan_says_what_runs():
 
 def test_hopper_takes_wgmma_where_it_applies():
     listed = set(tc.arch_specialisations()[tc.WGMMA_ARCH])
-    plan = tc.make_plan(_problem(8, 256, 256, 14, 3), True, None, None, 90)
+    plan = tc.make_plan(_problem(32, 256, 256, 56, 3), True, None, None, 90)
     assert plan.config.wgmma and plan.arch == "sm_90a" and plan.expression in listed
     assert plan.config.name == "tc_wgmma_m256j128" and plan.shared_bytes == 4 * 64 * 384 * 2 + 1024
     for problem in (_problem(8, 12, 64, 14, 3), _problem(8, 64, 64, 14, 3, "float32")):  # 8-byte pieces; TF32
