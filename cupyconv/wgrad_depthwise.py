@@ -1,6 +1,6 @@
 """The weight gradient of depthwise convolutions (kernels/wgrad_depthwise.cu): refusal, runs of the
-reduction, specialisations and launch. Each block sums a run of one channel's (NCHW) or 32
-channels' (NHWC) output pixels for every tap in registers; wgrad.py's ordered reduction adds the
+reduction, specialisations and launch. Each block sums a run of one channel's (NCHW) or 32 vectors
+of channels' (NHWC) output pixels for every tap in registers; wgrad.py's ordered reduction adds the
 runs (a weight of one input channel per group has the same memory in KCHW and KHWC)."""
 from __future__ import annotations
 
@@ -10,16 +10,26 @@ import math
 import numpy as np
 
 from .arguments import ConvProblem
-from .families.common import CTYPES, MAX_GRID_Y
+from .families.common import CTYPES, MAX_GRID_Y, STORAGE_BYTES
 from .wgrad import ACC_BYTES, REDUCE_BLOCK, REDUCE_KERNEL, reduce_specialisation
 
 KERNEL = "wgrad_depthwise"
 #: The kernel sizes it is compiled for (its sums live in registers, one per tap).
 KERNEL_SIZES = ((3, 3), (5, 5), (7, 7))
 #: Blocks wanted (four per SM of the H100's 132) and the fewest output pixels a run keeps: 16 per
-#: thread for one channel per block (NCHW), 64 per lane of 32 channels (NHWC).
+#: thread for one channel per block (NCHW), 8 per pixel lane (NHWC: a layer of a few hundred channels
+#: is one block wide, so the runs make the blocks).
 TARGET_BLOCKS = 528
-MIN_RUN_PIXELS = {"NCHW": 4096, "NHWC": 512}
+MIN_RUN_PIXELS = {"NCHW": 4096}
+MIN_LANE_PIXELS = 8
+#: NHWC: channel vectors a block takes at most, so that it has at least 8 pixel lanes: neighbouring
+#: pixels share their windows' rows in L1 (at 96 vectors and 2 lanes, 384 float32 channels ran 1.8x
+#: slower than at 32 and 8 on the H100).
+MAX_VECTORS = 32
+#: Sums a thread keeps at most (taps x channels, in 4-byte registers): 72 keeps 3x3 16-bit layers at
+#: eight channels (16 bytes) a load within two blocks of 256 threads an SM, without spills.
+MAX_SUM_REGISTERS = 72
+VECTOR_CHANNELS = (8, 4, 2, 1)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -35,24 +45,48 @@ def refusal(problem: ConvProblem) -> str:
     return ""
 
 
-def specialisation(dtype: str, channels_last: bool, kh: int, kw: int) -> str:
-    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{str(channels_last).lower()},{kh},{kw}>"
+def _widest_vector(dtype: str, kh: int, kw: int) -> int:
+    """Channels a thread loads at once, at most: 16 bytes, within MAX_SUM_REGISTERS sums."""
+    item = STORAGE_BYTES[dtype]
+    return next(v for v in VECTOR_CHANNELS
+                if v * item <= 16 and kh * kw * v * ACC_BYTES[dtype] // 4 <= MAX_SUM_REGISTERS or v == 1)
+
+
+def vector_channels(problem: ConvProblem) -> int:
+    """Channels per thread: the widest vector for NHWC layers of one output channel per input channel
+    whose channel count it divides; 1 otherwise (NCHW; channel multipliers)."""
+    if problem.layout != "NHWC" or problem.k != problem.c:
+        return 1
+    return next(v for v in VECTOR_CHANNELS if v <= _widest_vector(problem.dtype, problem.kh, problem.kw) and
+                problem.k % v == 0)
+
+
+def specialisation(dtype: str, channels_last: bool, kh: int, kw: int, vector: int = 1) -> str:
+    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{str(channels_last).lower()},{kh},{kw},{vector}>"
 
 
 def specialisations() -> list[str]:
-    return [specialisation(dtype, channels_last, kh, kw) for dtype in CTYPES for channels_last in (False, True)
-            for kh, kw in KERNEL_SIZES]
+    return [specialisation(dtype, channels_last, kh, kw, v) for dtype in CTYPES for channels_last in (False, True)
+            for kh, kw in KERNEL_SIZES for v in VECTOR_CHANNELS
+            if v == 1 or (channels_last and v <= _widest_vector(dtype, kh, kw))]
 
 
 @functools.lru_cache(maxsize=1024)
-def make_plan(problem: ConvProblem) -> tuple[tuple[int, int, int], int]:
-    """(grid, runs): blocks of one channel (NCHW) or 32 (NHWC), the pixels cut into as many runs as
-    give about TARGET_BLOCKS blocks, each of at least MIN_RUN_PIXELS pixels (by layout)."""
-    channels_last = problem.layout == "NHWC"
-    blocks = math.ceil(problem.k / 32) if channels_last else problem.k
+def make_plan(problem: ConvProblem) -> tuple[tuple[int, int, int], int, int]:
+    """(grid, runs, vectors): blocks of one channel (NCHW) or of ``vectors`` channel vectors x 256 //
+    vectors pixel lanes (NHWC: all the layer's vectors, up to MAX_VECTORS, in as few blocks as evenly
+    filled), the pixels cut into as many runs as give about TARGET_BLOCKS blocks, each of at least
+    MIN_RUN_PIXELS (NCHW) or MIN_LANE_PIXELS a pixel lane (NHWC)."""
     pixels = problem.n * problem.ho * problem.wo
-    splits = max(1, min(math.ceil(TARGET_BLOCKS / blocks), pixels // MIN_RUN_PIXELS[problem.layout], MAX_GRID_Y))
-    return (blocks, splits, 1), splits
+    if problem.layout == "NHWC":
+        wanted = problem.k // vector_channels(problem)
+        blocks = math.ceil(wanted / MAX_VECTORS)
+        vectors = math.ceil(wanted / blocks)
+        min_run = MIN_LANE_PIXELS * (256 // vectors)
+    else:
+        blocks, vectors, min_run = problem.k, 1, MIN_RUN_PIXELS["NCHW"]
+    splits = max(1, min(math.ceil(TARGET_BLOCKS / blocks), pixels // min_run, MAX_GRID_Y))
+    return (blocks, splits, 1), splits, vectors
 
 
 def conv2d_weight_cupy(x, grad_output, problem: ConvProblem, out):
@@ -64,14 +98,14 @@ def conv2d_weight_cupy(x, grad_output, problem: ConvProblem, out):
     from .compiler import get_kernel
 
     p = problem
-    grid, splits = make_plan(p)
+    grid, splits, vectors = make_plan(p)
     taps = p.kh * p.kw
     workspace = cupy.empty(splits * p.k * taps, dtype=np.float64 if ACC_BYTES[p.dtype] == 8 else np.float32)
     i32 = np.int32
-    kernel = get_kernel(KERNEL, specialisation(p.dtype, p.layout == "NHWC", p.kh, p.kw))
+    kernel = get_kernel(KERNEL, specialisation(p.dtype, p.layout == "NHWC", p.kh, p.kw, vector_channels(p)))
     kernel(grid, (256, 1, 1), (x, grad_output, workspace, *(i32(v) for v in (
         p.n, p.c, p.h, p.w, p.k, p.ho, p.wo, p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0],
-        p.dilation[1]))))
+        p.dilation[1], vectors))))
     reduce = get_kernel(REDUCE_KERNEL, reduce_specialisation(p.dtype))
     reduce((math.ceil(p.k * taps / REDUCE_BLOCK), 1, 1), (REDUCE_BLOCK, 1, 1),
            (workspace, out, i32(splits), i32(p.k * taps), i32(1), i32(taps), i32(0), i32(0)))

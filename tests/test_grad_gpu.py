@@ -280,6 +280,9 @@ DEPTHWISE_CASES = [
     Case(2, 8, 24, 12, 12, 3, 3, padding=1, groups=8),             # channel multiplier 3
     Case(1, 36, 36, 9, 10, 7, 7, padding="same", dilation=(1, 2), groups=36),
     Case(64, 33, 33, 8, 8, 3, 3, padding=1, groups=33),            # many runs; channels past a warp
+    Case(2, 144, 144, 9, 10, 3, 3, padding=1, groups=144),         # NHWC: 18 vectors of 8 16-bit channels
+    Case(2, 264, 264, 6, 7, 3, 3, stride=2, padding=1, groups=264),  # vectors past one block's 32
+    Case(3, 20, 20, 11, 9, 5, 5, padding=2, groups=20),            # 5x5: two channels a thread
 ]
 
 
