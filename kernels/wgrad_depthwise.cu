@@ -82,7 +82,7 @@ wgrad_depthwise(const T* __restrict__ x, const T* __restrict__ dy, typename accu
         // The pixel lanes' sums, tap by tap: staged as [pixel lane][vectors V channels], then each of
         // the block's channels added over the lanes in order by one thread.
         const int first = blockIdx.x * vectors * V, width = vectors * V;
-#pragma unroll 1
+#pragma unroll  // the sums stay in registers only where every index is a constant
         for (int t = 0; t < TAPS; ++t) {
             if (lane < LANES) {
 #pragma unroll
