@@ -2,6 +2,7 @@
 
     python -m cupyconv.bench --suite models --model resnet50 --dtype fp16
     python -m cupyconv.bench --suite models --model resnet50 --per-layer
+    python -m cupyconv.bench --suite models --timing train --dtype fp32 --dtype fp16
 
 What a user who converts a model sees, as against the layer suites' GPU time of one convolution:
 each model (random weights, eval mode, on the GPU in the mode's dtype and memory format) is copied
@@ -10,7 +11,10 @@ beside torch's own, and then both are timed in the same process, alternating loo
 user's loop runs them: eagerly, as CUDA-graph replays, or compiled by torch.compile. ``--fuse``
 converts with ``convert(model, fuse=True)`` (BatchNorm folded, activations and residual adds in the
 convolutions' epilogues), and its ``autotuned`` timing sets the fused model's CUDA graph against a
-graph of torch.compile(mode="max-autotune-no-cudagraphs") of the original. ``--per-layer``
+graph of torch.compile(mode="max-autotune-no-cudagraphs") of the original. The ``train`` timing
+times a training step instead (zero_grad, forward, cross-entropy, backward, SGD step; training mode)
+of torch's model, of the converted one and of the converted one with torch's backward
+(``cupyconv.torch.set_backward("torch")``), after checking the gradients of the first step. ``--per-layer``
 instead times every distinct convolution of each model on the input it gets in the model, torch's
 F.conv2d against cupyconv.torch.conv2d. Rows are printed as they are measured and the JSON and
 markdown are rewritten after every row, so a run stopped at a time limit keeps what it measured.
@@ -18,9 +22,11 @@ The command line is cupyconv.bench's; torch and torchvision are imported only wh
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
+import math
 import statistics
 import sys
 import time
@@ -28,13 +34,21 @@ import time
 from . import bench
 
 MODELS = ("resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "vgg16")
-TIMINGS = ("eager", "graph", "compile", "autotuned")
+TIMINGS = ("eager", "graph", "compile", "autotuned", "train")
 #: torch's side of the autotuned timing (captured in a CUDA graph as the graph timing's).
 AUTOTUNE_MODE = "max-autotune-no-cudagraphs"
 DEFAULT_TIMINGS = ("eager", "graph")
 #: torch.compile takes tens of seconds a row (37 s for resnet50 on the H100), max-autotune minutes: compile
 #: and autotuned run only on these unless --model names others.
 COMPILE_DEFAULT_MODELS = ("resnet50",)
+#: The training step (issue 16's row) runs on these models at these batches unless --model or --batch names others.
+TRAIN_DEFAULT_MODELS, TRAIN_BATCHES = ("resnet50",), (32,)
+#: The training step's sides: torch's model (None), the converted model with cupyconv's gradient kernels, and the
+#: converted model with torch's (set_backward's kinds): the last isolates the gradient kernels.
+TRAIN_SIDES = {"torch": None, "cupyconv": "cupyconv", "torch_backward": "torch"}
+#: SGD of the training step. A small rate: each copy steps on the same batch 1 + WARMUP + LOOPS x CALLS times (54), in
+#: float16 too.
+TRAIN_LR, TRAIN_MOMENTUM = 1e-4, 0.9
 BATCHES, LAYER_BATCHES = (1, 8, 32, 128), (1, 32)
 IMAGE = (3, 224, 224)
 #: Random images batch norm is scaled on (calibrate_batch_norm), once per model.
@@ -61,10 +75,13 @@ def add_arguments(parser) -> None:
                         help=f"--suite models: batch size (repeatable; default {' '.join(map(str, BATCHES))}, "
                              f"with --per-layer {' '.join(map(str, LAYER_BATCHES))})")
     parser.add_argument("--timing", action="append", choices=TIMINGS, dest="timings",
-                        help=f"--suite models: eager forwards, CUDA-graph replays, torch.compile, or (with --fuse) "
-                             f"the fused model's graph against torch.compile(mode={AUTOTUNE_MODE!r})'s in a graph "
+                        help=f"--suite models: eager forwards, CUDA-graph replays, torch.compile, (with --fuse) "
+                             f"the fused model's graph against torch.compile(mode={AUTOTUNE_MODE!r})'s in a graph, "
+                             f"or an eager training step (forward, backward, SGD) "
                              f"(repeatable; default {' '.join(DEFAULT_TIMINGS)}; compile and autotuned: "
-                             f"{' '.join(COMPILE_DEFAULT_MODELS)} unless --model is given)")
+                             f"{' '.join(COMPILE_DEFAULT_MODELS)} unless --model is given; train: "
+                             f"{' '.join(TRAIN_DEFAULT_MODELS)} at batch {' '.join(map(str, TRAIN_BATCHES))} "
+                             f"unless --model or --batch is given)")
     parser.add_argument("--fuse", action="store_true",
                         help="--suite models: convert(model, fuse=True): BatchNorm folded, activations and residual "
                              "adds fused into the convolutions")
@@ -76,8 +93,8 @@ def check_args(parser, args) -> None:
     """Refuse the models options on other suites; for --suite models, fill in their defaults.
 
     Sets ``args.layouts`` ({mode: layouts}: NCHW for fp32 and tf32, both for fp16 and bf16, which
-    a 16-bit user runs channels_last), ``args.models``, ``args.batches``, ``args.timings`` and
-    ``args.compile_models``.
+    a 16-bit user runs channels_last), ``args.models``, ``args.batches``, ``args.timings``,
+    ``args.compile_models``, ``args.train_models`` and ``args.train_batches``.
     """
     given = {"--model": args.models, "--batch": args.batches, "--timing": args.timings,
              "--per-layer": args.per_layer, "--fuse": args.fuse}
@@ -90,22 +107,30 @@ def check_args(parser, args) -> None:
         parser.error("--timing and --fuse apply to whole models; --per-layer times each layer's GPU and wall time")
     if "autotuned" in (args.timings or ()) and not args.fuse:
         parser.error("--timing autotuned times fused models: add --fuse")
+    if "train" in (args.timings or ()) and args.fuse:
+        parser.error("--timing train trains converted models; --fuse folds BatchNorm, for inference only")
     if any(batch < 1 for batch in args.batches or ()):
         parser.error(f"--batch must be at least 1, got {args.batches}")
     args.layouts = {mode: list(dict.fromkeys(args.layout)) if args.layout
                     else ["nchw", "channels_last"] if mode in ("fp16", "bf16") else ["nchw"]
                     for mode in args.modes}
     args.compile_models = list(dict.fromkeys(args.models)) if args.models else list(COMPILE_DEFAULT_MODELS)
+    args.train_models = list(dict.fromkeys(args.models)) if args.models else list(TRAIN_DEFAULT_MODELS)
+    args.train_batches = list(dict.fromkeys(args.batches or TRAIN_BATCHES))
     args.models = list(dict.fromkeys(args.models or MODELS))
     args.batches = list(dict.fromkeys(args.batches or (LAYER_BATCHES if args.per_layer else BATCHES)))
     args.timings = [] if args.per_layer else list(dict.fromkeys(args.timings or DEFAULT_TIMINGS))
-    if not args.per_layer:  # --timing compile alone: only the models it runs on
+    if not args.per_layer:  # --timing compile or train alone: only the models and batches they run on
         args.models = [model for model in args.models if timings_for(args, model)]
+        args.batches = [batch for batch in args.batches if any(timings_for(args, model, batch) for model in args.models)]
 
 
-def timings_for(args, model: str) -> list[str]:
-    """The timings run on ``model``: compile and autotuned only on args.compile_models."""
-    return [t for t in args.timings if t not in ("compile", "autotuned") or model in args.compile_models]
+def timings_for(args, model: str, batch: int | None = None) -> list[str]:
+    """The timings run on ``model`` (at ``batch``, or at any batch): compile and autotuned only on
+    args.compile_models, train only on args.train_models at args.train_batches."""
+    return [t for t in args.timings
+            if (t not in ("compile", "autotuned") or model in args.compile_models)
+            and (t != "train" or model in args.train_models and (batch is None or batch in args.train_batches))]
 
 
 def output_stem(args) -> str:
@@ -234,6 +259,132 @@ def calibrate_batch_norm(model, images) -> None:
             handle.remove()
 
 
+def training_step(model, optimizer, x, target):
+    """One step of a training loop: zero the gradients, forward, cross-entropy against ``target`` (of the logits
+    in float32 or float64, not in 16 bits, as mixed-precision training computes it), backward, optimizer step.
+    Returns the loss, detached and not synchronised."""
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    logits = model(x)
+    loss = torch.nn.functional.cross_entropy(logits if logits.dtype == torch.float64 else logits.float(), target)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+@contextlib.contextmanager
+def backward_kind(kind: str | None):
+    """While open, cupyconv.torch's convolutions take their gradients from ``kind`` ('cupyconv' or 'torch', as
+    set_backward); None leaves the choice alone (torch's own model has no cupyconv convolution)."""
+    if kind is None:
+        yield
+        return
+    from . import torch as adapter
+
+    previous = adapter.set_backward(kind)
+    try:
+        yield
+    finally:
+        adapter.set_backward(previous)
+
+
+def checked_convs(model) -> list[str]:
+    """The convolutions whose gradients a training row checks: the first, the middle and the last nn.Conv2d
+    (converted ones included) in module order, by name."""
+    import torch
+
+    names = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Conv2d)]
+    return list(dict.fromkeys(names[i] for i in (0, len(names) // 2, -1))) if names else []
+
+
+@contextlib.contextmanager
+def recorded_gradients(model, names: list[str]):
+    """While open, each forward and backward of ``model`` records, for each named convolution, what its
+    gradients are computed from and what they came to: {name: {"x": input, "weight": a copy of the weight
+    (an optimizer step changes it in place), "dy": the gradient of its output, "dx": its input gradient}}
+    ("dx" only where the input requires a gradient). The output's gradient is caught on the output
+    itself, and the module returns a copy of it, so that an in-place activation after the convolution
+    (VGG's ReLU) changes the copy; the input gradient is caught on a copy of the input that only the
+    convolution reads. The hooks are removed again on leaving, also when the step raises.
+    """
+    records = {name: {} for name in names}
+
+    def before(record):
+        def hook(module, inputs):
+            (x,) = inputs
+            record.update(x=x.detach(), weight=module.weight.detach().clone())
+            if x.requires_grad:
+                x = x.clone()
+                x.register_hook(lambda grad: record.__setitem__("dx", grad))
+                return (x,)
+        return hook
+
+    def after(record):
+        def hook(module, inputs, output):
+            output.register_hook(lambda grad: record.__setitem__("dy", grad))
+            return output.clone()
+        return hook
+
+    handles = []
+    try:
+        for name in names:
+            module = model.get_submodule(name)
+            handles += [module.register_forward_pre_hook(before(records[name])),
+                        module.register_forward_hook(after(records[name]))]
+        yield records
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def gradient_checks(model, records: dict) -> list[dict]:
+    """The recorded convolutions' weight gradients (``.grad`` of the module in ``model``, as the step computed
+    it) and input gradients, each against float64 torch.nn.grad of the same input, weight and output
+    gradient: {"layer", "gradient" ('weight' or 'input'), "error", "torch_error"} (torch_error: torch.nn.grad
+    in the model's dtype on the same tensors), relative errors as bench.relative_error."""
+    import torch
+
+    checks = []
+    with torch.no_grad():
+        for name, record in records.items():
+            module = model.get_submodule(name)
+            args = (module.stride, module.padding, module.dilation, module.groups)
+            x, weight, dy = record["x"], record["weight"], record["dy"]
+            up = lambda t: t.double().contiguous()
+            formulas = {"weight": (module.weight.grad, lambda x, w, dy: torch.nn.grad.conv2d_weight(x, w.shape, dy, *args)),
+                        "input": (record.get("dx"), lambda x, w, dy: torch.nn.grad.conv2d_input(x.shape, w, dy, *args))}
+            for gradient, (got, formula) in formulas.items():
+                if got is None:
+                    continue
+                ref = formula(up(x), up(weight), up(dy))
+                checks.append({"layer": name, "gradient": gradient, "error": bench.relative_error(got, ref),
+                               "torch_error": bench.relative_error(formula(x, weight, dy), ref)})
+    return checks
+
+
+def _worst(errors) -> float:
+    """The largest of some errors, NaN if any is (0 for none)."""
+    return max(errors, key=lambda e: math.inf if math.isnan(e) else e, default=0.0)
+
+
+def _loss_status(losses: dict, when: str) -> str | None:
+    """WRONG where a converted model's loss ({side: loss}) is not finite, SKIP where torch's own is not (the
+    training diverged in torch too: nothing to compare against), or None."""
+    bad = {side: loss for side, loss in losses.items() if not math.isfinite(loss)}
+    if not bad:
+        return None
+    text = ", ".join(f"{side} {loss}" for side, loss in bad.items())
+    return f"{'SKIP' if 'torch' in bad else 'WRONG'} (loss not finite {when}: {text})"
+
+
+def _check_status(mode: str, check: dict) -> str | None:
+    """A gradient check's WRONG (or SKIP) status, or None: the error may reach the mode's one-layer floor
+    (bench.MODE_FLOOR) or twice torch's own, in strict fp32 too (a gradient of a real model's step can
+    cancel more than the layer suites' random data does)."""
+    return _status(check["error"], check["torch_error"], max(bench.MODE_FLOOR[mode], 2 * check["torch_error"]))
+
+
 def _oom_errors() -> tuple:
     """The exceptions of a GPU out of memory, from torch's allocator or CuPy's pool."""
     import cupy
@@ -253,13 +404,19 @@ def _status(error: float, torch_error: float, bound: float) -> str | None:
 class _Run:
     """One run of the models suite: its selections and loop counts, the rows measured and the files they go to."""
 
+    #: Where models and inputs go (the tests run a training row on the CPU).
+    device = "cuda"
+
     def __init__(self, args, torch, torchvision):
         self.args, self.torch, self.torchvision = args, torch, torchvision
         self.loops, self.calls = (QUICK_LOOPS, QUICK_CALLS) if args.quick else (LOOPS, CALLS)
         self.layer_calls = QUICK_CALLS if args.quick else LAYER_CALLS
         meta = {**bench._meta(args), "models": args.models, "batches": args.batches, "timings": args.timings,
                 "fused": args.fuse, "autotune_mode": AUTOTUNE_MODE,
-                "compile_models": args.compile_models, "per_layer": args.per_layer, "layouts": args.layouts,
+                "compile_models": args.compile_models, "train_models": args.train_models,
+                "train_batches": args.train_batches, "train_sides": list(TRAIN_SIDES),
+                "train_optimizer": {"sgd_lr": TRAIN_LR, "momentum": TRAIN_MOMENTUM},
+                "per_layer": args.per_layer, "layouts": args.layouts,
                 "loops": self.loops, "calls_per_loop": self.layer_calls if args.per_layer else self.calls,
                 "model_floor": MODEL_FLOOR, "image": IMAGE,
                 "torchvision": torchvision.__version__}
@@ -283,7 +440,7 @@ class _Run:
                     # strict fp32 is strict in the matmuls (classifiers, ConvNeXt's MLPs) as well
                     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
                     rows_of(name, mode, layout,
-                            copy.deepcopy(master).to("cuda", self.dtype(mode), memory_format=self.memory(layout)))
+                            copy.deepcopy(master).to(self.device, self.dtype(mode), memory_format=self.memory(layout)))
                     torch.cuda.empty_cache()
 
     def dtype(self, mode: str):
@@ -296,14 +453,15 @@ class _Run:
         """The same images for every mode and layout of a batch size (seeded), in that dtype and layout."""
         torch = self.torch
         images = torch.randn(batch, *IMAGE, generator=torch.Generator().manual_seed(batch))
-        return images.to("cuda", self.dtype(mode)).contiguous(memory_format=self.memory(layout))
+        return images.to(self.device, self.dtype(mode)).contiguous(memory_format=self.memory(layout))
 
-    def measured(self, row: dict, measure) -> None:
-        """Complete ``row`` with ``measure()``, run under inference_mode; a row that runs out of GPU memory is
-        skipped with the reason, not an error; the seconds it took either way."""
+    def measured(self, row: dict, measure, inference: bool = True) -> None:
+        """Complete ``row`` with ``measure()``, run under inference_mode unless ``inference`` is false (a
+        training step); a row that runs out of GPU memory is skipped with the reason, not an error; the
+        seconds it took either way."""
         began = time.perf_counter()
         try:
-            with self.torch.inference_mode():
+            with self.torch.inference_mode(inference):
                 row.update(measure())
         except _oom_errors() as error:
             row["status"] = f"SKIP (out of GPU memory: {str(error).splitlines()[0][:120]})"
@@ -320,7 +478,8 @@ class _Run:
     # -- whole models --------------------------------------------------------------------------------
 
     def model_rows(self, name: str, mode: str, layout: str, model) -> None:
-        """Every batch and timing of one model variant: convert a copy (fused with --fuse), check it, time both."""
+        """Every batch and timing of one model variant: convert a copy (fused with --fuse), check it, time both
+        (a train row: training copies of both, see time_train)."""
         from .torch import Conv2d, convert
         from .torch_fusion import FusedConv2d
 
@@ -328,14 +487,21 @@ class _Run:
         convs = sum(type(m) in (Conv2d, FusedConv2d) for m in ours.modules())
         reference = copy.deepcopy(model).double()
         for batch in self.args.batches:
+            timings = timings_for(self.args, name, batch)
+            if not timings:
+                continue
             x = self.input(batch, mode, layout)
             sample = sorted({0, batch - 1})  # first and last images against float64: the whole batch would cost more
-            with self.torch.inference_mode():
-                ref = reference(x[sample].double())
-            for timing in timings_for(self.args, name):
+            if timings != ["train"]:
+                with self.torch.inference_mode():
+                    ref = reference(x[sample].double())
+            for timing in timings:
                 row = {"model": name, "mode": mode, "layout": layout, "batch": batch, "timing": timing,
                        "convs": convs, "fused": sum(type(m) is FusedConv2d for m in ours.modules())}
-                self.measured(row, lambda: self.time_model(timing, mode, model, ours, x, ref, sample))
+                if timing == "train":
+                    self.measured(row, lambda: self.time_train(mode, model, ours, x), inference=False)
+                else:
+                    self.measured(row, lambda: self.time_model(timing, mode, model, ours, x, ref, sample))
                 self.add(row, _model_line(row))
 
     def prepare(self, timing: str, model, x, side_name: str):
@@ -394,6 +560,61 @@ class _Run:
         return {**row, "status": "ok", "torch_ms": ms["torch"], "cupyconv_ms": ms["cupyconv"],
                 "speedup": ms["torch"] / ms["cupyconv"]}
 
+    def time_train(self, mode: str, theirs, ours, x) -> dict:
+        """A training step of torch's model and of the converted one, with cupyconv's gradient kernels and with
+        torch's (TRAIN_SIDES): each a deep copy in training mode with its own SGD (TRAIN_LR, TRAIN_MOMENTUM),
+        from the same weights, on ``x`` and seeded random labels.
+
+        Check: the first step of each converted copy records the first, middle and last convolution's input,
+        weight and output gradient (recorded_gradients); the weight and input gradients the step gave them
+        must match float64 torch.nn.grad on the same tensors within the mode's one-layer floor or twice
+        torch's own error there (a whole model's gradients against a float64 model are no check in training
+        mode: batch statistics make them chaotic, see benchmarks/README.md), and every first loss must be
+        finite. Then the three steps are timed as the eager timing times forwards (wall time per step,
+        bench.alternating_loop_ms), and the losses after the last steps must be finite too.
+        """
+        torch = self.torch
+        with torch.no_grad():
+            classes = theirs(x[:1]).shape[-1]
+        batch = x.shape[0]
+        target = torch.randint(0, classes, (batch,), generator=torch.Generator().manual_seed(batch)).to(self.device)
+        names = checked_convs(ours)
+        steps, last, checks = {}, {}, {}
+        for side, kind in TRAIN_SIDES.items():
+            net = copy.deepcopy(theirs if kind is None else ours).train()
+            optimizer = torch.optim.SGD(net.parameters(), lr=TRAIN_LR, momentum=TRAIN_MOMENTUM)
+
+            def step(side=side, kind=kind, net=net, optimizer=optimizer):
+                with backward_kind(kind):
+                    last[side] = training_step(net, optimizer, x, target)
+            steps[side] = step
+            if kind is None:
+                step()
+                continue
+            with recorded_gradients(net, names) as records:
+                step()
+            checks[side] = gradient_checks(net, records)
+            del records
+        first_loss = {side: float(loss) for side, loss in last.items()}
+        row = {"checked": names, "checks": checks, "loss": first_loss,
+               "error": _worst(c["error"] for c in checks["cupyconv"]),
+               "torch_error": _worst(c["torch_error"] for c in checks["cupyconv"]),
+               "torch_backward_error": _worst(c["error"] for c in checks["torch_backward"])}
+        status = _loss_status(first_loss, "on the first step")
+        for side, side_checks in checks.items():
+            for check in side_checks:
+                wrong = _check_status(mode, check)
+                if wrong and not status:
+                    status = f"{wrong} in {check['layer']}'s {check['gradient']} gradient, {side} side"
+        if status:
+            return {**row, "status": status}
+        ms = bench.alternating_loop_ms(steps, self.calls, self.loops, WARMUP)
+        final_loss = {side: float(loss) for side, loss in last.items()}
+        row.update(status="ok", torch_ms=ms["torch"], cupyconv_ms=ms["cupyconv"], speedup=ms["torch"] / ms["cupyconv"],
+                   torch_backward_ms=ms["torch_backward"], torch_backward_speedup=ms["torch"] / ms["torch_backward"],
+                   final_loss=final_loss, steps=1 + WARMUP + self.calls * self.loops)
+        return {**row, "status": _loss_status(final_loss, f"after {row['steps']} steps") or "ok"}
+
     # -- per layer -----------------------------------------------------------------------------------
 
     def layer_rows(self, name: str, mode: str, layout: str, model) -> None:
@@ -437,8 +658,10 @@ def _model_line(row: dict) -> str:
             f"{' fused' if row.get('fused') else ''}")
     if row["status"] != "ok":
         return f"{head} {row['status']}  <<<<<<<<<<"
-    return (f"{head} torch {row['torch_ms']:8.3f} ms  cupyconv {row['cupyconv_ms']:8.3f} ms  {row['speedup']:5.2f}x"
-            f"  error {row['error']:.1e} (torch {row['torch_error']:.1e})")
+    line = f"{head} torch {row['torch_ms']:8.3f} ms  cupyconv {row['cupyconv_ms']:8.3f} ms  {row['speedup']:5.2f}x"
+    if row["timing"] == "train":
+        line += f"  with torch's backward {row['torch_backward_ms']:8.3f} ms  {row['torch_backward_speedup']:5.2f}x  gradient"
+    return line + f"  error {row['error']:.1e} (torch {row['torch_error']:.1e})"
 
 
 def _layer_line(row: dict) -> str:
@@ -455,18 +678,23 @@ def _speedup(value: float) -> str:
 
 
 def model_cells(rows: list[dict]) -> list[list[str]]:
-    """The models table as text cells, header first: a line per (model, mode, layout, batch, timing)."""
+    """The models table as text cells, header first: a line per (model, mode, layout, batch, timing). A train
+    row's times are per training step, its errors its gradients' (the worst checked), and its last cell the
+    converted model's step with torch's backward."""
     cells = [["model", "mode", "layout", "batch", "timing", "cupyconv model", "torch ms", "cupyconv ms", "speed-up",
-              "cupyconv error", "torch error", "compile s (torch / cupyconv)"]]
+              "cupyconv error", "torch error", "compile s (torch / cupyconv)", "with torch's backward: ms (speed-up)"]]
     for r in rows:
         variant = f"fused ({r['fused']} of {r['convs']} convs)" if r.get("fused") else "converted"
         head = [r["model"], r["mode"], r["layout"], str(r["batch"]), r["timing"], variant]
         errors = [f"{r['error']:.1e}", f"{r['torch_error']:.1e}"] if "error" in r else ["", ""]
         compiled = f"{r['torch_compile_s']:.1f} / {r['cupyconv_compile_s']:.1f}" if "torch_compile_s" in r else ""
+        backward = (f"{r['torch_backward_ms']:.3f} ({_speedup(r['torch_backward_speedup'])})"
+                    if "torch_backward_ms" in r and r["status"] == "ok" else "")
         if r["status"] != "ok":
-            cells.append(head + ["", "", r["status"], *errors, compiled])
+            cells.append(head + ["", "", r["status"], *errors, compiled, backward])
             continue
-        cells.append(head + [f"{r['torch_ms']:.3f}", f"{r['cupyconv_ms']:.3f}", _speedup(r["speedup"]), *errors, compiled])
+        cells.append(head + [f"{r['torch_ms']:.3f}", f"{r['cupyconv_ms']:.3f}", _speedup(r["speedup"]), *errors, compiled,
+                             backward])
     return cells
 
 
