@@ -13,6 +13,9 @@ layer is host-bound when called eagerly.
 and ``--pass wgrad`` the gradients of the layers, and ``--suite transposed`` transposed convolutions
 (cupyconv/bench_grad.py).
 ``--layout channels_last`` runs the rows on NHWC arrays and KHWC weights (torch's channels_last).
+``--autotune`` tunes each row of the layer suites (cupyconv/tuning.py, with a cache of its own, so every
+row is tuned in this run) and times the tuned plan next to the fixed rules' ("untuned"), with the
+wall time the tuning took.
 torch is timed in both of its layouts in every row, and the speed-up is over the faster of the two.
 The GPU's ceilings (fp32 FMA rate, TF32/fp16/bf16 matrix rate, copy bandwidth) are measured at
 start. Results go to benchmarks/results/ as JSON, a markdown table and a PNG chart of speed-ups.
@@ -25,14 +28,17 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 import pathlib
 import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from .arguments import ConvProblem, make_problem
+from .tuning_cache import DIRECTORY_VARIABLE
 
 L2_BYTES = 50 * 2**20
 #: Spin before each timed run, in GPU clock cycles (about 1 ms on an H100): longer than the host
@@ -237,6 +243,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help=f"smoke test: {QUICK_REPEATS} runs unless --repeats, smaller ceiling measurements")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
     parser.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN autotune (off by default)")
+    parser.add_argument("--autotune", action="store_true",
+                        help="layer suites, forward: tune each row (a fresh cache) and time the tuned plan next to "
+                             "the fixed rules' one, with the tuning's cost")
     parser.add_argument("--commit", default=None,
                         help="the commit measured, where the tree has no git (default: git rev-parse HEAD)")
     bench_models.add_arguments(parser)
@@ -252,6 +261,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.layouts = {mode: list(dict.fromkeys(args.layout or ["nchw"])) for mode in args.modes}
     bench_models.check_args(parser, args)
     bench_grad.check_args(parser, args)
+    if args.autotune and (args.suite in ("models", "transposed") or args.passes != ["fwd"]):
+        parser.error("--autotune: for the layer suites' forward only")
     return args
 
 
@@ -260,7 +271,8 @@ def markdown(meta: dict, cells: list[list[str]], notes=()) -> str:
     ``commit:`` line, then ``notes`` (one line each): the form of every table in benchmarks/RESULTS.md."""
     header, *rows = cells
     lines = [f"GPU: {meta['gpu']}; torch {meta['torch']}, cuDNN {meta['cudnn']}, CuPy {meta['cupy']}; "
-             f"layout {meta['layout']}; cudnn.benchmark {meta['cudnn_benchmark']}; {meta['date']}",
+             f"layout {meta['layout']}; cudnn.benchmark {meta['cudnn_benchmark']}"
+             f"{'; cupyconv autotune on' if meta.get('autotune') else ''}; {meta['date']}",
              f"commit: {meta['commit']}{' (dirty tree)' if meta['dirty'] else ''}", "",
              "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -284,11 +296,11 @@ def _git(*args: str) -> str:
 class _Runner:
     """Holds torch and cupy, the measured ceilings, and runs one (shape, mode) row."""
 
-    def __init__(self, repeats: int, quick: bool = False):
+    def __init__(self, repeats: int, quick: bool = False, autotune: bool = False):
         import cupy
         import torch
 
-        self.torch, self.cupy, self.repeats = torch, cupy, repeats
+        self.torch, self.cupy, self.repeats, self.autotune = torch, cupy, repeats, autotune
         self.ceilings = self._measure_ceilings(4096 if quick else 8192)
 
     def _measure_ceilings(self, n: int) -> dict:
@@ -314,11 +326,21 @@ class _Runner:
         return [(make(shape.n, shape.c, shape.h, shape.w), make(shape.k, shape.c // shape.groups, shape.kh, shape.kw),
                  make(shape.k) if shape.bias else None) for _ in range(sets)]
 
+    def _tuned(self, problem: ConvProblem, allow_tf32: bool):
+        """The tuned plan of ``problem`` on the current GPU, and the wall time (ms) its tuning took."""
+        from .tuning import tuned_plan
+
+        began = time.perf_counter()
+        plan = tuned_plan(problem, allow_tf32, self.cupy.cuda.Device().id)
+        return plan, 1e3 * (time.perf_counter() - began)
+
     def row(self, shape: Shape, mode: str, layout: str = "nchw") -> dict:
-        """One (shape, mode, layout) row: cupyconv on arrays in ``layout``, torch in both of its layouts."""
+        """One (shape, mode, layout) row: cupyconv on arrays in ``layout``, torch in both of its layouts;
+        with autotune, the tuned plan, and the fixed rules' one as "untuned"."""
         from .compiler import compute_capability
         from .launch import conv2d_cupy
         from .planner import make_plan
+        from .tuning import label
 
         torch, cupy = self.torch, self.cupy
         F = torch.nn.functional
@@ -328,6 +350,11 @@ class _Runner:
         problem = shape.problem(MODE_DTYPE[mode], layout)
         plan = make_plan(problem, allow_tf32=allow_tf32, compute_capability=compute_capability())
         row = {"shape": shape.name, "mode": mode, "layout": layout, "kernel": plan.kernel, "plan": str(plan)}
+        untuned = None
+        if self.autotune:
+            untuned, (plan, tuning_ms) = plan, self._tuned(problem, allow_tf32)
+            row.update(kernel=plan.kernel, plan=str(plan), untuned_kernel=untuned.kernel, tuned_plan=label(plan),
+                       tuning_ms=tuning_ms)
         sets = max(1, min(4, math.ceil(2 * L2_BYTES / bytes_moved(problem))))
         by_layout = {"nchw": self._inputs(shape, torch_dtype, sets)}
         by_layout["channels_last"] = [(x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last), b)
@@ -349,9 +376,12 @@ class _Runner:
         with stream:  # zero-copy views, made once: the DLPack exchange is the benchmark's cost, not cupyconv's
             views = [(*(view(t) for t in inputs[i]), view(outs[i])) for i in range(sets)]
 
-        def ours(i):
-            with stream:
-                conv2d_cupy(*views[i][:3], problem, views[i][3], plan=plan)
+        def run_plan(chosen):
+            def run(i):
+                with stream:
+                    conv2d_cupy(*views[i][:3], problem, views[i][3], plan=chosen)
+            return run
+        ours = run_plan(plan)
 
         # Correctness first, on a NaN-poisoned output: every element written, and the first and last
         # images against float64 (the whole batch in float64 would cost more than the timing).
@@ -373,11 +403,15 @@ class _Runner:
             return row
         del ref
 
-        counter = dict.fromkeys(["cupyconv", *LAYOUTS], 0)
+        counter = dict.fromkeys(["cupyconv", "untuned", *LAYOUTS], 0)
 
-        def timed_ours():
-            ours(counter["cupyconv"] % sets)
-            counter["cupyconv"] += 1
+        def timed_plan(name, chosen):
+            run = run_plan(chosen)
+
+            def timed():
+                run(counter[name] % sets)
+                counter[name] += 1
+            return timed
 
         def timed_torch(torch_layout):
             def run():
@@ -386,8 +420,10 @@ class _Runner:
                 counter[torch_layout] += 1
             return run
 
-        times = alternating_ms({"cupyconv": timed_ours, **{name: timed_torch(name) for name in LAYOUTS}},
-                               self.repeats)
+        fns = {"cupyconv": timed_plan("cupyconv", plan)}
+        if untuned is not None:
+            fns["untuned"] = timed_plan("untuned", untuned)
+        times = alternating_ms({**fns, **{name: timed_torch(name) for name in LAYOUTS}}, self.repeats)
         ours_t, ours_host_us = times["cupyconv"]
         torch_layout = min(LAYOUTS, key=lambda name: times[name][0])  # torch's faster layout
         torch_t, torch_host_us = times[torch_layout]
@@ -398,6 +434,8 @@ class _Runner:
                    **{f"torch_{name}_ms": times[name][0] for name in LAYOUTS})
         row.update(compute_fraction=row["tflops"] / compute_ceiling,
                    bandwidth_fraction=row["gbps"] / self.ceilings["bandwidth_gbps"])
+        if untuned is not None:
+            row.update(untuned_ms=times["untuned"][0], autotune_speedup=times["untuned"][0] / ours_t)
         row["host_us"] = self._host_us(inputs[0], views[0], args, allow_tf32, stream,
                                        (problem.layout, problem.weight_layout))
         return row
@@ -451,7 +489,8 @@ def _meta(args) -> dict:
             "dirty": not args.commit and bool(_git("status", "--porcelain", "--untracked-files=no")),
             "layout": ", ".join(dict.fromkeys(layout for layouts in args.layouts.values() for layout in layouts)),
             "suite": args.suite, "modes": args.modes, "repeats": args.repeats, "quick": args.quick,
-            "cudnn_benchmark": args.cudnn_benchmark, "date": datetime.datetime.now().isoformat(timespec="seconds")}
+            "cudnn_benchmark": args.cudnn_benchmark, "autotune": args.autotune,
+            "date": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
 def _chart(results: dict, path: pathlib.Path) -> None:
@@ -473,6 +512,10 @@ def _chart(results: dict, path: pathlib.Path) -> None:
     plt.close(fig)
 
 
+#: The columns --autotune adds: the fixed rules' plan's time, the tuning's wall time, the tuned plan.
+AUTOTUNE_COLUMNS = ("untuned ms", "tuning ms", "tuned plan")
+
+
 def _us(value) -> str:
     """A host cost in us as a table cell; n/a where it was not measured (bf16 on CuPy)."""
     return "n/a" if value is None else f"{value:.0f}"
@@ -480,20 +523,23 @@ def _us(value) -> str:
 
 def table_rows(results: dict) -> list[list[str]]:
     """The result table as text cells, header first: what the console and markdown tables show."""
+    autotune = results["meta"].get("autotune", False)
     rows = [["shape", "mode", "layout", "kernel", "torch NCHW ms", "torch CL ms", "cupyconv ms",
              "speed-up (torch's faster)", "torch host µs", "cupyconv host µs", "cupyconv.torch host µs", "TFLOP/s",
-             "% of ceiling", "GB/s", "% of bandwidth"]]
+             "% of ceiling", "GB/s", "% of bandwidth"] + (list(AUTOTUNE_COLUMNS) if autotune else [])]
     for r in results["rows"]:
         layout = "CL" if r.get("layout") == "channels_last" else "NCHW"
         if r["status"] != "ok":
-            rows.append([r["shape"], r["mode"], layout, r.get("kernel", ""), "", "", "", r["status"]] + [""] * 7)
+            rows.append([r["shape"], r["mode"], layout, r.get("kernel", ""), "", "", "", r["status"]] + [""] * 7
+                        + [""] * (len(AUTOTUNE_COLUMNS) if autotune else 0))
             continue
         host = r["host_us"]
         torch_ms = [f"{r[key]:.3f}" if key in r else "" for key in ("torch_nchw_ms", "torch_channels_last_ms")]
         rows.append([r["shape"], r["mode"], layout, r["kernel"], *torch_ms, f"{r['cupyconv_ms']:.3f}",
                      f"{r['speedup']:.2f}x", *(_us(host[name]) for name in HOST_APIS),
                      f"{r['tflops']:.1f}", f"{100 * r['compute_fraction']:.0f}%",
-                     f"{r['gbps']:.0f}", f"{100 * r['bandwidth_fraction']:.0f}%"])
+                     f"{r['gbps']:.0f}", f"{100 * r['bandwidth_fraction']:.0f}%"]
+                    + ([f"{r['untuned_ms']:.3f}", f"{r['tuning_ms']:.0f}", r["tuned_plan"]] if autotune else []))
     return rows
 
 
@@ -508,7 +554,7 @@ def print_table(results: dict) -> None:
     header, *rows = table_rows(results)
     table = rich.table.Table(title=f"cupyconv vs torch on {results['meta']['gpu']}, commit {results['meta']['commit']}")
     for i, name in enumerate(header):
-        table.add_column(name, justify="left" if i < 4 else "right")
+        table.add_column(name, justify="left" if i < 4 or name == "tuned plan" else "right")
     for cells, row in zip(rows, results["rows"]):
         table.add_row(*cells, style=None if row["status"] == "ok" else "bold red")
     console = rich.console.Console()
@@ -530,9 +576,11 @@ def _row_line(row: dict) -> str:
     if row["status"] != "ok":
         return f"{row['shape']:24s} {row['mode']:5s} {row.get('layout', 'nchw'):13s} {row['status']}  <<<<<<<<<<"
     host = "/".join(_us(row["host_us"][name]) for name in HOST_APIS)
+    tuned = (f"  untuned {row['untuned_ms']:8.3f} ms, tuned in {row['tuning_ms']:.0f} ms: {row['tuned_plan']}"
+             if "tuning_ms" in row else "")
     return (f"{row['shape']:24s} {row['mode']:5s} {row.get('layout', 'nchw'):13s} torch "
             f"{row['torch_ms']:8.3f} ms ({row.get('torch_layout', 'nchw')})  cupyconv {row['cupyconv_ms']:8.3f} ms"
-            f"  {row['speedup']:5.2f}x  {row['tflops']:6.1f} TFLOP/s  host us {host}  {row['kernel']}")
+            f"  {row['speedup']:5.2f}x  {row['tflops']:6.1f} TFLOP/s  host us {host}  {row['kernel']}{tuned}")
 
 
 def _gpu_missing() -> str | None:
@@ -570,13 +618,18 @@ def main(argv=None) -> int:
     import torch
 
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
-    runner = _Runner(args.repeats, args.quick)
+    if args.autotune:
+        # A cache of this run's own: every row is tuned (and its cost measured) here, never read from an
+        # earlier run's winners. Removed at exit.
+        cache_dir = tempfile.TemporaryDirectory(prefix="cupyconv-autotune-")
+        os.environ[DIRECTORY_VARIABLE] = cache_dir.name
+    runner = _Runner(args.repeats, args.quick, args.autotune)
     results = {"meta": {**_meta(args), "ceilings": runner.ceilings}, "rows": []}
     print("ceilings: " + ", ".join(f"{k} {v:.1f}" for k, v in runner.ceilings.items()), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     layouts = args.layouts[args.modes[0]]
     stem = args.out / (f"{args.suite}_{'-'.join(args.modes)}{'_' + '-'.join(layouts) if layouts != ['nchw'] else ''}"
-                       f"{'_quick' if args.quick else ''}")
+                       f"{'_autotune' if args.autotune else ''}{'_quick' if args.quick else ''}")
     cases = [(shape, mode, layout) for shape in SUITES[args.suite] for mode in args.modes for layout in layouts]
     progress = _progress(cases, len(cases))
     for shape, mode, layout in progress:

@@ -7,11 +7,13 @@ signature (whether ``out`` overlaps an input) is checked on every call.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
 import numpy as np
 
+from . import tuning
 from .arguments import (check_arrays, check_layouts, check_out, check_x_dims, check_output_size, check_residual,
                         check_residual_overlap, extent, make_problem, overlaps)
 from .launch import run
@@ -20,8 +22,9 @@ from .program import OPERAND_ALIGNMENT
 from .reference import conv2d_numpy
 from .weights import PreparedWeight
 
-#: Call signature -> _CupyCall, for CuPy calls that passed every check once.
-_CUPY_CALLS: dict = {}
+#: Call signature -> _CupyCall, for CuPy calls that passed every check once (emptied when autotuning
+#: is switched: its executable was planned under the mode of its time).
+_CUPY_CALLS: dict = tuning.cleared_on_mode_change({})
 #: cupy and cupy.ndarray, once a CuPy call has been seen (import cupyconv must not import CuPy).
 _cupy = _cupy_ndarray = None
 
@@ -227,12 +230,23 @@ def _run_cupy(call: _CupyCall, x, weight, bias, out, prepared, residual):
 def plan(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, allow_tf32=False, layout="NCHW",
          weight_layout="KCHW", activation=None, residual=None) -> LaunchPlan:
     """The GPU launch plan conv2d would use for these arguments (printable: kernel, tiles, grid, why,
-    and what is read in place or transposed for the layouts).
+    what is read in place or transposed for the layouts, and whether it was tuned).
 
-    Takes the same arguments as :func:`conv2d` (NumPy arrays too: only shapes and dtypes matter).
+    Takes the same arguments as :func:`conv2d`. On CuPy arrays it plans for their GPU, and with
+    autotuning on (:func:`cupyconv.autotune`) it tunes the problem there as conv2d would (once: the
+    winner is cached); NumPy arrays give the plan for any GPU, untuned (only shapes and dtypes matter).
+    Bad arguments raise as in conv2d, before anything is timed.
     """
     if type(weight) is PreparedWeight:
         weight = weight.array
-    _, _, problem = _problem(x, weight, bias, stride, padding, dilation, groups, None, layout, weight_layout,
-                             activation, residual)
-    return make_plan(problem, allow_tf32=allow_tf32)
+    backend, _, problem = _problem(x, weight, bias, stride, padding, dilation, groups, None, layout, weight_layout,
+                                   activation, residual)
+    if backend == "numpy":
+        why = "NumPy arrays: plans are tuned on the GPU that runs them" if tuning.enabled() else "autotune off"
+        return dataclasses.replace(make_plan(problem, allow_tf32=allow_tf32), tuning=f"no ({why})")
+    if tuning.enabled():
+        return tuning.tuned_plan(problem, allow_tf32, x.device.id)
+    from .compiler import compute_capability
+
+    chosen = make_plan(problem, allow_tf32=allow_tf32, compute_capability=compute_capability(x.device.id))
+    return dataclasses.replace(chosen, tuning="no (autotune off)")

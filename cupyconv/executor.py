@@ -13,6 +13,7 @@ import ctypes
 import functools
 import threading
 
+from . import tuning
 from .arguments import ConvProblem
 from .compiler import compute_capability, get_kernel
 from .program import OPERANDS, CallProgram, Launch, Pointer, align
@@ -135,10 +136,19 @@ class Workspaces:
                 exe.launch(x, weight, prepared, bias, out, kept[1], prepare_here, stream, residual)
 
 
-@functools.lru_cache(maxsize=4096)
 def executable(problem: ConvProblem, allow_tf32: bool, device_id: int) -> Executable:
-    """The planner's choice for ``problem`` on device ``device_id``, ready to launch. Made once per
-    (problem, precision, device): a model calls the same few shapes over and over."""
+    """The planner's choice for ``problem`` on device ``device_id``, ready to launch: the fixed rules'
+    plan, or with autotuning on (tuning.autotune) the fastest the tuner found, timed on first sight
+    of the problem. The fronts ask once per call signature."""
+    if tuning.enabled():
+        return executable_for_plan(tuning.tuned_plan(problem, allow_tf32, device_id), problem, device_id)
+    return _fixed_rules_executable(problem, allow_tf32, device_id)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fixed_rules_executable(problem: ConvProblem, allow_tf32: bool, device_id: int) -> Executable:
+    # Made once per (problem, precision, device): a model calls the same few shapes over and over
+    # (and the gradients' and transposed convolution's phases ask on every call).
     from .planner import make_plan
 
     plan = make_plan(problem, allow_tf32=allow_tf32, compute_capability=compute_capability(device_id))

@@ -9,7 +9,8 @@ from .executor import Executable, Workspaces, executable, executable_for_plan
 from .program import OPERAND_ALIGNMENT
 
 
-def _allocate(nbytes: int):
+def allocate(nbytes: int):
+    """``nbytes`` of CuPy memory, as Workspaces wants it: (the memory, its address)."""
     import cupy
 
     memory = cupy.cuda.alloc(nbytes)
@@ -17,7 +18,7 @@ def _allocate(nbytes: int):
 
 
 #: The workspaces of CuPy calls, from CuPy's memory pool.
-_WORKSPACES = Workspaces(_allocate)
+_WORKSPACES = Workspaces(allocate)
 
 
 def release_workspaces() -> None:

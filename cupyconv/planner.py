@@ -79,6 +79,9 @@ class LaunchPlan:
     # The problem's epilogue (ConvProblem.activation, has_residual), which every family applies.
     activation: str = "none"
     has_residual: bool = False
+    # Whether and how autotuning chose the plan (cupyconv/tuning.py), printed as its "tuned:" line;
+    # "" where nobody asked (plans made by make_plan).
+    tuning: str = ""
 
     @property
     def name_expression(self) -> str:
@@ -86,10 +89,15 @@ class LaunchPlan:
         return FAMILIES[self.kernel].name_expression(self)
 
     def __str__(self) -> str:
-        epilogue = "" if self.activation == "none" and not self.has_residual else (
-            f"\n  epilogue: {'' if self.activation == 'none' else self.activation}"
-            f"(conv + bias{' + residual' if self.has_residual else ''}) in the accumulator type, rounded once")
-        return FAMILIES[self.kernel].describe(self) + epilogue + layouts.describe(self)
+        lines = [FAMILIES[self.kernel].describe(self)]
+        if self.activation != "none" or self.has_residual:
+            lines.append(f"  epilogue: {'' if self.activation == 'none' else self.activation}"
+                         f"(conv + bias{' + residual' if self.has_residual else ''}) in the accumulator type, "
+                         f"rounded once")
+        lines += layouts.describe(self).splitlines()
+        if self.tuning:
+            lines.append(f"  tuned: {self.tuning}")
+        return "\n".join(lines)
 
 
 # The families build LaunchPlans: imported once the class exists.
@@ -178,7 +186,7 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
 
 @functools.lru_cache(maxsize=4096)
 def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | None = None,
-              allow_tf32: bool = False, compute_capability: int = 0) -> LaunchPlan:
+              allow_tf32: bool = False, compute_capability: int = 0, **options) -> LaunchPlan:
     """Choose the kernel specialisation, stage and launch shape for ``problem``.
 
     Plans are immutable and depend on the arguments alone, so each is made once and cached (a model
@@ -193,12 +201,14 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
         allow_tf32: let float32 run on the tensor cores in TF32 (10-bit mantissa products).
         compute_capability: of the GPU that will run the plan (90 for sm_90), where kernels for one
             architecture alone may be chosen (wgmma on the H100); 0, any GPU.
+        options: with a forced ``kernel``, that family's own knobs, passed to its make_plan (the
+            tuner's and the tests'): ``splits`` (simt_gemm_conv2d, implicit_gemm_nhwc: split-K's
+            runs), ``tile`` (winograd_conv2d: F(2x2) or F(4x4)).
     """
     family, family_reason = choose_kernel(problem, kernel, allow_tf32, config)
     if family == NHWC_KERNEL:  # the one family with tiles for one architecture alone
-        plan = implicit_gemm_nhwc.make_plan(problem, config, family_reason, compute_capability)
-    else:
-        plan = FAMILIES[family].make_plan(problem, config, family_reason)
+        options["compute_capability"] = compute_capability
+    plan = FAMILIES[family].make_plan(problem, config, family_reason, **options)
     return dataclasses.replace(plan, layout=problem.layout, weight_layout=problem.weight_layout,
                                activation=problem.activation, has_residual=problem.has_residual)
 

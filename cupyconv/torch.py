@@ -59,6 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import tuning
 from .arguments import ConvProblem, check_output_size, make_problem
 from .conv1d import _single
 from .conv_transpose import TransposeProblem, make_transpose_problem, transposed
@@ -245,8 +246,9 @@ class _Call:
 
 
 #: Call signature (shapes, strides, dtypes, devices, hyper-parameters, TF32 switch) -> _Call, for
-#: CUDA calls that passed every check once.
-_CALLS: dict = {}
+#: CUDA calls that passed every check once (emptied when autotuning is switched: its executable was
+#: planned under the mode of its time).
+_CALLS: dict = tuning.cleared_on_mode_change({})
 
 
 class WeightCache:

@@ -56,6 +56,22 @@ def test_markdown_names_the_commit_and_marks_wrong_rows():
     assert len(table) == 2 + len(RESULTS["rows"])
 
 
+def test_autotune_columns_report_the_untuned_time_the_tuning_cost_and_the_plan(capsys):
+    tuned = {**RESULTS["rows"][0], "untuned_ms": 1.25, "tuning_ms": 431.7, "untuned_kernel": "direct_conv2d",
+             "tuned_plan": "simt_gemm_conv2d simt_m64n64 split-K 4", "autotune_speedup": 1.25}
+    results = {"meta": {**RESULTS["meta"], "autotune": True}, "rows": [tuned, RESULTS["rows"][2]]}
+    text = bench.to_markdown(results)
+    assert "cupyconv autotune on" in text and "| untuned ms | tuning ms | tuned plan |" in text
+    assert "| 1.250 | 432 | simt_gemm_conv2d simt_m64n64 split-K 4 |" in text
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    assert len({line.count("|") for line in table}) == 1, "every markdown row has as many cells as the header"
+    assert "autotune" not in bench.to_markdown(RESULTS)  # runs without it read as before
+    line = bench._row_line(tuned)
+    assert "untuned    1.250 ms, tuned in 432 ms: simt_gemm_conv2d simt_m64n64 split-K 4" in line
+    bench.print_table(results)
+    assert "simt_m64n64" in capsys.readouterr().out
+
+
 def test_console_table_and_chart(tmp_path, capsys):
     bench.print_table(RESULTS)
     out = capsys.readouterr().out
@@ -179,6 +195,10 @@ def test_command_line():
     assert both.layouts == {"fp16": ["nchw", "channels_last"]}
     with pytest.raises(SystemExit):  # models options on a layer suite
         bench.parse_args(["--suite", "layers", "--model", "resnet50"])
+    assert bench.parse_args(["--suite", "layers", "--autotune"]).autotune and not bench.parse_args([]).autotune
+    for other in (["--suite", "models"], ["--suite", "transposed"], ["--suite", "layers", "--pass", "dgrad"]):
+        with pytest.raises(SystemExit):  # the layer suites' forward only
+            bench.parse_args([*other, "--autotune"])
 
 
 def test_importing_the_benchmark_imports_no_torch():

@@ -119,6 +119,15 @@ def pays(problem: ConvProblem) -> bool:
     return ratio >= WINOGRAD_MIN_CHANNEL_RATIO[tile]
 
 
+def tiles(problem: ConvProblem) -> tuple[int, ...]:
+    """The output tiles m a caller weighing plans by their times (the autotuner) may run ``problem``
+    with: those that can run it and do fewer multiplies than the direct sum, F(4x4) only up to
+    WINOGRAD_4X4_MAX_CHANNELS phase channels (past them it rounds more than the planner allows)."""
+    return tuple(tile for tile in WINOGRAD_TILES
+                 if (tile == 2 or winograd_channels(problem) <= WINOGRAD_4X4_MAX_CHANNELS)
+                 and _gain(problem, tile) > 0 and not refusal(problem, tile))
+
+
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
               tile: int | None = None) -> LaunchPlan:
     """Winograd's transforms (one thread per tile and channel) around the batched GEMM's own plan, in
