@@ -173,12 +173,7 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
     const int wm = warp_m * WM, wn = warp_n * WN;
     const int quad = lane >> 2, tq = lane & 3;  // PTX's groupID and threadID_in_group
     float acc[MT][NTILES][4];
-#pragma unroll
-    for (int a = 0; a < MT; ++a)
-#pragma unroll
-        for (int b = 0; b < NTILES; ++b)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[a][b][e] = 0.0f;
+    zero_accumulators(acc);
 
     auto compute_tile = [&](int stage) {
         const T* a_buf = a_smem + stage * A_STAGE;

@@ -213,12 +213,7 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     const int warp_m = warp % WARPS_M, warp_n = warp / WARPS_M;
     const int wm = warp_m * WM, wn = warp_n * WN;
     float acc[MT][NTILES][4];
-#pragma unroll
-    for (int a = 0; a < MT; ++a)
-#pragma unroll
-        for (int b = 0; b < NTILES; ++b)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[a][b][e] = 0.0f;
+    zero_accumulators(acc);
 
     // ldmatrix row addresses. A (x4 = a0..a3): lanes 0-15 give rows 0-15 at k + 0, lanes 16-31 the
     // same rows 16 bytes further; NCHW_A (.trans): lanes 0-7 k rows 0-7 at pixel 0, 8-15 the same rows
@@ -259,16 +254,9 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
                     ldmatrix_x4<true>(a_frag[mt], a_buf + (kk * INST_K * A_T_STRIDE + mt * 16) * 2);
-            } else {  // TF32 from A^T: a0 (m, k), a1 (m + 8, k), a2 (m, k + 4), a3 (m + 8, k + 4)
-                const float* af = reinterpret_cast<const float*>(a_smem + stage * A_STAGE) +
-                                  (kk * INST_K + tq) * A_T_STRIDE + wm + quad;
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    a_frag[mt][0] = to_tf32(af[mt * 16]);
-                    a_frag[mt][1] = to_tf32(af[mt * 16 + 8]);
-                    a_frag[mt][2] = to_tf32(af[4 * A_T_STRIDE + mt * 16]);
-                    a_frag[mt][3] = to_tf32(af[4 * A_T_STRIDE + mt * 16 + 8]);
-                }
+            } else {  // TF32 from A^T
+                tf32_a_from_k_major<A_T_STRIDE>(a_frag, reinterpret_cast<const float*>(a_smem + stage * A_STAGE) +
+                                                            (kk * INST_K + tq) * A_T_STRIDE + wm + quad);
             }
 #pragma unroll
             for (int nt = 0; nt < NTILES; nt += 2) {

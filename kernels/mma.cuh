@@ -89,6 +89,30 @@ __device__ __forceinline__ unsigned to_tf32(float v) {
     return r;
 }
 
+// The float32 accumulators of a warp's MT x NT instruction tiles, zeroed.
+template <int MT, int NT> __device__ __forceinline__ void zero_accumulators(float (&acc)[MT][NT][4]) {
+#pragma unroll
+    for (int a = 0; a < MT; ++a)
+#pragma unroll
+        for (int b = 0; b < NT; ++b)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[a][b][e] = 0.0f;
+}
+
+// The TF32 A fragments of MT 16-row instruction tiles, 16 rows apart, from a k-major tile of floats
+// (rows of k, STRIDE floats apart; no ldmatrix for 32-bit transposes): a0 (m, k), a1 (m + 8, k),
+// a2 (m, k + 4), a3 (m + 8, k + 4), rounded to TF32. `at` points at row k = tq (PTX's
+// threadID_in_group), column m = quad (groupID) of the first tile.
+template <int STRIDE, int MT> __device__ __forceinline__ void tf32_a_from_k_major(unsigned (&a)[MT][4], const float* at) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = to_tf32(at[mt * 16]);
+        a[mt][1] = to_tf32(at[mt * 16 + 8]);
+        a[mt][2] = to_tf32(at[4 * STRIDE + mt * 16]);
+        a[mt][3] = to_tf32(at[4 * STRIDE + mt * 16 + 8]);
+    }
+}
+
 // Four 8x8 16-bit matrices: lane i gives the address of row i % 8 of matrix i / 8 (rows of 16 bytes,
 // 16-byte aligned) and receives, of each matrix, row i / 4, elements 2 (i % 4) and 2 (i % 4) + 1
 // packed low/high -- or, with TRANS, column i / 4, rows 2 (i % 4) and 2 (i % 4) + 1.

@@ -152,12 +152,7 @@ wgrad_tensor_cores(const T* __restrict__ x, const T* __restrict__ dy, float* __r
     const int wm = warp_m * WM, wj = warp_j * WJ;
     const int quad = lane >> 2, tq = lane & 3;               // PTX's groupID and threadID_in_group
     float acc[MT][JT][4];
-#pragma unroll
-    for (int a = 0; a < MT; ++a)
-#pragma unroll
-        for (int b = 0; b < JT; ++b)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[a][b][e] = 0.0f;
+    zero_accumulators(acc);
 
     // ldmatrix.trans row addresses. A (x4 = a0..a3): lanes 0-7 give l rows 0-7 at o + 0, 8-15 the
     // same rows at o + 8, 16-31 l rows 8-15 likewise. B (x4 = b0, b1 of two 8-column tiles): lanes
@@ -195,16 +190,10 @@ wgrad_tensor_cores(const T* __restrict__ x, const T* __restrict__ dy, float* __r
                     b_frag[jt][0] = r[0]; b_frag[jt][1] = r[1];
                     b_frag[jt + 1][0] = r[2]; b_frag[jt + 1][1] = r[3];
                 }
-            } else {  // TF32: a0 (o, l), a1 (o + 8, l), a2 (o, l + 4), a3 (o + 8, l + 4); b0 (l, j), b1 (l + 4, j)
-                const float* af = reinterpret_cast<const float*>(a_buf) + (kk * INST_L + tq) * A_STRIDE + wm + quad;
+            } else {  // TF32: A from its l-major tile; b0 (l, j), b1 (l + 4, j)
+                tf32_a_from_k_major<A_STRIDE>(a_frag, reinterpret_cast<const float*>(a_buf) +
+                                                          (kk * INST_L + tq) * A_STRIDE + wm + quad);
                 const float* bf = reinterpret_cast<const float*>(b_buf) + (kk * INST_L + tq) * B_STRIDE + wj + quad;
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    a_frag[mt][0] = to_tf32(af[mt * 16]);
-                    a_frag[mt][1] = to_tf32(af[mt * 16 + 8]);
-                    a_frag[mt][2] = to_tf32(af[4 * A_STRIDE + mt * 16]);
-                    a_frag[mt][3] = to_tf32(af[4 * A_STRIDE + mt * 16 + 8]);
-                }
 #pragma unroll
                 for (int jt = 0; jt < JT; ++jt) {
                     b_frag[jt][0] = to_tf32(bf[jt * 8]);
