@@ -103,6 +103,14 @@ def _module_input(theirs_class, kwargs, batch=3):
     return torch.randn(batch, kwargs["in_channels"], *spatial, dtype=kwargs.get("dtype", torch.float32), generator=g)
 
 
+def _loaded_pair(ours_class, theirs_class, kwargs):
+    """(ours, theirs, x): torch's module, ours with its state_dict, and an input for both."""
+    theirs = theirs_class(**kwargs)
+    ours = ours_class(**kwargs)
+    ours.load_state_dict(theirs.state_dict())
+    return ours, theirs, _module_input(theirs_class, kwargs)
+
+
 @pytest.mark.parametrize("ours_class, theirs_class, kwargs", MODULE_PAIRS)
 def test_module_constructor_and_init_match(ours_class, theirs_class, kwargs):
     torch.manual_seed(7)
@@ -122,10 +130,7 @@ def test_module_constructor_and_init_match(ours_class, theirs_class, kwargs):
 
 @pytest.mark.parametrize("ours_class, theirs_class, kwargs", MODULE_PAIRS)
 def test_module_state_dict_both_ways_and_cpu_results(ours_class, theirs_class, kwargs):
-    theirs = theirs_class(**kwargs)
-    ours = ours_class(**kwargs)
-    ours.load_state_dict(theirs.state_dict())
-    x = _module_input(theirs_class, kwargs)
+    ours, theirs, x = _loaded_pair(ours_class, theirs_class, kwargs)
     torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=0)
     torch.testing.assert_close(ours(x[0]), theirs(x[0]), rtol=0, atol=0)  # unbatched
     fresh = theirs_class(**kwargs)
@@ -136,10 +141,7 @@ def test_module_state_dict_both_ways_and_cpu_results(ours_class, theirs_class, k
 
 @pytest.mark.parametrize("ours_class, theirs_class, kwargs", MODULE_PAIRS)
 def test_module_gradients_on_cpu_equal_nn(ours_class, theirs_class, kwargs):
-    theirs = theirs_class(**kwargs)
-    ours = ours_class(**kwargs)
-    ours.load_state_dict(theirs.state_dict())
-    x = _module_input(theirs_class, kwargs)
+    ours, theirs, x = _loaded_pair(ours_class, theirs_class, kwargs)
     x_ours, x_theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
     y_ours, y_theirs = ours(x_ours), theirs(x_theirs)
     grad = torch.randn_like(y_theirs)

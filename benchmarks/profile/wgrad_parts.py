@@ -7,10 +7,10 @@ alone, and torch.nn.grad.conv2d_weight in its faster layout beside it. --sweep a
 can run the layer on this GPU at half, the default and twice the default run count, each as a whole
 call."""
 import argparse
-import statistics
 
 import cupy
 import torch
+from ab_layers import event_median_ms  # this folder: the scripts run as files
 
 from cupyconv import wgrad_tensor_cores as tc
 from cupyconv.bench import LAYERS, MODE_DTYPE
@@ -19,20 +19,6 @@ from cupyconv.grad import weight_gradient
 
 REPEATS = 30
 LAYOUT = {"fp16": "channels_last", "bf16": "channels_last", "tf32": "nchw"}
-
-
-def ms(fn) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(REPEATS):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end))
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -79,10 +65,10 @@ def main() -> None:
                             continue
                         parts[f"{cfg.name}/{splits}"] = lambda f=forced: tc.conv2d_weight_cupy(xv, dyv, problem, out, f)
             with torch.no_grad():
-                torch_ms = min(ms(lambda f=f: torch.nn.grad.conv2d_weight(
+                torch_ms = min(event_median_ms(lambda f=f: torch.nn.grad.conv2d_weight(
                     x.contiguous(memory_format=f), problem.weight_shape, dy.contiguous(memory_format=f),
-                    shape.stride, shape.padding, shape.dilation)) for f in (torch.contiguous_format, torch.channels_last))
-            line = "  ".join(f"{name} {ms(fn):.4f}" for name, fn in parts.items())
+                    shape.stride, shape.padding, shape.dilation), REPEATS) for f in (torch.contiguous_format, torch.channels_last))
+            line = "  ".join(f"{name} {event_median_ms(fn, REPEATS):.4f}" for name, fn in parts.items())
             print(f"{shape.name:22s} {mode} {plan.config.name} grid {plan.grid}  torch {torch_ms:.4f}  {line}",
                   flush=True)
 
