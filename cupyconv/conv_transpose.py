@@ -15,6 +15,12 @@ picks each phase's kernel as for any convolution (3x3 stride 1 is one phase, oft
 One phase writes the output in place; several write their rows and columns of it through a
 temporary each. A phase no tap reaches holds the bias (or zeros).
 
+Where one phase is the whole transposed convolution (stride 1 and padding within the kernel's
+reach: the input gradient of most layers), the CUDA path is one program (``program``): the phase's
+weight by kernels/phase_weight.cu into the workspace, then the phase's forward program reading it,
+made once per problem and launched like a forward call. Other shapes go phase by phase on CuPy
+arrays (run_phases).
+
 The NumPy path runs the same phases on the NumPy convolution, so the CPU tests check the
 decomposition itself against torch.
 """
@@ -28,6 +34,10 @@ import numbers
 import numpy as np
 
 from .arguments import ConvProblem, _pair, check_arrays, check_layouts, check_x_dims, dtype_name
+from .families.common import CTYPES, STORAGE_BYTES
+from .program import PREPARED, WEIGHT, WORKSPACE, CallProgram, Launch, Pointer, align, relocated
+
+PHASE_WEIGHT = "phase_weight"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +153,72 @@ def phases(tp: TransposeProblem) -> tuple[Phase, ...]:
     return tuple(result)
 
 
+def whole_phase(tp: TransposeProblem) -> Phase | None:
+    """``tp``'s one phase where it is the whole transposed convolution (every output position, all of y
+    read: stride 1 with padding within the kernel's reach), else None."""
+    every = phases(tp)
+    if len(every) != 1 or every[0].problem is None:
+        return None
+    rows, cols = every[0].rows, every[0].cols
+    whole = (rows.read_start, rows.read_stop, cols.read_start, cols.read_stop) == (0, tp.hy, 0, tp.wy)
+    return every[0] if whole else None
+
+
+def phase_weight_specialisations() -> list[str]:
+    return [f"cupyconv::{PHASE_WEIGHT}<{ctype}>" for ctype in CTYPES.values()]
+
+
+def _phase_weight_launch(tp: TransposeProblem, phase: Phase, source: Pointer, target: Pointer) -> Launch:
+    """kernels/phase_weight.cu writing ``phase``'s weight, (C, K / groups, taps, taps) KCHW, at ``target``
+    from the weight at ``source`` (``tp.weight_layout``)."""
+    kg, cg = tp.k // tp.groups, tp.c // tp.groups
+    strides = (tp.kh * tp.kw * cg, 1, tp.kw * cg, cg) if tp.weight_layout == "KHWC" else \
+        (cg * tp.kh * tp.kw, tp.kh * tp.kw, tp.kw, 1)
+    picks = []
+    for taps in (phase.rows.taps, phase.cols.taps):
+        picks += [taps[0], taps[1] - taps[0] if len(taps) > 1 else 0]
+    total = tp.c * kg * len(phase.rows.taps) * len(phase.cols.taps)
+    return Launch(PHASE_WEIGHT, f"cupyconv::{PHASE_WEIGHT}<{CTYPES[tp.dtype]}>", (math.ceil(total / 256), 1, 1),
+                  (256, 1, 1), 0, (source, target, tp.c, kg, cg, len(phase.rows.taps), len(phase.cols.taps), *picks,
+                                   *strides))
+
+
+def program(plan, tp: TransposeProblem) -> CallProgram:
+    """The transposed convolution ``tp`` of a whole phase (whole_phase) as one program: the phase's
+    weight at the workspace's start, then ``plan`` (the planner's for the phase's forward problem)
+    reading it as its weight, y at X, the bias at BIAS, writing OUT; the forward's prepared weight and
+    temporaries follow in the workspace."""
+    from .planner import program as forward_program
+
+    phase = whole_phase(tp)
+    forward = forward_program(plan, phase.problem)
+    weight = Pointer(WORKSPACE)
+    used = align(math.prod(phase.problem.weight_shape) * STORAGE_BYTES[tp.dtype])
+    launches = [_phase_weight_launch(tp, phase, Pointer(WEIGHT), weight)]
+    moves = {WEIGHT: weight}
+    if forward.weight:
+        moves[PREPARED] = Pointer(WORKSPACE, used)
+        used += align(forward.weight.nbytes)
+        launches += relocated(forward.weight.launches, moves)
+    moves[WORKSPACE] = Pointer(WORKSPACE, used)
+    return CallProgram((*launches, *relocated(forward.launches, moves)), used + forward.workspace_bytes)
+
+
+def whole_phase_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int, min_channels: int = 0):
+    """``program`` ready to launch on device ``device_id`` (the planner's fixed rules for the phase), or
+    None where ``tp`` is not one whole phase or an ungrouped output of fewer than ``min_channels``
+    channels needs run_phases' zero channels."""
+    from .compiler import compute_capability
+    from .executor import program_executable
+    from .planner import make_plan
+
+    phase = whole_phase(tp)
+    if phase is None or (tp.groups == 1 and tp.c < min_channels):
+        return None
+    plan = make_plan(phase.problem, allow_tf32=allow_tf32, compute_capability=compute_capability(device_id))
+    return program_executable(program, plan, tp, device_id)
+
+
 def swapped_weight(weight, tp: TransposeProblem):
     """The forward weight (k, c / groups, kh, kw) (KHWC: (k, kh, kw, c / groups)) with k and c swapped in
     each group: (c, k / groups, kh, kw), the weight of the phases' convolutions before their taps are
@@ -234,11 +310,19 @@ def transposed(y, weight, bias, tp: TransposeProblem, backend: str, allow_tf32: 
     import cupy
 
     from .families.implicit_gemm_conv2d import GEMM_MIN_GROUP_CHANNELS
+    from .launch import aligned, run_program
 
+    min_channels = GEMM_MIN_GROUP_CHANNELS if min_channels is None else min_channels
     with cupy.cuda.Device(y.device.id):
         out = cupy.empty(tp.out_array_shape, dtype=y.dtype)
-        return run_phases(y, weight, bias, tp, out, _cupy_conv(allow_tf32), cupy,
-                          GEMM_MIN_GROUP_CHANNELS if min_channels is None else min_channels)
+        exe = whole_phase_executable(tp, allow_tf32, y.device.id, min_channels) if tp.n and out.size else None
+        if exe is None:
+            return run_phases(y, weight, bias, tp, out, _cupy_conv(allow_tf32), cupy, min_channels)
+        arrays = {"x": aligned(y), "weight": cupy.ascontiguousarray(weight), "out": out}
+        if bias is not None:
+            arrays["bias"] = aligned(bias)
+        run_program(exe, **arrays)
+        return out
 
 
 def _padding_pair(padding, name: str) -> tuple[int, int]:

@@ -9,6 +9,7 @@ conversion, which costs several microseconds per launch.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import threading
@@ -89,6 +90,13 @@ class Executable:
             for launch in (self._weight_launches + self._launches if prepare_weight else self._launches):
                 launch(operands, stream)
 
+    def run(self, operands: tuple[int, ...], stream: int) -> None:
+        """The program's launches on ``stream`` given every operand's address (``addresses``), the
+        workspace's included; no weight preparation (the gradients' programs have none)."""
+        with self._lock:
+            for launch in self._launches:
+                launch(operands, stream)
+
     def workspace_bytes_for(self, prepare_weight: bool) -> int:
         """Workspace a call needs: its temporaries, and the prepared weight where it makes it itself."""
         return self.workspace_bytes + (align(self.weight.nbytes) if prepare_weight else 0)
@@ -121,19 +129,32 @@ class Workspaces:
         """``exe``'s call on ``stream``. ``prepared`` 0 where ``exe`` reads a prepared weight that the
         caller does not keep: it is then made in the workspace first."""
         prepare_here = exe.weight is not None and not prepared
-        nbytes = exe.workspace_bytes_for(prepare_here)
-        if not nbytes:
-            exe.launch(x, weight, prepared, bias, out, 0, False, stream, residual)
-        elif capturing:
-            _, workspace = self._allocate(nbytes)
+        with self.workspace(exe.device_id, exe.workspace_bytes_for(prepare_here), stream, capturing) as workspace:
             exe.launch(x, weight, prepared, bias, out, workspace, prepare_here, stream, residual)
+
+    def run(self, exe: Executable, stream: int, capturing: bool, **operands: int) -> None:
+        """``exe``'s launches on ``stream`` (a program without weight preparation: the gradients'),
+        its operands' addresses by name (``addresses``' keywords), the workspace from here."""
+        with self.workspace(exe.device_id, exe.workspace_bytes, stream, capturing) as workspace:
+            exe.run(addresses(**operands, workspace=workspace), stream)
+
+    @contextlib.contextmanager
+    def workspace(self, device_id: int, nbytes: int, stream: int, capturing: bool):
+        """The address of ``nbytes`` of workspace for launches queued on ``stream`` while open (0 for
+        none): the one kept for the stream, or inside a capture a new one."""
+        if not nbytes:
+            yield 0
+        elif capturing:
+            buffer, address = self._allocate(nbytes)
+            yield address
+            del buffer
         else:
             with self._lock:
-                key = (exe.device_id, stream)
+                key = (device_id, stream)
                 kept = self._kept.get(key)
                 if kept is None or kept[2] < nbytes:
                     kept = self._kept[key] = (*self._allocate(nbytes), nbytes)
-                exe.launch(x, weight, prepared, bias, out, kept[1], prepare_here, stream, residual)
+                yield kept[1]
 
 
 def executable(problem: ConvProblem, allow_tf32: bool, device_id: int) -> Executable:
@@ -163,10 +184,16 @@ def executable_for_plan(plan, problem: ConvProblem, device_id: int) -> Executabl
     return Executable(program(plan, problem), problem, plan, device_id)
 
 
-def addresses(x: int, weight: int, prepared: int, bias: int, out: int, workspace: int,
-              residual: int = 0) -> tuple[int, ...]:
-    """The operand addresses in OPERANDS order (X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE, RESIDUAL;
-    a test checks the two agree); a missing bias (0) reads as the weight's address and a missing
-    residual as the output's: the kernels read them only when has_bias, has_residual."""
-    return x, weight, prepared, bias or weight, out, workspace, residual or out
+@functools.lru_cache(maxsize=4096)
+def program_executable(make_program, plan, problem: ConvProblem, device_id: int) -> Executable:
+    """``make_program(plan, problem)`` (a family's ``program``: the gradients' families) ready to launch."""
+    return Executable(make_program(plan, problem), problem, plan, device_id)
+
+
+def addresses(x: int = 0, weight: int = 0, prepared: int = 0, bias: int = 0, out: int = 0, workspace: int = 0,
+              residual: int = 0, grad_output: int = 0) -> tuple[int, ...]:
+    """The operand addresses in OPERANDS order (X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE, RESIDUAL,
+    GRAD_OUTPUT; a test checks the two agree); a missing bias (0) reads as the weight's address and a
+    missing residual as the output's: the kernels read them only when has_bias, has_residual."""
+    return x, weight, prepared, bias or weight, out, workspace, residual or out, grad_output
 

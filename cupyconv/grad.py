@@ -13,6 +13,7 @@ fixed order, so it is bitwise the same run after run.
 """
 from __future__ import annotations
 
+import functools
 import numbers
 
 import numpy as np
@@ -123,9 +124,8 @@ def input_gradient(problem: ConvProblem, weight, grad_output, backend: str, allo
 
 def weight_gradient(problem: ConvProblem, x, grad_output, backend: str, allow_tf32: bool = False):
     """conv2d_weight of a checked ``problem``: 4-D ``x`` and ``grad_output`` (``problem.layout``) of
-    the ``backend``; a new array of the weight's shape in ``problem.weight_layout``. On CuPy, the
-    tensor cores where wgrad_tensor_cores takes the problem, depthwise layers of 3x3, 5x5 and 7x7
-    taps on wgrad_depthwise's kernel, the rest on wgrad.py's FMA GEMM."""
+    the ``backend``; a new array of the weight's shape in ``problem.weight_layout``, by
+    weight_gradient_executable's program on CuPy."""
     if backend == "numpy":
         from .reference import conv2d_weight_numpy
 
@@ -136,15 +136,47 @@ def weight_gradient(problem: ConvProblem, x, grad_output, backend: str, allow_tf
         return np.ascontiguousarray(out.transpose(0, 2, 3, 1)) if problem.weight_layout == "KHWC" else out
     import cupy
 
-    from . import wgrad, wgrad_depthwise, wgrad_tensor_cores
-    from .launch import aligned
+    from .launch import aligned, run_program
 
-    if not wgrad_tensor_cores.refusal(problem, allow_tf32):
-        family = wgrad_tensor_cores
-    elif not wgrad_depthwise.refusal(problem):
-        family = wgrad_depthwise
-    else:
-        family = wgrad
     with cupy.cuda.Device(x.device.id):
         out = cupy.empty(problem.weight_array_shape, dtype=x.dtype)
-        return family.conv2d_weight_cupy(aligned(x), aligned(grad_output), problem, out)
+        run_program(weight_gradient_executable(problem, allow_tf32, x.device.id), x=aligned(x),
+                    grad_output=aligned(grad_output), out=out)
+        return out
+
+
+def weight_gradient_plan(problem: ConvProblem, allow_tf32: bool, compute_capability: int = 0):
+    """(family module, plan) of ``problem``'s weight gradient on a GPU of ``compute_capability``: the
+    tensor cores where wgrad_tensor_cores takes the problem, depthwise layers of 3x3, 5x5 and 7x7
+    taps on wgrad_depthwise's kernel, the rest on wgrad.py's FMA GEMM. Each family's ``program(plan,
+    problem)`` reads X and GRAD_OUTPUT and writes OUT."""
+    from . import wgrad, wgrad_depthwise, wgrad_tensor_cores
+
+    if not wgrad_tensor_cores.refusal(problem, allow_tf32):
+        return wgrad_tensor_cores, wgrad_tensor_cores.make_plan(problem, True, None, None, compute_capability)
+    if not wgrad_depthwise.refusal(problem):
+        return wgrad_depthwise, wgrad_depthwise.make_plan(problem)
+    return wgrad, wgrad.make_wgrad_plan(problem)
+
+
+@functools.lru_cache(maxsize=4096)
+def weight_gradient_executable(problem: ConvProblem, allow_tf32: bool, device_id: int):
+    """weight_gradient_plan's program ready to launch on device ``device_id`` (executor.Executable;
+    operands X, GRAD_OUTPUT and OUT, C-contiguous in the problem's layouts). Made once per problem:
+    the torch adapter's backward asks on every call."""
+    from .compiler import compute_capability
+    from .executor import program_executable
+
+    family, plan = weight_gradient_plan(problem, allow_tf32, compute_capability(device_id))
+    return program_executable(family.program, plan, problem, device_id)
+
+
+@functools.lru_cache(maxsize=4096)
+def input_gradient_executable(problem: ConvProblem, allow_tf32: bool, device_id: int):
+    """The input gradient of ``problem`` as one program ready to launch on device ``device_id``
+    (operands X: grad_output, WEIGHT, OUT: the gradient, C-contiguous in the problem's layouts), or
+    None where it takes several stride phases (conv_transpose.run_phases then runs it on CuPy arrays)."""
+    from .conv_transpose import whole_phase_executable
+    from .families.implicit_gemm_conv2d import GEMM_MIN_GROUP_CHANNELS
+
+    return whole_phase_executable(input_gradient_problem(problem), allow_tf32, device_id, GEMM_MIN_GROUP_CHANNELS)

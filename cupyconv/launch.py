@@ -41,6 +41,17 @@ def run(exe: Executable, x, weight, bias, out, prepared=None, residual=None) -> 
                        cuda.runtime.streamIsCapturing(stream), 0 if residual is None else residual.data.ptr)
 
 
+def run_program(exe: Executable, **arrays) -> None:
+    """Launch ``exe`` (a program without weight preparation: the gradients') on CuPy's current
+    stream (its device must be current), its operands C-contiguous CuPy arrays by name (program's
+    operands: x, grad_output, out, ...)."""
+    import cupy
+
+    stream = cupy.cuda.get_current_stream().ptr
+    _WORKSPACES.run(exe, stream, cupy.cuda.runtime.streamIsCapturing(stream),
+                    **{name: array.data.ptr for name, array in arrays.items()})
+
+
 def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan=None, allow_tf32: bool = False, residual=None):
     """Run ``plan`` (by default the planner's choice for ``problem``, ``allow_tf32`` and the current
     device) on CuPy's current stream and device, writing ``out``; for tests and benchmarks that force

@@ -14,7 +14,8 @@ import dataclasses
 
 from .arguments import ConvProblem
 from .families.common import STORAGE_BYTES
-from .program import OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation, align
+from .program import (OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation,
+                      align, relocated)
 
 NCHW, NHWC, KCHW, KHWC = "NCHW", "NHWC", "KCHW", "KHWC"
 
@@ -53,19 +54,6 @@ def _transpose(dtype: str, batch: int, rows: int, columns: int, source: Pointer,
     return channels_last_copy(dtype, batch, rows, columns, rows, False, source, target)
 
 
-def _moved(pointer, moves: dict):
-    """``pointer`` with its operand replaced by where ``moves`` puts it (offsets add)."""
-    if isinstance(pointer, Pointer) and pointer.operand in moves:
-        target = moves[pointer.operand]
-        return Pointer(target.operand, target.offset + pointer.offset)
-    return pointer
-
-
-def _relocated(launches, moves: dict) -> tuple[Launch, ...]:
-    return tuple(dataclasses.replace(launch, args=tuple(_moved(arg, moves) for arg in launch.args))
-                 for launch in launches)
-
-
 def transposed(call: CallProgram, plan, problem: ConvProblem) -> CallProgram:
     """``call`` (``plan``'s program for nchw(problem)) run on ``problem``'s arrays: transposes of the
     NHWC input, residual and output through the workspace (after the family's own temporaries), and
@@ -90,9 +78,9 @@ def transposed(call: CallProgram, plan, problem: ConvProblem) -> CallProgram:
         kept = align(weight.nbytes) if weight else 0
         kchw = Pointer(PREPARED, kept)
         transpose = _transpose(p.dtype, p.k, p.kh * p.kw, p.c // p.groups, Pointer(WEIGHT), kchw)
-        own = _relocated(weight.launches, {WEIGHT: kchw}) if weight else ()
+        own = relocated(weight.launches, {WEIGHT: kchw}) if weight else ()
         key = (weight.key if weight else (plan.kernel, p.dtype, p.weight_shape)) + (KHWC,)
         weight = WeightPreparation(key, kept + p.k * (p.c // p.groups) * p.kh * p.kw * item, (transpose, *own))
         moves[WEIGHT] = kchw
-    launches = (*before, *_relocated(call.launches, moves), *after)
+    launches = (*before, *relocated(call.launches, moves), *after)
     return CallProgram(launches, workspace, weight)

@@ -16,9 +16,11 @@ import dataclasses
 #: (K,), or, where the call has none, any valid pointer (the kernels read it only when has_bias).
 #: OUT: the C-contiguous NCHW output. WORKSPACE: this call's temporaries. RESIDUAL: the array added
 #: in the epilogue (the output's shape and layout; may be OUT itself), or, where the call has none,
-#: any valid pointer (read only when has_residual).
+#: any valid pointer (read only when has_residual). GRAD_OUTPUT: the gradient of a convolution's
+#: output (the weight gradient's programs read it with X and write the gradient to OUT).
 X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE, RESIDUAL = "x", "weight", "prepared", "bias", "out", "workspace", "residual"
-OPERANDS = (X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE, RESIDUAL)
+GRAD_OUTPUT = "grad_output"
+OPERANDS = (X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE, RESIDUAL, GRAD_OUTPUT)
 #: Offsets of the temporaries in the workspace are multiples of this (cp.async and vector loads need 16).
 WORKSPACE_ALIGNMENT = 256
 #: The kernels read some caller operands in place with cp.async and vector loads of up to 16 bytes:
@@ -76,3 +78,15 @@ class CallProgram:
 def align(nbytes: int) -> int:
     """``nbytes`` rounded up to WORKSPACE_ALIGNMENT, for the next temporary's offset."""
     return -(-nbytes // WORKSPACE_ALIGNMENT) * WORKSPACE_ALIGNMENT
+
+
+def relocated(launches, moves: dict[str, Pointer]) -> tuple[Launch, ...]:
+    """``launches`` with each pointer into an operand that ``moves`` names moved to where it says
+    (offsets add): how a program runs inside another, on its operands or in its workspace."""
+    def moved(arg):
+        if isinstance(arg, Pointer) and arg.operand in moves:
+            target = moves[arg.operand]
+            return Pointer(target.operand, target.offset + arg.offset)
+        return arg
+
+    return tuple(dataclasses.replace(launch, args=tuple(moved(arg) for arg in launch.args)) for launch in launches)

@@ -64,7 +64,7 @@ from .arguments import ConvProblem, check_output_size, make_problem
 from .conv1d import _single
 from .conv_transpose import TransposeProblem, make_transpose_problem, transposed
 from .executor import Workspaces
-from .grad import input_gradient, weight_gradient
+from .grad import input_gradient, input_gradient_executable, weight_gradient, weight_gradient_executable
 from .families.common import STORAGE_BYTES
 from .program import OPERAND_ALIGNMENT
 
@@ -508,27 +508,58 @@ torch.library.register_autograd("cupyconv::conv2d", _conv2d_op_backward, setup_c
 
 
 def _kernel_gradients(ctx, grad_out, problem: ConvProblem):
-    """Gradients by cupyconv's kernels (cupyconv.grad's input_gradient and weight_gradient of the
-    checked ``problem``), for each input that needs one; the arrays in the problem's layouts, on
-    torch's stream and allocator (_arrays). The bias gradient is a sum."""
+    """Gradients by cupyconv's kernels for each input that needs one, in the problem's layouts. On CUDA,
+    each gradient that is one program (grad.weight_gradient_executable; input_gradient_executable
+    where the input gradient is one stride phase) is launched like a forward call (_launch_gradients);
+    the rest go through cupyconv.grad on CuPy arrays on torch's stream and allocator (_arrays), as do
+    CPU tensors on NumPy's. The bias gradient is a sum."""
     x, weight = ctx.saved_tensors
     needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
     x_format = _memory_format(problem)
+    weight_format = torch.channels_last if problem.weight_layout == "KHWC" else torch.contiguous_format
     grad_x = grad_weight = grad_bias = None
-    with _arrays(grad_out.device) as backend:
-        dy = _to_array(grad_out, x_format, backend)
-        if needs_x:
-            weight_format = torch.channels_last if problem.weight_layout == "KHWC" else torch.contiguous_format
-            dx = input_gradient(problem, _to_array(weight, weight_format, backend), dy, backend,
-                                backend == "cupy" and _allow_tf32(grad_out.dtype))
-            grad_x = _from_array(dx, problem.layout == "NHWC", grad_out.dtype, backend)
-        if needs_weight:
-            dw = weight_gradient(problem, _to_array(x, x_format, backend), dy, backend,
-                                 backend == "cupy" and _allow_tf32(grad_out.dtype))
-            grad_weight = _from_array(dw, problem.weight_layout == "KHWC", grad_out.dtype, backend)
+    if grad_out.is_cuda:
+        grad_x, grad_weight = _launch_gradients(problem, grad_out, x if needs_weight else None,
+                                                weight if needs_x else None, x_format, weight_format)
+    if (needs_x and grad_x is None) or (needs_weight and grad_weight is None):
+        with _arrays(grad_out.device) as backend:
+            dy = _to_array(grad_out, x_format, backend)
+            if needs_x and grad_x is None:
+                dx = input_gradient(problem, _to_array(weight, weight_format, backend), dy, backend,
+                                    backend == "cupy" and _allow_tf32(grad_out.dtype))
+                grad_x = _from_array(dx, problem.layout == "NHWC", grad_out.dtype, backend)
+            if needs_weight and grad_weight is None:
+                dw = weight_gradient(problem, _to_array(x, x_format, backend), dy, backend,
+                                     backend == "cupy" and _allow_tf32(grad_out.dtype))
+                grad_weight = _from_array(dw, problem.weight_layout == "KHWC", grad_out.dtype, backend)
     if needs_bias:
         grad_bias = grad_out.sum((0, 2, 3))
     return grad_x, grad_weight, grad_bias
+
+
+def _launch_gradients(problem: ConvProblem, grad_out, x, weight, x_format, weight_format):
+    """(grad_x, grad_weight) of CUDA tensors by the gradients' programs on torch's current stream, the
+    outputs and workspaces from torch's caching allocator (as _forward's): grad_x where ``weight`` is
+    given and the input gradient is one program, grad_weight where ``x`` is given; None for the rest."""
+    index = grad_out.device.index
+    if torch.cuda.current_device() != index:
+        with torch.cuda.device(index):
+            return _launch_gradients(problem, grad_out, x, weight, x_format, weight_format)
+    allow_tf32 = _allow_tf32(grad_out.dtype)
+    stream, capturing = _raw_stream(index), torch.cuda.is_current_stream_capturing()
+    dy = _in_format(grad_out, x_format)
+    grad_x = grad_weight = None
+    exe = None if weight is None else input_gradient_executable(problem, allow_tf32, index)
+    if exe is not None:
+        weight = _in_format(weight, weight_format)
+        grad_x = torch.empty(problem.x_shape, dtype=dy.dtype, device=dy.device, memory_format=x_format)
+        _WORKSPACES.run(exe, stream, capturing, x=dy.data_ptr(), weight=weight.data_ptr(), out=grad_x.data_ptr())
+    if x is not None:
+        x = _in_format(x, x_format)
+        grad_weight = torch.empty(problem.weight_shape, dtype=dy.dtype, device=dy.device, memory_format=weight_format)
+        _WORKSPACES.run(weight_gradient_executable(problem, allow_tf32, index), stream, capturing, x=x.data_ptr(),
+                        grad_output=dy.data_ptr(), out=grad_weight.data_ptr())
+    return grad_x, grad_weight
 
 
 def _kernel_backward(n: int) -> bool:

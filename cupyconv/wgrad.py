@@ -7,7 +7,8 @@ is cut into ``splits`` runs of whole l tiles, fixed by the problem alone; each r
 sums, in the accumulator type, to a workspace [splits][groups][Kg][J], and ``wgrad_reduce`` adds the runs
 in run order and writes dW in the weight's layout, rounded once.
 
-This module holds the family's tile table, its choice and refusal, the plan (WgradPlan) and the launch.
+This module holds the family's tile table, its choice and refusal, the plan (WgradPlan) and its
+program (the launches as data, run by executor.py like the forward's).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from .arguments import ConvProblem
 from .families.common import CTYPES, INDEX_TYPES, MAX_GRID_Y, STORAGE_BYTES, forced_config
+from .program import GRAD_OUTPUT, OUT, WORKSPACE, X, CallProgram, Launch, Pointer
 
 KERNEL = "wgrad_gemm"
 REDUCE_KERNEL = "wgrad_reduce"
@@ -241,6 +243,32 @@ def wgrad_specialisations() -> list[str]:
             for index in INDEX_TYPES for cfg in WGRAD_CONFIGS] + [reduce_specialisation(dtype) for dtype in CTYPES]
 
 
+def reduce_launch(dtype: str, splits: int, elements: int, cg: int, taps: int, ws_channels_last: bool,
+                  weight_khwc: bool, partial: Pointer, out: Pointer, ws_cg: int | None = None,
+                  ws_elements: int | None = None) -> Launch:
+    """wgrad_reduce adding ``splits`` runs of partial sums at ``partial`` into the ``elements`` of the
+    weight gradient at ``out`` (Cg = ``cg`` channels and ``taps`` taps a row; KHWC where
+    ``weight_khwc``). A run holds ``ws_elements`` sums (default: ``elements``), (r, s, c)-ordered
+    where ``ws_channels_last``, with ``ws_cg`` channels a tap (default: ``cg``; more: zero
+    channels the reduction skips, as it skips rows past the weight's)."""
+    return Launch(REDUCE_KERNEL, reduce_specialisation(dtype), (math.ceil(elements / REDUCE_BLOCK), 1, 1),
+                  (REDUCE_BLOCK, 1, 1), 0, (partial, out, splits, elements, cg, taps, int(ws_channels_last),
+                                            int(weight_khwc), ws_cg or cg, ws_elements or elements))
+
+
+def program(plan: WgradPlan, problem: ConvProblem) -> CallProgram:
+    """The GEMM from X and GRAD_OUTPUT into the runs' partial sums (the workspace), and their
+    reduction into OUT."""
+    p = problem
+    partial = Pointer(WORKSPACE)
+    gemm = Launch(KERNEL, plan.gemm_expression, plan.grid, plan.block, 0, (
+        Pointer(X), Pointer(GRAD_OUTPUT), partial, p.n, p.c, p.h, p.w, p.k, p.ho, p.wo, p.kh, p.kw, p.stride[0],
+        p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], p.groups, plan.splits))
+    reduce = reduce_launch(p.dtype, plan.splits, p.k * _gemm_sizes(p)[1], p.c // p.groups, p.kh * p.kw,
+                           p.layout == "NHWC", p.weight_layout == "KHWC", partial, Pointer(OUT))
+    return CallProgram((gemm, reduce), plan.workspace_bytes)
+
+
 def _check_array(name: str, array, shape: tuple[int, ...], itemsize: int) -> None:
     if tuple(array.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(array.shape)}")
@@ -253,8 +281,8 @@ def _check_array(name: str, array, shape: tuple[int, ...], itemsize: int) -> Non
 def conv2d_weight_cupy(x, grad_output, problem: ConvProblem, out, plan: WgradPlan | None = None):
     """The gradient of conv2d with respect to its weight, as torch.nn.grad.conv2d_weight, into ``out``.
 
-    Runs on CuPy's current device and stream; the workspace comes from cupy.empty (CuPy's pool) and is
-    released to the pool once the launches are queued (the pool orders reuse on the stream).
+    Runs on CuPy's current device and stream; the workspace is the one launch.py keeps per stream
+    (from CuPy's pool).
 
     Args:
         x: the forward input, a C-contiguous CuPy array of shape problem.x_array_shape ((N, C, H, W), or
@@ -272,7 +300,8 @@ def conv2d_weight_cupy(x, grad_output, problem: ConvProblem, out, plan: WgradPla
     """
     import cupy
 
-    from .compiler import get_kernel
+    from .executor import program_executable
+    from .launch import run_program
 
     itemsize = STORAGE_BYTES[problem.dtype]
     _check_array("x", x, problem.x_array_shape, itemsize)
@@ -283,18 +312,6 @@ def conv2d_weight_cupy(x, grad_output, problem: ConvProblem, out, plan: WgradPla
     elif (plan.dtype, plan.layout, plan.weight_layout) != (problem.dtype, problem.layout, problem.weight_layout):
         raise ValueError(f"plan is for {plan.dtype} {plan.layout} -> {plan.weight_layout}, the problem is "
                          f"{problem.dtype} {problem.layout} -> {problem.weight_layout}")
-    p = problem
-    j = _gemm_sizes(p)[1]
-    acc = np.float64 if ACC_BYTES[p.dtype] == 8 else np.float32
-    workspace = cupy.empty(plan.workspace_bytes // ACC_BYTES[p.dtype], dtype=acc)
-    i32 = np.int32
-    gemm = get_kernel(KERNEL, plan.gemm_expression)
-    gemm(plan.grid, plan.block,
-         (x, grad_output, workspace, *(i32(v) for v in (
-             p.n, p.c, p.h, p.w, p.k, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1], p.pad_top, p.pad_left,
-             p.dilation[0], p.dilation[1], p.groups, plan.splits))))
-    reduce = get_kernel(REDUCE_KERNEL, plan.reduce_expression)
-    reduce(plan.reduce_grid, (REDUCE_BLOCK, 1, 1),
-           (workspace, out, i32(plan.splits), i32(p.k * j), i32(p.c // p.groups), i32(p.kh * p.kw),
-            i32(p.layout == "NHWC"), i32(p.weight_layout == "KHWC")))
+    run_program(program_executable(program, plan, problem, cupy.cuda.Device().id), x=x, grad_output=grad_output,
+                out=out)
     return out

@@ -1,5 +1,5 @@
 """The weight gradient of depthwise convolutions (kernels/wgrad_depthwise.cu): refusal, runs of the
-reduction, specialisations and launch. Each block sums a run of one channel's (NCHW) or 32 vectors
+reduction, specialisations and program. Each block sums a run of one channel's (NCHW) or 32 vectors
 of channels' (NHWC) output pixels for every tap in registers; wgrad.py's ordered reduction adds the
 runs (a weight of one input channel per group has the same memory in KCHW and KHWC)."""
 from __future__ import annotations
@@ -7,11 +7,11 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
 
 from .arguments import ConvProblem
 from .families.common import CTYPES, MAX_GRID_Y, STORAGE_BYTES
-from .wgrad import ACC_BYTES, REDUCE_BLOCK, REDUCE_KERNEL, reduce_specialisation
+from .program import GRAD_OUTPUT, OUT, WORKSPACE, X, CallProgram, Launch, Pointer
+from .wgrad import ACC_BYTES, reduce_launch
 
 KERNEL = "wgrad_depthwise"
 #: The kernel sizes it is compiled for (its sums live in registers, one per tap).
@@ -89,25 +89,30 @@ def make_plan(problem: ConvProblem) -> tuple[tuple[int, int, int], int, int]:
     return (blocks, splits, 1), splits, vectors
 
 
+def program(plan: tuple[tuple[int, int, int], int, int], problem: ConvProblem) -> CallProgram:
+    """The kernel from X and GRAD_OUTPUT into the runs' sums (the workspace), wgrad.py's reduction
+    into OUT; ``plan`` from make_plan."""
+    p = problem
+    grid, splits, vectors = plan
+    taps = p.kh * p.kw
+    partial = Pointer(WORKSPACE)
+    kernel = Launch(KERNEL, specialisation(p.dtype, p.layout == "NHWC", p.kh, p.kw, vector_channels(p)), grid,
+                    (256, 1, 1), 0, (Pointer(X), Pointer(GRAD_OUTPUT), partial, p.n, p.c, p.h, p.w, p.k, p.ho, p.wo,
+                                     p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1],
+                                     vectors))
+    reduce = reduce_launch(p.dtype, splits, p.k * taps, 1, taps, False, False, partial, Pointer(OUT))
+    return CallProgram((kernel, reduce), splits * p.k * taps * ACC_BYTES[p.dtype])
+
+
 def conv2d_weight_cupy(x, grad_output, problem: ConvProblem, out):
     """Write ``problem``'s weight gradient into ``out`` (C-contiguous, ``problem.weight_array_shape``)
     from C-contiguous CuPy ``x`` and ``grad_output`` in ``problem.layout``, on CuPy's current stream
     (refusal(problem) must be "")."""
     import cupy
 
-    from .compiler import get_kernel
+    from .executor import program_executable
+    from .launch import run_program
 
-    p = problem
-    grid, splits, vectors = make_plan(p)
-    taps = p.kh * p.kw
-    workspace = cupy.empty(splits * p.k * taps, dtype=np.float64 if ACC_BYTES[p.dtype] == 8 else np.float32)
-    i32 = np.int32
-    kernel = get_kernel(KERNEL, specialisation(p.dtype, p.layout == "NHWC", p.kh, p.kw, vector_channels(p)))
-    kernel(grid, (256, 1, 1), (x, grad_output, workspace, *(i32(v) for v in (
-        p.n, p.c, p.h, p.w, p.k, p.ho, p.wo, p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0],
-        p.dilation[1], vectors))))
-    reduce = get_kernel(REDUCE_KERNEL, reduce_specialisation(p.dtype))
-    reduce((math.ceil(p.k * taps / REDUCE_BLOCK), 1, 1), (REDUCE_BLOCK, 1, 1),
-           (workspace, out, i32(splits), i32(p.k * taps), i32(1), i32(taps), i32(0), i32(0)))
+    run_program(program_executable(program, make_plan(problem), problem, cupy.cuda.Device().id), x=x,
+                grad_output=grad_output, out=out)
     return out
-

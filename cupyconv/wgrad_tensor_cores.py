@@ -24,6 +24,8 @@ import math
 from . import wgrad
 from .arguments import ConvProblem
 from .families.common import CTYPES, INDEX_TYPES, MAX_GRID_Y, STORAGE_BYTES, forced_config
+from .families.implicit_gemm_nhwc import channels_last_copy, pad_channels
+from .program import GRAD_OUTPUT, OUT, WORKSPACE, X, CallProgram, Launch, Pointer, align
 
 KERNEL = "wgrad_tensor_cores"
 DTYPES = ("float16", "bfloat16", "float32")
@@ -99,8 +101,8 @@ X_VECS = {2: (16, 8), 4: (16, 4)}
 class TensorCorePlan:
     """The launches of one weight gradient: copies where needed (``x_copy``, ``dy_copy``: 'transpose' from
     NCHW, 'pad' for zero channels, '' in place), the GEMM ``expression`` on ``grid`` x ``block`` with
-    ``shared_bytes`` into a float32 workspace [splits][Kp][kh kw Cp], then wgrad_reduce into the weight
-    (through a [Kp][kh][kw][Cp] temporary where Cp > C or Kp > K). ``reason`` says why."""
+    ``shared_bytes`` into a float32 workspace [splits][Kp][kh kw Cp] (``workspace_bytes``), then
+    wgrad_reduce into the weight, skipping the zero channels and rows. ``reason`` says why."""
 
     config: TileConfig
     dtype: str
@@ -306,31 +308,40 @@ def arch_specialisations() -> dict[str, list[str]]:
                          for index in INDEX_TYPES for cfg in WGMMA_CONFIGS]}
 
 
-def _channels_last(a, how: str, positions: int, channels: int, padded: int):
-    """``a`` as a C-contiguous [positions][padded] array: itself, or a copy with zero channels from
-    NHWC ('pad') or NCHW ('transpose'), by the kernels of nchw_to_nhwc.cu (bits copied: 16-bit types
-    as float16)."""
-    import cupy
-    import numpy as np
-
-    from .compiler import get_kernel
-    from .families.implicit_gemm_nhwc import CHANNELS_LAST_TILED, PAD_CHANNELS
-
-    if not how:
-        return a
-    n = a.shape[0]
-    out = cupy.empty((positions, padded), dtype=a.dtype)
-    ctype = CTYPES["float32" if a.dtype.itemsize == 4 else "float16"]
+def _copy_launch(dtype: str, how: str, n: int, plane: int, channels: int, padded: int, source: Pointer,
+          copy: Pointer) -> Launch:
+    """The launch copying an operand of ``n`` images of ``plane`` pixels to [n plane][padded] at
+    ``copy``, zero channels past ``channels``: from NHWC ('pad') or NCHW ('transpose'), by the kernels
+    of nchw_to_nhwc.cu, exact (TF32's rounding is the GEMM's)."""
     if how == "pad":
-        function = get_kernel(PAD_CHANNELS, f"cupyconv::{PAD_CHANNELS}<{ctype},false>")
-        function((math.ceil(positions * padded / 256),), (256,),
-                 (a, out, np.int32(channels), np.int32(positions), np.int32(padded)))
-    else:  # [N][C][plane] -> [N][plane][Cp]
-        plane = positions // max(n, 1)
-        function = get_kernel(CHANNELS_LAST_TILED, f"cupyconv::{CHANNELS_LAST_TILED}<{ctype},false>")
-        function((math.ceil(plane / 32), math.ceil(padded / 32), n), (32, 8, 1),
-                 (a, out, np.int32(channels), np.int32(plane), np.int32(padded)))
-    return out
+        return pad_channels(dtype, n * plane, channels, padded, source, copy, round_tf32=False)
+    return channels_last_copy(dtype, n, channels, plane, padded, False, source, copy)
+
+
+def program(plan: TensorCorePlan, problem: ConvProblem) -> CallProgram:
+    """The copies x and dy need (into the workspace), the GEMM into the runs' partial sums (after them),
+    and wgrad.py's reduction into OUT, which skips the zero channels and rows of the copies."""
+    p = problem
+    item = STORAGE_BYTES[p.dtype]
+    cp, kp = plan.channels, plan.out_channels
+    launches, used = [], 0
+    operands = []
+    for how, source, plane, channels, padded in ((plan.x_copy, X, p.h * p.w, p.c, cp),
+                                                 (plan.dy_copy, GRAD_OUTPUT, p.ho * p.wo, p.k, kp)):
+        if not how:
+            operands.append(Pointer(source))
+            continue
+        operands.append(Pointer(WORKSPACE, used))
+        launches.append(_copy_launch(p.dtype, how, p.n, plane, channels, padded, Pointer(source), operands[-1]))
+        used += align(p.n * plane * padded * item)
+    partial = Pointer(WORKSPACE, used)
+    launches.append(Launch(KERNEL, plan.expression, plan.grid, plan.block, plan.shared_bytes, (
+        *operands, partial, p.n, cp, p.h, p.w, kp, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1], p.pad_top,
+        p.pad_left, p.dilation[0], p.dilation[1]), plan.arch))
+    taps = p.kh * p.kw
+    launches.append(wgrad.reduce_launch(p.dtype, plan.splits, p.k * taps * p.c, p.c, taps, True,
+                                        p.weight_layout == "KHWC", partial, Pointer(OUT), cp, kp * taps * cp))
+    return CallProgram(tuple(launches), used + plan.workspace_bytes)
 
 
 def conv2d_weight_cupy(x, grad_output, problem: ConvProblem, out, plan: TensorCorePlan | None = None):
@@ -339,9 +350,10 @@ def conv2d_weight_cupy(x, grad_output, problem: ConvProblem, out, plan: TensorCo
     (float32 runs as TF32; refusal(problem, True) must be ""). ``plan``: from make_plan (None: the
     default)."""
     import cupy
-    import numpy as np
 
-    from .compiler import compute_capability, get_kernel
+    from .compiler import compute_capability
+    from .executor import program_executable
+    from .launch import run_program
 
     p = problem
     if plan is None:
@@ -349,24 +361,5 @@ def conv2d_weight_cupy(x, grad_output, problem: ConvProblem, out, plan: TensorCo
     elif (plan.dtype, plan.layout, plan.weight_layout) != (p.dtype, p.layout, p.weight_layout):
         raise ValueError(f"plan is for {plan.dtype} {plan.layout} -> {plan.weight_layout}, the problem is "
                          f"{p.dtype} {p.layout} -> {p.weight_layout}")
-    cp, kp = plan.channels, plan.out_channels
-    x_cl = _channels_last(x, plan.x_copy, p.n * p.h * p.w, p.c, cp)
-    dy_cl = _channels_last(grad_output, plan.dy_copy, p.n * p.ho * p.wo, p.k, kp)
-    j = p.kh * p.kw * cp
-    workspace = cupy.empty(plan.workspace_bytes // 4, dtype=np.float32)
-    i32 = np.int32
-    gemm = get_kernel(KERNEL, plan.expression, plan.arch)
-    gemm(plan.grid, plan.block,
-         (x_cl, dy_cl, workspace, *(i32(v) for v in (
-             p.n, cp, p.h, p.w, kp, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1], p.pad_top, p.pad_left,
-             p.dilation[0], p.dilation[1]))), shared_mem=plan.shared_bytes)
-    exact = (cp, kp) == (p.c, p.k)
-    target = out if exact else cupy.empty((kp, p.kh, p.kw, cp), dtype=out.dtype)
-    reduce = get_kernel(wgrad.REDUCE_KERNEL, plan.reduce_expression)
-    reduce((math.ceil(kp * j / wgrad.REDUCE_BLOCK),), (wgrad.REDUCE_BLOCK,),
-           (workspace, target, i32(plan.splits), i32(kp * j), i32(cp), i32(p.kh * p.kw), i32(1),
-            i32(not exact or p.weight_layout == "KHWC")))
-    if not exact:
-        cut = target[:p.k, :, :, :p.c]
-        out[...] = cut if p.weight_layout == "KHWC" else cut.transpose(0, 3, 1, 2)
+    run_program(program_executable(program, plan, p, cupy.cuda.Device().id), x=x, grad_output=grad_output, out=out)
     return out

@@ -256,21 +256,23 @@ wgrad_gemm(const T* __restrict__ x, const T* __restrict__ dy, typename accumulat
 
 // dW[e] = the runs' partial sums ws[s][k][j] added in run order, rounded once to T. e runs over the
 // weight's layout, KCHW (k, c, r, s) or KHWC (k, r, s, c) where weight_khwc; j is in the GEMM's column
-// order, (c, r, s), or (r, s, c) where ws_channels_last. One thread per element; grid ceil(elements / 256).
+// order, (c, r, s), or (r, s, c) where ws_channels_last. The partial sums may hold zero channels past
+// Cg (ws_Cg of them per tap) and zero rows past the weight's; a run holds ws_elements. One thread per
+// element; grid ceil(elements / 256).
 template <typename T, typename Acc>
 __global__ void __launch_bounds__(256)
 wgrad_reduce(const Acc* __restrict__ ws, T* __restrict__ dw, int splits, int elements, int Cg, int taps,
-             int ws_channels_last, int weight_khwc) {
+             int ws_channels_last, int weight_khwc, int ws_Cg, int ws_elements) {
     const int e = blockIdx.x * 256 + threadIdx.x;
     if (e >= elements) return;
     int source = e;
-    if (ws_channels_last != weight_khwc) {  // the other order of (c, tap) within a row k
+    if (ws_channels_last != weight_khwc || ws_Cg != Cg) {  // another order of (c, tap), or padded channels
         const int J = Cg * taps, k = e / J, rest = e - k * J;
         const int c = weight_khwc ? rest % Cg : rest / taps, tap = weight_khwc ? rest / Cg : rest % taps;
-        source = k * J + (ws_channels_last ? tap * Cg + c : c * taps + tap);
+        source = k * ws_Cg * taps + (ws_channels_last ? tap * ws_Cg + c : c * taps + tap);
     }
     Acc sum = ws[source];
-    for (int s = 1; s < splits; ++s) sum += ws[static_cast<long long>(s) * elements + source];
+    for (int s = 1; s < splits; ++s) sum += ws[static_cast<long long>(s) * ws_elements + source];
     dw[e] = from_acc<T>(sum);
 }
 

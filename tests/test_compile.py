@@ -3,6 +3,7 @@ architecture-specific ones, wgmma, for sm_90a), without a GPU, and spills no reg
 import pytest
 
 from cupyconv.compiler import compile_offline
+from cupyconv.conv_transpose import phase_weight_specialisations
 from cupyconv.planner import arch_specialisations, kernel_specialisations
 from cupyconv.wgrad import wgrad_specialisations
 from cupyconv.wgrad_depthwise import specialisations as depthwise_wgrad_specialisations
@@ -31,15 +32,16 @@ def test_arch_specialisations_compile_without_spills(arch, kernel):
 
 
 def _wgrad_specialisations():
-    return wgrad_specialisations() + depthwise_wgrad_specialisations() + tensor_core_wgrad_specialisations()
+    return (wgrad_specialisations() + depthwise_wgrad_specialisations() + tensor_core_wgrad_specialisations()
+            + phase_weight_specialisations())
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("kernel", sorted(_by_kernel(_wgrad_specialisations())))
 def test_wgrad_specialisations_compile_without_spills(kernel, arch):
     """The weight gradient's FMA GEMM (every dtype, layout, index width and tile), its reduction, the
-    depthwise kernel (every dtype, layout and kernel size) and the tensor-core GEMM (every dtype,
-    index width, tile and piece)."""
+    depthwise kernel (every dtype, layout and kernel size), the tensor-core GEMM (every dtype,
+    index width, tile and piece) and the input gradient's phase weight (every dtype)."""
     _check(kernel, tuple(_by_kernel(_wgrad_specialisations())[kernel]), arch)
 
 

@@ -39,8 +39,9 @@ def ct():
 
 @pytest.fixture
 def kernel_calls(ct, monkeypatch):
-    """Counts of cupyconv's gradient functions called by the adapter's backward, and the CuPy stream
-    each ran on."""
+    """Counts of cupyconv's gradients computed by the adapter's backward, and the stream each ran on:
+    a gradient program launched (its executable asked for and found: torch's current stream), or
+    cupyconv.grad's function called on CuPy arrays (CuPy's current stream)."""
     import cupy
 
     calls = {"input": 0, "weight": 0, "streams": set()}
@@ -52,8 +53,19 @@ def kernel_calls(ct, monkeypatch):
             return function(*args, **kwargs)
         return call
 
+    def counted_executable(name, function):
+        def call(*args, **kwargs):
+            exe = function(*args, **kwargs)
+            if exe is not None:
+                calls[name] += 1
+                calls["streams"].add(torch.cuda.current_stream().cuda_stream)
+            return exe
+        return call
+
     monkeypatch.setattr(ct, "input_gradient", counted("input", ct.input_gradient))
     monkeypatch.setattr(ct, "weight_gradient", counted("weight", ct.weight_gradient))
+    monkeypatch.setattr(ct, "input_gradient_executable", counted_executable("input", ct.input_gradient_executable))
+    monkeypatch.setattr(ct, "weight_gradient_executable", counted_executable("weight", ct.weight_gradient_executable))
     return calls
 
 

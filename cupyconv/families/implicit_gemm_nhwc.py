@@ -314,7 +314,8 @@ def channels_last_specialisations() -> list[str]:
     roundings = [(dtype, True) for dtype in GEMM_DTYPES] + [("float32", False), ("float64", False)]
     return [_copy_specialisation(kernel, dtype, round_tf32)
             for kernel in (CHANNELS_LAST_TILED, CHANNELS_LAST_NARROW) for dtype, round_tf32 in roundings] + \
-        [_copy_specialisation(PAD_CHANNELS, dtype, True) for dtype in GEMM_DTYPES]
+        [_copy_specialisation(PAD_CHANNELS, dtype, round_tf32) for dtype, round_tf32 in roundings
+         if dtype != "float64"]
 
 
 def specialisations() -> list[str]:
@@ -343,10 +344,12 @@ def channels_last_copy(dtype: str, n: int, c: int, positions: int, channels_padd
                   (source, copy, c, positions, channels_padded))
 
 
-def pad_channels(dtype: str, rows: int, c: int, channels_padded: int, source: Pointer, copy: Pointer) -> Launch:
+def pad_channels(dtype: str, rows: int, c: int, channels_padded: int, source: Pointer, copy: Pointer,
+                 round_tf32: bool = True) -> Launch:
     """The launch (kernels/nchw_to_nhwc.cu) copying [rows][c] at ``source`` to [rows][channels_padded]
-    at ``copy``, zero channels past c, float32 rounded to TF32."""
-    return Launch(PAD_CHANNELS, _copy_specialisation(PAD_CHANNELS, dtype, True),
+    at ``copy``, zero channels past c, float32 rounded to TF32 where ``round_tf32`` (the forward GEMM's
+    operands; the weight gradient rounds its own)."""
+    return Launch(PAD_CHANNELS, _copy_specialisation(PAD_CHANNELS, dtype, round_tf32),
                   (math.ceil(rows * channels_padded / 256), 1, 1), (256, 1, 1), 0, (source, copy, c, rows, channels_padded))
 
 

@@ -1,0 +1,131 @@
+"""The gradients' programs without a GPU: the weight gradient's (grad.weight_gradient_plan's family
+and plan, for every dtype, layout, precision and GPU kind) and the input gradient's whole-phase
+program (conv_transpose.program). Every launch names a specialisation the compile tests build and
+passes what its kernel's signature asks for; the caller's operands are only read; temporaries sit
+aligned inside the workspace. The index arithmetic of the two kernels these programs add or extend
+(phase_weight; wgrad_reduce over padded partial sums) is replayed in NumPy from the launches' own
+arguments and must give what the CuPy-array route computes (run_phases' sliced weight, the cut of
+the padded sums)."""
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+
+from cases import GRID
+from test_programs import parameters, problem_of
+from cupyconv import conv_transpose, grad, planner, wgrad, wgrad_depthwise, wgrad_tensor_cores
+from cupyconv.arguments import make_problem
+from cupyconv.families.implicit_gemm_nhwc import channels_last_specialisations
+from cupyconv.program import (BIAS, GRAD_OUTPUT, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X,
+                              Pointer)
+
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+LAYOUTS = list(itertools.product(("NCHW", "NHWC"), ("KCHW", "KHWC")))
+ANY_GPU = set(wgrad.wgrad_specialisations() + wgrad_depthwise.specialisations() + wgrad_tensor_cores.specialisations()
+              + channels_last_specialisations() + conv_transpose.phase_weight_specialisations()
+              + planner.kernel_specialisations())
+ONE_ARCH = {arch: set(a) | set(wgrad_tensor_cores.arch_specialisations().get(arch, ()))
+            for arch, a in planner.arch_specialisations().items()}
+
+
+def check_launches(call, reads: set, writes: set) -> None:
+    for launch in call.launches:
+        assert launch.name_expression in (ONE_ARCH[launch.arch] if launch.arch else ANY_GPU), launch
+        kinds = parameters(launch.kernel)
+        assert len(launch.args) == len(kinds), (launch.kernel, launch.args)
+        for kind, arg in zip(kinds, launch.args):
+            if kind == "int":
+                assert type(arg) is int and -2**31 <= arg < 2**31, (launch.kernel, arg)
+            else:
+                assert isinstance(arg, Pointer), (launch.kernel, arg)
+                assert arg.operand in (writes if kind == "out" else reads), (launch.kernel, kind, arg)
+                if arg.operand == WORKSPACE:
+                    assert arg.offset % WORKSPACE_ALIGNMENT == 0 and arg.offset < call.workspace_bytes, arg
+        assert 1 <= launch.grid[0] < 2**31 and max(launch.grid[1:]) <= 65535, launch
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [c for c in GRID if c.n], ids=lambda c: c.id)
+def test_weight_gradient_programs(case, dtype):
+    for (layout, weight_layout), tf32, cc in itertools.product(LAYOUTS, (False, True), (0, 90)):
+        problem = problem_of(case, dtype, layout, weight_layout)
+        family, plan = grad.weight_gradient_plan(problem, tf32, cc)
+        call = family.program(plan, problem)
+        check_launches(call, {X, GRAD_OUTPUT, WORKSPACE}, {OUT, WORKSPACE})
+        assert call.weight is None and call.launches[-1].kernel == wgrad.REDUCE_KERNEL
+
+
+def replay_reduce(args, partial: np.ndarray) -> np.ndarray:
+    """wgrad_reduce's output from its launch arguments (after the two pointers) and the partial sums."""
+    splits, elements, cg, taps, ws_channels_last, weight_khwc, ws_cg, ws_elements = args
+    e = np.arange(elements)
+    k, rest = e // (cg * taps), e % (cg * taps)
+    c, tap = (rest % cg, rest // cg) if weight_khwc else (rest // taps, rest % taps)
+    source = k * ws_cg * taps + (tap * ws_cg + c if ws_channels_last else c * taps + tap)
+    return sum(partial[s * ws_elements + source] for s in range(splits))
+
+
+@pytest.mark.parametrize("layout,weight_layout", LAYOUTS)
+@pytest.mark.parametrize("x_shape,weight_shape", [((2, 3, 9, 11), (8, 3, 3, 3)), ((1, 40, 7, 9), (36, 40, 1, 1)),
+                                                  ((2, 12, 8, 8), (5, 12, 3, 3))])
+def test_tensor_core_reduction_cuts_the_padded_sums(layout, weight_layout, x_shape, weight_shape):
+    problem = dataclasses.replace(make_problem(x_shape, weight_shape, None, "float16", 1, 1, 1, 1), layout=layout,
+                                  weight_layout=weight_layout)
+    plan = wgrad_tensor_cores.make_plan(problem, True, None, 3)
+    reduce = wgrad_tensor_cores.program(plan, problem).launches[-1]
+    k, c, taps = problem.k, problem.c, problem.kh * problem.kw
+    kp, cp = plan.out_channels, plan.channels
+    partial = np.random.default_rng(0).standard_normal((plan.splits, kp, taps, cp))
+    expected = partial.sum(0)[:k, :, :c]  # [K][taps][C]
+    expected = expected if weight_layout == "KHWC" else expected.transpose(0, 2, 1)
+    assert reduce.args[1] == Pointer(OUT)
+    np.testing.assert_allclose(replay_reduce(reduce.args[2:], partial.ravel()), expected.ravel(), rtol=1e-12)
+
+
+def input_gradient_problem(case, dtype, layout="NCHW", weight_layout="KCHW"):
+    return conv_transpose.input_gradient_problem(problem_of(case, dtype, layout, weight_layout))
+
+
+def test_whole_phase_is_stride_one_within_reach():
+    wholes = {case.id: conv_transpose.whole_phase(input_gradient_problem(case, "float32")) is not None
+              for case in GRID if case.n}
+    for case in GRID:
+        if case.n:
+            assert wholes[case.id] == (case.stride == 1), case
+    one_by_one = make_problem((1, 8, 6, 6), (8, 8, 1, 1), None, "float32", 1, 1, 1, 1)  # padding past the kernel
+    assert conv_transpose.whole_phase(conv_transpose.input_gradient_problem(one_by_one)) is None
+
+
+def replay_phase_weight(args, weight: np.ndarray) -> np.ndarray:
+    """phase_weight's output, (C, Kg, th, tw), from its launch arguments (after the two pointers)."""
+    c_all, kg, cg, th, tw, r0, dr, s0, ds, *strides = args
+    channel, k, i, j = np.meshgrid(np.arange(c_all), np.arange(kg), np.arange(th), np.arange(tw), indexing="ij")
+    g = channel // cg
+    source = ((g * kg + k) * strides[0] + (channel - g * cg) * strides[1] + (r0 + i * dr) * strides[2]
+              + (s0 + j * ds) * strides[3])
+    return weight.ravel()[source]
+
+
+@pytest.mark.parametrize("layout,weight_layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [c for c in GRID if c.n and c.stride == 1], ids=lambda c: c.id)
+def test_input_gradient_program(case, dtype, layout, weight_layout):
+    tp = input_gradient_problem(case, dtype, layout, weight_layout)
+    phase = conv_transpose.whole_phase(tp)
+    for tf32, cc in itertools.product((False, True), (0, 90)):
+        plan = planner.make_plan(phase.problem, allow_tf32=tf32, compute_capability=cc)
+        call = conv_transpose.program(plan, tp)
+        check_launches(call, {X, WEIGHT, BIAS, WORKSPACE, RESIDUAL}, {OUT, WORKSPACE})
+        first, *rest = call.launches
+        # The caller's weight is read once, by the phase weight; the forward reads that, or its own
+        # preparation of it, from the workspace.
+        assert first.kernel == conv_transpose.PHASE_WEIGHT and first.args[1] == Pointer(WORKSPACE)
+        assert all(arg.operand not in (WEIGHT, PREPARED) for launch in rest for arg in launch.args
+                   if isinstance(arg, Pointer))
+        assert call.weight is None
+    shape = tp.k, tp.c // tp.groups, tp.kh, tp.kw
+    weight = np.random.default_rng(1).standard_normal(shape)
+    stored = weight.transpose(0, 2, 3, 1).copy() if weight_layout == "KHWC" else weight
+    expected = conv_transpose.swapped_weight(stored, tp)[:, :, phase.rows.tap_slice, phase.cols.tap_slice]
+    np.testing.assert_array_equal(replay_phase_weight(first.args[2:], stored), expected)
