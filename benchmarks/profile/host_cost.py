@@ -3,11 +3,15 @@ host's time is measured (the calls queue behind a spin kernel; none waits for th
 
     PYTHONPATH=$PWD python3 benchmarks/profile/host_cost.py            # the table
     PYTHONPATH=$PWD python3 benchmarks/profile/host_cost.py --profile simt_fp32   # cProfile of one row
+    PYTHONPATH=$PWD python3 benchmarks/profile/host_cost.py --train [--profile ROW]  # forward and backward
 
 Entry points: cupyconv.conv2d on CuPy arrays (a plain weight, and a PreparedWeight), the torch
 adapter's functional conv2d and Conv2d.forward (the module keeps the prepared weight), against
 torch's F.conv2d and nn.Conv2d. The row's shape is ResNet-50-like at batch 1 unless it names
-another; the kernel family is the planner's choice on this GPU (printed).
+another; the kernel family is the planner's choice on this GPU (printed). --train times what a
+training step asks of a module instead: its forward with autograd recording, and forward plus
+backward (input, weight and bias gradients), nn.Conv2d against cupyconv.torch.Conv2d with
+cupyconv's gradient kernels and with torch's (set_backward), at the row's shape with batch 32.
 """
 from __future__ import annotations
 
@@ -38,12 +42,14 @@ ROWS = {
     "direct_fp64": ((1, 64, 28, 28), (64, 64, 3, 3), {"padding": 1}, torch.float64, False),
 }
 CALLS, LOOPS = 200, 7
+#: --train: calls per loop (each queues about ten launches; CUDA's queue holds about a thousand) and batch.
+TRAIN_CALLS, TRAIN_BATCH = 50, 32
 #: GPU clock cycles of the spin ahead of each loop: longer than the loop takes on the host.
 SPIN_CYCLES = 400_000_000
 
 
-def host_us(fn) -> float:
-    """Median over LOOPS of host microseconds per call, CALLS calls per loop queued behind a spin."""
+def host_us(fn, calls: int = CALLS) -> float:
+    """Median over LOOPS of host microseconds per call, ``calls`` calls per loop queued behind a spin."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
@@ -51,9 +57,9 @@ def host_us(fn) -> float:
     for _ in range(LOOPS):
         torch.cuda._sleep(SPIN_CYCLES)
         start = time.perf_counter()
-        for _ in range(CALLS):
+        for _ in range(calls):
             fn()
-        times.append((time.perf_counter() - start) / CALLS * 1e6)
+        times.append((time.perf_counter() - start) / calls * 1e6)
         torch.cuda.synchronize()
     return statistics.median(times)
 
@@ -77,6 +83,33 @@ def entry_points(name: str) -> dict:
         points["cupyconv.conv2d (CuPy, prepared)"] = lambda: cupyconv.conv2d(cx, prepared, cb, allow_tf32=tf32,
                                                                              **kwargs)
     return points
+
+
+def train_points(name: str) -> dict:
+    """The --train entry points of row ``name``: forward (autograd recording) and forward + backward."""
+    from cupyconv.torch import set_backward
+
+    x_shape, w_shape, kwargs, dtype, tf32 = ROWS[name]
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.manual_seed(0)
+    fmt = torch.contiguous_format if dtype in (torch.float32, torch.float64) else torch.channels_last
+    x = torch.randn((TRAIN_BATCH, *x_shape[1:]), device="cuda").to(dtype).to(memory_format=fmt).requires_grad_()
+    theirs = torch.nn.Conv2d(x_shape[1], w_shape[0], w_shape[2:], bias=True, device="cuda", dtype=dtype,
+                             **kwargs).to(memory_format=fmt)
+    ours = Conv2d(x_shape[1], w_shape[0], w_shape[2:], bias=True, device="cuda", dtype=dtype,
+                  **kwargs).to(memory_format=fmt)
+    ours.load_state_dict(theirs.state_dict())
+    grad = torch.randn_like(theirs(x))
+
+    def both(module, kind=None):
+        def step():
+            if kind:
+                set_backward(kind)
+            module(x).backward(grad)
+        return step
+    return {"torch forward": lambda: theirs(x), "cupyconv forward": lambda: ours(x),
+            "torch forward+backward": both(theirs), "cupyconv forward+backward": both(ours, "cupyconv"),
+            "cupyconv forward, torch backward": both(ours, "torch")}
 
 
 def primitives() -> dict:
@@ -110,7 +143,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", choices=sorted(ROWS), help="cProfile the cupyconv entry points of one row")
     parser.add_argument("--primitives", action="store_true", help="time the steps a call is made of")
+    parser.add_argument("--train", action="store_true", help="forward and backward of a module, batch 32")
     args = parser.parse_args()
+    if args.train:
+        return train(args)
     with torch.no_grad():
         if args.primitives:
             for what, fn in primitives().items():
@@ -139,6 +175,29 @@ def main() -> None:
             kernel = cupyconv.plan(plan_x.numpy(), plan_w.numpy(), allow_tf32=tf32, **kwargs).kernel
             cells = [f"{host_us(points[c]):.1f}" if c in points else "-" for c in columns]
             print(f"| {name} | {kernel} | " + " | ".join(cells) + " |", flush=True)
+
+
+def train(args) -> None:
+    from cupyconv.torch import set_backward
+
+    if args.profile:
+        fn = train_points(args.profile)["cupyconv forward+backward"]
+        host_us(fn, TRAIN_CALLS)
+        profiler = cProfile.Profile()
+        profiler.runcall(lambda: [fn() for _ in range(500)])
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(45)
+        return
+    columns = list(train_points("simt_fp32"))
+    print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; host us per call (median of {LOOPS} loops "
+          f"of {TRAIN_CALLS}), GPU kept busy; batch {TRAIN_BATCH}, 16-bit rows channels_last\n")
+    print("| row | " + " | ".join(columns) + " |")
+    print("| --- | " + " | ".join("---" for _ in columns) + " |")
+    for name in ROWS:
+        if ROWS[name][3] == torch.float64:  # the direct kernel at batch 32 takes longer than the spin hides
+            continue
+        points = train_points(name)
+        print(f"| {name} | " + " | ".join(f"{host_us(points[c], TRAIN_CALLS):.1f}" for c in columns) + " |", flush=True)
+        set_backward("cupyconv")
 
 
 if __name__ == "__main__":

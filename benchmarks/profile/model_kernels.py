@@ -2,28 +2,43 @@
     python benchmarks/profile/model_kernels.py resnet50 --batch 1 --dtype fp16 --layout channels_last [--graph]
 Ten forwards after warm-up (--graph: ten replays of a CUDA graph of one forward); kernels summed by
 name, the largest first, each side's total, and the idle time between kernels summed by the kernel
-that waited (the gap before it)."""
+that waited (the gap before it). --train times a training step instead (bench_models.training_step:
+forward, backward, SGD), the converted model with cupyconv's gradient kernels and with torch's, and
+--host adds the converted steps' host time by function (cProfile)."""
 import argparse
 import copy
+import cProfile
+import pstats
 import time
 
 import torch
 import torchvision
 
 import cupyconv.torch as cc
+from cupyconv.bench_models import backward_kind, training_step
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32}
 FORWARDS = 10
 
 
-def kernel_times(model, x, graph: bool) -> tuple[list, list]:
+def wall_ms(run, times: int = 20) -> float:
+    """Wall time per call of ``run`` in a back-to-back loop, synchronised at its ends."""
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    for _ in range(times):
+        run()
+    torch.cuda.synchronize()
+    return 1e3 * (time.perf_counter() - began) / times
+
+
+def kernel_times(model, x, graph: bool, run=None) -> tuple[list, list]:
     """[(kernel name, total µs per forward, launches per forward)] and [(kernel name, µs idle before
-    it per forward, count)], largest first."""
-    with torch.no_grad():
+    it per forward, count)], largest first; ``run`` (a training step) in place of a forward."""
+    with torch.set_grad_enabled(run is not None):
+        run = run or (lambda: model(x))
         for _ in range(3):
-            model(x)
+            run()
         torch.cuda.synchronize()
-        run = lambda: model(x)
         if graph:
             captured = torch.cuda.CUDAGraph()
             with torch.cuda.graph(captured):
@@ -71,7 +86,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=15)
     parser.add_argument("--graph", action="store_true", help="replay a CUDA graph of the forward")
     parser.add_argument("--inference-mode", action="store_true", help="under torch.inference_mode (as the models suite)")
+    parser.add_argument("--train", action="store_true", help="a training step (forward, backward, SGD) per run")
+    parser.add_argument("--host", action="store_true", help="with --train: the converted steps' host time by function")
     args = parser.parse_args()
+    if args.train:
+        return train(args)
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
     fmt = torch.channels_last if args.layout == "channels_last" else torch.contiguous_format
     model = getattr(torchvision.models, args.model)().cuda().to(DTYPES[args.dtype]).to(memory_format=fmt).eval()
@@ -86,6 +105,33 @@ def main() -> None:
         print("  idle before:")
         for name, us, n in gaps[:8]:
             print(f"{us:9.1f} us  x{n:<4d} {name[:150]}")
+
+
+def train(args) -> None:
+    fmt = torch.channels_last if args.layout == "channels_last" else torch.contiguous_format
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
+    model = getattr(torchvision.models, args.model)().cuda().to(DTYPES[args.dtype]).to(memory_format=fmt).train()
+    x = torch.randn(args.batch, 3, 224, 224, device="cuda", dtype=DTYPES[args.dtype]).to(memory_format=fmt)
+    target = torch.randint(0, 1000, (args.batch,), device="cuda")
+    for label, kind in (("torch", None), ("cupyconv", "cupyconv"), ("cupyconv, torch backward", "torch")):
+        net = copy.deepcopy(model) if kind is None else cc.convert(copy.deepcopy(model))
+        optimizer = torch.optim.SGD(net.parameters(), lr=1e-4, momentum=0.9)
+
+        def step(net=net, optimizer=optimizer, kind=kind):
+            with backward_kind(kind):
+                training_step(net, optimizer, x, target)
+        times, gaps = kernel_times(net, x, False, step)
+        print(f"--- {label}: {wall_ms(step):.2f} ms per step (wall), {sum(t[1] for t in times) / 1e3:.2f} ms of kernels, "
+              f"{sum(t[2] for t in times)} launches; {sum(t[1] for t in gaps) / 1e3:.2f} ms idle between them")
+        for name, us, n in times[:args.rows]:
+            print(f"{us:9.1f} us  x{n:<4d} {name[:150]}")
+        print("  idle before:")
+        for name, us, n in gaps[:8]:
+            print(f"{us:9.1f} us  x{n:<4d} {name[:150]}")
+        if args.host and kind is not None:
+            profile = cProfile.Profile()
+            profile.runcall(lambda: [step() for _ in range(5)])
+            pstats.Stats(profile).sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":
