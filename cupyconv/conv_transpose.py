@@ -15,11 +15,11 @@ picks each phase's kernel as for any convolution (3x3 stride 1 is one phase, oft
 One phase writes the output in place; several write their rows and columns of it through a
 temporary each. A phase no tap reaches holds the bias (or zeros).
 
-Where one phase is the whole transposed convolution (stride 1 and padding within the kernel's
-reach: the input gradient of most layers), the CUDA path is one program (``program``): the phase's
-weight by kernels/phase_weight.cu into the workspace, then the phase's forward program reading it,
-made once per problem and launched like a forward call. Other shapes go phase by phase on CuPy
-arrays (run_phases).
+On CUDA the phases make one program (``program``), made once per problem and launched like a
+forward call: each phase's weight by kernels/phase_weight.cu into the workspace, its forward
+program reading it, and kernels/strided_copy.cu's copies and fills for windows of y, the phases'
+rows and columns of the output and the phases no tap reaches. Outputs of few channels (zero
+channels added) and arrays past 32-bit offsets go phase by phase on CuPy arrays (run_phases).
 
 The NumPy path runs the same phases on the NumPy convolution, so the CPU tests check the
 decomposition itself against torch.
@@ -35,9 +35,10 @@ import numpy as np
 
 from .arguments import ConvProblem, _pair, check_arrays, check_layouts, check_x_dims, dtype_name
 from .families.common import CTYPES, STORAGE_BYTES
-from .program import PREPARED, WEIGHT, WORKSPACE, CallProgram, Launch, Pointer, align, relocated
+from .program import (BIAS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, align,
+                      relocated)
 
-PHASE_WEIGHT = "phase_weight"
+PHASE_WEIGHT, STRIDED_COPY, STRIDED_FILL = "phase_weight", "strided_copy", "strided_fill"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,19 +154,10 @@ def phases(tp: TransposeProblem) -> tuple[Phase, ...]:
     return tuple(result)
 
 
-def whole_phase(tp: TransposeProblem) -> Phase | None:
-    """``tp``'s one phase where it is the whole transposed convolution (every output position, all of y
-    read: stride 1 with padding within the kernel's reach), else None."""
-    every = phases(tp)
-    if len(every) != 1 or every[0].problem is None:
-        return None
-    rows, cols = every[0].rows, every[0].cols
-    whole = (rows.read_start, rows.read_stop, cols.read_start, cols.read_stop) == (0, tp.hy, 0, tp.wy)
-    return every[0] if whole else None
-
-
 def phase_weight_specialisations() -> list[str]:
-    return [f"cupyconv::{PHASE_WEIGHT}<{ctype}>" for ctype in CTYPES.values()]
+    """The phase weight's and the strided copies' instances (every dtype)."""
+    return [f"cupyconv::{kernel}<{ctype}>" for kernel in (PHASE_WEIGHT, STRIDED_COPY, STRIDED_FILL)
+            for ctype in CTYPES.values()]
 
 
 def _phase_weight_launch(tp: TransposeProblem, phase: Phase, source: Pointer, target: Pointer) -> Launch:
@@ -183,40 +175,89 @@ def _phase_weight_launch(tp: TransposeProblem, phase: Phase, source: Pointer, ta
                                    *strides))
 
 
-def program(plan, tp: TransposeProblem) -> CallProgram:
-    """The transposed convolution ``tp`` of a whole phase (whole_phase) as one program: the phase's
-    weight at the workspace's start, then ``plan`` (the planner's for the phase's forward problem)
-    reading it as its weight, y at X, the bias at BIAS, writing OUT; the forward's prepared weight and
-    temporaries follow in the workspace."""
+def _strides(layout: str, n: int, c: int, h: int, w: int) -> tuple[int, int, int, int]:
+    """Element strides along (n, c, h, w) of a C-contiguous array of those sizes in ``layout``."""
+    return (c * h * w, 1, w * c, c) if layout == "NHWC" else (c * h * w, h * w, w, 1)
+
+
+def _box(tp: TransposeProblem, kernel: str, sizes, strides, pointers: tuple, flags: tuple = ()) -> Launch:
+    """kernels/strided_copy.cu over the (n, c, h, w) box ``sizes`` with one stride tuple per array, its
+    dimensions ordered so that the written array's innermost (channels for NHWC) comes last."""
+    order = (0, 2, 3, 1) if tp.layout == "NHWC" else (0, 1, 2, 3)
+    args = [sizes[i] for i in order] + [each[i] for each in strides for i in order]
+    return Launch(kernel, f"cupyconv::{kernel}<{CTYPES[tp.dtype]}>", (math.ceil(math.prod(sizes) / 256), 1, 1),
+                  (256, 1, 1), 0, (*pointers, *flags, *args))
+
+
+def program(plans: tuple, tp: TransposeProblem) -> CallProgram:
+    """The transposed convolution ``tp`` as one program, phase by phase (``plans``: the planner's plan
+    of each phase's forward problem, None for a phase no tap reaches). A phase with taps: the window
+    of y it reads cut into the workspace where it is not all of y (strided_copy), its weight
+    (phase_weight), its forward program reading them, into OUT where it is the only phase, else into
+    the workspace and then to its rows and columns of OUT (strided_copy). A phase without taps: its
+    positions filled with the bias or zeros (strided_fill). The forward programs' prepared weights and
+    temporaries are relocated into the workspace too."""
     from .planner import program as forward_program
 
-    phase = whole_phase(tp)
-    forward = forward_program(plan, phase.problem)
-    weight = Pointer(WORKSPACE)
-    used = align(math.prod(phase.problem.weight_shape) * STORAGE_BYTES[tp.dtype])
-    launches = [_phase_weight_launch(tp, phase, Pointer(WEIGHT), weight)]
-    moves = {WEIGHT: weight}
-    if forward.weight:
-        moves[PREPARED] = Pointer(WORKSPACE, used)
-        used += align(forward.weight.nbytes)
-        launches += relocated(forward.weight.launches, moves)
-    moves[WORKSPACE] = Pointer(WORKSPACE, used)
-    return CallProgram((*launches, *relocated(forward.launches, moves)), used + forward.workspace_bytes)
+    item = STORAGE_BYTES[tp.dtype]
+    every = phases(tp)
+    y_strides = _strides(tp.layout, tp.n, tp.k, tp.hy, tp.wy)
+    out_strides = _strides(tp.layout, tp.n, tp.c, tp.h, tp.w)
+    launches, used = [], 0
+
+    def take(nbytes: int) -> Pointer:
+        nonlocal used
+        at, used = Pointer(WORKSPACE, used), used + align(nbytes)
+        return at
+
+    for phase, plan in zip(every, plans):
+        rows, cols = phase.rows, phase.cols
+        target = Pointer(OUT, (rows.start * out_strides[2] + cols.start * out_strides[3]) * item)
+        target_strides = (*out_strides[:2], out_strides[2] * tp.stride[0], out_strides[3] * tp.stride[1])
+        sizes = (tp.n, tp.c, rows.count, cols.count)
+        if phase.problem is None:
+            launches.append(_box(tp, STRIDED_FILL, sizes, (target_strides,), (Pointer(BIAS), target),
+                                 (int(tp.has_bias), 1 if tp.layout == "NCHW" else 3)))
+            continue
+        p = phase.problem
+        x = Pointer(X)
+        if (rows.read_start, rows.read_stop, cols.read_start, cols.read_stop) != (0, tp.hy, 0, tp.wy):
+            x = take(math.prod(p.x_shape) * item)
+            window = Pointer(X, (rows.read_start * y_strides[2] + cols.read_start * y_strides[3]) * item)
+            launches.append(_box(tp, STRIDED_COPY, p.x_shape, (y_strides, _strides(tp.layout, *p.x_shape)),
+                                 (window, x)))
+        weight = take(math.prod(p.weight_shape) * item)
+        launches.append(_phase_weight_launch(tp, phase, Pointer(WEIGHT), weight))
+        forward = forward_program(plan, p)
+        moves = {X: x, WEIGHT: weight}
+        if forward.weight:
+            moves[PREPARED] = take(forward.weight.nbytes)
+            launches += relocated(forward.weight.launches, moves)
+        alone = len(every) == 1
+        out = Pointer(OUT) if alone else take(math.prod(p.out_shape) * item)
+        moves.update({OUT: out, WORKSPACE: take(forward.workspace_bytes)})
+        launches += relocated(forward.launches, moves)
+        if not alone:
+            launches.append(_box(tp, STRIDED_COPY, sizes, (_strides(tp.layout, *p.out_shape), target_strides),
+                                 (out, target)))
+    return CallProgram(tuple(launches), used)
 
 
-def whole_phase_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int, min_channels: int = 0):
-    """``program`` ready to launch on device ``device_id`` (the planner's fixed rules for the phase), or
-    None where ``tp`` is not one whole phase or an ungrouped output of fewer than ``min_channels``
-    channels needs run_phases' zero channels."""
+def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int, min_channels: int = 0):
+    """``program`` ready to launch on device ``device_id`` (each phase on the planner's fixed rules), or
+    None where run_phases must run ``tp`` on CuPy arrays: an empty batch, an ungrouped output of fewer
+    than ``min_channels`` channels (run_phases adds zero channels), or arrays past 32-bit offsets."""
     from .compiler import compute_capability
     from .executor import program_executable
     from .planner import make_plan
 
-    phase = whole_phase(tp)
-    if phase is None or (tp.groups == 1 and tp.c < min_channels):
+    elements = max(tp.n * tp.k * tp.hy * tp.wy, tp.n * tp.c * tp.h * tp.w, tp.k * tp.c // tp.groups * tp.kh * tp.kw)
+    if tp.n == 0 or (tp.groups == 1 and tp.c < min_channels) or elements >= 2**31:
         return None
-    plan = make_plan(phase.problem, allow_tf32=allow_tf32, compute_capability=compute_capability(device_id))
-    return program_executable(program, plan, tp, device_id)
+    cc = compute_capability(device_id)
+    plans = tuple(None if phase.problem is None else make_plan(phase.problem, allow_tf32=allow_tf32,
+                                                               compute_capability=cc) for phase in phases(tp))
+    return program_executable(program, plans, tp, device_id)
 
 
 def swapped_weight(weight, tp: TransposeProblem):
@@ -315,7 +356,7 @@ def transposed(y, weight, bias, tp: TransposeProblem, backend: str, allow_tf32: 
     min_channels = GEMM_MIN_GROUP_CHANNELS if min_channels is None else min_channels
     with cupy.cuda.Device(y.device.id):
         out = cupy.empty(tp.out_array_shape, dtype=y.dtype)
-        exe = whole_phase_executable(tp, allow_tf32, y.device.id, min_channels) if tp.n and out.size else None
+        exe = transposed_executable(tp, allow_tf32, y.device.id, min_channels)
         if exe is None:
             return run_phases(y, weight, bias, tp, out, _cupy_conv(allow_tf32), cupy, min_channels)
         arrays = {"x": aligned(y), "weight": cupy.ascontiguousarray(weight), "out": out}

@@ -174,9 +174,10 @@ def weight_gradient_executable(problem: ConvProblem, allow_tf32: bool, device_id
 @functools.lru_cache(maxsize=4096)
 def input_gradient_executable(problem: ConvProblem, allow_tf32: bool, device_id: int):
     """The input gradient of ``problem`` as one program ready to launch on device ``device_id``
-    (operands X: grad_output, WEIGHT, OUT: the gradient, C-contiguous in the problem's layouts), or
-    None where it takes several stride phases (conv_transpose.run_phases then runs it on CuPy arrays)."""
-    from .conv_transpose import whole_phase_executable
+    (conv_transpose.program; operands X: grad_output, WEIGHT, OUT: the gradient, C-contiguous in the
+    problem's layouts), or None where conv_transpose.run_phases must run it on CuPy arrays (see
+    conv_transpose.transposed_executable)."""
+    from .conv_transpose import transposed_executable
     from .families.implicit_gemm_conv2d import GEMM_MIN_GROUP_CHANNELS
 
-    return whole_phase_executable(input_gradient_problem(problem), allow_tf32, device_id, GEMM_MIN_GROUP_CHANNELS)
+    return transposed_executable(input_gradient_problem(problem), allow_tf32, device_id, GEMM_MIN_GROUP_CHANNELS)

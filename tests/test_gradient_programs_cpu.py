@@ -2,12 +2,14 @@
 and plan, for every dtype, layout, precision and GPU kind) and the input gradient's whole-phase
 program (conv_transpose.program). Every launch names a specialisation the compile tests build and
 passes what its kernel's signature asks for; the caller's operands are only read; temporaries sit
-aligned inside the workspace. The index arithmetic of the two kernels these programs add or extend
-(phase_weight; wgrad_reduce over padded partial sums) is replayed in NumPy from the launches' own
-arguments and must give what the CuPy-array route computes (run_phases' sliced weight, the cut of
-the padded sums)."""
+aligned inside the workspace. The index arithmetic of the kernels these programs add or extend
+(phase_weight; wgrad_reduce over padded partial sums; the strided copies and fills) is replayed in
+NumPy from the launches' own arguments: it must give what the CuPy-array route computes (run_phases'
+sliced weight, the cut of the padded sums), and the phases' fills and copies must write every output
+element once."""
 import dataclasses
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from cases import GRID
 from test_programs import parameters, problem_of
 from cupyconv import conv_transpose, grad, planner, wgrad, wgrad_depthwise, wgrad_tensor_cores
 from cupyconv.arguments import make_problem
+from cupyconv.families.common import STORAGE_BYTES
 from cupyconv.families.implicit_gemm_nhwc import channels_last_specialisations
 from cupyconv.program import (BIAS, GRAD_OUTPUT, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X,
                               Pointer)
@@ -87,16 +90,6 @@ def input_gradient_problem(case, dtype, layout="NCHW", weight_layout="KCHW"):
     return conv_transpose.input_gradient_problem(problem_of(case, dtype, layout, weight_layout))
 
 
-def test_whole_phase_is_stride_one_within_reach():
-    wholes = {case.id: conv_transpose.whole_phase(input_gradient_problem(case, "float32")) is not None
-              for case in GRID if case.n}
-    for case in GRID:
-        if case.n:
-            assert wholes[case.id] == (case.stride == 1), case
-    one_by_one = make_problem((1, 8, 6, 6), (8, 8, 1, 1), None, "float32", 1, 1, 1, 1)  # padding past the kernel
-    assert conv_transpose.whole_phase(conv_transpose.input_gradient_problem(one_by_one)) is None
-
-
 def replay_phase_weight(args, weight: np.ndarray) -> np.ndarray:
     """phase_weight's output, (C, Kg, th, tw), from its launch arguments (after the two pointers)."""
     c_all, kg, cg, th, tw, r0, dr, s0, ds, *strides = args
@@ -107,25 +100,60 @@ def replay_phase_weight(args, weight: np.ndarray) -> np.ndarray:
     return weight.ravel()[source]
 
 
+def box_offsets(launch) -> np.ndarray:
+    """The element offsets a strided_copy / strided_fill launch writes (its arguments after the pointers
+    and flags: four sizes, then each array's four strides, the written array's last)."""
+    args = launch.args[4 if launch.kernel == conv_transpose.STRIDED_FILL else 2:]
+    sizes, strides = args[:4], args[-4:]
+    index = np.meshgrid(*(np.arange(d) for d in sizes), indexing="ij")
+    return sum(i * s for i, s in zip(index, strides)).ravel()
+
+
 @pytest.mark.parametrize("layout,weight_layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", [c for c in GRID if c.n and c.stride == 1], ids=lambda c: c.id)
+@pytest.mark.parametrize("case", [c for c in GRID if c.n], ids=lambda c: c.id)
 def test_input_gradient_program(case, dtype, layout, weight_layout):
     tp = input_gradient_problem(case, dtype, layout, weight_layout)
-    phase = conv_transpose.whole_phase(tp)
+    every = conv_transpose.phases(tp)
+    item = STORAGE_BYTES[dtype]
     for tf32, cc in itertools.product((False, True), (0, 90)):
-        plan = planner.make_plan(phase.problem, allow_tf32=tf32, compute_capability=cc)
-        call = conv_transpose.program(plan, tp)
+        plans = tuple(None if ph.problem is None else planner.make_plan(ph.problem, allow_tf32=tf32,
+                                                                         compute_capability=cc) for ph in every)
+        call = conv_transpose.program(plans, tp)
         check_launches(call, {X, WEIGHT, BIAS, WORKSPACE, RESIDUAL}, {OUT, WORKSPACE})
-        first, *rest = call.launches
-        # The caller's weight is read once, by the phase weight; the forward reads that, or its own
-        # preparation of it, from the workspace.
-        assert first.kernel == conv_transpose.PHASE_WEIGHT and first.args[1] == Pointer(WORKSPACE)
-        assert all(arg.operand not in (WEIGHT, PREPARED) for launch in rest for arg in launch.args
-                   if isinstance(arg, Pointer))
         assert call.weight is None
+        # The caller's weight is read by the phase weights alone; the forwards read those, or their own
+        # preparations of them, from the workspace.
+        kernels = [launch.kernel for launch in call.launches]
+        assert all(arg.operand not in (WEIGHT, PREPARED) for launch in call.launches for arg in launch.args
+                   if isinstance(arg, Pointer) and launch.kernel != conv_transpose.PHASE_WEIGHT)
+        assert kernels.count(conv_transpose.PHASE_WEIGHT) == sum(ph.problem is not None for ph in every)
+        # Fills and copies into OUT write every output element once (a lone phase's forward writes it all).
+        if len(every) > 1:
+            boxes = (conv_transpose.STRIDED_COPY, conv_transpose.STRIDED_FILL)
+            written = np.concatenate([launch.args[1].offset // item + box_offsets(launch) for launch in call.launches
+                                      if launch.kernel in boxes and launch.args[1].operand == OUT])
+            assert np.array_equal(np.sort(written), np.arange(math.prod(tp.out_array_shape)))
     shape = tp.k, tp.c // tp.groups, tp.kh, tp.kw
     weight = np.random.default_rng(1).standard_normal(shape)
     stored = weight.transpose(0, 2, 3, 1).copy() if weight_layout == "KHWC" else weight
-    expected = conv_transpose.swapped_weight(stored, tp)[:, :, phase.rows.tap_slice, phase.cols.tap_slice]
-    np.testing.assert_array_equal(replay_phase_weight(first.args[2:], stored), expected)
+    swapped = conv_transpose.swapped_weight(stored, tp)
+    launches = [launch for launch in call.launches if launch.kernel == conv_transpose.PHASE_WEIGHT]
+    for phase, launch in zip([ph for ph in every if ph.problem is not None], launches):
+        expected = swapped[:, :, phase.rows.tap_slice, phase.cols.tap_slice]
+        np.testing.assert_array_equal(replay_phase_weight(launch.args[2:], stored), expected)
+
+
+def test_window_copies_read_inside_y():
+    """A 1x1 convolution padded past its kernel: its input gradient's phase reads a window of y."""
+    problem = make_problem((2, 8, 6, 7), (8, 8, 1, 1), None, "float32", 1, 2, 1, 1)
+    for layout in ("NCHW", "NHWC"):
+        tp = conv_transpose.input_gradient_problem(dataclasses.replace(problem, layout=layout))
+        (phase,) = conv_transpose.phases(tp)
+        assert (phase.rows.read_start, phase.cols.read_start) == (2, 2)
+        plan = planner.make_plan(phase.problem)
+        copy = conv_transpose.program((plan,), tp).launches[0]
+        assert copy.kernel == conv_transpose.STRIDED_COPY and copy.args[0].operand == X
+        read = copy.args[0].offset // 4 + box_offsets(dataclasses.replace(copy, args=copy.args[:10]))
+        assert read.min() >= 0 and read.max() < math.prod(tp.out_array_shape[:1]) * tp.k * tp.hy * tp.wy
+        assert len(np.unique(read)) == math.prod(phase.problem.x_shape)
