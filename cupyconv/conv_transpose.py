@@ -160,9 +160,10 @@ def phase_weight_specialisations() -> list[str]:
             for ctype in CTYPES.values()]
 
 
-def _phase_weight_launch(tp: TransposeProblem, phase: Phase, source: Pointer, target: Pointer) -> Launch:
-    """kernels/phase_weight.cu writing ``phase``'s weight, (C, K / groups, taps, taps) KCHW, at ``target``
-    from the weight at ``source`` (``tp.weight_layout``)."""
+def _phase_weight_launch(tp: TransposeProblem, phase: Phase, source: Pointer, target: Pointer,
+                         weight_layout: str = "KCHW") -> Launch:
+    """kernels/phase_weight.cu writing ``phase``'s weight, (C, K / groups, taps, taps) in ``weight_layout``,
+    at ``target`` from the weight at ``source`` (``tp.weight_layout``)."""
     kg, cg = tp.k // tp.groups, tp.c // tp.groups
     strides = (tp.kh * tp.kw * cg, 1, tp.kw * cg, cg) if tp.weight_layout == "KHWC" else \
         (cg * tp.kh * tp.kw, tp.kh * tp.kw, tp.kw, 1)
@@ -172,7 +173,7 @@ def _phase_weight_launch(tp: TransposeProblem, phase: Phase, source: Pointer, ta
     total = tp.c * kg * len(phase.rows.taps) * len(phase.cols.taps)
     return Launch(PHASE_WEIGHT, f"cupyconv::{PHASE_WEIGHT}<{CTYPES[tp.dtype]}>", (math.ceil(total / 256), 1, 1),
                   (256, 1, 1), 0, (source, target, tp.c, kg, cg, len(phase.rows.taps), len(phase.cols.taps), *picks,
-                                   *strides))
+                                   *strides, int(weight_layout == "KHWC")))
 
 
 def _strides(layout: str, n: int, c: int, h: int, w: int) -> tuple[int, int, int, int]:
@@ -190,8 +191,9 @@ def _box(tp: TransposeProblem, kernel: str, sizes, strides, pointers: tuple, fla
 
 
 def program(plans: tuple, tp: TransposeProblem) -> CallProgram:
-    """The transposed convolution ``tp`` as one program, phase by phase (``plans``: the planner's plan
-    of each phase's forward problem, None for a phase no tap reaches). A phase with taps: the window
+    """The transposed convolution ``tp`` as one program, phase by phase (``plans``: phase_plan's plan
+    of each phase's forward problem, whose weight layout the phase weight is written in; None for a
+    phase no tap reaches). A phase with taps: the window
     of y it reads cut into the workspace where it is not all of y (strided_copy), its weight
     (phase_weight), its forward program reading them, into OUT where it is the only phase, else into
     the workspace and then to its rows and columns of OUT (strided_copy). A phase without taps: its
@@ -219,7 +221,7 @@ def program(plans: tuple, tp: TransposeProblem) -> CallProgram:
             launches.append(_box(tp, STRIDED_FILL, sizes, (target_strides,), (Pointer(BIAS), target),
                                  (int(tp.has_bias), 1 if tp.layout == "NCHW" else 3)))
             continue
-        p = phase.problem
+        p = dataclasses.replace(phase.problem, weight_layout=plan.weight_layout)
         x = Pointer(X)
         if (rows.read_start, rows.read_stop, cols.read_start, cols.read_stop) != (0, tp.hy, 0, tp.wy):
             x = take(math.prod(p.x_shape) * item)
@@ -227,7 +229,7 @@ def program(plans: tuple, tp: TransposeProblem) -> CallProgram:
             launches.append(_box(tp, STRIDED_COPY, p.x_shape, (y_strides, _strides(tp.layout, *p.x_shape)),
                                  (window, x)))
         weight = take(math.prod(p.weight_shape) * item)
-        launches.append(_phase_weight_launch(tp, phase, Pointer(WEIGHT), weight))
+        launches.append(_phase_weight_launch(tp, phase, Pointer(WEIGHT), weight, p.weight_layout))
         forward = forward_program(plan, p)
         moves = {X: x, WEIGHT: weight}
         if forward.weight:
@@ -249,15 +251,26 @@ def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int
     than ``min_channels`` channels (run_phases adds zero channels), or arrays past 32-bit offsets."""
     from .compiler import compute_capability
     from .executor import program_executable
-    from .planner import make_plan
 
     elements = max(tp.n * tp.k * tp.hy * tp.wy, tp.n * tp.c * tp.h * tp.w, tp.k * tp.c // tp.groups * tp.kh * tp.kw)
     if tp.n == 0 or (tp.groups == 1 and tp.c < min_channels) or elements >= 2**31:
         return None
     cc = compute_capability(device_id)
-    plans = tuple(None if phase.problem is None else make_plan(phase.problem, allow_tf32=allow_tf32,
-                                                               compute_capability=cc) for phase in phases(tp))
+    plans = tuple(None if phase.problem is None else phase_plan(phase.problem, allow_tf32, cc) for phase in phases(tp))
     return program_executable(program, plans, tp, device_id)
+
+
+def phase_plan(problem: ConvProblem, allow_tf32: bool, compute_capability: int):
+    """The planner's plan of a phase's forward ``problem`` (KCHW weight), for its weight in KHWC where
+    the chosen family reads an NHWC problem's weight channels-last in place: the phase weight is then
+    written in that layout, and the family needs no preparation of its own."""
+    from .planner import FAMILIES, make_plan
+
+    plan = make_plan(problem, allow_tf32=allow_tf32, compute_capability=compute_capability)
+    if problem.layout == "NHWC" and "KHWC" in getattr(FAMILIES[plan.kernel], "WEIGHT_LAYOUTS", ()):
+        plan = make_plan(dataclasses.replace(problem, weight_layout="KHWC"), allow_tf32=allow_tf32,
+                         compute_capability=compute_capability)
+    return plan
 
 
 def swapped_weight(weight, tp: TransposeProblem):

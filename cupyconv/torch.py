@@ -26,16 +26,18 @@ float64 throughout.
 
 Gradients: the backward of a CUDA call runs cupyconv's gradient kernels (cupyconv.grad: the input
 gradient as a transposed convolution, the weight gradient as a deterministic implicit GEMM, bitwise
-the same run after run) on torch's current stream, with CuPy allocating from torch's caching
-allocator for the duration, so a backward can be captured in a CUDA graph too. The arrays pass
-between torch and CuPy by DLPack, without copies (channels_last tensors as NHWC arrays). The bias
-gradient is a sum. ``set_backward("torch")`` (or the environment variable
+the same run after run) on torch's current stream. Each is a program made once per problem
+(grad.input_gradient_executable, weight_gradient_executable) and launched as a forward call is,
+with the tensors' addresses and torch's allocator, so a backward can be captured in a CUDA graph
+too. (Input gradients of outputs with fewer than 8 channels, and arrays past 32-bit offsets, go
+through cupyconv.grad on CuPy arrays that share the tensors' memory by DLPack, CuPy allocating from
+torch's caching allocator.) The bias gradient is a sum. ``set_backward("torch")`` (or the environment variable
 ``CUPYCONV_TORCH_BACKWARD=torch`` at import) computes the gradients with torch's functions instead.
 A backward that records a graph (``create_graph=True``, for second derivatives) always uses torch's
 differentiable functions, as do the custom op's formula under torch.compile and CPU tensors.
 
-``ConvTranspose2d`` / ``conv_transpose2d`` compute CUDA tensors with cupyconv.conv_transpose (the
-forward kernels, one stride phase at a time); their gradients are a cupyconv conv2d (input) and
+``ConvTranspose2d`` / ``conv_transpose2d`` compute CUDA tensors with cupyconv.conv_transpose's
+program (the forward kernels, one stride phase at a time, launched as one call); their gradients are a cupyconv conv2d (input) and
 cupyconv's weight gradient with the roles of input and output swapped. ``Conv1d`` / ``conv1d`` are
 conv2d of height 1 (views, no copies) through this module's conv2d, so they share its autograd,
 torch.compile support and channels handling. Under torch.compile the transposed convolution is
@@ -62,7 +64,7 @@ from torch import nn
 from . import tuning
 from .arguments import ConvProblem, check_output_size, make_problem
 from .conv1d import _single
-from .conv_transpose import TransposeProblem, make_transpose_problem, transposed
+from .conv_transpose import TransposeProblem, make_transpose_problem, transposed, transposed_executable
 from .executor import Workspaces
 from .grad import input_gradient, input_gradient_executable, weight_gradient, weight_gradient_executable
 from .families.common import STORAGE_BYTES
@@ -537,6 +539,14 @@ def _kernel_gradients(ctx, grad_out, problem: ConvProblem):
     return grad_x, grad_weight, grad_bias
 
 
+def _launch(exe, device_index: int, **tensors) -> None:
+    """A program without weight preparation (the gradients', the transposed convolution's) on torch's
+    current stream of the current device ``device_index``, its operands CUDA tensors by name (None:
+    absent), its workspace from torch's caching allocator."""
+    _WORKSPACES.run(exe, _raw_stream(device_index), torch.cuda.is_current_stream_capturing(),
+                    **{name: t.data_ptr() for name, t in tensors.items() if t is not None})
+
+
 def _launch_gradients(problem: ConvProblem, grad_out, x, weight, x_format, weight_format):
     """(grad_x, grad_weight) of CUDA tensors by the gradients' programs on torch's current stream, the
     outputs and workspaces from torch's caching allocator (as _forward's): grad_x where ``weight`` is
@@ -546,19 +556,16 @@ def _launch_gradients(problem: ConvProblem, grad_out, x, weight, x_format, weigh
         with torch.cuda.device(index):
             return _launch_gradients(problem, grad_out, x, weight, x_format, weight_format)
     allow_tf32 = _allow_tf32(grad_out.dtype)
-    stream, capturing = _raw_stream(index), torch.cuda.is_current_stream_capturing()
     dy = _in_format(grad_out, x_format)
     grad_x = grad_weight = None
     exe = None if weight is None else input_gradient_executable(problem, allow_tf32, index)
     if exe is not None:
-        weight = _in_format(weight, weight_format)
         grad_x = torch.empty(problem.x_shape, dtype=dy.dtype, device=dy.device, memory_format=x_format)
-        _WORKSPACES.run(exe, stream, capturing, x=dy.data_ptr(), weight=weight.data_ptr(), out=grad_x.data_ptr())
+        _launch(exe, index, x=dy, weight=_in_format(weight, weight_format), out=grad_x)
     if x is not None:
-        x = _in_format(x, x_format)
         grad_weight = torch.empty(problem.weight_shape, dtype=dy.dtype, device=dy.device, memory_format=weight_format)
-        _WORKSPACES.run(weight_gradient_executable(problem, allow_tf32, index), stream, capturing, x=x.data_ptr(),
-                        grad_output=dy.data_ptr(), out=grad_weight.data_ptr())
+        _launch(weight_gradient_executable(problem, allow_tf32, index), index, x=_in_format(x, x_format),
+                grad_output=dy, out=grad_weight)
     return grad_x, grad_weight
 
 
@@ -752,16 +759,27 @@ def _transpose_problem(x, weight, bias, stride, padding, output_padding, groups,
 
 
 def _transposed(tp: TransposeProblem, x, weight, bias) -> torch.Tensor:
-    """The checked transposed convolution ``tp`` of 4-D tensors by cupyconv (conv_transpose.transposed),
-    on torch's current stream of x's device with torch's allocator (on the CPU, NumPy's path: for
-    tests); a new tensor, channels_last where tp's layout is NHWC."""
+    """The checked transposed convolution ``tp`` of 4-D tensors by cupyconv, on torch's current stream of
+    x's device with torch's allocator: conv_transpose's program where it takes ``tp``, else
+    conv_transpose.transposed on CuPy arrays (on the CPU, NumPy's path: for tests); a new tensor,
+    channels_last where tp's layout is NHWC."""
     x_format = torch.channels_last if tp.layout == "NHWC" else torch.contiguous_format
     weight_format = torch.channels_last if tp.weight_layout == "KHWC" else torch.contiguous_format
     if x.is_cuda:
+        from .families.implicit_gemm_conv2d import GEMM_MIN_GROUP_CHANNELS
         from .launch import device_memory
 
         index = x.device.index
         check_output_size((tp.n, tp.c, tp.h, tp.w), STORAGE_BYTES[tp.dtype], device_memory(index), f"GPU {index}")
+        if torch.cuda.current_device() != index:
+            with torch.cuda.device(index):
+                return _transposed(tp, x, weight, bias)
+        exe = transposed_executable(tp, _allow_tf32(x.dtype), index, GEMM_MIN_GROUP_CHANNELS)
+        if exe is not None:  # one program, launched like a forward call
+            out = torch.empty((tp.n, tp.c, tp.h, tp.w), dtype=x.dtype, device=x.device, memory_format=x_format)
+            _launch(exe, index, x=_in_format(x, x_format), weight=_in_format(weight, weight_format),
+                    bias=None if bias is None else _in_format(bias, torch.contiguous_format), out=out)
+            return out
     with _arrays(x.device) as backend:
         y = transposed(_to_array(x, x_format, backend), _to_array(weight, weight_format, backend),
                        None if bias is None else _to_array(bias, torch.contiguous_format, backend), tp, backend,
@@ -798,7 +816,17 @@ def _transposed_gradients(ctx, grad_y):
             grad_x = grad_x[:, :, :tp.hy, :tp.wy]
     if needs_weight:
         x_read = F.pad(x, (0, extra_w, 0, extra_h)) if extra_h or extra_w else x
-        if kernels:
+        if kernels and grad_y.is_cuda:
+            problem = dataclasses.replace(conv, layout=tp.layout, weight_layout=tp.weight_layout)
+            index = grad_y.device.index
+            grad_weight = torch.empty(problem.weight_shape, dtype=grad_y.dtype, device=grad_y.device,
+                                      memory_format=torch.channels_last if tp.weight_layout == "KHWC"
+                                      else torch.contiguous_format)
+            with torch.cuda.device(index):
+                _launch(weight_gradient_executable(problem, _allow_tf32(grad_y.dtype), index), index,
+                        x=_in_format(grad_y, _memory_format(problem)),
+                        grad_output=_in_format(x_read, _memory_format(problem)), out=grad_weight)
+        elif kernels:
             problem = dataclasses.replace(conv, layout=tp.layout, weight_layout=tp.weight_layout)
             memory_format = _memory_format(problem)
             with _arrays(grad_y.device) as backend:
@@ -835,7 +863,7 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
 
     CUDA tensors run cupyconv's transposed convolution (cupyconv.conv_transpose: the forward kernels,
     one stride phase at a time, no zero-stuffed input) on torch's current stream of x's device, the
-    tensors passed by DLPack without copies and CuPy's temporaries from torch's caching allocator;
+    tensors read and written in place and the temporaries from torch's caching allocator;
     other devices, and calls traced by torch.compile, run ``torch.nn.functional.conv_transpose2d``
     after the same checks. Differentiable: the gradients are a cupyconv conv2d (x) and cupyconv's
     weight gradient (weight), or torch's (see :func:`set_backward`).

@@ -2,11 +2,12 @@
 // weight w (K, C/groups, kh, kw) with K and C swapped in each group and the phase's taps picked, in
 // the order the phase's forward convolution reads them (descending: a flip for stride 1):
 //
-//   out[g Cg + c][kg][i][j] = w[g Kg + kg][c][r0 + i dr][s0 + j ds]        out: (C, Kg, th, tw), KCHW
+//   out[g Cg + c][kg][i][j] = w[g Kg + kg][c][r0 + i dr][s0 + j ds]
 //
-// w is read through element strides (stride_k, stride_c, stride_r, stride_s), so a KHWC weight is read
-// in place too. A copy of the weight's bits, so 16-bit types travel as one type. One thread per output
-// element; grid ceil(C Kg th tw / 256).
+// out is (C, Kg, th, tw) KCHW, or (C, th, tw, Kg) where out_khwc (what the channels-last GEMM reads in
+// place). w is read through element strides (stride_k, stride_c, stride_r, stride_s), so a KHWC
+// weight is read in place too. A copy of the weight's bits, so 16-bit types travel as one type. One
+// thread per output element; grid ceil(C Kg th tw / 256).
 #include "dtypes.cuh"
 
 namespace cupyconv {
@@ -14,15 +15,27 @@ namespace cupyconv {
 template <typename T>
 __global__ void __launch_bounds__(256)
 phase_weight(const T* __restrict__ w, T* __restrict__ out, int C, int Kg, int Cg, int th, int tw, int r0, int dr,
-             int s0, int ds, int stride_k, int stride_c, int stride_r, int stride_s) {
+             int s0, int ds, int stride_k, int stride_c, int stride_r, int stride_s, int out_khwc) {
     const long long e = static_cast<long long>(blockIdx.x) * 256 + threadIdx.x;
     if (e >= static_cast<long long>(C) * Kg * th * tw) return;
-    const int j = static_cast<int>(e % tw);
-    long long rest = e / tw;
-    const int i = static_cast<int>(rest % th);
-    rest /= th;
-    const int kg = static_cast<int>(rest % Kg);
-    const int channel = static_cast<int>(rest / Kg), g = channel / Cg, c = channel - g * Cg;
+    int kg, i, j;
+    long long rest = e;
+    if (out_khwc) {
+        kg = static_cast<int>(rest % Kg);
+        rest /= Kg;
+        j = static_cast<int>(rest % tw);
+        rest /= tw;
+        i = static_cast<int>(rest % th);
+        rest /= th;
+    } else {
+        j = static_cast<int>(rest % tw);
+        rest /= tw;
+        i = static_cast<int>(rest % th);
+        rest /= th;
+        kg = static_cast<int>(rest % Kg);
+        rest /= Kg;
+    }
+    const int channel = static_cast<int>(rest), g = channel / Cg, c = channel - g * Cg;
     out[e] = w[static_cast<long long>(g * Kg + kg) * stride_k + static_cast<long long>(c) * stride_c +
                static_cast<long long>(r0 + i * dr) * stride_r + static_cast<long long>(s0 + j * ds) * stride_s];
 }

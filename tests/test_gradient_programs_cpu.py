@@ -91,13 +91,17 @@ def input_gradient_problem(case, dtype, layout="NCHW", weight_layout="KCHW"):
 
 
 def replay_phase_weight(args, weight: np.ndarray) -> np.ndarray:
-    """phase_weight's output, (C, Kg, th, tw), from its launch arguments (after the two pointers)."""
-    c_all, kg, cg, th, tw, r0, dr, s0, ds, *strides = args
+    """phase_weight's output, (C, Kg, th, tw) KCHW, from its launch arguments (after the two pointers),
+    read back from KHWC memory where the launch writes that."""
+    c_all, kg, cg, th, tw, r0, dr, s0, ds, *strides, out_khwc = args
     channel, k, i, j = np.meshgrid(np.arange(c_all), np.arange(kg), np.arange(th), np.arange(tw), indexing="ij")
+    if out_khwc:  # the kernel's element e of (C, th, tw, Kg) memory, viewed as (C, Kg, th, tw)
+        channel, i, j, k = np.meshgrid(np.arange(c_all), np.arange(th), np.arange(tw), np.arange(kg), indexing="ij")
     g = channel // cg
     source = ((g * kg + k) * strides[0] + (channel - g * cg) * strides[1] + (r0 + i * dr) * strides[2]
               + (s0 + j * ds) * strides[3])
-    return weight.ravel()[source]
+    written = weight.ravel()[source]
+    return written.transpose(0, 3, 1, 2) if out_khwc else written
 
 
 def box_offsets(launch) -> np.ndarray:
@@ -117,8 +121,7 @@ def test_input_gradient_program(case, dtype, layout, weight_layout):
     every = conv_transpose.phases(tp)
     item = STORAGE_BYTES[dtype]
     for tf32, cc in itertools.product((False, True), (0, 90)):
-        plans = tuple(None if ph.problem is None else planner.make_plan(ph.problem, allow_tf32=tf32,
-                                                                         compute_capability=cc) for ph in every)
+        plans = tuple(None if ph.problem is None else conv_transpose.phase_plan(ph.problem, tf32, cc) for ph in every)
         call = conv_transpose.program(plans, tp)
         check_launches(call, {X, WEIGHT, BIAS, WORKSPACE, RESIDUAL}, {OUT, WORKSPACE})
         assert call.weight is None
@@ -128,6 +131,11 @@ def test_input_gradient_program(case, dtype, layout, weight_layout):
         assert all(arg.operand not in (WEIGHT, PREPARED) for launch in call.launches for arg in launch.args
                    if isinstance(arg, Pointer) and launch.kernel != conv_transpose.PHASE_WEIGHT)
         assert kernels.count(conv_transpose.PHASE_WEIGHT) == sum(ph.problem is not None for ph in every)
+        # A family that reads NHWC problems' weights channels-last gets its phase weight written so.
+        for plan in plans:
+            if plan is not None and layout == "NHWC":
+                native = "KHWC" in getattr(planner.FAMILIES[plan.kernel], "WEIGHT_LAYOUTS", ())
+                assert plan.weight_layout == ("KHWC" if native else "KCHW"), plan
         # Fills and copies into OUT write every output element once (a lone phase's forward writes it all).
         if len(every) > 1:
             boxes = (conv_transpose.STRIDED_COPY, conv_transpose.STRIDED_FILL)
