@@ -339,7 +339,7 @@ class _Runner:
         with autotune, the tuned plan, and the fixed rules' one as "untuned"."""
         from .compiler import compute_capability
         from .launch import conv2d_cupy
-        from .planner import make_plan
+        from .planner import make_plan, program
         from .tuning import label
 
         torch, cupy = self.torch, self.cupy
@@ -351,10 +351,15 @@ class _Runner:
         plan = make_plan(problem, allow_tf32=allow_tf32, compute_capability=compute_capability())
         row = {"shape": shape.name, "mode": mode, "layout": layout, "kernel": plan.kernel, "plan": str(plan)}
         untuned = None
+        same_launches = False
         if self.autotune:
             untuned, (plan, tuning_ms) = plan, self._tuned(problem, allow_tf32)
-            row.update(kernel=plan.kernel, plan=str(plan), untuned_kernel=untuned.kernel, tuned_plan=label(plan),
-                       tuning_ms=tuning_ms)
+            # The tuner kept the fixed rules' plan: the same launches, timed once (two loops of one
+            # program differ by timing noise alone, up to 10 % on rows of 10-20 us).
+            same_launches = program(plan, problem) == program(untuned, problem)
+            row.update(kernel=plan.kernel, plan=str(plan), untuned_kernel=untuned.kernel,
+                       tuned_plan=label(plan) + (" (the fixed rules' plan)" if same_launches else ""),
+                       tuning_ms=tuning_ms, tuned_is_fixed=same_launches)
         sets = max(1, min(4, math.ceil(2 * L2_BYTES / bytes_moved(problem))))
         by_layout = {"nchw": self._inputs(shape, torch_dtype, sets)}
         by_layout["channels_last"] = [(x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last), b)
@@ -421,7 +426,7 @@ class _Runner:
             return run
 
         fns = {"cupyconv": timed_plan("cupyconv", plan)}
-        if untuned is not None:
+        if untuned is not None and not same_launches:
             fns["untuned"] = timed_plan("untuned", untuned)
         times = alternating_ms({**fns, **{name: timed_torch(name) for name in LAYOUTS}}, self.repeats)
         ours_t, ours_host_us = times["cupyconv"]
@@ -435,7 +440,8 @@ class _Runner:
         row.update(compute_fraction=row["tflops"] / compute_ceiling,
                    bandwidth_fraction=row["gbps"] / self.ceilings["bandwidth_gbps"])
         if untuned is not None:
-            row.update(untuned_ms=times["untuned"][0], autotune_speedup=times["untuned"][0] / ours_t)
+            untuned_ms = ours_t if same_launches else times["untuned"][0]
+            row.update(untuned_ms=untuned_ms, autotune_speedup=untuned_ms / ours_t)
         row["host_us"] = self._host_us(inputs[0], views[0], args, allow_tf32, stream,
                                        (problem.layout, problem.weight_layout))
         return row

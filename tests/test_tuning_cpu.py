@@ -267,6 +267,16 @@ def test_the_fixed_rules_win_ties_and_say_so():
     assert plan.tuning.startswith(f"picked the fixed rules' plan, {tuning.label(default)} (1.000 ms), over ")
 
 
+def test_a_kept_fixed_plan_launches_what_the_fixed_rules_do():
+    """What the benchmark's autotune rows rely on to time a kept fixed plan once: its program is the
+    fixed rules' program (only the reason and the tuning line differ), and any other winner's is not."""
+    kept = tuning.choose_plan(STRICT, False, H100, FakeTimer(lambda plan: 1.0))
+    default = planner.make_plan(STRICT, compute_capability=90)
+    assert kept != default and planner.program(kept, STRICT) == planner.program(default, STRICT)
+    others = [plan for _, plan in tuning.candidates(STRICT, False, 90, H100.sm_count)[1:]]
+    assert others and all(planner.program(plan, STRICT) != planner.program(default, STRICT) for plan in others)
+
+
 def test_the_cache_keys_on_device_version_problem_and_precision(monkeypatch):
     timer = FakeTimer(fastest(FMA_64))
     tuning.choose_plan(STRICT, False, H100, timer)
