@@ -18,23 +18,16 @@ phase_weight(const T* __restrict__ w, T* __restrict__ out, int C, int Kg, int Cg
              int s0, int ds, int stride_k, int stride_c, int stride_r, int stride_s, int out_khwc) {
     const long long e = static_cast<long long>(blockIdx.x) * 256 + threadIdx.x;
     if (e >= static_cast<long long>(C) * Kg * th * tw) return;
-    int kg, i, j;
+    // The output's last three axes, innermost first: (kg, j, i) for KHWC, (j, i, kg) for KCHW.
+    const int d0 = out_khwc ? Kg : tw, d1 = out_khwc ? tw : th, d2 = out_khwc ? th : Kg;
     long long rest = e;
-    if (out_khwc) {
-        kg = static_cast<int>(rest % Kg);
-        rest /= Kg;
-        j = static_cast<int>(rest % tw);
-        rest /= tw;
-        i = static_cast<int>(rest % th);
-        rest /= th;
-    } else {
-        j = static_cast<int>(rest % tw);
-        rest /= tw;
-        i = static_cast<int>(rest % th);
-        rest /= th;
-        kg = static_cast<int>(rest % Kg);
-        rest /= Kg;
-    }
+    const int i0 = static_cast<int>(rest % d0);
+    rest /= d0;
+    const int i1 = static_cast<int>(rest % d1);
+    rest /= d1;
+    const int i2 = static_cast<int>(rest % d2);
+    rest /= d2;
+    const int kg = out_khwc ? i0 : i2, j = out_khwc ? i1 : i0, i = out_khwc ? i2 : i1;
     const int channel = static_cast<int>(rest), g = channel / Cg, c = channel - g * Cg;
     out[e] = w[static_cast<long long>(g * Kg + kg) * stride_k + static_cast<long long>(c) * stride_c +
                static_cast<long long>(r0 + i * dr) * stride_r + static_cast<long long>(s0 + j * ds) * stride_s];

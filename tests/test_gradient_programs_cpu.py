@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from cases import GRID
-from test_programs import parameters, problem_of
+from test_programs import check_arguments, parameters, problem_of
 from cupyconv import conv_transpose, grad, planner, wgrad, wgrad_depthwise, wgrad_tensor_cores
 from cupyconv.arguments import make_problem
 from cupyconv.families.common import STORAGE_BYTES
@@ -37,14 +37,10 @@ def check_launches(call, reads: set, writes: set) -> None:
         assert launch.name_expression in (ONE_ARCH[launch.arch] if launch.arch else ANY_GPU), launch
         kinds = parameters(launch.kernel)
         assert len(launch.args) == len(kinds), (launch.kernel, launch.args)
-        for kind, arg in zip(kinds, launch.args):
-            if kind == "int":
-                assert type(arg) is int and -2**31 <= arg < 2**31, (launch.kernel, arg)
-            else:
-                assert isinstance(arg, Pointer), (launch.kernel, arg)
-                assert arg.operand in (writes if kind == "out" else reads), (launch.kernel, kind, arg)
-                if arg.operand == WORKSPACE:
-                    assert arg.offset % WORKSPACE_ALIGNMENT == 0 and arg.offset < call.workspace_bytes, arg
+        check_arguments(launch, kinds, reads, writes)
+        for arg in launch.args:
+            if isinstance(arg, Pointer) and arg.operand == WORKSPACE:
+                assert arg.offset % WORKSPACE_ALIGNMENT == 0 and arg.offset < call.workspace_bytes, arg
         assert 1 <= launch.grid[0] < 2**31 and max(launch.grid[1:]) <= 65535, launch
 
 

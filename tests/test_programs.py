@@ -120,6 +120,17 @@ def temporaries(plan, problem) -> list[int]:
     return []
 
 
+def check_arguments(launch, kinds, reads: set, writes: set) -> None:
+    """Each int argument fits 32 bits; each pointer points into an operand the launch may read (or,
+    for a parameter its kernel writes, write)."""
+    for kind, arg in zip(kinds, launch.args):
+        if kind == "int":
+            assert type(arg) is int and -2**31 <= arg < 2**31, (launch.kernel, arg)
+        else:
+            assert isinstance(arg, Pointer), (launch.kernel, arg)
+            assert arg.operand in (writes if kind == "out" else reads), (launch.kernel, kind, arg)
+
+
 def check_program(plan, problem):
     """Checks the program of ``plan`` (see the module docstring); returns it."""
     call = planner.program(plan, problem)
@@ -138,12 +149,7 @@ def check_program(plan, problem):
         writes = {PREPARED} if prepares else {OUT, WORKSPACE}
         reads = ({WEIGHT, PREPARED} if problem.weight_layout == "KHWC" else {WEIGHT}) if prepares else \
             {X, WEIGHT, PREPARED, BIAS, WORKSPACE, RESIDUAL}
-        for kind, arg in zip(kinds, launch.args):
-            if kind == "int":
-                assert type(arg) is int and -2**31 <= arg < 2**31, (launch.kernel, arg)
-            else:
-                assert isinstance(arg, Pointer), (launch.kernel, arg)
-                assert arg.operand in (writes if kind == "out" else reads), (launch.kernel, kind, arg)
+        check_arguments(launch, kinds, reads, writes)
         grid, block = launch.grid, launch.block
         assert len(grid) == len(block) == 3, launch
         assert 1 <= grid[0] < 2**31 and 1 <= grid[1] <= 65535 and 1 <= grid[2] <= 65535, launch

@@ -98,13 +98,19 @@ def main() -> None:
     for label, m in (("torch", model), ("cupyconv", cc.convert(copy.deepcopy(model)))):
         with torch.inference_mode(args.inference_mode):
             times, gaps = kernel_times(m, x, args.graph)
-        print(f"--- {label}: {sum(t[1] for t in times):.1f} us of kernels per forward, "
-              f"{sum(t[2] for t in times)} launches; {sum(t[1] for t in gaps):.1f} us idle between them")
-        for name, us, n in times[:args.rows]:
-            print(f"{us:9.1f} us  x{n:<4d} {name[:150]}")
-        print("  idle before:")
-        for name, us, n in gaps[:8]:
-            print(f"{us:9.1f} us  x{n:<4d} {name[:150]}")
+        show(f"--- {label}: {sum(t[1] for t in times):.1f} us of kernels per forward, "
+             f"{sum(t[2] for t in times)} launches; {sum(t[1] for t in gaps):.1f} us idle between them", times, gaps,
+             args.rows)
+
+
+def show(heading: str, times: list, gaps: list, rows: int) -> None:
+    """The heading, the ``rows`` largest kernels and the eight longest waits."""
+    print(heading)
+    for name, us, n in times[:rows]:
+        print(f"{us:9.1f} us  x{n:<4d} {name[:150]}")
+    print("  idle before:")
+    for name, us, n in gaps[:8]:
+        print(f"{us:9.1f} us  x{n:<4d} {name[:150]}")
 
 
 def train(args) -> None:
@@ -121,13 +127,9 @@ def train(args) -> None:
             with backward_kind(kind):
                 training_step(net, optimizer, x, target)
         times, gaps = kernel_times(net, x, False, step)
-        print(f"--- {label}: {wall_ms(step):.2f} ms per step (wall), {sum(t[1] for t in times) / 1e3:.2f} ms of kernels, "
-              f"{sum(t[2] for t in times)} launches; {sum(t[1] for t in gaps) / 1e3:.2f} ms idle between them")
-        for name, us, n in times[:args.rows]:
-            print(f"{us:9.1f} us  x{n:<4d} {name[:150]}")
-        print("  idle before:")
-        for name, us, n in gaps[:8]:
-            print(f"{us:9.1f} us  x{n:<4d} {name[:150]}")
+        show(f"--- {label}: {wall_ms(step):.2f} ms per step (wall), {sum(t[1] for t in times) / 1e3:.2f} ms of kernels, "
+             f"{sum(t[2] for t in times)} launches; {sum(t[1] for t in gaps) / 1e3:.2f} ms idle between them", times,
+             gaps, args.rows)
         if args.host and kind is not None:
             profile = cProfile.Profile()
             profile.runcall(lambda: [step() for _ in range(5)])
