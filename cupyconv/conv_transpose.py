@@ -18,8 +18,9 @@ temporary each. A phase no tap reaches holds the bias (or zeros).
 On CUDA the phases make one program (``program``), made once per problem and launched like a
 forward call: each phase's weight by kernels/phase_weight.cu into the workspace, its forward
 program reading it, and kernels/strided_copy.cu's copies and fills for windows of y, the phases'
-rows and columns of the output and the phases no tap reaches. Outputs of few channels (zero
-channels added) and arrays past 32-bit offsets go phase by phase on CuPy arrays (run_phases).
+rows and columns of the output and the phases no tap reaches; an ungrouped output of fewer channels
+than the GEMMs take is computed with zero channels added and cut on the way out. Arrays past 32-bit
+offsets go phase by phase on CuPy arrays (run_phases).
 
 The NumPy path runs the same phases on the NumPy convolution, so the CPU tests check the
 decomposition itself against torch.
@@ -154,26 +155,32 @@ def phases(tp: TransposeProblem) -> tuple[Phase, ...]:
     return tuple(result)
 
 
+def phase_weight_kernels() -> tuple[str, ...]:
+    """The kernels the program adds around the phases' forward programs."""
+    return PHASE_WEIGHT, STRIDED_COPY, STRIDED_FILL
+
+
 def phase_weight_specialisations() -> list[str]:
     """The phase weight's and the strided copies' instances (every dtype)."""
-    return [f"cupyconv::{kernel}<{ctype}>" for kernel in (PHASE_WEIGHT, STRIDED_COPY, STRIDED_FILL)
-            for ctype in CTYPES.values()]
+    return [f"cupyconv::{kernel}<{ctype}>" for kernel in phase_weight_kernels() for ctype in CTYPES.values()]
 
 
 def _phase_weight_launch(tp: TransposeProblem, phase: Phase, source: Pointer, target: Pointer,
-                         weight_layout: str = "KCHW") -> Launch:
-    """kernels/phase_weight.cu writing ``phase``'s weight, (C, K / groups, taps, taps) in ``weight_layout``,
-    at ``target`` from the weight at ``source`` (``tp.weight_layout``)."""
+                         weight_layout: str = "KCHW", channels: int | None = None) -> Launch:
+    """kernels/phase_weight.cu writing ``phase``'s weight, (channels, K / groups, taps, taps) in
+    ``weight_layout``, at ``target`` from the weight at ``source`` (``tp.weight_layout``); channels past
+    ``tp.c`` (an ungrouped output widened to ``channels``) are zeros."""
     kg, cg = tp.k // tp.groups, tp.c // tp.groups
+    channels = channels or tp.c
     strides = (tp.kh * tp.kw * cg, 1, tp.kw * cg, cg) if tp.weight_layout == "KHWC" else \
         (cg * tp.kh * tp.kw, tp.kh * tp.kw, tp.kw, 1)
     picks = []
     for taps in (phase.rows.taps, phase.cols.taps):
         picks += [taps[0], taps[1] - taps[0] if len(taps) > 1 else 0]
-    total = tp.c * kg * len(phase.rows.taps) * len(phase.cols.taps)
+    total = channels * kg * len(phase.rows.taps) * len(phase.cols.taps)
     return Launch(PHASE_WEIGHT, f"cupyconv::{PHASE_WEIGHT}<{CTYPES[tp.dtype]}>", (math.ceil(total / 256), 1, 1),
-                  (256, 1, 1), 0, (source, target, tp.c, kg, cg, len(phase.rows.taps), len(phase.cols.taps), *picks,
-                                   *strides, int(weight_layout == "KHWC")))
+                  (256, 1, 1), 0, (source, target, channels, tp.c, kg, channels // tp.groups, len(phase.rows.taps),
+                                   len(phase.cols.taps), *picks, *strides, int(weight_layout == "KHWC")))
 
 
 def _strides(layout: str, n: int, c: int, h: int, w: int) -> tuple[int, int, int, int]:
@@ -190,19 +197,30 @@ def _box(tp: TransposeProblem, kernel: str, sizes, strides, pointers: tuple, fla
                   (256, 1, 1), 0, (*pointers, *flags, *args))
 
 
-def program(plans: tuple, tp: TransposeProblem) -> CallProgram:
-    """The transposed convolution ``tp`` as one program, phase by phase (``plans``: phase_plan's plan
-    of each phase's forward problem, whose weight layout the phase weight is written in; None for a
-    phase no tap reaches). A phase with taps: the window
+@dataclasses.dataclass(frozen=True)
+class TransposePlan:
+    """How a transposed convolution runs as one program: the output channels its phases compute
+    (``channels``: the problem's, or more where an ungrouped output has fewer than the GEMMs take:
+    zeros, cut on the way out) and each phase's forward plan (phase_plan; None for a phase no tap
+    reaches), in phases()' order for that many channels."""
+
+    channels: int
+    phases: tuple
+
+
+def program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
+    """The transposed convolution ``tp`` as one program, phase by phase. A phase with taps: the window
     of y it reads cut into the workspace where it is not all of y (strided_copy), its weight
-    (phase_weight), its forward program reading them, into OUT where it is the only phase, else into
-    the workspace and then to its rows and columns of OUT (strided_copy). A phase without taps: its
-    positions filled with the bias or zeros (strided_fill). The forward programs' prepared weights and
-    temporaries are relocated into the workspace too."""
+    (phase_weight, in the layout its plan reads), its forward program reading them, into OUT where it
+    is the only phase and computes ``tp.c`` channels, else into the workspace and then to its rows,
+    columns and channels of OUT (strided_copy). A phase without taps: its positions filled with the
+    bias or zeros (strided_fill). A widened output reads a bias widened with zeros in the workspace.
+    The forward programs' prepared weights and temporaries are relocated into the workspace too."""
     from .planner import program as forward_program
 
     item = STORAGE_BYTES[tp.dtype]
-    every = phases(tp)
+    channels = plan.channels
+    every = phases(dataclasses.replace(tp, c=channels))
     y_strides = _strides(tp.layout, tp.n, tp.k, tp.hy, tp.wy)
     out_strides = _strides(tp.layout, tp.n, tp.c, tp.h, tp.w)
     launches, used = [], 0
@@ -212,7 +230,14 @@ def program(plans: tuple, tp: TransposeProblem) -> CallProgram:
         at, used = Pointer(WORKSPACE, used), used + align(nbytes)
         return at
 
-    for phase, plan in zip(every, plans):
+    bias = Pointer(BIAS)
+    if channels != tp.c and tp.has_bias:
+        bias = take(channels * item)
+        launches += [_box(tp, STRIDED_COPY, (1, tp.c, 1, 1), ((tp.c, 1, 1, 1), (channels, 1, 1, 1)),
+                          (Pointer(BIAS), bias)),
+                     _box(tp, STRIDED_FILL, (1, channels - tp.c, 1, 1), ((channels, 1, 1, 1),),
+                          (Pointer(BIAS), Pointer(WORKSPACE, bias.offset + tp.c * item)), (0, 1))]
+    for phase, phase_plan_ in zip(every, plan.phases):
         rows, cols = phase.rows, phase.cols
         target = Pointer(OUT, (rows.start * out_strides[2] + cols.start * out_strides[3]) * item)
         target_strides = (*out_strides[:2], out_strides[2] * tp.stride[0], out_strides[3] * tp.stride[1])
@@ -221,7 +246,7 @@ def program(plans: tuple, tp: TransposeProblem) -> CallProgram:
             launches.append(_box(tp, STRIDED_FILL, sizes, (target_strides,), (Pointer(BIAS), target),
                                  (int(tp.has_bias), 1 if tp.layout == "NCHW" else 3)))
             continue
-        p = dataclasses.replace(phase.problem, weight_layout=plan.weight_layout)
+        p = dataclasses.replace(phase.problem, weight_layout=phase_plan_.weight_layout)
         x = Pointer(X)
         if (rows.read_start, rows.read_stop, cols.read_start, cols.read_stop) != (0, tp.hy, 0, tp.wy):
             x = take(math.prod(p.x_shape) * item)
@@ -229,13 +254,13 @@ def program(plans: tuple, tp: TransposeProblem) -> CallProgram:
             launches.append(_box(tp, STRIDED_COPY, p.x_shape, (y_strides, _strides(tp.layout, *p.x_shape)),
                                  (window, x)))
         weight = take(math.prod(p.weight_shape) * item)
-        launches.append(_phase_weight_launch(tp, phase, Pointer(WEIGHT), weight, p.weight_layout))
-        forward = forward_program(plan, p)
-        moves = {X: x, WEIGHT: weight}
+        launches.append(_phase_weight_launch(tp, phase, Pointer(WEIGHT), weight, p.weight_layout, channels))
+        forward = forward_program(phase_plan_, p)
+        moves = {X: x, WEIGHT: weight, BIAS: bias}
         if forward.weight:
             moves[PREPARED] = take(forward.weight.nbytes)
             launches += relocated(forward.weight.launches, moves)
-        alone = len(every) == 1
+        alone = len(every) == 1 and channels == tp.c
         out = Pointer(OUT) if alone else take(math.prod(p.out_shape) * item)
         moves.update({OUT: out, WORKSPACE: take(forward.workspace_bytes)})
         launches += relocated(forward.launches, moves)
@@ -246,18 +271,21 @@ def program(plans: tuple, tp: TransposeProblem) -> CallProgram:
 
 
 def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int, min_channels: int = 0):
-    """``program`` ready to launch on device ``device_id`` (each phase on the planner's fixed rules), or
-    None where run_phases must run ``tp`` on CuPy arrays: an empty batch, an ungrouped output of fewer
-    than ``min_channels`` channels (run_phases adds zero channels), or arrays past 32-bit offsets."""
+    """``program`` ready to launch on device ``device_id`` (each phase on the planner's fixed rules; an
+    ungrouped output of fewer than ``min_channels`` channels widened to that many), or None where
+    run_phases must run ``tp`` on CuPy arrays: an empty batch or arrays past 32-bit offsets."""
     from .compiler import compute_capability
     from .executor import program_executable
 
-    elements = max(tp.n * tp.k * tp.hy * tp.wy, tp.n * tp.c * tp.h * tp.w, tp.k * tp.c // tp.groups * tp.kh * tp.kw)
-    if tp.n == 0 or (tp.groups == 1 and tp.c < min_channels) or elements >= 2**31:
+    channels = max(tp.c, min_channels) if tp.groups == 1 else tp.c
+    elements = max(tp.n * tp.k * tp.hy * tp.wy, tp.n * channels * tp.h * tp.w,
+                   tp.k * channels // tp.groups * tp.kh * tp.kw)
+    if tp.n == 0 or elements >= 2**31:
         return None
     cc = compute_capability(device_id)
-    plans = tuple(None if phase.problem is None else phase_plan(phase.problem, allow_tf32, cc) for phase in phases(tp))
-    return program_executable(program, plans, tp, device_id)
+    plans = tuple(None if phase.problem is None else phase_plan(phase.problem, allow_tf32, cc)
+                  for phase in phases(dataclasses.replace(tp, c=channels)))
+    return program_executable(program, TransposePlan(channels, plans), tp, device_id)
 
 
 def phase_plan(problem: ConvProblem, allow_tf32: bool, compute_capability: int):

@@ -29,9 +29,9 @@ gradient as a transposed convolution, the weight gradient as a deterministic imp
 the same run after run) on torch's current stream. Each is a program made once per problem
 (grad.input_gradient_executable, weight_gradient_executable) and launched as a forward call is,
 with the tensors' addresses and torch's allocator, so a backward can be captured in a CUDA graph
-too. (Input gradients of outputs with fewer than 8 channels, and arrays past 32-bit offsets, go
-through cupyconv.grad on CuPy arrays that share the tensors' memory by DLPack, CuPy allocating from
-torch's caching allocator.) The bias gradient is a sum. ``set_backward("torch")`` (or the environment variable
+too. (Input gradients of arrays past 32-bit offsets go through cupyconv.grad on CuPy arrays that
+share the tensors' memory by DLPack, CuPy allocating from torch's caching allocator.) The bias
+gradient is a sum. ``set_backward("torch")`` (or the environment variable
 ``CUPYCONV_TORCH_BACKWARD=torch`` at import) computes the gradients with torch's functions instead.
 A backward that records a graph (``create_graph=True``, for second derivatives) always uses torch's
 differentiable functions, as do the custom op's formula under torch.compile and CPU tensors.

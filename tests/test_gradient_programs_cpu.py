@@ -88,16 +88,24 @@ def input_gradient_problem(case, dtype, layout="NCHW", weight_layout="KCHW"):
 
 def replay_phase_weight(args, weight: np.ndarray) -> np.ndarray:
     """phase_weight's output, (C, Kg, th, tw) KCHW, from its launch arguments (after the two pointers),
-    read back from KHWC memory where the launch writes that."""
-    c_all, kg, cg, th, tw, r0, dr, s0, ds, *strides, out_khwc = args
+    read back from KHWC memory where the launch writes that; zeros from channel c_read on."""
+    c_all, c_read, kg, cg, th, tw, r0, dr, s0, ds, *strides, out_khwc = args
     channel, k, i, j = np.meshgrid(np.arange(c_all), np.arange(kg), np.arange(th), np.arange(tw), indexing="ij")
     if out_khwc:  # the kernel's element e of (C, th, tw, Kg) memory, viewed as (C, Kg, th, tw)
         channel, i, j, k = np.meshgrid(np.arange(c_all), np.arange(th), np.arange(tw), np.arange(kg), indexing="ij")
     g = channel // cg
+    read = channel < c_read
     source = ((g * kg + k) * strides[0] + (channel - g * cg) * strides[1] + (r0 + i * dr) * strides[2]
               + (s0 + j * ds) * strides[3])
-    written = weight.ravel()[source]
+    written = np.where(read, weight.ravel()[np.where(read, source, 0)], 0.0)
     return written.transpose(0, 3, 1, 2) if out_khwc else written
+
+
+def transpose_plan(tp, tf32: bool, cc: int, channels: int):
+    wide = dataclasses.replace(tp, c=channels)
+    return conv_transpose.TransposePlan(channels, tuple(
+        None if ph.problem is None else conv_transpose.phase_plan(ph.problem, tf32, cc)
+        for ph in conv_transpose.phases(wide)))
 
 
 def box_offsets(launch) -> np.ndarray:
@@ -111,14 +119,19 @@ def box_offsets(launch) -> np.ndarray:
 
 @pytest.mark.parametrize("layout,weight_layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", [c for c in GRID if c.n], ids=lambda c: c.id)
-def test_input_gradient_program(case, dtype, layout, weight_layout):
+@pytest.mark.parametrize("case,widen", [(c, widen) for c in GRID if c.n for widen in (False, True)
+                                        if c.groups == 1 or not widen],
+                         ids=lambda v: v.id if hasattr(v, "id") else ("widened" if v else "channels"))
+def test_input_gradient_program(case, widen, dtype, layout, weight_layout):
+    """``widen``: an ungrouped output computed with 8 channels more than it has (zeros, cut on the way
+    out), as transposed_executable does for outputs of fewer channels than the GEMMs take."""
     tp = input_gradient_problem(case, dtype, layout, weight_layout)
-    every = conv_transpose.phases(tp)
+    channels = tp.c + 8 if widen else tp.c
     item = STORAGE_BYTES[dtype]
     for tf32, cc in itertools.product((False, True), (0, 90)):
-        plans = tuple(None if ph.problem is None else conv_transpose.phase_plan(ph.problem, tf32, cc) for ph in every)
-        call = conv_transpose.program(plans, tp)
+        plan = transpose_plan(tp, tf32, cc, channels)
+        every = conv_transpose.phases(dataclasses.replace(tp, c=channels))
+        call = conv_transpose.program(plan, tp)
         check_launches(call, {X, WEIGHT, BIAS, WORKSPACE, RESIDUAL}, {OUT, WORKSPACE})
         assert call.weight is None
         # The caller's weight is read by the phase weights alone; the forwards read those, or their own
@@ -127,13 +140,17 @@ def test_input_gradient_program(case, dtype, layout, weight_layout):
         assert all(arg.operand not in (WEIGHT, PREPARED) for launch in call.launches for arg in launch.args
                    if isinstance(arg, Pointer) and launch.kernel != conv_transpose.PHASE_WEIGHT)
         assert kernels.count(conv_transpose.PHASE_WEIGHT) == sum(ph.problem is not None for ph in every)
+        # A widened output's forwards read a widened bias from the workspace, never the caller's.
+        if widen and tp.has_bias:
+            assert all(arg.operand != BIAS for launch in call.launches for arg in launch.args
+                       if isinstance(arg, Pointer) and launch.kernel not in conv_transpose.phase_weight_kernels())
         # A family that reads NHWC problems' weights channels-last gets its phase weight written so.
-        for plan in plans:
-            if plan is not None and layout == "NHWC":
-                native = "KHWC" in getattr(planner.FAMILIES[plan.kernel], "WEIGHT_LAYOUTS", ())
-                assert plan.weight_layout == ("KHWC" if native else "KCHW"), plan
+        for phase_plan in plan.phases:
+            if phase_plan is not None and layout == "NHWC":
+                native = "KHWC" in getattr(planner.FAMILIES[phase_plan.kernel], "WEIGHT_LAYOUTS", ())
+                assert phase_plan.weight_layout == ("KHWC" if native else "KCHW"), phase_plan
         # Fills and copies into OUT write every output element once (a lone phase's forward writes it all).
-        if len(every) > 1:
+        if len(every) > 1 or widen:
             boxes = (conv_transpose.STRIDED_COPY, conv_transpose.STRIDED_FILL)
             written = np.concatenate([launch.args[1].offset // item + box_offsets(launch) for launch in call.launches
                                       if launch.kernel in boxes and launch.args[1].operand == OUT])
@@ -142,6 +159,7 @@ def test_input_gradient_program(case, dtype, layout, weight_layout):
     weight = np.random.default_rng(1).standard_normal(shape)
     stored = weight.transpose(0, 2, 3, 1).copy() if weight_layout == "KHWC" else weight
     swapped = conv_transpose.swapped_weight(stored, tp)
+    swapped = np.concatenate([swapped, np.zeros((channels - tp.c, *swapped.shape[1:]))])
     launches = [launch for launch in call.launches if launch.kernel == conv_transpose.PHASE_WEIGHT]
     for phase, launch in zip([ph for ph in every if ph.problem is not None], launches):
         expected = swapped[:, :, phase.rows.tap_slice, phase.cols.tap_slice]
@@ -155,8 +173,7 @@ def test_window_copies_read_inside_y():
         tp = conv_transpose.input_gradient_problem(dataclasses.replace(problem, layout=layout))
         (phase,) = conv_transpose.phases(tp)
         assert (phase.rows.read_start, phase.cols.read_start) == (2, 2)
-        plan = planner.make_plan(phase.problem)
-        copy = conv_transpose.program((plan,), tp).launches[0]
+        copy = conv_transpose.program(transpose_plan(tp, False, 0, tp.c), tp).launches[0]
         assert copy.kernel == conv_transpose.STRIDED_COPY and copy.args[0].operand == X
         read = copy.args[0].offset // 4 + box_offsets(dataclasses.replace(copy, args=copy.args[:10]))
         assert read.min() >= 0 and read.max() < math.prod(tp.out_array_shape[:1]) * tp.k * tp.hy * tp.wy
