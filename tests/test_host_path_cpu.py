@@ -1,5 +1,6 @@
-"""The host path without a GPU: the operand order the executor packs, the output-size check of the
-NumPy path, what prepare_weight accepts, and the torch module's weight cache across copies."""
+"""The host path without a GPU: the operand order the executor packs, the workspaces it keeps per
+stream, the output-size check of the NumPy path, what prepare_weight accepts, and the torch module's
+weight cache across copies."""
 import copy
 
 import numpy as np
@@ -15,6 +16,45 @@ def test_executor_addresses_follow_program_operand_order():
                      program.WORKSPACE: 6, program.RESIDUAL: 7, program.GRAD_OUTPUT: 8}
     assert executor.addresses(1, 2, 3, 0, 5, 6)[program.OPERANDS.index(program.BIAS)] == 2  # no bias: the weight
     assert executor.addresses(1, 2, 3, 4, 5, 6)[program.OPERANDS.index(program.RESIDUAL)] == 5  # none: the output
+
+
+class FakeProgram:
+    """An Executable's face to Workspaces: its workspace need, and the operands each run was given."""
+
+    def __init__(self, workspace_bytes: int, device_id: int = 0):
+        self.workspace_bytes, self.device_id, self.runs = workspace_bytes, device_id, []
+
+    def run(self, operands, stream):
+        self.runs.append((operands, stream))
+
+
+def test_workspaces_are_kept_per_stream_grown_and_fresh_inside_a_capture():
+    made = []
+
+    def allocate(nbytes):
+        made.append(nbytes)
+        return object(), 1000 * len(made)
+
+    kept = executor.Workspaces(allocate)
+    small, large, none = FakeProgram(256), FakeProgram(1024), FakeProgram(0)
+    named = lambda runs, i: dict(zip(program.OPERANDS, runs[i][0]))
+    kept.run(small, 7, False, x=1, grad_output=2, out=3)
+    kept.run(small, 7, False, x=1, grad_output=2, out=3)
+    assert made == [256] and named(small.runs, 0)[program.WORKSPACE] == named(small.runs, 1)[program.WORKSPACE] == 1000
+    assert named(small.runs, 0)[program.GRAD_OUTPUT] == 2 and small.runs[0][1] == 7
+    kept.run(large, 7, False, x=1)  # grows: a new, larger workspace for the stream
+    kept.run(small, 8, False, x=1)  # another stream: its own
+    assert made == [256, 1024, 256]
+    kept.run(small, 7, False, x=1)  # the grown one serves the smaller need
+    assert named(small.runs, -1)[program.WORKSPACE] == 2000 and made == [256, 1024, 256]
+    kept.run(small, 7, True, x=1)  # inside a capture: a workspace of its own, not kept
+    kept.run(small, 7, True, x=1)
+    assert made == [256, 1024, 256, 256, 256]
+    kept.run(none, 7, False, x=1)
+    assert named(none.runs, 0)[program.WORKSPACE] == 0 and len(made) == 5
+    kept.clear()
+    kept.run(small, 7, False, x=1)
+    assert made[-1] == 256 and len(made) == 6
 
 
 def test_huge_numpy_output_raises_before_allocating():
