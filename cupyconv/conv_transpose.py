@@ -270,10 +270,12 @@ def program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
     return CallProgram(tuple(launches), used)
 
 
+@functools.lru_cache(maxsize=1024)
 def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int, min_channels: int = 0):
     """``program`` ready to launch on device ``device_id`` (each phase on the planner's fixed rules; an
     ungrouped output of fewer than ``min_channels`` channels widened to that many), or None where
-    run_phases must run ``tp`` on CuPy arrays: an empty batch or arrays past 32-bit offsets."""
+    run_phases must run ``tp`` on CuPy arrays: an empty batch or arrays past 32-bit offsets. Made once
+    per problem: the torch adapter's ConvTranspose2d asks on every call."""
     from .compiler import compute_capability
     from .executor import program_executable
 
