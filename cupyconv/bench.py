@@ -9,6 +9,9 @@ in L2. The events time GPU work only (a spin kernel keeps the GPU busy while the
 run). The host's cost per call is measured apart, in loops of back-to-back calls behind a longer spin,
 for cupyconv.conv2d on CuPy arrays, cupyconv.torch.conv2d and torch's F.conv2d: it says where a
 layer is host-bound when called eagerly.
+``--suite large`` holds layers near the hardware's limits (1x1 and depthwise layers on large planes,
+big 3x3/5x5/7x7 layers); every row reports its roofline efficiency: the time at its binding limit
+(the mode's FMA or matrix rate, or the copy bandwidth, both measured at start) over the time measured.
 ``--suite models`` times whole torchvision models instead (cupyconv/bench_models.py); ``--pass dgrad``
 and ``--pass wgrad`` the gradients of the layers, and ``--suite transposed`` transposed convolutions
 (cupyconv/bench_grad.py).
@@ -111,7 +114,22 @@ LAYERS = (
     Shape("mbv2_pw_1x1_96to576", 32, 96, 576, 14, 14, 1, 1),
     Shape("dilated_3x3_d2", 32, 256, 256, 28, 28, 3, 3, padding=2, dilation=2),
 )
-SUITES = {"seeds": SEEDS, "layers": LAYERS, "all": SEEDS + LAYERS}
+# Issue 15's layers near the hardware's limits. Memory-bound: 1x1 and depthwise layers on large planes,
+# each moving 64 MB or more in 16-bit. Compute-bound: 3x3/5x5/7x7 layers with 64-512 channels and
+# over 100 GFLOP, where the matrix rate binds.
+LARGE = (
+    Shape("large_1x1_64to64_256sq", 16, 64, 64, 256, 256, 1, 1),
+    Shape("large_1x1_32to128_512sq", 4, 32, 128, 512, 512, 1, 1),
+    Shape("large_1x1_256to64_128sq", 16, 256, 64, 128, 128, 1, 1),
+    Shape("large_dw_3x3_64_256sq", 16, 64, 64, 256, 256, 3, 3, padding=1, groups=64),
+    Shape("large_dw_3x3_32_512sq", 4, 32, 32, 512, 512, 3, 3, padding=1, groups=32),
+    Shape("large_dw_5x5_96s2_512sq", 4, 96, 96, 512, 512, 5, 5, stride=2, padding=2, groups=96),
+    Shape("large_3x3_256_56sq", 32, 256, 256, 56, 56, 3, 3, padding=1),
+    Shape("large_3x3_512_28sq", 64, 512, 512, 28, 28, 3, 3, padding=1),
+    Shape("large_5x5_128_112sq", 16, 128, 128, 112, 112, 5, 5, padding=2),
+    Shape("large_7x7_64_224sq", 8, 64, 64, 224, 224, 7, 7, padding=3),
+)
+SUITES = {"seeds": SEEDS, "layers": LAYERS, "all": SEEDS + LAYERS, "large": LARGE}
 
 
 def _warm_up(fns: dict, warmup: int) -> None:
@@ -220,6 +238,14 @@ def bytes_moved(problem: ConvProblem) -> int:
     elements = (math.prod(problem.x_shape) + math.prod(problem.weight_shape) + math.prod(problem.out_shape)
                 + (problem.k if problem.has_bias else 0))
     return elements * item
+
+
+def roofline(problem: ConvProblem, mode: str, ms: float, ceilings: dict) -> tuple[str, float]:
+    """The binding limit of ``problem`` ("compute": the mode's FMA or matrix rate, "memory": the copy
+    bandwidth) and the roofline efficiency of a run of ``ms``: the time at that limit over ``ms``."""
+    compute_ms = problem.flops / ceilings[mode] / 1e9
+    memory_ms = bytes_moved(problem) / ceilings["bandwidth_gbps"] / 1e6
+    return ("compute", compute_ms / ms) if compute_ms >= memory_ms else ("memory", memory_ms / ms)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -437,8 +463,9 @@ class _Runner:
                    speedup=torch_t / ours_t, torch_host_us=torch_host_us, cupyconv_host_us=ours_host_us,
                    input_sets=sets, tflops=problem.flops / ours_t / 1e9, gbps=bytes_moved(problem) / ours_t / 1e6,
                    **{f"torch_{name}_ms": times[name][0] for name in LAYOUTS})
+        bound, efficiency = roofline(problem, mode, ours_t, self.ceilings)
         row.update(compute_fraction=row["tflops"] / compute_ceiling,
-                   bandwidth_fraction=row["gbps"] / self.ceilings["bandwidth_gbps"])
+                   bandwidth_fraction=row["gbps"] / self.ceilings["bandwidth_gbps"], bound=bound, roofline=efficiency)
         if untuned is not None:
             untuned_ms = ours_t if same_launches else times["untuned"][0]
             row.update(untuned_ms=untuned_ms, autotune_speedup=untuned_ms / ours_t)
@@ -532,11 +559,11 @@ def table_rows(results: dict) -> list[list[str]]:
     autotune = results["meta"].get("autotune", False)
     rows = [["shape", "mode", "layout", "kernel", "torch NCHW ms", "torch CL ms", "cupyconv ms",
              "speed-up (torch's faster)", "torch host µs", "cupyconv host µs", "cupyconv.torch host µs", "TFLOP/s",
-             "% of ceiling", "GB/s", "% of bandwidth"] + (list(AUTOTUNE_COLUMNS) if autotune else [])]
+             "% of ceiling", "GB/s", "% of bandwidth", "% of roofline"] + (list(AUTOTUNE_COLUMNS) if autotune else [])]
     for r in results["rows"]:
         layout = "CL" if r.get("layout") == "channels_last" else "NCHW"
         if r["status"] != "ok":
-            rows.append([r["shape"], r["mode"], layout, r.get("kernel", ""), "", "", "", r["status"]] + [""] * 7
+            rows.append([r["shape"], r["mode"], layout, r.get("kernel", ""), "", "", "", r["status"]] + [""] * 8
                         + [""] * (len(AUTOTUNE_COLUMNS) if autotune else 0))
             continue
         host = r["host_us"]
@@ -544,7 +571,8 @@ def table_rows(results: dict) -> list[list[str]]:
         rows.append([r["shape"], r["mode"], layout, r["kernel"], *torch_ms, f"{r['cupyconv_ms']:.3f}",
                      f"{r['speedup']:.2f}x", *(_us(host[name]) for name in HOST_APIS),
                      f"{r['tflops']:.1f}", f"{100 * r['compute_fraction']:.0f}%",
-                     f"{r['gbps']:.0f}", f"{100 * r['bandwidth_fraction']:.0f}%"]
+                     f"{r['gbps']:.0f}", f"{100 * r['bandwidth_fraction']:.0f}%",
+                     f"{100 * r['roofline']:.0f}% ({r['bound']})" if "roofline" in r else ""]
                     + ([f"{r['untuned_ms']:.3f}", f"{r['tuning_ms']:.0f}", r["tuned_plan"]] if autotune else []))
     return rows
 
@@ -586,7 +614,8 @@ def _row_line(row: dict) -> str:
              if "tuning_ms" in row else "")
     return (f"{row['shape']:24s} {row['mode']:5s} {row.get('layout', 'nchw'):13s} torch "
             f"{row['torch_ms']:8.3f} ms ({row.get('torch_layout', 'nchw')})  cupyconv {row['cupyconv_ms']:8.3f} ms"
-            f"  {row['speedup']:5.2f}x  {row['tflops']:6.1f} TFLOP/s  host us {host}  {row['kernel']}{tuned}")
+            f"  {row['speedup']:5.2f}x  {row['tflops']:6.1f} TFLOP/s  {100 * row['roofline']:3.0f}% of roofline"
+            f" ({row['bound']})  host us {host}  {row['kernel']}{tuned}")
 
 
 def _gpu_missing() -> str | None:

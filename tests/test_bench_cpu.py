@@ -37,7 +37,7 @@ RESULTS = {"meta": {"gpu": "H100", "torch": "2", "cudnn": 9, "cupy": "14", "layo
            "rows": [{"shape": "s", "mode": "fp32", "kernel": "direct_conv2d", "status": "ok", "torch_ms": 2.0,
                      "torch_nchw_ms": 2.0, "torch_channels_last_ms": 3.0, "layout": "nchw",
                      "cupyconv_ms": 1.0, "speedup": 2.0, "tflops": 10.0, "compute_fraction": 0.2,
-                     "gbps": 100.0, "bandwidth_fraction": 0.03,
+                     "gbps": 100.0, "bandwidth_fraction": 0.03, "bound": "compute", "roofline": 0.2,
                      "host_us": {"torch": 19.7, "cupyconv": 159.2, "cupyconv_torch": 289.0}},
                     {"shape": "u", "mode": "bf16", "kernel": "implicit_gemm_nhwc", "status": "ok", "torch_ms": 1.0,
                      "cupyconv_ms": 1.0, "speedup": 1.0, "tflops": 10.0, "compute_fraction": 0.2,
@@ -54,6 +54,30 @@ def test_markdown_names_the_commit_and_marks_wrong_rows():
     table = [line for line in text.splitlines() if line.startswith("|")]
     assert len({line.count("|") for line in table}) == 1, "every markdown row has as many cells as the header"
     assert len(table) == 2 + len(RESULTS["rows"])
+    assert "| 10.0 | 20% | 100 | 3% | 20% (compute) |" in text
+    assert "| 10.0 | 20% | 100 | 3% |  |" in text  # a row from before the roofline column
+
+
+def test_roofline_binds_at_the_slower_limit():
+    ceilings = {"fp16": 500.0, "fp32": 50.0, "bandwidth_gbps": 3000.0}  # TFLOP/s and GB/s
+    pointwise = bench.LARGE[0].problem("float16")  # 1x1, 64 -> 64: 128 FLOP per 256 bytes moved
+    memory_ms = bench.bytes_moved(pointwise) / 3000.0 / 1e6
+    assert bench.roofline(pointwise, "fp16", 2 * memory_ms, ceilings) == ("memory", pytest.approx(0.5))
+    big = bench.LARGE[7].problem("float16")  # 3x3, 512 -> 512
+    compute_ms = big.flops / 500.0 / 1e9
+    assert bench.roofline(big, "fp16", compute_ms / 0.6, ceilings) == ("compute", pytest.approx(0.6))
+
+
+def test_large_suite_is_what_issue_15_asks_for():
+    large = bench.SUITES["large"]
+    for shape in large:
+        shape.problem("float16")
+    memory = [s for s in large if s.kh == s.kw == 1 or s.groups == s.c > 1]
+    assert all(bench.bytes_moved(s.problem("float16")) >= 64e6 for s in memory)
+    assert any(s.groups > 1 for s in memory) and any(s.kh == 1 for s in memory)
+    compute = [s.problem("float16") for s in large if s not in memory]
+    assert {p.kh for p in compute} == {3, 5, 7}
+    assert all(p.flops >= 10e9 and 64 <= p.c <= 512 for p in compute)
 
 
 def test_autotune_columns_report_the_untuned_time_the_tuning_cost_and_the_plan(capsys):
