@@ -1,14 +1,23 @@
 // Depthwise 2-D convolution on NHWC arrays (one channel per group, no multiplier: K == C == groups).
 //
-// Channels are innermost in NHWC, so a thread computes VEC consecutive channels of one output pixel
-// with VEC-wide loads and stores (16 bytes where C allows): consecutive threads take consecutive
-// channel vectors of a pixel, and a warp reads and writes whole contiguous runs of memory. For each
-// tap the thread reads one input vector (zeros where the tap falls in the padding) and one weight
-// vector; the weight comes prepared as [kh kw][C] (families/depthwise_nhwc.py), so it is a vector
-// too. Neighbouring pixels read overlapping input, which L1 and L2 catch; there is no shared memory
-// and no barrier. x and y must be aligned to a vector (the fronts copy operands that are not). Sums in the accumulator type (float, or double for double), rounded once.
+// Channels are innermost in NHWC, so a thread computes VEC consecutive channels with VEC-wide loads
+// and stores (16 bytes where C allows): consecutive threads take consecutive channel vectors, and a
+// warp reads and writes whole contiguous runs of memory. The weight comes prepared as [kh kw][C]
+// (families/depthwise_nhwc.py), so it is read in vectors too. No shared memory, no barrier: what
+// threads share, L1 and L2 catch. x and y must be aligned to a vector (the fronts copy operands that
+// are not). Sums in the accumulator type (float, or double for double), rounded once.
+//
+// Two ways, by template:
+// - KW == 0 (any kernel, stride, dilation): a thread per output pixel. Each tap is a load of x and
+//   one of w, and a 16-bit element is widened once per tap: 2 loads and 2 conversions per tap and
+//   output vector, which bind before HBM does.
+// - KW > 0 (a kernel KW wide, column stride SW, no column dilation): a thread per run of PIX output
+//   pixels along a row. Per kernel row, the thread widens the row's KW weight vectors once and then
+//   walks the (PIX-1)*SW + KW input columns the run covers, loading and widening each once and
+//   adding it to every pixel whose window holds it: for 3x3, stride 1 and 4 pixels, 6 + 3 loads per
+//   row instead of 24.
 // Arguments as every convolution kernel's (families/common.py conv_launch; K and groups are C).
-// 1-D grid over N Ho Wo C / VEC threads, 256 per block.
+// 1-D grid over N Ho ceil(Wo / PIX) C / VEC threads, 256 per block.
 #include "dtypes.cuh"
 #include "epilogue.cuh"
 
@@ -16,55 +25,104 @@ namespace cupyconv {
 
 template <typename T, int VEC> struct alignas(sizeof(T) * VEC) vec_t { T v[VEC]; };
 
-template <typename T, typename Index, int VEC>
-__global__ void __launch_bounds__(256)
+// No __launch_bounds__: with one, ptxas spills a few bytes in some instances (as in depthwise_conv2d.cu).
+template <typename T, typename Index, int VEC, int KW, int SW, int PIX>
+__global__ void
 depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
                int has_bias, const T* __restrict__ residual, int has_residual, int activation,
                int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                int sh, int sw, int pt, int pl, int dh, int dw, int groups) {
+    static_assert(KW > 0 || PIX == 1, "the per-pixel way computes one pixel per thread");
     using Acc = typename accumulator<T>::type;
     using Vec = vec_t<T, VEC>;
     const int vectors = C / VEC;
+    const int runs = (Wo + PIX - 1) / PIX;  // runs of PIX output pixels per row
     const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
-    const Index pixels = static_cast<Index>(N) * Ho * Wo;
-    if (i >= pixels * vectors) return;
-    const Index pixel = i / vectors;
-    const int c0 = static_cast<int>(i - pixel * vectors) * VEC;
-    const int ow = static_cast<int>(pixel % Wo);
-    const Index nh = pixel / Wo;
+    if (i >= static_cast<Index>(N) * Ho * runs * vectors) return;
+    const Index run = i / vectors;
+    const int c0 = static_cast<int>(i - run * vectors) * VEC;
+    const int ow0 = static_cast<int>(run % runs) * PIX;
+    const Index nh = run / runs;
     const int oh = static_cast<int>(nh % Ho);
     const Index n = nh / Ho;
-    const int ih0 = oh * sh - pt, iw0 = ow * sw - pl;
-
-    Acc acc[VEC];
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) acc[j] = Acc(0);
+    const int ih0 = oh * sh - pt;
     const T* x_image = x + n * H * W * C + c0;
-#pragma unroll 1
-    for (int r = 0; r < kh; ++r) {
-        const int ih = ih0 + r * dh;
-        if (static_cast<unsigned>(ih) >= static_cast<unsigned>(H)) continue;
-#pragma unroll 4
-        for (int s = 0; s < kw; ++s) {
-            const int iw = iw0 + s * dw;
-            if (static_cast<unsigned>(iw) >= static_cast<unsigned>(W)) continue;
-            const Vec xv = *reinterpret_cast<const Vec*>(x_image + (static_cast<Index>(ih) * W + iw) * C);
-            const Vec wv = *reinterpret_cast<const Vec*>(w + (r * kw + s) * C + c0);
+
+    Acc acc[PIX][VEC];
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) acc[j] += to_acc<Acc>(xv.v[j]) * to_acc<Acc>(wv.v[j]);
+    for (int p = 0; p < PIX; ++p)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[p][j] = Acc(0);
+    if constexpr (KW == 0) {
+        const int iw0 = ow0 * sw - pl;
+#pragma unroll 1
+        for (int r = 0; r < kh; ++r) {
+            const int ih = ih0 + r * dh;
+            if (static_cast<unsigned>(ih) >= static_cast<unsigned>(H)) continue;
+#pragma unroll 4
+            for (int s = 0; s < kw; ++s) {
+                const int iw = iw0 + s * dw;
+                if (static_cast<unsigned>(iw) >= static_cast<unsigned>(W)) continue;
+                const Vec xv = *reinterpret_cast<const Vec*>(x_image + (static_cast<Index>(ih) * W + iw) * C);
+                const Vec wv = *reinterpret_cast<const Vec*>(w + (r * kw + s) * C + c0);
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) acc[0][j] += to_acc<Acc>(xv.v[j]) * to_acc<Acc>(wv.v[j]);
+            }
+        }
+    } else {
+        const int iw0 = ow0 * SW - pl;
+#pragma unroll 1
+        for (int r = 0; r < kh; ++r) {
+            const int ih = ih0 + r * dh;
+            if (static_cast<unsigned>(ih) >= static_cast<unsigned>(H)) continue;
+            Acc wr[KW][VEC];  // the row's weights, widened once for the run's PIX pixels
+#pragma unroll
+            for (int s = 0; s < KW; ++s) {
+                const Vec wv = *reinterpret_cast<const Vec*>(w + (r * KW + s) * C + c0);
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) wr[s][j] = to_acc<Acc>(wv.v[j]);
+            }
+            const T* x_row = x_image + static_cast<Index>(ih) * W * C;
+#pragma unroll
+            for (int col = 0; col < (PIX - 1) * SW + KW; ++col) {
+                const int iw = iw0 + col;
+                if (static_cast<unsigned>(iw) >= static_cast<unsigned>(W)) continue;
+                const Vec xv = *reinterpret_cast<const Vec*>(x_row + static_cast<Index>(iw) * C);
+                Acc xf[VEC];
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) xf[j] = to_acc<Acc>(xv.v[j]);
+#pragma unroll
+                for (int p = 0; p < PIX; ++p) {
+                    const int s = col - p * SW;  // the tap of pixel p this column is (compile-time)
+                    if (s >= 0 && s < KW) {
+#pragma unroll
+                        for (int j = 0; j < VEC; ++j) acc[p][j] += xf[j] * wr[s][j];
+                    }
+                }
+            }
         }
     }
-    Vec out;
     if (has_bias) {  // element by element: the caller's bias need not be aligned to a vector
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) acc[j] += to_acc<Acc>(bias[c0 + j]);
+        for (int j = 0; j < VEC; ++j) {
+            const Acc b = to_acc<Acc>(bias[c0 + j]);
+#pragma unroll
+            for (int p = 0; p < PIX; ++p) acc[p][j] += b;
+        }
     }
-    const Index o = pixel * C + c0;
+    const Index o0 = ((n * Ho + oh) * Wo + ow0) * C + c0;
+    const int pixels = Wo - ow0;  // of the run's PIX, those inside the row
     with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) out.v[j] = finish(acc[j], o + j);
+        for (int p = 0; p < PIX; ++p) {
+            if (p >= pixels) continue;
+            Vec out;
+            const Index o = o0 + static_cast<Index>(p) * C;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) out.v[j] = finish(acc[p][j], o + j);
+            *reinterpret_cast<Vec*>(y + o) = out;
+        }
     });
-    *reinterpret_cast<Vec*>(y + o) = out;
 }
 
 }  // namespace cupyconv

@@ -179,3 +179,34 @@ def test_every_ring_depth_is_planned():
     three = make_problem((64, 3, 224, 224), (3, 1, 3, 3), None, "float32", 1, 1, 1, 3)
     assert {make_plan(p).patch_buffers for p in [*problems(), three] if make_plan(p).kernel == DEPTHWISE_KERNEL} == \
         set(range(1, DEPTHWISE_MAX_BUFFERS + 1))
+
+
+def test_nhwc_rows_where_compiled_else_per_pixel():
+    """NHWC depthwise problems run as rows of pixels where a row instance exists (the kernel width,
+    column stride, no column dilation, 16-byte vectors, not float64), else a pixel per thread; the
+    launch covers every run and vector, and forcing rows elsewhere names why not."""
+    import dataclasses
+
+    from cupyconv.families import depthwise_nhwc
+
+    for dtype, (kh, kw, stride, dilation, padding), (h, w) in itertools.product(ITEM, GEOMETRIES, SIZES):
+        try:
+            problem = make_problem((2, 48, h, w), (48, 1, kh, kw), None, dtype, stride, padding, dilation, 48)
+        except ValueError:
+            continue
+        problem = dataclasses.replace(problem, layout="NHWC", weight_layout="KHWC")
+        plan = make_plan(problem)
+        cfg = plan.config
+        rows = (dtype != "float64" and kw in (3, 5, 7) and problem.stride[1] in (1, 2) and problem.dilation[1] == 1)
+        assert (cfg.pixels == depthwise_nhwc.ROW_PIXELS) == rows, (problem, cfg)
+        if rows:
+            assert (cfg.kw, cfg.sw) == (kw, problem.stride[1])
+            assert f",{kw},{problem.stride[1]},4>" in depthwise_nhwc.name_expression(plan)
+            assert depthwise_nhwc.name_expression(plan) in depthwise_nhwc.specialisations()
+        else:
+            assert depthwise_nhwc.name_expression(plan).endswith(",0,1,1>")
+            with pytest.raises(ValueError, match="rows are compiled for"):
+                make_plan(problem, "dw_nhwc_v16_row4", "depthwise_nhwc")
+        vec = 16 // ITEM[dtype] if cfg.vec_bytes == 16 else cfg.vec_bytes // ITEM[dtype]
+        threads = problem.n * problem.ho * math.ceil(problem.wo / cfg.pixels) * problem.c // vec
+        assert plan.grid[0] * plan.block[0] >= threads > (plan.grid[0] - 1) * plan.block[0]

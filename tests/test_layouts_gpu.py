@@ -230,3 +230,35 @@ def test_compiled_channels_last_model(strict_torch_fp32):
         y = torch.compile(cct.convert(model), fullgraph=True)(x)
     assert y.is_contiguous(memory_format=torch.channels_last)
     assert relative_error(y, expected) < 2e-2
+
+
+# Depthwise NHWC rows: every kernel width and column stride the row instances are compiled for,
+# planes whose rows are not whole runs of 4, asymmetric padding, row dilation and stride, and the
+# epilogue; against float64, and bit for bit against the per-pixel way (the same sums in the same order).
+ROW_CASES = [Case(2, 24, 24, 11, 13, kw, kw, stride=(sh, sw), padding=(kw // 2, kw // 2 + sw - 1),
+                  dilation=(dh, 1), groups=24, bias=bias)
+             for kw in (3, 5, 7) for sw in (1, 2) for sh, dh, bias in ((1, 1, True), (2, 2, False))]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("case", ROW_CASES, ids=lambda c: c.id)
+def test_depthwise_nhwc_rows(case, dtype):
+    from cupyconv.families import depthwise_nhwc
+
+    problem = problem_of(case, dtype, "NHWC", "KHWC")
+    rows = planner.make_plan(problem)
+    assert rows.kernel == planner.DEPTHWISE_NHWC_KERNEL and rows.config.pixels == depthwise_nhwc.ROW_PIXELS
+    per_pixel = planner.make_plan(problem, "dw_nhwc_v16", planner.DEPTHWISE_NHWC_KERNEL)
+    x, weight, bias = inputs(case, dtype, seed=case.kw * 10 + case.stride[1])
+    out = run(rows, problem, x, weight, bias)
+    assert not out.isnan().any(), "an output element was never written"
+    assert relative_error(out, reference(x, weight, bias, case)) < tolerance(dtype, rows.kernel)
+    assert torch.equal(out, run(per_pixel, problem, x, weight, bias))
+    # The epilogue on every run's pixels: relu(conv + bias + residual), the residual the output itself.
+    fused = dataclasses.replace(problem, activation="relu", has_residual=True)
+    residual = torch.randn(out.shape, device="cuda", dtype=torch.float64).to(out.dtype)
+    y = residual.permute(0, 2, 3, 1).contiguous()
+    conv2d_cupy(to_cupy(arranged(x, "NHWC")), to_cupy(arranged(weight, "KHWC")), to_cupy(bias), fused, to_cupy(y),
+                plan=planner.make_plan(fused), residual=to_cupy(y))
+    expected = F.relu(reference(x, weight, bias, case) + residual.double())
+    assert relative_error(y.permute(0, 3, 1, 2), expected) < tolerance(dtype, rows.kernel)

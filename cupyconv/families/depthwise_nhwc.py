@@ -1,7 +1,12 @@
-"""Depthwise convolution on NHWC arrays (kernels/depthwise_nhwc.cu): a thread per vector of
-consecutive channels of one output pixel, 16-byte loads and stores where the channels allow. The
-weight is prepared once as [kh kw][C], so that it is read in vectors too. MobileNet's and
-EfficientNet's depthwise layers in channels_last (one channel per group, no channel multiplier)."""
+"""Depthwise convolution on NHWC arrays (kernels/depthwise_nhwc.cu): vectors of consecutive
+channels per thread, 16-byte loads and stores where the channels allow. The weight is prepared once
+as [kh kw][C], so that it is read in vectors too. MobileNet's and EfficientNet's depthwise layers in
+channels_last (one channel per group, no channel multiplier).
+
+A thread computes one output pixel (any kernel, stride and dilation), or, for kernels ROW_KERNEL_WIDTHS
+wide with column strides ROW_STRIDES and no column dilation, a run of ROW_PIXELS pixels along a row
+that loads and widens each input column and weight once per kernel row (the per-pixel way does both
+per tap, which binds before HBM does: benchmarks/NOTES.md, "Depthwise NHWC rows")."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,20 +27,47 @@ BLOCK = 256
 
 @dataclasses.dataclass(frozen=True)
 class VectorConfig:
-    """``vec`` consecutive channels per thread (one load of vec elements per tap)."""
+    """``vec_bytes`` of consecutive channels per thread, for one output pixel (``pixels`` 1) or a run
+    of ``pixels`` along a row. A row plan's config carries the kernel width ``kw`` and column stride
+    ``sw`` its instance is compiled for (0 in the table: the problem's, filled in by make_plan)."""
 
     name: str
     vec_bytes: int
+    pixels: int = 1
+    kw: int = 0
+    sw: int = 0
 
 
-#: 16-, 8-, 4- and 2-byte vectors: the plan takes the widest whose channel count divides C.
-NHWC_DEPTHWISE_CONFIGS = tuple(VectorConfig(f"dw_nhwc_v{b}", b) for b in (16, 8, 4, 2))
+#: Row instances: kernel widths and column strides (MobileNet's and EfficientNet's 3x3 and 5x5,
+#: stride 1 and 2; 7x7 for ConvNeXt), and pixels per run: 4 reads a 3x3 row's 6 columns for 4 pixels
+#: where the per-pixel way reads 12, with 32 float accumulators for 8 fp16 channels.
+ROW_KERNEL_WIDTHS = (3, 5, 7)
+ROW_STRIDES = (1, 2)
+ROW_PIXELS = 4
+ROW_VEC_BYTES = 16
+#: float64 stays per pixel: 16 bytes hold 2 channels, and its 7-wide rows spill.
+ROW_DTYPES = ("float16", "bfloat16", "float32")
+#: The row config first (the plan takes it where the problem allows), then 16-, 8-, 4- and 2-byte
+#: vectors per pixel: the widest whose channel count divides C.
+NHWC_DEPTHWISE_CONFIGS = (VectorConfig(f"dw_nhwc_v{ROW_VEC_BYTES}_row{ROW_PIXELS}", ROW_VEC_BYTES, ROW_PIXELS),
+                          *(VectorConfig(f"dw_nhwc_v{b}", b) for b in (16, 8, 4, 2)))
 CONFIG_NAMES = frozenset(c.name for c in NHWC_DEPTHWISE_CONFIGS)
+
+
+def _row_refusal(problem: ConvProblem) -> str:
+    """Why the row instances cannot run ``problem`` ("" when they can)."""
+    if problem.dtype not in ROW_DTYPES:
+        return f"rows are compiled for {ROW_DTYPES}, not {problem.dtype}"
+    if problem.kw not in ROW_KERNEL_WIDTHS or problem.stride[1] not in ROW_STRIDES or problem.dilation[1] != 1:
+        return (f"rows are compiled for kernel widths {ROW_KERNEL_WIDTHS}, column strides {ROW_STRIDES} and no "
+                f"column dilation; got width {problem.kw}, stride {problem.stride[1]}, dilation {problem.dilation[1]}")
+    return ""
 
 
 def _fits(cfg: VectorConfig, problem: ConvProblem) -> bool:
     item = STORAGE_BYTES[problem.dtype]
-    return cfg.vec_bytes >= item and problem.c % (cfg.vec_bytes // item) == 0
+    return (cfg.vec_bytes >= item and problem.c % (cfg.vec_bytes // item) == 0
+            and (cfg.pixels == 1 or not _row_refusal(problem)))
 
 
 def refusal(problem: ConvProblem) -> str:
@@ -50,20 +82,27 @@ def refusal(problem: ConvProblem) -> str:
 
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
-    """A 1-D grid of BLOCK-thread blocks, a thread per output pixel and vector of channels."""
+    """A 1-D grid of BLOCK-thread blocks, a thread per vector of channels and output pixel (or run
+    of a row's pixels)."""
     why_not = refusal(problem)
     if why_not:
         raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
     if config is not None:
         cfg = forced_config(NHWC_DEPTHWISE_CONFIGS, config, f"config for {KERNEL}")
         if not _fits(cfg, problem):
-            raise ValueError(f"config {config!r} cannot run this problem: {problem.c} channels are not whole "
+            raise ValueError(f"config {config!r} cannot run this problem: "
+                             f"{_row_refusal(problem) if cfg.pixels > 1 else ''}"
+                             f"{'; or ' if cfg.pixels > 1 else ''}{problem.c} channels are not whole "
                              f"{cfg.vec_bytes}-byte vectors of {problem.dtype}")
         why = "config forced by the caller"
     else:
         cfg = next(c for c in NHWC_DEPTHWISE_CONFIGS if _fits(c, problem) or c.vec_bytes == STORAGE_BYTES[problem.dtype])
         why = f"{problem.c} channels in {cfg.vec_bytes}-byte vectors"
-    threads = problem.n * problem.ho * problem.wo * problem.c // _vec(cfg, problem.dtype)
+        if cfg.pixels > 1:
+            why += f", runs of {cfg.pixels} pixels along rows ({problem.kw} wide, column stride {problem.stride[1]})"
+    if cfg.pixels > 1:
+        cfg = dataclasses.replace(cfg, kw=problem.kw, sw=problem.stride[1])
+    threads = problem.n * problem.ho * math.ceil(problem.wo / cfg.pixels) * problem.c // _vec(cfg, problem.dtype)
     return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem, threads), config=cfg,
                       grid=(math.ceil(threads / BLOCK), 1, 1), block=(BLOCK, 1, 1), shared_bytes=0,
                       reason=f"{reason}; {why}" if reason else why)
@@ -76,25 +115,32 @@ def _vec(cfg: VectorConfig, dtype: str) -> int:
 def describe(plan: LaunchPlan) -> str:
     """The printed plan: vector width, launch shape and why."""
     c = plan.config
-    return (f"{plan.kernel} [{c.name}: {_vec(c, plan.dtype)} channels of one output pixel per thread]\n"
+    pixels = (f"a run of {c.pixels} output pixels along a row ({c.kw} wide, column stride {c.sw})" if c.pixels > 1
+              else "one output pixel")
+    return (f"{plan.kernel} [{c.name}: {_vec(c, plan.dtype)} channels of {pixels} per thread]\n"
             f"  {plan.dtype}, {plan.index_type} indices; weight prepared as [kh kw][C]\n"
             f"  grid {plan.grid}, block {plan.block}\n"
             f"  why: {plan.reason}")
 
 
-def specialisation(dtype: str, index: str, vec: int) -> str:
-    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{vec}>"
+def specialisation(dtype: str, index: str, vec: int, kw: int = 0, sw: int = 1, pixels: int = 1) -> str:
+    """An instance: per pixel (kw 0), or rows of ``pixels`` for a kernel ``kw`` wide, column stride ``sw``."""
+    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{vec},{kw},{sw},{pixels}>"
 
 
 def name_expression(plan: LaunchPlan) -> str:
-    return specialisation(plan.dtype, plan.index_type, _vec(plan.config, plan.dtype))
+    c = plan.config
+    return specialisation(plan.dtype, plan.index_type, _vec(c, plan.dtype), *((c.kw, c.sw, c.pixels) if c.pixels > 1 else ()))
 
 
 def specialisations() -> list[str]:
-    """Every dtype, index width and vector width that dtype has."""
-    return list(dict.fromkeys(specialisation(dtype, index, _vec(cfg, dtype)) for dtype in CTYPES
-                              for index in INDEX_TYPES for cfg in NHWC_DEPTHWISE_CONFIGS
-                              if cfg.vec_bytes >= STORAGE_BYTES[dtype]))
+    """Every dtype, index width and vector width that dtype has, per pixel; and the row instances
+    (16-byte vectors) of every kernel width and column stride."""
+    per_pixel = [specialisation(dtype, index, _vec(cfg, dtype)) for dtype in CTYPES for index in INDEX_TYPES
+                 for cfg in NHWC_DEPTHWISE_CONFIGS if cfg.pixels == 1 and cfg.vec_bytes >= STORAGE_BYTES[dtype]]
+    rows = [specialisation(dtype, index, ROW_VEC_BYTES // STORAGE_BYTES[dtype], kw, sw, ROW_PIXELS)
+            for dtype in ROW_DTYPES for index in INDEX_TYPES for kw in ROW_KERNEL_WIDTHS for sw in ROW_STRIDES]
+    return list(dict.fromkeys(per_pixel + rows))
 
 
 def _weight_preparation(problem: ConvProblem) -> WeightPreparation:
