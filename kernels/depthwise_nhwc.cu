@@ -82,15 +82,22 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) wr[s][j] = to_acc<Acc>(wv.v[j]);
             }
+            // The run's input columns, loaded before any is used: COLS loads in flight at once
+            // (zeros where a column falls in the padding).
+            constexpr int COLS = (PIX - 1) * SW + KW;
             const T* x_row = x_image + static_cast<Index>(ih) * W * C;
+            Vec xs[COLS];
 #pragma unroll
-            for (int col = 0; col < (PIX - 1) * SW + KW; ++col) {
+            for (int col = 0; col < COLS; ++col) {
                 const int iw = iw0 + col;
-                if (static_cast<unsigned>(iw) >= static_cast<unsigned>(W)) continue;
-                const Vec xv = *reinterpret_cast<const Vec*>(x_row + static_cast<Index>(iw) * C);
+                xs[col] = static_cast<unsigned>(iw) < static_cast<unsigned>(W)
+                              ? *reinterpret_cast<const Vec*>(x_row + static_cast<Index>(iw) * C) : Vec{};
+            }
+#pragma unroll
+            for (int col = 0; col < COLS; ++col) {
                 Acc xf[VEC];
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) xf[j] = to_acc<Acc>(xv.v[j]);
+                for (int j = 0; j < VEC; ++j) xf[j] = to_acc<Acc>(xs[col].v[j]);
 #pragma unroll
                 for (int p = 0; p < PIX; ++p) {
                     const int s = col - p * SW;  // the tap of pixel p this column is (compile-time)

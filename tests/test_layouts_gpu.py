@@ -247,18 +247,23 @@ def test_depthwise_nhwc_rows(case, dtype):
 
     problem = problem_of(case, dtype, "NHWC", "KHWC")
     rows = planner.make_plan(problem)
-    assert rows.kernel == planner.DEPTHWISE_NHWC_KERNEL and rows.config.pixels == depthwise_nhwc.ROW_PIXELS
+    assert rows.kernel == planner.DEPTHWISE_NHWC_KERNEL and rows.config.pixels > 1
     per_pixel = planner.make_plan(problem, "dw_nhwc_v16", planner.DEPTHWISE_NHWC_KERNEL)
     x, weight, bias = inputs(case, dtype, seed=case.kw * 10 + case.stride[1])
-    out = run(rows, problem, x, weight, bias)
-    assert not out.isnan().any(), "an output element was never written"
-    assert relative_error(out, reference(x, weight, bias, case)) < tolerance(dtype, rows.kernel)
-    assert torch.equal(out, run(per_pixel, problem, x, weight, bias))
+    expected = run(per_pixel, problem, x, weight, bias)
+    assert not expected.isnan().any(), "an output element was never written"
+    assert relative_error(expected, reference(x, weight, bias, case)) < tolerance(dtype, rows.kernel)
+    for pixels in depthwise_nhwc.ROW_PIXELS:
+        out = run(planner.make_plan(problem, f"dw_nhwc_v16_row{pixels}", planner.DEPTHWISE_NHWC_KERNEL), problem,
+                  x, weight, bias)
+        assert torch.equal(out, expected), f"runs of {pixels} pixels"
     # The epilogue on every run's pixels: relu(conv + bias + residual), the residual the output itself.
     fused = dataclasses.replace(problem, activation="relu", has_residual=True)
-    residual = torch.randn(out.shape, device="cuda", dtype=torch.float64).to(out.dtype)
-    y = residual.permute(0, 2, 3, 1).contiguous()
-    conv2d_cupy(to_cupy(arranged(x, "NHWC")), to_cupy(arranged(weight, "KHWC")), to_cupy(bias), fused, to_cupy(y),
-                plan=planner.make_plan(fused), residual=to_cupy(y))
-    expected = F.relu(reference(x, weight, bias, case) + residual.double())
-    assert relative_error(y.permute(0, 3, 1, 2), expected) < tolerance(dtype, rows.kernel)
+    residual = torch.randn(expected.shape, device="cuda", dtype=torch.float64).to(expected.dtype)
+    wanted = F.relu(reference(x, weight, bias, case) + residual.double())
+    for pixels in depthwise_nhwc.ROW_PIXELS:
+        y = residual.permute(0, 2, 3, 1).contiguous()
+        plan = planner.make_plan(fused, f"dw_nhwc_v16_row{pixels}", planner.DEPTHWISE_NHWC_KERNEL)
+        conv2d_cupy(to_cupy(arranged(x, "NHWC")), to_cupy(arranged(weight, "KHWC")), to_cupy(bias), fused,
+                    to_cupy(y), plan=plan, residual=to_cupy(y))
+        assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, rows.kernel), f"runs of {pixels}"

@@ -40,16 +40,17 @@ class VectorConfig:
 
 #: Row instances: kernel widths and column strides (MobileNet's and EfficientNet's 3x3 and 5x5,
 #: stride 1 and 2; 7x7 for ConvNeXt), and pixels per run: 4 reads a 3x3 row's 6 columns for 4 pixels
-#: where the per-pixel way reads 12, with 32 float accumulators for 8 fp16 channels.
+#: where the per-pixel way reads 12, with 32 float accumulators for 8 fp16 channels; 2 reads 4 for 2,
+#: with half the registers.
 ROW_KERNEL_WIDTHS = (3, 5, 7)
 ROW_STRIDES = (1, 2)
-ROW_PIXELS = 4
+ROW_PIXELS = (4, 2)
 ROW_VEC_BYTES = 16
 #: float64 stays per pixel: 16 bytes hold 2 channels, and its 7-wide rows spill.
 ROW_DTYPES = ("float16", "bfloat16", "float32")
 #: The row config first (the plan takes it where the problem allows), then 16-, 8-, 4- and 2-byte
 #: vectors per pixel: the widest whose channel count divides C.
-NHWC_DEPTHWISE_CONFIGS = (VectorConfig(f"dw_nhwc_v{ROW_VEC_BYTES}_row{ROW_PIXELS}", ROW_VEC_BYTES, ROW_PIXELS),
+NHWC_DEPTHWISE_CONFIGS = (*(VectorConfig(f"dw_nhwc_v{ROW_VEC_BYTES}_row{p}", ROW_VEC_BYTES, p) for p in ROW_PIXELS),
                           *(VectorConfig(f"dw_nhwc_v{b}", b) for b in (16, 8, 4, 2)))
 CONFIG_NAMES = frozenset(c.name for c in NHWC_DEPTHWISE_CONFIGS)
 
@@ -138,8 +139,9 @@ def specialisations() -> list[str]:
     (16-byte vectors) of every kernel width and column stride."""
     per_pixel = [specialisation(dtype, index, _vec(cfg, dtype)) for dtype in CTYPES for index in INDEX_TYPES
                  for cfg in NHWC_DEPTHWISE_CONFIGS if cfg.pixels == 1 and cfg.vec_bytes >= STORAGE_BYTES[dtype]]
-    rows = [specialisation(dtype, index, ROW_VEC_BYTES // STORAGE_BYTES[dtype], kw, sw, ROW_PIXELS)
-            for dtype in ROW_DTYPES for index in INDEX_TYPES for kw in ROW_KERNEL_WIDTHS for sw in ROW_STRIDES]
+    rows = [specialisation(dtype, index, ROW_VEC_BYTES // STORAGE_BYTES[dtype], kw, sw, pixels)
+            for dtype in ROW_DTYPES for index in INDEX_TYPES for kw in ROW_KERNEL_WIDTHS for sw in ROW_STRIDES
+            for pixels in ROW_PIXELS]
     return list(dict.fromkeys(per_pixel + rows))
 
 

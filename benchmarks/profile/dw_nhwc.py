@@ -1,0 +1,48 @@
+"""GPU time of every depthwise_nhwc config on the depthwise rows of the layers and large suites, in
+channels_last (to choose the fixed rule's pixels per run):
+    python benchmarks/profile/dw_nhwc.py [fp16 fp32 ...]
+Median of 200 CUDA-event timings per config after warm-up, with the copy bandwidth's time beside."""
+import pathlib
+import sys
+
+import cupy
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from ab_layers import event_median_ms  # noqa: E402
+from cupyconv.bench import LARGE, LAYERS, MODE_DTYPE, bytes_moved  # noqa: E402
+from cupyconv.families.depthwise_nhwc import CONFIG_NAMES  # noqa: E402
+from cupyconv.launch import conv2d_cupy  # noqa: E402
+from cupyconv.planner import DEPTHWISE_NHWC_KERNEL, make_plan  # noqa: E402
+
+DTYPES = {"float16": cupy.float16, "bfloat16": cupy.int16, "float32": cupy.float32}
+
+
+def main(modes: list[str]) -> None:
+    src = cupy.empty(2**28, dtype=cupy.float32)
+    dst = cupy.empty_like(src)
+    gbps = 2 * src.nbytes / event_median_ms(lambda: dst.__setitem__(Ellipsis, src), 20) / 1e6
+    print(f"copy bandwidth {gbps:.0f} GB/s")
+    for shape in LAYERS + LARGE:
+        if shape.groups != shape.c:
+            continue
+        for mode in modes:
+            problem = shape.problem(MODE_DTYPE[mode], "channels_last")
+            dtype = DTYPES[problem.dtype]
+            x = cupy.random.standard_normal(problem.x_array_shape, dtype=cupy.float32)
+            x = (x.view(cupy.uint32) >> 16).astype(cupy.uint16).view(dtype) if dtype == cupy.int16 else x.astype(dtype)
+            w = cupy.ones(problem.weight_array_shape, dtype=dtype)
+            out = cupy.empty(problem.out_array_shape, dtype=dtype)
+            floor_ms = bytes_moved(problem) / gbps / 1e6
+            fixed = make_plan(problem).config.name
+            for config in sorted(CONFIG_NAMES):
+                try:
+                    plan = make_plan(problem, config, DEPTHWISE_NHWC_KERNEL)
+                except ValueError:
+                    continue
+                ms = event_median_ms(lambda: conv2d_cupy(x, w, None, problem, out, plan=plan))
+                print(f"{shape.name:26s} {mode} {config:18s}{' *' if config == fixed else '  '} {ms:.4f} ms "
+                      f"{100 * floor_ms / ms:3.0f}% of copy", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["fp16", "bf16", "fp32"])
