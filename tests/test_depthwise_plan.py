@@ -200,6 +200,8 @@ def test_nhwc_rows_where_compiled_else_per_pixel():
         rows = (dtype != "float64" and kw in (3, 5, 7) and problem.stride[1] in (1, 2) and problem.dilation[1] == 1)
         assert (cfg.pixels in depthwise_nhwc.ROW_PIXELS) == rows, (problem, cfg)
         if rows:
+            assert cfg.pixels == (2 if problem.stride[1] == 2 and ITEM[dtype] == 2 else 4)
+            assert plan.block[0] == depthwise_nhwc.ROW_BLOCK
             for pixels in depthwise_nhwc.ROW_PIXELS:
                 forced = make_plan(problem, f"dw_nhwc_v16_row{pixels}", "depthwise_nhwc")
                 assert (forced.config.kw, forced.config.sw, forced.config.pixels) == (kw, problem.stride[1], pixels)

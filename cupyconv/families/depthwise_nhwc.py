@@ -46,6 +46,9 @@ ROW_KERNEL_WIDTHS = (3, 5, 7)
 ROW_STRIDES = (1, 2)
 ROW_PIXELS = (4, 2)
 ROW_VEC_BYTES = 16
+#: Threads per block: 128 for rows (their 55-110 registers fit more threads an SM in blocks of 128;
+#: 2-10 % faster than 256 on the H100, benchmarks/NOTES.md), 256 per pixel.
+ROW_BLOCK = 128
 #: float64 stays per pixel: 16 bytes hold 2 channels, and its 7-wide rows spill.
 ROW_DTYPES = ("float16", "bfloat16", "float32")
 #: The row config first (the plan takes it where the problem allows), then 16-, 8-, 4- and 2-byte
@@ -63,6 +66,13 @@ def _row_refusal(problem: ConvProblem) -> str:
         return (f"rows are compiled for kernel widths {ROW_KERNEL_WIDTHS}, column strides {ROW_STRIDES} and no "
                 f"column dilation; got width {problem.kw}, stride {problem.stride[1]}, dilation {problem.dilation[1]}")
     return ""
+
+
+def _row_pixels(problem: ConvProblem) -> int:
+    """The fixed rule's pixels per run: 4, but 2 for 16-bit column strides of 2, whose runs of 4 span
+    9-15 columns of 8 channels (90-130 registers; 2 was 15-25 % faster on the H100's MobileNetV2 and
+    5x5 stride-2 rows, benchmarks/NOTES.md)."""
+    return 2 if problem.stride[1] > 1 and STORAGE_BYTES[problem.dtype] == 2 else 4
 
 
 def _fits(cfg: VectorConfig, problem: ConvProblem) -> bool:
@@ -83,8 +93,8 @@ def refusal(problem: ConvProblem) -> str:
 
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
-    """A 1-D grid of BLOCK-thread blocks, a thread per vector of channels and output pixel (or run
-    of a row's pixels)."""
+    """A 1-D grid of BLOCK-thread blocks (ROW_BLOCK for rows), a thread per vector of channels and
+    output pixel (or run of a row's pixels)."""
     why_not = refusal(problem)
     if why_not:
         raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
@@ -97,15 +107,17 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
                              f"{cfg.vec_bytes}-byte vectors of {problem.dtype}")
         why = "config forced by the caller"
     else:
-        cfg = next(c for c in NHWC_DEPTHWISE_CONFIGS if _fits(c, problem) or c.vec_bytes == STORAGE_BYTES[problem.dtype])
+        cfg = next(c for c in NHWC_DEPTHWISE_CONFIGS if (_fits(c, problem) and c.pixels in (1, _row_pixels(problem)))
+                   or c.vec_bytes == STORAGE_BYTES[problem.dtype])
         why = f"{problem.c} channels in {cfg.vec_bytes}-byte vectors"
         if cfg.pixels > 1:
             why += f", runs of {cfg.pixels} pixels along rows ({problem.kw} wide, column stride {problem.stride[1]})"
     if cfg.pixels > 1:
         cfg = dataclasses.replace(cfg, kw=problem.kw, sw=problem.stride[1])
     threads = problem.n * problem.ho * math.ceil(problem.wo / cfg.pixels) * problem.c // _vec(cfg, problem.dtype)
+    block = ROW_BLOCK if cfg.pixels > 1 else BLOCK
     return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem, threads), config=cfg,
-                      grid=(math.ceil(threads / BLOCK), 1, 1), block=(BLOCK, 1, 1), shared_bytes=0,
+                      grid=(math.ceil(threads / block), 1, 1), block=(block, 1, 1), shared_bytes=0,
                       reason=f"{reason}; {why}" if reason else why)
 
 
