@@ -53,6 +53,12 @@ WGMMA_COMPUTE_CAPABILITY = 90
 #: blocks, 0.037 ms, the 64-channel tiles 0.041-0.043), not with 52 (r50_l4_3x3_512: 0.063 vs 0.046).
 WGMMA_WIDE_TILE_BLOCKS = 64
 WGMMA_PIXEL_ROWS, WGMMA_CHANNEL_ROWS = 1, 2
+#: Reductions of fewer k rows of 128 bytes than this take the mma.sync tiles with k rows of 64 bytes:
+#: with one k tile a block loads, multiplies and stores with nothing to overlap, and a wgmma block
+#: (up to 164 KB of shared memory) is alone on its SM, where three mma.sync blocks of two k tiles
+#: overlap each other (H100, 1x1 of 64 -> 64 fp16 channels_last on 256^2 planes: 0.187 ms wgmma,
+#: 0.139 ms 128 x 64 mma.sync with k rows of 64 bytes; benchmarks/NOTES.md).
+MIN_DEEP_K_TILES = 2
 for _dtype, _item in (("float32", 4), ("float16", 2)):
     NHWC_CONFIGS[_dtype] += (
         GemmConfig("nhwc_wgmma_m128n128", 128, 128, 128 // _item, 8, 1, 3, wgmma=WGMMA_PIXEL_ROWS),
@@ -140,7 +146,8 @@ def _deep(problem: ConvProblem) -> bool:
 
 
 def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[GemmConfig, str]:
-    """On compute capability 9.0, wherever 16-byte pieces are gathered from copies, the wgmma tiles:
+    """On compute capability 9.0, wherever 16-byte pieces are gathered from copies and the reduction
+    spans MIN_DEEP_K_TILES k rows of 128 bytes or more, the wgmma tiles:
     for up to 64 output channels per group, warpgroups of 64 channels x 128 pixels, two per block;
     for more, 128 pixels x 128 channels where that makes WGMMA_WIDE_TILE_BLOCKS blocks or more, else
     one warpgroup of 64 channels x 128 pixels per block (twice the blocks).
@@ -148,12 +155,13 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     Elsewhere (mma.sync), channels: the 96-channel tile for 65-96 output channels per group
     (AlexNet), the 128-channel one for more where it makes WIDE_TILE_BLOCKS blocks or more, else the
     64-channel one. Depth: k rows of 128 bytes where the gather copies 16-byte pieces of at least 64
-    bytes of channels per tap, else of 64 bytes (narrower pieces make a deep tile many copies per
-    thread; few channels per tap make it many taps; 1x1 problems read in place have short
-    reductions)."""
+    bytes of channels per tap and the reduction spans MIN_DEEP_K_TILES of them, else of 64 bytes
+    (narrower pieces make a deep tile many copies per thread; few channels per tap make it many
+    taps; 1x1 problems read in place have short reductions)."""
     kg = problem.k // problem.groups
     item = 4 if problem.dtype == "float32" else 2
-    if not _wgmma_refusal(problem, compute_capability):
+    deep_k_tiles = math.ceil(problem.kh * problem.kw * _pieces(problem)[0][1] // problem.groups * item / 128)
+    if not _wgmma_refusal(problem, compute_capability) and deep_k_tiles >= MIN_DEEP_K_TILES:
         by_pixels = {c.bm: c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_CHANNEL_ROWS}
         if kg <= 64:
             return by_pixels[256], f"wgmma; {kg} output channels per group: one 64-channel tile"
@@ -163,7 +171,7 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
             return wide, f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels"
         return by_pixels[128], (f"wgmma; {kg} output channels per group; 128-channel tiles would make {blocks} "
                                 f"blocks (< {WGMMA_WIDE_TILE_BLOCKS}), 64-channel ones twice as many")
-    deep = _deep(problem)
+    deep = _deep(problem) and deep_k_tiles >= MIN_DEEP_K_TILES
     candidates = [c for c in NHWC_CONFIGS[problem.dtype] if (c.bk * item == 128) == deep and not c.wgmma]
     by_width = {c.bn: c for c in candidates}
     depth = f"k rows of {by_width[64].bk * item} bytes"
