@@ -24,8 +24,8 @@
 // is rounded in shared memory by the thread that copied it (ROUND_A).
 // Epilogue: accumulators -> shared memory (float) -> + bias, storage type -> y. NCHW output: staged
 // [BN][BM + pad], a warp stores 32 consecutive pixels of one channel; NHWC_OUT (the NHWC layout,
-// x read in place or from a padded copy): staged [BM][BN + pad], a warp stores one pixel's
-// consecutive channels.
+// x read in place or from a padded copy): staged [BM][BN + pad], each thread stores vectors of 4
+// consecutive channels of a pixel, a warp runs of whole pixel rows.
 //
 // WGMMA (Hopper, sm_90a only: see wgmma.cuh): the warpgroups multiply with wgmma, the tensor cores
 // reading A and B straight from shared memory, where rows are 128 bytes of k, 128-byte swizzled
@@ -318,22 +318,39 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
             }
     __syncthreads();
     if constexpr (NHWC_OUT) {
-        constexpr int CHANNELS = (BN + 31) / 32;            // channels per lane
-        float b[CHANNELS];
-#pragma unroll
-        for (int j = 0; j < CHANNELS; ++j) {
-            const int n = lane + 32 * j;
-            b[j] = has_bias && n < BN && n0 + n < Kg ? to_acc<float>(bias[g * Kg + n0 + n]) : 0.0f;
-        }
+        // Vectors of 4 consecutive channels per thread (8 bytes in 16 bits, 16 in float), the block's
+        // threads over the tile's pixels x BN / 4 vectors, so that a warp stores whole runs of a
+        // pixel row (and of the next: NHWC rows of K channels follow each other) where a lane per
+        // channel stored 2 bytes per instruction. Where the output's channels or address do not
+        // allow a vector (K or K / groups not a multiple of 4), a channel per thread as before.
+        constexpr int CV = 4, VECTORS = BN / CV;
+        const bool vectors = K % CV == 0 && Kg % CV == 0 &&
+                             reinterpret_cast<unsigned long long>(y) % (CV * sizeof(Y)) == 0;
         with_epilogue<Y>(residual, has_residual, activation, [&](auto finish) {
+            if (vectors) {
+                struct alignas(CV * sizeof(Y)) YVec { Y v[CV]; };
 #pragma unroll 1
-            for (int m = warp; m < BM && m0 + m < M; m += NWARPS) {
-                const Index row = (m0 + m) * K + g * Kg + n0;
+                for (int i = tid; i < BM * VECTORS; i += NT) {
+                    const int m = i / VECTORS, n = (i % VECTORS) * CV;
+                    if (m0 + m >= M || n0 + n >= Kg) continue;
+                    const Index at = (m0 + m) * K + g * Kg + n0 + n;
+                    YVec out;
 #pragma unroll
-                for (int j = 0; j < CHANNELS; ++j) {
-                    const int n = lane + 32 * j;
-                    if (n < BN && n0 + n < Kg) y[row + n] = finish(c_smem[m * D_STRIDE + n] + b[j], row + n);
+                    for (int j = 0; j < CV; ++j) {
+                        const float b = has_bias ? to_acc<float>(bias[g * Kg + n0 + n + j]) : 0.0f;
+                        out.v[j] = finish(c_smem[m * D_STRIDE + n + j] + b, at + j);
+                    }
+                    *reinterpret_cast<YVec*>(y + at) = out;
                 }
+                return;
+            }
+#pragma unroll 1
+            for (int i = tid; i < BM * BN; i += NT) {
+                const int m = i / BN, n = i % BN;
+                if (m0 + m >= M || n0 + n >= Kg) continue;
+                const Index at = (m0 + m) * K + g * Kg + n0 + n;
+                const float b = has_bias ? to_acc<float>(bias[g * Kg + n0 + n]) : 0.0f;
+                y[at] = finish(c_smem[m * D_STRIDE + n] + b, at);
             }
         });
         return;
