@@ -16,10 +16,8 @@
 //   walks the (PIX-1)*SW + KW input columns the run covers, loading and widening each once and
 //   adding it to every pixel whose window holds it: for 3x3, stride 1 and 4 pixels, 6 + 3 loads per
 //   row instead of 24.
-// Arguments as every convolution kernel's (families/common.py conv_launch; K and groups are C), then
-// the rows' tile (tile_rows output rows x tile_runs runs a block; unused per pixel).
-// Grid: per pixel, 1-D over N Ho Wo C / VEC threads; rows, x over N x the tiles of each image, y over
-// slabs of blockDim.x channel vectors (blockDim.y = tile_rows x tile_runs).
+// Arguments as every convolution kernel's (families/common.py conv_launch; K and groups are C).
+// 1-D grid over N Ho ceil(Wo / PIX) C / VEC threads, 256 per block.
 #include "dtypes.cuh"
 #include "epilogue.cuh"
 
@@ -33,38 +31,20 @@ __global__ void
 depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
                int has_bias, const T* __restrict__ residual, int has_residual, int activation,
                int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
-               int sh, int sw, int pt, int pl, int dh, int dw, int groups, int tile_rows, int tile_runs) {
+               int sh, int sw, int pt, int pl, int dh, int dw, int groups) {
     static_assert(KW > 0 || PIX == 1, "the per-pixel way computes one pixel per thread");
     using Acc = typename accumulator<T>::type;
     using Vec = vec_t<T, VEC>;
     const int vectors = C / VEC;
     const int runs = (Wo + PIX - 1) / PIX;  // runs of PIX output pixels per row
-    int c0, ow0, oh;
-    Index n;
-    if constexpr (KW == 0) {  // 1-D: consecutive threads, consecutive channel vectors, then pixels
-        const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
-        if (i >= static_cast<Index>(N) * Ho * runs * vectors) return;
-        const Index run = i / vectors;
-        c0 = static_cast<int>(i - run * vectors) * VEC;
-        ow0 = static_cast<int>(run % runs) * PIX;
-        const Index nh = run / runs;
-        oh = static_cast<int>(nh % Ho);
-        n = nh / Ho;
-    } else {
-        // A block: blockDim.x channel vectors of a tile of tile_rows output rows x tile_runs runs
-        // (threadIdx.y), so that the kernel rows its output rows share are fetched into this SM's
-        // L1 once, not by one block per output row; grid x the tiles, y the slabs of channels.
-        const int tiles_w = (runs + tile_runs - 1) / tile_runs, tiles_h = (Ho + tile_rows - 1) / tile_rows;
-        const Index tile = blockIdx.x;
-        const Index image_tile = tile / tiles_w;
-        n = image_tile / tiles_h;
-        oh = static_cast<int>(image_tile - n * tiles_h) * tile_rows + threadIdx.y / tile_runs;
-        const int run = static_cast<int>(tile - image_tile * tiles_w) * tile_runs + threadIdx.y % tile_runs;
-        const int v = blockIdx.y * blockDim.x + threadIdx.x;
-        if (oh >= Ho || run >= runs || v >= vectors) return;
-        c0 = v * VEC;
-        ow0 = run * PIX;
-    }
+    const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= static_cast<Index>(N) * Ho * runs * vectors) return;
+    const Index run = i / vectors;
+    const int c0 = static_cast<int>(i - run * vectors) * VEC;
+    const int ow0 = static_cast<int>(run % runs) * PIX;
+    const Index nh = run / runs;
+    const int oh = static_cast<int>(nh % Ho);
+    const Index n = nh / Ho;
     const int ih0 = oh * sh - pt;
     const T* x_image = x + n * H * W * C + c0;
 

@@ -201,6 +201,7 @@ def test_nhwc_rows_where_compiled_else_per_pixel():
         assert (cfg.pixels in depthwise_nhwc.ROW_PIXELS) == rows, (problem, cfg)
         if rows:
             assert cfg.pixels == (2 if problem.stride[1] == 2 and ITEM[dtype] == 2 else 4)
+            assert plan.block[0] == depthwise_nhwc.ROW_BLOCK
             for pixels in depthwise_nhwc.ROW_PIXELS:
                 forced = make_plan(problem, f"dw_nhwc_v16_row{pixels}", "depthwise_nhwc")
                 assert (forced.config.kw, forced.config.sw, forced.config.pixels) == (kw, problem.stride[1], pixels)
@@ -211,14 +212,6 @@ def test_nhwc_rows_where_compiled_else_per_pixel():
             for pixels in depthwise_nhwc.ROW_PIXELS:
                 with pytest.raises(ValueError, match="rows are compiled for"):
                     make_plan(problem, f"dw_nhwc_v16_row{pixels}", "depthwise_nhwc")
-        vectors = problem.c // max(1, cfg.vec_bytes // ITEM[dtype])
-        if not rows:
-            threads = problem.n * problem.ho * problem.wo * vectors
-            assert plan.grid[0] * plan.block[0] >= threads > (plan.grid[0] - 1) * plan.block[0]
-            continue
-        # Rows: the grid's tiles cover every output row and run once, its slabs every channel vector.
-        assert plan.block == (cfg.block_vectors, cfg.tile_rows * cfg.tile_runs, 1)
-        assert plan.block[0] * plan.block[1] <= depthwise_nhwc.ROW_BLOCK and vectors % cfg.block_vectors == 0
-        assert plan.grid[1] * cfg.block_vectors == vectors
-        runs = math.ceil(problem.wo / cfg.pixels)
-        assert plan.grid[0] == problem.n * math.ceil(problem.ho / cfg.tile_rows) * math.ceil(runs / cfg.tile_runs)
+        vec = 16 // ITEM[dtype] if cfg.vec_bytes == 16 else cfg.vec_bytes // ITEM[dtype]
+        threads = problem.n * problem.ho * math.ceil(problem.wo / cfg.pixels) * problem.c // vec
+        assert plan.grid[0] * plan.block[0] >= threads > (plan.grid[0] - 1) * plan.block[0]

@@ -36,11 +36,6 @@ class VectorConfig:
     pixels: int = 1
     kw: int = 0
     sw: int = 0
-    # Rows: a block's tile of tile_rows output rows x tile_runs runs, for block_vectors channel
-    # vectors (0 in the table: make_plan's _row_tile).
-    tile_rows: int = 0
-    tile_runs: int = 0
-    block_vectors: int = 0
 
 
 #: Row instances: kernel widths and column strides (MobileNet's and EfficientNet's 3x3 and 5x5,
@@ -51,13 +46,9 @@ ROW_KERNEL_WIDTHS = (3, 5, 7)
 ROW_STRIDES = (1, 2)
 ROW_PIXELS = (4, 2)
 ROW_VEC_BYTES = 16
-#: Rows: about ROW_BLOCK threads a block (their 55-110 registers fit more threads an SM in blocks of
-#: 128 than of 256: 2-10 % faster on the H100, benchmarks/NOTES.md), as up to ROW_BLOCK_VECTORS
-#: channel vectors (the largest count that divides the channels' vectors) of a tile of output rows
-#: ROW_TILE_RUNS runs wide: the kernel rows a tile's output rows share are fetched into the SM once.
+#: Threads per block: 128 for rows (their 55-110 registers fit more threads an SM in blocks of 128;
+#: 2-10 % faster than 256 on the H100, benchmarks/NOTES.md), 256 per pixel.
 ROW_BLOCK = 128
-ROW_BLOCK_VECTORS = 8
-ROW_TILE_RUNS = 4
 #: float64 stays per pixel: 16 bytes hold 2 channels, and its 7-wide rows spill.
 ROW_DTYPES = ("float16", "bfloat16", "float32")
 #: The row config first (the plan takes it where the problem allows), then 16-, 8-, 4- and 2-byte
@@ -102,8 +93,8 @@ def refusal(problem: ConvProblem) -> str:
 
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
-    """A thread per vector of channels and output pixel, in a 1-D grid of BLOCK-thread blocks; or per
-    vector and run of a row's pixels, in blocks of tiles of rows (ROW_BLOCK threads or fewer)."""
+    """A 1-D grid of BLOCK-thread blocks (ROW_BLOCK for rows), a thread per vector of channels and
+    output pixel (or run of a row's pixels)."""
     why_not = refusal(problem)
     if why_not:
         raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
@@ -121,19 +112,13 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
         why = f"{problem.c} channels in {cfg.vec_bytes}-byte vectors"
         if cfg.pixels > 1:
             why += f", runs of {cfg.pixels} pixels along rows ({problem.kw} wide, column stride {problem.stride[1]})"
-    vectors = problem.c // _vec(cfg, problem.dtype)
-    threads = problem.n * problem.ho * math.ceil(problem.wo / cfg.pixels) * vectors
-    if cfg.pixels == 1:
-        grid, block = (math.ceil(threads / BLOCK), 1, 1), (BLOCK, 1, 1)
-    else:
-        block_vectors = max(v for v in range(1, ROW_BLOCK_VECTORS + 1) if vectors % v == 0)
-        tile_rows = max(1, ROW_BLOCK // (block_vectors * ROW_TILE_RUNS))
-        cfg = dataclasses.replace(cfg, kw=problem.kw, sw=problem.stride[1], tile_rows=tile_rows,
-                                  tile_runs=ROW_TILE_RUNS, block_vectors=block_vectors)
-        tiles = math.ceil(problem.ho / tile_rows) * math.ceil(math.ceil(problem.wo / cfg.pixels) / ROW_TILE_RUNS)
-        grid, block = (problem.n * tiles, vectors // block_vectors, 1), (block_vectors, tile_rows * ROW_TILE_RUNS, 1)
+    if cfg.pixels > 1:
+        cfg = dataclasses.replace(cfg, kw=problem.kw, sw=problem.stride[1])
+    threads = problem.n * problem.ho * math.ceil(problem.wo / cfg.pixels) * problem.c // _vec(cfg, problem.dtype)
+    block = ROW_BLOCK if cfg.pixels > 1 else BLOCK
     return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem, threads), config=cfg,
-                      grid=grid, block=block, shared_bytes=0, reason=f"{reason}; {why}" if reason else why)
+                      grid=(math.ceil(threads / block), 1, 1), block=(block, 1, 1), shared_bytes=0,
+                      reason=f"{reason}; {why}" if reason else why)
 
 
 def _vec(cfg: VectorConfig, dtype: str) -> int:
@@ -143,10 +128,9 @@ def _vec(cfg: VectorConfig, dtype: str) -> int:
 def describe(plan: LaunchPlan) -> str:
     """The printed plan: vector width, launch shape and why."""
     c = plan.config
-    pixels = (f"a run of {c.pixels} output pixels along a row ({c.kw} wide, column stride {c.sw}) per thread; "
-              f"blocks of {c.block_vectors} vectors x {c.tile_rows} rows x {c.tile_runs} runs" if c.pixels > 1
-              else "one output pixel per thread")
-    return (f"{plan.kernel} [{c.name}: {_vec(c, plan.dtype)} channels of {pixels}]\n"
+    pixels = (f"a run of {c.pixels} output pixels along a row ({c.kw} wide, column stride {c.sw})" if c.pixels > 1
+              else "one output pixel")
+    return (f"{plan.kernel} [{c.name}: {_vec(c, plan.dtype)} channels of {pixels} per thread]\n"
             f"  {plan.dtype}, {plan.index_type} indices; weight prepared as [kh kw][C]\n"
             f"  grid {plan.grid}, block {plan.block}\n"
             f"  why: {plan.reason}")
@@ -184,6 +168,4 @@ def _weight_preparation(problem: ConvProblem) -> WeightPreparation:
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
     """One launch on the caller's x and output and the prepared weight."""
-    c = plan.config
-    return CallProgram((conv_launch(plan, problem, c.tile_rows, c.tile_runs, weight=Pointer(PREPARED)),), 0,
-                       _weight_preparation(problem))
+    return CallProgram((conv_launch(plan, problem, weight=Pointer(PREPARED)),), 0, _weight_preparation(problem))
