@@ -15,8 +15,7 @@
 //   pixels along a row. Per kernel row, the thread widens the row's KW weight vectors once and then
 //   walks the (PIX-1)*SW + KW input columns the run covers, loading and widening each once and
 //   adding it to every pixel whose window holds it: for 3x3, stride 1 and 4 pixels, 6 + 3 loads per
-//   row instead of 24. Small square kernels load all their rows' columns before adding any: the
-//   loads in flight, not L1 or L2 bandwidth, bind these threads (benchmarks/NOTES.md).
+//   row instead of 24.
 // Arguments as every convolution kernel's (families/common.py conv_launch; K and groups are C).
 // 1-D grid over N Ho ceil(Wo / PIX) C / VEC threads, 256 per block.
 #include "dtypes.cuh"
@@ -71,30 +70,28 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             }
         }
     } else {
-        constexpr int COLS = (PIX - 1) * SW + KW;  // the input columns a run's windows cover in a row
         const int iw0 = ow0 * SW - pl;
-        // Kernel row r's columns into xs (zeros where a column falls in the padding); false where
-        // the row itself does.
-        auto load_row = [&](int r, Vec (&xs)[COLS]) {
+#pragma unroll 1
+        for (int r = 0; r < kh; ++r) {
             const int ih = ih0 + r * dh;
-            const bool row_ok = static_cast<unsigned>(ih) < static_cast<unsigned>(H);
-            const T* x_row = x_image + static_cast<Index>(ih) * W * C;
-#pragma unroll
-            for (int col = 0; col < COLS; ++col) {
-                const int iw = iw0 + col;
-                xs[col] = row_ok && static_cast<unsigned>(iw) < static_cast<unsigned>(W)
-                              ? *reinterpret_cast<const Vec*>(x_row + static_cast<Index>(iw) * C) : Vec{};
-            }
-            return row_ok;
-        };
-        // Row r's taps of every pixel of the run: each column widened once, the row's weights too.
-        auto add_row = [&](int r, const Vec (&xs)[COLS]) {
-            Acc wr[KW][VEC];
+            if (static_cast<unsigned>(ih) >= static_cast<unsigned>(H)) continue;
+            Acc wr[KW][VEC];  // the row's weights, widened once for the run's PIX pixels
 #pragma unroll
             for (int s = 0; s < KW; ++s) {
                 const Vec wv = *reinterpret_cast<const Vec*>(w + (r * KW + s) * C + c0);
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) wr[s][j] = to_acc<Acc>(wv.v[j]);
+            }
+            // The run's input columns, loaded before any is used: COLS loads in flight at once
+            // (zeros where a column falls in the padding).
+            constexpr int COLS = (PIX - 1) * SW + KW;
+            const T* x_row = x_image + static_cast<Index>(ih) * W * C;
+            Vec xs[COLS];
+#pragma unroll
+            for (int col = 0; col < COLS; ++col) {
+                const int iw = iw0 + col;
+                xs[col] = static_cast<unsigned>(iw) < static_cast<unsigned>(W)
+                              ? *reinterpret_cast<const Vec*>(x_row + static_cast<Index>(iw) * C) : Vec{};
             }
 #pragma unroll
             for (int col = 0; col < COLS; ++col) {
@@ -109,25 +106,6 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                         for (int j = 0; j < VEC; ++j) acc[p][j] += xf[j] * wr[s][j];
                     }
                 }
-            }
-        };
-        // Square kernels of up to 18 vectors a window (3x3 of runs of 2 or 4, stride 1; of 2, stride
-        // 2): every row's columns are loaded before any is used, KW x COLS loads in flight per thread
-        // instead of COLS (larger windows would spill).
-        constexpr bool ALL_ROWS = KW * COLS <= 18;
-        if (ALL_ROWS && kh == KW) {
-            Vec xs[KW][COLS];
-            bool row_ok[KW];
-#pragma unroll
-            for (int r = 0; r < KW; ++r) row_ok[r] = load_row(r, xs[r]);
-#pragma unroll
-            for (int r = 0; r < KW; ++r)
-                if (row_ok[r]) add_row(r, xs[r]);
-        } else {
-#pragma unroll 1
-            for (int r = 0; r < kh; ++r) {
-                Vec xs[COLS];
-                if (load_row(r, xs)) add_row(r, xs);
             }
         }
     }
