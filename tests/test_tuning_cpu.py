@@ -224,6 +224,10 @@ def test_ties_go_to_the_fixed_rules():
     assert entry["kernel"] is None and entry["ms"] == 1.0
     clear = 1.0 - 2 * tuning.TIE_MARGIN
     assert tuning.tune(plans, lambda plan, best: 1.0 if plan is plans[0][1] else clear)["kernel"] is not None
+    # A 12 us row: 5 % faster is 0.6 us, within the noise TIE_MARGIN_MS allows; 20 % is not.
+    for faster, picked in ((0.95, False), (0.80, True)):
+        entry = tuning.tune(plans, lambda plan, best: 0.012 if plan is plans[0][1] else 0.012 * faster)
+        assert (entry["kernel"] is not None) == picked, faster
 
 
 def test_plans_that_cannot_run_are_left_out_but_the_rules_plan_must_run():
