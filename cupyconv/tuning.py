@@ -31,8 +31,9 @@ CuPy's current stream, each behind a spin kernel (kernels/spin.cu) that keeps th
 host enqueues the run; the median counts. A plan whose first timed run is PRUNE_RATIO times the
 best median so far is not run again. The winner must beat the fixed rules' plan by more than
 TIE_MARGIN and by more than TIE_MARGIN_MS (ties go to the rules: tuning is never slower than the
-default beyond noise). Inside a CUDA-graph capture nothing is timed (a problem first seen there runs the rules' plan, or a winner
-cached earlier): run a model once before capturing it, as for compilation.
+default beyond noise). Inside a CUDA-graph capture nothing is timed (a problem first seen there
+runs the rules' plan, or a winner cached earlier): run a model once before capturing it, as for
+compilation.
 
 **Cache.** Winners are kept in memory and on disk (cupyconv/tuning_cache.py), keyed by the device's
 name, the problem (every ConvProblem field: shapes, dtype, layouts, epilogue), the precision (TF32
