@@ -85,12 +85,14 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 for (int j = 0; j < VEC; ++j) wr[s][j] = to_acc<Acc>(wv.v[j]);
             }
             // The run's input columns, loaded before any is used: COLS loads in flight at once
-            // (zeros where a column falls in the padding). Runs whose columns all lie inside the row
-            // (all but the first and last of a wide row) load without a check or select per column:
-            // in 16 bits the integer pipe, not memory, is what binds (benchmarks/NOTES.md).
+            // (zeros where a column falls in the padding). In float, runs whose columns all lie
+            // inside the row (all but the first and last of a wide row) load without a check or
+            // select per column: 5-12 % faster on the H100; in 16 bits the second copy of the loads
+            // costs registers and was 3-6 % slower, so they keep the checked loads alone
+            // (benchmarks/NOTES.md).
             const T* x_cols = x_image + (static_cast<Index>(ih) * W + iw0) * C;
             Vec xs[COLS];
-            if (inside) {
+            if (sizeof(T) == 4 && inside) {
 #pragma unroll
                 for (int col = 0; col < COLS; ++col) xs[col] = *reinterpret_cast<const Vec*>(x_cols + col * C);
             } else {
