@@ -70,9 +70,7 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             }
         }
     } else {
-        constexpr int COLS = (PIX - 1) * SW + KW;  // input columns a run's windows cover in a row
         const int iw0 = ow0 * SW - pl;
-        const bool inside = iw0 >= 0 && iw0 + COLS <= W;
 #pragma unroll 1
         for (int r = 0; r < kh; ++r) {
             const int ih = ih0 + r * dh;
@@ -85,21 +83,15 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 for (int j = 0; j < VEC; ++j) wr[s][j] = to_acc<Acc>(wv.v[j]);
             }
             // The run's input columns, loaded before any is used: COLS loads in flight at once
-            // (zeros where a column falls in the padding). In float, runs whose columns all lie
-            // inside the row (all but the first and last of a wide row) load without a check or
-            // select per column: 5-12 % faster on the H100; in 16 bits the second copy of the loads
-            // costs registers and was 3-6 % slower, so they keep the checked loads alone
-            // (benchmarks/NOTES.md).
-            const T* x_cols = x_image + (static_cast<Index>(ih) * W + iw0) * C;
+            // (zeros where a column falls in the padding).
+            constexpr int COLS = (PIX - 1) * SW + KW;
+            const T* x_row = x_image + static_cast<Index>(ih) * W * C;
             Vec xs[COLS];
-            if (sizeof(T) == 4 && inside) {
 #pragma unroll
-                for (int col = 0; col < COLS; ++col) xs[col] = *reinterpret_cast<const Vec*>(x_cols + col * C);
-            } else {
-#pragma unroll
-                for (int col = 0; col < COLS; ++col)
-                    xs[col] = static_cast<unsigned>(iw0 + col) < static_cast<unsigned>(W)
-                                  ? *reinterpret_cast<const Vec*>(x_cols + col * C) : Vec{};
+            for (int col = 0; col < COLS; ++col) {
+                const int iw = iw0 + col;
+                xs[col] = static_cast<unsigned>(iw) < static_cast<unsigned>(W)
+                              ? *reinterpret_cast<const Vec*>(x_row + static_cast<Index>(iw) * C) : Vec{};
             }
 #pragma unroll
             for (int col = 0; col < COLS; ++col) {
