@@ -188,7 +188,6 @@ def test_nhwc_rows_where_compiled_else_per_pixel():
     import dataclasses
 
     from cupyconv.families import depthwise_nhwc
-    from cupyconv.planner import program
 
     for dtype, (kh, kw, stride, dilation, padding), (h, w) in itertools.product(ITEM, GEOMETRIES, SIZES):
         try:
@@ -208,27 +207,11 @@ def test_nhwc_rows_where_compiled_else_per_pixel():
                 assert (forced.config.kw, forced.config.sw, forced.config.pixels) == (kw, problem.stride[1], pixels)
                 assert f",{kw},{problem.stride[1]},{pixels}>" in depthwise_nhwc.name_expression(forced)
                 assert depthwise_nhwc.name_expression(forced) in depthwise_nhwc.specialisations()
-            for pixels in depthwise_nhwc.ROW_PIXELS:  # tiled rows: whole tiles cover every run and vector once
-                try:
-                    tiled = make_plan(problem, f"dw_nhwc_v16_tile{pixels}", "depthwise_nhwc")
-                except ValueError as error:
-                    assert "shared memory" in str(error)
-                    continue
-                t = tiled.config
-                assert tiled.shared_bytes <= SHARED_MEMORY_BYTES and t.tile_rows in (1, 2, 4)
-                assert tiled.block == (t.block_vectors, t.tile_rows * t.tile_runs, 1)
-                vectors = problem.c // (16 // ITEM[dtype])
-                assert vectors % t.block_vectors == 0 and tiled.grid[1] * t.block_vectors == vectors
-                runs = math.ceil(problem.wo / pixels)
-                assert tiled.grid[0] == problem.n * math.ceil(problem.ho / t.tile_rows) * math.ceil(runs / t.tile_runs)
-                assert depthwise_nhwc.name_expression(tiled) in depthwise_nhwc.specialisations()
-                assert program(tiled, problem).launches[0].kernel == depthwise_nhwc.TILED_KERNEL
         else:
             assert depthwise_nhwc.name_expression(plan).endswith(",0,1,1>")
-            for name in ("row", "tile"):
-                for pixels in depthwise_nhwc.ROW_PIXELS:
-                    with pytest.raises(ValueError, match="rows are compiled for"):
-                        make_plan(problem, f"dw_nhwc_v16_{name}{pixels}", "depthwise_nhwc")
+            for pixels in depthwise_nhwc.ROW_PIXELS:
+                with pytest.raises(ValueError, match="rows are compiled for"):
+                    make_plan(problem, f"dw_nhwc_v16_row{pixels}", "depthwise_nhwc")
         vec = 16 // ITEM[dtype] if cfg.vec_bytes == 16 else cfg.vec_bytes // ITEM[dtype]
         threads = problem.n * problem.ho * math.ceil(problem.wo / cfg.pixels) * problem.c // vec
         assert plan.grid[0] * plan.block[0] >= threads > (plan.grid[0] - 1) * plan.block[0]

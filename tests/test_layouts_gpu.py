@@ -253,17 +253,17 @@ def test_depthwise_nhwc_rows(case, dtype):
     expected = run(per_pixel, problem, x, weight, bias)
     assert not expected.isnan().any(), "an output element was never written"
     assert relative_error(expected, reference(x, weight, bias, case)) < tolerance(dtype, rows.kernel)
-    rows_and_tiles = [f"dw_nhwc_v16_{way}{pixels}" for way in ("row", "tile") for pixels in depthwise_nhwc.ROW_PIXELS]
-    for config in rows_and_tiles:
-        out = run(planner.make_plan(problem, config, planner.DEPTHWISE_NHWC_KERNEL), problem, x, weight, bias)
-        assert torch.equal(out, expected), config
+    for pixels in depthwise_nhwc.ROW_PIXELS:
+        out = run(planner.make_plan(problem, f"dw_nhwc_v16_row{pixels}", planner.DEPTHWISE_NHWC_KERNEL), problem,
+                  x, weight, bias)
+        assert torch.equal(out, expected), f"runs of {pixels} pixels"
     # The epilogue on every run's pixels: relu(conv + bias + residual), the residual the output itself.
     fused = dataclasses.replace(problem, activation="relu", has_residual=True)
     residual = torch.randn(expected.shape, device="cuda", dtype=torch.float64).to(expected.dtype)
     wanted = F.relu(reference(x, weight, bias, case) + residual.double())
-    for config in rows_and_tiles:
+    for pixels in depthwise_nhwc.ROW_PIXELS:
         y = residual.permute(0, 2, 3, 1).contiguous()
-        plan = planner.make_plan(fused, config, planner.DEPTHWISE_NHWC_KERNEL)
+        plan = planner.make_plan(fused, f"dw_nhwc_v16_row{pixels}", planner.DEPTHWISE_NHWC_KERNEL)
         conv2d_cupy(to_cupy(arranged(x, "NHWC")), to_cupy(arranged(weight, "KHWC")), to_cupy(bias), fused,
                     to_cupy(y), plan=plan, residual=to_cupy(y))
-        assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, rows.kernel), config
+        assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, rows.kernel), f"runs of {pixels}"

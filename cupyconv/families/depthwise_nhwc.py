@@ -15,7 +15,7 @@ import math
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
 from ..program import PREPARED, WEIGHT, CallProgram, Pointer, WeightPreparation
-from .common import CTYPES, INDEX_TYPES, SHARED_MEMORY_BYTES, STORAGE_BYTES, conv_launch, forced_config, index_type
+from .common import CTYPES, INDEX_TYPES, STORAGE_BYTES, conv_launch, forced_config, index_type
 
 KERNEL = "depthwise_nhwc"
 #: It computes NHWC alone (NCHW problems are refused, not transposed). Its weight, (C, 1, kh, kw) or
@@ -36,13 +36,6 @@ class VectorConfig:
     pixels: int = 1
     kw: int = 0
     sw: int = 0
-    # Tiled rows (kernels/depthwise_nhwc.cu depthwise_nhwc_tiled): a block's tile of tile_rows output
-    # rows x tile_runs runs for block_vectors channel vectors, its input staged in shared memory
-    # (0 in the table: make_plan's _tile).
-    tiled: bool = False
-    tile_rows: int = 0
-    tile_runs: int = 0
-    block_vectors: int = 0
 
 
 #: Row instances: kernel widths and column strides (MobileNet's and EfficientNet's 3x3 and 5x5,
@@ -58,20 +51,10 @@ ROW_VEC_BYTES = 16
 ROW_BLOCK = 128
 #: float64 stays per pixel: 16 bytes hold 2 channels, and its 7-wide rows spill.
 ROW_DTYPES = ("float16", "bfloat16", "float32")
-#: Tiled rows: the kernel's function, and tiles of up to TILE_MAX_ROWS output rows x TILE_RUNS runs
-#: for up to TILE_BLOCK_VECTORS channel vectors (the most that divides the channels' vectors), with
-#: fewer rows where the staged input would pass SHARED_MEMORY_BYTES.
-TILED_KERNEL = "depthwise_nhwc_tiled"
-TILE_MAX_ROWS = 4
-TILE_RUNS = 4
-TILE_BLOCK_VECTORS = 8
-#: The row configs first (the plan takes one where the problem allows), then 16-, 8-, 4- and 2-byte
-#: vectors per pixel: the widest whose channel count divides C; the tiled rows are chosen by name
-#: (or by autotuning) alone.
+#: The row config first (the plan takes it where the problem allows), then 16-, 8-, 4- and 2-byte
+#: vectors per pixel: the widest whose channel count divides C.
 NHWC_DEPTHWISE_CONFIGS = (*(VectorConfig(f"dw_nhwc_v{ROW_VEC_BYTES}_row{p}", ROW_VEC_BYTES, p) for p in ROW_PIXELS),
-                          *(VectorConfig(f"dw_nhwc_v{b}", b) for b in (16, 8, 4, 2)),
-                          *(VectorConfig(f"dw_nhwc_v{ROW_VEC_BYTES}_tile{p}", ROW_VEC_BYTES, p, tiled=True)
-                            for p in ROW_PIXELS))
+                          *(VectorConfig(f"dw_nhwc_v{b}", b) for b in (16, 8, 4, 2)))
 CONFIG_NAMES = frozenset(c.name for c in NHWC_DEPTHWISE_CONFIGS)
 
 
@@ -95,25 +78,7 @@ def _row_pixels(problem: ConvProblem) -> int:
 def _fits(cfg: VectorConfig, problem: ConvProblem) -> bool:
     item = STORAGE_BYTES[problem.dtype]
     return (cfg.vec_bytes >= item and problem.c % (cfg.vec_bytes // item) == 0
-            and (cfg.pixels == 1 or not _row_refusal(problem)) and (not cfg.tiled or _tile(cfg, problem) is not None))
-
-
-def _tile_bytes(problem: ConvProblem, pixels: int, rows: int, runs: int, block_vectors: int) -> int:
-    """Shared memory of a tile's staged input: its rows x columns x vectors, widened to float."""
-    in_rows = (rows - 1) * problem.stride[0] + (problem.kh - 1) * problem.dilation[0] + 1
-    in_cols = (runs * pixels - 1) * problem.stride[1] + problem.kw
-    return in_rows * in_cols * block_vectors * (ROW_VEC_BYTES // STORAGE_BYTES[problem.dtype]) * 4
-
-
-def _tile(cfg: VectorConfig, problem: ConvProblem) -> tuple[int, int, int] | None:
-    """(tile rows, runs, block vectors) of a tiled config for ``problem``: the most rows up to
-    TILE_MAX_ROWS whose staged input fits SHARED_MEMORY_BYTES, or None where not even one does."""
-    vectors = problem.c // (ROW_VEC_BYTES // STORAGE_BYTES[problem.dtype])
-    block_vectors = max(v for v in range(1, TILE_BLOCK_VECTORS + 1) if vectors % v == 0)
-    rows = TILE_MAX_ROWS
-    while rows >= 1 and _tile_bytes(problem, cfg.pixels, rows, TILE_RUNS, block_vectors) > SHARED_MEMORY_BYTES:
-        rows //= 2
-    return (rows, TILE_RUNS, block_vectors) if rows >= 1 else None
+            and (cfg.pixels == 1 or not _row_refusal(problem)))
 
 
 def refusal(problem: ConvProblem) -> str:
@@ -139,27 +104,17 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
             raise ValueError(f"config {config!r} cannot run this problem: "
                              f"{_row_refusal(problem) if cfg.pixels > 1 else ''}"
                              f"{'; or ' if cfg.pixels > 1 else ''}{problem.c} channels are not whole "
-                             f"{cfg.vec_bytes}-byte vectors of {problem.dtype}"
-                             f"{'; or one row of its tile passes the shared memory' if cfg.tiled else ''}")
+                             f"{cfg.vec_bytes}-byte vectors of {problem.dtype}")
         why = "config forced by the caller"
     else:
-        cfg = next(c for c in NHWC_DEPTHWISE_CONFIGS if not c.tiled and (
-            (_fits(c, problem) and c.pixels in (1, _row_pixels(problem))) or c.vec_bytes == STORAGE_BYTES[problem.dtype]))
+        cfg = next(c for c in NHWC_DEPTHWISE_CONFIGS if (_fits(c, problem) and c.pixels in (1, _row_pixels(problem)))
+                   or c.vec_bytes == STORAGE_BYTES[problem.dtype])
         why = f"{problem.c} channels in {cfg.vec_bytes}-byte vectors"
         if cfg.pixels > 1:
             why += f", runs of {cfg.pixels} pixels along rows ({problem.kw} wide, column stride {problem.stride[1]})"
     if cfg.pixels > 1:
         cfg = dataclasses.replace(cfg, kw=problem.kw, sw=problem.stride[1])
     threads = problem.n * problem.ho * math.ceil(problem.wo / cfg.pixels) * problem.c // _vec(cfg, problem.dtype)
-    if cfg.tiled:
-        rows, runs, block_vectors = _tile(cfg, problem)
-        cfg = dataclasses.replace(cfg, tile_rows=rows, tile_runs=runs, block_vectors=block_vectors)
-        tiles = math.ceil(problem.ho / rows) * math.ceil(math.ceil(problem.wo / cfg.pixels) / runs)
-        return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem, threads), config=cfg,
-                          grid=(problem.n * tiles, problem.c // _vec(cfg, problem.dtype) // block_vectors, 1),
-                          block=(block_vectors, rows * runs, 1),
-                          shared_bytes=_tile_bytes(problem, cfg.pixels, rows, runs, block_vectors),
-                          reason=f"{reason}; {why}" if reason else why)
     block = ROW_BLOCK if cfg.pixels > 1 else BLOCK
     return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem, threads), config=cfg,
                       grid=(math.ceil(threads / block), 1, 1), block=(block, 1, 1), shared_bytes=0,
@@ -175,25 +130,20 @@ def describe(plan: LaunchPlan) -> str:
     c = plan.config
     pixels = (f"a run of {c.pixels} output pixels along a row ({c.kw} wide, column stride {c.sw})" if c.pixels > 1
               else "one output pixel")
-    tile = (f"; tiles of {c.tile_rows} rows x {c.tile_runs} runs x {c.block_vectors} vectors, the input staged in "
-            f"{plan.shared_bytes} B of shared memory" if c.tiled else "")
-    return (f"{plan.kernel} [{c.name}: {_vec(c, plan.dtype)} channels of {pixels} per thread{tile}]\n"
+    return (f"{plan.kernel} [{c.name}: {_vec(c, plan.dtype)} channels of {pixels} per thread]\n"
             f"  {plan.dtype}, {plan.index_type} indices; weight prepared as [kh kw][C]\n"
             f"  grid {plan.grid}, block {plan.block}\n"
             f"  why: {plan.reason}")
 
 
-def specialisation(dtype: str, index: str, vec: int, kw: int = 0, sw: int = 1, pixels: int = 1,
-                   tiled: bool = False) -> str:
-    """An instance: per pixel (kw 0), or rows of ``pixels`` for a kernel ``kw`` wide, column stride
-    ``sw``, read from global memory or (``tiled``) from a tile staged in shared memory."""
-    return f"cupyconv::{TILED_KERNEL if tiled else KERNEL}<{CTYPES[dtype]},{index},{vec},{kw},{sw},{pixels}>"
+def specialisation(dtype: str, index: str, vec: int, kw: int = 0, sw: int = 1, pixels: int = 1) -> str:
+    """An instance: per pixel (kw 0), or rows of ``pixels`` for a kernel ``kw`` wide, column stride ``sw``."""
+    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{vec},{kw},{sw},{pixels}>"
 
 
 def name_expression(plan: LaunchPlan) -> str:
     c = plan.config
-    return specialisation(plan.dtype, plan.index_type, _vec(c, plan.dtype),
-                          *((c.kw, c.sw, c.pixels, c.tiled) if c.pixels > 1 else ()))
+    return specialisation(plan.dtype, plan.index_type, _vec(c, plan.dtype), *((c.kw, c.sw, c.pixels) if c.pixels > 1 else ()))
 
 
 def specialisations() -> list[str]:
@@ -201,9 +151,9 @@ def specialisations() -> list[str]:
     (16-byte vectors) of every kernel width and column stride."""
     per_pixel = [specialisation(dtype, index, _vec(cfg, dtype)) for dtype in CTYPES for index in INDEX_TYPES
                  for cfg in NHWC_DEPTHWISE_CONFIGS if cfg.pixels == 1 and cfg.vec_bytes >= STORAGE_BYTES[dtype]]
-    rows = [specialisation(dtype, index, ROW_VEC_BYTES // STORAGE_BYTES[dtype], kw, sw, pixels, tiled)
-            for tiled in (False, True) for dtype in ROW_DTYPES for index in INDEX_TYPES for kw in ROW_KERNEL_WIDTHS
-            for sw in ROW_STRIDES for pixels in ROW_PIXELS]
+    rows = [specialisation(dtype, index, ROW_VEC_BYTES // STORAGE_BYTES[dtype], kw, sw, pixels)
+            for dtype in ROW_DTYPES for index in INDEX_TYPES for kw in ROW_KERNEL_WIDTHS for sw in ROW_STRIDES
+            for pixels in ROW_PIXELS]
     return list(dict.fromkeys(per_pixel + rows))
 
 
@@ -218,10 +168,4 @@ def _weight_preparation(problem: ConvProblem) -> WeightPreparation:
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
     """One launch on the caller's x and output and the prepared weight."""
-    c = plan.config
-    if c.tiled:
-        launch = dataclasses.replace(conv_launch(plan, problem, c.tile_rows, c.tile_runs, weight=Pointer(PREPARED)),
-                                     kernel=TILED_KERNEL)
-    else:
-        launch = conv_launch(plan, problem, weight=Pointer(PREPARED))
-    return CallProgram((launch,), 0, _weight_preparation(problem))
+    return CallProgram((conv_launch(plan, problem, weight=Pointer(PREPARED)),), 0, _weight_preparation(problem))
