@@ -240,12 +240,15 @@ def bytes_moved(problem: ConvProblem) -> int:
     return elements * item
 
 
-def roofline(problem: ConvProblem, mode: str, ms: float, ceilings: dict) -> tuple[str, float]:
-    """The binding limit of ``problem`` ("compute": the mode's FMA or matrix rate, "memory": the copy
-    bandwidth) and the roofline efficiency of a run of ``ms``: the time at that limit over ``ms``."""
-    compute_ms = problem.flops / ceilings[mode] / 1e9
-    memory_ms = bytes_moved(problem) / ceilings["bandwidth_gbps"] / 1e6
-    return ("compute", compute_ms / ms) if compute_ms >= memory_ms else ("memory", memory_ms / ms)
+def roofline(problem: ConvProblem, mode: str, ms: float, ceilings: dict) -> dict:
+    """A run of ``ms`` against the GPU's limits: ``compute_fraction`` (its rate over the mode's FMA or
+    matrix rate), ``bandwidth_fraction`` (its bytes per second over the copy bandwidth), the ``bound``
+    that binds ("compute" or "memory": the larger fraction) and its ``roofline`` efficiency, the time
+    at that limit over ``ms`` (the larger fraction itself)."""
+    compute = problem.flops / ms / 1e9 / ceilings[mode]
+    memory = bytes_moved(problem) / ms / 1e6 / ceilings["bandwidth_gbps"]
+    bound, efficiency = ("compute", compute) if compute >= memory else ("memory", memory)
+    return {"compute_fraction": compute, "bandwidth_fraction": memory, "bound": bound, "roofline": efficiency}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -458,14 +461,11 @@ class _Runner:
         ours_t, ours_host_us = times["cupyconv"]
         torch_layout = min(LAYOUTS, key=lambda name: times[name][0])  # torch's faster layout
         torch_t, torch_host_us = times[torch_layout]
-        compute_ceiling = self.ceilings[mode]
         row.update(status="ok", torch_ms=torch_t, torch_layout=torch_layout, cupyconv_ms=ours_t,
                    speedup=torch_t / ours_t, torch_host_us=torch_host_us, cupyconv_host_us=ours_host_us,
                    input_sets=sets, tflops=problem.flops / ours_t / 1e9, gbps=bytes_moved(problem) / ours_t / 1e6,
                    **{f"torch_{name}_ms": times[name][0] for name in LAYOUTS})
-        bound, efficiency = roofline(problem, mode, ours_t, self.ceilings)
-        row.update(compute_fraction=row["tflops"] / compute_ceiling,
-                   bandwidth_fraction=row["gbps"] / self.ceilings["bandwidth_gbps"], bound=bound, roofline=efficiency)
+        row.update(roofline(problem, mode, ours_t, self.ceilings))
         if untuned is not None:
             untuned_ms = ours_t if same_launches else times["untuned"][0]
             row.update(untuned_ms=untuned_ms, autotune_speedup=untuned_ms / ours_t)

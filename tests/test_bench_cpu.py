@@ -62,10 +62,14 @@ def test_roofline_binds_at_the_slower_limit():
     ceilings = {"fp16": 500.0, "fp32": 50.0, "bandwidth_gbps": 3000.0}  # TFLOP/s and GB/s
     pointwise = bench.LARGE[0].problem("float16")  # 1x1, 64 -> 64: 128 FLOP per 256 bytes moved
     memory_ms = bench.bytes_moved(pointwise) / 3000.0 / 1e6
-    assert bench.roofline(pointwise, "fp16", 2 * memory_ms, ceilings) == ("memory", pytest.approx(0.5))
+    limits = bench.roofline(pointwise, "fp16", 2 * memory_ms, ceilings)
+    assert (limits["bound"], limits["roofline"]) == ("memory", pytest.approx(0.5))
+    assert limits["bandwidth_fraction"] == limits["roofline"] > limits["compute_fraction"]
     big = bench.LARGE[7].problem("float16")  # 3x3, 512 -> 512
     compute_ms = big.flops / 500.0 / 1e9
-    assert bench.roofline(big, "fp16", compute_ms / 0.6, ceilings) == ("compute", pytest.approx(0.6))
+    limits = bench.roofline(big, "fp16", compute_ms / 0.6, ceilings)
+    assert (limits["bound"], limits["roofline"]) == ("compute", pytest.approx(0.6))
+    assert limits["compute_fraction"] == limits["roofline"] > limits["bandwidth_fraction"]
 
 
 def test_large_suite_is_what_issue_15_asks_for():
