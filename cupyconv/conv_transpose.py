@@ -19,8 +19,12 @@ On CUDA the phases make one program (``program``), made once per problem and lau
 forward call: each phase's weight by kernels/phase_weight.cu into the workspace, its forward
 program reading it, and kernels/strided_copy.cu's copies and fills for windows of y, the phases'
 rows and columns of the output and the phases no tap reaches; an ungrouped output of fewer channels
-than the GEMMs take is computed with zero channels added and cut on the way out. Arrays past 32-bit
-offsets go phase by phase on CuPy arrays (run_phases).
+than the GEMMs take is computed with zero channels added and cut on the way out. NHWC 16-bit
+problems of several phases run every phase in one launch of the channels-last GEMM instead
+(implicit_gemm_nhwc_phases): it reads the whole of y, a window as negative padding, and writes each
+phase's rows and columns of the output in place, so the phases' tiles fill the GPU together and no
+window or phase output is copied. Arrays past 32-bit offsets go phase by phase on CuPy arrays
+(run_phases).
 
 The NumPy path runs the same phases on the NumPy convolution, so the CPU tests check the
 decomposition itself against torch.
@@ -202,10 +206,12 @@ class TransposePlan:
     """How a transposed convolution runs as one program: the output channels its phases compute
     (``channels``: the problem's, or more where an ungrouped output has fewer than the GEMMs take:
     zeros, cut on the way out) and each phase's forward plan (phase_plan; None for a phase no tap
-    reaches), in phases()' order for that many channels."""
+    reaches), in phases()' order for that many channels; or, where ``gemm`` is set, every phase with
+    taps in that one launch (implicit_gemm_nhwc.phases_plan) instead of the phases' own plans."""
 
     channels: int
     phases: tuple
+    gemm: object = None
 
 
 def program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
@@ -218,11 +224,12 @@ def program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
     The forward programs' prepared weights and temporaries are relocated into the workspace too."""
     from .planner import program as forward_program
 
+    if plan.gemm is not None:
+        return _phases_program(plan.gemm, tp)
     item = STORAGE_BYTES[tp.dtype]
     channels = plan.channels
     every = phases(dataclasses.replace(tp, c=channels))
     y_strides = _strides(tp.layout, tp.n, tp.k, tp.hy, tp.wy)
-    out_strides = _strides(tp.layout, tp.n, tp.c, tp.h, tp.w)
     launches, used = [], 0
 
     def take(nbytes: int) -> Pointer:
@@ -239,12 +246,10 @@ def program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
                           (Pointer(BIAS), Pointer(WORKSPACE, bias.offset + tp.c * item)), (0, 1))]
     for phase, phase_plan_ in zip(every, plan.phases):
         rows, cols = phase.rows, phase.cols
-        target = Pointer(OUT, (rows.start * out_strides[2] + cols.start * out_strides[3]) * item)
-        target_strides = (*out_strides[:2], out_strides[2] * tp.stride[0], out_strides[3] * tp.stride[1])
+        target, target_strides = _phase_target(tp, phase)
         sizes = (tp.n, tp.c, rows.count, cols.count)
         if phase.problem is None:
-            launches.append(_box(tp, STRIDED_FILL, sizes, (target_strides,), (Pointer(BIAS), target),
-                                 (int(tp.has_bias), 1 if tp.layout == "NCHW" else 3)))
+            launches.append(_fill(tp, phase))
             continue
         p = dataclasses.replace(phase.problem, weight_layout=phase_plan_.weight_layout)
         x = Pointer(X)
@@ -270,10 +275,60 @@ def program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
     return CallProgram(tuple(launches), used)
 
 
+def _phase_target(tp: TransposeProblem, phase: Phase) -> tuple[Pointer, tuple[int, int, int, int]]:
+    """Where ``phase``'s first output element is in OUT, and the element strides along (n, c, rows,
+    columns) of its rows and columns there."""
+    out_strides = _strides(tp.layout, tp.n, tp.c, tp.h, tp.w)
+    target = Pointer(OUT, (phase.rows.start * out_strides[2] + phase.cols.start * out_strides[3]) * STORAGE_BYTES[tp.dtype])
+    return target, (*out_strides[:2], out_strides[2] * tp.stride[0], out_strides[3] * tp.stride[1])
+
+
+def _fill(tp: TransposeProblem, phase: Phase) -> Launch:
+    """strided_fill of the positions of a phase no tap reaches with the bias or zeros."""
+    target, target_strides = _phase_target(tp, phase)
+    return _box(tp, STRIDED_FILL, (tp.n, tp.c, phase.rows.count, phase.cols.count), (target_strides,),
+                (Pointer(BIAS), target), (int(tp.has_bias), 1 if tp.layout == "NCHW" else 3))
+
+
+def _phases_program(gemm, tp: TransposeProblem) -> CallProgram:
+    """``tp`` (NHWC) with its phases in one launch of ``gemm`` (implicit_gemm_nhwc.phases_plan): each
+    phase's weight, KHWC, into the workspace (phase_weight), then the launch, reading the whole of y
+    and writing each phase's rows and columns of OUT (with split-K, float32 runs of the whole output
+    in the workspace and their ordered sum into OUT), then the phases no tap reaches filled."""
+    from .families.common import split_k_reduce
+    from .families.implicit_gemm_nhwc import PhaseGemm, phases_launch
+
+    item = STORAGE_BYTES[tp.dtype]
+    launches, tapped, used = [], [], 0
+    for phase in phases(tp):
+        if phase.problem is None:
+            continue
+        p = dataclasses.replace(phase.problem, weight_layout="KHWC")
+        launches.append(_phase_weight_launch(tp, phase, Pointer(WEIGHT), Pointer(WORKSPACE, used), "KHWC"))
+        # The phase reads the whole of y: its window's start becomes negative padding.
+        tapped.append(PhaseGemm(p, phase.rows.pad_before - phase.rows.read_start,
+                                phase.cols.pad_before - phase.cols.read_start, used // item,
+                                (phase.rows.start * tp.w + phase.cols.start) * tp.c))
+        used += align(math.prod(p.weight_shape) * item)
+    arguments = (gemm, tuple(tapped), (tp.hy, tp.wy), tp.out_array_shape, tp.stride, Pointer(WORKSPACE))
+    if gemm.splits == 1:
+        launches.append(phases_launch(*arguments))
+    else:
+        partial = Pointer(WORKSPACE, used)
+        used += align(4 * gemm.splits * math.prod(tp.out_array_shape))
+        # The reduction's problem: any whose output is the whole of tp's (a 1x1 convolution of y's size).
+        whole = dataclasses.replace(tapped[0].problem, h=tp.h, w=tp.w, kh=1, kw=1, dilation=(1, 1), pad_top=0,
+                                    pad_left=0, pad_bottom=0, pad_right=0)
+        launches += [phases_launch(*arguments, out=partial, partial=True),
+                     split_k_reduce(tp.dtype, "int", whole, gemm.splits, partial, Pointer(OUT), True)]
+    launches += [_fill(tp, phase) for phase in phases(tp) if phase.problem is None]
+    return CallProgram(tuple(launches), used)
+
+
 @functools.lru_cache(maxsize=1024)
 def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int, min_channels: int = 0):
-    """``program`` ready to launch on device ``device_id`` (each phase on the planner's fixed rules; an
-    ungrouped output of fewer than ``min_channels`` channels widened to that many), or None where
+    """``program`` ready to launch on device ``device_id`` (transpose_plan's; an ungrouped output of
+    fewer than ``min_channels`` channels widened to that many), or None where
     run_phases must run ``tp`` on CuPy arrays: an empty batch or arrays past 32-bit offsets. Made once
     per problem: the torch adapter's ConvTranspose2d asks on every call."""
     from .compiler import compute_capability
@@ -284,10 +339,24 @@ def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int
                    tp.k * channels // tp.groups * tp.kh * tp.kw)
     if tp.n == 0 or elements >= 2**31:
         return None
-    cc = compute_capability(device_id)
-    plans = tuple(None if phase.problem is None else phase_plan(phase.problem, allow_tf32, cc)
-                  for phase in phases(dataclasses.replace(tp, c=channels)))
-    return program_executable(program, TransposePlan(channels, plans), tp, device_id)
+    return program_executable(program, transpose_plan(tp, allow_tf32, compute_capability(device_id), channels),
+                              tp, device_id)
+
+
+def transpose_plan(tp: TransposeProblem, allow_tf32: bool, compute_capability: int, channels: int) -> TransposePlan:
+    """How ``tp`` runs with ``channels`` output channels: where it has several stride phases, is NHWC
+    and needs no widening, every phase with taps in one launch if implicit_gemm_nhwc.phases_plan
+    takes them; else each phase on the planner's fixed rules."""
+    from .families.implicit_gemm_nhwc import phases_plan
+
+    every = phases(dataclasses.replace(tp, c=channels))
+    tapped = tuple(dataclasses.replace(phase.problem, weight_layout="KHWC") for phase in every if phase.problem)
+    if len(every) > 1 and tp.layout == "NHWC" and channels == tp.c and tapped:
+        gemm = phases_plan(tapped, compute_capability)
+        if gemm is not None:
+            return TransposePlan(channels, (), gemm)
+    return TransposePlan(channels, tuple(None if phase.problem is None else
+                                         phase_plan(phase.problem, allow_tf32, compute_capability) for phase in every))
 
 
 def phase_plan(problem: ConvProblem, allow_tf32: bool, compute_capability: int):

@@ -17,7 +17,7 @@ import threading
 from . import tuning
 from .arguments import ConvProblem
 from .compiler import compute_capability, get_kernel
-from .program import OPERANDS, CallProgram, Launch, Pointer, align
+from .program import OPERANDS, CallProgram, Launch, Pointer, Table, align
 
 _SLOT = ctypes.sizeof(ctypes.c_uint64)
 _INT32_MASK = 0xFFFFFFFF
@@ -28,7 +28,8 @@ class PackedLaunch:
     slots are filled once and whose pointer slots each call fills (``pointers``: (slot, index of
     the operand in OPERANDS, byte offset))."""
 
-    __slots__ = ("function", "launch_shape", "values", "params_address", "pointers", "_params", "_launch_kernel")
+    __slots__ = ("function", "launch_shape", "values", "params_address", "pointers", "_params", "_tables",
+                 "_launch_kernel")
 
     def __init__(self, launch: Launch, device_id: int):
         from cupy.cuda import driver
@@ -43,10 +44,14 @@ class PackedLaunch:
         self._params = (ctypes.c_void_p * max(1, len(launch.args)))(
             *(ctypes.addressof(self.values) + _SLOT * i for i in range(len(launch.args))))
         self.params_address = ctypes.addressof(self._params)
+        self._tables = []  # a Table's ints, which its slot of _params points to instead
         pointers = []
         for slot, arg in enumerate(launch.args):
             if isinstance(arg, Pointer):
                 pointers.append((slot, OPERANDS.index(arg.operand), arg.offset))
+            elif isinstance(arg, Table):
+                self._tables.append((ctypes.c_int32 * len(arg.values))(*arg.values))
+                self._params[slot] = ctypes.addressof(self._tables[-1])
             else:
                 self.values[slot] = int(arg) & _INT32_MASK
         self.pointers = tuple(pointers)

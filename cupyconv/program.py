@@ -41,9 +41,18 @@ class Pointer:
 
 
 @dataclasses.dataclass(frozen=True)
+class Table:
+    """A struct parameter of 32-bit ints passed by value (the phase launch's PhaseTable): ``values`` in
+    the struct's field order, as many as it has."""
+
+    values: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class Launch:
     """One kernel launch. ``args`` are the kernel's parameters in order: a Pointer for each pointer
-    parameter, a Python int for each ``int`` parameter (passed as a 32-bit int)."""
+    parameter, a Python int for each ``int`` parameter (passed as a 32-bit int), a Table for a struct
+    of ints."""
 
     kernel: str
     name_expression: str

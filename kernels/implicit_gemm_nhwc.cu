@@ -66,16 +66,41 @@ __host__ __device__ constexpr int nhwc_min_blocks(int threads, int accumulators,
     return blocks < 1 ? 1 : (blocks > 3 ? 3 : blocks);
 }
 
+// Where a tile's output pixels go: pixel m = (image, oh, ow) of the GEMM at y + m K (PHASED: false), or
+// (PHASED) at y + offset + image image_stride + oh row_stride + ow column_stride, one stride phase's
+// rows and columns of a larger output.
+struct PixelPlacement {
+    int offset, image_stride, row_stride, column_stride;
+};
+
+// The stride phases of a transposed convolution (cupyconv/conv_transpose.py) as one launch: phase p is a
+// stride-1 convolution of the whole of y with kh[p] x kw[p] taps dh[p], dw[p] apart, padding pt[p],
+// pl[p] (negative where it starts inside y), writing ho[p] x wo[p] pixels per image placed by
+// PixelPlacement{out_offset[p], image_stride, row_stride, column_stride}, its weight at w +
+// weight_offset[p]. Its pixel tiles are blocks first_tile[p] to first_tile[p + 1] - 1 along x.
+constexpr int MAX_PHASES = 16;
+struct PhaseTable {
+    int count, image_stride, row_stride, column_stride;
+    int first_tile[MAX_PHASES + 1];
+    int ho[MAX_PHASES], wo[MAX_PHASES], kh[MAX_PHASES], kw[MAX_PHASES], pt[MAX_PHASES], pl[MAX_PHASES];
+    int dh[MAX_PHASES], dw[MAX_PHASES], weight_offset[MAX_PHASES], out_offset[MAX_PHASES];
+};
+
+#define NHWC_GEMM_LAUNCH_BOUNDS                                                                        \
+    __launch_bounds__(WARPS_M * WARPS_N * 32,                                                          \
+                      nhwc_min_blocks(WARPS_M * WARPS_N * 32, BM * BN / (WARPS_M * WARPS_N * 32),      \
+                                      BM * BK * sizeof(T) / (VEC * WARPS_M * WARPS_N * 32), sizeof(Index) / 4))
+
+// One block's tile: pixel tile `tile` (blockIdx.x but in a phase launch), channel tile blockIdx.y,
+// group and split blockIdx.z.
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
-          bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K>
-__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32,
-                                  nhwc_min_blocks(WARPS_M * WARPS_N * 32, BM * BN / (WARPS_M * WARPS_N * 32),
-                                                  BM * BK * sizeof(T) / (VEC * WARPS_M * WARPS_N * 32),
-                                                  sizeof(Index) / 4))
-implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
-                   void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
-                   int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
-                   int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements) {
+          bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K, bool PHASED>
+__device__ __forceinline__ void
+nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+               void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
+               int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
+               int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
+               int tile, PixelPlacement placement) {
     constexpr int NWARPS = WARPS_M * WARPS_N;
     constexpr bool WGMMA = WGMMA_ROWS != NO_WGMMA;
     constexpr int NT = NWARPS * 32;
@@ -124,6 +149,7 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
                   STAGES * (A_STAGE + B_STAGE) * static_cast<int>(sizeof(T)),
                   "epilogue staging fits in the pipeline buffers");
     static_assert(!(NHWC_OUT && NCHW_A), "NCHW_A reads an NCHW input, whose output is NCHW");
+    static_assert(!PHASED || NHWC_OUT, "stride phases write NHWC outputs");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // wgmma tiles start on 1024-byte boundaries (the swizzle repeats every 8 rows); the planner adds
@@ -138,7 +164,7 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     const int Kgemm = kh * kw * Cg;
     const Index HoWo = static_cast<Index>(Ho) * Wo;
     const Index M = static_cast<Index>(N) * HoWo;
-    const Index m0 = static_cast<Index>(blockIdx.x) * BM;
+    const Index m0 = static_cast<Index>(tile) * BM;
     const int n0 = blockIdx.y * BN;
     const int all_tiles = (Kgemm + BK - 1) / BK;
     const int split_tiles = SPLIT_K ? (all_tiles + splits - 1) / splits : all_tiles;
@@ -323,6 +349,16 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
         // pixel row (and of the next: NHWC rows of K channels follow each other) where a lane per
         // channel stored 2 bytes per instruction. Where the output's channels or address do not
         // allow a vector (K or K / groups not a multiple of 4), a channel per thread as before.
+        auto pixel_offset = [&](Index m) -> Index {
+            if constexpr (PHASED) {
+                const Index image = m / HoWo, p = m - image * HoWo;
+                const Index oh = p / Wo, ow = p - oh * Wo;
+                return placement.offset + image * placement.image_stride + oh * placement.row_stride +
+                       ow * placement.column_stride;
+            } else {
+                return m * K;
+            }
+        };
         constexpr int CV = 4, VECTORS = BN / CV;
         const bool vectors = K % CV == 0 && Kg % CV == 0 &&
                              reinterpret_cast<unsigned long long>(y) % (CV * sizeof(Y)) == 0;
@@ -333,7 +369,7 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
                 for (int i = tid; i < BM * VECTORS; i += NT) {
                     const int m = i / VECTORS, n = (i % VECTORS) * CV;
                     if (m0 + m >= M || n0 + n >= Kg) continue;
-                    const Index at = (m0 + m) * K + g * Kg + n0 + n;
+                    const Index at = pixel_offset(m0 + m) + g * Kg + n0 + n;
                     YVec out;
 #pragma unroll
                     for (int j = 0; j < CV; ++j) {
@@ -348,7 +384,7 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
             for (int i = tid; i < BM * BN; i += NT) {
                 const int m = i / BN, n = i % BN;
                 if (m0 + m >= M || n0 + n >= Kg) continue;
-                const Index at = (m0 + m) * K + g * Kg + n0 + n;
+                const Index at = pixel_offset(m0 + m) + g * Kg + n0 + n;
                 const float b = has_bias ? to_acc<float>(bias[g * Kg + n0 + n]) : 0.0f;
                 y[at] = finish(c_smem[m * D_STRIDE + n] + b, at);
             }
@@ -376,6 +412,39 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
                                                             y_pixel[i] + channel_offset);
         }
     });
+}
+
+template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
+          bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K>
+__global__ void NHWC_GEMM_LAUNCH_BOUNDS
+implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                   void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
+                   int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
+                   int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements) {
+    nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, NCHW_A, WGMMA_ROWS, NHWC_OUT, ROUND_A, SPLIT_K,
+                   false>(x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho, Wo, kh, kw,
+                          sh, sw, pt, pl, dh, dw, groups, splits, split_elements, blockIdx.x, PixelPlacement{});
+}
+
+// Every stride phase of a transposed convolution with taps (PhaseTable), NHWC in and out, in one
+// launch: the phases' tiles fill the GPU together, and each writes its rows and columns of the output
+// in place (no temporary per phase, no window of y cut first). split_elements: the whole output's.
+template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
+          int WGMMA_ROWS, bool ROUND_A, bool SPLIT_K>
+__global__ void NHWC_GEMM_LAUNCH_BOUNDS
+implicit_gemm_nhwc_phases(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                          void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
+                          int activation, int N, int C, int H, int W, int K, int groups, int splits, int split_elements,
+                          const __grid_constant__ PhaseTable phases) {
+    int p = 0;
+    while (p + 1 < phases.count && static_cast<int>(blockIdx.x) >= phases.first_tile[p + 1]) ++p;
+    nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, false, WGMMA_ROWS, true, ROUND_A, SPLIT_K,
+                   true>(x, w + phases.weight_offset[p], bias, y_out, has_bias, residual, has_residual, activation,
+                         N, C, H, W, K, phases.ho[p], phases.wo[p], phases.kh[p], phases.kw[p], 1, 1, phases.pt[p],
+                         phases.pl[p], phases.dh[p], phases.dw[p], groups, splits, split_elements,
+                         blockIdx.x - phases.first_tile[p],
+                         PixelPlacement{phases.out_offset[p], phases.image_stride, phases.row_stride,
+                                        phases.column_stride});
 }
 
 }  // namespace cupyconv

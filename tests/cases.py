@@ -45,3 +45,16 @@ GRID = [
     Case(2, 3, 96, 35, 35, 11, 11, stride=4, padding=2),  # AlexNet conv1 geometry, small
     Case(1, 32, 64, 21, 27, 5, 9),  # the wide 5x9 seed geometry, small
 ]
+
+#: Transposed convolutions (NHWC, 16-bit channels in 16-byte pieces) of several stride phases, which run
+#: in one launch (implicit_gemm_nhwc_phases): each a geometry the phase table must place right.
+PHASE_CASES = [  # y (n, hy, wy, k), weight (k, c / groups, kh, kw), stride, padding, output_padding, groups, dilation
+    ((2, 4, 4, 32), (32, 16, 4, 4), 2, 1, 0, 1, 1),     # DCGAN
+    ((2, 5, 6, 16), (16, 24, 3, 3), 2, 1, 1, 1, 1),     # a decoder's 3x3: phases of 1 and 2 taps
+    ((1, 7, 5, 16), (16, 8, 2, 2), 2, 0, 0, 1, 1),      # U-Net's 2x2: one tap per phase
+    ((2, 6, 5, 16), (16, 8, 5, 3), (3, 2), (2, 0), (1, 1), 1, 1),  # phases past the kernel's taps
+    ((1, 6, 7, 32), (32, 8, 3, 3), 2, 2, 0, 2, 2),      # groups, dilation
+    ((1, 3, 3, 16), (16, 8, 1, 1), 2, 0, 1, 1, 1),      # phases no tap reaches
+    ((2, 8, 7, 16), (16, 8, 3, 3), 2, (3, 4), (1, 0), 1, 1),  # padding past the taps: phases read inside y
+    ((3, 9, 9, 512), (512, 64, 4, 4), 2, 1, 0, 1, 1),   # a long reduction of few tiles: split-K
+]

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 import cupyconv
-from cases import Case
+from cases import PHASE_CASES, Case
 from checks import relative_error
 from cupyconv.arguments import make_problem
-from cupyconv.conv_transpose import make_transpose_problem, transposed
+from cupyconv.compiler import compute_capability
+from cupyconv.conv_transpose import make_transpose_problem, transpose_plan, transposed
 from devices import gpu_count
 
 pytestmark = pytest.mark.gpu
@@ -154,6 +155,30 @@ def test_conv_transpose2d(case, mode, nhwc):
         out = transposed(to_cupy(x.to(dtype), nhwc), to_cupy(w.to(dtype), nhwc), to_cupy(b.to(dtype)), tp, "cupy",
                          allow_tf32=mode == "tf32")
         got = from_cupy(out, dtype, nhwc)
+        own = F.conv_transpose2d(x.to(dtype), w.to(dtype), b.to(dtype), *args)
+    assert got.shape == ref.shape and not got.isnan().any()
+    assert relative_error(got, ref) <= bound(mode, own, ref)
+
+
+@pytest.mark.parametrize("mode", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", PHASE_CASES, ids=str)
+def test_conv_transpose2d_phases_in_one_launch(case, mode):
+    """NHWC 16-bit transposed convolutions whose stride phases run in one launch (windows of y read
+    through negative padding, phases of different taps, groups, dilation, split-K, phases no tap
+    reaches): against torch in float64, NaN-poisoned."""
+    y_shape, w_shape, stride, padding, output_padding, groups, dilation = case
+    dtype = TORCH_DTYPES[mode]
+    gen = torch.Generator(device="cuda").manual_seed(len(str(case)))
+    x = torch.randn(y_shape[0], y_shape[3], *y_shape[1:3], device="cuda", dtype=torch.float64, generator=gen)
+    w = torch.randn(*w_shape, device="cuda", dtype=torch.float64, generator=gen)
+    b = torch.randn(w_shape[1] * groups, device="cuda", dtype=torch.float64, generator=gen)
+    args = (stride, padding, output_padding, groups, dilation)
+    ref = F.conv_transpose2d(x, w, b, *args)
+    tp = make_transpose_problem(y_shape, w_shape, tuple(b.shape), mode, *args, "NHWC", "KCHW")
+    assert transpose_plan(tp, False, compute_capability(), tp.c).gemm is not None
+    with nan_poisoned_memory():
+        out = transposed(to_cupy(x.to(dtype), True), to_cupy(w.to(dtype)), to_cupy(b.to(dtype)), tp, "cupy")
+        got = from_cupy(out, dtype, True)
         own = F.conv_transpose2d(x.to(dtype), w.to(dtype), b.to(dtype), *args)
     assert got.shape == ref.shape and not got.isnan().any()
     assert relative_error(got, ref) <= bound(mode, own, ref)

@@ -10,16 +10,18 @@ element once."""
 import dataclasses
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
 
-from cases import GRID
+from cases import GRID, PHASE_CASES
 from test_programs import check_arguments, parameters, problem_of
 from cupyconv import conv_transpose, grad, planner, wgrad, wgrad_depthwise, wgrad_tensor_cores
 from cupyconv.arguments import make_problem
+from cupyconv.compiler import kernel_source
 from cupyconv.families.common import STORAGE_BYTES
-from cupyconv.families.implicit_gemm_nhwc import channels_last_specialisations
+from cupyconv.families.implicit_gemm_nhwc import MAX_PHASES, PHASES_KERNEL, channels_last_specialisations
 from cupyconv.program import (BIAS, GRAD_OUTPUT, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X,
                               Pointer)
 
@@ -102,6 +104,7 @@ def replay_phase_weight(args, weight: np.ndarray) -> np.ndarray:
 
 
 def transpose_plan(tp, tf32: bool, cc: int, channels: int):
+    """Each phase on its own plan (the route of every layout and dtype)."""
     wide = dataclasses.replace(tp, c=channels)
     return conv_transpose.TransposePlan(channels, tuple(
         None if ph.problem is None else conv_transpose.phase_plan(ph.problem, tf32, cc)
@@ -178,3 +181,100 @@ def test_window_copies_read_inside_y():
         read = copy.args[0].offset // 4 + box_offsets(dataclasses.replace(copy, args=copy.args[:10]))
         assert read.min() >= 0 and read.max() < math.prod(tp.out_array_shape[:1]) * tp.k * tp.hy * tp.wy
         assert len(np.unique(read)) == math.prod(phase.problem.x_shape)
+
+
+def phases_written(launch) -> dict[int, tuple]:
+    """The phase launch's output pixels, replayed from its PhaseTable: phase -> (element offset of
+    channel 0 of each pixel in OUT, image, row and column of the pixel in the phase)."""
+    values = launch.args[-1].values
+    count, image_stride, row_stride, column_stride = values[:4]
+    rest = values[4 + MAX_PHASES + 1:]  # after first_tile
+    ho, wo = rest[:MAX_PHASES], rest[MAX_PHASES:2 * MAX_PHASES]
+    out_offset = rest[9 * MAX_PHASES:10 * MAX_PHASES]
+    n = launch.args[8]
+    written = {}
+    for p in range(count):
+        image, oh, ow = (a.ravel() for a in np.meshgrid(np.arange(n), np.arange(ho[p]), np.arange(wo[p]), indexing="ij"))
+        written[p] = (out_offset[p] + image * image_stride + oh * row_stride + ow * column_stride, image, oh, ow)
+    return written
+
+
+@pytest.mark.parametrize("cc", (0, 90))
+@pytest.mark.parametrize("y_shape,weight_shape,stride,padding,output_padding,groups,dilation", PHASE_CASES)
+def test_phases_launch_replayed(y_shape, weight_shape, stride, padding, output_padding, groups, dilation, cc):
+    """An NHWC 16-bit transposed convolution of several stride phases runs them in one launch
+    (implicit_gemm_nhwc_phases): replayed in NumPy from the launches' own arguments (the phase weights,
+    the PhaseTable's pixels, taps, padding and placements, split-K's ordered sum, the fills), it gives
+    the NumPy conv_transpose2d, and every output element is written once."""
+    tp = conv_transpose.make_transpose_problem(y_shape, weight_shape, (weight_shape[1] * groups,), "float16", stride,
+                                               padding, output_padding, groups, dilation, "NHWC")
+    plan = conv_transpose.transpose_plan(tp, False, cc, tp.c)
+    assert plan.gemm is not None and plan.phases == ()
+    call = conv_transpose.program(plan, tp)
+    check_launches(call, {X, WEIGHT, BIAS, WORKSPACE, RESIDUAL}, {OUT, WORKSPACE})
+    kernels = [launch.kernel for launch in call.launches]
+    every = conv_transpose.phases(tp)
+    tapped = [ph for ph in every if ph.problem is not None]
+    assert kernels.count(conv_transpose.PHASE_WEIGHT) == len(tapped) and kernels.count(PHASES_KERNEL) == 1
+    assert conv_transpose.STRIDED_COPY not in kernels  # no window of y cut, no phase output moved
+    rng = np.random.default_rng(7)
+    y, weight, bias = (rng.standard_normal(shape) for shape in (y_shape, weight_shape, (tp.c,)))
+    workspace = np.full(call.workspace_bytes // 2, np.nan)
+    out = np.full(math.prod(tp.out_array_shape), np.nan)
+    item = 2
+    (launch,) = [launch for launch in call.launches if launch.kernel == PHASES_KERNEL]
+    values = launch.args[-1].values
+    count, rest = values[0], values[4 + MAX_PHASES + 1:]
+    kh, kw, pt, pl, dh, dw, weight_offset = (rest[i * MAX_PHASES:(i + 1) * MAX_PHASES] for i in range(2, 9))
+    assert count == len(tapped) and values[4 + count] == launch.grid[0]
+    firsts = values[4:5 + count]
+    assert [b - a for a, b in zip(firsts, firsts[1:])] == [
+        math.ceil(ph.problem.n * ph.problem.ho * ph.problem.wo / plan.gemm.config.bm) for ph in tapped]
+    assert launch.args[9:13] == (tp.k, tp.hy, tp.wy, tp.c) and launch.args[-3] == plan.gemm.splits
+    cg, kg = tp.k // groups, tp.c // groups
+    for pw in call.launches:
+        if pw.kernel == conv_transpose.PHASE_WEIGHT:
+            assert pw.args[1].operand == WORKSPACE
+            taps = replay_phase_weight(pw.args[2:], weight)  # (c, k / groups, th, tw)
+            start = pw.args[1].offset // item
+            workspace[start:start + taps.size] = taps.transpose(0, 2, 3, 1).ravel()  # KHWC
+    target = launch.args[3]
+    sums = np.full(math.prod(tp.out_array_shape), np.nan)
+    for p, (offsets, image, oh, ow) in phases_written(launch).items():
+        w_p = workspace[weight_offset[p]:weight_offset[p] + tp.c * kh[p] * kw[p] * cg].reshape(tp.c, kh[p], kw[p], cg)
+        acc = np.zeros((len(offsets), tp.c))
+        for r, s_ in itertools.product(range(kh[p]), range(kw[p])):
+            ih, iw = oh - pt[p] + r * dh[p], ow - pl[p] + s_ * dw[p]
+            inside = (ih >= 0) & (ih < tp.hy) & (iw >= 0) & (iw < tp.wy)
+            taps = np.where(inside[:, None], y[image, ih.clip(0, tp.hy - 1), iw.clip(0, tp.wy - 1)], 0.0)
+            for g in range(groups):
+                acc[:, g * kg:(g + 1) * kg] += taps[:, g * cg:(g + 1) * cg] @ w_p[g * kg:(g + 1) * kg, r, s_].T
+        index = offsets[:, None] + np.arange(tp.c)
+        assert np.isnan(sums[index]).all(), "a pixel written twice"
+        sums[index] = acc
+    if plan.gemm.splits > 1:  # the reduction adds the bias to every element, the fills overwrite theirs
+        assert target.operand == WORKSPACE and launch.args[4] == 0 and kernels[-1 - kernels[::-1].index(PHASES_KERNEL) + 1] == "split_k_reduce"
+        out[:] = sums + np.tile(bias, out.size // tp.c)
+    else:
+        assert target == Pointer(OUT) and launch.args[4] == 1
+        out[:] = sums + np.tile(bias, out.size // tp.c)
+    for fill in call.launches:
+        if fill.kernel == conv_transpose.STRIDED_FILL:
+            offsets = fill.args[1].offset // item + box_offsets(fill)
+            assert np.isnan(sums[offsets]).all()
+            out[offsets] = np.tile(bias, len(offsets) // tp.c) if fill.args[2] else 0.0
+    expected = conv_transpose.transposed(y, weight, bias, dataclasses.replace(tp, dtype="float64"), "numpy")
+    np.testing.assert_allclose(out.reshape(tp.out_array_shape), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_phase_table_has_the_kernel_structs_fields():
+    """The Table the phase launch passes is PhaseTable of kernels/implicit_gemm_nhwc.cu, int for int."""
+    source = kernel_source("implicit_gemm_nhwc.cu")
+    assert re.search(r"constexpr int MAX_PHASES = (\d+);", source).group(1) == str(MAX_PHASES)
+    body = re.search(r"struct PhaseTable \{(.*?)\};", source, re.S).group(1)
+    fields = re.findall(r"(\w+)(?:\[([^\]]+)\])?\s*[,;]", body.replace("int ", " "))
+    ints = sum(eval(size.replace("MAX_PHASES", str(MAX_PHASES))) if size else 1 for _, size in fields)
+    tp = conv_transpose.make_transpose_problem(*PHASE_CASES[0][:2], None, "float16", *PHASE_CASES[0][2:], "NHWC")
+    call = conv_transpose.program(conv_transpose.transpose_plan(tp, False, 90, tp.c), tp)
+    (table,) = [launch.args[-1] for launch in call.launches if launch.kernel == PHASES_KERNEL]
+    assert len(table.values) == ints == 4 + MAX_PHASES + 1 + 10 * MAX_PHASES

@@ -20,7 +20,7 @@ from cupyconv.compiler import kernel_source, source_file
 from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, depthwise_nhwc, direct_conv2d, implicit_gemm_conv2d,
                                implicit_gemm_nhwc, simt_gemm_conv2d, winograd_conv2d)
 from cupyconv.families.common import REDUCE_KERNEL, STORAGE_BYTES
-from cupyconv.program import BIAS, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X, Pointer
+from cupyconv.program import BIAS, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X, Pointer, Table
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: The grid, and 1x1 problems the channels-last GEMM reads in place (no copies) in every dtype.
@@ -70,7 +70,7 @@ def plans_for(case: Case, dtype: str, layout: str = "NCHW", weight_layout: str =
 @functools.lru_cache(maxsize=None)
 def parameters(kernel: str) -> tuple[str, ...]:
     """Each parameter of ``kernel``'s __global__ signature in its .cu: 'in' (const pointer), 'out'
-    (pointer written) or 'int'."""
+    (pointer written), 'int' or 'table' (a __grid_constant__ struct of ints)."""
     return tuple(kind for kind, _ in signature(kernel))
 
 
@@ -85,6 +85,8 @@ def signature(kernel: str) -> tuple[tuple[str, str], ...]:
         words = parameter.replace("*", " * ").split()
         if "*" in words:
             kinds.append(("in" if words[0] == "const" else "out", words[-1]))
+        elif "__grid_constant__" in words:  # a struct of ints by value (program.Table)
+            kinds.append(("table", words[-1]))
         else:
             assert words[0] == "int", f"{kernel}: parameter {parameter!r} is neither a pointer nor an int"
             kinds.append(("int", words[-1]))
@@ -126,6 +128,8 @@ def check_arguments(launch, kinds, reads: set, writes: set) -> None:
     for kind, arg in zip(kinds, launch.args):
         if kind == "int":
             assert type(arg) is int and -2**31 <= arg < 2**31, (launch.kernel, arg)
+        elif kind == "table":
+            assert isinstance(arg, Table) and all(-2**31 <= v < 2**31 for v in arg.values), (launch.kernel, arg)
         else:
             assert isinstance(arg, Pointer), (launch.kernel, arg)
             assert arg.operand in (writes if kind == "out" else reads), (launch.kernel, kind, arg)

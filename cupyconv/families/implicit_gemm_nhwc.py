@@ -9,14 +9,16 @@ shared memory), the output is written NHWC, and a KHWC
 weight is the form it reads (in place where it needs no zero channels and, in float32, no rounding)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
-from ..program import OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation, align
+from ..program import (BIAS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, Table,
+                       WeightPreparation, align)
 from .common import (CTYPES, INDEX_TYPES, MAX_GRID_Y, REDUCE_KERNEL, STORAGE_BYTES, check_splits, conv_launch,
-                     forced_config, gemm_grid, grid_refusal, index_type, partial_bytes, reduce_specialisation,
-                     split_k_reduce, split_k_runs)
+                     epilogue_args, forced_config, gemm_grid, grid_refusal, index_type, partial_bytes,
+                     reduce_specialisation, split_k_reduce, split_k_runs)
 from .implicit_gemm_conv2d import GEMM_DTYPES, GemmConfig, describe_tiles, dtype_refusal
 
 KERNEL = "implicit_gemm_nhwc"
@@ -327,14 +329,16 @@ def channels_last_specialisations() -> list[str]:
 
 
 def specialisations() -> list[str]:
-    """The mma.sync GEMMs, split-K's reductions and the channels-last copies (any GPU)."""
-    return _gemm_specialisations(wgmma=False) + [reduce_specialisation(dtype, "int") for dtype in GEMM_DTYPES
-                                                 if dtype != "float32"] + channels_last_specialisations()
+    """The mma.sync GEMMs (of one convolution and of stride phases), split-K's reductions and the
+    channels-last copies (any GPU)."""
+    return _gemm_specialisations(wgmma=False) + _phases_specialisations(wgmma=False) + \
+        [reduce_specialisation(dtype, "int") for dtype in GEMM_DTYPES if dtype != "float32"] + \
+        channels_last_specialisations()
 
 
 def arch_specialisations() -> dict[str, list[str]]:
     """NVRTC target -> the name expressions that compile for it alone (the wgmma tiles)."""
-    return {WGMMA_ARCH: _gemm_specialisations(wgmma=True)}
+    return {WGMMA_ARCH: _gemm_specialisations(wgmma=True) + _phases_specialisations(wgmma=True)}
 
 
 def channels_last_copy(dtype: str, n: int, c: int, positions: int, channels_padded: int, round_tf32: bool,
@@ -396,3 +400,100 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
                              channels=plan.channels_padded, partial=True),
                  split_k_reduce(p.dtype, plan.index_type, p, plan.splits, partial, Pointer(OUT), p.layout == "NHWC")]
     return CallProgram(tuple(launches), workspace + partial_bytes(plan.splits, p), weight)
+
+
+# --- The stride phases of a transposed convolution in one launch (kernels/implicit_gemm_nhwc.cu,
+# implicit_gemm_nhwc_phases; cupyconv/conv_transpose.py decides when and builds the phases).
+
+PHASES_KERNEL = "implicit_gemm_nhwc_phases"
+#: PhaseTable's capacity in kernels/implicit_gemm_nhwc.cu (a CPU test reads it there).
+MAX_PHASES = 16
+#: 16-bit operands read in place in 16-byte pieces: float32 would need its operands rounded to TF32.
+PHASES_DTYPES = ("float16", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseGemm:
+    """One stride phase as the phase launch reads it: its stride-1 ``problem`` (its taps, dilation and
+    pixels; its x is the phase's window of y), the padding it reads the whole of y with (``pad_top``,
+    ``pad_left``: negative where the window starts inside y), and element offsets of its weight (from
+    the weight operand) and of its first output pixel (from the output)."""
+
+    problem: ConvProblem
+    pad_top: int
+    pad_left: int
+    weight_offset: int
+    out_offset: int
+
+
+def phases_plan(problems: tuple[ConvProblem, ...], compute_capability: int = 0) -> LaunchPlan | None:
+    """The plan of one launch computing the stride phases ``problems`` (stride-1 NHWC problems of one
+    transposed convolution, with their taps), or None where it cannot: more than MAX_PHASES, not 16-bit,
+    channels that need copies or pieces narrower than 16 bytes, or 64-bit offsets. The tile is the
+    one make_plan picks for the phase of most taps at the phases' pixels all together; its grid x
+    counts every phase's pixel tiles (phases_tiles)."""
+    largest = max(problems, key=lambda p: p.kh * p.kw)
+    if not 1 <= len(problems) <= MAX_PHASES or largest.layout != "NHWC" or largest.dtype not in PHASES_DTYPES \
+            or refusal(largest):
+        return None
+    together = dataclasses.replace(largest, n=largest.n * len(problems))
+    if refusal(together):
+        return None
+    plan = make_plan(together, compute_capability=compute_capability)
+    if plan.vec != 16 or plan.channels_padded != largest.c or plan.a_from_nchw or plan.index_type != "int" \
+            or index_type(together) != "int":
+        return None
+    grid = (phases_tiles(problems, plan.config)[-1], plan.grid[1], plan.grid[2])
+    return dataclasses.replace(plan, kernel=PHASES_KERNEL, grid=grid,
+                               reason=f"{len(problems)} stride phases in one launch; {plan.reason}")
+
+
+def phases_tiles(problems, cfg: GemmConfig) -> tuple[int, ...]:
+    """The first pixel tile of each phase along the grid's x, and the total: PhaseTable.first_tile."""
+    firsts = [0]
+    for p in problems:
+        firsts.append(firsts[-1] + math.ceil(p.n * p.ho * p.wo / cfg.bm))
+    return tuple(firsts)
+
+
+def phases_specialisation(dtype: str, cfg: GemmConfig, split_k: bool) -> str:
+    """The C++ template instance of the phase launch with ``cfg``'s tile, 16-byte pieces, 32-bit
+    offsets."""
+    return (f"cupyconv::{PHASES_KERNEL}<{CTYPES[dtype]},int,{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
+            f"{cfg.stages},16,{cfg.wgmma},false,{str(split_k).lower()}>")
+
+
+def _phases_specialisations(wgmma: bool) -> list[str]:
+    return [phases_specialisation(dtype, cfg, split_k) for dtype in PHASES_DTYPES for cfg in NHWC_CONFIGS[dtype]
+            if bool(cfg.wgmma) == wgmma for split_k in (False, True)]
+
+
+def phases_launch(plan: LaunchPlan, phases: tuple[PhaseGemm, ...], y_size: tuple[int, int],
+                  out_shape: tuple[int, int, int, int], stride: tuple[int, int], weight: Pointer,
+                  out: Pointer = Pointer(OUT), partial: bool = False) -> Launch:
+    """The launch of ``plan`` (phases_plan) over ``phases``, reading y (the X operand: the phases'
+    images and channels, ``y_size`` rows and columns) and the phases' weights (KHWC, at ``weight`` plus each
+    weight_offset), writing every phase's pixels of the NHWC output ``out_shape`` (n, h, w, c), whose
+    phases are ``stride`` rows and columns apart, at ``out`` (``partial``: split-K's float32 runs,
+    each the whole output, no bias or epilogue)."""
+    first = phases[0].problem
+    _, h, w, c = out_shape
+    firsts = phases_tiles([ph.problem for ph in phases], plan.config)
+
+    def column(values):
+        return (*values, *(0,) * (MAX_PHASES - len(values)))
+
+    table = Table((len(phases), h * w * c, stride[0] * w * c, stride[1] * c, *firsts,
+                   *(0,) * (MAX_PHASES + 1 - len(firsts)),
+                   *column([ph.problem.ho for ph in phases]), *column([ph.problem.wo for ph in phases]),
+                   *column([ph.problem.kh for ph in phases]), *column([ph.problem.kw for ph in phases]),
+                   *column([ph.pad_top for ph in phases]), *column([ph.pad_left for ph in phases]),
+                   *column([ph.problem.dilation[0] for ph in phases]),
+                   *column([ph.problem.dilation[1] for ph in phases]),
+                   *column([ph.weight_offset for ph in phases]), *column([ph.out_offset for ph in phases])))
+    splits = plan.splits
+    args = (Pointer(X), weight, Pointer(BIAS), out, int(first.has_bias and not partial),
+            *epilogue_args(first, partial=partial), first.n, first.c, *y_size, c, first.groups, splits,
+            math.prod(out_shape), table)
+    return Launch(PHASES_KERNEL, phases_specialisation(plan.dtype, plan.config, splits > 1), plan.grid, plan.block,
+                  plan.shared_bytes, args, plan.arch)
