@@ -40,10 +40,14 @@ import numpy as np
 
 from .arguments import ConvProblem, _pair, check_arrays, check_layouts, check_x_dims, dtype_name
 from .families.common import CTYPES, STORAGE_BYTES
-from .program import (BIAS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, align,
+from .program import (BIAS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, Table, align,
                       relocated)
 
 PHASE_WEIGHT, STRIDED_COPY, STRIDED_FILL = "phase_weight", "strided_copy", "strided_fill"
+#: Every phase's weight in one tiled pass (kernels/phase_weight.cu) for the one-launch route; its
+#: PhaseTaps holds up to MAX_PHASE_TAPS taps per axis and MAX_WEIGHT_PHASES phases.
+PHASE_WEIGHTS = "phase_weights"
+MAX_PHASE_TAPS, MAX_WEIGHT_PHASES = 32, 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,8 +169,19 @@ def phase_weight_kernels() -> tuple[str, ...]:
 
 
 def phase_weight_specialisations() -> list[str]:
-    """The phase weight's and the strided copies' instances (every dtype)."""
-    return [f"cupyconv::{kernel}<{ctype}>" for kernel in phase_weight_kernels() for ctype in CTYPES.values()]
+    """The phase weight's and the strided copies' instances (every dtype), and the all-phases weight's
+    (the one-launch route's dtypes)."""
+    from .families.implicit_gemm_nhwc import PHASES_DTYPES
+
+    return [f"cupyconv::{kernel}<{ctype}>" for kernel in phase_weight_kernels() for ctype in CTYPES.values()] + \
+        [f"cupyconv::{PHASE_WEIGHTS}<{CTYPES[dtype]}>" for dtype in PHASES_DTYPES]
+
+
+def _weight_strides(tp: TransposeProblem) -> tuple[int, int, int, int]:
+    """Element strides of the weight along (input channel, output channel of the group, row, column)."""
+    cg = tp.c // tp.groups
+    return (tp.kh * tp.kw * cg, 1, tp.kw * cg, cg) if tp.weight_layout == "KHWC" else \
+        (cg * tp.kh * tp.kw, tp.kh * tp.kw, tp.kw, 1)
 
 
 def _phase_weight_launch(tp: TransposeProblem, phase: Phase, source: Pointer, target: Pointer,
@@ -174,10 +189,9 @@ def _phase_weight_launch(tp: TransposeProblem, phase: Phase, source: Pointer, ta
     """kernels/phase_weight.cu writing ``phase``'s weight, (channels, K / groups, taps, taps) in
     ``weight_layout``, at ``target`` from the weight at ``source`` (``tp.weight_layout``); channels past
     ``tp.c`` (an ungrouped output widened to ``channels``) are zeros."""
-    kg, cg = tp.k // tp.groups, tp.c // tp.groups
+    kg = tp.k // tp.groups
     channels = channels or tp.c
-    strides = (tp.kh * tp.kw * cg, 1, tp.kw * cg, cg) if tp.weight_layout == "KHWC" else \
-        (cg * tp.kh * tp.kw, tp.kh * tp.kw, tp.kw, 1)
+    strides = _weight_strides(tp)
     picks = []
     for taps in (phase.rows.taps, phase.cols.taps):
         picks += [taps[0], taps[1] - taps[0] if len(taps) > 1 else 0]
@@ -290,6 +304,30 @@ def _fill(tp: TransposeProblem, phase: Phase) -> Launch:
                 (Pointer(BIAS), target), (int(tp.has_bias), 1 if tp.layout == "NCHW" else 3))
 
 
+def _phase_weights_launch(tp: TransposeProblem, offsets: dict[int, int], target: Pointer) -> Launch:
+    """kernels/phase_weight.cu's phase_weights writing, in one pass, the KHWC weight (C, taps, taps,
+    K / groups) of every phase with taps at ``target`` plus ``offsets[p]`` elements (p: its index in
+    phases())."""
+    every = phases(tp)
+    columns = len({phase.cols.start for phase in every})
+    row_phase, row_index, col_phase, col_index = ([-1] * MAX_PHASE_TAPS for _ in range(4))
+    for p, phase in enumerate(every):
+        for position, tap in enumerate(phase.rows.taps):
+            row_phase[tap], row_index[tap] = p // columns, position
+        for position, tap in enumerate(phase.cols.taps):
+            col_phase[tap], col_index[tap] = p % columns, position
+    blank = [0] * (MAX_WEIGHT_PHASES - len(every))
+    table = Table((columns, *row_phase, *row_index, *col_phase, *col_index,
+                   *(len(phase.rows.taps) for phase in every), *blank,
+                   *(len(phase.cols.taps) for phase in every), *blank,
+                   *(offsets.get(p, 0) for p in range(len(every))), *blank))
+    cg = tp.c // tp.groups
+    grid = (math.ceil(cg * tp.kh * tp.kw / 32), math.ceil(tp.k / 32), 1)
+    return Launch(PHASE_WEIGHTS, f"cupyconv::{PHASE_WEIGHTS}<{CTYPES[tp.dtype]}>", grid, (32, 8, 1), 0,
+                  (Pointer(WEIGHT), target, tp.k, tp.k // tp.groups, cg, tp.kh, tp.kw, *_weight_strides(tp),
+                   int(tp.weight_layout == "KHWC"), table))
+
+
 def _phases_program(gemm, tp: TransposeProblem) -> CallProgram:
     """``tp`` (NHWC) with its phases in one launch of ``gemm`` (implicit_gemm_nhwc.phases_plan): each
     phase's weight, KHWC, into the workspace (phase_weight), then the launch, reading the whole of y
@@ -299,17 +337,18 @@ def _phases_program(gemm, tp: TransposeProblem) -> CallProgram:
     from .families.implicit_gemm_nhwc import PhaseGemm, phases_launch
 
     item = STORAGE_BYTES[tp.dtype]
-    launches, tapped, used = [], [], 0
-    for phase in phases(tp):
+    tapped, offsets, used = [], {}, 0
+    for index, phase in enumerate(phases(tp)):
         if phase.problem is None:
             continue
         p = dataclasses.replace(phase.problem, weight_layout="KHWC")
-        launches.append(_phase_weight_launch(tp, phase, Pointer(WEIGHT), Pointer(WORKSPACE, used), "KHWC"))
+        offsets[index] = used // item
         # The phase reads the whole of y: its window's start becomes negative padding.
         tapped.append(PhaseGemm(p, phase.rows.pad_before - phase.rows.read_start,
                                 phase.cols.pad_before - phase.cols.read_start, used // item,
                                 (phase.rows.start * tp.w + phase.cols.start) * tp.c))
         used += align(math.prod(p.weight_shape) * item)
+    launches = [_phase_weights_launch(tp, offsets, Pointer(WORKSPACE))]
     arguments = (gemm, tuple(tapped), (tp.hy, tp.wy), tp.out_array_shape, tp.stride, Pointer(WORKSPACE))
     if gemm.splits == 1:
         launches.append(phases_launch(*arguments))
@@ -344,14 +383,15 @@ def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int
 
 
 def transpose_plan(tp: TransposeProblem, allow_tf32: bool, compute_capability: int, channels: int) -> TransposePlan:
-    """How ``tp`` runs with ``channels`` output channels: where it has several stride phases, is NHWC
-    and needs no widening, every phase with taps in one launch if implicit_gemm_nhwc.phases_plan
-    takes them; else each phase on the planner's fixed rules."""
-    from .families.implicit_gemm_nhwc import phases_plan
+    """How ``tp`` runs with ``channels`` output channels: where it has several stride phases (up to 16,
+    of up to MAX_PHASE_TAPS taps a side), is NHWC and needs no widening, every phase with taps in one
+    launch if implicit_gemm_nhwc.phases_plan takes them; else each phase on the planner's fixed rules."""
+    from .families.implicit_gemm_nhwc import MAX_PHASES, phases_plan
 
     every = phases(dataclasses.replace(tp, c=channels))
     tapped = tuple(dataclasses.replace(phase.problem, weight_layout="KHWC") for phase in every if phase.problem)
-    if len(every) > 1 and tp.layout == "NHWC" and channels == tp.c and tapped:
+    if 1 < len(every) <= min(MAX_PHASES, MAX_WEIGHT_PHASES) and max(tp.kh, tp.kw) <= MAX_PHASE_TAPS \
+            and tp.layout == "NHWC" and channels == tp.c and tapped:
         gemm = phases_plan(tapped, compute_capability)
         if gemm is not None:
             return TransposePlan(channels, (), gemm)

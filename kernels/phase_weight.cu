@@ -38,4 +38,73 @@ phase_weight(const T* __restrict__ w, T* __restrict__ out, int C, int c_read, in
                static_cast<long long>(r0 + i * dr) * stride_r + static_cast<long long>(s0 + j * ds) * stride_s];
 }
 
+// Every phase's weight at once, KHWC, for the phase launch of the channels-last GEMM
+// (implicit_gemm_nhwc_phases): w seen as a matrix of K rows (input channels of y, groups included) by
+// Cg kh kw columns in w's memory order ((c, r, s) for KCHW; (r, s, c) where w_khwc), and each column
+// a row of K / groups contiguous elements in its phase's weight:
+//
+//   out[offset[p] + ((g Cg + c) th[p] + i) tw[p] + j) Kg + kg] = w[g Kg + kg][c][r][s]
+//
+// with p = row_phase[r] cols + col_phase[s], and i, j the positions of taps r and s in their phases
+// (PhaseTaps; a tap no phase reads has phase -1). A 32 x 32 tile through shared memory, so that the
+// reads run along w's columns and the writes along Kg: one pass at copy speed where phase_weight,
+// a phase at a time, read w with a stride of Cg kh kw elements. Block (32, 8); grid (ceil(columns /
+// 32), ceil(K / 32)).
+constexpr int MAX_PHASE_TAPS = 32;
+constexpr int MAX_WEIGHT_PHASES = 16;
+struct PhaseTaps {
+    int cols;
+    int row_phase[MAX_PHASE_TAPS], row_index[MAX_PHASE_TAPS], col_phase[MAX_PHASE_TAPS], col_index[MAX_PHASE_TAPS];
+    int th[MAX_WEIGHT_PHASES], tw[MAX_WEIGHT_PHASES], offset[MAX_WEIGHT_PHASES];
+};
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+phase_weights(const T* __restrict__ w, T* __restrict__ out, int K, int Kg, int Cg, int kh, int kw, int stride_k,
+              int stride_c, int stride_r, int stride_s, int w_khwc, const __grid_constant__ PhaseTaps taps) {
+    __shared__ T tile[32][33];
+    const int columns = Cg * kh * kw;
+    const int col0 = blockIdx.x * 32, k0 = blockIdx.y * 32;
+    auto position = [&](int col, int& c, int& r, int& s) {
+        if (w_khwc) {
+            c = col % Cg;
+            s = (col / Cg) % kw;
+            r = col / (Cg * kw);
+        } else {
+            s = col % kw;
+            r = (col / kw) % kh;
+            c = col / (kh * kw);
+        }
+    };
+    {
+        const int col = col0 + threadIdx.x;
+        int c = 0, r = 0, s = 0;
+        if (col < columns) position(col, c, r, s);
+        const long long column_offset = static_cast<long long>(c) * stride_c + static_cast<long long>(r) * stride_r +
+                                        static_cast<long long>(s) * stride_s;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int k = k0 + threadIdx.y + 8 * i;
+            if (col < columns && k < K) tile[threadIdx.y + 8 * i][threadIdx.x] = w[k * static_cast<long long>(stride_k) + column_offset];
+        }
+    }
+    __syncthreads();
+    const int k = k0 + threadIdx.x;
+    if (k >= K) return;
+    const int g = k / Kg, kg = k - g * Kg;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int col = col0 + threadIdx.y + 8 * i;
+        if (col >= columns) continue;
+        int c, r, s;
+        position(col, c, r, s);
+        const int pr = taps.row_phase[r], pc = taps.col_phase[s];
+        if (pr < 0 || pc < 0) continue;
+        const int p = pr * taps.cols + pc;
+        const long long at = taps.offset[p] + ((static_cast<long long>(g * Cg + c) * taps.th[p] + taps.row_index[r]) *
+                                                   taps.tw[p] + taps.col_index[s]) * Kg + kg;
+        out[at] = tile[threadIdx.x][threadIdx.y + 8 * i];
+    }
+}
+
 }  // namespace cupyconv

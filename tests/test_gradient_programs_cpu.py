@@ -183,6 +183,26 @@ def test_window_copies_read_inside_y():
         assert len(np.unique(read)) == math.prod(phase.problem.x_shape)
 
 
+def replay_phase_weights(args, weight: np.ndarray, out: np.ndarray) -> None:
+    """phase_weights' writes into ``out`` (NaN-filled; each element must be written once), from its
+    launch arguments after the two pointers."""
+    k_all, kg, cg, kh, kw, *strides, w_khwc, table = args
+    values = table.values
+    cols, rest = values[0], values[1:]
+    taps, phases = conv_transpose.MAX_PHASE_TAPS, conv_transpose.MAX_WEIGHT_PHASES
+    row_phase, row_index, col_phase, col_index = (rest[i * taps:(i + 1) * taps] for i in range(4))
+    th, tw, offset = (rest[4 * taps + i * phases:4 * taps + (i + 1) * phases] for i in range(3))
+    flat = weight.ravel()
+    for k, c, r, s_ in itertools.product(range(k_all), range(cg), range(kh), range(kw)):
+        pr, pc = row_phase[r], col_phase[s_]
+        if pr < 0 or pc < 0:
+            continue
+        p, g = pr * cols + pc, k // kg
+        at = offset[p] + (((g * cg + c) * th[p] + row_index[r]) * tw[p] + col_index[s_]) * kg + k % kg
+        assert np.isnan(out[at]), "an element written twice"
+        out[at] = flat[k * strides[0] + c * strides[1] + r * strides[2] + s_ * strides[3]]
+
+
 def phases_written(launch) -> dict[int, tuple]:
     """The phase launch's output pixels, replayed from its PhaseTable: phase -> (element offset of
     channel 0 of each pixel in OUT, image, row and column of the pixel in the phase)."""
@@ -215,7 +235,8 @@ def test_phases_launch_replayed(y_shape, weight_shape, stride, padding, output_p
     kernels = [launch.kernel for launch in call.launches]
     every = conv_transpose.phases(tp)
     tapped = [ph for ph in every if ph.problem is not None]
-    assert kernels.count(conv_transpose.PHASE_WEIGHT) == len(tapped) and kernels.count(PHASES_KERNEL) == 1
+    assert kernels.count(conv_transpose.PHASE_WEIGHTS) == 1 and kernels.count(PHASES_KERNEL) == 1
+    assert conv_transpose.PHASE_WEIGHT not in kernels
     assert conv_transpose.STRIDED_COPY not in kernels  # no window of y cut, no phase output moved
     rng = np.random.default_rng(7)
     y, weight, bias = (rng.standard_normal(shape) for shape in (y_shape, weight_shape, (tp.c,)))
@@ -232,12 +253,14 @@ def test_phases_launch_replayed(y_shape, weight_shape, stride, padding, output_p
         math.ceil(ph.problem.n * ph.problem.ho * ph.problem.wo / plan.gemm.config.bm) for ph in tapped]
     assert launch.args[9:13] == (tp.k, tp.hy, tp.wy, tp.c) and launch.args[-3] == plan.gemm.splits
     cg, kg = tp.k // groups, tp.c // groups
-    for pw in call.launches:
-        if pw.kernel == conv_transpose.PHASE_WEIGHT:
-            assert pw.args[1].operand == WORKSPACE
-            taps = replay_phase_weight(pw.args[2:], weight)  # (c, k / groups, th, tw)
-            start = pw.args[1].offset // item
-            workspace[start:start + taps.size] = taps.transpose(0, 2, 3, 1).ravel()  # KHWC
+    (pw,) = [launch for launch in call.launches if launch.kernel == conv_transpose.PHASE_WEIGHTS]
+    assert pw.args[0] == Pointer(WEIGHT) and pw.args[1].operand == WORKSPACE
+    replay_phase_weights(pw.args[2:], weight, workspace[pw.args[1].offset // item:])
+    for p, ph in enumerate(tapped):  # each phase's weight as run_phases slices it, KHWC
+        expected = conv_transpose.swapped_weight(weight, tp)[:, :, ph.rows.tap_slice, ph.cols.tap_slice]
+        size = expected.size
+        got = workspace[weight_offset[p]:weight_offset[p] + size].reshape(tp.c, kh[p], kw[p], cg)
+        np.testing.assert_array_equal(got, expected.transpose(0, 2, 3, 1))
     target = launch.args[3]
     sums = np.full(math.prod(tp.out_array_shape), np.nan)
     for p, (offsets, image, oh, ow) in phases_written(launch).items():
@@ -267,14 +290,24 @@ def test_phases_launch_replayed(y_shape, weight_shape, stride, padding, output_p
     np.testing.assert_allclose(out.reshape(tp.out_array_shape), expected, rtol=1e-10, atol=1e-10)
 
 
-def test_phase_table_has_the_kernel_structs_fields():
-    """The Table the phase launch passes is PhaseTable of kernels/implicit_gemm_nhwc.cu, int for int."""
-    source = kernel_source("implicit_gemm_nhwc.cu")
-    assert re.search(r"constexpr int MAX_PHASES = (\d+);", source).group(1) == str(MAX_PHASES)
-    body = re.search(r"struct PhaseTable \{(.*?)\};", source, re.S).group(1)
-    fields = re.findall(r"(\w+)(?:\[([^\]]+)\])?\s*[,;]", body.replace("int ", " "))
-    ints = sum(eval(size.replace("MAX_PHASES", str(MAX_PHASES))) if size else 1 for _, size in fields)
+def struct_ints(filename: str, struct: str, constants: dict[str, int]) -> int:
+    """The number of ints in ``struct`` of kernels/``filename``, after checking that the .cu defines
+    ``constants`` (name -> value) as the Python side does."""
+    source = kernel_source(filename)
+    for name, value in constants.items():
+        assert re.search(rf"constexpr int {name} = (\d+);", source).group(1) == str(value), name
+    body = re.search(rf"struct {struct} \{{(.*?)\}};", source, re.S).group(1)
+    sizes = re.findall(r"\w+(?:\[([^\]]+)\])?\s*[,;]", body.replace("int ", " "))
+    return sum(eval(size, dict(constants)) if size else 1 for size in sizes)
+
+
+def test_tables_have_the_kernel_structs_fields():
+    """The Tables the one-launch route passes are PhaseTable (kernels/implicit_gemm_nhwc.cu) and PhaseTaps
+    (kernels/phase_weight.cu), int for int."""
     tp = conv_transpose.make_transpose_problem(*PHASE_CASES[0][:2], None, "float16", *PHASE_CASES[0][2:], "NHWC")
     call = conv_transpose.program(conv_transpose.transpose_plan(tp, False, 90, tp.c), tp)
-    (table,) = [launch.args[-1] for launch in call.launches if launch.kernel == PHASES_KERNEL]
-    assert len(table.values) == ints == 4 + MAX_PHASES + 1 + 10 * MAX_PHASES
+    tables = {launch.kernel: launch.args[-1] for launch in call.launches}
+    assert len(tables[PHASES_KERNEL].values) == struct_ints("implicit_gemm_nhwc.cu", "PhaseTable",
+                                                             {"MAX_PHASES": MAX_PHASES}) > MAX_PHASES
+    constants = {"MAX_PHASE_TAPS": conv_transpose.MAX_PHASE_TAPS, "MAX_WEIGHT_PHASES": conv_transpose.MAX_WEIGHT_PHASES}
+    assert len(tables[conv_transpose.PHASE_WEIGHTS].values) == struct_ints("phase_weight.cu", "PhaseTaps", constants)
