@@ -179,7 +179,7 @@ class _GradRunner(_Runner):
             up = lambda t: t.double()
             ref = F.conv_transpose2d(up(x), up(w), up(b), *args)
             mine = F.conv_transpose2d(x, w, b, *args)
-            return relative_error(self._back(ours(), ref, layout), ref), relative_error(mine, ref)
+            return relative_error(self._back(ours(), x, layout), ref), relative_error(mine, ref)
 
         flops = 2 * n * c_in * h * w_ * c_out * k * k
         torch_fns = {name_: (lambda t=t: F.conv_transpose2d(t[0], t[1], b, *args)) for name_, t in by_layout.items()}

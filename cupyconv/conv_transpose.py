@@ -239,7 +239,7 @@ def program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
     from .planner import program as forward_program
 
     if plan.gemm is not None:
-        return _phases_program(plan.gemm, tp)
+        return _phases_program(plan, tp)
     item = STORAGE_BYTES[tp.dtype]
     channels = plan.channels
     every = phases(dataclasses.replace(tp, c=channels))
@@ -328,17 +328,19 @@ def _phase_weights_launch(tp: TransposeProblem, offsets: dict[int, int], target:
                    int(tp.weight_layout == "KHWC"), table))
 
 
-def _phases_program(gemm, tp: TransposeProblem) -> CallProgram:
-    """``tp`` (NHWC) with its phases in one launch of ``gemm`` (implicit_gemm_nhwc.phases_plan): each
-    phase's weight, KHWC, into the workspace (phase_weight), then the launch, reading the whole of y
-    and writing each phase's rows and columns of OUT (with split-K, float32 runs of the whole output
-    in the workspace and their ordered sum into OUT), then the phases no tap reaches filled."""
+def _phases_program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
+    """``tp`` (NHWC) with its phases in one launch of ``plan.gemm`` (implicit_gemm_nhwc.phases_plan):
+    every phase's weight, KHWC, into the workspace (phase_weights), then the launch, reading the whole
+    of y and writing each phase's rows and columns of OUT (with split-K, float32 runs of the whole
+    output in the workspace and their ordered sum into OUT), then the phases no tap reaches filled.
+    A widened output (``plan.channels`` > tp.c) is computed with the phase weights' rows past tp.c
+    unwritten: the launch stores none of the channels they make."""
     from .families.common import split_k_reduce
     from .families.implicit_gemm_nhwc import PhaseGemm, phases_launch
 
-    item = STORAGE_BYTES[tp.dtype]
+    gemm, item = plan.gemm, STORAGE_BYTES[tp.dtype]
     tapped, offsets, used = [], {}, 0
-    for index, phase in enumerate(phases(tp)):
+    for index, phase in enumerate(phases(dataclasses.replace(tp, c=plan.channels))):
         if phase.problem is None:
             continue
         p = dataclasses.replace(phase.problem, weight_layout="KHWC")
@@ -356,8 +358,8 @@ def _phases_program(gemm, tp: TransposeProblem) -> CallProgram:
         partial = Pointer(WORKSPACE, used)
         used += align(4 * gemm.splits * math.prod(tp.out_array_shape))
         # The reduction's problem: any whose output is the whole of tp's (a 1x1 convolution of y's size).
-        whole = dataclasses.replace(tapped[0].problem, h=tp.h, w=tp.w, kh=1, kw=1, dilation=(1, 1), pad_top=0,
-                                    pad_left=0, pad_bottom=0, pad_right=0)
+        whole = dataclasses.replace(tapped[0].problem, k=tp.c, h=tp.h, w=tp.w, kh=1, kw=1, dilation=(1, 1),
+                                    pad_top=0, pad_left=0, pad_bottom=0, pad_right=0)
         launches += [phases_launch(*arguments, out=partial, partial=True),
                      split_k_reduce(tp.dtype, "int", whole, gemm.splits, partial, Pointer(OUT), True)]
     launches += [_fill(tp, phase) for phase in phases(tp) if phase.problem is None]
@@ -384,14 +386,14 @@ def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int
 
 def transpose_plan(tp: TransposeProblem, allow_tf32: bool, compute_capability: int, channels: int) -> TransposePlan:
     """How ``tp`` runs with ``channels`` output channels: where it has several stride phases (up to 16,
-    of up to MAX_PHASE_TAPS taps a side), is NHWC and needs no widening, every phase with taps in one
-    launch if implicit_gemm_nhwc.phases_plan takes them; else each phase on the planner's fixed rules."""
+    of up to MAX_PHASE_TAPS taps a side) and is NHWC, every phase with taps in one launch if
+    implicit_gemm_nhwc.phases_plan takes them; else each phase on the planner's fixed rules."""
     from .families.implicit_gemm_nhwc import MAX_PHASES, phases_plan
 
     every = phases(dataclasses.replace(tp, c=channels))
     tapped = tuple(dataclasses.replace(phase.problem, weight_layout="KHWC") for phase in every if phase.problem)
     if 1 < len(every) <= min(MAX_PHASES, MAX_WEIGHT_PHASES) and max(tp.kh, tp.kw) <= MAX_PHASE_TAPS \
-            and tp.layout == "NHWC" and channels == tp.c and tapped:
+            and tp.layout == "NHWC" and tapped:
         gemm = phases_plan(tapped, compute_capability)
         if gemm is not None:
             return TransposePlan(channels, (), gemm)

@@ -68,19 +68,20 @@ __host__ __device__ constexpr int nhwc_min_blocks(int threads, int accumulators,
 
 // Where a tile's output pixels go: pixel m = (image, oh, ow) of the GEMM at y + m K (PHASED: false), or
 // (PHASED) at y + offset + image image_stride + oh row_stride + ow column_stride, one stride phase's
-// rows and columns of a larger output.
+// rows and columns of a larger output of `channels` channels (the GEMM's first ones: K may have zero
+// channels added).
 struct PixelPlacement {
-    int offset, image_stride, row_stride, column_stride;
+    int offset, image_stride, row_stride, column_stride, channels;
 };
 
 // The stride phases of a transposed convolution (cupyconv/conv_transpose.py) as one launch: phase p is a
 // stride-1 convolution of the whole of y with kh[p] x kw[p] taps dh[p], dw[p] apart, padding pt[p],
 // pl[p] (negative where it starts inside y), writing ho[p] x wo[p] pixels per image placed by
-// PixelPlacement{out_offset[p], image_stride, row_stride, column_stride}, its weight at w +
+// PixelPlacement{out_offset[p], image_stride, row_stride, column_stride, channels}, its weight at w +
 // weight_offset[p]. Its pixel tiles are blocks first_tile[p] to first_tile[p + 1] - 1 along x.
 constexpr int MAX_PHASES = 16;
 struct PhaseTable {
-    int count, image_stride, row_stride, column_stride;
+    int count, channels, image_stride, row_stride, column_stride;
     int first_tile[MAX_PHASES + 1];
     int ho[MAX_PHASES], wo[MAX_PHASES], kh[MAX_PHASES], kw[MAX_PHASES], pt[MAX_PHASES], pl[MAX_PHASES];
     int dh[MAX_PHASES], dw[MAX_PHASES], weight_offset[MAX_PHASES], out_offset[MAX_PHASES];
@@ -359,8 +360,9 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 return m * K;
             }
         };
+        const int out_channels = PHASED ? placement.channels : K;
         constexpr int CV = 4, VECTORS = BN / CV;
-        const bool vectors = K % CV == 0 && Kg % CV == 0 &&
+        const bool vectors = out_channels % CV == 0 && Kg % CV == 0 &&
                              reinterpret_cast<unsigned long long>(y) % (CV * sizeof(Y)) == 0;
         with_epilogue<Y>(residual, has_residual, activation, [&](auto finish) {
             if (vectors) {
@@ -368,7 +370,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll 1
                 for (int i = tid; i < BM * VECTORS; i += NT) {
                     const int m = i / VECTORS, n = (i % VECTORS) * CV;
-                    if (m0 + m >= M || n0 + n >= Kg) continue;
+                    if (m0 + m >= M || n0 + n >= Kg || g * Kg + n0 + n >= out_channels) continue;
                     const Index at = pixel_offset(m0 + m) + g * Kg + n0 + n;
                     YVec out;
 #pragma unroll
@@ -383,7 +385,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll 1
             for (int i = tid; i < BM * BN; i += NT) {
                 const int m = i / BN, n = i % BN;
-                if (m0 + m >= M || n0 + n >= Kg) continue;
+                if (m0 + m >= M || n0 + n >= Kg || g * Kg + n0 + n >= out_channels) continue;
                 const Index at = pixel_offset(m0 + m) + g * Kg + n0 + n;
                 const float b = has_bias ? to_acc<float>(bias[g * Kg + n0 + n]) : 0.0f;
                 y[at] = finish(c_smem[m * D_STRIDE + n] + b, at);
@@ -444,7 +446,7 @@ implicit_gemm_nhwc_phases(const T* __restrict__ x, const T* __restrict__ w, cons
                          phases.pl[p], phases.dh[p], phases.dw[p], groups, splits, split_elements,
                          blockIdx.x - phases.first_tile[p],
                          PixelPlacement{phases.out_offset[p], phases.image_stride, phases.row_stride,
-                                        phases.column_stride});
+                                        phases.column_stride, phases.channels});
 }
 
 }  // namespace cupyconv

@@ -57,4 +57,6 @@ PHASE_CASES = [  # y (n, hy, wy, k), weight (k, c / groups, kh, kw), stride, pad
     ((1, 3, 3, 16), (16, 8, 1, 1), 2, 0, 1, 1, 1),      # phases no tap reaches
     ((2, 8, 7, 16), (16, 8, 3, 3), 2, (3, 4), (1, 0), 1, 1),  # padding past the taps: phases read inside y
     ((3, 9, 9, 512), (512, 64, 4, 4), 2, 1, 0, 1, 1),   # a long reduction of few tiles: split-K
+    ((2, 8, 8, 16), (16, 3, 4, 4), 2, 1, 0, 1, 1),      # an RGB output: 3 of the GEMM's 8 channels stored
+    ((2, 5, 5, 512), (512, 3, 4, 4), 2, 1, 0, 1, 1),    # ... with split-K
 ]

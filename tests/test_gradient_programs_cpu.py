@@ -207,8 +207,8 @@ def phases_written(launch) -> dict[int, tuple]:
     """The phase launch's output pixels, replayed from its PhaseTable: phase -> (element offset of
     channel 0 of each pixel in OUT, image, row and column of the pixel in the phase)."""
     values = launch.args[-1].values
-    count, image_stride, row_stride, column_stride = values[:4]
-    rest = values[4 + MAX_PHASES + 1:]  # after first_tile
+    count, _, image_stride, row_stride, column_stride = values[:5]
+    rest = values[5 + MAX_PHASES + 1:]  # after first_tile
     ho, wo = rest[:MAX_PHASES], rest[MAX_PHASES:2 * MAX_PHASES]
     out_offset = rest[9 * MAX_PHASES:10 * MAX_PHASES]
     n = launch.args[8]
@@ -225,62 +225,67 @@ def test_phases_launch_replayed(y_shape, weight_shape, stride, padding, output_p
     """An NHWC 16-bit transposed convolution of several stride phases runs them in one launch
     (implicit_gemm_nhwc_phases): replayed in NumPy from the launches' own arguments (the phase weights,
     the PhaseTable's pixels, taps, padding and placements, split-K's ordered sum, the fills), it gives
-    the NumPy conv_transpose2d, and every output element is written once."""
+    the NumPy conv_transpose2d, and every output element is written once. Outputs of fewer than 8
+    channels are computed widened to 8 (as transposed_executable asks), the rest never stored."""
     tp = conv_transpose.make_transpose_problem(y_shape, weight_shape, (weight_shape[1] * groups,), "float16", stride,
                                                padding, output_padding, groups, dilation, "NHWC")
-    plan = conv_transpose.transpose_plan(tp, False, cc, tp.c)
-    assert plan.gemm is not None and plan.phases == ()
+    channels = max(tp.c, 8) if groups == 1 else tp.c
+    plan = conv_transpose.transpose_plan(tp, False, cc, channels)
+    assert plan.gemm is not None and plan.phases == () and plan.channels == channels
     call = conv_transpose.program(plan, tp)
     check_launches(call, {X, WEIGHT, BIAS, WORKSPACE, RESIDUAL}, {OUT, WORKSPACE})
     kernels = [launch.kernel for launch in call.launches]
-    every = conv_transpose.phases(tp)
-    tapped = [ph for ph in every if ph.problem is not None]
+    tapped = [ph for ph in conv_transpose.phases(tp) if ph.problem is not None]
     assert kernels.count(conv_transpose.PHASE_WEIGHTS) == 1 and kernels.count(PHASES_KERNEL) == 1
     assert conv_transpose.PHASE_WEIGHT not in kernels
     assert conv_transpose.STRIDED_COPY not in kernels  # no window of y cut, no phase output moved
     rng = np.random.default_rng(7)
     y, weight, bias = (rng.standard_normal(shape) for shape in (y_shape, weight_shape, (tp.c,)))
-    workspace = np.full(call.workspace_bytes // 2, np.nan)
-    out = np.full(math.prod(tp.out_array_shape), np.nan)
     item = 2
+    workspace = np.full(call.workspace_bytes // item, np.nan)
     (launch,) = [launch for launch in call.launches if launch.kernel == PHASES_KERNEL]
     values = launch.args[-1].values
-    count, rest = values[0], values[4 + MAX_PHASES + 1:]
+    count, stored, rest = values[0], values[1], values[5 + MAX_PHASES + 1:]
     kh, kw, pt, pl, dh, dw, weight_offset = (rest[i * MAX_PHASES:(i + 1) * MAX_PHASES] for i in range(2, 9))
-    assert count == len(tapped) and values[4 + count] == launch.grid[0]
-    firsts = values[4:5 + count]
+    assert count == len(tapped) and values[5 + count] == launch.grid[0] and stored == tp.c
+    firsts = values[5:6 + count]
     assert [b - a for a, b in zip(firsts, firsts[1:])] == [
         math.ceil(ph.problem.n * ph.problem.ho * ph.problem.wo / plan.gemm.config.bm) for ph in tapped]
-    assert launch.args[9:13] == (tp.k, tp.hy, tp.wy, tp.c) and launch.args[-3] == plan.gemm.splits
-    cg, kg = tp.k // groups, tp.c // groups
+    assert launch.args[9:13] == (tp.k, tp.hy, tp.wy, channels) and launch.args[-3] == plan.gemm.splits
+    reduced, per_group, gemm_per_group = tp.k // groups, tp.c // groups, channels // groups
     (pw,) = [launch for launch in call.launches if launch.kernel == conv_transpose.PHASE_WEIGHTS]
     assert pw.args[0] == Pointer(WEIGHT) and pw.args[1].operand == WORKSPACE
     replay_phase_weights(pw.args[2:], weight, workspace[pw.args[1].offset // item:])
-    for p, ph in enumerate(tapped):  # each phase's weight as run_phases slices it, KHWC
+    for p, ph in enumerate(tapped):  # each phase's weight as run_phases slices it, KHWC; widened rows unwritten
         expected = conv_transpose.swapped_weight(weight, tp)[:, :, ph.rows.tap_slice, ph.cols.tap_slice]
-        size = expected.size
-        got = workspace[weight_offset[p]:weight_offset[p] + size].reshape(tp.c, kh[p], kw[p], cg)
-        np.testing.assert_array_equal(got, expected.transpose(0, 2, 3, 1))
+        got = workspace[weight_offset[p]:weight_offset[p] + channels * kh[p] * kw[p] * reduced]
+        got = got.reshape(channels, kh[p], kw[p], reduced)
+        np.testing.assert_array_equal(got[:tp.c], expected.transpose(0, 2, 3, 1))
+        assert np.isnan(got[tp.c:]).all()
     target = launch.args[3]
     sums = np.full(math.prod(tp.out_array_shape), np.nan)
     for p, (offsets, image, oh, ow) in phases_written(launch).items():
-        w_p = workspace[weight_offset[p]:weight_offset[p] + tp.c * kh[p] * kw[p] * cg].reshape(tp.c, kh[p], kw[p], cg)
-        acc = np.zeros((len(offsets), tp.c))
+        w_p = workspace[weight_offset[p]:weight_offset[p] + channels * kh[p] * kw[p] * reduced]
+        w_p = w_p.reshape(channels, kh[p], kw[p], reduced)
+        acc = np.zeros((len(offsets), channels))
         for r, s_ in itertools.product(range(kh[p]), range(kw[p])):
             ih, iw = oh - pt[p] + r * dh[p], ow - pl[p] + s_ * dw[p]
             inside = (ih >= 0) & (ih < tp.hy) & (iw >= 0) & (iw < tp.wy)
             taps = np.where(inside[:, None], y[image, ih.clip(0, tp.hy - 1), iw.clip(0, tp.wy - 1)], 0.0)
             for g in range(groups):
-                acc[:, g * kg:(g + 1) * kg] += taps[:, g * cg:(g + 1) * cg] @ w_p[g * kg:(g + 1) * kg, r, s_].T
-        index = offsets[:, None] + np.arange(tp.c)
+                acc[:, g * gemm_per_group:(g + 1) * gemm_per_group] += \
+                    taps[:, g * reduced:(g + 1) * reduced] @ w_p[g * gemm_per_group:(g + 1) * gemm_per_group, r, s_].T
+        index = offsets[:, None] + np.arange(stored)  # the channels the epilogue stores
         assert np.isnan(sums[index]).all(), "a pixel written twice"
-        sums[index] = acc
+        sums[index] = acc[:, :stored]
+    assert per_group * groups == stored
     if plan.gemm.splits > 1:  # the reduction adds the bias to every element, the fills overwrite theirs
-        assert target.operand == WORKSPACE and launch.args[4] == 0 and kernels[-1 - kernels[::-1].index(PHASES_KERNEL) + 1] == "split_k_reduce"
-        out[:] = sums + np.tile(bias, out.size // tp.c)
+        reduce = kernels.index(PHASES_KERNEL) + 1
+        assert target.operand == WORKSPACE and launch.args[4] == 0 and kernels[reduce] == "split_k_reduce"
+        assert call.launches[reduce].args[-3:-1] == (math.prod(tp.out_array_shape), tp.c)
     else:
         assert target == Pointer(OUT) and launch.args[4] == 1
-        out[:] = sums + np.tile(bias, out.size // tp.c)
+    out = sums + np.tile(bias, sums.size // tp.c)
     for fill in call.launches:
         if fill.kernel == conv_transpose.STRIDED_FILL:
             offsets = fill.args[1].offset // item + box_offsets(fill)

@@ -426,12 +426,13 @@ class PhaseGemm:
     out_offset: int
 
 
-def phases_plan(problems: tuple[ConvProblem, ...], compute_capability: int = 0) -> LaunchPlan | None:
+def phases_plan(problems: tuple[ConvProblem, ...], compute_capability: int = 0,
+                config: str | None = None) -> LaunchPlan | None:
     """The plan of one launch computing the stride phases ``problems`` (stride-1 NHWC problems of one
     transposed convolution, with their taps), or None where it cannot: more than MAX_PHASES, not 16-bit,
     channels that need copies or pieces narrower than 16 bytes, or 64-bit offsets. The tile is the
     one make_plan picks for the phase of most taps at the phases' pixels all together; its grid x
-    counts every phase's pixel tiles (phases_tiles)."""
+    counts every phase's pixel tiles (phases_tiles). ``config`` forces a tile (make_plan's)."""
     largest = max(problems, key=lambda p: p.kh * p.kw)
     if not 1 <= len(problems) <= MAX_PHASES or largest.layout != "NHWC" or largest.dtype not in PHASES_DTYPES \
             or refusal(largest):
@@ -439,7 +440,7 @@ def phases_plan(problems: tuple[ConvProblem, ...], compute_capability: int = 0) 
     together = dataclasses.replace(largest, n=largest.n * len(problems))
     if refusal(together):
         return None
-    plan = make_plan(together, compute_capability=compute_capability)
+    plan = make_plan(together, config, compute_capability=compute_capability)
     if plan.vec != 16 or plan.channels_padded != largest.c or plan.a_from_nchw or plan.index_type != "int" \
             or index_type(together) != "int":
         return None
@@ -473,7 +474,8 @@ def phases_launch(plan: LaunchPlan, phases: tuple[PhaseGemm, ...], y_size: tuple
                   out: Pointer = Pointer(OUT), partial: bool = False) -> Launch:
     """The launch of ``plan`` (phases_plan) over ``phases``, reading y (the X operand: the phases'
     images and channels, ``y_size`` rows and columns) and the phases' weights (KHWC, at ``weight`` plus each
-    weight_offset), writing every phase's pixels of the NHWC output ``out_shape`` (n, h, w, c), whose
+    weight_offset), writing every phase's pixels of the NHWC output ``out_shape`` (n, h, w, c; c may
+    be fewer than the phases' output channels, whose zero channels are then left out), whose
     phases are ``stride`` rows and columns apart, at ``out`` (``partial``: split-K's float32 runs,
     each the whole output, no bias or epilogue)."""
     first = phases[0].problem
@@ -483,7 +485,7 @@ def phases_launch(plan: LaunchPlan, phases: tuple[PhaseGemm, ...], y_size: tuple
     def column(values):
         return (*values, *(0,) * (MAX_PHASES - len(values)))
 
-    table = Table((len(phases), h * w * c, stride[0] * w * c, stride[1] * c, *firsts,
+    table = Table((len(phases), c, h * w * c, stride[0] * w * c, stride[1] * c, *firsts,
                    *(0,) * (MAX_PHASES + 1 - len(firsts)),
                    *column([ph.problem.ho for ph in phases]), *column([ph.problem.wo for ph in phases]),
                    *column([ph.problem.kh for ph in phases]), *column([ph.problem.kw for ph in phases]),
@@ -493,7 +495,7 @@ def phases_launch(plan: LaunchPlan, phases: tuple[PhaseGemm, ...], y_size: tuple
                    *column([ph.weight_offset for ph in phases]), *column([ph.out_offset for ph in phases])))
     splits = plan.splits
     args = (Pointer(X), weight, Pointer(BIAS), out, int(first.has_bias and not partial),
-            *epilogue_args(first, partial=partial), first.n, first.c, *y_size, c, first.groups, splits,
+            *epilogue_args(first, partial=partial), first.n, first.c, *y_size, first.k, first.groups, splits,
             math.prod(out_shape), table)
     return Launch(PHASES_KERNEL, phases_specialisation(plan.dtype, plan.config, splits > 1), plan.grid, plan.block,
                   plan.shared_bytes, args, plan.arch)
