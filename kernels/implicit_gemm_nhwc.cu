@@ -382,9 +382,11 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 }
                 return;
             }
+            // A phase launch of a widened output stores a few of the tile's columns: loop over those alone.
+            const int columns = PHASED ? max(0, min(BN, min(Kg - n0, out_channels - g * Kg - n0))) : BN;
 #pragma unroll 1
-            for (int i = tid; i < BM * BN; i += NT) {
-                const int m = i / BN, n = i % BN;
+            for (int i = tid; i < BM * columns; i += NT) {
+                const int m = i / columns, n = i % columns;
                 if (m0 + m >= M || n0 + n >= Kg || g * Kg + n0 + n >= out_channels) continue;
                 const Index at = pixel_offset(m0 + m) + g * Kg + n0 + n;
                 const float b = has_bias ? to_acc<float>(bias[g * Kg + n0 + n]) : 0.0f;

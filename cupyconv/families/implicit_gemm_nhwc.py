@@ -431,17 +431,20 @@ def phases_plan(problems: tuple[ConvProblem, ...], compute_capability: int = 0,
     """The plan of one launch computing the stride phases ``problems`` (stride-1 NHWC problems of one
     transposed convolution, with their taps), or None where it cannot: more than MAX_PHASES, not 16-bit,
     channels that need copies or pieces narrower than 16 bytes, or 64-bit offsets. The tile is the
-    one make_plan picks for the phase of most taps at the phases' pixels all together; its grid x
+    one make_plan picks for the phase of fewest taps at the phases' pixels all together; its grid x
     counts every phase's pixel tiles (phases_tiles). ``config`` forces a tile (make_plan's)."""
-    largest = max(problems, key=lambda p: p.kh * p.kw)
-    if not 1 <= len(problems) <= MAX_PHASES or largest.layout != "NHWC" or largest.dtype not in PHASES_DTYPES \
-            or refusal(largest):
+    # The tile is chosen for the phase of fewest taps: one whose reduction is too short for wgmma
+    # makes the whole launch take mma.sync (H100, decoder_3x3s2_op1_64to32 fp16: phases of 1, 2, 2
+    # and 4 taps of 64 channels, 0.209 ms on wgmma, 0.185 on mma.sync; benchmarks/NOTES.md).
+    fewest = min(problems, key=lambda p: p.kh * p.kw)
+    if not 1 <= len(problems) <= MAX_PHASES or fewest.layout != "NHWC" or fewest.dtype not in PHASES_DTYPES \
+            or any(refusal(p) for p in problems):
         return None
-    together = dataclasses.replace(largest, n=largest.n * len(problems))
+    together = dataclasses.replace(fewest, n=fewest.n * len(problems))
     if refusal(together):
         return None
     plan = make_plan(together, config, compute_capability=compute_capability)
-    if plan.vec != 16 or plan.channels_padded != largest.c or plan.a_from_nchw or plan.index_type != "int" \
+    if plan.vec != 16 or plan.channels_padded != fewest.c or plan.a_from_nchw or plan.index_type != "int" \
             or index_type(together) != "int":
         return None
     grid = (phases_tiles(problems, plan.config)[-1], plan.grid[1], plan.grid[2])
