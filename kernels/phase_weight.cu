@@ -62,48 +62,65 @@ template <typename T>
 __global__ void __launch_bounds__(256)
 phase_weights(const T* __restrict__ w, T* __restrict__ out, int K, int Kg, int Cg, int kh, int kw, int stride_k,
               int stride_c, int stride_r, int stride_s, int w_khwc, const __grid_constant__ PhaseTaps taps) {
+    // 32-bit offsets: the one-launch route takes arrays of fewer than 2^31 elements. The kernel is
+    // bound by its integer work, so a thread splits one column into (c, r, s) by division and steps
+    // to its next columns (8 apart) by carries.
     __shared__ T tile[32][33];
     const int columns = Cg * kh * kw;
     const int col0 = blockIdx.x * 32, k0 = blockIdx.y * 32;
-    auto position = [&](int col, int& c, int& r, int& s) {
+    // Column col in w's memory order: the digits (c, r, s) of radices (Cg, kh, kw) for KCHW, (r, s, c)
+    // of (kh, kw, Cg) for KHWC.
+    struct Column {
+        int c, r, s;
+    };
+    auto position = [&](int col) {
+        Column at;
         if (w_khwc) {
-            c = col % Cg;
-            s = (col / Cg) % kw;
-            r = col / (Cg * kw);
+            at.c = col % Cg;
+            at.s = (col / Cg) % kw;
+            at.r = col / (Cg * kw);
         } else {
-            s = col % kw;
-            r = (col / kw) % kh;
-            c = col / (kh * kw);
+            at.s = col % kw;
+            at.r = (col / kw) % kh;
+            at.c = col / (kh * kw);
+        }
+        return at;
+    };
+    auto advance = [&](Column& at, int steps) {  // col += steps, carried digit by digit
+        if (w_khwc) {
+            at.c += steps;
+            while (at.c >= Cg) { at.c -= Cg; if (++at.s == kw) { at.s = 0; ++at.r; } }
+        } else {
+            at.s += steps;
+            while (at.s >= kw) { at.s -= kw; if (++at.r == kh) { at.r = 0; ++at.c; } }
         }
     };
     {
         const int col = col0 + threadIdx.x;
-        int c = 0, r = 0, s = 0;
-        if (col < columns) position(col, c, r, s);
-        const long long column_offset = static_cast<long long>(c) * stride_c + static_cast<long long>(r) * stride_r +
-                                        static_cast<long long>(s) * stride_s;
+        if (col < columns) {
+            const Column at = position(col);
+            const T* source = w + at.c * stride_c + at.r * stride_r + at.s * stride_s;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int k = k0 + threadIdx.y + 8 * i;
-            if (col < columns && k < K) tile[threadIdx.y + 8 * i][threadIdx.x] = w[k * static_cast<long long>(stride_k) + column_offset];
+            for (int i = 0; i < 4; ++i) {
+                const int k = k0 + threadIdx.y + 8 * i;
+                if (k < K) tile[threadIdx.y + 8 * i][threadIdx.x] = source[k * stride_k];
+            }
         }
     }
     __syncthreads();
     const int k = k0 + threadIdx.x;
-    if (k >= K) return;
+    if (k >= K || col0 + threadIdx.y >= columns) return;
     const int g = k / Kg, kg = k - g * Kg;
+    Column at = position(col0 + threadIdx.y);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const int col = col0 + threadIdx.y + 8 * i;
-        if (col >= columns) continue;
-        int c, r, s;
-        position(col, c, r, s);
-        const int pr = taps.row_phase[r], pc = taps.col_phase[s];
+        if (col0 + threadIdx.y + 8 * i >= columns) break;
+        if (i > 0) advance(at, 8);
+        const int pr = taps.row_phase[at.r], pc = taps.col_phase[at.s];
         if (pr < 0 || pc < 0) continue;
         const int p = pr * taps.cols + pc;
-        const long long at = taps.offset[p] + ((static_cast<long long>(g * Cg + c) * taps.th[p] + taps.row_index[r]) *
-                                                   taps.tw[p] + taps.col_index[s]) * Kg + kg;
-        out[at] = tile[threadIdx.x][threadIdx.y + 8 * i];
+        out[taps.offset[p] + (((g * Cg + at.c) * taps.th[p] + taps.row_index[at.r]) * taps.tw[p] +
+                              taps.col_index[at.s]) * Kg + kg] = tile[threadIdx.x][threadIdx.y + 8 * i];
     }
 }
 
