@@ -12,7 +12,8 @@ planned again under the new mode.
 * every family whose refusal is "" for the problem, except the tensor-core GEMMs in strict float32
   (they would round to TF32) and the GEMMs (FMA, Winograd, tensor-core) where a group has fewer than
   GEMM_MIN_GROUP_CHANNELS output channels (a tile of mostly padding, the planner's structural floor);
-* each tile the family may be forced to (its CONFIG_NAMES, those that take the problem's dtype);
+* each tile the family may be forced to (its CONFIG_NAMES, those that take the problem's dtype; the
+  channels-last GEMM's 32-channel tiles only for outputs of at most 32 channels per group);
   Winograd each of its tiles m (winograd_conv2d.tiles: F(4x4) within its accuracy limit, each only
   where it saves multiplies) with each of the FMA GEMM's tiles;
 * the direct kernel, the other families' fallback, with every tile where the rules chose it, else
@@ -60,7 +61,7 @@ from .arguments import ConvProblem
 # The planner before the families: it imports them, and they import it back.
 from .planner import (DIRECT_KERNEL, FAMILIES, GEMM_KERNEL, NHWC_KERNEL, SIMT_KERNEL, WINOGRAD_KERNEL, LaunchPlan,
                       make_plan)
-from .families import winograd_conv2d
+from .families import implicit_gemm_nhwc, winograd_conv2d
 from .families.common import split_k_runs
 from .families.implicit_gemm_conv2d import GEMM_MIN_GROUP_CHANNELS
 
@@ -218,6 +219,12 @@ def _split_choices(kernel: str, problem: ConvProblem, compute_capability: int, s
             yield Choice(kernel, None, (("splits", splits),))
 
 
+def _narrow(config: str) -> bool:
+    """Whether ``config`` is the channels-last GEMM's 32-channel tile."""
+    return any(c.name == config and c.bn == implicit_gemm_nhwc.NARROW_TILE_CHANNELS
+               for c in implicit_gemm_nhwc.NHWC_CONFIGS["float16"] + implicit_gemm_nhwc.NHWC_CONFIGS["float32"])
+
+
 def _choices(problem: ConvProblem, allow_tf32: bool, default: LaunchPlan, compute_capability: int, sm_count: int):
     """Every candidate Choice but the fixed rules' (the module docstring's rule); some may not plan."""
     tensor_cores = problem.dtype != "float32" or allow_tf32
@@ -233,6 +240,9 @@ def _choices(problem: ConvProblem, allow_tf32: bool, default: LaunchPlan, comput
                     yield Choice(kernel, config, (("tile", tile),))
         else:
             for config in sorted(family.CONFIG_NAMES):
+                if kernel == NHWC_KERNEL and _narrow(config) and \
+                        problem.k // problem.groups > implicit_gemm_nhwc.NARROW_TILE_CHANNELS:
+                    continue
                 yield Choice(kernel, config)
             if kernel in _SPLIT_K_KERNELS:
                 yield from _split_choices(kernel, problem, compute_capability, sm_count)

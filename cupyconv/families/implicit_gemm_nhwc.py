@@ -36,10 +36,12 @@ MAX_PADDING_RATIO = 4 / 3
 
 #: Tiles per dtype: 128 pixels by 64, 96 or 128 output channels, each with k rows of 64 bytes (four
 #: stages) and of 128 bytes (three; half the barriers per multiply-add). Chosen by _choose_config
-#: from timings of these and of other tiles on the H100 (benchmarks/NOTES_igemm.md).
+#: from timings of these and of other tiles on the H100 (benchmarks/NOTES_igemm.md). The 32-channel
+#: tile (four warps) is the stride-phase launch's for outputs of at most 32 channels (phases_plan), and
+#: the tuner's to try on such outputs; the fixed rules of one convolution do not choose it.
 NHWC_CONFIGS = {
     dtype: tuple(GemmConfig(f"nhwc_m128n{bn}k{bk}", 128, bn, bk, warps_m, warps_n, stages)
-                 for bn, warps_m, warps_n in ((64, 2, 2), (96, 4, 2), (128, 2, 4))
+                 for bn, warps_m, warps_n in ((64, 2, 2), (96, 4, 2), (128, 2, 4), (32, 4, 1))
                  for bk, stages in ((short_k, 4), (2 * short_k, 3)))
     for dtype, short_k in (("float32", 16), ("float16", 32))
 }
@@ -410,6 +412,10 @@ PHASES_KERNEL = "implicit_gemm_nhwc_phases"
 MAX_PHASES = 16
 #: 16-bit operands read in place in 16-byte pieces: float32 would need its operands rounded to TF32.
 PHASES_DTYPES = ("float16", "bfloat16")
+#: Outputs of at most this many channels per group (an RGB layer widened to 8, a decoder's last
+#: layers) take the 32-channel tile with k rows of 64 bytes on the phase launch: the 64-wide ones
+#: compute 2-8 times the columns they store. The tuner tries the 32-channel tiles on such outputs alone.
+NARROW_TILE_CHANNELS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -432,7 +438,8 @@ def phases_plan(problems: tuple[ConvProblem, ...], compute_capability: int = 0,
     transposed convolution, with their taps), or None where it cannot: more than MAX_PHASES, not 16-bit,
     channels that need copies or pieces narrower than 16 bytes, or 64-bit offsets. The tile is the
     one make_plan picks for the phase of fewest taps at the phases' pixels all together; its grid x
-    counts every phase's pixel tiles (phases_tiles). ``config`` forces a tile (make_plan's)."""
+    counts every phase's pixel tiles (phases_tiles); outputs of at most NARROW_TILE_CHANNELS channels per
+    group take the 32-channel tile. ``config`` forces a tile (make_plan's)."""
     # The tile is chosen for the phase of fewest taps: one whose reduction is too short for wgmma
     # makes the whole launch take mma.sync (H100, decoder_3x3s2_op1_64to32 fp16: phases of 1, 2, 2
     # and 4 taps of 64 channels, 0.209 ms on wgmma, 0.185 on mma.sync; benchmarks/NOTES.md).
@@ -443,6 +450,8 @@ def phases_plan(problems: tuple[ConvProblem, ...], compute_capability: int = 0,
     together = dataclasses.replace(fewest, n=fewest.n * len(problems))
     if refusal(together):
         return None
+    if config is None and fewest.k // fewest.groups <= NARROW_TILE_CHANNELS:
+        config = next(c.name for c in NHWC_CONFIGS[fewest.dtype] if c.bn == NARROW_TILE_CHANNELS and c.stages == 4)
     plan = make_plan(together, config, compute_capability=compute_capability)
     if plan.vec != 16 or plan.channels_padded != fewest.c or plan.a_from_nchw or plan.index_type != "int" \
             or index_type(together) != "int":
