@@ -531,7 +531,8 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
                      allow_tf32=False, layout="NCHW", weight_layout="KCHW"):
     """2-D transposed convolution, as ``torch.nn.functional.conv_transpose2d``: the gradient of a
     conv2d with respect to its input, plus a bias. CuPy arrays run on their GPU (the forward
-    kernels, one stride phase at a time), NumPy arrays on the CPU.
+    kernels, a stride phase at a time; NHWC float16/bfloat16 ones every phase in one launch), NumPy
+    arrays on the CPU.
 
     Args:
         x: (N, C_in, H, W) or unbatched (C_in, H, W); with ``layout="NHWC"``, (N, H, W, C_in) or
