@@ -385,14 +385,14 @@ def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int
 
 
 def transpose_plan(tp: TransposeProblem, allow_tf32: bool, compute_capability: int, channels: int) -> TransposePlan:
-    """How ``tp`` runs with ``channels`` output channels: where it is NHWC with up to 16 stride phases
-    of up to MAX_PHASE_TAPS taps a side (one, for stride 1), every phase with taps in one launch if
+    """How ``tp`` runs with ``channels`` output channels: where it has several stride phases (up to 16,
+    of up to MAX_PHASE_TAPS taps a side) and is NHWC, every phase with taps in one launch if
     implicit_gemm_nhwc.phases_plan takes them; else each phase on the planner's fixed rules."""
     from .families.implicit_gemm_nhwc import MAX_PHASES, phases_plan
 
     every = phases(dataclasses.replace(tp, c=channels))
     tapped = tuple(dataclasses.replace(phase.problem, weight_layout="KHWC") for phase in every if phase.problem)
-    if len(every) <= min(MAX_PHASES, MAX_WEIGHT_PHASES) and max(tp.kh, tp.kw) <= MAX_PHASE_TAPS \
+    if 1 < len(every) <= min(MAX_PHASES, MAX_WEIGHT_PHASES) and max(tp.kh, tp.kw) <= MAX_PHASE_TAPS \
             and tp.layout == "NHWC" and tapped:
         gemm = phases_plan(tapped, compute_capability)
         if gemm is not None:

@@ -350,13 +350,8 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         // pixel row (and of the next: NHWC rows of K channels follow each other) where a lane per
         // channel stored 2 bytes per instruction. Where the output's channels or address do not
         // allow a vector (K or K / groups not a multiple of 4), a channel per thread as before.
-        // A phase whose pixels fill the output as a convolution's would (one phase of stride 1) is
-        // placed without the divisions.
-        const bool dense = PHASED && placement.column_stride == K && placement.row_stride == Wo * K &&
-                           placement.image_stride == HoWo * K;
         auto pixel_offset = [&](Index m) -> Index {
             if constexpr (PHASED) {
-                if (dense) return placement.offset + m * K;
                 const Index image = m / HoWo, p = m - image * HoWo;
                 const Index oh = p / Wo, ow = p - oh * Wo;
                 return placement.offset + image * placement.image_stride + oh * placement.row_stride +

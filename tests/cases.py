@@ -46,8 +46,8 @@ GRID = [
     Case(1, 32, 64, 21, 27, 5, 9),  # the wide 5x9 seed geometry, small
 ]
 
-#: Transposed convolutions (NHWC, 16-bit channels in 16-byte pieces) whose stride phases run in one
-#: launch (implicit_gemm_nhwc_phases): each a geometry the phase table must place right.
+#: Transposed convolutions (NHWC, 16-bit channels in 16-byte pieces) of several stride phases, which run
+#: in one launch (implicit_gemm_nhwc_phases): each a geometry the phase table must place right.
 PHASE_CASES = [  # y (n, hy, wy, k), weight (k, c / groups, kh, kw), stride, padding, output_padding, groups, dilation
     ((2, 4, 4, 32), (32, 16, 4, 4), 2, 1, 0, 1, 1),     # DCGAN
     ((2, 5, 6, 16), (16, 24, 3, 3), 2, 1, 1, 1, 1),     # a decoder's 3x3: phases of 1 and 2 taps
@@ -59,6 +59,4 @@ PHASE_CASES = [  # y (n, hy, wy, k), weight (k, c / groups, kh, kw), stride, pad
     ((3, 9, 9, 512), (512, 64, 4, 4), 2, 1, 0, 1, 1),   # a long reduction of few tiles: split-K
     ((2, 8, 8, 16), (16, 3, 4, 4), 2, 1, 0, 1, 1),      # an RGB output: 3 of the GEMM's 8 channels stored
     ((2, 5, 5, 512), (512, 3, 4, 4), 2, 1, 0, 1, 1),    # ... with split-K
-    ((2, 9, 7, 32), (32, 16, 3, 3), 1, 1, 0, 1, 1),     # stride 1: one phase, placed as a convolution's output
-    ((2, 6, 6, 32), (32, 24, 1, 1), 1, 0, 0, 1, 1),     # the input gradient of a 1x1 layer
 ]

@@ -222,7 +222,7 @@ def phases_written(launch) -> dict[int, tuple]:
 @pytest.mark.parametrize("cc", (0, 90))
 @pytest.mark.parametrize("y_shape,weight_shape,stride,padding,output_padding,groups,dilation", PHASE_CASES)
 def test_phases_launch_replayed(y_shape, weight_shape, stride, padding, output_padding, groups, dilation, cc):
-    """An NHWC 16-bit transposed convolution runs its stride phases (one for stride 1) in one launch
+    """An NHWC 16-bit transposed convolution of several stride phases runs them in one launch
     (implicit_gemm_nhwc_phases): replayed in NumPy from the launches' own arguments (the phase weights,
     the PhaseTable's pixels, taps, padding and placements, split-K's ordered sum, the fills), it gives
     the NumPy conv_transpose2d, and every output element is written once. Outputs of fewer than 8
