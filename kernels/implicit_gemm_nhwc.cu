@@ -66,18 +66,11 @@ __host__ __device__ constexpr int nhwc_min_blocks(int threads, int accumulators,
     return blocks < 1 ? 1 : (blocks > 3 ? 3 : blocks);
 }
 
-// Where a tile's output pixels go: pixel m = (image, oh, ow) of the GEMM at y + m K (PHASED: false), or
-// (PHASED) at y + offset + image image_stride + oh row_stride + ow column_stride, one stride phase's
-// rows and columns of a larger output of `channels` channels (the GEMM's first ones: K may have zero
-// channels added).
-struct PixelPlacement {
-    int offset, image_stride, row_stride, column_stride, channels;
-};
-
 // The stride phases of a transposed convolution (cupyconv/conv_transpose.py) as one launch: phase p is a
 // stride-1 convolution of the whole of y with kh[p] x kw[p] taps dh[p], dw[p] apart, padding pt[p],
-// pl[p] (negative where it starts inside y), writing ho[p] x wo[p] pixels per image placed by
-// PixelPlacement{out_offset[p], image_stride, row_stride, column_stride, channels}, its weight at w +
+// pl[p] (negative where it starts inside y), writing ho[p] x wo[p] pixels per image placed at
+// y + out_offset[p] + image image_stride + oh row_stride + ow column_stride of an output of `channels`
+// channels (the GEMM's first ones: K may have zero channels added), its weight at w +
 // weight_offset[p]. Its pixel tiles are blocks first_tile[p] to first_tile[p + 1] - 1 along x.
 constexpr int MAX_PHASES = 16;
 struct PhaseTable {
@@ -93,7 +86,10 @@ struct PhaseTable {
                                       BM * BK * sizeof(T) / (VEC * WARPS_M * WARPS_N * 32), sizeof(Index) / 4))
 
 // One block's tile: pixel tile `tile` (blockIdx.x but in a phase launch), channel tile blockIdx.y,
-// group and split blockIdx.z.
+// group and split blockIdx.z. Its output pixel m = (image, oh, ow) goes to y + m K, or (PHASED) where
+// `phases` places phase `phase`'s pixels: the table is read in the epilogue alone, and cp.async's
+// zero-fills point at x, so that the main loop holds no more registers than one convolution's
+// (the phase's weight pointer, kept for them, made four instances spill).
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
           bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K, bool PHASED>
 __device__ __forceinline__ void
@@ -101,7 +97,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
                int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
-               int tile, PixelPlacement placement) {
+               int tile, const PhaseTable* __restrict__ phases, int phase) {
     constexpr int NWARPS = WARPS_M * WARPS_N;
     constexpr bool WGMMA = WGMMA_ROWS != NO_WGMMA;
     constexpr int NT = NWARPS * 32;
@@ -231,7 +227,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             if (BN % B_ROWS_PER_PASS == 0 || row < BN) {
                 const bool ok = k < Kgemm && n0 + row < Kg;
                 cp_async<B_VEC>(b_dst + B_ROWS_PER_PASS * i * STRIDE,
-                                ok ? b_src + static_cast<Index>(B_ROWS_PER_PASS * i) * Kgemm + kt * BK : w, ok);
+                                ok ? b_src + static_cast<Index>(B_ROWS_PER_PASS * i) * Kgemm + kt * BK : x, ok);
             }
         }
     };
@@ -354,13 +350,13 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             if constexpr (PHASED) {
                 const Index image = m / HoWo, p = m - image * HoWo;
                 const Index oh = p / Wo, ow = p - oh * Wo;
-                return placement.offset + image * placement.image_stride + oh * placement.row_stride +
-                       ow * placement.column_stride;
+                return phases->out_offset[phase] + image * phases->image_stride + oh * phases->row_stride +
+                       ow * phases->column_stride;
             } else {
                 return m * K;
             }
         };
-        const int out_channels = PHASED ? placement.channels : K;
+        const int out_channels = PHASED ? phases->channels : K;
         constexpr int CV = 4, VECTORS = BN / CV;
         const bool vectors = out_channels % CV == 0 && Kg % CV == 0 &&
                              reinterpret_cast<unsigned long long>(y) % (CV * sizeof(Y)) == 0;
@@ -427,7 +423,7 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
                    int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements) {
     nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, NCHW_A, WGMMA_ROWS, NHWC_OUT, ROUND_A, SPLIT_K,
                    false>(x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho, Wo, kh, kw,
-                          sh, sw, pt, pl, dh, dw, groups, splits, split_elements, blockIdx.x, PixelPlacement{});
+                          sh, sw, pt, pl, dh, dw, groups, splits, split_elements, blockIdx.x, nullptr, 0);
 }
 
 // Every stride phase of a transposed convolution with taps (PhaseTable), NHWC in and out, in one
@@ -446,9 +442,7 @@ implicit_gemm_nhwc_phases(const T* __restrict__ x, const T* __restrict__ w, cons
                    true>(x, w + phases.weight_offset[p], bias, y_out, has_bias, residual, has_residual, activation,
                          N, C, H, W, K, phases.ho[p], phases.wo[p], phases.kh[p], phases.kw[p], 1, 1, phases.pt[p],
                          phases.pl[p], phases.dh[p], phases.dw[p], groups, splits, split_elements,
-                         blockIdx.x - phases.first_tile[p],
-                         PixelPlacement{phases.out_offset[p], phases.image_stride, phases.row_stride,
-                                        phases.column_stride, phases.channels});
+                         blockIdx.x - phases.first_tile[p], &phases, p);
 }
 
 }  // namespace cupyconv
