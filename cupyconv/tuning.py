@@ -219,12 +219,6 @@ def _split_choices(kernel: str, problem: ConvProblem, compute_capability: int, s
             yield Choice(kernel, None, (("splits", splits),))
 
 
-def _narrow(config: str) -> bool:
-    """Whether ``config`` is the channels-last GEMM's 32-channel tile."""
-    return any(c.name == config and c.bn == implicit_gemm_nhwc.NARROW_TILE_CHANNELS
-               for c in implicit_gemm_nhwc.NHWC_CONFIGS["float16"] + implicit_gemm_nhwc.NHWC_CONFIGS["float32"])
-
-
 def _choices(problem: ConvProblem, allow_tf32: bool, default: LaunchPlan, compute_capability: int, sm_count: int):
     """Every candidate Choice but the fixed rules' (the module docstring's rule); some may not plan."""
     tensor_cores = problem.dtype != "float32" or allow_tf32
@@ -240,7 +234,7 @@ def _choices(problem: ConvProblem, allow_tf32: bool, default: LaunchPlan, comput
                     yield Choice(kernel, config, (("tile", tile),))
         else:
             for config in sorted(family.CONFIG_NAMES):
-                if kernel == NHWC_KERNEL and _narrow(config) and \
+                if kernel == NHWC_KERNEL and config in implicit_gemm_nhwc.NARROW_CONFIG_NAMES and \
                         problem.k // problem.groups > implicit_gemm_nhwc.NARROW_TILE_CHANNELS:
                     continue
                 yield Choice(kernel, config)

@@ -70,6 +70,12 @@ for _dtype, _item in (("float32", 4), ("float16", 2)):
           for bm in (256, 128)))
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs)
+#: Outputs of at most this many channels per group (an RGB layer widened to 8, a decoder's last
+#: layers) take the 32-channel tile with k rows of 64 bytes on the phase launch: the 64-wide ones
+#: compute 2-8 times the columns they store. The tuner tries the 32-channel tiles on such outputs alone.
+NARROW_TILE_CHANNELS = 32
+NARROW_CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs
+                                if c.bn == NARROW_TILE_CHANNELS)
 NHWC_VECS = (16, 8, 4)
 #: Split-K (common.split_k_runs): a grid of at most SPLIT_K_MAX_BLOCKS tiles (half the H100's 132
 #: SMs) with a reduction of at least SPLIT_K_MIN_REDUCTION k tiles splits it into as many runs as keep
@@ -412,10 +418,6 @@ PHASES_KERNEL = "implicit_gemm_nhwc_phases"
 MAX_PHASES = 16
 #: 16-bit operands read in place in 16-byte pieces: float32 would need its operands rounded to TF32.
 PHASES_DTYPES = ("float16", "bfloat16")
-#: Outputs of at most this many channels per group (an RGB layer widened to 8, a decoder's last
-#: layers) take the 32-channel tile with k rows of 64 bytes on the phase launch: the 64-wide ones
-#: compute 2-8 times the columns they store. The tuner tries the 32-channel tiles on such outputs alone.
-NARROW_TILE_CHANNELS = 32
 
 
 @dataclasses.dataclass(frozen=True)
