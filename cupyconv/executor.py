@@ -17,7 +17,7 @@ import threading
 from . import tuning
 from .arguments import ConvProblem
 from .compiler import compute_capability, get_kernel
-from .program import OPERANDS, CallProgram, Launch, Pointer, Table, align
+from .program import FLAG_COUNT, FLAGS, OPERANDS, CallProgram, Launch, Pointer, Table, align
 
 _SLOT = ctypes.sizeof(ctypes.c_uint64)
 _INT32_MASK = 0xFFFFFFFF
@@ -66,8 +66,9 @@ class PackedLaunch:
 class Executable:
     """A CallProgram ready to run on one device.
 
-    ``workspace_bytes`` of temporaries and, where ``weight`` is set, ``weight.nbytes`` of prepared
-    weight are the caller's to provide (Workspaces does it for the fronts). ``launch`` launches the
+    ``workspace_bytes`` of temporaries, where ``weight`` is set ``weight.nbytes`` of prepared weight,
+    and where ``uses_flags`` the FLAGS operand are the caller's to provide (Workspaces does it for
+    the fronts). ``launch`` launches the
     call, with the weight preparation first where asked; ``prepare_weight`` the preparation alone,
     for a caller that keeps the prepared weight.
     """
@@ -76,6 +77,8 @@ class Executable:
         self.problem, self.plan, self.device_id = problem, plan, device_id
         self.workspace_bytes = program.workspace_bytes
         self.weight = program.weight
+        self.uses_flags = any(isinstance(arg, Pointer) and arg.operand == FLAGS
+                              for launch in program.launches for arg in launch.args)
         self._launches = tuple(PackedLaunch(launch, device_id) for launch in program.launches)
         self._weight_launches = tuple(PackedLaunch(launch, device_id) for launch in
                                       (program.weight.launches if program.weight else ()))
@@ -84,13 +87,13 @@ class Executable:
         self._lock = threading.Lock()
 
     def launch(self, x: int, weight: int, prepared: int, bias: int, out: int, workspace: int, prepare_weight: bool,
-               stream: int, residual: int = 0) -> None:
+               stream: int, residual: int = 0, flags: int = 0) -> None:
         """The call on ``stream`` given its operands' addresses (bias, residual 0: none). Where
         ``prepare_weight``, the weight is prepared first at the workspace's start (which then holds
         align(weight.nbytes) more bytes) and ``prepared`` is ignored."""
         if prepare_weight:
             prepared, workspace = workspace, workspace + align(self.weight.nbytes)
-        operands = addresses(x, weight, prepared, bias, out, workspace, residual)
+        operands = addresses(x, weight, prepared, bias, out, workspace, residual, flags=flags)
         with self._lock:
             for launch in (self._weight_launches + self._launches if prepare_weight else self._launches):
                 launch(operands, stream)
@@ -119,29 +122,37 @@ class Workspaces:
     torch keeps cuBLAS's per stream), so that such a call allocates only its output; calls inside a
     capture allocate their own, which the capture keeps. Calls on one stream use it in the stream's
     order; the lock keeps two threads' launches on one stream from interleaving. ``allocate(nbytes)``
-    returns (buffer, address) from the front's allocator (CuPy's pool, torch's caching allocator)."""
+    returns (buffer, address) from the front's allocator (CuPy's pool, torch's caching allocator).
+    The FLAGS operand (program.FLAGS) is kept likewise, zeroed once when allocated: its launches
+    leave it zero."""
 
     def __init__(self, allocate):
         self._allocate, self._kept, self._lock = allocate, {}, threading.Lock()
+        # Its own lock: flags are asked for while the workspace's lock is held.
+        self._flags, self._flags_lock = {}, threading.Lock()
 
     def clear(self) -> None:
-        """Give the kept workspaces back to the allocator."""
+        """Give the kept workspaces and flags back to the allocator."""
         with self._lock:
             self._kept.clear()
+        with self._flags_lock:
+            self._flags.clear()
 
     def launch(self, exe: Executable, x: int, weight: int, prepared: int, bias: int, out: int, stream: int,
                capturing: bool, residual: int = 0) -> None:
         """``exe``'s call on ``stream``. ``prepared`` 0 where ``exe`` reads a prepared weight that the
         caller does not keep: it is then made in the workspace first."""
         prepare_here = exe.weight is not None and not prepared
-        with self.workspace(exe.device_id, exe.workspace_bytes_for(prepare_here), stream, capturing) as workspace:
-            exe.launch(x, weight, prepared, bias, out, workspace, prepare_here, stream, residual)
+        with self.workspace(exe.device_id, exe.workspace_bytes_for(prepare_here), stream, capturing) as workspace, \
+                self.flags(exe, stream, capturing) as flags:
+            exe.launch(x, weight, prepared, bias, out, workspace, prepare_here, stream, residual, flags)
 
     def run(self, exe: Executable, stream: int, capturing: bool, **operands: int) -> None:
         """``exe``'s launches on ``stream`` (a program without weight preparation: the gradients'),
         its operands' addresses by name (``addresses``' keywords), the workspace from here."""
-        with self.workspace(exe.device_id, exe.workspace_bytes, stream, capturing) as workspace:
-            exe.run(addresses(**operands, workspace=workspace), stream)
+        with self.workspace(exe.device_id, exe.workspace_bytes, stream, capturing) as workspace, \
+                self.flags(exe, stream, capturing) as flags:
+            exe.run(addresses(**operands, workspace=workspace, flags=flags), stream)
 
     @contextlib.contextmanager
     def workspace(self, device_id: int, nbytes: int, stream: int, capturing: bool):
@@ -160,6 +171,24 @@ class Workspaces:
                 if kept is None or kept[2] < nbytes:
                     kept = self._kept[key] = (*self._allocate(nbytes), nbytes)
                 yield kept[1]
+
+    @contextlib.contextmanager
+    def flags(self, exe: Executable, stream: int, capturing: bool):
+        """The address of the FLAGS operand for ``exe``'s launches on ``stream`` (0 where it has none):
+        the stream's, or inside a capture a new one, zeroed in the capture (a graph's launches may
+        run beside this stream's)."""
+        if not exe.uses_flags:
+            yield 0
+            return
+        key = (exe.device_id, stream)
+        with self._flags_lock:
+            kept = None if capturing else self._flags.get(key)
+            if kept is None:
+                kept = self._allocate(4 * FLAG_COUNT)
+                _zero(kept[1], 4 * FLAG_COUNT, stream)
+                if not capturing:
+                    self._flags[key] = kept
+        yield kept[1]
 
 
 def executable(problem: ConvProblem, allow_tf32: bool, device_id: int) -> Executable:
@@ -196,9 +225,16 @@ def program_executable(make_program, plan, problem: ConvProblem, device_id: int)
 
 
 def addresses(x: int = 0, weight: int = 0, prepared: int = 0, bias: int = 0, out: int = 0, workspace: int = 0,
-              residual: int = 0, grad_output: int = 0) -> tuple[int, ...]:
+              residual: int = 0, grad_output: int = 0, flags: int = 0) -> tuple[int, ...]:
     """The operand addresses in OPERANDS order (X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE, RESIDUAL,
-    GRAD_OUTPUT; a test checks the two agree); a missing bias (0) reads as the weight's address and a
-    missing residual as the output's: the kernels read them only when has_bias, has_residual."""
-    return x, weight, prepared, bias or weight, out, workspace, residual or out, grad_output
+    GRAD_OUTPUT, FLAGS; a test checks the two agree); a missing bias (0) reads as the weight's address
+    and a missing residual as the output's: the kernels read them only when has_bias, has_residual."""
+    return x, weight, prepared, bias or weight, out, workspace, residual or out, grad_output, flags
+
+
+def _zero(address: int, nbytes: int, stream: int) -> None:
+    """``nbytes`` at ``address`` set to zero on ``stream`` (in a capture: a memset node of the graph)."""
+    from cupy.cuda import runtime
+
+    runtime.memsetAsync(address, 0, nbytes, stream)
 

@@ -62,6 +62,9 @@ class LaunchPlan:
     # ... and the runs of the reduction it splits across blocks (split-K, 1: none): grid z is
     # groups x splits, each split's partial sums go to the workspace, kernels/split_k_reduce.cu adds them.
     splits: int = 1
+    # implicit_gemm_nhwc only: stream-K's persistent blocks (0: one block per tile of ``grid``, which
+    # then counts the tiles those blocks share; kernels/stream_k.cuh).
+    stream_k_blocks: int = 0
     # winograd_conv2d only: the batched GEMM between its transforms (a simt_gemm_conv2d plan), and its
     # output tiles of winograd_tile x winograd_tile pixels: tiles_w per row, tiles per image (above).
     gemm: "LaunchPlan | None" = None
@@ -203,7 +206,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
             architecture alone may be chosen (wgmma on the H100); 0, any GPU.
         options: with a forced ``kernel``, that family's own knobs, passed to its make_plan (the
             tuner's and the tests'): ``splits`` (simt_gemm_conv2d, implicit_gemm_nhwc: split-K's
-            runs), ``tile`` (winograd_conv2d: F(2x2) or F(4x4)).
+            runs), ``stream_k`` (implicit_gemm_nhwc: True or False forces stream-K on or off),
+            ``tile`` (winograd_conv2d: F(2x2) or F(4x4)).
     """
     family, family_reason = choose_kernel(problem, kernel, allow_tf32, config)
     if family == NHWC_KERNEL:  # the one family with tiles for one architecture alone

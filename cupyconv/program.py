@@ -17,10 +17,14 @@ import dataclasses
 #: OUT: the C-contiguous NCHW output. WORKSPACE: this call's temporaries. RESIDUAL: the array added
 #: in the epilogue (the output's shape and layout; may be OUT itself), or, where the call has none,
 #: any valid pointer (read only when has_residual). GRAD_OUTPUT: the gradient of a convolution's
-#: output (the weight gradient's programs read it with X and write the gradient to OUT).
+#: output (the weight gradient's programs read it with X and write the gradient to OUT). FLAGS:
+#: FLAG_COUNT ints that are zero before each launch that points into them and that it leaves zero
+#: (stream-K's, kernels/stream_k.cuh); the executor keeps them per stream (Workspaces.flags).
 X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE, RESIDUAL = "x", "weight", "prepared", "bias", "out", "workspace", "residual"
-GRAD_OUTPUT = "grad_output"
-OPERANDS = (X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE, RESIDUAL, GRAD_OUTPUT)
+GRAD_OUTPUT, FLAGS = "grad_output", "flags"
+OPERANDS = (X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE, RESIDUAL, GRAD_OUTPUT, FLAGS)
+#: Ints of the FLAGS operand: one per stream-K block, at most (families/implicit_gemm_nhwc.py).
+FLAG_COUNT = 1024
 #: Offsets of the temporaries in the workspace are multiples of this (cp.async and vector loads need 16).
 WORKSPACE_ALIGNMENT = 256
 #: The kernels read some caller operands in place with cp.async and vector loads of up to 16 bytes:

@@ -20,9 +20,11 @@ planned again under the new mode.
   with its own choice alone;
 * the split-K GEMMs' own tile with 1, 2, 4, 8 or 16 runs of the reduction where its grid is less than
   a wave (one block per SM), the runs make at most SPLIT_K_MAX_WAVES waves and each has at least
-  SPLIT_K_MIN_TILES k tiles (common.split_k_runs' other limits too).
+  SPLIT_K_MIN_TILES k tiles (common.split_k_runs' other limits too);
+* the channels-last GEMM's wgmma tiles with stream-K forced on and off, where their tiles make
+  more than half a wave (fewer are split-K's) and at most STREAM_K_MAX_WAVES waves.
 
-That is 5 to about 35 plans; equal plans are timed once.
+That is 5 to about 40 plans; equal plans are timed once.
 
 **Timing** (:class:`GpuTimer`; injectable: :func:`choose_plan` takes any ``timer(problem, device)``
 returning :func:`tune`'s ``measure(plan, best_ms) -> ms``, which the CPU tests fake): scratch
@@ -62,7 +64,7 @@ from .arguments import ConvProblem
 from .planner import (DIRECT_KERNEL, FAMILIES, GEMM_KERNEL, NHWC_KERNEL, SIMT_KERNEL, WINOGRAD_KERNEL, LaunchPlan,
                       make_plan)
 from .families import implicit_gemm_nhwc, winograd_conv2d
-from .families.common import split_k_runs
+from .families.common import gemm_grid, split_k_runs
 from .families.implicit_gemm_conv2d import GEMM_MIN_GROUP_CHANNELS
 
 #: The environment variable that switches autotuning on at import ("1" or "true"; "0", "false" or
@@ -219,6 +221,17 @@ def _split_choices(kernel: str, problem: ConvProblem, compute_capability: int, s
             yield Choice(kernel, None, (("splits", splits),))
 
 
+def _stream_k_choices(problem: ConvProblem, compute_capability: int, sm_count: int):
+    """Each wgmma tile of the channels-last GEMM with stream-K on and off, where its whole tiles make
+    more than half a wave and at most STREAM_K_MAX_WAVES waves (module docstring)."""
+    for cfg in implicit_gemm_nhwc.NHWC_CONFIGS[problem.dtype]:
+        if cfg.wgmma and cfg.name not in implicit_gemm_nhwc.NARROW_CONFIG_NAMES and \
+                sm_count // 2 < math.prod(gemm_grid(problem, cfg)) <= \
+                implicit_gemm_nhwc.STREAM_K_MAX_WAVES * sm_count:
+            for on in (True, False):
+                yield Choice(NHWC_KERNEL, cfg.name, (("stream_k", on),))
+
+
 def _choices(problem: ConvProblem, allow_tf32: bool, default: LaunchPlan, compute_capability: int, sm_count: int):
     """Every candidate Choice but the fixed rules' (the module docstring's rule); some may not plan."""
     tensor_cores = problem.dtype != "float32" or allow_tf32
@@ -240,6 +253,8 @@ def _choices(problem: ConvProblem, allow_tf32: bool, default: LaunchPlan, comput
                 yield Choice(kernel, config)
             if kernel in _SPLIT_K_KERNELS:
                 yield from _split_choices(kernel, problem, compute_capability, sm_count)
+            if kernel == NHWC_KERNEL:
+                yield from _stream_k_choices(problem, compute_capability, sm_count)
 
 
 def candidates(problem: ConvProblem, allow_tf32: bool = False, compute_capability: int = 0,
@@ -259,10 +274,11 @@ def candidates(problem: ConvProblem, allow_tf32: bool = False, compute_capabilit
 
 
 def label(plan: LaunchPlan) -> str:
-    """A plan in a few words: family, tile, Winograd's m, split-K's runs."""
+    """A plan in a few words: family, tile, Winograd's m, split-K's runs, stream-K's blocks."""
     gemm = plan.gemm or plan
     return (f"{plan.kernel}{f' F({plan.winograd_tile}x{plan.winograd_tile})' if plan.winograd_tile else ''} "
-            f"{plan.config.name}{f' split-K {gemm.splits}' if gemm.splits > 1 else ''}")
+            f"{plan.config.name}{f' split-K {gemm.splits}' if gemm.splits > 1 else ''}"
+            f"{f' stream-K {plan.stream_k_blocks}' if plan.stream_k_blocks else ''}")
 
 
 class CannotRun(Exception):

@@ -50,6 +50,7 @@
 #include "epilogue.cuh"
 #include "gather_pixel.cuh"
 #include "mma.cuh"
+#include "stream_k.cuh"
 #include "wgmma.cuh"
 
 namespace cupyconv {
@@ -86,18 +87,20 @@ struct PhaseTable {
                                       BM * BK * sizeof(T) / (VEC * WARPS_M * WARPS_N * 32), sizeof(Index) / 4))
 
 // One block's tile: pixel tile `tile` (blockIdx.x but in a phase launch), channel tile blockIdx.y,
-// group and split blockIdx.z. Its output pixel m = (image, oh, ow) goes to y + m K, or (PHASED) where
+// group and split blockIdx.z -- or (STREAM_K) channel tile, group and run of k tiles as `segment`
+// says, the run's sums published or, by the tile's owner, added to before the epilogue (stream_k.cuh).
+// Its output pixel m = (image, oh, ow) goes to y + m K, or (PHASED) where
 // `phases` places phase `phase`'s pixels: the table is read in the epilogue alone, and cp.async's
 // zero-fills point at x, so that the main loop holds no more registers than one convolution's
 // (the phase's weight pointer, kept for them, made four instances spill).
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
-          bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K, bool PHASED>
+          bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K, bool PHASED, bool STREAM_K = false>
 __device__ __forceinline__ void
 nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
                int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
-               int tile, const PhaseTable* __restrict__ phases, int phase) {
+               int tile, const PhaseTable* __restrict__ phases, int phase, const StreamKSegment* segment = nullptr) {
     constexpr int NWARPS = WARPS_M * WARPS_N;
     constexpr bool WGMMA = WGMMA_ROWS != NO_WGMMA;
     constexpr int NT = NWARPS * 32;
@@ -147,6 +150,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                   "epilogue staging fits in the pipeline buffers");
     static_assert(!(NHWC_OUT && NCHW_A), "NCHW_A reads an NCHW input, whose output is NCHW");
     static_assert(!PHASED || NHWC_OUT, "stride phases write NHWC outputs");
+    static_assert(!STREAM_K || !(SPLIT_K || PHASED), "stream-K finishes its tiles itself, one convolution");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // wgmma tiles start on 1024-byte boundaries (the swizzle repeats every 8 rows); the planner adds
@@ -156,17 +160,19 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     T* b_smem = a_smem + STAGES * A_STAGE;                   // [STAGES][BN][STRIDE]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = SPLIT_K ? blockIdx.z % groups : blockIdx.z, split = SPLIT_K ? blockIdx.z / groups : 0;
+    const int g = STREAM_K ? segment->g : (SPLIT_K ? blockIdx.z % groups : blockIdx.z);
+    const int split = SPLIT_K ? blockIdx.z / groups : 0;
     const int Cg = C / groups, Kg = K / groups;
     const int Kgemm = kh * kw * Cg;
     const Index HoWo = static_cast<Index>(Ho) * Wo;
     const Index M = static_cast<Index>(N) * HoWo;
     const Index m0 = static_cast<Index>(tile) * BM;
-    const int n0 = blockIdx.y * BN;
+    const int n0 = (STREAM_K ? segment->tile_n : blockIdx.y) * BN;
     const int all_tiles = (Kgemm + BK - 1) / BK;
     const int split_tiles = SPLIT_K ? (all_tiles + splits - 1) / splits : all_tiles;
-    const int kt0 = split * split_tiles;                     // this split's first k tile
-    const int k_tiles = SPLIT_K ? max(0, min(all_tiles - kt0, split_tiles)) : all_tiles;
+    const int kt0 = STREAM_K ? segment->k_begin : split * split_tiles;  // this split's (run's) first k tile
+    const int k_tiles = STREAM_K ? segment->k_end - segment->k_begin
+                                 : (SPLIT_K ? max(0, min(all_tiles - kt0, split_tiles)) : all_tiles);
     using Y = typename select_type<SPLIT_K, float, T>::type;  // partial sums, or the output
     Y* y = static_cast<Y*>(y_out) + (SPLIT_K ? static_cast<Index>(split) * split_elements : 0);
 
@@ -319,6 +325,17 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         wgmma_wait<0>();
         __syncthreads();
     }
+    if constexpr (STREAM_K) {
+        constexpr int ACC = MT * NTILES * 4;
+        float (&sums)[ACC] = reinterpret_cast<float (&)[ACC]>(acc);
+        if (segment->k_begin > 0) {  // the tile's tail: its owner finishes it
+            stream_k_publish<NT, ACC>(sums, segment->partials + static_cast<long long>(segment->slot) * ACC * NT,
+                                      segment->flags + segment->slot);
+            return;
+        }
+        for (int b = segment->first_contributor; b < segment->end_contributor; ++b)
+            stream_k_add<NT, ACC>(sums, segment->partials + static_cast<long long>(b) * ACC * NT, segment->flags + b);
+    }
 
     // --- Epilogue: the whole BM x BN tile through shared memory, then stores along pixels (NCHW) or
     // channels (NHWC_OUT).
@@ -424,6 +441,46 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, NCHW_A, WGMMA_ROWS, NHWC_OUT, ROUND_A, SPLIT_K,
                    false>(x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho, Wo, kh, kw,
                           sh, sw, pt, pl, dh, dw, groups, splits, split_elements, blockIdx.x, nullptr, 0);
+}
+
+// Stream-K (stream_k.cuh): gridDim.x persistent blocks share the tiles_m x tiles_n x groups tiles'
+// k_tiles k tiles each; block b takes units [stream_k_start(b), stream_k_start(b + 1)) in tile order
+// (pixel tiles fastest, then channel tiles, then groups), one segment per tile it touches. partials:
+// gridDim.x slots of BM x BN floats (workspace); flags: gridDim.x ints, zero.
+template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
+          int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A>
+__global__ void NHWC_GEMM_LAUNCH_BOUNDS
+implicit_gemm_nhwc_stream_k(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                            void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
+                            int activation, int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
+                            int sh, int sw, int pt, int pl, int dh, int dw, int groups, int tiles_m, int tiles_n,
+                            int k_tiles, float* __restrict__ partials, int* __restrict__ flags) {
+    const int blocks = gridDim.x, block = blockIdx.x;
+    const long long units = static_cast<long long>(tiles_m) * tiles_n * groups * k_tiles;
+    const long long end = stream_k_start(units, block + 1, blocks);
+#pragma unroll 1
+    for (long long unit = stream_k_start(units, block, blocks); unit < end;) {
+        const int tile = static_cast<int>(unit / k_tiles);
+        StreamKSegment segment;
+        segment.k_begin = static_cast<int>(unit - static_cast<long long>(tile) * k_tiles);
+        segment.k_end = static_cast<int>(min(static_cast<long long>(k_tiles), segment.k_begin + (end - unit)));
+        segment.tile_n = (tile / tiles_m) % tiles_n;
+        segment.g = tile / tiles_m / tiles_n;
+        segment.slot = block;
+        // The blocks after this one that start inside the tile: its other segments, in k order.
+        const long long tile_end = static_cast<long long>(tile + 1) * k_tiles;
+        segment.first_contributor = segment.end_contributor = block + 1;
+        while (segment.end_contributor < blocks && stream_k_start(units, segment.end_contributor, blocks) < tile_end)
+            ++segment.end_contributor;
+        segment.partials = partials;
+        segment.flags = flags;
+        __syncthreads();  // the last segment's epilogue read the shared memory this one's loads write
+        nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, false, WGMMA_ROWS, NHWC_OUT, ROUND_A, false,
+                       false, true>(x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho,
+                                    Wo, kh, kw, sh, sw, pt, pl, dh, dw, groups, 1, 0, tile % tiles_m, nullptr, 0,
+                                    &segment);
+        unit += segment.k_end - segment.k_begin;
+    }
 }
 
 // Every stride phase of a transposed convolution with taps (PhaseTable), NHWC in and out, in one

@@ -11,9 +11,9 @@ from cupyconv import executor, program
 
 
 def test_executor_addresses_follow_program_operand_order():
-    named = dict(zip(program.OPERANDS, executor.addresses(1, 2, 3, 4, 5, 6, 7, 8)))
+    named = dict(zip(program.OPERANDS, executor.addresses(1, 2, 3, 4, 5, 6, 7, 8, 9)))
     assert named == {program.X: 1, program.WEIGHT: 2, program.PREPARED: 3, program.BIAS: 4, program.OUT: 5,
-                     program.WORKSPACE: 6, program.RESIDUAL: 7, program.GRAD_OUTPUT: 8}
+                     program.WORKSPACE: 6, program.RESIDUAL: 7, program.GRAD_OUTPUT: 8, program.FLAGS: 9}
     assert executor.addresses(1, 2, 3, 0, 5, 6)[program.OPERANDS.index(program.BIAS)] == 2  # no bias: the weight
     assert executor.addresses(1, 2, 3, 4, 5, 6)[program.OPERANDS.index(program.RESIDUAL)] == 5  # none: the output
 
@@ -21,8 +21,9 @@ def test_executor_addresses_follow_program_operand_order():
 class FakeProgram:
     """An Executable's face to Workspaces: its workspace need, and the operands each run was given."""
 
-    def __init__(self, workspace_bytes: int, device_id: int = 0):
+    def __init__(self, workspace_bytes: int, device_id: int = 0, uses_flags: bool = False):
         self.workspace_bytes, self.device_id, self.runs = workspace_bytes, device_id, []
+        self.uses_flags = uses_flags
 
     def run(self, operands, stream):
         self.runs.append((operands, stream))
@@ -55,6 +56,33 @@ def test_workspaces_are_kept_per_stream_grown_and_fresh_inside_a_capture():
     kept.clear()
     kept.run(small, 7, False, x=1)
     assert made[-1] == 256 and len(made) == 6
+
+
+def test_flags_are_zeroed_once_per_stream_and_fresh_inside_a_capture(monkeypatch):
+    """Stream-K's FLAGS operand: allocated and zeroed on first use per (device, stream) and kept (its
+    launches leave it zero); inside a capture a new one, zeroed in the capture; none for a program
+    without stream-K."""
+    made, zeroed = [], []
+
+    def allocate(nbytes):
+        made.append(nbytes)
+        return object(), 1000 * len(made)
+
+    monkeypatch.setattr(executor, "_zero", lambda address, nbytes, stream: zeroed.append((address, nbytes, stream)))
+    kept = executor.Workspaces(allocate)
+    flagged, plain = FakeProgram(0, uses_flags=True), FakeProgram(0)
+    flags = lambda runs, i: dict(zip(program.OPERANDS, runs[i][0]))[program.FLAGS]
+    kept.run(plain, 7, False, x=1)
+    assert made == [] and flags(plain.runs, 0) == 0
+    kept.run(flagged, 7, False, x=1)
+    kept.run(flagged, 7, False, x=1)
+    assert made == [4 * program.FLAG_COUNT] and zeroed == [(1000, 4 * program.FLAG_COUNT, 7)]
+    assert flags(flagged.runs, 0) == flags(flagged.runs, 1) == 1000
+    kept.run(flagged, 8, False, x=1)  # another stream: its own
+    kept.run(flagged, 7, True, x=1)  # inside a capture: its own, zeroed in the capture, not kept
+    assert [address for address, _, _ in zeroed] == [1000, 2000, 3000] and zeroed[-1][2] == 7
+    kept.run(flagged, 7, False, x=1)
+    assert flags(flagged.runs, -1) == 1000 and len(made) == 3
 
 
 def test_huge_numpy_output_raises_before_allocating():

@@ -290,15 +290,18 @@ def test_public_conv2d_allow_tf32():
 
 # --- split-K ---------------------------------------------------------------------------------------
 
-def run_split(case: Case, dtype: str, torch_dtype, layout: str, splits=None, config=None, seed=0, runs=1):
+def run_split(case: Case, dtype: str, torch_dtype, layout: str, splits=None, config=None, seed=0, runs=1,
+              stream_k=None):
     """The channels-last GEMM's plan for ``case`` in ``layout`` (NCHW, or NHWC arrays with a KHWC
-    weight), split-K forced to ``splits`` runs (None: the planner's choice), run ``runs`` times into
-    NaN-poisoned outputs; returns the plan, the outputs (as NCHW views) and the float64 reference."""
+    weight), split-K forced to ``splits`` runs (None: the planner's choice) and stream-K to
+    ``stream_k`` (likewise), run ``runs`` times into NaN-poisoned outputs; returns the plan, the
+    outputs (as NCHW views) and the float64 reference."""
     from cupyconv.families import implicit_gemm_nhwc
 
     problem = dataclasses.replace(gemm_problem(case, dtype), layout=layout,
                                   weight_layout="KHWC" if layout == "NHWC" else "KCHW")
-    plan = dataclasses.replace(implicit_gemm_nhwc.make_plan(problem, config, "", compute_capability(), splits),
+    plan = dataclasses.replace(implicit_gemm_nhwc.make_plan(problem, config, "", compute_capability(), splits,
+                                                            stream_k),
                                layout=problem.layout, weight_layout=problem.weight_layout)
     x, weight, bias = random_inputs(case, torch_dtype, seed)
     last = (lambda t: t.permute(0, 2, 3, 1).contiguous()) if layout == "NHWC" else (lambda t: t.contiguous())
@@ -365,3 +368,105 @@ def test_split_k_refusals():
     for bad in (0, -1, 70000, 2.0):
         with pytest.raises(ValueError, match="splits must be"):
             implicit_gemm_nhwc.make_plan(problem, splits=bad)
+
+
+# --- stream-K (wgmma tiles; kernels/stream_k.cuh) ----------------------------------------------------
+
+wgmma_only = pytest.mark.skipif(_cuda_device_count() == 0 or compute_capability() != 90,
+                                reason="stream-K runs the wgmma tiles, on compute capability 9.0 (sm_90a) alone")
+STREAM_K_GRID = [c for c in GEMM_GRID + WGMMA_GRID if c.n and c.k // c.groups >= 8]
+
+
+@wgmma_only
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("blocks", [True, 3, 7, 61])
+@pytest.mark.parametrize("config_index", WGMMA_CONFIGS, ids=lambda i: NHWC_CONFIGS["float16"][i].name)
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("case", STREAM_K_GRID, ids=lambda c: c.id)
+def test_stream_k_forced(case, name, config_index, blocks, layout):
+    """Every wgmma tile with stream-K forced, with the rule's block count and with 3, 7 and 61 blocks
+    (blocks spanning many tiles; tiles spread over several blocks, or more blocks than k tiles per
+    tile): every element written, within the dtype's tolerance, in both layouts; run twice, the same
+    bits (the flags were left zero by the first run)."""
+    dtype, torch_dtype = DTYPES[name]
+    if not _wgmma_runs(case, dtype):
+        return
+    config = NHWC_CONFIGS[dtype][config_index].name
+    plan, outs, ref = run_split(case, dtype, torch_dtype, layout, config=config, seed=blocks, runs=2,
+                                stream_k=blocks)
+    assert plan.stream_k_blocks >= 1 and plan.splits == 1, str(plan)
+    assert not outs[0].isnan().any(), "an output element was never written (or is NaN)"
+    assert relative_error(outs[0], ref) < TOLERANCE[name], relative_error(outs[0], ref)
+    assert torch.equal(outs[0], outs[1])
+
+
+# ResNet-50's and VGG's layers at batch 32 whose whole tiles leave a quarter of the H100's SMs idle.
+STREAM_K_LAYERS = {
+    "r50_l2_3x3_128": Case(32, 128, 128, 28, 28, 3, 3, padding=1),
+    "r50_l3_3x3_256": Case(32, 256, 256, 14, 14, 3, 3, padding=1),
+    "r50_l4_3x3_512": Case(32, 512, 512, 7, 7, 3, 3, padding=1, bias=False),
+}
+
+
+@wgmma_only
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("layer", STREAM_K_LAYERS)
+def test_stream_k_is_planned_and_deterministic(layer, name, layout):
+    """The planner takes stream-K on these layers, and ten runs on the same inputs give the same bits
+    (each tile's owner adds the other blocks' sums in block order, never atomically)."""
+    dtype, torch_dtype = DTYPES[name]
+    plan, outs, ref = run_split(STREAM_K_LAYERS[layer], dtype, torch_dtype, layout, seed=5, runs=10)
+    assert plan.stream_k_blocks > 0, str(plan)
+    assert all(torch.equal(outs[0], out) for out in outs[1:]), "stream-K must be bitwise repeatable"
+    assert not outs[0].isnan().any()
+    assert relative_error(outs[0], ref) < TOLERANCE[name]
+
+
+@wgmma_only
+@pytest.mark.parametrize("name", ["float16", "tf32"])
+def test_stream_k_epilogue_streams_and_graphs(name):
+    """Through the public calls: stream-K finishes the fused epilogue (bias, residual, activation) in
+    channels_last; two streams run it side by side (each its own flags); a CUDA graph captured
+    through the torch adapter replays it with the same bits as the eager call (float32 there in
+    TF32: torch.backends.cudnn.allow_tf32, torch's default)."""
+    import cupyconv.torch as cc_torch
+
+    dtype, torch_dtype = DTYPES[name]
+    case = STREAM_K_LAYERS["r50_l3_3x3_256"]
+    x, weight, bias = random_inputs(case, torch_dtype, 11)
+    residual = torch.randn(case.n, case.k, case.h, case.w, device="cuda", dtype=torch.float64).to(torch_dtype)
+    ref = F.relu(reference(x, weight, bias, case) + residual.double())
+    cl = lambda t: t.permute(0, 2, 3, 1).contiguous()
+    arrays = [to_cupy(t) for t in (cl(x), cl(weight), bias, cl(residual))]
+    problem_plan = cupyconv.plan(*arrays[:3], padding=1, allow_tf32=True, layout="NHWC", weight_layout="KHWC",
+                                 activation="relu", residual=arrays[3])
+    assert problem_plan.stream_k_blocks > 0, str(problem_plan)
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+    outs = []
+    for stream in streams:
+        with stream:
+            outs.append(cupyconv.conv2d(*arrays[:3], padding=1, allow_tf32=True, layout="NHWC",
+                                        weight_layout="KHWC", activation="relu", residual=arrays[3]))
+    for stream in streams:
+        stream.synchronize()
+    got = [torch.from_dlpack(out).permute(0, 3, 1, 2) for out in outs]
+    assert torch.equal(got[0], got[1]) and not got[0].isnan().any()
+    assert relative_error(got[0], ref) < TOLERANCE[name]
+
+    xs, ws = x.to(memory_format=torch.channels_last), weight.to(memory_format=torch.channels_last)
+    eager = cc_torch.conv2d(xs, ws, bias, padding=1)
+    static = xs.clone()
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        cc_torch.conv2d(static, ws, bias, padding=1)  # warm-up outside the capture
+        with torch.cuda.graph(graph):
+            captured = cc_torch.conv2d(static, ws, bias, padding=1)
+    torch.cuda.current_stream().wait_stream(side)
+    for _ in range(2):
+        captured.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, eager)

@@ -20,7 +20,8 @@ from cupyconv.compiler import kernel_source, source_file
 from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, depthwise_nhwc, direct_conv2d, implicit_gemm_conv2d,
                                implicit_gemm_nhwc, simt_gemm_conv2d, winograd_conv2d)
 from cupyconv.families.common import REDUCE_KERNEL, STORAGE_BYTES
-from cupyconv.program import BIAS, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X, Pointer, Table
+from cupyconv.program import (BIAS, FLAGS, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X, Pointer,
+                              Table)
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: The grid, and 1x1 problems the channels-last GEMM reads in place (no copies) in every dtype.
@@ -54,7 +55,8 @@ def config_names(kernel: str, dtype: str) -> list[str]:
 def plans_for(case: Case, dtype: str, layout: str = "NCHW", weight_layout: str = "KCHW", activation: str = "none",
               has_residual: bool = False):
     """The distinct plans make_plan makes for ``case`` in ``dtype``: its own choices (strict or TF32,
-    compute capability 0 or 90), and each family with each of its tiles forced where it takes them."""
+    compute capability 0 or 90), and each family with each of its tiles forced where it takes them
+    (the channels-last GEMM's wgmma tiles with stream-K forced on too)."""
     problem = problem_of(case, dtype, layout, weight_layout, activation, has_residual)
     plans = [planner.make_plan(problem, allow_tf32=tf32, compute_capability=cc)
              for tf32, cc in itertools.product((False, True), (0, 90))]
@@ -64,6 +66,11 @@ def plans_for(case: Case, dtype: str, layout: str = "NCHW", weight_layout: str =
                 plans.append(planner.make_plan(problem, config, kernel, compute_capability=cc))
             except ValueError:  # the family (or the tile) does not take this problem
                 continue
+    for config in config_names(planner.NHWC_KERNEL, dtype):
+        try:
+            plans.append(planner.make_plan(problem, config, planner.NHWC_KERNEL, compute_capability=90, stream_k=True))
+        except ValueError:  # not a wgmma tile, or not for this problem
+            continue
     return problem, list(dict.fromkeys(plans))
 
 
@@ -95,12 +102,15 @@ def signature(kernel: str) -> tuple[tuple[str, str], ...]:
 
 def temporaries(plan, problem) -> list[int]:
     """Bytes of each per-call temporary, in workspace order: the channels-last GEMM's input copy (of an
-    NCHW input, or of an NHWC one that needs zero channels or, float32 with several taps, rounding); Winograd's transformed
+    NCHW input, or of an NHWC one that needs zero channels or, float32 with several taps, rounding) and
+    stream-K's float32 slots, one tile per block; Winograd's transformed
     input V and GEMM output M of one pass; split-K's partial sums (the GEMMs', after the input's copy,
     or Winograd's GEMM's after M); then, for an NHWC problem of a family that computes NCHW alone, the NCHW copies
     of x, of the output and (where there is one) of the residual."""
     item = STORAGE_BYTES[problem.dtype]
     partials = [4 * plan.splits * math.prod(problem.out_shape)] if plan.splits > 1 else []
+    if plan.stream_k_blocks:
+        partials = [4 * plan.stream_k_blocks * plan.config.bm * plan.config.bn]
     if plan.kernel == planner.NHWC_KERNEL:
         copied = not plan.a_from_nchw if problem.layout == "NCHW" else plan.channels_padded != problem.c or (
             problem.dtype == "float32" and problem.kh * problem.kw != 1)
@@ -150,7 +160,7 @@ def check_program(plan, problem):
         # The caller's operands are never written; the preparation reads the weight alone.
         # (A KHWC weight transposed for an NCHW family is read from the prepared weight by the
         # family's own preparation.)
-        writes = {PREPARED} if prepares else {OUT, WORKSPACE}
+        writes = {PREPARED} if prepares else {OUT, WORKSPACE, FLAGS}
         reads = ({WEIGHT, PREPARED} if problem.weight_layout == "KHWC" else {WEIGHT}) if prepares else \
             {X, WEIGHT, PREPARED, BIAS, WORKSPACE, RESIDUAL}
         check_arguments(launch, kinds, reads, writes)
@@ -206,7 +216,8 @@ def test_layout_programs(case, dtype, layouts):
         one_tap = problem.kh * problem.kw == 1  # a 1x1 KCHW weight is KHWC memory: read in place too
         if plan.kernel == planner.NHWC_KERNEL and layouts in (("NHWC", "KHWC"), ("NHWC", "KCHW") if one_tap else ()) \
                 and plan.channels_padded == problem.c:
-            in_place = [planner.NHWC_KERNEL] + ([REDUCE_KERNEL] if plan.splits > 1 else [])
+            gemm = implicit_gemm_nhwc.STREAM_K_KERNEL if plan.stream_k_blocks else planner.NHWC_KERNEL
+            in_place = [gemm] + ([REDUCE_KERNEL] if plan.splits > 1 else [])
             assert names == in_place or (dtype == "float32" and problem.kh * problem.kw > 1), names
             assert (call.weight is None) == (dtype != "float32"), "KHWC weight read in place but to round to TF32"
 
@@ -219,6 +230,7 @@ def test_the_grid_covers_every_family_and_form():
     assert any(plan.arch for plan in plans) and any(plan.a_from_nchw for plan in plans)
     assert any(plan.kernel == planner.NHWC_KERNEL and not plan.a_from_nchw for plan in plans)
     assert {plan.kernel for plan in plans if plan.splits > 1} == {planner.NHWC_KERNEL, planner.SIMT_KERNEL}
+    assert any(plan.stream_k_blocks for plan in plans)
 
 
 @pytest.mark.parametrize("fit,counts", [(1, [1] * 5), (2, [2, 2, 1]), (3, [3, 2])])
@@ -269,8 +281,11 @@ PRINTED = [
         "  grid (49, 2, 1) (pixel tiles, channel tiles, groups), block (256, 1, 1)",
         "  reads channels-last copies made first: input [N][H][W][256], weight [K][kh][kw][256 / groups], in "
         "16-byte pieces",
+        "  stream-K: 264 persistent blocks (implicit_gemm_nhwc_stream_k) share the grid's tiles x k tiles equally; "
+        "a tile's owner adds the other blocks' float32 sums in block order (the same bits on every run)",
         "  why: tensor cores in float16, 256 output channels per group; wgmma; 256 output channels per group, 98 "
-        "blocks of 128 channels"]),
+        "blocks of 128 channels; stream-K (98 tiles keep 132 SMs 74% busy): 264 blocks share the 3528 tiles x k "
+        "tiles"]),
     (((32, 256, 14, 14), (256, 256, 3, 3), "float16", 1, 1, 1, False, 0), [
         "implicit_gemm_nhwc [nhwc_m128n64k64: block 128 px x 64 ch, k 64 per stage, 3 stages, 2x2 warps, 128 "
         "threads]",

@@ -65,7 +65,8 @@ def conv_launch(plan, problem: ConvProblem, *plan_ints: int, x: Pointer = Pointe
                 out: Pointer = Pointer(OUT), channels: int | None = None, partial: bool = False) -> Launch:
     """The launch of ``plan``'s convolution kernel. The convolution kernels share their parameters:
     x, w, bias, y, has_bias, the epilogue's (epilogue_args), the problem's sizes (``channels``: x's,
-    where a copy pads them; default problem.c), then ``plan_ints``, their own. ``partial``: the
+    where a copy pads them; default problem.c), then ``plan_ints``, their own (ints, or
+    Pointers: stream-K's workspace slots and flags). ``partial``: the
     kernel writes float32 partial sums that a later launch finishes (no bias, residual or activation)."""
     p = problem
     args = (x, weight, Pointer(BIAS), out, int(p.has_bias and not partial), *epilogue_args(p, partial=partial),

@@ -14,8 +14,8 @@ import math
 
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
-from ..program import (BIAS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, Table,
-                       WeightPreparation, align)
+from ..program import (BIAS, FLAG_COUNT, FLAGS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer,
+                       Table, WeightPreparation, align)
 from .common import (CTYPES, INDEX_TYPES, MAX_GRID_Y, REDUCE_KERNEL, STORAGE_BYTES, check_splits, conv_launch,
                      epilogue_args, forced_config, gemm_grid, grid_refusal, index_type, partial_bytes,
                      reduce_specialisation, split_k_reduce, split_k_runs)
@@ -88,6 +88,20 @@ SPLIT_K_MAX_BLOCKS = 66
 SPLIT_K_TARGET_BLOCKS = 132
 SPLIT_K_MIN_REDUCTION = 12
 SPLIT_K_MIN_TILES = 3
+#: Stream-K (kernels/stream_k.cuh; wgmma tiles, 32-bit indices): where whole tiles spread unevenly over
+#: the SMs -- more than SPLIT_K_MAX_BLOCKS tiles, at most STREAM_K_MAX_WAVES waves of them, the last
+#: wave leaving the SMs less than STREAM_K_MAX_BALANCE busy on average -- STREAM_K_SMS x (blocks
+#: resident per SM) persistent blocks share the tiles' k tiles equally, at least STREAM_K_MIN_UNITS
+#: each. ResNet-50's 3x3 layers at batch 32 make 98-196 tiles of 18-72 k tiles for 132 SMs: 74-79 %
+#: busy as whole tiles.
+STREAM_K_SMS = 132
+STREAM_K_MAX_WAVES = 4
+STREAM_K_MAX_BALANCE = 0.85
+STREAM_K_MIN_UNITS = 8
+STREAM_K_KERNEL = "implicit_gemm_nhwc_stream_k"
+#: Shared memory of one H100 SM, and what the driver reserves of it per block.
+SM_SHARED_BYTES = 228 * 1024
+BLOCK_RESERVED_SHARED_BYTES = 1024
 
 
 def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
@@ -206,11 +220,51 @@ def _splits(problem: ConvProblem, cfg: GemmConfig, grid: tuple[int, int, int], c
     return split_k_runs(problem, grid, k_tiles, SPLIT_K_TARGET_BLOCKS // math.prod(grid), SPLIT_K_MIN_TILES)
 
 
+def _blocks_per_sm(cfg: GemmConfig, dtype: str) -> int:
+    """Blocks of a wgmma tile resident per SM: as the kernel's launch bounds ask of the registers
+    (nhwc_min_blocks in kernels/implicit_gemm_nhwc.cu, 16-byte pieces, 32-bit indices) and as the
+    shared memory holds."""
+    item = 4 if dtype == "float32" else 2
+    accumulators, pieces = cfg.bm * cfg.bn // cfg.threads, cfg.bm * cfg.bk * item // (16 * cfg.threads)
+    by_registers = min(3, max(1, 65536 // (cfg.threads * (accumulators + 48 + 4 * pieces))))
+    by_shared = SM_SHARED_BYTES // (_shared_bytes(cfg, dtype, False) + BLOCK_RESERVED_SHARED_BYTES)
+    return max(1, min(by_registers, by_shared))
+
+
+def _stream_k_blocks(problem: ConvProblem, cfg: GemmConfig, grid: tuple[int, int, int], k_tiles: int,
+                     forced: bool | int | None) -> tuple[int, str]:
+    """Stream-K's persistent blocks for ``cfg``'s ``grid`` of ``k_tiles`` each (0: whole tiles), and
+    why; ``forced``: True or False forces it on or off, an int on with that many blocks (at most one
+    per unit and FLAG_COUNT; None: the rule, STREAM_K_*)."""
+    tiles = math.prod(grid)
+    if forced is False or not tiles:  # an empty batch launches nothing
+        return 0, ""
+    if forced is not True and isinstance(forced, int):
+        blocks = min(forced, tiles * k_tiles, FLAG_COUNT)
+        return blocks, f"; stream-K forced: {blocks} blocks share the {tiles * k_tiles} tiles x k tiles"
+    blocks = min(STREAM_K_SMS * _blocks_per_sm(cfg, problem.dtype), tiles * k_tiles // STREAM_K_MIN_UNITS)
+    if forced:
+        blocks = max(blocks, 1)
+    if blocks < 1:
+        return 0, ""
+    waves = tiles / STREAM_K_SMS
+    balance = waves / math.ceil(waves)
+    if forced is None and not (SPLIT_K_MAX_BLOCKS < tiles <= STREAM_K_MAX_WAVES * STREAM_K_SMS
+                               and balance < STREAM_K_MAX_BALANCE):
+        return 0, ""
+    how = "forced" if forced else f"{tiles} tiles keep {STREAM_K_SMS} SMs {balance:.0%} busy"
+    return blocks, f"; stream-K ({how}): {blocks} blocks share the {tiles * k_tiles} tiles x k tiles"
+
+
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
-              compute_capability: int = 0, splits: int | None = None) -> LaunchPlan:
+              compute_capability: int = 0, splits: int | None = None,
+              stream_k: bool | int | None = None) -> LaunchPlan:
     """The channels-last GEMM launch: grid (pixel tiles, channel tiles, groups x splits), one block
-    per tile and run of the reduction. ``compute_capability``: of the GPU that will run it (90: the
-    wgmma tiles may be chosen; 0: any GPU). ``splits`` forces split-K's runs (1: none; None: _splits)."""
+    per tile and run of the reduction -- or, with stream-K, plan.stream_k_blocks persistent blocks
+    over that grid's tiles. ``compute_capability``: of the GPU that will run it (90: the wgmma tiles
+    may be chosen; 0: any GPU). ``splits`` forces split-K's runs (1: none; None: _splits);
+    ``stream_k`` forces stream-K on (True, or an int: that many blocks; then no split-K unless
+    ``splits`` says so, an error) or off (None: _stream_k_blocks' rule; wgmma tiles only)."""
     why_not = refusal(problem)
     if why_not:
         raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
@@ -235,6 +289,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     copy = problem.n * channels_padded * problem.h * problem.w if copied else 0
     index = index_type(problem, copy)
     grid = gemm_grid(problem, cfg)
+    if splits is None and stream_k:
+        splits = 1
     if splits is None:
         splits = _splits(problem, cfg, grid, channels_padded, index)
         if splits > 1:
@@ -246,12 +302,22 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
             raise ValueError(f"splits > 1 needs 32-bit indices; this problem {problem.x_shape} -> "
                              f"{problem.out_shape} needs 64-bit ones")
         why += f"; split-K forced: {splits} runs"
+    stream_k_blocks = 0
+    if not (stream_k is None or isinstance(stream_k, bool) or (isinstance(stream_k, int) and stream_k >= 1)):
+        raise ValueError(f"stream_k must be None, True, False or a block count >= 1, got {stream_k!r}")
+    if stream_k and (not cfg.wgmma or splits > 1 or index != "int"):
+        raise ValueError(f"stream_k needs a wgmma tile, no split-K and 32-bit indices; got {cfg.name}, "
+                         f"{splits} split(s), {index} indices for {problem.x_shape} -> {problem.out_shape}")
+    if cfg.wgmma and splits == 1 and index == "int":
+        k_tiles = math.ceil(problem.kh * problem.kw * (channels_padded // problem.groups) / cfg.bk)
+        stream_k_blocks, stream_k_why = _stream_k_blocks(problem, cfg, grid, k_tiles, stream_k)
+        why += stream_k_why
     return LaunchPlan(
         kernel=KERNEL, dtype=problem.dtype, index_type=index,
         config=cfg, grid=(grid[0], grid[1], grid[2] * splits), block=(cfg.threads, 1, 1),
         shared_bytes=_shared_bytes(cfg, problem.dtype, a_from_nchw),
         reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded, a_from_nchw=a_from_nchw,
-        round_a=round_a, splits=splits,
+        round_a=round_a, splits=splits, stream_k_blocks=stream_k_blocks,
         arch=WGMMA_ARCH if cfg.wgmma else "")
 
 
@@ -267,6 +333,10 @@ def describe(plan: LaunchPlan) -> str:
     if plan.splits > 1:
         reads += (f"  split-K: {plan.splits} runs of the reduction write float32 partial sums to the workspace, "
                   f"added in order by {REDUCE_KERNEL} (the same bits on every run)\n")
+    if plan.stream_k_blocks:
+        reads += (f"  stream-K: {plan.stream_k_blocks} persistent blocks ({STREAM_K_KERNEL}) share the grid's "
+                  f"tiles x k tiles equally; a tile's owner adds the other blocks' float32 sums in block order "
+                  f"(the same bits on every run)\n")
     return describe_tiles(plan, warps, reads)
 
 
@@ -305,8 +375,17 @@ def specialisation(dtype: str, index: str, cfg: GemmConfig, vec: int, a_from_nch
             f"{cfg.warps_m},{cfg.warps_n},{cfg.stages},{vec},{flags}>")
 
 
+def stream_k_specialisation(dtype: str, cfg: GemmConfig, nhwc_out: bool, round_a: bool) -> str:
+    """The C++ template instance of stream-K with ``cfg``'s wgmma tile, 16-byte pieces, 32-bit indices."""
+    flags = ",".join(str(flag).lower() for flag in (nhwc_out, round_a))
+    return (f"cupyconv::{STREAM_K_KERNEL}<{CTYPES[dtype]},int,{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
+            f"{cfg.stages},16,{cfg.wgmma},{flags}>")
+
+
 def name_expression(plan: LaunchPlan) -> str:
     """The specialisation ``plan`` launches."""
+    if plan.stream_k_blocks:
+        return stream_k_specialisation(plan.dtype, plan.config, plan.layout == "NHWC", plan.round_a)
     return specialisation(plan.dtype, plan.index_type, plan.config, plan.vec, plan.a_from_nchw, plan.layout == "NHWC",
                           plan.round_a, plan.splits > 1)
 
@@ -344,9 +423,16 @@ def specialisations() -> list[str]:
         channels_last_specialisations()
 
 
+def _stream_k_specialisations() -> list[str]:
+    return [stream_k_specialisation(dtype, cfg, nhwc_out, round_a) for dtype in GEMM_DTYPES
+            for cfg in NHWC_CONFIGS[dtype] if cfg.wgmma
+            for nhwc_out, round_a in ((False, False), (True, False)) + (((True, True),) if dtype == "float32" else ())]
+
+
 def arch_specialisations() -> dict[str, list[str]]:
-    """NVRTC target -> the name expressions that compile for it alone (the wgmma tiles)."""
-    return {WGMMA_ARCH: _gemm_specialisations(wgmma=True) + _phases_specialisations(wgmma=True)}
+    """NVRTC target -> the name expressions that compile for it alone (the wgmma tiles, stream-K's too)."""
+    return {WGMMA_ARCH: _gemm_specialisations(wgmma=True) + _phases_specialisations(wgmma=True)
+            + _stream_k_specialisations()}
 
 
 def channels_last_copy(dtype: str, n: int, c: int, positions: int, channels_padded: int, round_tf32: bool,
@@ -399,6 +485,16 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
             launches.append(channels_last_copy(p.dtype, p.n, p.c, p.h * p.w, plan.channels_padded, True, Pointer(X), x))
     weight = _weight_preparation(p, plan.channels_padded) if _weight_copied(p, plan.channels_padded) else None
     weight_pointer = Pointer(PREPARED) if weight else Pointer(WEIGHT)
+    if plan.stream_k_blocks:
+        # The blocks' float32 slots in the workspace (after x's copy); the flags are the FLAGS operand.
+        partials = Pointer(WORKSPACE, workspace)
+        tiles_m, tiles_n, _ = plan.grid
+        k_tiles = math.ceil(p.kh * p.kw * (plan.channels_padded // p.groups) / plan.config.bk)
+        launch = conv_launch(plan, p, tiles_m, tiles_n, k_tiles, partials, Pointer(FLAGS), x=x, weight=weight_pointer,
+                             channels=plan.channels_padded)
+        launches.append(dataclasses.replace(launch, kernel=STREAM_K_KERNEL, grid=(plan.stream_k_blocks, 1, 1)))
+        slots = 4 * plan.stream_k_blocks * plan.config.bm * plan.config.bn
+        return CallProgram(tuple(launches), workspace + slots, weight)
     if plan.splits == 1:
         launches.append(conv_launch(plan, p, 1, 0, x=x, weight=weight_pointer, channels=plan.channels_padded))
         return CallProgram(tuple(launches), workspace, weight)
@@ -454,7 +550,7 @@ def phases_plan(problems: tuple[ConvProblem, ...], compute_capability: int = 0,
         return None
     if config is None and fewest.k // fewest.groups <= NARROW_TILE_CHANNELS:
         config = next(c.name for c in NHWC_CONFIGS[fewest.dtype] if c.bn == NARROW_TILE_CHANNELS and c.stages == 4)
-    plan = make_plan(together, config, compute_capability=compute_capability)
+    plan = make_plan(together, config, compute_capability=compute_capability, stream_k=False)
     if plan.vec != 16 or plan.channels_padded != fewest.c or plan.a_from_nchw or plan.index_type != "int" \
             or index_type(together) != "int":
         return None

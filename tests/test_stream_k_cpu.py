@@ -1,0 +1,127 @@
+"""Stream-K on the channels-last GEMM without a GPU: when the planner takes it, what a forced one
+refuses, and the launch's schedule replayed in NumPy from its own arguments (kernels/stream_k.cuh and
+implicit_gemm_nhwc_stream_k, block by block, each waiting where the kernel waits): every tile's k
+tiles are summed once, each by the tile's owner in block order, every tile is stored once, and the
+flags are left zero."""
+import math
+
+import numpy as np
+import pytest
+
+from cupyconv import planner
+from cupyconv.arguments import make_problem
+from cupyconv.families import implicit_gemm_nhwc
+from cupyconv.program import FLAG_COUNT, FLAGS, WORKSPACE, Pointer
+
+#: (x NHWC, weight KHWC, padding): ResNet-50's 3x3 layers at batch 32 (98-196 tiles), and the same
+#: at batch 8 (split-K's), 56x56 (a whole number of waves) and VGG's 56x56 layer (12 waves).
+LAYERS = {
+    "r50_l2_3x3_128": ((32, 28, 28, 128), (128, 3, 3, 128), 1),
+    "r50_l3_3x3_256": ((32, 14, 14, 256), (256, 3, 3, 256), 1),
+    "r50_l4_3x3_512": ((32, 7, 7, 512), (512, 3, 3, 512), 1),
+    "r50_b8_l3_3x3_256": ((8, 14, 14, 256), (256, 3, 3, 256), 1),
+    "r50_l1_3x3_64": ((32, 56, 56, 64), (64, 3, 3, 64), 1),
+    "vgg_conv3_2": ((32, 56, 56, 256), (256, 3, 3, 256), 1),
+}
+STREAM_K = {"r50_l2_3x3_128", "r50_l3_3x3_256", "r50_l4_3x3_512"}
+
+
+def nhwc_problem(x_shape, w_shape, padding, dtype="float16"):
+    return make_problem(x_shape, w_shape, (w_shape[0],), dtype, 1, padding, 1, 1, "NHWC", "KHWC")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("layer", LAYERS)
+def test_the_rule_takes_stream_k_where_whole_tiles_leave_sms_idle(layer, dtype):
+    problem = nhwc_problem(*LAYERS[layer], dtype)
+    plan = planner.make_plan(problem, allow_tf32=True, compute_capability=90)
+    assert bool(plan.stream_k_blocks) == (layer in STREAM_K), str(plan)
+    assert planner.make_plan(problem, allow_tf32=True, compute_capability=0).stream_k_blocks == 0  # mma.sync
+    if plan.stream_k_blocks:
+        assert plan.splits == 1 and "stream-K" in str(plan)
+        assert plan.stream_k_blocks <= min(FLAG_COUNT, 3 * implicit_gemm_nhwc.STREAM_K_SMS)
+        off = planner.make_plan(problem, plan.config.name, planner.NHWC_KERNEL, compute_capability=90, stream_k=False)
+        assert off.stream_k_blocks == 0 and off.grid == plan.grid
+
+
+def test_forced_stream_k_refusals():
+    problem = nhwc_problem(*LAYERS["r50_l3_3x3_256"])
+    mma_sync = next(c.name for c in implicit_gemm_nhwc.NHWC_CONFIGS["float16"] if not c.wgmma)
+    with pytest.raises(ValueError, match="stream_k needs a wgmma tile"):
+        planner.make_plan(problem, mma_sync, planner.NHWC_KERNEL, compute_capability=90, stream_k=True)
+    with pytest.raises(ValueError, match="stream_k needs a wgmma tile, no split-K"):
+        planner.make_plan(problem, None, planner.NHWC_KERNEL, compute_capability=90, splits=2, stream_k=True)
+
+
+def replay(launch, gemm_a, gemm_b, bm, bn, bk):
+    """The stream-K launch's blocks run as the kernel runs them, round-robin, each stopping where it
+    waits for a flag. Returns (the GEMM's result, the flags after the launch, tiles stored)."""
+    blocks = launch.grid[0]
+    tiles_m, tiles_n, k_tiles = launch.args[24:27]
+    units = tiles_m * tiles_n * k_tiles
+    start = lambda b: units * b // blocks
+    flags, slots, stores = [0] * blocks, {}, []
+    out = np.full((tiles_m * bm, tiles_n * bn), np.nan)
+
+    def sums(tile_m, tile_n, k_begin, k_end):
+        acc = np.zeros((bm, bn))
+        for kt in range(k_begin, k_end):  # one k tile after another, as the pipeline adds them
+            acc += gemm_a[tile_m * bm:(tile_m + 1) * bm, kt * bk:(kt + 1) * bk] @ \
+                gemm_b[kt * bk:(kt + 1) * bk, tile_n * bn:(tile_n + 1) * bn]
+        return acc
+
+    def block(b):
+        unit, end = start(b), start(b + 1)
+        while unit < end:
+            tile = unit // k_tiles
+            k_begin = unit - tile * k_tiles
+            k_end = min(k_tiles, k_begin + end - unit)
+            tile_m, tile_n = tile % tiles_m, tile // tiles_m % tiles_n
+            contributors = b + 1
+            while contributors < blocks and start(contributors) < (tile + 1) * k_tiles:
+                contributors += 1
+            acc = sums(tile_m, tile_n, k_begin, k_end)
+            if k_begin > 0:
+                assert flags[b] == 0, "a slot published twice"
+                slots[b], flags[b] = acc, 1
+            else:
+                for c in range(b + 1, contributors if k_end < k_tiles else b + 1):
+                    while not flags[c]:
+                        yield
+                    flags[c] = 0
+                    acc = acc + slots.pop(c)
+                stores.append(tile)
+                out[tile_m * bm:(tile_m + 1) * bm, tile_n * bn:(tile_n + 1) * bn] = acc
+            unit += k_end - k_begin
+
+    running = [block(b) for b in reversed(range(blocks))]  # the last first: waits must be waited out
+    while running:
+        for generator in list(running):
+            try:
+                next(generator)
+            except StopIteration:
+                running.remove(generator)
+    assert not slots, "a published slot was never added"
+    return out, flags, stores
+
+
+@pytest.mark.parametrize("layer", ["r50_l3_3x3_256", "r50_l4_3x3_512", "r50_l2_3x3_128", "r50_b8_l3_3x3_256"])
+def test_schedule_replayed(layer):
+    """Every tile stored once with the sum of all its k tiles; flags back to zero. The tiles are shrunk
+    to 4 x 4 of 2 k rows (the schedule depends on the counts alone) to keep NumPy fast."""
+    problem = nhwc_problem(*LAYERS[layer])
+    plan = planner.make_plan(problem, None, planner.NHWC_KERNEL, compute_capability=90, stream_k=True)
+    (launch,) = [launch for launch in planner.program(plan, problem).launches
+                 if launch.kernel == implicit_gemm_nhwc.STREAM_K_KERNEL]
+    assert launch.grid == (plan.stream_k_blocks, 1, 1)
+    assert launch.args[-1] == Pointer(FLAGS) and launch.args[-2].operand == WORKSPACE
+    tiles_m, tiles_n, k_tiles = launch.args[24:27]
+    assert (tiles_m, tiles_n) == plan.grid[:2]
+    assert k_tiles == math.ceil(9 * problem.c * 2 / 128)  # k rows of 128 bytes
+    bm, bn, bk = 4, 4, 2
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((tiles_m * bm, k_tiles * bk)), rng.standard_normal((k_tiles * bk, tiles_n * bn))
+    out, flags, stores = replay(launch, a, b, bm, bn, bk)
+    assert sorted(stores) == list(range(tiles_m * tiles_n)), "a tile stored twice or never"
+    assert flags == [0] * launch.grid[0]
+    np.testing.assert_allclose(out, a @ b, rtol=1e-10, atol=1e-10)
