@@ -143,16 +143,16 @@ class Workspaces:
         """``exe``'s call on ``stream``. ``prepared`` 0 where ``exe`` reads a prepared weight that the
         caller does not keep: it is then made in the workspace first."""
         prepare_here = exe.weight is not None and not prepared
-        with self.workspace(exe.device_id, exe.workspace_bytes_for(prepare_here), stream, capturing) as workspace, \
-                self.flags(exe, stream, capturing) as flags:
-            exe.launch(x, weight, prepared, bias, out, workspace, prepare_here, stream, residual, flags)
+        flags = self.flags(exe.device_id, stream, capturing) if exe.uses_flags else (None, 0)
+        with self.workspace(exe.device_id, exe.workspace_bytes_for(prepare_here), stream, capturing) as workspace:
+            exe.launch(x, weight, prepared, bias, out, workspace, prepare_here, stream, residual, flags[1])
 
     def run(self, exe: Executable, stream: int, capturing: bool, **operands: int) -> None:
         """``exe``'s launches on ``stream`` (a program without weight preparation: the gradients'),
         its operands' addresses by name (``addresses``' keywords), the workspace from here."""
-        with self.workspace(exe.device_id, exe.workspace_bytes, stream, capturing) as workspace, \
-                self.flags(exe, stream, capturing) as flags:
-            exe.run(addresses(**operands, workspace=workspace, flags=flags), stream)
+        flags = self.flags(exe.device_id, stream, capturing) if exe.uses_flags else (None, 0)
+        with self.workspace(exe.device_id, exe.workspace_bytes, stream, capturing) as workspace:
+            exe.run(addresses(**operands, workspace=workspace, flags=flags[1]), stream)
 
     @contextlib.contextmanager
     def workspace(self, device_id: int, nbytes: int, stream: int, capturing: bool):
@@ -172,23 +172,18 @@ class Workspaces:
                     kept = self._kept[key] = (*self._allocate(nbytes), nbytes)
                 yield kept[1]
 
-    @contextlib.contextmanager
-    def flags(self, exe: Executable, stream: int, capturing: bool):
-        """The address of the FLAGS operand for ``exe``'s launches on ``stream`` (0 where it has none):
-        the stream's, or inside a capture a new one, zeroed in the capture (a graph's launches may
-        run beside this stream's)."""
-        if not exe.uses_flags:
-            yield 0
-            return
-        key = (exe.device_id, stream)
-        with self._flags_lock:
-            kept = None if capturing else self._flags.get(key)
-            if kept is None:
+    def flags(self, device_id: int, stream: int, capturing: bool):
+        """(buffer, address) of the FLAGS operand for launches on ``stream``: the stream's, or inside a
+        capture a new one, zeroed in the capture (a graph's launches may run beside this stream's).
+        The caller holds the buffer until its launches are queued."""
+        kept = None if capturing else self._flags.get((device_id, stream))
+        if kept is None:
+            with self._flags_lock:
                 kept = self._allocate(4 * FLAG_COUNT)
                 _zero(kept[1], 4 * FLAG_COUNT, stream)
                 if not capturing:
-                    self._flags[key] = kept
-        yield kept[1]
+                    kept = self._flags.setdefault((device_id, stream), kept)
+        return kept
 
 
 def executable(problem: ConvProblem, allow_tf32: bool, device_id: int) -> Executable:

@@ -392,7 +392,7 @@ def test_stream_k_forced(case, name, config_index, blocks, layout):
     if not _wgmma_runs(case, dtype):
         return
     config = NHWC_CONFIGS[dtype][config_index].name
-    plan, outs, ref = run_split(case, dtype, torch_dtype, layout, config=config, seed=blocks, runs=2,
+    plan, outs, ref = run_split(case, dtype, torch_dtype, layout, config=config, seed=int(blocks), runs=2,
                                 stream_k=blocks)
     assert plan.stream_k_blocks >= 1 and plan.splits == 1, str(plan)
     assert not outs[0].isnan().any(), "an output element was never written (or is NaN)"

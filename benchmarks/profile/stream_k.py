@@ -1,18 +1,21 @@
 """Stream-K on and off in one process: GPU time of every layers / large suite row whose fixed-rules plan
-takes stream-K, with the same tile forced to whole tiles, in the modes and layouts asked
-    python benchmarks/profile/stream_k.py [--dtype fp16 ...] [--layout channels_last ...]
-Median of 200 CUDA-event timings after warm-up (ab_layers.event_median_ms), the weight prepared in the
-call as the layers suite does; each row checked: the two plans agree within the dtype's tolerance."""
+takes stream-K (or of the rows named), with the same tile forced to whole tiles and to stream-K on
+one block per SM (and on the block counts asked), in the modes and layouts asked; and the blocks of
+each kernel resident per SM (the driver's occupancy calculator)
+    python benchmarks/profile/stream_k.py [--dtype fp16 ...] [--layout channels_last ...] [--row NAME ...]
+        [--blocks N ...]
+Medians of 50 runs each behind a spin kernel, interleaved (bench.alternating_ms: the GPU's time
+alone), the weight prepared in the call as the layers suite does; each row checked: the plans agree
+within the dtype's tolerance."""
 import argparse
 import dataclasses
 
 import cupy
 
-from ab_layers import event_median_ms
-from cupyconv.bench import LARGE, LAYERS, MODE_DTYPE, SEEDS
-from cupyconv.compiler import compute_capability
+from cupyconv.bench import LARGE, LAYERS, MODE_DTYPE, SEEDS, alternating_ms
+from cupyconv.compiler import compute_capability, get_kernel
 from cupyconv.launch import conv2d_cupy
-from cupyconv.planner import NHWC_KERNEL, make_plan
+from cupyconv.planner import NHWC_KERNEL, make_plan, program
 
 TOLERANCE = {"fp16": 1e-2, "bf16": 1e-2, "tf32": 2e-3}
 
@@ -21,37 +24,64 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", action="append", choices=sorted(TOLERANCE))
     parser.add_argument("--layout", action="append", choices=("nchw", "channels_last"))
+    parser.add_argument("--row", action="append", help="rows to time whether or not the rules take stream-K")
+    parser.add_argument("--blocks", action="append", type=int, default=[], help="more stream-K block counts to time")
     args = parser.parse_args()
     cc = compute_capability()
-    print("| row | mode | layout | tile | tiles | stream-K blocks | whole tiles ms | stream-K ms | speed-up |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| row | mode | layout | tile | tiles | stream-K blocks | whole tiles ms | stream-K ms | speed-up | "
+          "one block per SM ms | resident per SM (whole / stream-K) |"
+          + "".join(f" {n} blocks ms |" for n in args.blocks))
+    print("| --- " * (11 + len(args.blocks)) + "|")
     for shape in SEEDS + LAYERS + LARGE:
         for mode in args.dtype or ("fp16", "bf16", "tf32"):
             for layout in args.layout or ("channels_last", "nchw"):
                 problem = shape.problem(MODE_DTYPE[mode], layout)
                 plan = make_plan(problem, allow_tf32=True, compute_capability=cc)
-                if not plan.stream_k_blocks:
+                if args.row:
+                    if shape.name not in args.row or not plan.config.wgmma or plan.splits > 1:
+                        continue
+                    plan = make_plan(problem, plan.config.name, NHWC_KERNEL, True, cc, stream_k=True)
+                elif not plan.stream_k_blocks:
                     continue
-                whole = make_plan(problem, plan.config.name, NHWC_KERNEL, True, cc, stream_k=False)
-                whole = dataclasses.replace(whole, layout=plan.layout, weight_layout=plan.weight_layout)
+                plans = {"whole": make_plan(problem, plan.config.name, NHWC_KERNEL, True, cc, stream_k=False),
+                         "rule": plan, "sms": make_plan(problem, plan.config.name, NHWC_KERNEL, True, cc, stream_k=132),
+                         **{n: make_plan(problem, plan.config.name, NHWC_KERNEL, True, cc, stream_k=n)
+                            for n in args.blocks}}
+                plans = {k: dataclasses.replace(p, layout=plan.layout, weight_layout=plan.weight_layout)
+                         for k, p in plans.items()}
                 x, w, b = (cupy.random.standard_normal(s, dtype=cupy.float32) for s in
                            (problem.x_array_shape, problem.weight_array_shape, (problem.k,)))
                 cast = (lambda a: a.astype(cupy.float16)) if mode == "fp16" else \
                     (lambda a: (a.view(cupy.uint32) >> 16).astype(cupy.uint16).view(cupy.int16)) if mode == "bf16" \
                     else (lambda a: a)
                 x, w, b = cast(x), cast(w), cast(b) if problem.has_bias else None
-                outs = [cupy.empty(problem.out_array_shape, dtype=x.dtype) for _ in range(2)]
-                for out in outs:  # NaN, so that an element never written fails the check
+                outs = {k: cupy.empty(problem.out_array_shape, dtype=x.dtype) for k in plans}
+                for out in outs.values():  # NaN, so that an element never written fails the check
                     out.view(cupy.uint16).fill(0x7FC0) if mode == "bf16" else out.fill(cupy.nan)
-                times = [event_median_ms(lambda: conv2d_cupy(x, w, b, problem, out, p, allow_tf32=True))
-                         for p, out in ((whole, outs[0]), (plan, outs[1]))]
-                ref, got = (o.view(cupy.uint16).astype(cupy.uint32) << 16 if mode == "bf16" else o for o in outs)
-                ref, got = (o.view(cupy.float32) if mode == "bf16" else o.astype(cupy.float32) for o in (ref, got))
-                error = float(cupy.linalg.norm(got - ref) / cupy.linalg.norm(ref))
-                assert error < TOLERANCE[mode], (shape.name, mode, layout, error)
+                times = alternating_ms({k: (lambda p=p, out=outs[k]: conv2d_cupy(x, w, b, problem, out, p,
+                                                                                  allow_tf32=True))
+                                        for k, p in plans.items()}, repeats=50)
+                as_float = {k: (o.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32) if mode == "bf16"
+                            else o.astype(cupy.float32) for k, o in outs.items()}
+                for k in ("rule", "sms"):
+                    whole = as_float["whole"]
+                    error = float(cupy.linalg.norm(as_float[k] - whole) / cupy.linalg.norm(whole))
+                    assert error < TOLERANCE[mode], (shape.name, mode, layout, k, error)
+                ms = {k: t[0] for k, t in times.items()}
+                resident = "/".join(str(resident_blocks(plans[k], problem)) for k in ("whole", "rule"))
                 print(f"| {shape.name} | {mode} | {layout} | {plan.config.name} | {plan.grid[0] * plan.grid[1]} | "
-                      f"{plan.stream_k_blocks} | {times[0]:.4f} | {times[1]:.4f} | {times[0] / times[1]:.2f}x |",
-                      flush=True)
+                      f"{plan.stream_k_blocks} | {ms['whole']:.4f} | {ms['rule']:.4f} | "
+                      f"{ms['whole'] / ms['rule']:.2f}x | {ms['sms']:.4f} | {resident} |"
+                      + "".join(f" {ms[n]:.4f} |" for n in args.blocks), flush=True)
+
+
+def resident_blocks(plan, problem) -> int:
+    """Blocks of ``plan``'s GEMM launch resident per SM at once, as the driver computes it."""
+    from cupy.cuda import driver
+
+    (launch,) = [launch for launch in program(plan, problem).launches if launch.kernel.startswith(NHWC_KERNEL)]
+    function = get_kernel(launch.kernel, launch.name_expression, launch.arch)
+    return driver.occupancyMaxActiveBlocksPerMultiprocessor(function.kernel.ptr, launch.block[0], launch.shared_bytes)
 
 
 if __name__ == "__main__":

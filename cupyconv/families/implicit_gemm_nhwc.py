@@ -91,13 +91,17 @@ SPLIT_K_MIN_TILES = 3
 #: Stream-K (kernels/stream_k.cuh; wgmma tiles, 32-bit indices): where whole tiles spread unevenly over
 #: the SMs -- more than SPLIT_K_MAX_BLOCKS tiles, at most STREAM_K_MAX_WAVES waves of them, the last
 #: wave leaving the SMs less than STREAM_K_MAX_BALANCE busy on average -- STREAM_K_SMS x (blocks
-#: resident per SM) persistent blocks share the tiles' k tiles equally, at least STREAM_K_MIN_UNITS
-#: each. ResNet-50's 3x3 layers at batch 32 make 98-196 tiles of 18-72 k tiles for 132 SMs: 74-79 %
-#: busy as whole tiles.
+#: resident per SM) persistent blocks share the tiles' k tiles equally, where each block's share is
+#: worth at least STREAM_K_MIN_WORK k tiles of a 128 x 128 tile per wave of whole tiles: a block pays
+#: a pipeline fill per tile it touches and 64 KB of float32 sums out or in per tile it shares, which
+#: shorter shares do not earn back. H100, stream-K against whole tiles (benchmarks/NOTES.md,
+#: benchmarks/profile/stream_k.py): fp16 ResNet-50 3x3 layers at batch 32, 13-14 such k tiles a
+#: block, 0.84-0.94x; TF32 r50_l3_3x3_256 (98 tiles, 27) 1.10x, r50_l2_3x3_128 (196 tiles, 27) 0.98x;
+#: vgg_conv5_2 (196 tiles, 53 fp16, 107 TF32) 1.09-1.12x.
 STREAM_K_SMS = 132
 STREAM_K_MAX_WAVES = 4
 STREAM_K_MAX_BALANCE = 0.85
-STREAM_K_MIN_UNITS = 8
+STREAM_K_MIN_WORK = 24
 STREAM_K_KERNEL = "implicit_gemm_nhwc_stream_k"
 #: Shared memory of one H100 SM, and what the driver reserves of it per block.
 SM_SHARED_BYTES = 228 * 1024
@@ -242,17 +246,15 @@ def _stream_k_blocks(problem: ConvProblem, cfg: GemmConfig, grid: tuple[int, int
     if forced is not True and isinstance(forced, int):
         blocks = min(forced, tiles * k_tiles, FLAG_COUNT)
         return blocks, f"; stream-K forced: {blocks} blocks share the {tiles * k_tiles} tiles x k tiles"
-    blocks = min(STREAM_K_SMS * _blocks_per_sm(cfg, problem.dtype), tiles * k_tiles // STREAM_K_MIN_UNITS)
-    if forced:
-        blocks = max(blocks, 1)
-    if blocks < 1:
-        return 0, ""
+    blocks = min(STREAM_K_SMS * _blocks_per_sm(cfg, problem.dtype), tiles * k_tiles)
     waves = tiles / STREAM_K_SMS
     balance = waves / math.ceil(waves)
+    work = tiles * k_tiles * cfg.bm * cfg.bn / (blocks * 128 * 128)  # k tiles of 128 x 128 per block
     if forced is None and not (SPLIT_K_MAX_BLOCKS < tiles <= STREAM_K_MAX_WAVES * STREAM_K_SMS
-                               and balance < STREAM_K_MAX_BALANCE):
+                               and balance < STREAM_K_MAX_BALANCE and work >= STREAM_K_MIN_WORK * math.ceil(waves)):
         return 0, ""
-    how = "forced" if forced else f"{tiles} tiles keep {STREAM_K_SMS} SMs {balance:.0%} busy"
+    how = "forced" if forced else (f"{tiles} tiles keep {STREAM_K_SMS} SMs {balance:.0%} busy; {work:.0f} k tiles "
+                                   f"of 128 x 128 a block")
     return blocks, f"; stream-K ({how}): {blocks} blocks share the {tiles * k_tiles} tiles x k tiles"
 
 
