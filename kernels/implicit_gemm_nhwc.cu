@@ -267,8 +267,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             for (int kk = 0; kk < BK / INST_K; ++kk)
                 wgmma_op<T, N>::run(d, wgmma_descriptor((SWAP ? channels : pixels) + kk * INST_BYTES),
                                     wgmma_descriptor((SWAP ? pixels : channels) + kk * INST_BYTES));
-            wgmma_commit();
-            wgmma_wait<WGMMA_LAG>();  // this tile's MMAs may still run; the buffer of the one before is free
+            wgmma_commit();  // retired by run_k_pipeline once the next tile's copies are issued
             return;
         }
         const unsigned char* a_buf = reinterpret_cast<const unsigned char*>(a_smem + stage * A_STAGE) + a_lane_off;
@@ -319,8 +318,11 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 }
         }
     };
-    run_k_pipeline<STAGES, WGMMA, WGMMA_LAG>(
-        k_tiles, [&](int t, int stage) { load_tile(kt0 + t, stage); }, compute_tile, [](int) {}, round_a);
+    // wgmma: the next tile's copies are issued while this tile's MMAs run; then all but WGMMA_LAG
+    // tiles' MMAs retire (this tile's may still run; the buffer of the one before is free).
+    run_k_pipeline<STAGES, WGMMA, WGMMA_LAG, WGMMA>(
+        k_tiles, [&](int t, int stage) { load_tile(kt0 + t, stage); }, compute_tile, [](int) {}, round_a,
+        [] { if constexpr (WGMMA) wgmma_wait<WGMMA_LAG>(); });
     if constexpr (WGMMA_LAG > 0) {  // the last tile's MMAs read the buffers the epilogue overwrites
         wgmma_wait<0>();
         __syncthreads();

@@ -42,12 +42,15 @@ template <int Pending> __device__ __forceinline__ void cp_async_wait() {
 // fences its landed copies before the barrier. LAG: compute may return with the MMAs of its last LAG
 // tiles still reading their buffers (asynchronous wgmma), so loads run LAG tiles less far ahead,
 // into the buffer of tile t - 1 - LAG; the caller waits for the MMAs before reusing the buffers.
+// ISSUE_FIRST (asynchronous MMAs): compute(buffer) only issues tile t's MMAs, the loads of tile
+// t + STAGES - 1 - LAG are issued while they run, and retire() then waits for all but the last LAG
+// tiles' MMAs: the tensor cores work while the threads compute the next addresses and copies.
 // landed(buffer), where given, runs once this thread's copies of the tile in ``buffer`` have landed and
 // before the barrier: a thread may rewrite what it copied itself (the NHWC GEMM rounds float32 to TF32).
-template <int STAGES, bool ASYNC_PROXY = false, int LAG = 0, typename Load, typename Compute, typename Store,
-          typename Landed>
+template <int STAGES, bool ASYNC_PROXY = false, int LAG = 0, bool ISSUE_FIRST = false, typename Load,
+          typename Compute, typename Store, typename Landed, typename Retire>
 __device__ __forceinline__ void run_k_pipeline(int k_tiles, Load&& load, Compute&& compute, Store&& store,
-                                               Landed&& landed) {
+                                               Landed&& landed, Retire&& retire) {
     constexpr int AHEAD = STAGES - 1 - LAG;  // tiles loaded ahead of the one computed
     static_assert(AHEAD >= 1, "a stage to load into while computing");
 #pragma unroll 1
@@ -67,9 +70,13 @@ __device__ __forceinline__ void run_k_pipeline(int k_tiles, Load&& load, Compute
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();              // ... everyone's, and tile t - 1 - LAG's buffer is no longer read
         const int next = t + AHEAD;
+        if constexpr (ISSUE_FIRST) compute(read_stage);
         if (next < k_tiles) load(next, write_stage);
         cp_async_commit();
-        compute(read_stage);
+        if constexpr (ISSUE_FIRST)
+            retire();
+        else
+            compute(read_stage);
         if (next < k_tiles) store(write_stage);
         read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
         write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
@@ -78,9 +85,16 @@ __device__ __forceinline__ void run_k_pipeline(int k_tiles, Load&& load, Compute
     __syncthreads();
 }
 
+template <int STAGES, bool ASYNC_PROXY = false, int LAG = 0, typename Load, typename Compute, typename Store,
+          typename Landed>
+__device__ __forceinline__ void run_k_pipeline(int k_tiles, Load&& load, Compute&& compute, Store&& store,
+                                               Landed&& landed) {
+    run_k_pipeline<STAGES, ASYNC_PROXY, LAG, false>(k_tiles, load, compute, store, landed, [] {});
+}
+
 template <int STAGES, bool ASYNC_PROXY = false, int LAG = 0, typename Load, typename Compute, typename Store>
 __device__ __forceinline__ void run_k_pipeline(int k_tiles, Load&& load, Compute&& compute, Store&& store) {
-    run_k_pipeline<STAGES, ASYNC_PROXY, LAG>(k_tiles, load, compute, store, [](int) {});
+    run_k_pipeline<STAGES, ASYNC_PROXY, LAG, false>(k_tiles, load, compute, store, [](int) {}, [] {});
 }
 
 __device__ __forceinline__ unsigned to_tf32(float v) {
