@@ -444,6 +444,7 @@ def test_stream_k_epilogue_streams_and_graphs(name):
     problem_plan = cupyconv.plan(*arrays[:3], padding=1, allow_tf32=True, layout="NHWC", weight_layout="KHWC",
                                  activation="relu", residual=arrays[3])
     assert problem_plan.stream_k_blocks > 0, str(problem_plan)
+    torch.cuda.synchronize()  # the side streams do not wait for torch's, which made the inputs
     streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
     outs = []
     for stream in streams:
