@@ -170,7 +170,8 @@ wgrad_tensor_cores(const T* __restrict__ x, const T* __restrict__ dy, float* __r
             for (int kk = 0; kk < BL / INST_L; ++kk)
                 wgmma_op<T, BJ, true>::run(d, wgmma_descriptor_mn(a_tile + kk * 2048, BL * 128),
                                            wgmma_descriptor_mn(b_tile + kk * 2048, BL * 128));
-            wgmma_commit();  // retired by run_k_pipeline (after the next tile's copies are issued, ISSUE_FIRST)
+            wgmma_commit();
+            wgmma_wait<WGMMA_LAG>();  // this tile's MMAs may still run; the buffer of the one before is free
             return;
         }
         const T* a_buf = a_smem + stage * A_STAGE;
@@ -206,13 +207,8 @@ wgrad_tensor_cores(const T* __restrict__ x, const T* __restrict__ dy, float* __r
         }
     };
 
-    // wgmma: all but WGMMA_LAG tiles' MMAs retire after each tile (this tile's may still run; the buffer
-    // of the one before is free); without a lag, the next tile's copies are issued while this tile's
-    // MMAs run, as the forward GEMM does (implicit_gemm_nhwc.cu).
-    constexpr bool ISSUE_FIRST = WGMMA && WGMMA_LAG == 0;
-    run_k_pipeline<STAGES, WGMMA, WGMMA_LAG, ISSUE_FIRST>(
-        k_tiles, [&](int t, int stage) { load_tile(kt0 + t, stage); }, compute_tile, [](int) {}, [](int) {},
-        [] { if constexpr (WGMMA) wgmma_wait<WGMMA_LAG>(); });
+    run_k_pipeline<STAGES, WGMMA, WGMMA_LAG>(k_tiles, [&](int t, int stage) { load_tile(kt0 + t, stage); },
+                                             compute_tile, [](int) {});
     if constexpr (WGMMA_LAG > 0) wgmma_wait<0>();  // the last tile's MMAs still write the accumulators
 
     // Partial sums straight from the fragments: each is one output of one run, written once.
