@@ -378,7 +378,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 return m * K;
             }
         };
-        const int out_channels = PHASED ? phases->channels : K;
+        const int out_channels = PHASED ? phases->channels : K;  // a phase launch may store fewer than K
         constexpr int CV = 4, VECTORS = BN / CV;
         const bool vectors = out_channels % CV == 0 && Kg % CV == 0 &&
                              reinterpret_cast<unsigned long long>(y) % (CV * sizeof(Y)) == 0;
@@ -388,7 +388,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll 1
                 for (int i = tid; i < BM * VECTORS; i += NT) {
                     const int m = i / VECTORS, n = (i % VECTORS) * CV;
-                    if (m0 + m >= M || n0 + n >= Kg || g * Kg + n0 + n >= out_channels) continue;
+                    if (m0 + m >= M || n0 + n >= Kg || (PHASED && g * Kg + n0 + n >= out_channels)) continue;
                     const Index at = pixel_offset(m0 + m) + g * Kg + n0 + n;
                     YVec out;
 #pragma unroll
@@ -405,7 +405,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll 1
             for (int i = tid; i < BM * columns; i += NT) {
                 const int m = i / columns, n = i % columns;
-                if (m0 + m >= M || n0 + n >= Kg || g * Kg + n0 + n >= out_channels) continue;
+                if (m0 + m >= M || n0 + n >= Kg || (PHASED && g * Kg + n0 + n >= out_channels)) continue;
                 const Index at = pixel_offset(m0 + m) + g * Kg + n0 + n;
                 const float b = has_bias ? to_acc<float>(bias[g * Kg + n0 + n]) : 0.0f;
                 y[at] = finish(c_smem[m * D_STRIDE + n] + b, at);
