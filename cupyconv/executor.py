@@ -9,7 +9,6 @@ conversion, which costs several microseconds per launch.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import threading
@@ -143,34 +142,35 @@ class Workspaces:
         """``exe``'s call on ``stream``. ``prepared`` 0 where ``exe`` reads a prepared weight that the
         caller does not keep: it is then made in the workspace first."""
         prepare_here = exe.weight is not None and not prepared
-        flags = self.flags(exe.device_id, stream, capturing) if exe.uses_flags else (None, 0)
-        with self.workspace(exe.device_id, exe.workspace_bytes_for(prepare_here), stream, capturing) as workspace:
-            exe.launch(x, weight, prepared, bias, out, workspace, prepare_here, stream, residual, flags[1])
+        flags = self.flags(exe.device_id, stream, capturing)[1] if exe.uses_flags else 0
+        self._queue(exe.device_id, exe.workspace_bytes_for(prepare_here), stream, capturing,
+                    lambda workspace: exe.launch(x, weight, prepared, bias, out, workspace, prepare_here, stream,
+                                                 residual, flags))
 
     def run(self, exe: Executable, stream: int, capturing: bool, **operands: int) -> None:
         """``exe``'s launches on ``stream`` (a program without weight preparation: the gradients'),
         its operands' addresses by name (``addresses``' keywords), the workspace from here."""
-        flags = self.flags(exe.device_id, stream, capturing) if exe.uses_flags else (None, 0)
-        with self.workspace(exe.device_id, exe.workspace_bytes, stream, capturing) as workspace:
-            exe.run(addresses(**operands, workspace=workspace, flags=flags[1]), stream)
+        flags = self.flags(exe.device_id, stream, capturing)[1] if exe.uses_flags else 0
+        self._queue(exe.device_id, exe.workspace_bytes, stream, capturing,
+                    lambda workspace: exe.run(addresses(**operands, workspace=workspace, flags=flags), stream))
 
-    @contextlib.contextmanager
-    def workspace(self, device_id: int, nbytes: int, stream: int, capturing: bool):
-        """The address of ``nbytes`` of workspace for launches queued on ``stream`` while open (0 for
-        none): the one kept for the stream, or inside a capture a new one."""
-        if not nbytes:
-            yield 0
-        elif capturing:
-            buffer, address = self._allocate(nbytes)
-            yield address
-            del buffer
-        else:
+    def _queue(self, device_id: int, nbytes: int, stream: int, capturing: bool, queue) -> None:
+        """``queue(address)``, queuing launches on ``stream`` that use ``nbytes`` of workspace at that
+        address (0 for none): the one kept for the stream, under the lock, or inside a capture a new
+        one. (A plain call, not a context manager: this is on every call's path.)"""
+        if nbytes and not capturing:
             with self._lock:
                 key = (device_id, stream)
                 kept = self._kept.get(key)
                 if kept is None or kept[2] < nbytes:
                     kept = self._kept[key] = (*self._allocate(nbytes), nbytes)
-                yield kept[1]
+                queue(kept[1])
+        elif nbytes:
+            buffer, address = self._allocate(nbytes)  # held until the launches are queued
+            queue(address)
+            del buffer
+        else:
+            queue(0)
 
     def flags(self, device_id: int, stream: int, capturing: bool):
         """(buffer, address) of the FLAGS operand for launches on ``stream``: the stream's, or inside a

@@ -85,9 +85,14 @@ def _dtype_name(dtype: torch.dtype, name: str) -> str:
     return DTYPE_NAMES[dtype]
 
 
+#: torch.backends.cudnn.allow_tf32's getter itself (the attribute goes through a flags object: 0.5 us
+#: a read, on every float32 call's path); the attribute where this torch lacks it.
+_cudnn_allow_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32", lambda: torch.backends.cudnn.allow_tf32)
+
+
 def _allow_tf32(dtype: torch.dtype) -> bool:
     """Whether float32 may run as TF32: torch's switch for convolutions (the one nn.Conv2d follows)."""
-    return dtype == torch.float32 and torch.backends.cudnn.allow_tf32
+    return dtype == torch.float32 and _cudnn_allow_tf32()
 
 
 #: Who computes the gradients of CUDA calls: cupyconv's kernels or torch's functions (set_backward).
@@ -628,13 +633,18 @@ def _signature(x, weight, bias, stride, padding, dilation, groups, activation, r
     return (x.shape, x.stride(), x.dtype, x.get_device(), weight.shape, weight.stride(), weight.dtype,
             weight.get_device(),
             None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
-            stride, padding, dilation, groups, x.dtype is torch.float32 and torch.backends.cudnn.allow_tf32,
+            stride, padding, dilation, groups, x.dtype is torch.float32 and _cudnn_allow_tf32(),
             activation,
             None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.get_device()))
 
 
 def _needs_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:  # a loop, not any() over a generator: every call's path
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            return True
+    return False
 
 
 def _conv2d(x, weight, bias, stride, padding, dilation, groups, cache: WeightCache | None, activation=None,
