@@ -19,6 +19,8 @@ from .compiler import compute_capability, get_kernel
 from .program import FLAG_COUNT, FLAGS, OPERANDS, CallProgram, Launch, Pointer, Table, align
 
 _SLOT = ctypes.sizeof(ctypes.c_uint64)
+#: Workspaces.flags' (buffer, address) for a program without stream-K.
+_NO_FLAGS = (None, 0)
 _INT32_MASK = 0xFFFFFFFF
 
 
@@ -142,17 +144,18 @@ class Workspaces:
         """``exe``'s call on ``stream``. ``prepared`` 0 where ``exe`` reads a prepared weight that the
         caller does not keep: it is then made in the workspace first."""
         prepare_here = exe.weight is not None and not prepared
-        flags = self.flags(exe.device_id, stream, capturing)[1] if exe.uses_flags else 0
+        # (buffer, address): the buffer held until the launches are queued (in a capture, a new one).
+        flags = self.flags(exe.device_id, stream, capturing) if exe.uses_flags else _NO_FLAGS
         self._queue(exe.device_id, exe.workspace_bytes_for(prepare_here), stream, capturing,
                     lambda workspace: exe.launch(x, weight, prepared, bias, out, workspace, prepare_here, stream,
-                                                 residual, flags))
+                                                 residual, flags[1]))
 
     def run(self, exe: Executable, stream: int, capturing: bool, **operands: int) -> None:
         """``exe``'s launches on ``stream`` (a program without weight preparation: the gradients'),
         its operands' addresses by name (``addresses``' keywords), the workspace from here."""
-        flags = self.flags(exe.device_id, stream, capturing)[1] if exe.uses_flags else 0
+        flags = self.flags(exe.device_id, stream, capturing) if exe.uses_flags else _NO_FLAGS
         self._queue(exe.device_id, exe.workspace_bytes, stream, capturing,
-                    lambda workspace: exe.run(addresses(**operands, workspace=workspace, flags=flags), stream))
+                    lambda workspace: exe.run(addresses(**operands, workspace=workspace, flags=flags[1]), stream))
 
     def _queue(self, device_id: int, nbytes: int, stream: int, capturing: bool, queue) -> None:
         """``queue(address)``, queuing launches on ``stream`` that use ``nbytes`` of workspace at that

@@ -2,6 +2,7 @@
 stream, the output-size check of the NumPy path, what prepare_weight accepts, and the torch module's
 weight cache across copies."""
 import copy
+import weakref
 
 import numpy as np
 import pytest
@@ -62,27 +63,39 @@ def test_flags_are_zeroed_once_per_stream_and_fresh_inside_a_capture(monkeypatch
     """Stream-K's FLAGS operand: allocated and zeroed on first use per (device, stream) and kept (its
     launches leave it zero); inside a capture a new one, zeroed in the capture; none for a program
     without stream-K."""
-    made, zeroed = [], []
+    made, zeroed, alive = [], [], []
+
+    class Buffer:  # weakly referable, as the fronts' allocations are
+        pass
 
     def allocate(nbytes):
         made.append(nbytes)
-        return object(), 1000 * len(made)
+        buffer = Buffer()
+        alive.append(weakref.ref(buffer))
+        return buffer, 1000 * len(made)
+
+    class Watched(FakeProgram):  # every buffer allocated so far must still be held while launches queue
+        def run(self, operands, stream):
+            assert all(ref() is not None for ref in alive), "a buffer was freed before its launches were queued"
+            super().run(operands, stream)
 
     monkeypatch.setattr(executor, "_zero", lambda address, nbytes, stream: zeroed.append((address, nbytes, stream)))
     kept = executor.Workspaces(allocate)
-    flagged, plain = FakeProgram(0, uses_flags=True), FakeProgram(0)
+    flagged, plain = Watched(256, uses_flags=True), FakeProgram(0)
     flags = lambda runs, i: dict(zip(program.OPERANDS, runs[i][0]))[program.FLAGS]
     kept.run(plain, 7, False, x=1)
     assert made == [] and flags(plain.runs, 0) == 0
     kept.run(flagged, 7, False, x=1)
     kept.run(flagged, 7, False, x=1)
-    assert made == [4 * program.FLAG_COUNT] and zeroed == [(1000, 4 * program.FLAG_COUNT, 7)]
+    assert made == [4 * program.FLAG_COUNT, 256] and zeroed == [(1000, 4 * program.FLAG_COUNT, 7)]
     assert flags(flagged.runs, 0) == flags(flagged.runs, 1) == 1000
     kept.run(flagged, 8, False, x=1)  # another stream: its own
+    assert [address for address, _, _ in zeroed] == [1000, 3000]
     kept.run(flagged, 7, True, x=1)  # inside a capture: its own, zeroed in the capture, not kept
-    assert [address for address, _, _ in zeroed] == [1000, 2000, 3000] and zeroed[-1][2] == 7
+    assert zeroed[-1] == (5000, 4 * program.FLAG_COUNT, 7) and flags(flagged.runs, -1) == 5000
+    alive[-2:] = []  # the capture's flags and workspace: the graph's now, not the Workspaces'
     kept.run(flagged, 7, False, x=1)
-    assert flags(flagged.runs, -1) == 1000 and len(made) == 3
+    assert flags(flagged.runs, -1) == 1000 and len(made) == 6
 
 
 def test_huge_numpy_output_raises_before_allocating():
