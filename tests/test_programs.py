@@ -281,11 +281,15 @@ PRINTED = [
         "  grid (49, 2, 1) (pixel tiles, channel tiles, groups), block (256, 1, 1)",
         "  reads channels-last copies made first: input [N][H][W][256], weight [K][kh][kw][256 / groups], in "
         "16-byte pieces",
+        "  why: tensor cores in float16, 256 output channels per group; wgmma; 256 output channels per group, 98 "
+        "blocks of 128 channels"]),
+    (((32, 512, 14, 14), (512, 512, 3, 3), "float16", 1, 1, 1, False, 90), [
+        "  grid (49, 4, 1) (pixel tiles, channel tiles, groups), block (256, 1, 1)",
         "  stream-K: 264 persistent blocks (implicit_gemm_nhwc_stream_k) share the grid's tiles x k tiles equally; "
         "a tile's owner adds the other blocks' float32 sums in block order (the same bits on every run)",
-        "  why: tensor cores in float16, 256 output channels per group; wgmma; 256 output channels per group, 98 "
-        "blocks of 128 channels; stream-K (98 tiles keep 132 SMs 74% busy): 264 blocks share the 3528 tiles x k "
-        "tiles"]),
+        "  why: tensor cores in float16, 512 output channels per group; wgmma; 512 output channels per group, 196 "
+        "blocks of 128 channels; stream-K (196 tiles keep 132 SMs 74% busy; 53 k tiles of 128 x 128 a block): "
+        "264 blocks share the 14112 tiles x k tiles"]),
     (((32, 256, 14, 14), (256, 256, 3, 3), "float16", 1, 1, 1, False, 0), [
         "implicit_gemm_nhwc [nhwc_m128n64k64: block 128 px x 64 ch, k 64 per stage, 3 stages, 2x2 warps, 128 "
         "threads]",
