@@ -221,7 +221,7 @@ def _split_choices(kernel: str, problem: ConvProblem, compute_capability: int, s
             yield Choice(kernel, None, (("splits", splits),))
 
 
-def _stream_k_choices(problem: ConvProblem, compute_capability: int, sm_count: int):
+def _stream_k_choices(problem: ConvProblem, sm_count: int):
     """Each wgmma tile of the channels-last GEMM with stream-K on and off, where its whole tiles make
     more than half a wave and at most STREAM_K_MAX_WAVES waves (module docstring)."""
     for cfg in implicit_gemm_nhwc.NHWC_CONFIGS[problem.dtype]:
@@ -254,7 +254,7 @@ def _choices(problem: ConvProblem, allow_tf32: bool, default: LaunchPlan, comput
             if kernel in _SPLIT_K_KERNELS:
                 yield from _split_choices(kernel, problem, compute_capability, sm_count)
             if kernel == NHWC_KERNEL:
-                yield from _stream_k_choices(problem, compute_capability, sm_count)
+                yield from _stream_k_choices(problem, sm_count)
 
 
 def candidates(problem: ConvProblem, allow_tf32: bool = False, compute_capability: int = 0,

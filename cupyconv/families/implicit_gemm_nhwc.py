@@ -98,7 +98,7 @@ SPLIT_K_MIN_TILES = 3
 #: benchmarks/profile/stream_k.py): fp16 ResNet-50 3x3 layers at batch 32, 13-14 such k tiles a
 #: block, 0.84-0.94x; TF32 r50_l3_3x3_256 (98 tiles, 27) 1.10x, r50_l2_3x3_128 (196 tiles, 27) 0.98x;
 #: vgg_conv5_2 (196 tiles, 53 fp16, 107 TF32) 1.09-1.12x.
-STREAM_K_SMS = 132
+STREAM_K_SMS = SPLIT_K_TARGET_BLOCKS  # the H100's SMs
 STREAM_K_MAX_WAVES = 4
 STREAM_K_MAX_BALANCE = 0.85
 STREAM_K_MIN_WORK = 24
@@ -214,11 +214,16 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     return by_width[64], f"{kg} output channels per group: one 64-channel tile; {depth}"
 
 
+def _k_tiles(problem: ConvProblem, cfg: GemmConfig, channels_padded: int) -> int:
+    """k tiles of ``cfg``'s reduction: kh kw taps of the (padded) channels per group, bk at a time."""
+    return math.ceil(problem.kh * problem.kw * (channels_padded // problem.groups) / cfg.bk)
+
+
 def _splits(problem: ConvProblem, cfg: GemmConfig, grid: tuple[int, int, int], channels_padded: int, index: str) -> int:
     """Runs of the reduction for split-K (1: none): up to SPLIT_K_TARGET_BLOCKS blocks for grids of
     at most SPLIT_K_MAX_BLOCKS tiles and reductions of SPLIT_K_MIN_REDUCTION k tiles or more, with
     32-bit indices (the split instances are compiled for those). ``grid``: cfg's gemm_grid."""
-    k_tiles = math.ceil(problem.kh * problem.kw * (channels_padded // problem.groups) / cfg.bk)
+    k_tiles = _k_tiles(problem, cfg, channels_padded)
     if math.prod(grid) > SPLIT_K_MAX_BLOCKS or k_tiles < SPLIT_K_MIN_REDUCTION or index != "int":
         return 1
     return split_k_runs(problem, grid, k_tiles, SPLIT_K_TARGET_BLOCKS // math.prod(grid), SPLIT_K_MIN_TILES)
@@ -311,8 +316,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         raise ValueError(f"stream_k needs a wgmma tile, no split-K and 32-bit indices; got {cfg.name}, "
                          f"{splits} split(s), {index} indices for {problem.x_shape} -> {problem.out_shape}")
     if cfg.wgmma and splits == 1 and index == "int":
-        k_tiles = math.ceil(problem.kh * problem.kw * (channels_padded // problem.groups) / cfg.bk)
-        stream_k_blocks, stream_k_why = _stream_k_blocks(problem, cfg, grid, k_tiles, stream_k)
+        stream_k_blocks, stream_k_why = _stream_k_blocks(problem, cfg, grid,
+                                                         _k_tiles(problem, cfg, channels_padded), stream_k)
         why += stream_k_why
     return LaunchPlan(
         kernel=KERNEL, dtype=problem.dtype, index_type=index,
@@ -491,9 +496,8 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
         # The blocks' float32 slots in the workspace (after x's copy); the flags are the FLAGS operand.
         partials = Pointer(WORKSPACE, workspace)
         tiles_m, tiles_n, _ = plan.grid
-        k_tiles = math.ceil(p.kh * p.kw * (plan.channels_padded // p.groups) / plan.config.bk)
-        launch = conv_launch(plan, p, tiles_m, tiles_n, k_tiles, partials, Pointer(FLAGS), x=x, weight=weight_pointer,
-                             channels=plan.channels_padded)
+        launch = conv_launch(plan, p, tiles_m, tiles_n, _k_tiles(p, plan.config, plan.channels_padded), partials,
+                             Pointer(FLAGS), x=x, weight=weight_pointer, channels=plan.channels_padded)
         launches.append(dataclasses.replace(launch, kernel=STREAM_K_KERNEL, grid=(plan.stream_k_blocks, 1, 1)))
         slots = 4 * plan.stream_k_blocks * plan.config.bm * plan.config.bn
         return CallProgram(tuple(launches), workspace + slots, weight)
