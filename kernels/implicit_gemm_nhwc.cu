@@ -472,11 +472,15 @@ implicit_gemm_nhwc_stream_k(const T* __restrict__ x, const T* __restrict__ w, co
         segment.tile_n = (tile / tiles_m) % tiles_n;
         segment.g = tile / tiles_m / tiles_n;
         segment.slot = block;
-        // The blocks after this one that start inside the tile: its other segments, in k order.
-        const long long tile_end = static_cast<long long>(tile + 1) * k_tiles;
+        // Where this block owns the tile but not all of it: the blocks after it that start inside the
+        // tile hold its other segments, in k order (no block is scanned for a whole or a published one).
         segment.first_contributor = segment.end_contributor = block + 1;
-        while (segment.end_contributor < blocks && stream_k_start(units, segment.end_contributor, blocks) < tile_end)
-            ++segment.end_contributor;
+        if (segment.k_begin == 0 && segment.k_end < k_tiles) {
+            const long long tile_end = static_cast<long long>(tile + 1) * k_tiles;
+            while (segment.end_contributor < blocks &&
+                   stream_k_start(units, segment.end_contributor, blocks) < tile_end)
+                ++segment.end_contributor;
+        }
         segment.partials = partials;
         segment.flags = flags;
         __syncthreads();  // the last segment's epilogue read the shared memory this one's loads write
