@@ -162,7 +162,9 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = STREAM_K ? segment->g : (SPLIT_K ? blockIdx.z % groups : blockIdx.z);
     const int split = SPLIT_K ? blockIdx.z / groups : 0;
-    const int Cg = C / groups, Kg = K / groups;
+    // Runtime divisions cost ~20 instructions each, and a block of a short reduction (a 1x1 layer) spends
+    // as many issue slots setting up its gather as in its main loop: the common cases skip them.
+    const int Cg = groups == 1 ? C : C / groups, Kg = groups == 1 ? K : K / groups;
     const int Kgemm = kh * kw * Cg;
     const Index HoWo = static_cast<Index>(Ho) * Wo;
     const Index M = static_cast<Index>(N) * HoWo;
@@ -182,19 +184,28 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     constexpr int A_PIXELS = NCHW_A ? 1 : A_PASSES;          // pixels whose gather state a thread keeps
     Index a_base[A_PIXELS];   // x offset of the pixel's tap (0, 0), channel 0 of group g
     int a_ih0[A_PIXELS], a_iw0[A_PIXELS];
+    // NHWC pointwise (1x1, stride 1, unpadded): output pixel m reads input pixel m, no (image, oh, ow).
+    const bool pointwise = !NCHW_A && kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && Ho == H &&
+                           Wo == W;
 #pragma unroll
     for (int i = 0; i < A_PIXELS; ++i) {
         constexpr GatherLayout LAYOUT = NCHW_A ? GatherLayout::nchw_in_place : GatherLayout::nhwc;
-        const GatherPixel<Index> px = gather_pixel<LAYOUT>(m0 + (NCHW_A ? a_piece * EV : a_row0 + A_ROWS_PER_PASS * i),
-                                                           M, HoWo, Wo, C, H, W, sh, sw, pt, pl, g, Cg);
+        const Index m = m0 + (NCHW_A ? a_piece * EV : a_row0 + A_ROWS_PER_PASS * i);
+        GatherPixel<Index> px;
+        if (pointwise) {
+            if (m < M) px = GatherPixel<Index>{m * C + static_cast<Index>(g) * Cg, 0, 0};
+        } else {
+            px = gather_pixel<LAYOUT>(m, M, HoWo, Wo, C, H, W, sh, sw, pt, pl, g, Cg);
+        }
         a_base[i] = px.base;
         a_ih0[i] = px.ih0;
         a_iw0[i] = px.iw0;
     }
     // NHWC: the (r, s, c) of this thread's piece in the next tile to load, stepped by BK per tile.
-    int tap_c = (kt0 * BK + a_piece * EV) % Cg, tap_rs = (kt0 * BK + a_piece * EV) / Cg;
-    int tap_r = tap_rs / kw, tap_s = tap_rs % kw;
-    const int step_c = BK % Cg, step_rs = BK / Cg;
+    const int k_first = kt0 * BK + a_piece * EV;
+    int tap_c = k_first < Cg ? k_first : k_first % Cg, tap_rs = k_first < Cg ? 0 : k_first / Cg;
+    int tap_r = tap_rs < kw ? 0 : tap_rs / kw, tap_s = tap_rs < kw ? tap_rs : tap_rs % kw;
+    const int step_c = BK < Cg ? BK : BK % Cg, step_rs = BK < Cg ? 0 : BK / Cg;
     // B loader: piece b_piece of rows (output channels) b_row0 + B_ROWS_PER_PASS i.
     const int b_piece = tid % B_PIECES, b_row0 = tid / B_PIECES;
     const T* b_src = w + (static_cast<Index>(g) * Kg + n0 + b_row0) * Kgemm + b_piece * B_EV;
@@ -379,9 +390,50 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             }
         };
         const int out_channels = PHASED ? phases->channels : K;  // a phase launch may store fewer than K
+        auto aligned_to = [&](int cv) {
+            return out_channels % cv == 0 && Kg % cv == 0 &&
+                   reinterpret_cast<unsigned long long>(y) % (cv * sizeof(Y)) == 0;
+        };
+        // 16-byte vectors, each thread on the same channels of every (NT / WIDE_VECTORS)-th pixel: its
+        // bias and bounds are read once, and the rows' iterations are unrolled. A memory-bound 1x1 layer
+        // spent a third of its issue slots in the loop below, with a division, bounds checks and four
+        // bias loads for each 8 bytes stored, one shared-memory load at a time.
+        constexpr int WIDE = 16 / sizeof(Y), WIDE_VECTORS = BN / WIDE;
+        if constexpr (BN % WIDE == 0 && NT % WIDE_VECTORS == 0) {
+            if (aligned_to(WIDE)) {
+                constexpr int ROW_STEP = NT / WIDE_VECTORS;
+                const int n = (tid % WIDE_VECTORS) * WIDE, row0 = tid / WIDE_VECTORS;
+                const int channel = g * Kg + n0 + n;
+                if (n0 + n >= Kg || (PHASED && channel >= out_channels)) return;
+                float b[WIDE];
+#pragma unroll
+                for (int j = 0; j < WIDE; ++j) b[j] = has_bias ? to_acc<float>(bias[channel + j]) : 0.0f;
+                with_epilogue<Y>(residual, has_residual, activation, [&](auto finish) {
+                    struct alignas(16) YVec { Y v[WIDE]; };
+                    // (A phase launch's pixel offsets hold more registers: one row at a time, or they spill.)
+#pragma unroll(PHASED ? 1 : 4)
+                    for (int r = 0; r < BM / ROW_STEP; ++r) {
+                        const int m = row0 + r * ROW_STEP;
+                        if (m0 + m >= M) break;
+                        const Index at = pixel_offset(m0 + m) + channel;
+                        const float4* staged = reinterpret_cast<const float4*>(c_smem + m * D_STRIDE + n);
+                        YVec out;
+#pragma unroll
+                        for (int q = 0; q < WIDE / 4; ++q) {
+                            const float4 v = staged[q];
+                            out.v[4 * q] = finish(v.x + b[4 * q], at + 4 * q);
+                            out.v[4 * q + 1] = finish(v.y + b[4 * q + 1], at + 4 * q + 1);
+                            out.v[4 * q + 2] = finish(v.z + b[4 * q + 2], at + 4 * q + 2);
+                            out.v[4 * q + 3] = finish(v.w + b[4 * q + 3], at + 4 * q + 3);
+                        }
+                        *reinterpret_cast<YVec*>(y + at) = out;
+                    }
+                });
+                return;
+            }
+        }
         constexpr int CV = 4, VECTORS = BN / CV;
-        const bool vectors = out_channels % CV == 0 && Kg % CV == 0 &&
-                             reinterpret_cast<unsigned long long>(y) % (CV * sizeof(Y)) == 0;
+        const bool vectors = aligned_to(CV);
         with_epilogue<Y>(residual, has_residual, activation, [&](auto finish) {
             if (vectors) {
                 struct alignas(CV * sizeof(Y)) YVec { Y v[CV]; };

@@ -102,6 +102,45 @@ def test_every_family_layout_and_activation(kernel, dtype, layouts, activation, 
     assert ran, f"{kernel} took none of the cases"
 
 
+# The channels-last GEMM's NHWC stores: 16-byte vectors where the channels allow (K and K / groups
+# multiples of 8 16-bit or 4 float values), 4-channel vectors or single channels elsewhere; and its
+# 1x1 stride-1 unpadded ("pointwise") gather, which skips the pixel's (image, oh, ow).
+NHWC_STORE_CASES = [
+    Case(3, 64, 72, 7, 9, 1, 1),                  # pointwise; 189 pixels (a partial tile), K 72: a partial channel tile
+    Case(2, 32, 20, 5, 7, 1, 1),                  # pointwise, K 20: 4-channel vectors in 16 bits
+    Case(2, 64, 48, 6, 5, 1, 1, groups=2),        # pointwise, grouped: 24 channels per group
+    Case(2, 32, 40, 9, 8, 1, 1, padding=1),       # 1x1 padded: the pixel's gather
+    Case(2, 16, 12, 7, 6, 1, 1, stride=2, bias=False),  # 1x1 strided
+    Case(1, 64, 136, 9, 9, 3, 3, padding=1),      # 3x3, K 136
+    Case(2, 16, 9, 5, 5, 3, 3, padding=1),        # K 9: single channels
+]
+
+
+@pytest.mark.parametrize("epilogue", [("none", False), ("silu", True)], ids=["plain", "silu_residual"])
+@pytest.mark.parametrize("dtype,config", [(dtype, config.name) for dtype in ("float16", "bfloat16", "float32")
+                                          for config in implicit_gemm_nhwc.NHWC_CONFIGS[dtype]], ids=str)
+def test_nhwc_stores_every_tile(dtype, config, epilogue):
+    """Every channels-last tile (wgmma ones on compute capability 9.0) on NHWC problems whose output
+    channels take each kind of store, NaN-poisoned, against torch in float64."""
+    activation, residual = epilogue
+    ran = 0
+    for index, case in enumerate(NHWC_STORE_CASES):
+        problem = problem_of(case, dtype, "NHWC", "KHWC", activation, residual)
+        try:
+            plan = planner.make_plan(problem, config=config, kernel=planner.NHWC_KERNEL,
+                                     compute_capability=compute_capability())
+        except ValueError:  # wgmma tiles on another GPU, or not on 4-byte pieces
+            continue
+        x, weight, bias, r = tensors(case, problem, dtype, seed=index + 11)
+        r = r if residual else None
+        out = run(plan, problem, x, weight, bias, r)
+        assert not out.isnan().any(), f"{case.id}: an output element was never written"
+        assert relative_error(out, reference(case, x, weight, bias, r, activation)) < \
+            tolerance(dtype, planner.NHWC_KERNEL), case.id
+        ran += 1
+    assert ran or "wgmma" in config, f"{config} took none of the cases"
+
+
 @pytest.mark.parametrize("layouts", LAYOUTS, ids="-".join)
 @pytest.mark.parametrize("kernel,dtype", [(planner.NHWC_KERNEL, "float16"), (planner.SIMT_KERNEL, "float32"),
                                           (planner.DIRECT_KERNEL, "float64"), (planner.WINOGRAD_KERNEL, "float32"),
