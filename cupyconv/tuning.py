@@ -24,7 +24,7 @@ planned again under the new mode.
 * the channels-last GEMM's wgmma tiles with stream-K forced on and off, where their tiles make
   more than half a wave (fewer are split-K's) and at most STREAM_K_MAX_WAVES waves.
 
-That is 5 to about 40 plans; equal plans are timed once.
+That is 5 to about 45 plans; equal plans are timed once.
 
 **Timing** (:class:`GpuTimer`; injectable: :func:`choose_plan` takes any ``timer(problem, device)``
 returning :func:`tune`'s ``measure(plan, best_ms) -> ms``, which the CPU tests fake): scratch
@@ -225,7 +225,7 @@ def _stream_k_choices(problem: ConvProblem, sm_count: int):
     """Each wgmma tile of the channels-last GEMM with stream-K on and off, where its whole tiles make
     more than half a wave and at most STREAM_K_MAX_WAVES waves (module docstring)."""
     for cfg in implicit_gemm_nhwc.NHWC_CONFIGS[problem.dtype]:
-        if cfg.wgmma and cfg.name not in implicit_gemm_nhwc.NARROW_CONFIG_NAMES and \
+        if cfg.wgmma and not cfg.producer_warps and cfg.name not in implicit_gemm_nhwc.NARROW_CONFIG_NAMES and \
                 sm_count // 2 < math.prod(gemm_grid(problem, cfg)) <= \
                 implicit_gemm_nhwc.STREAM_K_MAX_WAVES * sm_count:
             for on in (True, False):

@@ -57,7 +57,13 @@ namespace cupyconv {
 
 // The WGMMA_ROWS template argument (WGMMA_PIXEL_ROWS / WGMMA_CHANNEL_ROWS in
 // families/implicit_gemm_nhwc.py; 0: mma.sync).
-enum WgmmaRows { NO_WGMMA = 0, WGMMA_PIXEL_ROWS = 1, WGMMA_CHANNEL_ROWS = 2 };
+// WGMMA_PIXEL_ROWS_PRODUCER: the pixel-row tile fed by a fourth warpgroup of its own (below).
+enum WgmmaRows { NO_WGMMA = 0, WGMMA_PIXEL_ROWS = 1, WGMMA_CHANNEL_ROWS = 2, WGMMA_PIXEL_ROWS_PRODUCER = 3 };
+
+// Threads of a block: the warps that multiply, and the producer warpgroup where there is one.
+__host__ __device__ constexpr int nhwc_threads(int warps, int wgmma_rows) {
+    return warps * 32 + (wgmma_rows == WGMMA_PIXEL_ROWS_PRODUCER ? 128 : 0);
+}
 
 // Blocks per SM asked of the register allocator: as many (at most 3) as 64K registers hold at the
 // accumulators plus ~48 registers of fragments and addresses plus, per piece copied per tile, 2 and
@@ -82,8 +88,9 @@ struct PhaseTable {
 };
 
 #define NHWC_GEMM_LAUNCH_BOUNDS                                                                        \
-    __launch_bounds__(WARPS_M * WARPS_N * 32,                                                          \
-                      nhwc_min_blocks(WARPS_M * WARPS_N * 32, BM * BN / (WARPS_M * WARPS_N * 32),      \
+    __launch_bounds__(nhwc_threads(WARPS_M * WARPS_N, WGMMA_ROWS),                                     \
+                      nhwc_min_blocks(nhwc_threads(WARPS_M * WARPS_N, WGMMA_ROWS),                     \
+                                      BM * BN / (WARPS_M * WARPS_N * 32),                              \
                                       BM * BK * sizeof(T) / (VEC * WARPS_M * WARPS_N * 32), sizeof(Index) / 4))
 
 // One block's tile: pixel tile `tile` (blockIdx.x but in a phase launch), channel tile blockIdx.y,
@@ -103,7 +110,12 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                int tile, const PhaseTable* __restrict__ phases, int phase, const StreamKSegment* segment = nullptr) {
     constexpr int NWARPS = WARPS_M * WARPS_N;
     constexpr bool WGMMA = WGMMA_ROWS != NO_WGMMA;
-    constexpr int NT = NWARPS * 32;
+    constexpr int NT = NWARPS * 32;                          // threads that multiply
+    // PRODUCER: 128 more threads issue every copy and the NT threads multiply, each side waiting for
+    // the other on mbarriers rather than all at a __syncthreads per k tile (a lone block spent 35 % of
+    // its issue slots there). LT: the threads that copy.
+    constexpr bool PRODUCER = WGMMA_ROWS == WGMMA_PIXEL_ROWS_PRODUCER;
+    constexpr int LT = PRODUCER ? 128 : NT;
     constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;      // warp tile
     constexpr int MT = WM / 16, NTILES = WN / 8;             // instruction tiles per warp
     constexpr int EV = VEC / sizeof(T);                      // elements per A piece (channels, or pixels)
@@ -115,10 +127,10 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     constexpr int A_STAGE = NCHW_A ? BK * A_T_STRIDE : BM * STRIDE, B_STAGE = BN * STRIDE;
     // A loader: pieces per tile row, rows filled per pass of all threads, passes per tile.
     constexpr int A_PIECES = NCHW_A ? BM / EV : BK / EV;
-    constexpr int A_ROWS_PER_PASS = NT / A_PIECES;
+    constexpr int A_ROWS_PER_PASS = LT / A_PIECES;
     constexpr int A_PASSES = (NCHW_A ? BK : BM) / A_ROWS_PER_PASS;
     constexpr int B_PIECES = BK / B_EV;
-    constexpr int B_ROWS_PER_PASS = NT / B_PIECES;
+    constexpr int B_ROWS_PER_PASS = LT / B_PIECES;
     constexpr int B_PASSES = (BN + B_ROWS_PER_PASS - 1) / B_ROWS_PER_PASS;
     constexpr int C_STRIDE = BM + 4;                         // epilogue staging [BN][C_STRIDE] floats
     constexpr int D_STRIDE = BN + 4;                         // NHWC_OUT: staging [BM][D_STRIDE] floats
@@ -132,18 +144,20 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     static_assert(!ROUND_A || (NHWC_OUT && sizeof(T) == 4), "ROUND_A: float32 NHWC inputs read in place");
     // wgmma tiles left running while the next barrier is reached and the next loads are issued: one,
     // where four stages leave two tiles of loads ahead.
-    constexpr int WGMMA_LAG = WGMMA && STAGES >= 4 ? 1 : 0;
+    constexpr int WGMMA_LAG = WGMMA && STAGES >= 4 && !PRODUCER ? 1 : 0;
     constexpr int WG_PIXELS = WGMMA_ROWS == WGMMA_CHANNEL_ROWS ? 128 : 64;  // pixels per warpgroup
     static_assert(sizeof(T) == 4 || sizeof(T) == 2, "float, half_t or bfloat16_t");
     static_assert(BK * sizeof(T) % 32 == 0, "rows of an odd number of 16-byte units: ldmatrix is conflict-free");
     static_assert(!WGMMA || (BK * sizeof(T) == 128 && VEC == 16 && !NCHW_A && WARPS_N == 1 &&
-                             BM == WG_PIXELS * (NWARPS / 4) && NWARPS % 4 == 0 && (NT / 8) % 8 == 0 &&
-                             (WGMMA_ROWS == WGMMA_PIXEL_ROWS || BN == 64)),
+                             BM == WG_PIXELS * (NWARPS / 4) && NWARPS % 4 == 0 && (LT / 8) % 8 == 0 &&
+                             (WGMMA_ROWS != WGMMA_CHANNEL_ROWS || BN == 64)),
                   "wgmma: 128-byte swizzled rows of 16-byte pieces, whole warpgroups of 64 pixels x BN channels "
                   "or 64 channels x 128 pixels, loader rows a multiple of 8 apart (one swizzle slot per thread)");
     static_assert(VEC == 4 || VEC == 8 || VEC == 16, "cp.async moves 4, 8 or 16 bytes");
-    static_assert(NT % A_PIECES == 0 && (NCHW_A ? BK : BM) % A_ROWS_PER_PASS == 0, "the A loader covers the tile");
-    static_assert(NT % B_PIECES == 0, "the B loader covers whole rows");
+    static_assert(LT % A_PIECES == 0 && (NCHW_A ? BK : BM) % A_ROWS_PER_PASS == 0, "the A loader covers the tile");
+    static_assert(LT % B_PIECES == 0, "the B loader covers whole rows");
+    static_assert(!PRODUCER || !(ROUND_A || SPLIT_K || PHASED || STREAM_K),
+                  "the producer warpgroup's tile: one whole convolution, its copies rounded by no one");
     static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tiles of 16 x 16 multiples (x4 ldmatrix for B)");
     static_assert((NHWC_OUT ? BM * D_STRIDE : BN * C_STRIDE) * 4 <=
                   STAGES * (A_STAGE + B_STAGE) * static_cast<int>(sizeof(T)),
@@ -160,6 +174,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     T* b_smem = a_smem + STAGES * A_STAGE;                   // [STAGES][BN][STRIDE]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int copier = PRODUCER ? tid % LT : tid;            // this thread's place among the copying threads
     const int g = STREAM_K ? segment->g : (SPLIT_K ? blockIdx.z % groups : blockIdx.z);
     const int split = SPLIT_K ? blockIdx.z / groups : 0;
     // Runtime divisions cost ~20 instructions each, and a block of a short reduction (a 1x1 layer) spends
@@ -180,7 +195,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 
     // --- A loader: thread tid copies piece `a_piece` of tile rows a_row0 + A_ROWS_PER_PASS i: rows are
     // pixels and pieces channels, or (NCHW_A) rows are channels and pieces pixels.
-    const int a_piece = tid % A_PIECES, a_row0 = tid / A_PIECES;
+    const int a_piece = copier % A_PIECES, a_row0 = copier / A_PIECES;
     constexpr int A_PIXELS = NCHW_A ? 1 : A_PASSES;          // pixels whose gather state a thread keeps
     Index a_base[A_PIXELS];   // x offset of the pixel's tap (0, 0), channel 0 of group g
     int a_ih0[A_PIXELS], a_iw0[A_PIXELS];
@@ -207,7 +222,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     int tap_r = tap_rs < kw ? 0 : tap_rs / kw, tap_s = tap_rs < kw ? tap_rs : tap_rs % kw;
     const int step_c = BK < Cg ? BK : BK % Cg, step_rs = BK < Cg ? 0 : BK / Cg;
     // B loader: piece b_piece of rows (output channels) b_row0 + B_ROWS_PER_PASS i.
-    const int b_piece = tid % B_PIECES, b_row0 = tid / B_PIECES;
+    const int b_piece = copier % B_PIECES, b_row0 = copier / B_PIECES;
     const T* b_src = w + (static_cast<Index>(g) * Kg + n0 + b_row0) * Kgemm + b_piece * B_EV;
 
     auto load_tile = [&](int kt, int stage) {
@@ -334,9 +349,46 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // MMAs run (ISSUE_FIRST): H100, fp16 channels_last, dilated_3x3_d2 1.26x, r50_l3_3x3_256 1.07x; with
     // a lag (the 4-stage channel-row tiles) that order was slower (r50_l4_3x3_512 0.92x) and is not used.
     constexpr bool ISSUE_FIRST = WGMMA && WGMMA_LAG == 0;
-    run_k_pipeline<STAGES, WGMMA, WGMMA_LAG, ISSUE_FIRST>(
-        k_tiles, [&](int t, int stage) { load_tile(kt0 + t, stage); }, compute_tile, [](int) {}, round_a,
-        [] { if constexpr (WGMMA) wgmma_wait<WGMMA_LAG>(); });
+    if constexpr (PRODUCER) {
+        // Stage s is full once all LT copying threads' copies into it landed, and empty once all NWARPS
+        // multiplying warps' MMAs reading it retired; the barriers follow the pipeline buffers.
+        unsigned long long* full = reinterpret_cast<unsigned long long*>(b_smem + STAGES * B_STAGE);
+        unsigned long long* empty = full + STAGES;
+        if (tid == 0) {
+            for (int s = 0; s < STAGES; ++s) {
+                mbarrier_init(full + s, LT);
+                mbarrier_init(empty + s, NWARPS);
+            }
+        }
+        __syncthreads();
+        if (warp >= NWARPS) {
+#pragma unroll 1
+            for (int t = 0; t < k_tiles; ++t) {
+                const int stage = t % STAGES;
+                if (t >= STAGES) mbarrier_wait(empty + stage, (t / STAGES - 1) & 1);
+                load_tile(kt0 + t, stage);
+                cp_async_arrive(full + stage);
+            }
+        } else {
+#pragma unroll 1
+            for (int t = 0; t < k_tiles; ++t) {
+                const int stage = t % STAGES;
+                mbarrier_wait(full + stage, (t / STAGES) & 1);
+                // cp.async wrote the stage (generic proxy); wgmma reads it through the async proxy.
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                compute_tile(stage);
+                wgmma_wait<1>();  // tile t - 1's MMAs retired: its stage may be refilled
+                if (t > 0 && lane == 0) mbarrier_arrive(empty + (t - 1) % STAGES);
+            }
+            wgmma_wait<0>();
+        }
+        __syncthreads();  // every MMA retired: the buffers become the epilogue's staging
+        if (warp >= NWARPS) return;
+    } else {
+        run_k_pipeline<STAGES, WGMMA, WGMMA_LAG, ISSUE_FIRST>(
+            k_tiles, [&](int t, int stage) { load_tile(kt0 + t, stage); }, compute_tile, [](int) {}, round_a,
+            [] { if constexpr (WGMMA) wgmma_wait<WGMMA_LAG>(); });
+    }
     if constexpr (WGMMA_LAG > 0) {  // the last tile's MMAs read the buffers the epilogue overwrites
         wgmma_wait<0>();
         __syncthreads();
@@ -372,7 +424,10 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 else
                     stage_value(wm + mt * 16 + row, wn + nt * 8 + col, acc[mt][nt][e]);
             }
-    __syncthreads();
+    if constexpr (PRODUCER)  // the multiplying threads alone: the producer's have returned
+        asm volatile("bar.sync 1, %0;\n" :: "n"(NT) : "memory");
+    else
+        __syncthreads();
     if constexpr (NHWC_OUT) {
         // Vectors of 4 consecutive channels per thread (8 bytes in 16 bits, 16 in float), the block's
         // threads over the tile's pixels x BN / 4 vectors, so that a warp stores whole runs of a

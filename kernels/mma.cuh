@@ -33,6 +33,31 @@ template <int Pending> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(Pending) : "memory");
 }
 
+// mbarriers in shared memory (sm_80+), for pipelines whose producer and consumer threads differ: a
+// phase completes when `count` arrivals have come; waiters name the parity of the phase they need.
+__device__ __forceinline__ void mbarrier_init(void* barrier, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_arrive(void* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_wait(void* barrier, int parity) {
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n"
+                 "}\n" :: "r"(shared_address(barrier)), "r"(parity) : "memory");
+}
+
+// One arrival on `barrier` once every cp.async this thread issued so far has landed (no count added:
+// the barrier's count includes it).
+__device__ __forceinline__ void cp_async_arrive(void* barrier) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
 // The k loop of a STAGES-deep shared-memory pipeline. Tile t lives in buffer t % STAGES; the loads
 // for tile t + STAGES - 1 are issued (load(tile, buffer): cp.async, or global -> registers) before
 // the MMAs of tile t (compute(buffer)), into the buffer tile t - 1 used, free once every warp passed

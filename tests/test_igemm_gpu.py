@@ -148,6 +148,7 @@ def check(case: Case, name: str, config=None, index_type=None, seed=0, family=NH
 FAMILY_CONFIGS = [(GEMM_KERNEL, i) for i in range(len(GEMM_CONFIGS["float16"]))] + \
                  [(NHWC_KERNEL, i) for i, c in enumerate(NHWC_CONFIGS["float16"]) if not c.wgmma]
 WGMMA_CONFIGS = [i for i, c in enumerate(NHWC_CONFIGS["float16"]) if c.wgmma]
+STREAM_K_CONFIGS = [i for i in WGMMA_CONFIGS if not NHWC_CONFIGS["float16"][i].producer_warps]
 
 
 @pytest.mark.parametrize("family,config_index", FAMILY_CONFIGS, ids=lambda v: str(v))
@@ -380,7 +381,7 @@ STREAM_K_GRID = [c for c in GEMM_GRID + WGMMA_GRID if c.n and c.k // c.groups >=
 @wgmma_only
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("blocks", [True, 3, 7, 61])
-@pytest.mark.parametrize("config_index", WGMMA_CONFIGS, ids=lambda i: NHWC_CONFIGS["float16"][i].name)
+@pytest.mark.parametrize("config_index", STREAM_K_CONFIGS, ids=lambda i: NHWC_CONFIGS["float16"][i].name)
 @pytest.mark.parametrize("name", DTYPES)
 @pytest.mark.parametrize("case", STREAM_K_GRID, ids=lambda c: c.id)
 def test_stream_k_forced(case, name, config_index, blocks, layout):

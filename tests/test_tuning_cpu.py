@@ -190,7 +190,7 @@ def test_every_grid_case_has_candidates_in_every_dtype():
             problem = problem_of(case, dtype)
             for tf32 in (False, True):
                 found = tuning.candidates(problem, tf32, 90)
-                assert 1 <= len(found) <= 40 and found[0][0] == tuning.Choice()
+                assert 1 <= len(found) <= 45 and found[0][0] == tuning.Choice()
 
 
 # --- the choice ---------------------------------------------------------------------------------------

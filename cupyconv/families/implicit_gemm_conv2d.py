@@ -31,12 +31,15 @@ class GemmConfig:
     warps_n: int
     stages: int
     # implicit_gemm_nhwc on Hopper (sm_90a only): warpgroups multiply with wgmma, each on 64 pixels x
-    # bn channels (WGMMA_PIXEL_ROWS) or on 64 channels x 128 pixels (WGMMA_CHANNEL_ROWS); 0: mma.sync.
+    # bn channels (WGMMA_PIXEL_ROWS; WGMMA_PIXEL_ROWS_PRODUCER with a producer warpgroup) or on 64
+    # channels x 128 pixels (WGMMA_CHANNEL_ROWS); 0: mma.sync.
     wgmma: int = 0
+    # Warps that only issue the copies (implicit_gemm_nhwc's producer warpgroup), beside those that multiply.
+    producer_warps: int = 0
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps_m * self.warps_n
+        return 32 * (self.warps_m * self.warps_n + self.producer_warps)
 
     def shared_bytes(self, dtype: str) -> int:
         """The kernel's pipeline buffers (the epilogue reuses them): A [bk][bm + 8], B [bn][bk + pad]."""

@@ -56,7 +56,15 @@ WGMMA_COMPUTE_CAPABILITY = 90
 #: The 128-channel tile is the faster from half a wave of blocks (H100: r50_l3_3x3_256 fp16, 98
 #: blocks, 0.037 ms, the 64-channel tiles 0.041-0.043), not with 52 (r50_l4_3x3_512: 0.063 vs 0.046).
 WGMMA_WIDE_TILE_BLOCKS = 64
-WGMMA_PIXEL_ROWS, WGMMA_CHANNEL_ROWS = 1, 2
+WGMMA_PIXEL_ROWS, WGMMA_CHANNEL_ROWS, WGMMA_PIXEL_ROWS_PRODUCER = 1, 2, 3
+#: The pixel-row tile with a producer warpgroup (kernels/implicit_gemm_nhwc.cu PRODUCER): 128 threads
+#: issue every copy into PRODUCER_STAGES stages and the two warpgroups that multiply wait on
+#: mbarriers, not at a __syncthreads per k tile. One block per SM (384 threads, 129 KB); one
+#: convolution per launch (no split-K, stream-K or stride phases) of copied or 16-bit inputs. The
+#: tuner's to try: no fixed rule chooses it (H100, against the 3-stage tile, two blocks per SM:
+#: 0.89-1.00x on the layers suite's fp16 rows, 1.08-1.26x on some TF32 ones; 6 stages slower than 4;
+#: benchmarks/NOTES.md).
+PRODUCER_STAGES = 4
 #: Reductions of fewer k rows of 128 bytes than this take the mma.sync tiles with k rows of 64 bytes:
 #: with one k tile a block loads, multiplies and stores with nothing to overlap, and a wgmma block
 #: (up to 164 KB of shared memory) is alone on its SM, where three mma.sync blocks of two k tiles
@@ -66,9 +74,12 @@ MIN_DEEP_K_TILES = 2
 for _dtype, _item in (("float32", 4), ("float16", 2)):
     NHWC_CONFIGS[_dtype] += (
         GemmConfig("nhwc_wgmma_m128n128", 128, 128, 128 // _item, 8, 1, 3, wgmma=WGMMA_PIXEL_ROWS),
+        GemmConfig("nhwc_wgmma_producer_m128n128", 128, 128, 128 // _item, 8, 1, PRODUCER_STAGES,
+                   wgmma=WGMMA_PIXEL_ROWS_PRODUCER, producer_warps=4),
         *(GemmConfig(f"nhwc_wgmma_ch_m{bm}n64", bm, 64, 128 // _item, bm // 32, 1, 4, wgmma=WGMMA_CHANNEL_ROWS)
           for bm in (256, 128)))
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
+PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs)
 #: Outputs of at most this many channels per group (an RGB layer widened to 8, a decoder's last
 #: layers) take the 32-channel tile with k rows of 64 bytes on the phase launch: the 64-wide ones
@@ -112,8 +123,8 @@ def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
     """STAGES x (A + B): B [bn][bk + pad], rows of bk elements + 16 bytes; A the same with bm rows,
     or (a_from_nchw) [bk][bm + 8]. wgmma: rows of 128 bytes, unpadded, and 1 KB to align the tiles."""
     item = 4 if dtype == "float32" else 2
-    if cfg.wgmma:
-        return cfg.stages * (cfg.bm + cfg.bn) * 128 + 1024
+    if cfg.wgmma:  # and the producer's full and empty mbarriers, 8 bytes each per stage
+        return cfg.stages * (cfg.bm + cfg.bn) * 128 + 1024 + (16 * cfg.stages if cfg.producer_warps else 0)
     a_stage = cfg.bk * (cfg.bm + 8) * item if a_from_nchw else cfg.bm * (cfg.bk * item + 16)
     return cfg.stages * (a_stage + cfg.bn * (cfg.bk * item + 16))
 
@@ -234,7 +245,8 @@ def _blocks_per_sm(cfg: GemmConfig, dtype: str) -> int:
     (nhwc_min_blocks in kernels/implicit_gemm_nhwc.cu, 16-byte pieces, 32-bit indices) and as the
     shared memory holds."""
     item = 4 if dtype == "float32" else 2
-    accumulators, pieces = cfg.bm * cfg.bn // cfg.threads, cfg.bm * cfg.bk * item // (16 * cfg.threads)
+    multiplying = 32 * cfg.warps_m * cfg.warps_n
+    accumulators, pieces = cfg.bm * cfg.bn // multiplying, cfg.bm * cfg.bk * item // (16 * multiplying)
     by_registers = min(3, max(1, 65536 // (cfg.threads * (accumulators + 48 + 4 * pieces))))
     by_shared = SM_SHARED_BYTES // (_shared_bytes(cfg, dtype, False) + BLOCK_RESERVED_SHARED_BYTES)
     return max(1, min(by_registers, by_shared))
@@ -296,9 +308,10 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     copy = problem.n * channels_padded * problem.h * problem.w if copied else 0
     index = index_type(problem, copy)
     grid = gemm_grid(problem, cfg)
-    if splits is None and stream_k:
+    forced_splits = splits is not None
+    if splits is None and (stream_k or cfg.producer_warps):
         splits = 1
-    if splits is None:
+    if not forced_splits and splits is None:
         splits = _splits(problem, cfg, grid, channels_padded, index)
         if splits > 1:
             why += (f"; split-K: {math.prod(grid)} tiles (<= {SPLIT_K_MAX_BLOCKS}) each reduce over {splits} runs "
@@ -308,14 +321,20 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         if splits > 1 and index != "int":
             raise ValueError(f"splits > 1 needs 32-bit indices; this problem {problem.x_shape} -> "
                              f"{problem.out_shape} needs 64-bit ones")
-        why += f"; split-K forced: {splits} runs"
+        if forced_splits:
+            why += f"; split-K forced: {splits} runs"
     stream_k_blocks = 0
     if not (stream_k is None or isinstance(stream_k, bool) or (isinstance(stream_k, int) and stream_k >= 1)):
         raise ValueError(f"stream_k must be None, True, False or a block count >= 1, got {stream_k!r}")
-    if stream_k and (not cfg.wgmma or splits > 1 or index != "int"):
-        raise ValueError(f"stream_k needs a wgmma tile, no split-K and 32-bit indices; got {cfg.name}, "
-                         f"{splits} split(s), {index} indices for {problem.x_shape} -> {problem.out_shape}")
-    if cfg.wgmma and splits == 1 and index == "int":
+    if stream_k and (not cfg.wgmma or cfg.producer_warps or splits > 1 or index != "int"):
+        raise ValueError(f"stream_k needs a wgmma tile, no split-K and 32-bit indices (and no producer "
+                         f"warpgroup); got {cfg.name}, {splits} split(s), {index} indices for {problem.x_shape} -> "
+                         f"{problem.out_shape}")
+    if cfg.producer_warps and (splits > 1 or round_a):
+        raise ValueError(f"config {cfg.name!r} cannot run this problem: its producer warpgroup runs one "
+                         f"convolution of copied or 16-bit inputs (got {splits} split(s)"
+                         f"{', a float32 NHWC input read in place' if round_a else ''})")
+    if cfg.wgmma and not cfg.producer_warps and splits == 1 and index == "int":
         stream_k_blocks, stream_k_why = _stream_k_blocks(problem, cfg, grid,
                                                          _k_tiles(problem, cfg, channels_padded), stream_k)
         why += stream_k_why
@@ -331,8 +350,9 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
 def describe(plan: LaunchPlan) -> str:
     """The printed plan: tile, warps (or wgmma warpgroups), launch shape, the copies it reads and why."""
     c = plan.config
-    warps = (f"{c.threads // 128} warpgroups of {'64 px' if c.wgmma == WGMMA_PIXEL_ROWS else '64 ch'} with wgmma "
-             f"({plan.arch})" if c.wgmma else f"{c.warps_m}x{c.warps_n} warps")
+    warps = (f"{c.warps_m // 4} warpgroups of {'64 ch' if c.wgmma == WGMMA_CHANNEL_ROWS else '64 px'} with wgmma "
+             f"({plan.arch})" + (", a producer warpgroup issuing the copies" if c.producer_warps else "")
+             if c.wgmma else f"{c.warps_m}x{c.warps_n} warps")
     made = "copies made first" if plan.layout == "NCHW" else "operands (copied first unless read in place)"
     reads = "" if plan.a_from_nchw else (
         f"  reads channels-last {made}: input [N][H][W][{plan.channels_padded}], weight "
@@ -404,8 +424,9 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
             for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] if bool(cfg.wgmma) == wgmma
             for vec in ((16,) if wgmma else NHWC_VECS)
             for a_from_nchw, nhwc_out, round_a in ((False, False, False), (False, True, False))
-            + (((False, True, True),) if dtype == "float32" else ()) + (() if wgmma else ((True, False, False),))
-            for split_k in ((False, True) if index == "int" else (False,))]
+            + (((False, True, True),) if dtype == "float32" and not cfg.producer_warps else ())
+            + (() if wgmma else ((True, False, False),))
+            for split_k in ((False, True) if index == "int" and not cfg.producer_warps else (False,))]
 
 
 def _copy_specialisation(kernel: str, dtype: str, round_tf32: bool) -> str:
@@ -432,7 +453,7 @@ def specialisations() -> list[str]:
 
 def _stream_k_specialisations() -> list[str]:
     return [stream_k_specialisation(dtype, cfg, nhwc_out, round_a) for dtype in GEMM_DTYPES
-            for cfg in NHWC_CONFIGS[dtype] if cfg.wgmma
+            for cfg in NHWC_CONFIGS[dtype] if cfg.wgmma and not cfg.producer_warps
             for nhwc_out, round_a in ((False, False), (True, False)) + (((True, True),) if dtype == "float32" else ())]
 
 
@@ -557,6 +578,8 @@ def phases_plan(problems: tuple[ConvProblem, ...], compute_capability: int = 0,
     if config is None and fewest.k // fewest.groups <= NARROW_TILE_CHANNELS:
         config = next(c.name for c in NHWC_CONFIGS[fewest.dtype] if c.bn == NARROW_TILE_CHANNELS and c.stages == 4)
     plan = make_plan(together, config, compute_capability=compute_capability, stream_k=False)
+    if plan.config.producer_warps:  # no phase-launch instances: the same tile fed by all its threads
+        plan = make_plan(together, PIXEL_ROWS_CONFIG, compute_capability=compute_capability, stream_k=False)
     if plan.vec != 16 or plan.channels_padded != fewest.c or plan.a_from_nchw or plan.index_type != "int" \
             or index_type(together) != "int":
         return None
@@ -582,7 +605,7 @@ def phases_specialisation(dtype: str, cfg: GemmConfig, split_k: bool) -> str:
 
 def _phases_specialisations(wgmma: bool) -> list[str]:
     return [phases_specialisation(dtype, cfg, split_k) for dtype in PHASES_DTYPES for cfg in NHWC_CONFIGS[dtype]
-            if bool(cfg.wgmma) == wgmma for split_k in (False, True)]
+            if bool(cfg.wgmma) == wgmma and not cfg.producer_warps for split_k in (False, True)]
 
 
 def phases_launch(plan: LaunchPlan, phases: tuple[PhaseGemm, ...], y_size: tuple[int, int],
