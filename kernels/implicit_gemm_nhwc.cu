@@ -466,20 +466,34 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 with_epilogue<Y>(residual, has_residual, activation, [&](auto finish) {
                     struct alignas(16) YVec { Y v[WIDE]; };
                     // (A phase launch's pixel offsets hold more registers: one row at a time, or they spill.)
+                    // Two float4s per 16-bit vector: threads 32 channels apart read their halves in opposite
+                    // orders, so that the 8 threads of a 128-bit shared-memory phase hit 8 different bank groups.
+                    const int flip = WIDE == 8 ? (n >> 5) & 1 : 0;
 #pragma unroll(PHASED ? 1 : 4)
                     for (int r = 0; r < BM / ROW_STEP; ++r) {
                         const int m = row0 + r * ROW_STEP;
+                        // Staged rows exist past M too: loaded before the bound check, the unrolled rows'
+                        // loads issue together instead of one row's latency at a time.
+                        const float4* staged = reinterpret_cast<const float4*>(c_smem + m * D_STRIDE + n);
+                        float4 v[WIDE / 4];
+                        v[0] = staged[flip];
+                        if constexpr (WIDE == 8) {
+                            v[1] = staged[1 - flip];
+                            if (flip) {
+                                const float4 first = v[1];
+                                v[1] = v[0];
+                                v[0] = first;
+                            }
+                        }
                         if (m0 + m >= M) break;
                         const Index at = pixel_offset(m0 + m) + channel;
-                        const float4* staged = reinterpret_cast<const float4*>(c_smem + m * D_STRIDE + n);
                         YVec out;
 #pragma unroll
                         for (int q = 0; q < WIDE / 4; ++q) {
-                            const float4 v = staged[q];
-                            out.v[4 * q] = finish(v.x + b[4 * q], at + 4 * q);
-                            out.v[4 * q + 1] = finish(v.y + b[4 * q + 1], at + 4 * q + 1);
-                            out.v[4 * q + 2] = finish(v.z + b[4 * q + 2], at + 4 * q + 2);
-                            out.v[4 * q + 3] = finish(v.w + b[4 * q + 3], at + 4 * q + 3);
+                            out.v[4 * q] = finish(v[q].x + b[4 * q], at + 4 * q);
+                            out.v[4 * q + 1] = finish(v[q].y + b[4 * q + 1], at + 4 * q + 1);
+                            out.v[4 * q + 2] = finish(v[q].z + b[4 * q + 2], at + 4 * q + 2);
+                            out.v[4 * q + 3] = finish(v[q].w + b[4 * q + 3], at + 4 * q + 3);
                         }
                         *reinterpret_cast<YVec*>(y + at) = out;
                     }
