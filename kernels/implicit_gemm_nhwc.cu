@@ -281,18 +281,25 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     constexpr int INST_BYTES = INST_K * sizeof(T);           // 32 bytes of k per instruction
     const int quad = lane >> 2, tq = lane & 3;               // PTX's groupID and threadID_in_group
 
+    // wgmma descriptors of stage 0's tiles, made once: a stage's and an instruction's are these plus their
+    // byte offset / 16 (the start address field: shared addresses stay below 2^18, so the sum never
+    // carries out of it), two integer adds where the descriptor was rebuilt each time (~20 % of a
+    // lone 128 x 128 block's main-loop instructions).
+    const unsigned long long pixels0 =
+        WGMMA ? wgmma_descriptor(shared_address(a_smem) + (warp / 4) * WG_PIXELS * ROW_BYTES) : 0;
+    const unsigned long long channels0 = WGMMA ? wgmma_descriptor(shared_address(b_smem)) : 0;
     auto compute_tile = [&](int stage) {
         if constexpr (WGMMA) {
-            const unsigned pixels = shared_address(a_smem + stage * A_STAGE) + (warp / 4) * WG_PIXELS * ROW_BYTES;
-            const unsigned channels = shared_address(b_smem + stage * B_STAGE);
+            const unsigned long long pixels = pixels0 + stage * (A_STAGE * sizeof(T) / 16);
+            const unsigned long long channels = channels0 + stage * (B_STAGE * sizeof(T) / 16);
             constexpr bool SWAP = WGMMA_ROWS == WGMMA_CHANNEL_ROWS;
             constexpr int N = SWAP ? WG_PIXELS : BN;     // wgmma's n: the columns of each warpgroup's tile
             float (&d)[N / 2] = reinterpret_cast<float (&)[N / 2]>(acc);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BK / INST_K; ++kk)
-                wgmma_op<T, N>::run(d, wgmma_descriptor((SWAP ? channels : pixels) + kk * INST_BYTES),
-                                    wgmma_descriptor((SWAP ? pixels : channels) + kk * INST_BYTES));
+                wgmma_op<T, N>::run(d, (SWAP ? channels : pixels) + kk * (INST_BYTES / 16),
+                                    (SWAP ? pixels : channels) + kk * (INST_BYTES / 16));
             wgmma_commit();  // retired by run_k_pipeline (after the next tile's copies are issued, ISSUE_FIRST)
             return;
         }
