@@ -1,7 +1,9 @@
 """The channels-last GEMM's 128 x 128 wgmma tile with and without its producer warpgroup, in one process:
 GPU time of each layers / large suite row whose fixed-rules plan takes the 128 x 128 pixel-row tile
-(or of the rows named), that plan against the same tile fed by a producer warpgroup of each stage count
+(or of the rows named), that plan against the same tile fed by a producer warpgroup (or against the
+tiles named by --config)
     python benchmarks/profile/producer.py [--dtype fp16 ...] [--layout channels_last ...] [--row NAME ...]
+        [--config TILE ...]
 Medians of 50 runs each behind a spin kernel, interleaved (bench.alternating_ms), the weight prepared
 in the call as the layers suite does; each row checked: the plans agree within the dtype's tolerance."""
 import argparse
@@ -23,9 +25,10 @@ def main() -> None:
     parser.add_argument("--dtype", action="append", choices=sorted(TOLERANCE))
     parser.add_argument("--layout", action="append", choices=("nchw", "channels_last"))
     parser.add_argument("--row", action="append", help="rows to time whatever tile the rules take")
+    parser.add_argument("--config", action="append", help="channels-last tiles to time instead of the producer's")
     args = parser.parse_args()
     cc = compute_capability()
-    producers = [c.name for c in NHWC_CONFIGS["float16"] if c.producer_warps]
+    producers = args.config or [c.name for c in NHWC_CONFIGS["float16"] if c.producer_warps]
     print("| row | mode | layout | rule's plan | tiles | rule ms | 128 x 128 ms |" + "".join(f" {p} ms |" for p in producers)
           + " best producer / rule |")
     print("| --- " * (7 + len(producers)) + "|")

@@ -49,7 +49,10 @@ NHWC_CONFIGS = {
 WIDE_TILE_BLOCKS = 1024
 #: Hopper (sm_90a) wgmma tiles, k rows of 128 bytes, 128-byte swizzled: two warpgroups of 64
 #: pixels x 128 channels (3 stages), or warpgroups of 64 channels x 128 pixels, two (256 pixels) or
-#: one (128), with 4 stages. Chosen by _choose_config from H100 timings of these and of others
+#: one (128), with 4 stages. The tuner's alone (no fixed rule takes them): the 128 x 128 tile with 5
+#: stages (one block per SM; H100: TF32 layers of long reductions 1.07-1.31x, fp16 ones 0.90-0.99x;
+#: deeper 128 x 64 tiles, 6 and 8 stages, were slower everywhere: benchmarks/NOTES.md) and with a
+#: producer warpgroup (below). Chosen by _choose_config from H100 timings of these and of others
 #: (64 pixels x 64 or 96 channels; 256 pixels x 64 or 128 channels; 3 stages) in benchmarks/NOTES_igemm.md.
 WGMMA_ARCH = "sm_90a"
 WGMMA_COMPUTE_CAPABILITY = 90
@@ -77,7 +80,8 @@ for _dtype, _item in (("float32", 4), ("float16", 2)):
         GemmConfig("nhwc_wgmma_producer_m128n128", 128, 128, 128 // _item, 8, 1, PRODUCER_STAGES,
                    wgmma=WGMMA_PIXEL_ROWS_PRODUCER, producer_warps=4),
         *(GemmConfig(f"nhwc_wgmma_ch_m{bm}n64", bm, 64, 128 // _item, bm // 32, 1, 4, wgmma=WGMMA_CHANNEL_ROWS)
-          for bm in (256, 128)))
+          for bm in (256, 128)),
+        GemmConfig("nhwc_wgmma_m128n128s5", 128, 128, 128 // _item, 8, 1, 5, wgmma=WGMMA_PIXEL_ROWS))
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs)
