@@ -50,6 +50,7 @@ _SOURCE_FILES = {"nchw_to_nhwc_tiled": "nchw_to_nhwc.cu", "nchw_to_nhwc_narrow":
                  "pad_channels": "nchw_to_nhwc.cu", "wgrad_reduce": "wgrad_gemm.cu",
                  "strided_fill": "strided_copy.cu", "implicit_gemm_nhwc_phases": "implicit_gemm_nhwc.cu",
                  "implicit_gemm_nhwc_stream_k": "implicit_gemm_nhwc.cu",
+                 "implicit_gemm_nhwc_tma": "implicit_gemm_nhwc.cu",
                  "phase_weights": "phase_weight.cu",
                  **{f"winograd_{part}_transform": "winograd_conv2d.cu" for part in ("weight", "input", "output")}}
 

@@ -13,10 +13,10 @@ import ctypes
 import functools
 import threading
 
-from . import tuning
+from . import tensor_map, tuning
 from .arguments import ConvProblem
 from .compiler import compute_capability, get_kernel
-from .program import FLAG_COUNT, FLAGS, OPERANDS, CallProgram, Launch, Pointer, Table, align
+from .program import FLAG_COUNT, FLAGS, OPERANDS, CallProgram, Launch, Pointer, Table, TensorMap, align
 
 _SLOT = ctypes.sizeof(ctypes.c_uint64)
 #: Workspaces.flags' (buffer, address) for a program without stream-K.
@@ -30,7 +30,7 @@ class PackedLaunch:
     the operand in OPERANDS, byte offset))."""
 
     __slots__ = ("function", "launch_shape", "values", "params_address", "pointers", "_params", "_tables",
-                 "_launch_kernel")
+                 "_launch_kernel", "_maps")
 
     def __init__(self, launch: Launch, device_id: int):
         from cupy.cuda import driver
@@ -45,22 +45,36 @@ class PackedLaunch:
         self._params = (ctypes.c_void_p * max(1, len(launch.args)))(
             *(ctypes.addressof(self.values) + _SLOT * i for i in range(len(launch.args))))
         self.params_address = ctypes.addressof(self._params)
-        self._tables = []  # a Table's ints, which its slot of _params points to instead
-        pointers = []
+        self._tables = []  # a Table's ints (a TensorMap's bytes), which its slot of _params points to instead
+        pointers, maps = [], []
         for slot, arg in enumerate(launch.args):
             if isinstance(arg, Pointer):
                 pointers.append((slot, OPERANDS.index(arg.operand), arg.offset))
             elif isinstance(arg, Table):
                 self._tables.append((ctypes.c_int32 * len(arg.values))(*arg.values))
                 self._params[slot] = ctypes.addressof(self._tables[-1])
+            elif isinstance(arg, TensorMap):  # made at the call for its operand's address (tensor_map.py)
+                buffer = (ctypes.c_uint8 * (tensor_map.MAP_BYTES + tensor_map.MAP_ALIGNMENT))()
+                self._tables.append(buffer)
+                at = -(-ctypes.addressof(buffer) // tensor_map.MAP_ALIGNMENT) * tensor_map.MAP_ALIGNMENT
+                self._params[slot] = at
+                maps.append([OPERANDS.index(arg.pointer.operand), arg.pointer.offset, arg, at, None])
             else:
                 self.values[slot] = int(arg) & _INT32_MASK
         self.pointers = tuple(pointers)
+        self._maps = tuple(maps)  # [operand, offset, TensorMap, map address, the address it was made for]
 
     def __call__(self, addresses, stream: int) -> None:
         values = self.values
         for slot, operand, offset in self.pointers:
             values[slot] = addresses[operand] + offset
+        for entry in self._maps:
+            operand, offset, arg, at, made_for = entry
+            address = addresses[operand] + offset
+            if address != made_for:  # cuLaunchKernel copies the map with the parameters: rewriting it is safe
+                tensor_map.encode_2d(at, arg.dtype, address, arg.rows, arg.columns, arg.row_bytes, arg.box_rows,
+                                     arg.box_columns)
+                entry[4] = address
         self._launch_kernel(self.function, *self.launch_shape, stream, self.params_address, 0)
 
 

@@ -237,7 +237,7 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
                              f"{problem.x_array_shape} -> {problem.out_array_shape} in layout {problem.layout} is too "
                              f"large for {plan.kernel}")
         for position, arg in enumerate(launch.args):
-            if not isinstance(arg, Pointer) and not -2**31 <= arg < 2**31:
+            if isinstance(arg, int) and not -2**31 <= arg < 2**31:
                 raise ValueError(f"{launch.kernel} argument {position} is {arg}, past its 32-bit int: the problem "
                                  f"{problem.x_shape} -> {problem.out_shape} is too large for {plan.kernel}")
     return call

@@ -53,10 +53,26 @@ class Table:
 
 
 @dataclasses.dataclass(frozen=True)
+class TensorMap:
+    """A TMA tensor map parameter (a CUtensorMap by value, kernels' __grid_constant__ TensorMap) of the
+    row-major ``rows`` x ``columns`` matrix of ``dtype`` at ``pointer``, rows ``row_bytes`` apart, read
+    in ``box_rows`` x ``box_columns`` boxes (cupyconv/tensor_map.py); the executor makes it for the
+    pointer's address at the call."""
+
+    pointer: Pointer
+    dtype: str
+    rows: int
+    columns: int
+    row_bytes: int
+    box_rows: int
+    box_columns: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Launch:
     """One kernel launch. ``args`` are the kernel's parameters in order: a Pointer for each pointer
     parameter, a Python int for each ``int`` parameter (passed as a 32-bit int), a Table for a struct
-    of ints."""
+    of ints, a TensorMap for a TMA descriptor."""
 
     kernel: str
     name_expression: str
@@ -100,6 +116,8 @@ def relocated(launches, moves: dict[str, Pointer]) -> tuple[Launch, ...]:
         if isinstance(arg, Pointer) and arg.operand in moves:
             target = moves[arg.operand]
             return Pointer(target.operand, target.offset + arg.offset)
+        if isinstance(arg, TensorMap):
+            return dataclasses.replace(arg, pointer=moved(arg.pointer))
         return arg
 
     return tuple(dataclasses.replace(launch, args=tuple(moved(arg) for arg in launch.args)) for launch in launches)

@@ -101,13 +101,15 @@ struct PhaseTable {
 // zero-fills point at x, so that the main loop holds no more registers than one convolution's
 // (the phase's weight pointer, kept for them, made four instances spill).
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
-          bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K, bool PHASED, bool STREAM_K = false>
+          bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K, bool PHASED, bool STREAM_K = false,
+          bool TMA_B = false>
 __device__ __forceinline__ void
 nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
                int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
-               int tile, const PhaseTable* __restrict__ phases, int phase, const StreamKSegment* segment = nullptr) {
+               int tile, const PhaseTable* __restrict__ phases, int phase, const StreamKSegment* segment = nullptr,
+               const TensorMap* b_map = nullptr) {
     constexpr int NWARPS = WARPS_M * WARPS_N;
     constexpr bool WGMMA = WGMMA_ROWS != NO_WGMMA;
     constexpr int NT = NWARPS * 32;                          // threads that multiply
@@ -156,6 +158,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     static_assert(VEC == 4 || VEC == 8 || VEC == 16, "cp.async moves 4, 8 or 16 bytes");
     static_assert(LT % A_PIECES == 0 && (NCHW_A ? BK : BM) % A_ROWS_PER_PASS == 0, "the A loader covers the tile");
     static_assert(LT % B_PIECES == 0, "the B loader covers whole rows");
+    static_assert(!TMA_B || PRODUCER, "TMA_B: the producer warpgroup's tile, its weight tile by one TMA copy");
     static_assert(!PRODUCER || !(ROUND_A || SPLIT_K || PHASED || STREAM_K),
                   "the producer warpgroup's tile: one whole convolution, its copies rounded by no one");
     static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tiles of 16 x 16 multiples (x4 ldmatrix for B)");
@@ -251,6 +254,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             if (tap_c >= Cg) { tap_c -= Cg; ++tap_s; }
             while (tap_s >= kw) { tap_s -= kw; ++tap_r; }
         }
+        if constexpr (TMA_B) return;  // the weight tile comes by TMA (the producer loop)
         const int k = kt * BK + b_piece * B_EV;
         T* b_dst = b_smem + stage * B_STAGE + b_row0 * STRIDE + (WGMMA ? swizzle128_slot(b_piece, b_row0) : b_piece) * B_EV;
 #pragma unroll
@@ -363,7 +367,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         unsigned long long* empty = full + STAGES;
         if (tid == 0) {
             for (int s = 0; s < STAGES; ++s) {
-                mbarrier_init(full + s, LT);
+                mbarrier_init(full + s, LT + (TMA_B ? 1 : 0));  // TMA_B: and the weight copy's expect-tx arrival
                 mbarrier_init(empty + s, NWARPS);
             }
         }
@@ -373,6 +377,12 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             for (int t = 0; t < k_tiles; ++t) {
                 const int stage = t % STAGES;
                 if (t >= STAGES) mbarrier_wait(empty + stage, (t / STAGES - 1) & 1);
+                if constexpr (TMA_B) {
+                    if (copier == 0) {  // rows g Kg + n0 .., k (kt0 + t) BK ..: past the weight, zeros
+                        mbarrier_arrive_expect_tx(full + stage, BN * BK * static_cast<int>(sizeof(T)));
+                        tma_load_2d(b_smem + stage * B_STAGE, b_map, (kt0 + t) * BK, g * Kg + n0, full + stage);
+                    }
+                }
                 load_tile(kt0 + t, stage);
                 cp_async_arrive(full + stage);
             }
@@ -574,6 +584,23 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
     nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, NCHW_A, WGMMA_ROWS, NHWC_OUT, ROUND_A, SPLIT_K,
                    false>(x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho, Wo, kh, kw,
                           sh, sw, pt, pl, dh, dw, groups, splits, split_elements, blockIdx.x, nullptr, 0);
+}
+
+// The producer warpgroup's tile with the weight tile of each stage copied by TMA: `weight_map` (made by
+// the host for w's address, cupyconv/tensor_map.py) describes w as rows of K output channels by
+// kh kw Cg columns, read in BK x BN boxes with the 128-byte swizzle the wgmma descriptors read.
+template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
+          int WGMMA_ROWS, bool NHWC_OUT>
+__global__ void NHWC_GEMM_LAUNCH_BOUNDS
+implicit_gemm_nhwc_tma(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                       void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
+                       int activation, int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
+                       int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
+                       const __grid_constant__ TensorMap weight_map) {
+    nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, false, WGMMA_ROWS, NHWC_OUT, false, false,
+                   false, false, true>(x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K,
+                                       Ho, Wo, kh, kw, sh, sw, pt, pl, dh, dw, groups, splits, split_elements,
+                                       blockIdx.x, nullptr, 0, nullptr, &weight_map);
 }
 
 // Stream-K (stream_k.cuh): gridDim.x persistent blocks share the tiles_m x tiles_n x groups tiles'

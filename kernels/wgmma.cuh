@@ -17,6 +17,7 @@
 #pragma once
 
 #include "dtypes.cuh"
+#include "mma.cuh"  // shared_address
 
 namespace cupyconv {
 
@@ -54,6 +55,26 @@ template <int Pending> __device__ __forceinline__ void wgmma_wait() {
 // d (64 x N, float32) += A (64 x k) B (k x N) for one instruction's k: 16 of half_t / bfloat16_t,
 // 8 of TF32 (float storage), i.e. 32 bytes of each row. a and b are wgmma_descriptor()s.
 // MN_MAJOR: both operands MN-major (wgmma_descriptor_mn), transposed by the tensor cores.
+// A CUtensorMap (the driver's TMA descriptor: 128 opaque bytes, 64-byte aligned), passed by value as a
+// __grid_constant__ kernel parameter.
+struct alignas(64) TensorMap {
+    unsigned long long bits[16];
+};
+
+// Once `bytes` more bytes are expected on `barrier`, this thread's arrival on it.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(void* barrier, int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+// The box of `map` at (column c0, row c1) into shared memory at `dst` (1024-byte aligned for the
+// 128-byte swizzle) by the TMA unit, its bytes counted on `barrier` as they land.
+__device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap* map, int c0, int c1, void* barrier) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(shared_address(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1),
+                    "r"(shared_address(barrier)) : "memory");
+}
+
 template <typename T, int N, bool MN_MAJOR = false> struct wgmma_op;
 
 // The accumulator operand lists: "%0, %1, ..." for N / 2 registers; the descriptors follow them.

@@ -21,7 +21,7 @@ from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, depthw
                                implicit_gemm_nhwc, simt_gemm_conv2d, winograd_conv2d)
 from cupyconv.families.common import REDUCE_KERNEL, STORAGE_BYTES
 from cupyconv.program import (BIAS, FLAGS, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X, Pointer,
-                              Table)
+                              Table, TensorMap)
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: The grid, and 1x1 problems the channels-last GEMM reads in place (no copies) in every dtype.
@@ -92,6 +92,8 @@ def signature(kernel: str) -> tuple[tuple[str, str], ...]:
         words = parameter.replace("*", " * ").split()
         if "*" in words:
             kinds.append(("in" if words[0] == "const" else "out", words[-1]))
+        elif "__grid_constant__" in words and "TensorMap" in words:  # a TMA descriptor (program.TensorMap)
+            kinds.append(("map", words[-1]))
         elif "__grid_constant__" in words:  # a struct of ints by value (program.Table)
             kinds.append(("table", words[-1]))
         else:
@@ -140,6 +142,8 @@ def check_arguments(launch, kinds, reads: set, writes: set) -> None:
             assert type(arg) is int and -2**31 <= arg < 2**31, (launch.kernel, arg)
         elif kind == "table":
             assert isinstance(arg, Table) and all(-2**31 <= v < 2**31 for v in arg.values), (launch.kernel, arg)
+        elif kind == "map":
+            assert isinstance(arg, TensorMap) and arg.pointer.operand in reads, (launch.kernel, arg)
         else:
             assert isinstance(arg, Pointer), (launch.kernel, arg)
             assert arg.operand in (writes if kind == "out" else reads), (launch.kernel, kind, arg)
@@ -216,7 +220,8 @@ def test_layout_programs(case, dtype, layouts):
         one_tap = problem.kh * problem.kw == 1  # a 1x1 KCHW weight is KHWC memory: read in place too
         if plan.kernel == planner.NHWC_KERNEL and layouts in (("NHWC", "KHWC"), ("NHWC", "KCHW") if one_tap else ()) \
                 and plan.channels_padded == problem.c:
-            gemm = implicit_gemm_nhwc.STREAM_K_KERNEL if plan.stream_k_blocks else planner.NHWC_KERNEL
+            gemm = implicit_gemm_nhwc.STREAM_K_KERNEL if plan.stream_k_blocks else \
+                implicit_gemm_nhwc.TMA_KERNEL if plan.config.producer_warps else planner.NHWC_KERNEL
             in_place = [gemm] + ([REDUCE_KERNEL] if plan.splits > 1 else [])
             assert names == in_place or (dtype == "float32" and problem.kh * problem.kw > 1), names
             assert (call.weight is None) == (dtype != "float32"), "KHWC weight read in place but to round to TF32"

@@ -15,7 +15,7 @@ import math
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
 from ..program import (BIAS, FLAG_COUNT, FLAGS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer,
-                       Table, WeightPreparation, align)
+                       Table, TensorMap, WeightPreparation, align)
 from .common import (CTYPES, INDEX_TYPES, MAX_GRID_Y, REDUCE_KERNEL, STORAGE_BYTES, check_splits, conv_launch,
                      epilogue_args, forced_config, gemm_grid, grid_refusal, index_type, partial_bytes,
                      reduce_specialisation, split_k_reduce, split_k_runs)
@@ -118,6 +118,8 @@ STREAM_K_MAX_WAVES = 4
 STREAM_K_MAX_BALANCE = 0.85
 STREAM_K_MIN_WORK = 24
 STREAM_K_KERNEL = "implicit_gemm_nhwc_stream_k"
+#: The producer warpgroup's tile launches this entry: its weight tiles come by TMA (a TensorMap argument).
+TMA_KERNEL = "implicit_gemm_nhwc_tma"
 #: Shared memory of one H100 SM, and what the driver reserves of it per block.
 SM_SHARED_BYTES = 228 * 1024
 BLOCK_RESERVED_SHARED_BYTES = 1024
@@ -413,8 +415,16 @@ def stream_k_specialisation(dtype: str, cfg: GemmConfig, nhwc_out: bool, round_a
             f"{cfg.stages},16,{cfg.wgmma},{flags}>")
 
 
+def tma_specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc_out: bool) -> str:
+    """The C++ template instance of the producer warpgroup's tile reading its weight by TMA."""
+    return (f"cupyconv::{TMA_KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
+            f"{cfg.stages},16,{cfg.wgmma},{str(nhwc_out).lower()}>")
+
+
 def name_expression(plan: LaunchPlan) -> str:
     """The specialisation ``plan`` launches."""
+    if plan.config.producer_warps:
+        return tma_specialisation(plan.dtype, plan.index_type, plan.config, plan.layout == "NHWC")
     if plan.stream_k_blocks:
         return stream_k_specialisation(plan.dtype, plan.config, plan.layout == "NHWC", plan.round_a)
     return specialisation(plan.dtype, plan.index_type, plan.config, plan.vec, plan.a_from_nchw, plan.layout == "NHWC",
@@ -425,12 +435,13 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
     """The mma.sync ones (any GPU), or the wgmma ones (sm_90a: 16-byte pieces from channels-last x only);
     split-K's with 32-bit indices alone (_splits)."""
     return [specialisation(dtype, index, cfg, vec, a_from_nchw, nhwc_out, round_a, split_k) for dtype in GEMM_DTYPES
-            for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] if bool(cfg.wgmma) == wgmma
+            for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] if bool(cfg.wgmma) == wgmma and not cfg.producer_warps
             for vec in ((16,) if wgmma else NHWC_VECS)
             for a_from_nchw, nhwc_out, round_a in ((False, False, False), (False, True, False))
-            + (((False, True, True),) if dtype == "float32" and not cfg.producer_warps else ())
-            + (() if wgmma else ((True, False, False),))
-            for split_k in ((False, True) if index == "int" and not cfg.producer_warps else (False,))]
+            + (((False, True, True),) if dtype == "float32" else ()) + (() if wgmma else ((True, False, False),))
+            for split_k in ((False, True) if index == "int" else (False,))] + \
+        [tma_specialisation(dtype, index, cfg, nhwc_out) for dtype in GEMM_DTYPES for index in INDEX_TYPES
+         for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.producer_warps for nhwc_out in (False, True)]
 
 
 def _copy_specialisation(kernel: str, dtype: str, round_tf32: bool) -> str:
@@ -527,7 +538,13 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
         slots = 4 * plan.stream_k_blocks * plan.config.bm * plan.config.bn
         return CallProgram(tuple(launches), workspace + slots, weight)
     if plan.splits == 1:
-        launches.append(conv_launch(plan, p, 1, 0, x=x, weight=weight_pointer, channels=plan.channels_padded))
+        launch = conv_launch(plan, p, 1, 0, x=x, weight=weight_pointer, channels=plan.channels_padded)
+        if plan.config.producer_warps:  # the weight as K rows of kh kw Cg columns, by TMA
+            columns = p.kh * p.kw * (plan.channels_padded // p.groups)
+            weight_map = TensorMap(weight_pointer, p.dtype, p.k, columns, columns * STORAGE_BYTES[p.dtype],
+                                   plan.config.bn, plan.config.bk)
+            launch = dataclasses.replace(launch, kernel=TMA_KERNEL, args=(*launch.args, weight_map))
+        launches.append(launch)
         return CallProgram(tuple(launches), workspace, weight)
     partial = Pointer(WORKSPACE, workspace)
     # The bias is the reduction's to add.
