@@ -188,6 +188,31 @@ def test_wgmma_every_config(case, name, config_index):
     check(case, name, config, seed=len(case.id) + config_index)
 
 
+@pytest.mark.skipif(_cuda_device_count() == 0 or compute_capability() != 90,
+                    reason="wgmma and TMA run on compute capability 9.0 (sm_90a) alone")
+@pytest.mark.parametrize("name", DTYPES)
+def test_producer_weight_map_follows_the_weight(name):
+    """The producer tile's weight tensor map is made for the weight's address at the call: NHWC
+    arrays and KHWC weights read in place (16-bit; float32 ones are rounded into the prepared weight),
+    three weights of one shape through one plan each give their own convolution, NaN-poisoned."""
+    dtype, torch_dtype = DTYPES[name]
+    case = Case(2, 64, 136, 9, 9, 3, 3, padding=1, bias=False)
+    config = next(c.name for c in NHWC_CONFIGS[dtype] if c.producer_warps)
+    problem = dataclasses.replace(gemm_problem(case, dtype), layout="NHWC", weight_layout="KHWC")
+    plan = make_plan(problem, config=config, kernel=NHWC_KERNEL, compute_capability=90)
+    x, _, _ = random_inputs(case, torch_dtype, seed=3)
+    x_nhwc = x.permute(0, 2, 3, 1).contiguous()
+    for seed in (4, 5, 6):
+        _, weight, _ = random_inputs(case, torch_dtype, seed=seed)
+        w_khwc = weight.permute(0, 2, 3, 1).contiguous()
+        out = torch.full(problem.out_array_shape, float("nan"), device="cuda", dtype=x.dtype)
+        conv2d_cupy(to_cupy(x_nhwc), to_cupy(w_khwc), None, problem, to_cupy(out), plan=plan, allow_tf32=True)
+        torch.cuda.synchronize()
+        out = out.permute(0, 3, 1, 2)
+        assert not out.isnan().any()
+        assert relative_error(out, reference(x, weight, None, case)) < TOLERANCE[name], seed
+
+
 def test_wgmma_needs_sm_90():
     """Forcing a wgmma tile for another GPU is refused before any launch; the default there is mma.sync."""
     problem = gemm_problem(WGMMA_GRID[0], "float16")

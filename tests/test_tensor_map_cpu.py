@@ -1,0 +1,59 @@
+"""TMA tensor maps without a GPU: the channels-last GEMM's producer tile passes its weight as a
+program.TensorMap of the right geometry, and cupyconv.tensor_map refuses misaligned maps before it
+calls the driver (tests/test_igemm_gpu.py runs the maps on the GPU)."""
+import pytest
+
+from cases import Case
+from cupyconv import tensor_map
+from cupyconv.arguments import make_problem
+from cupyconv.families import implicit_gemm_nhwc
+from cupyconv.planner import NHWC_KERNEL, make_plan, program
+from cupyconv.program import PREPARED, WEIGHT, TensorMap
+
+PRODUCER = next(c.name for c in implicit_gemm_nhwc.NHWC_CONFIGS["float16"] if c.producer_warps)
+
+
+def problem_of(case: Case, dtype: str, layout: str, weight_layout: str):
+    import dataclasses
+    problem = make_problem((case.n, case.c, case.h, case.w), (case.k, case.c // case.groups, case.kh, case.kw),
+                           None, dtype, case.stride, case.padding, case.dilation, case.groups)
+    return dataclasses.replace(problem, layout=layout, weight_layout=weight_layout)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("layouts", [("NHWC", "KHWC"), ("NCHW", "KCHW")])
+@pytest.mark.parametrize("case", [Case(2, 64, 200, 9, 9, 3, 3, padding=1), Case(1, 40, 96, 7, 8, 5, 3, padding=(2, 1)),
+                                  Case(2, 128, 96, 6, 6, 3, 3, padding=1, groups=2)], ids=lambda c: c.id)
+def test_producer_tile_reads_its_weight_by_a_tensor_map(case, layouts, dtype):
+    problem = problem_of(case, dtype, *layouts)
+    plan = make_plan(problem, PRODUCER, NHWC_KERNEL, True, 90)
+    call = program(plan, problem)
+    gemm = call.launches[-1]
+    assert gemm.kernel == implicit_gemm_nhwc.TMA_KERNEL and gemm.name_expression.startswith(
+        f"cupyconv::{implicit_gemm_nhwc.TMA_KERNEL}<")
+    weight_map = gemm.args[-1]
+    assert isinstance(weight_map, TensorMap) and weight_map.pointer.operand in (WEIGHT, PREPARED)
+    assert weight_map.pointer.operand == (PREPARED if call.weight else WEIGHT)
+    columns = case.kh * case.kw * plan.channels_padded // case.groups
+    item = 4 if dtype == "float32" else 2
+    assert (weight_map.rows, weight_map.columns, weight_map.row_bytes) == (case.k, columns, columns * item)
+    assert (weight_map.box_rows, weight_map.box_columns) == (plan.config.bn, plan.config.bk)
+    assert weight_map.box_columns * item == 128  # the 128-byte swizzle's span, the wgmma rows
+    assert weight_map.row_bytes % 16 == 0
+
+
+def test_producer_tile_refuses_what_it_cannot_run():
+    problem = problem_of(Case(1, 256, 256, 7, 7, 3, 3, padding=1), "float16", "NHWC", "KHWC")
+    with pytest.raises(ValueError, match="stream_k needs"):
+        make_plan(problem, PRODUCER, NHWC_KERNEL, True, 90, stream_k=True)
+    with pytest.raises(ValueError, match="producer warpgroup"):
+        make_plan(problem, PRODUCER, NHWC_KERNEL, True, 90, splits=2)
+    pointwise_fp32 = problem_of(Case(2, 64, 128, 8, 8, 1, 1), "float32", "NHWC", "KHWC")  # rounded in shared memory
+    with pytest.raises(ValueError, match="producer warpgroup"):
+        make_plan(pointwise_fp32, PRODUCER, NHWC_KERNEL, True, 90)
+
+
+@pytest.mark.parametrize("destination,address,row_bytes", [(32, 0, 128), (0, 8, 128), (0, 0, 24)])
+def test_misaligned_maps_are_refused_before_the_driver(destination, address, row_bytes):
+    with pytest.raises(ValueError, match="aligned"):
+        tensor_map.encode_2d(destination, "float16", address, 4, 64, row_bytes, 4, 64)
