@@ -16,7 +16,7 @@ import threading
 from . import tensor_map, tuning
 from .arguments import ConvProblem
 from .compiler import compute_capability, get_kernel
-from .program import FLAG_COUNT, FLAGS, OPERANDS, CallProgram, Launch, Pointer, Table, TensorMap, align
+from .program import FLAG_COUNT, FLAGS, OPERANDS, CallProgram, Im2colMap, Launch, Pointer, Table, TensorMap, align
 
 _SLOT = ctypes.sizeof(ctypes.c_uint64)
 #: Workspaces.flags' (buffer, address) for a program without stream-K.
@@ -53,7 +53,7 @@ class PackedLaunch:
             elif isinstance(arg, Table):
                 self._tables.append((ctypes.c_int32 * len(arg.values))(*arg.values))
                 self._params[slot] = ctypes.addressof(self._tables[-1])
-            elif isinstance(arg, TensorMap):  # made at the call for its operand's address (tensor_map.py)
+            elif isinstance(arg, (TensorMap, Im2colMap)):  # made at the call for its operand's address (tensor_map.py)
                 buffer = (ctypes.c_uint8 * (tensor_map.MAP_BYTES + tensor_map.MAP_ALIGNMENT))()
                 self._tables.append(buffer)
                 at = -(-ctypes.addressof(buffer) // tensor_map.MAP_ALIGNMENT) * tensor_map.MAP_ALIGNMENT
@@ -72,8 +72,7 @@ class PackedLaunch:
             operand, offset, arg, at, made_for = entry
             address = addresses[operand] + offset
             if address != made_for:  # cuLaunchKernel copies the map with the parameters: rewriting it is safe
-                tensor_map.encode_2d(at, arg.dtype, address, arg.rows, arg.columns, arg.row_bytes, arg.box_rows,
-                                     arg.box_columns)
+                tensor_map.encode(arg, at, address)
                 entry[4] = address
         self._launch_kernel(self.function, *self.launch_shape, stream, self.params_address, 0)
 

@@ -69,10 +69,27 @@ class TensorMap:
 
 
 @dataclasses.dataclass(frozen=True)
+class Im2colMap:
+    """A TMA tensor map parameter in im2col mode of the NHWC tensor of ``shape`` (n, h, w, c) of ``dtype``
+    at ``pointer``: a copy reads ``pixels_per_column`` window corners, ``strides`` (h, w) apart in the
+    box from ``lower`` to (h, w) + ``upper`` (the padding's bounds), ``channels_per_pixel`` channels of
+    each (cupyconv/tensor_map.py); made at the call for the pointer's address."""
+
+    pointer: Pointer
+    dtype: str
+    shape: tuple[int, int, int, int]
+    lower: tuple[int, int]
+    upper: tuple[int, int]
+    strides: tuple[int, int]
+    channels_per_pixel: int
+    pixels_per_column: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Launch:
     """One kernel launch. ``args`` are the kernel's parameters in order: a Pointer for each pointer
     parameter, a Python int for each ``int`` parameter (passed as a 32-bit int), a Table for a struct
-    of ints, a TensorMap for a TMA descriptor."""
+    of ints, a TensorMap or an Im2colMap for a TMA descriptor."""
 
     kernel: str
     name_expression: str
@@ -116,7 +133,7 @@ def relocated(launches, moves: dict[str, Pointer]) -> tuple[Launch, ...]:
         if isinstance(arg, Pointer) and arg.operand in moves:
             target = moves[arg.operand]
             return Pointer(target.operand, target.offset + arg.offset)
-        if isinstance(arg, TensorMap):
+        if isinstance(arg, (TensorMap, Im2colMap)):
             return dataclasses.replace(arg, pointer=moved(arg.pointer))
         return arg
 

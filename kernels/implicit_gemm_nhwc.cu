@@ -101,23 +101,21 @@ struct PhaseTable {
 // zero-fills point at x, so that the main loop holds no more registers than one convolution's
 // (the phase's weight pointer, kept for them, made four instances spill).
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
-          bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K, bool PHASED, bool STREAM_K = false,
-          bool TMA_B = false>
+          bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K, bool PHASED, bool STREAM_K = false>
 __device__ __forceinline__ void
 nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
                int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
                int tile, const PhaseTable* __restrict__ phases, int phase, const StreamKSegment* segment = nullptr,
-               const TensorMap* b_map = nullptr) {
+               const TensorMap* b_map = nullptr, const TensorMap* a_map = nullptr) {
     constexpr int NWARPS = WARPS_M * WARPS_N;
     constexpr bool WGMMA = WGMMA_ROWS != NO_WGMMA;
     constexpr int NT = NWARPS * 32;                          // threads that multiply
-    // PRODUCER: 128 more threads issue every copy and the NT threads multiply, each side waiting for
-    // the other on mbarriers rather than all at a __syncthreads per k tile (a lone block spent 35 % of
-    // its issue slots there). LT: the threads that copy.
+    // PRODUCER: a warpgroup more, one of whose threads copies both tiles of every stage by TMA (the input
+    // in im2col mode, the weight as a matrix), while the NT threads multiply, each side waiting for the
+    // other on mbarriers rather than all at a __syncthreads per k tile.
     constexpr bool PRODUCER = WGMMA_ROWS == WGMMA_PIXEL_ROWS_PRODUCER;
-    constexpr int LT = PRODUCER ? 128 : NT;
     constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;      // warp tile
     constexpr int MT = WM / 16, NTILES = WN / 8;             // instruction tiles per warp
     constexpr int EV = VEC / sizeof(T);                      // elements per A piece (channels, or pixels)
@@ -129,10 +127,10 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     constexpr int A_STAGE = NCHW_A ? BK * A_T_STRIDE : BM * STRIDE, B_STAGE = BN * STRIDE;
     // A loader: pieces per tile row, rows filled per pass of all threads, passes per tile.
     constexpr int A_PIECES = NCHW_A ? BM / EV : BK / EV;
-    constexpr int A_ROWS_PER_PASS = LT / A_PIECES;
+    constexpr int A_ROWS_PER_PASS = NT / A_PIECES;
     constexpr int A_PASSES = (NCHW_A ? BK : BM) / A_ROWS_PER_PASS;
     constexpr int B_PIECES = BK / B_EV;
-    constexpr int B_ROWS_PER_PASS = LT / B_PIECES;
+    constexpr int B_ROWS_PER_PASS = NT / B_PIECES;
     constexpr int B_PASSES = (BN + B_ROWS_PER_PASS - 1) / B_ROWS_PER_PASS;
     constexpr int C_STRIDE = BM + 4;                         // epilogue staging [BN][C_STRIDE] floats
     constexpr int D_STRIDE = BN + 4;                         // NHWC_OUT: staging [BM][D_STRIDE] floats
@@ -151,16 +149,15 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     static_assert(sizeof(T) == 4 || sizeof(T) == 2, "float, half_t or bfloat16_t");
     static_assert(BK * sizeof(T) % 32 == 0, "rows of an odd number of 16-byte units: ldmatrix is conflict-free");
     static_assert(!WGMMA || (BK * sizeof(T) == 128 && VEC == 16 && !NCHW_A && WARPS_N == 1 &&
-                             BM == WG_PIXELS * (NWARPS / 4) && NWARPS % 4 == 0 && (LT / 8) % 8 == 0 &&
+                             BM == WG_PIXELS * (NWARPS / 4) && NWARPS % 4 == 0 && (NT / 8) % 8 == 0 &&
                              (WGMMA_ROWS != WGMMA_CHANNEL_ROWS || BN == 64)),
                   "wgmma: 128-byte swizzled rows of 16-byte pieces, whole warpgroups of 64 pixels x BN channels "
                   "or 64 channels x 128 pixels, loader rows a multiple of 8 apart (one swizzle slot per thread)");
     static_assert(VEC == 4 || VEC == 8 || VEC == 16, "cp.async moves 4, 8 or 16 bytes");
-    static_assert(LT % A_PIECES == 0 && (NCHW_A ? BK : BM) % A_ROWS_PER_PASS == 0, "the A loader covers the tile");
-    static_assert(LT % B_PIECES == 0, "the B loader covers whole rows");
-    static_assert(!TMA_B || PRODUCER, "TMA_B: the producer warpgroup's tile, its weight tile by one TMA copy");
-    static_assert(!PRODUCER || !(ROUND_A || SPLIT_K || PHASED || STREAM_K),
-                  "the producer warpgroup's tile: one whole convolution, its copies rounded by no one");
+    static_assert(NT % A_PIECES == 0 && (NCHW_A ? BK : BM) % A_ROWS_PER_PASS == 0, "the A loader covers the tile");
+    static_assert(NT % B_PIECES == 0, "the B loader covers whole rows");
+    static_assert(!PRODUCER || !(ROUND_A || SPLIT_K || PHASED || STREAM_K || NCHW_A),
+                  "the producer warpgroup's tile: one whole convolution of channels-last operands copied by TMA");
     static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tiles of 16 x 16 multiples (x4 ldmatrix for B)");
     static_assert((NHWC_OUT ? BM * D_STRIDE : BN * C_STRIDE) * 4 <=
                   STAGES * (A_STAGE + B_STAGE) * static_cast<int>(sizeof(T)),
@@ -177,7 +174,6 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     T* b_smem = a_smem + STAGES * A_STAGE;                   // [STAGES][BN][STRIDE]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int copier = PRODUCER ? tid % LT : tid;            // this thread's place among the copying threads
     const int g = STREAM_K ? segment->g : (SPLIT_K ? blockIdx.z % groups : blockIdx.z);
     const int split = SPLIT_K ? blockIdx.z / groups : 0;
     // Runtime divisions cost ~20 instructions each, and a block of a short reduction (a 1x1 layer) spends
@@ -198,7 +194,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 
     // --- A loader: thread tid copies piece `a_piece` of tile rows a_row0 + A_ROWS_PER_PASS i: rows are
     // pixels and pieces channels, or (NCHW_A) rows are channels and pieces pixels.
-    const int a_piece = copier % A_PIECES, a_row0 = copier / A_PIECES;
+    const int a_piece = tid % A_PIECES, a_row0 = tid / A_PIECES;
     constexpr int A_PIXELS = NCHW_A ? 1 : A_PASSES;          // pixels whose gather state a thread keeps
     Index a_base[A_PIXELS];   // x offset of the pixel's tap (0, 0), channel 0 of group g
     int a_ih0[A_PIXELS], a_iw0[A_PIXELS];
@@ -225,7 +221,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     int tap_r = tap_rs < kw ? 0 : tap_rs / kw, tap_s = tap_rs < kw ? tap_rs : tap_rs % kw;
     const int step_c = BK < Cg ? BK : BK % Cg, step_rs = BK < Cg ? 0 : BK / Cg;
     // B loader: piece b_piece of rows (output channels) b_row0 + B_ROWS_PER_PASS i.
-    const int b_piece = copier % B_PIECES, b_row0 = copier / B_PIECES;
+    const int b_piece = tid % B_PIECES, b_row0 = tid / B_PIECES;
     const T* b_src = w + (static_cast<Index>(g) * Kg + n0 + b_row0) * Kgemm + b_piece * B_EV;
 
     auto load_tile = [&](int kt, int stage) {
@@ -254,7 +250,6 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             if (tap_c >= Cg) { tap_c -= Cg; ++tap_s; }
             while (tap_s >= kw) { tap_s -= kw; ++tap_r; }
         }
-        if constexpr (TMA_B) return;  // the weight tile comes by TMA (the producer loop)
         const int k = kt * BK + b_piece * B_EV;
         T* b_dst = b_smem + stage * B_STAGE + b_row0 * STRIDE + (WGMMA ? swizzle128_slot(b_piece, b_row0) : b_piece) * B_EV;
 #pragma unroll
@@ -361,38 +356,40 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // a lag (the 4-stage channel-row tiles) that order was slower (r50_l4_3x3_512 0.92x) and is not used.
     constexpr bool ISSUE_FIRST = WGMMA && WGMMA_LAG == 0;
     if constexpr (PRODUCER) {
-        // Stage s is full once all LT copying threads' copies into it landed, and empty once all NWARPS
+        // Stage s is full once both TMA copies into it landed, and empty once all NWARPS
         // multiplying warps' MMAs reading it retired; the barriers follow the pipeline buffers.
         unsigned long long* full = reinterpret_cast<unsigned long long*>(b_smem + STAGES * B_STAGE);
         unsigned long long* empty = full + STAGES;
         if (tid == 0) {
             for (int s = 0; s < STAGES; ++s) {
-                mbarrier_init(full + s, LT + (TMA_B ? 1 : 0));  // TMA_B: and the weight copy's expect-tx arrival
+                mbarrier_init(full + s, 1);  // the copying thread's expect-tx arrival
                 mbarrier_init(empty + s, NWARPS);
             }
         }
         __syncthreads();
-        if (warp >= NWARPS) {
+        if (tid == NT) {
+            // One thread of the producer warpgroup copies both tiles of every stage by TMA. The input's:
+            // BM output pixels from m0 on, each the BK channels at this k tile's tap and channel offset,
+            // by the im2col map (the pixels' windows start at (oh sh - pt, ow sw - pl); the map's box and
+            // strides walk the rest, zeros outside x). The weight's: rows g Kg + n0 .., columns kt BK ..
+            const int chunks = Cg / BK;  // k tiles per tap (the planner asks Cg % BK == 0)
+            const int image = static_cast<int>(m0 / HoWo), p = static_cast<int>(m0 - static_cast<Index>(image) * HoWo);
+            const int h0 = (p / Wo) * sh - pt, w0 = (p % Wo) * sw - pl;
 #pragma unroll 1
             for (int t = 0; t < k_tiles; ++t) {
-                const int stage = t % STAGES;
+                const int stage = t % STAGES, kt = kt0 + t;
                 if (t >= STAGES) mbarrier_wait(empty + stage, (t / STAGES - 1) & 1);
-                if constexpr (TMA_B) {
-                    if (copier == 0) {  // rows g Kg + n0 .., k (kt0 + t) BK ..: past the weight, zeros
-                        mbarrier_arrive_expect_tx(full + stage, BN * BK * static_cast<int>(sizeof(T)));
-                        tma_load_2d(b_smem + stage * B_STAGE, b_map, (kt0 + t) * BK, g * Kg + n0, full + stage);
-                    }
-                }
-                load_tile(kt0 + t, stage);
-                cp_async_arrive(full + stage);
+                const int tap = kt / chunks, r = tap / kw, s = tap - r * kw;
+                mbarrier_arrive_expect_tx(full + stage, (BM + BN) * BK * static_cast<int>(sizeof(T)));
+                tma_load_im2col_4d(a_smem + stage * A_STAGE, a_map, g * Cg + (kt - tap * chunks) * BK, w0, h0, image,
+                                   s * dw, r * dh, full + stage);
+                tma_load_2d(b_smem + stage * B_STAGE, b_map, kt * BK, g * Kg + n0, full + stage);
             }
-        } else {
+        } else if (warp < NWARPS) {
 #pragma unroll 1
             for (int t = 0; t < k_tiles; ++t) {
                 const int stage = t % STAGES;
                 mbarrier_wait(full + stage, (t / STAGES) & 1);
-                // cp.async wrote the stage (generic proxy); wgmma reads it through the async proxy.
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 compute_tile(stage);
                 wgmma_wait<1>();  // tile t - 1's MMAs retired: its stage may be refilled
                 if (t > 0 && lane == 0) mbarrier_arrive(empty + (t - 1) % STAGES);
@@ -586,9 +583,11 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
                           sh, sw, pt, pl, dh, dw, groups, splits, split_elements, blockIdx.x, nullptr, 0);
 }
 
-// The producer warpgroup's tile with the weight tile of each stage copied by TMA: `weight_map` (made by
-// the host for w's address, cupyconv/tensor_map.py) describes w as rows of K output channels by
-// kh kw Cg columns, read in BK x BN boxes with the 128-byte swizzle the wgmma descriptors read.
+// The producer warpgroup's tile, both its tiles of each stage copied by TMA with the 128-byte swizzle
+// the wgmma descriptors read; the maps are made by the host for the operands' addresses
+// (cupyconv/tensor_map.py): `weight_map` describes w as rows of K output channels by kh kw C columns,
+// read in BK x BN boxes; `x_map` is x's im2col map (BM window corners of BK channels a copy, the
+// corners bounded by the padding, the convolution's strides apart). One group, C % BK == 0.
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
           int WGMMA_ROWS, bool NHWC_OUT>
 __global__ void NHWC_GEMM_LAUNCH_BOUNDS
@@ -596,11 +595,11 @@ implicit_gemm_nhwc_tma(const T* __restrict__ x, const T* __restrict__ w, const T
                        void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
                        int activation, int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                        int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
-                       const __grid_constant__ TensorMap weight_map) {
+                       const __grid_constant__ TensorMap weight_map, const __grid_constant__ TensorMap x_map) {
     nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, false, WGMMA_ROWS, NHWC_OUT, false, false,
-                   false, false, true>(x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K,
-                                       Ho, Wo, kh, kw, sh, sw, pt, pl, dh, dw, groups, splits, split_elements,
-                                       blockIdx.x, nullptr, 0, nullptr, &weight_map);
+                   false, false>(x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho,
+                                 Wo, kh, kw, sh, sw, pt, pl, dh, dw, groups, splits, split_elements, blockIdx.x,
+                                 nullptr, 0, nullptr, &weight_map, &x_map);
 }
 
 // Stream-K (stream_k.cuh): gridDim.x persistent blocks share the tiles_m x tiles_n x groups tiles'

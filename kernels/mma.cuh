@@ -52,11 +52,6 @@ __device__ __forceinline__ void mbarrier_wait(void* barrier, int parity) {
                  "}\n" :: "r"(shared_address(barrier)), "r"(parity) : "memory");
 }
 
-// One arrival on `barrier` once every cp.async this thread issued so far has landed (no count added:
-// the barrier's count includes it).
-__device__ __forceinline__ void cp_async_arrive(void* barrier) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
 
 // The k loop of a STAGES-deep shared-memory pipeline. Tile t lives in buffer t % STAGES; the loads
 // for tile t + STAGES - 1 are issued (load(tile, buffer): cp.async, or global -> registers) before

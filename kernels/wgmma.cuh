@@ -75,6 +75,17 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap* map, int
                     "r"(shared_address(barrier)) : "memory");
 }
 
+// The im2col box of the 4-D (N, H, W, C) `map`: pixels from the window corner (w, h) of image n on,
+// channels c.., the tap at (offset_w, offset_h) from each corner, into `dst`, counted on `barrier`.
+__device__ __forceinline__ void tma_load_im2col_4d(void* dst, const TensorMap* map, int c, int w, int h, int n,
+                                                   int offset_w, int offset_h, void* barrier) {
+    const unsigned short ow = static_cast<unsigned short>(offset_w), oh = static_cast<unsigned short>(offset_h);
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3, %4, %5}], [%6], {%7, %8};\n"
+                 :: "r"(shared_address(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c), "r"(w), "r"(h),
+                    "r"(n), "r"(shared_address(barrier)), "h"(ow), "h"(oh) : "memory");
+}
+
 template <typename T, int N, bool MN_MAJOR = false> struct wgmma_op;
 
 // The accumulator operand lists: "%0, %1, ..." for N / 2 registers; the descriptors follow them.

@@ -21,7 +21,7 @@ from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, depthw
                                implicit_gemm_nhwc, simt_gemm_conv2d, winograd_conv2d)
 from cupyconv.families.common import REDUCE_KERNEL, STORAGE_BYTES
 from cupyconv.program import (BIAS, FLAGS, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X, Pointer,
-                              Table, TensorMap)
+                              Im2colMap, Table, TensorMap)
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: The grid, and 1x1 problems the channels-last GEMM reads in place (no copies) in every dtype.
@@ -92,7 +92,7 @@ def signature(kernel: str) -> tuple[tuple[str, str], ...]:
         words = parameter.replace("*", " * ").split()
         if "*" in words:
             kinds.append(("in" if words[0] == "const" else "out", words[-1]))
-        elif "__grid_constant__" in words and "TensorMap" in words:  # a TMA descriptor (program.TensorMap)
+        elif "__grid_constant__" in words and "TensorMap" in words:  # a TMA descriptor (program.TensorMap, Im2colMap)
             kinds.append(("map", words[-1]))
         elif "__grid_constant__" in words:  # a struct of ints by value (program.Table)
             kinds.append(("table", words[-1]))
@@ -143,7 +143,7 @@ def check_arguments(launch, kinds, reads: set, writes: set) -> None:
         elif kind == "table":
             assert isinstance(arg, Table) and all(-2**31 <= v < 2**31 for v in arg.values), (launch.kernel, arg)
         elif kind == "map":
-            assert isinstance(arg, TensorMap) and arg.pointer.operand in reads, (launch.kernel, arg)
+            assert isinstance(arg, (TensorMap, Im2colMap)) and arg.pointer.operand in reads, (launch.kernel, arg)
         else:
             assert isinstance(arg, Pointer), (launch.kernel, arg)
             assert arg.operand in (writes if kind == "out" else reads), (launch.kernel, kind, arg)
@@ -281,20 +281,20 @@ def test_weight_preparations_name_their_form():
 #: as printed before the families moved out of planner.py.
 PRINTED = [
     (((32, 256, 14, 14), (256, 256, 3, 3), "float16", 1, 1, 1, False, 90), [
-        "implicit_gemm_nhwc [nhwc_wgmma_m128n128: block 128 px x 128 ch, k 64 per stage, 3 stages, 2 warpgroups of "
-        "64 px with wgmma (sm_90a), 256 threads]",
-        "  grid (49, 2, 1) (pixel tiles, channel tiles, groups), block (256, 1, 1)",
+        "implicit_gemm_nhwc [nhwc_wgmma_producer_m128n128: block 128 px x 128 ch, k 64 per stage, 4 stages, 2 "
+        "warpgroups of 64 px with wgmma (sm_90a), a producer warpgroup copying both operands by TMA, 384 threads]",
+        "  grid (49, 2, 1) (pixel tiles, channel tiles, groups), block (384, 1, 1)",
         "  reads channels-last copies made first: input [N][H][W][256], weight [K][kh][kw][256 / groups], in "
         "16-byte pieces",
         "  why: tensor cores in float16, 256 output channels per group; wgmma; 256 output channels per group, 98 "
-        "blocks of 128 channels"]),
-    (((32, 512, 14, 14), (512, 512, 3, 3), "float16", 1, 1, 1, False, 90), [
+        "blocks of 128 channels, copied by TMA (a producer warpgroup)"]),
+    (((32, 488, 14, 14), (512, 488, 3, 3), "float16", 1, 1, 1, False, 90), [
         "  grid (49, 4, 1) (pixel tiles, channel tiles, groups), block (256, 1, 1)",
         "  stream-K: 264 persistent blocks (implicit_gemm_nhwc_stream_k) share the grid's tiles x k tiles equally; "
         "a tile's owner adds the other blocks' float32 sums in block order (the same bits on every run)",
         "  why: tensor cores in float16, 512 output channels per group; wgmma; 512 output channels per group, 196 "
-        "blocks of 128 channels; stream-K (196 tiles keep 132 SMs 74% busy; 53 k tiles of 128 x 128 a block): "
-        "264 blocks share the 14112 tiles x k tiles"]),
+        "blocks of 128 channels; stream-K (196 tiles keep 132 SMs 74% busy; 51 k tiles of 128 x 128 a block): "
+        "264 blocks share the 13524 tiles x k tiles"]),
     (((32, 256, 14, 14), (256, 256, 3, 3), "float16", 1, 1, 1, False, 0), [
         "implicit_gemm_nhwc [nhwc_m128n64k64: block 128 px x 64 ch, k 64 per stage, 3 stages, 2x2 warps, 128 "
         "threads]",

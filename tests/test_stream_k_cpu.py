@@ -24,11 +24,13 @@ LAYERS = {
     "r50_l1_3x3_64": ((32, 56, 56, 64), (64, 3, 3, 64), 1),
     "vgg_conv3_2": ((32, 56, 56, 256), (256, 3, 3, 256), 1),
     "vgg_conv5_2": ((32, 14, 14, 512), (512, 3, 3, 512), 1),
+    "vgg_conv5_2_488": ((32, 14, 14, 488), (512, 3, 3, 488), 1),
 }
-#: Where the rules take stream-K, by dtype: the reductions long enough per block (STREAM_K_MIN_WORK).
-#: r50_l2's TF32 blocks get 27 k tiles of 196 tiles (two waves' worth of whole tiles ask 48).
-STREAM_K = {"vgg_conv5_2": {"float16", "bfloat16", "float32"}, "r50_l3_3x3_256": {"float32"},
-            "r50_l4_3x3_512": {"float32"}}
+#: Where the rules take stream-K, by dtype: the reductions long enough per block (STREAM_K_MIN_WORK),
+#: on the 3-stage 128 x 128 tile or the 64-channel one. r50_l2's TF32 blocks get 27 k tiles of 196
+#: tiles (two waves' worth of whole tiles ask 48). VGG's 14x14 layer and r50_l3 take the producer
+#: tile instead (its TMA copies need channels that fill whole k tiles: 488 do not).
+STREAM_K = {"vgg_conv5_2_488": {"float16", "bfloat16", "float32"}, "r50_l4_3x3_512": {"float32"}}
 
 
 def nhwc_problem(x_shape, w_shape, padding, dtype="float16"):

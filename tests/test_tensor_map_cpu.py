@@ -1,6 +1,6 @@
 """TMA tensor maps without a GPU: the channels-last GEMM's producer tile passes its weight as a
-program.TensorMap of the right geometry, and cupyconv.tensor_map refuses misaligned maps before it
-calls the driver (tests/test_igemm_gpu.py runs the maps on the GPU)."""
+program.TensorMap and its input as a program.Im2colMap of the right geometry, and cupyconv.tensor_map
+refuses misaligned maps before it calls the driver (tests/test_igemm_gpu.py runs the maps on the GPU)."""
 import pytest
 
 from cases import Case
@@ -8,7 +8,7 @@ from cupyconv import tensor_map
 from cupyconv.arguments import make_problem
 from cupyconv.families import implicit_gemm_nhwc
 from cupyconv.planner import NHWC_KERNEL, make_plan, program
-from cupyconv.program import PREPARED, WEIGHT, TensorMap
+from cupyconv.program import PREPARED, WEIGHT, Im2colMap, TensorMap
 
 PRODUCER = next(c.name for c in implicit_gemm_nhwc.NHWC_CONFIGS["float16"] if c.producer_warps)
 
@@ -22,16 +22,17 @@ def problem_of(case: Case, dtype: str, layout: str, weight_layout: str):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("layouts", [("NHWC", "KHWC"), ("NCHW", "KCHW")])
-@pytest.mark.parametrize("case", [Case(2, 64, 200, 9, 9, 3, 3, padding=1), Case(1, 40, 96, 7, 8, 5, 3, padding=(2, 1)),
-                                  Case(2, 128, 96, 6, 6, 3, 3, padding=1, groups=2)], ids=lambda c: c.id)
-def test_producer_tile_reads_its_weight_by_a_tensor_map(case, layouts, dtype):
+@pytest.mark.parametrize("case", [Case(2, 64, 200, 9, 9, 3, 3, padding=1),
+                                  Case(1, 128, 96, 17, 18, 5, 3, stride=(2, 1), padding=(2, 1), dilation=(1, 2))],
+                         ids=lambda c: c.id)
+def test_producer_tile_reads_by_tensor_maps(case, layouts, dtype):
     problem = problem_of(case, dtype, *layouts)
     plan = make_plan(problem, PRODUCER, NHWC_KERNEL, True, 90)
     call = program(plan, problem)
     gemm = call.launches[-1]
     assert gemm.kernel == implicit_gemm_nhwc.TMA_KERNEL and gemm.name_expression.startswith(
         f"cupyconv::{implicit_gemm_nhwc.TMA_KERNEL}<")
-    weight_map = gemm.args[-1]
+    weight_map = gemm.args[-2]
     assert isinstance(weight_map, TensorMap) and weight_map.pointer.operand in (WEIGHT, PREPARED)
     assert weight_map.pointer.operand == (PREPARED if call.weight else WEIGHT)
     columns = case.kh * case.kw * plan.channels_padded // case.groups
@@ -40,6 +41,16 @@ def test_producer_tile_reads_its_weight_by_a_tensor_map(case, layouts, dtype):
     assert (weight_map.box_rows, weight_map.box_columns) == (plan.config.bn, plan.config.bk)
     assert weight_map.box_columns * item == 128  # the 128-byte swizzle's span, the wgmma rows
     assert weight_map.row_bytes % 16 == 0
+    x_map = gemm.args[-1]  # the input in im2col mode: BM window corners, BK channels each
+    assert isinstance(x_map, Im2colMap) and x_map.shape == (case.n, case.h, case.w, plan.channels_padded)
+    assert (x_map.pixels_per_column, x_map.channels_per_pixel) == (plan.config.bm, plan.config.bk)
+    assert x_map.lower == (-problem.pad_top, -problem.pad_left) and x_map.strides == problem.stride
+    assert x_map.upper == (problem.pad_bottom - (case.kh - 1) * problem.dilation[0],
+                           problem.pad_right - (case.kw - 1) * problem.dilation[1])
+    # The box's corners walked at the strides make exactly the output's rows and columns.
+    for size, low, high, stride, out in zip((case.h, case.w), x_map.lower, x_map.upper, x_map.strides,
+                                            (problem.ho, problem.wo)):
+        assert len(range(low, size + high, stride)) == out
 
 
 def test_producer_tile_refuses_what_it_cannot_run():
@@ -49,8 +60,11 @@ def test_producer_tile_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="producer warpgroup"):
         make_plan(problem, PRODUCER, NHWC_KERNEL, True, 90, splits=2)
     pointwise_fp32 = problem_of(Case(2, 64, 128, 8, 8, 1, 1), "float32", "NHWC", "KHWC")  # rounded in shared memory
-    with pytest.raises(ValueError, match="producer warpgroup"):
-        make_plan(pointwise_fp32, PRODUCER, NHWC_KERNEL, True, 90)
+    grouped = problem_of(Case(2, 128, 96, 6, 6, 3, 3, padding=1, groups=2), "float16", "NHWC", "KHWC")
+    straddling = problem_of(Case(1, 40, 96, 7, 8, 3, 3, padding=1), "float16", "NHWC", "KHWC")  # k tiles across taps
+    for refused in (pointwise_fp32, grouped, straddling):
+        with pytest.raises(ValueError, match="cannot run this problem: its producer warpgroup"):
+            make_plan(refused, PRODUCER, NHWC_KERNEL, True, 90)
 
 
 @pytest.mark.parametrize("destination,address,row_bytes", [(32, 0, 128), (0, 8, 128), (0, 0, 24)])

@@ -14,8 +14,8 @@ import math
 
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
-from ..program import (BIAS, FLAG_COUNT, FLAGS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer,
-                       Table, TensorMap, WeightPreparation, align)
+from ..program import (BIAS, FLAG_COUNT, FLAGS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Im2colMap, Launch,
+                       Pointer, Table, TensorMap, WeightPreparation, align)
 from .common import (CTYPES, INDEX_TYPES, MAX_GRID_Y, REDUCE_KERNEL, STORAGE_BYTES, check_splits, conv_launch,
                      epilogue_args, forced_config, gemm_grid, grid_refusal, index_type, partial_bytes,
                      reduce_specialisation, split_k_reduce, split_k_runs)
@@ -60,13 +60,14 @@ WGMMA_COMPUTE_CAPABILITY = 90
 #: blocks, 0.037 ms, the 64-channel tiles 0.041-0.043), not with 52 (r50_l4_3x3_512: 0.063 vs 0.046).
 WGMMA_WIDE_TILE_BLOCKS = 64
 WGMMA_PIXEL_ROWS, WGMMA_CHANNEL_ROWS, WGMMA_PIXEL_ROWS_PRODUCER = 1, 2, 3
-#: The pixel-row tile with a producer warpgroup (kernels/implicit_gemm_nhwc.cu PRODUCER): 128 threads
-#: issue every copy into PRODUCER_STAGES stages and the two warpgroups that multiply wait on
-#: mbarriers, not at a __syncthreads per k tile. One block per SM (384 threads, 129 KB); one
-#: convolution per launch (no split-K, stream-K or stride phases) of copied or 16-bit inputs. The
-#: tuner's to try: no fixed rule chooses it (H100, against the 3-stage tile, two blocks per SM:
-#: 0.89-1.00x on the layers suite's fp16 rows, 1.08-1.26x on some TF32 ones; 6 stages slower than 4;
-#: benchmarks/NOTES.md).
+#: The pixel-row tile with a producer warpgroup (kernels/implicit_gemm_nhwc.cu PRODUCER): one thread
+#: copies both tiles of each of PRODUCER_STAGES stages by TMA (the input in im2col mode, the weight as
+#: a matrix; cupyconv/tensor_map.py) and the two warpgroups that multiply wait on mbarriers, not at a
+#: __syncthreads per k tile. One block per SM (384 threads, 129 KB); one convolution per launch (no
+#: split-K, stream-K or stride phases) of one group whose channels fill whole k tiles, copied or 16-bit.
+#: _choose_config takes it instead of the 3-stage 128 x 128 tile for layers of more than one tap where
+#: split-K would not run (H100, layers suite channels_last: 1.05-1.20x on ResNet-50's and VGG-16's
+#: 3x3 layers and the dilated one, in fp16 and TF32; benchmarks/NOTES.md).
 PRODUCER_STAGES = 4
 #: Reductions of fewer k rows of 128 bytes than this take the mma.sync tiles with k rows of 64 bytes:
 #: with one k tile a block loads, multiplies and stores with nothing to overlap, and a wgmma block
@@ -194,8 +195,10 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     """On compute capability 9.0, wherever 16-byte pieces are gathered from copies and the reduction
     spans MIN_DEEP_K_TILES k rows of 128 bytes or more, the wgmma tiles:
     for up to 64 output channels per group, warpgroups of 64 channels x 128 pixels, two per block;
-    for more, 128 pixels x 128 channels where that makes WGMMA_WIDE_TILE_BLOCKS blocks or more, else
-    one warpgroup of 64 channels x 128 pixels per block (twice the blocks).
+    for more, 128 pixels x 128 channels where that makes WGMMA_WIDE_TILE_BLOCKS blocks or more --
+    fed by a producer warpgroup's TMA copies where the layer has more than one tap, more blocks than
+    split-K takes, one group and channels that fill whole k tiles -- else one warpgroup of 64
+    channels x 128 pixels per block (twice the blocks).
 
     Elsewhere (mma.sync), channels: the 96-channel tile for 65-96 output channels per group
     (AlexNet), the 128-channel one for more where it makes WIDE_TILE_BLOCKS blocks or more, else the
@@ -213,6 +216,11 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
         wide = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PIXEL_ROWS)
         blocks = math.prod(gemm_grid(problem, wide))
         if blocks >= WGMMA_WIDE_TILE_BLOCKS:
+            producer = next(c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps)
+            if problem.kh * problem.kw > 1 and blocks > SPLIT_K_MAX_BLOCKS and problem.groups == 1 and \
+                    _pieces(problem)[0][1] % producer.bk == 0:
+                return producer, (f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels, "
+                                  f"copied by TMA (a producer warpgroup)")
             return wide, f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels"
         return by_pixels[128], (f"wgmma; {kg} output channels per group; 128-channel tiles would make {blocks} "
                                 f"blocks (< {WGMMA_WIDE_TILE_BLOCKS}), 64-channel ones twice as many")
@@ -302,6 +310,9 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
             raise ValueError(f"config {config!r} cannot run this problem: {why_not}")
     else:
         cfg, why = _choose_config(problem, compute_capability)
+        if cfg.producer_warps and (stream_k or (splits or 1) > 1):  # forced onto the tile they run on
+            cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PIXEL_ROWS_CONFIG)
+            why += f"; {cfg.name} instead: stream-K and split-K run on it"
     a_from_nchw = _nchw_a_vec(problem) != 0
     if a_from_nchw:
         why += f"; 1x1: the NCHW input read in place, {vec}-byte pieces of pixels"
@@ -336,10 +347,11 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         raise ValueError(f"stream_k needs a wgmma tile, no split-K and 32-bit indices (and no producer "
                          f"warpgroup); got {cfg.name}, {splits} split(s), {index} indices for {problem.x_shape} -> "
                          f"{problem.out_shape}")
-    if cfg.producer_warps and (splits > 1 or round_a):
-        raise ValueError(f"config {cfg.name!r} cannot run this problem: its producer warpgroup runs one "
-                         f"convolution of copied or 16-bit inputs (got {splits} split(s)"
-                         f"{', a float32 NHWC input read in place' if round_a else ''})")
+    if cfg.producer_warps and (splits > 1 or round_a or problem.groups > 1 or channels_padded % cfg.bk):
+        raise ValueError(f"config {cfg.name!r} cannot run this problem: its producer warpgroup copies whole k tiles "
+                         f"of one tap by TMA for one convolution of copied or 16-bit inputs, one group, channels a "
+                         f"multiple of {cfg.bk} (got {splits} split(s), {problem.groups} group(s), {channels_padded} "
+                         f"channels{', a float32 NHWC input read in place' if round_a else ''})")
     if cfg.wgmma and not cfg.producer_warps and splits == 1 and index == "int":
         stream_k_blocks, stream_k_why = _stream_k_blocks(problem, cfg, grid,
                                                          _k_tiles(problem, cfg, channels_padded), stream_k)
@@ -357,7 +369,7 @@ def describe(plan: LaunchPlan) -> str:
     """The printed plan: tile, warps (or wgmma warpgroups), launch shape, the copies it reads and why."""
     c = plan.config
     warps = (f"{c.warps_m // 4} warpgroups of {'64 ch' if c.wgmma == WGMMA_CHANNEL_ROWS else '64 px'} with wgmma "
-             f"({plan.arch})" + (", a producer warpgroup issuing the copies" if c.producer_warps else "")
+             f"({plan.arch})" + (", a producer warpgroup copying both operands by TMA" if c.producer_warps else "")
              if c.wgmma else f"{c.warps_m}x{c.warps_n} warps")
     made = "copies made first" if plan.layout == "NCHW" else "operands (copied first unless read in place)"
     reads = "" if plan.a_from_nchw else (
@@ -416,7 +428,7 @@ def stream_k_specialisation(dtype: str, cfg: GemmConfig, nhwc_out: bool, round_a
 
 
 def tma_specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc_out: bool) -> str:
-    """The C++ template instance of the producer warpgroup's tile reading its weight by TMA."""
+    """The C++ template instance of the producer warpgroup's tile reading its input and weight by TMA."""
     return (f"cupyconv::{TMA_KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
             f"{cfg.stages},16,{cfg.wgmma},{str(nhwc_out).lower()}>")
 
@@ -539,11 +551,14 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
         return CallProgram(tuple(launches), workspace + slots, weight)
     if plan.splits == 1:
         launch = conv_launch(plan, p, 1, 0, x=x, weight=weight_pointer, channels=plan.channels_padded)
-        if plan.config.producer_warps:  # the weight as K rows of kh kw Cg columns, by TMA
-            columns = p.kh * p.kw * (plan.channels_padded // p.groups)
-            weight_map = TensorMap(weight_pointer, p.dtype, p.k, columns, columns * STORAGE_BYTES[p.dtype],
-                                   plan.config.bn, plan.config.bk)
-            launch = dataclasses.replace(launch, kernel=TMA_KERNEL, args=(*launch.args, weight_map))
+        if plan.config.producer_warps:  # by TMA: the weight as K rows of kh kw C columns, x in im2col mode
+            cfg, columns = plan.config, p.kh * p.kw * plan.channels_padded
+            weight_map = TensorMap(weight_pointer, p.dtype, p.k, columns, columns * STORAGE_BYTES[p.dtype], cfg.bn,
+                                   cfg.bk)
+            x_map = Im2colMap(x, p.dtype, (p.n, p.h, p.w, plan.channels_padded), (-p.pad_top, -p.pad_left),
+                              (p.pad_bottom - (p.kh - 1) * p.dilation[0], p.pad_right - (p.kw - 1) * p.dilation[1]),
+                              p.stride, cfg.bk, cfg.bm)
+            launch = dataclasses.replace(launch, kernel=TMA_KERNEL, args=(*launch.args, weight_map, x_map))
         launches.append(launch)
         return CallProgram(tuple(launches), workspace, weight)
     partial = Pointer(WORKSPACE, workspace)
