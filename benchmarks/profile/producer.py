@@ -7,17 +7,13 @@ tiles named by --config)
 Medians of 50 runs each behind a spin kernel, interleaved (bench.alternating_ms), the weight prepared
 in the call as the layers suite does; each row checked: the plans agree within the dtype's tolerance."""
 import argparse
-import dataclasses
 
-import cupy
-
-from cupyconv.bench import LARGE, LAYERS, MODE_DTYPE, SEEDS, alternating_ms
+from cupyconv.bench import LARGE, LAYERS, MODE_DTYPE, SEEDS
 from cupyconv.compiler import compute_capability
 from cupyconv.families.implicit_gemm_nhwc import NHWC_CONFIGS, PIXEL_ROWS_CONFIG
-from cupyconv.launch import conv2d_cupy
 from cupyconv.planner import NHWC_KERNEL, make_plan
+from plan_timing import TOLERANCE, time_plans
 
-TOLERANCE = {"fp16": 1e-2, "bf16": 1e-2, "tf32": 2e-3}
 
 
 def main() -> None:
@@ -47,27 +43,7 @@ def main() -> None:
                              **{p: make_plan(problem, p, NHWC_KERNEL, True, cc) for p in producers}}
                 except ValueError:  # a float32 input read in place, which the producer's tile does not round
                     continue
-                plans = {k: dataclasses.replace(p, layout=plan.layout, weight_layout=plan.weight_layout)
-                         for k, p in plans.items()}
-                x, w, b = (cupy.random.standard_normal(s, dtype=cupy.float32) for s in
-                           (problem.x_array_shape, problem.weight_array_shape, (problem.k,)))
-                cast = (lambda a: a.astype(cupy.float16)) if mode == "fp16" else \
-                    (lambda a: (a.view(cupy.uint32) >> 16).astype(cupy.uint16).view(cupy.int16)) if mode == "bf16" \
-                    else (lambda a: a)
-                x, w, b = cast(x), cast(w), cast(b) if problem.has_bias else None
-                outs = {k: cupy.empty(problem.out_array_shape, dtype=x.dtype) for k in plans}
-                for out in outs.values():  # NaN, so that an element never written fails the check
-                    out.view(cupy.uint16).fill(0x7FC0) if mode == "bf16" else out.fill(cupy.nan)
-                times = alternating_ms({k: (lambda p=p, out=outs[k]: conv2d_cupy(x, w, b, problem, out, p,
-                                                                                  allow_tf32=True))
-                                        for k, p in plans.items()}, repeats=50)
-                as_float = {k: (o.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32) if mode == "bf16"
-                            else o.astype(cupy.float32) for k, o in outs.items()}
-                for k in producers:
-                    ref = as_float["plain"]
-                    error = float(cupy.linalg.norm(as_float[k] - ref) / cupy.linalg.norm(ref))
-                    assert error < TOLERANCE[mode], (shape.name, mode, layout, k, error)
-                ms = {k: t[0] for k, t in times.items()}
+                ms = time_plans(problem, mode, plans, "plain", producers, (shape.name, mode, layout))
                 best = min(ms[p] for p in producers)
                 print(f"| {shape.name} | {mode} | {layout} | {plan.config.name}"
                       f"{' stream-K' if plan.stream_k_blocks else ''}{f' split {plan.splits}' if plan.splits > 1 else ''}"

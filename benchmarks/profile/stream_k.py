@@ -8,16 +8,12 @@ Medians of 50 runs each behind a spin kernel, interleaved (bench.alternating_ms:
 alone), the weight prepared in the call as the layers suite does; each row checked: the plans agree
 within the dtype's tolerance."""
 import argparse
-import dataclasses
 
-import cupy
-
-from cupyconv.bench import LARGE, LAYERS, MODE_DTYPE, SEEDS, alternating_ms
+from cupyconv.bench import LARGE, LAYERS, MODE_DTYPE, SEEDS
 from cupyconv.compiler import compute_capability, get_kernel
-from cupyconv.launch import conv2d_cupy
 from cupyconv.planner import NHWC_KERNEL, make_plan, program
+from plan_timing import TOLERANCE, time_plans
 
-TOLERANCE = {"fp16": 1e-2, "bf16": 1e-2, "tf32": 2e-3}
 
 
 def main() -> None:
@@ -47,27 +43,7 @@ def main() -> None:
                          "rule": plan, "sms": make_plan(problem, plan.config.name, NHWC_KERNEL, True, cc, stream_k=132),
                          **{n: make_plan(problem, plan.config.name, NHWC_KERNEL, True, cc, stream_k=n)
                             for n in args.blocks}}
-                plans = {k: dataclasses.replace(p, layout=plan.layout, weight_layout=plan.weight_layout)
-                         for k, p in plans.items()}
-                x, w, b = (cupy.random.standard_normal(s, dtype=cupy.float32) for s in
-                           (problem.x_array_shape, problem.weight_array_shape, (problem.k,)))
-                cast = (lambda a: a.astype(cupy.float16)) if mode == "fp16" else \
-                    (lambda a: (a.view(cupy.uint32) >> 16).astype(cupy.uint16).view(cupy.int16)) if mode == "bf16" \
-                    else (lambda a: a)
-                x, w, b = cast(x), cast(w), cast(b) if problem.has_bias else None
-                outs = {k: cupy.empty(problem.out_array_shape, dtype=x.dtype) for k in plans}
-                for out in outs.values():  # NaN, so that an element never written fails the check
-                    out.view(cupy.uint16).fill(0x7FC0) if mode == "bf16" else out.fill(cupy.nan)
-                times = alternating_ms({k: (lambda p=p, out=outs[k]: conv2d_cupy(x, w, b, problem, out, p,
-                                                                                  allow_tf32=True))
-                                        for k, p in plans.items()}, repeats=50)
-                as_float = {k: (o.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32) if mode == "bf16"
-                            else o.astype(cupy.float32) for k, o in outs.items()}
-                for k in ("rule", "sms"):
-                    whole = as_float["whole"]
-                    error = float(cupy.linalg.norm(as_float[k] - whole) / cupy.linalg.norm(whole))
-                    assert error < TOLERANCE[mode], (shape.name, mode, layout, k, error)
-                ms = {k: t[0] for k, t in times.items()}
+                ms = time_plans(problem, mode, plans, "whole", ("rule", "sms"), (shape.name, mode, layout))
                 resident = "/".join(str(resident_blocks(plans[k], problem)) for k in ("whole", "rule"))
                 print(f"| {shape.name} | {mode} | {layout} | {plan.config.name} | {plan.grid[0] * plan.grid[1]} | "
                       f"{plan.stream_k_blocks} | {ms['whole']:.4f} | {ms['rule']:.4f} | "

@@ -1,0 +1,38 @@
+"""Plans of one problem timed against each other in one process, for the profile scripts (stream_k.py,
+producer.py): the same random operands, NaN-poisoned outputs, interleaved runs behind a spin kernel
+(bench.alternating_ms: the GPU's time alone), the weight prepared in the call as the layers suite does."""
+import dataclasses
+
+import cupy
+
+from cupyconv.bench import alternating_ms
+from cupyconv.launch import conv2d_cupy
+
+#: Relative error of a checked plan's output against the reference plan's.
+TOLERANCE = {"fp16": 1e-2, "bf16": 1e-2, "tf32": 2e-3}
+
+
+def time_plans(problem, mode: str, plans: dict, reference: str, checked, label=()) -> dict:
+    """Median GPU ms of 50 runs of each of ``plans`` (name -> LaunchPlan, laid out as ``problem``); the
+    outputs of the ``checked`` names agree with the ``reference`` one's (AssertionError naming ``label``
+    and the plan otherwise)."""
+    plans = {k: dataclasses.replace(p, layout=problem.layout, weight_layout=problem.weight_layout)
+             for k, p in plans.items()}
+    x, w, b = (cupy.random.standard_normal(s, dtype=cupy.float32) for s in
+               (problem.x_array_shape, problem.weight_array_shape, (problem.k,)))
+    cast = (lambda a: a.astype(cupy.float16)) if mode == "fp16" else \
+        (lambda a: (a.view(cupy.uint32) >> 16).astype(cupy.uint16).view(cupy.int16)) if mode == "bf16" \
+        else (lambda a: a)
+    x, w, b = cast(x), cast(w), cast(b) if problem.has_bias else None
+    outs = {k: cupy.empty(problem.out_array_shape, dtype=x.dtype) for k in plans}
+    for out in outs.values():  # NaN, so that an element never written fails the check
+        out.view(cupy.uint16).fill(0x7FC0) if mode == "bf16" else out.fill(cupy.nan)
+    times = alternating_ms({k: (lambda p=p, out=outs[k]: conv2d_cupy(x, w, b, problem, out, p, allow_tf32=True))
+                            for k, p in plans.items()}, repeats=50)
+    as_float = {k: (o.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32) if mode == "bf16"
+                else o.astype(cupy.float32) for k, o in outs.items()}
+    ref = as_float[reference]
+    for k in checked:
+        error = float(cupy.linalg.norm(as_float[k] - ref) / cupy.linalg.norm(ref))
+        assert error < TOLERANCE[mode], (*label, k, error)
+    return {k: t[0] for k, t in times.items()}
