@@ -75,6 +75,10 @@ WGMMA_GRID = [
     Case(1, 96, 32, 7, 7, 1, 1, stride=2),                     # 1x1 with stride: copies, one tap
     Case(2, 16, 24, 9, 10, 3, 3, padding=1),                   # float32 only: 16 channels = 64 bytes
     Case(1, 32, 40, 8, 8, 2, 2, bias=False),                   # Kgemm 128: two k tiles of 16-bit
+    # The producer tile's im2col copies: an even kernel's asymmetric 'same' padding; stride, padding
+    # and dilation together; tiles that run past the last image.
+    Case(2, 64, 136, 10, 9, 4, 2, padding="same"),
+    Case(1, 128, 130, 15, 13, 3, 3, stride=2, padding=2, dilation=2),
 ]
 
 

@@ -23,7 +23,9 @@ def problem_of(case: Case, dtype: str, layout: str, weight_layout: str):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("layouts", [("NHWC", "KHWC"), ("NCHW", "KCHW")])
 @pytest.mark.parametrize("case", [Case(2, 64, 200, 9, 9, 3, 3, padding=1),
-                                  Case(1, 128, 96, 17, 18, 5, 3, stride=(2, 1), padding=(2, 1), dilation=(1, 2))],
+                                  Case(1, 128, 96, 17, 18, 5, 3, stride=(2, 1), padding=(2, 1), dilation=(1, 2)),
+                                  Case(2, 64, 136, 10, 9, 4, 2, padding="same"),
+                                  Case(1, 128, 130, 15, 13, 3, 3, stride=2, padding=2, dilation=2)],
                          ids=lambda c: c.id)
 def test_producer_tile_reads_by_tensor_maps(case, layouts, dtype):
     problem = problem_of(case, dtype, *layouts)
