@@ -64,7 +64,7 @@ namespace cupyconv {
 
 // The WGMMA_ROWS template argument (WGMMA_PIXEL_ROWS / WGMMA_CHANNEL_ROWS in
 // families/implicit_gemm_nhwc.py; 0: mma.sync).
-// WGMMA_PIXEL_ROWS_PRODUCER: the pixel-row tile fed by a fourth warpgroup of its own (below).
+// WGMMA_PIXEL_ROWS_PRODUCER: the pixel-row tile fed by a third warpgroup of its own (below).
 enum WgmmaRows { NO_WGMMA = 0, WGMMA_PIXEL_ROWS = 1, WGMMA_CHANNEL_ROWS = 2, WGMMA_PIXEL_ROWS_PRODUCER = 3 };
 
 // Threads of a block: the warps that multiply, and the producer warpgroup where there is one.
