@@ -9,6 +9,8 @@ from __future__ import annotations
 import ctypes
 import functools
 
+from .program import Im2colMap
+
 #: CUtensorMapDataType values (cuda.h) of the storage dtypes.
 DATA_TYPES = {"float16": 6, "float32": 7, "bfloat16": 9}
 SWIZZLE_128B = 3
@@ -51,7 +53,6 @@ def _encode_im2col():
 def encode(arg, destination: int, address: int) -> None:
     """Write at ``destination`` the map ``arg`` (program.TensorMap or program.Im2colMap) describes, for
     its operand at device ``address``."""
-    from .program import Im2colMap
     if isinstance(arg, Im2colMap):
         encode_im2col(destination, arg.dtype, address, arg.shape, arg.lower, arg.upper, arg.strides,
                       arg.channels_per_pixel, arg.pixels_per_column)

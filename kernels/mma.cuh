@@ -52,7 +52,6 @@ __device__ __forceinline__ void mbarrier_wait(void* barrier, int parity) {
                  "}\n" :: "r"(shared_address(barrier)), "r"(parity) : "memory");
 }
 
-
 // The k loop of a STAGES-deep shared-memory pipeline. Tile t lives in buffer t % STAGES; the loads
 // for tile t + STAGES - 1 are issued (load(tile, buffer): cp.async, or global -> registers) before
 // the MMAs of tile t (compute(buffer)), into the buffer tile t - 1 used, free once every warp passed

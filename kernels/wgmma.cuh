@@ -52,9 +52,6 @@ template <int Pending> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(Pending) : "memory");
 }
 
-// d (64 x N, float32) += A (64 x k) B (k x N) for one instruction's k: 16 of half_t / bfloat16_t,
-// 8 of TF32 (float storage), i.e. 32 bytes of each row. a and b are wgmma_descriptor()s.
-// MN_MAJOR: both operands MN-major (wgmma_descriptor_mn), transposed by the tensor cores.
 // A CUtensorMap (the driver's TMA descriptor: 128 opaque bytes, 64-byte aligned), passed by value as a
 // __grid_constant__ kernel parameter.
 struct alignas(64) TensorMap {
@@ -86,6 +83,9 @@ __device__ __forceinline__ void tma_load_im2col_4d(void* dst, const TensorMap* m
                     "r"(n), "r"(shared_address(barrier)), "h"(ow), "h"(oh) : "memory");
 }
 
+// d (64 x N, float32) += A (64 x k) B (k x N) for one instruction's k: 16 of half_t / bfloat16_t,
+// 8 of TF32 (float storage), i.e. 32 bytes of each row. a and b are wgmma_descriptor()s.
+// MN_MAJOR: both operands MN-major (wgmma_descriptor_mn), transposed by the tensor cores.
 template <typename T, int N, bool MN_MAJOR = false> struct wgmma_op;
 
 // The accumulator operand lists: "%0, %1, ..." for N / 2 registers; the descriptors follow them.

@@ -325,11 +325,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     copy = problem.n * channels_padded * problem.h * problem.w if copied else 0
     index = index_type(problem, copy)
     grid = gemm_grid(problem, cfg)
-    forced_splits = splits is not None
-    if splits is None and (stream_k or cfg.producer_warps):
-        splits = 1
-    if not forced_splits and splits is None:
-        splits = _splits(problem, cfg, grid, channels_padded, index)
+    if splits is None:  # stream-K and the producer's tile finish their tiles whole
+        splits = 1 if stream_k or cfg.producer_warps else _splits(problem, cfg, grid, channels_padded, index)
         if splits > 1:
             why += (f"; split-K: {math.prod(grid)} tiles (<= {SPLIT_K_MAX_BLOCKS}) each reduce over {splits} runs "
                     f"of the {problem.kh * problem.kw * channels_padded // problem.groups} products")
@@ -338,8 +335,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         if splits > 1 and index != "int":
             raise ValueError(f"splits > 1 needs 32-bit indices; this problem {problem.x_shape} -> "
                              f"{problem.out_shape} needs 64-bit ones")
-        if forced_splits:
-            why += f"; split-K forced: {splits} runs"
+        why += f"; split-K forced: {splits} runs"
     stream_k_blocks = 0
     if not (stream_k is None or isinstance(stream_k, bool) or (isinstance(stream_k, int) and stream_k >= 1)):
         raise ValueError(f"stream_k must be None, True, False or a block count >= 1, got {stream_k!r}")
