@@ -73,10 +73,12 @@ __host__ __device__ constexpr int nhwc_threads(int warps, int wgmma_rows) {
 }
 
 // Blocks per SM asked of the register allocator: as many (at most 3) as 64K registers hold at the
-// accumulators plus ~48 registers of fragments and addresses plus, per piece copied per tile, 2 and
-// the registers of one index.
+// accumulators plus ~48 registers of fragments and addresses (16 more with 64-bit indices, whose
+// pixel bases and output offsets are pairs: at 128, three 128 x 96 tiles spilled on sm_90) plus, per
+// piece copied per tile, 2 and the registers of one index.
 __host__ __device__ constexpr int nhwc_min_blocks(int threads, int accumulators, int pieces, int index_registers) {
-    const int blocks = 65536 / (threads * (accumulators + 48 + (2 + 2 * index_registers) * pieces));
+    const int blocks =
+        65536 / (threads * (accumulators + 48 + 16 * (index_registers - 1) + (2 + 2 * index_registers) * pieces));
     return blocks < 1 ? 1 : (blocks > 3 ? 3 : blocks);
 }
 

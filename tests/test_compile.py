@@ -1,5 +1,9 @@
 """Every kernel specialisation the planner can choose compiles with NVRTC for sm_80 and sm_90 (and the
-architecture-specific ones, wgmma, for sm_90a), without a GPU, and spills no registers (ptxas's report)."""
+architecture-specific ones, wgmma, for sm_90a), without a GPU, and spills no registers (ptxas's report).
+
+Each test compiles one NVRTC program of at most CHUNK expressions of one kernel: a program of hundreds
+of instances compiles slower than the same instances in pieces, and pieces let pytest-xdist spread
+the compiler's work (most of the suite's time) over the machine's cores."""
 import pytest
 
 from cupyconv.compiler import compile_offline
@@ -10,51 +14,54 @@ from cupyconv.wgrad_depthwise import specialisations as depthwise_wgrad_speciali
 from cupyconv.wgrad_tensor_cores import arch_specialisations as tensor_core_wgrad_arch_specialisations
 from cupyconv.wgrad_tensor_cores import specialisations as tensor_core_wgrad_specialisations
 
+CHUNK = 48
+PORTABLE_ARCHS = ("sm_80", "sm_90")
 
-def _by_kernel(expressions=None):
+
+def _programs(expressions, archs):
+    """pytest params (kernel, arch, expressions) of at most CHUNK expressions each, ids kernel-arch-part."""
     families: dict[str, list[str]] = {}
-    for expression in kernel_specialisations() if expressions is None else expressions:
-        family = expression.split("<")[0].split("::")[-1]
-        families.setdefault(family, []).append(expression)
-    return families
+    for expression in expressions:
+        families.setdefault(expression.split("<")[0].split("::")[-1], []).append(expression)
+    return [pytest.param(kernel, arch, tuple(chunk[start:start + CHUNK]), id=f"{kernel}-{arch}-{start // CHUNK}")
+            for arch in archs for kernel, chunk in sorted(families.items()) for start in range(0, len(chunk), CHUNK)]
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("kernel", sorted(_by_kernel()))
-def test_specialisations_compile_without_spills(kernel, arch):
-    _check(kernel, tuple(_by_kernel()[kernel]), arch)
+def _forward():
+    return _programs(kernel_specialisations(), PORTABLE_ARCHS) + \
+        [param for arch, expressions in arch_specialisations().items() for param in _programs(expressions, (arch,))]
 
 
-@pytest.mark.parametrize("arch,kernel", [(arch, kernel) for arch, expressions in arch_specialisations().items()
-                                         for kernel in _by_kernel(expressions)])
-def test_arch_specialisations_compile_without_spills(arch, kernel):
-    _check(kernel, tuple(_by_kernel(arch_specialisations()[arch])[kernel]), arch)
-
-
-def _wgrad_specialisations():
-    return (wgrad_specialisations() + depthwise_wgrad_specialisations() + tensor_core_wgrad_specialisations()
-            + phase_weight_specialisations())
-
-
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("kernel", sorted(_by_kernel(_wgrad_specialisations())))
-def test_wgrad_specialisations_compile_without_spills(kernel, arch):
+def _gradients():
     """The weight gradient's FMA GEMM (every dtype, layout, index width and tile), its reduction, the
-    depthwise kernel (every dtype, layout and kernel size), the tensor-core GEMM (every dtype,
-    index width, tile and piece) and the input gradient's phase weight (every dtype)."""
-    _check(kernel, tuple(_by_kernel(_wgrad_specialisations())[kernel]), arch)
+    depthwise kernel (every dtype, layout and kernel size), the tensor-core GEMM (every dtype, index
+    width, tile and piece; its wgmma instances for sm_90a) and the input gradient's phase weight."""
+    portable = (wgrad_specialisations() + depthwise_wgrad_specialisations() + tensor_core_wgrad_specialisations()
+                + phase_weight_specialisations())
+    return _programs(portable, PORTABLE_ARCHS) + \
+        [param for arch, expressions in tensor_core_wgrad_arch_specialisations().items()
+         for param in _programs(expressions, (arch,))]
 
 
-@pytest.mark.parametrize("arch", sorted(tensor_core_wgrad_arch_specialisations()))
-def test_wgrad_arch_specialisations_compile_without_spills(arch):
-    """The tensor-core weight gradient's wgmma instances, for sm_90a."""
-    _check("wgrad_tensor_cores", tuple(tensor_core_wgrad_arch_specialisations()[arch]), arch)
-
-
-def _check(kernel, expressions, arch):
+@pytest.mark.parametrize("kernel,arch,expressions", _forward() + _gradients())
+def test_specialisations_compile_without_spills(kernel, arch, expressions):
     report = compile_offline(kernel, expressions, arch)
     assert set(report) == set(expressions), "ptxas reported on other kernels than asked for"
     for expression, resources in report.items():
         assert resources["spill_stores"] == 0 and resources["spill_loads"] == 0, (expression, resources)
         assert resources["stack_bytes"] == 0, (expression, resources)
         assert 0 < resources["registers"] <= 255, (expression, resources)
+
+
+def test_pieces_cover_every_specialisation_once():
+    """Cutting the families into programs drops no expression and compiles none twice for an arch."""
+    seen = [(arch, expression) for kernel, arch, expressions in (p.values for p in _forward() + _gradients())
+            for expression in expressions]
+    assert len(seen) == len(set(seen))
+    portable = kernel_specialisations() + wgrad_specialisations() + depthwise_wgrad_specialisations() + \
+        tensor_core_wgrad_specialisations() + phase_weight_specialisations()
+    specific = {**arch_specialisations()}
+    for arch, expressions in tensor_core_wgrad_arch_specialisations().items():
+        specific[arch] = specific.get(arch, []) + expressions
+    assert set(seen) == {(arch, e) for arch in PORTABLE_ARCHS for e in portable} | \
+        {(arch, e) for arch, es in specific.items() for e in es}
