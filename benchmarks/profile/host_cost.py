@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import pstats
 import statistics
 import time
@@ -37,10 +38,15 @@ ROWS = {
     "nhwc_tf32": ((1, 64, 56, 56), (64, 64, 3, 3), {"padding": 1}, torch.float32, True),
     "nhwc_fp16": ((1, 64, 56, 56), (64, 64, 3, 3), {"padding": 1}, torch.float16, False),
     "nhwc_1x1_bf16": ((1, 256, 14, 14), (1024, 256, 1, 1), {}, torch.bfloat16, False),
+    # Channels-last at batch 32, the rules' producer tile: its TMA maps follow the input's address,
+    # so the row alternates two inputs, as a model's layers of one shape do.
+    "producer_fp16_b32": ((32, 256, 14, 14), (256, 256, 3, 3), {"padding": 1}, torch.float16, False),
     "depthwise_fp16": ((1, 144, 56, 56), (144, 1, 3, 3), {"padding": 1, "groups": 144}, torch.float16, False),
     "column_fp32": ((1, 384, 14, 14), (384, 1, 3, 3), {"padding": 1, "groups": 384}, torch.float32, False),
     "direct_fp64": ((1, 64, 28, 28), (64, 64, 3, 3), {"padding": 1}, torch.float64, False),
 }
+#: Rows run in channels_last, on two inputs taken in turn.
+ALTERNATING_CHANNELS_LAST = {"producer_fp16_b32"}
 CALLS, LOOPS = 200, 7
 #: --train: calls per loop (each queues about ten launches; CUDA's queue holds about a thousand) and batch.
 TRAIN_CALLS, TRAIN_BATCH = 50, 32
@@ -68,20 +74,29 @@ def entry_points(name: str) -> dict:
     x_shape, w_shape, kwargs, dtype, tf32 = ROWS[name]
     torch.backends.cudnn.allow_tf32 = tf32
     torch.manual_seed(0)
-    x = torch.randn(x_shape, device="cuda").to(dtype)
-    theirs = torch.nn.Conv2d(x_shape[1], w_shape[0], w_shape[2:], bias=True, device="cuda", dtype=dtype, **kwargs)
-    ours = Conv2d(x_shape[1], w_shape[0], w_shape[2:], bias=True, device="cuda", dtype=dtype, **kwargs)
+    fmt = torch.channels_last if name in ALTERNATING_CHANNELS_LAST else torch.contiguous_format
+    xs = [torch.randn(x_shape, device="cuda").to(dtype).to(memory_format=fmt)
+          for _ in range(2 if name in ALTERNATING_CHANNELS_LAST else 1)]
+    x = itertools.cycle(xs).__next__
+    theirs = torch.nn.Conv2d(x_shape[1], w_shape[0], w_shape[2:], bias=True, device="cuda", dtype=dtype,
+                             **kwargs).to(memory_format=fmt)
+    ours = Conv2d(x_shape[1], w_shape[0], w_shape[2:], bias=True, device="cuda", dtype=dtype,
+                  **kwargs).to(memory_format=fmt)
     ours.load_state_dict(theirs.state_dict())
     w, b = theirs.weight.detach(), theirs.bias.detach()
-    points = {"torch F.conv2d": lambda: F.conv2d(x, w, b, **kwargs), "torch nn.Conv2d": lambda: theirs(x),
-              "cupyconv.torch.conv2d": lambda: torch_adapter_conv2d(x, w, b, **kwargs),
-              "cupyconv.torch.Conv2d": lambda: ours(x)}
+    points = {"torch F.conv2d": lambda: F.conv2d(x(), w, b, **kwargs), "torch nn.Conv2d": lambda: theirs(x()),
+              "cupyconv.torch.conv2d": lambda: torch_adapter_conv2d(x(), w, b, **kwargs),
+              "cupyconv.torch.Conv2d": lambda: ours(x())}
     if dtype != torch.bfloat16:  # CuPy has no bfloat16 arrays
-        cx, cw, cb = (cupy.from_dlpack(t) for t in (x, w, b))
+        layout = "NHWC" if fmt == torch.channels_last else "NCHW"
+        cxs = [cupy.from_dlpack(t.permute(0, 2, 3, 1) if layout == "NHWC" else t) for t in xs]
+        cx = itertools.cycle(cxs).__next__
+        cw, cb = cupy.from_dlpack(w), cupy.from_dlpack(b)
+        extra = {"layout": layout} if layout == "NHWC" else {}
         prepared = cupyconv.prepare_weight(cw)
-        points["cupyconv.conv2d (CuPy)"] = lambda: cupyconv.conv2d(cx, cw, cb, allow_tf32=tf32, **kwargs)
-        points["cupyconv.conv2d (CuPy, prepared)"] = lambda: cupyconv.conv2d(cx, prepared, cb, allow_tf32=tf32,
-                                                                             **kwargs)
+        points["cupyconv.conv2d (CuPy)"] = lambda: cupyconv.conv2d(cx(), cw, cb, allow_tf32=tf32, **kwargs, **extra)
+        points["cupyconv.conv2d (CuPy, prepared)"] = lambda: cupyconv.conv2d(cx(), prepared, cb, allow_tf32=tf32,
+                                                                             **kwargs, **extra)
     return points
 
 
@@ -172,7 +187,10 @@ def main() -> None:
             x_shape, w_shape, kwargs, dtype, tf32 = ROWS[name]
             plan_x = torch.empty(x_shape, dtype=torch.float16 if dtype == torch.bfloat16 else dtype)
             plan_w = torch.empty(w_shape, dtype=plan_x.dtype)
-            kernel = cupyconv.plan(plan_x.numpy(), plan_w.numpy(), allow_tf32=tf32, **kwargs).kernel
+            layout = {}
+            if name in ALTERNATING_CHANNELS_LAST:
+                plan_x, layout = plan_x.permute(0, 2, 3, 1), {"layout": "NHWC"}
+            kernel = cupyconv.plan(plan_x.numpy(), plan_w.numpy(), allow_tf32=tf32, **kwargs, **layout).kernel
             cells = [f"{host_us(points[c]):.1f}" if c in points else "-" for c in columns]
             print(f"| {name} | {kernel} | " + " | ".join(cells) + " |", flush=True)
 
