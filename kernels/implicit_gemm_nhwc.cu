@@ -145,11 +145,12 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     constexpr int D_STRIDE = BN + 4;                         // NHWC_OUT: staging [BM][D_STRIDE] floats
     constexpr int INST_K = mma_op<T>::k;
     constexpr bool ROUND_TF32 = NCHW_A && sizeof(T) == 4;    // no copy rounded the operands
-    // ROUND_A: a float32 NHWC input read in place, unrounded (the planner takes it for 1x1 problems;
-    // others come rounded by a copy, families/implicit_gemm_nhwc.py _x_copied): each thread rounds
-    // the A pieces it copied once they land, before the barrier, so mma.sync and wgmma alike read
-    // TF32 values. Rounding between the wait and the barrier stalls every k tile, which costs a
-    // many-tap reduction more than the copy does (benchmarks/NOTES.md).
+    // ROUND_A: a float32 NHWC input read in place, unrounded (the planner takes it for 1x1 problems and
+    // the producer's tile; others come rounded by a copy, families/implicit_gemm_nhwc.py _x_copied):
+    // each thread rounds the A pieces it copied once they land, before the barrier, so mma.sync and
+    // wgmma alike read TF32 values. Rounding between the wait and the barrier stalls every k tile, which
+    // costs a many-tap reduction more than the copy does (benchmarks/NOTES.md). The producer's tile
+    // rounds each warpgroup's own pixel rows while its previous tile's MMAs run, with no block barrier.
     static_assert(!ROUND_A || (NHWC_OUT && sizeof(T) == 4), "ROUND_A: float32 NHWC inputs read in place");
     // wgmma tiles left running while the next barrier is reached and the next loads are issued: one,
     // where four stages leave two tiles of loads ahead.
@@ -165,7 +166,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     static_assert(VEC == 4 || VEC == 8 || VEC == 16, "cp.async moves 4, 8 or 16 bytes");
     static_assert(NT % A_PIECES == 0 && (NCHW_A ? BK : BM) % A_ROWS_PER_PASS == 0, "the A loader covers the tile");
     static_assert(NT % B_PIECES == 0, "the B loader covers whole rows");
-    static_assert(!PRODUCER || !(ROUND_A || SPLIT_K || PHASED || STREAM_K || NCHW_A),
+    static_assert(!PRODUCER || !(SPLIT_K || PHASED || STREAM_K || NCHW_A),
                   "the producer warpgroup's tile: one whole convolution of channels-last operands copied by TMA");
     static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tiles of 16 x 16 multiples (x4 ldmatrix for B)");
     static_assert((NHWC_OUT ? BM * D_STRIDE : BN * C_STRIDE) * 4 <=
@@ -399,6 +400,24 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             for (int t = 0; t < k_tiles; ++t) {
                 const int stage = t % STAGES;
                 mbarrier_wait(full + stage, (t / STAGES) & 1);
+                if constexpr (ROUND_A) {
+                    // This warpgroup's WG_PIXELS rows of A, rounded in place 16 bytes a thread at a time
+                    // (the swizzle moves whole 16-byte pieces within a row, so any order rounds them all);
+                    // then the writes are made visible to wgmma's async proxy and the warpgroup meets at
+                    // its own barrier (IDs 2 and 3; 1 is the epilogue's).
+                    constexpr int PIECES = WG_PIXELS * ROW_BYTES / 16 / 128;
+                    float4* rows = reinterpret_cast<float4*>(a_smem + stage * A_STAGE) +
+                                   (warp / 4) * (WG_PIXELS * ROW_BYTES / 16) + (tid & 127);
+#pragma unroll
+                    for (int i = 0; i < PIECES; ++i) {
+                        float4 v = rows[128 * i];
+                        v = make_float4(__uint_as_float(to_tf32(v.x)), __uint_as_float(to_tf32(v.y)),
+                                        __uint_as_float(to_tf32(v.z)), __uint_as_float(to_tf32(v.w)));
+                        rows[128 * i] = v;
+                    }
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                    asm volatile("bar.sync %0, 128;\n" :: "r"(2 + warp / 4) : "memory");
+                }
                 compute_tile(stage);
                 wgmma_wait<1>();  // tile t - 1's MMAs retired: its stage may be refilled
                 if (t > 0 && lane == 0) mbarrier_arrive(empty + (t - 1) % STAGES);
@@ -596,16 +615,17 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
 // the wgmma descriptors read; the maps are made by the host for the operands' addresses
 // (cupyconv/tensor_map.py): `weight_map` describes w as rows of K output channels by kh kw C columns,
 // read in BK x BN boxes; `x_map` is x's im2col map (BM window corners of BK channels a copy, the
-// corners bounded by the padding, the convolution's strides apart). One group, C % BK == 0.
+// corners bounded by the padding, the convolution's strides apart). One group, C % BK == 0. ROUND_A: x
+// is a float32 NHWC input read in place, rounded to TF32 by the multiplying warpgroups.
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
-          int WGMMA_ROWS, bool NHWC_OUT>
+          int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A>
 __global__ void NHWC_GEMM_LAUNCH_BOUNDS
 implicit_gemm_nhwc_tma(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                        void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
                        int activation, int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                        int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
                        const __grid_constant__ TensorMap weight_map, const __grid_constant__ TensorMap x_map) {
-    nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, false, WGMMA_ROWS, NHWC_OUT, false, false,
+    nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, false, WGMMA_ROWS, NHWC_OUT, ROUND_A, false,
                    false, false>(x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho,
                                  Wo, kh, kw, sh, sw, pt, pl, dh, dw, groups, splits, split_elements, blockIdx.x,
                                  nullptr, 0, nullptr, &weight_map, &x_map);

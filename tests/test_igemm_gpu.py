@@ -221,6 +221,33 @@ def test_producer_weight_map_follows_the_weight(name):
         assert relative_error(out, reference(x, weight, None, case)) < TOLERANCE[name], seed
 
 
+@pytest.mark.skipif(_cuda_device_count() == 0 or compute_capability() != 90,
+                    reason="wgmma and TMA run on compute capability 9.0 (sm_90a) alone")
+@pytest.mark.parametrize("case", [Case(2, 64, 136, 9, 9, 3, 3, padding=1),
+                                  Case(1, 128, 130, 15, 13, 3, 3, stride=2, padding=2, dilation=2),
+                                  Case(2, 96, 72, 8, 7, 1, 1, stride=2, bias=False)], ids=lambda c: c.id)
+def test_producer_rounds_float32_in_place(case):
+    """The producer tile reads a float32 NHWC input in place and rounds it to TF32 in shared memory
+    (ROUND_A): bitwise the result of the same tile reading an NCHW input's rounded copy, and within
+    TF32's tolerance of float64; outputs NaN-poisoned."""
+    config = next(c.name for c in NHWC_CONFIGS["float32"] if c.producer_warps)
+    x, weight, bias = random_inputs(case, torch.float32, seed=11)
+    outs = []
+    for layout in ("NHWC", "NCHW"):
+        problem = dataclasses.replace(gemm_problem(case, "float32"), layout=layout)
+        plan = make_plan(problem, config=config, kernel=NHWC_KERNEL, compute_capability=90)
+        assert plan.round_a == (layout == "NHWC")
+        xs = x.permute(0, 2, 3, 1).contiguous() if layout == "NHWC" else x
+        out = torch.full(problem.out_array_shape, float("nan"), device="cuda")
+        conv2d_cupy(to_cupy(xs), to_cupy(weight), None if bias is None else to_cupy(bias), problem, to_cupy(out),
+                    plan=plan, allow_tf32=True)
+        torch.cuda.synchronize()
+        outs.append(out.permute(0, 3, 1, 2) if layout == "NHWC" else out)
+    assert not outs[0].isnan().any()
+    assert torch.equal(outs[0], outs[1])
+    assert relative_error(outs[0], reference(x, weight, bias, case)) < TOLERANCE["tf32"]
+
+
 def test_wgmma_needs_sm_90():
     """Forcing a wgmma tile for another GPU is refused before any launch; the default there is mma.sync."""
     problem = gemm_problem(WGMMA_GRID[0], "float16")

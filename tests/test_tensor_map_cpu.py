@@ -8,9 +8,10 @@ from cupyconv import tensor_map
 from cupyconv.arguments import make_problem
 from cupyconv.families import implicit_gemm_nhwc
 from cupyconv.planner import NHWC_KERNEL, make_plan, program
-from cupyconv.program import PREPARED, WEIGHT, Im2colMap, TensorMap
+from cupyconv.program import PREPARED, WEIGHT, X, Im2colMap, TensorMap
 
 PRODUCER = next(c.name for c in implicit_gemm_nhwc.NHWC_CONFIGS["float16"] if c.producer_warps)
+PIXEL_ROWS = implicit_gemm_nhwc.PIXEL_ROWS_CONFIG
 
 
 def problem_of(case: Case, dtype: str, layout: str, weight_layout: str):
@@ -61,10 +62,9 @@ def test_producer_tile_refuses_what_it_cannot_run():
         make_plan(problem, PRODUCER, NHWC_KERNEL, True, 90, stream_k=True)
     with pytest.raises(ValueError, match="producer warpgroup"):
         make_plan(problem, PRODUCER, NHWC_KERNEL, True, 90, splits=2)
-    pointwise_fp32 = problem_of(Case(2, 64, 128, 8, 8, 1, 1), "float32", "NHWC", "KHWC")  # rounded in shared memory
     grouped = problem_of(Case(2, 128, 96, 6, 6, 3, 3, padding=1, groups=2), "float16", "NHWC", "KHWC")
     straddling = problem_of(Case(1, 40, 96, 7, 8, 3, 3, padding=1), "float16", "NHWC", "KHWC")  # k tiles across taps
-    for refused in (pointwise_fp32, grouped, straddling):
+    for refused in (grouped, straddling):
         with pytest.raises(ValueError, match="cannot run this problem: its producer warpgroup"):
             make_plan(refused, PRODUCER, NHWC_KERNEL, True, 90)
 
@@ -73,3 +73,27 @@ def test_producer_tile_refuses_what_it_cannot_run():
 def test_misaligned_maps_are_refused_before_the_driver(destination, address, row_bytes):
     with pytest.raises(ValueError, match="aligned"):
         tensor_map.encode_2d(destination, "float16", address, 4, 64, row_bytes, 4, 64)
+
+
+@pytest.mark.parametrize("case", [Case(2, 64, 200, 9, 9, 3, 3, padding=1), Case(2, 64, 128, 8, 8, 1, 1, stride=2),
+                                  Case(1, 128, 130, 15, 13, 3, 3, stride=2, padding=2, dilation=2)],
+                         ids=lambda c: c.id)
+def test_producer_tile_rounds_float32_inputs_in_place(case):
+    """A float32 NHWC input goes to the producer's tile in place, its TMA map on x itself, and the
+    kernel rounds it to TF32 (ROUND_A) where other tiles of several taps read a rounded copy; an NCHW
+    input is still copied and rounded by the copy."""
+    nhwc = problem_of(case, "float32", "NHWC", "KHWC")
+    plan = make_plan(nhwc, PRODUCER, NHWC_KERNEL, True, 90)
+    call = program(plan, nhwc)
+    assert plan.round_a and len(call.launches) == 1 and call.workspace_bytes == 0
+    gemm = call.launches[0]
+    assert gemm.name_expression.endswith(",true,true>") and gemm.args[-1].pointer.operand == X
+    assert gemm.name_expression in implicit_gemm_nhwc.arch_specialisations()[implicit_gemm_nhwc.WGMMA_ARCH]
+    nchw = make_plan(problem_of(case, "float32", "NCHW", "KCHW"), PRODUCER, NHWC_KERNEL, True, 90)
+    assert not nchw.round_a and program(nchw, problem_of(case, "float32", "NCHW", "KCHW")).launches[-1] \
+        .name_expression.endswith(",false,false>")
+    if case.kh * case.kw > 1:  # the other tiles read a rounded copy
+        other = make_plan(nhwc, PIXEL_ROWS, NHWC_KERNEL, True, 90)
+        copy = program(other, nhwc).launches[0]
+        assert not other.round_a and copy.kernel == implicit_gemm_nhwc.PAD_CHANNELS
+        assert copy.name_expression.endswith("<float,true>")

@@ -4,8 +4,8 @@ workspace, the weight as [K][kh][kw][Cgp] prepared once; 1x1 stride-1 unpadded p
 in place. The default tensor-core family.
 
 It computes the NHWC layout natively: an NHWC input is read in place (copied only to add zero
-channels or, in float32 with more than one tap, to round to TF32; 1x1 float32 inputs are rounded in
-shared memory), the output is written NHWC, and a KHWC
+channels or, in float32 with more than one tap, to round to TF32; 1x1 float32 inputs, and those of
+the producer warpgroup's tile, are rounded in shared memory), the output is written NHWC, and a KHWC
 weight is the form it reads (in place where it needs no zero channels and, in float32, no rounding)."""
 from __future__ import annotations
 
@@ -318,7 +318,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         why += f"; 1x1: the NCHW input read in place, {vec}-byte pieces of pixels"
     elif channels_padded != problem.c:
         why += f"; input copied with {channels_padded - problem.c} zero channel(s) for {vec}-byte pieces"
-    copied = _x_copied(problem, channels_padded)
+    copied = _x_copied(problem, channels_padded, cfg)
     round_a = problem.layout == "NHWC" and problem.dtype == "float32" and not copied
     if round_a:
         why += "; NHWC input read in place, rounded to TF32 in shared memory"
@@ -343,11 +343,10 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         raise ValueError(f"stream_k needs a wgmma tile, no split-K and 32-bit indices (and no producer "
                          f"warpgroup); got {cfg.name}, {splits} split(s), {index} indices for {problem.x_shape} -> "
                          f"{problem.out_shape}")
-    if cfg.producer_warps and (splits > 1 or round_a or problem.groups > 1 or channels_padded % cfg.bk):
+    if cfg.producer_warps and (splits > 1 or problem.groups > 1 or channels_padded % cfg.bk):
         raise ValueError(f"config {cfg.name!r} cannot run this problem: its producer warpgroup copies whole k tiles "
-                         f"of one tap by TMA for one convolution of copied or 16-bit inputs, one group, channels a "
-                         f"multiple of {cfg.bk} (got {splits} split(s), {problem.groups} group(s), {channels_padded} "
-                         f"channels{', a float32 NHWC input read in place' if round_a else ''})")
+                         f"of one tap by TMA for one convolution, one group, channels a multiple of {cfg.bk} (got "
+                         f"{splits} split(s), {problem.groups} group(s), {channels_padded} channels)")
     if cfg.wgmma and not cfg.producer_warps and splits == 1 and index == "int":
         stream_k_blocks, stream_k_why = _stream_k_blocks(problem, cfg, grid,
                                                          _k_tiles(problem, cfg, channels_padded), stream_k)
@@ -381,13 +380,15 @@ def describe(plan: LaunchPlan) -> str:
     return describe_tiles(plan, warps, reads)
 
 
-def _x_copied(problem: ConvProblem, channels_padded: int) -> bool:
+def _x_copied(problem: ConvProblem, channels_padded: int, cfg: GemmConfig) -> bool:
     """Whether the GEMM reads a copy of x: NCHW inputs but 1x1 ones read in place; NHWC inputs that
-    need zero channels, and float32 ones with more than one tap, rounded to TF32 by the copy (the
-    kernel rounds float32 ones it reads in place itself: LaunchPlan.round_a, its ROUND_A)."""
+    need zero channels, and float32 ones with more than one tap, rounded to TF32 by the copy, but on
+    ``cfg`` the producer's tile (the kernel rounds float32 ones it reads in place itself:
+    LaunchPlan.round_a, its ROUND_A)."""
     if problem.layout == "NCHW":
         return not _nchw_a_vec(problem)
-    return channels_padded != problem.c or (problem.dtype == "float32" and problem.kh * problem.kw != 1)
+    return channels_padded != problem.c or (problem.dtype == "float32" and problem.kh * problem.kw != 1
+                                            and not cfg.producer_warps)
 
 
 def _weight_channels_last(problem: ConvProblem) -> bool:
@@ -423,16 +424,18 @@ def stream_k_specialisation(dtype: str, cfg: GemmConfig, nhwc_out: bool, round_a
             f"{cfg.stages},16,{cfg.wgmma},{flags}>")
 
 
-def tma_specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc_out: bool) -> str:
-    """The C++ template instance of the producer warpgroup's tile reading its input and weight by TMA."""
+def tma_specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc_out: bool, round_a: bool = False) -> str:
+    """The C++ template instance of the producer warpgroup's tile reading its input and weight by TMA
+    (``round_a``: a float32 NHWC input read in place, rounded to TF32 in shared memory)."""
+    flags = ",".join(str(flag).lower() for flag in (nhwc_out, round_a))
     return (f"cupyconv::{TMA_KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
-            f"{cfg.stages},16,{cfg.wgmma},{str(nhwc_out).lower()}>")
+            f"{cfg.stages},16,{cfg.wgmma},{flags}>")
 
 
 def name_expression(plan: LaunchPlan) -> str:
     """The specialisation ``plan`` launches."""
     if plan.config.producer_warps:
-        return tma_specialisation(plan.dtype, plan.index_type, plan.config, plan.layout == "NHWC")
+        return tma_specialisation(plan.dtype, plan.index_type, plan.config, plan.layout == "NHWC", plan.round_a)
     if plan.stream_k_blocks:
         return stream_k_specialisation(plan.dtype, plan.config, plan.layout == "NHWC", plan.round_a)
     return specialisation(plan.dtype, plan.index_type, plan.config, plan.vec, plan.a_from_nchw, plan.layout == "NHWC",
@@ -448,8 +451,9 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
             for a_from_nchw, nhwc_out, round_a in ((False, False, False), (False, True, False))
             + (((False, True, True),) if dtype == "float32" else ()) + (() if wgmma else ((True, False, False),))
             for split_k in ((False, True) if index == "int" else (False,))] + \
-        [tma_specialisation(dtype, index, cfg, nhwc_out) for dtype in GEMM_DTYPES for index in INDEX_TYPES
-         for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.producer_warps for nhwc_out in (False, True)]
+        [tma_specialisation(dtype, index, cfg, nhwc_out, round_a) for dtype in GEMM_DTYPES for index in INDEX_TYPES
+         for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.producer_warps
+         for nhwc_out, round_a in ((False, False), (True, False)) + (((True, True),) if dtype == "float32" else ())]
 
 
 def _copy_specialisation(kernel: str, dtype: str, round_tf32: bool) -> str:
@@ -528,7 +532,7 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
     split-K, its partial sums in the workspace (after x's copy) and their reduction."""
     p = problem
     x, workspace, launches = Pointer(X), 0, []
-    if _x_copied(p, plan.channels_padded):
+    if _x_copied(p, plan.channels_padded, plan.config):
         x, workspace = Pointer(WORKSPACE), align(p.n * p.h * p.w * plan.channels_padded * STORAGE_BYTES[p.dtype])
         if p.layout == "NHWC":
             launches.append(pad_channels(p.dtype, p.n * p.h * p.w, p.c, plan.channels_padded, Pointer(X), x))
