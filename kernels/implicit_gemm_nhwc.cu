@@ -149,8 +149,8 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // the producer's tile; others come rounded by a copy, families/implicit_gemm_nhwc.py _x_copied):
     // each thread rounds the A pieces it copied once they land, before the barrier, so mma.sync and
     // wgmma alike read TF32 values. Rounding between the wait and the barrier stalls every k tile, which
-    // costs a many-tap reduction more than the copy does (benchmarks/NOTES.md). In the producer's tile,
-    // the producer warpgroup's other warps round each A tile as it lands, stages ahead of the MMAs.
+    // costs a many-tap reduction more than the copy does (benchmarks/NOTES.md). The producer's tile
+    // rounds A in registers instead, and multiplies it from there (wgmma with A in registers).
     static_assert(!ROUND_A || (NHWC_OUT && sizeof(T) == 4), "ROUND_A: float32 NHWC inputs read in place");
     // wgmma tiles left running while the next barrier is reached and the next loads are issued: one,
     // where four stages leave two tiles of loads ahead.
@@ -366,18 +366,14 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // a lag (the 4-stage channel-row tiles) that order was slower (r50_l4_3x3_512 0.92x) and is not used.
     constexpr bool ISSUE_FIRST = WGMMA && WGMMA_LAG == 0;
     if constexpr (PRODUCER) {
-        // Stage s is full once both TMA copies into it landed, rounded (ROUND_A) once the producer
-        // warpgroup's ROUNDING_WARPS rounded its A tile, and empty once all NWARPS multiplying warps'
-        // MMAs reading it retired; the barriers follow the pipeline buffers.
-        constexpr int ROUNDING_WARPS = 3;  // the producer warpgroup's warps but the copying thread's
+        // Stage s is full once both TMA copies into it landed, and empty once all NWARPS
+        // multiplying warps' MMAs reading it retired; the barriers follow the pipeline buffers.
         unsigned long long* full = reinterpret_cast<unsigned long long*>(b_smem + STAGES * B_STAGE);
         unsigned long long* empty = full + STAGES;
-        unsigned long long* rounded = empty + STAGES;
         if (tid == 0) {
             for (int s = 0; s < STAGES; ++s) {
                 mbarrier_init(full + s, 1);  // the copying thread's expect-tx arrival
                 mbarrier_init(empty + s, NWARPS);
-                mbarrier_init(rounded + s, ROUNDING_WARPS);
             }
         }
         __syncthreads();
@@ -399,35 +395,44 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                                    s * dw, r * dh, full + stage);
                 tma_load_2d(b_smem + stage * B_STAGE, b_map, kt * BK, g * Kg + n0, full + stage);
             }
-        } else if (ROUND_A && warp > NWARPS) {
-            // A tile rounded in place as it lands, STAGES tiles ahead of the MMAs (rounding it in the
-            // multiplying warps put it on their path: H100, TF32, 0.80-0.91x on the 3x3 layers), 16
-            // bytes a thread at a time (the swizzle moves whole 16-byte pieces within a row, so any
-            // order rounds them all); the writes made visible to wgmma's async proxy before the arrival.
-            constexpr int PIECES = BM * ROW_BYTES / 16, ROUNDERS = 32 * ROUNDING_WARPS;
-            const int rounder = tid - NT - 32;
+        } else if (ROUND_A && warp < NWARPS) {
+            // A float32 input read in place: each warp takes its 16 pixel rows of a k tile by ldmatrix
+            // (mma.sync's m16n8k8 A layout, as wgmma reads A from registers), rounds them to TF32 in
+            // registers and multiplies them with the weight tile in shared memory. Rounding the tile in
+            // shared memory took a proxy fence per tile: H100, 0.68-0.91x on the 3x3 layers
+            // (benchmarks/NOTES.md). Each tile's MMAs retire before the next tile's registers are
+            // written (ptxas serialises wgmma whose registers are written while others are in
+            // flight); the other warpgroup's MMAs fill the tensor cores meanwhile.
+            constexpr int STEPS = BK / INST_K;
+            const int row = (warp & 3) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;  // of the warpgroup's pixels
+            const unsigned char* a_row = reinterpret_cast<const unsigned char*>(a_smem) +
+                                         ((warp >> 2) * WG_PIXELS + row) * ROW_BYTES;
+            float (&d)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(acc);
 #pragma unroll 1
             for (int t = 0; t < k_tiles; ++t) {
                 const int stage = t % STAGES;
                 mbarrier_wait(full + stage, (t / STAGES) & 1);
-                float4* pieces = reinterpret_cast<float4*>(a_smem + stage * A_STAGE);
+                unsigned a[STEPS][4];
 #pragma unroll
-                for (int i = rounder; i < PIECES; i += ROUNDERS) {
-                    float4 v = pieces[i];
-                    v = make_float4(__uint_as_float(to_tf32(v.x)), __uint_as_float(to_tf32(v.y)),
-                                    __uint_as_float(to_tf32(v.z)), __uint_as_float(to_tf32(v.w)));
-                    pieces[i] = v;
+                for (int kk = 0; kk < STEPS; ++kk) {
+                    ldmatrix_x4(a[kk], a_row + stage * A_STAGE * sizeof(T) +
+                                           swizzle128_slot(2 * kk + (lane >> 4), row) * 16);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) a[kk][e] = to_tf32(__uint_as_float(a[kk][e]));
                 }
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                __syncwarp();
-                if (lane == 0) mbarrier_arrive(rounded + stage);
+                const unsigned long long channels = channels0 + stage * (B_STAGE * sizeof(T) / 16);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < STEPS; ++kk) wgmma_tf32_rs<BN>::run(d, a[kk], channels + kk * (INST_BYTES / 16));
+                wgmma_commit();
+                wgmma_wait<0>();
+                if (lane == 0) mbarrier_arrive(empty + stage);
             }
         } else if (warp < NWARPS) {
 #pragma unroll 1
             for (int t = 0; t < k_tiles; ++t) {
                 const int stage = t % STAGES;
                 mbarrier_wait(full + stage, (t / STAGES) & 1);
-                if constexpr (ROUND_A) mbarrier_wait(rounded + stage, (t / STAGES) & 1);
                 compute_tile(stage);
                 wgmma_wait<1>();  // tile t - 1's MMAs retired: its stage may be refilled
                 if (t > 0 && lane == 0) mbarrier_arrive(empty + (t - 1) % STAGES);

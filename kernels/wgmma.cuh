@@ -125,4 +125,16 @@ CUPYCONV_WGMMA_ALL_N(half_t, "k16.f32.f16.f16", true, ", 1, 1")
 CUPYCONV_WGMMA_ALL_N(bfloat16_t, "k16.f32.bf16.bf16", true, ", 1, 1")
 CUPYCONV_WGMMA_ALL_N(float, "k8.f32.tf32.tf32", false, "")
 
+// d (64 x N, float32) += A (64 x 8, TF32) B (8 x N) with A in registers: a thread's four values, each
+// warp's 16 rows in mma.sync m16n8k8's A layout; b a wgmma_descriptor(). The tensor cores read `a`
+// after the call returns: write it again only after the wait that retires it.
+template <int N> struct wgmma_tf32_rs;
+template <> struct wgmma_tf32_rs<128> {
+    static __device__ __forceinline__ void run(float (&d)[64], const unsigned (&a)[4], unsigned long long b) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {" CUPYCONV_WGMMA_D64 "}, "
+                     "{%64, %65, %66, %67}, %68, 1, 1, 1;\n"
+                     : CUPYCONV_ACC64 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b) : "memory");
+    }
+};
+
 }  // namespace cupyconv

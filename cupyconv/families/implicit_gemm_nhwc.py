@@ -130,8 +130,8 @@ def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
     """STAGES x (A + B): B [bn][bk + pad], rows of bk elements + 16 bytes; A the same with bm rows,
     or (a_from_nchw) [bk][bm + 8]. wgmma: rows of 128 bytes, unpadded, and 1 KB to align the tiles."""
     item = 4 if dtype == "float32" else 2
-    if cfg.wgmma:  # and the producer's full, empty and rounded mbarriers, 8 bytes each per stage
-        return cfg.stages * (cfg.bm + cfg.bn) * 128 + 1024 + (24 * cfg.stages if cfg.producer_warps else 0)
+    if cfg.wgmma:  # and the producer's full and empty mbarriers, 8 bytes each per stage
+        return cfg.stages * (cfg.bm + cfg.bn) * 128 + 1024 + (16 * cfg.stages if cfg.producer_warps else 0)
     a_stage = cfg.bk * (cfg.bm + 8) * item if a_from_nchw else cfg.bm * (cfg.bk * item + 16)
     return cfg.stages * (a_stage + cfg.bn * (cfg.bk * item + 16))
 
