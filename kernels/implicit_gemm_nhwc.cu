@@ -21,7 +21,7 @@
 // come by ldmatrix (non-transposed) for every type: for TF32 a "b16 pair" is one float, and the
 // 8x8 b16 matrix is the 8 x 4 float block the m16n8k8 fragment wants. Floats arrive TF32-rounded
 // (nchw_to_nhwc's ROUND_TF32), so no per-fragment conversion is needed; an NHWC input read in place
-// is rounded in shared memory by the thread that copied it (ROUND_A).
+// is rounded in its fragments (ROUND_A; in shared memory where wgmma reads it from there).
 // Epilogue: accumulators -> shared memory (float) -> + bias, storage type -> y. NCHW output: staged
 // [BN][BM + pad], a warp stores 32 consecutive pixels of one channel; NHWC_OUT (the NHWC layout,
 // x read in place or from a padded copy): staged [BM][BN + pad], each thread stores vectors of 4
@@ -146,15 +146,22 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     constexpr int INST_K = mma_op<T>::k;
     constexpr bool ROUND_TF32 = NCHW_A && sizeof(T) == 4;    // no copy rounded the operands
     // ROUND_A: a float32 NHWC input read in place, unrounded (the planner takes it for 1x1 problems and
-    // the producer's tile; others come rounded by a copy, families/implicit_gemm_nhwc.py _x_copied):
-    // each thread rounds the A pieces it copied once they land, before the barrier, so mma.sync and
-    // wgmma alike read TF32 values. Rounding between the wait and the barrier stalls every k tile, which
-    // costs a many-tap reduction more than the copy does (benchmarks/NOTES.md). The producer's tile
-    // rounds A in registers instead, and multiplies it from there (wgmma with A in registers).
+    // the producer's tile; others come rounded by a copy, families/implicit_gemm_nhwc.py _x_copied),
+    // rounded to TF32 on its way to the tensor cores (below). Rounding in shared memory, between the
+    // wait and the barrier, stalls every k tile and costs a many-tap reduction more than the copy
+    // does; in registers it costs a conversion per value (benchmarks/NOTES.md).
     static_assert(!ROUND_A || (NHWC_OUT && sizeof(T) == 4), "ROUND_A: float32 NHWC inputs read in place");
     // wgmma tiles left running while the next barrier is reached and the next loads are issued: one,
     // where four stages leave two tiles of loads ahead.
     constexpr int WGMMA_LAG = WGMMA && STAGES >= 4 && !PRODUCER ? 1 : 0;
+    // ROUND_A in registers where A reaches the tensor cores through them: mma.sync's fragments, and
+    // wgmma's pixel rows (A from registers) where each tile's MMAs retire before the next tile's
+    // registers are written (no lag; ptxas serialises wgmma whose registers are written while others
+    // are in flight). wgmma's channel rows read the input as B, from shared memory: rounded there, as
+    // in stream-K's blocks (whose sums and segment left no registers: 12 bytes spilled at 128).
+    constexpr bool ROUND_IN_SHARED =
+        ROUND_A && WGMMA && (WGMMA_ROWS == WGMMA_CHANNEL_ROWS || WGMMA_LAG > 0 || STREAM_K);
+    constexpr bool ROUND_IN_REGISTERS = ROUND_A && !ROUND_IN_SHARED;
     constexpr int WG_PIXELS = WGMMA_ROWS == WGMMA_CHANNEL_ROWS ? 128 : 64;  // pixels per warpgroup
     static_assert(sizeof(T) == 4 || sizeof(T) == 2, "float, half_t or bfloat16_t");
     static_assert(BK * sizeof(T) % 32 == 0, "rows of an odd number of 16-byte units: ldmatrix is conflict-free");
@@ -297,6 +304,10 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     const unsigned long long pixels0 =
         WGMMA ? wgmma_descriptor(shared_address(a_smem) + (warp / 4) * WG_PIXELS * ROW_BYTES) : 0;
     const unsigned long long channels0 = WGMMA ? wgmma_descriptor(shared_address(b_smem)) : 0;
+    // ROUND_IN_REGISTERS' wgmma: this lane's ldmatrix row of its warpgroup's pixels, and where it starts.
+    const int a_row_in_group = (warp & 3) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+    const unsigned char* a_row = reinterpret_cast<const unsigned char*>(a_smem) +
+                                 ((warp >> 2) * WG_PIXELS + a_row_in_group) * ROW_BYTES;
     auto compute_tile = [&](int stage) {
         if constexpr (WGMMA) {
             const unsigned long long pixels = pixels0 + stage * (A_STAGE * sizeof(T) / 16);
@@ -304,11 +315,28 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             constexpr bool SWAP = WGMMA_ROWS == WGMMA_CHANNEL_ROWS;
             constexpr int N = SWAP ? WG_PIXELS : BN;     // wgmma's n: the columns of each warpgroup's tile
             float (&d)[N / 2] = reinterpret_cast<float (&)[N / 2]>(acc);
-            wgmma_fence();
+            if constexpr (ROUND_IN_REGISTERS) {
+                // Each warp's 16 pixel rows by ldmatrix (mma.sync's m16n8k8 A layout, as wgmma reads
+                // A from registers), rounded to TF32, multiplied with the weight tile in shared memory.
+                unsigned a[BK / INST_K][4];
 #pragma unroll
-            for (int kk = 0; kk < BK / INST_K; ++kk)
-                wgmma_op<T, N>::run(d, (SWAP ? channels : pixels) + kk * (INST_BYTES / 16),
-                                    (SWAP ? pixels : channels) + kk * (INST_BYTES / 16));
+                for (int kk = 0; kk < BK / INST_K; ++kk) {
+                    ldmatrix_x4(a[kk], a_row + stage * A_STAGE * sizeof(T) +
+                                           swizzle128_slot(2 * kk + (lane >> 4), a_row_in_group) * 16);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) a[kk][e] = to_tf32(__uint_as_float(a[kk][e]));
+                }
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BK / INST_K; ++kk)
+                    wgmma_tf32_rs<BN>::run(d, a[kk], channels + kk * (INST_BYTES / 16));
+            } else {
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BK / INST_K; ++kk)
+                    wgmma_op<T, N>::run(d, (SWAP ? channels : pixels) + kk * (INST_BYTES / 16),
+                                        (SWAP ? pixels : channels) + kk * (INST_BYTES / 16));
+            }
             wgmma_commit();  // retired by run_k_pipeline (after the next tile's copies are issued, ISSUE_FIRST)
             return;
         }
@@ -319,7 +347,13 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             unsigned a_frag[MT][4], b_frag[NTILES][2];
             if constexpr (!NCHW_A) {
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a_frag[mt], a_buf + mt * 16 * ROW_BYTES + kk * INST_BYTES);
+                for (int mt = 0; mt < MT; ++mt) {
+                    ldmatrix_x4(a_frag[mt], a_buf + mt * 16 * ROW_BYTES + kk * INST_BYTES);
+                    if constexpr (ROUND_IN_REGISTERS) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) a_frag[mt][e] = to_tf32(__uint_as_float(a_frag[mt][e]));
+                    }
+                }
             } else if constexpr (sizeof(T) == 2) {
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
@@ -349,7 +383,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // --- Main loop (mma.cuh; every copy is a cp.async, nothing to store from registers); then the
     // pipeline buffers become the epilogue's staging area.
     auto round_a = [&](int stage) {
-        if constexpr (ROUND_A) {
+        if constexpr (ROUND_IN_SHARED) {
             T* a_dst = a_smem + stage * A_STAGE + a_row0 * STRIDE + (WGMMA ? swizzle128_slot(a_piece, a_row0) : a_piece) * EV;
 #pragma unroll
             for (int i = 0; i < A_PASSES; ++i)
@@ -395,47 +429,19 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                                    s * dw, r * dh, full + stage);
                 tma_load_2d(b_smem + stage * B_STAGE, b_map, kt * BK, g * Kg + n0, full + stage);
             }
-        } else if (ROUND_A && warp < NWARPS) {
-            // A float32 input read in place: each warp takes its 16 pixel rows of a k tile by ldmatrix
-            // (mma.sync's m16n8k8 A layout, as wgmma reads A from registers), rounds them to TF32 in
-            // registers and multiplies them with the weight tile in shared memory. Rounding the tile in
-            // shared memory took a proxy fence per tile: H100, 0.68-0.91x on the 3x3 layers
-            // (benchmarks/NOTES.md). Each tile's MMAs retire before the next tile's registers are
-            // written (ptxas serialises wgmma whose registers are written while others are in
-            // flight); the other warpgroup's MMAs fill the tensor cores meanwhile.
-            constexpr int STEPS = BK / INST_K;
-            const int row = (warp & 3) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;  // of the warpgroup's pixels
-            const unsigned char* a_row = reinterpret_cast<const unsigned char*>(a_smem) +
-                                         ((warp >> 2) * WG_PIXELS + row) * ROW_BYTES;
-            float (&d)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(acc);
-#pragma unroll 1
-            for (int t = 0; t < k_tiles; ++t) {
-                const int stage = t % STAGES;
-                mbarrier_wait(full + stage, (t / STAGES) & 1);
-                unsigned a[STEPS][4];
-#pragma unroll
-                for (int kk = 0; kk < STEPS; ++kk) {
-                    ldmatrix_x4(a[kk], a_row + stage * A_STAGE * sizeof(T) +
-                                           swizzle128_slot(2 * kk + (lane >> 4), row) * 16);
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) a[kk][e] = to_tf32(__uint_as_float(a[kk][e]));
-                }
-                const unsigned long long channels = channels0 + stage * (B_STAGE * sizeof(T) / 16);
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < STEPS; ++kk) wgmma_tf32_rs<BN>::run(d, a[kk], channels + kk * (INST_BYTES / 16));
-                wgmma_commit();
-                wgmma_wait<0>();
-                if (lane == 0) mbarrier_arrive(empty + stage);
-            }
         } else if (warp < NWARPS) {
 #pragma unroll 1
             for (int t = 0; t < k_tiles; ++t) {
                 const int stage = t % STAGES;
                 mbarrier_wait(full + stage, (t / STAGES) & 1);
                 compute_tile(stage);
-                wgmma_wait<1>();  // tile t - 1's MMAs retired: its stage may be refilled
-                if (t > 0 && lane == 0) mbarrier_arrive(empty + (t - 1) % STAGES);
+                if constexpr (ROUND_A) {  // A in registers: they are written again next tile
+                    wgmma_wait<0>();
+                    if (lane == 0) mbarrier_arrive(empty + stage);
+                } else {
+                    wgmma_wait<1>();  // tile t - 1's MMAs retired: its stage may be refilled
+                    if (t > 0 && lane == 0) mbarrier_arrive(empty + (t - 1) % STAGES);
+                }
             }
             wgmma_wait<0>();
         }
