@@ -248,6 +248,42 @@ def test_producer_rounds_float32_in_place(case):
     assert relative_error(outs[0], reference(x, weight, bias, case)) < TOLERANCE["tf32"]
 
 
+def tf32(t):
+    """float32 ``t`` rounded to TF32 as the kernels round it (cvt.rna: to nearest, ties away from zero)."""
+    return ((t.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+ROUND_A_CASES = [Case(2, 96, 136, 9, 10, 1, 1, bias=False), Case(1, 64, 136, 6, 7, 1, 1, stride=2, bias=False)]
+
+
+@pytest.mark.parametrize("stream_k", [None, True], ids=["whole", "stream_k"])
+@pytest.mark.parametrize("config_index", range(len(NHWC_CONFIGS["float32"])),
+                         ids=lambda i: NHWC_CONFIGS["float32"][i].name)
+@pytest.mark.parametrize("case", ROUND_A_CASES, ids=lambda c: c.id)
+def test_round_a_every_tile(case, config_index, stream_k):
+    """Every tile reading a float32 NHWC input in place rounds it to TF32 (ROUND_A: in its fragments,
+    in wgmma's A registers, or in shared memory): the result is the float64 convolution of the
+    TF32-rounded operands to float32 accumulation's error (1e-5), where one left unrounded is off
+    by ~1e-4; NaN-poisoned."""
+    cfg = NHWC_CONFIGS["float32"][config_index]
+    if cfg.wgmma and compute_capability() != 90:
+        pytest.skip("wgmma runs on compute capability 9.0 alone")
+    if stream_k and (not cfg.wgmma or cfg.producer_warps):
+        pytest.skip("stream-K runs the wgmma tiles without a producer warpgroup")
+    problem = dataclasses.replace(gemm_problem(case, "float32"), layout="NHWC")
+    plan = make_plan(problem, config=cfg.name, kernel=NHWC_KERNEL, compute_capability=compute_capability(),
+                     stream_k=stream_k, splits=1)
+    assert plan.round_a and bool(plan.stream_k_blocks) == bool(stream_k)
+    x, weight, _ = random_inputs(case, torch.float32, seed=config_index)
+    out = torch.full(problem.out_array_shape, float("nan"), device="cuda")
+    conv2d_cupy(to_cupy(x.permute(0, 2, 3, 1).contiguous()), to_cupy(weight), None, problem, to_cupy(out), plan=plan,
+                allow_tf32=True)
+    torch.cuda.synchronize()
+    out = out.permute(0, 3, 1, 2)
+    assert not out.isnan().any()
+    assert relative_error(out, reference(tf32(x), tf32(weight), None, case)) < 1e-5
+
+
 def test_wgmma_needs_sm_90():
     """Forcing a wgmma tile for another GPU is refused before any launch; the default there is mma.sync."""
     problem = gemm_problem(WGMMA_GRID[0], "float16")
