@@ -256,9 +256,13 @@ def tf32(t):
 ROUND_A_CASES = [Case(2, 96, 136, 9, 10, 1, 1, bias=False), Case(1, 64, 136, 6, 7, 1, 1, stride=2, bias=False)]
 
 
-@pytest.mark.parametrize("stream_k", [None, True], ids=["whole", "stream_k"])
-@pytest.mark.parametrize("config_index", range(len(NHWC_CONFIGS["float32"])),
-                         ids=lambda i: NHWC_CONFIGS["float32"][i].name)
+#: (tile, stream-K): every tile whole, and stream-K on the wgmma tiles that take it.
+ROUND_A_TILES = [(i, None) for i in range(len(NHWC_CONFIGS["float32"]))] + [(i, True) for i in STREAM_K_CONFIGS]
+
+
+@pytest.mark.parametrize("config_index,stream_k", ROUND_A_TILES,
+                         ids=lambda v: NHWC_CONFIGS["float32"][v].name if isinstance(v, int) else
+                         ("stream_k" if v else "whole"))
 @pytest.mark.parametrize("case", ROUND_A_CASES, ids=lambda c: c.id)
 def test_round_a_every_tile(case, config_index, stream_k):
     """Every tile reading a float32 NHWC input in place rounds it to TF32 (ROUND_A: in its fragments,
@@ -268,8 +272,6 @@ def test_round_a_every_tile(case, config_index, stream_k):
     cfg = NHWC_CONFIGS["float32"][config_index]
     if cfg.wgmma and compute_capability() != 90:
         pytest.skip("wgmma runs on compute capability 9.0 alone")
-    if stream_k and (not cfg.wgmma or cfg.producer_warps):
-        pytest.skip("stream-K runs the wgmma tiles without a producer warpgroup")
     problem = dataclasses.replace(gemm_problem(case, "float32"), layout="NHWC")
     plan = make_plan(problem, config=cfg.name, kernel=NHWC_KERNEL, compute_capability=compute_capability(),
                      stream_k=stream_k, splits=1)
