@@ -321,7 +321,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     copied = _x_copied(problem, channels_padded, cfg)
     round_a = problem.layout == "NHWC" and problem.dtype == "float32" and not copied
     if round_a:
-        why += "; NHWC input read in place, rounded to TF32 in shared memory"
+        why += "; NHWC input read in place, rounded to TF32 by the kernel (ROUND_A)"
     copy = problem.n * channels_padded * problem.h * problem.w if copied else 0
     index = index_type(problem, copy)
     grid = gemm_grid(problem, cfg)
@@ -426,7 +426,7 @@ def stream_k_specialisation(dtype: str, cfg: GemmConfig, nhwc_out: bool, round_a
 
 def tma_specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc_out: bool, round_a: bool = False) -> str:
     """The C++ template instance of the producer warpgroup's tile reading its input and weight by TMA
-    (``round_a``: a float32 NHWC input read in place, rounded to TF32 in shared memory)."""
+    (``round_a``: a float32 NHWC input read in place, rounded to TF32 in registers)."""
     flags = ",".join(str(flag).lower() for flag in (nhwc_out, round_a))
     return (f"cupyconv::{TMA_KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
             f"{cfg.stages},16,{cfg.wgmma},{flags}>")
