@@ -253,7 +253,8 @@ def tf32(t):
     return ((t.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
 
 
-ROUND_A_CASES = [Case(2, 96, 136, 9, 10, 1, 1, bias=False), Case(1, 64, 136, 6, 7, 1, 1, stride=2, bias=False)]
+ROUND_A_CASES = [Case(2, 96, 136, 9, 10, 1, 1, bias=False), Case(1, 64, 136, 6, 7, 1, 1, stride=2, bias=False),
+                 Case(1, 64, 72, 7, 8, 3, 3, padding=1, bias=False)]
 
 
 #: (tile, stream-K): every tile whole, and stream-K on the wgmma tiles that take it.
@@ -266,16 +267,18 @@ ROUND_A_TILES = [(i, None) for i in range(len(NHWC_CONFIGS["float32"]))] + [(i, 
 @pytest.mark.parametrize("case", ROUND_A_CASES, ids=lambda c: c.id)
 def test_round_a_every_tile(case, config_index, stream_k):
     """Every tile reading a float32 NHWC input in place rounds it to TF32 (ROUND_A: in its fragments,
-    in wgmma's A registers, or in shared memory): the result is the float64 convolution of the
-    TF32-rounded operands to float32 accumulation's error (1e-5), where one left unrounded is off
-    by ~1e-4; NaN-poisoned."""
+    in wgmma's A registers, or in shared memory; of layers of several taps, mma.sync's and the
+    producer's tiles read x in place, the other wgmma tiles a rounded copy): the result is the
+    float64 convolution of the TF32-rounded operands to float32 accumulation's error (1e-5), where
+    one left unrounded is off by ~1e-4; NaN-poisoned."""
     cfg = NHWC_CONFIGS["float32"][config_index]
     if cfg.wgmma and compute_capability() != 90:
         pytest.skip("wgmma runs on compute capability 9.0 alone")
     problem = dataclasses.replace(gemm_problem(case, "float32"), layout="NHWC")
     plan = make_plan(problem, config=cfg.name, kernel=NHWC_KERNEL, compute_capability=compute_capability(),
                      stream_k=stream_k, splits=1)
-    assert plan.round_a and bool(plan.stream_k_blocks) == bool(stream_k)
+    in_place = case.kh * case.kw == 1 or not cfg.wgmma or cfg.producer_warps
+    assert plan.round_a == in_place and bool(plan.stream_k_blocks) == bool(stream_k)
     x, weight, _ = random_inputs(case, torch.float32, seed=config_index)
     out = torch.full(problem.out_array_shape, float("nan"), device="cuda")
     conv2d_cupy(to_cupy(x.permute(0, 2, 3, 1).contiguous()), to_cupy(weight), None, problem, to_cupy(out), plan=plan,

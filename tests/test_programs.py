@@ -104,8 +104,8 @@ def signature(kernel: str) -> tuple[tuple[str, str], ...]:
 
 def temporaries(plan, problem) -> list[int]:
     """Bytes of each per-call temporary, in workspace order: the channels-last GEMM's input copy (of an
-    NCHW input, or of an NHWC one that needs zero channels or, float32 with several taps on another
-    tile than the producer's, rounding) and
+    NCHW input, or of an NHWC one that needs zero channels or, float32 with several taps on a wgmma
+    tile but the producer's, rounding) and
     stream-K's float32 slots, one tile per block; Winograd's transformed
     input V and GEMM output M of one pass; split-K's partial sums (the GEMMs', after the input's copy,
     or Winograd's GEMM's after M); then, for an NHWC problem of a family that computes NCHW alone, the NCHW copies
@@ -116,7 +116,8 @@ def temporaries(plan, problem) -> list[int]:
         partials = [4 * plan.stream_k_blocks * plan.config.bm * plan.config.bn]
     if plan.kernel == planner.NHWC_KERNEL:
         copied = not plan.a_from_nchw if problem.layout == "NCHW" else plan.channels_padded != problem.c or (
-            problem.dtype == "float32" and problem.kh * problem.kw != 1 and not plan.config.producer_warps)
+            problem.dtype == "float32" and problem.kh * problem.kw != 1 and plan.config.wgmma and
+            not plan.config.producer_warps)
         return ([problem.n * problem.h * problem.w * plan.channels_padded * item] if copied else []) + partials
     if problem.layout == "NHWC" and not layouts.native(planner.FAMILIES[plan.kernel], problem):
         return temporaries(plan, dataclasses.replace(problem, layout="NCHW")) + \

@@ -92,8 +92,11 @@ def test_producer_tile_rounds_float32_inputs_in_place(case):
     nchw = make_plan(problem_of(case, "float32", "NCHW", "KCHW"), PRODUCER, NHWC_KERNEL, True, 90)
     assert not nchw.round_a and program(nchw, problem_of(case, "float32", "NCHW", "KCHW")).launches[-1] \
         .name_expression.endswith(",false,false>")
-    if case.kh * case.kw > 1:  # the other tiles read a rounded copy
+    if case.kh * case.kw > 1:  # the other wgmma tiles read a rounded copy; mma.sync's round fragments
         other = make_plan(nhwc, PIXEL_ROWS, NHWC_KERNEL, True, 90)
         copy = program(other, nhwc).launches[0]
         assert not other.round_a and copy.kernel == implicit_gemm_nhwc.PAD_CHANNELS
         assert copy.name_expression.endswith("<float,true>")
+        mma_sync = make_plan(nhwc, None, NHWC_KERNEL, True, 80)
+        assert not mma_sync.config.wgmma and mma_sync.round_a
+        assert implicit_gemm_nhwc.PAD_CHANNELS not in {launch.kernel for launch in program(mma_sync, nhwc).launches}

@@ -4,8 +4,8 @@ workspace, the weight as [K][kh][kw][Cgp] prepared once; 1x1 stride-1 unpadded p
 in place. The default tensor-core family.
 
 It computes the NHWC layout natively: an NHWC input is read in place (copied only to add zero
-channels or, in float32 with more than one tap, to round to TF32; 1x1 float32 inputs, and those of
-the producer warpgroup's tile, are rounded in shared memory), the output is written NHWC, and a KHWC
+channels or, in float32 with more than one tap on a wgmma tile but the producer's, to round to TF32;
+the kernel rounds the others, in registers or shared memory), the output is written NHWC, and a KHWC
 weight is the form it reads (in place where it needs no zero channels and, in float32, no rounding)."""
 from __future__ import annotations
 
@@ -382,13 +382,15 @@ def describe(plan: LaunchPlan) -> str:
 
 def _x_copied(problem: ConvProblem, channels_padded: int, cfg: GemmConfig) -> bool:
     """Whether the GEMM reads a copy of x: NCHW inputs but 1x1 ones read in place; NHWC inputs that
-    need zero channels, and float32 ones with more than one tap, rounded to TF32 by the copy, but on
-    ``cfg`` the producer's tile (the kernel rounds float32 ones it reads in place itself:
-    LaunchPlan.round_a, its ROUND_A)."""
+    need zero channels, and float32 ones with more than one tap rounded to TF32 by the copy where
+    ``cfg`` would round them in shared memory at every k tile (the kernel rounds float32 inputs it
+    reads in place itself: LaunchPlan.round_a, its ROUND_A; mma.sync tiles and the producer's in
+    registers, the other wgmma tiles in shared memory)."""
     if problem.layout == "NCHW":
         return not _nchw_a_vec(problem)
+    rounds_in_registers = not cfg.wgmma or cfg.producer_warps
     return channels_padded != problem.c or (problem.dtype == "float32" and problem.kh * problem.kw != 1
-                                            and not cfg.producer_warps)
+                                            and not rounds_in_registers)
 
 
 def _weight_channels_last(problem: ConvProblem) -> bool:
