@@ -277,7 +277,7 @@ def test_round_a_every_tile(case, config_index, stream_k):
     problem = dataclasses.replace(gemm_problem(case, "float32"), layout="NHWC")
     plan = make_plan(problem, config=cfg.name, kernel=NHWC_KERNEL, compute_capability=compute_capability(),
                      stream_k=stream_k, splits=1)
-    in_place = case.kh * case.kw == 1 or not cfg.wgmma or cfg.producer_warps
+    in_place = case.kh * case.kw == 1 or not cfg.wgmma or bool(cfg.producer_warps)
     assert plan.round_a == in_place and bool(plan.stream_k_blocks) == bool(stream_k)
     x, weight, _ = random_inputs(case, torch.float32, seed=config_index)
     out = torch.full(problem.out_array_shape, float("nan"), device="cuda")
