@@ -158,7 +158,9 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // wgmma's pixel rows (A from registers) where each tile's MMAs retire before the next tile's
     // registers are written (no lag; ptxas serialises wgmma whose registers are written while others
     // are in flight). wgmma's channel rows read the input as B, from shared memory: rounded there, as
-    // in stream-K's blocks (whose sums and segment left no registers: 12 bytes spilled at 128).
+    // in stream-K's blocks (whose sums and segment left no registers: 12 bytes spilled at 128). The
+    // planner copies many-tap inputs for the tiles that round in shared memory (_x_copied, whose
+    // rule follows this one).
     constexpr bool ROUND_IN_SHARED =
         ROUND_A && WGMMA && (WGMMA_ROWS == WGMMA_CHANNEL_ROWS || WGMMA_LAG > 0 || STREAM_K);
     constexpr bool ROUND_IN_REGISTERS = ROUND_A && !ROUND_IN_SHARED;
