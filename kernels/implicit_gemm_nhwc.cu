@@ -146,7 +146,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     constexpr int INST_K = mma_op<T>::k;
     constexpr bool ROUND_TF32 = NCHW_A && sizeof(T) == 4;    // no copy rounded the operands
     // ROUND_A: a float32 NHWC input read in place, unrounded (the planner takes it for 1x1 problems and
-    // the producer's tile; others come rounded by a copy, families/implicit_gemm_nhwc.py _x_copied),
+    // the tiles that round in registers; others come rounded by a copy, implicit_gemm_nhwc.py _x_copied),
     // rounded to TF32 on its way to the tensor cores (below). Rounding in shared memory, between the
     // wait and the barrier, stalls every k tile and costs a many-tap reduction more than the copy
     // does; in registers it costs a conversion per value (benchmarks/NOTES.md).
