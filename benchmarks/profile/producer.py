@@ -41,7 +41,7 @@ def main() -> None:
                     plans = {"rule": plan, "plain": make_plan(problem, PIXEL_ROWS_CONFIG, NHWC_KERNEL, True, cc,
                                                               stream_k=False),
                              **{p: make_plan(problem, p, NHWC_KERNEL, True, cc) for p in producers}}
-                except ValueError:  # a float32 input read in place, which the producer's tile does not round
+                except ValueError:  # a named tile that cannot run this row (the producer's: groups, k tiles across taps)
                     continue
                 ms = time_plans(problem, mode, plans, "plain", producers, (shape.name, mode, layout))
                 best = min(ms[p] for p in producers)
