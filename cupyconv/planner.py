@@ -105,13 +105,13 @@ class LaunchPlan:
 
 # The families build LaunchPlans: imported once the class exists.
 from .families import (depthwise_column_conv2d, depthwise_conv2d, depthwise_nhwc, direct_conv2d,  # noqa: E402
-                       implicit_gemm_conv2d, implicit_gemm_nhwc, simt_gemm_conv2d, winograd_conv2d)
+                       implicit_gemm_conv2d, implicit_gemm_nhwc, pointwise_nhwc, simt_gemm_conv2d, winograd_conv2d)
 
 #: Kernel family -> its module. A new family is a module in families/ and an entry here (and, to be
 #: chosen without being forced, a rule in choose_kernel).
 FAMILIES = {family.KERNEL: family for family in (direct_conv2d, depthwise_conv2d, depthwise_column_conv2d,
                                                  depthwise_nhwc, simt_gemm_conv2d, winograd_conv2d,
-                                                 implicit_gemm_conv2d, implicit_gemm_nhwc)}
+                                                 implicit_gemm_conv2d, implicit_gemm_nhwc, pointwise_nhwc)}
 KERNELS = tuple(FAMILIES)
 DIRECT_KERNEL = direct_conv2d.KERNEL
 DEPTHWISE_KERNEL = depthwise_conv2d.KERNEL
@@ -121,6 +121,7 @@ SIMT_KERNEL = simt_gemm_conv2d.KERNEL
 WINOGRAD_KERNEL = winograd_conv2d.KERNEL
 GEMM_KERNEL = implicit_gemm_conv2d.KERNEL
 NHWC_KERNEL = implicit_gemm_nhwc.KERNEL
+POINTWISE_KERNEL = pointwise_nhwc.KERNEL
 
 
 def kernel_specialisations() -> list[str]:
@@ -179,6 +180,9 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
             return SIMT_KERNEL, f"strict float32 (allow_tf32=False) on the FMA units, {kg} output channels per group"
         return DIRECT_KERNEL, f"strict float32 (allow_tf32=False); no FMA implicit GEMM: {why_not}"
     precision = "TF32 (allow_tf32=True)" if problem.dtype == "float32" else problem.dtype
+    if not pointwise_nhwc.refusal(problem):
+        return POINTWISE_KERNEL, (f"tensor cores in {precision}; 1x1 NHWC of {problem.c} input channels, "
+                                  f"memory-bound: streamed over the pixels by persistent blocks")
     why_not = implicit_gemm_nhwc.refusal(problem)
     if not why_not:
         return NHWC_KERNEL, f"tensor cores in {precision}, {kg} output channels per group"

@@ -61,8 +61,8 @@ import numpy as np
 from . import tuning_cache
 from .arguments import ConvProblem
 # The planner before the families: it imports them, and they import it back.
-from .planner import (DIRECT_KERNEL, FAMILIES, GEMM_KERNEL, NHWC_KERNEL, SIMT_KERNEL, WINOGRAD_KERNEL, LaunchPlan,
-                      make_plan)
+from .planner import (DIRECT_KERNEL, FAMILIES, GEMM_KERNEL, NHWC_KERNEL, POINTWISE_KERNEL, SIMT_KERNEL,
+                      WINOGRAD_KERNEL, LaunchPlan, make_plan)
 from .families import implicit_gemm_nhwc, winograd_conv2d
 from .families.common import gemm_grid, split_k_runs
 from .families.implicit_gemm_conv2d import GEMM_MIN_GROUP_CHANNELS
@@ -88,8 +88,8 @@ SPLIT_K_MAX_WAVES = 2
 SPLIT_K_MIN_TILES = 2
 #: SMs assumed where no GPU says (candidates() without a device): the H100's.
 DEFAULT_SM_COUNT = 132
-_TENSOR_CORE_KERNELS = (GEMM_KERNEL, NHWC_KERNEL)
-_GEMM_KERNELS = (SIMT_KERNEL, WINOGRAD_KERNEL, GEMM_KERNEL, NHWC_KERNEL)
+_TENSOR_CORE_KERNELS = (GEMM_KERNEL, NHWC_KERNEL, POINTWISE_KERNEL)
+_GEMM_KERNELS = (SIMT_KERNEL, WINOGRAD_KERNEL, GEMM_KERNEL, NHWC_KERNEL, POINTWISE_KERNEL)
 _SPLIT_K_KERNELS = (SIMT_KERNEL, NHWC_KERNEL)
 
 

@@ -99,7 +99,8 @@ def test_transposes_past_the_grid_limit_are_refused_before_a_launch():
 
 def test_short_reductions_take_the_shallow_mma_sync_tiles():
     """A reduction of one 128-byte k row (a 1x1 of 64 fp16 channels) takes mma.sync tiles with k rows
-    of 64 bytes on the H100, not wgmma's; two or more keep wgmma (implicit_gemm_nhwc.MIN_DEEP_K_TILES)."""
+    of 64 bytes on the H100, not wgmma's; two or more keep wgmma (implicit_gemm_nhwc.MIN_DEEP_K_TILES).
+    (The channels-last GEMM forced: by default these NHWC 1x1 layers take pointwise_nhwc.)"""
     import dataclasses
 
     from cupyconv.arguments import make_problem
@@ -109,7 +110,7 @@ def test_short_reductions_take_the_shallow_mma_sync_tiles():
     for c, dtype, deep_rows in ((64, "float16", 1), (32, "float32", 1), (128, "float16", 2), (64, "float32", 2)):
         problem = dataclasses.replace(make_problem((4, c, 64, 64), (64, c, 1, 1), None, dtype),
                                       layout="NHWC", weight_layout="KHWC")
-        cfg = make_plan(problem, allow_tf32=True, compute_capability=90).config
+        cfg = make_plan(problem, kernel="implicit_gemm_nhwc", compute_capability=90).config
         item = 4 if dtype == "float32" else 2
         assert bool(cfg.wgmma) == (deep_rows >= MIN_DEEP_K_TILES), (c, dtype, cfg)
         assert (cfg.bk * item == 128) == (deep_rows >= MIN_DEEP_K_TILES), (c, dtype, cfg)

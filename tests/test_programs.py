@@ -18,7 +18,7 @@ from cupyconv.layouts import native
 from cupyconv.arguments import ACTIVATIONS, make_problem
 from cupyconv.compiler import kernel_source, source_file
 from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, depthwise_nhwc, direct_conv2d, implicit_gemm_conv2d,
-                               implicit_gemm_nhwc, simt_gemm_conv2d, winograd_conv2d)
+                               implicit_gemm_nhwc, pointwise_nhwc, simt_gemm_conv2d, winograd_conv2d)
 from cupyconv.families.common import REDUCE_KERNEL, STORAGE_BYTES
 from cupyconv.program import (BIAS, FLAGS, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X, Pointer,
                               Im2colMap, Table, TensorMap)
@@ -48,7 +48,8 @@ def config_names(kernel: str, dtype: str) -> list[str]:
               planner.SIMT_KERNEL: simt_gemm_conv2d.SIMT_CONFIGS,
               planner.WINOGRAD_KERNEL: simt_gemm_conv2d.SIMT_CONFIGS,
               planner.GEMM_KERNEL: implicit_gemm_conv2d.GEMM_CONFIGS.get(dtype, ()),
-              planner.NHWC_KERNEL: implicit_gemm_nhwc.NHWC_CONFIGS.get(dtype, ())}
+              planner.NHWC_KERNEL: implicit_gemm_nhwc.NHWC_CONFIGS.get(dtype, ()),
+              planner.POINTWISE_KERNEL: pointwise_nhwc.POINTWISE_CONFIGS.get(dtype, ())}
     return [c.name for c in tables[kernel]]
 
 
@@ -227,6 +228,8 @@ def test_layout_programs(case, dtype, layouts):
             in_place = [gemm] + ([REDUCE_KERNEL] if plan.splits > 1 else [])
             assert names == in_place or (dtype == "float32" and problem.kh * problem.kw > 1), names
             assert (call.weight is None) == (dtype != "float32"), "KHWC weight read in place but to round to TF32"
+        if plan.kernel == planner.POINTWISE_KERNEL:  # everything in place, float32 rounded in the fragments
+            assert names == [planner.POINTWISE_KERNEL] and call.weight is None and call.workspace_bytes == 0, names
 
 
 def test_the_grid_covers_every_family_and_form():

@@ -1,0 +1,175 @@
+"""1x1 convolutions of channels-last tensors of few input channels (kernels/pointwise_nhwc.cu): a
+GEMM whose whole reduction fits one shared-memory stage, streamed over the pixels by persistent
+blocks that keep their channels of the weight for the whole launch and load the next pixel tiles
+while they multiply and store this one. Float16, bfloat16, and float32 as TF32.
+
+Such layers (ResNet-50's 64 -> 256 and 64 -> 64, MobileNetV2's projections) are memory-bound: their
+time is reading x and writing y. The channels-last GEMM (implicit_gemm_nhwc) runs them as one or two
+k tiles a block, loading, multiplying and storing in turn (H100: 52-56 % of copy bandwidth in fp16;
+benchmarks/NOTES.md, "A streaming kernel for 1x1 layers of few channels")."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..arguments import ConvProblem
+from ..planner import LaunchPlan
+from ..program import BIAS, OUT, WEIGHT, X, CallProgram, Launch, Pointer
+from .common import CTYPES, INDEX_TYPES, STORAGE_BYTES, epilogue_args, forced_config, grid_refusal, index_type
+
+KERNEL = "pointwise_nhwc"
+#: NHWC arrays alone (an NCHW 1x1 layer takes implicit_gemm_nhwc, which reads it in place); a 1x1
+#: weight is the same memory in either weight layout.
+LAYOUTS = ("NHWC",)
+WEIGHT_LAYOUTS = ("KCHW", "KHWC")
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class PointwiseConfig:
+    """A block of ``warps_m`` x ``warps_n`` warps computing ``bm`` pixels x ``bn`` output channels of
+    input channels of at most ``channel_bytes`` bytes, with ``stages`` pixel tiles in shared memory
+    and ``min_blocks`` blocks per SM asked of the register allocator."""
+
+    name: str
+    bm: int
+    bn: int
+    channel_bytes: int
+    stages: int
+    warps_m: int
+    warps_n: int
+    min_blocks: int
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    def shared_bytes(self, dtype: str) -> int:
+        """The weight's rows [bn] and ``stages`` pixel tiles [bm], each of channel_bytes + 16 bytes, and
+        the staged output [bm][bn elements + 16 bytes] (the kernel's layout)."""
+        row = self.channel_bytes + 16
+        return (self.bn + self.stages * self.bm) * row + self.bm * (self.bn * STORAGE_BYTES[dtype] + 16)
+
+
+#: Tiles per dtype, by the input channels' bytes they hold (the first that holds C is chosen): each
+#: keeps two blocks per SM (H100: 228 KB of shared memory) but float32's widest, whose 128 channels
+#: leave room for one.
+POINTWISE_CONFIGS = {
+    "float16": (PointwiseConfig("pw_c128_m128n128", 128, 128, 128, 3, 4, 2, 2),
+                PointwiseConfig("pw_c256_m64n128", 64, 128, 256, 3, 2, 4, 2),
+                PointwiseConfig("pw_c512_m64n64", 64, 64, 512, 2, 2, 4, 2)),
+    "float32": (PointwiseConfig("pw_c128_m128n64", 128, 64, 128, 3, 4, 2, 2),
+                PointwiseConfig("pw_c256_m64n64", 64, 64, 256, 3, 2, 4, 2),
+                PointwiseConfig("pw_c512_m64n64", 64, 64, 512, 2, 2, 4, 1)),
+}
+POINTWISE_CONFIGS["bfloat16"] = POINTWISE_CONFIGS["float16"]
+CONFIG_NAMES = frozenset(c.name for configs in POINTWISE_CONFIGS.values() for c in configs)
+#: The persistent grid: this many SMs (the H100's) x the tile's blocks per SM, shared by the channel
+#: tiles. On a GPU of fewer SMs the blocks run in more than one wave, each still a whole stream.
+SMS = 132
+SM_SHARED_BYTES = 228 * 1024
+BLOCK_RESERVED_SHARED_BYTES = 1024
+
+
+def refusal(problem: ConvProblem) -> str:
+    """Why this kernel cannot run ``problem`` ("" when it can): not NHWC, not 16-bit or float32, not
+    a 1x1 stride-1 unpadded convolution of one group, input channels past its widest tile or output
+    channels not whole 16-byte vectors."""
+    p = problem
+    if p.layout != "NHWC":
+        return f"it computes NHWC arrays only (layout {p.layout})"
+    if p.dtype not in DTYPES:
+        return f"it runs {DTYPES} on the tensor cores, not {p.dtype}"
+    if (p.kh, p.kw, p.stride, p.pad_top, p.pad_left, p.pad_bottom, p.pad_right, p.groups) != \
+            (1, 1, (1, 1), 0, 0, 0, 0, 1):
+        return (f"it runs 1x1, stride-1, unpadded convolutions of one group; got {p.kh}x{p.kw}, stride {p.stride}, "
+                f"padding {(p.pad_top, p.pad_bottom, p.pad_left, p.pad_right)}, {p.groups} groups")
+    item, widest = STORAGE_BYTES[p.dtype], POINTWISE_CONFIGS[p.dtype][-1].channel_bytes
+    if p.c * item % 16 or p.c * item > widest:
+        return (f"{p.c} input channels of {p.dtype} are not whole 16-byte pieces of at most {widest} bytes "
+                f"(its widest tile)")
+    if p.k * item % 16:
+        return f"{p.k} output channels of {p.dtype} are not whole 16-byte vectors"
+    return grid_refusal(_grid(p, _config(p)))
+
+
+def _config(problem: ConvProblem) -> PointwiseConfig:
+    """The narrowest tile that holds the input channels."""
+    item = STORAGE_BYTES[problem.dtype]
+    configs = POINTWISE_CONFIGS[problem.dtype]
+    return next((c for c in configs if problem.c * item <= c.channel_bytes), configs[-1])
+
+
+def blocks_per_sm(cfg: PointwiseConfig, dtype: str) -> int:
+    """Blocks resident per SM: the launch bounds' ask, as far as shared memory holds them."""
+    by_shared = SM_SHARED_BYTES // (cfg.shared_bytes(dtype) + BLOCK_RESERVED_SHARED_BYTES)
+    return max(1, min(cfg.min_blocks, by_shared))
+
+
+def _grid(problem: ConvProblem, cfg: PointwiseConfig) -> tuple[int, int, int]:
+    """(persistent blocks per channel tile, channel tiles, 1): as many blocks as are resident on SMS
+    SMs, shared by the channel tiles, each taking an equal number of pixel tiles (within one)."""
+    tiles_m = math.ceil(problem.n * problem.h * problem.w / cfg.bm)
+    tiles_n = math.ceil(problem.k / cfg.bn)
+    resident = max(1, SMS * blocks_per_sm(cfg, problem.dtype) // tiles_n)
+    per_block = math.ceil(tiles_m / resident) if tiles_m else 1
+    return (max(1, math.ceil(tiles_m / per_block)) if tiles_m else 1, tiles_n, 1)
+
+
+def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
+    """The narrowest tile that holds C (or ``config``), on a persistent grid (_grid)."""
+    why_not = refusal(problem)
+    if why_not:
+        raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
+    item = STORAGE_BYTES[problem.dtype]
+    if config is not None:
+        cfg = forced_config(POINTWISE_CONFIGS[problem.dtype], config, f"config for {KERNEL} in {problem.dtype}")
+        if problem.c * item > cfg.channel_bytes:
+            raise ValueError(f"config {config!r} holds {cfg.channel_bytes} bytes of input channels; this problem has "
+                             f"{problem.c} channels of {problem.dtype} ({problem.c * item} bytes)")
+        why = "config forced by the caller"
+    else:
+        cfg = _config(problem)
+        why = f"1x1 of {problem.c} channels ({problem.c * item} bytes): the whole reduction in one stage"
+    grid = _grid(problem, cfg)
+    tiles_m = math.ceil(problem.n * problem.h * problem.w / cfg.bm)
+    why += f"; {grid[0] * grid[1]} persistent blocks over {tiles_m} pixel tiles x {grid[1]} channel tiles"
+    return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem), config=cfg, grid=grid,
+                      block=(cfg.threads, 1, 1), shared_bytes=cfg.shared_bytes(problem.dtype),
+                      reason=f"{reason}; {why}" if reason else why)
+
+
+def describe(plan: LaunchPlan) -> str:
+    """The printed plan: tile, warps, launch shape and why."""
+    c = plan.config
+    rounding = "; float32 rounded to TF32 in its fragments" if plan.dtype == "float32" else ""
+    return (f"{plan.kernel} [{c.name}: {c.bm} pixels x {c.bn} channels, input channels of up to {c.channel_bytes} "
+            f"bytes in one stage, {c.stages} stages, {c.warps_m}x{c.warps_n} warps, mma.sync]\n"
+            f"  {plan.dtype}, {plan.index_type} indices; x, the weight and the output read and written in place"
+            f"{rounding}\n"
+            f"  grid {plan.grid}, block {plan.block}, {plan.shared_bytes} bytes of shared memory\n"
+            f"  why: {plan.reason}")
+
+
+def specialisation(dtype: str, index: str, cfg: PointwiseConfig) -> str:
+    """The C++ template instance of ``cfg`` for ``dtype`` and ``index``."""
+    return (f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.channel_bytes},{cfg.stages},"
+            f"{cfg.warps_m},{cfg.warps_n},{cfg.min_blocks}>")
+
+
+def name_expression(plan: LaunchPlan) -> str:
+    return specialisation(plan.dtype, plan.index_type, plan.config)
+
+
+def specialisations() -> list[str]:
+    """Every tile of every dtype, with 32- and 64-bit indices."""
+    return [specialisation(dtype, index, cfg) for dtype in DTYPES for index in INDEX_TYPES
+            for cfg in POINTWISE_CONFIGS[dtype]]
+
+
+def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
+    """One launch on the caller's x, weight and output."""
+    p = problem
+    args = (Pointer(X), Pointer(WEIGHT), Pointer(BIAS), Pointer(OUT), int(p.has_bias), *epilogue_args(p),
+            p.n, p.c, p.h, p.w, p.k)
+    return CallProgram((Launch(KERNEL, plan.name_expression, plan.grid, plan.block, plan.shared_bytes, args),))

@@ -1,0 +1,178 @@
+// 1x1, stride-1, unpadded convolution of channels-last tensors of few channels: the GEMM
+//   y[m][n] = sum_c x[m][c] w[n][c]      m: the N H W pixels, n: the K output channels, c: C <= CB bytes
+// with the whole reduction in shared memory at once, streamed over the pixels by persistent blocks.
+//
+// Such a layer (ResNet-50's 64 -> 256, MobileNetV2's 144 -> 24) is memory-bound: it reads x once and
+// writes y once, and the GEMM of implicit_gemm_nhwc.cu spends its blocks loading, multiplying and
+// storing in turn with nothing to overlap (one or two k tiles; H100 at 52-56 % of copy bandwidth). Here
+// block (bx, by) keeps output channels by BN .. by BN + BN - 1 of the weight in shared memory for the
+// whole launch and takes pixel tiles bx, bx + gridDim.x, ...: the copies of tile i + STAGES - 1 are
+// in flight while tile i is multiplied and while its outputs are stored. The blocks of one pixel tile
+// (one per channel tile) run it at about the same time, so x comes from DRAM once and from L2 after.
+//
+// Per pixel tile: BM pixels x all C channels in one stage, rows of CB + 16 bytes (an odd number of
+// 16-byte units: ldmatrix is conflict-free); warps of (BM / WARPS_M) x (BN / WARPS_N), mma.sync
+// m16n8k16 (16-bit) or m16n8k8 (TF32) with float32 accumulators. A float32 x and weight are read in
+// place and rounded to TF32 in their fragments (cvt.rna, as the other tensor-core kernels round).
+// Epilogue in registers (bias, residual, activation: epilogue.cuh), the tile staged in the storage type
+// and stored in 16-byte vectors of whole pixel rows.
+//
+// The planner (families/pointwise_nhwc.py) asks: C bytes a multiple of 16 and at most CB, K bytes a
+// multiple of 16, operands 16-byte aligned (the fronts copy those that are not). Channels past C
+// (to the 32 bytes of an instruction's k) are zero-filled in both operands.
+#include "dtypes.cuh"
+#include "epilogue.cuh"
+#include "mma.cuh"
+
+namespace cupyconv {
+
+template <typename T, typename Index, int BM, int BN, int CB, int STAGES, int WARPS_M, int WARPS_N, int MIN_BLOCKS>
+__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, MIN_BLOCKS)
+pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
+               int has_bias, const T* __restrict__ residual, int has_residual, int activation,
+               int N, int C, int H, int W, int K) {
+    constexpr int NT = WARPS_M * WARPS_N * 32;
+    constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;        // warp tile
+    constexpr int MT = WM / 16, NTILES = WN / 8;               // instruction tiles per warp
+    constexpr int ROW = CB + 16;                               // bytes per operand row in shared memory
+    constexpr int PIECES = CB / 16;                            // 16-byte pieces per row
+    constexpr int EPP = 16 / sizeof(T);                        // elements per piece
+    constexpr int INST_BYTES = mma_op<T>::k * sizeof(T);       // 32 bytes of k per instruction
+    constexpr int OUT_ROW = BN * sizeof(T) + 16;               // staged output row, bytes
+    constexpr int VECTORS = BN * sizeof(T) / 16;               // 16-byte vectors per staged row
+    constexpr int X_STAGE = BM * ROW;
+    static_assert(CB % INST_BYTES == 0 && (CB / 16) % 2 == 0, "whole instructions of k; rows of odd 16-byte units");
+    static_assert(NT % PIECES == 0 && BM % (NT / PIECES) == 0 && BN % (NT / PIECES) == 0, "the loaders cover the tiles");
+    static_assert(NT % VECTORS == 0 && BM % (NT / VECTORS) == 0, "the stores cover the tile");
+    static_assert(WM % 16 == 0 && WN % 16 == 0 && STAGES >= 2, "x4 ldmatrix for A and B; a stage to load ahead");
+
+    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char* w_smem = smem;                              // [BN][ROW]
+    unsigned char* x_smem = smem + BN * ROW;                   // [STAGES][BM][ROW]
+    unsigned char* out_smem = x_smem + STAGES * X_STAGE;       // [BM][OUT_ROW]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const Index M = static_cast<Index>(N) * H * W;
+    const int tiles = static_cast<int>((M + BM - 1) / BM);
+    const int n0 = blockIdx.y * BN;
+    const int c_pieces = C * static_cast<int>(sizeof(T)) / 16;  // pieces of x's and w's rows that hold channels
+    const int k_steps = (C * static_cast<int>(sizeof(T)) + INST_BYTES - 1) / INST_BYTES;
+    const int used_pieces = k_steps * (INST_BYTES / 16);       // the rest of a row is never read
+    // This block's pixel tiles: blockIdx.x + gridDim.x i, i < count.
+    const int count = tiles > static_cast<int>(blockIdx.x) ? (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+
+    const int piece = tid % PIECES, row0 = tid / PIECES;
+    constexpr int ROWS_PER_PASS = NT / PIECES;
+    auto load_x = [&](int i) {
+        if (i < count && piece < used_pieces) {
+            const Index m_first = static_cast<Index>(blockIdx.x + gridDim.x * i) * BM;
+            unsigned char* dst = x_smem + (i % STAGES) * X_STAGE + row0 * ROW + piece * 16;
+#pragma unroll
+            for (int r = 0; r < BM / ROWS_PER_PASS; ++r) {
+                const Index m = m_first + row0 + r * ROWS_PER_PASS;
+                const bool ok = m < M && piece < c_pieces;
+                cp_async<16>(dst + r * ROWS_PER_PASS * ROW, ok ? x + (m * C + piece * EPP) : x, ok);
+            }
+        }
+        cp_async_commit();  // empty groups keep the wait count uniform
+    };
+    // The weight's rows n0 .. n0 + BN - 1, with the first tile's copies.
+    if (piece < used_pieces) {
+#pragma unroll
+        for (int r = 0; r < BN / ROWS_PER_PASS; ++r) {
+            const int n = n0 + row0 + r * ROWS_PER_PASS;
+            const bool ok = n < K && piece < c_pieces;
+            cp_async<16>(w_smem + (row0 + r * ROWS_PER_PASS) * ROW + piece * 16,
+                         ok ? w + (static_cast<Index>(n) * C + piece * EPP) : w, ok);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) load_x(i);
+
+    const int warp_m = warp % WARPS_M, warp_n = warp / WARPS_M;
+    const int wm = warp_m * WM, wn = warp_n * WN;
+    const int quad = lane >> 2, tq = lane & 3;                 // PTX's groupID and threadID_in_group
+    // ldmatrix rows: A (x4 = a0..a3) lanes 0-15 pixel rows 0-15 at k, 16-31 the same 16 bytes on; B (x4
+    // = b0, b1 of two 8-channel tiles) lanes 0-7 channels 0-7 at k, 8-15 the same 16 bytes on, 16-31
+    // channels 8-15 likewise.
+    const int a_lane = (wm + (lane & 15)) * ROW + (lane >> 4) * 16;
+    const int b_lane = (wn + (lane & 7) + ((lane >> 4) << 3)) * ROW + ((lane >> 3) & 1) * 16;
+    float b[NTILES][2];                                        // this thread's columns' bias
+#pragma unroll
+    for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int n = n0 + wn + nt * 8 + 2 * tq + j;
+            b[nt][j] = has_bias && n < K ? to_acc<float>(bias[n]) : 0.0f;
+        }
+    const int v_col = tid % VECTORS, v_row0 = tid / VECTORS;
+    constexpr int V_ROWS_PER_PASS = NT / VECTORS;
+    const bool v_ok = n0 + v_col * EPP < K;
+
+    with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
+#pragma unroll 1
+        for (int i = 0; i < count; ++i) {
+            cp_async_wait<STAGES - 2>();  // tile i (and the weight) landed: this thread's copies ...
+            __syncthreads();              // ... everyone's; tile i - 1's buffer and staged outputs are free
+            load_x(i + STAGES - 1);
+            const Index m0 = static_cast<Index>(blockIdx.x + gridDim.x * i) * BM;
+            const unsigned char* a_buf = x_smem + (i % STAGES) * X_STAGE + a_lane;
+            float acc[MT][NTILES][4];
+            zero_accumulators(acc);
+#pragma unroll
+            for (int kk = 0; kk < CB / INST_BYTES; ++kk) {
+                if (kk >= k_steps) break;
+                unsigned a[MT][4], bf[NTILES][2];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    ldmatrix_x4(a[mt], a_buf + mt * 16 * ROW + kk * INST_BYTES);
+                    if constexpr (sizeof(T) == 4) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) a[mt][e] = to_tf32(__uint_as_float(a[mt][e]));
+                    }
+                }
+#pragma unroll
+                for (int nt = 0; nt < NTILES; nt += 2) {
+                    unsigned r[4];
+                    ldmatrix_x4(r, w_smem + b_lane + nt * 8 * ROW + kk * INST_BYTES);
+                    if constexpr (sizeof(T) == 4) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) r[e] = to_tf32(__uint_as_float(r[e]));
+                    }
+                    bf[nt][0] = r[0]; bf[nt][1] = r[1];
+                    bf[nt + 1][0] = r[2]; bf[nt + 1][1] = r[3];
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < NTILES; ++nt) mma_op<T>::run(acc[mt][nt], a[mt], bf[nt]);
+            }
+            // The epilogue in registers; pairs of adjacent channels staged as one 2-element store.
+            struct alignas(2 * sizeof(T)) Pair { T v[2]; };
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int row = wm + mt * 16 + quad + h * 8, col = wn + nt * 8 + 2 * tq;
+                        const Index at = (m0 + row) * K + n0 + col;
+                        const bool ok = m0 + row < M && n0 + col < K;  // K is even: both channels or neither
+                        Pair p;
+                        p.v[0] = ok ? finish(acc[mt][nt][2 * h] + b[nt][0], at) : T{};
+                        p.v[1] = ok ? finish(acc[mt][nt][2 * h + 1] + b[nt][1], at + 1) : T{};
+                        *reinterpret_cast<Pair*>(out_smem + row * OUT_ROW + col * sizeof(T)) = p;
+                    }
+            __syncthreads();
+#pragma unroll
+            for (int r = 0; r < BM / V_ROWS_PER_PASS; ++r) {
+                const int row = v_row0 + r * V_ROWS_PER_PASS;
+                const uint4 v = *reinterpret_cast<const uint4*>(out_smem + row * OUT_ROW + v_col * 16);
+                if (v_ok && m0 + row < M) *reinterpret_cast<uint4*>(y + ((m0 + row) * K + n0 + v_col * EPP)) = v;
+            }
+        }
+    });
+    cp_async_wait<0>();  // no copy outlives the block
+}
+
+}  // namespace cupyconv
