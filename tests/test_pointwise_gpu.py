@@ -79,6 +79,10 @@ def _reference(x, weight, bias):
 def test_every_tile(case, config_index, name):
     dtype = DTYPES[name][0]
     cfg = POINTWISE_CONFIGS[dtype][config_index]
+    if not _fits(case, dtype, POINTWISE_CONFIGS[dtype][-1]):  # past the widest tile: refused outright
+        with pytest.raises(ValueError, match="cannot run this problem.*16-byte pieces of at most"):
+            make_plan(_problem(case, dtype), config=cfg.name, kernel=POINTWISE_KERNEL)
+        return
     if not _fits(case, dtype, cfg):
         with pytest.raises(ValueError, match="holds"):
             make_plan(_problem(case, dtype), config=cfg.name, kernel=POINTWISE_KERNEL)
@@ -100,7 +104,7 @@ def test_float32_rounded_to_tf32(case):
 @pytest.mark.parametrize("activation", ["relu", "silu"])
 def test_epilogue_with_residual(activation, name):
     """bias + residual + activation in the epilogue, the residual read at the output's own offsets."""
-    case = CASES[3]
+    case = Case(4, 48, 40, 19, 17, 1, 1)
     dtype, torch_dtype = DTYPES[name]
     g = torch.Generator(device="cuda").manual_seed(7)
     residual = torch.randn(case.n, case.h, case.w, case.k, device="cuda", generator=g).to(torch_dtype)
@@ -127,9 +131,12 @@ def test_64_bit_indices():
 
 
 def test_planner_chooses_it_for_channels_last_1x1():
-    """A 16-bit NHWC 1x1 layer of few channels takes it by default; NCHW and strided ones do not."""
+    """A 16-bit NHWC 1x1 layer of few channels takes it by default; NCHW, strided and compute-bound ones
+    (ResNet-50's 256 -> 1024) do not."""
     case = CASES[0]
     assert make_plan(_problem(case, "float16"), compute_capability=compute_capability()).kernel == POINTWISE_KERNEL
+    wide = make_problem((2, 14, 14, 256), (1024, 256, 1, 1), None, "float16", 1, 0, 1, 1, layout="NHWC")
+    assert make_plan(wide, compute_capability=compute_capability()).kernel != POINTWISE_KERNEL
     nchw = make_problem((2, 64, 28, 28), (256, 64, 1, 1), None, "float16", 1, 0, 1, 1)
     assert make_plan(nchw, compute_capability=compute_capability()).kernel != POINTWISE_KERNEL
     strided = make_problem((2, 28, 28, 64), (256, 64, 1, 1), None, "float16", 2, 0, 1, 1, layout="NHWC")

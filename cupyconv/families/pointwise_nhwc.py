@@ -51,13 +51,15 @@ class PointwiseConfig:
         return (self.bn + self.stages * self.bm) * row + self.bm * (self.bn * STORAGE_BYTES[dtype] + 16)
 
 
-#: Tiles per dtype, by the input channels' bytes they hold (the first that holds C is chosen): each
-#: keeps two blocks per SM (H100: 228 KB of shared memory) but float32's widest, whose 128 channels
-#: leave room for one.
+#: Tiles per dtype, by the input channels' bytes they hold (the first that holds C is chosen), each the
+#: fastest of 16 tiles timed on the layers suite's 1x1 rows on the H100 (benchmarks/profile/pointwise.py,
+#: benchmarks/results/pointwise_tiles_sweep.txt): r50_l1_1x1_64 fp16 11.7 us on 64 x 128 with three
+#: blocks per SM against 22.9 on 128 x 128 with two; mbv2_pw_1x1_144to24 fp16 14.1 us on 128 x 64, one
+#: block per SM, against 19.7 on 64 x 64, two.
 POINTWISE_CONFIGS = {
-    "float16": (PointwiseConfig("pw_c128_m128n128", 128, 128, 128, 3, 4, 2, 2),
+    "float16": (PointwiseConfig("pw_c128_m64n128", 64, 128, 128, 3, 2, 4, 3),
                 PointwiseConfig("pw_c256_m64n128", 64, 128, 256, 3, 2, 4, 2),
-                PointwiseConfig("pw_c512_m64n64", 64, 64, 512, 2, 2, 4, 2)),
+                PointwiseConfig("pw_c512_m128n64", 128, 64, 512, 2, 4, 2, 1)),
     "float32": (PointwiseConfig("pw_c128_m128n64", 128, 64, 128, 3, 4, 2, 2),
                 PointwiseConfig("pw_c256_m64n64", 64, 64, 256, 3, 2, 4, 2),
                 PointwiseConfig("pw_c512_m64n64", 64, 64, 512, 2, 2, 4, 1)),
@@ -67,6 +69,12 @@ CONFIG_NAMES = frozenset(c.name for configs in POINTWISE_CONFIGS.values() for c 
 #: The persistent grid: this many SMs (the H100's) x the tile's blocks per SM, shared by the channel
 #: tiles. On a GPU of fewer SMs the blocks run in more than one wave, each still a whole stream.
 SMS = 132
+#: The planner takes this kernel for a layer it can run up to this many multiply-adds x 2 per byte of x
+#: and y (a pixel's 2 C K over its (C + K) elements): past it the mma.sync tiles' rate, not the copies,
+#: binds, and the channels-last GEMM's wgmma tiles are faster. H100, layers suite channels_last: 16-bit
+#: rows of 20-82 FLOP/B 1.05-1.4x faster than on the GEMM, r50_l3_1x1_256to1024 (205) 0.67x; TF32 rows of
+#: 16-26 1.16-1.38x, mbv2_pw_1x1_96to576 (41) 0.89x.
+MAX_FLOP_PER_BYTE = {"float16": 96, "bfloat16": 96, "float32": 32}
 SM_SHARED_BYTES = 228 * 1024
 BLOCK_RESERVED_SHARED_BYTES = 1024
 
@@ -91,6 +99,17 @@ def refusal(problem: ConvProblem) -> str:
     if p.k * item % 16:
         return f"{p.k} output channels of {p.dtype} are not whole 16-byte vectors"
     return grid_refusal(_grid(p, _config(p)))
+
+
+def flop_per_byte(problem: ConvProblem) -> float:
+    """2 C K multiply-adds per pixel over its (C + K) elements of x and y."""
+    return 2 * problem.c * problem.k / ((problem.c + problem.k) * STORAGE_BYTES[problem.dtype])
+
+
+def pays(problem: ConvProblem) -> bool:
+    """Whether the planner takes it for ``problem`` (one it can run): memory-bound enough
+    (MAX_FLOP_PER_BYTE)."""
+    return flop_per_byte(problem) <= MAX_FLOP_PER_BYTE[problem.dtype]
 
 
 def _config(problem: ConvProblem) -> PointwiseConfig:
