@@ -26,13 +26,15 @@ from test_layouts_gpu import TENSOR_CORE, TORCH_DTYPES, arranged, to_cupy, toler
 TORCH_ACTIVATIONS = {"none": lambda y: y, "relu": F.relu, "relu6": F.relu6, "silu": F.silu, "gelu": F.gelu,
                      "sigmoid": torch.sigmoid, "tanh": torch.tanh}
 # One problem per family's usual ground: a GEMM layer, a depthwise layer narrow enough for the column
-# kernel, a wider depthwise layer, a strided 3x3 that Winograd takes, and a grouped odd-sized one.
+# kernel, a wider depthwise layer, a strided 3x3 that Winograd takes, a grouped odd-sized one, and a
+# 1x1 that the streaming kernel takes in NHWC (K 40: a partial channel tile).
 CASES = [
     Case(2, 32, 40, 11, 13, 3, 3, padding=1),
     Case(2, 16, 16, 9, 9, 3, 3, padding=1, groups=16),
     Case(1, 24, 24, 20, 36, 3, 3, padding=1, groups=24),
     Case(2, 24, 48, 12, 12, 3, 3, padding=1),
     Case(3, 6, 16, 9, 10, 3, 2, stride=(2, 1), padding=(1, 0), groups=2),
+    Case(2, 32, 40, 9, 11, 1, 1),
 ]
 LAYOUTS = [("NCHW", "KCHW"), ("NHWC", "KHWC")]
 
@@ -72,12 +74,12 @@ def run(plan, problem, x, weight, bias, residual, in_place: bool = False):
 
 def family_dtype_layouts():
     """(family, dtype, layouts): the tensor cores' dtypes, the direct kernel's float64, the NHWC-only
-    depthwise kernel in NHWC alone."""
+    depthwise and pointwise kernels in NHWC alone."""
     for kernel in planner.KERNELS:
         dtypes = ("float16", "bfloat16", "float32") if kernel in TENSOR_CORE else \
             ("float64", "float32", "float16") if kernel == planner.DIRECT_KERNEL else \
             ("float32",) if kernel in (planner.SIMT_KERNEL, planner.WINOGRAD_KERNEL) else ("float32", "float16")
-        layouts = LAYOUTS[1:] if kernel == planner.DEPTHWISE_NHWC_KERNEL else LAYOUTS
+        layouts = LAYOUTS[1:] if kernel in (planner.DEPTHWISE_NHWC_KERNEL, planner.POINTWISE_KERNEL) else LAYOUTS
         yield from ((kernel, dtype, pair) for dtype in dtypes for pair in layouts)
 
 

@@ -31,7 +31,7 @@ from cupyconv.launch import conv2d_cupy  # noqa: E402
 LAYOUT_PAIRS = [("NHWC", "KCHW"), ("NCHW", "KHWC"), ("NHWC", "KHWC")]
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
                 "float64": torch.float64}
-TENSOR_CORE = (planner.NHWC_KERNEL, planner.GEMM_KERNEL)
+TENSOR_CORE = (planner.NHWC_KERNEL, planner.GEMM_KERNEL, planner.POINTWISE_KERNEL)
 CASES = GRID + [
     Case(2, 32, 64, 17, 19, 3, 3, padding=1),          # wgmma, one 64-channel tile
     Case(3, 64, 130, 9, 9, 3, 3, padding=1),           # two 128-channel tiles, the second partial
