@@ -20,17 +20,10 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
 // false the source size is 0: nothing is read and the destination is zero-filled, which is how
 // padding and out-of-range rows and columns become zeros. `src` must still be a global address;
 // callers pass the tensor's base.
-// L2_ONLY (.cg, 16 bytes alone): for data read once, which L1 would only pass through.
-template <int Bytes, bool L2_ONLY = false>
-__device__ __forceinline__ void cp_async(void* dst, const void* src, bool valid) {
+template <int Bytes> __device__ __forceinline__ void cp_async(void* dst, const void* src, bool valid) {
     static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16, "cp.async moves 4, 8 or 16 bytes");
-    static_assert(!L2_ONLY || Bytes == 16, "cp.async.cg moves 16 bytes");
-    if constexpr (L2_ONLY)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], %2, %3;\n"
-                     :: "r"(shared_address(dst)), "l"(src), "n"(Bytes), "r"(valid ? Bytes : 0) : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
-                     :: "r"(shared_address(dst)), "l"(src), "n"(Bytes), "r"(valid ? Bytes : 0) : "memory");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
+                 :: "r"(shared_address(dst)), "l"(src), "n"(Bytes), "r"(valid ? Bytes : 0) : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

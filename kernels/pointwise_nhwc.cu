@@ -12,12 +12,12 @@
 //
 // Per pixel tile: BM pixels x all C channels in one stage, rows of CB + 16 bytes (an odd number of
 // 16-byte units: ldmatrix is conflict-free); warps of (BM / WARPS_M) x (BN / WARPS_N), mma.sync
-// m16n8k16 (16-bit) or m16n8k8 (TF32) with float32 accumulators. A float32 x and weight are read in
+// m16n8k16 (16-bit) or m16n8k8 (TF32) with float32 accumulators. Where a warp's weight fragments fit
+// 32 registers (B_IN_REGISTERS), they are loaded once for the launch: the weight does not change from
+// tile to tile, and its ldmatrix were half the shared-memory reads of a tile. A float32 x and weight are read in
 // place and rounded to TF32 in their fragments (cvt.rna, as the other tensor-core kernels round).
-// Epilogue in registers (bias, residual, activation: epilogue.cuh); each warp stages its own WM x WN
-// results in the storage type and stores them in 16-byte vectors of its rows' WN channels, so that no
-// block barrier stands between a warp's MMAs and its stores (with one, every store waited for the
-// slowest warp's MMAs: H100, benchmarks/NOTES.md).
+// Epilogue in registers (bias, residual, activation: epilogue.cuh), the tile staged in the storage type
+// and stored in 16-byte vectors of whole pixel rows.
 //
 // The planner (families/pointwise_nhwc.py) asks: C bytes a multiple of 16 and at most CB, K bytes a
 // multiple of 16, operands 16-byte aligned (the fronts copy those that are not). Channels past C
@@ -40,19 +40,21 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     constexpr int PIECES = CB / 16;                            // 16-byte pieces per row
     constexpr int EPP = 16 / sizeof(T);                        // elements per piece
     constexpr int INST_BYTES = mma_op<T>::k * sizeof(T);       // 32 bytes of k per instruction
-    constexpr int OUT_ROW = WN * sizeof(T) + 16;               // a warp's staged output row, bytes
-    constexpr int VECTORS = WN * sizeof(T) / 16;               // 16-byte vectors per staged row
-    constexpr int LANE_ROWS = 32 / VECTORS;                    // rows a warp's store instruction covers
+    constexpr int OUT_ROW = BN * sizeof(T) + 16;               // staged output row, bytes
+    constexpr int VECTORS = BN * sizeof(T) / 16;               // 16-byte vectors per staged row
     constexpr int X_STAGE = BM * ROW;
     static_assert(CB % INST_BYTES == 0 && (CB / 16) % 2 == 0, "whole instructions of k; rows of odd 16-byte units");
     static_assert(NT % PIECES == 0 && BM % (NT / PIECES) == 0 && BN % (NT / PIECES) == 0, "the loaders cover the tiles");
-    static_assert(32 % VECTORS == 0 && WM % LANE_ROWS == 0, "a warp's stores cover its tile");
+    static_assert(NT % VECTORS == 0 && BM % (NT / VECTORS) == 0, "the stores cover the tile");
     static_assert(WM % 16 == 0 && WN % 16 == 0 && STAGES >= 2, "x4 ldmatrix for A and B; a stage to load ahead");
+    constexpr int K_STEPS = CB / INST_BYTES;
+    // (32 registers at most, and at most two blocks per SM: more spilled beside the accumulators.)
+    constexpr bool B_IN_REGISTERS = NTILES * K_STEPS * 2 <= 32 && MIN_BLOCKS <= 2;
 
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char* w_smem = smem;                              // [BN][ROW]
     unsigned char* x_smem = smem + BN * ROW;                   // [STAGES][BM][ROW]
-    unsigned char* out_smem = x_smem + STAGES * X_STAGE;       // per warp [WM][OUT_ROW]
+    unsigned char* out_smem = x_smem + STAGES * X_STAGE;       // [BM][OUT_ROW]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const Index M = static_cast<Index>(N) * H * W;
@@ -74,7 +76,7 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             for (int r = 0; r < BM / ROWS_PER_PASS; ++r) {
                 const Index m = m_first + row0 + r * ROWS_PER_PASS;
                 const bool ok = m < M && piece < c_pieces;
-                cp_async<16, true>(dst + r * ROWS_PER_PASS * ROW, ok ? x + (m * C + piece * EPP) : x, ok);
+                cp_async<16>(dst + r * ROWS_PER_PASS * ROW, ok ? x + (m * C + piece * EPP) : x, ok);
             }
         }
         cp_async_commit();  // empty groups keep the wait count uniform
@@ -108,9 +110,30 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             const int n = n0 + wn + nt * 8 + 2 * tq + j;
             b[nt][j] = has_bias && n < K ? to_acc<float>(bias[n]) : 0.0f;
         }
-    unsigned char* warp_out = out_smem + warp * WM * OUT_ROW;
-    const int v_col = lane % VECTORS, v_row0 = lane / VECTORS;
-    const bool v_ok = n0 + wn + v_col * EPP < K;
+    // The B fragments of k step kk (b0, b1 of each 8-channel tile), rounded to TF32 in float32.
+    auto load_b = [&](int kk, unsigned (&bf)[NTILES][2]) {
+#pragma unroll
+        for (int nt = 0; nt < NTILES; nt += 2) {
+            unsigned r[4];
+            ldmatrix_x4(r, w_smem + b_lane + nt * 8 * ROW + kk * INST_BYTES);
+            if constexpr (sizeof(T) == 4) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) r[e] = to_tf32(__uint_as_float(r[e]));
+            }
+            bf[nt][0] = r[0]; bf[nt][1] = r[1];
+            bf[nt + 1][0] = r[2]; bf[nt + 1][1] = r[3];
+        }
+    };
+    unsigned held[B_IN_REGISTERS ? K_STEPS : 1][NTILES][2];
+    if constexpr (B_IN_REGISTERS) {
+        cp_async_wait<STAGES - 2>();  // the weight (with the first tile) landed: this thread's copies ...
+        __syncthreads();              // ... everyone's
+#pragma unroll
+        for (int kk = 0; kk < K_STEPS; ++kk) load_b(kk, held[kk]);  // past C: never multiplied
+    }
+    const int v_col = tid % VECTORS, v_row0 = tid / VECTORS;
+    constexpr int V_ROWS_PER_PASS = NT / VECTORS;
+    const bool v_ok = n0 + v_col * EPP < K;
 
     with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll 1
@@ -123,7 +146,7 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             float acc[MT][NTILES][4];
             zero_accumulators(acc);
 #pragma unroll
-            for (int kk = 0; kk < CB / INST_BYTES; ++kk) {
+            for (int kk = 0; kk < K_STEPS; ++kk) {
                 if (kk >= k_steps) break;
                 unsigned a[MT][4], bf[NTILES][2];
 #pragma unroll
@@ -134,24 +157,18 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                         for (int e = 0; e < 4; ++e) a[mt][e] = to_tf32(__uint_as_float(a[mt][e]));
                     }
                 }
-#pragma unroll
-                for (int nt = 0; nt < NTILES; nt += 2) {
-                    unsigned r[4];
-                    ldmatrix_x4(r, w_smem + b_lane + nt * 8 * ROW + kk * INST_BYTES);
-                    if constexpr (sizeof(T) == 4) {
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) r[e] = to_tf32(__uint_as_float(r[e]));
-                    }
-                    bf[nt][0] = r[0]; bf[nt][1] = r[1];
-                    bf[nt + 1][0] = r[2]; bf[nt + 1][1] = r[3];
-                }
+                if constexpr (!B_IN_REGISTERS) load_b(kk, bf);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                    for (int nt = 0; nt < NTILES; ++nt) mma_op<T>::run(acc[mt][nt], a[mt], bf[nt]);
+                    for (int nt = 0; nt < NTILES; ++nt) {
+                        if constexpr (B_IN_REGISTERS)
+                            mma_op<T>::run(acc[mt][nt], a[mt], held[kk][nt]);
+                        else
+                            mma_op<T>::run(acc[mt][nt], a[mt], bf[nt]);
+                    }
             }
-            // The epilogue in registers; pairs of adjacent channels staged as one 2-element store, each
-            // warp in its own rows.
+            // The epilogue in registers; pairs of adjacent channels staged as one 2-element store.
             struct alignas(2 * sizeof(T)) Pair { T v[2]; };
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -165,15 +182,14 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                         Pair p;
                         p.v[0] = ok ? finish(acc[mt][nt][2 * h] + b[nt][0], at) : T{};
                         p.v[1] = ok ? finish(acc[mt][nt][2 * h + 1] + b[nt][1], at + 1) : T{};
-                        *reinterpret_cast<Pair*>(warp_out + (row - wm) * OUT_ROW + (col - wn) * sizeof(T)) = p;
+                        *reinterpret_cast<Pair*>(out_smem + row * OUT_ROW + col * sizeof(T)) = p;
                     }
-            __syncwarp();
+            __syncthreads();
 #pragma unroll
-            for (int r = 0; r < WM / LANE_ROWS; ++r) {
-                const int row = v_row0 + r * LANE_ROWS;  // of the warp's
-                const uint4 v = *reinterpret_cast<const uint4*>(warp_out + row * OUT_ROW + v_col * 16);
-                const Index m = m0 + wm + row;
-                if (v_ok && m < M) *reinterpret_cast<uint4*>(y + (m * K + n0 + wn + v_col * EPP)) = v;
+            for (int r = 0; r < BM / V_ROWS_PER_PASS; ++r) {
+                const int row = v_row0 + r * V_ROWS_PER_PASS;
+                const uint4 v = *reinterpret_cast<const uint4*>(out_smem + row * OUT_ROW + v_col * 16);
+                if (v_ok && m0 + row < M) *reinterpret_cast<uint4*>(y + ((m0 + row) * K + n0 + v_col * EPP)) = v;
             }
         }
     });

@@ -46,9 +46,9 @@ class PointwiseConfig:
 
     def shared_bytes(self, dtype: str) -> int:
         """The weight's rows [bn] and ``stages`` pixel tiles [bm], each of channel_bytes + 16 bytes, and
-        each warp's staged output [bm / warps_m][bn / warps_n elements + 16 bytes] (the kernel's layout)."""
+        the staged output [bm][bn elements + 16 bytes] (the kernel's layout)."""
         row = self.channel_bytes + 16
-        return (self.bn + self.stages * self.bm) * row + self.bm * (self.bn * STORAGE_BYTES[dtype] + 16 * self.warps_n)
+        return (self.bn + self.stages * self.bm) * row + self.bm * (self.bn * STORAGE_BYTES[dtype] + 16)
 
 
 #: Tiles per dtype, by the input channels' bytes they hold (the first that holds C is chosen), each the
