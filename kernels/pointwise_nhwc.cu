@@ -28,8 +28,14 @@
 
 namespace cupyconv {
 
+// Blocks per SM asked of the register allocator: MIN_BLOCKS, at most two with 64-bit indices (whose
+// pixel offsets are register pairs: at three, the 64 x 128 tile spilled 188 bytes).
+__host__ __device__ constexpr int pointwise_min_blocks(int min_blocks, int index_bytes) {
+    return index_bytes == 8 && min_blocks > 2 ? 2 : min_blocks;
+}
+
 template <typename T, typename Index, int BM, int BN, int CB, int STAGES, int WARPS_M, int WARPS_N, int MIN_BLOCKS>
-__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, MIN_BLOCKS)
+__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, pointwise_min_blocks(MIN_BLOCKS, sizeof(Index)))
 pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
                int has_bias, const T* __restrict__ residual, int has_residual, int activation,
                int N, int C, int H, int W, int K) {
@@ -48,8 +54,9 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     static_assert(NT % VECTORS == 0 && BM % (NT / VECTORS) == 0, "the stores cover the tile");
     static_assert(WM % 16 == 0 && WN % 16 == 0 && STAGES >= 2, "x4 ldmatrix for A and B; a stage to load ahead");
     constexpr int K_STEPS = CB / INST_BYTES;
-    // (32 registers at most, and at most two blocks per SM: more spilled beside the accumulators.)
-    constexpr bool B_IN_REGISTERS = NTILES * K_STEPS * 2 <= 32 && MIN_BLOCKS <= 2;
+    // (32 registers at most, two blocks per SM at most, 32-bit indices: more spilled beside the
+    // accumulators and the 64-bit pixel offsets.)
+    constexpr bool B_IN_REGISTERS = NTILES * K_STEPS * 2 <= 32 && MIN_BLOCKS <= 2 && sizeof(Index) == 4;
 
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char* w_smem = smem;                              // [BN][ROW]

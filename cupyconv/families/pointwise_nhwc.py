@@ -119,18 +119,20 @@ def _config(problem: ConvProblem) -> PointwiseConfig:
     return next((c for c in configs if problem.c * item <= c.channel_bytes), configs[-1])
 
 
-def blocks_per_sm(cfg: PointwiseConfig, dtype: str) -> int:
-    """Blocks resident per SM: the launch bounds' ask, as far as shared memory holds them."""
+def blocks_per_sm(cfg: PointwiseConfig, dtype: str, index: str = "int") -> int:
+    """Blocks resident per SM: the launch bounds' ask (at most two with 64-bit indices: the kernel's
+    pointwise_min_blocks), as far as shared memory holds them."""
+    asked = min(cfg.min_blocks, 2) if index == "long long" else cfg.min_blocks
     by_shared = SM_SHARED_BYTES // (cfg.shared_bytes(dtype) + BLOCK_RESERVED_SHARED_BYTES)
-    return max(1, min(cfg.min_blocks, by_shared))
+    return max(1, min(asked, by_shared))
 
 
-def _grid(problem: ConvProblem, cfg: PointwiseConfig) -> tuple[int, int, int]:
+def _grid(problem: ConvProblem, cfg: PointwiseConfig, index: str = "int") -> tuple[int, int, int]:
     """(persistent blocks per channel tile, channel tiles, 1): as many blocks as are resident on SMS
     SMs, shared by the channel tiles, each taking an equal number of pixel tiles (within one)."""
     tiles_m = math.ceil(problem.n * problem.h * problem.w / cfg.bm)
     tiles_n = math.ceil(problem.k / cfg.bn)
-    resident = max(1, SMS * blocks_per_sm(cfg, problem.dtype) // tiles_n)
+    resident = max(1, SMS * blocks_per_sm(cfg, problem.dtype, index) // tiles_n)
     per_block = math.ceil(tiles_m / resident) if tiles_m else 1
     return (max(1, math.ceil(tiles_m / per_block)) if tiles_m else 1, tiles_n, 1)
 
@@ -150,10 +152,11 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
     else:
         cfg = _config(problem)
         why = f"1x1 of {problem.c} channels ({problem.c * item} bytes): the whole reduction in one stage"
-    grid = _grid(problem, cfg)
+    index = index_type(problem)
+    grid = _grid(problem, cfg, index)
     tiles_m = math.ceil(problem.n * problem.h * problem.w / cfg.bm)
     why += f"; {grid[0] * grid[1]} persistent blocks over {tiles_m} pixel tiles x {grid[1]} channel tiles"
-    return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem), config=cfg, grid=grid,
+    return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index, config=cfg, grid=grid,
                       block=(cfg.threads, 1, 1), shared_bytes=cfg.shared_bytes(problem.dtype),
                       reason=f"{reason}; {why}" if reason else why)
 

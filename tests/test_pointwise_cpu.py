@@ -1,0 +1,99 @@
+"""The streaming 1x1 kernel's plans without a GPU: what it refuses and why, which layers the planner
+gives it (memory-bound 1x1 NHWC layers of few input channels), its tiles' shared memory and its
+persistent grid."""
+import math
+
+import pytest
+
+from cupyconv.arguments import make_problem
+from cupyconv.families import pointwise_nhwc
+from cupyconv.families.pointwise_nhwc import MAX_FLOP_PER_BYTE, POINTWISE_CONFIGS, SMS, refusal
+from cupyconv.planner import POINTWISE_KERNEL, make_plan
+
+#: Dynamic shared memory a block may opt in to on the H100 (227 KB).
+MAX_SHARED_BYTES = 227 * 1024
+
+
+def nhwc(n, c, k, h, w, dtype="float16", stride=1, padding=0, groups=1):
+    return make_problem((n, h, w, c), (k, c // groups, 1, 1), (k,), dtype, stride, padding, 1, groups, layout="NHWC")
+
+
+@pytest.mark.parametrize("problem,why", [
+    (make_problem((2, 64, 8, 8), (128, 64, 1, 1), None, "float16"), "NHWC arrays only"),
+    (nhwc(2, 64, 128, 8, 8, "float64"), "not float64"),
+    (nhwc(2, 64, 128, 8, 8, stride=2), "1x1, stride-1, unpadded"),
+    (nhwc(2, 64, 128, 8, 8, padding=1), "1x1, stride-1, unpadded"),
+    (nhwc(2, 64, 128, 8, 8, groups=2), "of one group"),
+    (nhwc(2, 12, 128, 8, 8), "12 input channels of float16 are not whole 16-byte pieces"),
+    (nhwc(2, 264, 128, 8, 8), "at most 512 bytes"),
+    (nhwc(2, 136, 128, 8, 8, "float32"), "at most 512 bytes"),
+    (nhwc(2, 64, 12, 8, 8), "12 output channels of float16 are not whole 16-byte vectors"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_refusals_name_the_reason(problem, why):
+    assert why in refusal(problem)
+    with pytest.raises(ValueError, match="cannot run this problem"):
+        make_plan(problem, kernel=POINTWISE_KERNEL)
+
+
+@pytest.mark.parametrize("c,k,dtype,taken", [
+    (64, 256, "float16", True),      # ResNet-50's expansion: 51 FLOP/B
+    (144, 24, "bfloat16", True),     # MobileNetV2's projection: 21
+    (96, 576, "float16", True),      # 82
+    (256, 1024, "float16", False),   # 205: the wgmma GEMM is faster
+    (64, 256, "float32", True),      # 26 in TF32
+    (96, 576, "float32", False),     # 41: the GEMM is faster in TF32
+])
+def test_planner_takes_it_for_memory_bound_layers(c, k, dtype, taken):
+    problem = nhwc(8, c, k, 14, 14, dtype)
+    assert not refusal(problem)
+    assert pointwise_nhwc.pays(problem) == taken
+    assert (pointwise_nhwc.flop_per_byte(problem) <= MAX_FLOP_PER_BYTE[dtype]) == taken
+    plan = make_plan(problem, allow_tf32=True, compute_capability=90)
+    assert (plan.kernel == POINTWISE_KERNEL) == taken, plan
+    if dtype == "float32":  # strict float32 stays off the tensor cores
+        assert make_plan(problem).kernel != POINTWISE_KERNEL
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_tiles_fit_and_the_narrowest_holding_c_is_chosen(dtype):
+    item = 4 if dtype == "float32" else 2
+    for cfg in POINTWISE_CONFIGS[dtype]:
+        assert cfg.shared_bytes(dtype) <= MAX_SHARED_BYTES, cfg
+        assert pointwise_nhwc.blocks_per_sm(cfg, dtype) >= 1
+    for c in (8, 32, 64, 96, 128, 256):
+        problem = nhwc(4, c, 64, 10, 10, dtype)
+        if c * item > 512:
+            assert refusal(problem)
+            continue
+        plan = make_plan(problem, kernel=POINTWISE_KERNEL)
+        holding = [cfg for cfg in POINTWISE_CONFIGS[dtype] if c * item <= cfg.channel_bytes]
+        assert plan.config == holding[0]
+        assert plan.shared_bytes == plan.config.shared_bytes(dtype) and plan.block == (plan.config.threads, 1, 1)
+
+
+@pytest.mark.parametrize("n,k", [(1, 64), (32, 256), (32, 64), (4, 24), (256, 1024)])
+def test_persistent_grid_covers_the_tiles_in_about_one_wave(n, k):
+    """Every pixel tile of every channel tile has a block (each block takes pixel tiles bx, bx + gridDim.x,
+    ...), the blocks fit the SMs' residency, and no block is more than one tile behind another."""
+    problem = nhwc(n, 64, k, 56, 56)
+    plan = make_plan(problem, kernel=POINTWISE_KERNEL)
+    cfg = plan.config
+    tiles_m, tiles_n = math.ceil(n * 56 * 56 / cfg.bm), math.ceil(k / cfg.bn)
+    assert plan.grid[1] == tiles_n and plan.grid[2] == 1 and 1 <= plan.grid[0] <= tiles_m
+    assert plan.grid[0] * plan.grid[1] <= max(tiles_n, SMS * pointwise_nhwc.blocks_per_sm(cfg, problem.dtype))
+    per_block = [len(range(b, tiles_m, plan.grid[0])) for b in range(plan.grid[0])]
+    assert sum(per_block) == tiles_m and max(per_block) - min(per_block) <= 1 and min(per_block) >= 1
+
+
+def test_forced_tile_must_hold_the_channels():
+    problem = nhwc(2, 128, 64, 8, 8)
+    with pytest.raises(ValueError, match="holds 128 bytes of input channels"):
+        make_plan(problem, config=POINTWISE_CONFIGS["float16"][0].name, kernel=POINTWISE_KERNEL)
+    assert make_plan(problem, config=POINTWISE_CONFIGS["float16"][1].name).kernel == POINTWISE_KERNEL
+
+
+def test_printed_plan_says_what_it_reads_in_place():
+    plan = make_plan(nhwc(32, 64, 256, 56, 56), compute_capability=90)
+    text = str(plan)
+    assert plan.kernel == POINTWISE_KERNEL and "persistent blocks" in text and "in place" in text
+    assert "51 FLOP per byte" in text
