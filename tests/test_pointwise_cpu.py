@@ -25,8 +25,8 @@ def nhwc(n, c, k, h, w, dtype="float16", stride=1, padding=0, groups=1):
     (nhwc(2, 64, 128, 8, 8, padding=1), "1x1, stride-1, unpadded"),
     (nhwc(2, 64, 128, 8, 8, groups=2), "of one group"),
     (nhwc(2, 12, 128, 8, 8), "12 input channels of float16 are not whole 16-byte pieces"),
-    (nhwc(2, 264, 128, 8, 8), "at most 512 bytes"),
-    (nhwc(2, 136, 128, 8, 8, "float32"), "at most 512 bytes"),
+    (nhwc(2, 520, 128, 8, 8), "at most 1024 bytes"),
+    (nhwc(2, 264, 128, 8, 8, "float32"), "at most 1024 bytes"),
     (nhwc(2, 64, 12, 8, 8), "12 output channels of float16 are not whole 16-byte vectors"),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_refusals_name_the_reason(problem, why):
@@ -42,6 +42,8 @@ def test_refusals_name_the_reason(problem, why):
     (256, 1024, "float16", False),   # 205: the wgmma GEMM is faster
     (64, 256, "float32", True),      # 26 in TF32
     (96, 576, "float32", False),     # 41: the GEMM is faster in TF32
+    (144, 24, "float32", True),      # 10: the widest float32 tile
+    (384, 64, "float16", True),      # 55: the widest 16-bit tile
 ])
 def test_planner_takes_it_for_memory_bound_layers(c, k, dtype, taken):
     problem = nhwc(8, c, k, 14, 14, dtype)
@@ -60,9 +62,9 @@ def test_tiles_fit_and_the_narrowest_holding_c_is_chosen(dtype):
     for cfg in POINTWISE_CONFIGS[dtype]:
         assert cfg.shared_bytes(dtype) <= MAX_SHARED_BYTES, cfg
         assert pointwise_nhwc.blocks_per_sm(cfg, dtype) >= 1
-    for c in (8, 32, 64, 96, 128, 256):
+    for c in (8, 32, 64, 96, 128, 256, 384, 512):
         problem = nhwc(4, c, 64, 10, 10, dtype)
-        if c * item > 512:
+        if c * item > 1024:
             assert refusal(problem)
             continue
         plan = make_plan(problem, kernel=POINTWISE_KERNEL)

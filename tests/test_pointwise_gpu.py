@@ -33,6 +33,7 @@ CASES = [
     Case(4, 144, 24, 19, 17, 1, 1),           # MobileNetV2's 144 -> 24: 9 instructions of k, K < one tile
     Case(2, 96, 200, 23, 29, 1, 1, bias=False),  # K 200: a partial channel tile
     Case(5, 32, 136, 50, 41, 1, 1),           # many pixel tiles a block
+    Case(2, 320, 64, 9, 7, 1, 1),             # 640 bytes of 16-bit channels: the widest tile; float32 refused
 ]
 
 
@@ -74,7 +75,7 @@ def _reference(x, weight, bias):
 
 
 @pytest.mark.parametrize("name", DTYPES)
-@pytest.mark.parametrize("config_index", range(3))
+@pytest.mark.parametrize("config_index", range(4))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_every_tile(case, config_index, name):
     dtype = DTYPES[name][0]

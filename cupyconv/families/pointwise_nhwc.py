@@ -55,14 +55,17 @@ class PointwiseConfig:
 #: fastest of 16 tiles timed on the layers suite's 1x1 rows on the H100 (benchmarks/profile/pointwise.py,
 #: benchmarks/results/pointwise_tiles_sweep.txt): r50_l1_1x1_64 fp16 11.7 us on 64 x 128 with three
 #: blocks per SM against 22.9 on 128 x 128 with two; mbv2_pw_1x1_144to24 fp16 14.1 us on 128 x 64, one
-#: block per SM, against 19.7 on 64 x 64, two.
+#: block per SM, against 19.7 on 64 x 64, two. The widest (up to 512 16-bit or 256 float32 channels,
+#: MobileNetV2's 384 -> 64 and, in TF32, 144 -> 24) fills an SM's shared memory with one block.
 POINTWISE_CONFIGS = {
     "float16": (PointwiseConfig("pw_c128_m64n128", 64, 128, 128, 3, 2, 4, 3),
                 PointwiseConfig("pw_c256_m64n128", 64, 128, 256, 3, 2, 4, 2),
-                PointwiseConfig("pw_c512_m128n64", 128, 64, 512, 2, 4, 2, 1)),
+                PointwiseConfig("pw_c512_m128n64", 128, 64, 512, 2, 4, 2, 1),
+                PointwiseConfig("pw_c1024_m64n64", 64, 64, 1024, 2, 2, 4, 1)),
     "float32": (PointwiseConfig("pw_c128_m128n64", 128, 64, 128, 3, 4, 2, 2),
                 PointwiseConfig("pw_c256_m64n64", 64, 64, 256, 3, 2, 4, 2),
-                PointwiseConfig("pw_c512_m64n64", 64, 64, 512, 2, 2, 4, 1)),
+                PointwiseConfig("pw_c512_m64n64", 64, 64, 512, 2, 2, 4, 1),
+                PointwiseConfig("pw_c1024_m64n64", 64, 64, 1024, 2, 2, 4, 1)),
 }
 POINTWISE_CONFIGS["bfloat16"] = POINTWISE_CONFIGS["float16"]
 CONFIG_NAMES = frozenset(c.name for configs in POINTWISE_CONFIGS.values() for c in configs)
