@@ -7,7 +7,7 @@ import pytest
 
 from cupyconv.arguments import make_problem
 from cupyconv.families import pointwise_nhwc
-from cupyconv.families.pointwise_nhwc import MAX_FLOP_PER_BYTE, POINTWISE_CONFIGS, SMS, refusal
+from cupyconv.families.pointwise_nhwc import MAX_FLOP_PER_BYTE, NARROW_CONFIGS, POINTWISE_CONFIGS, SMS, refusal
 from cupyconv.planner import POINTWISE_KERNEL, make_plan
 
 #: Dynamic shared memory a block may opt in to on the H100 (227 KB).
@@ -85,6 +85,22 @@ def test_persistent_grid_covers_the_tiles_in_about_one_wave(n, k):
     assert plan.grid[0] * plan.grid[1] <= max(tiles_n, SMS * pointwise_nhwc.blocks_per_sm(cfg, problem.dtype))
     per_block = [len(range(b, tiles_m, plan.grid[0])) for b in range(plan.grid[0])]
     assert sum(per_block) == tiles_m and max(per_block) - min(per_block) <= 1 and min(per_block) >= 1
+
+
+@pytest.mark.parametrize("c,k,dtype,narrow", [
+    (144, 24, "float16", "pw_c512_m64n32"), (144, 24, "float32", "pw_c1024_m64n32"),
+    (144, 40, "float16", None), (64, 24, "float16", None), (320, 32, "bfloat16", "pw_c1024_m64n32")])
+def test_narrow_outputs_take_the_32_channel_twin_of_the_wide_tiles(c, k, dtype, narrow):
+    plan = make_plan(nhwc(8, c, k, 28, 28, dtype), kernel=POINTWISE_KERNEL)
+    item = 4 if dtype == "float32" else 2
+    if narrow is None:
+        assert plan.config.bn > 32
+    else:
+        assert plan.config.name == narrow and plan.config in NARROW_CONFIGS[dtype]
+        assert plan.config.channel_bytes == next(cfg.channel_bytes for cfg in POINTWISE_CONFIGS[dtype]
+                                                 if c * item <= cfg.channel_bytes)
+        assert "32-channel tile" in plan.reason
+    assert plan.shared_bytes <= MAX_SHARED_BYTES
 
 
 def test_forced_tile_must_hold_the_channels():

@@ -52,13 +52,14 @@ class PointwiseConfig:
 
 
 #: Tiles per dtype, by the input channels' bytes they hold (the first that holds C is chosen), each the
-#: fastest of 16 tiles timed on the layers suite's 1x1 rows on the H100 (benchmarks/profile/pointwise.py,
-#: benchmarks/results/pointwise_tiles_sweep.txt): r50_l1_1x1_64 fp16 11.7 us on 64 x 128 with three
-#: blocks per SM against 22.9 on 128 x 128 with two; mbv2_pw_1x1_144to24 fp16 14.1 us on 128 x 64, one
-#: block per SM, against 19.7 on 64 x 64, two. The widest (up to 512 16-bit or 256 float32 channels,
-#: MobileNetV2's 384 -> 64 and, in TF32, 144 -> 24) fills an SM's shared memory with one block.
+#: fastest of the tiles timed on the layers suite's 1x1 rows on the H100 (benchmarks/profile/pointwise.py,
+#: benchmarks/results/pointwise_tiles_sweep_3024172.txt, calls on three input sets in turn so that x
+#: comes from DRAM): r50_l1_1x1_64 fp16 12.4 us on 64 x 64 with three blocks per SM against 13.9 on
+#: 64 x 128 (r50_l1_1x1_256 28.2 against 27.9); mbv2_pw_1x1_144to24 fp16 17.1 us on 128 x 64, one
+#: block per SM, against 20.1 on the 1024-byte tile. The widest (up to 512 16-bit or 256 float32
+#: channels, MobileNetV2's 384 -> 64 and, in TF32, 144 -> 24) fills an SM's shared memory with one block.
 POINTWISE_CONFIGS = {
-    "float16": (PointwiseConfig("pw_c128_m64n128", 64, 128, 128, 3, 2, 4, 3),
+    "float16": (PointwiseConfig("pw_c128_m64n64", 64, 64, 128, 3, 4, 2, 3),
                 PointwiseConfig("pw_c256_m64n128", 64, 128, 256, 3, 2, 4, 2),
                 PointwiseConfig("pw_c512_m128n64", 128, 64, 512, 2, 4, 2, 1),
                 PointwiseConfig("pw_c1024_m64n64", 64, 64, 1024, 2, 2, 4, 1)),
@@ -67,8 +68,18 @@ POINTWISE_CONFIGS = {
                 PointwiseConfig("pw_c512_m64n64", 64, 64, 512, 2, 2, 4, 1),
                 PointwiseConfig("pw_c1024_m64n64", 64, 64, 1024, 2, 2, 4, 1)),
 }
+#: Outputs of at most NARROW_CHANNELS channels on the two widest tiles take a 32-channel tile of the same
+#: channel bytes: a 64-channel tile multiplies 2-3 times the columns it stores, which the long reductions
+#: of those tiles feel (mbv2_pw_1x1_144to24: fp16 15.8 us against 17.1, TF32 29.0 against 37.6; same
+#: sweep). Narrower inputs keep their tile (not timed with narrow outputs).
+NARROW_CHANNELS = 32
+NARROW_CONFIGS = {dtype: (PointwiseConfig("pw_c512_m64n32", 64, 32, 512, 2, 4, 2, 2),
+                          PointwiseConfig("pw_c1024_m64n32", 64, 32, 1024, 2, 4, 2, 1))
+                  for dtype in ("float16", "float32")}
 POINTWISE_CONFIGS["bfloat16"] = POINTWISE_CONFIGS["float16"]
-CONFIG_NAMES = frozenset(c.name for configs in POINTWISE_CONFIGS.values() for c in configs)
+NARROW_CONFIGS["bfloat16"] = NARROW_CONFIGS["float16"]
+CONFIG_NAMES = frozenset(c.name for tables in (POINTWISE_CONFIGS, NARROW_CONFIGS) for configs in tables.values()
+                         for c in configs)
 #: The persistent grid: this many SMs (the H100's) x the tile's blocks per SM, shared by the channel
 #: tiles. On a GPU of fewer SMs the blocks run in more than one wave, each still a whole stream.
 SMS = 132
@@ -116,10 +127,14 @@ def pays(problem: ConvProblem) -> bool:
 
 
 def _config(problem: ConvProblem) -> PointwiseConfig:
-    """The narrowest tile that holds the input channels."""
+    """The narrowest tile that holds the input channels, or its 32-channel twin (NARROW_CONFIGS) for
+    outputs of at most NARROW_CHANNELS channels where it has one."""
     item = STORAGE_BYTES[problem.dtype]
     configs = POINTWISE_CONFIGS[problem.dtype]
-    return next((c for c in configs if problem.c * item <= c.channel_bytes), configs[-1])
+    cfg = next((c for c in configs if problem.c * item <= c.channel_bytes), configs[-1])
+    if problem.k <= NARROW_CHANNELS:
+        cfg = next((c for c in NARROW_CONFIGS[problem.dtype] if c.channel_bytes == cfg.channel_bytes), cfg)
+    return cfg
 
 
 def blocks_per_sm(cfg: PointwiseConfig, dtype: str, index: str = "int") -> int:
@@ -141,13 +156,14 @@ def _grid(problem: ConvProblem, cfg: PointwiseConfig, index: str = "int") -> tup
 
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
-    """The narrowest tile that holds C (or ``config``), on a persistent grid (_grid)."""
+    """_config's tile (or ``config``), on a persistent grid (_grid)."""
     why_not = refusal(problem)
     if why_not:
         raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
     item = STORAGE_BYTES[problem.dtype]
     if config is not None:
-        cfg = forced_config(POINTWISE_CONFIGS[problem.dtype], config, f"config for {KERNEL} in {problem.dtype}")
+        cfg = forced_config(POINTWISE_CONFIGS[problem.dtype] + NARROW_CONFIGS[problem.dtype], config,
+                            f"config for {KERNEL} in {problem.dtype}")
         if problem.c * item > cfg.channel_bytes:
             raise ValueError(f"config {config!r} holds {cfg.channel_bytes} bytes of input channels; this problem has "
                              f"{problem.c} channels of {problem.dtype} ({problem.c * item} bytes)")
@@ -155,6 +171,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
     else:
         cfg = _config(problem)
         why = f"1x1 of {problem.c} channels ({problem.c * item} bytes): the whole reduction in one stage"
+        if cfg.bn == NARROW_CHANNELS:
+            why += f", {problem.k} output channels on its 32-channel tile"
     index = index_type(problem)
     grid = _grid(problem, cfg, index)
     tiles_m = math.ceil(problem.n * problem.h * problem.w / cfg.bm)
@@ -189,7 +207,7 @@ def name_expression(plan: LaunchPlan) -> str:
 def specialisations() -> list[str]:
     """Every tile of every dtype, with 32- and 64-bit indices."""
     return [specialisation(dtype, index, cfg) for dtype in DTYPES for index in INDEX_TYPES
-            for cfg in POINTWISE_CONFIGS[dtype]]
+            for cfg in POINTWISE_CONFIGS[dtype] + NARROW_CONFIGS[dtype]]
 
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
