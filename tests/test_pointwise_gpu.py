@@ -21,10 +21,8 @@ from cupyconv.compiler import compute_capability  # noqa: E402
 from cupyconv.families.pointwise_nhwc import NARROW_CONFIGS, POINTWISE_CONFIGS  # noqa: E402
 from cupyconv.launch import conv2d_cupy  # noqa: E402
 from cupyconv.planner import POINTWISE_KERNEL, make_plan  # noqa: E402
+from test_igemm_gpu import DTYPES, TOLERANCE, tf32  # noqa: E402  (the tensor-core tests' dtypes, tolerances, rounding)
 
-DTYPES = {"tf32": ("float32", torch.float32), "float16": ("float16", torch.float16),
-          "bfloat16": ("bfloat16", torch.bfloat16)}
-TOLERANCE = {"tf32": 2e-3, "float16": 1e-2, "bfloat16": 1e-2}
 
 CASES = [
     Case(2, 64, 256, 28, 28, 1, 1),           # ResNet-50's 64 -> 256 at batch 2: two channel tiles
@@ -45,11 +43,6 @@ def _problem(case: Case, dtype: str, activation=None, residual=False):
     return make_problem((case.n, case.h, case.w, case.c), (case.k, case.c, 1, 1), (case.k,) if case.bias else None,
                         dtype, 1, 0, 1, 1, layout="NHWC", activation=activation,
                         residual_shape=(case.n, case.h, case.w, case.k) if residual else None)
-
-
-def tf32(t):
-    """float32 ``t`` rounded to TF32 as the kernels round it (cvt.rna: to nearest, ties away from zero)."""
-    return ((t.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
 
 
 def _run(case: Case, name: str, config=None, seed=0, activation=None, residual=None):
