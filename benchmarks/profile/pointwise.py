@@ -11,13 +11,14 @@ import sys
 
 import cupy
 
-from cupyconv.bench import LAYERS, MODE_DTYPE
+from cupyconv.bench import LARGE, LAYERS, MODE_DTYPE
 from cupyconv.families import pointwise_nhwc
 from cupyconv.families.pointwise_nhwc import PointwiseConfig
 from cupyconv.launch import conv2d_cupy
 from cupyconv.planner import NHWC_KERNEL, POINTWISE_KERNEL, make_plan
 
-ROWS = ("r50_l1_1x1_64", "r50_l1_1x1_256", "mbv2_pw_1x1_144to24", "mbv2_pw_1x1_96to576", "r50_l3_1x1_256to1024")
+ROWS = ("r50_l1_1x1_64", "r50_l1_1x1_256", "mbv2_pw_1x1_144to24", "mbv2_pw_1x1_96to576", "r50_l3_1x1_256to1024",
+        "large_1x1_64to64_256sq", "large_1x1_32to128_512sq", "large_1x1_256to64_128sq")
 #: name, bm, bn, channel bytes, stages, warps_m, warps_n, min_blocks (B_IN_REGISTERS where a warp's
 #: weight fragments fit 32 registers at two blocks per SM at most: kernels/pointwise_nhwc.cu)
 CANDIDATES = [PointwiseConfig(f"try_c{cb}_m{bm}n{bn}s{st}w{wm}x{wn}b{mb}", bm, bn, cb, st, wm, wn, mb)
@@ -45,7 +46,7 @@ def batch_ms(run, calls: int = 24, samples: int = 30) -> float:
 
 
 def main(rows) -> None:
-    shapes = {s.name: s for s in LAYERS}
+    shapes = {s.name: s for s in LAYERS + LARGE}
     for name in rows:
         shape = shapes[name]
         for mode in ("fp16", "tf32"):
