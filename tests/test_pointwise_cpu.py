@@ -7,7 +7,7 @@ import pytest
 
 from cupyconv.arguments import make_problem
 from cupyconv.families import pointwise_nhwc
-from cupyconv.families.pointwise_nhwc import MAX_FLOP_PER_BYTE, NARROW_CONFIGS, POINTWISE_CONFIGS, SMS, refusal
+from cupyconv.families.pointwise_nhwc import MAX_FLOP_PER_BYTE, MIN_FLOAT32_CHANNELS, POINTWISE_CONFIGS, SMS, refusal
 from cupyconv.planner import POINTWISE_KERNEL, make_plan
 
 #: Dynamic shared memory a block may opt in to on the H100 (227 KB).
@@ -44,12 +44,15 @@ def test_refusals_name_the_reason(problem, why):
     (96, 576, "float32", False),     # 41: the GEMM is faster in TF32
     (144, 24, "float32", True),      # 10: the widest float32 tile
     (384, 64, "float16", True),      # 55: the widest 16-bit tile
+    (32, 128, "float32", False),     # float32 of 32 channels: the GEMM is faster (MIN_FLOAT32_CHANNELS)
+    (32, 128, "float16", True),
 ])
 def test_planner_takes_it_for_memory_bound_layers(c, k, dtype, taken):
     problem = nhwc(8, c, k, 14, 14, dtype)
     assert not refusal(problem)
     assert pointwise_nhwc.pays(problem) == taken
-    assert (pointwise_nhwc.flop_per_byte(problem) <= MAX_FLOP_PER_BYTE[dtype]) == taken
+    assert (pointwise_nhwc.flop_per_byte(problem) <= MAX_FLOP_PER_BYTE[dtype]
+            and (dtype != "float32" or c >= MIN_FLOAT32_CHANNELS)) == taken
     plan = make_plan(problem, allow_tf32=True, compute_capability=90)
     assert (plan.kernel == POINTWISE_KERNEL) == taken, plan
     if dtype == "float32":  # strict float32 stays off the tensor cores
@@ -57,20 +60,24 @@ def test_planner_takes_it_for_memory_bound_layers(c, k, dtype, taken):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
-def test_tiles_fit_and_the_narrowest_holding_c_is_chosen(dtype):
+def test_tiles_fit_and_the_rule_picks_by_channel_bytes_then_width(dtype):
+    """Every tile fits the H100's shared memory; a plan takes, of the tiles of the fewest channel bytes
+    holding C, the narrowest at least K wide, else the widest."""
     item = 4 if dtype == "float32" else 2
     for cfg in POINTWISE_CONFIGS[dtype]:
         assert cfg.shared_bytes(dtype) <= MAX_SHARED_BYTES, cfg
         assert pointwise_nhwc.blocks_per_sm(cfg, dtype) >= 1
     for c in (8, 32, 64, 96, 128, 256, 384, 512):
-        problem = nhwc(4, c, 64, 10, 10, dtype)
-        if c * item > 1024:
-            assert refusal(problem)
-            continue
-        plan = make_plan(problem, kernel=POINTWISE_KERNEL)
-        holding = [cfg for cfg in POINTWISE_CONFIGS[dtype] if c * item <= cfg.channel_bytes]
-        assert plan.config == holding[0]
-        assert plan.shared_bytes == plan.config.shared_bytes(dtype) and plan.block == (plan.config.threads, 1, 1)
+        for k in (24, 32, 64, 128, 256):
+            problem = nhwc(4, c, k, 10, 10, dtype)
+            if c * item > 1024:
+                assert refusal(problem)
+                continue
+            plan = make_plan(problem, kernel=POINTWISE_KERNEL)
+            holding = min(cfg.channel_bytes for cfg in POINTWISE_CONFIGS[dtype] if c * item <= cfg.channel_bytes)
+            widths = sorted((cfg for cfg in POINTWISE_CONFIGS[dtype] if cfg.channel_bytes == holding), key=lambda t: t.bn)
+            assert plan.config == next((cfg for cfg in widths if cfg.bn >= k), widths[-1]), (c, k)
+            assert plan.shared_bytes == plan.config.shared_bytes(dtype) and plan.block == (plan.config.threads, 1, 1)
 
 
 @pytest.mark.parametrize("n,k", [(1, 64), (32, 256), (32, 64), (4, 24), (256, 1024)])
@@ -87,27 +94,21 @@ def test_persistent_grid_covers_the_tiles_in_about_one_wave(n, k):
     assert sum(per_block) == tiles_m and max(per_block) - min(per_block) <= 1 and min(per_block) >= 1
 
 
-@pytest.mark.parametrize("c,k,dtype,narrow", [
+@pytest.mark.parametrize("c,k,dtype,tile", [
     (144, 24, "float16", "pw_c512_m64n32"), (144, 24, "float32", "pw_c1024_m64n32"),
-    (144, 40, "float16", None), (64, 24, "float16", None), (320, 32, "bfloat16", "pw_c1024_m64n32")])
-def test_narrow_outputs_take_the_32_channel_twin_of_the_wide_tiles(c, k, dtype, narrow):
+    (144, 40, "float16", "pw_c512_m128n64"), (64, 64, "float16", "pw_c128_m64n64"),
+    (64, 256, "float16", "pw_c128_m64n128"), (32, 128, "bfloat16", "pw_c128_m64n128"),
+    (320, 32, "bfloat16", "pw_c1024_m64n32")])
+def test_the_suites_layers_take_the_tiles_they_were_timed_fastest_on(c, k, dtype, tile):
     plan = make_plan(nhwc(8, c, k, 28, 28, dtype), kernel=POINTWISE_KERNEL)
-    item = 4 if dtype == "float32" else 2
-    if narrow is None:
-        assert plan.config.bn > 32
-    else:
-        assert plan.config.name == narrow and plan.config in NARROW_CONFIGS[dtype]
-        assert plan.config.channel_bytes == next(cfg.channel_bytes for cfg in POINTWISE_CONFIGS[dtype]
-                                                 if c * item <= cfg.channel_bytes)
-        assert "32-channel tile" in plan.reason
-    assert plan.shared_bytes <= MAX_SHARED_BYTES
+    assert plan.config.name == tile and f"{plan.config.bn}-channel tile" in plan.reason
 
 
 def test_forced_tile_must_hold_the_channels():
     problem = nhwc(2, 128, 64, 8, 8)
     with pytest.raises(ValueError, match="holds 128 bytes of input channels"):
         make_plan(problem, config=POINTWISE_CONFIGS["float16"][0].name, kernel=POINTWISE_KERNEL)
-    assert make_plan(problem, config=POINTWISE_CONFIGS["float16"][1].name).kernel == POINTWISE_KERNEL
+    assert make_plan(problem, config="pw_c256_m64n128").kernel == POINTWISE_KERNEL
 
 
 def test_printed_plan_says_what_it_reads_in_place():

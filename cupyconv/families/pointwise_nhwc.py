@@ -51,35 +51,32 @@ class PointwiseConfig:
         return (self.bn + self.stages * self.bm) * row + self.bm * (self.bn * STORAGE_BYTES[dtype] + 16)
 
 
-#: Tiles per dtype, by the input channels' bytes they hold (the first that holds C is chosen), each the
-#: fastest of the tiles timed on the layers suite's 1x1 rows on the H100 (benchmarks/profile/pointwise.py,
-#: benchmarks/results/pointwise_tiles_sweep_3024172.txt, calls on three input sets in turn so that x
-#: comes from DRAM): r50_l1_1x1_64 fp16 12.4 us on 64 x 64 with three blocks per SM against 13.9 on
-#: 64 x 128 (r50_l1_1x1_256 28.2 against 27.9); mbv2_pw_1x1_144to24 fp16 17.1 us on 128 x 64, one
-#: block per SM, against 20.1 on the 1024-byte tile. The widest (up to 512 16-bit or 256 float32
-#: channels, MobileNetV2's 384 -> 64 and, in TF32, 144 -> 24) fills an SM's shared memory with one block.
+#: Tiles per dtype, by the input channels' bytes they hold and then by output channels: _config takes,
+#: of the tiles of the fewest channel bytes that hold C, the narrowest at least K wide (else the widest).
+#: Each is the fastest of those timed on the suites' 1x1 rows on the H100 (benchmarks/profile/pointwise.py,
+#: calls on three input sets in turn so that x comes from DRAM; benchmarks/results/pointwise_tiles_sweep_3024172.txt
+#: and ..._large_5109301.txt): r50_l1_1x1_64 fp16 12.4 us on 64 x 64 with three blocks per SM against
+#: 13.9 on 64 x 128; large_1x1_32to128_512sq fp16 131 us on 64 x 128 (weight fragments in registers at two
+#: blocks per SM) against 149 on 64 x 64; mbv2_pw_1x1_144to24 on the 32-channel tiles, fp16 15.8 us
+#: against 17.1 on 128 x 64, TF32 29.0 against 37.6 on 64 x 64 (a 64-channel tile multiplies 2-3 times
+#: the columns it stores, which these long reductions feel). The widest (up to 512 16-bit or 256 float32
+#: channels: MobileNetV2's 384 -> 64 and, in TF32, 144 -> 24) fills an SM's shared memory with one block.
 POINTWISE_CONFIGS = {
     "float16": (PointwiseConfig("pw_c128_m64n64", 64, 64, 128, 3, 4, 2, 3),
+                PointwiseConfig("pw_c128_m64n128", 64, 128, 128, 3, 2, 4, 2),
                 PointwiseConfig("pw_c256_m64n128", 64, 128, 256, 3, 2, 4, 2),
+                PointwiseConfig("pw_c512_m64n32", 64, 32, 512, 2, 4, 2, 2),
                 PointwiseConfig("pw_c512_m128n64", 128, 64, 512, 2, 4, 2, 1),
+                PointwiseConfig("pw_c1024_m64n32", 64, 32, 1024, 2, 4, 2, 1),
                 PointwiseConfig("pw_c1024_m64n64", 64, 64, 1024, 2, 2, 4, 1)),
-    "float32": (PointwiseConfig("pw_c128_m128n64", 128, 64, 128, 3, 4, 2, 2),
-                PointwiseConfig("pw_c256_m64n64", 64, 64, 256, 3, 2, 4, 2),
+    "float32": (PointwiseConfig("pw_c256_m64n64", 64, 64, 256, 3, 2, 4, 2),
+                PointwiseConfig("pw_c512_m64n32", 64, 32, 512, 2, 4, 2, 2),
                 PointwiseConfig("pw_c512_m64n64", 64, 64, 512, 2, 2, 4, 1),
+                PointwiseConfig("pw_c1024_m64n32", 64, 32, 1024, 2, 4, 2, 1),
                 PointwiseConfig("pw_c1024_m64n64", 64, 64, 1024, 2, 2, 4, 1)),
 }
-#: Outputs of at most NARROW_CHANNELS channels on the two widest tiles take a 32-channel tile of the same
-#: channel bytes: a 64-channel tile multiplies 2-3 times the columns it stores, which the long reductions
-#: of those tiles feel (mbv2_pw_1x1_144to24: fp16 15.8 us against 17.1, TF32 29.0 against 37.6; same
-#: sweep). Narrower inputs keep their tile (not timed with narrow outputs).
-NARROW_CHANNELS = 32
-NARROW_CONFIGS = {dtype: (PointwiseConfig("pw_c512_m64n32", 64, 32, 512, 2, 4, 2, 2),
-                          PointwiseConfig("pw_c1024_m64n32", 64, 32, 1024, 2, 4, 2, 1))
-                  for dtype in ("float16", "float32")}
 POINTWISE_CONFIGS["bfloat16"] = POINTWISE_CONFIGS["float16"]
-NARROW_CONFIGS["bfloat16"] = NARROW_CONFIGS["float16"]
-CONFIG_NAMES = frozenset(c.name for tables in (POINTWISE_CONFIGS, NARROW_CONFIGS) for configs in tables.values()
-                         for c in configs)
+CONFIG_NAMES = frozenset(c.name for configs in POINTWISE_CONFIGS.values() for c in configs)
 #: The persistent grid: this many SMs (the H100's) x the tile's blocks per SM, shared by the channel
 #: tiles. On a GPU of fewer SMs the blocks run in more than one wave, each still a whole stream.
 SMS = 132
@@ -89,6 +86,10 @@ SMS = 132
 #: rows of 20-82 FLOP/B 1.05-1.4x faster than on the GEMM, r50_l3_1x1_256to1024 (205) 0.67x; TF32 rows of
 #: 16-26 1.16-1.38x, mbv2_pw_1x1_96to576 (41) 0.89x.
 MAX_FLOP_PER_BYTE = {"float16": 96, "bfloat16": 96, "float32": 32}
+#: ... and in float32 to inputs of more than this many channels: large_1x1_32to128_512sq in TF32 ran 268-288
+#: us on these tiles against 238 on the GEMM's mma.sync tile (94 % of copy bandwidth), while 64-channel
+#: inputs gain 1.09-1.38x (same sweeps).
+MIN_FLOAT32_CHANNELS = 33
 SM_SHARED_BYTES = 228 * 1024
 BLOCK_RESERVED_SHARED_BYTES = 1024
 
@@ -122,19 +123,19 @@ def flop_per_byte(problem: ConvProblem) -> float:
 
 def pays(problem: ConvProblem) -> bool:
     """Whether the planner takes it for ``problem`` (one it can run): memory-bound enough
-    (MAX_FLOP_PER_BYTE)."""
-    return flop_per_byte(problem) <= MAX_FLOP_PER_BYTE[problem.dtype]
+    (MAX_FLOP_PER_BYTE), and not a float32 input of few channels (MIN_FLOAT32_CHANNELS)."""
+    return flop_per_byte(problem) <= MAX_FLOP_PER_BYTE[problem.dtype] and \
+        not (problem.dtype == "float32" and problem.c < MIN_FLOAT32_CHANNELS)
 
 
 def _config(problem: ConvProblem) -> PointwiseConfig:
-    """The narrowest tile that holds the input channels, or its 32-channel twin (NARROW_CONFIGS) for
-    outputs of at most NARROW_CHANNELS channels where it has one."""
+    """Of the tiles of the fewest channel bytes that hold the input channels, the narrowest at least
+    K channels wide, else the widest."""
     item = STORAGE_BYTES[problem.dtype]
     configs = POINTWISE_CONFIGS[problem.dtype]
-    cfg = next((c for c in configs if problem.c * item <= c.channel_bytes), configs[-1])
-    if problem.k <= NARROW_CHANNELS:
-        cfg = next((c for c in NARROW_CONFIGS[problem.dtype] if c.channel_bytes == cfg.channel_bytes), cfg)
-    return cfg
+    holding = next(c.channel_bytes for c in configs if problem.c * item <= c.channel_bytes)
+    widths = [c for c in configs if c.channel_bytes == holding]
+    return next((c for c in widths if c.bn >= problem.k), widths[-1])
 
 
 def blocks_per_sm(cfg: PointwiseConfig, dtype: str, index: str = "int") -> int:
@@ -162,8 +163,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
         raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
     item = STORAGE_BYTES[problem.dtype]
     if config is not None:
-        cfg = forced_config(POINTWISE_CONFIGS[problem.dtype] + NARROW_CONFIGS[problem.dtype], config,
-                            f"config for {KERNEL} in {problem.dtype}")
+        cfg = forced_config(POINTWISE_CONFIGS[problem.dtype], config, f"config for {KERNEL} in {problem.dtype}")
         if problem.c * item > cfg.channel_bytes:
             raise ValueError(f"config {config!r} holds {cfg.channel_bytes} bytes of input channels; this problem has "
                              f"{problem.c} channels of {problem.dtype} ({problem.c * item} bytes)")
@@ -171,8 +171,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
     else:
         cfg = _config(problem)
         why = f"1x1 of {problem.c} channels ({problem.c * item} bytes): the whole reduction in one stage"
-        if cfg.bn == NARROW_CHANNELS:
-            why += f", {problem.k} output channels on its 32-channel tile"
+        why += f", {problem.k} output channels on its {cfg.bn}-channel tile"
     index = index_type(problem)
     grid = _grid(problem, cfg, index)
     tiles_m = math.ceil(problem.n * problem.h * problem.w / cfg.bm)
@@ -207,7 +206,7 @@ def name_expression(plan: LaunchPlan) -> str:
 def specialisations() -> list[str]:
     """Every tile of every dtype, with 32- and 64-bit indices."""
     return [specialisation(dtype, index, cfg) for dtype in DTYPES for index in INDEX_TYPES
-            for cfg in POINTWISE_CONFIGS[dtype] + NARROW_CONFIGS[dtype]]
+            for cfg in POINTWISE_CONFIGS[dtype]]
 
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
