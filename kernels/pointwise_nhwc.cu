@@ -14,8 +14,9 @@
 // 16-byte units: ldmatrix is conflict-free); warps of (BM / WARPS_M) x (BN / WARPS_N), mma.sync
 // m16n8k16 (16-bit) or m16n8k8 (TF32) with float32 accumulators. Where a warp's weight fragments fit
 // 32 registers (B_IN_REGISTERS), they are loaded once for the launch: the weight does not change from
-// tile to tile, and its ldmatrix were half the shared-memory reads of a tile. A float32 x and weight are read in
-// place and rounded to TF32 in their fragments (cvt.rna, as the other tensor-core kernels round).
+// tile to tile, and its ldmatrix were half the shared-memory reads of a tile. A float32 x and weight
+// are read in place and rounded to TF32 in their fragments (cvt.rna, as the other tensor-core kernels
+// round).
 // Epilogue in registers (bias, residual, activation: epilogue.cuh), the tile staged in the storage type
 // and stored in 16-byte vectors of whole pixel rows.
 //
