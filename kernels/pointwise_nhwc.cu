@@ -51,7 +51,8 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     constexpr int VECTORS = BN * sizeof(T) / 16;               // 16-byte vectors per staged row
     constexpr int X_STAGE = BM * ROW;
     static_assert(CB % INST_BYTES == 0 && (CB / 16) % 2 == 0, "whole instructions of k; rows of odd 16-byte units");
-    static_assert(NT % PIECES == 0 && BM % (NT / PIECES) == 0 && BN % (NT / PIECES) == 0, "the loaders cover the tiles");
+    static_assert(NT % PIECES == 0 && BM % (NT / PIECES) == 0 && BN % (NT / PIECES) == 0,
+                  "the loaders cover the tiles");
     static_assert(NT % VECTORS == 0 && BM % (NT / VECTORS) == 0, "the stores cover the tile");
     static_assert(WM % 16 == 0 && WN % 16 == 0 && STAGES >= 2, "x4 ldmatrix for A and B; a stage to load ahead");
     constexpr int K_STEPS = CB / INST_BYTES;

@@ -75,7 +75,8 @@ def test_tiles_fit_and_the_rule_picks_by_channel_bytes_then_width(dtype):
                 continue
             plan = make_plan(problem, kernel=POINTWISE_KERNEL)
             holding = min(cfg.channel_bytes for cfg in POINTWISE_CONFIGS[dtype] if c * item <= cfg.channel_bytes)
-            widths = sorted((cfg for cfg in POINTWISE_CONFIGS[dtype] if cfg.channel_bytes == holding), key=lambda t: t.bn)
+            widths = sorted((cfg for cfg in POINTWISE_CONFIGS[dtype] if cfg.channel_bytes == holding),
+                            key=lambda t: t.bn)
             assert plan.config == next((cfg for cfg in widths if cfg.bn >= k), widths[-1]), (c, k)
             assert plan.shared_bytes == plan.config.shared_bytes(dtype) and plan.block == (plan.config.threads, 1, 1)
 
