@@ -7,7 +7,8 @@ import pytest
 
 from cupyconv.arguments import make_problem
 from cupyconv.families import pointwise_nhwc
-from cupyconv.families.pointwise_nhwc import MAX_FLOP_PER_BYTE, MIN_FLOAT32_CHANNELS, POINTWISE_CONFIGS, SMS, refusal
+from cupyconv.families.common import H100_SMS
+from cupyconv.families.pointwise_nhwc import MAX_FLOP_PER_BYTE, MIN_FLOAT32_CHANNELS, POINTWISE_CONFIGS, refusal
 from cupyconv.planner import POINTWISE_KERNEL, make_plan
 
 #: Dynamic shared memory a block may opt in to on the H100 (227 KB).
@@ -90,7 +91,7 @@ def test_persistent_grid_covers_the_tiles_in_about_one_wave(n, k):
     cfg = plan.config
     tiles_m, tiles_n = math.ceil(n * 56 * 56 / cfg.bm), math.ceil(k / cfg.bn)
     assert plan.grid[1] == tiles_n and plan.grid[2] == 1 and 1 <= plan.grid[0] <= tiles_m
-    assert plan.grid[0] * plan.grid[1] <= max(tiles_n, SMS * pointwise_nhwc.blocks_per_sm(cfg, problem.dtype))
+    assert plan.grid[0] * plan.grid[1] <= max(tiles_n, H100_SMS * pointwise_nhwc.blocks_per_sm(cfg, problem.dtype))
     per_block = [len(range(b, tiles_m, plan.grid[0])) for b in range(plan.grid[0])]
     assert sum(per_block) == tiles_m and max(per_block) - min(per_block) <= 1 and min(per_block) >= 1
 

@@ -14,6 +14,11 @@ SHARED_MEMORY_BYTES = 48 * 1024
 MAX_GRID_Y = 65535
 #: CUDA's limit on threads per block.
 MAX_BLOCK_THREADS = 1024
+#: The H100's SMs, the shared memory of one, and what the driver reserves of it per block: the GPU the
+#: tensor-core families size their persistent grids and blocks per SM for.
+H100_SMS = 132
+SM_SHARED_BYTES = 228 * 1024
+BLOCK_RESERVED_SHARED_BYTES = 1024
 
 #: C++ storage type of each dtype in kernels/dtypes.cuh, and its size in bytes.
 CTYPES = {"float16": "cupyconv::half_t", "bfloat16": "cupyconv::bfloat16_t", "float32": "float", "float64": "double"}

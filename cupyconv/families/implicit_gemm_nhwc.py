@@ -16,9 +16,10 @@ from ..arguments import ConvProblem
 from ..planner import LaunchPlan
 from ..program import (BIAS, FLAG_COUNT, FLAGS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Im2colMap, Launch,
                        Pointer, Table, TensorMap, WeightPreparation, align)
-from .common import (CTYPES, INDEX_TYPES, MAX_GRID_Y, REDUCE_KERNEL, STORAGE_BYTES, check_splits, conv_launch,
-                     epilogue_args, forced_config, gemm_grid, grid_refusal, index_type, partial_bytes,
-                     reduce_specialisation, split_k_reduce, split_k_runs)
+from .common import (BLOCK_RESERVED_SHARED_BYTES, CTYPES, H100_SMS, INDEX_TYPES, MAX_GRID_Y, REDUCE_KERNEL,
+                     SM_SHARED_BYTES, STORAGE_BYTES, check_splits, conv_launch, epilogue_args, forced_config,
+                     gemm_grid, grid_refusal, index_type, partial_bytes, reduce_specialisation, split_k_reduce,
+                     split_k_runs)
 from .implicit_gemm_conv2d import GEMM_DTYPES, GemmConfig, describe_tiles, dtype_refusal
 
 KERNEL = "implicit_gemm_nhwc"
@@ -101,7 +102,7 @@ NHWC_VECS = (16, 8, 4)
 #: ResNet-50's 3x3 of 512 at batch 1, 8 tiles of 72 k tiles: 0.025 ms whole, 0.007 in 16 runs; a
 #: TF32 1x1 of 96 channels in 2 runs 0.0067 ms against 0.0049 whole).
 SPLIT_K_MAX_BLOCKS = 66
-SPLIT_K_TARGET_BLOCKS = 132
+SPLIT_K_TARGET_BLOCKS = H100_SMS
 SPLIT_K_MIN_REDUCTION = 12
 SPLIT_K_MIN_TILES = 3
 #: Stream-K (kernels/stream_k.cuh; wgmma tiles, 32-bit indices): where whole tiles spread unevenly over
@@ -114,16 +115,13 @@ SPLIT_K_MIN_TILES = 3
 #: benchmarks/profile/stream_k.py): fp16 ResNet-50 3x3 layers at batch 32, 13-14 such k tiles a
 #: block, 0.84-0.94x; TF32 r50_l3_3x3_256 (98 tiles, 27) 1.10x, r50_l2_3x3_128 (196 tiles, 27) 0.98x;
 #: vgg_conv5_2 (196 tiles, 53 fp16, 107 TF32) 1.09-1.12x.
-STREAM_K_SMS = SPLIT_K_TARGET_BLOCKS  # the H100's SMs
+STREAM_K_SMS = H100_SMS
 STREAM_K_MAX_WAVES = 4
 STREAM_K_MAX_BALANCE = 0.85
 STREAM_K_MIN_WORK = 24
 STREAM_K_KERNEL = "implicit_gemm_nhwc_stream_k"
 #: The producer warpgroup's tile launches this entry: its weight tiles come by TMA (a TensorMap argument).
 TMA_KERNEL = "implicit_gemm_nhwc_tma"
-#: Shared memory of one H100 SM, and what the driver reserves of it per block.
-SM_SHARED_BYTES = 228 * 1024
-BLOCK_RESERVED_SHARED_BYTES = 1024
 
 
 def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:

@@ -15,7 +15,8 @@ import math
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
 from ..program import BIAS, OUT, WEIGHT, X, CallProgram, Launch, Pointer
-from .common import CTYPES, INDEX_TYPES, STORAGE_BYTES, epilogue_args, forced_config, grid_refusal, index_type
+from .common import (BLOCK_RESERVED_SHARED_BYTES, CTYPES, H100_SMS, INDEX_TYPES, SM_SHARED_BYTES, STORAGE_BYTES,
+                     epilogue_args, forced_config, grid_refusal, index_type)
 
 KERNEL = "pointwise_nhwc"
 #: NHWC arrays alone (an NCHW 1x1 layer takes implicit_gemm_nhwc, which reads it in place); a 1x1
@@ -77,9 +78,8 @@ POINTWISE_CONFIGS = {
 }
 POINTWISE_CONFIGS["bfloat16"] = POINTWISE_CONFIGS["float16"]
 CONFIG_NAMES = frozenset(c.name for configs in POINTWISE_CONFIGS.values() for c in configs)
-#: The persistent grid: this many SMs (the H100's) x the tile's blocks per SM, shared by the channel
-#: tiles. On a GPU of fewer SMs the blocks run in more than one wave, each still a whole stream.
-SMS = 132
+#: The persistent grid: the H100's SMs (common.H100_SMS) x the tile's blocks per SM, shared by the
+#: channel tiles. On a GPU of fewer SMs the blocks run in more than one wave, each still a whole stream.
 #: The planner takes this kernel for a layer it can run up to this many multiply-adds x 2 per byte of x
 #: and y (a pixel's 2 C K over its (C + K) elements): past it the mma.sync tiles' rate, not the copies,
 #: binds, and the channels-last GEMM's wgmma tiles are faster. H100, layers suite channels_last: 16-bit
@@ -90,8 +90,6 @@ MAX_FLOP_PER_BYTE = {"float16": 96, "bfloat16": 96, "float32": 32}
 #: us on these tiles against 238 on the GEMM's mma.sync tile (94 % of copy bandwidth), while 64-channel
 #: inputs gain 1.09-1.38x (same sweeps).
 MIN_FLOAT32_CHANNELS = 33
-SM_SHARED_BYTES = 228 * 1024
-BLOCK_RESERVED_SHARED_BYTES = 1024
 
 
 def refusal(problem: ConvProblem) -> str:
@@ -147,11 +145,11 @@ def blocks_per_sm(cfg: PointwiseConfig, dtype: str, index: str = "int") -> int:
 
 
 def _grid(problem: ConvProblem, cfg: PointwiseConfig, index: str = "int") -> tuple[int, int, int]:
-    """(persistent blocks per channel tile, channel tiles, 1): as many blocks as are resident on SMS
+    """(persistent blocks per channel tile, channel tiles, 1): as many blocks as are resident on H100_SMS
     SMs, shared by the channel tiles, each taking an equal number of pixel tiles (within one)."""
     tiles_m = math.ceil(problem.n * problem.h * problem.w / cfg.bm)
     tiles_n = math.ceil(problem.k / cfg.bn)
-    resident = max(1, SMS * blocks_per_sm(cfg, problem.dtype, index) // tiles_n)
+    resident = max(1, H100_SMS * blocks_per_sm(cfg, problem.dtype, index) // tiles_n)
     per_block = math.ceil(tiles_m / resident) if tiles_m else 1
     return (max(1, math.ceil(tiles_m / per_block)) if tiles_m else 1, tiles_n, 1)
 
