@@ -26,6 +26,10 @@ KERNEL = "wgrad_gemm"
 REDUCE_KERNEL = "wgrad_reduce"
 #: Threads per block of wgrad_reduce.
 REDUCE_BLOCK = 256
+#: wgrad_reduce cuts the runs into REDUCE_SLICES slices added in parallel (then in slice order) where
+#: there are at least REDUCE_SLICED_RUNS runs; fewer are added by one thread an element, in run order.
+REDUCE_SLICES = 8
+REDUCE_SLICED_RUNS = 16
 #: Bytes of the accumulator type (float32; float64 for float64).
 ACC_BYTES = {"float16": 4, "bfloat16": 4, "float32": 4, "float64": 8}
 ACC_CTYPES = {"float16": "float", "bfloat16": "float", "float32": "float", "float64": "double"}
@@ -233,7 +237,7 @@ def make_wgrad_plan(problem: ConvProblem, config: str | None = None, splits: int
         index_type=index, grid=grid, block=(cfg.threads, 1, 1), splits=splits, workspace_bytes=workspace,
         gemm_expression=gemm_specialisation(problem.dtype, channels_last, index, cfg),
         reduce_expression=reduce_specialisation(problem.dtype),
-        reduce_grid=(math.ceil(problem.k * j / REDUCE_BLOCK), 1, 1), reason=f"{why}; {why_splits}")
+        reduce_grid=reduce_shape(problem.k * j, splits)[0], reason=f"{why}; {why_splits}")
 
 
 def wgrad_specialisations() -> list[str]:
@@ -251,9 +255,18 @@ def reduce_launch(dtype: str, splits: int, elements: int, cg: int, taps: int, ws
     ``weight_khwc``). A run holds ``ws_elements`` sums (default: ``elements``), (r, s, c)-ordered
     where ``ws_channels_last``, with ``ws_cg`` channels a tap (default: ``cg``; more: zero
     channels the reduction skips, as it skips rows past the weight's)."""
-    return Launch(REDUCE_KERNEL, reduce_specialisation(dtype), (math.ceil(elements / REDUCE_BLOCK), 1, 1),
-                  (REDUCE_BLOCK, 1, 1), 0, (partial, out, splits, elements, cg, taps, int(ws_channels_last),
-                                            int(weight_khwc), ws_cg or cg, ws_elements or elements))
+    grid, block = reduce_shape(elements, splits)
+    return Launch(REDUCE_KERNEL, reduce_specialisation(dtype), grid, block, 0,
+                  (partial, out, splits, elements, cg, taps, int(ws_channels_last), int(weight_khwc), ws_cg or cg,
+                   ws_elements or elements))
+
+
+def reduce_shape(elements: int, splits: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """wgrad_reduce's grid and block for ``elements`` sums of ``splits`` runs: (256 / slices, slices)
+    threads a block, slices as REDUCE_SLICES and REDUCE_SLICED_RUNS say."""
+    slices = REDUCE_SLICES if splits >= REDUCE_SLICED_RUNS else 1
+    width = REDUCE_BLOCK // slices
+    return (math.ceil(elements / width), 1, 1), (width, slices, 1)
 
 
 def program(plan: WgradPlan, problem: ConvProblem) -> CallProgram:

@@ -1,12 +1,14 @@
-"""The weight gradient of depthwise convolutions (kernels/wgrad_depthwise.cu): refusal, runs of the
-reduction, specialisations and program. Each block sums a run of one channel's (NCHW) or 32 vectors
-of channels' (NHWC) output pixels for every tap in registers; wgrad.py's ordered reduction adds the
-runs (a weight of one input channel per group has the same memory in KCHW and KHWC)."""
+"""The weight gradient of depthwise convolutions (kernels/wgrad_depthwise.cu): refusal, plan (runs of the
+reduction, channel vectors, row segments), specialisations and program. NCHW: each block sums a run
+of one channel's output pixels for every tap in registers. NHWC: row lanes of a block walk segments
+of output rows for up to 32 vectors of channels, loading each step's span of input columns once.
+wgrad.py's ordered reduction adds the runs (a weight of one input channel per group has the same
+memory in KCHW and KHWC)."""
 from __future__ import annotations
 
 import functools
 import math
-
+from typing import NamedTuple
 
 from .arguments import ConvProblem
 from .families.common import CTYPES, MAX_GRID_Y, STORAGE_BYTES
@@ -14,22 +16,37 @@ from .program import GRAD_OUTPUT, OUT, WORKSPACE, X, CallProgram, Launch, Pointe
 from .wgrad import ACC_BYTES, reduce_launch
 
 KERNEL = "wgrad_depthwise"
+NHWC_KERNEL = "wgrad_depthwise_nhwc"
 #: The kernel sizes it is compiled for (its sums live in registers, one per tap).
 KERNEL_SIZES = ((3, 3), (5, 5), (7, 7))
-#: Blocks wanted (four per SM of the H100's 132) and the fewest output pixels a run keeps: 16 per
-#: thread for one channel per block (NCHW), 8 per pixel lane (NHWC: a layer of a few hundred channels
-#: is one block wide, so the runs make the blocks).
-TARGET_BLOCKS = 528
-MIN_RUN_PIXELS = {"NCHW": 4096}
-MIN_LANE_PIXELS = 8
-#: NHWC: channel vectors a block takes at most, so that it has at least 8 pixel lanes: neighbouring
-#: pixels share their windows' rows in L1 (at 96 vectors and 2 lanes, 384 float32 channels ran 1.8x
-#: slower than at 32 and 8 on the H100).
+#: NHWC: (column stride, column dilation) pairs compiled into the kernel, so that a step's span of
+#: input columns is loaded once; others run with both at run time, a load per tap and pixel.
+COMPILED_COLUMN_WALKS = ((1, 1), (2, 1))
+#: Row segments are a multiple of the most output pixels an NHWC row lane takes a step (the kernel's
+#: wgrad_row_step).
+ROW_STEP = 4
+#: Blocks wanted and the fewest output pixels a run keeps (16 per thread for one channel per block,
+#: NCHW). NHWC: two per SM of the H100's 132, one wave of the kernel's two blocks an SM; at four per SM
+#: (528) every MobileNetV2 row ran 1.1-1.5x slower (benchmarks/NOTES.md).
+TARGET_BLOCKS = {"NCHW": 528, "NHWC": 264}
+MIN_RUN_PIXELS = 4096
+#: NHWC: row segments are whole output rows or halvings of them down to MIN_SEGMENT pixels.
+MIN_SEGMENT = 2 * ROW_STEP
+#: NHWC: channel vectors a block takes at most, so that it has at least 8 row lanes.
 MAX_VECTORS = 32
-#: Sums a thread keeps at most (taps x channels, in 4-byte registers): 72 keeps 3x3 16-bit layers at
-#: eight channels (16 bytes) a load within two blocks of 256 threads an SM, without spills.
+#: NHWC: sums a thread keeps at most (taps x channels, in 4-byte registers), and the widest load:
+#: 3x3 16-bit layers at four channels (8 bytes), with a step's dy and input columns, fit two blocks of
+#: 256 threads an SM without spills.
 MAX_SUM_REGISTERS = 72
-VECTOR_CHANNELS = (8, 4, 2, 1)
+MAX_VECTOR_BYTES = 8
+VECTOR_CHANNELS = (4, 2, 1)
+
+
+class DepthwisePlan(NamedTuple):
+    grid: tuple[int, int, int]
+    splits: int  # runs of the reduction (grid y)
+    vectors: int  # NHWC: channel vectors a block (1 for NCHW)
+    segment: int  # NHWC: output columns a row lane's item (0 for NCHW)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -42,14 +59,18 @@ def refusal(problem: ConvProblem) -> str:
         return f"a {problem.kh}x{problem.kw} kernel (compiled for {', '.join(f'{h}x{w}' for h, w in KERNEL_SIZES)})"
     if max(problem.h * problem.w, problem.ho * problem.wo) >= 2**31 or problem.k > MAX_GRID_Y * 32:
         return "a plane past 2^31 elements or too many channels for the grid"
+    # NHWC steps address their columns by 32-bit offsets from the step's first.
+    step_columns = ROW_STEP * problem.stride[1] + (problem.kw - 1) * problem.dilation[1] + 1
+    if problem.layout == "NHWC" and step_columns * max(problem.c, problem.k) >= 2**31:
+        return f"a step's {step_columns} input columns of {problem.c} channels past 2^31 elements"
     return ""
 
 
 def _widest_vector(dtype: str, kh: int, kw: int) -> int:
-    """Channels a thread loads at once, at most: 16 bytes, within MAX_SUM_REGISTERS sums."""
+    """Channels a thread loads at once, at most: MAX_VECTOR_BYTES, within MAX_SUM_REGISTERS sums."""
     item = STORAGE_BYTES[dtype]
     return next(v for v in VECTOR_CHANNELS
-                if v * item <= 16 and kh * kw * v * ACC_BYTES[dtype] // 4 <= MAX_SUM_REGISTERS or v == 1)
+                if v * item <= MAX_VECTOR_BYTES and kh * kw * v * ACC_BYTES[dtype] // 4 <= MAX_SUM_REGISTERS or v == 1)
 
 
 def vector_channels(problem: ConvProblem) -> int:
@@ -61,58 +82,88 @@ def vector_channels(problem: ConvProblem) -> int:
                 problem.k % v == 0)
 
 
-def specialisation(dtype: str, channels_last: bool, kh: int, kw: int, vector: int = 1) -> str:
-    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{str(channels_last).lower()},{kh},{kw},{vector}>"
+def column_walk(problem: ConvProblem) -> tuple[int, int]:
+    """The NHWC kernel's compiled (column stride, column dilation), (0, 0) for run time."""
+    walk = (problem.stride[1], problem.dilation[1])
+    return walk if walk in COMPILED_COLUMN_WALKS else (0, 0)
+
+
+def specialisation(dtype: str, kh: int, kw: int) -> str:
+    """The NCHW kernel's."""
+    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{kh},{kw}>"
+
+
+def nhwc_specialisation(dtype: str, kh: int, kw: int, vector: int, walk: tuple[int, int]) -> str:
+    return f"cupyconv::{NHWC_KERNEL}<{CTYPES[dtype]},{kh},{kw},{vector},{walk[0]},{walk[1]}>"
 
 
 def specialisations() -> list[str]:
-    return [specialisation(dtype, channels_last, kh, kw, v) for dtype in CTYPES for channels_last in (False, True)
-            for kh, kw in KERNEL_SIZES for v in VECTOR_CHANNELS
-            if v == 1 or (channels_last and v <= _widest_vector(dtype, kh, kw))]
+    walks = COMPILED_COLUMN_WALKS + ((0, 0),)
+    return [specialisation(dtype, kh, kw) for dtype in CTYPES for kh, kw in KERNEL_SIZES] + \
+        [nhwc_specialisation(dtype, kh, kw, v, walk) for dtype in CTYPES for kh, kw in KERNEL_SIZES
+         for v in VECTOR_CHANNELS if v <= _widest_vector(dtype, kh, kw) for walk in walks]
+
+
+def _runs(wanted: int, blocks: int, items: int, per_run: int) -> int:
+    """Runs giving about ``wanted`` blocks in all, of at least ``per_run`` items each."""
+    return max(1, min(math.ceil(wanted / blocks), items // per_run, MAX_GRID_Y))
 
 
 @functools.lru_cache(maxsize=1024)
-def make_plan(problem: ConvProblem) -> tuple[tuple[int, int, int], int, int]:
-    """(grid, runs, vectors): blocks of one channel (NCHW) or of ``vectors`` channel vectors x 256 //
-    vectors pixel lanes (NHWC: all the layer's vectors, up to MAX_VECTORS, in as few blocks as evenly
-    filled), the pixels cut into as many runs as give about TARGET_BLOCKS blocks, each of at least
-    MIN_RUN_PIXELS (NCHW) or MIN_LANE_PIXELS a pixel lane (NHWC)."""
-    pixels = problem.n * problem.ho * problem.wo
-    if problem.layout == "NHWC":
-        wanted = problem.k // vector_channels(problem)
-        blocks = math.ceil(wanted / MAX_VECTORS)
-        vectors = math.ceil(wanted / blocks)
-        min_run = MIN_LANE_PIXELS * (256 // vectors)
-    else:
-        blocks, vectors, min_run = problem.k, 1, MIN_RUN_PIXELS["NCHW"]
-    splits = max(1, min(math.ceil(TARGET_BLOCKS / blocks), pixels // min_run, MAX_GRID_Y))
-    return (blocks, splits, 1), splits, vectors
+def make_plan(problem: ConvProblem) -> DepthwisePlan:
+    """NCHW: a block per channel, the pixels cut into as many runs as give about TARGET_BLOCKS blocks,
+    each of at least MIN_RUN_PIXELS. NHWC: all the layer's channel vectors, up to MAX_VECTORS a block,
+    in as few blocks as evenly filled, 256 // vectors row lanes each, and as many runs as give about
+    TARGET_BLOCKS blocks with an item for every lane. The rows' segment is the one whose busiest lane
+    walks the fewest pixels (a block's items dealt to its lanes in turn), the longest among equals
+    (fewer columns loaded twice where segments meet)."""
+    p = problem
+    if p.layout != "NHWC":
+        splits = _runs(TARGET_BLOCKS["NCHW"], p.k, p.n * p.ho * p.wo, MIN_RUN_PIXELS)
+        return DepthwisePlan((p.k, splits, 1), splits, 1, 0)
+    wanted = p.k // vector_channels(p)
+    blocks = math.ceil(wanted / MAX_VECTORS)
+    vectors = math.ceil(wanted / blocks)
+    lanes = 256 // vectors
+    best = None
+    segment = math.ceil(p.wo / ROW_STEP) * ROW_STEP
+    while True:
+        items = p.n * p.ho * math.ceil(p.wo / segment)
+        splits = _runs(TARGET_BLOCKS["NHWC"], blocks, items, lanes)
+        busiest = math.ceil(math.ceil(items / splits) / lanes) * min(segment, p.wo)
+        if best is None or busiest < best[0]:
+            best = (busiest, DepthwisePlan((blocks, splits, 1), splits, vectors, segment))
+        if segment <= MIN_SEGMENT:
+            return best[1]
+        segment = max(MIN_SEGMENT, math.ceil(segment / 2 / ROW_STEP) * ROW_STEP)
 
 
-def program(plan: tuple[tuple[int, int, int], int, int], problem: ConvProblem) -> CallProgram:
+def program(plan: DepthwisePlan, problem: ConvProblem) -> CallProgram:
     """The kernel from X and GRAD_OUTPUT into the runs' sums (the workspace), wgrad.py's reduction
     into OUT; ``plan`` from make_plan."""
     p = problem
-    grid, splits, vectors = plan
     taps = p.kh * p.kw
     partial = Pointer(WORKSPACE)
-    kernel = Launch(KERNEL, specialisation(p.dtype, p.layout == "NHWC", p.kh, p.kw, vector_channels(p)), grid,
-                    (256, 1, 1), 0, (Pointer(X), Pointer(GRAD_OUTPUT), partial, p.n, p.c, p.h, p.w, p.k, p.ho, p.wo,
-                                     p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1],
-                                     vectors))
-    reduce = reduce_launch(p.dtype, splits, p.k * taps, 1, taps, False, False, partial, Pointer(OUT))
-    return CallProgram((kernel, reduce), splits * p.k * taps * ACC_BYTES[p.dtype])
+    args = (Pointer(X), Pointer(GRAD_OUTPUT), partial, p.n, p.c, p.h, p.w, p.k, p.ho, p.wo, p.stride[0], p.stride[1],
+            p.pad_top, p.pad_left, p.dilation[0], p.dilation[1])
+    if p.layout == "NHWC":
+        kernel = Launch(NHWC_KERNEL, nhwc_specialisation(p.dtype, p.kh, p.kw, vector_channels(p), column_walk(p)),
+                        plan.grid, (256, 1, 1), 0, args + (plan.vectors, plan.segment))
+    else:
+        kernel = Launch(KERNEL, specialisation(p.dtype, p.kh, p.kw), plan.grid, (256, 1, 1), 0, args)
+    reduce = reduce_launch(p.dtype, plan.splits, p.k * taps, 1, taps, False, False, partial, Pointer(OUT))
+    return CallProgram((kernel, reduce), plan.splits * p.k * taps * ACC_BYTES[p.dtype])
 
 
-def conv2d_weight_cupy(x, grad_output, problem: ConvProblem, out):
+def conv2d_weight_cupy(x, grad_output, problem: ConvProblem, out, plan: DepthwisePlan | None = None):
     """Write ``problem``'s weight gradient into ``out`` (C-contiguous, ``problem.weight_array_shape``)
     from C-contiguous CuPy ``x`` and ``grad_output`` in ``problem.layout``, on CuPy's current stream
-    (refusal(problem) must be "")."""
+    (refusal(problem) must be ""), by ``plan`` (default make_plan's)."""
     import cupy
 
     from .executor import program_executable
     from .launch import run_program
 
-    run_program(program_executable(program, make_plan(problem), problem, cupy.cuda.Device().id), x=x,
+    run_program(program_executable(program, plan or make_plan(problem), problem, cupy.cuda.Device().id), x=x,
                 grad_output=grad_output, out=out)
     return out

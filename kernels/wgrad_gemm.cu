@@ -254,26 +254,38 @@ wgrad_gemm(const T* __restrict__ x, const T* __restrict__ dy, typename accumulat
     }
 }
 
-// dW[e] = the runs' partial sums ws[s][k][j] added in run order, rounded once to T. e runs over the
+// dW[e] = the runs' partial sums ws[s][k][j] added in a fixed order, rounded once to T. e runs over the
 // weight's layout, KCHW (k, c, r, s) or KHWC (k, r, s, c) where weight_khwc; j is in the GEMM's column
 // order, (c, r, s), or (r, s, c) where ws_channels_last. The partial sums may hold zero channels past
-// Cg (ws_Cg of them per tap) and zero rows past the weight's; a run holds ws_elements. One thread per
-// element; grid ceil(elements / 256).
+// Cg (ws_Cg of them per tap) and zero rows past the weight's; a run holds ws_elements.
+// Block (256 / S, S): threadIdx.x an element, threadIdx.y one of S slices of the runs. Slice t adds
+// runs t, t + S, ... in order and the slices' sums are added in slice order, so the result depends on
+// the problem alone (S is chosen from it). S > 1 where many runs of few elements (a depthwise weight:
+// 1296 elements from 264 runs) would leave each thread a long chain of dependent loads and adds.
 template <typename T, typename Acc>
 __global__ void __launch_bounds__(256)
 wgrad_reduce(const Acc* __restrict__ ws, T* __restrict__ dw, int splits, int elements, int Cg, int taps,
              int ws_channels_last, int weight_khwc, int ws_Cg, int ws_elements) {
-    const int e = blockIdx.x * 256 + threadIdx.x;
-    if (e >= elements) return;
-    int source = e;
-    if (ws_channels_last != weight_khwc || ws_Cg != Cg) {  // another order of (c, tap), or padded channels
-        const int J = Cg * taps, k = e / J, rest = e - k * J;
-        const int c = weight_khwc ? rest % Cg : rest / taps, tap = weight_khwc ? rest / Cg : rest % taps;
-        source = k * ws_Cg * taps + (ws_channels_last ? tap * ws_Cg + c : c * taps + tap);
+    __shared__ Acc slice_sums[256];
+    const int S = blockDim.y, slice = threadIdx.y, e = blockIdx.x * blockDim.x + threadIdx.x;
+    Acc sum = Acc(0);
+    if (e < elements) {
+        int source = e;
+        if (ws_channels_last != weight_khwc || ws_Cg != Cg) {  // another order of (c, tap), or padded channels
+            const int J = Cg * taps, k = e / J, rest = e - k * J;
+            const int c = weight_khwc ? rest % Cg : rest / taps, tap = weight_khwc ? rest / Cg : rest % taps;
+            source = k * ws_Cg * taps + (ws_channels_last ? tap * ws_Cg + c : c * taps + tap);
+        }
+        if (slice < splits) sum = ws[static_cast<long long>(slice) * ws_elements + source];
+        for (int s = slice + S; s < splits; s += S) sum += ws[static_cast<long long>(s) * ws_elements + source];
     }
-    Acc sum = ws[source];
-    for (int s = 1; s < splits; ++s) sum += ws[static_cast<long long>(s) * ws_elements + source];
-    dw[e] = from_acc<T>(sum);
+    if (S > 1) {
+        slice_sums[slice * blockDim.x + threadIdx.x] = sum;
+        __syncthreads();
+        if (slice != 0) return;
+        for (int t = 1; t < S; ++t) sum += slice_sums[t * blockDim.x + threadIdx.x];
+    }
+    if (e < elements) dw[e] = from_acc<T>(sum);
 }
 
 }  // namespace cupyconv

@@ -308,6 +308,9 @@ DEPTHWISE_CASES = [
     Case(2, 144, 144, 9, 10, 3, 3, padding=1, groups=144),         # NHWC: 18 vectors of 8 16-bit channels
     Case(2, 264, 264, 6, 7, 3, 3, stride=2, padding=1, groups=264),  # vectors past one block's 32
     Case(3, 20, 20, 11, 9, 5, 5, padding=2, groups=20),            # 5x5: two channels a thread
+    Case(4, 96, 96, 30, 37, 3, 3, padding=1, groups=96),           # NHWC: rows in segments, a step's tail
+    Case(2, 48, 48, 17, 23, 3, 3, stride=3, padding=1, groups=48),  # NHWC: a column stride at run time
+    Case(2, 40, 40, 19, 21, 5, 5, stride=2, padding=2, groups=40),  # NHWC: 5x5 at stride 2
 ]
 
 

@@ -1,4 +1,7 @@
 """The depthwise weight gradient's choice and runs, without a GPU."""
+import dataclasses
+import math
+
 import pytest
 
 from cupyconv import wgrad_depthwise
@@ -17,23 +20,67 @@ def test_refusals(shape, groups, kernel, reason):
 
 def test_runs_fill_the_gpu_and_keep_long_runs():
     nchw = make_problem((32, 144, 56, 56), (144, 1, 3, 3), None, "float16", 1, 1, 1, 144)
-    grid, splits, vectors = wgrad_depthwise.make_plan(nchw)
-    assert grid == (144, splits, 1) and splits == 4 and 32 * 56 * 56 // splits >= wgrad_depthwise.MIN_RUN_PIXELS["NCHW"]
-    assert vectors == 1
-    nhwc = make_problem((32, 56, 56, 144), (144, 3, 3, 1), None, "float16", 1, 1, 1, 144, "NHWC", "KHWC")
-    grid, splits, vectors = wgrad_depthwise.make_plan(nhwc)
-    assert (grid[0], vectors) == (1, 18) and splits == wgrad_depthwise.TARGET_BLOCKS  # 18 vectors x 14 pixel lanes
-    wide = make_problem((2, 9, 9, 2048), (2048, 3, 3, 1), None, "float16", 1, 1, 1, 2048, "NHWC", "KHWC")
-    assert wgrad_depthwise.make_plan(wide)[0][0] == 8 and wgrad_depthwise.make_plan(wide)[2] == 32
+    plan = wgrad_depthwise.make_plan(nchw)
+    assert plan.grid == (144, plan.splits, 1) and plan.splits == 4
+    assert 32 * 56 * 56 // plan.splits >= wgrad_depthwise.MIN_RUN_PIXELS and (plan.vectors, plan.segment) == (1, 0)
     tiny = make_problem((1, 8, 7, 7), (8, 1, 3, 3), None, "float16", 1, 1, 1, 8)
-    assert wgrad_depthwise.make_plan(tiny)[1] == 1
+    assert wgrad_depthwise.make_plan(tiny).splits == 1
+
+
+@pytest.mark.parametrize("shape,stride,plan", [
+    # 144 channels in vectors of 4: two blocks of 18 vectors x 14 row lanes; whole rows, one a lane
+    ((32, 56, 56, 144), 1, ((2, 128, 1), 128, 18, 56)),
+    # 24 vectors x 10 lanes, 264 runs: rows of 28 would leave lanes 2 items or 1; segments of 8 deal 4-5
+    ((32, 112, 112, 96), 2, ((1, 264, 1), 264, 24, 8)),
+])
+def test_nhwc_plans_of_mobilenet_rows(shape, stride, plan):
+    problem = make_problem(shape, (shape[3], 3, 3, 1), None, "float16", stride, 1, 1, shape[3], "NHWC", "KHWC")
+    assert tuple(wgrad_depthwise.make_plan(problem)) == plan
+
+
+@pytest.mark.parametrize("shape", [(32, 56, 56, 144), (32, 14, 14, 384), (2, 9, 9, 2048), (1, 2, 4096, 96),
+                                   (256, 56, 56, 96), (3, 7, 300, 40)])
+def test_nhwc_segment_leaves_the_busiest_lane_the_fewest_pixels(shape):
+    """Every lane has an item, runs stay near TARGET_BLOCKS, and no other segment's busiest lane walks
+    fewer pixels."""
+    n, h, w, c = shape
+    problem = make_problem(shape, (c, 3, 3, 1), None, "float16", 1, 1, 1, c, "NHWC", "KHWC")
+    plan = wgrad_depthwise.make_plan(problem)
+    lanes = 256 // plan.vectors
+
+    def busiest(segment, splits):
+        items = n * h * math.ceil(w / segment)
+        return math.ceil(math.ceil(items / splits) / lanes) * min(segment, w)
+
+    items = n * h * math.ceil(w / plan.segment)
+    assert plan.splits == 1 or items // plan.splits >= lanes
+    assert plan.grid[0] * plan.splits <= wgrad_depthwise.TARGET_BLOCKS["NHWC"] + plan.grid[0]
+    step, least = wgrad_depthwise.ROW_STEP, wgrad_depthwise.MIN_SEGMENT
+    candidates = [math.ceil(w / step) * step]  # a whole row, then halvings
+    while candidates[-1] > least:
+        candidates.append(max(least, math.ceil(candidates[-1] / 2 / step) * step))
+    assert plan.segment in candidates
+    for segment in candidates:
+        other_items = n * h * math.ceil(w / segment)
+        splits = max(1, min(math.ceil(wgrad_depthwise.TARGET_BLOCKS["NHWC"] / plan.grid[0]), other_items // lanes))
+        assert busiest(plan.segment, plan.splits) <= busiest(segment, splits)
+
+
+@pytest.mark.parametrize("stride,dilation,walk", [(1, 1, (1, 1)), (2, 1, (2, 1)), ((2, 1), 1, (1, 1)),
+                                                   (1, 2, (0, 0)), (3, 1, (0, 0))])
+def test_column_walk(stride, dilation, walk):
+    """Column strides and dilations compiled into the NHWC kernel; others at run time."""
+    problem = make_problem((2, 20, 20, 8), (8, 3, 3, 1), None, "float16", stride, 1, dilation, 8, "NHWC", "KHWC")
+    assert wgrad_depthwise.column_walk(problem) == walk
+    assert wgrad_depthwise.nhwc_specialisation("float16", 3, 3, 4, walk) in wgrad_depthwise.specialisations()
 
 
 @pytest.mark.parametrize("dtype,c,k,kernel,layout,vector", [
-    ("float16", 144, 144, 3, "NHWC", 8),    # 16-byte loads
-    ("bfloat16", 36, 36, 3, "NHWC", 4),     # 36 channels: the widest vector that divides them
-    ("float32", 96, 96, 3, "NHWC", 4),
-    ("float64", 96, 96, 3, "NHWC", 2),
+    ("float16", 144, 144, 3, "NHWC", 4),    # 8-byte loads
+    ("bfloat16", 36, 36, 3, "NHWC", 4),
+    ("bfloat16", 34, 34, 3, "NHWC", 2),     # 34 channels: the widest vector that divides them
+    ("float32", 96, 96, 3, "NHWC", 2),
+    ("float64", 96, 96, 3, "NHWC", 1),
     ("float16", 96, 96, 5, "NHWC", 2),      # 25 taps: two channels keep 50 sums
     ("float16", 96, 96, 7, "NHWC", 1),
     ("float16", 33, 33, 3, "NHWC", 1),      # odd channels
@@ -45,4 +92,14 @@ def test_vector_channels(dtype, c, k, kernel, layout, vector):
     problem = make_problem((2, 9, 9, c) if nhwc else (2, c, 9, 9), (k, kernel, kernel, 1) if nhwc else (k, 1, kernel, kernel),
                            None, dtype, 1, 1, 1, c, layout, "KHWC" if nhwc else "KCHW")
     assert wgrad_depthwise.vector_channels(problem) == vector
-    assert wgrad_depthwise.specialisation(dtype, nhwc, kernel, kernel, vector) in wgrad_depthwise.specialisations()
+    expression = (wgrad_depthwise.nhwc_specialisation(dtype, kernel, kernel, vector, (1, 1)) if nhwc
+                  else wgrad_depthwise.specialisation(dtype, kernel, kernel))
+    assert expression in wgrad_depthwise.specialisations()
+
+
+def test_refuses_steps_past_32_bit_offsets():
+    """An NHWC step's columns are 32-bit offsets: 4003 columns of 2^20 channels pass 2^31 elements."""
+    c = 2**20
+    problem = make_problem((1, 1, 3000, c), (c, 3, 3, 1), None, "float16", (1, 1000), 1, 1, c, "NHWC", "KHWC")
+    assert "4003 input columns" in wgrad_depthwise.refusal(problem)
+    assert wgrad_depthwise.refusal(dataclasses.replace(problem, layout="NCHW", weight_layout="KCHW")) == ""
