@@ -27,9 +27,13 @@ REDUCE_KERNEL = "wgrad_reduce"
 #: Threads per block of wgrad_reduce.
 REDUCE_BLOCK = 256
 #: wgrad_reduce cuts the runs into REDUCE_SLICES slices added in parallel (then in slice order) where
-#: there are at least REDUCE_SLICED_RUNS runs; fewer are added by one thread an element, in run order.
+#: there are at least REDUCE_SLICED_RUNS runs of fewer than REDUCE_SLICED_ELEMENTS sums (a thread an
+#: element would leave the GPU a few long chains of loads: mbv2_dw_3x3_144's 1296 sums of 264 runs took
+#: longer than its kernel); otherwise one thread an element adds them in run order (on the H100, slices
+#: made r50_l2_3x3_128's 147456 sums of 16 or more runs 7 % slower).
 REDUCE_SLICES = 8
 REDUCE_SLICED_RUNS = 16
+REDUCE_SLICED_ELEMENTS = 65536
 #: Bytes of the accumulator type (float32; float64 for float64).
 ACC_BYTES = {"float16": 4, "bfloat16": 4, "float32": 4, "float64": 8}
 ACC_CTYPES = {"float16": "float", "bfloat16": "float", "float32": "float", "float64": "double"}
@@ -83,7 +87,7 @@ MAX_PLANE_EXTENT = 2**29
 class WgradPlan:
     """The launches of one weight gradient: the GEMM (``gemm_expression`` on ``grid`` x ``block``) into a
     workspace of ``workspace_bytes`` ([splits][K][J] in the accumulator type), then ``reduce_expression``
-    on ``reduce_grid`` x (REDUCE_BLOCK,) into the weight. ``reason`` says why this config and splits."""
+    on ``reduce_grid`` (with reduce_shape's block) into the weight. ``reason`` says why this config and splits."""
 
     config: WgradConfig
     dtype: str
@@ -263,8 +267,8 @@ def reduce_launch(dtype: str, splits: int, elements: int, cg: int, taps: int, ws
 
 def reduce_shape(elements: int, splits: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """wgrad_reduce's grid and block for ``elements`` sums of ``splits`` runs: (256 / slices, slices)
-    threads a block, slices as REDUCE_SLICES and REDUCE_SLICED_RUNS say."""
-    slices = REDUCE_SLICES if splits >= REDUCE_SLICED_RUNS else 1
+    threads a block, slices as REDUCE_SLICES, REDUCE_SLICED_RUNS and REDUCE_SLICED_ELEMENTS say."""
+    slices = REDUCE_SLICES if splits >= REDUCE_SLICED_RUNS and elements < REDUCE_SLICED_ELEMENTS else 1
     width = REDUCE_BLOCK // slices
     return (math.ceil(elements / width), 1, 1), (width, slices, 1)
 
