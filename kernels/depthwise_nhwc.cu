@@ -79,8 +79,7 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll
             for (int s = 0; s < KW; ++s) {
                 const Vec wv = *reinterpret_cast<const Vec*>(w + (r * KW + s) * C + c0);
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) wr[s][j] = to_acc<Acc>(wv.v[j]);
+                widen(wr[s], wv.v);
             }
             // The run's input columns, loaded before any is used: COLS loads in flight at once
             // (zeros where a column falls in the padding).
@@ -90,14 +89,13 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll
             for (int col = 0; col < COLS; ++col) {
                 const int iw = iw0 + col;
-                xs[col] = static_cast<unsigned>(iw) < static_cast<unsigned>(W)
-                              ? *reinterpret_cast<const Vec*>(x_row + static_cast<Index>(iw) * C) : Vec{};
+                xs[col] = load_or_zero(reinterpret_cast<const Vec*>(x_row + static_cast<Index>(iw) * C),
+                                       static_cast<unsigned>(iw) < static_cast<unsigned>(W));
             }
 #pragma unroll
             for (int col = 0; col < COLS; ++col) {
                 Acc xf[VEC];
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) xf[j] = to_acc<Acc>(xs[col].v[j]);
+                widen(xf, xs[col].v);
 #pragma unroll
                 for (int p = 0; p < PIX; ++p) {
                     const int s = col - p * SW;  // the tap of pixel p this column is (compile-time)

@@ -84,25 +84,6 @@ wgrad_depthwise(const T* __restrict__ x, const T* __restrict__ dy, typename accu
     }
 }
 
-// V channels as one word of their bytes (at most 8), so that a load outside the image is one
-// predicated load of zeros.
-template <int BYTES> struct wgrad_word { using type = unsigned long long; };
-template <> struct wgrad_word<4> { using type = unsigned; };
-template <> struct wgrad_word<2> { using type = unsigned short; };
-template <typename T, int V> union WgradChannels {
-    typename wgrad_word<V * sizeof(T)>::type word;
-    WgradPack<T, V> pack;
-};
-
-// The V channels of a pixel at `at`, zeros where `inside` is false.
-template <typename T, int V>
-__device__ __forceinline__ WgradChannels<T, V> load_channels(const T* at, bool inside) {
-    using Word = typename wgrad_word<V * sizeof(T)>::type;
-    WgradChannels<T, V> channels;
-    channels.word = inside ? *reinterpret_cast<const Word*>(at) : Word(0);
-    return channels;
-}
-
 // A step's shape: TQ output pixels, their input columns a tap row (COLUMNS: the span the windows
 // cover where the column stride and dilation are compiled, each pixel's taps at run time), loaded
 // ROWS tap rows at a time before any is multiplied. The most pixels (4 at stride 1, 2 at stride 2,
@@ -111,7 +92,7 @@ __device__ __forceinline__ WgradChannels<T, V> load_channels(const T* at, bool i
 // go to addresses and counters.
 template <typename T, int KH, int KW, int V, int SW, int DW> struct WgradStep {
     static constexpr int ACC_REGS = sizeof(typename accumulator<T>::type) / 4;
-    static constexpr int WORD_REGS = (V * sizeof(T) + 3) / 4;
+    static constexpr int WORD_REGS = (V * sizeof(T) + 3) / 4;  // a vector's registers as loaded
     // Budgets that ptxas's reports bear out (no spills at 128 registers): 112 for 3x3 windows (their
     // 4-pixel steps estimate 112 and were fastest on the H100: benchmarks/NOTES.md), 80 for larger
     // ones (5x5 at 112 spilled), 72 for one channel a thread (a register per 16-bit value; 77 spilled).
@@ -177,23 +158,22 @@ wgrad_depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ dy, typename
             // The step's loads first, ROWS tap rows at a time, rows outside the image predicated off
             // load by load rather than branched around, so that they are in flight at once; then the
             // conversions and FMAs.
-            WgradChannels<T, V> dy_raw[TQ];
+            using Pack = WgradPack<T, V>;
+            Pack dy_raw[TQ];
 #pragma unroll
-            for (int j = 0; j < TQ; ++j) dy_raw[j] = load_channels<T, V>(dy_at + j * K, qc + j < q1);
+            for (int j = 0; j < TQ; ++j) dy_raw[j] = load_or_zero(reinterpret_cast<const Pack*>(dy_at + j * K), qc + j < q1);
             Acc g[TQ][V];
             const T* x_row = x_at;  // the batch's first tap row
 #pragma unroll
             for (int first = 0; first < KH; first += ROWS, x_row += ROWS * tap_row_pitch) {
                 if (first == 0) {
 #pragma unroll
-                    for (int j = 0; j < TQ; ++j)
-#pragma unroll
-                        for (int v = 0; v < V; ++v) g[j][v] = to_acc<Acc>(dy_raw[j].pack.v[v]);
+                    for (int j = 0; j < TQ; ++j) widen(g[j], dy_raw[j].v);
                 }
                 // A batch of rows all outside the image is branched around: the branch also keeps
                 // the compiler from hoisting the next batch's loads into this one's registers.
                 if (!(rows_inside >> first & ((1u << ROWS) - 1u))) continue;
-                WgradChannels<T, V> x_raw[ROWS][COLUMNS];
+                Pack x_raw[ROWS][COLUMNS];
                 const T* batch_row = x_row;
 #pragma unroll
                 for (int b = 0; b < ROWS && first + b < KH; ++b, batch_row += tap_row_pitch) {
@@ -201,17 +181,16 @@ wgrad_depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ dy, typename
                     for (int i = 0; i < COLUMNS; ++i) {
                         // Compiled walks: the span's column i; at run time: pixel i / KW's tap i % KW.
                         const int column = SW > 0 ? i : i / KW * sw + i % KW * dw;
-                        x_raw[b][i] = load_channels<T, V>(batch_row + column * C, (rows_inside >> (first + b) & 1u) &&
-                                                          static_cast<unsigned>(iw0 + column) < static_cast<unsigned>(W));
+                        x_raw[b][i] = load_or_zero(reinterpret_cast<const Pack*>(batch_row + column * C),
+                                                   (rows_inside >> (first + b) & 1u) &&
+                                                       static_cast<unsigned>(iw0 + column) < static_cast<unsigned>(W));
                     }
                 }
 #pragma unroll
                 for (int b = 0; b < ROWS && first + b < KH; ++b) {
                     Acc cols[COLUMNS][V];
 #pragma unroll
-                    for (int i = 0; i < COLUMNS; ++i)
-#pragma unroll
-                        for (int v = 0; v < V; ++v) cols[i][v] = to_acc<Acc>(x_raw[b][i].pack.v[v]);
+                    for (int i = 0; i < COLUMNS; ++i) widen(cols[i], x_raw[b][i].v);
 #pragma unroll
                     for (int j = 0; j < TQ; ++j)
 #pragma unroll
