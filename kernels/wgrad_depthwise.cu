@@ -95,8 +95,9 @@ template <typename T, int KH, int KW, int V, int SW, int DW> struct WgradStep {
     static constexpr int WORD_REGS = (V * sizeof(T) + 3) / 4;  // a vector's registers as loaded
     // Budgets that ptxas's reports bear out (no spills at 128 registers): 112 for 3x3 windows (their
     // 4-pixel steps estimate 112 and were fastest on the H100: benchmarks/NOTES.md), 80 for larger
-    // ones (5x5 at 112 spilled), 72 for one channel a thread (a register per 16-bit value; 77 spilled).
-    static constexpr int BUDGET = ACC_REGS == 2 ? 200 : V == 1 ? 72 : KH * KW <= 9 ? 112 : 80;
+    // ones (5x5 at 112 spilled), 64 for one channel a thread (a register per 16-bit value; 69 spilled
+    // on sm_80).
+    static constexpr int BUDGET = ACC_REGS == 2 ? 200 : V == 1 ? 64 : KH * KW <= 9 ? 112 : 80;
     static constexpr int columns(int tq) { return SW > 0 ? (tq - 1) * SW + (KW - 1) * DW + 1 : tq * KW; }
     static constexpr int registers(int tq, int rows) {  // sums, dy, one row converted, raw rows
         return (KH * KW * V + tq * V + columns(tq) * V) * ACC_REGS + rows * columns(tq) * WORD_REGS;
