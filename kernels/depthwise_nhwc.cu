@@ -89,8 +89,8 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll
             for (int col = 0; col < COLS; ++col) {
                 const int iw = iw0 + col;
-                xs[col] = load_or_zero(reinterpret_cast<const Vec*>(x_row + static_cast<Index>(iw) * C),
-                                       static_cast<unsigned>(iw) < static_cast<unsigned>(W));
+                xs[col] = static_cast<unsigned>(iw) < static_cast<unsigned>(W)
+                              ? *reinterpret_cast<const Vec*>(x_row + static_cast<Index>(iw) * C) : Vec{};
             }
 #pragma unroll
             for (int col = 0; col < COLS; ++col) {
