@@ -1,9 +1,9 @@
 """The weight gradient of depthwise convolutions (kernels/wgrad_depthwise.cu): refusal, plan (runs of the
-reduction, channel vectors, row segments), specialisations and program. NCHW: each block sums a run
-of one channel's output pixels for every tap in registers. NHWC: row lanes of a block walk segments
-of output rows for up to 32 vectors of channels, loading each step's span of input columns once.
-wgrad.py's ordered reduction adds the runs (a weight of one input channel per group has the same
-memory in KCHW and KHWC)."""
+reduction, lanes, segments of the walk), specialisations and program. Lanes keep their channels' tap
+sums in registers and walk segments of output pixels, loading each step's span of input positions
+once: NHWC lanes hold up to 32 vectors of channels a block and walk along output rows; NCHW lanes
+hold a block's channel and output columns and walk down the columns. wgrad.py's ordered reduction
+adds the runs (a weight of one input channel per group has the same memory in KCHW and KHWC)."""
 from __future__ import annotations
 
 import functools
@@ -19,21 +19,23 @@ KERNEL = "wgrad_depthwise"
 NHWC_KERNEL = "wgrad_depthwise_nhwc"
 #: The kernel sizes it is compiled for (its sums live in registers, one per tap).
 KERNEL_SIZES = ((3, 3), (5, 5), (7, 7))
-#: NHWC: (column stride, column dilation) pairs compiled into the kernel, so that a step's span of
-#: input columns is loaded once; others run with both at run time, a load per tap and pixel.
-COMPILED_COLUMN_WALKS = ((1, 1), (2, 1))
-#: Row segments are a multiple of the most output pixels an NHWC row lane takes a step (the kernel's
-#: wgrad_row_step).
+#: (stride, dilation) pairs along the walk (NHWC: the columns'; NCHW: the rows') compiled into the
+#: kernels, so that a step's span of input positions is loaded once; others run with both at run
+#: time, a load per tap and pixel.
+COMPILED_WALKS = ((1, 1), (2, 1))
+#: Segments are a multiple of ROW_STEP output pixels; a step takes at most MOST_STEP (the kernel's
+#: WgradStep).
 ROW_STEP = 4
-#: Blocks wanted and the fewest output pixels a run keeps (16 per thread for one channel per block,
-#: NCHW). NHWC: two per SM of the H100's 132, one wave of the kernel's two blocks an SM; at four per SM
-#: (528) every MobileNetV2 row ran 1.1-1.5x slower (benchmarks/NOTES.md).
-TARGET_BLOCKS = {"NCHW": 528, "NHWC": 264}
-MIN_RUN_PIXELS = 4096
-#: NHWC: row segments are whole output rows or halvings of them down to MIN_SEGMENT pixels.
+MOST_STEP = 8
+#: Blocks wanted: two per SM of the H100's 132, one wave of the kernels' two blocks an SM; at four per
+#: SM (528) every MobileNetV2 row ran 1.1-1.5x slower in NHWC (benchmarks/NOTES.md).
+TARGET_BLOCKS = 264
+#: Segments are whole output rows (NHWC) or columns (NCHW), or halvings of them down to MIN_SEGMENT.
 MIN_SEGMENT = 2 * ROW_STEP
 #: NHWC: channel vectors a block takes at most, so that it has at least 8 row lanes.
 MAX_VECTORS = 32
+#: NCHW: output columns a block takes at most (its 256 threads).
+MAX_COLUMNS = 256
 #: NHWC: sums a thread keeps at most (taps x channels, in 4-byte registers), and the widest load:
 #: 3x3 16-bit layers at four channels (8 bytes), with a step's dy and input columns, fit two blocks of
 #: 256 threads an SM without spills.
@@ -45,8 +47,8 @@ VECTOR_CHANNELS = (4, 2, 1)
 class DepthwisePlan(NamedTuple):
     grid: tuple[int, int, int]
     splits: int  # runs of the reduction (grid y)
-    vectors: int  # NHWC: channel vectors a block (1 for NCHW)
-    segment: int  # NHWC: output columns a row lane's item (0 for NCHW)
+    across: int  # a block's channel vectors (NHWC) or output columns (NCHW); 256 // across lanes each
+    segment: int  # output pixels of a lane's item along the walk
 
 
 @functools.lru_cache(maxsize=1024)
@@ -59,10 +61,15 @@ def refusal(problem: ConvProblem) -> str:
         return f"a {problem.kh}x{problem.kw} kernel (compiled for {', '.join(f'{h}x{w}' for h, w in KERNEL_SIZES)})"
     if max(problem.h * problem.w, problem.ho * problem.wo) >= 2**31 or problem.k > MAX_GRID_Y * 32:
         return "a plane past 2^31 elements or too many channels for the grid"
-    # NHWC steps address their columns by 32-bit offsets from the step's first.
-    step_columns = ROW_STEP * problem.stride[1] + (problem.kw - 1) * problem.dilation[1] + 1
-    if problem.layout == "NHWC" and step_columns * max(problem.c, problem.k) >= 2**31:
-        return f"a step's {step_columns} input columns of {problem.c} channels past 2^31 elements"
+    # Steps address their input by 32-bit offsets from the step's first position.
+    nhwc = problem.layout == "NHWC"
+    axis = 1 if nhwc else 0
+    kernel_extent = problem.kw if nhwc else problem.kh
+    span = MOST_STEP * problem.stride[axis] + (kernel_extent - 1) * problem.dilation[axis] + 1
+    pitch = max(problem.c, problem.k) if nhwc else problem.w
+    if span * pitch >= 2**31:
+        what = f"input columns of {pitch} channels" if nhwc else f"input rows of {pitch} elements"
+        return f"a step's {span} {what} past 2^31 elements"
     return ""
 
 
@@ -82,15 +89,17 @@ def vector_channels(problem: ConvProblem) -> int:
                 problem.k % v == 0)
 
 
-def column_walk(problem: ConvProblem) -> tuple[int, int]:
-    """The NHWC kernel's compiled (column stride, column dilation), (0, 0) for run time."""
-    walk = (problem.stride[1], problem.dilation[1])
-    return walk if walk in COMPILED_COLUMN_WALKS else (0, 0)
+def walk(problem: ConvProblem) -> tuple[int, int]:
+    """The kernel's compiled (stride, dilation) along its walk (NHWC: the columns'; NCHW: the rows'),
+    (0, 0) for run time."""
+    axis = 1 if problem.layout == "NHWC" else 0
+    pair = (problem.stride[axis], problem.dilation[axis])
+    return pair if pair in COMPILED_WALKS else (0, 0)
 
 
-def specialisation(dtype: str, kh: int, kw: int) -> str:
+def specialisation(dtype: str, kh: int, kw: int, walk: tuple[int, int]) -> str:
     """The NCHW kernel's."""
-    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{kh},{kw}>"
+    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{kh},{kw},{walk[0]},{walk[1]}>"
 
 
 def nhwc_specialisation(dtype: str, kh: int, kw: int, vector: int, walk: tuple[int, int]) -> str:
@@ -98,10 +107,10 @@ def nhwc_specialisation(dtype: str, kh: int, kw: int, vector: int, walk: tuple[i
 
 
 def specialisations() -> list[str]:
-    walks = COMPILED_COLUMN_WALKS + ((0, 0),)
-    return [specialisation(dtype, kh, kw) for dtype in CTYPES for kh, kw in KERNEL_SIZES] + \
-        [nhwc_specialisation(dtype, kh, kw, v, walk) for dtype in CTYPES for kh, kw in KERNEL_SIZES
-         for v in VECTOR_CHANNELS if v <= _widest_vector(dtype, kh, kw) for walk in walks]
+    walks = COMPILED_WALKS + ((0, 0),)
+    return [specialisation(dtype, kh, kw, pair) for dtype in CTYPES for kh, kw in KERNEL_SIZES for pair in walks] + \
+        [nhwc_specialisation(dtype, kh, kw, v, pair) for dtype in CTYPES for kh, kw in KERNEL_SIZES
+         for v in VECTOR_CHANNELS if v <= _widest_vector(dtype, kh, kw) for pair in walks]
 
 
 def _runs(wanted: int, blocks: int, items: int, per_run: int) -> int:
@@ -111,48 +120,51 @@ def _runs(wanted: int, blocks: int, items: int, per_run: int) -> int:
 
 @functools.lru_cache(maxsize=1024)
 def make_plan(problem: ConvProblem) -> DepthwisePlan:
-    """NCHW: a block per channel, the pixels cut into as many runs as give about TARGET_BLOCKS blocks,
-    each of at least MIN_RUN_PIXELS. NHWC: all the layer's channel vectors, up to MAX_VECTORS a block,
-    in as few blocks as evenly filled, 256 // vectors row lanes each, and as many runs as give about
-    TARGET_BLOCKS blocks with an item for every lane. The rows' segment is the one whose busiest lane
-    walks the fewest pixels (a block's items dealt to its lanes in turn), the longest among equals
-    (fewer columns loaded twice where segments meet)."""
+    """Lanes and runs. NHWC: all the layer's channel vectors, up to MAX_VECTORS a block, in as few
+    blocks as evenly filled; NCHW: a block per channel and tile of up to MAX_COLUMNS output columns.
+    256 // across lanes a block, and as many runs as give about TARGET_BLOCKS blocks with an item for
+    every lane. The segment is the one whose busiest lane walks the fewest pixels (a block's items
+    dealt to its lanes in turn), the longest among equals (fewer positions loaded twice where
+    segments meet)."""
     p = problem
-    if p.layout != "NHWC":
-        splits = _runs(TARGET_BLOCKS["NCHW"], p.k, p.n * p.ho * p.wo, MIN_RUN_PIXELS)
-        return DepthwisePlan((p.k, splits, 1), splits, 1, 0)
-    wanted = p.k // vector_channels(p)
-    blocks = math.ceil(wanted / MAX_VECTORS)
-    vectors = math.ceil(wanted / blocks)
-    lanes = 256 // vectors
+    if p.layout == "NHWC":
+        wanted = p.k // vector_channels(p)
+        blocks = math.ceil(wanted / MAX_VECTORS)
+        across = math.ceil(wanted / blocks)
+        lines, extent = p.n * p.ho, p.wo  # rows to walk along, and their length
+    else:
+        across = min(p.wo, MAX_COLUMNS)
+        blocks = p.k * math.ceil(p.wo / across)
+        lines, extent = p.n, p.ho  # each lane's column, in every image
+    lanes = 256 // across
     best = None
-    segment = math.ceil(p.wo / ROW_STEP) * ROW_STEP
+    segment = math.ceil(extent / ROW_STEP) * ROW_STEP
     while True:
-        items = p.n * p.ho * math.ceil(p.wo / segment)
-        splits = _runs(TARGET_BLOCKS["NHWC"], blocks, items, lanes)
-        busiest = math.ceil(math.ceil(items / splits) / lanes) * min(segment, p.wo)
+        items = lines * math.ceil(extent / segment)
+        splits = _runs(TARGET_BLOCKS, blocks, items, lanes)
+        busiest = math.ceil(math.ceil(items / splits) / lanes) * min(segment, extent)
         if best is None or busiest < best[0]:
-            best = (busiest, DepthwisePlan((blocks, splits, 1), splits, vectors, segment))
+            best = (busiest, DepthwisePlan((blocks, splits, 1), splits, across, segment))
         if segment <= MIN_SEGMENT:
             return best[1]
         segment = max(MIN_SEGMENT, math.ceil(segment / 2 / ROW_STEP) * ROW_STEP)
 
 
 def program(plan: DepthwisePlan, problem: ConvProblem) -> CallProgram:
-    """The kernel from X and GRAD_OUTPUT into the runs' sums (the workspace), wgrad.py's reduction
-    into OUT; ``plan`` from make_plan."""
+    """The kernel from X and GRAD_OUTPUT into the runs' sums (the workspace; NCHW: a run's per column
+    tile), wgrad.py's reduction into OUT; ``plan`` from make_plan."""
     p = problem
     taps = p.kh * p.kw
     partial = Pointer(WORKSPACE)
     args = (Pointer(X), Pointer(GRAD_OUTPUT), partial, p.n, p.c, p.h, p.w, p.k, p.ho, p.wo, p.stride[0], p.stride[1],
-            p.pad_top, p.pad_left, p.dilation[0], p.dilation[1])
+            p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], plan.across, plan.segment)
     if p.layout == "NHWC":
-        kernel = Launch(NHWC_KERNEL, nhwc_specialisation(p.dtype, p.kh, p.kw, vector_channels(p), column_walk(p)),
-                        plan.grid, (256, 1, 1), 0, args + (plan.vectors, plan.segment))
+        expression, partials = nhwc_specialisation(p.dtype, p.kh, p.kw, vector_channels(p), walk(p)), plan.splits
     else:
-        kernel = Launch(KERNEL, specialisation(p.dtype, p.kh, p.kw), plan.grid, (256, 1, 1), 0, args)
-    reduce = reduce_launch(p.dtype, plan.splits, p.k * taps, 1, taps, False, False, partial, Pointer(OUT))
-    return CallProgram((kernel, reduce), plan.splits * p.k * taps * ACC_BYTES[p.dtype])
+        expression, partials = specialisation(p.dtype, p.kh, p.kw, walk(p)), plan.splits * math.ceil(p.wo / plan.across)
+    kernel = Launch(NHWC_KERNEL if p.layout == "NHWC" else KERNEL, expression, plan.grid, (256, 1, 1), 0, args)
+    reduce = reduce_launch(p.dtype, partials, p.k * taps, 1, taps, False, False, partial, Pointer(OUT))
+    return CallProgram((kernel, reduce), partials * p.k * taps * ACC_BYTES[p.dtype])
 
 
 def conv2d_weight_cupy(x, grad_output, problem: ConvProblem, out, plan: DepthwisePlan | None = None):

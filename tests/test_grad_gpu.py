@@ -311,6 +311,7 @@ DEPTHWISE_CASES = [
     Case(4, 96, 96, 30, 37, 3, 3, padding=1, groups=96),           # NHWC: rows in segments, a step's tail
     Case(2, 48, 48, 17, 23, 3, 3, stride=3, padding=1, groups=48),  # NHWC: a column stride at run time
     Case(2, 40, 40, 19, 21, 5, 5, stride=2, padding=2, groups=40),  # NHWC: 5x5 at stride 2
+    Case(1, 4, 4, 9, 300, 3, 3, stride=(2, 1), padding=1, groups=4),  # NCHW: two tiles of output columns
 ]
 
 

@@ -18,11 +18,13 @@ def test_refusals(shape, groups, kernel, reason):
     assert reason in wgrad_depthwise.refusal(problem)
 
 
-def test_runs_fill_the_gpu_and_keep_long_runs():
+def test_nchw_lanes_are_output_columns_of_a_channel():
+    # 56 columns a block (4 lanes of them), a block per channel; 288 blocks, whole columns
     nchw = make_problem((32, 144, 56, 56), (144, 1, 3, 3), None, "float16", 1, 1, 1, 144)
-    plan = wgrad_depthwise.make_plan(nchw)
-    assert plan.grid == (144, plan.splits, 1) and plan.splits == 4
-    assert 32 * 56 * 56 // plan.splits >= wgrad_depthwise.MIN_RUN_PIXELS and (plan.vectors, plan.segment) == (1, 0)
+    assert tuple(wgrad_depthwise.make_plan(nchw)) == ((144, 2, 1), 2, 56, 56)
+    wide = make_problem((2, 8, 20, 600), (8, 1, 3, 3), None, "float32", 1, 1, 1, 8)
+    plan = wgrad_depthwise.make_plan(wide)
+    assert plan.across == wgrad_depthwise.MAX_COLUMNS and plan.grid[0] == 8 * 3  # three column tiles a channel
     tiny = make_problem((1, 8, 7, 7), (8, 1, 3, 3), None, "float16", 1, 1, 1, 8)
     assert wgrad_depthwise.make_plan(tiny).splits == 1
 
@@ -46,7 +48,7 @@ def test_nhwc_segment_leaves_the_busiest_lane_the_fewest_pixels(shape):
     n, h, w, c = shape
     problem = make_problem(shape, (c, 3, 3, 1), None, "float16", 1, 1, 1, c, "NHWC", "KHWC")
     plan = wgrad_depthwise.make_plan(problem)
-    lanes = 256 // plan.vectors
+    lanes = 256 // plan.across
 
     def busiest(segment, splits):
         items = n * h * math.ceil(w / segment)
@@ -54,7 +56,7 @@ def test_nhwc_segment_leaves_the_busiest_lane_the_fewest_pixels(shape):
 
     items = n * h * math.ceil(w / plan.segment)
     assert plan.splits == 1 or items // plan.splits >= lanes
-    assert plan.grid[0] * plan.splits <= wgrad_depthwise.TARGET_BLOCKS["NHWC"] + plan.grid[0]
+    assert plan.grid[0] * plan.splits <= wgrad_depthwise.TARGET_BLOCKS + plan.grid[0]
     step, least = wgrad_depthwise.ROW_STEP, wgrad_depthwise.MIN_SEGMENT
     candidates = [math.ceil(w / step) * step]  # a whole row, then halvings
     while candidates[-1] > least:
@@ -62,17 +64,24 @@ def test_nhwc_segment_leaves_the_busiest_lane_the_fewest_pixels(shape):
     assert plan.segment in candidates
     for segment in candidates:
         other_items = n * h * math.ceil(w / segment)
-        splits = max(1, min(math.ceil(wgrad_depthwise.TARGET_BLOCKS["NHWC"] / plan.grid[0]), other_items // lanes))
+        splits = max(1, min(math.ceil(wgrad_depthwise.TARGET_BLOCKS / plan.grid[0]), other_items // lanes))
         assert busiest(plan.segment, plan.splits) <= busiest(segment, splits)
 
 
-@pytest.mark.parametrize("stride,dilation,walk", [(1, 1, (1, 1)), (2, 1, (2, 1)), ((2, 1), 1, (1, 1)),
-                                                   (1, 2, (0, 0)), (3, 1, (0, 0))])
-def test_column_walk(stride, dilation, walk):
-    """Column strides and dilations compiled into the NHWC kernel; others at run time."""
-    problem = make_problem((2, 20, 20, 8), (8, 3, 3, 1), None, "float16", stride, 1, dilation, 8, "NHWC", "KHWC")
-    assert wgrad_depthwise.column_walk(problem) == walk
-    assert wgrad_depthwise.nhwc_specialisation("float16", 3, 3, 4, walk) in wgrad_depthwise.specialisations()
+@pytest.mark.parametrize("layout,stride,dilation,walk", [
+    ("NHWC", 1, 1, (1, 1)), ("NHWC", 2, 1, (2, 1)), ("NHWC", (2, 1), 1, (1, 1)), ("NHWC", 1, 2, (0, 0)),
+    ("NHWC", 3, 1, (0, 0)), ("NCHW", (2, 1), 1, (2, 1)), ("NCHW", (1, 3), 1, (1, 1)), ("NCHW", 1, (2, 1), (0, 0)),
+])
+def test_walk(layout, stride, dilation, walk):
+    """The walk's stride and dilation (NHWC: the columns'; NCHW: the rows') compiled into the kernel
+    where they are (1, 1) or (2, 1); others at run time."""
+    nhwc = layout == "NHWC"
+    problem = make_problem((2, 20, 20, 8) if nhwc else (2, 8, 20, 20), (8, 3, 3, 1) if nhwc else (8, 1, 3, 3), None,
+                           "float16", stride, 1, dilation, 8, layout, "KHWC" if nhwc else "KCHW")
+    assert wgrad_depthwise.walk(problem) == walk
+    expression = (wgrad_depthwise.nhwc_specialisation("float16", 3, 3, 4, walk) if nhwc
+                  else wgrad_depthwise.specialisation("float16", 3, 3, walk))
+    assert expression in wgrad_depthwise.specialisations()
 
 
 @pytest.mark.parametrize("dtype,c,k,kernel,layout,vector", [
@@ -85,7 +94,7 @@ def test_column_walk(stride, dilation, walk):
     ("float16", 96, 96, 7, "NHWC", 1),
     ("float16", 33, 33, 3, "NHWC", 1),      # odd channels
     ("float16", 32, 96, 3, "NHWC", 1),      # a channel multiplier: its channels are not consecutive
-    ("float16", 144, 144, 3, "NCHW", 1),    # one channel a block
+    ("float16", 144, 144, 3, "NCHW", 1),    # one element a thread
 ])
 def test_vector_channels(dtype, c, k, kernel, layout, vector):
     nhwc = layout == "NHWC"
@@ -93,13 +102,16 @@ def test_vector_channels(dtype, c, k, kernel, layout, vector):
                            None, dtype, 1, 1, 1, c, layout, "KHWC" if nhwc else "KCHW")
     assert wgrad_depthwise.vector_channels(problem) == vector
     expression = (wgrad_depthwise.nhwc_specialisation(dtype, kernel, kernel, vector, (1, 1)) if nhwc
-                  else wgrad_depthwise.specialisation(dtype, kernel, kernel))
+                  else wgrad_depthwise.specialisation(dtype, kernel, kernel, (1, 1)))
     assert expression in wgrad_depthwise.specialisations()
 
 
 def test_refuses_steps_past_32_bit_offsets():
-    """An NHWC step's columns are 32-bit offsets: 4003 columns of 2^20 channels pass 2^31 elements."""
+    """A step's input positions are 32-bit offsets: 8003 NHWC columns of 2^20 channels, or 11 NCHW rows of
+    2^28 elements, pass 2^31 elements."""
     c = 2**20
     problem = make_problem((1, 1, 3000, c), (c, 3, 3, 1), None, "float16", (1, 1000), 1, 1, c, "NHWC", "KHWC")
-    assert "4003 input columns" in wgrad_depthwise.refusal(problem)
+    assert "8003 input columns" in wgrad_depthwise.refusal(problem)
     assert wgrad_depthwise.refusal(dataclasses.replace(problem, layout="NCHW", weight_layout="KCHW")) == ""
+    long_rows = make_problem((1, 1, 3, 2**28), (1, 1, 3, 3), None, "float16", 1, 1, 1, 1)
+    assert "11 input rows" in wgrad_depthwise.refusal(long_rows)

@@ -77,7 +77,7 @@ def _other_plans(problem, default):
     worth (132 SMs), and all the channel vectors in one block where they leave 4 row lanes."""
     vector = wgrad_depthwise.vector_channels(problem)
     wanted = problem.k // vector
-    layouts = {(default.grid[0], default.vectors)}
+    layouts = {(default.grid[0], default.across)}
     if wanted <= 64:
         layouts.add((1, wanted))
     plans = []
