@@ -10,9 +10,11 @@ import math
 
 import cupy
 import torch
+from wgrad_parts import grad_operands  # this folder: the scripts run as files
 
 from cupyconv import wgrad_depthwise
 from cupyconv.bench import LAYERS, MODE_DTYPE, alternating_ms
+from cupyconv.families.common import H100_SMS
 from cupyconv.grad import weight_gradient
 
 REPEATS = 30
@@ -35,15 +37,7 @@ def main() -> None:
                     continue
                 problem = shape.problem(MODE_DTYPE[mode], layout)
                 nhwc = layout == "channels_last"
-                fmt = torch.channels_last if nhwc else torch.contiguous_format
-                x = torch.randn(problem.x_shape, device="cuda").to(TORCH_DTYPES[mode]).contiguous(memory_format=fmt)
-                dy = torch.randn(problem.out_shape, device="cuda").to(TORCH_DTYPES[mode]).contiguous(memory_format=fmt)
-
-                def view(t):
-                    t = t.permute(0, 2, 3, 1) if nhwc else t
-                    return cupy.from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
-
-                xv, dyv = view(x), view(dy)
+                x, dy, xv, dyv = grad_operands(problem, TORCH_DTYPES[mode], nhwc)
                 theirs = {f: (x.contiguous(memory_format=f), dy.contiguous(memory_format=f))
                           for f in (torch.contiguous_format, torch.channels_last)}
                 calls = {f"torch {f}": lambda a=a, b=b: torch.nn.grad.conv2d_weight(
@@ -74,7 +68,7 @@ def main() -> None:
 
 def _other_plans(problem, default):
     """NHWC plans beside ``default``: row segments of 8 to a whole row, runs giving 1-4 blocks an SM's
-    worth (132 SMs), and all the channel vectors in one block where they leave 4 row lanes."""
+    worth (H100_SMS), and all the channel vectors in one block where they leave 4 row lanes."""
     vector = wgrad_depthwise.vector_channels(problem)
     wanted = problem.k // vector
     layouts = {(default.grid[0], default.across)}
@@ -85,7 +79,7 @@ def _other_plans(problem, default):
         for segment in sorted({8, 16, 32, math.ceil(problem.wo / 4) * 4}):
             items = problem.n * problem.ho * math.ceil(problem.wo / segment)
             for per_sm in (1, 2, 4):
-                splits = max(1, min(math.ceil(132 * per_sm / blocks), items // (256 // vectors)))
+                splits = max(1, min(math.ceil(H100_SMS * per_sm / blocks), items // (256 // vectors)))
                 plan = wgrad_depthwise.DepthwisePlan((blocks, splits, 1), splits, vectors, segment)
                 if plan != default and plan not in plans:
                     plans.append(plan)

@@ -21,6 +21,20 @@ REPEATS = 30
 LAYOUT = {"fp16": "channels_last", "bf16": "channels_last", "tf32": "nchw"}
 
 
+def grad_operands(problem, dtype, nhwc: bool):
+    """Random x and dy of ``problem`` as torch tensors of ``dtype`` (channels_last where ``nhwc``) and
+    as CuPy views of the same memory in ``problem.layout`` (bfloat16 viewed as int16)."""
+    fmt = torch.channels_last if nhwc else torch.contiguous_format
+    x = torch.randn(problem.x_shape, device="cuda").to(dtype).contiguous(memory_format=fmt)
+    dy = torch.randn(problem.out_shape, device="cuda").to(dtype).contiguous(memory_format=fmt)
+
+    def view(t):
+        t = t.permute(0, 2, 3, 1) if nhwc else t
+        return cupy.from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
+
+    return x, dy, view(x), view(dy)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", action="append", choices=sorted(LAYOUT))
@@ -35,16 +49,7 @@ def main() -> None:
             if shape.groups != 1 or (args.layer and shape.name not in args.layer):
                 continue
             problem = shape.problem(MODE_DTYPE[mode], layout)
-            nhwc = layout == "channels_last"
-            fmt = torch.channels_last if nhwc else torch.contiguous_format
-            x = torch.randn(problem.x_shape, device="cuda").to(torch_dtypes[mode]).contiguous(memory_format=fmt)
-            dy = torch.randn(problem.out_shape, device="cuda").to(torch_dtypes[mode]).contiguous(memory_format=fmt)
-
-            def view(t):
-                t = t.permute(0, 2, 3, 1) if nhwc else t
-                return cupy.from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
-
-            xv, dyv = view(x), view(dy)
+            x, dy, xv, dyv = grad_operands(problem, torch_dtypes[mode], layout == "channels_last")
             out = cupy.empty(problem.weight_array_shape, dtype=xv.dtype)
             plan = tc.make_plan(problem, True, None, None, compute_capability())
             parts = {"whole call": lambda: weight_gradient(problem, xv, dyv, "cupy", mode == "tf32")}
