@@ -88,7 +88,7 @@ __device__ __forceinline__ void wgrad_walk_step(typename accumulator<T>::type (&
     const T* batch_at = x_at;  // the batch's first tap across
 #pragma unroll
     for (int first = 0; first < KC; first += BATCH, batch_at += BATCH * cross_pitch) {
-        if (first == 0) {
+        if (first == 0) {  // widened here, not before the loop, so as not to wait on dy before x's loads
 #pragma unroll
             for (int j = 0; j < TQ; ++j) widen(g[j], dy_raw[j].v);
         }
