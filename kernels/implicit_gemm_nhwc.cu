@@ -175,8 +175,8 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     static_assert(VEC == 4 || VEC == 8 || VEC == 16, "cp.async moves 4, 8 or 16 bytes");
     static_assert(NT % A_PIECES == 0 && (NCHW_A ? BK : BM) % A_ROWS_PER_PASS == 0, "the A loader covers the tile");
     static_assert(NT % B_PIECES == 0, "the B loader covers whole rows");
-    static_assert(!PRODUCER || !(SPLIT_K || PHASED || STREAM_K || NCHW_A),
-                  "the producer warpgroup's tile: one whole convolution of channels-last operands copied by TMA");
+    static_assert(!PRODUCER || !(PHASED || STREAM_K || NCHW_A),
+                  "the producer warpgroup's tile: one convolution of channels-last operands copied by TMA");
     static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tiles of 16 x 16 multiples (x4 ldmatrix for B)");
     static_assert((NHWC_OUT ? BM * D_STRIDE : BN * C_STRIDE) * 4 <=
                   STAGES * (A_STAGE + B_STAGE) * static_cast<int>(sizeof(T)),
@@ -639,16 +639,17 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
 // (cupyconv/tensor_map.py): `weight_map` describes w as rows of K output channels by kh kw C columns,
 // read in BK x BN boxes; `x_map` is x's im2col map (BM window corners of BK channels a copy, the
 // corners bounded by the padding, the convolution's strides apart). One group, C % BK == 0. ROUND_A: x
-// is a float32 NHWC input read in place, rounded to TF32 by the multiplying warpgroups.
+// is a float32 NHWC input read in place, rounded to TF32 by the multiplying warpgroups. SPLIT_K: run
+// blockIdx.z of `splits` of the reduction, its float32 sums written as the other instances' are.
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
-          int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A>
+          int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K>
 __global__ void NHWC_GEMM_LAUNCH_BOUNDS
 implicit_gemm_nhwc_tma(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                        void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
                        int activation, int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                        int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
                        const __grid_constant__ TensorMap weight_map, const __grid_constant__ TensorMap x_map) {
-    nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, false, WGMMA_ROWS, NHWC_OUT, ROUND_A, false,
+    nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, false, WGMMA_ROWS, NHWC_OUT, ROUND_A, SPLIT_K,
                    false, false>(x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho,
                                  Wo, kh, kw, sh, sw, pt, pl, dh, dw, groups, splits, split_elements, blockIdx.x,
                                  nullptr, 0, nullptr, &weight_map, &x_map);

@@ -425,13 +425,18 @@ SPLIT_GRID = [c for c in GEMM_GRID + WGMMA_GRID if c.n and c.k // c.groups >= 8]
 @pytest.mark.parametrize("case", SPLIT_GRID, ids=lambda c: c.id)
 def test_split_k_forced(case, name, splits, layout):
     """The reduction forced into 2, 3 or 7 runs (7 leaves runs empty on short reductions, which must
-    write zeros), with the default tile (wgmma on the H100) and an mma.sync one: every element
-    written, within the dtype's tolerance, in both output layouts."""
+    write zeros), with the default tile (wgmma on the H100), an mma.sync one and, where it can run
+    (sm_90a, one group, whole k tiles of one tap), the producer warpgroup's: every element written,
+    within the dtype's tolerance, in both output layouts."""
     dtype, torch_dtype = DTYPES[name]
     if nhwc_refuses(case, dtype):
         return
     mma_sync = next(c.name for c in NHWC_CONFIGS[dtype] if not c.wgmma)
-    for config in (None, mma_sync):
+    producer = next(c for c in NHWC_CONFIGS[dtype] if c.producer_warps)
+    configs = [None, mma_sync]
+    if compute_capability() == 90 and case.groups == 1 and not case.c % producer.bk:
+        configs.append(producer.name)
+    for config in configs:
         plan, (out,), ref = run_split(case, dtype, torch_dtype, layout, splits, config, seed=splits)
         assert plan.splits == splits and plan.grid[2] == case.groups * splits
         assert not out.isnan().any(), "an output element was never written (or is NaN)"

@@ -1,6 +1,8 @@
 """TMA tensor maps without a GPU: the channels-last GEMM's producer tile passes its weight as a
 program.TensorMap and its input as a program.Im2colMap of the right geometry, and cupyconv.tensor_map
 refuses misaligned maps before it calls the driver (tests/test_igemm_gpu.py runs the maps on the GPU)."""
+import dataclasses
+
 import pytest
 
 from cases import Case
@@ -8,14 +10,13 @@ from cupyconv import tensor_map
 from cupyconv.arguments import make_problem
 from cupyconv.families import implicit_gemm_nhwc
 from cupyconv.planner import NHWC_KERNEL, make_plan, program
-from cupyconv.program import PREPARED, WEIGHT, X, Im2colMap, TensorMap
+from cupyconv.program import PREPARED, WEIGHT, WORKSPACE, X, Im2colMap, TensorMap
 
 PRODUCER = next(c.name for c in implicit_gemm_nhwc.NHWC_CONFIGS["float16"] if c.producer_warps)
 PIXEL_ROWS = implicit_gemm_nhwc.PIXEL_ROWS_CONFIG
 
 
 def problem_of(case: Case, dtype: str, layout: str, weight_layout: str):
-    import dataclasses
     problem = make_problem((case.n, case.c, case.h, case.w), (case.k, case.c // case.groups, case.kh, case.kw),
                            None, dtype, case.stride, case.padding, case.dilation, case.groups)
     return dataclasses.replace(problem, layout=layout, weight_layout=weight_layout)
@@ -60,13 +61,30 @@ def test_producer_tile_refuses_what_it_cannot_run():
     problem = problem_of(Case(1, 256, 256, 7, 7, 3, 3, padding=1), "float16", "NHWC", "KHWC")
     with pytest.raises(ValueError, match="stream_k needs"):
         make_plan(problem, PRODUCER, NHWC_KERNEL, True, 90, stream_k=True)
-    with pytest.raises(ValueError, match="producer warpgroup"):
-        make_plan(problem, PRODUCER, NHWC_KERNEL, True, 90, splits=2)
     grouped = problem_of(Case(2, 128, 96, 6, 6, 3, 3, padding=1, groups=2), "float16", "NHWC", "KHWC")
     straddling = problem_of(Case(1, 40, 96, 7, 8, 3, 3, padding=1), "float16", "NHWC", "KHWC")  # k tiles across taps
     for refused in (grouped, straddling):
         with pytest.raises(ValueError, match="cannot run this problem: its producer warpgroup"):
             make_plan(refused, PRODUCER, NHWC_KERNEL, True, 90)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("layouts", [("NHWC", "KHWC"), ("NCHW", "KCHW")])
+def test_producer_tile_splits_the_reduction(layouts, dtype):
+    """Split-K on the producer's tile: the TMA launch with both maps writes float32 runs to the
+    workspace, no bias, and the ordered reduction finishes them; the instance is compiled for sm_90a."""
+    problem = problem_of(Case(2, 256, 256, 7, 7, 3, 3, padding=1), dtype, *layouts)
+    problem = dataclasses.replace(problem, has_bias=True)
+    plan = make_plan(problem, PRODUCER, NHWC_KERNEL, True, 90, splits=3)
+    assert plan.grid[2] == 3 and plan.config.producer_warps
+    call = program(plan, problem)
+    gemm, reduce = call.launches[-2:]
+    assert gemm.kernel == implicit_gemm_nhwc.TMA_KERNEL and gemm.name_expression.endswith(",true>")
+    assert gemm.name_expression in implicit_gemm_nhwc.arch_specialisations()[implicit_gemm_nhwc.WGMMA_ARCH]
+    assert isinstance(gemm.args[-2], TensorMap) and isinstance(gemm.args[-1], Im2colMap)
+    assert gemm.args[3].operand == WORKSPACE and gemm.args[4] == 0  # partial sums, the bias left to the reduction
+    assert reduce.kernel == implicit_gemm_nhwc.REDUCE_KERNEL
+    assert call.workspace_bytes >= 4 * 3 * problem.n * problem.k * problem.ho * problem.wo
 
 
 @pytest.mark.parametrize("destination,address,row_bytes", [(32, 0, 128), (0, 8, 128), (0, 0, 24)])
@@ -87,11 +105,11 @@ def test_producer_tile_rounds_float32_inputs_in_place(case):
     call = program(plan, nhwc)
     assert plan.round_a and len(call.launches) == 1 and call.workspace_bytes == 0
     gemm = call.launches[0]
-    assert gemm.name_expression.endswith(",true,true>") and gemm.args[-1].pointer.operand == X
+    assert gemm.name_expression.endswith(",true,true,false>") and gemm.args[-1].pointer.operand == X
     assert gemm.name_expression in implicit_gemm_nhwc.arch_specialisations()[implicit_gemm_nhwc.WGMMA_ARCH]
     nchw = make_plan(problem_of(case, "float32", "NCHW", "KCHW"), PRODUCER, NHWC_KERNEL, True, 90)
     assert not nchw.round_a and program(nchw, problem_of(case, "float32", "NCHW", "KCHW")).launches[-1] \
-        .name_expression.endswith(",false,false>")
+        .name_expression.endswith(",false,false,false>")
     if case.kh * case.kw > 1:  # the other wgmma tiles read a rounded copy; mma.sync's round fragments
         other = make_plan(nhwc, PIXEL_ROWS, NHWC_KERNEL, True, 90)
         copy = program(other, nhwc).launches[0]

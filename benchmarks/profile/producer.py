@@ -3,9 +3,11 @@ GPU time of each layers / large suite row whose fixed-rules plan takes the 128 x
 (or of the rows named), that plan against the same tile fed by a producer warpgroup (or against the
 tiles named by --config)
     python benchmarks/profile/producer.py [--dtype fp16 ...] [--layout channels_last ...] [--row NAME ...]
-        [--config TILE ...]
+        [--config TILE ...] [--splits 1,2,3]
 Medians of 50 runs each behind a spin kernel, interleaved (bench.alternating_ms), the weight prepared
-in the call as the layers suite does; each row checked: the plans agree within the dtype's tolerance."""
+in the call as the layers suite does; each row checked: the plans agree within the dtype's tolerance.
+--splits times each tile at each split-K run count too (1: whole tiles; a count the row's grid or k tiles
+cannot take is left out)."""
 import argparse
 
 from cupyconv.bench import LARGE, LAYERS, MODE_DTYPE, SEEDS
@@ -22,9 +24,12 @@ def main() -> None:
     parser.add_argument("--layout", action="append", choices=("nchw", "channels_last"))
     parser.add_argument("--row", action="append", help="rows to time whatever tile the rules take")
     parser.add_argument("--config", action="append", help="channels-last tiles to time instead of the producer's")
+    parser.add_argument("--splits", default="1", help="split-K run counts to time each tile at")
     args = parser.parse_args()
     cc = compute_capability()
-    producers = args.config or [c.name for c in NHWC_CONFIGS["float16"] if c.producer_warps]
+    tiles = args.config or [c.name for c in NHWC_CONFIGS["float16"] if c.producer_warps]
+    splits = [int(s) for s in args.splits.split(",")]
+    producers = [t if s == 1 else f"{t} split {s}" for t in tiles for s in splits]
     print("| row | mode | layout | rule's plan | tiles | rule ms | 128 x 128 ms |" + "".join(f" {p} ms |" for p in producers)
           + " best producer / rule |")
     print("| --- " * (7 + len(producers)) + "|")
@@ -39,16 +44,26 @@ def main() -> None:
                     continue
                 try:
                     plans = {"rule": plan, "plain": make_plan(problem, PIXEL_ROWS_CONFIG, NHWC_KERNEL, True, cc,
-                                                              stream_k=False),
-                             **{p: make_plan(problem, p, NHWC_KERNEL, True, cc) for p in producers}}
-                except ValueError:  # a named tile that cannot run this row (the producer's: groups, k tiles across taps)
+                                                              stream_k=False)}
+                except ValueError:
                     continue
-                ms = time_plans(problem, mode, plans, "plain", producers, (shape.name, mode, layout))
-                best = min(ms[p] for p in producers)
+                for t in tiles:
+                    for s in splits:
+                        try:
+                            plans[t if s == 1 else f"{t} split {s}"] = make_plan(problem, t, NHWC_KERNEL, True, cc,
+                                                                                 splits=s)
+                        except ValueError:  # a tile that cannot run this row (the producer's: groups, k tiles
+                            pass            # across taps), or more runs than it takes
+                if not set(producers) & set(plans):
+                    continue
+                ms = time_plans(problem, mode, plans, "plain", [p for p in producers if p in plans],
+                                (shape.name, mode, layout))
+                best = min(ms[p] for p in producers if p in ms)
                 print(f"| {shape.name} | {mode} | {layout} | {plan.config.name}"
                       f"{' stream-K' if plan.stream_k_blocks else ''}{f' split {plan.splits}' if plan.splits > 1 else ''}"
                       f" | {plan.grid[0] * plan.grid[1] * plan.grid[2]} | {ms['rule']:.4f} | {ms['plain']:.4f} |"
-                      + "".join(f" {ms[p]:.4f} |" for p in producers) + f" {ms['rule'] / best:.2f}x |", flush=True)
+                      + "".join(f" {ms[p]:.4f} |" if p in ms else " - |" for p in producers)
+                      + f" {ms['rule'] / best:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

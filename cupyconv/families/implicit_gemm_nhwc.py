@@ -308,9 +308,9 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
             raise ValueError(f"config {config!r} cannot run this problem: {why_not}")
     else:
         cfg, why = _choose_config(problem, compute_capability)
-        if cfg.producer_warps and (stream_k or (splits or 1) > 1):  # forced onto the tile they run on
+        if cfg.producer_warps and stream_k:  # forced onto the tile it runs on
             cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PIXEL_ROWS_CONFIG)
-            why += f"; {cfg.name} instead: stream-K and split-K run on it"
+            why += f"; {cfg.name} instead: stream-K runs on it"
     a_from_nchw = _nchw_a_vec(problem) != 0
     if a_from_nchw:
         why += f"; 1x1: the NCHW input read in place, {vec}-byte pieces of pixels"
@@ -341,10 +341,10 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         raise ValueError(f"stream_k needs a wgmma tile, no split-K and 32-bit indices (and no producer "
                          f"warpgroup); got {cfg.name}, {splits} split(s), {index} indices for {problem.x_shape} -> "
                          f"{problem.out_shape}")
-    if cfg.producer_warps and (splits > 1 or problem.groups > 1 or channels_padded % cfg.bk):
+    if cfg.producer_warps and (problem.groups > 1 or channels_padded % cfg.bk):
         raise ValueError(f"config {cfg.name!r} cannot run this problem: its producer warpgroup copies whole k tiles "
-                         f"of one tap by TMA for one convolution, one group, channels a multiple of {cfg.bk} (got "
-                         f"{splits} split(s), {problem.groups} group(s), {channels_padded} channels)")
+                         f"of one tap by TMA, one group, channels a multiple of {cfg.bk} (got {problem.groups} "
+                         f"group(s), {channels_padded} channels)")
     if cfg.wgmma and not cfg.producer_warps and splits == 1 and index == "int":
         stream_k_blocks, stream_k_why = _stream_k_blocks(problem, cfg, grid,
                                                          _k_tiles(problem, cfg, channels_padded), stream_k)
@@ -424,10 +424,12 @@ def stream_k_specialisation(dtype: str, cfg: GemmConfig, nhwc_out: bool, round_a
             f"{cfg.stages},16,{cfg.wgmma},{flags}>")
 
 
-def tma_specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc_out: bool, round_a: bool = False) -> str:
+def tma_specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc_out: bool, round_a: bool = False,
+                       split_k: bool = False) -> str:
     """The C++ template instance of the producer warpgroup's tile reading its input and weight by TMA
-    (``round_a``: a float32 NHWC input read in place, rounded to TF32 in registers)."""
-    flags = ",".join(str(flag).lower() for flag in (nhwc_out, round_a))
+    (``round_a``: a float32 NHWC input read in place, rounded to TF32 in registers; ``split_k``: writing
+    split-K's partial sums)."""
+    flags = ",".join(str(flag).lower() for flag in (nhwc_out, round_a, split_k))
     return (f"cupyconv::{TMA_KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
             f"{cfg.stages},16,{cfg.wgmma},{flags}>")
 
@@ -435,7 +437,8 @@ def tma_specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc_out: bool, 
 def name_expression(plan: LaunchPlan) -> str:
     """The specialisation ``plan`` launches."""
     if plan.config.producer_warps:
-        return tma_specialisation(plan.dtype, plan.index_type, plan.config, plan.layout == "NHWC", plan.round_a)
+        return tma_specialisation(plan.dtype, plan.index_type, plan.config, plan.layout == "NHWC", plan.round_a,
+                                  plan.splits > 1)
     if plan.stream_k_blocks:
         return stream_k_specialisation(plan.dtype, plan.config, plan.layout == "NHWC", plan.round_a)
     return specialisation(plan.dtype, plan.index_type, plan.config, plan.vec, plan.a_from_nchw, plan.layout == "NHWC",
@@ -451,9 +454,10 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
             for a_from_nchw, nhwc_out, round_a in ((False, False, False), (False, True, False))
             + (((False, True, True),) if dtype == "float32" else ()) + (() if wgmma else ((True, False, False),))
             for split_k in ((False, True) if index == "int" else (False,))] + \
-        [tma_specialisation(dtype, index, cfg, nhwc_out, round_a) for dtype in GEMM_DTYPES for index in INDEX_TYPES
-         for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.producer_warps
-         for nhwc_out, round_a in ((False, False), (True, False)) + (((True, True),) if dtype == "float32" else ())]
+        [tma_specialisation(dtype, index, cfg, nhwc_out, round_a, split_k) for dtype in GEMM_DTYPES
+         for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.producer_warps
+         for nhwc_out, round_a in ((False, False), (True, False)) + (((True, True),) if dtype == "float32" else ())
+         for split_k in ((False, True) if index == "int" else (False,))]
 
 
 def _copy_specialisation(kernel: str, dtype: str, round_tf32: bool) -> str:
@@ -550,23 +554,30 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
         slots = 4 * plan.stream_k_blocks * plan.config.bm * plan.config.bn
         return CallProgram(tuple(launches), workspace + slots, weight)
     if plan.splits == 1:
-        launch = conv_launch(plan, p, 1, 0, x=x, weight=weight_pointer, channels=plan.channels_padded)
-        if plan.config.producer_warps:  # by TMA: the weight as K rows of kh kw C columns, x in im2col mode
-            cfg, columns = plan.config, p.kh * p.kw * plan.channels_padded
-            weight_map = TensorMap(weight_pointer, p.dtype, p.k, columns, columns * STORAGE_BYTES[p.dtype], cfg.bn,
-                                   cfg.bk)
-            x_map = Im2colMap(x, p.dtype, (p.n, p.h, p.w, plan.channels_padded), (-p.pad_top, -p.pad_left),
-                              (p.pad_bottom - (p.kh - 1) * p.dilation[0], p.pad_right - (p.kw - 1) * p.dilation[1]),
-                              p.stride, cfg.bk, cfg.bm)
-            launch = dataclasses.replace(launch, kernel=TMA_KERNEL, args=(*launch.args, weight_map, x_map))
-        launches.append(launch)
+        launches.append(_with_tensor_maps(plan, p, conv_launch(plan, p, 1, 0, x=x, weight=weight_pointer,
+                                                               channels=plan.channels_padded), x, weight_pointer))
         return CallProgram(tuple(launches), workspace, weight)
     partial = Pointer(WORKSPACE, workspace)
     # The bias is the reduction's to add.
-    launches += [conv_launch(plan, p, plan.splits, math.prod(p.out_shape), x=x, weight=weight_pointer, out=partial,
-                             channels=plan.channels_padded, partial=True),
+    launches += [_with_tensor_maps(plan, p, conv_launch(plan, p, plan.splits, math.prod(p.out_shape), x=x,
+                                                        weight=weight_pointer, out=partial,
+                                                        channels=plan.channels_padded, partial=True),
+                                   x, weight_pointer),
                  split_k_reduce(p.dtype, plan.index_type, p, plan.splits, partial, Pointer(OUT), p.layout == "NHWC")]
     return CallProgram(tuple(launches), workspace + partial_bytes(plan.splits, p), weight)
+
+
+def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Pointer, weight: Pointer) -> Launch:
+    """``launch`` as the producer warpgroup's tile launches it, where ``plan`` takes that tile: by TMA,
+    the weight as K rows of kh kw C columns, x in im2col mode (both maps appended to its arguments)."""
+    if not plan.config.producer_warps:
+        return launch
+    cfg, columns = plan.config, p.kh * p.kw * plan.channels_padded
+    weight_map = TensorMap(weight, p.dtype, p.k, columns, columns * STORAGE_BYTES[p.dtype], cfg.bn, cfg.bk)
+    x_map = Im2colMap(x, p.dtype, (p.n, p.h, p.w, plan.channels_padded), (-p.pad_top, -p.pad_left),
+                      (p.pad_bottom - (p.kh - 1) * p.dilation[0], p.pad_right - (p.kw - 1) * p.dilation[1]),
+                      p.stride, cfg.bk, cfg.bm)
+    return dataclasses.replace(launch, kernel=TMA_KERNEL, args=(*launch.args, weight_map, x_map))
 
 
 # --- The stride phases of a transposed convolution in one launch (kernels/implicit_gemm_nhwc.cu,
