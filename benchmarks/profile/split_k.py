@@ -1,9 +1,10 @@
 """GPU time of the tensor-core GEMM's split-K against its runs (--splits), on small-batch layers:
-    python benchmarks/profile/split_k.py [--batch 1 --batch 8] [--mode fp16 --mode tf32]
+    python benchmarks/profile/split_k.py [--batch 1 --batch 8] [--mode fp16 --mode tf32] [--config TILE]
 Each layer of bench.LAYERS (ResNet-50 and MobileNetV2's GEMM layers) at the given batches, fp16 on
 NHWC arrays and TF32 on NCHW ones, run 20 times in one captured CUDA graph (as a converted model in
 graph mode runs it: no host between launches); the median over 30 replays per call. The planner's
-choice is marked with *, and torch's F.conv2d is timed the same way in the same layout."""
+choice is marked with *, and torch's F.conv2d is timed the same way in the same layout. --config times
+that tile at every split count instead of the planner's (rows it cannot run are left out)."""
 import argparse
 import dataclasses
 
@@ -43,6 +44,7 @@ def main() -> None:
     parser.add_argument("--batch", action="append", type=int)
     parser.add_argument("--mode", action="append", choices=sorted(LAYOUT))
     parser.add_argument("--splits", default="1,2,3,4,6,8,12,16")
+    parser.add_argument("--config", help="a channels-last tile to time instead of the planner's")
     args = parser.parse_args()
     candidates = [int(s) for s in args.splits.split(",")]
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -63,7 +65,8 @@ def main() -> None:
                 timings = [f"torch {torch_ms:.4f}"]
                 for splits in candidates:
                     try:
-                        plan = dataclasses.replace(implicit_gemm_nhwc.make_plan(problem, compute_capability=90,
+                        plan = dataclasses.replace(implicit_gemm_nhwc.make_plan(problem, args.config,
+                                                                                compute_capability=90,
                                                                                 splits=splits),
                                                    layout=problem.layout, weight_layout=problem.weight_layout)
                     except ValueError:
