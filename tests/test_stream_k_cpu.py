@@ -29,8 +29,9 @@ LAYERS = {
 #: Where the rules take stream-K, by dtype: the reductions long enough per block (STREAM_K_MIN_WORK),
 #: on the 3-stage 128 x 128 tile or the 64-channel one. r50_l2's TF32 blocks get 27 k tiles of 196
 #: tiles (two waves' worth of whole tiles ask 48). VGG's 14x14 layer and r50_l3 take the producer
-#: tile instead (its TMA copies need channels that fill whole k tiles: 488 do not).
-STREAM_K = {"vgg_conv5_2_488": {"float16", "bfloat16", "float32"}, "r50_l4_3x3_512": {"float32"}}
+#: tile instead (its TMA copies need channels that fill whole k tiles: 488 do not), and r50_l4 (52
+#: tiles of 128 x 128) the producer tile with split-K (test_the_rule_splits_the_producer_tile_of_few_tiles).
+STREAM_K = {"vgg_conv5_2_488": {"float16", "bfloat16", "float32"}}
 
 
 def nhwc_problem(x_shape, w_shape, padding, dtype="float16"):
@@ -49,6 +50,32 @@ def test_the_rule_takes_stream_k_where_whole_tiles_leave_sms_idle(layer, dtype):
         assert plan.stream_k_blocks <= min(FLAG_COUNT, 3 * implicit_gemm_nhwc.STREAM_K_SMS)
         off = planner.make_plan(problem, plan.config.name, planner.NHWC_KERNEL, compute_capability=90, stream_k=False)
         assert off.stream_k_blocks == 0 and off.grid == plan.grid
+
+
+#: (layer, x NHWC, weight KHWC, padding) -> (splits on the producer tile, or 0: the 64-channel tile).
+PRODUCER_SPLITS = {
+    "r50_l4_3x3_512": (((32, 7, 7, 512), (512, 3, 3, 512), 1), {"float16": 2, "float32": 2}),
+    "r50_b8_l4_3x3_512": (((8, 7, 7, 512), (512, 3, 3, 512), 1), {"float16": 8, "float32": 8}),
+    "r50_b8_l3_3x3_256": (((8, 14, 14, 256), (256, 3, 3, 256), 1), {"float16": 0, "float32": 5}),
+    "r50_b8_l2_3x3_128": (((8, 28, 28, 128), (128, 3, 3, 128), 1), {"float16": 0, "float32": 0}),
+    "r50_b1_l4_3x3_512": (((1, 7, 7, 512), (512, 3, 3, 512), 1), {"float16": 0, "float32": 0}),
+    "vgg_b1_conv5_2": (((1, 14, 14, 512), (512, 3, 3, 512), 1), {"float16": 0, "float32": 16}),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("layer", PRODUCER_SPLITS)
+def test_the_rule_splits_the_producer_tile_of_few_tiles(layer, dtype):
+    """Below WGMMA_WIDE_TILE_BLOCKS tiles of 128 x 128, the producer tile with split-K where the
+    reduction is long (>= PRODUCER_SPLIT_MIN_K_TILES), each run too (>= PRODUCER_SPLIT_MIN_RUN) and the
+    runs fill three quarters of the SMs; else the 64-channel tile, split by its own rule."""
+    shapes, expected = PRODUCER_SPLITS[layer]
+    plan = planner.make_plan(nhwc_problem(*shapes, dtype), allow_tf32=True, compute_capability=90)
+    if expected[dtype]:
+        assert plan.config.producer_warps and plan.splits == expected[dtype] and not plan.stream_k_blocks, str(plan)
+        assert "each reduction split" in plan.reason
+    else:
+        assert not plan.config.producer_warps and plan.config.bn == 64, str(plan)
 
 
 def test_forced_stream_k_refusals():

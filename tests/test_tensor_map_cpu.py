@@ -31,7 +31,7 @@ def problem_of(case: Case, dtype: str, layout: str, weight_layout: str):
                          ids=lambda c: c.id)
 def test_producer_tile_reads_by_tensor_maps(case, layouts, dtype):
     problem = problem_of(case, dtype, *layouts)
-    plan = make_plan(problem, PRODUCER, NHWC_KERNEL, True, 90)
+    plan = make_plan(problem, PRODUCER, NHWC_KERNEL, True, 90, splits=1)
     call = program(plan, problem)
     gemm = call.launches[-1]
     assert gemm.kernel == implicit_gemm_nhwc.TMA_KERNEL and gemm.name_expression.startswith(
@@ -101,13 +101,13 @@ def test_producer_tile_rounds_float32_inputs_in_place(case):
     kernel rounds it to TF32 (ROUND_A) where other tiles of several taps read a rounded copy; an NCHW
     input is still copied and rounded by the copy."""
     nhwc = problem_of(case, "float32", "NHWC", "KHWC")
-    plan = make_plan(nhwc, PRODUCER, NHWC_KERNEL, True, 90)
+    plan = make_plan(nhwc, PRODUCER, NHWC_KERNEL, True, 90, splits=1)
     call = program(plan, nhwc)
     assert plan.round_a and len(call.launches) == 1 and call.workspace_bytes == 0
     gemm = call.launches[0]
     assert gemm.name_expression.endswith(",true,true,false>") and gemm.args[-1].pointer.operand == X
     assert gemm.name_expression in implicit_gemm_nhwc.arch_specialisations()[implicit_gemm_nhwc.WGMMA_ARCH]
-    nchw = make_plan(problem_of(case, "float32", "NCHW", "KCHW"), PRODUCER, NHWC_KERNEL, True, 90)
+    nchw = make_plan(problem_of(case, "float32", "NCHW", "KCHW"), PRODUCER, NHWC_KERNEL, True, 90, splits=1)
     assert not nchw.round_a and program(nchw, problem_of(case, "float32", "NCHW", "KCHW")).launches[-1] \
         .name_expression.endswith(",false,false,false>")
     if case.kh * case.kw > 1:  # the other wgmma tiles read a rounded copy; mma.sync's round fragments

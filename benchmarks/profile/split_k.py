@@ -4,7 +4,8 @@ Each layer of bench.LAYERS (ResNet-50 and MobileNetV2's GEMM layers) at the give
 NHWC arrays and TF32 on NCHW ones, run 20 times in one captured CUDA graph (as a converted model in
 graph mode runs it: no host between launches); the median over 30 replays per call. The planner's
 choice is marked with *, and torch's F.conv2d is timed the same way in the same layout. --config times
-that tile at every split count instead of the planner's (rows it cannot run are left out)."""
+that tile at every split count, beside the planner's plan (rows it cannot run are left out).
+--row names the layers to time (default: every ungrouped one)."""
 import argparse
 import dataclasses
 
@@ -13,6 +14,7 @@ import torch
 from cupyconv.bench import LAYERS, MODE_DTYPE
 from cupyconv.executor import executable_for_plan
 from cupyconv.families import implicit_gemm_nhwc
+from cupyconv.program import FLAG_COUNT
 
 CALLS, REPLAYS = 20, 30
 LAYOUT = {"fp16": "channels_last", "bf16": "channels_last", "tf32": "nchw"}
@@ -45,13 +47,14 @@ def main() -> None:
     parser.add_argument("--mode", action="append", choices=sorted(LAYOUT))
     parser.add_argument("--splits", default="1,2,3,4,6,8,12,16")
     parser.add_argument("--config", help="a channels-last tile to time instead of the planner's")
+    parser.add_argument("--row", action="append", help="layers to time")
     args = parser.parse_args()
     candidates = [int(s) for s in args.splits.split(",")]
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     for mode in args.mode or ["fp16", "tf32"]:
         for batch in args.batch or [1, 8]:
             for shape in LAYERS:
-                if shape.groups != 1:
+                if shape.groups != 1 or (args.row and shape.name not in args.row):
                     continue
                 shape = dataclasses.replace(shape, n=batch)
                 problem = shape.problem(MODE_DTYPE[mode], LAYOUT[mode])
@@ -63,23 +66,26 @@ def main() -> None:
                 out = torch.empty(problem.out_array_shape, device="cuda", dtype=tdtype)
                 torch_ms = graph_ms(lambda _: torch.nn.functional.conv2d(x, w, None, shape.stride, shape.padding))
                 timings = [f"torch {torch_ms:.4f}"]
-                for splits in candidates:
+                for splits in ([None] if args.config else []) + candidates:
                     try:
-                        plan = dataclasses.replace(implicit_gemm_nhwc.make_plan(problem, args.config,
-                                                                                compute_capability=90,
-                                                                                splits=splits),
-                                                   layout=problem.layout, weight_layout=problem.weight_layout)
+                        plan = auto if splits is None else implicit_gemm_nhwc.make_plan(
+                            problem, args.config, compute_capability=90, splits=splits)
                     except ValueError:
                         continue
+                    plan = dataclasses.replace(plan, layout=problem.layout, weight_layout=problem.weight_layout)
                     exe = executable_for_plan(plan, problem, 0)
                     # The weight's form prepared once and a workspace allocated before capture, as in a model.
                     prepared = torch.empty(exe.weight.nbytes if exe.weight else 1, device="cuda", dtype=torch.uint8)
                     workspace = torch.empty(max(1, exe.workspace_bytes_for(False)), device="cuda", dtype=torch.uint8)
                     if exe.weight:
                         exe.prepare_weight(w.data_ptr(), prepared.data_ptr(), torch.cuda.current_stream().cuda_stream)
+                    # Stream-K's flags (the planner's plan may take it), zero as its launches leave them.
+                    flags = torch.zeros(FLAG_COUNT if exe.uses_flags else 1, device="cuda", dtype=torch.int32)
                     ms = graph_ms(lambda stream: exe.launch(x.data_ptr(), w.data_ptr(), prepared.data_ptr(), 0,
-                                                            out.data_ptr(), workspace.data_ptr(), False, stream))
-                    timings.append(f"{splits}{'*' if splits == auto.splits else ''} {ms:.4f}")
+                                                            out.data_ptr(), workspace.data_ptr(), False, stream,
+                                                            flags=flags.data_ptr() if exe.uses_flags else 0))
+                    timings.append(f"planner {ms:.4f}" if splits is None else
+                                   f"{splits}{'*' if splits == auto.splits and not args.config else ''} {ms:.4f}")
                 print(f"{mode} N{batch:<3d} {shape.name:22s} {auto.config.name:22s} grid {auto.grid} | "
                       + "  ".join(timings), flush=True)
 

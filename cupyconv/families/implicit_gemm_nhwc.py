@@ -60,6 +60,17 @@ WGMMA_COMPUTE_CAPABILITY = 90
 #: The 128-channel tile is the faster from half a wave of blocks (H100: r50_l3_3x3_256 fp16, 98
 #: blocks, 0.037 ms, the 64-channel tiles 0.041-0.043), not with 52 (r50_l4_3x3_512: 0.063 vs 0.046).
 WGMMA_WIDE_TILE_BLOCKS = 64
+#: Below WGMMA_WIDE_TILE_BLOCKS, the producer's tile with split-K where its reduction is at least
+#: PRODUCER_SPLIT_MIN_K_TILES long, each run at least PRODUCER_SPLIT_MIN_RUN k tiles, and the runs
+#: make PRODUCER_SPLIT_MIN_BLOCKS blocks (three quarters of the H100's SMs). H100, CUDA-graph timings
+#: (benchmarks/NOTES.md, "Split-K on the producer warpgroup's tile"): r50_l4_3x3_512 fp16 batch 32
+#: 0.0262 -> 0.0240 ms, batch 8 0.0123 -> 0.0115, TF32 batch 8 0.0205 -> 0.0174; short reductions
+#: (18 k tiles: r50_l2_3x3_128 at batch 8, 0.0092 -> 0.0137), short runs (vgg_conv5_2 fp16 at batch 1,
+#: 16 runs of 5: 0.0095 -> 0.0100; dilated_3x3_d2 TF32 at batch 1, 8 runs of 9: 0.0150 -> 0.0164) and
+#: batch 1's 64 blocks of r50_l4 lose to the 64-channel tile.
+PRODUCER_SPLIT_MIN_K_TILES = 36
+PRODUCER_SPLIT_MIN_RUN = 9
+PRODUCER_SPLIT_MIN_BLOCKS = 99
 WGMMA_PIXEL_ROWS, WGMMA_CHANNEL_ROWS, WGMMA_PIXEL_ROWS_PRODUCER = 1, 2, 3
 #: The pixel-row tile with a producer warpgroup (kernels/implicit_gemm_nhwc.cu PRODUCER): one thread
 #: copies both tiles of each of PRODUCER_STAGES stages by TMA (the input in im2col mode, the weight as
@@ -213,13 +224,22 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
             return by_pixels[256], f"wgmma; {kg} output channels per group: one 64-channel tile"
         wide = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PIXEL_ROWS)
         blocks = math.prod(gemm_grid(problem, wide))
+        producer = next(c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps)
+        channels_padded = _pieces(problem)[0][1]
+        producer_runs = problem.kh * problem.kw > 1 and problem.groups == 1 and channels_padded % producer.bk == 0
         if blocks >= WGMMA_WIDE_TILE_BLOCKS:
-            producer = next(c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps)
-            if problem.kh * problem.kw > 1 and blocks > SPLIT_K_MAX_BLOCKS and problem.groups == 1 and \
-                    _pieces(problem)[0][1] % producer.bk == 0:
+            if producer_runs and blocks > SPLIT_K_MAX_BLOCKS:
                 return producer, (f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels, "
                                   f"copied by TMA (a producer warpgroup)")
             return wide, f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels"
+        k_tiles = _k_tiles(problem, producer, channels_padded)
+        if producer_runs and k_tiles >= PRODUCER_SPLIT_MIN_K_TILES:
+            grid = gemm_grid(problem, producer)
+            splits = _splits(problem, producer, grid, channels_padded, _index(problem, producer, channels_padded))
+            if splits * blocks >= PRODUCER_SPLIT_MIN_BLOCKS and math.ceil(k_tiles / splits) >= PRODUCER_SPLIT_MIN_RUN:
+                return producer, (f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels "
+                                  f"(< {WGMMA_WIDE_TILE_BLOCKS}) copied by TMA (a producer warpgroup), each "
+                                  f"reduction split")
         return by_pixels[128], (f"wgmma; {kg} output channels per group; 128-channel tiles would make {blocks} "
                                 f"blocks (< {WGMMA_WIDE_TILE_BLOCKS}), 64-channel ones twice as many")
     deep = _deep(problem) and deep_k_tiles >= MIN_DEEP_K_TILES
@@ -316,15 +336,13 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         why += f"; 1x1: the NCHW input read in place, {vec}-byte pieces of pixels"
     elif channels_padded != problem.c:
         why += f"; input copied with {channels_padded - problem.c} zero channel(s) for {vec}-byte pieces"
-    copied = _x_copied(problem, channels_padded, cfg)
-    round_a = problem.layout == "NHWC" and problem.dtype == "float32" and not copied
+    round_a = problem.layout == "NHWC" and problem.dtype == "float32" and not _x_copied(problem, channels_padded, cfg)
     if round_a:
         why += "; NHWC input read in place, rounded to TF32 by the kernel (ROUND_A)"
-    copy = problem.n * channels_padded * problem.h * problem.w if copied else 0
-    index = index_type(problem, copy)
+    index = _index(problem, cfg, channels_padded)
     grid = gemm_grid(problem, cfg)
-    if splits is None:  # stream-K and the producer's tile finish their tiles whole
-        splits = 1 if stream_k or cfg.producer_warps else _splits(problem, cfg, grid, channels_padded, index)
+    if splits is None:  # stream-K finishes its tiles itself
+        splits = 1 if stream_k else _splits(problem, cfg, grid, channels_padded, index)
         if splits > 1:
             why += (f"; split-K: {math.prod(grid)} tiles (<= {SPLIT_K_MAX_BLOCKS}) each reduce over {splits} runs "
                     f"of the {problem.kh * problem.kw * channels_padded // problem.groups} products")
@@ -376,6 +394,12 @@ def describe(plan: LaunchPlan) -> str:
                   f"tiles x k tiles equally; a tile's owner adds the other blocks' float32 sums in block order "
                   f"(the same bits on every run)\n")
     return describe_tiles(plan, warps, reads)
+
+
+def _index(problem: ConvProblem, cfg: GemmConfig, channels_padded: int) -> str:
+    """The index type of ``cfg``'s GEMM: 64-bit where x, its copy or the output needs it."""
+    copy = problem.n * channels_padded * problem.h * problem.w if _x_copied(problem, channels_padded, cfg) else 0
+    return index_type(problem, copy)
 
 
 def _x_copied(problem: ConvProblem, channels_padded: int, cfg: GemmConfig) -> bool:
