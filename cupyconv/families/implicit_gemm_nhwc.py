@@ -95,6 +95,11 @@ for _dtype, _item in (("float32", 4), ("float16", 2)):
         *(GemmConfig(f"nhwc_wgmma_ch_m{bm}n64", bm, 64, 128 // _item, bm // 32, 1, 4, wgmma=WGMMA_CHANNEL_ROWS)
           for bm in (256, 128)),
         GemmConfig("nhwc_wgmma_m128n128s5", 128, 128, 128 // _item, 8, 1, 5, wgmma=WGMMA_PIXEL_ROWS))
+#: The producer tile of 256 pixels, four warpgroups multiplying (640 threads, 193 KB): half the tiles,
+#: and the weight tile read once for twice the pixels. 16-bit only: TF32's input rounded in registers
+#: (ROUND_A) spills at the 96 registers 640 threads leave.
+NHWC_CONFIGS["float16"] += (GemmConfig("nhwc_wgmma_producer_m256n128", 256, 128, 64, 16, 1, PRODUCER_STAGES,
+                                       wgmma=WGMMA_PIXEL_ROWS_PRODUCER, producer_warps=4),)
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs)
