@@ -153,6 +153,8 @@ FAMILY_CONFIGS = [(GEMM_KERNEL, i) for i in range(len(GEMM_CONFIGS["float16"]))]
                  [(NHWC_KERNEL, i) for i, c in enumerate(NHWC_CONFIGS["float16"]) if not c.wgmma]
 WGMMA_CONFIGS = [i for i, c in enumerate(NHWC_CONFIGS["float16"]) if c.wgmma]
 STREAM_K_CONFIGS = [i for i in WGMMA_CONFIGS if not NHWC_CONFIGS["float16"][i].producer_warps]
+#: (dtype name, index of a wgmma tile of that dtype): the 256-pixel producer tile is 16-bit only.
+WGMMA_TILES = [(name, i) for name in DTYPES for i, c in enumerate(NHWC_CONFIGS[DTYPES[name][0]]) if c.wgmma]
 
 
 @pytest.mark.parametrize("family,config_index", FAMILY_CONFIGS, ids=lambda v: str(v))
@@ -178,8 +180,8 @@ def _wgmma_runs(case: Case, dtype: str) -> bool:
 
 @pytest.mark.skipif(_cuda_device_count() == 0 or compute_capability() != 90,
                     reason="wgmma runs on compute capability 9.0 (sm_90a) alone")
-@pytest.mark.parametrize("config_index", WGMMA_CONFIGS, ids=lambda i: NHWC_CONFIGS["float16"][i].name)
-@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("name,config_index", WGMMA_TILES,
+                         ids=lambda v: v if isinstance(v, str) else NHWC_CONFIGS["float16"][v].name)
 @pytest.mark.parametrize("case", GEMM_GRID + WGMMA_GRID, ids=lambda c: c.id)
 def test_wgmma_every_config(case, name, config_index):
     """Every wgmma tile on every problem it takes; a clear refusal on the others."""

@@ -78,6 +78,23 @@ def test_the_rule_splits_the_producer_tile_of_few_tiles(layer, dtype):
         assert not plan.config.producer_warps and plan.config.bn == 64, str(plan)
 
 
+#: Layers of LAYERS the 16-bit rule gives the 256-pixel producer tile: fewer waves at
+#: TALL_PRODUCER_COST a block than the 128-pixel tile's (r50_l3: one wave either way; r50_l1: 64
+#: output channels take the channel-row tile).
+TALL = {"r50_l2_3x3_128", "vgg_conv3_2", "vgg_conv5_2"}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("layer", ["r50_l2_3x3_128", "r50_l3_3x3_256", "r50_l1_3x3_64", "vgg_conv3_2",
+                                   "vgg_conv5_2"])
+def test_the_rule_takes_the_tall_producer_tile_where_it_saves_waves(layer, dtype):
+    plan = planner.make_plan(nhwc_problem(*LAYERS[layer], dtype), allow_tf32=True, compute_capability=90)
+    tall = layer in TALL and dtype != "float32"  # float32 has no 256-pixel tile
+    assert (plan.config.producer_warps and plan.config.bm == 256) == tall, str(plan)
+    if tall:
+        assert plan.splits == 1 and not plan.stream_k_blocks and "256 pixels" in plan.reason
+
+
 def test_forced_stream_k_refusals():
     problem = nhwc_problem(*LAYERS["r50_l3_3x3_256"])
     mma_sync = next(c.name for c in implicit_gemm_nhwc.NHWC_CONFIGS["float16"] if not c.wgmma)

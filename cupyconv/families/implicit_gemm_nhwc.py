@@ -68,6 +68,13 @@ WGMMA_WIDE_TILE_BLOCKS = 64
 #: (18 k tiles: r50_l2_3x3_128 at batch 8, 0.0092 -> 0.0137), short runs (vgg_conv5_2 fp16 at batch 1,
 #: 16 runs of 5: 0.0095 -> 0.0100; dilated_3x3_d2 TF32 at batch 1, 8 runs of 9: 0.0150 -> 0.0164) and
 #: batch 1's 64 blocks of r50_l4 lose to the 64-channel tile.
+#: A 256-pixel producer block's time in 128-pixel ones (H100, fp16 channels_last, many waves of
+#: either: vgg_conv3_2 and the large suite's 3x3 and 5x5 rows ran 1.21-1.25x faster on half as many
+#: 256-pixel blocks). Both run one block an SM, so _choose_config takes the 256-pixel tile where
+#: its waves times this are fewer than the 128-pixel tile's waves: r50_l2_3x3_128 and vgg_conv5_2
+#: (one wave against two: 1.10x, 1.35x), not r50_l3_3x3_256 (one against one: 0.75x) or dilated_3x3_d2
+#: (two against three: 0.96x). benchmarks/NOTES.md, "A producer tile of 256 pixels".
+TALL_PRODUCER_COST = 1.64
 PRODUCER_SPLIT_MIN_K_TILES = 36
 PRODUCER_SPLIT_MIN_RUN = 9
 PRODUCER_SPLIT_MIN_BLOCKS = 99
@@ -211,7 +218,9 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     for up to 64 output channels per group, warpgroups of 64 channels x 128 pixels, two per block;
     for more, 128 pixels x 128 channels where that makes WGMMA_WIDE_TILE_BLOCKS blocks or more --
     fed by a producer warpgroup's TMA copies where the layer has more than one tap, more blocks than
-    split-K takes, one group and channels that fill whole k tiles -- else one warpgroup of 64
+    split-K takes, one group and channels that fill whole k tiles, and in 16 bits 256 pixels so fed
+    where that makes fewer waves (TALL_PRODUCER_COST) -- else the producer's 128 x 128 tile with split-K
+    where its reduction and runs are long and fill the SMs (PRODUCER_SPLIT_*), else one warpgroup of 64
     channels x 128 pixels per block (twice the blocks).
 
     Elsewhere (mma.sync), channels: the 96-channel tile for 65-96 output channels per group
@@ -234,6 +243,14 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
         producer_runs = problem.kh * problem.kw > 1 and problem.groups == 1 and channels_padded % producer.bk == 0
         if blocks >= WGMMA_WIDE_TILE_BLOCKS:
             if producer_runs and blocks > SPLIT_K_MAX_BLOCKS:
+                tall = next((c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps and c.bm == 256), None)
+                if tall is not None:
+                    tall_blocks = math.prod(gemm_grid(problem, tall))
+                    if math.ceil(tall_blocks / H100_SMS) * TALL_PRODUCER_COST < math.ceil(blocks / H100_SMS):
+                        return tall, (f"wgmma; {kg} output channels per group, {tall_blocks} blocks of 256 pixels "
+                                      f"x 128 channels ({math.ceil(tall_blocks / H100_SMS)} waves against "
+                                      f"{math.ceil(blocks / H100_SMS)} of 128 pixels), copied by TMA (a producer "
+                                      f"warpgroup)")
                 return producer, (f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels, "
                                   f"copied by TMA (a producer warpgroup)")
             return wide, f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels"
