@@ -106,7 +106,7 @@ def signature(kernel: str) -> tuple[tuple[str, str], ...]:
 def temporaries(plan, problem) -> list[int]:
     """Bytes of each per-call temporary, in workspace order: the channels-last GEMM's input copy (of an
     NCHW input, or of an NHWC one that needs zero channels or, float32 with several taps on a wgmma
-    tile but the producer's, rounding) and
+    tile but the 128-pixel producer's, or any float32 on the 256-pixel producer's, rounding) and
     stream-K's float32 slots, one tile per block; Winograd's transformed
     input V and GEMM output M of one pass; split-K's partial sums (the GEMMs', after the input's copy,
     or Winograd's GEMM's after M); then, for an NHWC problem of a family that computes NCHW alone, the NCHW copies
@@ -116,9 +116,10 @@ def temporaries(plan, problem) -> list[int]:
     if plan.stream_k_blocks:
         partials = [4 * plan.stream_k_blocks * plan.config.bm * plan.config.bn]
     if plan.kernel == planner.NHWC_KERNEL:
+        tall = plan.config.name == planner.implicit_gemm_nhwc.TALL_PRODUCER_CONFIG
         copied = not plan.a_from_nchw if problem.layout == "NCHW" else plan.channels_padded != problem.c or (
-            problem.dtype == "float32" and problem.kh * problem.kw != 1 and plan.config.wgmma and
-            not plan.config.producer_warps)
+            problem.dtype == "float32" and ((problem.kh * problem.kw != 1 and plan.config.wgmma and
+                                             not plan.config.producer_warps) or tall))
         return ([problem.n * problem.h * problem.w * plan.channels_padded * item] if copied else []) + partials
     if problem.layout == "NHWC" and not layouts.native(planner.FAMILIES[plan.kernel], problem):
         return temporaries(plan, dataclasses.replace(problem, layout="NCHW")) + \
@@ -226,7 +227,10 @@ def test_layout_programs(case, dtype, layouts):
             gemm = implicit_gemm_nhwc.STREAM_K_KERNEL if plan.stream_k_blocks else \
                 implicit_gemm_nhwc.TMA_KERNEL if plan.config.producer_warps else planner.NHWC_KERNEL
             in_place = [gemm] + ([REDUCE_KERNEL] if plan.splits > 1 else [])
-            assert names == in_place or (dtype == "float32" and problem.kh * problem.kw > 1), names
+            # float32 several taps (and any on the 256-pixel producer tile) may read a rounded copy
+            rounded_copy = dtype == "float32" and (problem.kh * problem.kw > 1 or
+                                                   plan.config.name == implicit_gemm_nhwc.TALL_PRODUCER_CONFIG)
+            assert names == in_place or rounded_copy, names
             assert (call.weight is None) == (dtype != "float32"), "KHWC weight read in place but to round to TF32"
         if plan.kernel == planner.POINTWISE_KERNEL:  # everything in place, float32 rounded in the fragments
             assert names == [planner.POINTWISE_KERNEL] and call.weight is None and call.workspace_bytes == 0, names

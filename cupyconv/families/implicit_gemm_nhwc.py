@@ -103,10 +103,12 @@ for _dtype, _item in (("float32", 4), ("float16", 2)):
           for bm in (256, 128)),
         GemmConfig("nhwc_wgmma_m128n128s5", 128, 128, 128 // _item, 8, 1, 5, wgmma=WGMMA_PIXEL_ROWS))
 #: The producer tile of 256 pixels, four warpgroups multiplying (640 threads, 193 KB): half the tiles,
-#: and the weight tile read once for twice the pixels. 16-bit only: TF32's input rounded in registers
-#: (ROUND_A) spills at the 96 registers 640 threads leave.
-NHWC_CONFIGS["float16"] += (GemmConfig("nhwc_wgmma_producer_m256n128", 256, 128, 64, 16, 1, PRODUCER_STAGES,
-                                       wgmma=WGMMA_PIXEL_ROWS_PRODUCER, producer_warps=4),)
+#: and the weight tile read once for twice the pixels. Its float32 input is a copy rounded to TF32:
+#: rounded in registers (ROUND_A) it spills at the 96 registers 640 threads leave (_x_copied).
+TALL_PRODUCER_CONFIG = "nhwc_wgmma_producer_m256n128"
+for _dtype, _item in (("float32", 4), ("float16", 2)):
+    NHWC_CONFIGS[_dtype] += (GemmConfig(TALL_PRODUCER_CONFIG, 256, 128, 128 // _item, 16, 1, PRODUCER_STAGES,
+                                        wgmma=WGMMA_PIXEL_ROWS_PRODUCER, producer_warps=4),)
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs)
@@ -243,8 +245,9 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
         producer_runs = problem.kh * problem.kw > 1 and problem.groups == 1 and channels_padded % producer.bk == 0
         if blocks >= WGMMA_WIDE_TILE_BLOCKS:
             if producer_runs and blocks > SPLIT_K_MAX_BLOCKS:
-                tall = next((c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps and c.bm == 256), None)
-                if tall is not None:
+                tall = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == TALL_PRODUCER_CONFIG)
+                # float32: where x is copied anyway (an NCHW input), not at the price of a copy
+                if problem.dtype != "float32" or _x_copied(problem, channels_padded, producer):
                     tall_blocks = math.prod(gemm_grid(problem, tall))
                     if math.ceil(tall_blocks / H100_SMS) * TALL_PRODUCER_COST < math.ceil(blocks / H100_SMS):
                         return tall, (f"wgmma; {kg} output channels per group, {tall_blocks} blocks of 256 pixels "
@@ -428,10 +431,13 @@ def _x_copied(problem: ConvProblem, channels_padded: int, cfg: GemmConfig) -> bo
     """Whether the GEMM reads a copy of x: NCHW inputs but 1x1 ones read in place; NHWC inputs that
     need zero channels, and float32 ones with more than one tap rounded to TF32 by the copy where
     ``cfg`` would round them in shared memory at every k tile (the kernel rounds float32 inputs it
-    reads in place itself: LaunchPlan.round_a, its ROUND_A; mma.sync tiles and the producer's in
-    registers, the other wgmma tiles in shared memory)."""
+    reads in place itself: LaunchPlan.round_a, its ROUND_A; mma.sync tiles and the 128-pixel
+    producer's in registers, the other wgmma tiles in shared memory), and every float32 input of the
+    256-pixel producer tile."""
     if problem.layout == "NCHW":
         return not _nchw_a_vec(problem)
+    if problem.dtype == "float32" and cfg.name == TALL_PRODUCER_CONFIG:
+        return True  # rounded by the copy: in registers it spills
     rounds_in_registers = not cfg.wgmma or cfg.producer_warps
     return channels_padded != problem.c or (problem.dtype == "float32" and problem.kh * problem.kw != 1
                                             and not rounds_in_registers)
@@ -502,7 +508,8 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
             for split_k in ((False, True) if index == "int" else (False,))] + \
         [tma_specialisation(dtype, index, cfg, nhwc_out, round_a, split_k) for dtype in GEMM_DTYPES
          for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.producer_warps
-         for nhwc_out, round_a in ((False, False), (True, False)) + (((True, True),) if dtype == "float32" else ())
+         for nhwc_out, round_a in ((False, False), (True, False))
+         + (((True, True),) if dtype == "float32" and cfg.name != TALL_PRODUCER_CONFIG else ())
          for split_k in ((False, True) if index == "int" else (False,))]
 
 
