@@ -95,6 +95,19 @@ def test_the_rule_takes_the_tall_producer_tile_where_it_saves_waves(layer, dtype
         assert plan.splits == 1 and not plan.stream_k_blocks and "256 pixels" in plan.reason
 
 
+@pytest.mark.parametrize("dtype,layout,tall", [("float16", "NHWC", True), ("float32", "NCHW", False),
+                                               ("float32", "NHWC", False)])
+def test_the_tall_tile_keeps_a_wave_of_x_in_l2(dtype, layout, tall):
+    """64 x 28 x 28 x 512: a wave of 256-pixel blocks reads 35 MB of 16-bit x, 69 MB of float32 (past
+    TALL_PRODUCER_MAX_WAVE_BYTES); float32 NHWC inputs, read in place, never take the tile (its copy)."""
+    problem = make_problem((64, 28, 28, 512) if layout == "NHWC" else (64, 512, 28, 28), (512, 512, 3, 3), None,
+                           dtype, 1, 1, 1, 1, layout, "KCHW")
+    plan = planner.make_plan(problem, allow_tf32=True, compute_capability=90)
+    assert plan.config.producer_warps and (plan.config.bm == 256) == tall, str(plan)
+    r50_l2 = make_problem((32, 128, 28, 28), (128, 128, 3, 3), None, "float32", 1, 1, 1, 1, "NCHW", "KCHW")
+    assert planner.make_plan(r50_l2, allow_tf32=True, compute_capability=90).config.bm == 256  # copied anyway
+
+
 def test_forced_stream_k_refusals():
     problem = nhwc_problem(*LAYERS["r50_l3_3x3_256"])
     mma_sync = next(c.name for c in implicit_gemm_nhwc.NHWC_CONFIGS["float16"] if not c.wgmma)

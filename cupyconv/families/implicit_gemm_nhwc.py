@@ -75,6 +75,10 @@ WGMMA_WIDE_TILE_BLOCKS = 64
 #: (one wave against two: 1.10x, 1.35x), not r50_l3_3x3_256 (one against one: 0.75x) or dilated_3x3_d2
 #: (two against three: 0.96x). benchmarks/NOTES.md, "A producer tile of 256 pixels".
 TALL_PRODUCER_COST = 1.64
+#: ... and where a wave of its blocks reads at most this many bytes of x (the rows of 256 pixels'
+#: channels that every tap reads again): the H100's 50 MB L2 holds them. large_3x3_512_28sq in TF32
+#: (69 MB a wave; the 128-pixel tile's 35 MB) ran 0.71x on it, in fp16 (35 MB) 1.22x.
+TALL_PRODUCER_MAX_WAVE_BYTES = 40 << 20
 PRODUCER_SPLIT_MIN_K_TILES = 36
 PRODUCER_SPLIT_MIN_RUN = 9
 PRODUCER_SPLIT_MIN_BLOCKS = 99
@@ -247,7 +251,9 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
             if producer_runs and blocks > SPLIT_K_MAX_BLOCKS:
                 tall = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == TALL_PRODUCER_CONFIG)
                 # float32: where x is copied anyway (an NCHW input), not at the price of a copy
-                if problem.dtype != "float32" or _x_copied(problem, channels_padded, producer):
+                wave_bytes = min(problem.n * problem.h * problem.w, H100_SMS * tall.bm) * channels_padded * item
+                if (problem.dtype != "float32" or _x_copied(problem, channels_padded, producer)) and \
+                        wave_bytes <= TALL_PRODUCER_MAX_WAVE_BYTES:
                     tall_blocks = math.prod(gemm_grid(problem, tall))
                     if math.ceil(tall_blocks / H100_SMS) * TALL_PRODUCER_COST < math.ceil(blocks / H100_SMS):
                         return tall, (f"wgmma; {kg} output channels per group, {tall_blocks} blocks of 256 pixels "
