@@ -111,8 +111,9 @@ for _dtype, _item in (("float32", 4), ("float16", 2)):
 #: rounded in registers (ROUND_A) it spills at the 96 registers 640 threads leave (_x_copied).
 TALL_PRODUCER_CONFIG = "nhwc_wgmma_producer_m256n128"
 for _dtype, _item in (("float32", 4), ("float16", 2)):
-    NHWC_CONFIGS[_dtype] += (GemmConfig(TALL_PRODUCER_CONFIG, 256, 128, 128 // _item, 16, 1, PRODUCER_STAGES,
-                                        wgmma=WGMMA_PIXEL_ROWS_PRODUCER, producer_warps=4),)
+    NHWC_CONFIGS[_dtype] += tuple(GemmConfig(f"nhwc_wgmma_producer_m{bm}n128", bm, 128, 128 // _item, bm // 16, 1,
+                                             PRODUCER_STAGES, wgmma=WGMMA_PIXEL_ROWS_PRODUCER, producer_warps=4)
+                                  for bm in (256, 192))
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs)
