@@ -296,7 +296,8 @@ PRINTED = [
         "  reads channels-last copies made first: input [N][H][W][256], weight [K][kh][kw][256 / groups], in "
         "16-byte pieces",
         "  why: tensor cores in float16, 256 output channels per group; wgmma; 256 output channels per group, 98 "
-        "blocks of 128 channels, copied by TMA (a producer warpgroup)"]),
+        "blocks of 128 pixels x 128 channels (1.00 waves of 128-pixel blocks' time, the fewest of the producer "
+        "tiles), copied by TMA (a producer warpgroup)"]),
     (((32, 488, 14, 14), (512, 488, 3, 3), "float16", 1, 1, 1, False, 90), [
         "  grid (49, 4, 1) (pixel tiles, channel tiles, groups), block (256, 1, 1)",
         "  stream-K: 264 persistent blocks (implicit_gemm_nhwc_stream_k) share the grid's tiles x k tiles equally; "

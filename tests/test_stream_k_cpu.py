@@ -78,34 +78,38 @@ def test_the_rule_splits_the_producer_tile_of_few_tiles(layer, dtype):
         assert not plan.config.producer_warps and plan.config.bn == 64, str(plan)
 
 
-#: Layers of LAYERS the 16-bit rule gives the 256-pixel producer tile: fewer waves at
-#: TALL_PRODUCER_COST a block than the 128-pixel tile's (r50_l3: one wave either way; r50_l1: 64
-#: output channels take the channel-row tile).
-TALL = {"r50_l2_3x3_128", "vgg_conv3_2", "vgg_conv5_2"}
+#: The producer tile's pixels the rule takes for LAYERS' layers (PRODUCER_BLOCK_COST: the fewest waves
+#: times a block's time), by dtype and layout; float32 NHWC inputs (read in place) never take 256 pixels,
+#: whose float32 input is a copy. r50_l1_3x3_64: 64 output channels take the channel-row tile (None).
+TALL = {"r50_l2_3x3_128": (192, 192, 192), "r50_l3_3x3_256": (128, 128, 128), "r50_l1_3x3_64": (None,) * 3,
+        "vgg_conv3_2": (256, 192, 256), "vgg_conv5_2": (192, 192, 192)}
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
-@pytest.mark.parametrize("layer", ["r50_l2_3x3_128", "r50_l3_3x3_256", "r50_l1_3x3_64", "vgg_conv3_2",
-                                   "vgg_conv5_2"])
-def test_the_rule_takes_the_tall_producer_tile_where_it_saves_waves(layer, dtype):
-    plan = planner.make_plan(nhwc_problem(*LAYERS[layer], dtype), allow_tf32=True, compute_capability=90)
-    tall = layer in TALL and dtype != "float32"  # float32 has no 256-pixel tile
-    assert (plan.config.producer_warps and plan.config.bm == 256) == tall, str(plan)
-    if tall:
-        assert plan.splits == 1 and not plan.stream_k_blocks and "256 pixels" in plan.reason
+@pytest.mark.parametrize("column,dtype,layout", [(0, "float16", "NHWC"), (1, "float32", "NHWC"),
+                                                 (2, "float32", "NCHW")])
+@pytest.mark.parametrize("layer", TALL)
+def test_the_rule_takes_the_producer_tile_of_fewest_waves(layer, column, dtype, layout):
+    x_shape, w_shape, padding = LAYERS[layer]
+    if layout == "NCHW":
+        x_shape = (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
+    problem = make_problem(x_shape, w_shape, None, dtype, 1, padding, 1, 1, layout, "KHWC")
+    plan = planner.make_plan(problem, allow_tf32=True, compute_capability=90)
+    pixels = TALL[layer][column]
+    assert (plan.config.bm if plan.config.producer_warps else None) == pixels, str(plan)
+    if pixels:
+        assert plan.splits == 1 and not plan.stream_k_blocks and "the fewest of the producer tiles" in plan.reason
+        assert plan.round_a == (dtype == "float32" and layout == "NHWC" and pixels != 256)
 
 
-@pytest.mark.parametrize("dtype,layout,tall", [("float16", "NHWC", True), ("float32", "NCHW", False),
-                                               ("float32", "NHWC", False)])
-def test_the_tall_tile_keeps_a_wave_of_x_in_l2(dtype, layout, tall):
-    """64 x 28 x 28 x 512: a wave of 256-pixel blocks reads 35 MB of 16-bit x, 69 MB of float32 (past
-    TALL_PRODUCER_MAX_WAVE_BYTES); float32 NHWC inputs, read in place, never take the tile (its copy)."""
+@pytest.mark.parametrize("dtype,layout,pixels", [("float16", "NHWC", 256), ("float32", "NCHW", 128),
+                                                 ("float32", "NHWC", 128)])
+def test_the_taller_tiles_keep_a_wave_of_x_in_l2(dtype, layout, pixels):
+    """64 x 28 x 28 x 512: a wave of 256-pixel blocks reads 35 MB of 16-bit x, 69 MB of float32, and of
+    192-pixel ones 52 MB of float32 (past TALL_PRODUCER_MAX_WAVE_BYTES): float32 stays on 128 pixels."""
     problem = make_problem((64, 28, 28, 512) if layout == "NHWC" else (64, 512, 28, 28), (512, 512, 3, 3), None,
                            dtype, 1, 1, 1, 1, layout, "KCHW")
     plan = planner.make_plan(problem, allow_tf32=True, compute_capability=90)
-    assert plan.config.producer_warps and (plan.config.bm == 256) == tall, str(plan)
-    r50_l2 = make_problem((32, 128, 28, 28), (128, 128, 3, 3), None, "float32", 1, 1, 1, 1, "NCHW", "KCHW")
-    assert planner.make_plan(r50_l2, allow_tf32=True, compute_capability=90).config.bm == 256  # copied anyway
+    assert plan.config.producer_warps and plan.config.bm == pixels, str(plan)
 
 
 def test_forced_stream_k_refusals():

@@ -68,16 +68,17 @@ WGMMA_WIDE_TILE_BLOCKS = 64
 #: (18 k tiles: r50_l2_3x3_128 at batch 8, 0.0092 -> 0.0137), short runs (vgg_conv5_2 fp16 at batch 1,
 #: 16 runs of 5: 0.0095 -> 0.0100; dilated_3x3_d2 TF32 at batch 1, 8 runs of 9: 0.0150 -> 0.0164) and
 #: batch 1's 64 blocks of r50_l4 lose to the 64-channel tile.
-#: A 256-pixel producer block's time in 128-pixel ones (H100, fp16 channels_last, many waves of
-#: either: vgg_conv3_2 and the large suite's 3x3 and 5x5 rows ran 1.21-1.25x faster on half as many
-#: 256-pixel blocks). Both run one block an SM, so _choose_config takes the 256-pixel tile where
-#: its waves times this are fewer than the 128-pixel tile's waves: r50_l2_3x3_128 and vgg_conv5_2
-#: (one wave against two: 1.10x, 1.35x), not r50_l3_3x3_256 (one against one: 0.75x) or dilated_3x3_d2
-#: (two against three: 0.96x). benchmarks/NOTES.md, "A producer tile of 256 pixels".
-TALL_PRODUCER_COST = 1.64
-#: ... and where a wave of its blocks reads at most this many bytes of x (the rows of 256 pixels'
+#: The producer tiles' block times in 128-pixel blocks' (H100, fp16 and TF32 channels_last, many waves
+#: of each: vgg_conv3_2 ran 12 waves of 128 pixels in 0.246 ms, 8 of 192 in 0.216, 6 of 256 in 0.204).
+#: Each runs one block an SM, so _choose_config takes the tile of the fewest waves times this (on
+#: ties the narrower): r50_l2_3x3_128, r50_down_3x3s2, vgg_conv5_2 and dilated_3x3_d2 192 pixels
+#: (1.1-1.4x over 128), vgg_conv3_2 and the large suite's 3x3 rows 256 (1.2x), r50_l3_3x3_256 (one wave
+#: of 98 blocks) 128. benchmarks/NOTES.md, "A producer tile of 256 pixels" and "... of 192 pixels".
+PRODUCER_BLOCK_COST = {128: 1.0, 192: 1.32, 256: 1.65}
+#: ... where a wave of the taller tiles' blocks reads at most this many bytes of x (the rows of pixels'
 #: channels that every tap reads again): the H100's 50 MB L2 holds them. large_3x3_512_28sq in TF32
-#: (69 MB a wave; the 128-pixel tile's 35 MB) ran 0.71x on it, in fp16 (35 MB) 1.22x.
+#: (192 pixels: 52 MB a wave; 256: 69 MB; 128: 35 MB) ran 0.76x and 0.71x on them, in fp16 (35 MB on
+#: 256 pixels) 1.22x faster.
 TALL_PRODUCER_MAX_WAVE_BYTES = 40 << 20
 PRODUCER_SPLIT_MIN_K_TILES = 36
 PRODUCER_SPLIT_MIN_RUN = 9
@@ -225,8 +226,8 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     for up to 64 output channels per group, warpgroups of 64 channels x 128 pixels, two per block;
     for more, 128 pixels x 128 channels where that makes WGMMA_WIDE_TILE_BLOCKS blocks or more --
     fed by a producer warpgroup's TMA copies where the layer has more than one tap, more blocks than
-    split-K takes, one group and channels that fill whole k tiles, and in 16 bits 256 pixels so fed
-    where that makes fewer waves (TALL_PRODUCER_COST) -- else the producer's 128 x 128 tile with split-K
+    split-K takes, one group and channels that fill whole k tiles, its 128, 192 or 256 pixels those of
+    the fewest waves (PRODUCER_BLOCK_COST, TALL_PRODUCER_MAX_WAVE_BYTES) -- else the producer's 128 x 128 tile with split-K
     where its reduction and runs are long and fill the SMs (PRODUCER_SPLIT_*), else one warpgroup of 64
     channels x 128 pixels per block (twice the blocks).
 
@@ -250,19 +251,19 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
         producer_runs = problem.kh * problem.kw > 1 and problem.groups == 1 and channels_padded % producer.bk == 0
         if blocks >= WGMMA_WIDE_TILE_BLOCKS:
             if producer_runs and blocks > SPLIT_K_MAX_BLOCKS:
-                tall = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == TALL_PRODUCER_CONFIG)
-                # float32: where x is copied anyway (an NCHW input), not at the price of a copy
-                wave_bytes = min(problem.n * problem.h * problem.w, H100_SMS * tall.bm) * channels_padded * item
-                if (problem.dtype != "float32" or _x_copied(problem, channels_padded, producer)) and \
-                        wave_bytes <= TALL_PRODUCER_MAX_WAVE_BYTES:
-                    tall_blocks = math.prod(gemm_grid(problem, tall))
-                    if math.ceil(tall_blocks / H100_SMS) * TALL_PRODUCER_COST < math.ceil(blocks / H100_SMS):
-                        return tall, (f"wgmma; {kg} output channels per group, {tall_blocks} blocks of 256 pixels "
-                                      f"x 128 channels ({math.ceil(tall_blocks / H100_SMS)} waves against "
-                                      f"{math.ceil(blocks / H100_SMS)} of 128 pixels), copied by TMA (a producer "
-                                      f"warpgroup)")
-                return producer, (f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels, "
-                                  f"copied by TMA (a producer warpgroup)")
+                def cost(c: GemmConfig) -> float:
+                    return math.ceil(math.prod(gemm_grid(problem, c)) / H100_SMS) * PRODUCER_BLOCK_COST[c.bm]
+
+                def fits(c: GemmConfig) -> bool:  # a wave's x in L2; float32 on 256 pixels: where copied anyway
+                    wave_bytes = min(problem.n * problem.h * problem.w, H100_SMS * c.bm) * channels_padded * item
+                    return c.bm == producer.bm or (wave_bytes <= TALL_PRODUCER_MAX_WAVE_BYTES and (
+                        c.name != TALL_PRODUCER_CONFIG or problem.dtype != "float32" or
+                        _x_copied(problem, channels_padded, producer)))
+                best = min((c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps and fits(c)),
+                           key=lambda c: (cost(c), c.bm))
+                return best, (f"wgmma; {kg} output channels per group, {math.prod(gemm_grid(problem, best))} blocks "
+                              f"of {best.bm} pixels x 128 channels ({cost(best):.2f} waves of 128-pixel blocks' "
+                              f"time, the fewest of the producer tiles), copied by TMA (a producer warpgroup)")
             return wide, f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels"
         k_tiles = _k_tiles(problem, producer, channels_padded)
         if producer_runs and k_tiles >= PRODUCER_SPLIT_MIN_K_TILES:
