@@ -101,6 +101,16 @@ def test_the_rule_takes_the_producer_tile_of_fewest_waves(layer, column, dtype, 
         assert plan.round_a == (dtype == "float32" and layout == "NHWC" and pixels != 256)
 
 
+@pytest.mark.parametrize("x_shape,w_shape,dtype,pixels", [
+    ((32, 28, 28, 512), (128, 1, 1, 512), "float16", 192),    # r50_l2_1x1_512to128: 8 k tiles
+    ((32, 28, 28, 512), (128, 1, 1, 512), "float32", 192),    # 16 k tiles, x read once: no L2 limit
+    ((32, 14, 14, 256), (1024, 1, 1, 256), "float16", None),  # r50_l3_1x1_256to1024: 4 k tiles
+    ((32, 14, 14, 256), (1024, 1, 1, 256), "float32", 192)])
+def test_one_tap_layers_take_the_producer_tiles_from_8_k_tiles(x_shape, w_shape, dtype, pixels):
+    plan = planner.make_plan(nhwc_problem(x_shape, w_shape, 0, dtype), allow_tf32=True, compute_capability=90)
+    assert (plan.config.bm if getattr(plan.config, "producer_warps", 0) else None) == pixels, str(plan)
+
+
 @pytest.mark.parametrize("dtype,layout,pixels", [("float16", "NHWC", 256), ("float32", "NCHW", 128),
                                                  ("float32", "NHWC", 128)])
 def test_the_taller_tiles_keep_a_wave_of_x_in_l2(dtype, layout, pixels):

@@ -75,6 +75,11 @@ WGMMA_WIDE_TILE_BLOCKS = 64
 #: (1.1-1.4x over 128), vgg_conv3_2 and the large suite's 3x3 rows 256 (1.2x), r50_l3_3x3_256 (one wave
 #: of 98 blocks) 128. benchmarks/NOTES.md, "A producer tile of 256 pixels" and "... of 192 pixels".
 PRODUCER_BLOCK_COST = {128: 1.0, 192: 1.32, 256: 1.65}
+#: 1x1 layers take the producer tiles from this many k tiles on (H100, channels_last, 192 pixels against
+#: the 3-stage 128 x 128 tile: r50_l2_1x1_512to128 fp16, 8 k tiles, 0.0160 -> 0.0131 ms, TF32 16 k
+#: tiles 1.07x, r50_l3_1x1_256to1024 TF32 8 k tiles 1.04x; fp16's 4 k tiles 0.98x, mbv2_pw_1x1_96to576
+#: TF32's 3 0.80x: a block of few k tiles is its epilogue, which the producer does not overlap).
+PRODUCER_MIN_ONE_TAP_K_TILES = 8
 #: ... where a wave of the taller tiles' blocks reads at most this many bytes of x (the rows of pixels'
 #: channels that every tap reads again): the H100's 50 MB L2 holds them. large_3x3_512_28sq in TF32
 #: (192 pixels: 52 MB a wave; 256: 69 MB; 128: 35 MB) ran 0.76x and 0.71x on them, in fp16 (35 MB on
@@ -248,24 +253,27 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
         blocks = math.prod(gemm_grid(problem, wide))
         producer = next(c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps)
         channels_padded = _pieces(problem)[0][1]
-        producer_runs = problem.kh * problem.kw > 1 and problem.groups == 1 and channels_padded % producer.bk == 0
+        k_tiles = _k_tiles(problem, producer, channels_padded)
+        producer_runs = (problem.kh * problem.kw > 1 or k_tiles >= PRODUCER_MIN_ONE_TAP_K_TILES) and \
+            problem.groups == 1 and channels_padded % producer.bk == 0
         if blocks >= WGMMA_WIDE_TILE_BLOCKS:
             if producer_runs and blocks > SPLIT_K_MAX_BLOCKS:
                 def cost(c: GemmConfig) -> float:
                     return math.ceil(math.prod(gemm_grid(problem, c)) / H100_SMS) * PRODUCER_BLOCK_COST[c.bm]
 
-                def fits(c: GemmConfig) -> bool:  # a wave's x in L2; float32 on 256 pixels: where copied anyway
+                def fits(c: GemmConfig) -> bool:  # a wave's x in L2 (its taps read it again); float32 on 256
+                    # pixels: where x is copied anyway
                     wave_bytes = min(problem.n * problem.h * problem.w, H100_SMS * c.bm) * channels_padded * item
-                    return c.bm == producer.bm or (wave_bytes <= TALL_PRODUCER_MAX_WAVE_BYTES and (
-                        c.name != TALL_PRODUCER_CONFIG or problem.dtype != "float32" or
-                        _x_copied(problem, channels_padded, producer)))
+                    return c.bm == producer.bm or (
+                        (wave_bytes <= TALL_PRODUCER_MAX_WAVE_BYTES or problem.kh * problem.kw == 1) and (
+                            c.name != TALL_PRODUCER_CONFIG or problem.dtype != "float32" or
+                            _x_copied(problem, channels_padded, producer)))
                 best = min((c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps and fits(c)),
                            key=lambda c: (cost(c), c.bm))
                 return best, (f"wgmma; {kg} output channels per group, {math.prod(gemm_grid(problem, best))} blocks "
                               f"of {best.bm} pixels x 128 channels ({cost(best):.2f} waves of 128-pixel blocks' "
                               f"time, the fewest of the producer tiles), copied by TMA (a producer warpgroup)")
             return wide, f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels"
-        k_tiles = _k_tiles(problem, producer, channels_padded)
         if producer_runs and k_tiles >= PRODUCER_SPLIT_MIN_K_TILES:
             grid = gemm_grid(problem, producer)
             splits = _splits(problem, producer, grid, channels_padded, _index(problem, producer, channels_padded))
