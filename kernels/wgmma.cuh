@@ -129,12 +129,16 @@ CUPYCONV_WGMMA_ALL_N(float, "k8.f32.tf32.tf32", false, "")
 // warp's 16 rows in mma.sync m16n8k8's A layout; b a wgmma_descriptor(). The tensor cores read `a`
 // after the call returns: write it again only after the wait that retires it.
 template <int N> struct wgmma_tf32_rs;
-template <> struct wgmma_tf32_rs<128> {
-    static __device__ __forceinline__ void run(float (&d)[64], const unsigned (&a)[4], unsigned long long b) {
-        asm volatile("wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {" CUPYCONV_WGMMA_D64 "}, "
-                     "{%64, %65, %66, %67}, %68, 1, 1, 1;\n"
-                     : CUPYCONV_ACC64 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b) : "memory");
-    }
-};
+#define CUPYCONV_WGMMA_TF32_RS(N, REGS, OPERANDS)                                                        \
+    template <> struct wgmma_tf32_rs<N> {                                                                 \
+        static __device__ __forceinline__ void run(float (&d)[N / 2], const unsigned (&a)[4],             \
+                                                   unsigned long long b) {                                \
+            asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 {" CUPYCONV_WGMMA_D##REGS \
+                         "}, " OPERANDS ", 1, 1, 1;\n"                                                     \
+                         : CUPYCONV_ACC##REGS : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b) : "memory"); \
+        }                                                                                                 \
+    };
+CUPYCONV_WGMMA_TF32_RS(64, 32, "{%32, %33, %34, %35}, %36")
+CUPYCONV_WGMMA_TF32_RS(128, 64, "{%64, %65, %66, %67}, %68")
 
 }  // namespace cupyconv

@@ -119,7 +119,9 @@ TALL_PRODUCER_CONFIG = "nhwc_wgmma_producer_m256n128"
 for _dtype, _item in (("float32", 4), ("float16", 2)):
     NHWC_CONFIGS[_dtype] += tuple(GemmConfig(f"nhwc_wgmma_producer_m{bm}n128", bm, 128, 128 // _item, bm // 16, 1,
                                              PRODUCER_STAGES, wgmma=WGMMA_PIXEL_ROWS_PRODUCER, producer_warps=4)
-                                  for bm in (256, 192))
+                                  for bm in (256, 192)) + \
+        (GemmConfig("nhwc_wgmma_producer_m256n64", 256, 64, 128 // _item, 16, 1, PRODUCER_STAGES,
+                    wgmma=WGMMA_PIXEL_ROWS_PRODUCER, producer_warps=4),)
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs)
@@ -268,7 +270,7 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
                         (wave_bytes <= TALL_PRODUCER_MAX_WAVE_BYTES or problem.kh * problem.kw == 1) and (
                             c.name != TALL_PRODUCER_CONFIG or problem.dtype != "float32" or
                             _x_copied(problem, channels_padded, producer)))
-                best = min((c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps and fits(c)),
+                best = min((c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps and c.bn == 128 and fits(c)),
                            key=lambda c: (cost(c), c.bm))
                 return best, (f"wgmma; {kg} output channels per group, {math.prod(gemm_grid(problem, best))} blocks "
                               f"of {best.bm} pixels x 128 channels ({cost(best):.2f} waves of 128-pixel blocks' "
