@@ -78,11 +78,13 @@ def test_the_rule_splits_the_producer_tile_of_few_tiles(layer, dtype):
         assert not plan.config.producer_warps and plan.config.bn == 64, str(plan)
 
 
-#: The producer tile's pixels the rule takes for LAYERS' layers (PRODUCER_BLOCK_COST: the fewest waves
-#: times a block's time), by dtype and layout; float32 NHWC inputs (read in place) never take 256 pixels,
-#: whose float32 input is a copy. r50_l1_3x3_64: 64 output channels take the channel-row tile (None).
-TALL = {"r50_l2_3x3_128": (192, 192, 192), "r50_l3_3x3_256": (128, 128, 128), "r50_l1_3x3_64": (None,) * 3,
-        "vgg_conv3_2": (256, 192, 256), "vgg_conv5_2": (192, 192, 192)}
+#: The producer tile the rule takes for LAYERS' layers (PRODUCER_BLOCK_COST: the fewest waves times a
+#: block's time), as pixels x channels, by dtype and layout (None: another tile); float32 NHWC inputs
+#: (read in place) never take 256 x 128, whose float32 input is a copy. r50_l1_3x3_64's 64 output
+#: channels take the channel-row tile, but in float32 NHWC the 256 x 64 producer tile (x in place).
+TALL = {"r50_l2_3x3_128": ("192x128",) * 3, "r50_l3_3x3_256": ("128x128",) * 3,
+        "r50_l1_3x3_64": (None, "256x64", None), "vgg_conv3_2": ("256x128", "192x128", "256x128"),
+        "vgg_conv5_2": ("192x128",) * 3}
 
 
 @pytest.mark.parametrize("column,dtype,layout", [(0, "float16", "NHWC"), (1, "float32", "NHWC"),
@@ -94,11 +96,11 @@ def test_the_rule_takes_the_producer_tile_of_fewest_waves(layer, column, dtype, 
         x_shape = (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
     problem = make_problem(x_shape, w_shape, None, dtype, 1, padding, 1, 1, layout, "KHWC")
     plan = planner.make_plan(problem, allow_tf32=True, compute_capability=90)
-    pixels = TALL[layer][column]
-    assert (plan.config.bm if plan.config.producer_warps else None) == pixels, str(plan)
-    if pixels:
-        assert plan.splits == 1 and not plan.stream_k_blocks and "the fewest of the producer tiles" in plan.reason
-        assert plan.round_a == (dtype == "float32" and layout == "NHWC" and pixels != 256)
+    tile = TALL[layer][column]
+    assert (f"{plan.config.bm}x{plan.config.bn}" if plan.config.producer_warps else None) == tile, str(plan)
+    if tile:
+        assert plan.splits == 1 and not plan.stream_k_blocks and "copied by TMA" in plan.reason
+        assert plan.round_a == (dtype == "float32" and layout == "NHWC" and tile != "256x128")
 
 
 @pytest.mark.parametrize("x_shape,w_shape,dtype,pixels", [

@@ -116,11 +116,19 @@ for _dtype, _item in (("float32", 4), ("float16", 2)):
 #: and the weight tile read once for twice the pixels. Its float32 input is a copy rounded to TF32:
 #: rounded in registers (ROUND_A) it spills at the 96 registers 640 threads leave (_x_copied).
 TALL_PRODUCER_CONFIG = "nhwc_wgmma_producer_m256n128"
+#: The producer tile of 256 pixels x 64 channels: for layers of at most 64 output channels whose float32
+#: NHWC input the channel-row tile would read from a rounded copy; it reads x in place and rounds it in
+#: registers (H100, TF32 channels_last: r50_l1_3x3_64 0.0825 -> 0.0597 ms, vgg_conv1_2 1.096 -> 0.729;
+#: in 16 bits, read in place by both, the channel-row tile is as fast or faster: large_7x7_64_224sq
+#: 0.367 against 0.415; benchmarks/NOTES.md). Up to NARROW_PRODUCER_MAX_K_TILES: on longer reductions
+#: the copy is a smaller share (large_7x7_64_224sq TF32, 98 k tiles: 0.776 ms on the copy, 0.824 in place).
+NARROW_PRODUCER_CONFIG = "nhwc_wgmma_producer_m256n64"
+NARROW_PRODUCER_MAX_K_TILES = 36
 for _dtype, _item in (("float32", 4), ("float16", 2)):
     NHWC_CONFIGS[_dtype] += tuple(GemmConfig(f"nhwc_wgmma_producer_m{bm}n128", bm, 128, 128 // _item, bm // 16, 1,
                                              PRODUCER_STAGES, wgmma=WGMMA_PIXEL_ROWS_PRODUCER, producer_warps=4)
                                   for bm in (256, 192)) + \
-        (GemmConfig("nhwc_wgmma_producer_m256n64", 256, 64, 128 // _item, 16, 1, PRODUCER_STAGES,
+        (GemmConfig(NARROW_PRODUCER_CONFIG, 256, 64, 128 // _item, 16, 1, PRODUCER_STAGES,
                     wgmma=WGMMA_PIXEL_ROWS_PRODUCER, producer_warps=4),)
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
@@ -249,15 +257,20 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     deep_k_tiles = math.ceil(problem.kh * problem.kw * _pieces(problem)[0][1] // problem.groups * item / 128)
     if not _wgmma_refusal(problem, compute_capability) and deep_k_tiles >= MIN_DEEP_K_TILES:
         by_pixels = {c.bm: c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_CHANNEL_ROWS}
-        if kg <= 64:
-            return by_pixels[256], f"wgmma; {kg} output channels per group: one 64-channel tile"
-        wide = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PIXEL_ROWS)
-        blocks = math.prod(gemm_grid(problem, wide))
         producer = next(c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps)
         channels_padded = _pieces(problem)[0][1]
         k_tiles = _k_tiles(problem, producer, channels_padded)
         producer_runs = (problem.kh * problem.kw > 1 or k_tiles >= PRODUCER_MIN_ONE_TAP_K_TILES) and \
             problem.groups == 1 and channels_padded % producer.bk == 0
+        if kg <= 64:
+            narrow = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == NARROW_PRODUCER_CONFIG)
+            if producer_runs and k_tiles <= NARROW_PRODUCER_MAX_K_TILES and \
+                    _x_copied(problem, channels_padded, by_pixels[256]) and not _x_copied(problem, channels_padded, narrow):
+                return narrow, (f"wgmma; {kg} output channels per group: one 64-channel tile of 256 pixels copied "
+                                f"by TMA (a producer warpgroup), x read in place")
+            return by_pixels[256], f"wgmma; {kg} output channels per group: one 64-channel tile"
+        wide = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PIXEL_ROWS)
+        blocks = math.prod(gemm_grid(problem, wide))
         if blocks >= WGMMA_WIDE_TILE_BLOCKS:
             if producer_runs and blocks > SPLIT_K_MAX_BLOCKS:
                 def cost(c: GemmConfig) -> float:
