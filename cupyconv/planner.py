@@ -168,7 +168,11 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
         return DEPTHWISE_KERNEL, "one input channel per group: memory-bound, a patch per output tile"
     if problem.dtype == "float64":
         return DIRECT_KERNEL, "float64 has no tensor-core path"
-    if kg < implicit_gemm_conv2d.GEMM_MIN_GROUP_CHANNELS:
+    tensor_cores = problem.dtype != "float32" or allow_tf32
+    # On the tensor cores the channels-last GEMM's 32-channel tile beats the direct kernel even on a few
+    # output channels (H100, fp16: 3 output channels of a 256^2 plane 0.169 ms against 1.183; EfficientNet's
+    # squeeze-excitation reductions 0.006-0.008 against 0.056-0.081; benchmarks/NOTES.md).
+    if kg < implicit_gemm_conv2d.GEMM_MIN_GROUP_CHANNELS and (not tensor_cores or implicit_gemm_nhwc.refusal(problem)):
         return DIRECT_KERNEL, f"{kg} output channel(s) per group: a GEMM tile would be mostly padding"
     if problem.dtype == "float32" and not allow_tf32:
         if not winograd_conv2d.refusal(problem) and winograd_conv2d.pays(problem):

@@ -11,7 +11,8 @@ planned again under the new mode.
 
 * every family whose refusal is "" for the problem, except the tensor-core GEMMs in strict float32
   (they would round to TF32) and the GEMMs (FMA, Winograd, tensor-core) where a group has fewer than
-  GEMM_MIN_GROUP_CHANNELS output channels (a tile of mostly padding, the planner's structural floor);
+  GEMM_MIN_GROUP_CHANNELS output channels (a tile of mostly padding), but the channels-last GEMM,
+  whose 32-channel tile the planner takes there on the tensor cores;
 * each tile the family may be forced to (its CONFIG_NAMES, those that take the problem's dtype; the
   channels-last GEMM's 32-channel tiles only for outputs of at most 32 channels per group);
   Winograd each of its tiles m (winograd_conv2d.tiles: F(4x4) within its accuracy limit, each only
@@ -237,7 +238,8 @@ def _choices(problem: ConvProblem, allow_tf32: bool, default: LaunchPlan, comput
     tensor_cores = problem.dtype != "float32" or allow_tf32
     for kernel, family in FAMILIES.items():
         if family.refusal(problem) or (kernel in _TENSOR_CORE_KERNELS and not tensor_cores) or \
-                (kernel in _GEMM_KERNELS and problem.k // problem.groups < GEMM_MIN_GROUP_CHANNELS):
+                (kernel in _GEMM_KERNELS and kernel != NHWC_KERNEL and
+                 problem.k // problem.groups < GEMM_MIN_GROUP_CHANNELS):
             continue
         if kernel == DIRECT_KERNEL and default.kernel != DIRECT_KERNEL:
             yield Choice(kernel)

@@ -20,7 +20,7 @@ from .common import (BLOCK_RESERVED_SHARED_BYTES, CTYPES, H100_SMS, INDEX_TYPES,
                      SM_SHARED_BYTES, STORAGE_BYTES, check_splits, conv_launch, epilogue_args, forced_config,
                      gemm_grid, grid_refusal, index_type, partial_bytes, reduce_specialisation, split_k_reduce,
                      split_k_runs)
-from .implicit_gemm_conv2d import GEMM_DTYPES, GemmConfig, describe_tiles, dtype_refusal
+from .implicit_gemm_conv2d import GEMM_DTYPES, GEMM_MIN_GROUP_CHANNELS, GemmConfig, describe_tiles, dtype_refusal
 
 KERNEL = "implicit_gemm_nhwc"
 #: The layouts it reads and writes in place (layouts.py transposes for the families without these).
@@ -255,7 +255,8 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     kg = problem.k // problem.groups
     item = 4 if problem.dtype == "float32" else 2
     deep_k_tiles = math.ceil(problem.kh * problem.kw * _pieces(problem)[0][1] // problem.groups * item / 128)
-    if not _wgmma_refusal(problem, compute_capability) and deep_k_tiles >= MIN_DEEP_K_TILES:
+    if not _wgmma_refusal(problem, compute_capability) and deep_k_tiles >= MIN_DEEP_K_TILES and \
+            kg >= GEMM_MIN_GROUP_CHANNELS:
         by_pixels = {c.bm: c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_CHANNEL_ROWS}
         producer = next(c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps)
         channels_padded = _pieces(problem)[0][1]
@@ -310,6 +311,8 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
             return by_width[128], f"{kg} output channels per group, {blocks} blocks of 128 channels; {depth}"
         return by_width[64], (f"{kg} output channels per group; 128-channel tiles would make {blocks} blocks "
                               f"(< {WIDE_TILE_BLOCKS}), 64-channel ones twice as many; {depth}")
+    if kg <= NARROW_TILE_CHANNELS:
+        return by_width[NARROW_TILE_CHANNELS], f"{kg} output channels per group: one 32-channel tile; {depth}"
     return by_width[64], f"{kg} output channels per group: one 64-channel tile; {depth}"
 
 

@@ -1,0 +1,39 @@
+"""The planner's choice for layers of few output channels, without a GPU: on the tensor cores the
+channels-last GEMM's 32-channel tile (not the direct kernel, which an H100 ran 5-10x slower on them),
+in strict float32 and float64 the direct kernel; 32 or fewer output channels on mma.sync tiles take
+the 32-channel tile (benchmarks/NOTES.md, "Few output channels")."""
+import pytest
+
+from cupyconv.arguments import make_problem
+from cupyconv.families.implicit_gemm_nhwc import NARROW_TILE_CHANNELS
+from cupyconv.planner import DIRECT_KERNEL, NHWC_KERNEL, POINTWISE_KERNEL, make_plan
+
+#: (x, weight KCHW, stride, padding, layout): EfficientNet-B0's squeeze-excitation reduction, its stem
+#: (3 input channels, 32 output), a 3-channel head on a large plane, and the same in NCHW.
+LAYERS = {
+    "se_96to4": ((32, 1, 1, 96), (4, 96, 1, 1), 1, 0, "NHWC"),
+    "stem_3to32": ((32, 224, 224, 3), (32, 3, 3, 3), 2, 1, "NHWC"),
+    "head_64to3": ((8, 256, 256, 64), (3, 64, 3, 3), 1, 1, "NHWC"),
+    "head_64to3_nchw": ((8, 64, 256, 256), (3, 64, 3, 3), 1, 1, "NCHW"),
+}
+
+
+@pytest.mark.parametrize("cc", [0, 90])
+@pytest.mark.parametrize("dtype,tf32", [("float16", False), ("bfloat16", False), ("float32", True),
+                                        ("float32", False), ("float64", False)])
+@pytest.mark.parametrize("layer", LAYERS)
+def test_few_output_channels_take_the_32_channel_tile_on_the_tensor_cores(layer, dtype, tf32, cc):
+    x, w, stride, padding, layout = LAYERS[layer]
+    plan = make_plan(make_problem(x, w, None, dtype, stride, padding, layout=layout), allow_tf32=tf32,
+                     compute_capability=cc)
+    if dtype == "float64" or (dtype == "float32" and not tf32):
+        assert plan.kernel != NHWC_KERNEL
+        if w[0] < 8:
+            assert plan.kernel == DIRECT_KERNEL, str(plan)
+    elif plan.kernel == POINTWISE_KERNEL:  # 1x1 NHWC float32 on the tensor cores: the streaming kernel's
+        assert x[1:3] == (1, 1) and w[2:] == (1, 1) and dtype == "float32"
+    elif w[0] >= 8 and plan.config.wgmma:  # the stem in float32: 16-byte pieces, the wgmma tiles
+        assert dtype == "float32" and cc == 90
+    else:
+        assert plan.kernel == NHWC_KERNEL and plan.config.bn == NARROW_TILE_CHANNELS, str(plan)
+        assert not plan.config.wgmma and "one 32-channel tile" in plan.reason
