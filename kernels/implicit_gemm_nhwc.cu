@@ -35,10 +35,10 @@
 // (BN = 64) x 128 pixels of its own, the weight tile as wgmma's A, so each instruction reads a
 // 64-row weight tile and a 128-row pixel tile instead of two 64-row tiles per 64 x 64 product.
 //
-// WGMMA_PIXEL_ROWS_PRODUCER (implicit_gemm_nhwc_tma): the pixel-row tile with a third warpgroup, one
+// WGMMA_PIXEL_ROWS_PRODUCER (implicit_gemm_nhwc_tma): the pixel-row tile with a warpgroup more, one
 // of whose threads copies both tiles of every stage by TMA -- the input through an im2col tensor map
-// (128 window corners, 128 bytes of channels of one tap each, zeros outside x), the weight through a
-// 2-D one -- into the same swizzled rows, while the two others multiply. Each side waits for the
+// (BM window corners, 128 bytes of channels of one tap each, zeros outside x), the weight through a
+// 2-D one -- into the same swizzled rows, while the others (BM / 64 of them) multiply. Each side waits for the
 // other on per-stage mbarriers ("full": the copies' bytes landed; "empty": the MMAs reading it retired)
 // instead of all threads at a __syncthreads per k tile; the multiplying warps run the epilogue alone.
 //

@@ -60,14 +60,6 @@ WGMMA_COMPUTE_CAPABILITY = 90
 #: The 128-channel tile is the faster from half a wave of blocks (H100: r50_l3_3x3_256 fp16, 98
 #: blocks, 0.037 ms, the 64-channel tiles 0.041-0.043), not with 52 (r50_l4_3x3_512: 0.063 vs 0.046).
 WGMMA_WIDE_TILE_BLOCKS = 64
-#: Below WGMMA_WIDE_TILE_BLOCKS, the producer's tile with split-K where its reduction is at least
-#: PRODUCER_SPLIT_MIN_K_TILES long, each run at least PRODUCER_SPLIT_MIN_RUN k tiles, and the runs
-#: make PRODUCER_SPLIT_MIN_BLOCKS blocks (three quarters of the H100's SMs). H100, CUDA-graph timings
-#: (benchmarks/NOTES.md, "Split-K on the producer warpgroup's tile"): r50_l4_3x3_512 fp16 batch 32
-#: 0.0262 -> 0.0240 ms, batch 8 0.0123 -> 0.0115, TF32 batch 8 0.0205 -> 0.0174; short reductions
-#: (18 k tiles: r50_l2_3x3_128 at batch 8, 0.0092 -> 0.0137), short runs (vgg_conv5_2 fp16 at batch 1,
-#: 16 runs of 5: 0.0095 -> 0.0100; dilated_3x3_d2 TF32 at batch 1, 8 runs of 9: 0.0150 -> 0.0164) and
-#: batch 1's 64 blocks of r50_l4 lose to the 64-channel tile.
 #: The producer tiles' block times in 128-pixel blocks' (H100, fp16 and TF32 channels_last, many waves
 #: of each: vgg_conv3_2 ran 12 waves of 128 pixels in 0.246 ms, 8 of 192 in 0.216, 6 of 256 in 0.204).
 #: Each runs one block an SM, so _choose_config takes the tile of the fewest waves times this (on
@@ -80,23 +72,31 @@ PRODUCER_BLOCK_COST = {128: 1.0, 192: 1.32, 256: 1.65}
 #: tiles 1.07x, r50_l3_1x1_256to1024 TF32 8 k tiles 1.04x; fp16's 4 k tiles 0.98x, mbv2_pw_1x1_96to576
 #: TF32's 3 0.80x: a block of few k tiles is its epilogue, which the producer does not overlap).
 PRODUCER_MIN_ONE_TAP_K_TILES = 8
-#: ... where a wave of the taller tiles' blocks reads at most this many bytes of x (the rows of pixels'
-#: channels that every tap reads again): the H100's 50 MB L2 holds them. large_3x3_512_28sq in TF32
+#: The taller producer tiles only where a wave of their blocks reads at most this many bytes of x (the
+#: rows of pixels' channels that every tap reads again): the H100's 50 MB L2 holds them. large_3x3_512_28sq in TF32
 #: (192 pixels: 52 MB a wave; 256: 69 MB; 128: 35 MB) ran 0.76x and 0.71x on them, in fp16 (35 MB on
 #: 256 pixels) 1.22x faster.
 TALL_PRODUCER_MAX_WAVE_BYTES = 40 << 20
+#: Below WGMMA_WIDE_TILE_BLOCKS, the producer's tile with split-K where its reduction is at least
+#: PRODUCER_SPLIT_MIN_K_TILES long, each run at least PRODUCER_SPLIT_MIN_RUN k tiles, and the runs
+#: make PRODUCER_SPLIT_MIN_BLOCKS blocks (three quarters of the H100's SMs). H100, CUDA-graph timings
+#: (benchmarks/NOTES.md, "Split-K on the producer warpgroup's tile"): r50_l4_3x3_512 fp16 batch 32
+#: 0.0262 -> 0.0240 ms, batch 8 0.0123 -> 0.0115, TF32 batch 8 0.0205 -> 0.0174; short reductions
+#: (18 k tiles: r50_l2_3x3_128 at batch 8, 0.0092 -> 0.0137), short runs (vgg_conv5_2 fp16 at batch 1,
+#: 16 runs of 5: 0.0095 -> 0.0100; dilated_3x3_d2 TF32 at batch 1, 8 runs of 9: 0.0150 -> 0.0164) and
+#: batch 1's 64 blocks of r50_l4 lose to the 64-channel tile.
 PRODUCER_SPLIT_MIN_K_TILES = 36
 PRODUCER_SPLIT_MIN_RUN = 9
 PRODUCER_SPLIT_MIN_BLOCKS = 99
 WGMMA_PIXEL_ROWS, WGMMA_CHANNEL_ROWS, WGMMA_PIXEL_ROWS_PRODUCER = 1, 2, 3
-#: The pixel-row tile with a producer warpgroup (kernels/implicit_gemm_nhwc.cu PRODUCER): one thread
+#: The pixel-row tiles with a producer warpgroup (kernels/implicit_gemm_nhwc.cu PRODUCER): one thread
 #: copies both tiles of each of PRODUCER_STAGES stages by TMA (the input in im2col mode, the weight as
-#: a matrix; cupyconv/tensor_map.py) and the two warpgroups that multiply wait on mbarriers, not at a
-#: __syncthreads per k tile. One block per SM (384 threads, 129 KB); one convolution per launch (no
-#: split-K, stream-K or stride phases) of one group whose channels fill whole k tiles, copied or 16-bit.
-#: _choose_config takes it instead of the 3-stage 128 x 128 tile for layers of more than one tap where
-#: split-K would not run (H100, layers suite channels_last: 1.05-1.20x on ResNet-50's and VGG-16's
-#: 3x3 layers and the dilated one, in fp16 and TF32; benchmarks/NOTES.md).
+#: a matrix; cupyconv/tensor_map.py) and the warpgroups that multiply (two to four) wait on mbarriers,
+#: not at a __syncthreads per k tile. One block per SM (384-640 threads, 97-193 KB); one convolution per
+#: launch, whole or split-K's runs (no stream-K or stride phases), of one group whose channels fill
+#: whole k tiles. _choose_config takes them instead of the 3-stage 128 x 128 tile (H100, layers suite
+#: channels_last: 1.05-1.20x on ResNet-50's and VGG-16's 3x3 layers and the dilated one, in fp16 and
+#: TF32 on 128 pixels; the taller tiles 1.1-1.4x more; benchmarks/NOTES.md).
 PRODUCER_STAGES = 4
 #: Reductions of fewer k rows of 128 bytes than this take the mma.sync tiles with k rows of 64 bytes:
 #: with one k tile a block loads, multiplies and stores with nothing to overlap, and a wgmma block
