@@ -236,69 +236,22 @@ def _deep(problem: ConvProblem) -> bool:
 
 
 def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[GemmConfig, str]:
-    """On compute capability 9.0, wherever 16-byte pieces are gathered from copies and the reduction
-    spans MIN_DEEP_K_TILES k rows of 128 bytes or more, the wgmma tiles:
-    for up to 64 output channels per group, warpgroups of 64 channels x 128 pixels, two per block;
-    for more, 128 pixels x 128 channels where that makes WGMMA_WIDE_TILE_BLOCKS blocks or more --
-    fed by a producer warpgroup's TMA copies where the layer has more than one tap, more blocks than
-    split-K takes, one group and channels that fill whole k tiles, its 128, 192 or 256 pixels those of
-    the fewest waves (PRODUCER_BLOCK_COST, TALL_PRODUCER_MAX_WAVE_BYTES) -- else the producer's 128 x 128 tile with split-K
-    where its reduction and runs are long and fill the SMs (PRODUCER_SPLIT_*), else one warpgroup of 64
-    channels x 128 pixels per block (twice the blocks).
+    """On compute capability 9.0, wherever 16-byte pieces are gathered from copies, the reduction spans
+    MIN_DEEP_K_TILES k rows of 128 bytes or more and a group has 8 output channels or more, the wgmma
+    tiles (_choose_wgmma_config); elsewhere the mma.sync ones.
 
-    Elsewhere (mma.sync), channels: the 96-channel tile for 65-96 output channels per group
-    (AlexNet), the 128-channel one for more where it makes WIDE_TILE_BLOCKS blocks or more, else the
-    64-channel one. Depth: k rows of 128 bytes where the gather copies 16-byte pieces of at least 64
-    bytes of channels per tap and the reduction spans MIN_DEEP_K_TILES of them, else of 64 bytes
-    (narrower pieces make a deep tile many copies per thread; few channels per tap make it many
-    taps; 1x1 problems read in place have short reductions)."""
+    mma.sync, channels: the 96-channel tile for 65-96 output channels per group (AlexNet), the
+    128-channel one for more where it makes WIDE_TILE_BLOCKS blocks or more, else the 64-channel one,
+    and the 32-channel one for 32 or fewer. Depth: k rows of 128 bytes where the gather copies 16-byte
+    pieces of at least 64 bytes of channels per tap and the reduction spans MIN_DEEP_K_TILES of them,
+    else of 64 bytes (narrower pieces make a deep tile many copies per thread; few channels per tap
+    make it many taps; 1x1 problems read in place have short reductions)."""
     kg = problem.k // problem.groups
     item = 4 if problem.dtype == "float32" else 2
     deep_k_tiles = math.ceil(problem.kh * problem.kw * _pieces(problem)[0][1] // problem.groups * item / 128)
     if not _wgmma_refusal(problem, compute_capability) and deep_k_tiles >= MIN_DEEP_K_TILES and \
             kg >= GEMM_MIN_GROUP_CHANNELS:
-        by_pixels = {c.bm: c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_CHANNEL_ROWS}
-        producer = next(c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps)
-        channels_padded = _pieces(problem)[0][1]
-        k_tiles = _k_tiles(problem, producer, channels_padded)
-        producer_runs = (problem.kh * problem.kw > 1 or k_tiles >= PRODUCER_MIN_ONE_TAP_K_TILES) and \
-            problem.groups == 1 and channels_padded % producer.bk == 0
-        if kg <= 64:
-            narrow = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == NARROW_PRODUCER_CONFIG)
-            if producer_runs and k_tiles <= NARROW_PRODUCER_MAX_K_TILES and \
-                    _x_copied(problem, channels_padded, by_pixels[256]) and not _x_copied(problem, channels_padded, narrow):
-                return narrow, (f"wgmma; {kg} output channels per group: one 64-channel tile of 256 pixels copied "
-                                f"by TMA (a producer warpgroup), x read in place")
-            return by_pixels[256], f"wgmma; {kg} output channels per group: one 64-channel tile"
-        wide = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PIXEL_ROWS)
-        blocks = math.prod(gemm_grid(problem, wide))
-        if blocks >= WGMMA_WIDE_TILE_BLOCKS:
-            if producer_runs and blocks > SPLIT_K_MAX_BLOCKS:
-                def cost(c: GemmConfig) -> float:
-                    return math.ceil(math.prod(gemm_grid(problem, c)) / H100_SMS) * PRODUCER_BLOCK_COST[c.bm]
-
-                def fits(c: GemmConfig) -> bool:  # a wave's x in L2 (its taps read it again); float32 on 256
-                    # pixels: where x is copied anyway
-                    wave_bytes = min(problem.n * problem.h * problem.w, H100_SMS * c.bm) * channels_padded * item
-                    return c.bm == producer.bm or (
-                        (wave_bytes <= TALL_PRODUCER_MAX_WAVE_BYTES or problem.kh * problem.kw == 1) and (
-                            c.name != TALL_PRODUCER_CONFIG or problem.dtype != "float32" or
-                            _x_copied(problem, channels_padded, producer)))
-                best = min((c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps and c.bn == 128 and fits(c)),
-                           key=lambda c: (cost(c), c.bm))
-                return best, (f"wgmma; {kg} output channels per group, {math.prod(gemm_grid(problem, best))} blocks "
-                              f"of {best.bm} pixels x 128 channels ({cost(best):.2f} waves of 128-pixel blocks' "
-                              f"time, the fewest of the producer tiles), copied by TMA (a producer warpgroup)")
-            return wide, f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels"
-        if producer_runs and k_tiles >= PRODUCER_SPLIT_MIN_K_TILES:
-            grid = gemm_grid(problem, producer)
-            splits = _splits(problem, producer, grid, channels_padded, _index(problem, producer, channels_padded))
-            if splits * blocks >= PRODUCER_SPLIT_MIN_BLOCKS and math.ceil(k_tiles / splits) >= PRODUCER_SPLIT_MIN_RUN:
-                return producer, (f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels "
-                                  f"(< {WGMMA_WIDE_TILE_BLOCKS}) copied by TMA (a producer warpgroup), each "
-                                  f"reduction split")
-        return by_pixels[128], (f"wgmma; {kg} output channels per group; 128-channel tiles would make {blocks} "
-                                f"blocks (< {WGMMA_WIDE_TILE_BLOCKS}), 64-channel ones twice as many")
+        return _choose_wgmma_config(problem)
     deep = _deep(problem) and deep_k_tiles >= MIN_DEEP_K_TILES
     candidates = [c for c in NHWC_CONFIGS[problem.dtype] if (c.bk * item == 128) == deep and not c.wgmma]
     by_width = {c.bn: c for c in candidates}
@@ -314,6 +267,74 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     if kg <= NARROW_TILE_CHANNELS:
         return by_width[NARROW_TILE_CHANNELS], f"{kg} output channels per group: one 32-channel tile; {depth}"
     return by_width[64], f"{kg} output channels per group: one 64-channel tile; {depth}"
+
+
+def _choose_wgmma_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
+    """The wgmma tile (see _choose_config for where): for up to 64 output channels per group, warpgroups
+    of 64 channels x 128 pixels, two per block -- or, for a float32 NHWC input of a short reduction
+    that those would read from a rounded copy, the 256 x 64 producer tile, which reads it in place; for
+    more, a producer tile of 128 channels where WGMMA_WIDE_TILE_BLOCKS blocks of 128 x 128 or more fill
+    the GPU (_fewest_waves), the 3-stage 128 x 128 tile where the producer tiles cannot run, else the
+    128 x 128 producer tile with split-K where its reduction and runs are long and fill the SMs
+    (PRODUCER_SPLIT_*), else one warpgroup of 64 channels x 128 pixels per block (twice the blocks).
+
+    The producer tiles run layers of one group whose channels fill whole k tiles, of more than one tap
+    or (1x1) at least PRODUCER_MIN_ONE_TAP_K_TILES k tiles."""
+    kg = problem.k // problem.groups
+    by_pixels = {c.bm: c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_CHANNEL_ROWS}
+    producer = next(c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps)
+    channels_padded = _pieces(problem)[0][1]
+    k_tiles = _k_tiles(problem, producer, channels_padded)
+    producer_runs = (problem.kh * problem.kw > 1 or k_tiles >= PRODUCER_MIN_ONE_TAP_K_TILES) and \
+        problem.groups == 1 and channels_padded % producer.bk == 0
+    if kg <= 64:
+        narrow = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == NARROW_PRODUCER_CONFIG)
+        if producer_runs and k_tiles <= NARROW_PRODUCER_MAX_K_TILES and \
+                _x_copied(problem, channels_padded, by_pixels[256]) and not _x_copied(problem, channels_padded, narrow):
+            return narrow, (f"wgmma; {kg} output channels per group: one 64-channel tile of 256 pixels copied "
+                            f"by TMA (a producer warpgroup), x read in place")
+        return by_pixels[256], f"wgmma; {kg} output channels per group: one 64-channel tile"
+    wide = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PIXEL_ROWS)
+    blocks = math.prod(gemm_grid(problem, wide))
+    if blocks >= WGMMA_WIDE_TILE_BLOCKS:
+        if producer_runs and blocks > SPLIT_K_MAX_BLOCKS:
+            return _fewest_waves(problem, producer, channels_padded)
+        return wide, f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels"
+    if producer_runs and k_tiles >= PRODUCER_SPLIT_MIN_K_TILES:
+        grid = gemm_grid(problem, producer)
+        splits = _splits(problem, producer, grid, channels_padded, _index(problem, producer, channels_padded))
+        if splits * blocks >= PRODUCER_SPLIT_MIN_BLOCKS and math.ceil(k_tiles / splits) >= PRODUCER_SPLIT_MIN_RUN:
+            return producer, (f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels "
+                              f"(< {WGMMA_WIDE_TILE_BLOCKS}) copied by TMA (a producer warpgroup), each "
+                              f"reduction split")
+    return by_pixels[128], (f"wgmma; {kg} output channels per group; 128-channel tiles would make {blocks} "
+                            f"blocks (< {WGMMA_WIDE_TILE_BLOCKS}), 64-channel ones twice as many")
+
+
+def _fewest_waves(problem: ConvProblem, producer: GemmConfig, channels_padded: int) -> tuple[GemmConfig, str]:
+    """Of the producer tiles of 128 channels (``producer``: the 128-pixel one), the one of the fewest
+    waves of blocks times its block time (PRODUCER_BLOCK_COST; on ties the shorter), the taller ones
+    only where a wave of their blocks reads at most TALL_PRODUCER_MAX_WAVE_BYTES of x (its taps read
+    it again; 1x1 layers read it once), and the 256-pixel one in float32 only where x is copied anyway
+    (it rounds a copy: in registers the rounding would spill)."""
+    item = 4 if problem.dtype == "float32" else 2
+
+    def cost(c: GemmConfig) -> float:
+        return math.ceil(math.prod(gemm_grid(problem, c)) / H100_SMS) * PRODUCER_BLOCK_COST[c.bm]
+
+    def fits(c: GemmConfig) -> bool:
+        wave_bytes = min(problem.n * problem.h * problem.w, H100_SMS * c.bm) * channels_padded * item
+        return c.bm == producer.bm or (
+            (wave_bytes <= TALL_PRODUCER_MAX_WAVE_BYTES or problem.kh * problem.kw == 1) and
+            (c.name != TALL_PRODUCER_CONFIG or problem.dtype != "float32" or
+             _x_copied(problem, channels_padded, producer)))
+
+    best = min((c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps and c.bn == 128 and fits(c)),
+               key=lambda c: (cost(c), c.bm))
+    return best, (f"wgmma; {problem.k // problem.groups} output channels per group, "
+                  f"{math.prod(gemm_grid(problem, best))} blocks of {best.bm} pixels x 128 channels ({cost(best):.2f} "
+                  f"waves of 128-pixel blocks' time, the fewest of the producer tiles), copied by TMA (a producer "
+                  f"warpgroup)")
 
 
 def _k_tiles(problem: ConvProblem, cfg: GemmConfig, channels_padded: int) -> int:
