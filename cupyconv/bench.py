@@ -12,6 +12,7 @@ layer is host-bound when called eagerly.
 ``--suite large`` holds layers near the hardware's limits (1x1 and depthwise layers on large planes,
 big 3x3/5x5/7x7 layers); every row reports its roofline efficiency: the time at its binding limit
 (the mode's FMA or matrix rate, or the copy bandwidth, both measured at start) over the time measured.
+``--suite conv1d`` holds 1-D layers of audio and sequence models as cupyconv.conv1d runs them (height 1).
 ``--suite models`` times whole torchvision models instead (cupyconv/bench_models.py); ``--pass dgrad``
 and ``--pass wgrad`` the gradients of the layers, and ``--suite transposed`` transposed convolutions
 (cupyconv/bench_grad.py).
@@ -71,9 +72,9 @@ class Shape:
     w: int
     kh: int
     kw: int
-    stride: int = 1
-    padding: int = 0
-    dilation: int = 1
+    stride: int | tuple[int, int] = 1
+    padding: int | tuple[int, int] = 0
+    dilation: int | tuple[int, int] = 1
     groups: int = 1
     bias: bool = False
 
@@ -129,7 +130,20 @@ LARGE = (
     Shape("large_5x5_128_112sq", 16, 128, 128, 112, 112, 5, 5, padding=2),
     Shape("large_7x7_64_224sq", 8, 64, 64, 224, 224, 7, 7, padding=3),
 )
-SUITES = {"seeds": SEEDS, "layers": LAYERS, "all": SEEDS + LAYERS, "large": LARGE}
+# Issue 16's 1-D layers (audio and sequence models), as cupyconv.conv1d runs them: conv2d of height 1
+# (stride, padding and dilation 1, 0 and 1 along the height), timed against torch's conv2d on the same
+# height-1 views, which is what F.conv1d runs on CUDA. wav2vec 2.0's feature encoder (its first layer on
+# raw audio, then 512 channels at stride 2), a dilated TCN layer, a Conformer block's depthwise and
+# pointwise layers, and a WaveNet layer of few channels on a long signal.
+CONV1D = (
+    Shape("w2v_conv0_1to512_k10s5", 8, 1, 512, 1, 16000, 1, 10, stride=(1, 5)),
+    Shape("w2v_conv1_512_k3s2", 8, 512, 512, 1, 3199, 1, 3, stride=(1, 2)),
+    Shape("tcn_256_k3_d4", 16, 256, 256, 1, 4096, 1, 3, padding=(0, 4), dilation=(1, 4)),
+    Shape("conformer_dw_512_k31", 16, 512, 512, 1, 1000, 1, 31, padding=(0, 15), groups=512),
+    Shape("conformer_pw_512to1024", 16, 512, 1024, 1, 1000, 1, 1),
+    Shape("wavenet_64_k2_d8", 4, 64, 64, 1, 16000, 1, 2, dilation=(1, 8)),
+)
+SUITES = {"seeds": SEEDS, "layers": LAYERS, "all": SEEDS + LAYERS, "large": LARGE, "conv1d": CONV1D}
 
 
 def _warm_up(fns: dict, warmup: int) -> None:

@@ -84,6 +84,22 @@ def test_large_suite_is_what_issue_15_asks_for():
     assert all(p.flops >= 10e9 and 64 <= p.c <= 512 for p in compute)
 
 
+def test_conv1d_suite_rows_are_what_conv1d_plans():
+    """Each row is the height-1 problem cupyconv.conv1d makes of its 1-D layer: one row of taps, no
+    stride, padding or dilation along the height, and torch's conv1d output length."""
+    from cupyconv.conv1d import _single
+
+    for shape in bench.SUITES["conv1d"]:
+        p = shape.problem("float16")
+        assert (p.h, p.kh, p.ho, p.stride[0], p.dilation[0], p.pad_top, p.pad_bottom) == (1, 1, 1, 1, 1, 0, 0)
+        s, pad, d = p.stride[1], p.pad_left, p.dilation[1]
+        assert p.pad_right == pad and p.stride == _single(s, "stride") and p.dilation == _single(d, "dilation")
+        assert (p.pad_top, p.pad_left) == _single(pad, "padding")
+        assert p.wo == (shape.w + 2 * pad - d * (shape.kw - 1) - 1) // s + 1
+    kinds = bench.SUITES["conv1d"]
+    assert any(s.groups == s.c > 1 for s in kinds) and any(s.kw == 1 for s in kinds) and any(s.c < 8 for s in kinds)
+
+
 def test_autotune_columns_report_the_untuned_time_the_tuning_cost_and_the_plan(capsys):
     tuned = {**RESULTS["rows"][0], "untuned_ms": 1.25, "tuning_ms": 431.7, "untuned_kernel": "direct_conv2d",
              "tuned_plan": "simt_gemm_conv2d simt_m64n64 split-K 4", "autotune_speedup": 1.25}
