@@ -38,9 +38,10 @@
 // WGMMA_PIXEL_ROWS_PRODUCER (implicit_gemm_nhwc_tma): the pixel-row tile with a warpgroup more, one
 // of whose threads copies both tiles of every stage by TMA -- the input through an im2col tensor map
 // (BM window corners, 128 bytes of channels of one tap each, zeros outside x), the weight through a
-// 2-D one -- into the same swizzled rows, while the others (BM / 64 of them) multiply. Each side waits for the
-// other on per-stage mbarriers ("full": the copies' bytes landed; "empty": the MMAs reading it retired)
-// instead of all threads at a __syncthreads per k tile; the multiplying warps run the epilogue alone.
+// 2-D one -- into the same swizzled rows, while the others (BM / 64 of them) multiply. Each side waits
+// for the other on per-stage mbarriers ("full": the copies' bytes landed; "empty": the MMAs reading it
+// retired) instead of all threads at a __syncthreads per k tile; the multiplying warps run the epilogue
+// alone.
 //
 // SPLIT_K (problems of too few tiles to fill the GPU; the other instances compile as if it did not
 // exist): gridDim.z = groups x splits, block z = split groups + g takes the split-th run of

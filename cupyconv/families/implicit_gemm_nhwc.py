@@ -114,7 +114,7 @@ for _dtype, _item in (("float32", 4), ("float16", 2)):
         GemmConfig("nhwc_wgmma_m128n128s5", 128, 128, 128 // _item, 8, 1, 5, wgmma=WGMMA_PIXEL_ROWS))
 #: The producer tile of 256 pixels, four warpgroups multiplying (640 threads, 193 KB): half the tiles,
 #: and the weight tile read once for twice the pixels. Its float32 input is a copy rounded to TF32:
-#: rounded in registers (ROUND_A) it spills at the 96 registers 640 threads leave (_x_copied).
+#: rounded in registers (ROUND_A) it spills at the 96 registers 640 threads leave (_float32_rounding).
 TALL_PRODUCER_CONFIG = "nhwc_wgmma_producer_m256n128"
 #: The producer tile of 256 pixels x 64 channels: for layers of at most 64 output channels whose float32
 #: NHWC input the channel-row tile would read from a rounded copy; it reads x in place and rounds it in
@@ -315,8 +315,8 @@ def _fewest_waves(problem: ConvProblem, producer: GemmConfig, channels_padded: i
     """Of the producer tiles of 128 channels (``producer``: the 128-pixel one), the one of the fewest
     waves of blocks times its block time (PRODUCER_BLOCK_COST; on ties the shorter), the taller ones
     only where a wave of their blocks reads at most TALL_PRODUCER_MAX_WAVE_BYTES of x (its taps read
-    it again; 1x1 layers read it once), and the 256-pixel one in float32 only where x is copied anyway
-    (it rounds a copy: in registers the rounding would spill)."""
+    it again; 1x1 layers read it once) and where they read x as the 128-pixel tile does (a float32
+    input the 256-pixel tile would read from a rounded copy only where that one copies it too)."""
     item = 4 if problem.dtype == "float32" else 2
 
     def cost(c: GemmConfig) -> float:
@@ -326,8 +326,7 @@ def _fewest_waves(problem: ConvProblem, producer: GemmConfig, channels_padded: i
         wave_bytes = min(problem.n * problem.h * problem.w, H100_SMS * c.bm) * channels_padded * item
         return c.bm == producer.bm or (
             (wave_bytes <= TALL_PRODUCER_MAX_WAVE_BYTES or problem.kh * problem.kw == 1) and
-            (c.name != TALL_PRODUCER_CONFIG or problem.dtype != "float32" or
-             _x_copied(problem, channels_padded, producer)))
+            _x_copied(problem, channels_padded, c) == _x_copied(problem, channels_padded, producer))
 
     best = min((c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps and c.bn == 128 and fits(c)),
                key=lambda c: (cost(c), c.bm))
@@ -491,11 +490,21 @@ def _x_copied(problem: ConvProblem, channels_padded: int, cfg: GemmConfig) -> bo
     256-pixel producer tile."""
     if problem.layout == "NCHW":
         return not _nchw_a_vec(problem)
-    if problem.dtype == "float32" and cfg.name == TALL_PRODUCER_CONFIG:
-        return True  # rounded by the copy: in registers it spills
-    rounds_in_registers = not cfg.wgmma or cfg.producer_warps
-    return channels_padded != problem.c or (problem.dtype == "float32" and problem.kh * problem.kw != 1
-                                            and not rounds_in_registers)
+    rounding = _float32_rounding(cfg)
+    return channels_padded != problem.c or (problem.dtype == "float32" and (
+        rounding == "copy" or (rounding == "shared" and problem.kh * problem.kw != 1)))
+
+
+def _float32_rounding(cfg: GemmConfig) -> str:
+    """Where ``cfg``'s kernel rounds a float32 input it reads in place to TF32 (kernels/implicit_gemm_nhwc.cu
+    ROUND_IN_REGISTERS / ROUND_IN_SHARED): "registers" (mma.sync's fragments, the producer tiles' wgmma
+    A registers), "shared" (the other wgmma tiles), or "copy" where it cannot (the 256 x 128 producer
+    tile: in registers it spills at the 96 registers 640 threads leave), which reads a rounded copy."""
+    if not cfg.wgmma:
+        return "registers"
+    if cfg.producer_warps:
+        return "copy" if cfg.name == TALL_PRODUCER_CONFIG else "registers"
+    return "shared"
 
 
 def _weight_channels_last(problem: ConvProblem) -> bool:
@@ -564,7 +573,7 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
         [tma_specialisation(dtype, index, cfg, nhwc_out, round_a, split_k) for dtype in GEMM_DTYPES
          for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.producer_warps
          for nhwc_out, round_a in ((False, False), (True, False))
-         + (((True, True),) if dtype == "float32" and cfg.name != TALL_PRODUCER_CONFIG else ())
+         + (((True, True),) if dtype == "float32" and _float32_rounding(cfg) != "copy" else ())
          for split_k in ((False, True) if index == "int" else (False,))]
 
 
