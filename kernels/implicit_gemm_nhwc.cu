@@ -111,7 +111,8 @@ struct PhaseTable {
 // zero-fills point at x, so that the main loop holds no more registers than one convolution's
 // (the phase's weight pointer, kept for them, made four instances spill).
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
-          bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K, bool PHASED, bool STREAM_K = false>
+          bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K, bool PHASED, bool STREAM_K = false,
+          int CLUSTER = 1>
 __device__ __forceinline__ void
 nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
@@ -178,6 +179,8 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     static_assert(NT % B_PIECES == 0, "the B loader covers whole rows");
     static_assert(!PRODUCER || !(PHASED || STREAM_K || NCHW_A),
                   "the producer warpgroup's tile: one convolution of channels-last operands copied by TMA");
+    static_assert(CLUSTER == 1 || (PRODUCER && CLUSTER == 2 && (BM / CLUSTER) % 8 == 0),
+                  "clusters: pairs of producer tiles, each copying whole 8-row swizzle groups of the input tile");
     static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tiles of 16 x 16 multiples (x4 ldmatrix for B)");
     static_assert((NHWC_OUT ? BM * D_STRIDE : BN * C_STRIDE) * 4 <=
                   STAGES * (A_STAGE + B_STAGE) * static_cast<int>(sizeof(T)),
@@ -403,36 +406,64 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // a lag (the 4-stage channel-row tiles) that order was slower (r50_l4_3x3_512 0.92x) and is not used.
     constexpr bool ISSUE_FIRST = WGMMA && WGMMA_LAG == 0;
     if constexpr (PRODUCER) {
-        // Stage s is full once both TMA copies into it landed, and empty once all NWARPS
-        // multiplying warps' MMAs reading it retired; the barriers follow the pipeline buffers.
+        // Stage s is full once both TMA copies into it landed, and empty once all NWARPS multiplying
+        // warps' MMAs reading it retired -- in every block of the cluster (CLUSTER > 1), whose
+        // producers write their share of the input tile into this block's stage too; the barriers
+        // follow the pipeline buffers.
         unsigned long long* full = reinterpret_cast<unsigned long long*>(b_smem + STAGES * B_STAGE);
         unsigned long long* empty = full + STAGES;
         if (tid == 0) {
             for (int s = 0; s < STAGES; ++s) {
                 mbarrier_init(full + s, 1);  // the copying thread's expect-tx arrival
-                mbarrier_init(empty + s, NWARPS);
+                mbarrier_init(empty + s, NWARPS * CLUSTER);
             }
+            if constexpr (CLUSTER > 1) mbarrier_init_fence();
         }
-        __syncthreads();
+        if constexpr (CLUSTER > 1)
+            cluster_sync();  // no block's copies or arrivals reach another's barriers before they exist
+        else
+            __syncthreads();
+        // CLUSTER > 1: the cluster's blocks (channel tiles n0, n0 + BN, ..) share the pixel tile, and
+        // block `rank` copies rows rank A_ROWS .. of its input tile once, multicast into every block's
+        // stage: each block's copies read 1 / CLUSTER of the input tile from L2, and its weight tile.
+        constexpr int A_ROWS = BM / CLUSTER;
+        const unsigned rank = CLUSTER > 1 ? cluster_rank() : 0;
         if (tid == NT) {
             // One thread of the producer warpgroup copies both tiles of every stage by TMA. The input's:
-            // BM output pixels from m0 on, each the BK channels at this k tile's tap and channel offset,
-            // by the im2col map (the pixels' windows start at (oh sh - pt, ow sw - pl); the map's box and
-            // strides walk the rest, zeros outside x). The weight's: rows g Kg + n0 .., columns kt BK ..
+            // A_ROWS output pixels from m0 + rank A_ROWS on, each the BK channels at this k tile's tap
+            // and channel offset, by the im2col map (the pixels' windows start at (oh sh - pt, ow sw -
+            // pl); the map's box and strides walk the rest, zeros outside x). The weight's: rows g Kg +
+            // n0 .., columns kt BK ..
             const int chunks = Cg / BK;  // k tiles per tap (the planner asks Cg % BK == 0)
-            const int image = static_cast<int>(m0 / HoWo), p = static_cast<int>(m0 - static_cast<Index>(image) * HoWo);
+            const Index m_first = m0 + rank * A_ROWS;
+            const int image = static_cast<int>(m_first / HoWo), p = static_cast<int>(m_first - static_cast<Index>(image) * HoWo);
             const int h0 = (p / Wo) * sh - pt, w0 = (p % Wo) * sw - pl;
+            T* const a_share = a_smem + rank * A_ROWS * STRIDE;
 #pragma unroll 1
             for (int t = 0; t < k_tiles; ++t) {
                 const int stage = t % STAGES, kt = kt0 + t;
                 if (t >= STAGES) mbarrier_wait(empty + stage, (t / STAGES - 1) & 1);
                 const int tap = kt / chunks, r = tap / kw, s = tap - r * kw;
+                const int c = g * Cg + (kt - tap * chunks) * BK;
                 mbarrier_arrive_expect_tx(full + stage, (BM + BN) * BK * static_cast<int>(sizeof(T)));
-                tma_load_im2col_4d(a_smem + stage * A_STAGE, a_map, g * Cg + (kt - tap * chunks) * BK, w0, h0, image,
-                                   s * dw, r * dh, full + stage);
+                if constexpr (CLUSTER > 1)
+                    tma_load_im2col_4d_multicast(a_share + stage * A_STAGE, a_map, c, w0, h0, image, s * dw, r * dh,
+                                                 full + stage, (1 << CLUSTER) - 1);
+                else
+                    tma_load_im2col_4d(a_share + stage * A_STAGE, a_map, c, w0, h0, image, s * dw, r * dh, full + stage);
                 tma_load_2d(b_smem + stage * B_STAGE, b_map, kt * BK, g * Kg + n0, full + stage);
             }
         } else if (warp < NWARPS) {
+            auto release = [&](int stage) {  // the MMAs reading `stage` retired: every producer may refill it
+                if (lane == 0) {
+                    if constexpr (CLUSTER > 1) {
+#pragma unroll
+                        for (int r = 0; r < CLUSTER; ++r) mbarrier_arrive_cluster(empty + stage, r);
+                    } else {
+                        mbarrier_arrive(empty + stage);
+                    }
+                }
+            };
 #pragma unroll 1
             for (int t = 0; t < k_tiles; ++t) {
                 const int stage = t % STAGES;
@@ -440,16 +471,23 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 compute_tile(stage);
                 if constexpr (ROUND_A) {  // A in registers: they are written again next tile
                     wgmma_wait<0>();
-                    if (lane == 0) mbarrier_arrive(empty + stage);
+                    release(stage);
                 } else {
                     wgmma_wait<1>();  // tile t - 1's MMAs retired: its stage may be refilled
-                    if (t > 0 && lane == 0) mbarrier_arrive(empty + (t - 1) % STAGES);
+                    if (t > 0) release((t - 1) % STAGES);
                 }
             }
             wgmma_wait<0>();
+            if (CLUSTER > 1 && !ROUND_A && k_tiles > 0) release((k_tiles - 1) % STAGES);  // for the exit below
         }
         __syncthreads();  // every MMA retired: the buffers become the epilogue's staging
-        if (warp >= NWARPS) return;
+        if (warp >= NWARPS) {
+            // A block leaves only once no other block of its cluster may still arrive on its barriers:
+            // every block's MMAs released the stages of its last tiles (the epilogue does not touch them).
+            if (CLUSTER > 1 && tid == NT)
+                for (int t = max(0, k_tiles - STAGES); t < k_tiles; ++t) mbarrier_wait(empty + t % STAGES, (t / STAGES) & 1);
+            return;
+        }
     } else {
         run_k_pipeline<STAGES, WGMMA, WGMMA_LAG, ISSUE_FIRST>(
             k_tiles, [&](int t, int stage) { load_tile(kt0 + t, stage); }, compute_tile, [](int) {}, round_a,
@@ -654,6 +692,24 @@ implicit_gemm_nhwc_tma(const T* __restrict__ x, const T* __restrict__ w, const T
                    false, false>(x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho,
                                  Wo, kh, kw, sh, sw, pt, pl, dh, dw, groups, splits, split_elements, blockIdx.x,
                                  nullptr, 0, nullptr, &weight_map, &x_map);
+}
+
+// Pairs of the producer warpgroup's tiles: the clusters of two blocks along y (channel tiles n0 and n0 +
+// BN of one pixel tile; gridDim.y even) each copy half of the input tile once by TMA and multicast it
+// into both blocks' shared memory, so that a block reads 3/4 (128 pixels) to 2/3 (256) of the L2 bytes
+// it reads alone.
+template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
+          int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K>
+__global__ void NHWC_GEMM_LAUNCH_BOUNDS __cluster_dims__(1, 2, 1)
+implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                            void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
+                            int activation, int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
+                            int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
+                            const __grid_constant__ TensorMap weight_map, const __grid_constant__ TensorMap x_map) {
+    nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, false, WGMMA_ROWS, NHWC_OUT, ROUND_A, SPLIT_K,
+                   false, false, 2>(x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho,
+                                    Wo, kh, kw, sh, sw, pt, pl, dh, dw, groups, splits, split_elements, blockIdx.x,
+                                    nullptr, 0, nullptr, &weight_map, &x_map);
 }
 
 // Stream-K (stream_k.cuh): gridDim.x persistent blocks share the tiles_m x tiles_n x groups tiles'

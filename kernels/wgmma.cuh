@@ -83,6 +83,43 @@ __device__ __forceinline__ void tma_load_im2col_4d(void* dst, const TensorMap* m
                     "r"(n), "r"(shared_address(barrier)), "h"(ow), "h"(oh) : "memory");
 }
 
+// The same box copied once and written, with its bytes counted, at the same shared-memory offsets
+// (dst and barrier) in every block of this one's cluster named in `blocks` (bit r: cluster rank r).
+__device__ __forceinline__ void tma_load_im2col_4d_multicast(void* dst, const TensorMap* map, int c, int w, int h,
+                                                             int n, int offset_w, int offset_h, void* barrier,
+                                                             unsigned short blocks) {
+    const unsigned short ow = static_cast<unsigned short>(offset_w), oh = static_cast<unsigned short>(offset_h);
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes.multicast::cluster "
+                 "[%0], [%1, {%2, %3, %4, %5}], [%6], {%7, %8}, %9;\n"
+                 :: "r"(shared_address(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c), "r"(w), "r"(h),
+                    "r"(n), "r"(shared_address(barrier)), "h"(ow), "h"(oh), "h"(blocks) : "memory");
+}
+
+// Clusters (sm_90): this block's rank in its cluster; every thread of every block of the cluster
+// meeting (release/acquire: shared-memory writes before it are seen by the cluster after it); the
+// barrier initialisations of this thread made visible to the cluster (before such a meeting).
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    return rank;
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbarrier_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// An arrival on the mbarrier at `barrier`'s offset in the shared memory of cluster block `rank`
+// (this one's included), ordered after this thread's earlier reads of shared memory.
+__device__ __forceinline__ void mbarrier_arrive_cluster(void* barrier, unsigned rank) {
+    asm volatile("{\n"
+                 ".reg .b32 remote;\n"
+                 "mapa.shared::cluster.u32 remote, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+                 "}\n" :: "r"(shared_address(barrier)), "r"(rank) : "memory");
+}
+
 // d (64 x N, float32) += A (64 x k) B (k x N) for one instruction's k: 16 of half_t / bfloat16_t,
 // 8 of TF32 (float storage), i.e. 32 bytes of each row. a and b are wgmma_descriptor()s.
 // MN_MAJOR: both operands MN-major (wgmma_descriptor_mn), transposed by the tensor cores.

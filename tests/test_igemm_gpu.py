@@ -196,7 +196,16 @@ def test_wgmma_every_config(case, name, config_index):
         with pytest.raises(ValueError, match="cannot run this problem: its producer warpgroup"):
             make_plan(gemm_problem(case, dtype), config=cfg.name, compute_capability=90)
         return
+    if not _pairs_run(case, cfg):
+        with pytest.raises(ValueError, match="cannot run this problem: its blocks run in clusters of 2"):
+            make_plan(gemm_problem(case, dtype), config=cfg.name, compute_capability=90)
+        return
     check(case, name, cfg.name, seed=len(case.id) + config_index)
+
+
+def _pairs_run(case: Case, cfg) -> bool:
+    """Whether ``cfg`` runs ``case``'s channel tiles: alone, or in pairs of an even number of them."""
+    return -(-case.k // case.groups // cfg.bn) % cfg.cluster == 0
 
 
 @pytest.mark.skipif(_cuda_device_count() == 0 or compute_capability() != 90,
@@ -278,9 +287,13 @@ def test_round_a_every_tile(case, config_index, stream_k):
     if cfg.wgmma and compute_capability() != 90:
         pytest.skip("wgmma runs on compute capability 9.0 alone")
     problem = dataclasses.replace(gemm_problem(case, "float32"), layout="NHWC")
+    if not _pairs_run(case, cfg):
+        with pytest.raises(ValueError, match="cannot run this problem: its blocks run in clusters of 2"):
+            make_plan(problem, config=cfg.name, kernel=NHWC_KERNEL, compute_capability=90, splits=1)
+        return
     plan = make_plan(problem, config=cfg.name, kernel=NHWC_KERNEL, compute_capability=compute_capability(),
                      stream_k=stream_k, splits=1)
-    tall = cfg.name == implicit_gemm_nhwc.TALL_PRODUCER_CONFIG  # reads a rounded copy: in registers it spills
+    tall = implicit_gemm_nhwc._float32_rounding(cfg) == "copy"  # reads a rounded copy: in registers it spills
     in_place = not tall and (case.kh * case.kw == 1 or not cfg.wgmma or bool(cfg.producer_warps))
     assert plan.round_a == in_place and bool(plan.stream_k_blocks) == bool(stream_k)
     x, weight, _ = random_inputs(case, torch.float32, seed=config_index)
@@ -430,16 +443,18 @@ SPLIT_GRID = [c for c in GEMM_GRID + WGMMA_GRID if c.n and c.k // c.groups >= 8]
 def test_split_k_forced(case, name, splits, layout):
     """The reduction forced into 2, 3 or 7 runs (7 leaves runs empty on short reductions, which must
     write zeros), with the default tile (wgmma on the H100), an mma.sync one and, where it can run
-    (sm_90a, one group, whole k tiles of one tap), the producer warpgroup's: every element written,
+    (sm_90a, one group, whole k tiles of one tap), the producer warpgroup's, alone and (an even number
+    of channel tiles) in pairs: every element written,
     within the dtype's tolerance, in both output layouts."""
     dtype, torch_dtype = DTYPES[name]
     if nhwc_refuses(case, dtype):
         return
     mma_sync = next(c.name for c in NHWC_CONFIGS[dtype] if not c.wgmma)
     producer = next(c for c in NHWC_CONFIGS[dtype] if c.producer_warps)
+    pair = next(c for c in NHWC_CONFIGS[dtype] if c.cluster > 1)
     configs = [None, mma_sync]
     if compute_capability() == 90 and case.groups == 1 and not case.c % producer.bk:
-        configs.append(producer.name)
+        configs += [producer.name] + ([pair.name] if _pairs_run(case, pair) else [])
     for config in configs:
         plan, (out,), ref = run_split(case, dtype, torch_dtype, layout, splits, config, seed=splits)
         assert plan.splits == splits and plan.grid[2] == case.groups * splits

@@ -36,6 +36,9 @@ class GemmConfig:
     wgmma: int = 0
     # Warps that only issue the copies (implicit_gemm_nhwc's producer warpgroup), beside those that multiply.
     producer_warps: int = 0
+    # Blocks of a cluster (implicit_gemm_nhwc's producer tiles in pairs): consecutive channel tiles of one
+    # pixel tile, each copying 1 / cluster of the input tile into all of them.
+    cluster: int = 1
 
     @property
     def threads(self) -> int:

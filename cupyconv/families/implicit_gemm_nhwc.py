@@ -130,6 +130,13 @@ for _dtype, _item in (("float32", 4), ("float16", 2)):
                                   for bm in (256, 192)) + \
         (GemmConfig(NARROW_PRODUCER_CONFIG, 256, 64, 128 // _item, 16, 1, PRODUCER_STAGES,
                     wgmma=WGMMA_PIXEL_ROWS_PRODUCER, producer_warps=4),)
+#: The producer tiles of 128 channels in pairs (PAIR_KERNEL): two blocks on consecutive channel tiles of
+#: one pixel tile, each copying half of the input tile by TMA into both, so that each reads 2/3 (256
+#: pixels) to 3/4 (128) of the L2 bytes a k tile reads alone. For layers of an even number of channel
+#: tiles and 32-bit indices.
+for _dtype in ("float32", "float16"):
+    NHWC_CONFIGS[_dtype] += tuple(dataclasses.replace(c, name=f"{c.name}_pair", cluster=2) for c in NHWC_CONFIGS[_dtype]
+                                  if c.producer_warps and c.bn == 128)
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs)
@@ -168,6 +175,8 @@ STREAM_K_MIN_WORK = 24
 STREAM_K_KERNEL = "implicit_gemm_nhwc_stream_k"
 #: The producer warpgroup's tile launches this entry: its weight tiles come by TMA (a TensorMap argument).
 TMA_KERNEL = "implicit_gemm_nhwc_tma"
+#: ... and in pairs (GemmConfig.cluster 2), this one, launched in clusters of two blocks along y.
+PAIR_KERNEL = "implicit_gemm_nhwc_tma_pair"
 
 
 def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
@@ -282,7 +291,7 @@ def _choose_wgmma_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
     or (1x1) at least PRODUCER_MIN_ONE_TAP_K_TILES k tiles."""
     kg = problem.k // problem.groups
     by_pixels = {c.bm: c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_CHANNEL_ROWS}
-    producer = next(c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps)
+    producer = next(c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps and c.cluster == 1)
     channels_padded = _pieces(problem)[0][1]
     k_tiles = _k_tiles(problem, producer, channels_padded)
     producer_runs = (problem.kh * problem.kw > 1 or k_tiles >= PRODUCER_MIN_ONE_TAP_K_TILES) and \
@@ -328,7 +337,8 @@ def _fewest_waves(problem: ConvProblem, producer: GemmConfig, channels_padded: i
             (wave_bytes <= TALL_PRODUCER_MAX_WAVE_BYTES or problem.kh * problem.kw == 1) and
             _x_copied(problem, channels_padded, c) == _x_copied(problem, channels_padded, producer))
 
-    best = min((c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps and c.bn == 128 and fits(c)),
+    best = min((c for c in NHWC_CONFIGS[problem.dtype]
+                if c.producer_warps and c.bn == 128 and c.cluster == 1 and fits(c)),
                key=lambda c: (cost(c), c.bm))
     return best, (f"wgmma; {problem.k // problem.groups} output channels per group, "
                   f"{math.prod(gemm_grid(problem, best))} blocks of {best.bm} pixels x 128 channels ({cost(best):.2f} "
@@ -442,6 +452,10 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         raise ValueError(f"config {cfg.name!r} cannot run this problem: its producer warpgroup copies whole k tiles "
                          f"of one tap by TMA, one group, channels a multiple of {cfg.bk} (got {problem.groups} "
                          f"group(s), {channels_padded} channels)")
+    if cfg.cluster > 1 and (grid[1] % cfg.cluster or index != "int"):
+        raise ValueError(f"config {cfg.name!r} cannot run this problem: its blocks run in clusters of {cfg.cluster} "
+                         f"channel tiles, with 32-bit indices (got {grid[1]} channel tiles of {cfg.bn}, {index} "
+                         f"indices)")
     if cfg.wgmma and not cfg.producer_warps and splits == 1 and index == "int":
         stream_k_blocks, stream_k_why = _stream_k_blocks(problem, cfg, grid,
                                                          _k_tiles(problem, cfg, channels_padded), stream_k)
@@ -503,7 +517,7 @@ def _float32_rounding(cfg: GemmConfig) -> str:
     if not cfg.wgmma:
         return "registers"
     if cfg.producer_warps:
-        return "copy" if cfg.name == TALL_PRODUCER_CONFIG else "registers"
+        return "copy" if (cfg.bm, cfg.bn) == (256, 128) else "registers"  # alone or in pairs
     return "shared"
 
 
@@ -546,7 +560,7 @@ def tma_specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc_out: bool, 
     (``round_a``: a float32 NHWC input read in place, rounded to TF32 in registers; ``split_k``: writing
     split-K's partial sums)."""
     flags = ",".join(str(flag).lower() for flag in (nhwc_out, round_a, split_k))
-    return (f"cupyconv::{TMA_KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
+    return (f"cupyconv::{PAIR_KERNEL if cfg.cluster > 1 else TMA_KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
             f"{cfg.stages},16,{cfg.wgmma},{flags}>")
 
 
@@ -571,7 +585,8 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
             + (((False, True, True),) if dtype == "float32" else ()) + (() if wgmma else ((True, False, False),))
             for split_k in ((False, True) if index == "int" else (False,))] + \
         [tma_specialisation(dtype, index, cfg, nhwc_out, round_a, split_k) for dtype in GEMM_DTYPES
-         for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.producer_warps
+         for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype]
+         if wgmma and cfg.producer_warps and (cfg.cluster == 1 or index == "int")
          for nhwc_out, round_a in ((False, False), (True, False))
          + (((True, True),) if dtype == "float32" and _float32_rounding(cfg) != "copy" else ())
          for split_k in ((False, True) if index == "int" else (False,))]
@@ -693,8 +708,9 @@ def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Point
     weight_map = TensorMap(weight, p.dtype, p.k, columns, columns * STORAGE_BYTES[p.dtype], cfg.bn, cfg.bk)
     x_map = Im2colMap(x, p.dtype, (p.n, p.h, p.w, plan.channels_padded), (-p.pad_top, -p.pad_left),
                       (p.pad_bottom - (p.kh - 1) * p.dilation[0], p.pad_right - (p.kw - 1) * p.dilation[1]),
-                      p.stride, cfg.bk, cfg.bm)
-    return dataclasses.replace(launch, kernel=TMA_KERNEL, args=(*launch.args, weight_map, x_map))
+                      p.stride, cfg.bk, cfg.bm // cfg.cluster)
+    return dataclasses.replace(launch, kernel=PAIR_KERNEL if cfg.cluster > 1 else TMA_KERNEL,
+                               args=(*launch.args, weight_map, x_map))
 
 
 # --- The stride phases of a transposed convolution in one launch (kernels/implicit_gemm_nhwc.cu,
