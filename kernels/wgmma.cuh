@@ -116,7 +116,7 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(void* barrier, unsigned 
     asm volatile("{\n"
                  ".reg .b32 remote;\n"
                  "mapa.shared::cluster.u32 remote, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+                 "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
                  "}\n" :: "r"(shared_address(barrier)), "r"(rank) : "memory");
 }
 

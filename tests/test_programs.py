@@ -116,7 +116,7 @@ def temporaries(plan, problem) -> list[int]:
     if plan.stream_k_blocks:
         partials = [4 * plan.stream_k_blocks * plan.config.bm * plan.config.bn]
     if plan.kernel == planner.NHWC_KERNEL:
-        tall = plan.config.name == planner.implicit_gemm_nhwc.TALL_PRODUCER_CONFIG
+        tall = plan.config.wgmma and planner.implicit_gemm_nhwc._float32_rounding(plan.config) == "copy"
         copied = not plan.a_from_nchw if problem.layout == "NCHW" else plan.channels_padded != problem.c or (
             problem.dtype == "float32" and ((problem.kh * problem.kw != 1 and plan.config.wgmma and
                                              not plan.config.producer_warps) or tall))
@@ -225,11 +225,12 @@ def test_layout_programs(case, dtype, layouts):
         if plan.kernel == planner.NHWC_KERNEL and layouts in (("NHWC", "KHWC"), ("NHWC", "KCHW") if one_tap else ()) \
                 and plan.channels_padded == problem.c:
             gemm = implicit_gemm_nhwc.STREAM_K_KERNEL if plan.stream_k_blocks else \
+                implicit_gemm_nhwc.PAIR_KERNEL if plan.config.cluster > 1 else \
                 implicit_gemm_nhwc.TMA_KERNEL if plan.config.producer_warps else planner.NHWC_KERNEL
             in_place = [gemm] + ([REDUCE_KERNEL] if plan.splits > 1 else [])
             # float32 several taps (and any on the 256-pixel producer tile) may read a rounded copy
-            rounded_copy = dtype == "float32" and (problem.kh * problem.kw > 1 or
-                                                   plan.config.name == implicit_gemm_nhwc.TALL_PRODUCER_CONFIG)
+            rounded_copy = dtype == "float32" and (problem.kh * problem.kw > 1 or (
+                plan.config.wgmma and implicit_gemm_nhwc._float32_rounding(plan.config) == "copy"))
             assert names == in_place or rounded_copy, names
             assert (call.weight is None) == (dtype != "float32"), "KHWC weight read in place but to round to TF32"
         if plan.kernel == planner.POINTWISE_KERNEL:  # everything in place, float32 rounded in the fragments

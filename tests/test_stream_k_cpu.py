@@ -113,15 +113,18 @@ def test_one_tap_layers_take_the_producer_tiles_from_8_k_tiles(x_shape, w_shape,
     assert (plan.config.bm if getattr(plan.config, "producer_warps", 0) else None) == pixels, str(plan)
 
 
-@pytest.mark.parametrize("dtype,layout,pixels", [("float16", "NHWC", 256), ("float32", "NCHW", 128),
-                                                 ("float32", "NHWC", 128)])
-def test_the_taller_tiles_keep_a_wave_of_x_in_l2(dtype, layout, pixels):
+@pytest.mark.parametrize("dtype,layout,pixels,cluster", [("float16", "NHWC", 256, 1), ("float32", "NCHW", 256, 2),
+                                                         ("float32", "NHWC", 192, 2)])
+def test_the_taller_tiles_keep_a_wave_of_x_in_l2(dtype, layout, pixels, cluster):
     """64 x 28 x 28 x 512: a wave of 256-pixel blocks reads 35 MB of 16-bit x, 69 MB of float32, and of
-    192-pixel ones 52 MB of float32 (past TALL_PRODUCER_MAX_WAVE_BYTES): float32 stays on 128 pixels."""
+    192-pixel ones 52 MB of float32 (past TALL_PRODUCER_MAX_WAVE_BYTES): float32 takes them in pairs,
+    whose waves read half the pixels -- 256 where x is copied anyway (NCHW), 192 where it is read in
+    place (the 256-pixel tile reads float32 from a rounded copy)."""
     problem = make_problem((64, 28, 28, 512) if layout == "NHWC" else (64, 512, 28, 28), (512, 512, 3, 3), None,
                            dtype, 1, 1, 1, 1, layout, "KCHW")
     plan = planner.make_plan(problem, allow_tf32=True, compute_capability=90)
-    assert plan.config.producer_warps and plan.config.bm == pixels, str(plan)
+    assert plan.config.producer_warps and (plan.config.bm, plan.config.cluster) == (pixels, cluster), str(plan)
+    assert (plan.kernel, plan.grid[1] % 2) == (planner.NHWC_KERNEL, 0) and ("in pairs" in plan.reason) == (cluster > 1)
 
 
 def test_forced_stream_k_refusals():

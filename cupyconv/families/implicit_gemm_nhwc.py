@@ -77,6 +77,12 @@ PRODUCER_MIN_ONE_TAP_K_TILES = 8
 #: (192 pixels: 52 MB a wave; 256: 69 MB; 128: 35 MB) ran 0.76x and 0.71x on them, in fp16 (35 MB on
 #: 256 pixels) 1.22x faster.
 TALL_PRODUCER_MAX_WAVE_BYTES = 40 << 20
+#: A pair's block time over the same tile alone's (H200, channels_last, where a wave's x fits in L2:
+#: the pairs of 128-256 pixels ran 1.02-1.08x longer on ResNet-50's, VGG-16's and the large suite's
+#: 3x3 layers). A pair's wave reads half the pixels (its two blocks share them), so the taller tiles fit
+#: in pairs where alone they would not: large_3x3_512_28sq TF32 0.884 ms on 128 pixels alone, 0.774 on
+#: 192 in pairs (benchmarks/NOTES.md, "Producer tiles in pairs").
+PAIR_BLOCK_COST = 1.08
 #: Below WGMMA_WIDE_TILE_BLOCKS, the producer's tile with split-K where its reduction is at least
 #: PRODUCER_SPLIT_MIN_K_TILES long, each run at least PRODUCER_SPLIT_MIN_RUN k tiles, and the runs
 #: make PRODUCER_SPLIT_MIN_BLOCKS blocks (three quarters of the H100's SMs). H100, CUDA-graph timings
@@ -325,25 +331,29 @@ def _fewest_waves(problem: ConvProblem, producer: GemmConfig, channels_padded: i
     waves of blocks times its block time (PRODUCER_BLOCK_COST; on ties the shorter), the taller ones
     only where a wave of their blocks reads at most TALL_PRODUCER_MAX_WAVE_BYTES of x (its taps read
     it again; 1x1 layers read it once) and where they read x as the 128-pixel tile does (a float32
-    input the 256-pixel tile would read from a rounded copy only where that one copies it too)."""
+    input the 256-pixel tile would read from a rounded copy only where that one copies it too). In
+    pairs (PAIR_BLOCK_COST; an even number of channel tiles) a wave reads half the pixels: the taller
+    tiles run in pairs where alone their wave would overflow L2."""
     item = 4 if problem.dtype == "float32" else 2
 
     def cost(c: GemmConfig) -> float:
-        return math.ceil(math.prod(gemm_grid(problem, c)) / H100_SMS) * PRODUCER_BLOCK_COST[c.bm]
+        return math.ceil(math.prod(gemm_grid(problem, c)) / H100_SMS) * PRODUCER_BLOCK_COST[c.bm] * \
+            (PAIR_BLOCK_COST if c.cluster > 1 else 1.0)
 
     def fits(c: GemmConfig) -> bool:
-        wave_bytes = min(problem.n * problem.h * problem.w, H100_SMS * c.bm) * channels_padded * item
-        return c.bm == producer.bm or (
+        if c.cluster > 1 and (gemm_grid(problem, c)[1] % c.cluster or _index(problem, c, channels_padded) != "int"):
+            return False
+        wave_bytes = min(problem.n * problem.h * problem.w, H100_SMS * c.bm // c.cluster) * channels_padded * item
+        return c.bm == producer.bm and c.cluster == 1 or (
             (wave_bytes <= TALL_PRODUCER_MAX_WAVE_BYTES or problem.kh * problem.kw == 1) and
             _x_copied(problem, channels_padded, c) == _x_copied(problem, channels_padded, producer))
 
-    best = min((c for c in NHWC_CONFIGS[problem.dtype]
-                if c.producer_warps and c.bn == 128 and c.cluster == 1 and fits(c)),
-               key=lambda c: (cost(c), c.bm))
+    best = min((c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps and c.bn == 128 and fits(c)),
+               key=lambda c: (cost(c), c.bm, c.cluster))
     return best, (f"wgmma; {problem.k // problem.groups} output channels per group, "
-                  f"{math.prod(gemm_grid(problem, best))} blocks of {best.bm} pixels x 128 channels ({cost(best):.2f} "
-                  f"waves of 128-pixel blocks' time, the fewest of the producer tiles), copied by TMA (a producer "
-                  f"warpgroup)")
+                  f"{math.prod(gemm_grid(problem, best))} blocks of {best.bm} pixels x 128 channels"
+                  f"{' in pairs sharing their input tile' if best.cluster > 1 else ''} ({cost(best):.2f} waves of "
+                  f"128-pixel blocks' time, the fewest of the producer tiles), copied by TMA (a producer warpgroup)")
 
 
 def _k_tiles(problem: ConvProblem, cfg: GemmConfig, channels_padded: int) -> int:
