@@ -113,10 +113,13 @@ DEPTHWISE_CASES = [
     Case(1, 4, 4, 30, 33, 3, 3, padding=1, dilation=2, groups=4),   # row dilation: run-time taps
     Case(1, 3, 3, 18, 24, 4, 2, padding="same", groups=3),          # asymmetric padding
     Case(1, 2, 2, 33, 65, 3, 3, padding=(0, 1), groups=2),          # 3 tiles across, last one 1 wide
+    # Height-1 problems (conv1d's): rows of 256 outputs, a kernel of 31 taps, a stride, a partial row.
+    Case(2, 6, 6, 1, 600, 1, 31, padding=(0, 15), groups=6),
+    Case(1, 4, 8, 1, 1283, 1, 10, stride=(1, 5), groups=4, bias=False),
 ]
 
 
-@pytest.mark.parametrize("config", ["dw_32x32", "dw_16x16"])
+@pytest.mark.parametrize("config", ["dw_32x32", "dw_16x16", "dw_1x256"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", DEPTHWISE_CASES, ids=lambda c: c.id)
 def test_depthwise_kernel(case, dtype, config):
@@ -168,7 +171,7 @@ def check_depthwise(case: Case, dtype: str, seed: int, config=None, channels_per
 
 
 @pytest.mark.parametrize("channels_per_lane", [2, 3, 6])
-@pytest.mark.parametrize("config", ["dw_32x32", "dw_16x16"])
+@pytest.mark.parametrize("config", ["dw_32x32", "dw_16x16", "dw_1x256"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", [
     Case(2, 5, 10, 13, 13, 3, 3, padding=1, groups=5),              # 10 channels: the last block's lanes part idle
@@ -185,16 +188,16 @@ def test_depthwise_channel_loop(case, dtype, config, channels_per_lane):
 
 
 @pytest.mark.parametrize("channels_per_lane", [1, 2, 3, 4, 5, 7])
-@pytest.mark.parametrize("config", ["dw_32x32", "dw_16x16"])
+@pytest.mark.parametrize("config", ["dw_32x32", "dw_16x16", "dw_1x256"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_depthwise_ring_depths(dtype, config, channels_per_lane):
     """Each ring depth, min(4, channels per lane) patch buffers, over 11 channels: the last block's
     lanes run out part-way through the ring (some before others with four lanes), and with 5 or 7
-    channels per lane the ring wraps. float64 patches (9.2 KB; 4 lanes of 2.6 KB) fit only 3 deep in
-    depthwise_conv2d.DEPTHWISE_RING_BYTES."""
+    channels per lane the ring wraps. float64 patches of the 2-D tiles (9.2 KB; 4 lanes of 2.6 KB) fit
+    only 3 deep in depthwise_conv2d.DEPTHWISE_RING_BYTES."""
     case = Case(2, 11, 11, 30, 29, 3, 3, padding=1, groups=11)
     plan = check_depthwise(case, dtype, seed=7, config=config, channels_per_lane=channels_per_lane)
-    deepest = 3 if dtype == "float64" else 4
+    deepest = 3 if dtype == "float64" and config != "dw_1x256" else 4  # a row's patch is 2.1 KB
     assert plan.patch_buffers == min(channels_per_lane, deepest)
     assert plan.channels_per_block == plan.block[2] * channels_per_lane
 
