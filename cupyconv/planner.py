@@ -117,6 +117,11 @@ DIRECT_KERNEL = direct_conv2d.KERNEL
 DEPTHWISE_KERNEL = depthwise_conv2d.KERNEL
 DEPTHWISE_COLUMN_KERNEL = depthwise_column_conv2d.KERNEL
 DEPTHWISE_NHWC_KERNEL = depthwise_nhwc.KERNEL
+#: One input channel in one group takes the tensor-core GEMMs from this many taps on (H200, fp16 and
+#: TF32, both layouts, benchmarks/profile/one_channel.py): wav2vec 2.0's 1 -> 512 k10 s5 0.039 ms
+#: against the depthwise kernel's 0.156, 1 -> 64 7x7 s2 on 224^2 0.084 against 0.403, 1 -> 32 5x5 on
+#: 28^2 0.014 against 0.022; with 9 taps (1 -> 32 3x3 on 224^2) the depthwise kernel's 0.112 against 0.152.
+ONE_CHANNEL_GEMM_MIN_TAPS = 10
 SIMT_KERNEL = simt_gemm_conv2d.KERNEL
 WINOGRAD_KERNEL = winograd_conv2d.KERNEL
 GEMM_KERNEL = implicit_gemm_conv2d.KERNEL
@@ -158,17 +163,27 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
             raise ValueError(f"kernel {kernel!r} cannot run this problem: {why_not}")
         return kernel, "forced by the caller"
     kg = problem.k // problem.groups
-    if not depthwise_nhwc.refusal(problem):
+    tensor_cores = problem.dtype in ("float16", "bfloat16") or (problem.dtype == "float32" and allow_tf32)
+    # One input channel in one group (a waveform's or a grayscale image's first layer) is a GEMM of
+    # kh kw taps, not a depthwise layer: the depthwise kernels copy its patch again for every output
+    # channel and multiply on the FMA units.
+    single_channel_gemm = tensor_cores and problem.c == problem.groups == 1 and \
+        problem.kh * problem.kw >= ONE_CHANNEL_GEMM_MIN_TAPS
+    if not depthwise_nhwc.refusal(problem) and not single_channel_gemm:
         return DEPTHWISE_NHWC_KERNEL, "NHWC, one channel per group: vectors of channels per thread, in place"
-    if not depthwise_column_conv2d.refusal(problem) and problem.wo <= depthwise_column_conv2d.COLUMN_MAX_WIDTH:
+    if not depthwise_column_conv2d.refusal(problem) and problem.wo <= depthwise_column_conv2d.COLUMN_MAX_WIDTH \
+            and not single_channel_gemm:
         return DEPTHWISE_COLUMN_KERNEL, (f"one input channel per group, output {problem.ho}x{problem.wo} (at most "
                                          f"{depthwise_column_conv2d.COLUMN_MAX_WIDTH} wide): a thread per output "
                                          f"column, no shared memory")
-    if not depthwise_conv2d.refusal(problem):
+    if not depthwise_conv2d.refusal(problem) and not single_channel_gemm:
         return DEPTHWISE_KERNEL, "one input channel per group: memory-bound, a patch per output tile"
     if problem.dtype == "float64":
         return DIRECT_KERNEL, "float64 has no tensor-core path"
-    tensor_cores = problem.dtype != "float32" or allow_tf32
+    if single_channel_gemm and problem.layout == "NCHW" and not implicit_gemm_conv2d.refusal(problem):
+        # (TF32, H200: wav2vec 2.0's 1 -> 512 0.036 ms on the NCHW gather against 0.054 on a channels-last copy)
+        return GEMM_KERNEL, (f"one input channel, {problem.kh}x{problem.kw} taps (>= {ONE_CHANNEL_GEMM_MIN_TAPS}) "
+                             f"-> {kg} channels: tensor cores, the NCHW input gathered in place")
     # On the tensor cores the channels-last GEMM's 32-channel tile beats the direct kernel even on a few
     # output channels (H100, fp16: 3 output channels of a 256^2 plane 0.169 ms against 1.183; EfficientNet's
     # squeeze-excitation reductions 0.006-0.008 against 0.056-0.081; benchmarks/NOTES.md).

@@ -91,6 +91,16 @@ def test_grid(case, dtype, kernel):
     check(case, dtype, seed=len(case.id), kernel=kernel)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [Case(2, 1, 64, 1, 900, 1, 10, stride=(1, 5)),
+                                  Case(2, 1, 40, 30, 33, 7, 7, stride=2, padding=3, bias=False)],
+                         ids=lambda c: c.id)
+def test_one_input_channel_of_many_taps(case, dtype):
+    """One input channel in one group (wav2vec 2.0's first layer, a grayscale stem): the planner's
+    kernel (the tensor-core GEMM in 16 bits, planner.ONE_CHANNEL_GEMM_MIN_TAPS), against torch."""
+    check(case, dtype, seed=len(case.id))
+
+
 DEPTHWISE_CASES = [
     Case(2, 8, 8, 14, 15, 3, 3, padding=1, groups=8),
     Case(1, 4, 12, 11, 10, 3, 3, padding=1, groups=4),               # channel multiplier 3

@@ -1,0 +1,51 @@
+"""The planner's choice for layers of one input channel per group that are not depthwise layers of 2-D
+planes, without a GPU: one input channel in one group of >= ONE_CHANNEL_GEMM_MIN_TAPS taps takes a
+tensor-core GEMM (the NCHW gather for NCHW inputs), fewer taps and strict float32 a depthwise kernel;
+outputs one row high take the depthwise kernel's rows of 256 (benchmarks/NOTES.md, "conv1d's
+problems")."""
+import pytest
+
+from cupyconv.arguments import make_problem
+from cupyconv.families.depthwise_conv2d import ROW_CONFIG
+from cupyconv.planner import (DEPTHWISE_KERNEL, DEPTHWISE_NHWC_KERNEL, GEMM_KERNEL, NHWC_KERNEL,
+                              ONE_CHANNEL_GEMM_MIN_TAPS, make_plan)
+
+#: (x NCHW, weight, stride, padding, groups)
+W2V_CONV0 = ((8, 1, 1, 16000), (512, 1, 1, 10), (1, 5), 0, 1)       # wav2vec 2.0's first layer, as conv1d runs it
+GRAY_7X7 = ((4, 1, 224, 224), (64, 1, 7, 7), 2, 3, 1)               # a grayscale image's first layer
+GRAY_3X3 = ((4, 1, 224, 224), (32, 1, 3, 3), 1, 1, 1)               # 9 taps: fewer than the rule's 10
+CONFORMER_DW = ((16, 512, 1, 1000), (512, 1, 1, 31), 1, (0, 15), 512)  # depthwise, one row high
+
+
+def plan_of(layer, dtype, layout, tf32=True):
+    x, w, stride, padding, groups = layer
+    if layout == "NHWC":
+        x = (x[0], x[2], x[3], x[1])
+    problem = make_problem(x, w, None, dtype, stride, padding, 1, groups, layout)
+    return make_plan(problem, allow_tf32=tf32, compute_capability=90)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("layer", [W2V_CONV0, GRAY_7X7], ids=["w2v_conv0", "gray_7x7"])
+def test_one_input_channel_of_many_taps_takes_the_tensor_cores(layer, dtype, layout):
+    plan = plan_of(layer, dtype, layout)
+    assert layer[1][2] * layer[1][3] >= ONE_CHANNEL_GEMM_MIN_TAPS
+    if layout == "NCHW":
+        assert plan.kernel == GEMM_KERNEL and "gathered in place" in plan.reason, str(plan)
+    else:  # the channels-last GEMM where it takes one channel (float32), else the NCHW gather
+        assert plan.kernel == (NHWC_KERNEL if dtype == "float32" else GEMM_KERNEL), str(plan)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_few_taps_and_strict_float32_keep_the_depthwise_kernel(layout):
+    assert plan_of(GRAY_3X3, "float16", layout).kernel == DEPTHWISE_KERNEL
+    assert plan_of(W2V_CONV0, "float32", layout, tf32=False).kernel == DEPTHWISE_KERNEL
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_rows_one_high_take_the_row_tile(dtype):
+    nchw = plan_of(CONFORMER_DW, dtype, "NCHW")
+    assert nchw.kernel == DEPTHWISE_KERNEL and nchw.config.name == ROW_CONFIG, str(nchw)
+    assert nchw.block == (256, 1, 1) and nchw.grid[0] == 4  # 1000 outputs a row: four rows of 256
+    assert plan_of(CONFORMER_DW, dtype, "NHWC").kernel == DEPTHWISE_NHWC_KERNEL
