@@ -5,9 +5,8 @@ channels), and a 3-channel output head on a large plane (where the direct kernel
     python benchmarks/profile/narrow_out.py
 Columns: the rule's plan, then the direct kernel and the channels-last GEMM's tiles forced."""
 from cupyconv.arguments import make_problem
-from cupyconv.compiler import compute_capability
-from cupyconv.planner import DIRECT_KERNEL, NHWC_KERNEL, make_plan
-from plan_timing import time_plans
+from cupyconv.planner import DIRECT_KERNEL, NHWC_KERNEL
+from plan_timing import rule_against_forced
 
 #: name -> (x NHWC, weight KCHW, stride, padding)
 SHAPES = {
@@ -21,18 +20,11 @@ FORCED = {"direct": (DIRECT_KERNEL, None), "gemm": (NHWC_KERNEL, None), "n32": (
 
 
 def main() -> None:
-    cc = compute_capability()
     print("| layer | rule's plan | rule ms |" + "".join(f" {name} ms |" for name in FORCED))
     print("| --- " * (3 + len(FORCED)) + "|")
     for name, (xs, ws, stride, padding) in SHAPES.items():
         problem = make_problem(xs, ws, (ws[0],), "float16", stride, padding, layout="NHWC", weight_layout="KCHW")
-        plans = {"rule": make_plan(problem, allow_tf32=True, compute_capability=cc)}
-        for label, (kernel, config) in FORCED.items():
-            try:
-                plans[label] = make_plan(problem, config, kernel, True, cc)
-            except ValueError:
-                pass
-        ms = time_plans(problem, "fp16", plans, "rule", [k for k in plans if k != "rule"], (name,))
+        plans, ms = rule_against_forced(problem, "fp16", FORCED, (name,))
         print(f"| {name} | {plans['rule'].kernel} {plans['rule'].config.name} | {ms['rule']:.4f} |"
               + "".join(f" {ms[k]:.4f} |" if k in ms else " - |" for k in FORCED), flush=True)
 

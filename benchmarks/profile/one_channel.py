@@ -9,9 +9,8 @@ import argparse
 
 from cupyconv.arguments import make_problem
 from cupyconv.bench import MODE_DTYPE
-from cupyconv.compiler import compute_capability
-from cupyconv.planner import DEPTHWISE_KERNEL, DIRECT_KERNEL, GEMM_KERNEL, NHWC_KERNEL, make_plan
-from plan_timing import TOLERANCE, time_plans
+from cupyconv.planner import DEPTHWISE_KERNEL, DIRECT_KERNEL, GEMM_KERNEL, NHWC_KERNEL
+from plan_timing import TOLERANCE, rule_against_forced
 
 #: name -> (x shape NCHW, weight shape, stride, padding, groups)
 LAYERS = {
@@ -28,7 +27,6 @@ def main() -> None:
     parser.add_argument("--dtype", action="append", choices=sorted(TOLERANCE))
     parser.add_argument("--layout", action="append", choices=("nchw", "channels_last"))
     args = parser.parse_args()
-    cc = compute_capability()
     others = {"dw_32x32": (DEPTHWISE_KERNEL, "dw_32x32"), "dw_1x256": (DEPTHWISE_KERNEL, "dw_1x256"),
               "gemm": (NHWC_KERNEL, None), "gemm_nchw": (GEMM_KERNEL, None), "direct": (DIRECT_KERNEL, None)}
     print("| layer | mode | layout | rule's plan | rule ms |" + "".join(f" {k} ms |" for k in others))
@@ -40,14 +38,7 @@ def main() -> None:
                 shape = (x_shape[0], x_shape[2], x_shape[3], x_shape[1]) if nhwc else x_shape
                 problem = make_problem(shape, w_shape, None, MODE_DTYPE[mode], stride, padding, 1, groups,
                                        "NHWC" if nhwc else "NCHW")
-                plans = {"rule": make_plan(problem, allow_tf32=True, compute_capability=cc)}
-                for label, (kernel, config) in others.items():
-                    try:
-                        plans[label] = make_plan(problem, config, kernel, True, cc)
-                    except ValueError:
-                        pass
-                ms = time_plans(problem, mode, plans, "rule", [k for k in plans if k != "rule"],
-                                (name, mode, layout))
+                plans, ms = rule_against_forced(problem, mode, others, (name, mode, layout))
                 rule = plans["rule"]
                 print(f"| {name} | {mode} | {layout} | {rule.kernel} {getattr(rule.config, 'name', '')} | "
                       f"{ms['rule']:.4f} |" + "".join(f" {ms[k]:.4f} |" if k in ms else " - |" for k in others),

@@ -6,7 +6,9 @@ import dataclasses
 import cupy
 
 from cupyconv.bench import alternating_ms
+from cupyconv.compiler import compute_capability
 from cupyconv.launch import conv2d_cupy
+from cupyconv.planner import make_plan
 
 #: Relative error of a checked plan's output against the reference plan's.
 TOLERANCE = {"fp16": 1e-2, "bf16": 1e-2, "tf32": 2e-3}
@@ -36,3 +38,16 @@ def time_plans(problem, mode: str, plans: dict, reference: str, checked, label=(
         error = float(cupy.linalg.norm(as_float[k] - ref) / cupy.linalg.norm(ref))
         assert error < TOLERANCE[mode], (*label, k, error)
     return {k: t[0] for k, t in times.items()}
+
+
+def rule_against_forced(problem, mode: str, forced: dict, label=()) -> tuple[dict, dict]:
+    """The fixed rules' plan of ``problem`` ("rule") and each forced (kernel, config) of ``forced`` (name ->
+    pair) that can run it, timed by time_plans against the rule's output: (plans, name -> median ms)."""
+    cc = compute_capability()
+    plans = {"rule": make_plan(problem, allow_tf32=True, compute_capability=cc)}
+    for name, (kernel, config) in forced.items():
+        try:
+            plans[name] = make_plan(problem, config, kernel, True, cc)
+        except ValueError:  # a kernel or tile that cannot run this problem: left out
+            pass
+    return plans, time_plans(problem, mode, plans, "rule", [k for k in plans if k != "rule"], label)
