@@ -122,6 +122,9 @@ DEPTHWISE_NHWC_KERNEL = depthwise_nhwc.KERNEL
 #: against the depthwise kernel's 0.156, 1 -> 64 7x7 s2 on 224^2 0.084 against 0.403, 1 -> 32 5x5 on
 #: 28^2 0.014 against 0.022; with 9 taps (1 -> 32 3x3 on 224^2) the depthwise kernel's 0.112 against 0.152.
 ONE_CHANNEL_GEMM_MIN_TAPS = 10
+#: ... and of this many output channels (the fewest timed; a single-channel filter, 1 -> 1, stays a
+#: depthwise layer).
+ONE_CHANNEL_GEMM_MIN_CHANNELS = 32
 SIMT_KERNEL = simt_gemm_conv2d.KERNEL
 WINOGRAD_KERNEL = winograd_conv2d.KERNEL
 GEMM_KERNEL = implicit_gemm_conv2d.KERNEL
@@ -168,7 +171,7 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
     # kh kw taps, not a depthwise layer: the depthwise kernels copy its patch again for every output
     # channel and multiply on the FMA units.
     single_channel_gemm = tensor_cores and problem.c == problem.groups == 1 and \
-        problem.kh * problem.kw >= ONE_CHANNEL_GEMM_MIN_TAPS
+        problem.kh * problem.kw >= ONE_CHANNEL_GEMM_MIN_TAPS and problem.k >= ONE_CHANNEL_GEMM_MIN_CHANNELS
     if not depthwise_nhwc.refusal(problem) and not single_channel_gemm:
         return DEPTHWISE_NHWC_KERNEL, "NHWC, one channel per group: vectors of channels per thread, in place"
     if not depthwise_column_conv2d.refusal(problem) and problem.wo <= depthwise_column_conv2d.COLUMN_MAX_WIDTH \

@@ -1,8 +1,8 @@
 """The planner's choice for layers of one input channel per group that are not depthwise layers of 2-D
-planes, without a GPU: one input channel in one group of >= ONE_CHANNEL_GEMM_MIN_TAPS taps takes a
-tensor-core GEMM (the NCHW gather for NCHW inputs), fewer taps and strict float32 a depthwise kernel;
-outputs one row high take the depthwise kernel's rows of 256 (benchmarks/NOTES.md, "conv1d's
-problems")."""
+planes, without a GPU: one input channel in one group of >= ONE_CHANNEL_GEMM_MIN_TAPS taps to >=
+ONE_CHANNEL_GEMM_MIN_CHANNELS channels takes a tensor-core GEMM (the NCHW gather for NCHW inputs); fewer
+taps or channels and strict float32 a depthwise kernel; outputs one row high take the depthwise
+kernel's rows of 256 (benchmarks/NOTES.md, "conv1d's problems")."""
 import pytest
 
 from cupyconv.arguments import make_problem
@@ -38,9 +38,11 @@ def test_one_input_channel_of_many_taps_takes_the_tensor_cores(layer, dtype, lay
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_few_taps_and_strict_float32_keep_the_depthwise_kernel(layout):
+def test_few_taps_few_channels_and_strict_float32_keep_the_depthwise_kernel(layout):
     assert plan_of(GRAY_3X3, "float16", layout).kernel == DEPTHWISE_KERNEL
     assert plan_of(W2V_CONV0, "float32", layout, tf32=False).kernel == DEPTHWISE_KERNEL
+    one_filter = (W2V_CONV0[0], (1, 1, 1, 15), 1, (0, 7), 1)  # a single-channel filter of 15 taps
+    assert plan_of(one_filter, "float16", layout).kernel in (DEPTHWISE_KERNEL, DEPTHWISE_NHWC_KERNEL)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])

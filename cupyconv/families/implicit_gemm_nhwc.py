@@ -344,7 +344,7 @@ def _fewest_waves(problem: ConvProblem, producer: GemmConfig, channels_padded: i
         if c.cluster > 1 and (gemm_grid(problem, c)[1] % c.cluster or _index(problem, c, channels_padded) != "int"):
             return False
         wave_bytes = min(problem.n * problem.h * problem.w, H100_SMS * c.bm // c.cluster) * channels_padded * item
-        return c.bm == producer.bm and c.cluster == 1 or (
+        return (c.bm == producer.bm and c.cluster == 1) or (
             (wave_bytes <= TALL_PRODUCER_MAX_WAVE_BYTES or problem.kh * problem.kw == 1) and
             _x_copied(problem, channels_padded, c) == _x_copied(problem, channels_padded, producer))
 
@@ -570,7 +570,8 @@ def tma_specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc_out: bool, 
     (``round_a``: a float32 NHWC input read in place, rounded to TF32 in registers; ``split_k``: writing
     split-K's partial sums)."""
     flags = ",".join(str(flag).lower() for flag in (nhwc_out, round_a, split_k))
-    return (f"cupyconv::{PAIR_KERNEL if cfg.cluster > 1 else TMA_KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
+    kernel = PAIR_KERNEL if cfg.cluster > 1 else TMA_KERNEL
+    return (f"cupyconv::{kernel}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
             f"{cfg.stages},16,{cfg.wgmma},{flags}>")
 
 
