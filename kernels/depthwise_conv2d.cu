@@ -10,7 +10,9 @@
 // long-lived block waits out one memory latency at its start rather than one per channel.
 //
 // A thread computes RPT consecutive rows of one output column, so a warp's loads and stores run
-// along a row. For the common tap counts and row strides (KH, KW, SH > 0; row dilation 1) the taps
+// along a row -- or, in a tile one row high (TH == 1, RPT > 1: ROW_RUNS, conv1d's outputs), RPT
+// consecutive outputs of the row, their inputs rotated through registers (depthwise_rows.cuh
+// accumulate_row_run) and stored as vectors. For the common tap counts and row strides (KH, KW, SH > 0; row dilation 1) the taps
 // are unrolled, the channel's weights sit in registers, and the thread slides down the patch: each
 // of the (RPT - 1) SH + KH patch rows it needs is read once (KW values) for every output that uses
 // it, instead of kh kw reads per output. KH == 0 is the generic instance: run-time taps, row stride
@@ -20,7 +22,7 @@
 // channels per block (lanes x channels per lane); the bytes per copy piece (16, 8 or 4; 2 is plain
 // 16-bit loads, for rows that are not 4-byte aligned), narrowed here if x is less aligned; the
 // patch's row pitch in elements; the patch buffers per lane (1 to 4).
-// Grid (output tiles, channel blocks, N); block (TW, TH / RPT, lanes).
+// Grid (output tiles, channel blocks, N); block (TW, TH / RPT, lanes), or (TW / RPT, 1, lanes) for ROW_RUNS.
 // Dynamic shared memory: lanes x buffers x ((TH - 1) sh + (kh - 1) dh + 1) rows x pitch elements.
 #include "depthwise_rows.cuh"
 #include "epilogue.cuh"
@@ -85,7 +87,9 @@ __global__ void depthwise_conv2d(const T* __restrict__ x, const T* __restrict__ 
                                  int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                                  int sh, int sw, int pt, int pl, int dh, int dw, int groups,
                                  int tiles_w, int channels_per_block, int vec, int pitch, int buffers) {
-    static_assert(TH % RPT == 0, "a thread computes RPT rows of the tile");
+    constexpr bool ROW_RUNS = TH == 1 && RPT > 1;
+    static_assert(ROW_RUNS ? TW % RPT == 0 && KH == 0 : TH % RPT == 0,
+                  "a thread computes RPT rows of the tile, or RPT outputs of its one row (run-time taps)");
     static_assert((KH > 0) == (KW > 0) && (KH > 0) == (SH > 0), "unrolled taps need KH, KW and SH; 0 = generic");
     using Acc = typename accumulator<T>::type;
     constexpr int NT = TW * TH / RPT;  // threads per lane
@@ -93,7 +97,7 @@ __global__ void depthwise_conv2d(const T* __restrict__ x, const T* __restrict__ 
     extern __shared__ __align__(16) unsigned char smem_raw[];
 
     const Index n = blockIdx.z;
-    const int lane = threadIdx.z, lanes = blockDim.z, tid = threadIdx.y * TW + threadIdx.x;
+    const int lane = threadIdx.z, lanes = blockDim.z, tid = threadIdx.y * blockDim.x + threadIdx.x;
     const int oh0 = blockIdx.x / tiles_w * TH, ow0 = blockIdx.x % tiles_w * TW;
     const int rows = (TH - 1) * sh + (kh - 1) * dh + 1, cols = (TW - 1) * sw + (kw - 1) * dw + 1;
     const int ih0 = oh0 * sh - pt, iw0 = ow0 * sw - pl;
@@ -122,7 +126,7 @@ __global__ void depthwise_conv2d(const T* __restrict__ x, const T* __restrict__ 
         cp_async_commit();
     };
 
-    const int ow = ow0 + threadIdx.x;
+    const int ow = ow0 + threadIdx.x * (ROW_RUNS ? RPT : 1);  // (the first of ROW_RUNS' outputs)
 #pragma unroll 1
     for (int t = 0; t + 1 < buffers; ++t) stage(t, t);  // the first B - 1 channels
     int current = 0;  // ring buffer of channel t: t % buffers
@@ -145,8 +149,22 @@ __global__ void depthwise_conv2d(const T* __restrict__ x, const T* __restrict__ 
             const Acc b = has_bias ? to_acc<Acc>(bias[k]) : Acc(0);
 #pragma unroll
             for (int j = 0; j < RPT; ++j) acc[j] = b;
-            const T* patch = lane_patches + current * rows * pitch + offset + threadIdx.x * sw;
-            if constexpr (KH > 0) {
+            const T* patch = lane_patches + current * rows * pitch + offset + (ow - ow0) * sw;
+            if constexpr (ROW_RUNS) {
+                const T* wk = w + static_cast<Index>(k) * kh * kw;
+                for (int r = 0; r < kh; ++r) {
+                    const T* q = patch + r * dh * pitch;
+                    if (sw == 1 && dw == 1) {
+                        accumulate_row_run<RPT>(acc, q, wk + r * kw, kw);
+                    } else {
+                        for (int s = 0; s < kw; ++s) {
+                            const Acc wv = to_acc<Acc>(wk[r * kw + s]);
+#pragma unroll
+                            for (int j = 0; j < RPT; ++j) acc[j] += wv * to_acc<Acc>(q[j * sw + s * dw]);
+                        }
+                    }
+                }
+            } else if constexpr (KH > 0) {
                 // Slide down the column, reading each patch row once.
                 const T* p = patch + threadIdx.y * (RPT * SH) * pitch;
 #pragma unroll
@@ -169,11 +187,31 @@ __global__ void depthwise_conv2d(const T* __restrict__ x, const T* __restrict__ 
             }
             const Index plane = (n * K + k) * static_cast<Index>(Ho) * Wo;
             with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
+                if constexpr (ROW_RUNS) {
+                    // The run's RPT outputs as 16-byte vectors where the row holds them all and they are
+                    // aligned (a lane per output RPT elements apart would store RPT times the sectors).
+                    const Index o = plane + static_cast<Index>(oh0) * Wo + ow;
+                    alignas(16) T out[RPT];
 #pragma unroll
-                for (int j = 0; j < RPT; ++j) {
-                    const int oh = oh0 + threadIdx.y * RPT + j;
-                    const Index o = plane + static_cast<Index>(oh) * Wo + ow;
-                    if (oh < Ho && ow < Wo) y[o] = finish(acc[j], o);
+                    for (int j = 0; j < RPT; ++j) out[j] = ow + j < Wo ? finish(acc[j], o + j) : T{};
+                    constexpr int VECTORS = RPT * static_cast<int>(sizeof(T)) / 16;
+                    if (VECTORS * 16 == RPT * static_cast<int>(sizeof(T)) && ow + RPT <= Wo &&
+                        reinterpret_cast<unsigned long long>(y + o) % 16 == 0) {
+#pragma unroll
+                        for (int v = 0; v < VECTORS; ++v)
+                            reinterpret_cast<uint4*>(y + o)[v] = reinterpret_cast<const uint4*>(out)[v];
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < RPT; ++j)
+                            if (ow + j < Wo) y[o + j] = out[j];
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < RPT; ++j) {
+                        const int oh = oh0 + threadIdx.y * RPT + j;
+                        const Index o = plane + static_cast<Index>(oh) * Wo + ow;
+                        if (oh < Ho && ow < Wo) y[o] = finish(acc[j], o);
+                    }
                 }
             });
         }

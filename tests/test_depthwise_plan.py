@@ -67,7 +67,8 @@ def test_plan_layouts_fit_the_kernel(config):
         assert plan.vec in (16, 8, 4, 2) and plan.vec >= item and p.w * item % plan.vec == 0
         assert plan.pitch % elements == 0 and plan.pitch >= cols + elements - 1
         assert plan.shared_bytes == lanes * plan.patch_buffers * rows * plan.pitch * item <= SHARED_MEMORY_BYTES
-        assert plan.block == (cfg.tw, cfg.th // cfg.rpt, lanes) and 1 <= lanes <= cfg.lanes
+        assert plan.block == ((cfg.tw // cfg.rpt, 1) if cfg.th == 1 and cfg.rpt > 1 else (cfg.tw, cfg.th // cfg.rpt)) + \
+            (lanes,) and 1 <= lanes <= cfg.lanes
         assert plan.channels_per_block % lanes == 0
         per_lane, buffers = plan.channels_per_block // lanes, plan.patch_buffers
         assert 1 <= per_lane <= max(1, min(DEPTHWISE_MAX_CHANNELS_PER_LANE, math.ceil(p.k / lanes)))
@@ -82,7 +83,7 @@ def test_plan_layouts_fit_the_kernel(config):
             assert lanes * (buffers + 1) * rows * pitch * item > budget
         assert plan.grid == (math.ceil(p.ho / cfg.th) * math.ceil(p.wo / cfg.tw),
                              math.ceil(p.k / plan.channels_per_block), p.n)
-        unrolled = (p.kh, p.kw, p.stride[0]) in DEPTHWISE_TAPS and p.dilation[0] == 1 and cfg.rpt > 1
+        unrolled = (p.kh, p.kw, p.stride[0]) in DEPTHWISE_TAPS and p.dilation[0] == 1 and cfg.th > 1
         assert cfg.taps == ((p.kh, p.kw, p.stride[0]) if unrolled else (0, 0, 0))
         assert plan.name_expression in specialisations
 

@@ -197,6 +197,26 @@ def test_depthwise_channel_loop(case, dtype, config, channels_per_lane):
     assert plan.patch_buffers >= 2 or (dtype, case.stride) == ("float64", 2)  # 2 x 34 KB do not fit
 
 
+@pytest.mark.parametrize("channels_per_lane", [None, 3])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [
+    Case(2, 6, 6, 1, 600, 1, 31, padding=(0, 15), groups=6),              # the Conformer's: 31 taps, 3 runs of 8 and 7
+    Case(1, 4, 4, 1, 1100, 1, 8, padding=(0, 4), groups=4),               # kw = 8: one whole run; a 76-wide second tile
+    Case(1, 3, 3, 1, 2057, 1, 3, padding=(0, 1), groups=3, bias=False),   # kw < 8 alone; odd rows: scalar stores
+    Case(2, 4, 8, 1, 513, 1, 5, stride=(1, 2), groups=4),                 # stride 2, multiplier 2: the strided sums
+    Case(1, 2, 2, 1, 700, 1, 7, padding=(0, 6), dilation=(1, 2), groups=2),  # dilation: the strided sums
+    Case(1, 3, 3, 5, 90, 3, 9, padding=(1, 4), groups=3),                 # a 2-D layer on rows one high: kh 3
+], ids=lambda c: c.id)
+def test_depthwise_row_runs(case, dtype, channels_per_lane):
+    """The depthwise kernel's rows of runs (ROW_RUNS_CONFIG, forced: not yet among the rules' or the
+    tuner's tiles): 8 consecutive outputs of a row per thread, their inputs rotated through registers,
+    stored as vectors where aligned; every dtype against torch, NaN-poisoned."""
+    from cupyconv.families.depthwise_conv2d import ROW_RUNS_CONFIG
+
+    plan = check_depthwise(case, dtype, seed=9, config=ROW_RUNS_CONFIG, channels_per_lane=channels_per_lane)
+    assert plan.block[:2] == (128, 1) and plan.config.row_runs
+
+
 @pytest.mark.parametrize("channels_per_lane", [1, 2, 3, 4, 5, 7])
 @pytest.mark.parametrize("config", ["dw_32x32", "dw_16x16", "dw_1x256"])
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--layout", action="append", choices=("nchw", "channels_last"))
     args = parser.parse_args()
     others = {"dw_32x32": (DEPTHWISE_KERNEL, "dw_32x32"), "dw_1x256": (DEPTHWISE_KERNEL, "dw_1x256"),
+              "dw_1x1024_r8": (DEPTHWISE_KERNEL, "dw_1x1024_r8"),
               "gemm": (NHWC_KERNEL, None), "gemm_nchw": (GEMM_KERNEL, None), "direct": (DIRECT_KERNEL, None)}
     print("| layer | mode | layout | rule's plan | rule ms |" + "".join(f" {k} ms |" for k in others))
     print("| --- " * (5 + len(others)) + "|")

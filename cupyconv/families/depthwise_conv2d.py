@@ -16,7 +16,8 @@ KERNEL = "depthwise_conv2d"
 
 @dataclasses.dataclass(frozen=True)
 class DepthwiseConfig:
-    """Output tile th x tw of one channel per lane, rpt consecutive rows of a column per thread, up to
+    """Output tile th x tw of one channel per lane, rpt consecutive rows of a column per thread (or, one
+    row high with rpt > 1, rpt consecutive outputs of the row: row_runs), up to
     ``lanes`` lanes (channels side by side) per block. ``taps`` is (kh, kw, row stride) of the
     unrolled instance a plan runs (one of DEPTHWISE_TAPS), or (0, 0, 0): run-time taps."""
 
@@ -32,6 +33,17 @@ class DepthwiseConfig:
         """Threads of one lane."""
         return self.th * self.tw // self.rpt
 
+    @property
+    def row_runs(self) -> bool:
+        """A tile one row high whose threads compute ``rpt`` consecutive outputs of it (kernels/
+        depthwise_conv2d.cu ROW_RUNS; run-time taps)."""
+        return self.th == 1 and self.rpt > 1
+
+    @property
+    def lane_block(self) -> tuple[int, int]:
+        """A lane's threads as the block's (x, y): a thread per column of ``rpt`` rows, or per run."""
+        return (self.tw // self.rpt, 1) if self.row_runs else (self.tw, self.th // self.rpt)
+
 
 #: 32 x 32 tiles, and 16 x 16 ones four lanes at a time for outputs at most 16 wide (MobileNet's
 #: 14x14 and 7x7 stages): 128 threads a block either way. 8 rows per thread: a 3x3 stride-1 thread
@@ -40,9 +52,14 @@ class DepthwiseConfig:
 #: tile there computes one row of 32 and copies a patch per 32 outputs (H100, conformer_dw_512_k31 fp16
 #: NCHW: 1.75 ms on dw_32x32 against torch's 0.043).
 ROW_CONFIG = "dw_1x256"
+#: Rows of 1024 outputs, 8 consecutive ones a thread, their inputs rotated through registers (ROW_RUNS):
+#: written for conv1d's depthwise layers after the 2026-11-27 session's last GPU call and not yet run on
+#: a GPU, so forced alone (make_plan's config) -- not among CONFIG_NAMES, which the rules and the tuner
+#: draw on -- until it is timed against ROW_CONFIG (benchmarks/profile/one_channel.py).
+ROW_RUNS_CONFIG = "dw_1x1024_r8"
 DEPTHWISE_CONFIGS = (DepthwiseConfig("dw_32x32", 32, 32, 8, 1), DepthwiseConfig("dw_16x16", 16, 16, 8, 4),
-                     DepthwiseConfig(ROW_CONFIG, 1, 256, 1, 1))
-CONFIG_NAMES = frozenset(c.name for c in DEPTHWISE_CONFIGS)
+                     DepthwiseConfig(ROW_CONFIG, 1, 256, 1, 1), DepthwiseConfig(ROW_RUNS_CONFIG, 1, 1024, 8, 1))
+CONFIG_NAMES = frozenset(c.name for c in DEPTHWISE_CONFIGS) - {ROW_RUNS_CONFIG}
 #: (kh, kw, row stride) compiled with unrolled taps and the weights in registers (row dilation 1):
 #: the depthwise layers of MobileNet, EfficientNet and ConvNeXt. Anything else runs run-time taps.
 DEPTHWISE_TAPS = ((3, 3, 1), (3, 3, 2), (5, 5, 1), (5, 5, 2), (7, 7, 1))
@@ -141,7 +158,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
                          f"shared memory (> {SHARED_MEMORY_BYTES})")
     lanes, per_lane, buffers, vec, pitch = layout
     taps = (problem.kh, problem.kw, problem.stride[0])
-    unrolled = taps in DEPTHWISE_TAPS and problem.dilation[0] == 1 and cfg.rpt > 1  # a row's thread: one output
+    unrolled = taps in DEPTHWISE_TAPS and problem.dilation[0] == 1 and cfg.th > 1  # the 2-D tiles' columns
     cfg = dataclasses.replace(cfg, taps=taps if unrolled else (0, 0, 0))
     tiles_w = math.ceil(problem.wo / cfg.tw)
     tiles = math.ceil(problem.ho / cfg.th) * tiles_w
@@ -150,7 +167,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     why += f", {lanes} lane(s) x {per_lane} channel(s) per block, {buffers} patch buffer(s) per lane"
     return LaunchPlan(
         kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem), config=cfg,
-        grid=(tiles, math.ceil(problem.k / channels), problem.n), block=(cfg.tw, cfg.th // cfg.rpt, lanes),
+        grid=(tiles, math.ceil(problem.k / channels), problem.n), block=(*cfg.lane_block, lanes),
         shared_bytes=lanes * buffers * rows * pitch * STORAGE_BYTES[problem.dtype],
         reason=f"{reason}; {why}" if reason else why, tiles_w=tiles_w, tiles=tiles, channels_per_block=channels,
         vec=vec, pitch=pitch, patch_buffers=buffers)
@@ -160,7 +177,8 @@ def describe(plan: LaunchPlan) -> str:
     """The printed plan: tile, taps, patch ring, launch shape and why."""
     c = plan.config
     taps = f"{c.taps[0]}x{c.taps[1]} taps at row stride {c.taps[2]} unrolled" if c.taps[0] else "run-time taps"
-    return (f"{plan.kernel} [{c.name}: {c.th}x{c.tw} px of one channel per lane, {c.rpt} rows per thread, "
+    per_thread = f"{c.rpt} consecutive outputs of the row" if c.row_runs else f"{c.rpt} rows"
+    return (f"{plan.kernel} [{c.name}: {c.th}x{c.tw} px of one channel per lane, {per_thread} per thread, "
             f"{plan.block[2]} lane(s) x {c.threads} threads; {taps}]\n"
             f"  {plan.dtype}, {plan.index_type} indices; a ring of {plan.patch_buffers} input patch(es) per "
             f"lane, rows of {plan.pitch} elements copied in {plan.vec}-byte pieces, {plan.shared_bytes} B "
@@ -182,11 +200,11 @@ def name_expression(plan: LaunchPlan) -> str:
 
 
 def specialisations() -> list[str]:
-    """Every dtype, index width and tile, with each of DEPTHWISE_TAPS unrolled (the tiles of several rows
-    per thread) and with run-time taps."""
+    """Every dtype, index width and tile, with each of DEPTHWISE_TAPS unrolled (the 2-D tiles) and with
+    run-time taps."""
     return [specialisation(dtype, index, dataclasses.replace(cfg, taps=taps))
             for dtype in CTYPES for index in INDEX_TYPES for cfg in DEPTHWISE_CONFIGS
-            for taps in (DEPTHWISE_TAPS if cfg.rpt > 1 else ()) + ((0, 0, 0),)]
+            for taps in (DEPTHWISE_TAPS if cfg.th > 1 else ()) + ((0, 0, 0),)]
 
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
