@@ -57,6 +57,25 @@ def test_producer_tile_reads_by_tensor_maps(case, layouts, dtype):
         assert len(range(low, size + high, stride)) == out
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("pixels", [128, 192, 256])
+def test_pairs_copy_half_the_input_tile_each(pixels, dtype):
+    """A pair's blocks (a cluster of two channel tiles) each copy half of the input tile: the im2col map's
+    box is half the tile's pixels, the launch the pair's kernel; an odd number of channel tiles, or 64-bit
+    indices, are refused before any launch."""
+    name = f"nhwc_wgmma_producer_m{pixels}n128_pair"
+    problem = problem_of(Case(2, 64, 256, 12, 11, 3, 3, padding=1), dtype, "NHWC", "KHWC")
+    plan = make_plan(problem, name, NHWC_KERNEL, True, 90, splits=1)
+    assert plan.config.cluster == 2 and plan.grid[1] == 2
+    gemm = program(plan, problem).launches[-1]
+    assert gemm.kernel == implicit_gemm_nhwc.PAIR_KERNEL and gemm.name_expression.startswith(
+        f"cupyconv::{implicit_gemm_nhwc.PAIR_KERNEL}<")
+    assert gemm.args[-1].pixels_per_column == pixels // 2
+    for case in (Case(2, 64, 384, 12, 11, 3, 3, padding=1), Case(4096, 64, 256, 128, 128, 3, 3, padding=1)):
+        with pytest.raises(ValueError, match="clusters of 2 channel tiles"):  # 3 channel tiles; 2^32 elements
+            make_plan(problem_of(case, dtype, "NHWC", "KHWC"), name, NHWC_KERNEL, True, 90)
+
+
 def test_producer_tile_refuses_what_it_cannot_run():
     problem = problem_of(Case(1, 256, 256, 7, 7, 3, 3, padding=1), "float16", "NHWC", "KHWC")
     with pytest.raises(ValueError, match="stream_k needs"):
