@@ -697,7 +697,8 @@ implicit_gemm_nhwc_tma(const T* __restrict__ x, const T* __restrict__ w, const T
 // Pairs of the producer warpgroup's tiles: the clusters of two blocks along y (channel tiles n0 and n0 +
 // BN of one pixel tile; gridDim.y even) each copy half of the input tile once by TMA and multicast it
 // into both blocks' shared memory, so that a block reads 3/4 (128 pixels) to 2/3 (256) of the L2 bytes
-// it reads alone.
+// it reads alone. Clusters exist from sm_90 on: other targets (this file's mma.sync tiles) never see it.
+#if __CUDA_ARCH__ >= 900
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
           int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K>
 __global__ void NHWC_GEMM_LAUNCH_BOUNDS __cluster_dims__(1, 2, 1)
@@ -711,6 +712,7 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
                                     Wo, kh, kw, sh, sw, pt, pl, dh, dw, groups, splits, split_elements, blockIdx.x,
                                     nullptr, 0, nullptr, &weight_map, &x_map);
 }
+#endif
 
 // Stream-K (stream_k.cuh): gridDim.x persistent blocks share the tiles_m x tiles_n x groups tiles'
 // k_tiles k tiles each; block b takes units [stream_k_start(b), stream_k_start(b + 1)) in tile order
