@@ -16,6 +16,10 @@
 //   walks the (PIX-1)*SW + KW input columns the run covers, loading and widening each once and
 //   adding it to every pixel whose window holds it: for 3x3, stride 1 and 4 pixels, 6 + 3 loads per
 //   row instead of 24.
+// - KW < 0 (a kernel of run-time width, column stride 1, no column dilation: conv1d's long kernels): a
+//   thread per run of PIX pixels, the PIX input columns a tap reads rotated through registers (column
+//   s0 + m in slot m until tap s0 + m used it, then s0 + m + PIX; taps unrolled PIX at a time so that
+//   slots resolve at compile time): each column loaded and widened once, each weight vector once per run.
 // Arguments as every convolution kernel's (families/common.py conv_launch; K and groups are C).
 // 1-D grid over N Ho ceil(Wo / PIX) C / VEC threads, 256 per block.
 #include "dtypes.cuh"
@@ -32,7 +36,8 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                int has_bias, const T* __restrict__ residual, int has_residual, int activation,
                int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                int sh, int sw, int pt, int pl, int dh, int dw, int groups) {
-    static_assert(KW > 0 || PIX == 1, "the per-pixel way computes one pixel per thread");
+    static_assert(KW != 0 || PIX == 1, "the per-pixel way computes one pixel per thread");
+    static_assert(KW >= 0 || SW == 1, "run-time widths: column stride 1");
     using Acc = typename accumulator<T>::type;
     using Vec = vec_t<T, VEC>;
     const int vectors = C / VEC;
@@ -68,6 +73,43 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) acc[0][j] += to_acc<Acc>(xv.v[j]) * to_acc<Acc>(wv.v[j]);
             }
+        }
+    } else if constexpr (KW < 0) {
+        const int iw0 = ow0 - pl;
+#pragma unroll 1
+        for (int r = 0; r < kh; ++r) {
+            const int ih = ih0 + r * dh;
+            if (static_cast<unsigned>(ih) >= static_cast<unsigned>(H)) continue;
+            const T* x_row = x_image + static_cast<Index>(ih) * W * C;
+            const T* w_row = w + r * kw * C + c0;
+            auto load_column = [&](int col, Acc (&xf)[VEC]) {  // zeros where it falls in the padding
+                const int iw = iw0 + col;
+                const Vec v = static_cast<unsigned>(iw) < static_cast<unsigned>(W)
+                                  ? *reinterpret_cast<const Vec*>(x_row + static_cast<Index>(iw) * C) : Vec{};
+                widen(xf, v.v);
+            };
+            Acc window[PIX][VEC];
+#pragma unroll
+            for (int m = 0; m < PIX; ++m) load_column(m, window[m]);
+            auto tap = [&](int s0, int u) {  // tap s0 + u, then its slot refilled for the next tap's last pixel
+                const Vec wv = *reinterpret_cast<const Vec*>(w_row + (s0 + u) * C);
+                Acc wf[VEC];
+                widen(wf, wv.v);
+#pragma unroll
+                for (int p = 0; p < PIX; ++p)
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) acc[p][j] += window[(u + p) % PIX][j] * wf[j];
+                if (s0 + u + 1 < kw) load_column(s0 + u + PIX, window[u]);
+            };
+            int s0 = 0;
+#pragma unroll 1
+            for (; s0 + PIX <= kw; s0 += PIX) {
+#pragma unroll
+                for (int u = 0; u < PIX; ++u) tap(s0, u);
+            }
+#pragma unroll
+            for (int u = 0; u + 1 < PIX; ++u)  // the last kw % PIX taps
+                if (s0 + u < kw) tap(s0, u);
         }
     } else {
         const int iw0 = ow0 * SW - pl;

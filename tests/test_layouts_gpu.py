@@ -267,3 +267,40 @@ def test_depthwise_nhwc_rows(case, dtype):
         conv2d_cupy(to_cupy(arranged(x, "NHWC")), to_cupy(arranged(weight, "KHWC")), to_cupy(bias), fused,
                     to_cupy(y), plan=plan, residual=to_cupy(y))
         assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, rows.kernel), f"runs of {pixels}"
+
+
+# Runs of any kernel width (depthwise_nhwc.RUN_CONFIG, forced: not yet among the rules' or the tuner's
+# configs): conv1d's long kernels (31 taps: runs of 4 taps and a remainder of 3), a width of whole runs,
+# widths below a run, rows that are not whole runs, several kernel rows with row stride and dilation,
+# and the epilogue.
+RUN_CASES = [Case(2, 24, 24, 1, 203, 1, 31, padding=(0, 15), groups=24),
+             Case(1, 16, 16, 1, 50, 1, 8, padding=(0, 4), groups=16, bias=False),
+             Case(2, 8, 8, 1, 37, 1, 2, groups=8),
+             Case(1, 24, 24, 1, 19, 1, 1, groups=24),
+             Case(2, 16, 16, 9, 23, 3, 9, stride=(2, 1), padding=(2, 4), dilation=(2, 1), groups=16)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("case", RUN_CASES, ids=lambda c: c.id)
+def test_depthwise_nhwc_runs_of_any_width(case, dtype):
+    """The runs' sums are the per-pixel way's, added in the same order: bit for bit, within tolerance of
+    float64, every output written; and with relu(conv + bias + residual) in the epilogue."""
+    from cupyconv.families import depthwise_nhwc
+
+    problem = problem_of(case, dtype, "NHWC", "KHWC")
+    runs = planner.make_plan(problem, depthwise_nhwc.RUN_CONFIG.name, planner.DEPTHWISE_NHWC_KERNEL)
+    per_pixel = planner.make_plan(problem, "dw_nhwc_v16", planner.DEPTHWISE_NHWC_KERNEL)
+    x, weight, bias = inputs(case, dtype, seed=case.kw)
+    expected = run(per_pixel, problem, x, weight, bias)
+    out = run(runs, problem, x, weight, bias)
+    assert not out.isnan().any(), "an output element was never written"
+    assert torch.equal(out, expected)
+    assert relative_error(out, reference(x, weight, bias, case)) < tolerance(dtype, runs.kernel)
+    fused = dataclasses.replace(problem, activation="relu", has_residual=True)
+    residual = torch.randn(expected.shape, device="cuda", dtype=torch.float64).to(expected.dtype)
+    y = residual.permute(0, 2, 3, 1).contiguous()
+    conv2d_cupy(to_cupy(arranged(x, "NHWC")), to_cupy(arranged(weight, "KHWC")), to_cupy(bias), fused, to_cupy(y),
+                plan=planner.make_plan(fused, depthwise_nhwc.RUN_CONFIG.name, planner.DEPTHWISE_NHWC_KERNEL),
+                residual=to_cupy(y))
+    wanted = F.relu(reference(x, weight, bias, case) + residual.double())
+    assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, runs.kernel)

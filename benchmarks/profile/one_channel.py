@@ -1,15 +1,15 @@
 """Layers of one input channel per group that are not depthwise layers of 2-D planes, timed on every
 kernel that can run them, in one process: conv1d's height-1 problems (a wav2vec 2.0 front end of one
 input channel, a Conformer depthwise layer) and 2-D layers of one input channel and many output ones
-(grayscale first layers), on the rules' plan, the depthwise kernel's tiles, the channels-last and NCHW
-GEMMs and the direct kernel.
+(grayscale first layers), on the rules' plan, the depthwise kernels' tiles (NCHW and NHWC), the
+channels-last and NCHW GEMMs and the direct kernel.
     python benchmarks/profile/one_channel.py [--dtype fp16 ...] [--layout nchw ...]
 Medians of 50 runs each behind a spin kernel, interleaved; every plan checked against the rules' one."""
 import argparse
 
 from cupyconv.arguments import make_problem
 from cupyconv.bench import MODE_DTYPE
-from cupyconv.planner import DEPTHWISE_KERNEL, DIRECT_KERNEL, GEMM_KERNEL, NHWC_KERNEL
+from cupyconv.planner import DEPTHWISE_KERNEL, DEPTHWISE_NHWC_KERNEL, DIRECT_KERNEL, GEMM_KERNEL, NHWC_KERNEL
 from plan_timing import TOLERANCE, rule_against_forced
 
 #: name -> (x shape NCHW, weight shape, stride, padding, groups)
@@ -29,6 +29,8 @@ def main() -> None:
     args = parser.parse_args()
     others = {"dw_32x32": (DEPTHWISE_KERNEL, "dw_32x32"), "dw_1x256": (DEPTHWISE_KERNEL, "dw_1x256"),
               "dw_1x1024_r8": (DEPTHWISE_KERNEL, "dw_1x1024_r8"),
+              "dw_nhwc_v16": (DEPTHWISE_NHWC_KERNEL, "dw_nhwc_v16"), "dw_nhwc_v16_run4": (DEPTHWISE_NHWC_KERNEL,
+                                                                                     "dw_nhwc_v16_run4"),
               "gemm": (NHWC_KERNEL, None), "gemm_nchw": (GEMM_KERNEL, None), "direct": (DIRECT_KERNEL, None)}
     print("| layer | mode | layout | rule's plan | rule ms |" + "".join(f" {k} ms |" for k in others))
     print("| --- " * (5 + len(others)) + "|")

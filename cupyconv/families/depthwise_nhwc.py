@@ -56,6 +56,14 @@ ROW_DTYPES = ("float16", "bfloat16", "float32")
 NHWC_DEPTHWISE_CONFIGS = (*(VectorConfig(f"dw_nhwc_v{ROW_VEC_BYTES}_row{p}", ROW_VEC_BYTES, p) for p in ROW_PIXELS),
                           *(VectorConfig(f"dw_nhwc_v{b}", b) for b in (16, 8, 4, 2)))
 CONFIG_NAMES = frozenset(c.name for c in NHWC_DEPTHWISE_CONFIGS)
+#: Runs of RUN_PIXELS pixels for kernels of any width (column stride 1, no column dilation; kw -1 in
+#: the instance: run-time taps, the run's input columns rotated through registers), for conv1d's long
+#: kernels, which the per-pixel way reads with two loads and two conversions per tap: written after the
+#: 2026-11-27 session's last GPU call and not yet run on a GPU, so forced alone (make_plan's config;
+#: neither the rules nor the tuner, which draw on NHWC_DEPTHWISE_CONFIGS and CONFIG_NAMES, take it)
+#: until it is timed (benchmarks/profile/one_channel.py).
+RUN_PIXELS = 4
+RUN_CONFIG = VectorConfig(f"dw_nhwc_v{ROW_VEC_BYTES}_run{RUN_PIXELS}", ROW_VEC_BYTES, RUN_PIXELS, kw=-1, sw=1)
 
 
 def _row_refusal(problem: ConvProblem) -> str:
@@ -77,8 +85,10 @@ def _row_pixels(problem: ConvProblem) -> int:
 
 def _fits(cfg: VectorConfig, problem: ConvProblem) -> bool:
     item = STORAGE_BYTES[problem.dtype]
+    if cfg is RUN_CONFIG and not (problem.dtype in ROW_DTYPES and problem.stride[1] == problem.dilation[1] == 1):
+        return False
     return (cfg.vec_bytes >= item and problem.c % (cfg.vec_bytes // item) == 0
-            and (cfg.pixels == 1 or not _row_refusal(problem)))
+            and (cfg.pixels == 1 or cfg is RUN_CONFIG or not _row_refusal(problem)))
 
 
 def refusal(problem: ConvProblem) -> str:
@@ -99,12 +109,13 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
     if why_not:
         raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
     if config is not None:
-        cfg = forced_config(NHWC_DEPTHWISE_CONFIGS, config, f"config for {KERNEL}")
+        cfg = forced_config(NHWC_DEPTHWISE_CONFIGS + (RUN_CONFIG,), config, f"config for {KERNEL}")
         if not _fits(cfg, problem):
-            raise ValueError(f"config {config!r} cannot run this problem: "
-                             f"{_row_refusal(problem) if cfg.pixels > 1 else ''}"
-                             f"{'; or ' if cfg.pixels > 1 else ''}{problem.c} channels are not whole "
-                             f"{cfg.vec_bytes}-byte vectors of {problem.dtype}")
+            runs = (f"runs of any width need {ROW_DTYPES}, column stride 1 and no column dilation (got "
+                    f"{problem.dtype}, stride {problem.stride[1]}, dilation {problem.dilation[1]})")
+            why_not = runs if cfg is RUN_CONFIG else _row_refusal(problem) if cfg.pixels > 1 else ""
+            raise ValueError(f"config {config!r} cannot run this problem: {why_not}{'; or ' if why_not else ''}"
+                             f"{problem.c} channels are not whole {cfg.vec_bytes}-byte vectors of {problem.dtype}")
         why = "config forced by the caller"
     else:
         cfg = next(c for c in NHWC_DEPTHWISE_CONFIGS if (_fits(c, problem) and c.pixels in (1, _row_pixels(problem)))
@@ -112,7 +123,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
         why = f"{problem.c} channels in {cfg.vec_bytes}-byte vectors"
         if cfg.pixels > 1:
             why += f", runs of {cfg.pixels} pixels along rows ({problem.kw} wide, column stride {problem.stride[1]})"
-    if cfg.pixels > 1:
+    if cfg.pixels > 1 and cfg is not RUN_CONFIG:
         cfg = dataclasses.replace(cfg, kw=problem.kw, sw=problem.stride[1])
     threads = problem.n * problem.ho * math.ceil(problem.wo / cfg.pixels) * problem.c // _vec(cfg, problem.dtype)
     block = ROW_BLOCK if cfg.pixels > 1 else BLOCK
@@ -128,7 +139,8 @@ def _vec(cfg: VectorConfig, dtype: str) -> int:
 def describe(plan: LaunchPlan) -> str:
     """The printed plan: vector width, launch shape and why."""
     c = plan.config
-    pixels = (f"a run of {c.pixels} output pixels along a row ({c.kw} wide, column stride {c.sw})" if c.pixels > 1
+    width = "run-time width" if c.kw < 0 else f"{c.kw} wide"
+    pixels = (f"a run of {c.pixels} output pixels along a row ({width}, column stride {c.sw})" if c.pixels > 1
               else "one output pixel")
     return (f"{plan.kernel} [{c.name}: {_vec(c, plan.dtype)} channels of {pixels} per thread]\n"
             f"  {plan.dtype}, {plan.index_type} indices; weight prepared as [kh kw][C]\n"
@@ -137,7 +149,7 @@ def describe(plan: LaunchPlan) -> str:
 
 
 def specialisation(dtype: str, index: str, vec: int, kw: int = 0, sw: int = 1, pixels: int = 1) -> str:
-    """An instance: per pixel (kw 0), or rows of ``pixels`` for a kernel ``kw`` wide, column stride ``sw``."""
+    """An instance: per pixel (kw 0), or rows of ``pixels`` for a kernel ``kw`` wide (-1: any), column stride ``sw``."""
     return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{vec},{kw},{sw},{pixels}>"
 
 
@@ -148,13 +160,15 @@ def name_expression(plan: LaunchPlan) -> str:
 
 def specialisations() -> list[str]:
     """Every dtype, index width and vector width that dtype has, per pixel; and the row instances
-    (16-byte vectors) of every kernel width and column stride."""
+    (16-byte vectors) of every kernel width and column stride, and of run-time widths."""
     per_pixel = [specialisation(dtype, index, _vec(cfg, dtype)) for dtype in CTYPES for index in INDEX_TYPES
                  for cfg in NHWC_DEPTHWISE_CONFIGS if cfg.pixels == 1 and cfg.vec_bytes >= STORAGE_BYTES[dtype]]
     rows = [specialisation(dtype, index, ROW_VEC_BYTES // STORAGE_BYTES[dtype], kw, sw, pixels)
             for dtype in ROW_DTYPES for index in INDEX_TYPES for kw in ROW_KERNEL_WIDTHS for sw in ROW_STRIDES
             for pixels in ROW_PIXELS]
-    return list(dict.fromkeys(per_pixel + rows))
+    runs = [specialisation(dtype, index, ROW_VEC_BYTES // STORAGE_BYTES[dtype], RUN_CONFIG.kw, RUN_CONFIG.sw,
+                           RUN_CONFIG.pixels) for dtype in ROW_DTYPES for index in INDEX_TYPES]
+    return list(dict.fromkeys(per_pixel + rows + runs))
 
 
 def _weight_preparation(problem: ConvProblem) -> WeightPreparation:
