@@ -484,6 +484,8 @@ def describe(plan: LaunchPlan) -> str:
     c = plan.config
     warps = (f"{c.warps_m // 4} warpgroups of {'64 ch' if c.wgmma == WGMMA_CHANNEL_ROWS else '64 px'} with wgmma "
              f"({plan.arch})" + (", a producer warpgroup copying both operands by TMA" if c.producer_warps else "")
+             + (f"; clusters of {c.cluster} channel tiles, each block copying 1/{c.cluster} of the input tile into "
+                f"all ({PAIR_KERNEL})" if c.cluster > 1 else "")
              if c.wgmma else f"{c.warps_m}x{c.warps_n} warps")
     made = "copies made first" if plan.layout == "NCHW" else "operands (copied first unless read in place)"
     reads = "" if plan.a_from_nchw else (
