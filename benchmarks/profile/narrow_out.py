@@ -1,22 +1,27 @@
 """Plans for layers of few output channels or few input channels, timed against each other in one process
 (plan_timing.time_plans: spin-hidden GPU time, interleaved, each checked against the rule's output):
-EfficientNet-B0's squeeze-excitation reductions (1x1 planes, 4-6 output channels) and its stem (3 input
-channels), and a 3-channel output head on a large plane (where the direct kernel is meant to win).
+EfficientNet-B0's squeeze-excitation layers at batch 32 (1x1 planes: reductions to 4-48 channels and
+expansions from them; GEMMs of 32 pixels), its stem (3 input channels), and a 3-channel output head on
+a large plane (where the direct kernel is meant to win).
     python benchmarks/profile/narrow_out.py
-Columns: the rule's plan, then the direct kernel and the channels-last GEMM's tiles forced."""
+Columns: the rule's plan, then the direct kernel, the channels-last GEMM's tiles and its split-K runs
+forced."""
 from cupyconv.arguments import make_problem
 from cupyconv.planner import DIRECT_KERNEL, NHWC_KERNEL
 from plan_timing import rule_against_forced
 
 #: name -> (x NHWC, weight KCHW, stride, padding)
+#: EfficientNet-B0's squeeze-excitation pairs (channels, reduced channels), each a reduction and an expansion.
+SE_PAIRS = ((32, 8), (96, 4), (144, 6), (240, 10), (480, 20), (672, 28), (1152, 48))
 SHAPES = {
-    "effnet_se_96to4": ((32, 1, 1, 96), (4, 96, 1, 1), 1, 0),
-    "effnet_se_144to6": ((32, 1, 1, 144), (6, 144, 1, 1), 1, 0),
+    **{f"effnet_se_{c}to{r}": ((32, 1, 1, c), (r, c, 1, 1), 1, 0) for c, r in SE_PAIRS},
+    **{f"effnet_se_{r}to{c}": ((32, 1, 1, r), (c, r, 1, 1), 1, 0) for c, r in SE_PAIRS},
     "effnet_stem_3to32": ((32, 224, 224, 3), (32, 3, 3, 3), 2, 1),
     "head_64to3_256sq": ((8, 256, 256, 64), (3, 64, 3, 3), 1, 1),
 }
 FORCED = {"direct": (DIRECT_KERNEL, None), "gemm": (NHWC_KERNEL, None), "n32": (NHWC_KERNEL, "nhwc_m128n32k32"),
-          "n64": (NHWC_KERNEL, "nhwc_m128n64k32")}
+          "n64": (NHWC_KERNEL, "nhwc_m128n64k32"),
+          **{f"gemm split {s}": (NHWC_KERNEL, None, {"splits": s}) for s in (2, 4, 8)}}
 
 
 def main() -> None:

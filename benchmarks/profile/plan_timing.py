@@ -41,13 +41,14 @@ def time_plans(problem, mode: str, plans: dict, reference: str, checked, label=(
 
 
 def rule_against_forced(problem, mode: str, forced: dict, label=()) -> tuple[dict, dict]:
-    """The fixed rules' plan of ``problem`` ("rule") and each forced (kernel, config) of ``forced`` (name ->
-    pair) that can run it, timed by time_plans against the rule's output: (plans, name -> median ms)."""
+    """The fixed rules' plan of ``problem`` ("rule") and each forced (kernel, config[, options]) of ``forced``
+    (name -> tuple; options: make_plan's family knobs, e.g. {"splits": 4}) that can run it, timed by
+    time_plans against the rule's output: (plans, name -> median ms)."""
     cc = compute_capability()
     plans = {"rule": make_plan(problem, allow_tf32=True, compute_capability=cc)}
-    for name, (kernel, config) in forced.items():
+    for name, (kernel, config, *options) in forced.items():
         try:
-            plans[name] = make_plan(problem, config, kernel, True, cc)
+            plans[name] = make_plan(problem, config, kernel, True, cc, **(options[0] if options else {}))
         except ValueError:  # a kernel or tile that cannot run this problem: left out
             pass
     return plans, time_plans(problem, mode, plans, "rule", [k for k in plans if k != "rule"], label)
