@@ -172,15 +172,15 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
     # channel and multiply on the FMA units.
     single_channel_gemm = tensor_cores and problem.c == problem.groups == 1 and \
         problem.kh * problem.kw >= ONE_CHANNEL_GEMM_MIN_TAPS and problem.k >= ONE_CHANNEL_GEMM_MIN_CHANNELS
-    if not depthwise_nhwc.refusal(problem) and not single_channel_gemm:
-        return DEPTHWISE_NHWC_KERNEL, "NHWC, one channel per group: vectors of channels per thread, in place"
-    if not depthwise_column_conv2d.refusal(problem) and problem.wo <= depthwise_column_conv2d.COLUMN_MAX_WIDTH \
-            and not single_channel_gemm:
-        return DEPTHWISE_COLUMN_KERNEL, (f"one input channel per group, output {problem.ho}x{problem.wo} (at most "
-                                         f"{depthwise_column_conv2d.COLUMN_MAX_WIDTH} wide): a thread per output "
-                                         f"column, no shared memory")
-    if not depthwise_conv2d.refusal(problem) and not single_channel_gemm:
-        return DEPTHWISE_KERNEL, "one input channel per group: memory-bound, a patch per output tile"
+    if not single_channel_gemm:
+        if not depthwise_nhwc.refusal(problem):
+            return DEPTHWISE_NHWC_KERNEL, "NHWC, one channel per group: vectors of channels per thread, in place"
+        if not depthwise_column_conv2d.refusal(problem) and problem.wo <= depthwise_column_conv2d.COLUMN_MAX_WIDTH:
+            return DEPTHWISE_COLUMN_KERNEL, (f"one input channel per group, output {problem.ho}x{problem.wo} (at "
+                                             f"most {depthwise_column_conv2d.COLUMN_MAX_WIDTH} wide): a thread per "
+                                             f"output column, no shared memory")
+        if not depthwise_conv2d.refusal(problem):
+            return DEPTHWISE_KERNEL, "one input channel per group: memory-bound, a patch per output tile"
     if problem.dtype == "float64":
         return DIRECT_KERNEL, "float64 has no tensor-core path"
     if single_channel_gemm and problem.layout == "NCHW" and not implicit_gemm_conv2d.refusal(problem):

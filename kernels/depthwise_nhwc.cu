@@ -17,11 +17,12 @@
 //   adding it to every pixel whose window holds it: for 3x3, stride 1 and 4 pixels, 6 + 3 loads per
 //   row instead of 24.
 // - KW < 0 (a kernel of run-time width, column stride 1, no column dilation: conv1d's long kernels): a
-//   thread per run of PIX pixels, the PIX input columns a tap reads rotated through registers (column
-//   s0 + m in slot m until tap s0 + m used it, then s0 + m + PIX; taps unrolled PIX at a time so that
-//   slots resolve at compile time): each column loaded and widened once, each weight vector once per run.
+//   thread per run of PIX pixels, the PIX input columns a tap reads rotated through registers
+//   (depthwise_rows.cuh for_each_rotated_tap): each column loaded and widened once, each weight vector
+//   once per run.
 // Arguments as every convolution kernel's (families/common.py conv_launch; K and groups are C).
 // 1-D grid over N Ho ceil(Wo / PIX) C / VEC threads, 256 per block.
+#include "depthwise_rows.cuh"
 #include "dtypes.cuh"
 #include "epilogue.cuh"
 
@@ -91,25 +92,16 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             Acc window[PIX][VEC];
 #pragma unroll
             for (int m = 0; m < PIX; ++m) load_column(m, window[m]);
-            auto tap = [&](int s0, int u) {  // tap s0 + u, then its slot refilled for the next tap's last pixel
-                const Vec wv = *reinterpret_cast<const Vec*>(w_row + (s0 + u) * C);
+            for_each_rotated_tap<PIX>(kw, [&](int s, int u) {
+                const Vec wv = *reinterpret_cast<const Vec*>(w_row + s * C);
                 Acc wf[VEC];
                 widen(wf, wv.v);
 #pragma unroll
                 for (int p = 0; p < PIX; ++p)
 #pragma unroll
                     for (int j = 0; j < VEC; ++j) acc[p][j] += window[(u + p) % PIX][j] * wf[j];
-                if (s0 + u + 1 < kw) load_column(s0 + u + PIX, window[u]);
-            };
-            int s0 = 0;
-#pragma unroll 1
-            for (; s0 + PIX <= kw; s0 += PIX) {
-#pragma unroll
-                for (int u = 0; u < PIX; ++u) tap(s0, u);
-            }
-#pragma unroll
-            for (int u = 0; u + 1 < PIX; ++u)  // the last kw % PIX taps
-                if (s0 + u < kw) tap(s0, u);
+                if (s + 1 < kw) load_column(s + PIX, window[u]);
+            });
         }
     } else {
         const int iw0 = ow0 * SW - pl;

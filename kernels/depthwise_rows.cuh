@@ -23,32 +23,39 @@ __device__ __forceinline__ void accumulate_input_row(Acc (&acc)[RPT], const Acc 
     }
 }
 
-// The run of R consecutive outputs of one row (column stride and dilation 1) a thread computes for a
-// kernel row of run-time length kw: acc[j] += sum_s wr[s] q[j + s]. The R inputs a tap reads sit in
-// registers, rotated rather than shifted -- during taps s0 .. s0 + R - 1, slot m holds q[s0 + m] until
-// tap s0 + m has used it, then q[s0 + m + R] -- so each input value is read from shared memory and
-// widened once for all R outputs, and each weight once per run (slots resolve at compile time: the
-// taps are unrolled R at a time).
+// The taps 0 .. kw - 1 of a kernel row of run-time length, for a thread whose R consecutive outputs
+// (column stride and dilation 1) read their inputs from a window of R registers rotated rather than
+// shifted: during taps s0 .. s0 + R - 1, slot m holds input s0 + m until tap s0 + m has used it, then
+// input s0 + m + R. tap(s, u) adds tap s, whose output j reads slot (u + j) % R, then (while taps
+// remain) refills slot u with input s + R; the taps are unrolled R at a time, so that u is a
+// compile-time constant and the window stays in registers. Both depthwise kernels' runs use it.
+template <int R, typename Tap>
+__device__ __forceinline__ void for_each_rotated_tap(int kw, Tap&& tap) {
+    int s0 = 0;
+#pragma unroll 1
+    for (; s0 + R <= kw; s0 += R) {
+#pragma unroll
+        for (int u = 0; u < R; ++u) tap(s0 + u, u);
+    }
+#pragma unroll
+    for (int u = 0; u + 1 < R; ++u)  // the last kw % R taps
+        if (s0 + u < kw) tap(s0 + u, u);
+}
+
+// The run of R consecutive outputs of one row a thread computes for a kernel row of run-time length kw
+// (column stride and dilation 1): acc[j] += sum_s wr[s] q[j + s], each input read from shared memory
+// and widened once for all R outputs, each weight once per run.
 template <int R, typename Acc, typename T>
 __device__ __forceinline__ void accumulate_row_run(Acc (&acc)[R], const T* q, const T* wr, int kw) {
     Acc window[R];
 #pragma unroll
     for (int m = 0; m < R; ++m) window[m] = to_acc<Acc>(q[m]);
-    auto tap = [&](int s0, int u) {  // tap s0 + u, then its slot refilled for tap s0 + u + 1's last output
-        const Acc wv = to_acc<Acc>(wr[s0 + u]);
+    for_each_rotated_tap<R>(kw, [&](int s, int u) {
+        const Acc wv = to_acc<Acc>(wr[s]);
 #pragma unroll
         for (int j = 0; j < R; ++j) acc[j] += wv * window[(u + j) % R];
-        if (s0 + u + 1 < kw) window[u] = to_acc<Acc>(q[s0 + u + R]);
-    };
-    int s0 = 0;
-#pragma unroll 1
-    for (; s0 + R <= kw; s0 += R) {
-#pragma unroll
-        for (int u = 0; u < R; ++u) tap(s0, u);
-    }
-#pragma unroll
-    for (int u = 0; u + 1 < R; ++u)  // the last kw % R taps
-        if (s0 + u < kw) tap(s0, u);
+        if (s + 1 < kw) window[u] = to_acc<Acc>(q[s + R]);
+    });
 }
 
 }  // namespace cupyconv
