@@ -208,8 +208,8 @@ def test_depthwise_channel_loop(case, dtype, config, channels_per_lane):
     Case(1, 3, 3, 5, 90, 3, 9, padding=(1, 4), groups=3),                 # a 2-D layer on rows one high: kh 3
 ], ids=lambda c: c.id)
 def test_depthwise_row_runs(case, dtype, channels_per_lane):
-    """The depthwise kernel's rows of runs (ROW_RUNS_CONFIG, forced: not yet among the rules' or the
-    tuner's tiles): 8 consecutive outputs of a row per thread, their inputs rotated through registers,
+    """The depthwise kernel's rows of runs (ROW_RUNS_CONFIG, forced; the rule for outputs one row high
+    of column stride 1): 8 consecutive outputs of a row per thread, their inputs rotated through registers,
     stored as vectors where aligned; every dtype against torch, NaN-poisoned."""
     from cupyconv.families.depthwise_conv2d import ROW_RUNS_CONFIG
 

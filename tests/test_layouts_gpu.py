@@ -269,10 +269,10 @@ def test_depthwise_nhwc_rows(case, dtype):
         assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, rows.kernel), f"runs of {pixels}"
 
 
-# Runs of any kernel width (depthwise_nhwc.RUN_CONFIG, forced: not yet among the rules' or the tuner's
-# configs): conv1d's long kernels (31 taps: runs of 4 taps and a remainder of 3), a width of whole runs,
-# widths below a run, rows that are not whole runs, several kernel rows with row stride and dilation,
-# and the epilogue.
+# Runs of any kernel width (depthwise_nhwc.RUN_CONFIG, forced here; the rule for kernels wider than one
+# column other than the row instances' widths): conv1d's long kernels (31 taps: runs of 4 taps and a
+# remainder of 3), a width of whole runs, widths below a run, rows that are not whole runs, several
+# kernel rows with row stride and dilation, and the epilogue.
 RUN_CASES = [Case(2, 24, 24, 1, 203, 1, 31, padding=(0, 15), groups=24),
              Case(1, 16, 16, 1, 50, 1, 8, padding=(0, 4), groups=16, bias=False),
              Case(2, 8, 8, 1, 37, 1, 2, groups=8),

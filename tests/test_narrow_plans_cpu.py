@@ -1,7 +1,8 @@
 """The planner's choice for layers of few output channels, without a GPU: on the tensor cores the
 channels-last GEMM's 32-channel tile (not the direct kernel, which an H100 ran 5-10x slower on them),
 in strict float32 and float64 the direct kernel; 32 or fewer output channels on mma.sync tiles take
-the 32-channel tile (benchmarks/NOTES.md, "Few output channels")."""
+the 32-channel tile, as do layers of one such tile of few pixels on the H100 (benchmarks/NOTES.md,
+"Few output channels" and "Runs along rows")."""
 import pytest
 
 from cupyconv.arguments import make_problem
@@ -37,3 +38,16 @@ def test_few_output_channels_take_the_32_channel_tile_on_the_tensor_cores(layer,
     else:
         assert plan.kernel == NHWC_KERNEL and plan.config.bn == NARROW_TILE_CHANNELS, str(plan)
         assert not plan.config.wgmma and "one 32-channel tile" in plan.reason
+
+
+@pytest.mark.parametrize("dtype,tf32", [("float16", False), ("bfloat16", False), ("float32", True)])
+@pytest.mark.parametrize("channels,reduced", [(240, 10), (480, 20), (672, 28)])
+def test_one_narrow_tile_of_few_pixels_keeps_mma_sync_on_the_h100(channels, reduced, dtype, tf32):
+    """EfficientNet-B0's squeeze-excitation reductions at batch 32 (32 pixels): the 32-channel mma.sync
+    tile, not wgmma's 256 x 64 (WGMMA_MIN_NARROW_PIXELS); the same layer on more pixels takes wgmma."""
+    few = make_plan(make_problem((32, 1, 1, channels), (reduced, channels, 1, 1), None, dtype, layout="NHWC"),
+                    allow_tf32=tf32, compute_capability=90)
+    assert few.kernel == NHWC_KERNEL and few.config.bn == NARROW_TILE_CHANNELS and not few.config.wgmma, str(few)
+    many = make_plan(make_problem((32, 14, 14, channels), (reduced, channels, 3, 3), None, dtype, padding=1,
+                                  layout="NHWC"), allow_tf32=tf32, compute_capability=90)
+    assert many.kernel == NHWC_KERNEL and many.config.wgmma, str(many)

@@ -2,11 +2,13 @@
 planes, without a GPU: one input channel in one group of >= ONE_CHANNEL_GEMM_MIN_TAPS taps to >=
 ONE_CHANNEL_GEMM_MIN_CHANNELS channels takes a tensor-core GEMM (the NCHW gather for NCHW inputs); fewer
 taps or channels and strict float32 a depthwise kernel; outputs one row high take the depthwise
-kernel's rows of 256 (benchmarks/NOTES.md, "conv1d's problems")."""
+kernel's runs along rows of 1024 (rows of 256 for column strides past 1), and in NHWC long kernels
+the runs of run-time taps (benchmarks/NOTES.md, "conv1d's problems" and "Runs along rows")."""
 import pytest
 
 from cupyconv.arguments import make_problem
-from cupyconv.families.depthwise_conv2d import ROW_CONFIG
+from cupyconv.families.depthwise_conv2d import ROW_CONFIG, ROW_RUNS_CONFIG
+from cupyconv.families.depthwise_nhwc import RUN_CONFIG
 from cupyconv.planner import (DEPTHWISE_KERNEL, DEPTHWISE_NHWC_KERNEL, GEMM_KERNEL, NHWC_KERNEL,
                               ONE_CHANNEL_GEMM_MIN_TAPS, make_plan)
 
@@ -46,8 +48,25 @@ def test_few_taps_few_channels_and_strict_float32_keep_the_depthwise_kernel(layo
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-def test_rows_one_high_take_the_row_tile(dtype):
+def test_rows_one_high_take_the_runs_along_rows(dtype):
     nchw = plan_of(CONFORMER_DW, dtype, "NCHW")
-    assert nchw.kernel == DEPTHWISE_KERNEL and nchw.config.name == ROW_CONFIG, str(nchw)
-    assert nchw.block == (256, 1, 1) and nchw.grid[0] == 4  # 1000 outputs a row: four rows of 256
-    assert plan_of(CONFORMER_DW, dtype, "NHWC").kernel == DEPTHWISE_NHWC_KERNEL
+    assert nchw.kernel == DEPTHWISE_KERNEL and nchw.config.name == ROW_RUNS_CONFIG, str(nchw)
+    assert nchw.block == (128, 1, 1) and nchw.grid[0] == 1  # 1000 outputs a row: one row of 1024
+    nhwc = plan_of(CONFORMER_DW, dtype, "NHWC")
+    assert nhwc.kernel == DEPTHWISE_NHWC_KERNEL
+    assert (nhwc.config is RUN_CONFIG) == (dtype != "float64"), str(nhwc)  # float64 stays per pixel
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_rows_one_high_of_column_stride_two_take_the_row_tile(layout):
+    strided = (CONFORMER_DW[0], CONFORMER_DW[1], (1, 2), CONFORMER_DW[3], CONFORMER_DW[4])
+    plan = plan_of(strided, "float32", layout)
+    if layout == "NCHW":
+        assert plan.kernel == DEPTHWISE_KERNEL and plan.config.name == ROW_CONFIG, str(plan)
+    else:  # the runs of any width read columns one apart
+        assert plan.kernel == DEPTHWISE_NHWC_KERNEL and plan.config is not RUN_CONFIG, str(plan)
+
+
+def test_kernels_one_column_wide_stay_per_pixel():
+    column = (CONFORMER_DW[0], (CONFORMER_DW[1][0], 1, 31, 1), 1, (15, 0), CONFORMER_DW[4])
+    assert plan_of(((16, 512, 1000, 1),) + column[1:], "float16", "NHWC").config.name == "dw_nhwc_v16"

@@ -3,10 +3,13 @@
 EfficientNet-B0's squeeze-excitation layers at batch 32 (1x1 planes: reductions to 4-48 channels and
 expansions from them; GEMMs of 32 pixels), its stem (3 input channels), and a 3-channel output head on
 a large plane (where the direct kernel is meant to win).
-    python benchmarks/profile/narrow_out.py
-Columns: the rule's plan, then the direct kernel, the channels-last GEMM's tiles and its split-K runs
-forced."""
+    python benchmarks/profile/narrow_out.py [--dtype fp16 --dtype tf32]
+Columns: the rule's plan, then the direct kernel, the channels-last GEMM's tiles (mma.sync and wgmma)
+and its split-K runs forced."""
+import argparse
+
 from cupyconv.arguments import make_problem
+from cupyconv.bench import MODE_DTYPE
 from cupyconv.planner import DIRECT_KERNEL, NHWC_KERNEL
 from plan_timing import rule_against_forced
 
@@ -20,18 +23,23 @@ SHAPES = {
     "head_64to3_256sq": ((8, 256, 256, 64), (3, 64, 3, 3), 1, 1),
 }
 FORCED = {"direct": (DIRECT_KERNEL, None), "gemm": (NHWC_KERNEL, None), "n32": (NHWC_KERNEL, "nhwc_m128n32k32"),
-          "n64": (NHWC_KERNEL, "nhwc_m128n64k32"),
+          "n64": (NHWC_KERNEL, "nhwc_m128n64k32"), "wgmma n64": (NHWC_KERNEL, "nhwc_wgmma_ch_m256n64"),
           **{f"gemm split {s}": (NHWC_KERNEL, None, {"splits": s}) for s in (2, 4, 8)}}
 
 
 def main() -> None:
-    print("| layer | rule's plan | rule ms |" + "".join(f" {name} ms |" for name in FORCED))
-    print("| --- " * (3 + len(FORCED)) + "|")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dtype", action="append", choices=("fp16", "bf16", "tf32"))
+    modes = parser.parse_args().dtype or ("fp16",)
+    print("| layer | mode | rule's plan | rule ms |" + "".join(f" {name} ms |" for name in FORCED))
+    print("| --- " * (4 + len(FORCED)) + "|")
     for name, (xs, ws, stride, padding) in SHAPES.items():
-        problem = make_problem(xs, ws, (ws[0],), "float16", stride, padding, layout="NHWC", weight_layout="KCHW")
-        plans, ms = rule_against_forced(problem, "fp16", FORCED, (name,))
-        print(f"| {name} | {plans['rule'].kernel} {plans['rule'].config.name} | {ms['rule']:.4f} |"
-              + "".join(f" {ms[k]:.4f} |" if k in ms else " - |" for k in FORCED), flush=True)
+        for mode in modes:
+            problem = make_problem(xs, ws, (ws[0],), MODE_DTYPE[mode], stride, padding, layout="NHWC",
+                                   weight_layout="KCHW")
+            plans, ms = rule_against_forced(problem, mode, FORCED, (name, mode))
+            print(f"| {name} | {mode} | {plans['rule'].kernel} {plans['rule'].config.name} | {ms['rule']:.4f} |"
+                  + "".join(f" {ms[k]:.4f} |" if k in ms else " - |" for k in FORCED), flush=True)
 
 
 if __name__ == "__main__":

@@ -48,18 +48,18 @@ class DepthwiseConfig:
 #: 32 x 32 tiles, and 16 x 16 ones four lanes at a time for outputs at most 16 wide (MobileNet's
 #: 14x14 and 7x7 stages): 128 threads a block either way. 8 rows per thread: a 3x3 stride-1 thread
 #: reads 10 patch rows for 8 outputs.
-#: Outputs one row high (conv1d's height-1 problems) take rows of 256 outputs, a thread each: a 32 x 32
-#: tile there computes one row of 32 and copies a patch per 32 outputs (H100, conformer_dw_512_k31 fp16
-#: NCHW: 1.75 ms on dw_32x32 against torch's 0.043).
+#: Outputs one row high (conv1d's height-1 problems) take rows of 1024 outputs, 8 consecutive ones a
+#: thread, their inputs rotated through registers (ROW_RUNS): a 32 x 32 tile there computes one row of 32
+#: and copies a patch per 32 outputs (H100, conformer_dw_512_k31 fp16 NCHW: 1.75 ms on dw_32x32 against
+#: torch's 0.043), rows of 256 outputs a thread each (ROW_CONFIG) 0.138 ms, the runs 0.039 (TF32 0.125
+#: -> 0.063; benchmarks/NOTES.md, "Runs along rows"). ROW_CONFIG stays for column strides past 1
+#: (wav2vec 2.0's 1 -> 512 layer of stride 5 in float32: 0.175 ms on it, 0.208 in runs) and for patches
+#: the runs' rows overflow (large dilations).
 ROW_CONFIG = "dw_1x256"
-#: Rows of 1024 outputs, 8 consecutive ones a thread, their inputs rotated through registers (ROW_RUNS):
-#: written for conv1d's depthwise layers after the 2026-11-27 session's last GPU call and not yet run on
-#: a GPU, so forced alone (make_plan's config) -- not among CONFIG_NAMES, which the rules and the tuner
-#: draw on -- until it is timed against ROW_CONFIG (benchmarks/profile/one_channel.py).
 ROW_RUNS_CONFIG = "dw_1x1024_r8"
 DEPTHWISE_CONFIGS = (DepthwiseConfig("dw_32x32", 32, 32, 8, 1), DepthwiseConfig("dw_16x16", 16, 16, 8, 4),
-                     DepthwiseConfig(ROW_CONFIG, 1, 256, 1, 1), DepthwiseConfig(ROW_RUNS_CONFIG, 1, 1024, 8, 1))
-CONFIG_NAMES = frozenset(c.name for c in DEPTHWISE_CONFIGS) - {ROW_RUNS_CONFIG}
+                     DepthwiseConfig(ROW_RUNS_CONFIG, 1, 1024, 8, 1), DepthwiseConfig(ROW_CONFIG, 1, 256, 1, 1))
+CONFIG_NAMES = frozenset(c.name for c in DEPTHWISE_CONFIGS)
 #: (kh, kw, row stride) compiled with unrolled taps and the weights in registers (row dilation 1):
 #: the depthwise layers of MobileNet, EfficientNet and ConvNeXt. Anything else runs run-time taps.
 DEPTHWISE_TAPS = ((3, 3, 1), (3, 3, 2), (5, 5, 1), (5, 5, 2), (7, 7, 1))
@@ -122,7 +122,8 @@ def _layout(problem: ConvProblem, cfg: DepthwiseConfig, channels_per_lane: int |
 
 def _choose_config(problem: ConvProblem) -> DepthwiseConfig:
     if problem.ho == 1:
-        return DEPTHWISE_CONFIGS[2]
+        runs = DEPTHWISE_CONFIGS[2]
+        return runs if problem.stride[1] == 1 and _layout(problem, runs) else DEPTHWISE_CONFIGS[3]
     return DEPTHWISE_CONFIGS[1] if problem.wo <= 16 else DEPTHWISE_CONFIGS[0]
 
 

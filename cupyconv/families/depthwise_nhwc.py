@@ -6,7 +6,8 @@ channels_last (one channel per group, no channel multiplier).
 A thread computes one output pixel (any kernel, stride and dilation), or, for kernels ROW_KERNEL_WIDTHS
 wide with column strides ROW_STRIDES and no column dilation, a run of ROW_PIXELS pixels along a row
 that loads and widens each input column and weight once per kernel row (the per-pixel way does both
-per tap, which binds before HBM does: benchmarks/NOTES.md, "Depthwise NHWC rows")."""
+per tap, which binds before HBM does: benchmarks/NOTES.md, "Depthwise NHWC rows"); other kernel widths
+of column stride 1 run runs of RUN_PIXELS with run-time taps (RUN_CONFIG)."""
 from __future__ import annotations
 
 import dataclasses
@@ -55,15 +56,14 @@ ROW_DTYPES = ("float16", "bfloat16", "float32")
 #: vectors per pixel: the widest whose channel count divides C.
 NHWC_DEPTHWISE_CONFIGS = (*(VectorConfig(f"dw_nhwc_v{ROW_VEC_BYTES}_row{p}", ROW_VEC_BYTES, p) for p in ROW_PIXELS),
                           *(VectorConfig(f"dw_nhwc_v{b}", b) for b in (16, 8, 4, 2)))
-CONFIG_NAMES = frozenset(c.name for c in NHWC_DEPTHWISE_CONFIGS)
-#: Runs of RUN_PIXELS pixels for kernels of any width (column stride 1, no column dilation; kw -1 in
-#: the instance: run-time taps, the run's input columns rotated through registers), for conv1d's long
-#: kernels, which the per-pixel way reads with two loads and two conversions per tap: written after the
-#: 2026-11-27 session's last GPU call and not yet run on a GPU, so forced alone (make_plan's config;
-#: neither the rules nor the tuner, which draw on NHWC_DEPTHWISE_CONFIGS and CONFIG_NAMES, take it)
-#: until it is timed (benchmarks/profile/one_channel.py).
+#: Runs of RUN_PIXELS pixels for kernels of any other width (column stride 1, no column dilation; kw -1
+#: in the instance: run-time taps, the run's input columns rotated through registers), for conv1d's long
+#: kernels, which the per-pixel way reads with two loads and two conversions per tap (H100,
+#: conformer_dw_512_k31 channels_last: fp16 0.074 -> 0.054 ms, TF32 0.106 -> 0.066; benchmarks/NOTES.md,
+#: "Runs along rows"). Kernels one column wide stay per pixel: a run has no column to share.
 RUN_PIXELS = 4
 RUN_CONFIG = VectorConfig(f"dw_nhwc_v{ROW_VEC_BYTES}_run{RUN_PIXELS}", ROW_VEC_BYTES, RUN_PIXELS, kw=-1, sw=1)
+CONFIG_NAMES = frozenset(c.name for c in (*NHWC_DEPTHWISE_CONFIGS, RUN_CONFIG))
 
 
 def _row_refusal(problem: ConvProblem) -> str:
@@ -120,9 +120,12 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
     else:
         cfg = next(c for c in NHWC_DEPTHWISE_CONFIGS if (_fits(c, problem) and c.pixels in (1, _row_pixels(problem)))
                    or c.vec_bytes == STORAGE_BYTES[problem.dtype])
+        if cfg.pixels == 1 and problem.kw > 1 and _fits(RUN_CONFIG, problem):
+            cfg = RUN_CONFIG
         why = f"{problem.c} channels in {cfg.vec_bytes}-byte vectors"
         if cfg.pixels > 1:
-            why += f", runs of {cfg.pixels} pixels along rows ({problem.kw} wide, column stride {problem.stride[1]})"
+            why += (f", runs of {cfg.pixels} pixels along rows ({problem.kw} wide, column stride {problem.stride[1]}"
+                    f"{', run-time taps' if cfg is RUN_CONFIG else ''})")
     if cfg.pixels > 1 and cfg is not RUN_CONFIG:
         cfg = dataclasses.replace(cfg, kw=problem.kw, sw=problem.stride[1])
     threads = problem.n * problem.ho * math.ceil(problem.wo / cfg.pixels) * problem.c // _vec(cfg, problem.dtype)
