@@ -26,6 +26,7 @@ from cupyconv import planner  # noqa: E402
 from cupyconv.arguments import make_problem  # noqa: E402
 from cupyconv.compiler import compute_capability  # noqa: E402
 from cupyconv.executor import executable  # noqa: E402
+from cupyconv.families import depthwise_nhwc  # noqa: E402
 from cupyconv.launch import conv2d_cupy  # noqa: E402
 
 LAYOUT_PAIRS = [("NHWC", "KCHW"), ("NCHW", "KHWC"), ("NHWC", "KHWC")]
@@ -243,8 +244,6 @@ ROW_CASES = [Case(2, 24, 24, 11, 13, kw, kw, stride=(sh, sw), padding=(kw // 2, 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("case", ROW_CASES, ids=lambda c: c.id)
 def test_depthwise_nhwc_rows(case, dtype):
-    from cupyconv.families import depthwise_nhwc
-
     problem = problem_of(case, dtype, "NHWC", "KHWC")
     rows = planner.make_plan(problem)
     assert rows.kernel == planner.DEPTHWISE_NHWC_KERNEL and rows.config.pixels > 1
@@ -269,8 +268,8 @@ def test_depthwise_nhwc_rows(case, dtype):
         assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, rows.kernel), f"runs of {pixels}"
 
 
-# Runs of any kernel width (depthwise_nhwc.RUN_CONFIG, forced here; the rule for kernels wider than one
-# column other than the row instances' widths): conv1d's long kernels (31 taps: runs of 4 taps and a
+# Runs of any kernel width (depthwise_nhwc.RUN_CONFIGS, forced here; RUN_CONFIG is the rule for kernels
+# wider than one column other than the row instances' widths): conv1d's long kernels (31 taps: runs of 4 taps and a
 # remainder of 3), a width of whole runs, widths below a run, rows that are not whole runs, several
 # kernel rows with row stride and dilation, and the epilogue.
 RUN_CASES = [Case(2, 24, 24, 1, 203, 1, 31, padding=(0, 15), groups=24),
@@ -280,15 +279,14 @@ RUN_CASES = [Case(2, 24, 24, 1, 203, 1, 31, padding=(0, 15), groups=24),
              Case(2, 16, 16, 9, 23, 3, 9, stride=(2, 1), padding=(2, 4), dilation=(2, 1), groups=16)]
 
 
+@pytest.mark.parametrize("config", [c.name for c in depthwise_nhwc.RUN_CONFIGS])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("case", RUN_CASES, ids=lambda c: c.id)
-def test_depthwise_nhwc_runs_of_any_width(case, dtype):
+def test_depthwise_nhwc_runs_of_any_width(case, dtype, config):
     """The runs' sums are the per-pixel way's, added in the same order: bit for bit, within tolerance of
     float64, every output written; and with relu(conv + bias + residual) in the epilogue."""
-    from cupyconv.families import depthwise_nhwc
-
     problem = problem_of(case, dtype, "NHWC", "KHWC")
-    runs = planner.make_plan(problem, depthwise_nhwc.RUN_CONFIG.name, planner.DEPTHWISE_NHWC_KERNEL)
+    runs = planner.make_plan(problem, config, planner.DEPTHWISE_NHWC_KERNEL)
     per_pixel = planner.make_plan(problem, "dw_nhwc_v16", planner.DEPTHWISE_NHWC_KERNEL)
     x, weight, bias = inputs(case, dtype, seed=case.kw)
     expected = run(per_pixel, problem, x, weight, bias)
@@ -300,7 +298,7 @@ def test_depthwise_nhwc_runs_of_any_width(case, dtype):
     residual = torch.randn(expected.shape, device="cuda", dtype=torch.float64).to(expected.dtype)
     y = residual.permute(0, 2, 3, 1).contiguous()
     conv2d_cupy(to_cupy(arranged(x, "NHWC")), to_cupy(arranged(weight, "KHWC")), to_cupy(bias), fused, to_cupy(y),
-                plan=planner.make_plan(fused, depthwise_nhwc.RUN_CONFIG.name, planner.DEPTHWISE_NHWC_KERNEL),
+                plan=planner.make_plan(fused, config, planner.DEPTHWISE_NHWC_KERNEL),
                 residual=to_cupy(y))
     wanted = F.relu(reference(x, weight, bias, case) + residual.double())
     assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, runs.kernel)

@@ -41,13 +41,14 @@ def test_few_output_channels_take_the_32_channel_tile_on_the_tensor_cores(layer,
 
 
 @pytest.mark.parametrize("dtype,tf32", [("float16", False), ("bfloat16", False), ("float32", True)])
-@pytest.mark.parametrize("channels,reduced", [(240, 10), (480, 20), (672, 28)])
-def test_one_narrow_tile_of_few_pixels_keeps_mma_sync_on_the_h100(channels, reduced, dtype, tf32):
-    """EfficientNet-B0's squeeze-excitation reductions at batch 32 (32 pixels): the 32-channel mma.sync
+@pytest.mark.parametrize("channels,reduced", [(240, 10), (480, 20), (672, 28), (1152, 48)])
+def test_one_tile_of_few_pixels_keeps_mma_sync_on_the_h100(channels, reduced, dtype, tf32):
+    """EfficientNet-B0's squeeze-excitation reductions at batch 32 (32 pixels): mma.sync's 32- or 64-channel
     tile, not wgmma's 256 x 64 (WGMMA_MIN_NARROW_PIXELS); the same layer on more pixels takes wgmma."""
     few = make_plan(make_problem((32, 1, 1, channels), (reduced, channels, 1, 1), None, dtype, layout="NHWC"),
                     allow_tf32=tf32, compute_capability=90)
-    assert few.kernel == NHWC_KERNEL and few.config.bn == NARROW_TILE_CHANNELS and not few.config.wgmma, str(few)
+    assert few.kernel == NHWC_KERNEL and not few.config.wgmma, str(few)
+    assert few.config.bn == (NARROW_TILE_CHANNELS if reduced <= NARROW_TILE_CHANNELS else 64), str(few)
     many = make_plan(make_problem((32, 14, 14, channels), (reduced, channels, 3, 3), None, dtype, padding=1,
                                   layout="NHWC"), allow_tf32=tf32, compute_capability=90)
     assert many.kernel == NHWC_KERNEL and many.config.wgmma, str(many)

@@ -44,7 +44,7 @@ def config_names(kernel: str, dtype: str) -> list[str]:
     tables = {planner.DIRECT_KERNEL: direct_conv2d.TILE_CONFIGS,
               planner.DEPTHWISE_KERNEL: depthwise_conv2d.DEPTHWISE_CONFIGS,
               planner.DEPTHWISE_COLUMN_KERNEL: depthwise_column_conv2d.COLUMN_CONFIGS,
-              planner.DEPTHWISE_NHWC_KERNEL: depthwise_nhwc.NHWC_DEPTHWISE_CONFIGS + (depthwise_nhwc.RUN_CONFIG,),
+              planner.DEPTHWISE_NHWC_KERNEL: depthwise_nhwc.NHWC_DEPTHWISE_CONFIGS + depthwise_nhwc.RUN_CONFIGS,
               planner.SIMT_KERNEL: simt_gemm_conv2d.SIMT_CONFIGS,
               planner.WINOGRAD_KERNEL: simt_gemm_conv2d.SIMT_CONFIGS,
               planner.GEMM_KERNEL: implicit_gemm_conv2d.GEMM_CONFIGS.get(dtype, ()),

@@ -9,6 +9,7 @@ import argparse
 
 from cupyconv.arguments import make_problem
 from cupyconv.bench import MODE_DTYPE
+from cupyconv.families.depthwise_nhwc import RUN_CONFIGS
 from cupyconv.planner import DEPTHWISE_KERNEL, DEPTHWISE_NHWC_KERNEL, DIRECT_KERNEL, GEMM_KERNEL, NHWC_KERNEL
 from plan_timing import TOLERANCE, rule_against_forced
 
@@ -16,6 +17,7 @@ from plan_timing import TOLERANCE, rule_against_forced
 LAYERS = {
     "w2v_conv0_1to512_k10s5": ((8, 1, 1, 16000), (512, 1, 1, 10), (1, 5), 0, 1),
     "conformer_dw_512_k31": ((16, 512, 1, 1000), (512, 1, 1, 31), 1, (0, 15), 512),
+    "dw1d_768_k15": ((8, 768, 1, 2048), (768, 1, 1, 15), 1, (0, 7), 768),
     "gray_1to32_3x3_224sq": ((32, 1, 224, 224), (32, 1, 3, 3), 1, 1, 1),
     "gray_1to64_7x7s2_224sq": ((32, 1, 224, 224), (64, 1, 7, 7), 2, 3, 1),
     "mnist_1to32_5x5_28sq": ((128, 1, 28, 28), (32, 1, 5, 5), 1, 2, 1),
@@ -29,8 +31,7 @@ def main() -> None:
     args = parser.parse_args()
     others = {"dw_32x32": (DEPTHWISE_KERNEL, "dw_32x32"), "dw_1x256": (DEPTHWISE_KERNEL, "dw_1x256"),
               "dw_1x1024_r8": (DEPTHWISE_KERNEL, "dw_1x1024_r8"),
-              "dw_nhwc_v16": (DEPTHWISE_NHWC_KERNEL, "dw_nhwc_v16"), "dw_nhwc_v16_run4": (DEPTHWISE_NHWC_KERNEL,
-                                                                                     "dw_nhwc_v16_run4"),
+              **{c: (DEPTHWISE_NHWC_KERNEL, c) for c in ("dw_nhwc_v16", *(r.name for r in RUN_CONFIGS))},
               "gemm": (NHWC_KERNEL, None), "gemm_nchw": (GEMM_KERNEL, None), "direct": (DIRECT_KERNEL, None)}
     print("| layer | mode | layout | rule's plan | rule ms |" + "".join(f" {k} ms |" for k in others))
     print("| --- " * (5 + len(others)) + "|")

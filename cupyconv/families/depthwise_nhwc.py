@@ -7,7 +7,7 @@ A thread computes one output pixel (any kernel, stride and dilation), or, for ke
 wide with column strides ROW_STRIDES and no column dilation, a run of ROW_PIXELS pixels along a row
 that loads and widens each input column and weight once per kernel row (the per-pixel way does both
 per tap, which binds before HBM does: benchmarks/NOTES.md, "Depthwise NHWC rows"); other kernel widths
-of column stride 1 run runs of RUN_PIXELS with run-time taps (RUN_CONFIG)."""
+of column stride 1 run runs with run-time taps (RUN_CONFIGS)."""
 from __future__ import annotations
 
 import dataclasses
@@ -56,14 +56,16 @@ ROW_DTYPES = ("float16", "bfloat16", "float32")
 #: vectors per pixel: the widest whose channel count divides C.
 NHWC_DEPTHWISE_CONFIGS = (*(VectorConfig(f"dw_nhwc_v{ROW_VEC_BYTES}_row{p}", ROW_VEC_BYTES, p) for p in ROW_PIXELS),
                           *(VectorConfig(f"dw_nhwc_v{b}", b) for b in (16, 8, 4, 2)))
-#: Runs of RUN_PIXELS pixels for kernels of any other width (column stride 1, no column dilation; kw -1
+#: Runs of 4 or 8 pixels for kernels of any other width (column stride 1, no column dilation; kw -1
 #: in the instance: run-time taps, the run's input columns rotated through registers), for conv1d's long
 #: kernels, which the per-pixel way reads with two loads and two conversions per tap (H100,
 #: conformer_dw_512_k31 channels_last: fp16 0.074 -> 0.054 ms, TF32 0.106 -> 0.066; benchmarks/NOTES.md,
 #: "Runs along rows"). Kernels one column wide stay per pixel: a run has no column to share.
-RUN_PIXELS = 4
-RUN_CONFIG = VectorConfig(f"dw_nhwc_v{ROW_VEC_BYTES}_run{RUN_PIXELS}", ROW_VEC_BYTES, RUN_PIXELS, kw=-1, sw=1)
-CONFIG_NAMES = frozenset(c.name for c in (*NHWC_DEPTHWISE_CONFIGS, RUN_CONFIG))
+#: The rule takes RUN_CONFIG; the others (a weight widened once for 8 pixels: 8-byte vectors of 8
+#: pixels, 95 registers in fp16; 16-byte ones, 171) are the tuner's and the profile's.
+RUN_CONFIGS = tuple(VectorConfig(f"dw_nhwc_v{b}_run{p}", b, p, kw=-1, sw=1) for b, p in ((16, 4), (8, 8), (16, 8)))
+RUN_CONFIG = RUN_CONFIGS[0]
+CONFIG_NAMES = frozenset(c.name for c in (*NHWC_DEPTHWISE_CONFIGS, *RUN_CONFIGS))
 
 
 def _row_refusal(problem: ConvProblem) -> str:
@@ -85,10 +87,10 @@ def _row_pixels(problem: ConvProblem) -> int:
 
 def _fits(cfg: VectorConfig, problem: ConvProblem) -> bool:
     item = STORAGE_BYTES[problem.dtype]
-    if cfg is RUN_CONFIG and not (problem.dtype in ROW_DTYPES and problem.stride[1] == problem.dilation[1] == 1):
+    if cfg.kw < 0 and not (problem.dtype in ROW_DTYPES and problem.stride[1] == problem.dilation[1] == 1):
         return False
     return (cfg.vec_bytes >= item and problem.c % (cfg.vec_bytes // item) == 0
-            and (cfg.pixels == 1 or cfg is RUN_CONFIG or not _row_refusal(problem)))
+            and (cfg.pixels == 1 or cfg.kw < 0 or not _row_refusal(problem)))
 
 
 def refusal(problem: ConvProblem) -> str:
@@ -109,11 +111,11 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
     if why_not:
         raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
     if config is not None:
-        cfg = forced_config(NHWC_DEPTHWISE_CONFIGS + (RUN_CONFIG,), config, f"config for {KERNEL}")
+        cfg = forced_config(NHWC_DEPTHWISE_CONFIGS + RUN_CONFIGS, config, f"config for {KERNEL}")
         if not _fits(cfg, problem):
             runs = (f"runs of any width need {ROW_DTYPES}, column stride 1 and no column dilation (got "
                     f"{problem.dtype}, stride {problem.stride[1]}, dilation {problem.dilation[1]})")
-            why_not = runs if cfg is RUN_CONFIG else _row_refusal(problem) if cfg.pixels > 1 else ""
+            why_not = runs if cfg.kw < 0 else _row_refusal(problem) if cfg.pixels > 1 else ""
             raise ValueError(f"config {config!r} cannot run this problem: {why_not}{'; or ' if why_not else ''}"
                              f"{problem.c} channels are not whole {cfg.vec_bytes}-byte vectors of {problem.dtype}")
         why = "config forced by the caller"
@@ -125,8 +127,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
         why = f"{problem.c} channels in {cfg.vec_bytes}-byte vectors"
         if cfg.pixels > 1:
             why += (f", runs of {cfg.pixels} pixels along rows ({problem.kw} wide, column stride {problem.stride[1]}"
-                    f"{', run-time taps' if cfg is RUN_CONFIG else ''})")
-    if cfg.pixels > 1 and cfg is not RUN_CONFIG:
+                    f"{', run-time taps' if cfg.kw < 0 else ''})")
+    if cfg.pixels > 1 and cfg.kw >= 0:
         cfg = dataclasses.replace(cfg, kw=problem.kw, sw=problem.stride[1])
     threads = problem.n * problem.ho * math.ceil(problem.wo / cfg.pixels) * problem.c // _vec(cfg, problem.dtype)
     block = ROW_BLOCK if cfg.pixels > 1 else BLOCK
@@ -169,8 +171,8 @@ def specialisations() -> list[str]:
     rows = [specialisation(dtype, index, ROW_VEC_BYTES // STORAGE_BYTES[dtype], kw, sw, pixels)
             for dtype in ROW_DTYPES for index in INDEX_TYPES for kw in ROW_KERNEL_WIDTHS for sw in ROW_STRIDES
             for pixels in ROW_PIXELS]
-    runs = [specialisation(dtype, index, ROW_VEC_BYTES // STORAGE_BYTES[dtype], RUN_CONFIG.kw, RUN_CONFIG.sw,
-                           RUN_CONFIG.pixels) for dtype in ROW_DTYPES for index in INDEX_TYPES]
+    runs = [specialisation(dtype, index, cfg.vec_bytes // STORAGE_BYTES[dtype], cfg.kw, cfg.sw, cfg.pixels)
+            for dtype in ROW_DTYPES for index in INDEX_TYPES for cfg in RUN_CONFIGS]
     return list(dict.fromkeys(per_pixel + rows + runs))
 
 

@@ -110,11 +110,12 @@ PRODUCER_STAGES = 4
 #: overlap each other (H100, 1x1 of 64 -> 64 fp16 channels_last on 256^2 planes: 0.187 ms wgmma,
 #: 0.139 ms 128 x 64 mma.sync with k rows of 64 bytes; benchmarks/NOTES.md).
 MIN_DEEP_K_TILES = 2
-#: Layers of at most this many pixels (one mma.sync tile) and at most NARROW_TILE_CHANNELS output
-#: channels per group keep the mma.sync 32-channel tile: wgmma's 256 x 64 tile is mostly padding there
-#: (H100, fp16 channels_last, EfficientNet-B0's squeeze-excitation reductions at batch 32, 32 pixels:
-#: 240 -> 10, 480 -> 20, 672 -> 28 channels 0.0101-0.0120 ms on wgmma, 0.0081-0.0087 on the 32-channel
-#: tile; benchmarks/NOTES.md, "Runs along rows").
+#: Layers of at most this many pixels (one mma.sync tile) and at most 64 output channels per group (one
+#: wgmma channel tile) keep the mma.sync tiles: wgmma's 256 x 64 tile is mostly padding there (H100,
+#: channels_last, EfficientNet-B0's squeeze-excitation reductions at batch 32, 32 pixels: 240 -> 10,
+#: 480 -> 20, 672 -> 28 channels 0.0106-0.0126 ms fp16 and 0.0158-0.0254 TF32 on wgmma's tile,
+#: 0.0080-0.0100 and 0.0115-0.0130 on mma.sync's 32-channel one; 1152 -> 48 TF32 0.0166 against 0.0130
+#: on the 64-channel one, fp16 even; benchmarks/NOTES.md, "Runs along rows").
 WGMMA_MIN_NARROW_PIXELS = 129
 for _dtype, _item in (("float32", 4), ("float16", 2)):
     NHWC_CONFIGS[_dtype] += (
@@ -259,7 +260,7 @@ def _deep(problem: ConvProblem) -> bool:
 def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[GemmConfig, str]:
     """On compute capability 9.0, wherever 16-byte pieces are gathered from copies, the reduction spans
     MIN_DEEP_K_TILES k rows of 128 bytes or more, a group has 8 output channels or more and the layer is
-    not one narrow tile of few pixels (WGMMA_MIN_NARROW_PIXELS), the wgmma tiles (_choose_wgmma_config);
+    not one tile of few pixels and <= 64 channels (WGMMA_MIN_NARROW_PIXELS), the wgmma tiles (_choose_wgmma_config);
     elsewhere the mma.sync ones.
 
     mma.sync, channels: the 96-channel tile for 65-96 output channels per group (AlexNet), the
@@ -271,7 +272,7 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     kg = problem.k // problem.groups
     item = 4 if problem.dtype == "float32" else 2
     deep_k_tiles = math.ceil(problem.kh * problem.kw * _pieces(problem)[0][1] // problem.groups * item / 128)
-    few_pixels = problem.n * problem.ho * problem.wo < WGMMA_MIN_NARROW_PIXELS and kg <= NARROW_TILE_CHANNELS
+    few_pixels = problem.n * problem.ho * problem.wo < WGMMA_MIN_NARROW_PIXELS and kg <= 64
     if not _wgmma_refusal(problem, compute_capability) and deep_k_tiles >= MIN_DEEP_K_TILES and \
             kg >= GEMM_MIN_GROUP_CHANNELS and not few_pixels:
         return _choose_wgmma_config(problem)
