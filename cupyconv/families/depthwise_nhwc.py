@@ -7,7 +7,7 @@ A thread computes one output pixel (any kernel, stride and dilation), or, for ke
 wide with column strides ROW_STRIDES and no column dilation, a run of ROW_PIXELS pixels along a row
 that loads and widens each input column and weight once per kernel row (the per-pixel way does both
 per tap, which binds before HBM does: benchmarks/NOTES.md, "Depthwise NHWC rows"); other kernel widths
-of column stride 1 run runs with run-time taps (RUN_CONFIGS)."""
+of column stride 1 run runs with run-time taps (RUN_CONFIGS; the dtype's RUN_CONFIG)."""
 from __future__ import annotations
 
 import dataclasses
@@ -58,13 +58,14 @@ NHWC_DEPTHWISE_CONFIGS = (*(VectorConfig(f"dw_nhwc_v{ROW_VEC_BYTES}_row{p}", ROW
                           *(VectorConfig(f"dw_nhwc_v{b}", b) for b in (16, 8, 4, 2)))
 #: Runs of 4 or 8 pixels for kernels of any other width (column stride 1, no column dilation; kw -1
 #: in the instance: run-time taps, the run's input columns rotated through registers), for conv1d's long
-#: kernels, which the per-pixel way reads with two loads and two conversions per tap (H100,
-#: conformer_dw_512_k31 channels_last: fp16 0.074 -> 0.054 ms, TF32 0.106 -> 0.066; benchmarks/NOTES.md,
-#: "Runs along rows"). Kernels one column wide stay per pixel: a run has no column to share.
-#: The rule takes RUN_CONFIG; the others (a weight widened once for 8 pixels: 8-byte vectors of 8
-#: pixels, 95 registers in fp16; 16-byte ones, 171) are the tuner's and the profile's.
+#: kernels, which the per-pixel way reads with two loads and two conversions per tap. A run loads and
+#: widens a tap's weight once for its pixels: where widening costs most (fp16) runs of 8 in 8-byte
+#: vectors (95 registers), float32 runs of 8 in 16-byte ones, bf16 runs of 4 (H100, conformer_dw_512_k31
+#: channels_last against the per-pixel way: fp16 0.073 -> 0.048 ms, TF32 0.106 -> 0.052, bf16 0.087 ->
+#: 0.052; benchmarks/NOTES.md, "Runs along rows"). Kernels one column wide stay per pixel: a run has no
+#: column to share.
 RUN_CONFIGS = tuple(VectorConfig(f"dw_nhwc_v{b}_run{p}", b, p, kw=-1, sw=1) for b, p in ((16, 4), (8, 8), (16, 8)))
-RUN_CONFIG = RUN_CONFIGS[0]
+RUN_CONFIG = {"float16": RUN_CONFIGS[1], "bfloat16": RUN_CONFIGS[0], "float32": RUN_CONFIGS[2]}
 CONFIG_NAMES = frozenset(c.name for c in (*NHWC_DEPTHWISE_CONFIGS, *RUN_CONFIGS))
 
 
@@ -122,8 +123,9 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
     else:
         cfg = next(c for c in NHWC_DEPTHWISE_CONFIGS if (_fits(c, problem) and c.pixels in (1, _row_pixels(problem)))
                    or c.vec_bytes == STORAGE_BYTES[problem.dtype])
-        if cfg.pixels == 1 and problem.kw > 1 and _fits(RUN_CONFIG, problem):
-            cfg = RUN_CONFIG
+        runs = RUN_CONFIG.get(problem.dtype)
+        if cfg.pixels == 1 and problem.kw > 1 and runs and _fits(runs, problem):
+            cfg = runs
         why = f"{problem.c} channels in {cfg.vec_bytes}-byte vectors"
         if cfg.pixels > 1:
             why += (f", runs of {cfg.pixels} pixels along rows ({problem.kw} wide, column stride {problem.stride[1]}"
