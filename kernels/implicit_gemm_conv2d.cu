@@ -25,7 +25,9 @@
 //   A: [BK][BM + 8], pixels contiguous (the gather writes rows; f16/bf16 fragments via ldmatrix.trans)
 //   B: [BN][BK + pad], k contiguous (a B fragment column is a contiguous pair for 16-bit types)
 // Epilogue: accumulators + bias -> storage type -> shared memory (one warp column of channels at a
-// time, reusing the pipeline buffers) -> global, 32 lanes on 32 consecutive pixels of one channel.
+// time, reusing the pipeline buffers) -> global, 32 lanes on 32 consecutive pixels of one channel; or,
+// with out_nhwc (a channels-last problem: the output written in NHWC, no transpose after), staged
+// pixel-major and stored by 32 lanes on consecutive channels of one pixel.
 #include "dtypes.cuh"
 #include "epilogue.cuh"
 #include "gather_pixel.cuh"
@@ -42,7 +44,7 @@ __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32,
 implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                      T* __restrict__ y, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
                      int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
-                     int sh, int sw, int pt, int pl, int dh, int dw, int groups) {
+                     int sh, int sw, int pt, int pl, int dh, int dw, int groups, int out_nhwc) {
     constexpr bool kAsync = sizeof(T) == 4;                  // float: cp.async; 16-bit: via registers
     constexpr int NWARPS = WARPS_M * WARPS_N;
     constexpr int NT = NWARPS * 32;
@@ -57,13 +59,15 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
     constexpr int B_ROWS_PER_PASS = NT / BK;
     constexpr int B_PASSES = BN / B_ROWS_PER_PASS;
     constexpr int C_STRIDE = BM + 8;                         // epilogue staging [WN][C_STRIDE]
+    constexpr int C_NHWC_STRIDE = WN + 4;                    // ... or, out_nhwc, [BM][C_NHWC_STRIDE]
     static_assert(sizeof(T) == 4 || sizeof(T) == 2, "float, half_t or bfloat16_t");
     static_assert(BM % 32 == 0 && BM % WARPS_M == 0 && WM % 16 == 0, "warp tile rows: multiples of 16");
     static_assert(BN % WARPS_N == 0 && WN % 8 == 0, "warp tile columns: multiples of 8");
     static_assert(BK % NWARPS == 0 && BK % INST_K == 0 && NT % BK == 0 && BN % B_ROWS_PER_PASS == 0,
                   "BK must split over the warps, the instruction and the B loader");
     static_assert(STAGES >= 2, "at least double buffering");
-    static_assert(WN * C_STRIDE * 4 <= STAGES * (A_STAGE + B_STAGE) * static_cast<int>(sizeof(T)),
+    static_assert(WN * C_STRIDE * 4 <= STAGES * (A_STAGE + B_STAGE) * static_cast<int>(sizeof(T)) &&
+                  BM * C_NHWC_STRIDE * 4 <= STAGES * (A_STAGE + B_STAGE) * static_cast<int>(sizeof(T)),
                   "epilogue staging (float) fits in the pipeline buffers");
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -223,7 +227,8 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
 
     // --- Epilogue, one warp column (WN channels) at a time: acc + bias staged in float, then the fused
     // epilogue (epilogue.cuh) and the one rounding as each element is stored.
-    float* c_smem = reinterpret_cast<float*>(smem_raw);  // [WN][C_STRIDE]
+    float* c_smem = reinterpret_cast<float*>(smem_raw);  // [WN][C_STRIDE], or [BM][C_NHWC_STRIDE]
+    const int c_channel_step = out_nhwc ? 1 : C_STRIDE, c_pixel_step = out_nhwc ? C_NHWC_STRIDE : 1;
     Index y_pixel[A_PIXELS];  // image * K * HoWo + p for the pixels this lane stores
 #pragma unroll
     for (int i = 0; i < A_PIXELS; ++i) {
@@ -244,14 +249,25 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
                         const int m = wm + mt * 16 + quad;
-                        c_smem[n * C_STRIDE + m] = acc[mt][nt][e] + b;
-                        c_smem[n * C_STRIDE + m + 8] = acc[mt][nt][2 + e] + b;
+                        c_smem[n * c_channel_step + m * c_pixel_step] = acc[mt][nt][e] + b;
+                        c_smem[n * c_channel_step + (m + 8) * c_pixel_step] = acc[mt][nt][2 + e] + b;
                     }
                 }
             }
         }
         __syncthreads();
         with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
+            if (out_nhwc) {  // y[m][g Kg + n]: lanes on consecutive channels of pixel m
+#pragma unroll 1
+                for (int p = warp; p < BM && m0 + p < M; p += NWARPS) {
+                    const Index pixel_offset = (m0 + p) * K + g * Kg + n_col;
+                    for (int n = lane; n < WN && n_col + n < Kg; n += 32) {
+                        const Index o = pixel_offset + n;
+                        y[o] = finish(c_smem[p * C_NHWC_STRIDE + n], o);
+                    }
+                }
+                return;
+            }
 #pragma unroll 1
             for (int n = warp; n < WN; n += NWARPS) {
                 if (n_col + n >= Kg) break;

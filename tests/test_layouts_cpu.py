@@ -114,3 +114,27 @@ def test_short_reductions_take_the_shallow_mma_sync_tiles():
         item = 4 if dtype == "float32" else 2
         assert bool(cfg.wgmma) == (deep_rows >= MIN_DEEP_K_TILES), (c, dtype, cfg)
         assert (cfg.bk * item == 128) == (deep_rows >= MIN_DEEP_K_TILES), (c, dtype, cfg)
+
+
+def test_nhwc_out_writes_the_output_and_reads_the_residual_in_place():
+    """The NCHW-gather GEMM with nhwc_out (forced): no transpose of the output or the residual, the
+    one-channel input read in place, the kernel told so by its last argument; refused for NCHW."""
+    import dataclasses
+
+    from cupyconv import planner
+    from cupyconv.arguments import make_problem
+    from cupyconv.program import OUT, RESIDUAL, X, Pointer
+
+    for channels, launches in ((1, 1), (3, 2)):
+        problem = dataclasses.replace(make_problem((2, channels, 1, 300), (64, channels, 1, 10), None, "float16"),
+                                      layout="NHWC", activation="relu", has_residual=True)
+        plan = planner.make_plan(problem, kernel=planner.GEMM_KERNEL, nhwc_out=True)
+        assert "the output written in NHWC by the kernel" in str(plan)
+        call = planner.program(plan, problem)
+        assert len(call.launches) == launches
+        gemm = call.launches[-1]
+        assert gemm.kernel == planner.GEMM_KERNEL and gemm.args[-1] == 1
+        assert Pointer(OUT) in gemm.args and Pointer(RESIDUAL) in gemm.args
+        assert (Pointer(X) in gemm.args) == (channels == 1)
+    with pytest.raises(ValueError, match="nhwc_out writes an NHWC output"):
+        planner.make_plan(dataclasses.replace(problem, layout="NCHW"), kernel=planner.GEMM_KERNEL, nhwc_out=True)

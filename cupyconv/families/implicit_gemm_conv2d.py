@@ -88,8 +88,16 @@ def refusal(problem: ConvProblem) -> str:
     return dtype_refusal(problem) or grid_refusal(gemm_grid(problem, _choose_config(problem)[0]))
 
 
-def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
-    """The implicit-GEMM launch: grid (pixel tiles, channel tiles, groups), one block per tile."""
+def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "", nhwc_out: bool = False) -> LaunchPlan:
+    """The implicit-GEMM launch: grid (pixel tiles, channel tiles, groups), one block per tile.
+
+    ``nhwc_out`` (an NHWC problem): the kernel writes the output in NHWC, staged pixel-major, and a
+    one-channel input (the same memory in either layout) is read in place, so that nothing is
+    transposed after the launch (nor, for one channel, before). Forced only: written after the
+    2026-11-27 session's last GPU call, not yet run on a GPU (tests/test_layouts_gpu.py
+    test_nhwc_output_in_the_epilogue), so not yet the rule."""
+    if nhwc_out and problem.layout != "NHWC":
+        raise ValueError(f"nhwc_out writes an NHWC output; this problem is {problem.layout}")
     if config is not None:
         cfg = forced_config(GEMM_CONFIGS[problem.dtype], config, f"config for {KERNEL} in {problem.dtype}")
         why = "config forced by the caller"
@@ -101,7 +109,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
     return LaunchPlan(
         kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem), config=cfg,
         grid=gemm_grid(problem, cfg), block=(cfg.threads, 1, 1), shared_bytes=cfg.shared_bytes(problem.dtype),
-        reason=f"{reason}; {why}" if reason else why)
+        reason=f"{reason}; {why}" if reason else why, nhwc_out=nhwc_out)
 
 
 def describe_tiles(plan: LaunchPlan, warps: str, reads: str = "") -> str:
@@ -141,5 +149,6 @@ def specialisations() -> list[str]:
 
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
-    """One launch on the caller's operands, the NCHW input gathered in place."""
-    return CallProgram((conv_launch(plan, problem),))
+    """One launch on the caller's operands, the NCHW input gathered in place; its last argument says
+    whether the output is written in NHWC (plan.nhwc_out)."""
+    return CallProgram((conv_launch(plan, problem, int(plan.nhwc_out)),))
