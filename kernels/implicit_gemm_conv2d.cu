@@ -26,7 +26,7 @@
 //   B: [BN][BK + pad], k contiguous (a B fragment column is a contiguous pair for 16-bit types)
 // Epilogue: accumulators + bias -> storage type -> shared memory (one warp column of channels at a
 // time, reusing the pipeline buffers) -> global, 32 lanes on 32 consecutive pixels of one channel; or,
-// with out_nhwc (a channels-last problem: the output written in NHWC, no transpose after), staged
+// OUT_NHWC (a channels-last problem: the output written in NHWC, no transpose after), staged
 // pixel-major and stored by 32 lanes on consecutive channels of one pixel.
 #include "dtypes.cuh"
 #include "epilogue.cuh"
@@ -38,13 +38,14 @@ namespace cupyconv {
 // Two blocks per SM where the accumulators (BM BN / threads per thread) leave room for it; the
 // 64-accumulator tiles would spill under that register cap, so they get one, as do the 64-bit index
 // instances (their addresses and the fused epilogue's copies of the stores spilled under it on sm_80).
-template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES>
+template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES,
+          bool OUT_NHWC = false>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32,
                                   (BM * BN) / (WARPS_M * WARPS_N * 32) <= 32 && sizeof(Index) == 4 ? 2 : 1)
 implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                      T* __restrict__ y, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
                      int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
-                     int sh, int sw, int pt, int pl, int dh, int dw, int groups, int out_nhwc) {
+                     int sh, int sw, int pt, int pl, int dh, int dw, int groups) {
     constexpr bool kAsync = sizeof(T) == 4;                  // float: cp.async; 16-bit: via registers
     constexpr int NWARPS = WARPS_M * WARPS_N;
     constexpr int NT = NWARPS * 32;
@@ -59,7 +60,7 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
     constexpr int B_ROWS_PER_PASS = NT / BK;
     constexpr int B_PASSES = BN / B_ROWS_PER_PASS;
     constexpr int C_STRIDE = BM + 8;                         // epilogue staging [WN][C_STRIDE]
-    constexpr int C_NHWC_STRIDE = WN + 4;                    // ... or, out_nhwc, [BM][C_NHWC_STRIDE]
+    constexpr int C_NHWC_STRIDE = WN + 4;                    // ... or, OUT_NHWC, [BM][C_NHWC_STRIDE]
     static_assert(sizeof(T) == 4 || sizeof(T) == 2, "float, half_t or bfloat16_t");
     static_assert(BM % 32 == 0 && BM % WARPS_M == 0 && WM % 16 == 0, "warp tile rows: multiples of 16");
     static_assert(BN % WARPS_N == 0 && WN % 8 == 0, "warp tile columns: multiples of 8");
@@ -228,7 +229,6 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
     // --- Epilogue, one warp column (WN channels) at a time: acc + bias staged in float, then the fused
     // epilogue (epilogue.cuh) and the one rounding as each element is stored.
     float* c_smem = reinterpret_cast<float*>(smem_raw);  // [WN][C_STRIDE], or [BM][C_NHWC_STRIDE]
-    const int c_channel_step = out_nhwc ? 1 : C_STRIDE, c_pixel_step = out_nhwc ? C_NHWC_STRIDE : 1;
     Index y_pixel[A_PIXELS];  // image * K * HoWo + p for the pixels this lane stores
 #pragma unroll
     for (int i = 0; i < A_PIXELS; ++i) {
@@ -249,15 +249,20 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
                         const int m = wm + mt * 16 + quad;
-                        c_smem[n * c_channel_step + m * c_pixel_step] = acc[mt][nt][e] + b;
-                        c_smem[n * c_channel_step + (m + 8) * c_pixel_step] = acc[mt][nt][2 + e] + b;
+                        if constexpr (OUT_NHWC) {
+                            c_smem[m * C_NHWC_STRIDE + n] = acc[mt][nt][e] + b;
+                            c_smem[(m + 8) * C_NHWC_STRIDE + n] = acc[mt][nt][2 + e] + b;
+                        } else {
+                            c_smem[n * C_STRIDE + m] = acc[mt][nt][e] + b;
+                            c_smem[n * C_STRIDE + m + 8] = acc[mt][nt][2 + e] + b;
+                        }
                     }
                 }
             }
         }
         __syncthreads();
         with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
-            if (out_nhwc) {  // y[m][g Kg + n]: lanes on consecutive channels of pixel m
+            if constexpr (OUT_NHWC) {  // y[m][g Kg + n]: lanes on consecutive channels of pixel m
 #pragma unroll 1
                 for (int p = warp; p < BM && m0 + p < M; p += NWARPS) {
                     const Index pixel_offset = (m0 + p) * K + g * Kg + n_col;
@@ -266,16 +271,16 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
                         y[o] = finish(c_smem[p * C_NHWC_STRIDE + n], o);
                     }
                 }
-                return;
-            }
+            } else {
 #pragma unroll 1
-            for (int n = warp; n < WN; n += NWARPS) {
-                if (n_col + n >= Kg) break;
-                const Index channel_offset = static_cast<Index>(g * Kg + n_col + n) * HoWo;
+                for (int n = warp; n < WN; n += NWARPS) {
+                    if (n_col + n >= Kg) break;
+                    const Index channel_offset = static_cast<Index>(g * Kg + n_col + n) * HoWo;
 #pragma unroll
-                for (int i = 0; i < A_PIXELS; ++i) {
-                    const Index o = y_pixel[i] + channel_offset;
-                    if (m0 + lane + 32 * i < M) y[o] = finish(c_smem[n * C_STRIDE + lane + 32 * i], o);
+                    for (int i = 0; i < A_PIXELS; ++i) {
+                        const Index o = y_pixel[i] + channel_offset;
+                        if (m0 + lane + 32 * i < M) y[o] = finish(c_smem[n * C_STRIDE + lane + 32 * i], o);
+                    }
                 }
             }
         });

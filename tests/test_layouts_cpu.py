@@ -118,7 +118,7 @@ def test_short_reductions_take_the_shallow_mma_sync_tiles():
 
 def test_nhwc_out_writes_the_output_and_reads_the_residual_in_place():
     """The NCHW-gather GEMM with nhwc_out (forced): no transpose of the output or the residual, the
-    one-channel input read in place, the kernel told so by its last argument; refused for NCHW."""
+    one-channel input read in place, the kernel's OUT_NHWC instance launched; refused for NCHW."""
     import dataclasses
 
     from cupyconv import planner
@@ -133,7 +133,7 @@ def test_nhwc_out_writes_the_output_and_reads_the_residual_in_place():
         call = planner.program(plan, problem)
         assert len(call.launches) == launches
         gemm = call.launches[-1]
-        assert gemm.kernel == planner.GEMM_KERNEL and gemm.args[-1] == 1
+        assert gemm.kernel == planner.GEMM_KERNEL and gemm.name_expression.endswith(",true>")
         assert Pointer(OUT) in gemm.args and Pointer(RESIDUAL) in gemm.args
         assert (Pointer(X) in gemm.args) == (channels == 1)
     with pytest.raises(ValueError, match="nhwc_out writes an NHWC output"):

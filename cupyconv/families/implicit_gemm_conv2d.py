@@ -131,24 +131,23 @@ def describe(plan: LaunchPlan) -> str:
     return describe_tiles(plan, f"{plan.config.warps_m}x{plan.config.warps_n} warps")
 
 
-def specialisation(dtype: str, index: str, cfg: GemmConfig) -> str:
-    """The C++ template instance of ``cfg``."""
+def specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc_out: bool = False) -> str:
+    """The C++ template instance of ``cfg`` (OUT_NHWC, defaulted false, named where true)."""
     return (f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.bk},"
-            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages}>")
+            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages}{',true' if nhwc_out else ''}>")
 
 
 def name_expression(plan: LaunchPlan) -> str:
     """The specialisation ``plan`` launches."""
-    return specialisation(plan.dtype, plan.index_type, plan.config)
+    return specialisation(plan.dtype, plan.index_type, plan.config, plan.nhwc_out)
 
 
 def specialisations() -> list[str]:
-    """Every tensor-core dtype, index width and tile."""
-    return [specialisation(dtype, index, cfg)
-            for dtype in GEMM_DTYPES for index in INDEX_TYPES for cfg in GEMM_CONFIGS[dtype]]
+    """Every tensor-core dtype, index width and tile, storing NCHW or NHWC outputs."""
+    return [specialisation(dtype, index, cfg, nhwc_out) for dtype in GEMM_DTYPES for index in INDEX_TYPES
+            for cfg in GEMM_CONFIGS[dtype] for nhwc_out in (False, True)]
 
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
-    """One launch on the caller's operands, the NCHW input gathered in place; its last argument says
-    whether the output is written in NHWC (plan.nhwc_out)."""
-    return CallProgram((conv_launch(plan, problem, int(plan.nhwc_out)),))
+    """One launch on the caller's operands, the NCHW input gathered in place."""
+    return CallProgram((conv_launch(plan, problem),))
