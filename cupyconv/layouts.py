@@ -41,9 +41,8 @@ def describe(plan) -> str:
     lines = []
     for what, layout, layouts in (("x and the output", plan.layout, getattr(family, "LAYOUTS", (NCHW,))),
                                   ("the weight", plan.weight_layout, getattr(family, "WEIGHT_LAYOUTS", (KCHW,)))):
-        if layout == NHWC and plan.nhwc_out:
-            lines.append("  x in NHWC: transposed for the kernel unless one channel or one position (NCHW's memory "
-                         "then); the output written in NHWC by the kernel")
+        if layout == NHWC and plan.nhwc_in_place:
+            lines.append("  x and the output in NHWC: read and written in place by the kernel's NHWC instance")
         elif layout in (NHWC, KHWC):
             lines.append(f"  {what} in {layout}: " + ("read in place by the kernel" if layout in layouts else
                                                       f"transposed for the kernel, which computes {layouts[0]} only"))
@@ -61,18 +60,12 @@ def transposed(call: CallProgram, plan, problem: ConvProblem) -> CallProgram:
     """``call`` (``plan``'s program for nchw(problem)) run on ``problem``'s arrays: transposes of the
     NHWC input, residual and output through the workspace (after the family's own temporaries), and
     of a KHWC weight into the prepared weight, which the family's own preparation (if any) then reads.
-    A plan whose kernel writes the NHWC output itself (plan.nhwc_out) has its input alone transposed,
-    and not even that where it has one channel or one position."""
+    A plan whose kernel reads and writes the NHWC arrays itself (plan.nhwc_in_place) has its weight's
+    transpose alone."""
     p, item = problem, STORAGE_BYTES[problem.dtype]
     before, after, moves = [], [], {}
     workspace = call.workspace_bytes
-    if p.layout == NHWC and plan.nhwc_out:  # the kernel writes the NHWC output and reads the residual so
-        if p.c > 1 and p.h * p.w > 1:       # (one channel, or one position: NHWC is NCHW's memory)
-            x_nchw = Pointer(WORKSPACE, align(workspace))
-            workspace = x_nchw.offset + p.n * p.c * p.h * p.w * item
-            before.append(_transpose(p.dtype, p.n, p.h * p.w, p.c, Pointer(X), x_nchw))
-            moves[X] = x_nchw
-    elif p.layout == NHWC:
+    if p.layout == NHWC and not plan.nhwc_in_place:
         x_nchw = Pointer(WORKSPACE, align(workspace))
         out_nchw = Pointer(WORKSPACE, x_nchw.offset + align(p.n * p.c * p.h * p.w * item))
         workspace = out_nchw.offset + p.n * p.k * p.ho * p.wo * item

@@ -79,9 +79,9 @@ class LaunchPlan:
     # compute them natively (LAYOUTS and WEIGHT_LAYOUTS in its module), layouts.py transposes around it.
     layout: str = "NCHW"
     weight_layout: str = "KCHW"
-    # implicit_gemm_conv2d only, for an NHWC problem: the kernel writes the NHWC output itself (and reads
-    # a one-channel input in place), where layouts.py would transpose both.
-    nhwc_out: bool = False
+    # implicit_gemm_conv2d only, for an NHWC problem: the kernel reads the NHWC input and writes the NHWC
+    # output in place, where layouts.py would transpose both around its NCHW instance.
+    nhwc_in_place: bool = False
     # The problem's epilogue (ConvProblem.activation, has_residual), which every family applies.
     activation: str = "none"
     has_residual: bool = False
@@ -238,8 +238,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
         options: with a forced ``kernel``, that family's own knobs, passed to its make_plan (the
             tuner's and the tests'): ``splits`` (simt_gemm_conv2d, implicit_gemm_nhwc: split-K's
             runs), ``stream_k`` (implicit_gemm_nhwc: True or False forces stream-K on or off),
-            ``tile`` (winograd_conv2d: F(2x2) or F(4x4)), ``nhwc_out`` (implicit_gemm_conv2d, an NHWC
-            problem: True writes the NHWC output in the kernel's epilogue, no transposes after).
+            ``tile`` (winograd_conv2d: F(2x2) or F(4x4)), ``nhwc`` (implicit_gemm_conv2d, an NHWC problem:
+            True reads and writes the NHWC arrays in place, no transposes around the kernel).
     """
     family, family_reason = choose_kernel(problem, kernel, allow_tf32, config)
     if family == NHWC_KERNEL:  # the one family with tiles for one architecture alone

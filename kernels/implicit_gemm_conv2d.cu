@@ -1,4 +1,4 @@
-// Implicit-GEMM 2-D convolution on the tensor cores, NCHW.
+// Implicit-GEMM 2-D convolution on the tensor cores, NCHW (or NHWC: below).
 //
 // Per group g (gridDim.z), the convolution is the GEMM  Y[m][n] = sum_k A[m][k] B[k][n]  with
 //   m = (image, oh, ow)        output pixels,                  M = N Ho Wo
@@ -25,9 +25,12 @@
 //   A: [BK][BM + 8], pixels contiguous (the gather writes rows; f16/bf16 fragments via ldmatrix.trans)
 //   B: [BN][BK + pad], k contiguous (a B fragment column is a contiguous pair for 16-bit types)
 // Epilogue: accumulators + bias -> storage type -> shared memory (one warp column of channels at a
-// time, reusing the pipeline buffers) -> global, 32 lanes on 32 consecutive pixels of one channel; or,
-// OUT_NHWC (a channels-last problem: the output written in NHWC, no transpose after), staged
-// pixel-major and stored by 32 lanes on consecutive channels of one pixel.
+// time, reusing the pipeline buffers) -> global, 32 lanes on 32 consecutive pixels of one channel.
+//
+// NHWC (a channels-last problem read and written in place, no transposes around the kernel): element
+// (c, r, s) of a pixel's row of A is gathered from the NHWC input (lanes still on consecutive output
+// pixels, C elements apart), and the epilogue stages pixel-major and stores 32 lanes on consecutive
+// channels of one pixel. The k order, and so every sum, is the NCHW instance's.
 #include "dtypes.cuh"
 #include "epilogue.cuh"
 #include "gather_pixel.cuh"
@@ -39,7 +42,7 @@ namespace cupyconv {
 // 64-accumulator tiles would spill under that register cap, so they get one, as do the 64-bit index
 // instances (their addresses and the fused epilogue's copies of the stores spilled under it on sm_80).
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES,
-          bool OUT_NHWC = false>
+          bool NHWC = false>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32,
                                   (BM * BN) / (WARPS_M * WARPS_N * 32) <= 32 && sizeof(Index) == 4 ? 2 : 1)
 implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
@@ -60,7 +63,7 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
     constexpr int B_ROWS_PER_PASS = NT / BK;
     constexpr int B_PASSES = BN / B_ROWS_PER_PASS;
     constexpr int C_STRIDE = BM + 8;                         // epilogue staging [WN][C_STRIDE]
-    constexpr int C_NHWC_STRIDE = WN + 4;                    // ... or, OUT_NHWC, [BM][C_NHWC_STRIDE]
+    constexpr int C_NHWC_STRIDE = WN + 4;                    // ... or, NHWC, [BM][C_NHWC_STRIDE]
     static_assert(sizeof(T) == 4 || sizeof(T) == 2, "float, half_t or bfloat16_t");
     static_assert(BM % 32 == 0 && BM % WARPS_M == 0 && WM % 16 == 0, "warp tile rows: multiples of 16");
     static_assert(BN % WARPS_N == 0 && WN % 8 == 0, "warp tile columns: multiples of 8");
@@ -92,8 +95,9 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
     int a_ih0[A_PIXELS], a_iw0[A_PIXELS];
 #pragma unroll
     for (int i = 0; i < A_PIXELS; ++i) {
-        const GatherPixel<Index> px = gather_pixel<GatherLayout::nchw>(m0 + lane + 32 * i, M, HoWo, Wo, C, H, W, sh,
-                                                                        sw, pt, pl, g, Cg);
+        constexpr GatherLayout LAYOUT = NHWC ? GatherLayout::nhwc : GatherLayout::nchw;
+        const GatherPixel<Index> px = gather_pixel<LAYOUT>(m0 + lane + 32 * i, M, HoWo, Wo, C, H, W, sh, sw, pt, pl,
+                                                           g, Cg);
         a_base[i] = px.base;
         a_ih0[i] = px.ih0;
         a_iw0[i] = px.iw0;
@@ -124,7 +128,11 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
         for (int j = 0; j < A_ROWS; ++j) {
             const bool k_ok = a_c[j] < Cg;
             const int rd = a_r[j] * dh, sd = a_s[j] * dw;
-            const Index k_off = static_cast<Index>(a_c[j]) * HW + static_cast<Index>(rd) * W + sd;
+            Index k_off;
+            if constexpr (NHWC)
+                k_off = (static_cast<Index>(rd) * W + sd) * C + a_c[j];
+            else
+                k_off = static_cast<Index>(a_c[j]) * HW + static_cast<Index>(rd) * W + sd;
 #pragma unroll
             for (int i = 0; i < A_PIXELS; ++i) {
                 const int ih = a_ih0[i] + rd, iw = a_iw0[i] + sd;
@@ -249,7 +257,7 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
                         const int m = wm + mt * 16 + quad;
-                        if constexpr (OUT_NHWC) {
+                        if constexpr (NHWC) {
                             c_smem[m * C_NHWC_STRIDE + n] = acc[mt][nt][e] + b;
                             c_smem[(m + 8) * C_NHWC_STRIDE + n] = acc[mt][nt][2 + e] + b;
                         } else {
@@ -262,7 +270,7 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
         }
         __syncthreads();
         with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
-            if constexpr (OUT_NHWC) {  // y[m][g Kg + n]: lanes on consecutive channels of pixel m
+            if constexpr (NHWC) {  // y[m][g Kg + n]: lanes on consecutive channels of pixel m
 #pragma unroll 1
                 for (int p = warp; p < BM && m0 + p < M; p += NWARPS) {
                     const Index pixel_offset = (m0 + p) * K + g * Kg + n_col;

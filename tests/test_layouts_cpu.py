@@ -116,25 +116,26 @@ def test_short_reductions_take_the_shallow_mma_sync_tiles():
         assert (cfg.bk * item == 128) == (deep_rows >= MIN_DEEP_K_TILES), (c, dtype, cfg)
 
 
-def test_nhwc_out_writes_the_output_and_reads_the_residual_in_place():
-    """The NCHW-gather GEMM with nhwc_out (forced): no transpose of the output or the residual, the
-    one-channel input read in place, the kernel's OUT_NHWC instance launched; refused for NCHW."""
+def test_the_nchw_gather_gemm_reads_and_writes_nhwc_in_place():
+    """The NCHW-gather GEMM's NHWC instance (forced, nhwc=True): one launch on the caller's input,
+    output and residual, no transposes; a KHWC weight still transposed once into the prepared weight;
+    refused for NCHW problems."""
     import dataclasses
 
     from cupyconv import planner
     from cupyconv.arguments import make_problem
-    from cupyconv.program import OUT, RESIDUAL, X, Pointer
+    from cupyconv.program import OUT, PREPARED, RESIDUAL, X, Pointer
 
-    for channels, launches in ((1, 1), (3, 2)):
-        problem = dataclasses.replace(make_problem((2, channels, 1, 300), (64, channels, 1, 10), None, "float16"),
-                                      layout="NHWC", activation="relu", has_residual=True)
-        plan = planner.make_plan(problem, kernel=planner.GEMM_KERNEL, nhwc_out=True)
-        assert "the output written in NHWC by the kernel" in str(plan)
+    for channels, weight_layout in ((1, "KCHW"), (3, "KHWC")):
+        problem = dataclasses.replace(make_problem((2, channels, 9, 300), (64, channels, 3, 10), None, "float16"),
+                                      layout="NHWC", weight_layout=weight_layout, activation="relu",
+                                      has_residual=True)
+        plan = planner.make_plan(problem, kernel=planner.GEMM_KERNEL, nhwc=True)
+        assert "read and written in place by the kernel's NHWC instance" in str(plan)
         call = planner.program(plan, problem)
-        assert len(call.launches) == launches
-        gemm = call.launches[-1]
+        (gemm,) = call.launches
         assert gemm.kernel == planner.GEMM_KERNEL and gemm.name_expression.endswith(",true>")
-        assert Pointer(OUT) in gemm.args and Pointer(RESIDUAL) in gemm.args
-        assert (Pointer(X) in gemm.args) == (channels == 1)
-    with pytest.raises(ValueError, match="nhwc_out writes an NHWC output"):
-        planner.make_plan(dataclasses.replace(problem, layout="NCHW"), kernel=planner.GEMM_KERNEL, nhwc_out=True)
+        assert {Pointer(X), Pointer(OUT), Pointer(RESIDUAL)} <= set(gemm.args) and call.workspace_bytes == 0
+        assert (Pointer(PREPARED) in gemm.args) == (weight_layout == "KHWC")
+    with pytest.raises(ValueError, match="nhwc reads and writes NHWC arrays"):
+        planner.make_plan(dataclasses.replace(problem, layout="NCHW"), kernel=planner.GEMM_KERNEL, nhwc=True)

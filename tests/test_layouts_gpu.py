@@ -304,28 +304,30 @@ def test_depthwise_nhwc_runs_of_any_width(case, dtype, config):
     assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, runs.kernel)
 
 
-# The NCHW-gather GEMM storing the NHWC output itself (implicit_gemm_conv2d's nhwc_out, forced: not yet
-# the rule): every case its tiles take, one-channel inputs read in place (wav2vec 2.0's front end, a
-# grayscale stem), channel tiles of 32 to 128 with partial ones, groups, and the epilogue with a residual.
-NHWC_OUT_CASES = CASES + [Case(2, 1, 64, 1, 300, 1, 10, stride=(1, 5)),
-                          Case(3, 1, 32, 20, 22, 3, 3, padding=1),
-                          Case(2, 6, 200, 7, 9, 1, 1, bias=False)]
+# The NCHW-gather GEMM's NHWC instance (implicit_gemm_conv2d's nhwc, forced: not yet the rule), reading
+# and writing NHWC arrays in place: every case its tiles take, one input channel (wav2vec 2.0's front
+# end, a grayscale stem), three (an RGB stem), channel tiles of 32 to 128 with partial ones, groups, and
+# the epilogue with a residual.
+NHWC_GATHER_CASES = CASES + [Case(2, 1, 64, 1, 300, 1, 10, stride=(1, 5)),
+                             Case(3, 1, 32, 20, 22, 3, 3, padding=1),
+                             Case(2, 3, 32, 30, 34, 3, 3, stride=2, padding=1),
+                             Case(2, 6, 200, 7, 9, 1, 1, bias=False)]
 
 
 @pytest.mark.parametrize("weight_layout", ["KCHW", "KHWC"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
-@pytest.mark.parametrize("case", NHWC_OUT_CASES, ids=lambda c: c.id)
-def test_nhwc_output_in_the_epilogue(case, dtype, weight_layout):
+@pytest.mark.parametrize("case", NHWC_GATHER_CASES, ids=lambda c: c.id)
+def test_nhwc_in_place(case, dtype, weight_layout):
     """Within tolerance of float64, every output written, and bit for bit the transposing plan's output
-    (the same sums in the same order, stored elsewhere); with relu(conv + bias + residual) too."""
+    (the same sums in the same order, read and stored elsewhere); with relu(conv + bias + residual) too."""
     problem = problem_of(case, dtype, "NHWC", weight_layout)
     try:
         transposing = planner.make_plan(problem, kernel=planner.GEMM_KERNEL)
     except ValueError:  # the GEMM does not take this problem
         return
-    direct = planner.make_plan(problem, transposing.config.name, planner.GEMM_KERNEL, nhwc_out=True)
+    in_place = planner.make_plan(problem, transposing.config.name, planner.GEMM_KERNEL, nhwc=True)
     x, weight, bias = inputs(case, dtype, seed=case.k)
-    out = run(direct, problem, x, weight, bias)
+    out = run(in_place, problem, x, weight, bias)
     assert not out.isnan().any(), "an output element was never written"
     assert relative_error(out, reference(x, weight, bias, case)) < tolerance(dtype, planner.GEMM_KERNEL)
     assert torch.equal(out, run(transposing, problem, x, weight, bias))
@@ -333,7 +335,7 @@ def test_nhwc_output_in_the_epilogue(case, dtype, weight_layout):
     residual = torch.randn(out.shape, device="cuda", dtype=torch.float64).to(out.dtype)
     y = residual.permute(0, 2, 3, 1).contiguous()
     conv2d_cupy(to_cupy(arranged(x, "NHWC")), to_cupy(arranged(weight, weight_layout)), to_cupy(bias), fused,
-                to_cupy(y), plan=planner.make_plan(fused, transposing.config.name, planner.GEMM_KERNEL, nhwc_out=True),
+                to_cupy(y), plan=planner.make_plan(fused, transposing.config.name, planner.GEMM_KERNEL, nhwc=True),
                 residual=to_cupy(y))
     wanted = F.relu(reference(x, weight, bias, case) + residual.double())
     assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, planner.GEMM_KERNEL)

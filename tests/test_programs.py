@@ -58,7 +58,7 @@ def plans_for(case: Case, dtype: str, layout: str = "NCHW", weight_layout: str =
     """The distinct plans make_plan makes for ``case`` in ``dtype``: its own choices (strict or TF32,
     compute capability 0 or 90), and each family with each of its tiles forced where it takes them
     (the channels-last GEMM's wgmma tiles with stream-K forced on too, and for NHWC problems the NCHW-gather
-    GEMM's tiles writing the NHWC output themselves)."""
+    GEMM's tiles reading and writing them in place)."""
     problem = problem_of(case, dtype, layout, weight_layout, activation, has_residual)
     plans = [planner.make_plan(problem, allow_tf32=tf32, compute_capability=cc)
              for tf32, cc in itertools.product((False, True), (0, 90))]
@@ -73,10 +73,10 @@ def plans_for(case: Case, dtype: str, layout: str = "NCHW", weight_layout: str =
             plans.append(planner.make_plan(problem, config, planner.NHWC_KERNEL, compute_capability=90, stream_k=True))
         except ValueError:  # not a wgmma tile, or not for this problem
             continue
-    if layout == "NHWC":  # the NCHW-gather GEMM writing the NHWC output itself
+    if layout == "NHWC":  # the NCHW-gather GEMM's NHWC instance, in place
         for config in config_names(planner.GEMM_KERNEL, dtype):
             try:
-                plans.append(planner.make_plan(problem, config, planner.GEMM_KERNEL, nhwc_out=True))
+                plans.append(planner.make_plan(problem, config, planner.GEMM_KERNEL, nhwc=True))
             except ValueError:  # not for this problem
                 continue
     return problem, list(dict.fromkeys(plans))
@@ -117,8 +117,8 @@ def temporaries(plan, problem) -> list[int]:
     stream-K's float32 slots, one tile per block; Winograd's transformed
     input V and GEMM output M of one pass; split-K's partial sums (the GEMMs', after the input's copy,
     or Winograd's GEMM's after M); then, for an NHWC problem of a family that computes NCHW alone, the NCHW copies
-    of x, of the output and (where there is one) of the residual -- of x alone where the NCHW-gather GEMM
-    stores the NHWC output itself (nhwc_out), none where x has one channel or one position."""
+    of x, of the output and (where there is one) of the residual -- none where the NCHW-gather GEMM reads
+    and writes them in place (nhwc_in_place)."""
     item = STORAGE_BYTES[problem.dtype]
     partials = [4 * plan.splits * math.prod(problem.out_shape)] if plan.splits > 1 else []
     if plan.stream_k_blocks:
@@ -129,8 +129,8 @@ def temporaries(plan, problem) -> list[int]:
             problem.dtype == "float32" and ((problem.kh * problem.kw != 1 and plan.config.wgmma and
                                              not plan.config.producer_warps) or tall))
         return ([problem.n * problem.h * problem.w * plan.channels_padded * item] if copied else []) + partials
-    if plan.nhwc_out:  # the kernel stores NHWC and reads the residual so: x's NCHW copy alone, if any
-        return [] if problem.c == 1 or problem.h * problem.w == 1 else [math.prod(problem.x_shape) * item]
+    if plan.nhwc_in_place:
+        return []
     if problem.layout == "NHWC" and not layouts.native(planner.FAMILIES[plan.kernel], problem):
         return temporaries(plan, dataclasses.replace(problem, layout="NCHW")) + \
             [math.prod(problem.x_shape) * item, math.prod(problem.out_shape) * item] + \
@@ -221,7 +221,7 @@ LAYOUT_PAIRS = [("NHWC", "KCHW"), ("NCHW", "KHWC"), ("NHWC", "KHWC")]
 def test_layout_programs(case, dtype, layouts):
     """Every plan's program for NHWC arrays and KHWC weights: the channels-last GEMM reads them in
     place (one launch where nothing needs zero channels or rounding), the others through transposes;
-    the NCHW-gather GEMM with nhwc_out stores the NHWC output itself."""
+    the NCHW-gather GEMM's NHWC instance reads and writes them in place."""
     problem, plans = plans_for(case, dtype, *layouts)
     for plan in plans:
         assert (plan.layout, plan.weight_layout) == layouts
@@ -229,10 +229,8 @@ def test_layout_programs(case, dtype, layouts):
         if problem.n == 0:
             continue
         names = [launch.kernel for launch in call.launches]
-        if plan.nhwc_out:  # the kernel stores NHWC: at most the input's transpose, before it
-            trivial = problem.c == 1 or problem.h * problem.w == 1  # NHWC is NCHW's memory
-            assert names[-1] == planner.GEMM_KERNEL and call.launches[-1].name_expression.endswith(",true>"), names
-            assert len(names) == (1 if trivial else 2), names
+        if plan.nhwc_in_place:  # one launch, of the NHWC instance
+            assert names == [planner.GEMM_KERNEL] and call.launches[0].name_expression.endswith(",true>"), names
         elif not native(planner.FAMILIES[plan.kernel], problem) and layouts[0] == "NHWC":
             assert names[0] == names[-1] == implicit_gemm_nhwc.CHANNELS_LAST_TILED or \
                 implicit_gemm_nhwc.CHANNELS_LAST_NARROW in (names[0], names[-1]), names

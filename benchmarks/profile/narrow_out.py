@@ -4,13 +4,14 @@ EfficientNet-B0's squeeze-excitation layers at batch 32 (1x1 planes: reductions 
 expansions from them; GEMMs of 32 pixels), its stem (3 input channels), and a 3-channel output head on
 a large plane (where the direct kernel is meant to win).
     python benchmarks/profile/narrow_out.py [--dtype fp16 --dtype tf32]
-Columns: the rule's plan, then the direct kernel, the channels-last GEMM's tiles (mma.sync and wgmma)
-and its split-K runs forced."""
+Columns: the rule's plan, then the direct kernel, the channels-last GEMM's tiles (mma.sync and wgmma),
+the NCHW-gather GEMM's NHWC instance (in place, no channel padding) and the channels-last GEMM's split-K
+runs forced."""
 import argparse
 
 from cupyconv.arguments import make_problem
 from cupyconv.bench import MODE_DTYPE
-from cupyconv.planner import DIRECT_KERNEL, NHWC_KERNEL
+from cupyconv.planner import DIRECT_KERNEL, GEMM_KERNEL, NHWC_KERNEL
 from plan_timing import rule_against_forced
 
 #: name -> (x NHWC, weight KCHW, stride, padding)
@@ -24,6 +25,7 @@ SHAPES = {
 }
 FORCED = {"direct": (DIRECT_KERNEL, None), "gemm": (NHWC_KERNEL, None), "n32": (NHWC_KERNEL, "nhwc_m128n32k32"),
           "n64": (NHWC_KERNEL, "nhwc_m128n64k32"), "wgmma n64": (NHWC_KERNEL, "nhwc_wgmma_ch_m256n64"),
+          "gemm_nchw nhwc": (GEMM_KERNEL, None, {"nhwc": True}),
           **{f"gemm split {s}": (NHWC_KERNEL, None, {"splits": s}) for s in (2, 4, 8)}}
 
 

@@ -88,16 +88,15 @@ def refusal(problem: ConvProblem) -> str:
     return dtype_refusal(problem) or grid_refusal(gemm_grid(problem, _choose_config(problem)[0]))
 
 
-def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "", nhwc_out: bool = False) -> LaunchPlan:
+def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "", nhwc: bool = False) -> LaunchPlan:
     """The implicit-GEMM launch: grid (pixel tiles, channel tiles, groups), one block per tile.
 
-    ``nhwc_out`` (an NHWC problem): the kernel writes the output in NHWC, staged pixel-major, and a
-    one-channel input (the same memory in either layout) is read in place, so that nothing is
-    transposed after the launch (nor, for one channel, before). Forced only: written after the
-    2026-11-27 session's last GPU call, not yet run on a GPU (tests/test_layouts_gpu.py
-    test_nhwc_output_in_the_epilogue), so not yet the rule."""
-    if nhwc_out and problem.layout != "NHWC":
-        raise ValueError(f"nhwc_out writes an NHWC output; this problem is {problem.layout}")
+    ``nhwc`` (an NHWC problem): the kernel's NHWC instance gathers the NHWC input and stores the NHWC
+    output in place (plan.nhwc_in_place), where layouts.py would transpose both around the NCHW one.
+    Forced only: written after the 2026-11-27 session's last GPU call, not yet run on a GPU
+    (tests/test_layouts_gpu.py test_nhwc_in_place), so not yet the rule."""
+    if nhwc and problem.layout != "NHWC":
+        raise ValueError(f"nhwc reads and writes NHWC arrays; this problem is {problem.layout}")
     if config is not None:
         cfg = forced_config(GEMM_CONFIGS[problem.dtype], config, f"config for {KERNEL} in {problem.dtype}")
         why = "config forced by the caller"
@@ -109,7 +108,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     return LaunchPlan(
         kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem), config=cfg,
         grid=gemm_grid(problem, cfg), block=(cfg.threads, 1, 1), shared_bytes=cfg.shared_bytes(problem.dtype),
-        reason=f"{reason}; {why}" if reason else why, nhwc_out=nhwc_out)
+        reason=f"{reason}; {why}" if reason else why, nhwc_in_place=nhwc)
 
 
 def describe_tiles(plan: LaunchPlan, warps: str, reads: str = "") -> str:
@@ -131,21 +130,21 @@ def describe(plan: LaunchPlan) -> str:
     return describe_tiles(plan, f"{plan.config.warps_m}x{plan.config.warps_n} warps")
 
 
-def specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc_out: bool = False) -> str:
-    """The C++ template instance of ``cfg`` (OUT_NHWC, defaulted false, named where true)."""
+def specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc: bool = False) -> str:
+    """The C++ template instance of ``cfg`` (NHWC, defaulted false, named where true)."""
     return (f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.bk},"
-            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages}{',true' if nhwc_out else ''}>")
+            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages}{',true' if nhwc else ''}>")
 
 
 def name_expression(plan: LaunchPlan) -> str:
     """The specialisation ``plan`` launches."""
-    return specialisation(plan.dtype, plan.index_type, plan.config, plan.nhwc_out)
+    return specialisation(plan.dtype, plan.index_type, plan.config, plan.nhwc_in_place)
 
 
 def specialisations() -> list[str]:
-    """Every tensor-core dtype, index width and tile, storing NCHW or NHWC outputs."""
-    return [specialisation(dtype, index, cfg, nhwc_out) for dtype in GEMM_DTYPES for index in INDEX_TYPES
-            for cfg in GEMM_CONFIGS[dtype] for nhwc_out in (False, True)]
+    """Every tensor-core dtype, index width and tile, on NCHW arrays or NHWC ones in place."""
+    return [specialisation(dtype, index, cfg, nhwc) for dtype in GEMM_DTYPES for index in INDEX_TYPES
+            for cfg in GEMM_CONFIGS[dtype] for nhwc in (False, True)]
 
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
