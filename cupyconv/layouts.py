@@ -20,10 +20,20 @@ from .program import (OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, X, CallProgram
 NCHW, NHWC, KCHW, KHWC = "NCHW", "NHWC", "KCHW", "KHWC"
 
 
-def native(family, problem: ConvProblem) -> bool:
-    """Whether ``family`` (a module of cupyconv/families) computes ``problem``'s layouts as they are."""
-    return problem.layout in getattr(family, "LAYOUTS", (NCHW,)) and \
-        problem.weight_layout in getattr(family, "WEIGHT_LAYOUTS", (KCHW,))
+def in_place(family, plan=None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(array layouts, weight layouts) that ``family`` (a module of cupyconv/families) computes as they
+    are -- for ``plan``, whose kernel may run an NHWC instance its family does not declare yet
+    (plan.nhwc_in_place, forced only)."""
+    layouts = getattr(family, "LAYOUTS", (NCHW,))
+    if plan is not None and plan.nhwc_in_place:
+        layouts = (*layouts, NHWC)
+    return layouts, getattr(family, "WEIGHT_LAYOUTS", (KCHW,))
+
+
+def native(family, problem: ConvProblem, plan=None) -> bool:
+    """Whether ``family`` (running ``plan``, where given) computes ``problem``'s layouts as they are."""
+    layouts, weight_layouts = in_place(family, plan)
+    return problem.layout in layouts and problem.weight_layout in weight_layouts
 
 
 def nchw(problem: ConvProblem) -> ConvProblem:
@@ -37,13 +47,11 @@ def describe(plan) -> str:
 
     if (plan.layout, plan.weight_layout) == (NCHW, KCHW):
         return ""
-    family = FAMILIES[plan.kernel]
+    array_layouts, weight_layouts = in_place(FAMILIES[plan.kernel], plan)
     lines = []
-    for what, layout, layouts in (("x and the output", plan.layout, getattr(family, "LAYOUTS", (NCHW,))),
-                                  ("the weight", plan.weight_layout, getattr(family, "WEIGHT_LAYOUTS", (KCHW,)))):
-        if layout == NHWC and plan.nhwc_in_place:
-            lines.append("  x and the output in NHWC: read and written in place by the kernel's NHWC instance")
-        elif layout in (NHWC, KHWC):
+    for what, layout, layouts in (("x and the output", plan.layout, array_layouts),
+                                  ("the weight", plan.weight_layout, weight_layouts)):
+        if layout in (NHWC, KHWC):
             lines.append(f"  {what} in {layout}: " + ("read in place by the kernel" if layout in layouts else
                                                       f"transposed for the kernel, which computes {layouts[0]} only"))
     return "".join(f"{line}\n" for line in lines)
@@ -59,13 +67,15 @@ def _transpose(dtype: str, batch: int, rows: int, columns: int, source: Pointer,
 def transposed(call: CallProgram, plan, problem: ConvProblem) -> CallProgram:
     """``call`` (``plan``'s program for nchw(problem)) run on ``problem``'s arrays: transposes of the
     NHWC input, residual and output through the workspace (after the family's own temporaries), and
-    of a KHWC weight into the prepared weight, which the family's own preparation (if any) then reads.
-    A plan whose kernel reads and writes the NHWC arrays itself (plan.nhwc_in_place) has its weight's
-    transpose alone."""
+    of a KHWC weight into the prepared weight, which the family's own preparation (if any) then reads --
+    each only where the kernel does not compute that layout itself (in_place)."""
+    from .planner import FAMILIES
+
     p, item = problem, STORAGE_BYTES[problem.dtype]
+    array_layouts, weight_layouts = in_place(FAMILIES[plan.kernel], plan)
     before, after, moves = [], [], {}
     workspace = call.workspace_bytes
-    if p.layout == NHWC and not plan.nhwc_in_place:
+    if p.layout not in array_layouts:
         x_nchw = Pointer(WORKSPACE, align(workspace))
         out_nchw = Pointer(WORKSPACE, x_nchw.offset + align(p.n * p.c * p.h * p.w * item))
         workspace = out_nchw.offset + p.n * p.k * p.ho * p.wo * item
@@ -78,7 +88,7 @@ def transposed(call: CallProgram, plan, problem: ConvProblem) -> CallProgram:
             before.append(_transpose(p.dtype, p.n, p.ho * p.wo, p.k, Pointer(RESIDUAL), residual_nchw))
             moves[RESIDUAL] = residual_nchw
     weight = call.weight
-    if p.weight_layout == KHWC:
+    if p.weight_layout not in weight_layouts:
         kept = align(weight.nbytes) if weight else 0
         kchw = Pointer(PREPARED, kept)
         transpose = _transpose(p.dtype, p.k, p.kh * p.kw, p.c // p.groups, Pointer(WEIGHT), kchw)

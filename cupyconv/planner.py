@@ -259,7 +259,7 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
     if problem.n == 0:
         return CallProgram(())
     family = FAMILIES[plan.kernel]
-    if layouts.native(family, problem):
+    if layouts.native(family, problem, plan):
         call = family.program(plan, problem)
     else:
         call = layouts.transposed(family.program(plan, layouts.nchw(problem)), plan, problem)

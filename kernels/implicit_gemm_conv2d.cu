@@ -257,7 +257,7 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
                         const int m = wm + mt * 16 + quad;
-                        if constexpr (NHWC) {
+                        if constexpr (NHWC) {  // two spelled-out indexings: NCHW's address arithmetic as it was
                             c_smem[m * C_NHWC_STRIDE + n] = acc[mt][nt][e] + b;
                             c_smem[(m + 8) * C_NHWC_STRIDE + n] = acc[mt][nt][2 + e] + b;
                         } else {
