@@ -1,8 +1,8 @@
 """The NHWC layout and KHWC weights for kernel families that compute NCHW only.
 
 A family that computes a layout natively says so (``LAYOUTS`` / ``WEIGHT_LAYOUTS`` in its module:
-implicit_gemm_nhwc reads NHWC inputs and KHWC weights in place and writes NHWC outputs). For the
-others the call's program is the family's NCHW program with transposes around it
+implicit_gemm_nhwc reads NHWC inputs and KHWC weights in place and writes NHWC outputs;
+implicit_gemm_conv2d NHWC arrays, but KCHW weights only). For the others the call's program is the family's NCHW program with transposes around it
 (kernels/nchw_to_nhwc.cu): the NHWC input to NCHW in the workspace first, the NCHW output from the
 workspace to the caller's NHWC output last, and a KHWC weight to KCHW as (part of) the prepared
 weight, so that a kept preparation transposes it once. Each transpose is a pass over its tensor:
@@ -20,19 +20,14 @@ from .program import (OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, X, CallProgram
 NCHW, NHWC, KCHW, KHWC = "NCHW", "NHWC", "KCHW", "KHWC"
 
 
-def in_place(family, plan=None) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(array layouts, weight layouts) that ``family`` (a module of cupyconv/families) computes as they
-    are -- for ``plan``, whose kernel may run an NHWC instance its family does not declare yet
-    (plan.nhwc_in_place, forced only)."""
-    layouts = getattr(family, "LAYOUTS", (NCHW,))
-    if plan is not None and plan.nhwc_in_place:
-        layouts = (*layouts, NHWC)
-    return layouts, getattr(family, "WEIGHT_LAYOUTS", (KCHW,))
+def in_place(family) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(array layouts, weight layouts) that ``family`` (a module of cupyconv/families) computes as they are."""
+    return getattr(family, "LAYOUTS", (NCHW,)), getattr(family, "WEIGHT_LAYOUTS", (KCHW,))
 
 
-def native(family, problem: ConvProblem, plan=None) -> bool:
-    """Whether ``family`` (running ``plan``, where given) computes ``problem``'s layouts as they are."""
-    layouts, weight_layouts = in_place(family, plan)
+def native(family, problem: ConvProblem) -> bool:
+    """Whether ``family`` computes ``problem``'s layouts as they are."""
+    layouts, weight_layouts = in_place(family)
     return problem.layout in layouts and problem.weight_layout in weight_layouts
 
 
@@ -47,7 +42,7 @@ def describe(plan) -> str:
 
     if (plan.layout, plan.weight_layout) == (NCHW, KCHW):
         return ""
-    array_layouts, weight_layouts = in_place(FAMILIES[plan.kernel], plan)
+    array_layouts, weight_layouts = in_place(FAMILIES[plan.kernel])
     lines = []
     for what, layout, layouts in (("x and the output", plan.layout, array_layouts),
                                   ("the weight", plan.weight_layout, weight_layouts)):
@@ -72,7 +67,7 @@ def transposed(call: CallProgram, plan, problem: ConvProblem) -> CallProgram:
     from .planner import FAMILIES
 
     p, item = problem, STORAGE_BYTES[problem.dtype]
-    array_layouts, weight_layouts = in_place(FAMILIES[plan.kernel], plan)
+    array_layouts, weight_layouts = in_place(FAMILIES[plan.kernel])
     before, after, moves = [], [], {}
     workspace = call.workspace_bytes
     if p.layout not in array_layouts:

@@ -79,9 +79,6 @@ class LaunchPlan:
     # compute them natively (LAYOUTS and WEIGHT_LAYOUTS in its module), layouts.py transposes around it.
     layout: str = "NCHW"
     weight_layout: str = "KCHW"
-    # implicit_gemm_conv2d only, for an NHWC problem: the kernel reads the NHWC input and writes the NHWC
-    # output in place, where layouts.py would transpose both around its NCHW instance.
-    nhwc_in_place: bool = False
     # The problem's epilogue (ConvProblem.activation, has_residual), which every family applies.
     activation: str = "none"
     has_residual: bool = False
@@ -126,7 +123,9 @@ DEPTHWISE_NHWC_KERNEL = depthwise_nhwc.KERNEL
 #: 28^2 0.014 against 0.022; with 9 taps (1 -> 32 3x3 on 224^2) the depthwise kernel's 0.112 against 0.152.
 ONE_CHANNEL_GEMM_MIN_TAPS = 10
 #: ... and of this many output channels (the fewest timed; a single-channel filter, 1 -> 1, stays a
-#: depthwise layer).
+#: depthwise layer). On NHWC arrays the GEMM reads and writes in place at any number of taps, where the
+#: depthwise kernels transpose the output (H100, 1 -> 32 3x3 on 224^2: fp16 0.174 ms against 0.253,
+#: TF32 0.161 against 0.314; benchmarks/NOTES.md).
 ONE_CHANNEL_GEMM_MIN_CHANNELS = 32
 SIMT_KERNEL = simt_gemm_conv2d.KERNEL
 WINOGRAD_KERNEL = winograd_conv2d.KERNEL
@@ -174,7 +173,8 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
     # kh kw taps, not a depthwise layer: the depthwise kernels copy its patch again for every output
     # channel and multiply on the FMA units.
     single_channel_gemm = tensor_cores and problem.c == problem.groups == 1 and \
-        problem.kh * problem.kw >= ONE_CHANNEL_GEMM_MIN_TAPS and problem.k >= ONE_CHANNEL_GEMM_MIN_CHANNELS
+        problem.k >= ONE_CHANNEL_GEMM_MIN_CHANNELS and \
+        (problem.kh * problem.kw >= ONE_CHANNEL_GEMM_MIN_TAPS or problem.layout == "NHWC")
     if not single_channel_gemm:
         if not depthwise_nhwc.refusal(problem):
             return DEPTHWISE_NHWC_KERNEL, "NHWC, one channel per group: vectors of channels per thread, in place"
@@ -186,10 +186,11 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
             return DEPTHWISE_KERNEL, "one input channel per group: memory-bound, a patch per output tile"
     if problem.dtype == "float64":
         return DIRECT_KERNEL, "float64 has no tensor-core path"
-    if single_channel_gemm and problem.layout == "NCHW" and not implicit_gemm_conv2d.refusal(problem):
-        # (TF32, H200: wav2vec 2.0's 1 -> 512 0.036 ms on the NCHW gather against 0.054 on a channels-last copy)
-        return GEMM_KERNEL, (f"one input channel, {problem.kh}x{problem.kw} taps (>= {ONE_CHANNEL_GEMM_MIN_TAPS}) "
-                             f"-> {kg} channels: tensor cores, the NCHW input gathered in place")
+    if single_channel_gemm and not implicit_gemm_conv2d.refusal(problem):
+        # (TF32, H200: wav2vec 2.0's 1 -> 512 0.036 ms on the NCHW gather against 0.054 on a channels-last copy;
+        # H100, NHWC in place: 0.050 against 0.050, 1 -> 64 7x7 s2 0.103 against 0.108, 1 -> 32 5x5 0.016 against 0.022)
+        return GEMM_KERNEL, (f"one input channel, {problem.kh}x{problem.kw} taps -> {kg} channels: tensor cores, "
+                             f"the {problem.layout} input gathered in place")
     # On the tensor cores the channels-last GEMM's 32-channel tile beats the direct kernel even on a few
     # output channels (H100, fp16: 3 output channels of a 256^2 plane 0.169 ms against 1.183; EfficientNet's
     # squeeze-excitation reductions 0.006-0.008 against 0.056-0.081; benchmarks/NOTES.md).
@@ -238,8 +239,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
         options: with a forced ``kernel``, that family's own knobs, passed to its make_plan (the
             tuner's and the tests'): ``splits`` (simt_gemm_conv2d, implicit_gemm_nhwc: split-K's
             runs), ``stream_k`` (implicit_gemm_nhwc: True or False forces stream-K on or off),
-            ``tile`` (winograd_conv2d: F(2x2) or F(4x4)), ``nhwc`` (implicit_gemm_conv2d, an NHWC problem:
-            True reads and writes the NHWC arrays in place, no transposes around the kernel).
+            ``tile`` (winograd_conv2d: F(2x2) or F(4x4))).
     """
     family, family_reason = choose_kernel(problem, kernel, allow_tf32, config)
     if family == NHWC_KERNEL:  # the one family with tiles for one architecture alone
@@ -259,7 +259,7 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
     if problem.n == 0:
         return CallProgram(())
     family = FAMILIES[plan.kernel]
-    if layouts.native(family, problem, plan):
+    if layouts.native(family, problem):
         call = family.program(plan, problem)
     else:
         call = layouts.transposed(family.program(plan, layouts.nchw(problem)), plan, problem)

@@ -117,9 +117,9 @@ def test_short_reductions_take_the_shallow_mma_sync_tiles():
 
 
 def test_the_nchw_gather_gemm_reads_and_writes_nhwc_in_place():
-    """The NCHW-gather GEMM's NHWC instance (forced, nhwc=True): one launch on the caller's input,
+    """The NCHW-gather GEMM on an NHWC problem runs its NHWC instance: one launch on the caller's input,
     output and residual, no transposes; a KHWC weight still transposed once into the prepared weight;
-    refused for NCHW problems."""
+    NCHW problems keep the NCHW instance."""
     import dataclasses
 
     from cupyconv import planner
@@ -130,12 +130,12 @@ def test_the_nchw_gather_gemm_reads_and_writes_nhwc_in_place():
         problem = dataclasses.replace(make_problem((2, channels, 9, 300), (64, channels, 3, 10), None, "float16"),
                                       layout="NHWC", weight_layout=weight_layout, activation="relu",
                                       has_residual=True)
-        plan = planner.make_plan(problem, kernel=planner.GEMM_KERNEL, nhwc=True)
+        plan = planner.make_plan(problem, kernel=planner.GEMM_KERNEL)
         assert "x and the output in NHWC: read in place by the kernel" in str(plan)
         call = planner.program(plan, problem)
         (gemm,) = call.launches
         assert gemm.kernel == planner.GEMM_KERNEL and gemm.name_expression.endswith(",true>")
         assert {Pointer(X), Pointer(OUT), Pointer(RESIDUAL)} <= set(gemm.args) and call.workspace_bytes == 0
         assert (Pointer(PREPARED) in gemm.args) == (weight_layout == "KHWC")
-    with pytest.raises(ValueError, match="nhwc reads and writes NHWC arrays"):
-        planner.make_plan(dataclasses.replace(problem, layout="NCHW"), kernel=planner.GEMM_KERNEL, nhwc=True)
+    nchw = dataclasses.replace(problem, layout="NCHW", weight_layout="KCHW")
+    assert planner.make_plan(nchw, kernel=planner.GEMM_KERNEL).name_expression.endswith(",2>")

@@ -82,6 +82,12 @@ def arranged(t, layout: str):
     return t.permute(0, 2, 3, 1).contiguous() if layout in ("NHWC", "KHWC") else t.contiguous()
 
 
+def nhwc_copy(t):
+    """A new NHWC array of NCHW tensor ``t``: for 1x1 planes ``arranged`` returns ``t`` itself (already
+    contiguous), and an output written over it would change ``t``."""
+    return arranged(t, "NHWC").clone()
+
+
 def run(plan, problem, x, weight, bias):
     """``plan`` on x and the weight arranged in the problem's layouts; the output as an NCHW view."""
     shape = problem.out_array_shape
@@ -261,7 +267,7 @@ def test_depthwise_nhwc_rows(case, dtype):
     residual = torch.randn(expected.shape, device="cuda", dtype=torch.float64).to(expected.dtype)
     wanted = F.relu(reference(x, weight, bias, case) + residual.double())
     for pixels in depthwise_nhwc.ROW_PIXELS:
-        y = residual.permute(0, 2, 3, 1).contiguous()
+        y = nhwc_copy(residual)
         plan = planner.make_plan(fused, f"dw_nhwc_v16_row{pixels}", planner.DEPTHWISE_NHWC_KERNEL)
         conv2d_cupy(to_cupy(arranged(x, "NHWC")), to_cupy(arranged(weight, "KHWC")), to_cupy(bias), fused,
                     to_cupy(y), plan=plan, residual=to_cupy(y))
@@ -296,7 +302,7 @@ def test_depthwise_nhwc_runs_of_any_width(case, dtype, config):
     assert relative_error(out, reference(x, weight, bias, case)) < tolerance(dtype, runs.kernel)
     fused = dataclasses.replace(problem, activation="relu", has_residual=True)
     residual = torch.randn(expected.shape, device="cuda", dtype=torch.float64).to(expected.dtype)
-    y = residual.permute(0, 2, 3, 1).contiguous()
+    y = nhwc_copy(residual)
     conv2d_cupy(to_cupy(arranged(x, "NHWC")), to_cupy(arranged(weight, "KHWC")), to_cupy(bias), fused, to_cupy(y),
                 plan=planner.make_plan(fused, config, planner.DEPTHWISE_NHWC_KERNEL),
                 residual=to_cupy(y))
@@ -304,10 +310,9 @@ def test_depthwise_nhwc_runs_of_any_width(case, dtype, config):
     assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, runs.kernel)
 
 
-# The NCHW-gather GEMM's NHWC instance (implicit_gemm_conv2d's nhwc, forced: not yet the rule), reading
-# and writing NHWC arrays in place: every case its tiles take, one input channel (wav2vec 2.0's front
-# end, a grayscale stem), three (an RGB stem), channel tiles of 32 to 128 with partial ones, groups, and
-# the epilogue with a residual.
+# The NCHW-gather GEMM's NHWC instance, reading and writing NHWC arrays in place: every case its tiles
+# take, one input channel (wav2vec 2.0's front end, a grayscale stem), three (an RGB stem), channel tiles
+# of 32 to 128 with partial ones, groups, 1x1 planes, and the epilogue with a residual.
 NHWC_GATHER_CASES = CASES + [Case(2, 1, 64, 1, 300, 1, 10, stride=(1, 5)),
                              Case(3, 1, 32, 20, 22, 3, 3, padding=1),
                              Case(2, 3, 32, 30, 34, 3, 3, stride=2, padding=1),
@@ -318,24 +323,27 @@ NHWC_GATHER_CASES = CASES + [Case(2, 1, 64, 1, 300, 1, 10, stride=(1, 5)),
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("case", NHWC_GATHER_CASES, ids=lambda c: c.id)
 def test_nhwc_in_place(case, dtype, weight_layout):
-    """Within tolerance of float64, every output written, and bit for bit the transposing plan's output
-    (the same sums in the same order, read and stored elsewhere); with relu(conv + bias + residual) too."""
+    """Within tolerance of float64, every output written, and bit for bit the NCHW instance's output on
+    the same tile (the same sums in the same order, read and stored elsewhere); with
+    relu(conv + bias + residual) too."""
     problem = problem_of(case, dtype, "NHWC", weight_layout)
     try:
-        transposing = planner.make_plan(problem, kernel=planner.GEMM_KERNEL)
+        in_place = planner.make_plan(problem, kernel=planner.GEMM_KERNEL)
     except ValueError:  # the GEMM does not take this problem
         return
-    in_place = planner.make_plan(problem, transposing.config.name, planner.GEMM_KERNEL, nhwc=True)
+    assert in_place.name_expression.endswith(",true>")
+    nchw = problem_of(case, dtype, "NCHW", "KCHW")
     x, weight, bias = inputs(case, dtype, seed=case.k)
     out = run(in_place, problem, x, weight, bias)
     assert not out.isnan().any(), "an output element was never written"
     assert relative_error(out, reference(x, weight, bias, case)) < tolerance(dtype, planner.GEMM_KERNEL)
-    assert torch.equal(out, run(transposing, problem, x, weight, bias))
+    assert torch.equal(out, run(planner.make_plan(nchw, in_place.config.name, planner.GEMM_KERNEL), nchw, x, weight,
+                                bias))
     fused = dataclasses.replace(problem, activation="relu", has_residual=True)
     residual = torch.randn(out.shape, device="cuda", dtype=torch.float64).to(out.dtype)
-    y = residual.permute(0, 2, 3, 1).contiguous()
+    y = nhwc_copy(residual)
     conv2d_cupy(to_cupy(arranged(x, "NHWC")), to_cupy(arranged(weight, weight_layout)), to_cupy(bias), fused,
-                to_cupy(y), plan=planner.make_plan(fused, transposing.config.name, planner.GEMM_KERNEL, nhwc=True),
+                to_cupy(y), plan=planner.make_plan(fused, in_place.config.name, planner.GEMM_KERNEL),
                 residual=to_cupy(y))
     wanted = F.relu(reference(x, weight, bias, case) + residual.double())
     assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, planner.GEMM_KERNEL)

@@ -1,7 +1,8 @@
 """The planner's choice for layers of one input channel per group that are not depthwise layers of 2-D
-planes, without a GPU: one input channel in one group of >= ONE_CHANNEL_GEMM_MIN_TAPS taps to >=
-ONE_CHANNEL_GEMM_MIN_CHANNELS channels takes a tensor-core GEMM (the NCHW gather for NCHW inputs); fewer
-taps or channels and strict float32 a depthwise kernel; outputs one row high take the depthwise
+planes, without a GPU: one input channel in one group to >= ONE_CHANNEL_GEMM_MIN_CHANNELS channels takes
+the NCHW-gather GEMM on the tensor cores (in place in either layout), in NCHW from
+ONE_CHANNEL_GEMM_MIN_TAPS taps on, in NHWC at any number of taps; fewer channels, fewer taps in NCHW and
+strict float32 a depthwise kernel; outputs one row high take the depthwise
 kernel's runs along rows of 1024 (rows of 256 for column strides past 1), and in NHWC long kernels
 the runs of run-time taps (benchmarks/NOTES.md, "conv1d's problems" and "Runs along rows")."""
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from cupyconv.arguments import make_problem
 from cupyconv.families.depthwise_conv2d import ROW_CONFIG, ROW_RUNS_CONFIG
 from cupyconv.families.depthwise_nhwc import RUN_CONFIG
-from cupyconv.planner import (DEPTHWISE_KERNEL, DEPTHWISE_NHWC_KERNEL, GEMM_KERNEL, NHWC_KERNEL,
+from cupyconv.planner import (DEPTHWISE_KERNEL, DEPTHWISE_NHWC_KERNEL, GEMM_KERNEL,
                               ONE_CHANNEL_GEMM_MIN_TAPS, make_plan)
 
 #: (x NCHW, weight, stride, padding, groups)
@@ -33,15 +34,18 @@ def plan_of(layer, dtype, layout, tf32=True):
 def test_one_input_channel_of_many_taps_takes_the_tensor_cores(layer, dtype, layout):
     plan = plan_of(layer, dtype, layout)
     assert layer[1][2] * layer[1][3] >= ONE_CHANNEL_GEMM_MIN_TAPS
-    if layout == "NCHW":
-        assert plan.kernel == GEMM_KERNEL and "gathered in place" in plan.reason, str(plan)
-    else:  # the channels-last GEMM where it takes one channel (float32), else the NCHW gather
-        assert plan.kernel == (NHWC_KERNEL if dtype == "float32" else GEMM_KERNEL), str(plan)
+    assert plan.kernel == GEMM_KERNEL and f"the {layout} input gathered in place" in plan.reason, str(plan)
+    assert plan.name_expression.endswith(",true>") == (layout == "NHWC")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_one_input_channel_of_few_taps_in_nhwc_takes_the_gemm_in_place(dtype):
+    assert plan_of(GRAY_3X3, dtype, "NHWC").kernel == GEMM_KERNEL
+    assert plan_of(GRAY_3X3, dtype, "NCHW").kernel == DEPTHWISE_KERNEL
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_few_taps_few_channels_and_strict_float32_keep_the_depthwise_kernel(layout):
-    assert plan_of(GRAY_3X3, "float16", layout).kernel == DEPTHWISE_KERNEL
+def test_few_channels_and_strict_float32_keep_the_depthwise_kernel(layout):
     assert plan_of(W2V_CONV0, "float32", layout, tf32=False).kernel == DEPTHWISE_KERNEL
     one_filter = (W2V_CONV0[0], (1, 1, 1, 15), 1, (0, 7), 1)  # a single-channel filter of 15 taps
     assert plan_of(one_filter, "float16", layout).kernel in (DEPTHWISE_KERNEL, DEPTHWISE_NHWC_KERNEL)

@@ -57,8 +57,7 @@ def plans_for(case: Case, dtype: str, layout: str = "NCHW", weight_layout: str =
               has_residual: bool = False):
     """The distinct plans make_plan makes for ``case`` in ``dtype``: its own choices (strict or TF32,
     compute capability 0 or 90), and each family with each of its tiles forced where it takes them
-    (the channels-last GEMM's wgmma tiles with stream-K forced on too, and for NHWC problems the NCHW-gather
-    GEMM's tiles reading and writing them in place)."""
+    (the channels-last GEMM's wgmma tiles with stream-K forced on too)."""
     problem = problem_of(case, dtype, layout, weight_layout, activation, has_residual)
     plans = [planner.make_plan(problem, allow_tf32=tf32, compute_capability=cc)
              for tf32, cc in itertools.product((False, True), (0, 90))]
@@ -73,12 +72,6 @@ def plans_for(case: Case, dtype: str, layout: str = "NCHW", weight_layout: str =
             plans.append(planner.make_plan(problem, config, planner.NHWC_KERNEL, compute_capability=90, stream_k=True))
         except ValueError:  # not a wgmma tile, or not for this problem
             continue
-    if layout == "NHWC":  # the NCHW-gather GEMM's NHWC instance, in place
-        for config in config_names(planner.GEMM_KERNEL, dtype):
-            try:
-                plans.append(planner.make_plan(problem, config, planner.GEMM_KERNEL, nhwc=True))
-            except ValueError:  # not for this problem
-                continue
     return problem, list(dict.fromkeys(plans))
 
 
@@ -117,8 +110,8 @@ def temporaries(plan, problem) -> list[int]:
     stream-K's float32 slots, one tile per block; Winograd's transformed
     input V and GEMM output M of one pass; split-K's partial sums (the GEMMs', after the input's copy,
     or Winograd's GEMM's after M); then, for an NHWC problem of a family that computes NCHW alone, the NCHW copies
-    of x, of the output and (where there is one) of the residual -- none where the NCHW-gather GEMM reads
-    and writes them in place (nhwc_in_place)."""
+    of x, of the output and (where there is one) of the residual -- none for the NCHW-gather GEMM, which
+    reads and writes them in place."""
     item = STORAGE_BYTES[problem.dtype]
     partials = [4 * plan.splits * math.prod(problem.out_shape)] if plan.splits > 1 else []
     if plan.stream_k_blocks:
@@ -129,7 +122,7 @@ def temporaries(plan, problem) -> list[int]:
             problem.dtype == "float32" and ((problem.kh * problem.kw != 1 and plan.config.wgmma and
                                              not plan.config.producer_warps) or tall))
         return ([problem.n * problem.h * problem.w * plan.channels_padded * item] if copied else []) + partials
-    if plan.nhwc_in_place:
+    if plan.kernel == planner.GEMM_KERNEL:
         return []
     if problem.layout == "NHWC" and not layouts.native(planner.FAMILIES[plan.kernel], problem):
         return temporaries(plan, dataclasses.replace(problem, layout="NCHW")) + \
@@ -229,7 +222,7 @@ def test_layout_programs(case, dtype, layouts):
         if problem.n == 0:
             continue
         names = [launch.kernel for launch in call.launches]
-        if plan.nhwc_in_place:  # one launch, of the NHWC instance
+        if plan.kernel == planner.GEMM_KERNEL and layouts[0] == "NHWC":  # one launch, of the NHWC instance
             assert names == [planner.GEMM_KERNEL] and call.launches[0].name_expression.endswith(",true>"), names
         elif not native(planner.FAMILIES[plan.kernel], problem) and layouts[0] == "NHWC":
             assert names[0] == names[-1] == implicit_gemm_nhwc.CHANNELS_LAST_TILED or \

@@ -2,7 +2,7 @@
 kernel that can run them, in one process: conv1d's height-1 problems (a wav2vec 2.0 front end of one
 input channel, a Conformer depthwise layer) and 2-D layers of one input channel and many output ones
 (grayscale first layers), on the rules' plan, the depthwise kernels' tiles (NCHW and NHWC), the
-channels-last and NCHW GEMMs (the latter also in its NHWC instance, in place) and the direct kernel.
+channels-last and NCHW-gather GEMMs (the latter in its NHWC instance on NHWC arrays) and the direct kernel.
     python benchmarks/profile/one_channel.py [--dtype fp16 ...] [--layout nchw ...]
 Medians of 50 runs each behind a spin kernel, interleaved; every plan checked against the rules' one."""
 import argparse
@@ -33,7 +33,7 @@ def main() -> None:
               "dw_1x1024_r8": (DEPTHWISE_KERNEL, "dw_1x1024_r8"),
               **{c: (DEPTHWISE_NHWC_KERNEL, c) for c in ("dw_nhwc_v16", *(r.name for r in RUN_CONFIGS))},
               "gemm": (NHWC_KERNEL, None), "gemm_nchw": (GEMM_KERNEL, None),
-              "gemm_nchw nhwc": (GEMM_KERNEL, None, {"nhwc": True}), "direct": (DIRECT_KERNEL, None)}
+              "direct": (DIRECT_KERNEL, None)}
     print("| layer | mode | layout | rule's plan | rule ms |" + "".join(f" {k} ms |" for k in others))
     print("| --- " * (5 + len(others)) + "|")
     for name, (x_shape, w_shape, stride, padding, groups) in LAYERS.items():

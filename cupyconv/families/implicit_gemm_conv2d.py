@@ -12,6 +12,9 @@ from ..program import CallProgram
 from .common import CTYPES, INDEX_TYPES, conv_launch, forced_config, gemm_grid, grid_fits, grid_refusal, index_type
 
 KERNEL = "implicit_gemm_conv2d"
+#: NCHW arrays, or NHWC ones gathered and stored in place by the kernel's NHWC instance (no transposes
+#: around it, no channel padding); the weight KCHW (layouts.py transposes a KHWC one into the prepared weight).
+LAYOUTS = ("NCHW", "NHWC")
 #: Below this many output channels per group the 8-wide instruction tile is mostly padding (depthwise
 #: convolutions, say): the direct kernel is used.
 GEMM_MIN_GROUP_CHANNELS = 8
@@ -88,15 +91,9 @@ def refusal(problem: ConvProblem) -> str:
     return dtype_refusal(problem) or grid_refusal(gemm_grid(problem, _choose_config(problem)[0]))
 
 
-def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "", nhwc: bool = False) -> LaunchPlan:
-    """The implicit-GEMM launch: grid (pixel tiles, channel tiles, groups), one block per tile.
-
-    ``nhwc`` (an NHWC problem): the kernel's NHWC instance gathers the NHWC input and stores the NHWC
-    output in place (plan.nhwc_in_place), where layouts.py would transpose both around the NCHW one.
-    Forced only: written after the 2026-11-27 session's last GPU call, not yet run on a GPU
-    (tests/test_layouts_gpu.py test_nhwc_in_place), so not yet the rule."""
-    if nhwc and problem.layout != "NHWC":
-        raise ValueError(f"nhwc reads and writes NHWC arrays; this problem is {problem.layout}")
+def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
+    """The implicit-GEMM launch: grid (pixel tiles, channel tiles, groups), one block per tile; the
+    kernel's NHWC instance for an NHWC problem (name_expression, by the plan's layout)."""
     if config is not None:
         cfg = forced_config(GEMM_CONFIGS[problem.dtype], config, f"config for {KERNEL} in {problem.dtype}")
         why = "config forced by the caller"
@@ -108,7 +105,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     return LaunchPlan(
         kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem), config=cfg,
         grid=gemm_grid(problem, cfg), block=(cfg.threads, 1, 1), shared_bytes=cfg.shared_bytes(problem.dtype),
-        reason=f"{reason}; {why}" if reason else why, nhwc_in_place=nhwc)
+        reason=f"{reason}; {why}" if reason else why)
 
 
 def describe_tiles(plan: LaunchPlan, warps: str, reads: str = "") -> str:
@@ -137,8 +134,8 @@ def specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc: bool = False) 
 
 
 def name_expression(plan: LaunchPlan) -> str:
-    """The specialisation ``plan`` launches."""
-    return specialisation(plan.dtype, plan.index_type, plan.config, plan.nhwc_in_place)
+    """The specialisation ``plan`` launches: the NHWC instance for NHWC arrays."""
+    return specialisation(plan.dtype, plan.index_type, plan.config, plan.layout == "NHWC")
 
 
 def specialisations() -> list[str]:
