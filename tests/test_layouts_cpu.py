@@ -139,3 +139,26 @@ def test_the_nchw_gather_gemm_reads_and_writes_nhwc_in_place():
         assert (Pointer(PREPARED) in gemm.args) == (weight_layout == "KHWC")
     nchw = dataclasses.replace(problem, layout="NCHW", weight_layout="KCHW")
     assert planner.make_plan(nchw, kernel=planner.GEMM_KERNEL).name_expression.endswith(",2>")
+
+
+def test_rgb_stems_of_one_k_tile_take_the_nchw_gather_in_place():
+    """On NHWC arrays a 3-channel stem of <= 32 reduction elements and <= 32 output channels (EfficientNet's,
+    MobileNetV2's) takes the NCHW-gather GEMM's NHWC instance, no zero-channel copy; VGG's 3 -> 64 and
+    ResNet-50's 7x7 keep the channels-last GEMM (planner.NHWC_GATHER_MAX_*); NCHW arrays keep their rules."""
+    import dataclasses
+
+    from cupyconv import planner
+    from cupyconv.arguments import make_problem
+
+    def plan(channels_out, taps, dtype, layout="NHWC"):
+        problem = dataclasses.replace(make_problem((32, 3, 224, 224), (channels_out, 3, taps, taps), None, dtype, 2,
+                                                   taps // 2), layout=layout)
+        return planner.make_plan(problem, allow_tf32=True, compute_capability=90)
+
+    for dtype in ("float16", "bfloat16", "float32"):
+        stem = plan(32, 3, dtype)
+        assert stem.kernel == planner.GEMM_KERNEL and "not copied with zero channels" in stem.reason, str(stem)
+        assert planner.program(stem, dataclasses.replace(make_problem((32, 3, 224, 224), (32, 3, 3, 3), None, dtype,
+                                                                      2, 1), layout="NHWC")).workspace_bytes == 0
+        assert plan(64, 3, dtype).kernel == plan(64, 7, dtype).kernel == planner.NHWC_KERNEL
+        assert plan(32, 3, dtype, "NCHW").kernel == planner.NHWC_KERNEL

@@ -213,6 +213,12 @@ def _nchw_a_vec(problem: ConvProblem) -> int:
     return next((vec for vec in NHWC_VECS if in_place and plane % vec == 0), 0)
 
 
+def pads_channels(problem: ConvProblem) -> bool:
+    """Whether the kernel would read ``problem``'s input through a copy with zero channels added (3-channel
+    RGB inputs: 4)."""
+    return _pieces(problem)[0][1] > problem.c
+
+
 def _pieces(problem: ConvProblem) -> tuple[tuple[int, int], str]:
     """((bytes per cp.async piece, channels of the copies), "") or ((0, 0), why the problem cannot run).
 
