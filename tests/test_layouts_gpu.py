@@ -27,6 +27,7 @@ from cupyconv.arguments import make_problem  # noqa: E402
 from cupyconv.compiler import compute_capability  # noqa: E402
 from cupyconv.executor import executable  # noqa: E402
 from cupyconv.families import depthwise_nhwc  # noqa: E402
+from cupyconv.families.implicit_gemm_conv2d import GEMM_CONFIGS  # noqa: E402
 from cupyconv.launch import conv2d_cupy  # noqa: E402
 
 LAYOUT_PAIRS = [("NHWC", "KCHW"), ("NCHW", "KHWC"), ("NHWC", "KHWC")]
@@ -319,16 +320,17 @@ NHWC_GATHER_CASES = CASES + [Case(2, 1, 64, 1, 300, 1, 10, stride=(1, 5)),
                              Case(2, 6, 200, 7, 9, 1, 1, bias=False)]
 
 
+@pytest.mark.parametrize("tile", range(len(GEMM_CONFIGS["float16"])))
 @pytest.mark.parametrize("weight_layout", ["KCHW", "KHWC"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("case", NHWC_GATHER_CASES, ids=lambda c: c.id)
-def test_nhwc_in_place(case, dtype, weight_layout):
-    """Within tolerance of float64, every output written, and bit for bit the NCHW instance's output on
-    the same tile (the same sums in the same order, read and stored elsewhere); with
+def test_nhwc_in_place(case, dtype, weight_layout, tile):
+    """On each tile: within tolerance of float64, every output written, and bit for bit the NCHW
+    instance's output on the same tile (the same sums in the same order, read and stored elsewhere); with
     relu(conv + bias + residual) too."""
     problem = problem_of(case, dtype, "NHWC", weight_layout)
     try:
-        in_place = planner.make_plan(problem, kernel=planner.GEMM_KERNEL)
+        in_place = planner.make_plan(problem, GEMM_CONFIGS[dtype][tile].name, planner.GEMM_KERNEL)
     except ValueError:  # the GEMM does not take this problem
         return
     assert in_place.name_expression.endswith(",true>")

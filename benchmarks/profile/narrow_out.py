@@ -5,14 +5,14 @@ expansions from them; GEMMs of 32 pixels), its stem and other RGB stems (3 input
 a large plane (where the direct kernel is meant to win).
     python benchmarks/profile/narrow_out.py [--dtype fp16 --dtype tf32]
 Columns: the rule's plan, then the direct kernel, the channels-last GEMM's tiles (mma.sync and wgmma),
-the NCHW-gather GEMM (its NHWC instance, in place, no channel padding) and the channels-last GEMM's split-K
+the NCHW-gather GEMM on each of its tiles (its NHWC instance, in place, no channel padding) and the channels-last GEMM's split-K
 runs forced."""
 import argparse
 
 from cupyconv.arguments import make_problem
 from cupyconv.bench import MODE_DTYPE
-from cupyconv.planner import DIRECT_KERNEL, GEMM_KERNEL, NHWC_KERNEL
-from plan_timing import rule_against_forced
+from cupyconv.planner import DIRECT_KERNEL, NHWC_KERNEL
+from plan_timing import GEMM_TILES, gemm_tiles, rule_against_forced
 
 #: name -> (x NHWC, weight KCHW, stride, padding)
 #: EfficientNet-B0's squeeze-excitation pairs (channels, reduced channels), each a reduction and an expansion.
@@ -28,7 +28,6 @@ SHAPES = {
 }
 FORCED = {"direct": (DIRECT_KERNEL, None), "gemm": (NHWC_KERNEL, None), "n32": (NHWC_KERNEL, "nhwc_m128n32k32"),
           "n64": (NHWC_KERNEL, "nhwc_m128n64k32"), "wgmma n64": (NHWC_KERNEL, "nhwc_wgmma_ch_m256n64"),
-          "gemm_nchw": (GEMM_KERNEL, None),
           **{f"gemm split {s}": (NHWC_KERNEL, None, {"splits": s}) for s in (2, 4, 8)}}
 
 
@@ -38,17 +37,18 @@ def main() -> None:
     parser.add_argument("--layer", action="append", help="rows whose name contains this (default: all)")
     args = parser.parse_args()
     modes = args.dtype or ("fp16",)
-    print("| layer | mode | rule's plan | rule ms |" + "".join(f" {name} ms |" for name in FORCED))
-    print("| --- " * (4 + len(FORCED)) + "|")
+    columns = [*FORCED, *(f"gemm_nchw {tile}" for tile in GEMM_TILES)]
+    print("| layer | mode | rule's plan | rule ms |" + "".join(f" {name} ms |" for name in columns))
+    print("| --- " * (4 + len(columns)) + "|")
     for name, (xs, ws, stride, padding) in SHAPES.items():
         if args.layer and not any(part in name for part in args.layer):
             continue
         for mode in modes:
             problem = make_problem(xs, ws, (ws[0],), MODE_DTYPE[mode], stride, padding, layout="NHWC",
                                    weight_layout="KCHW")
-            plans, ms = rule_against_forced(problem, mode, FORCED, (name, mode))
+            plans, ms = rule_against_forced(problem, mode, {**FORCED, **gemm_tiles(MODE_DTYPE[mode])}, (name, mode))
             print(f"| {name} | {mode} | {plans['rule'].kernel} {plans['rule'].config.name} | {ms['rule']:.4f} |"
-                  + "".join(f" {ms[k]:.4f} |" if k in ms else " - |" for k in FORCED), flush=True)
+                  + "".join(f" {ms[k]:.4f} |" if k in ms else " - |" for k in columns), flush=True)
 
 
 if __name__ == "__main__":

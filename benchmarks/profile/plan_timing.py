@@ -40,6 +40,18 @@ def time_plans(problem, mode: str, plans: dict, reference: str, checked, label=(
     return {k: t[0] for k, t in times.items()}
 
 
+#: The NCHW-gather GEMM's tiles, by pixels x channels (their names carry each dtype's k depth).
+GEMM_TILES = ("m128n32", "m128n64", "m128n128", "m64n32", "m64n128")
+
+
+def gemm_tiles(dtype: str) -> dict:
+    """Column name -> (kernel, config) of each of GEMM_TILES in ``dtype``, to force."""
+    from cupyconv.families.implicit_gemm_conv2d import GEMM_CONFIGS, KERNEL
+
+    return {f"gemm_nchw {tile}": (KERNEL, cfg.name) for tile in GEMM_TILES for cfg in GEMM_CONFIGS[dtype]
+            if cfg.name.startswith(tile + "k")}
+
+
 def rule_against_forced(problem, mode: str, forced: dict, label=()) -> tuple[dict, dict]:
     """The fixed rules' plan of ``problem`` ("rule") and each forced (kernel, config[, options]) of ``forced``
     (name -> tuple; options: make_plan's family knobs, e.g. {"splits": 4}) that can run it, timed by

@@ -65,6 +65,15 @@ GEMM_CONFIGS = {
                 GemmConfig("m128n64k32", 128, 64, 32, 4, 2, 2),
                 GemmConfig("m128n128k32", 128, 128, 32, 2, 4, 2)),
 }
+#: Tiles of 64 pixels, about 120 registers a thread in 16 bits where the 128-pixel ones take 168-222:
+#: 16 warps an SM for reductions of one or two k tiles, where a block loads, multiplies and stores with
+#: nothing of its own to overlap (forced only for now: benchmarks/NOTES.md, "Short reductions").
+SHORT_CONFIGS = {
+    "float32": tuple(GemmConfig(f"m64n{bn}k16", 64, bn, 16, 2, warps_n, 3) for bn, warps_n in ((32, 2), (128, 4))),
+    "float16": tuple(GemmConfig(f"m64n{bn}k32", 64, bn, 32, 2, warps_n, 2) for bn, warps_n in ((32, 2), (128, 4))),
+}
+for _dtype in SHORT_CONFIGS:
+    GEMM_CONFIGS[_dtype] += SHORT_CONFIGS[_dtype]
 GEMM_CONFIGS["bfloat16"] = GEMM_CONFIGS["float16"]
 CONFIG_NAMES = frozenset(c.name for configs in GEMM_CONFIGS.values() for c in configs)
 
@@ -73,7 +82,7 @@ def _choose_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
     """The narrowest channel tile that holds every output channel of a group, else the widest (each
     channel tile gathers the input again, so fewer, wider tiles beat exact fits)."""
     kg = problem.k // problem.groups
-    configs = GEMM_CONFIGS[problem.dtype]
+    configs = [cfg for cfg in GEMM_CONFIGS[problem.dtype] if cfg.bm == 128]
     for cfg in configs:
         if kg <= cfg.bn:
             return cfg, f"{kg} output channels per group fit one {cfg.bn}-channel tile"
