@@ -127,14 +127,20 @@ ONE_CHANNEL_GEMM_MIN_TAPS = 10
 #: depthwise kernels transpose the output (H100, 1 -> 32 3x3 on 224^2: fp16 0.174 ms against 0.253,
 #: TF32 0.161 against 0.314; benchmarks/NOTES.md).
 ONE_CHANNEL_GEMM_MIN_CHANNELS = 32
-#: On NHWC arrays, layers whose channels the channels-last GEMM would pad with zeros (RGB stems), of a
-#: reduction (C/groups kh kw) and output channels per group within one 16-bit k tile and one 32-channel
-#: tile, take the NCHW-gather GEMM's NHWC instance: no padding copy, one k tile. H100, EfficientNet-B0's
-#: and MobileNetV2's 3 -> 32 3x3 s2 stem at batch 32: fp16 0.051 ms against 0.064, bf16 0.052 against
-#: 0.065, TF32 0.053 against 0.100. Wider ones lose: 3 -> 64 3x3 (VGG's, 27 elements too) 0.290 against
-#: 0.210, ResNet-50's 7x7 0.144 against 0.117, AlexNet's 11x11 0.963 against 0.590 (benchmarks/NOTES.md).
+#: On NHWC arrays, layers of a reduction (C/groups kh kw) within one 16-bit k tile take the NCHW-gather
+#: GEMM's NHWC instance where the channels-last GEMM would pad their channels with zeros (RGB stems) and
+#: they have at most NHWC_GATHER_MAX_CHANNELS output channels per group: no padding copy, one k tile.
+#: H100, EfficientNet-B0's and MobileNetV2's 3 -> 32 3x3 s2 stem at batch 32: fp16 0.051 ms against
+#: 0.064, bf16 0.052 against 0.065, TF32 0.053 against 0.100. Wider ones lose: 3 -> 64 3x3 (VGG's, 27
+#: elements too) 0.290 against 0.210, ResNet-50's 7x7 0.144 against 0.117, AlexNet's 11x11 0.963
+#: against 0.590 (benchmarks/NOTES.md).
 NHWC_GATHER_MAX_REDUCTION = 32
 NHWC_GATHER_MAX_CHANNELS = 32
+#: ... and so do those of at most this many pixels (one tile), on its 32-channel tile, where the pointwise
+#: kernel does not take them: EfficientNet-B0's squeeze-excitation expansions at batch 32 (1x1 planes,
+#: 6 -> 144 .. 28 -> 672) fp16 0.0071-0.0073 ms against 0.0103-0.0105 on the channels-last GEMM, TF32
+#: 0.0065-0.0069 against 0.0088-0.0104; 4 -> 96 fp16 0.0071 against 0.0070.
+NHWC_GATHER_MAX_PIXELS = 128
 SIMT_KERNEL = simt_gemm_conv2d.KERNEL
 WINOGRAD_KERNEL = winograd_conv2d.KERNEL
 GEMM_KERNEL = implicit_gemm_conv2d.KERNEL
@@ -219,12 +225,15 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
                                   f"{pointwise_nhwc.flop_per_byte(problem):.0f} FLOP per byte (<= "
                                   f"{pointwise_nhwc.MAX_FLOP_PER_BYTE[problem.dtype]}): streamed over the pixels by "
                                   f"persistent blocks")
-    if problem.layout == "NHWC" and kg <= NHWC_GATHER_MAX_CHANNELS and \
-            problem.c // problem.groups * problem.kh * problem.kw <= NHWC_GATHER_MAX_REDUCTION and \
-            implicit_gemm_nhwc.pads_channels(problem) and not implicit_gemm_conv2d.refusal(problem):
-        return GEMM_KERNEL, (f"tensor cores in {precision}; {problem.c} input channels, a reduction of "
-                             f"{problem.c // problem.groups * problem.kh * problem.kw} and {kg} output channels per "
-                             f"group: the NHWC input gathered in place, not copied with zero channels")
+    reduction, pixels = problem.c // problem.groups * problem.kh * problem.kw, problem.n * problem.ho * problem.wo
+    if problem.layout == "NHWC" and reduction <= NHWC_GATHER_MAX_REDUCTION and not implicit_gemm_conv2d.refusal(problem):
+        if kg <= NHWC_GATHER_MAX_CHANNELS and implicit_gemm_nhwc.pads_channels(problem):
+            return GEMM_KERNEL, (f"tensor cores in {precision}; {problem.c} input channels, a reduction of "
+                                 f"{reduction} and {kg} output channels per group: the NHWC input gathered in "
+                                 f"place, not copied with zero channels")
+        if pixels <= NHWC_GATHER_MAX_PIXELS:
+            return GEMM_KERNEL, (f"tensor cores in {precision}; {pixels} pixels and a reduction of {reduction}: "
+                                 f"one k tile, the NHWC input gathered in place")
     why_not = implicit_gemm_nhwc.refusal(problem)
     if not why_not:
         return NHWC_KERNEL, f"tensor cores in {precision}, {kg} output channels per group"

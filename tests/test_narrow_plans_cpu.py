@@ -52,3 +52,18 @@ def test_one_tile_of_few_pixels_keeps_mma_sync_on_the_h100(channels, reduced, dt
     many = make_plan(make_problem((32, 14, 14, channels), (reduced, channels, 3, 3), None, dtype, padding=1,
                                   layout="NHWC"), allow_tf32=tf32, compute_capability=90)
     assert many.kernel == NHWC_KERNEL and many.config.wgmma, str(many)
+
+
+@pytest.mark.parametrize("dtype,tf32", [("float16", False), ("bfloat16", False), ("float32", True)])
+@pytest.mark.parametrize("reduced,channels", [(6, 144), (10, 240), (20, 480), (28, 672)])
+def test_expansions_of_one_pixel_tile_take_the_nchw_gather_in_place(reduced, channels, dtype, tf32):
+    """EfficientNet-B0's squeeze-excitation expansions at batch 32 (32 pixels, a reduction of one k tile):
+    the NCHW-gather GEMM's NHWC instance on its 32-channel tile, a block per 32 channels
+    (planner.NHWC_GATHER_MAX_PIXELS); on 14 x 14 planes they keep the channels-last kernels."""
+    few = make_plan(make_problem((32, 1, 1, reduced), (channels, reduced, 1, 1), None, dtype, layout="NHWC"),
+                    allow_tf32=tf32, compute_capability=90)
+    assert few.kernel == GEMM_KERNEL and few.config.bn == 32 and few.grid == (1, -(-channels // 32), 1), str(few)
+    assert few.name_expression.endswith(",true>")
+    many = make_plan(make_problem((32, 14, 14, reduced), (channels, reduced, 1, 1), None, dtype, layout="NHWC"),
+                     allow_tf32=tf32, compute_capability=90)
+    assert many.kernel in (NHWC_KERNEL, POINTWISE_KERNEL), str(many)

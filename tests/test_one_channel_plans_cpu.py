@@ -36,6 +36,8 @@ def test_one_input_channel_of_many_taps_takes_the_tensor_cores(layer, dtype, lay
     assert layer[1][2] * layer[1][3] >= ONE_CHANNEL_GEMM_MIN_TAPS
     assert plan.kernel == GEMM_KERNEL and f"the {layout} input gathered in place" in plan.reason, str(plan)
     assert plan.name_expression.endswith(",true>") == (layout == "NHWC")
+    # 512 channels: wav2vec 2.0's reduction of 10 fits one k tile, which takes 64-channel tiles, two blocks an SM
+    assert plan.config.bn == (64 if layer is W2V_CONV0 else layer[1][0]), str(plan)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])

@@ -41,7 +41,7 @@ def time_plans(problem, mode: str, plans: dict, reference: str, checked, label=(
 
 
 #: The NCHW-gather GEMM's tiles, by pixels x channels (their names carry each dtype's k depth).
-GEMM_TILES = ("m128n32", "m128n64", "m128n128", "m64n32", "m64n128")
+GEMM_TILES = ("m128n32", "m128n64", "m128n128")
 
 
 def gemm_tiles(dtype: str) -> dict:

@@ -65,27 +65,33 @@ GEMM_CONFIGS = {
                 GemmConfig("m128n64k32", 128, 64, 32, 4, 2, 2),
                 GemmConfig("m128n128k32", 128, 128, 32, 2, 4, 2)),
 }
-#: Tiles of 64 pixels, about 120 registers a thread in 16 bits where the 128-pixel ones take 168-222:
-#: 16 warps an SM for reductions of one or two k tiles, where a block loads, multiplies and stores with
-#: nothing of its own to overlap (forced only for now: benchmarks/NOTES.md, "Short reductions").
-SHORT_CONFIGS = {
-    "float32": tuple(GemmConfig(f"m64n{bn}k16", 64, bn, 16, 2, warps_n, 3) for bn, warps_n in ((32, 2), (128, 4))),
-    "float16": tuple(GemmConfig(f"m64n{bn}k32", 64, bn, 32, 2, warps_n, 2) for bn, warps_n in ((32, 2), (128, 4))),
-}
-for _dtype in SHORT_CONFIGS:
-    GEMM_CONFIGS[_dtype] += SHORT_CONFIGS[_dtype]
 GEMM_CONFIGS["bfloat16"] = GEMM_CONFIGS["float16"]
 CONFIG_NAMES = frozenset(c.name for configs in GEMM_CONFIGS.values() for c in configs)
 
 
 def _choose_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
     """The narrowest channel tile that holds every output channel of a group, else the widest (each
-    channel tile gathers the input again, so fewer, wider tiles beat exact fits)."""
+    channel tile gathers the input again, so fewer, wider tiles beat exact fits) -- but the narrowest
+    where the pixels fit one tile, and the 64-channel one where the reduction fits one k tile.
+
+    A block of one k tile gathers, multiplies and stores with nothing of its own to overlap, so the
+    warps of other blocks on its SM hide that latency; the 128-channel tile's 200-220 registers a thread
+    leave one block of 8 warps an SM, the 64-channel one's ~125 two (H100, ncu). Measured (H100, NHWC
+    in place / NCHW, benchmarks/NOTES.md "Short reductions"): wav2vec 2.0's 1 -> 512 k10 s5 fp16 0.042 /
+    0.036 ms on 64 channels against 0.054 / 0.039 on 128, TF32 0.040 / 0.035 against 0.050 / 0.037;
+    EfficientNet-B0's squeeze-excitation expansions (32 pixels, 6 -> 144 .. 28 -> 672) 0.0065-0.0073
+    on 32 channels against 0.0085-0.0093 on 128."""
     kg = problem.k // problem.groups
-    configs = [cfg for cfg in GEMM_CONFIGS[problem.dtype] if cfg.bm == 128]
+    configs = GEMM_CONFIGS[problem.dtype]
+    pixels = problem.n * problem.ho * problem.wo
+    if kg > configs[0].bn and pixels <= configs[0].bm:
+        return configs[0], f"{pixels} pixels, one tile: a block per {configs[0].bn} of {kg} channels"
     for cfg in configs:
         if kg <= cfg.bn:
             return cfg, f"{kg} output channels per group fit one {cfg.bn}-channel tile"
+    if problem.c // problem.groups * problem.kh * problem.kw <= configs[0].bk:
+        return configs[1], (f"{kg} output channels per group, a reduction of one k tile: "
+                            f"{math.ceil(kg / configs[1].bn)} tiles of {configs[1].bn} channels, two blocks an SM")
     return configs[-1], f"{kg} output channels per group: {math.ceil(kg / configs[-1].bn)} channel tiles"
 
 
