@@ -17,7 +17,7 @@ from . import tuning
 from .arguments import (check_arrays, check_layouts, check_out, check_x_dims, check_output_size, check_residual,
                         check_residual_overlap, extent, make_problem, overlaps)
 from .launch import run
-from .planner import LaunchPlan, make_plan
+from .planner import LaunchPlan, as_planned, make_plan
 from .program import OPERAND_ALIGNMENT
 from .reference import conv2d_numpy
 from .weights import PreparedWeight
@@ -243,10 +243,12 @@ def plan(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, all
                                    activation, residual)
     if backend == "numpy":
         why = "NumPy arrays: plans are tuned on the GPU that runs them" if tuning.enabled() else "autotune off"
-        return dataclasses.replace(make_plan(problem, allow_tf32=allow_tf32), tuning=f"no ({why})")
-    if tuning.enabled():
-        return tuning.tuned_plan(problem, allow_tf32, x.device.id)
+        return dataclasses.replace(make_plan(as_planned(problem, allow_tf32), allow_tf32=allow_tf32),
+                                   tuning=f"no ({why})")
     from .compiler import compute_capability
 
+    problem = as_planned(problem, allow_tf32, compute_capability(x.device.id))
+    if tuning.enabled():
+        return tuning.tuned_plan(problem, allow_tf32, x.device.id)
     chosen = make_plan(problem, allow_tf32=allow_tf32, compute_capability=compute_capability(x.device.id))
     return dataclasses.replace(chosen, tuning="no (autotune off)")

@@ -205,7 +205,11 @@ class Workspaces:
 def executable(problem: ConvProblem, allow_tf32: bool, device_id: int) -> Executable:
     """The planner's choice for ``problem`` on device ``device_id``, ready to launch: the fixed rules'
     plan, or with autotuning on (tuning.autotune) the fastest the tuner found, timed on first sight
-    of the problem. The fronts ask once per call signature."""
+    of the problem. The fronts ask once per call signature. One-pixel NCHW planes run as the NHWC
+    problem of the same memory where that reads them in place (planner.as_planned)."""
+    from .planner import as_planned
+
+    problem = as_planned(problem, allow_tf32, compute_capability(device_id))
     if tuning.enabled():
         return executable_for_plan(tuning.tuned_plan(problem, allow_tf32, device_id), problem, device_id)
     return _fixed_rules_executable(problem, allow_tf32, device_id)

@@ -272,6 +272,19 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
                                activation=problem.activation, has_residual=problem.has_residual)
 
 
+def as_planned(problem: ConvProblem, allow_tf32: bool = False, compute_capability: int = 0) -> ConvProblem:
+    """The problem the fronts plan and run for ``problem``: itself, or, for an NCHW problem of one-pixel
+    input and output planes (N, C, 1, 1: the same memory as NHWC), the NHWC problem where the rules'
+    family for it reads NHWC in place -- the channels-last kernels, with no copy of the input to NHWC
+    first. torch hands such tensors over as contiguous, so NCHW: EfficientNet's squeeze-excitation layers,
+    after its pooling."""
+    if problem.layout != "NCHW" or (problem.h, problem.w, problem.ho, problem.wo) != (1, 1, 1, 1):
+        return problem
+    nhwc = dataclasses.replace(problem, layout="NHWC")
+    family = FAMILIES[make_plan(nhwc, allow_tf32=allow_tf32, compute_capability=compute_capability).kernel]
+    return nhwc if nhwc.layout in layouts.in_place(family)[0] else problem
+
+
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
     """The launches, workspace and weight preparation that run ``plan`` (any plan the families make
     for ``problem``, forced ones included) as data; none for an empty batch.

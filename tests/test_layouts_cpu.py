@@ -162,3 +162,23 @@ def test_rgb_stems_of_one_k_tile_take_the_nchw_gather_in_place():
                                                                       2, 1), layout="NHWC")).workspace_bytes == 0
         assert plan(64, 3, dtype).kernel == plan(64, 7, dtype).kernel == planner.NHWC_KERNEL
         assert plan(32, 3, dtype, "NCHW").kernel == planner.NHWC_KERNEL
+
+
+def test_one_pixel_nchw_planes_are_planned_as_the_nhwc_problem_of_the_same_memory():
+    """NCHW problems of 1x1 input and output planes (EfficientNet's squeeze-excitation layers, which torch
+    hands over as contiguous tensors) run as NHWC where the rules' family reads NHWC in place: one launch,
+    no copy to NHWC first; families that compute NCHW alone, and larger planes, keep NCHW."""
+    from cupyconv import planner
+    from cupyconv.arguments import make_problem
+
+    for c, k, dtype, tf32 in ((6, 144, "float16", False), (144, 6, "bfloat16", False), (48, 1152, "float16", False),
+                              (28, 672, "float32", True)):
+        problem = make_problem((32, c, 1, 1), (k, c, 1, 1), (k,), dtype, activation="sigmoid", residual_shape=(32, k, 1, 1))
+        planned = planner.as_planned(problem, tf32, 90)
+        assert planned.layout == "NHWC" and planned.weight_layout == "KCHW"
+        plan = planner.make_plan(planned, allow_tf32=tf32, compute_capability=90)
+        assert len(planner.program(plan, planned).launches) == 1, str(plan)
+    strict = make_problem((32, 6, 1, 1), (144, 6, 1, 1), None, "float32")
+    assert planner.as_planned(strict, False, 90) is strict
+    plane = make_problem((32, 6, 2, 1), (144, 6, 1, 1), None, "float16")
+    assert planner.as_planned(plane, False, 90) is plane

@@ -349,3 +349,21 @@ def test_nhwc_in_place(case, dtype, weight_layout, tile):
                 residual=to_cupy(y))
     wanted = F.relu(reference(x, weight, bias, case) + residual.double())
     assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, planner.GEMM_KERNEL)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("c,k", [(6, 144), (144, 6), (48, 1152), (32, 8)])
+def test_one_pixel_planes_run_in_place_through_the_adapter(c, k, dtype):
+    """Squeeze-excitation layers of a channels_last model see contiguous (N, C, 1, 1) tensors: the call
+    runs the NHWC problem of the same memory in one launch (planner.as_planned), within tolerance of
+    float64 with sigmoid(conv + bias + residual), every output written."""
+    case = Case(32, c, k, 1, 1, 1, 1)
+    x, weight, bias = inputs(case, dtype, seed=c + k)
+    residual = torch.randn(32, k, 1, 1, device="cuda", dtype=torch.float64).to(x.dtype)
+    y = cct.conv2d(x, weight, bias, activation="sigmoid", residual=residual)
+    wanted = torch.sigmoid(reference(x, weight, bias, case) + residual.double())
+    assert not y.isnan().any()
+    assert relative_error(y, wanted) < (2e-3 if dtype == "float32" else 1e-2)
+    problem = make_problem((32, c, 1, 1), (k, c, 1, 1), (k,), dtype)
+    exe = executable(problem, True, x.device.index)
+    assert exe.plan.layout == "NHWC" and len(exe._launches) == 1, str(exe.plan)
