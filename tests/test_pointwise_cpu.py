@@ -61,9 +61,9 @@ def test_planner_takes_it_for_memory_bound_layers(c, k, dtype, taken):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
-def test_tiles_fit_and_the_rule_picks_by_channel_bytes_then_width(dtype):
-    """Every tile fits the H100's shared memory; a plan takes, of the tiles of the fewest channel bytes
-    holding C, the narrowest at least K wide, else the widest."""
+def test_tiles_fit_and_the_rule_picks_by_width_then_channel_bytes(dtype):
+    """Every tile fits the H100's shared memory; a plan takes, of the tiles holding C, the narrowest at
+    least K wide, else the widest, and of those the one of the fewest channel bytes."""
     item = 4 if dtype == "float32" else 2
     for cfg in POINTWISE_CONFIGS[dtype]:
         assert cfg.shared_bytes(dtype) <= MAX_SHARED_BYTES, cfg
@@ -75,10 +75,11 @@ def test_tiles_fit_and_the_rule_picks_by_channel_bytes_then_width(dtype):
                 assert refusal(problem)
                 continue
             plan = make_plan(problem, kernel=POINTWISE_KERNEL)
-            holding = min(cfg.channel_bytes for cfg in POINTWISE_CONFIGS[dtype] if c * item <= cfg.channel_bytes)
-            widths = sorted((cfg for cfg in POINTWISE_CONFIGS[dtype] if cfg.channel_bytes == holding),
-                            key=lambda t: t.bn)
-            assert plan.config == next((cfg for cfg in widths if cfg.bn >= k), widths[-1]), (c, k)
+            holding = [cfg for cfg in POINTWISE_CONFIGS[dtype] if c * item <= cfg.channel_bytes]
+            wide_enough = [cfg for cfg in holding if cfg.bn >= k]
+            widths = wide_enough or [cfg for cfg in holding if cfg.bn == max(t.bn for t in holding)]
+            best = min(widths, key=lambda t: (t.bn if wide_enough else 0, t.channel_bytes))
+            assert plan.config == best, (c, k)
             assert plan.shared_bytes == plan.config.shared_bytes(dtype) and plan.block == (plan.config.threads, 1, 1)
 
 
@@ -118,3 +119,17 @@ def test_printed_plan_says_what_it_reads_in_place():
     text = str(plan)
     assert plan.kernel == POINTWISE_KERNEL and "persistent blocks" in text and "in place" in text
     assert "51 FLOP per byte" in text
+
+
+def test_narrow_projections_take_a_32_channel_tile():
+    """MobileNetV2's and EfficientNet-B0's projections to 16 and 24 channels (H100 sweep, NOTES.md "Narrow
+    projections"): a 32-channel tile, of wider rows than the fewest that hold C where that is the only
+    one; TF32's 32 -> 16 too, though float32 inputs of 32 channels to wider outputs keep the GEMM."""
+    from cupyconv.planner import NHWC_KERNEL
+
+    expected = {(32, 16, "float16"): "pw_c128_m64n32", (96, 24, "float16"): "pw_c512_m64n32",
+                (32, 16, "float32"): "pw_c128_m64n32", (96, 24, "float32"): "pw_c512_m64n32"}
+    for (c, k, dtype), name in expected.items():
+        plan = make_plan(nhwc(32, c, k, 56, 56, dtype), allow_tf32=True, compute_capability=90)
+        assert plan.kernel == POINTWISE_KERNEL and plan.config.name == name, (c, k, dtype, str(plan))
+    assert make_plan(nhwc(4, 32, 128, 64, 64, "float32"), allow_tf32=True, compute_capability=90).kernel == NHWC_KERNEL

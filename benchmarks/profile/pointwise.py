@@ -11,12 +11,17 @@ import sys
 
 import cupy
 
-from cupyconv.bench import LARGE, LAYERS, MODE_DTYPE
+from cupyconv.bench import LARGE, LAYERS, MODE_DTYPE, Shape
 from cupyconv.families import pointwise_nhwc
 from cupyconv.families.pointwise_nhwc import PointwiseConfig
 from cupyconv.launch import conv2d_cupy
 from cupyconv.planner import NHWC_KERNEL, POINTWISE_KERNEL, make_plan
 
+#: Projections of MobileNetV2 and EfficientNet-B0 at batch 32 that the suites lack: few output channels
+#: (16, 24) of few input channels, and 480 -> 80.
+MODEL_ROWS = (Shape("mbv2_pw_1x1_32to16_112sq", 32, 32, 16, 112, 112, 1, 1),
+              Shape("mbv2_pw_1x1_96to24_56sq", 32, 96, 24, 56, 56, 1, 1),
+              Shape("effnet_pw_1x1_480to80_14sq", 32, 480, 80, 14, 14, 1, 1))
 ROWS = ("r50_l1_1x1_64", "r50_l1_1x1_256", "mbv2_pw_1x1_144to24", "mbv2_pw_1x1_96to576", "r50_l3_1x1_256to1024",
         "large_1x1_64to64_256sq", "large_1x1_32to128_512sq", "large_1x1_256to64_128sq")
 #: name, bm, bn, channel bytes, stages, warps_m, warps_n, min_blocks (B_IN_REGISTERS where a warp's
@@ -25,7 +30,8 @@ CANDIDATES = [PointwiseConfig(f"try_c{cb}_m{bm}n{bn}s{st}w{wm}x{wn}b{mb}", bm, b
               for bm, bn, cb, st, wm, wn, mb in (
                   (64, 64, 128, 3, 4, 2, 3), (128, 64, 128, 3, 4, 2, 2), (64, 128, 128, 3, 2, 4, 2),
                   (64, 32, 512, 2, 4, 2, 2), (128, 32, 512, 2, 4, 2, 1), (128, 32, 512, 2, 8, 1, 1),
-                  (64, 32, 1024, 2, 4, 2, 1), (32, 32, 1024, 3, 2, 2, 1))]
+                  (64, 32, 1024, 2, 4, 2, 1), (32, 32, 1024, 3, 2, 2, 1),
+                  (64, 32, 128, 3, 4, 2, 3), (64, 32, 256, 3, 4, 2, 2), (64, 64, 256, 3, 4, 2, 2))]
 SETS = 3
 
 
@@ -46,7 +52,7 @@ def batch_ms(run, calls: int = 24, samples: int = 30) -> float:
 
 
 def main(rows) -> None:
-    shapes = {s.name: s for s in LAYERS + LARGE}
+    shapes = {s.name: s for s in LAYERS + LARGE + MODEL_ROWS}
     for name in rows:
         shape = shapes[name]
         for mode in ("fp16", "tf32"):

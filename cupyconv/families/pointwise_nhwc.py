@@ -53,7 +53,8 @@ class PointwiseConfig:
 
 
 #: Tiles per dtype, by the input channels' bytes they hold and then by output channels: _config takes,
-#: of the tiles of the fewest channel bytes that hold C, the narrowest at least K wide (else the widest).
+#: of the tiles that hold C, the narrowest at least K wide (else the widest), of those the one of the
+#: fewest channel bytes.
 #: Each is the fastest of those timed on the suites' 1x1 rows on the H100 (benchmarks/profile/pointwise.py,
 #: calls on three input sets in turn so that x comes from DRAM; benchmarks/results/pointwise_tiles_sweep_3024172.txt
 #: and ..._large_5109301.txt): r50_l1_1x1_64 fp16 12.4 us on 64 x 64 with three blocks per SM against
@@ -62,15 +63,22 @@ class PointwiseConfig:
 #: against 17.1 on 128 x 64, TF32 29.0 against 37.6 on 64 x 64 (a 64-channel tile multiplies 2-3 times
 #: the columns it stores, which these long reductions feel). The widest (up to 512 16-bit or 256 float32
 #: channels: MobileNetV2's 384 -> 64 and, in TF32, 144 -> 24) fills an SM's shared memory with one block.
+#: Outputs of 16-32 channels take a 32-channel tile even where it holds more input channels than a wider
+#: tile (H100, benchmarks/profile/pointwise.py, NOTES.md "Narrow projections"): MobileNetV2's and
+#: EfficientNet-B0's 32 -> 16 on 112^2 17.8 us fp16 on 128-byte rows of 32 channels against 20.7 on
+#: 64, TF32 30.6 against 34.3; 96 -> 24 on 56^2 13.0 us fp16 on 512-byte rows of 32 against 17.0 on
+#: 256-byte rows of 128 channels.
 POINTWISE_CONFIGS = {
-    "float16": (PointwiseConfig("pw_c128_m64n64", 64, 64, 128, 3, 4, 2, 3),
+    "float16": (PointwiseConfig("pw_c128_m64n32", 64, 32, 128, 3, 4, 2, 3),
+                PointwiseConfig("pw_c128_m64n64", 64, 64, 128, 3, 4, 2, 3),
                 PointwiseConfig("pw_c128_m64n128", 64, 128, 128, 3, 2, 4, 2),
                 PointwiseConfig("pw_c256_m64n128", 64, 128, 256, 3, 2, 4, 2),
                 PointwiseConfig("pw_c512_m64n32", 64, 32, 512, 2, 4, 2, 2),
                 PointwiseConfig("pw_c512_m128n64", 128, 64, 512, 2, 4, 2, 1),
                 PointwiseConfig("pw_c1024_m64n32", 64, 32, 1024, 2, 4, 2, 1),
                 PointwiseConfig("pw_c1024_m64n64", 64, 64, 1024, 2, 2, 4, 1)),
-    "float32": (PointwiseConfig("pw_c256_m64n64", 64, 64, 256, 3, 2, 4, 2),
+    "float32": (PointwiseConfig("pw_c128_m64n32", 64, 32, 128, 3, 4, 2, 3),
+                PointwiseConfig("pw_c256_m64n64", 64, 64, 256, 3, 2, 4, 2),
                 PointwiseConfig("pw_c512_m64n32", 64, 32, 512, 2, 4, 2, 2),
                 PointwiseConfig("pw_c512_m64n64", 64, 64, 512, 2, 2, 4, 1),
                 PointwiseConfig("pw_c1024_m64n32", 64, 32, 1024, 2, 4, 2, 1),
@@ -88,7 +96,8 @@ CONFIG_NAMES = frozenset(c.name for configs in POINTWISE_CONFIGS.values() for c 
 MAX_FLOP_PER_BYTE = {"float16": 96, "bfloat16": 96, "float32": 32}
 #: ... and in float32 to inputs of more than this many channels: large_1x1_32to128_512sq in TF32 ran 268-288
 #: us on these tiles against 238 on the GEMM's mma.sync tile (94 % of copy bandwidth), while 64-channel
-#: inputs gain 1.09-1.38x (same sweeps).
+#: inputs gain 1.09-1.38x (same sweeps) -- unless the output fits one 32-channel tile: 32 -> 16 on 112^2
+#: 30.6 us on pw_c128_m64n32 against 42.6 on the GEMM.
 MIN_FLOAT32_CHANNELS = 33
 
 
@@ -121,19 +130,25 @@ def flop_per_byte(problem: ConvProblem) -> float:
 
 def pays(problem: ConvProblem) -> bool:
     """Whether the planner takes it for ``problem`` (one it can run): memory-bound enough
-    (MAX_FLOP_PER_BYTE), and not a float32 input of few channels (MIN_FLOAT32_CHANNELS)."""
+    (MAX_FLOP_PER_BYTE), and not a float32 input of few channels to more than one narrow tile's
+    (MIN_FLOAT32_CHANNELS)."""
     return flop_per_byte(problem) <= MAX_FLOP_PER_BYTE[problem.dtype] and \
-        not (problem.dtype == "float32" and problem.c < MIN_FLOAT32_CHANNELS)
+        not (problem.dtype == "float32" and problem.c < MIN_FLOAT32_CHANNELS and problem.k > _narrowest(problem).bn)
+
+
+def _narrowest(problem: ConvProblem) -> PointwiseConfig:
+    """The dtype's narrowest tile."""
+    return min(POINTWISE_CONFIGS[problem.dtype], key=lambda c: c.bn)
 
 
 def _config(problem: ConvProblem) -> PointwiseConfig:
-    """Of the tiles of the fewest channel bytes that hold the input channels, the narrowest at least
-    K channels wide, else the widest."""
+    """Of the tiles that hold the input channels, the narrowest at least K channels wide, else the
+    widest; of those, the one of the fewest channel bytes."""
     item = STORAGE_BYTES[problem.dtype]
-    configs = POINTWISE_CONFIGS[problem.dtype]
-    holding = next(c.channel_bytes for c in configs if problem.c * item <= c.channel_bytes)
-    widths = [c for c in configs if c.channel_bytes == holding]
-    return next((c for c in widths if c.bn >= problem.k), widths[-1])
+    holding = [c for c in POINTWISE_CONFIGS[problem.dtype] if problem.c * item <= c.channel_bytes]
+    wide_enough = [c.bn for c in holding if c.bn >= problem.k]
+    bn = min(wide_enough) if wide_enough else max(c.bn for c in holding)
+    return next(c for c in holding if c.bn == bn)
 
 
 def blocks_per_sm(cfg: PointwiseConfig, dtype: str, index: str = "int") -> int:
