@@ -1,6 +1,7 @@
-"""GPU time of every depthwise_nhwc config on the depthwise rows of the layers and large suites, in
-channels_last (to choose the fixed rule's pixels per run):
-    python benchmarks/profile/dw_nhwc.py [fp16 fp32 ...]
+"""GPU time of every depthwise_nhwc config on the depthwise rows of the layers and large suites, or
+(--effnet) on EfficientNet-B0's depthwise layers at batch 32, in channels_last (to choose the fixed
+rule's pixels per run):
+    python benchmarks/profile/dw_nhwc.py [--effnet] [fp16 fp32 ...]
 Median of 200 CUDA-event timings per config after warm-up, with the copy bandwidth's time beside."""
 import pathlib
 import sys
@@ -9,20 +10,25 @@ import cupy
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from ab_layers import event_median_ms  # noqa: E402
-from cupyconv.bench import LARGE, LAYERS, MODE_DTYPE, bytes_moved  # noqa: E402
+from cupyconv.bench import LARGE, LAYERS, MODE_DTYPE, Shape, bytes_moved  # noqa: E402
 from cupyconv.families.depthwise_nhwc import CONFIG_NAMES  # noqa: E402
 from cupyconv.launch import conv2d_cupy  # noqa: E402
 from cupyconv.planner import DEPTHWISE_NHWC_KERNEL, make_plan  # noqa: E402
 
 DTYPES = {"float16": cupy.float16, "bfloat16": cupy.int16, "float32": cupy.float32}
+#: EfficientNet-B0's depthwise layers at batch 32: (channels, plane, kernel, stride).
+EFFNET_ROWS = tuple(Shape(f"effnet_dw_{c}_{h}sq_k{k}s{s}", 32, c, c, h, h, k, k, stride=s, padding=k // 2, groups=c)
+                    for c, h, k, s in ((32, 112, 3, 1), (96, 112, 3, 2), (144, 56, 3, 1), (144, 56, 5, 2),
+                                       (240, 28, 5, 1), (240, 28, 3, 2), (480, 14, 3, 1), (480, 14, 5, 1),
+                                       (672, 14, 5, 1), (672, 14, 5, 2), (1152, 7, 5, 1), (1152, 7, 3, 1)))
 
 
-def main(modes: list[str]) -> None:
+def main(modes: list[str], shapes) -> None:
     src = cupy.empty(2**28, dtype=cupy.float32)
     dst = cupy.empty_like(src)
     gbps = 2 * src.nbytes / event_median_ms(lambda: dst.__setitem__(Ellipsis, src), 20) / 1e6
     print(f"copy bandwidth {gbps:.0f} GB/s")
-    for shape in LAYERS + LARGE:
+    for shape in shapes:
         if shape.groups != shape.c:
             continue
         for mode in modes:
@@ -45,4 +51,5 @@ def main(modes: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["fp16", "bf16", "fp32"])
+    effnet = "--effnet" in sys.argv
+    main([a for a in sys.argv[1:] if a != "--effnet"] or ["fp16", "bf16", "fp32"], EFFNET_ROWS if effnet else LAYERS + LARGE)
