@@ -2,10 +2,10 @@
 
 A family that computes a layout natively says so (``LAYOUTS`` / ``WEIGHT_LAYOUTS`` in its module:
 implicit_gemm_nhwc reads NHWC inputs and KHWC weights in place and writes NHWC outputs;
-implicit_gemm_conv2d NHWC arrays, but KCHW weights only). For the others the call's program is the family's NCHW program with transposes around it
-(kernels/nchw_to_nhwc.cu): the NHWC input to NCHW in the workspace first, the NCHW output from the
-workspace to the caller's NHWC output last, and a KHWC weight to KCHW as (part of) the prepared
-weight, so that a kept preparation transposes it once. Each transpose is a pass over its tensor:
+implicit_gemm_conv2d NHWC arrays, but KCHW weights only). For the others the call's program is the
+family's NCHW program with transposes around it (kernels/nchw_to_nhwc.cu): the NHWC input to NCHW in
+the workspace first, the NCHW output from the workspace to the caller's NHWC output last, and a KHWC
+weight to KCHW as (part of) the prepared weight, so that a kept preparation transposes it once. Each transpose is a pass over its tensor:
 correct and complete, not as fast as a native kernel.
 """
 from __future__ import annotations

@@ -226,7 +226,8 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
                                   f"{pointwise_nhwc.MAX_FLOP_PER_BYTE[problem.dtype]}): streamed over the pixels by "
                                   f"persistent blocks")
     reduction, pixels = problem.c // problem.groups * problem.kh * problem.kw, problem.n * problem.ho * problem.wo
-    if problem.layout == "NHWC" and reduction <= NHWC_GATHER_MAX_REDUCTION and not implicit_gemm_conv2d.refusal(problem):
+    if problem.layout == "NHWC" and reduction <= NHWC_GATHER_MAX_REDUCTION and \
+            not implicit_gemm_conv2d.refusal(problem):
         if kg <= NHWC_GATHER_MAX_CHANNELS and implicit_gemm_nhwc.pads_channels(problem):
             return GEMM_KERNEL, (f"tensor cores in {precision}; {problem.c} input channels, a reduction of "
                                  f"{reduction} and {kg} output channels per group: the NHWC input gathered in "

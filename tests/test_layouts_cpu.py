@@ -173,7 +173,8 @@ def test_one_pixel_nchw_planes_are_planned_as_the_nhwc_problem_of_the_same_memor
 
     for c, k, dtype, tf32 in ((6, 144, "float16", False), (144, 6, "bfloat16", False), (48, 1152, "float16", False),
                               (28, 672, "float32", True)):
-        problem = make_problem((32, c, 1, 1), (k, c, 1, 1), (k,), dtype, activation="sigmoid", residual_shape=(32, k, 1, 1))
+        problem = make_problem((32, c, 1, 1), (k, c, 1, 1), (k,), dtype, activation="sigmoid",
+                               residual_shape=(32, k, 1, 1))
         planned = planner.as_planned(problem, tf32, 90)
         assert planned.layout == "NHWC" and planned.weight_layout == "KCHW"
         plan = planner.make_plan(planned, allow_tf32=tf32, compute_capability=90)

@@ -1,8 +1,9 @@
 """The planner's choice for layers of few output channels, without a GPU: on the tensor cores the
 channels-last GEMM's 32-channel tile (not the direct kernel, which an H100 ran 5-10x slower on them),
 in strict float32 and float64 the direct kernel; 32 or fewer output channels on mma.sync tiles take
-the 32-channel tile (an RGB stem's, the NCHW-gather GEMM's, planner.NHWC_GATHER_MAX_CHANNELS), as do layers of one such tile of few pixels on the H100 (benchmarks/NOTES.md,
-"Few output channels" and "Runs along rows")."""
+the 32-channel tile (an RGB stem's, the NCHW-gather GEMM's, planner.NHWC_GATHER_MAX_CHANNELS), as do
+layers of one such tile of few pixels on the H100 (benchmarks/NOTES.md, "Few output channels" and "Runs
+along rows")."""
 import pytest
 
 from cupyconv.arguments import make_problem

@@ -51,5 +51,5 @@ def main(modes: list[str], shapes) -> None:
 
 
 if __name__ == "__main__":
-    effnet = "--effnet" in sys.argv
-    main([a for a in sys.argv[1:] if a != "--effnet"] or ["fp16", "bf16", "fp32"], EFFNET_ROWS if effnet else LAYERS + LARGE)
+    modes = [a for a in sys.argv[1:] if a != "--effnet"] or ["fp16", "bf16", "fp32"]
+    main(modes, EFFNET_ROWS if "--effnet" in sys.argv else LAYERS + LARGE)

@@ -1,12 +1,12 @@
 """Plans for layers of few output channels or few input channels, timed against each other in one process
 (plan_timing.time_plans: spin-hidden GPU time, interleaved, each checked against the rule's output):
 EfficientNet-B0's squeeze-excitation layers at batch 32 (1x1 planes: reductions to 4-48 channels and
-expansions from them; GEMMs of 32 pixels), its stem and other RGB stems (3 input channels), and a 3-channel output head on
-a large plane (where the direct kernel is meant to win).
-    python benchmarks/profile/narrow_out.py [--dtype fp16 --dtype tf32]
-Columns: the rule's plan, then the direct kernel, the channels-last GEMM's tiles (mma.sync and wgmma),
-the NCHW-gather GEMM on each of its tiles (its NHWC instance, in place, no channel padding) and the channels-last GEMM's split-K
-runs forced."""
+expansions from them; GEMMs of 32 pixels), its stem and other RGB stems (3 input channels), and a
+3-channel output head on a large plane (where the direct kernel is meant to win).
+    python benchmarks/profile/narrow_out.py [--dtype fp16 --dtype tf32] [--layer NAME_PART ...]
+Columns: the rule's plan, then the direct kernel, the channels-last GEMM's tiles (mma.sync and wgmma)
+and its split-K runs forced, and the NCHW-gather GEMM on each of its tiles (its NHWC instance, in place,
+no channel padding)."""
 import argparse
 
 from cupyconv.arguments import make_problem
