@@ -263,7 +263,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
         options: with a forced ``kernel``, that family's own knobs, passed to its make_plan (the
             tuner's and the tests'): ``splits`` (simt_gemm_conv2d, implicit_gemm_nhwc: split-K's
             runs), ``stream_k`` (implicit_gemm_nhwc: True or False forces stream-K on or off),
-            ``tile`` (winograd_conv2d: F(2x2) or F(4x4))).
+            ``tile`` (winograd_conv2d: F(2x2) or F(4x4)).
     """
     family, family_reason = choose_kernel(problem, kernel, allow_tf32, config)
     if family == NHWC_KERNEL:  # the one family with tiles for one architecture alone
