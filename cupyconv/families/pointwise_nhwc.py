@@ -133,12 +133,8 @@ def pays(problem: ConvProblem) -> bool:
     (MAX_FLOP_PER_BYTE), and not a float32 input of few channels to more than one narrow tile's
     (MIN_FLOAT32_CHANNELS)."""
     return flop_per_byte(problem) <= MAX_FLOP_PER_BYTE[problem.dtype] and \
-        not (problem.dtype == "float32" and problem.c < MIN_FLOAT32_CHANNELS and problem.k > _narrowest(problem).bn)
-
-
-def _narrowest(problem: ConvProblem) -> PointwiseConfig:
-    """The dtype's narrowest tile."""
-    return min(POINTWISE_CONFIGS[problem.dtype], key=lambda c: c.bn)
+        not (problem.dtype == "float32" and problem.c < MIN_FLOAT32_CHANNELS and
+             problem.k > min(c.bn for c in POINTWISE_CONFIGS[problem.dtype]))
 
 
 def _config(problem: ConvProblem) -> PointwiseConfig:
