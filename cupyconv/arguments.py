@@ -53,6 +53,8 @@ class ConvProblem:
     # The epilogue: activation(conv + bias + residual); ACTIVATIONS names the activations.
     activation: str = "none"
     has_residual: bool = False
+    # The prologue: x multiplied by an (N, C) scale first (cupyconv/input_scale.py).
+    has_input_scale: bool = False
 
     @property
     def ho(self) -> int:
@@ -160,7 +162,8 @@ def check_layouts(layout, weight_layout) -> None:
 
 
 def make_problem(x_shape, weight_shape, bias_shape, dtype, stride=1, padding=0, dilation=1,
-                 groups=1, layout="NCHW", weight_layout="KCHW", activation=None, residual_shape=None) -> ConvProblem:
+                 groups=1, layout="NCHW", weight_layout="KCHW", activation=None, residual_shape=None,
+                 input_scale_shape=None) -> ConvProblem:
     """Check the shapes and hyper-parameters of a conv2d call and describe it as a ConvProblem.
 
     Args:
@@ -174,6 +177,8 @@ def make_problem(x_shape, weight_shape, bias_shape, dtype, stride=1, padding=0, 
         activation: None or one of ACTIVATIONS, applied in the epilogue.
         residual_shape: the shape of the array added in the epilogue (the output's, in ``layout``),
             or None.
+        input_scale_shape: the shape of the scale x is multiplied by first, (N, C) in either layout, or
+            None.
     """
     check_layouts(layout, weight_layout)
     activation = check_activation(activation)
@@ -182,9 +187,13 @@ def make_problem(x_shape, weight_shape, bias_shape, dtype, stride=1, padding=0, 
     if residual_shape is not None and tuple(residual_shape) != problem.out_array_shape:
         raise ValueError(f"residual must have the output's shape {problem.out_array_shape} (layout {layout!r}), got "
                          f"{tuple(residual_shape)}")
-    if activation == "none" and residual_shape is None:
+    if input_scale_shape is not None and tuple(input_scale_shape) != (problem.n, problem.c):
+        raise ValueError(f"input_scale must have shape (N, C) = {(problem.n, problem.c)} (one factor per image and input "
+                         f"channel of x {tuple(x_shape)} in layout {layout!r}), got {tuple(input_scale_shape)}")
+    if activation == "none" and residual_shape is None and input_scale_shape is None:
         return problem
-    return dataclasses.replace(problem, activation=activation, has_residual=residual_shape is not None)
+    return dataclasses.replace(problem, activation=activation, has_residual=residual_shape is not None,
+                               has_input_scale=input_scale_shape is not None)
 
 
 def check_activation(activation) -> str:
@@ -292,6 +301,14 @@ def check_arrays(x, weight, bias, out) -> str:
     return backend
 
 
+def check_input_scale(input_scale, x, out) -> None:
+    """The input scale must be an array of x's kind, dtype and device (its shape is make_problem's to
+    check), not overlapping ``out`` (read while the output is written)."""
+    _check_like_x("input_scale", input_scale, x, array_backend(x, "x"))
+    if out is not None and overlaps(address(out), extent(out), address(input_scale), extent(input_scale)):
+        raise ValueError("out shares memory with input_scale; conv2d never modifies its inputs")
+
+
 def check_residual(residual, x, out) -> None:
     """The residual must be an array of x's kind, dtype and device (its shape is make_problem's to
     check); it may be ``out`` itself, but must not overlap ``out`` otherwise (an element would be
@@ -309,7 +326,7 @@ def check_residual_overlap(residual, out) -> None:
 
 
 def _check_like_x(name: str, array, x, backend: str) -> None:
-    """``array`` (out or residual) must be of x's kind (``backend``), dtype and device."""
+    """``array`` (out, residual or input_scale) must be of x's kind (``backend``), dtype and device."""
     if array_backend(array, name) != backend:
         raise TypeError(f"{name} must be a {backend} array like x, got {type(array).__name__}")
     if array.dtype != x.dtype:

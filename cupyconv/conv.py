@@ -14,8 +14,8 @@ import os
 import numpy as np
 
 from . import tuning
-from .arguments import (check_arrays, check_layouts, check_out, check_x_dims, check_output_size, check_residual,
-                        check_residual_overlap, extent, make_problem, overlaps)
+from .arguments import (check_arrays, check_input_scale, check_layouts, check_out, check_x_dims, check_output_size,
+                        check_residual, check_residual_overlap, extent, make_problem, overlaps)
 from .launch import run
 from .planner import LaunchPlan, as_planned, make_plan
 from .program import OPERAND_ALIGNMENT
@@ -30,7 +30,7 @@ _cupy = _cupy_ndarray = None
 
 
 def _problem(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout, activation=None,
-             residual=None):
+             residual=None, input_scale=None):
     backend = check_arrays(x, weight, bias, out)
     check_layouts(layout, weight_layout)
     check_x_dims(x, layout)
@@ -39,9 +39,13 @@ def _problem(x, weight, bias, stride, padding, dilation, groups, out, layout, we
     if residual is not None:
         check_residual(residual, x, out)
         residual_shape = (1, *residual.shape) if unbatched else residual.shape
+    input_scale_shape = None
+    if input_scale is not None:
+        check_input_scale(input_scale, x, out)
+        input_scale_shape = (1, *input_scale.shape) if unbatched else input_scale.shape
     problem = make_problem((1, *x.shape) if unbatched else x.shape, weight.shape,
                            None if bias is None else bias.shape, x.dtype, stride, padding, dilation, groups,
-                           layout, weight_layout, activation, residual_shape)
+                           layout, weight_layout, activation, residual_shape, input_scale_shape)
     return backend, unbatched, problem
 
 
@@ -54,13 +58,14 @@ def _out_shape(problem, unbatched: bool) -> tuple[int, ...]:
 class _CupyCall:
     """A checked CuPy call signature: its output shape, its executable, what must be copied first."""
 
-    __slots__ = ("shape", "exe", "device_id", "x_copy", "weight_copy", "bias_copy", "extents")
+    __slots__ = ("shape", "exe", "device_id", "x_copy", "weight_copy", "bias_copy", "input_scale_copy", "extents")
 
-    def __init__(self, problem, shape, exe, device_id, x, weight, bias):
+    def __init__(self, problem, shape, exe, device_id, x, weight, bias, input_scale):
         self.shape, self.exe, self.device_id = shape, exe, device_id
         self.x_copy, self.weight_copy = not x.flags.c_contiguous, not weight.flags.c_contiguous
         self.bias_copy = bias is not None and not bias.flags.c_contiguous
-        self.extents = tuple(None if a is None else extent(a) for a in (x, weight, bias))
+        self.input_scale_copy = input_scale is not None and not input_scale.flags.c_contiguous
+        self.extents = tuple(None if a is None else extent(a) for a in (x, weight, bias, input_scale))
 
 
 def _physical_memory() -> int | None:
@@ -71,24 +76,24 @@ def _physical_memory() -> int | None:
 
 
 def _cupy_call(x, weight, bias, stride, padding, dilation, groups, out, allow_tf32, layout, weight_layout, activation,
-               residual) -> _CupyCall:
+               residual, input_scale) -> _CupyCall:
     """Every check of a CuPy call (raising before anything is allocated or launched), then its executable."""
     from .executor import executable
     from .launch import device_memory
 
     _, unbatched, problem = _problem(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout,
-                                     activation, residual)
+                                     activation, residual, input_scale)
     shape = _out_shape(problem, unbatched)
     device_id = x.device.id
     check_output_size(shape, x.dtype.itemsize, device_memory(device_id), f"GPU {device_id}")
     if out is not None:
         check_out(out, problem, shape, x, weight, bias)
     exe = executable(problem, allow_tf32, device_id) if math.prod(shape) else None
-    return _CupyCall(problem, shape, exe, device_id, x, weight, bias)
+    return _CupyCall(problem, shape, exe, device_id, x, weight, bias, input_scale)
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, out=None, allow_tf32=False,
-           layout="NCHW", weight_layout="KCHW", activation=None, residual=None):
+           layout="NCHW", weight_layout="KCHW", activation=None, residual=None, input_scale=None):
     """2-D convolution (cross-correlation) over NCHW or NHWC arrays, as ``torch.nn.functional.conv2d``.
 
     CuPy arrays run on their GPU, on CuPy's current stream; NumPy arrays run on the CPU.
@@ -124,6 +129,11 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, o
             the epilogue; it may be ``out`` itself (in-place accumulate). The result is
             ``activation(conv(x, weight) + bias + residual)``, computed in float32 (float64 for
             float64) and rounded once.
+        input_scale: optional (N, C) array (or (C,) for unbatched input) of x's dtype and device, in
+            either layout: x is multiplied by ``input_scale[n, c]`` per image and input channel before
+            the convolution, the product rounded to x's dtype, as ``conv(x * s[:, :, None, None])``
+            (squeeze-and-excitation's gate). The 1x1 channels-last kernel (pointwise_nhwc) scales as
+            it loads x; other kernels read a scaled copy of x made first (one more pass over x).
 
     Returns:
         (N, K, Ho, Wo) array (or (K, Ho, Wo) for unbatched input; (N, Ho, Wo, K) or (Ho, Wo, K) for
@@ -136,7 +146,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, o
         ValueError: inconsistent shapes (naming the layouts they were read in), bad
             stride/padding/dilation/groups/layout, a kernel larger than the padded input, an output
             larger than the device's memory, arrays on different GPUs, a bad ``out``, an unknown
-            activation, or a residual of another shape, or overlapping ``out`` without being it.
+            activation, or a residual of another shape, or overlapping ``out`` without being it, an
+            input_scale not (N, C).
             Raised before anything is allocated or launched.
     """
     prepared = weight if type(weight) is PreparedWeight else None
@@ -145,7 +156,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, o
     if type(x) is not _cupy_ndarray:
         if check_arrays(x, weight, bias, out) == "numpy":
             return _numpy_conv2d(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout,
-                                 activation, residual)
+                                 activation, residual, input_scale)
         _remember_cupy()  # the first CuPy call: from now on its arrays take the lookup below first
     try:
         key = (x.shape, x.strides, x.dtype, x.data.device_id, type(weight), weight.shape, weight.strides,
@@ -155,22 +166,26 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, o
                None if out is None else (type(out), out.shape, out.strides, out.dtype, out.data.device_id),
                layout, weight_layout, activation,
                None if residual is None else (type(residual), residual.shape, residual.strides, residual.dtype,
-                                              residual.data.device_id, residual is out))
+                                              residual.data.device_id, residual is out),
+               None if input_scale is None else (type(input_scale), input_scale.shape, input_scale.strides,
+                                                 input_scale.dtype, input_scale.data.device_id))
         call = _CUPY_CALLS.get(key)
     except (AttributeError, TypeError):  # not CuPy arrays, or unhashable arguments: the full checks say which
         key = call = None
     if call is None:
         call = _cupy_call(x, weight, bias, stride, padding, dilation, groups, out, allow_tf32, layout, weight_layout,
-                          activation, residual)
+                          activation, residual, input_scale)
         if key is not None:
             _CUPY_CALLS[key] = call
-    return _run_cupy(call, x, weight, bias, out, prepared, residual)
+    return _run_cupy(call, x, weight, bias, out, prepared, residual, input_scale)
 
 
-def _numpy_conv2d(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout, activation, residual):
-    """The CPU path (the reference): every check, then conv2d_numpy on NCHW views of the arrays."""
+def _numpy_conv2d(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout, activation, residual,
+                  input_scale):
+    """The CPU path (the reference): every check, then conv2d_numpy on NCHW views of the arrays (x
+    multiplied by the input scale first, the product in x's dtype)."""
     _, unbatched, problem = _problem(x, weight, bias, stride, padding, dilation, groups, out, layout, weight_layout,
-                                     activation, residual)
+                                     activation, residual, input_scale)
     shape = _out_shape(problem, unbatched)
     check_output_size(shape, x.dtype.itemsize, _physical_memory(), "this machine")
     if out is not None:
@@ -184,6 +199,8 @@ def _numpy_conv2d(x, weight, bias, stride, padding, dilation, groups, out, layou
         residual = None if residual is None else residual.transpose(0, 3, 1, 2)
     if weight_layout == "KHWC":
         weight = weight.transpose(0, 3, 1, 2)
+    if input_scale is not None:
+        x = x * input_scale.reshape(problem.n, problem.c, 1, 1)
     conv2d_numpy(x, weight, bias, problem, out4, residual)
     return out
 
@@ -195,40 +212,42 @@ def _remember_cupy() -> None:
     _cupy, _cupy_ndarray = cupy, cupy.ndarray
 
 
-def _run_cupy(call: _CupyCall, x, weight, bias, out, prepared, residual):
+def _run_cupy(call: _CupyCall, x, weight, bias, out, prepared, residual, input_scale):
     cupy = _cupy
     if out is not None:
         for name, a, span in (("x", x, call.extents[0]), ("weight", weight, call.extents[1]),
-                              ("bias", bias, call.extents[2])):
+                              ("bias", bias, call.extents[2]), ("input_scale", input_scale, call.extents[3])):
             if a is not None and overlaps(out.data.ptr, (0, out.nbytes), a.data.ptr, span):
                 raise ValueError(f"out shares memory with {name}; conv2d never modifies its inputs")
         if residual is not None:
             check_residual_overlap(residual, out)
     if cupy.cuda.runtime.getDevice() != call.device_id:
         with cupy.cuda.Device(call.device_id):
-            return _run_cupy(call, x, weight, bias, out, prepared, residual)
+            return _run_cupy(call, x, weight, bias, out, prepared, residual, input_scale)
     if out is None:
         out = cupy.empty(call.shape, dtype=x.dtype)
     if call.exe is None:  # an empty output: nothing to compute
         return out
     if out.data.ptr % OPERAND_ALIGNMENT:  # vector stores: compute into an aligned output, then copy
-        out[...] = _run_cupy(call, x, weight, bias, None, prepared, residual)
+        out[...] = _run_cupy(call, x, weight, bias, None, prepared, residual, input_scale)
         return out
     if residual is not None and (not residual.flags.c_contiguous or residual.data.ptr % OPERAND_ALIGNMENT):
         residual = residual.copy() if residual.flags.c_contiguous else cupy.ascontiguousarray(residual)
     if x.data.ptr % OPERAND_ALIGNMENT:
         x = x.copy()
+    if input_scale is not None and (call.input_scale_copy or input_scale.data.ptr % OPERAND_ALIGNMENT):
+        input_scale = cupy.ascontiguousarray(input_scale).copy()
     if weight.data.ptr % OPERAND_ALIGNMENT and prepared is None:
         weight = weight.copy()
     run(call.exe, cupy.ascontiguousarray(x) if call.x_copy else x,
         cupy.ascontiguousarray(weight) if call.weight_copy else weight,
         cupy.ascontiguousarray(bias) if call.bias_copy else bias, out,
-        prepared, residual)
+        prepared, residual, input_scale)
     return out
 
 
 def plan(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, allow_tf32=False, layout="NCHW",
-         weight_layout="KCHW", activation=None, residual=None) -> LaunchPlan:
+         weight_layout="KCHW", activation=None, residual=None, input_scale=None) -> LaunchPlan:
     """The GPU launch plan conv2d would use for these arguments (printable: kernel, tiles, grid, why,
     what is read in place or transposed for the layouts, and whether it was tuned).
 
@@ -240,7 +259,7 @@ def plan(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, all
     if type(weight) is PreparedWeight:
         weight = weight.array
     backend, _, problem = _problem(x, weight, bias, stride, padding, dilation, groups, None, layout, weight_layout,
-                                   activation, residual)
+                                   activation, residual, input_scale)
     if backend == "numpy":
         why = "NumPy arrays: plans are tuned on the GPU that runs them" if tuning.enabled() else "autotune off"
         return dataclasses.replace(make_plan(as_planned(problem, allow_tf32), allow_tf32=allow_tf32),

@@ -101,13 +101,13 @@ class Executable:
         self._lock = threading.Lock()
 
     def launch(self, x: int, weight: int, prepared: int, bias: int, out: int, workspace: int, prepare_weight: bool,
-               stream: int, residual: int = 0, flags: int = 0) -> None:
-        """The call on ``stream`` given its operands' addresses (bias, residual 0: none). Where
+               stream: int, residual: int = 0, flags: int = 0, input_scale: int = 0) -> None:
+        """The call on ``stream`` given its operands' addresses (bias, residual, input_scale 0: none). Where
         ``prepare_weight``, the weight is prepared first at the workspace's start (which then holds
         align(weight.nbytes) more bytes) and ``prepared`` is ignored."""
         if prepare_weight:
             prepared, workspace = workspace, workspace + align(self.weight.nbytes)
-        operands = addresses(x, weight, prepared, bias, out, workspace, residual, flags=flags)
+        operands = addresses(x, weight, prepared, bias, out, workspace, residual, flags=flags, input_scale=input_scale)
         with self._lock:
             for launch in (self._weight_launches + self._launches if prepare_weight else self._launches):
                 launch(operands, stream)
@@ -153,7 +153,7 @@ class Workspaces:
             self._flags.clear()
 
     def launch(self, exe: Executable, x: int, weight: int, prepared: int, bias: int, out: int, stream: int,
-               capturing: bool, residual: int = 0) -> None:
+               capturing: bool, residual: int = 0, input_scale: int = 0) -> None:
         """``exe``'s call on ``stream``. ``prepared`` 0 where ``exe`` reads a prepared weight that the
         caller does not keep: it is then made in the workspace first."""
         prepare_here = exe.weight is not None and not prepared
@@ -161,7 +161,7 @@ class Workspaces:
         flags = self.flags(exe.device_id, stream, capturing) if exe.uses_flags else _NO_FLAGS
         self._queue(exe.device_id, exe.workspace_bytes_for(prepare_here), stream, capturing,
                     lambda workspace: exe.launch(x, weight, prepared, bias, out, workspace, prepare_here, stream,
-                                                 residual, flags[1]))
+                                                 residual, flags[1], input_scale))
 
     def run(self, exe: Executable, stream: int, capturing: bool, **operands: int) -> None:
         """``exe``'s launches on ``stream`` (a program without weight preparation: the gradients'),
@@ -240,11 +240,12 @@ def program_executable(make_program, plan, problem: ConvProblem, device_id: int)
 
 
 def addresses(x: int = 0, weight: int = 0, prepared: int = 0, bias: int = 0, out: int = 0, workspace: int = 0,
-              residual: int = 0, grad_output: int = 0, flags: int = 0) -> tuple[int, ...]:
+              residual: int = 0, grad_output: int = 0, flags: int = 0, input_scale: int = 0) -> tuple[int, ...]:
     """The operand addresses in OPERANDS order (X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE, RESIDUAL,
-    GRAD_OUTPUT, FLAGS; a test checks the two agree); a missing bias (0) reads as the weight's address
-    and a missing residual as the output's: the kernels read them only when has_bias, has_residual."""
-    return x, weight, prepared, bias or weight, out, workspace, residual or out, grad_output, flags
+    GRAD_OUTPUT, FLAGS, INPUT_SCALE; a test checks the two agree); a missing bias (0) reads as the
+    weight's address, a missing residual as the output's and a missing input scale as x's: the kernels
+    read them only when has_bias, has_residual, has_input_scale."""
+    return x, weight, prepared, bias or weight, out, workspace, residual or out, grad_output, flags, input_scale or x
 
 
 def _zero(address: int, nbytes: int, stream: int) -> None:

@@ -26,9 +26,10 @@ def release_workspaces() -> None:
     _WORKSPACES.clear()
 
 
-def run(exe: Executable, x, weight, bias, out, prepared=None, residual=None) -> None:
+def run(exe: Executable, x, weight, bias, out, prepared=None, residual=None, input_scale=None) -> None:
     """Launch ``exe`` on CuPy's current stream (its device must be current): C-contiguous CuPy
-    arrays ``x``, ``weight``, ``bias`` (or None), ``out`` and ``residual`` (or None; may be ``out``).
+    arrays ``x``, ``weight``, ``bias`` (or None), ``out``, ``residual`` (or None; may be ``out``) and
+    ``input_scale`` (or None).
     ``prepared`` (a weights.PreparedWeight) supplies the prepared weight where the program reads
     one; without it the weight is prepared into the workspace first."""
     import cupy
@@ -38,7 +39,8 @@ def run(exe: Executable, x, weight, bias, out, prepared=None, residual=None) -> 
     _WORKSPACES.launch(exe, x.data.ptr, weight.data.ptr,
                        prepared.address(exe, stream) if prepared is not None and exe.weight is not None else 0,
                        0 if bias is None else bias.data.ptr, out.data.ptr, stream,
-                       cuda.runtime.streamIsCapturing(stream), 0 if residual is None else residual.data.ptr)
+                       cuda.runtime.streamIsCapturing(stream), 0 if residual is None else residual.data.ptr,
+                       0 if input_scale is None else input_scale.data.ptr)
 
 
 def run_program(exe: Executable, **arrays) -> None:
@@ -52,13 +54,14 @@ def run_program(exe: Executable, **arrays) -> None:
                     **{name: array.data.ptr for name, array in arrays.items()})
 
 
-def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan=None, allow_tf32: bool = False, residual=None):
+def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan=None, allow_tf32: bool = False, residual=None,
+                input_scale=None):
     """Run ``plan`` (by default the planner's choice for ``problem``, ``allow_tf32`` and the current
     device) on CuPy's current stream and device, writing ``out``; for tests and benchmarks that force
     a plan. ``problem.dtype`` names the element type, so 16-bit arrays may come as any 2-byte dtype
     view (bfloat16 as int16). ``out`` must be C-contiguous; other inputs are copied first. The inputs
     themselves are never written. ``residual``: the epilogue's, where ``problem.has_residual``
-    (C-contiguous; it may be ``out``)."""
+    (C-contiguous; it may be ``out``); ``input_scale``: the (N, C) scale, where ``problem.has_input_scale``."""
     import cupy
 
     if problem.n == 0:
@@ -66,7 +69,8 @@ def conv2d_cupy(x, weight, bias, problem: ConvProblem, out, plan=None, allow_tf3
     device_id = cupy.cuda.Device().id
     exe = executable(problem, allow_tf32, device_id) if plan is None else executable_for_plan(plan, problem, device_id)
     run(exe, cupy.ascontiguousarray(x), cupy.ascontiguousarray(weight),
-        None if bias is None else cupy.ascontiguousarray(bias), out, residual=residual)
+        None if bias is None else cupy.ascontiguousarray(bias), out, residual=residual,
+        input_scale=None if input_scale is None else aligned(input_scale))
     return out
 
 

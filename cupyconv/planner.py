@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from . import layouts
+from . import input_scale, layouts
 from .arguments import ConvProblem
 from .families.common import grid_fits
 from .program import CallProgram, Pointer
@@ -82,6 +82,9 @@ class LaunchPlan:
     # The problem's epilogue (ConvProblem.activation, has_residual), which every family applies.
     activation: str = "none"
     has_residual: bool = False
+    # The problem's prologue (ConvProblem.has_input_scale): applied in the kernel's loads, or as a
+    # scaled copy of x first (cupyconv/input_scale.py).
+    has_input_scale: bool = False
     # Whether and how autotuning chose the plan (cupyconv/tuning.py), printed as its "tuned:" line;
     # "" where nobody asked (plans made by make_plan).
     tuning: str = ""
@@ -97,6 +100,10 @@ class LaunchPlan:
             lines.append(f"  epilogue: {'' if self.activation == 'none' else self.activation}"
                          f"(conv + bias{' + residual' if self.has_residual else ''}) in the accumulator type, "
                          f"rounded once")
+        if self.has_input_scale:
+            lines.append("  input scale: x * input_scale[n, c] " +
+                         ("in the kernel's loads" if input_scale.applied_by(FAMILIES[self.kernel]) else
+                          "copied to the workspace first (scale_channels), which the kernel reads"))
         lines += layouts.describe(self).splitlines()
         if self.tuning:
             lines.append(f"  tuned: {self.tuning}")
@@ -151,7 +158,8 @@ POINTWISE_KERNEL = pointwise_nhwc.KERNEL
 def kernel_specialisations() -> list[str]:
     """Every name expression make_plan can choose for any GPU: what the compile test builds for each
     arch (arch_specialisations() has those of one arch alone)."""
-    return [expression for family in FAMILIES.values() for expression in family.specialisations()]
+    return [expression for family in FAMILIES.values() for expression in family.specialisations()] + \
+        input_scale.specialisations()
 
 
 def arch_specialisations() -> dict[str, list[str]]:
@@ -270,7 +278,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
         options["compute_capability"] = compute_capability
     plan = FAMILIES[family].make_plan(problem, config, family_reason, **options)
     return dataclasses.replace(plan, layout=problem.layout, weight_layout=problem.weight_layout,
-                               activation=problem.activation, has_residual=problem.has_residual)
+                               activation=problem.activation, has_residual=problem.has_residual,
+                               has_input_scale=problem.has_input_scale)
 
 
 def as_planned(problem: ConvProblem, allow_tf32: bool = False, compute_capability: int = 0) -> ConvProblem:
@@ -300,6 +309,8 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
         call = family.program(plan, problem)
     else:
         call = layouts.transposed(family.program(plan, layouts.nchw(problem)), plan, problem)
+    if problem.has_input_scale and not input_scale.applied_by(family):
+        call = input_scale.scaled_first(call, problem)
     for launch in call.launches + (call.weight.launches if call.weight else ()):
         if not grid_fits(launch.grid):  # the copies' and transposes' grids (the families check their own)
             raise ValueError(f"{launch.kernel} needs grid {launch.grid}, past CUDA's limits: the problem "

@@ -20,9 +20,11 @@ import dataclasses
 #: output (the weight gradient's programs read it with X and write the gradient to OUT). FLAGS:
 #: FLAG_COUNT ints that are zero before each launch that points into them and that it leaves zero
 #: (stream-K's, kernels/stream_k.cuh); the executor keeps them per stream (Workspaces.flags).
+#: INPUT_SCALE: the (N, C) scale x is multiplied by before the convolution (cupyconv/input_scale.py),
+#: or, where the call has none, any valid pointer (read only when has_input_scale).
 X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE, RESIDUAL = "x", "weight", "prepared", "bias", "out", "workspace", "residual"
-GRAD_OUTPUT, FLAGS = "grad_output", "flags"
-OPERANDS = (X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE, RESIDUAL, GRAD_OUTPUT, FLAGS)
+GRAD_OUTPUT, FLAGS, INPUT_SCALE = "grad_output", "flags", "input_scale"
+OPERANDS = (X, WEIGHT, PREPARED, BIAS, OUT, WORKSPACE, RESIDUAL, GRAD_OUTPUT, FLAGS, INPUT_SCALE)
 #: Ints of the FLAGS operand: one per stream-K block, at most (families/implicit_gemm_nhwc.py).
 FLAG_COUNT = 1024
 #: Offsets of the temporaries in the workspace are multiples of this (cp.async and vector loads need 16).

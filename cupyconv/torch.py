@@ -147,13 +147,15 @@ def _epilogue(y: torch.Tensor, residual: torch.Tensor | None, activation: str) -
     return y if function is None else function(y)
 
 
-def _check_tensors(x, weight, bias, residual=None) -> None:
+def _check_tensors(x, weight, bias, residual=None, input_scale=None) -> None:
     """Kinds, dtypes and devices; shapes are make_problem's job."""
     tensors = {"x": x, "weight": weight}
     if bias is not None:
         tensors["bias"] = bias
     if residual is not None:
         tensors["residual"] = residual
+    if input_scale is not None:
+        tensors["input_scale"] = input_scale
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -166,10 +168,11 @@ def _check_tensors(x, weight, bias, residual=None) -> None:
         raise ValueError(f"bias must be 1-D (K,), got shape {tuple(bias.shape)}")
 
 
-def _problem(x, weight, bias, stride, padding, dilation, groups, activation=None, residual=None) -> ConvProblem:
+def _problem(x, weight, bias, stride, padding, dilation, groups, activation=None, residual=None,
+             input_scale=None) -> ConvProblem:
     """Check every argument of a conv2d call (a 3-D x counts as one image); raises before any launch.
     The problem's layouts follow the tensors' memory formats (_layouts)."""
-    _check_tensors(x, weight, bias, residual)
+    _check_tensors(x, weight, bias, residual, input_scale)
     if x.dim() not in (3, 4):
         raise ValueError(f"x must be 4-D (N, C, H, W) or 3-D (C, H, W), got shape {tuple(x.shape)}")
     x_shape = (1, *x.shape) if x.dim() == 3 else tuple(x.shape)
@@ -179,9 +182,16 @@ def _problem(x, weight, bias, stride, padding, dilation, groups, activation=None
             raise ValueError(f"residual must have the output's shape ({x.dim()}-D like x), got shape "
                              f"{tuple(residual.shape)}")
         residual_shape = (1, *residual.shape) if x.dim() == 3 else tuple(residual.shape)
+    input_scale_shape = None
+    if input_scale is not None:
+        gate = (*x_shape[:2], 1, 1)[x.dim() == 3:]
+        if tuple(input_scale.shape) != gate:
+            raise ValueError(f"input_scale must have shape {gate} (one factor per image and channel of x "
+                             f"{tuple(x.shape)}, as x * input_scale broadcasts), got {tuple(input_scale.shape)}")
+        input_scale_shape = x_shape[:2]
     problem = make_problem(x_shape, tuple(weight.shape), None if bias is None else tuple(bias.shape),
                            _dtype_name(x.dtype, "x"), stride, padding, dilation, groups, activation=activation,
-                           residual_shape=residual_shape)
+                           residual_shape=residual_shape, input_scale_shape=input_scale_shape)
     layout, weight_layout = _layouts(x, weight)
     return dataclasses.replace(problem, layout=layout, weight_layout=weight_layout)
 
@@ -325,13 +335,13 @@ def release_workspaces() -> None:
     _WORKSPACES.clear()
 
 
-def _forward(call: _Call, x, weight, bias, cache: WeightCache | None, residual=None) -> torch.Tensor:
+def _forward(call: _Call, x, weight, bias, cache: WeightCache | None, residual=None, input_scale=None) -> torch.Tensor:
     """Run a checked CUDA call on torch's current stream of x's device; every allocation (output,
     workspace, prepared weight) from torch's caching allocator, so that it follows torch's stream
     order and, inside a CUDA-graph capture, comes from the graph's pool."""
     if torch.cuda.current_device() != call.device_index:
         with torch.cuda.device(call.device_index):
-            return _forward(call, x, weight, bias, cache, residual)
+            return _forward(call, x, weight, bias, cache, residual, input_scale)
     out = torch.empty(call.shape, dtype=x.dtype, device=call.device, memory_format=call.x_format)
     exe = call.exe
     if exe is None:
@@ -343,6 +353,8 @@ def _forward(call: _Call, x, weight, bias, cache: WeightCache | None, residual=N
     # Read at the output's positions, so in the output's memory format (a copy, if one is made, must
     # live until the launch is queued: the workspace may otherwise get its memory).
     residual = None if residual is None else _in_format(residual, call.x_format)
+    # (N, C, 1, 1) is dense (N, C) memory in either format.
+    input_scale = None if input_scale is None else _in_format(input_scale, torch.contiguous_format)
     stream = _raw_stream(call.device_index)
     capturing = torch.cuda.is_current_stream_capturing()
     prepared = 0
@@ -351,7 +363,8 @@ def _forward(call: _Call, x, weight, bias, cache: WeightCache | None, residual=N
     if exe.weight is not None and cache is not None and weight is cached_weight and not capturing:
         prepared = cache.address(weight, exe, stream) or 0
     _WORKSPACES.launch(exe, x.data_ptr(), weight.data_ptr(), prepared, 0 if bias is None else bias.data_ptr(),
-                       out.data_ptr(), stream, capturing, 0 if residual is None else residual.data_ptr())
+                       out.data_ptr(), stream, capturing, 0 if residual is None else residual.data_ptr(),
+                       0 if input_scale is None else input_scale.data_ptr())
     return out
 
 
@@ -608,26 +621,30 @@ def _op_conv2d(x, weight, bias, problem: ConvProblem, residual=None):
                                      list(problem.dilation), problem.groups, residual, problem.activation)
 
 
-def _checked_conv2d(x, weight, bias, stride, padding, dilation, groups, cache, activation, residual):
-    """Every check, then the call: on CPU torch's conv2d, under torch.compile the custom op, 3-D
-    input as one image, else the eager path, whose checked signature is kept for the next call."""
-    problem = _problem(x, weight, bias, stride, padding, dilation, groups, activation, residual)
+def _checked_conv2d(x, weight, bias, stride, padding, dilation, groups, cache, activation, residual, input_scale=None):
+    """Every check, then the call: on CPU torch's conv2d, under torch.compile the custom op (on x times
+    the input scale by torch's multiply, which the compiler fuses), 3-D input as one image, else the
+    eager path, whose checked signature is kept for the next call."""
+    problem = _problem(x, weight, bias, stride, padding, dilation, groups, activation, residual, input_scale)
+    if input_scale is not None and (x.device.type != "cuda" or torch.compiler.is_compiling()):
+        x, input_scale = x * input_scale, None
     if x.device.type != "cuda":
         return _epilogue(F.conv2d(x, weight, bias, stride, padding, dilation, groups), residual, problem.activation)
     if x.dim() == 3:
         return _conv2d(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups, cache, activation,
-                       None if residual is None else residual.unsqueeze(0)).squeeze(0)
+                       None if residual is None else residual.unsqueeze(0),
+                       None if input_scale is None else input_scale.unsqueeze(0)).squeeze(0)
     if torch.compiler.is_compiling():
         return _op_conv2d(x, weight, bias, problem, residual)
     call = _Call(problem, x.device, _allow_tf32(x.dtype))
     try:
-        _CALLS[_signature(x, weight, bias, stride, padding, dilation, groups, activation, residual)] = call
+        _CALLS[_signature(x, weight, bias, stride, padding, dilation, groups, activation, residual, input_scale)] = call
     except TypeError:  # unhashable arguments (lists): checked on every call
         pass
     return call
 
 
-def _signature(x, weight, bias, stride, padding, dilation, groups, activation, residual) -> tuple:
+def _signature(x, weight, bias, stride, padding, dilation, groups, activation, residual, input_scale=None) -> tuple:
     """What a call's checks depend on. Raises AttributeError or TypeError for non-tensors and
     unhashable arguments (which then take the full checks)."""
     return (x.shape, x.stride(), x.dtype, x.get_device(), weight.shape, weight.stride(), weight.dtype,
@@ -635,7 +652,9 @@ def _signature(x, weight, bias, stride, padding, dilation, groups, activation, r
             None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
             stride, padding, dilation, groups, x.dtype is torch.float32 and _cudnn_allow_tf32(),
             activation,
-            None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.get_device()))
+            None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.get_device()),
+            None if input_scale is None else (input_scale.shape, input_scale.stride(), input_scale.dtype,
+                                              input_scale.get_device()))
 
 
 def _needs_grad(*tensors) -> bool:
@@ -648,8 +667,13 @@ def _needs_grad(*tensors) -> bool:
 
 
 def _conv2d(x, weight, bias, stride, padding, dilation, groups, cache: WeightCache | None, activation=None,
-            residual=None):
-    """conv2d with a module's weight cache (None: prepare the weight on every call) and an epilogue."""
+            residual=None, input_scale=None):
+    """conv2d with a module's weight cache (None: prepare the weight on every call), an input scale and
+    an epilogue."""
+    if input_scale is not None and _needs_grad(x, weight, bias, residual, input_scale):
+        # Differentiable: the scale by torch's multiply (after the same checks), the rest as below.
+        _problem(x, weight, bias, stride, padding, dilation, groups, activation, residual, input_scale)
+        return _conv2d(x * input_scale, weight, bias, stride, padding, dilation, groups, cache, activation, residual)
     if (activation is not None or residual is not None) and _needs_grad(x, weight, bias, residual):
         # The fused kernel keeps no pre-activation for a backward: the convolution alone runs on
         # cupyconv, the epilogue on torch's differentiable operations (after the same checks).
@@ -657,23 +681,28 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, cache: WeightCac
         return _epilogue(_conv2d(x, weight, bias, stride, padding, dilation, groups, cache), residual,
                          problem.activation)
     if torch.compiler.is_compiling():  # traced: the custom op, never the eager path's caches
-        return _checked_conv2d(x, weight, bias, stride, padding, dilation, groups, cache, activation, residual)
+        return _checked_conv2d(x, weight, bias, stride, padding, dilation, groups, cache, activation, residual,
+                               input_scale)
     try:
-        call = _CALLS.get(_signature(x, weight, bias, stride, padding, dilation, groups, activation, residual))
+        call = _CALLS.get(_signature(x, weight, bias, stride, padding, dilation, groups, activation, residual,
+                                     input_scale))
     except (AttributeError, TypeError):
         call = None
     if call is None:
-        call = _checked_conv2d(x, weight, bias, stride, padding, dilation, groups, cache, activation, residual)
+        call = _checked_conv2d(x, weight, bias, stride, padding, dilation, groups, cache, activation, residual,
+                               input_scale)
         if not isinstance(call, _Call):  # computed already (CPU, compiled or unbatched)
             return call
     if _needs_grad(x, weight, bias):
         return _Conv2dFunction.apply(x, weight, bias, call, cache)
-    return _forward(call, x, weight, bias, cache, residual)
+    return _forward(call, x, weight, bias, cache, residual, input_scale)
 
 
-def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, activation=None, residual=None):
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, activation=None, residual=None,
+           input_scale=None):
     """2-D convolution (cross-correlation) of torch tensors, as ``torch.nn.functional.conv2d``, with an
-    optional fused epilogue: ``activation(conv2d(x, weight) + bias + residual)``.
+    optional fused epilogue, ``activation(conv2d(x, weight) + bias + residual)``, and input scale,
+    ``conv2d(x * input_scale, ...)``.
 
     CUDA tensors run cupyconv's kernel on torch's current stream of x's device, with no copy in
     or out; other devices run ``torch.nn.functional.conv2d``. Differentiable, and traceable by
@@ -697,6 +726,11 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
             'tanh', applied to the float32 (float64) accumulators before the one rounding.
         residual: None or a tensor of the output's shape, x's dtype and device, added before the
             activation (any memory format; the output's is read in place).
+        input_scale: None or an (N, C, 1, 1) tensor (C, 1, 1 for unbatched x) of x's dtype and
+            device: the convolution is of ``x * input_scale``, each image's channels scaled and
+            rounded to x's dtype (squeeze-and-excitation's gate). The 1x1 channels-last kernel
+            scales as it loads x; other kernels read a scaled copy made first. Where a gradient is
+            needed, and under torch.compile, the multiply is torch's.
 
         Without gradients the epilogue runs inside the convolution's kernel; where a gradient is
         needed it runs as torch's operations after the convolution (the kernel keeps no
@@ -712,9 +746,10 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
             is not a string.
         ValueError: tensors on different devices, inconsistent shapes, bad stride, padding,
             dilation or groups, a kernel larger than the padded input, an output larger than the
-            GPU's memory, an unknown activation or a residual not of the output's shape.
+            GPU's memory, an unknown activation, a residual not of the output's shape or an
+            input_scale not (N, C, 1, 1).
     """
-    return _conv2d(x, weight, bias, stride, padding, dilation, groups, None, activation, residual)
+    return _conv2d(x, weight, bias, stride, padding, dilation, groups, None, activation, residual, input_scale)
 
 
 class Conv2d(nn.Conv2d):

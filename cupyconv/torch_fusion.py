@@ -1,11 +1,16 @@
-"""``cupyconv.torch.convert(model, fuse=True)``: conv -> BatchNorm2d -> (+ residual) -> activation
-chains of an eval-mode model, each run as one fused cupyconv call.
+"""``cupyconv.torch.convert(model, fuse=True)``: (multiply ->) conv -> BatchNorm2d -> (+ residual) ->
+activation chains of an eval-mode model, each run as one fused cupyconv call.
 
 The chains are found in the model's torch.fx graph: a convolution whose output goes only to a
 BatchNorm2d, whose output goes only to an add with another tensor (a residual connection), whose
-output goes only to an activation; any link may be missing. torchvision's BasicBlock and
+output goes only to an activation; any link may be missing. A convolution whose input is a multiply
+of two tensors used by nothing else takes the multiply in too: squeeze-and-excitation's
+``x * gate`` before EfficientNet's projections, which then runs as the convolution's input scale
+(gate (N, C, 1, 1); any other shapes are multiplied by torch first). torchvision's BasicBlock and
 Bottleneck, MobileNetV2's inverted residuals, EfficientNet's MBConv (its squeeze-excitation
-convolutions included) and plain Sequentials make such chains.
+convolutions and gate included) and plain Sequentials make such chains. torchvision's stochastic depth
+with training=False (its input unchanged) is taken out of the graph first, so that MBConv's residual
+add fuses too.
 
 Each chain becomes a :class:`FusedConv2d` at the convolution's path. It holds the convolution's own
 weight and bias Parameters and reads the BatchNorm module, which stays at its own path unused by
@@ -39,6 +44,7 @@ _ACTIVATION_METHODS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "s
 #: Arguments an activation call may take without changing what it computes.
 _HARMLESS_KWARGS = {"inplace": (True, False), "approximate": ("none",)}
 _ADDS = (operator.add, operator.iadd, torch.add)
+_MULTIPLIES = (operator.mul, operator.imul, torch.mul)
 
 
 def _fold(weight, bias, batch_norm):
@@ -56,26 +62,28 @@ def _fold(weight, bias, batch_norm):
 
 
 class FusedConv2d(nn.Module):
-    """One cupyconv call for ``activation(bn(conv(x)) + residual)``: a convolution with its
-    eval-mode BatchNorm folded in and its epilogue fused. Made by ``convert(model, fuse=True)``.
+    """One cupyconv call for ``activation(bn(conv(x [* factor])) + residual)``: a convolution with its
+    eval-mode BatchNorm folded in, its epilogue fused and, where ``scaled``, the multiply before it
+    as its input scale. Made by ``convert(model, fuse=True)``.
 
     ``weight`` and ``bias`` are the convolution's own Parameters; ``batch_norm`` (read, not owned)
     is the BatchNorm module at its own path in the model. Under torch.no_grad() or
     torch.inference_mode() the folded weight is kept and the epilogue runs in the kernel; where a
     gradient is needed the fold and the epilogue are torch operations, so gradients reach the
     convolution's and the BatchNorm's parameters. A residual whose shape is not the output's
-    (a broadcast add) is added by torch after the fused convolution and activation-free kernel.
+    (a broadcast add) is added by torch after the fused convolution and activation-free kernel. A
+    factor that is not one operand's per-(image, channel) gate is multiplied by torch first.
     """
 
     def __init__(self, conv: nn.Conv2d, batch_norm: nn.BatchNorm2d | None, activation: str | None,
-                 residual: bool):
+                 residual: bool, scaled: bool = False):
         super().__init__()
         self.weight = conv.weight
         self.register_parameter("bias", conv.bias)
         for name in ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups",
                      "padding_mode", "_reversed_padding_repeated_twice"):
             setattr(self, name, getattr(conv, name))
-        self.activation, self.residual = activation, residual
+        self.activation, self.residual, self.scaled = activation, residual, scaled
         # Not submodules: the BatchNorm stays at its own path, so the state_dict keeps its keys.
         self.__dict__["batch_norm"] = batch_norm
         self.__dict__["_folded"] = None  # (stamp, weight, bias), updated in place
@@ -84,6 +92,8 @@ class FusedConv2d(nn.Module):
 
     def extra_repr(self) -> str:
         parts = [f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"]
+        if self.scaled:
+            parts.append("input scaled")
         if self.batch_norm is not None:
             parts.append("batch_norm folded")
         if self.residual:
@@ -133,21 +143,37 @@ class FusedConv2d(nn.Module):
             shape = self._out_shapes[x.shape] = torch.Size(problem.out_shape[x.dim() == 3:])
         return shape
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                factor: torch.Tensor | None = None) -> torch.Tensor:
+        input_scale = None
+        if factor is not None:
+            x, input_scale = _gated(x, factor)
         needs_grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x, residual, *self.parameters(),
+            t is not None and t.requires_grad for t in (x, residual, input_scale, *self.parameters(),
                                                         *(() if self.batch_norm is None else
                                                           self.batch_norm.parameters())))
         weight, bias, cache = self._weights(needs_grad)
         padding = self.padding
         if self.padding_mode != "zeros":
+            if input_scale is not None:
+                x, input_scale = x * input_scale, None
             x, padding = F.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode), 0
         if residual is not None and (not isinstance(residual, torch.Tensor) or
                                      residual.shape != self._out_shape(x, weight, bias, padding)):
-            return _epilogue(_conv2d(x, weight, bias, self.stride, padding, self.dilation, self.groups, cache) + residual,
-                             None, self.activation or "none")
+            return _epilogue(_conv2d(x, weight, bias, self.stride, padding, self.dilation, self.groups, cache, None,
+                                     None, input_scale) + residual, None, self.activation or "none")
         return _conv2d(x, weight, bias, self.stride, padding, self.dilation, self.groups, cache, self.activation,
-                       residual)
+                       residual, input_scale)
+
+
+def _gated(a, b) -> tuple:
+    """(x, input scale) of the product ``a * b``: the operand of shape (N, C, 1, 1) scales the other, a
+    4-D (N, C, H, W) of its dtype and device; else (a * b by torch, None)."""
+    for x, gate in ((a, b), (b, a)):
+        if isinstance(x, torch.Tensor) and isinstance(gate, torch.Tensor) and x.dim() == 4 and \
+                gate.shape == (*x.shape[:2], 1, 1) and gate.dtype == x.dtype and gate.device == x.device:
+            return x, gate
+    return a * b, None
 
 
 class _Tracer(fx.Tracer):
@@ -179,6 +205,17 @@ def _activation(node: fx.Node | None, source: fx.Node, modules: dict) -> str | N
     if node.op == "call_method":
         return _ACTIVATION_METHODS.get(node.target)
     return None
+
+
+def _factors(node, conv: fx.Node) -> tuple | None:
+    """The two graph values ``node`` (a convolution's input) multiplies, where ``conv`` is its only user."""
+    if not isinstance(node, fx.Node) or node.kwargs or len(node.args) != 2 or _only_user(node) is not conv:
+        return None
+    if not ((node.op == "call_function" and node.target in _MULTIPLIES) or
+            (node.op == "call_method" and node.target in ("mul", "mul_"))):
+        return None
+    a, b = node.args
+    return (a, b) if isinstance(a, fx.Node) and isinstance(b, fx.Node) else None
 
 
 def _residual(node: fx.Node | None, source: fx.Node) -> fx.Node | None:
@@ -217,16 +254,34 @@ def _batch_norm(source: fx.Node, conv: nn.Conv2d, modules: dict, skipped: list):
     return bn
 
 
+def _eval_identity(node: fx.Node) -> bool:
+    """Whether ``node`` calls torchvision's stochastic_depth with training=False and valid p and mode:
+    its input unchanged (EfficientNet's MBConv before its residual add, which can then fuse)."""
+    target = node.target if node.op == "call_function" else None
+    if getattr(target, "__name__", "") != "stochastic_depth" or \
+            not getattr(target, "__module__", "").startswith("torchvision.") or len(node.args) < 3:
+        return False
+    named = dict(zip(("input", "p", "mode", "training"), node.args), **node.kwargs)
+    p, mode = named.get("p"), named.get("mode")
+    return named.get("training", True) is False and isinstance(p, (int, float)) and 0 <= p <= 1 and \
+        mode in ("batch", "row") and isinstance(named["input"], fx.Node)
+
+
 def _fuse_graph(gm: fx.GraphModule, skipped: list) -> int:
     """Replace every chain in ``gm``'s graph by a call of a FusedConv2d at the convolution's path; the
     number of chains."""
     modules = dict(gm.named_modules())
     graph, chains = gm.graph, 0
     for node in list(graph.nodes):
+        if _eval_identity(node):
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+    for node in list(graph.nodes):
         if node.op != "call_module" or type(modules.get(node.target)) is not Conv2d or len(node.args) != 1 \
                 or node.kwargs:
             continue
         conv, chain, end = modules[node.target], [node], node
+        factors = _factors(node.args[0], node)
         bn = _batch_norm(end, conv, modules, skipped)
         if bn is not None:
             end = _only_user(end)
@@ -239,14 +294,18 @@ def _fuse_graph(gm: fx.GraphModule, skipped: list) -> int:
         if activation is not None:
             end = _only_user(end)
             chain.append(end)
-        if len(chain) == 1:
+        if len(chain) == 1 and factors is None:
             continue
-        gm.add_submodule(node.target, FusedConv2d(conv, bn, activation, residual is not None))
+        gm.add_submodule(node.target, FusedConv2d(conv, bn, activation, residual is not None, factors is not None))
+        source, multiply = (node.args[0], None) if factors is None else (factors[0], node.args[0])
         with graph.inserting_before(end):
-            fused = graph.call_module(node.target, (node.args[0],) if residual is None else (node.args[0], residual))
+            fused = graph.call_module(node.target, (source,) if residual is None else (source, residual),
+                                      {} if factors is None else {"factor": factors[1]})
         end.replace_all_uses_with(fused)
         for absorbed in reversed(chain):
             graph.erase_node(absorbed)
+        if multiply is not None:
+            graph.erase_node(multiply)
         chains += 1
     graph.lint()
     gm.recompile()

@@ -449,6 +449,7 @@ class GpuTimer:
                                                  (p.x_array_shape, p.weight_array_shape, p.out_array_shape))
                 self.bias = _scratch(random, (p.k,), p.dtype) if p.has_bias else None
                 self.residual = _scratch(random, p.out_array_shape, p.dtype) if p.has_residual else None
+                self.input_scale = _scratch(random, (p.n, p.c), p.dtype) if p.has_input_scale else None
             except cupy.cuda.memory.OutOfMemoryError:
                 raise NotTimed("no GPU memory for scratch operands to time the candidates on") from None
             self.spin = get_kernel("spin", "cupyconv::spin", "", device.id)
@@ -489,7 +490,8 @@ class GpuTimer:
         plain-weight conv2d call does."""
         self.workspaces.launch(exe, self.x.data.ptr, self.weight.data.ptr, 0,
                                0 if self.bias is None else self.bias.data.ptr, self.out.data.ptr, stream.ptr, False,
-                               0 if self.residual is None else self.residual.data.ptr)
+                               0 if self.residual is None else self.residual.data.ptr,
+                               0 if self.input_scale is None else self.input_scale.data.ptr)
 
     def _timed(self, exe, stream) -> float:
         """One call's GPU time in ms, between events queued behind a spin."""

@@ -19,6 +19,9 @@
 // round).
 // Epilogue in registers (bias, residual, activation: epilogue.cuh), the tile staged in the storage type
 // and stored in 16-byte vectors of whole pixel rows.
+// With has_input_scale, x is multiplied by input_scale[image][channel] first (squeeze-and-excitation's
+// gate, N x C in the storage type) and rounded to the storage type, as a separate x * scale would: each
+// thread scales the pieces of a tile it copied, once they landed, before the block multiplies them.
 //
 // The planner (families/pointwise_nhwc.py) asks: C bytes a multiple of 16 and at most CB, K bytes a
 // multiple of 16, operands 16-byte aligned (the fronts copy those that are not). Channels past C
@@ -39,7 +42,7 @@ template <typename T, typename Index, int BM, int BN, int CB, int STAGES, int WA
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, pointwise_min_blocks(MIN_BLOCKS, sizeof(Index)))
 pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
                int has_bias, const T* __restrict__ residual, int has_residual, int activation,
-               int N, int C, int H, int W, int K) {
+               const T* __restrict__ input_scale, int has_input_scale, int N, int C, int H, int W, int K) {
     constexpr int NT = WARPS_M * WARPS_N * 32;
     constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;        // warp tile
     constexpr int MT = WM / 16, NTILES = WN / 8;               // instruction tiles per warp
@@ -89,6 +92,23 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             }
         }
         cp_async_commit();  // empty groups keep the wait count uniform
+    };
+    // This thread's pieces of tile i (landed) times the input scale of their pixel's image and channels.
+    auto scale_x = [&](int i) {
+        if (i >= count || piece >= c_pieces) return;
+        const Index m_first = static_cast<Index>(blockIdx.x + gridDim.x * i) * BM;
+        const Index plane = static_cast<Index>(H) * W;
+        unsigned char* at = x_smem + (i % STAGES) * X_STAGE + row0 * ROW + piece * 16;
+#pragma unroll
+        for (int r = 0; r < BM / ROWS_PER_PASS; ++r) {
+            const Index m = m_first + row0 + r * ROWS_PER_PASS;
+            if (m >= M) break;
+            const uint4 packed = *reinterpret_cast<const uint4*>(input_scale + ((m / plane) * C + piece * EPP));
+            const T* scale = reinterpret_cast<const T*>(&packed);
+            T* v = reinterpret_cast<T*>(at + r * ROWS_PER_PASS * ROW);
+#pragma unroll
+            for (int e = 0; e < EPP; ++e) v[e] = from_acc<T>(to_acc<float>(v[e]) * to_acc<float>(scale[e]));
+        }
     };
     // The weight's rows n0 .. n0 + BN - 1, with the first tile's copies.
     if (piece < used_pieces) {
@@ -148,6 +168,7 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll 1
         for (int i = 0; i < count; ++i) {
             cp_async_wait<STAGES - 2>();  // tile i (and the weight) landed: this thread's copies ...
+            if (has_input_scale) scale_x(i);
             __syncthreads();              // ... everyone's; tile i - 1's buffer and staged outputs are free
             load_x(i + STAGES - 1);
             const Index m0 = static_cast<Index>(blockIdx.x + gridDim.x * i) * BM;

@@ -307,3 +307,41 @@ def test_compile_fullgraph_of_a_fused_model():
     compiled = torch.compile(fused, fullgraph=True, backend="aot_eager")
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), original(x), rtol=1e-5, atol=1e-5)
+
+
+def test_squeeze_excitation_gate_becomes_the_projection_input_scale():
+    """MBConv's x * gate is no longer in the graph: the projection convolution takes it as its input
+    scale (with its BatchNorm and the residual add), and the model's output is unchanged."""
+    original, fused, x = _pair("mbconv")
+    scaled = [m for m in fused.modules() if isinstance(m, FusedConv2d) and m.scaled]
+    assert len(scaled) == 1 and scaled[0].out_channels == 8 and scaled[0].residual
+    assert "input scaled" in repr(scaled[0])
+    assert not any(n.op in ("call_function", "call_method") and "mul" in str(n.target) for n in fused.graph.nodes)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), original(x), rtol=1e-12, atol=1e-12)
+
+
+class Products(nn.Module):
+    """Convolutions of products that are not one per-(image, channel) gate: two full tensors, and a
+    (1, C, 1, 1) parameter, each taken into the fused module and multiplied by torch at run time."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 1)
+        self.c = nn.Conv2d(4, 4, 1)
+        self.gain = nn.Parameter(torch.rand(1, 4, 1, 1) + 0.5)
+
+    def forward(self, x):
+        y = self.a(x * x.flip(-1))
+        return self.c(self.gain * torch.relu(self.b(y)))
+
+
+def test_multiplies_that_are_not_gates_are_computed_by_torch():
+    torch.manual_seed(2)
+    original = Products().double().eval()
+    fused = ct.convert(copy.deepcopy(original), fuse=True)
+    assert sum(m.scaled for m in fused.modules() if isinstance(m, FusedConv2d)) == 2
+    for batch in (1, 3):  # a batch of one: the (1, C, 1, 1) gain has the gate's shape there
+        x = torch.randn(batch, 4, 6, 6, dtype=torch.float64)
+        with torch.no_grad():
+            torch.testing.assert_close(fused(x), original(x), rtol=1e-12, atol=1e-12)

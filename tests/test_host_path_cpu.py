@@ -12,11 +12,13 @@ from cupyconv import executor, program
 
 
 def test_executor_addresses_follow_program_operand_order():
-    named = dict(zip(program.OPERANDS, executor.addresses(1, 2, 3, 4, 5, 6, 7, 8, 9)))
+    named = dict(zip(program.OPERANDS, executor.addresses(1, 2, 3, 4, 5, 6, 7, 8, 9, 10)))
     assert named == {program.X: 1, program.WEIGHT: 2, program.PREPARED: 3, program.BIAS: 4, program.OUT: 5,
-                     program.WORKSPACE: 6, program.RESIDUAL: 7, program.GRAD_OUTPUT: 8, program.FLAGS: 9}
+                     program.WORKSPACE: 6, program.RESIDUAL: 7, program.GRAD_OUTPUT: 8, program.FLAGS: 9,
+                     program.INPUT_SCALE: 10}
     assert executor.addresses(1, 2, 3, 0, 5, 6)[program.OPERANDS.index(program.BIAS)] == 2  # no bias: the weight
     assert executor.addresses(1, 2, 3, 4, 5, 6)[program.OPERANDS.index(program.RESIDUAL)] == 5  # none: the output
+    assert executor.addresses(1, 2, 3, 4, 5, 6)[program.OPERANDS.index(program.INPUT_SCALE)] == 1  # none: x
 
 
 class FakeProgram:

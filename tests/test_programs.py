@@ -13,15 +13,15 @@ import re
 import pytest
 
 from cases import GRID, Case
-from cupyconv import layouts, planner
+from cupyconv import input_scale, layouts, planner
 from cupyconv.layouts import native
 from cupyconv.arguments import ACTIVATIONS, make_problem
 from cupyconv.compiler import kernel_source, source_file
 from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, depthwise_nhwc, direct_conv2d, implicit_gemm_conv2d,
                                implicit_gemm_nhwc, pointwise_nhwc, simt_gemm_conv2d, winograd_conv2d)
 from cupyconv.families.common import REDUCE_KERNEL, STORAGE_BYTES
-from cupyconv.program import (BIAS, FLAGS, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X, Pointer,
-                              Im2colMap, Table, TensorMap)
+from cupyconv.program import (BIAS, FLAGS, INPUT_SCALE, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X,
+                              Im2colMap, Pointer, Table, TensorMap, align, relocated)
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: The grid, and 1x1 problems the channels-last GEMM reads in place (no copies) in every dtype.
@@ -173,7 +173,7 @@ def check_program(plan, problem):
         # family's own preparation.)
         writes = {PREPARED} if prepares else {OUT, WORKSPACE, FLAGS}
         reads = ({WEIGHT, PREPARED} if problem.weight_layout == "KHWC" else {WEIGHT}) if prepares else \
-            {X, WEIGHT, PREPARED, BIAS, WORKSPACE, RESIDUAL}
+            {X, WEIGHT, PREPARED, BIAS, WORKSPACE, RESIDUAL, INPUT_SCALE}
         check_arguments(launch, kinds, reads, writes)
         grid, block = launch.grid, launch.block
         assert len(grid) == len(block) == 3, launch
@@ -241,6 +241,41 @@ def test_layout_programs(case, dtype, layouts):
             assert (call.weight is None) == (dtype != "float32"), "KHWC weight read in place but to round to TF32"
         if plan.kernel == planner.POINTWISE_KERNEL:  # everything in place, float32 rounded in the fragments
             assert names == [planner.POINTWISE_KERNEL] and call.weight is None and call.workspace_bytes == 0, names
+
+
+@pytest.mark.parametrize("layouts", [("NCHW", "KCHW"), ("NHWC", "KHWC")], ids="-".join)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_input_scale_programs(case, dtype, layouts):
+    """With an input scale, every plan's program is the plain one with the scale applied: by the
+    family's own kernel (pointwise_nhwc: the same launch, its has_input_scale set), or by a scaled
+    copy of x made first in the workspace past the plain program's temporaries, which every other
+    launch reads in place of x."""
+    problem, plans = plans_for(case, dtype, *layouts)
+    scaled = dataclasses.replace(problem, has_input_scale=True)
+    for plan in plans:
+        plain = planner.program(plan, problem)
+        call = planner.program(dataclasses.replace(plan, has_input_scale=True), scaled)
+        if problem.n == 0:
+            assert call == plain
+            continue
+        if input_scale.applied_by(planner.FAMILIES[plan.kernel]):
+            (launch,), (plain_launch,) = call.launches, plain.launches
+            position = launch.args.index(Pointer(INPUT_SCALE))
+            assert launch.args[position + 1] == 1 and plain_launch.args[position + 1] == 0
+            assert launch.args[:position + 1] + launch.args[position + 2:] == \
+                plain_launch.args[:position + 1] + plain_launch.args[position + 2:]
+            assert call.workspace_bytes == plain.workspace_bytes
+            continue
+        copy = Pointer(WORKSPACE, align(plain.workspace_bytes))
+        first = call.launches[0]
+        assert first.kernel == input_scale.KERNEL and first.args[:3] == (Pointer(X), Pointer(INPUT_SCALE), copy)
+        check_arguments(first, parameters(first.kernel), {X, INPUT_SCALE}, {WORKSPACE})
+        assert call.launches[1:] == relocated(plain.launches, {X: copy}) and call.weight == plain.weight
+        assert call.workspace_bytes == copy.offset + math.prod(problem.x_shape) * STORAGE_BYTES[dtype]
+        assert math.prod(first.grid) * math.prod(first.block) >= min(
+            math.prod(problem.x_shape), input_scale.THREADS * input_scale.MAX_BLOCKS)
+        assert all(arg != Pointer(X) for launch in call.launches[1:] for arg in launch.args)
 
 
 def test_the_grid_covers_every_family_and_form():

@@ -1,7 +1,7 @@
 """GPU time per kernel of one torchvision model's forward, torch's and converted (torch.profiler):
     python benchmarks/profile/model_kernels.py resnet50 --batch 1 --dtype fp16 --layout channels_last [--graph]
 Ten forwards after warm-up (--graph: ten replays of a CUDA graph of one forward); kernels summed by
-name, the largest first, each side's total, and the idle time between kernels summed by the kernel
+name, the largest first, each side's total (--fuse: the converted model fused), and the idle time between kernels summed by the kernel
 that waited (the gap before it). --train times a training step instead (bench_models.training_step:
 forward, backward, SGD), the converted model with cupyconv's gradient kernels and with torch's, and
 --host adds the converted steps' host time by function (cProfile)."""
@@ -86,6 +86,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=15)
     parser.add_argument("--graph", action="store_true", help="replay a CUDA graph of the forward")
     parser.add_argument("--inference-mode", action="store_true", help="under torch.inference_mode (as the models suite)")
+    parser.add_argument("--fuse", action="store_true", help="convert(model, fuse=True): BatchNorm folded, epilogues fused")
     parser.add_argument("--train", action="store_true", help="a training step (forward, backward, SGD) per run")
     parser.add_argument("--host", action="store_true", help="with --train: the converted steps' host time by function")
     args = parser.parse_args()
@@ -95,7 +96,7 @@ def main() -> None:
     fmt = torch.channels_last if args.layout == "channels_last" else torch.contiguous_format
     model = getattr(torchvision.models, args.model)().cuda().to(DTYPES[args.dtype]).to(memory_format=fmt).eval()
     x = torch.randn(args.batch, 3, 224, 224, device="cuda", dtype=DTYPES[args.dtype]).to(memory_format=fmt)
-    for label, m in (("torch", model), ("cupyconv", cc.convert(copy.deepcopy(model)))):
+    for label, m in (("torch", model), ("cupyconv", cc.convert(copy.deepcopy(model), fuse=args.fuse))):
         with torch.inference_mode(args.inference_mode):
             times, gaps = kernel_times(m, x, args.graph)
         show(f"--- {label}: {sum(t[1] for t in times):.1f} us of kernels per forward, "

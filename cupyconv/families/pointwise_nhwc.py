@@ -14,7 +14,7 @@ import math
 
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
-from ..program import BIAS, OUT, WEIGHT, X, CallProgram, Launch, Pointer
+from ..program import BIAS, INPUT_SCALE, OUT, WEIGHT, X, CallProgram, Launch, Pointer
 from .common import (BLOCK_RESERVED_SHARED_BYTES, CTYPES, H100_SMS, INDEX_TYPES, SM_SHARED_BYTES, STORAGE_BYTES,
                      epilogue_args, forced_config, grid_refusal, index_type)
 
@@ -24,6 +24,8 @@ KERNEL = "pointwise_nhwc"
 LAYOUTS = ("NHWC",)
 WEIGHT_LAYOUTS = ("KCHW", "KHWC")
 DTYPES = ("float16", "bfloat16", "float32")
+#: The input scale (cupyconv/input_scale.py) is applied to each pixel tile in shared memory.
+APPLIES_INPUT_SCALE = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,5 +224,5 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
     """One launch on the caller's x, weight and output."""
     p = problem
     args = (Pointer(X), Pointer(WEIGHT), Pointer(BIAS), Pointer(OUT), int(p.has_bias), *epilogue_args(p),
-            p.n, p.c, p.h, p.w, p.k)
+            Pointer(INPUT_SCALE), int(p.has_input_scale), p.n, p.c, p.h, p.w, p.k)
     return CallProgram((Launch(KERNEL, plan.name_expression, plan.grid, plan.block, plan.shared_bytes, args),))
