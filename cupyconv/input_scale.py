@@ -25,13 +25,21 @@ def applied_by(family) -> bool:
     return getattr(family, "APPLIES_INPUT_SCALE", False)
 
 
-def specialisation(dtype: str, index: str, nhwc: bool) -> str:
-    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{'true' if nhwc else 'false'}>"
+def specialisation(dtype: str, index: str, nhwc: bool, vec: int) -> str:
+    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{'true' if nhwc else 'false'},{vec}>"
 
 
 def specialisations() -> list[str]:
-    """Every dtype, index type and layout."""
-    return [specialisation(dtype, index, nhwc) for dtype in CTYPES for index in INDEX_TYPES for nhwc in (False, True)]
+    """Every dtype, index type and layout, of single elements and 16-byte vectors."""
+    return [specialisation(dtype, index, nhwc, vec) for dtype in CTYPES for index in INDEX_TYPES
+            for nhwc in (False, True) for vec in sorted({1, 16 // STORAGE_BYTES[dtype]})]
+
+
+def vector(problem: ConvProblem) -> int:
+    """Elements per thread: a 16-byte vector where it holds elements of one image (and, in NCHW, one
+    channel) -- C (NHWC) or H W (NCHW) a multiple of it -- else 1."""
+    vec = 16 // STORAGE_BYTES[problem.dtype]
+    return vec if (problem.c if problem.layout == "NHWC" else problem.h * problem.w) % vec == 0 else 1
 
 
 def scaled_first(call: CallProgram, problem: ConvProblem) -> CallProgram:
@@ -39,9 +47,9 @@ def scaled_first(call: CallProgram, problem: ConvProblem) -> CallProgram:
     after ``call``'s own temporaries, and every launch of ``call`` reading it instead of X."""
     p = problem
     copy = Pointer(WORKSPACE, align(call.workspace_bytes))
-    total = p.n * p.c * p.h * p.w
-    blocks = max(1, min(MAX_BLOCKS, math.ceil(total / THREADS)))
-    scale = Launch(KERNEL, specialisation(p.dtype, index_type(p), p.layout == "NHWC"), (blocks, 1, 1),
+    total, vec = p.n * p.c * p.h * p.w, vector(p)
+    blocks = max(1, min(MAX_BLOCKS, math.ceil(total / vec / THREADS)))
+    scale = Launch(KERNEL, specialisation(p.dtype, index_type(p), p.layout == "NHWC", vec), (blocks, 1, 1),
                    (THREADS, 1, 1), 0, (Pointer(X), Pointer(INPUT_SCALE), copy, p.n, p.c, p.h * p.w))
     return CallProgram((scale, *relocated(call.launches, {X: copy})),
                        copy.offset + total * STORAGE_BYTES[p.dtype], call.weight)

@@ -93,21 +93,34 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         }
         cp_async_commit();  // empty groups keep the wait count uniform
     };
-    // This thread's pieces of tile i (landed) times the input scale of their pixel's image and channels.
-    auto scale_x = [&](int i) {
+    // The input scale of this thread's channels (its piece) for image n: 16 bytes from L2, as a tile's
+    // rows are of one or two images, loaded per image (the first row's while the tile's copies land).
+    const Index plane = static_cast<Index>(H) * W;
+    auto scale_of = [&](Index n) {
+        return *reinterpret_cast<const uint4*>(input_scale + (n * C + piece * EPP));
+    };
+    auto first_image = [&](int i) {
+        return (static_cast<Index>(blockIdx.x + gridDim.x * i) * BM + row0) / plane;
+    };
+    // This thread's pieces of tile i (landed) times the input scale of their pixel's image and channels,
+    // given the scale of the image of its first row.
+    auto scale_x = [&](int i, Index n, uint4 packed) {
         if (i >= count || piece >= c_pieces) return;
         const Index m_first = static_cast<Index>(blockIdx.x + gridDim.x * i) * BM;
-        const Index plane = static_cast<Index>(H) * W;
         unsigned char* at = x_smem + (i % STAGES) * X_STAGE + row0 * ROW + piece * 16;
 #pragma unroll
         for (int r = 0; r < BM / ROWS_PER_PASS; ++r) {
             const Index m = m_first + row0 + r * ROWS_PER_PASS;
-            if (m >= M) break;
-            const uint4 packed = *reinterpret_cast<const uint4*>(input_scale + ((m / plane) * C + piece * EPP));
-            const T* scale = reinterpret_cast<const T*>(&packed);
-            T* v = reinterpret_cast<T*>(at + r * ROWS_PER_PASS * ROW);
+            if (m < M) {
+                if (m / plane != n) {
+                    n = m / plane;
+                    packed = scale_of(n);
+                }
+                const T* scale = reinterpret_cast<const T*>(&packed);
+                T* v = reinterpret_cast<T*>(at + r * ROWS_PER_PASS * ROW);
 #pragma unroll
-            for (int e = 0; e < EPP; ++e) v[e] = from_acc<T>(to_acc<float>(v[e]) * to_acc<float>(scale[e]));
+                for (int e = 0; e < EPP; ++e) v[e] = from_acc<T>(to_acc<float>(v[e]) * to_acc<float>(scale[e]));
+            }
         }
     };
     // The weight's rows n0 .. n0 + BN - 1, with the first tile's copies.
@@ -167,8 +180,14 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll 1
         for (int i = 0; i < count; ++i) {
+            Index n_first = 0;
+            uint4 first_scale{};
+            if (has_input_scale && piece < c_pieces && first_image(i) < N) {
+                n_first = first_image(i);
+                first_scale = scale_of(n_first);
+            }
             cp_async_wait<STAGES - 2>();  // tile i (and the weight) landed: this thread's copies ...
-            if (has_input_scale) scale_x(i);
+            if (has_input_scale) scale_x(i, n_first, first_scale);
             __syncthreads();              // ... everyone's; tile i - 1's buffer and staged outputs are free
             load_x(i + STAGES - 1);
             const Index m0 = static_cast<Index>(blockIdx.x + gridDim.x * i) * BM;

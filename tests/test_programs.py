@@ -273,8 +273,11 @@ def test_input_scale_programs(case, dtype, layouts):
         check_arguments(first, parameters(first.kernel), {X, INPUT_SCALE}, {WORKSPACE})
         assert call.launches[1:] == relocated(plain.launches, {X: copy}) and call.weight == plain.weight
         assert call.workspace_bytes == copy.offset + math.prod(problem.x_shape) * STORAGE_BYTES[dtype]
+        vec = input_scale.vector(problem)
+        assert first.name_expression.endswith(f",{vec}>") and \
+            (problem.c if problem.layout == "NHWC" else problem.h * problem.w) % vec == 0
         assert math.prod(first.grid) * math.prod(first.block) >= min(
-            math.prod(problem.x_shape), input_scale.THREADS * input_scale.MAX_BLOCKS)
+            math.prod(problem.x_shape) / vec, input_scale.THREADS * input_scale.MAX_BLOCKS)
         assert all(arg != Pointer(X) for launch in call.launches[1:] for arg in launch.args)
 
 

@@ -44,12 +44,14 @@ def launches(monkeypatch):
     launch = executor.Executable.launch
     records = []
 
-    def poisoned_launch(self, x, weight, prepared, bias, out, workspace, prepare_weight, stream, residual=0, flags=0):
+    def poisoned_launch(self, x, weight, prepared, bias, out, workspace, prepare_weight, stream, residual=0, flags=0,
+                        input_scale=0):
         p = self.problem
         cupy.cuda.runtime.memsetAsync(out, 0xFF, math.prod(p.out_shape) * ITEMSIZE[p.dtype], stream)
         records.append(dict(x=x, weight=weight, bias=bias if p.has_bias else None, out=out, stream=stream,
                             device=cupy.cuda.runtime.getDevice(), plan=self.plan))
-        return launch(self, x, weight, prepared, bias, out, workspace, prepare_weight, stream, residual, flags)
+        return launch(self, x, weight, prepared, bias, out, workspace, prepare_weight, stream, residual, flags,
+                      input_scale)
 
     monkeypatch.setattr(executor.Executable, "launch", poisoned_launch)
     return records
