@@ -112,14 +112,19 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         for (int r = 0; r < BM / ROWS_PER_PASS; ++r) {
             const Index m = m_first + row0 + r * ROWS_PER_PASS;
             if (m < M) {
-                if (m / plane != n) {
-                    n = m / plane;
+                const Index image = m / plane;
+                if (image != n) {
+                    n = image;
                     packed = scale_of(n);
                 }
-                const T* scale = reinterpret_cast<const T*>(&packed);
-                T* v = reinterpret_cast<T*>(at + r * ROWS_PER_PASS * ROW);
+                // One 16-byte shared-memory load and store a piece.
+                struct alignas(16) Piece { T v[EPP]; };
+                Piece piece_x = *reinterpret_cast<const Piece*>(at + r * ROWS_PER_PASS * ROW);
+                const Piece scale = *reinterpret_cast<const Piece*>(&packed);
 #pragma unroll
-                for (int e = 0; e < EPP; ++e) v[e] = from_acc<T>(to_acc<float>(v[e]) * to_acc<float>(scale[e]));
+                for (int e = 0; e < EPP; ++e)
+                    piece_x.v[e] = from_acc<T>(to_acc<float>(piece_x.v[e]) * to_acc<float>(scale.v[e]));
+                *reinterpret_cast<Piece*>(at + r * ROWS_PER_PASS * ROW) = piece_x;
             }
         }
     };
