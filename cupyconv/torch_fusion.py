@@ -6,7 +6,9 @@ BatchNorm2d, whose output goes only to an add with another tensor (a residual co
 output goes only to an activation; any link may be missing. A convolution whose input is a multiply
 of two tensors used by nothing else takes the multiply in too: squeeze-and-excitation's
 ``x * gate`` before EfficientNet's projections, which then runs as the convolution's input scale
-(gate (N, C, 1, 1); any other shapes are multiplied by torch first). torchvision's BasicBlock and
+(gate (N, C, 1, 1); any other shapes are multiplied by torch first), and one whose input is a global
+average pooling (adaptive to 1 x 1) used nowhere else takes the pooling in (cupyconv.pooling's kernel
+on channels_last CUDA tensors: squeeze-excitation's squeeze). torchvision's BasicBlock and
 Bottleneck, MobileNetV2's inverted residuals, EfficientNet's MBConv (its squeeze-excitation
 convolutions and gate included) and plain Sequentials make such chains. torchvision's stochastic depth
 with training=False (its input unchanged) is taken out of the graph first, so that MBConv's residual
@@ -28,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from .torch import Conv1d, Conv2d, ConvTranspose2d, WeightCache, _conv2d, _epilogue, _problem
+from . import pooling
+from .torch import Conv1d, Conv2d, ConvTranspose2d, WeightCache, _conv2d, _dtype_name, _epilogue, _launch, _problem
 
 __all__ = ["FusedConv2d", "fuse"]
 
@@ -64,7 +67,8 @@ def _fold(weight, bias, batch_norm):
 class FusedConv2d(nn.Module):
     """One cupyconv call for ``activation(bn(conv(x [* factor])) + residual)``: a convolution with its
     eval-mode BatchNorm folded in, its epilogue fused and, where ``scaled``, the multiply before it
-    as its input scale. Made by ``convert(model, fuse=True)``.
+    as its input scale or, where ``pooled``, the global average pooling before it. Made by
+    ``convert(model, fuse=True)``.
 
     ``weight`` and ``bias`` are the convolution's own Parameters; ``batch_norm`` (read, not owned)
     is the BatchNorm module at its own path in the model. Under torch.no_grad() or
@@ -76,14 +80,14 @@ class FusedConv2d(nn.Module):
     """
 
     def __init__(self, conv: nn.Conv2d, batch_norm: nn.BatchNorm2d | None, activation: str | None,
-                 residual: bool, scaled: bool = False):
+                 residual: bool, scaled: bool = False, pooled: bool = False):
         super().__init__()
         self.weight = conv.weight
         self.register_parameter("bias", conv.bias)
         for name in ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups",
                      "padding_mode", "_reversed_padding_repeated_twice"):
             setattr(self, name, getattr(conv, name))
-        self.activation, self.residual, self.scaled = activation, residual, scaled
+        self.activation, self.residual, self.scaled, self.pooled = activation, residual, scaled, pooled
         # Not submodules: the BatchNorm stays at its own path, so the state_dict keeps its keys.
         self.__dict__["batch_norm"] = batch_norm
         self.__dict__["_folded"] = None  # (stamp, weight, bias), updated in place
@@ -94,6 +98,8 @@ class FusedConv2d(nn.Module):
         parts = [f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"]
         if self.scaled:
             parts.append("input scaled")
+        if self.pooled:
+            parts.append("input pooled")
         if self.batch_norm is not None:
             parts.append("batch_norm folded")
         if self.residual:
@@ -148,6 +154,8 @@ class FusedConv2d(nn.Module):
         input_scale = None
         if factor is not None:
             x, input_scale = _gated(x, factor)
+        if self.pooled:
+            x = _mean_pixels(x)
         needs_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, residual, input_scale, *self.parameters(),
                                                         *(() if self.batch_norm is None else
@@ -164,6 +172,26 @@ class FusedConv2d(nn.Module):
                                      None, input_scale) + residual, None, self.activation or "none")
         return _conv2d(x, weight, bias, self.stride, padding, self.dilation, self.groups, cache, self.activation,
                        residual, input_scale)
+
+
+def _mean_pixels(x: torch.Tensor) -> torch.Tensor:
+    """adaptive_avg_pool2d(x, 1): cupyconv's deterministic kernel (cupyconv.pooling) for a channels_last
+    CUDA tensor outside autograd and torch.compile, torch's elsewhere (an NCHW x's planes are
+    contiguous: torch reads them at full speed)."""
+    if not (x.is_cuda and x.dim() == 4 and x.dtype in (torch.float16, torch.bfloat16, torch.float32) and
+            x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() and
+            not (torch.is_grad_enabled() and x.requires_grad) and not torch.compiler.is_compiling() and
+            not x.data_ptr() % 16):
+        return F.adaptive_avg_pool2d(x, 1)
+    n, c, h, w = x.shape
+    dtype = _dtype_name(x.dtype, "x")
+    if pooling.refusal(n, c, h * w, dtype):
+        return F.adaptive_avg_pool2d(x, 1)
+    index = x.device.index
+    out = torch.empty((n, c, 1, 1), dtype=x.dtype, device=x.device)
+    with torch.cuda.device(index):
+        _launch(pooling.executable(n, c, h * w, dtype, index), index, x=x, out=out)
+    return out
 
 
 def _gated(a, b) -> tuple:
@@ -216,6 +244,20 @@ def _factors(node, conv: fx.Node) -> tuple | None:
         return None
     a, b = node.args
     return (a, b) if isinstance(a, fx.Node) and isinstance(b, fx.Node) else None
+
+
+def _pooled(node, conv: fx.Node, modules: dict) -> fx.Node | None:
+    """The input of a global average pooling ``node`` (adaptive to 1 x 1) whose only user is ``conv``."""
+    if not isinstance(node, fx.Node) or _only_user(node) is not conv or not node.args or \
+            not isinstance(node.args[0], fx.Node):
+        return None
+    if node.op == "call_module" and type(modules[node.target]) is nn.AdaptiveAvgPool2d and len(node.args) == 1 \
+            and not node.kwargs and modules[node.target].output_size in (1, (1, 1)):
+        return node.args[0]
+    if node.op == "call_function" and node.target is F.adaptive_avg_pool2d and not node.kwargs and \
+            node.args[1:] in ((1,), ((1, 1),)):
+        return node.args[0]
+    return None
 
 
 def _residual(node: fx.Node | None, source: fx.Node) -> fx.Node | None:
@@ -282,6 +324,7 @@ def _fuse_graph(gm: fx.GraphModule, skipped: list) -> int:
             continue
         conv, chain, end = modules[node.target], [node], node
         factors = _factors(node.args[0], node)
+        pooled = _pooled(node.args[0], node, modules)
         bn = _batch_norm(end, conv, modules, skipped)
         if bn is not None:
             end = _only_user(end)
@@ -294,18 +337,21 @@ def _fuse_graph(gm: fx.GraphModule, skipped: list) -> int:
         if activation is not None:
             end = _only_user(end)
             chain.append(end)
-        if len(chain) == 1 and factors is None:
+        if len(chain) == 1 and factors is None and pooled is None:
             continue
-        gm.add_submodule(node.target, FusedConv2d(conv, bn, activation, residual is not None, factors is not None))
-        source, multiply = (node.args[0], None) if factors is None else (factors[0], node.args[0])
+        gm.add_submodule(node.target, FusedConv2d(conv, bn, activation, residual is not None, factors is not None,
+                                                  pooled is not None))
+        # The multiply or the pooling the fused call takes in, and what it reads instead.
+        source, taken = (node.args[0], None) if factors is None and pooled is None else \
+            (factors[0], node.args[0]) if pooled is None else (pooled, node.args[0])
         with graph.inserting_before(end):
             fused = graph.call_module(node.target, (source,) if residual is None else (source, residual),
                                       {} if factors is None else {"factor": factors[1]})
         end.replace_all_uses_with(fused)
         for absorbed in reversed(chain):
             graph.erase_node(absorbed)
-        if multiply is not None:
-            graph.erase_node(multiply)
+        if taken is not None:
+            graph.erase_node(taken)
         chains += 1
     graph.lint()
     gm.recompile()

@@ -9,6 +9,7 @@ import pytest
 from cupyconv.compiler import compile_offline
 from cupyconv.conv_transpose import phase_weight_specialisations
 from cupyconv.planner import arch_specialisations, kernel_specialisations
+from cupyconv.pooling import specialisations as pooling_specialisations
 from cupyconv.wgrad import wgrad_specialisations
 from cupyconv.wgrad_depthwise import specialisations as depthwise_wgrad_specialisations
 from cupyconv.wgrad_tensor_cores import arch_specialisations as tensor_core_wgrad_arch_specialisations
@@ -28,7 +29,8 @@ def _programs(expressions, archs):
 
 
 def _forward():
-    return _programs(kernel_specialisations(), PORTABLE_ARCHS) + \
+    """The planner's kernels, and the squeeze-excitation pooling that fused models run before them."""
+    return _programs(kernel_specialisations() + pooling_specialisations(), PORTABLE_ARCHS) + \
         [param for arch, expressions in arch_specialisations().items() for param in _programs(expressions, (arch,))]
 
 
@@ -58,8 +60,8 @@ def test_pieces_cover_every_specialisation_once():
     seen = [(arch, expression) for kernel, arch, expressions in (p.values for p in _forward() + _gradients())
             for expression in expressions]
     assert len(seen) == len(set(seen))
-    portable = kernel_specialisations() + wgrad_specialisations() + depthwise_wgrad_specialisations() + \
-        tensor_core_wgrad_specialisations() + phase_weight_specialisations()
+    portable = kernel_specialisations() + pooling_specialisations() + wgrad_specialisations() + \
+        depthwise_wgrad_specialisations() + tensor_core_wgrad_specialisations() + phase_weight_specialisations()
     specific = {**arch_specialisations()}
     for arch, expressions in tensor_core_wgrad_arch_specialisations().items():
         specific[arch] = specific.get(arch, []) + expressions

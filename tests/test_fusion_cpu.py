@@ -317,6 +317,11 @@ def test_squeeze_excitation_gate_becomes_the_projection_input_scale():
     assert len(scaled) == 1 and scaled[0].out_channels == 8 and scaled[0].residual
     assert "input scaled" in repr(scaled[0])
     assert not any(n.op in ("call_function", "call_method") and "mul" in str(n.target) for n in fused.graph.nodes)
+    # ... and the squeeze convolution takes the pooling in.
+    pooled = [m for m in fused.modules() if isinstance(m, FusedConv2d) and m.pooled]
+    assert len(pooled) == 1 and pooled[0].out_channels == 4 and "input pooled" in repr(pooled[0])
+    assert not any(n.op == "call_module" and isinstance(fused.get_submodule(n.target), nn.AdaptiveAvgPool2d)
+                   for n in fused.graph.nodes)
     with torch.no_grad():
         torch.testing.assert_close(fused(x), original(x), rtol=1e-12, atol=1e-12)
 
@@ -345,3 +350,28 @@ def test_multiplies_that_are_not_gates_are_computed_by_torch():
         x = torch.randn(batch, 4, 6, 6, dtype=torch.float64)
         with torch.no_grad():
             torch.testing.assert_close(fused(x), original(x), rtol=1e-12, atol=1e-12)
+
+
+class Poolings(nn.Module):
+    """Global poolings before convolutions: a function call (fused), a 2 x 2 adaptive pooling and a
+    pooling also used elsewhere (both left to torch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Conv2d(4, 6, 1), nn.Conv2d(4, 6, 1), nn.Conv2d(4, 6, 1)
+        self.quarters = nn.AdaptiveAvgPool2d(2)
+
+    def forward(self, x):
+        shared = F.adaptive_avg_pool2d(x, (1, 1))
+        return self.a(F.adaptive_avg_pool2d(x, 1)) + self.b(self.quarters(x)).mean((2, 3), keepdim=True) + \
+            self.c(shared) + shared.sum(1, keepdim=True)
+
+
+def test_global_poolings_fuse_into_the_convolution_that_alone_reads_them():
+    torch.manual_seed(4)
+    original = Poolings().double().eval()
+    fused = ct.convert(copy.deepcopy(original), fuse=True)
+    assert [name for name, m in fused.named_modules() if isinstance(m, FusedConv2d) and m.pooled] == ["a"]
+    x = torch.randn(3, 4, 8, 6, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), original(x), rtol=1e-12, atol=1e-12)
