@@ -3,8 +3,9 @@ excitation's pooling, which ``convert(model, fuse=True)`` runs before the squeez
 (cupyconv.torch_fusion). torch reduces the non-contiguous (H, W) of a channels_last tensor at about a
 third of the copy bandwidth (H100, EfficientNet-B0 b32: 181 us for its 17 poolings).
 
-The program: partial float sums per (split of the pixels, image, channel) in the workspace, then their
-sum in a fixed order: deterministic, with enough blocks to fill the GPU for one image's large plane.
+The program, one launch: where one image's plane is large, its pixels in splits (enough blocks to fill
+the GPU), each split's float sums in the workspace, added in split order by the last block of its
+(image, channels) to finish (counted in the FLAGS operand): deterministic.
 """
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ import functools
 import math
 
 from .families.common import CTYPES, H100_SMS, STORAGE_BYTES
-from .program import OUT, WORKSPACE, X, CallProgram, Launch, Pointer
+from .program import FLAG_COUNT, FLAGS, OUT, WORKSPACE, X, CallProgram, Launch, Pointer
 
-PARTIAL, FINISH = "mean_pixels_partial", "mean_pixels_finish"
+KERNEL = "mean_pixels"
 DTYPES = ("float16", "bfloat16", "float32")
 THREADS = 256
-#: Blocks asked of a launch: a few per SM, so that the copies in flight cover the memory latency.
+#: Blocks asked of a launch: a few per SM, so that the copies in flight cover the memory latency. Only
+#: fewer (image, channel block) pairs than this are split: each split one needs one FLAGS count.
 TARGET_BLOCKS = 4 * H100_SMS
+assert TARGET_BLOCKS <= FLAG_COUNT
 
 
 def vector(dtype: str, c: int) -> int:
@@ -38,8 +41,7 @@ def refusal(n: int, c: int, pixels: int, dtype: str) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def program(n: int, c: int, pixels: int, dtype: str) -> CallProgram:
-    """The two launches pooling X [n][pixels][c] into OUT [n][c] (x's dtype), the float partial sums
-    in the workspace."""
+    """The launch pooling X [n][pixels][c] into OUT [n][c] (x's dtype)."""
     why_not = refusal(n, c, pixels, dtype)
     if why_not:
         raise ValueError(f"cannot pool: {why_not}")
@@ -51,18 +53,17 @@ def program(n: int, c: int, pixels: int, dtype: str) -> CallProgram:
     splits = max(1, min(math.ceil(pixels / lanes_p), math.ceil(TARGET_BLOCKS / (n * channel_blocks)), 65535))
     per_split = math.ceil(pixels / splits)
     splits = math.ceil(pixels / per_split)
-    partial = Launch(PARTIAL, f"cupyconv::{PARTIAL}<{CTYPES[dtype]},{vec}>", (channel_blocks, n, splits),
-                     (THREADS, 1, 1), 0, (Pointer(X), Pointer(WORKSPACE), n, pixels, c, lanes_c, per_split))
-    finish = Launch(FINISH, f"cupyconv::{FINISH}<{CTYPES[dtype]}>", (math.ceil(n * c / THREADS), 1, 1),
-                    (THREADS, 1, 1), 0, (Pointer(WORKSPACE), Pointer(OUT), n, pixels, c, splits))
-    return CallProgram((partial, finish), 4 * splits * n * c)
+    # One split reads neither the partial sums nor the counts: any valid pointer.
+    partials, counts = (Pointer(WORKSPACE), Pointer(FLAGS)) if splits > 1 else (Pointer(OUT), Pointer(OUT))
+    sums = Launch(KERNEL, f"cupyconv::{KERNEL}<{CTYPES[dtype]},{vec}>", (channel_blocks, n, splits), (THREADS, 1, 1),
+                  0, (Pointer(X), partials, Pointer(OUT), counts, n, pixels, c, lanes_c, per_split))
+    return CallProgram((sums,), 4 * splits * n * c if splits > 1 else 0)
 
 
 def specialisations() -> list[str]:
     """Every dtype, of single channels and 16-byte vectors."""
-    return [f"cupyconv::{PARTIAL}<{CTYPES[dtype]},{vec}>" for dtype in DTYPES
-            for vec in sorted({1, 16 // STORAGE_BYTES[dtype]})] + \
-        [f"cupyconv::{FINISH}<{CTYPES[dtype]}>" for dtype in DTYPES]
+    return [f"cupyconv::{KERNEL}<{CTYPES[dtype]},{vec}>" for dtype in DTYPES
+            for vec in sorted({1, 16 // STORAGE_BYTES[dtype]})]
 
 
 @functools.lru_cache(maxsize=1024)
