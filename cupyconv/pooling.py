@@ -3,9 +3,8 @@ excitation's pooling, which ``convert(model, fuse=True)`` runs before the squeez
 (cupyconv.torch_fusion). torch reduces the non-contiguous (H, W) of a channels_last tensor at about a
 third of the copy bandwidth (H100, EfficientNet-B0 b32: 181 us for its 17 poolings).
 
-The program, one launch: where one image's plane is large, its pixels in splits (enough blocks to fill
-the GPU), each split's float sums in the workspace, added in split order by the last block of its
-(image, channels) to finish (counted in the FLAGS operand): deterministic.
+The program: partial float sums per (split of the pixels, image, channel) in the workspace, then their
+sum in a fixed order: deterministic, with enough blocks to fill the GPU for one image's large plane.
 """
 from __future__ import annotations
 
@@ -13,15 +12,13 @@ import functools
 import math
 
 from .families.common import CTYPES, H100_SMS, STORAGE_BYTES
-from .program import FLAG_COUNT, FLAGS, OUT, WORKSPACE, X, CallProgram, Launch, Pointer
+from .program import OUT, WORKSPACE, X, CallProgram, Launch, Pointer
 
-KERNEL = "mean_pixels"
+PARTIAL, FINISH = "mean_pixels_partial", "mean_pixels_finish"
 DTYPES = ("float16", "bfloat16", "float32")
 THREADS = 256
-#: Blocks asked of a launch: a few per SM, so that the copies in flight cover the memory latency. Only
-#: fewer (image, channel block) pairs than this are split: each split one needs one FLAGS count.
+#: Blocks asked of a launch: a few per SM, so that the copies in flight cover the memory latency.
 TARGET_BLOCKS = 4 * H100_SMS
-assert TARGET_BLOCKS <= FLAG_COUNT
 
 
 def vector(dtype: str, c: int) -> int:
@@ -41,7 +38,8 @@ def refusal(n: int, c: int, pixels: int, dtype: str) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def program(n: int, c: int, pixels: int, dtype: str) -> CallProgram:
-    """The launch pooling X [n][pixels][c] into OUT [n][c] (x's dtype)."""
+    """The two launches pooling X [n][pixels][c] into OUT [n][c] (x's dtype), the float partial sums
+    in the workspace."""
     why_not = refusal(n, c, pixels, dtype)
     if why_not:
         raise ValueError(f"cannot pool: {why_not}")
@@ -53,17 +51,18 @@ def program(n: int, c: int, pixels: int, dtype: str) -> CallProgram:
     splits = max(1, min(math.ceil(pixels / lanes_p), math.ceil(TARGET_BLOCKS / (n * channel_blocks)), 65535))
     per_split = math.ceil(pixels / splits)
     splits = math.ceil(pixels / per_split)
-    # One split reads neither the partial sums nor the counts: any valid pointer.
-    partials, counts = (Pointer(WORKSPACE), Pointer(FLAGS)) if splits > 1 else (Pointer(OUT), Pointer(OUT))
-    sums = Launch(KERNEL, f"cupyconv::{KERNEL}<{CTYPES[dtype]},{vec}>", (channel_blocks, n, splits), (THREADS, 1, 1),
-                  0, (Pointer(X), partials, Pointer(OUT), counts, n, pixels, c, lanes_c, per_split))
-    return CallProgram((sums,), 4 * splits * n * c if splits > 1 else 0)
+    partial = Launch(PARTIAL, f"cupyconv::{PARTIAL}<{CTYPES[dtype]},{vec}>", (channel_blocks, n, splits),
+                     (THREADS, 1, 1), 0, (Pointer(X), Pointer(WORKSPACE), n, pixels, c, lanes_c, per_split))
+    finish = Launch(FINISH, f"cupyconv::{FINISH}<{CTYPES[dtype]}>", (math.ceil(n * c / THREADS), 1, 1),
+                    (THREADS, 1, 1), 0, (Pointer(WORKSPACE), Pointer(OUT), n, pixels, c, splits))
+    return CallProgram((partial, finish), 4 * splits * n * c)
 
 
 def specialisations() -> list[str]:
     """Every dtype, of single channels and 16-byte vectors."""
-    return [f"cupyconv::{KERNEL}<{CTYPES[dtype]},{vec}>" for dtype in DTYPES
-            for vec in sorted({1, 16 // STORAGE_BYTES[dtype]})]
+    return [f"cupyconv::{PARTIAL}<{CTYPES[dtype]},{vec}>" for dtype in DTYPES
+            for vec in sorted({1, 16 // STORAGE_BYTES[dtype]})] + \
+        [f"cupyconv::{FINISH}<{CTYPES[dtype]}>" for dtype in DTYPES]
 
 
 @functools.lru_cache(maxsize=1024)
