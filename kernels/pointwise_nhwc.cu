@@ -32,6 +32,30 @@
 
 namespace cupyconv {
 
+// A 16-byte piece of x times the same piece of the input scale, each product rounded once to T: two
+// 16-bit values a packed multiply (their exact product is a float's, so the packed multiply's one
+// rounding is that of x * s computed in float and rounded to T; bfloat16's as an fma with -0, which
+// sm_80 has), four float32 values each a float multiply.
+template <typename T> __device__ __forceinline__ uint4 scaled_piece(uint4 x, uint4 s);
+template <> __device__ __forceinline__ uint4 scaled_piece<half_t>(uint4 x, uint4 s) {
+    asm("mul.rn.f16x2 %0, %0, %4;\n\tmul.rn.f16x2 %1, %1, %5;\n\tmul.rn.f16x2 %2, %2, %6;\n\tmul.rn.f16x2 %3, %3, %7;"
+        : "+r"(x.x), "+r"(x.y), "+r"(x.z), "+r"(x.w) : "r"(s.x), "r"(s.y), "r"(s.z), "r"(s.w));
+    return x;
+}
+template <> __device__ __forceinline__ uint4 scaled_piece<bfloat16_t>(uint4 x, uint4 s) {
+    const unsigned minus_zero = 0x80008000u;
+    asm("fma.rn.bf16x2 %0, %0, %4, %8;\n\tfma.rn.bf16x2 %1, %1, %5, %8;\n\t"
+        "fma.rn.bf16x2 %2, %2, %6, %8;\n\tfma.rn.bf16x2 %3, %3, %7, %8;"
+        : "+r"(x.x), "+r"(x.y), "+r"(x.z), "+r"(x.w) : "r"(s.x), "r"(s.y), "r"(s.z), "r"(s.w), "r"(minus_zero));
+    return x;
+}
+template <> __device__ __forceinline__ uint4 scaled_piece<float>(uint4 x, uint4 s) {
+    return make_uint4(__float_as_uint(__uint_as_float(x.x) * __uint_as_float(s.x)),
+                      __float_as_uint(__uint_as_float(x.y) * __uint_as_float(s.y)),
+                      __float_as_uint(__uint_as_float(x.z) * __uint_as_float(s.z)),
+                      __float_as_uint(__uint_as_float(x.w) * __uint_as_float(s.w)));
+}
+
 // Blocks per SM asked of the register allocator: MIN_BLOCKS, at most two with 64-bit indices (whose
 // pixel offsets are register pairs: at three, the 64 x 128 tile spilled 188 bytes).
 __host__ __device__ constexpr int pointwise_min_blocks(int min_blocks, int index_bytes) {
@@ -103,28 +127,27 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         return (static_cast<Index>(blockIdx.x + gridDim.x * i) * BM + row0) / plane;
     };
     // This thread's pieces of tile i (landed) times the input scale of their pixel's image and channels,
-    // given the scale of the image of its first row.
+    // given the image of its first row and its scale. The rows' images follow from the first's (a
+    // plane's end passed, the next image), not a division a row: this runs between the tile's landing
+    // and the block's barrier, where every instruction delays the tile.
     auto scale_x = [&](int i, Index n, uint4 packed) {
         if (i >= count || piece >= c_pieces) return;
         const Index m_first = static_cast<Index>(blockIdx.x + gridDim.x * i) * BM;
         unsigned char* at = x_smem + (i % STAGES) * X_STAGE + row0 * ROW + piece * 16;
+        Index next_image_at = (n + 1) * plane;  // the first pixel of image n + 1
 #pragma unroll
         for (int r = 0; r < BM / ROWS_PER_PASS; ++r) {
             const Index m = m_first + row0 + r * ROWS_PER_PASS;
             if (m < M) {
-                const Index image = m / plane;
-                if (image != n) {
-                    n = image;
+                if (m >= next_image_at) {
+                    while (m >= next_image_at) {
+                        ++n;
+                        next_image_at += plane;
+                    }
                     packed = scale_of(n);
                 }
-                // One 16-byte shared-memory load and store a piece.
-                struct alignas(16) Piece { T v[EPP]; };
-                Piece piece_x = *reinterpret_cast<const Piece*>(at + r * ROWS_PER_PASS * ROW);
-                const Piece scale = *reinterpret_cast<const Piece*>(&packed);
-#pragma unroll
-                for (int e = 0; e < EPP; ++e)
-                    piece_x.v[e] = from_acc<T>(to_acc<float>(piece_x.v[e]) * to_acc<float>(scale.v[e]));
-                *reinterpret_cast<Piece*>(at + r * ROWS_PER_PASS * ROW) = piece_x;
+                uint4* piece_x = reinterpret_cast<uint4*>(at + r * ROWS_PER_PASS * ROW);
+                *piece_x = scaled_piece<T>(*piece_x, packed);
             }
         }
     };
