@@ -16,7 +16,7 @@ import numpy as np
 from . import tuning
 from .arguments import (check_arrays, check_input_scale, check_layouts, check_out, check_x_dims, check_output_size,
                         check_residual, check_residual_overlap, extent, make_problem, overlaps)
-from .launch import run
+from .launch import aligned, run
 from .planner import LaunchPlan, as_planned, make_plan
 from .program import OPERAND_ALIGNMENT
 from .reference import conv2d_numpy
@@ -58,13 +58,12 @@ def _out_shape(problem, unbatched: bool) -> tuple[int, ...]:
 class _CupyCall:
     """A checked CuPy call signature: its output shape, its executable, what must be copied first."""
 
-    __slots__ = ("shape", "exe", "device_id", "x_copy", "weight_copy", "bias_copy", "input_scale_copy", "extents")
+    __slots__ = ("shape", "exe", "device_id", "x_copy", "weight_copy", "bias_copy", "extents")
 
     def __init__(self, problem, shape, exe, device_id, x, weight, bias, input_scale):
         self.shape, self.exe, self.device_id = shape, exe, device_id
         self.x_copy, self.weight_copy = not x.flags.c_contiguous, not weight.flags.c_contiguous
         self.bias_copy = bias is not None and not bias.flags.c_contiguous
-        self.input_scale_copy = input_scale is not None and not input_scale.flags.c_contiguous
         self.extents = tuple(None if a is None else extent(a) for a in (x, weight, bias, input_scale))
 
 
@@ -235,8 +234,8 @@ def _run_cupy(call: _CupyCall, x, weight, bias, out, prepared, residual, input_s
         residual = residual.copy() if residual.flags.c_contiguous else cupy.ascontiguousarray(residual)
     if x.data.ptr % OPERAND_ALIGNMENT:
         x = x.copy()
-    if input_scale is not None and (call.input_scale_copy or input_scale.data.ptr % OPERAND_ALIGNMENT):
-        input_scale = cupy.ascontiguousarray(input_scale).copy()
+    if input_scale is not None:
+        input_scale = aligned(input_scale)
     if weight.data.ptr % OPERAND_ALIGNMENT and prepared is None:
         weight = weight.copy()
     run(call.exe, cupy.ascontiguousarray(x) if call.x_copy else x,

@@ -31,7 +31,9 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from . import pooling
-from .torch import Conv1d, Conv2d, ConvTranspose2d, WeightCache, _conv2d, _dtype_name, _epilogue, _launch, _problem
+from .program import OPERAND_ALIGNMENT
+from .torch import (Conv1d, Conv2d, ConvTranspose2d, WeightCache, _channels_last, _conv2d, _epilogue, _launch,
+                    _problem)
 
 __all__ = ["FusedConv2d", "fuse"]
 
@@ -178,14 +180,12 @@ def _mean_pixels(x: torch.Tensor) -> torch.Tensor:
     """adaptive_avg_pool2d(x, 1): cupyconv's deterministic kernel (cupyconv.pooling) for a channels_last
     CUDA tensor outside autograd and torch.compile, torch's elsewhere (an NCHW x's planes are
     contiguous: torch reads them at full speed)."""
-    if not (x.is_cuda and x.dim() == 4 and x.dtype in (torch.float16, torch.bfloat16, torch.float32) and
-            x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() and
-            not (torch.is_grad_enabled() and x.requires_grad) and not torch.compiler.is_compiling() and
-            not x.data_ptr() % 16):
+    if not (x.is_cuda and _channels_last(x) and not (torch.is_grad_enabled() and x.requires_grad) and
+            not torch.compiler.is_compiling() and not x.data_ptr() % OPERAND_ALIGNMENT):
         return F.adaptive_avg_pool2d(x, 1)
     n, c, h, w = x.shape
-    dtype = _dtype_name(x.dtype, "x")
-    if pooling.refusal(n, c, h * w, dtype):
+    dtype = str(x.dtype).removeprefix("torch.")
+    if pooling.refusal(n, c, h * w, dtype):  # float64, and shapes past its grid: torch's
         return F.adaptive_avg_pool2d(x, 1)
     index = x.device.index
     out = torch.empty((n, c, 1, 1), dtype=x.dtype, device=x.device)
@@ -342,8 +342,8 @@ def _fuse_graph(gm: fx.GraphModule, skipped: list) -> int:
         gm.add_submodule(node.target, FusedConv2d(conv, bn, activation, residual is not None, factors is not None,
                                                   pooled is not None))
         # The multiply or the pooling the fused call takes in, and what it reads instead.
-        source, taken = (node.args[0], None) if factors is None and pooled is None else \
-            (factors[0], node.args[0]) if pooled is None else (pooled, node.args[0])
+        taken = node.args[0] if factors or pooled else None
+        source = factors[0] if factors else pooled if pooled else node.args[0]
         with graph.inserting_before(end):
             fused = graph.call_module(node.target, (source,) if residual is None else (source, residual),
                                       {} if factors is None else {"factor": factors[1]})
