@@ -277,47 +277,85 @@ class WeightCache:
     Changes made through ``weight.data`` bypass the version counter (torch's own rule for
     ``.data``); call :meth:`clear` (``cupyconv.torch.clear_weight_caches(model)``) after those.
     Copies of a module (deepcopy, pickling) start empty.
+
+    A cache ``kept_in_graphs`` (a fused module's folded weight: a tensor the module owns and refolds
+    in place) is also read by CUDA graphs captured after its forms were made, as the folded weight
+    itself is: :meth:`refresh` rewrites the forms in their buffers when the module refolds, and they
+    are never freed under a graph that reads them. Any other cache is not read inside a capture: the
+    graph prepares the weight itself, so that a replay reads the weight as it is then.
     """
 
-    __slots__ = ("_stamp", "_forms")
+    __slots__ = ("_stamp", "_forms", "kept_in_graphs")
 
-    def __init__(self):
-        self._stamp, self._forms = None, {}
+    def __init__(self, kept_in_graphs: bool = False):
+        self._stamp, self._forms, self.kept_in_graphs = None, {}, kept_in_graphs
 
     def clear(self) -> None:
-        self._stamp, self._forms = None, {}
+        """Forget the forms (a cache kept in graphs keeps their buffers, to be refreshed)."""
+        self._stamp = None
+        if not self.kept_in_graphs:
+            self._forms = {}
 
     def __deepcopy__(self, memo):
-        return WeightCache()
+        return WeightCache(self.kept_in_graphs)
 
     def __reduce__(self):
-        return WeightCache, ()
+        return WeightCache, (self.kept_in_graphs,)
 
-    def address(self, weight: torch.Tensor, exe, stream: int) -> int | None:
+    @staticmethod
+    def _stamp_of(weight: torch.Tensor) -> tuple:
+        # The shape and dtype are in the preparation's key; the strides say how the storage is read.
+        return weight.data_ptr(), weight._version, weight.stride()
+
+    def address(self, weight: torch.Tensor, exe, stream: int, capturing: bool = False) -> int | None:
         """The address of the form ``exe`` reads, made on ``stream`` if new; None where ``weight``
-        cannot be cached (an inference tensor has no version counter)."""
+        cannot be cached (an inference tensor has no version counter) or, inside a capture, where the
+        graph must prepare it (a cache not kept in graphs; a form not made and current before)."""
         if weight.is_inference():
             return None
-        # The shape and dtype are in the preparation's key; the strides say how the storage is read.
-        stamp = (weight.data_ptr(), weight._version, weight.stride())
+        stamp = self._stamp_of(weight)
+        if capturing:  # launch nothing here and keep no stream of the capture
+            form = self._forms.get(exe.weight.key) if self.kept_in_graphs and stamp == self._stamp else None
+            return None if form is None else form[0].data_ptr()
         if stamp != self._stamp:
-            self._stamp, self._forms = stamp, {}
+            if self.kept_in_graphs and self._stamp is not None and stamp[::2] == self._stamp[::2]:
+                self.refresh(weight, stream)  # the same tensor, changed in place: the same buffers
+            else:
+                self._stamp, self._forms = stamp, {}
         preparation = exe.weight
         form = self._forms.get(preparation.key)
         if form is None:
             buffer = torch.empty(preparation.nbytes, dtype=torch.uint8, device=weight.device)
             exe.prepare_weight(weight.data_ptr(), buffer.data_ptr(), stream)
-            form = self._forms[preparation.key] = (buffer, stream)
+            form = self._forms[preparation.key] = (buffer, stream, exe)
         elif form[1] != stream:
-            # Made on another stream: this one waits for it, and the allocator keeps the buffer
-            # until this stream's reads are done.
-            current = torch.cuda.current_stream(weight.device)
-            made = torch.cuda.Event()
-            made.record(torch.cuda.ExternalStream(form[1], device=weight.device))
-            current.wait_event(made)
-            form[0].record_stream(current)
-            form = self._forms[preparation.key] = (form[0], stream)
+            self._follow(form, weight.device)
+            form = self._forms[preparation.key] = (form[0], stream, exe)
         return form[0].data_ptr()
+
+    def refresh(self, weight: torch.Tensor, stream: int) -> None:
+        """Prepare every kept form again from ``weight`` (changed in place), in its own buffer, on
+        ``stream``. Inside a capture nothing is launched: the forms are marked stale, and the graph
+        prepares the weight itself."""
+        if torch.cuda.is_current_stream_capturing():
+            self._stamp = None
+            return
+        for key, (buffer, made_on, exe) in self._forms.items():
+            if made_on != stream:
+                self._follow((buffer, made_on), weight.device)
+            exe.prepare_weight(weight.data_ptr(), buffer.data_ptr(), stream)
+            self._forms[key] = (buffer, stream, exe)
+        self._stamp = self._stamp_of(weight)
+
+    @staticmethod
+    def _follow(form, device) -> None:
+        """The current stream waits for the work queued on the stream the form was last used on, and
+        the allocator keeps its buffer until the current stream's work on it is done."""
+        current = torch.cuda.current_stream(device)
+        made = torch.cuda.Event()
+        made.record(torch.cuda.ExternalStream(form[1], device=device))
+        current.wait_event(made)
+        form[0].record_stream(current)
 
 
 def _allocate(nbytes: int):
@@ -358,10 +396,10 @@ def _forward(call: _Call, x, weight, bias, cache: WeightCache | None, residual=N
     stream = _raw_stream(call.device_index)
     capturing = torch.cuda.is_current_stream_capturing()
     prepared = 0
-    # Inside a capture the weight is prepared in the graph itself: a replay after the weight changed
-    # must read the new weight, as torch's own convolution would.
-    if exe.weight is not None and cache is not None and weight is cached_weight and not capturing:
-        prepared = cache.address(weight, exe, stream) or 0
+    # Inside a capture the weight is prepared in the graph itself (a replay after the weight changed
+    # must read the new weight, as torch's own convolution would), unless the cache is kept in graphs.
+    if exe.weight is not None and cache is not None and weight is cached_weight:
+        prepared = cache.address(weight, exe, stream, capturing) or 0
     _WORKSPACES.launch(exe, x.data_ptr(), weight.data_ptr(), prepared, 0 if bias is None else bias.data_ptr(),
                        out.data_ptr(), stream, capturing, 0 if residual is None else residual.data_ptr(),
                        0 if input_scale is None else input_scale.data_ptr())

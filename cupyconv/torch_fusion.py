@@ -33,7 +33,7 @@ from torch import fx, nn
 from . import pooling
 from .program import OPERAND_ALIGNMENT
 from .torch import (Conv1d, Conv2d, ConvTranspose2d, WeightCache, _channels_last, _conv2d, _epilogue, _launch,
-                    _problem)
+                    _problem, _raw_stream)
 
 __all__ = ["FusedConv2d", "fuse"]
 
@@ -93,7 +93,9 @@ class FusedConv2d(nn.Module):
         # Not submodules: the BatchNorm stays at its own path, so the state_dict keeps its keys.
         self.__dict__["batch_norm"] = batch_norm
         self.__dict__["_folded"] = None  # (stamp, weight, bias), updated in place
-        self.__dict__["_cupyconv_weights"] = WeightCache()
+        # The folded weight is the module's own, refolded in place: its prepared forms are refreshed
+        # with it and read by CUDA graphs as it is. The convolution's own weight follows Conv2d's rule.
+        self.__dict__["_cupyconv_weights"] = WeightCache(kept_in_graphs=batch_norm is not None)
         self.__dict__["_out_shapes"] = {}
 
     def extra_repr(self) -> str:
@@ -128,6 +130,10 @@ class FusedConv2d(nn.Module):
                 kept[1].copy_(weight)
                 kept[2].copy_(bias)
                 weight, bias = kept[1:]
+                if weight.is_cuda:
+                    self._cupyconv_weights.refresh(weight, _raw_stream(weight.device.index))
+            else:
+                self._cupyconv_weights.clear()
             self.__dict__["_folded"] = (self._stamp(), weight, bias)
 
     def _weights(self, needs_grad: bool):

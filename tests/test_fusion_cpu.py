@@ -238,6 +238,28 @@ def test_refold_after_in_place_updates_and_data_changes():
         torch.testing.assert_close(fused(x), shared(x), rtol=1e-12, atol=1e-12)
 
 
+def test_folded_weights_prepared_forms_are_kept_for_cuda_graphs():
+    """A module with a folded BatchNorm owns its folded weight, so its prepared forms are kept for CUDA
+    graphs (refreshed in place, never dropped by clear); one without follows Conv2d's rule. Copies and
+    pickles start empty and keep the kind."""
+    import pickle
+
+    _, fused, _ = _pair("functional")
+    modules = [m for m in fused.modules() if isinstance(m, FusedConv2d)]
+    assert [m._cupyconv_weights.kept_in_graphs for m in modules] == [m.batch_norm is not None for m in modules]
+    assert {True, False} <= {m.batch_norm is not None for m in modules}
+    kept = ct.WeightCache(kept_in_graphs=True)
+    kept._stamp, kept._forms = ("stamp",), {"key": "form"}
+    kept.clear()
+    assert kept._stamp is None and kept._forms == {"key": "form"}, "a graph may still read the buffers"
+    for clone in (copy.deepcopy(kept), pickle.loads(pickle.dumps(kept))):
+        assert clone.kept_in_graphs and clone._forms == {}
+    plain = ct.WeightCache()
+    plain._stamp, plain._forms = ("stamp",), {"key": "form"}
+    plain.clear()
+    assert plain._stamp is None and plain._forms == {}
+
+
 def test_inverse_returns_the_original_modules():
     original, fused, x = _pair("basic")
     restored = ct.convert(fused, inverse=True)

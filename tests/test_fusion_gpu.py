@@ -120,6 +120,46 @@ def test_cuda_graph_of_a_fused_model_follows_load_state_dict():
         torch.testing.assert_close(static_y, other(static_x), rtol=1e-5, atol=1e-5)
 
 
+def test_cuda_graph_reads_a_fused_models_prepared_weights(launches):
+    """A fused module's folded weight is its own, refolded in place: the forms its kernels read (here
+    the depthwise layer's [kh kw][C] transpose) are made before the capture and read by the graph, not
+    prepared in it, and are refreshed in place with the fold (load_state_dict; clear_weight_caches
+    after a change through .data), so replays follow both."""
+    import cupyconv.torch as ct
+
+    build, x_shape, _ = MODELS["mbconv"]
+    torch.manual_seed(2)
+    cl = torch.channels_last
+
+    def on_gpu(model):
+        return model.cuda().half().eval().to(memory_format=cl)
+
+    original = on_gpu(_randomise(build()))
+    fused = ct.convert(copy.deepcopy(original), fuse=True)
+    static_x = torch.randn(x_shape, device="cuda").half().contiguous(memory_format=cl)
+    graph, static_y = capture(fused, static_x)  # two forwards, then the captured one
+    in_capture = launches[2 * len(launches) // 3:]
+    assert any(r["reads_prepared"] for r in in_capture), "the model has a prepared weight to read"
+    assert not any(r["prepares"] for r in in_capture), "no weight is prepared inside the capture"
+
+    def check(model):
+        static_x.copy_(torch.randn_like(static_x))
+        graph.replay()
+        with torch.no_grad():
+            ref = copy.deepcopy(model).double()(static_x.double())
+            check_against_torch(static_y, model(static_x), ref, torch.float16)
+
+    check(original)
+    other = on_gpu(_randomise(build(), seed=9))
+    fused.load_state_dict(other.state_dict())  # refolded, forms refreshed, in place
+    check(other)
+    name = [n for n, m in other.named_modules() if isinstance(m, torch.nn.BatchNorm2d)][1]  # the depthwise's
+    for model in (other, fused):
+        model.get_submodule(name).running_var.data *= 4  # not versioned: clear_weight_caches refolds
+    ct.clear_weight_caches(fused)
+    check(other)
+
+
 def test_compile_fullgraph_of_a_fused_model_on_the_gpu():
     import cupyconv.torch as ct
 
