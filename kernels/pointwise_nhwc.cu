@@ -18,7 +18,8 @@
 // are read in place and rounded to TF32 in their fragments (cvt.rna, as the other tensor-core kernels
 // round).
 // Epilogue in registers (bias, residual, activation: epilogue.cuh), the tile staged in the storage type
-// and stored in 16-byte vectors of whole pixel rows.
+// and stored in 16-byte vectors of whole pixel rows. The residual is copied (cp.async) into the staging
+// rows first, while the tile multiplies, and read there.
 // With has_input_scale, x is multiplied by input_scale[image][channel] first (squeeze-and-excitation's
 // gate, N x C in the storage type) and rounded to the storage type, as a separate x * scale would: each
 // thread scales the pieces of a tile it copied, once they landed, before the block multiplies them.
@@ -204,8 +205,24 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     const int v_col = tid % VECTORS, v_row0 = tid / VECTORS;
     constexpr int V_ROWS_PER_PASS = NT / VECTORS;
     const bool v_ok = n0 + v_col * EPP < K;
+    // The residual of tile i, copied into the staged output's rows (where the tile's outputs go) in
+    // 16-byte vectors while the tile multiplies: read element by element after the multiply, its
+    // latency was exposed (2-3x its bytes' time). Its own group, after the previous tile's stores.
+    auto load_residual = [&](int i) {
+        const Index m0 = static_cast<Index>(blockIdx.x + gridDim.x * i) * BM;
+#pragma unroll
+        for (int r = 0; r < BM / V_ROWS_PER_PASS; ++r) {
+            const int row = v_row0 + r * V_ROWS_PER_PASS;
+            const bool ok = v_ok && m0 + row < M;
+            cp_async<16>(out_smem + row * OUT_ROW + v_col * 16,
+                         ok ? residual + ((m0 + row) * K + n0 + v_col * EPP) : residual, ok);
+        }
+        cp_async_commit();
+    };
+    constexpr int OUT_ELEMENTS = OUT_ROW / static_cast<int>(sizeof(T));  // a staged row, in elements
 
-    with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
+    // The epilogue reads the residual where it was staged: at the output's own place in out_smem.
+    with_epilogue<T>(reinterpret_cast<const T*>(out_smem), has_residual, activation, [&](auto finish) {
 #pragma unroll 1
         for (int i = 0; i < count; ++i) {
             Index n_first = 0;
@@ -217,6 +234,7 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             cp_async_wait<STAGES - 2>();  // tile i (and the weight) landed: this thread's copies ...
             if (has_input_scale) scale_x(i, n_first, first_scale);
             __syncthreads();              // ... everyone's; tile i - 1's buffer and staged outputs are free
+            if (has_residual) load_residual(i);
             load_x(i + STAGES - 1);
             const Index m0 = static_cast<Index>(blockIdx.x + gridDim.x * i) * BM;
             const unsigned char* a_buf = x_smem + (i % STAGES) * X_STAGE + a_lane;
@@ -245,7 +263,12 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                             mma_op<T>::run(acc[mt][nt], a[mt], bf[nt]);
                     }
             }
-            // The epilogue in registers; pairs of adjacent channels staged as one 2-element store.
+            if (has_residual) {
+                cp_async_wait<1>();  // the residual landed (tile i + STAGES - 1's copies may not have) ...
+                __syncthreads();     // ... everyone's
+            }
+            // The epilogue in registers; pairs of adjacent channels staged as one 2-element store, over
+            // the residual the same thread read there.
             struct alignas(2 * sizeof(T)) Pair { T v[2]; };
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -254,7 +277,7 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int row = wm + mt * 16 + quad + h * 8, col = wn + nt * 8 + 2 * tq;
-                        const Index at = (m0 + row) * K + n0 + col;
+                        const int at = row * OUT_ELEMENTS + col;
                         const bool ok = m0 + row < M && n0 + col < K;  // K is even: both channels or neither
                         Pair p;
                         p.v[0] = ok ? finish(acc[mt][nt][2 * h] + b[nt][0], at) : T{};

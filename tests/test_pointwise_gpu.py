@@ -45,8 +45,9 @@ def _problem(case: Case, dtype: str, activation=None, residual=False):
                         residual_shape=(case.n, case.h, case.w, case.k) if residual else None)
 
 
-def _run(case: Case, name: str, config=None, seed=0, activation=None, residual=None):
-    """The kernel, forced, on fresh random NHWC inputs; returns (output NCHW view, x, weight, bias)."""
+def _run(case: Case, name: str, config=None, seed=0, activation=None, residual=None, in_place=False):
+    """The kernel, forced, on fresh random NHWC inputs; returns (output NCHW view, x, weight, bias). With
+    ``in_place`` the output starts as a copy of ``residual`` and is passed as the residual."""
     dtype, torch_dtype = DTYPES[name]
     g = torch.Generator(device="cuda").manual_seed(seed)
     make = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.float64, generator=g).to(torch_dtype)
@@ -57,8 +58,11 @@ def _run(case: Case, name: str, config=None, seed=0, activation=None, residual=N
     assert plan.kernel == POINTWISE_KERNEL
     out = torch.full((case.n, case.h, case.w, case.k), float("nan"), device="cuda", dtype=torch_dtype)
     as_cupy = lambda t: None if t is None else cupy.asarray(t.contiguous())
-    conv2d_cupy(as_cupy(x.permute(0, 2, 3, 1)), as_cupy(weight), as_cupy(bias), problem, as_cupy(out), plan=plan,
-                allow_tf32=True, residual=as_cupy(residual))
+    if in_place:
+        out.copy_(residual)
+    out_array = as_cupy(out)
+    conv2d_cupy(as_cupy(x.permute(0, 2, 3, 1)), as_cupy(weight), as_cupy(bias), problem, out_array, plan=plan,
+                allow_tf32=True, residual=out_array if in_place else as_cupy(residual))
     torch.cuda.synchronize()
     return out.permute(0, 3, 1, 2), x, weight, bias
 
@@ -67,11 +71,13 @@ def _reference(x, weight, bias):
     return F.conv2d(x.double(), weight.double(), None if bias is None else bias.double())
 
 
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 @pytest.mark.parametrize("name", DTYPES)
 @pytest.mark.parametrize("config_index", range(max(len(configs) for configs in POINTWISE_CONFIGS.values())))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_every_tile(case, config_index, name):
-    """Every tile, on outputs narrower and wider than it."""
+def test_every_tile(case, config_index, name, residual):
+    """Every tile, on outputs narrower and wider than it; with a residual (copied into the staged
+    output's rows while the tile multiplies) and an activation, or plain."""
     dtype = DTYPES[name][0]
     if config_index >= len(POINTWISE_CONFIGS[dtype]):
         return
@@ -84,9 +90,32 @@ def test_every_tile(case, config_index, name):
         with pytest.raises(ValueError, match="holds"):
             make_plan(_problem(case, dtype), config=cfg.name, kernel=POINTWISE_KERNEL)
         return
-    out, x, weight, bias = _run(case, name, cfg.name, seed=config_index)
+    if not residual:
+        out, x, weight, bias = _run(case, name, cfg.name, seed=config_index)
+        assert not out.isnan().any()
+        assert relative_error(out, _reference(x, weight, bias)) < TOLERANCE[name]
+        return
+    g = torch.Generator(device="cuda").manual_seed(100 + config_index)
+    added = torch.randn(case.n, case.h, case.w, case.k, device="cuda", generator=g).to(DTYPES[name][1])
+    out, x, weight, bias = _run(case, name, cfg.name, seed=config_index, activation="silu", residual=added)
     assert not out.isnan().any()
-    assert relative_error(out, _reference(x, weight, bias)) < TOLERANCE[name]
+    ref = F.silu(_reference(x, weight, bias) + added.double().permute(0, 3, 1, 2))
+    assert relative_error(out, ref) < TOLERANCE[name]
+
+
+@pytest.mark.parametrize("config_index", range(len(POINTWISE_CONFIGS["float16"])))
+@pytest.mark.parametrize("case", [CASES[0], CASES[5]], ids=lambda c: c.id)
+def test_residual_in_place(case, config_index):
+    """The output is the residual (in-place accumulate): each tile's residual is copied before any of
+    the tile's outputs is stored, by the block that stores them."""
+    cfg = POINTWISE_CONFIGS["float16"][config_index]
+    if not _fits(case, "float16", cfg):
+        return
+    g = torch.Generator(device="cuda").manual_seed(11)
+    added = torch.randn(case.n, case.h, case.w, case.k, device="cuda", generator=g).half()
+    out, x, weight, bias = _run(case, "float16", cfg.name, seed=3, activation="relu", residual=added, in_place=True)
+    ref = F.relu(_reference(x, weight, bias) + added.double().permute(0, 3, 1, 2))
+    assert relative_error(out, ref) < TOLERANCE["float16"]
 
 
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: c.id)
