@@ -14,9 +14,9 @@ from split_k import graph_ms  # noqa: E402
 from cupyconv.arguments import make_problem  # noqa: E402
 from cupyconv.executor import executable  # noqa: E402
 
-# (C, K, plane): MBConv projections after squeeze-excitation.
+# (C, K, plane): MBConv projections after squeeze-excitation; ResNet-50's residual projections last.
 LAYERS = ((32, 16, 112), (96, 24, 56), (144, 24, 56), (144, 40, 28), (240, 40, 28), (240, 80, 14), (480, 80, 14),
-          (480, 112, 14), (672, 112, 14))
+          (480, 112, 14), (672, 112, 14), (64, 256, 56), (128, 512, 28))
 
 
 def main() -> None:
