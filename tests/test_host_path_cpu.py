@@ -1,6 +1,6 @@
 """The host path without a GPU: the operand order the executor packs, the workspaces it keeps per
 stream, the output-size check of the NumPy path, what prepare_weight accepts, and the torch module's
-weight cache across copies."""
+weight cache across copies and its forms kept for CUDA graphs."""
 import copy
 import weakref
 
@@ -126,3 +126,59 @@ def test_module_weight_cache_is_not_copied_or_saved():
     assert isinstance(cache, WeightCache)
     convert(layer, inverse=True)
     assert type(layer) is torch.nn.Conv2d and "_cupyconv_weights" not in layer.__dict__
+
+
+def test_weight_cache_kept_in_graphs_refreshes_its_forms_in_place(monkeypatch):
+    """The cache's logic with a stand-in executable on CPU tensors (the stream a number): a plain cache
+    is never read inside a capture and drops its forms when the weight changes; a cache kept in graphs
+    is read inside a capture while its forms are current, and rewrites them in their own buffers when
+    the weight changes in place (refresh, or a version bump seen by address), so a graph holding their
+    addresses reads the new values."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from cupyconv.torch import WeightCache
+
+    class Exe:
+        weight = SimpleNamespace(key="form", nbytes=64)
+
+        def __init__(self):
+            self.prepared = []  # (weight address, buffer address, stream)
+
+        def prepare_weight(self, weight, buffer, stream):
+            self.prepared.append((weight, buffer, stream))
+
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    weight = torch.randn(4, 3, 3, 3)
+    plain, kept = WeightCache(), WeightCache(kept_in_graphs=True)
+    for cache in (plain, kept):
+        exe = Exe()
+        assert cache.address(weight, exe, 7, capturing=True) is None, "nothing made before the capture"
+        first = cache.address(weight, exe, 7)
+        assert exe.prepared == [(weight.data_ptr(), first, 7)]
+        assert cache.address(weight, exe, 7) == first and len(exe.prepared) == 1, "made once"
+        in_capture = cache.address(weight, exe, 7, capturing=True)
+        assert in_capture == (first if cache.kept_in_graphs else None)
+        assert len(exe.prepared) == 1, "nothing launched inside a capture"
+        with torch.no_grad():
+            weight.mul_(2)  # in place: a new version
+        if cache.kept_in_graphs:
+            assert cache.address(weight, exe, 7, capturing=True) is None, "stale forms are not read"
+            assert cache.address(weight, exe, 7) == first, "rewritten in its own buffer"
+            assert exe.prepared[-1] == (weight.data_ptr(), first, 7) and len(exe.prepared) == 2
+            with torch.no_grad():
+                weight.add_(1)
+            cache.refresh(weight, 7)  # what a refold does right after it
+            assert exe.prepared[-1] == (weight.data_ptr(), first, 7) and len(exe.prepared) == 3
+            assert cache.address(weight, exe, 7, capturing=True) == first
+            capturing[0] = True
+            cache.refresh(weight, 7)  # inside a capture: nothing launched, the forms marked stale
+            assert len(exe.prepared) == 3 and cache.address(weight, exe, 7, capturing=True) is None
+            capturing[0] = False
+            cache.clear()  # clear_weight_caches: the buffers stay for graphs, rewritten by the refold
+            cache.refresh(weight, 7)
+            assert cache.address(weight, exe, 7) == first and len(exe.prepared) == 4
+        else:
+            cache.address(weight, exe, 7)
+            assert len(exe.prepared) == 2 and exe.prepared[-1][0] == weight.data_ptr(), "made again"
