@@ -37,8 +37,16 @@ template <int ACT, typename Acc> __device__ __forceinline__ Acc activate(Acc v) 
 
 // The output element at offset i, of type Out, from the sum v (accumulators plus bias): plainly
 // rounded, or through the epilogue with activation ACT.
+//
+// Stores of 16-byte vectors read the residual as vectors too: load_residual(r, i) fills the vector r
+// from the residual at offset i (aligned to r's size) where there is one and does nothing otherwise,
+// and with_residual(v, e) finishes v with r's element e instead of reading one at its offset.
 template <typename Out> struct plain_finish {
     template <typename Acc, typename Index> __device__ __forceinline__ Out operator()(Acc v, Index) const {
+        return from_acc<Out>(v);
+    }
+    template <typename V, typename Index> __device__ __forceinline__ void load_residual(V&, Index) const {}
+    template <typename Acc, typename R> __device__ __forceinline__ Out with_residual(Acc v, R) const {
         return from_acc<Out>(v);
     }
 };
@@ -48,6 +56,13 @@ template <typename Out, int ACT, typename T> struct fused_finish {
     int has_residual;
     template <typename Acc, typename Index> __device__ __forceinline__ Out operator()(Acc v, Index i) const {
         if (has_residual) v += to_acc<Acc>(residual[i]);
+        return from_acc<Out>(activate<ACT>(v));
+    }
+    template <typename V, typename Index> __device__ __forceinline__ void load_residual(V& r, Index i) const {
+        if (has_residual) r = *reinterpret_cast<const V*>(residual + i);
+    }
+    template <typename Acc, typename R> __device__ __forceinline__ Out with_residual(Acc v, R e) const {
+        if (has_residual) v += to_acc<Acc>(e);
         return from_acc<Out>(activate<ACT>(v));
     }
 };

@@ -559,8 +559,15 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         // bias loads for each 8 bytes stored, one shared-memory load at a time.
         constexpr int WIDE = 16 / sizeof(Y), WIDE_VECTORS = BN / WIDE;
         if constexpr (BN % WIDE == 0 && NT % WIDE_VECTORS == 0) {
-            if (aligned_to(WIDE)) {
-                constexpr int ROW_STEP = NT / WIDE_VECTORS;
+            if (aligned_to(WIDE) && (!has_residual || reinterpret_cast<unsigned long long>(residual) % 16 == 0)) {
+                constexpr int ROW_STEP = NT / WIDE_VECTORS, ROWS = BM / ROW_STEP;
+                // Rows taken CHUNK at a time: their residual vectors are loaded together before their
+                // staged values (a phase launch's pixel offsets hold more registers: one row at a time).
+                constexpr int CHUNK = PHASED || STREAM_K ? 1 : (ROWS < 4 ? ROWS : 4);
+                static_assert(ROWS % CHUNK == 0, "whole chunks of rows");
+                // Stream-K's persistent loop leaves no registers for residual vectors (its 128 x 128
+                // tiles spilled): it reads the residual's elements at their offsets.
+                constexpr bool RESIDUAL_VECTORS = !STREAM_K;
                 const int n = (tid % WIDE_VECTORS) * WIDE, row0 = tid / WIDE_VECTORS;
                 const int channel = g * Kg + n0 + n;
                 if (n0 + n >= Kg || (PHASED && channel >= out_channels)) return;
@@ -569,37 +576,53 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 for (int j = 0; j < WIDE; ++j) b[j] = has_bias ? to_acc<float>(bias[channel + j]) : 0.0f;
                 with_epilogue<Y>(residual, has_residual, activation, [&](auto finish) {
                     struct alignas(16) YVec { Y v[WIDE]; };
-                    // (A phase launch's pixel offsets hold more registers: one row at a time, or they spill.)
                     // Two float4s per 16-bit vector: threads 32 channels apart read their halves in opposite
                     // orders, so that the 8 threads of a 128-bit shared-memory phase hit 8 different bank groups.
                     const int flip = WIDE == 8 ? (n >> 5) & 1 : 0;
-#pragma unroll(PHASED ? 1 : 4)
-                    for (int r = 0; r < BM / ROW_STEP; ++r) {
-                        const int m = row0 + r * ROW_STEP;
-                        // Staged rows exist past M too: loaded before the bound check, the unrolled rows'
-                        // loads issue together instead of one row's latency at a time.
-                        const float4* staged = reinterpret_cast<const float4*>(c_smem + m * D_STRIDE + n);
-                        float4 v[WIDE / 4];
-                        v[0] = staged[flip];
-                        if constexpr (WIDE == 8) {
-                            v[1] = staged[1 - flip];
-                            if (flip) {
-                                const float4 first = v[1];
-                                v[1] = v[0];
-                                v[0] = first;
-                            }
-                        }
-                        if (m0 + m >= M) break;
-                        const Index at = pixel_offset(m0 + m) + channel;
-                        YVec out;
+#pragma unroll(STREAM_K ? 4 : 1)
+                    for (int r0 = 0; r0 < ROWS; r0 += CHUNK) {
+                        // The residual as one 16-byte vector a row, where the 8 (or 4) element loads
+                        // after the staged values doubled a residual layer's time for 1.8x its bytes.
+                        Index at[CHUNK];
+                        YVec res[CHUNK];
 #pragma unroll
-                        for (int q = 0; q < WIDE / 4; ++q) {
-                            out.v[4 * q] = finish(v[q].x + b[4 * q], at + 4 * q);
-                            out.v[4 * q + 1] = finish(v[q].y + b[4 * q + 1], at + 4 * q + 1);
-                            out.v[4 * q + 2] = finish(v[q].z + b[4 * q + 2], at + 4 * q + 2);
-                            out.v[4 * q + 3] = finish(v[q].w + b[4 * q + 3], at + 4 * q + 3);
+                        for (int j = 0; j < CHUNK; ++j) {
+                            const int m = row0 + (r0 + j) * ROW_STEP;
+                            at[j] = m0 + m < M ? pixel_offset(m0 + m) + channel : Index(0);
+                            if (RESIDUAL_VECTORS && m0 + m < M) finish.load_residual(res[j], at[j]);
                         }
-                        *reinterpret_cast<YVec*>(y + at) = out;
+#pragma unroll
+                        for (int j = 0; j < CHUNK; ++j) {
+                            const int m = row0 + (r0 + j) * ROW_STEP;
+                            // Staged rows exist past M too: loaded before the bound check, the unrolled
+                            // rows' loads issue together instead of one row's latency at a time.
+                            const float4* staged = reinterpret_cast<const float4*>(c_smem + m * D_STRIDE + n);
+                            float4 v[WIDE / 4];
+                            v[0] = staged[flip];
+                            if constexpr (WIDE == 8) {
+                                v[1] = staged[1 - flip];
+                                if (flip) {
+                                    const float4 first = v[1];
+                                    v[1] = v[0];
+                                    v[0] = first;
+                                }
+                            }
+                            if (m0 + m >= M) return;
+                            YVec out;
+#pragma unroll
+                            for (int q = 0; q < WIDE / 4; ++q) {
+                                const float sums[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
+#pragma unroll
+                                for (int e = 0; e < 4; ++e) {
+                                    const int i = 4 * q + e;
+                                    if constexpr (RESIDUAL_VECTORS)
+                                        out.v[i] = finish.with_residual(sums[e] + b[i], res[j].v[i]);
+                                    else
+                                        out.v[i] = finish(sums[e] + b[i], at[j] + i);
+                                }
+                            }
+                            *reinterpret_cast<YVec*>(y + at[j]) = out;
+                        }
                     }
                 });
                 return;
