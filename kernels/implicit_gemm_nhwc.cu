@@ -566,8 +566,9 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 constexpr int CHUNK = PHASED || STREAM_K ? 1 : (ROWS < 4 ? ROWS : 4);
                 static_assert(ROWS % CHUNK == 0, "whole chunks of rows");
                 // Stream-K's persistent loop leaves no registers for residual vectors (its 128 x 128
-                // tiles spilled): it reads the residual's elements at their offsets.
-                constexpr bool RESIDUAL_VECTORS = !STREAM_K;
+                // tiles spilled): it reads the residual's elements at their offsets. Split-K's runs
+                // store partial sums, without a residual (the reduction adds it).
+                constexpr bool RESIDUAL_VECTORS = !(STREAM_K || SPLIT_K);
                 const int n = (tid % WIDE_VECTORS) * WIDE, row0 = tid / WIDE_VECTORS;
                 const int channel = g * Kg + n0 + n;
                 if (n0 + n >= Kg || (PHASED && channel >= out_channels)) return;

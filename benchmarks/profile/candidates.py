@@ -1,0 +1,61 @@
+"""Every plan the tuner would try on a layers-suite row, timed against each other and against torch in
+one process: where the fixed rules leave time on the table, and whether any plan we have beats cuDNN.
+    python benchmarks/profile/candidates.py --row r50_l3_1x1_256to1024 [--row ...] [--dtype fp16 ...]
+        [--layout channels_last ...] [--top 8]
+Medians of 50 interleaved runs behind a spin kernel (plan_timing.time_plans: one set of operands, each
+plan's output checked against the rules' plan); torch's conv of the same shape in both layouts timed
+likewise (bench.alternating_ms). Candidates: tuning.candidates (the rules' plan first)."""
+import argparse
+
+import torch
+
+from cupyconv.bench import LARGE, LAYERS, MODE_DTYPE, SEEDS, alternating_ms
+from cupyconv.compiler import compute_capability
+from cupyconv.tuning import candidates, label
+from plan_timing import TOLERANCE, time_plans
+
+TORCH_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32}
+
+
+def torch_ms(shape, mode: str) -> dict:
+    """Median GPU ms of torch's conv2d on ``shape`` in NCHW and channels_last (TF32 on for tf32)."""
+    torch.backends.cudnn.allow_tf32 = mode == "tf32"
+    dtype = TORCH_DTYPE[mode]
+    x = torch.randn(shape.n, shape.c, shape.h, shape.w, device="cuda", dtype=dtype)
+    w = torch.randn(shape.k, shape.c // shape.groups, shape.kh, shape.kw, device="cuda", dtype=dtype)
+    args = (None, shape.stride, shape.padding, shape.dilation, shape.groups)
+    cl = [t.to(memory_format=torch.channels_last) for t in (x, w)]
+    times = alternating_ms({"nchw": lambda: torch.nn.functional.conv2d(x, w, *args),
+                            "channels_last": lambda: torch.nn.functional.conv2d(*cl, *args)}, repeats=50)
+    return {k: t[0] for k, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--row", action="append", required=True)
+    parser.add_argument("--dtype", action="append", choices=sorted(TOLERANCE))
+    parser.add_argument("--layout", action="append", choices=("nchw", "channels_last"))
+    parser.add_argument("--top", type=int, default=8, help="candidates shown per row, fastest first")
+    args = parser.parse_args()
+    cc = compute_capability()
+    shapes = {s.name: s for s in SEEDS + LAYERS + LARGE}
+    for name in args.row:
+        for mode in args.dtype or ("fp16", "tf32"):
+            theirs = torch_ms(shapes[name], mode)
+            for layout in args.layout or ("channels_last",):
+                problem = shapes[name].problem(MODE_DTYPE[mode], layout)
+                plans = {}
+                for index, (_, plan) in enumerate(candidates(problem, allow_tf32=True, compute_capability=cc)):
+                    plans.setdefault(("rule: " if index == 0 else "") + label(plan), plan)
+                rule = next(iter(plans))
+                times = time_plans(problem, mode, plans, rule, [k for k in plans if k != rule], (name, mode))
+                best_torch = min(theirs.values())
+                print(f"\n{name} {mode} {layout}: torch NCHW {theirs['nchw'] * 1e3:.1f} us, channels_last "
+                      f"{theirs['channels_last'] * 1e3:.1f} us; {len(plans)} candidates", flush=True)
+                for plan_name, ms in sorted(times.items(), key=lambda kv: kv[1])[:args.top] + \
+                        ([(rule, times[rule])] if sorted(times.values()).index(times[rule]) >= args.top else []):
+                    print(f"  {ms * 1e3:7.1f} us  {best_torch / ms:5.2f}x  {plan_name}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
