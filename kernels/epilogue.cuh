@@ -38,28 +38,23 @@ template <int ACT, typename Acc> __device__ __forceinline__ Acc activate(Acc v) 
 // The output element at offset i, of type Out, from the sum v (accumulators plus bias): plainly
 // rounded, or through the epilogue with activation ACT.
 //
-// Stores of 16-byte vectors read the residual as vectors too: load_residual(r, i) fills the vector r
-// from the residual at offset i (aligned to r's size) where there is one and does nothing otherwise,
-// and with_residual(v, e) finishes v with r's element e instead of reading one at its offset.
+// Stores of 16-byte vectors may read the residual as vectors themselves, where the finish
+// MAY_READ_RESIDUAL, and hand each element to with_residual(v, e), which adds it where there is a
+// residual (has_residual) and ignores it otherwise.
 template <typename Out> struct plain_finish {
+    static constexpr bool MAY_READ_RESIDUAL = false;
     template <typename Acc, typename Index> __device__ __forceinline__ Out operator()(Acc v, Index) const {
-        return from_acc<Out>(v);
-    }
-    template <typename V, typename Index> __device__ __forceinline__ void load_residual(V&, Index) const {}
-    template <typename Acc, typename R> __device__ __forceinline__ Out with_residual(Acc v, R) const {
         return from_acc<Out>(v);
     }
 };
 
 template <typename Out, int ACT, typename T> struct fused_finish {
+    static constexpr bool MAY_READ_RESIDUAL = true;
     const T* __restrict__ residual;
     int has_residual;
     template <typename Acc, typename Index> __device__ __forceinline__ Out operator()(Acc v, Index i) const {
         if (has_residual) v += to_acc<Acc>(residual[i]);
         return from_acc<Out>(activate<ACT>(v));
-    }
-    template <typename V, typename Index> __device__ __forceinline__ void load_residual(V& r, Index i) const {
-        if (has_residual) r = *reinterpret_cast<const V*>(residual + i);
     }
     template <typename Acc, typename R> __device__ __forceinline__ Out with_residual(Acc v, R e) const {
         if (has_residual) v += to_acc<Acc>(e);

@@ -561,14 +561,6 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         if constexpr (BN % WIDE == 0 && NT % WIDE_VECTORS == 0) {
             if (aligned_to(WIDE) && (!has_residual || reinterpret_cast<unsigned long long>(residual) % 16 == 0)) {
                 constexpr int ROW_STEP = NT / WIDE_VECTORS, ROWS = BM / ROW_STEP;
-                // Rows taken CHUNK at a time: their residual vectors are loaded together before their
-                // staged values (a phase launch's pixel offsets hold more registers: one row at a time).
-                constexpr int CHUNK = PHASED || STREAM_K ? 1 : (ROWS < 4 ? ROWS : 4);
-                static_assert(ROWS % CHUNK == 0, "whole chunks of rows");
-                // Stream-K's persistent loop leaves no registers for residual vectors (its 128 x 128
-                // tiles spilled): it reads the residual's elements at their offsets. Split-K's runs
-                // store partial sums, without a residual (the reduction adds it).
-                constexpr bool RESIDUAL_VECTORS = !(STREAM_K || SPLIT_K);
                 const int n = (tid % WIDE_VECTORS) * WIDE, row0 = tid / WIDE_VECTORS;
                 const int channel = g * Kg + n0 + n;
                 if (n0 + n >= Kg || (PHASED && channel >= out_channels)) return;
@@ -580,17 +572,29 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                     // Two float4s per 16-bit vector: threads 32 channels apart read their halves in opposite
                     // orders, so that the 8 threads of a 128-bit shared-memory phase hit 8 different bank groups.
                     const int flip = WIDE == 8 ? (n >> 5) & 1 : 0;
-#pragma unroll(STREAM_K ? 4 : 1)
+                    // Where this finish may add a residual, it comes as one 16-byte vector a row, the
+                    // vectors of CHUNK rows loaded before their staged values: the 8 (or 4) element
+                    // loads after each row's staged values doubled a residual layer's time for 1.8x its
+                    // bytes. The loads are unconditional (rows past M, or no residual: the vector at
+                    // the residual's start, which is the output's where there is none: addresses() in
+                    // executor.py): a predicated load made ptxas reload the gather's parameters from
+                    // the constant bank in the main loop (a 1-wave layer 7.0 -> 8.2 us without any
+                    // residual). Stream-K's persistent loop leaves no registers for the vectors (its
+                    // 128 x 128 tiles spilled), split-K's runs have no residual (the reduction adds
+                    // it), and a phase launch's pixel offsets are costly: these read its elements.
+                    constexpr bool VECTORS = decltype(finish)::MAY_READ_RESIDUAL && !(STREAM_K || SPLIT_K || PHASED);
+                    constexpr int CHUNK = VECTORS ? (ROWS < 4 ? ROWS : 4) : 1;
+                    static_assert(ROWS % CHUNK == 0, "whole chunks of rows");
+#pragma unroll(VECTORS || PHASED ? 1 : 4)
                     for (int r0 = 0; r0 < ROWS; r0 += CHUNK) {
-                        // The residual as one 16-byte vector a row, where the 8 (or 4) element loads
-                        // after the staged values doubled a residual layer's time for 1.8x its bytes.
-                        Index at[CHUNK];
                         YVec res[CHUNK];
+                        if constexpr (VECTORS) {
 #pragma unroll
-                        for (int j = 0; j < CHUNK; ++j) {
-                            const int m = row0 + (r0 + j) * ROW_STEP;
-                            at[j] = m0 + m < M ? pixel_offset(m0 + m) + channel : Index(0);
-                            if (RESIDUAL_VECTORS && m0 + m < M) finish.load_residual(res[j], at[j]);
+                            for (int j = 0; j < CHUNK; ++j) {
+                                const int m = row0 + (r0 + j) * ROW_STEP;
+                                const Index at = has_residual && m0 + m < M ? pixel_offset(m0 + m) + channel : Index(0);
+                                res[j] = *reinterpret_cast<const YVec*>(residual + at);
+                        }
                         }
 #pragma unroll
                         for (int j = 0; j < CHUNK; ++j) {
@@ -609,6 +613,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                                 }
                             }
                             if (m0 + m >= M) return;
+                            const Index at = pixel_offset(m0 + m) + channel;
                             YVec out;
 #pragma unroll
                             for (int q = 0; q < WIDE / 4; ++q) {
@@ -616,13 +621,13 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll
                                 for (int e = 0; e < 4; ++e) {
                                     const int i = 4 * q + e;
-                                    if constexpr (RESIDUAL_VECTORS)
+                                    if constexpr (VECTORS)
                                         out.v[i] = finish.with_residual(sums[e] + b[i], res[j].v[i]);
                                     else
-                                        out.v[i] = finish(sums[e] + b[i], at[j] + i);
+                                        out.v[i] = finish(sums[e] + b[i], at + i);
                                 }
                             }
-                            *reinterpret_cast<YVec*>(y + at[j]) = out;
+                            *reinterpret_cast<YVec*>(y + at) = out;
                         }
                     }
                 });
