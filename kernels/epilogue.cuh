@@ -38,9 +38,8 @@ template <int ACT, typename Acc> __device__ __forceinline__ Acc activate(Acc v) 
 // The output element at offset i, of type Out, from the sum v (accumulators plus bias): plainly
 // rounded, or through the epilogue with activation ACT.
 //
-// Stores of 16-byte vectors may read the residual as vectors themselves, where the finish
-// MAY_READ_RESIDUAL, and hand each element to with_residual(v, e), which adds it where there is a
-// residual (has_residual) and ignores it otherwise.
+// VECTOR_RESIDUAL: a finish of a call with a residual, for stores of 16-byte vectors that read the
+// residual as vectors themselves and hand each element to with_residual(v, e) (MAY_READ_RESIDUAL).
 template <typename Out> struct plain_finish {
     static constexpr bool MAY_READ_RESIDUAL = false;
     template <typename Acc, typename Index> __device__ __forceinline__ Out operator()(Acc v, Index) const {
@@ -48,8 +47,8 @@ template <typename Out> struct plain_finish {
     }
 };
 
-template <typename Out, int ACT, typename T> struct fused_finish {
-    static constexpr bool MAY_READ_RESIDUAL = true;
+template <typename Out, int ACT, typename T, bool VECTOR_RESIDUAL = false> struct fused_finish {
+    static constexpr bool MAY_READ_RESIDUAL = VECTOR_RESIDUAL;
     const T* __restrict__ residual;
     int has_residual;
     template <typename Acc, typename Index> __device__ __forceinline__ Out operator()(Acc v, Index i) const {
@@ -57,32 +56,46 @@ template <typename Out, int ACT, typename T> struct fused_finish {
         return from_acc<Out>(activate<ACT>(v));
     }
     template <typename Acc, typename R> __device__ __forceinline__ Out with_residual(Acc v, R e) const {
-        if (has_residual) v += to_acc<Acc>(e);
-        return from_acc<Out>(activate<ACT>(v));
+        static_assert(VECTOR_RESIDUAL, "the finish of a call with a residual");
+        return from_acc<Out>(activate<ACT>(v + to_acc<Acc>(e)));
     }
 };
+
+template <typename Out, typename T, bool VECTOR_RESIDUAL, typename Body>
+__device__ __forceinline__ void with_activation(const T* __restrict__ residual, int has_residual, int activation,
+                                                Body&& body) {
+    switch (activation) {
+        case ACT_RELU: body(fused_finish<Out, ACT_RELU, T, VECTOR_RESIDUAL>{residual, has_residual}); break;
+        case ACT_RELU6: body(fused_finish<Out, ACT_RELU6, T, VECTOR_RESIDUAL>{residual, has_residual}); break;
+        case ACT_SILU: body(fused_finish<Out, ACT_SILU, T, VECTOR_RESIDUAL>{residual, has_residual}); break;
+        case ACT_GELU: body(fused_finish<Out, ACT_GELU, T, VECTOR_RESIDUAL>{residual, has_residual}); break;
+        case ACT_SIGMOID: body(fused_finish<Out, ACT_SIGMOID, T, VECTOR_RESIDUAL>{residual, has_residual}); break;
+        case ACT_TANH: body(fused_finish<Out, ACT_TANH, T, VECTOR_RESIDUAL>{residual, has_residual}); break;
+        default: body(fused_finish<Out, ACT_NONE, T, VECTOR_RESIDUAL>{residual, has_residual}); break;
+    }
+}
 
 // Runs body(finish) with the finish (above) of this call's epilogue, chosen once per thread outside
 // the stores: Out is the storage type T, or float for split-K's partial sums (which pass
 // has_residual 0 and ACT_NONE). A per-element switch made the memory-bound GEMMs up to 1.7x slower
 // without an epilogue and 5x with one (every activation's code issued, predicated off;
 // benchmarks/NOTES.md). Each activation is its own copy of the body's stores in every instance.
-template <typename Out, typename T, typename Body>
+// VECTOR_RESIDUAL: calls with a residual take finishes of their own (one more copy of the stores per
+// activation), whose stores may read it as vectors, while those without keep stores that read none.
+template <typename Out, bool VECTOR_RESIDUAL = false, typename T, typename Body>
 __device__ __forceinline__ void with_epilogue(const T* __restrict__ residual, int has_residual, int activation,
                                               Body&& body) {
     if (!has_residual && activation == ACT_NONE) {
         body(plain_finish<Out>{});
         return;
     }
-    switch (activation) {
-        case ACT_RELU: body(fused_finish<Out, ACT_RELU, T>{residual, has_residual}); break;
-        case ACT_RELU6: body(fused_finish<Out, ACT_RELU6, T>{residual, has_residual}); break;
-        case ACT_SILU: body(fused_finish<Out, ACT_SILU, T>{residual, has_residual}); break;
-        case ACT_GELU: body(fused_finish<Out, ACT_GELU, T>{residual, has_residual}); break;
-        case ACT_SIGMOID: body(fused_finish<Out, ACT_SIGMOID, T>{residual, has_residual}); break;
-        case ACT_TANH: body(fused_finish<Out, ACT_TANH, T>{residual, has_residual}); break;
-        default: body(fused_finish<Out, ACT_NONE, T>{residual, has_residual}); break;
+    if constexpr (VECTOR_RESIDUAL) {
+        if (has_residual) {
+            with_activation<Out, T, true>(residual, has_residual, activation, body);
+            return;
+        }
     }
+    with_activation<Out, T, false>(residual, has_residual, activation, body);
 }
 
 }  // namespace cupyconv

@@ -567,22 +567,22 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 float b[WIDE];
 #pragma unroll
                 for (int j = 0; j < WIDE; ++j) b[j] = has_bias ? to_acc<float>(bias[channel + j]) : 0.0f;
-                with_epilogue<Y>(residual, has_residual, activation, [&](auto finish) {
+                // Calls with a residual read it as one 16-byte vector a row, the vectors of CHUNK rows
+                // loaded before their staged values: the 8 (or 4) element loads after each row's
+                // staged values doubled a residual layer's time for 1.8x its bytes. Not in stream-K
+                // (its persistent loop leaves no registers for them: its 128 x 128 tiles spilled),
+                // split-K's runs (no residual: the reduction adds it) or phase launches (costly
+                // pixel offsets): these read the residual's elements.
+                constexpr bool VECTOR_RESIDUAL = !(STREAM_K || SPLIT_K || PHASED);
+                with_epilogue<Y, VECTOR_RESIDUAL>(residual, has_residual, activation, [&](auto finish) {
                     struct alignas(16) YVec { Y v[WIDE]; };
                     // Two float4s per 16-bit vector: threads 32 channels apart read their halves in opposite
                     // orders, so that the 8 threads of a 128-bit shared-memory phase hit 8 different bank groups.
                     const int flip = WIDE == 8 ? (n >> 5) & 1 : 0;
-                    // Where this finish may add a residual, it comes as one 16-byte vector a row, the
-                    // vectors of CHUNK rows loaded before their staged values: the 8 (or 4) element
-                    // loads after each row's staged values doubled a residual layer's time for 1.8x its
-                    // bytes. The loads are unconditional (rows past M, or no residual: the vector at
-                    // the residual's start, which is the output's where there is none: addresses() in
-                    // executor.py): a predicated load made ptxas reload the gather's parameters from
-                    // the constant bank in the main loop (a 1-wave layer 7.0 -> 8.2 us without any
-                    // residual). Stream-K's persistent loop leaves no registers for the vectors (its
-                    // 128 x 128 tiles spilled), split-K's runs have no residual (the reduction adds
-                    // it), and a phase launch's pixel offsets are costly: these read its elements.
-                    constexpr bool VECTORS = decltype(finish)::MAY_READ_RESIDUAL && !(STREAM_K || SPLIT_K || PHASED);
+                    // The residual's loads are unconditional (a row past M loads the residual's first): a
+                    // predicated load made ptxas reload the gather's parameters from the constant bank
+                    // in the main loop (a 1-wave layer 7.0 -> 8.2 us, with no residual at all).
+                    constexpr bool VECTORS = decltype(finish)::MAY_READ_RESIDUAL;
                     constexpr int CHUNK = VECTORS ? (ROWS < 4 ? ROWS : 4) : 1;
                     static_assert(ROWS % CHUNK == 0, "whole chunks of rows");
 #pragma unroll(VECTORS || PHASED ? 1 : 4)
@@ -592,9 +592,9 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll
                             for (int j = 0; j < CHUNK; ++j) {
                                 const int m = row0 + (r0 + j) * ROW_STEP;
-                                const Index at = has_residual && m0 + m < M ? pixel_offset(m0 + m) + channel : Index(0);
+                                const Index at = m0 + m < M ? pixel_offset(m0 + m) + channel : Index(0);
                                 res[j] = *reinterpret_cast<const YVec*>(residual + at);
-                        }
+                            }
                         }
 #pragma unroll
                         for (int j = 0; j < CHUNK; ++j) {
