@@ -38,8 +38,8 @@ template <int ACT, typename Acc> __device__ __forceinline__ Acc activate(Acc v) 
 // The output element at offset i, of type Out, from the sum v (accumulators plus bias): plainly
 // rounded, or through the epilogue with activation ACT.
 //
-// VECTOR_RESIDUAL: a finish of a call with a residual, for stores of 16-byte vectors that read the
-// residual as vectors themselves and hand each element to with_residual(v, e) (MAY_READ_RESIDUAL).
+// VECTOR_RESIDUAL: the finish of a call with a residual, for stores of 16-byte vectors that read
+// the residual as vectors themselves and hand each element to with_residual(v, e) (MAY_READ_RESIDUAL).
 template <typename Out> struct plain_finish {
     static constexpr bool MAY_READ_RESIDUAL = false;
     template <typename Acc, typename Index> __device__ __forceinline__ Out operator()(Acc v, Index) const {
@@ -61,18 +61,15 @@ template <typename Out, int ACT, typename T, bool VECTOR_RESIDUAL = false> struc
     }
 };
 
-template <typename Out, typename T, bool VECTOR_RESIDUAL, typename Body>
-__device__ __forceinline__ void with_activation(const T* __restrict__ residual, int has_residual, int activation,
-                                                Body&& body) {
-    switch (activation) {
-        case ACT_RELU: body(fused_finish<Out, ACT_RELU, T, VECTOR_RESIDUAL>{residual, has_residual}); break;
-        case ACT_RELU6: body(fused_finish<Out, ACT_RELU6, T, VECTOR_RESIDUAL>{residual, has_residual}); break;
-        case ACT_SILU: body(fused_finish<Out, ACT_SILU, T, VECTOR_RESIDUAL>{residual, has_residual}); break;
-        case ACT_GELU: body(fused_finish<Out, ACT_GELU, T, VECTOR_RESIDUAL>{residual, has_residual}); break;
-        case ACT_SIGMOID: body(fused_finish<Out, ACT_SIGMOID, T, VECTOR_RESIDUAL>{residual, has_residual}); break;
-        case ACT_TANH: body(fused_finish<Out, ACT_TANH, T, VECTOR_RESIDUAL>{residual, has_residual}); break;
-        default: body(fused_finish<Out, ACT_NONE, T, VECTOR_RESIDUAL>{residual, has_residual}); break;
-    }
+// The 16 bytes at p (16-byte aligned) as a V, loaded where the call stands: the compiler sinks a
+// plain load towards its use, past the bound checks and stores between (several rows' residual
+// vectors, loaded together, became one row's load at a time), but not an asm volatile one.
+template <typename V> __device__ __forceinline__ V load_vector_here(const void* p) {
+    static_assert(sizeof(V) == 16, "16-byte vectors");
+    V v;
+    unsigned* u = reinterpret_cast<unsigned*>(&v);
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(u[0]), "=r"(u[1]), "=r"(u[2]), "=r"(u[3]) : "l"(p));
+    return v;
 }
 
 // Runs body(finish) with the finish (above) of this call's epilogue, chosen once per thread outside
@@ -80,8 +77,10 @@ __device__ __forceinline__ void with_activation(const T* __restrict__ residual, 
 // has_residual 0 and ACT_NONE). A per-element switch made the memory-bound GEMMs up to 1.7x slower
 // without an epilogue and 5x with one (every activation's code issued, predicated off;
 // benchmarks/NOTES.md). Each activation is its own copy of the body's stores in every instance.
-// VECTOR_RESIDUAL: calls with a residual take finishes of their own (one more copy of the stores per
-// activation), whose stores may read it as vectors, while those without keep stores that read none.
+// VECTOR_RESIDUAL: calls with a residual and no activation (inverted residual blocks' projections)
+// or relu (ResNet's) take finishes of their own, whose stores may read it as vectors, while the
+// others keep stores that read its elements: two more copies of the stores, not seven (a float32 TMA
+// instance has 5.8 thousand instructions without them, 6.0 with two, 8.0 with seven).
 template <typename Out, bool VECTOR_RESIDUAL = false, typename T, typename Body>
 __device__ __forceinline__ void with_epilogue(const T* __restrict__ residual, int has_residual, int activation,
                                               Body&& body) {
@@ -90,12 +89,24 @@ __device__ __forceinline__ void with_epilogue(const T* __restrict__ residual, in
         return;
     }
     if constexpr (VECTOR_RESIDUAL) {
-        if (has_residual) {
-            with_activation<Out, T, true>(residual, has_residual, activation, body);
+        if (has_residual && activation == ACT_NONE) {
+            body(fused_finish<Out, ACT_NONE, T, true>{residual, has_residual});
+            return;
+        }
+        if (has_residual && activation == ACT_RELU) {
+            body(fused_finish<Out, ACT_RELU, T, true>{residual, has_residual});
             return;
         }
     }
-    with_activation<Out, T, false>(residual, has_residual, activation, body);
+    switch (activation) {
+        case ACT_RELU: body(fused_finish<Out, ACT_RELU, T>{residual, has_residual}); break;
+        case ACT_RELU6: body(fused_finish<Out, ACT_RELU6, T>{residual, has_residual}); break;
+        case ACT_SILU: body(fused_finish<Out, ACT_SILU, T>{residual, has_residual}); break;
+        case ACT_GELU: body(fused_finish<Out, ACT_GELU, T>{residual, has_residual}); break;
+        case ACT_SIGMOID: body(fused_finish<Out, ACT_SIGMOID, T>{residual, has_residual}); break;
+        case ACT_TANH: body(fused_finish<Out, ACT_TANH, T>{residual, has_residual}); break;
+        default: body(fused_finish<Out, ACT_NONE, T>{residual, has_residual}); break;
+    }
 }
 
 }  // namespace cupyconv

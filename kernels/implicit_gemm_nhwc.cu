@@ -593,7 +593,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                             for (int j = 0; j < CHUNK; ++j) {
                                 const int m = row0 + (r0 + j) * ROW_STEP;
                                 const Index at = m0 + m < M ? pixel_offset(m0 + m) + channel : Index(0);
-                                res[j] = *reinterpret_cast<const YVec*>(residual + at);
+                                res[j] = load_vector_here<YVec>(residual + at);
                             }
                         }
 #pragma unroll
@@ -614,18 +614,20 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                             }
                             if (m0 + m >= M) return;
                             const Index at = pixel_offset(m0 + m) + channel;
+                            // Channel i's output from its sum s: the residual from its vector, or read.
+                            auto element = [&](float s, int i) {
+                                if constexpr (VECTORS)
+                                    return finish.with_residual(s, res[j].v[i]);
+                                else
+                                    return finish(s, at + i);
+                            };
                             YVec out;
 #pragma unroll
                             for (int q = 0; q < WIDE / 4; ++q) {
-                                const float sums[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
-#pragma unroll
-                                for (int e = 0; e < 4; ++e) {
-                                    const int i = 4 * q + e;
-                                    if constexpr (VECTORS)
-                                        out.v[i] = finish.with_residual(sums[e] + b[i], res[j].v[i]);
-                                    else
-                                        out.v[i] = finish(sums[e] + b[i], at + i);
-                                }
+                                out.v[4 * q] = element(v[q].x + b[4 * q], 4 * q);
+                                out.v[4 * q + 1] = element(v[q].y + b[4 * q + 1], 4 * q + 1);
+                                out.v[4 * q + 2] = element(v[q].z + b[4 * q + 2], 4 * q + 2);
+                                out.v[4 * q + 3] = element(v[q].w + b[4 * q + 3], 4 * q + 3);
                             }
                             *reinterpret_cast<YVec*>(y + at) = out;
                         }
