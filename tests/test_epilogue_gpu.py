@@ -118,7 +118,10 @@ NHWC_STORE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("epilogue", [("none", False), ("silu", True)], ids=["plain", "silu_residual"])
+# relu with a residual: the 16-byte stores' residual vectors (the inverted residual's "none" takes them
+# too); silu with a residual: the element loads every other activation keeps.
+@pytest.mark.parametrize("epilogue", [("none", False), ("relu", True), ("silu", True)],
+                         ids=["plain", "relu_residual", "silu_residual"])
 @pytest.mark.parametrize("dtype,config", [(dtype, config.name) for dtype in ("float16", "bfloat16", "float32")
                                           for config in implicit_gemm_nhwc.NHWC_CONFIGS[dtype]], ids=str)
 def test_nhwc_stores_every_tile(dtype, config, epilogue):
@@ -141,6 +144,25 @@ def test_nhwc_stores_every_tile(dtype, config, epilogue):
             tolerance(dtype, planner.NHWC_KERNEL), case.id
         ran += 1
     assert ran or "wgmma" in config, f"{config} took none of the cases"
+
+
+@pytest.mark.parametrize("activation", ["none", "relu"])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_nhwc_residual_at_any_address(dtype, activation):
+    """A residual whose address the 16-byte residual vectors cannot read (a view one element in):
+    the channels-last GEMM's stores read its elements instead, and the result is right."""
+    case = NHWC_STORE_CASES[0]
+    problem = problem_of(case, dtype, "NHWC", "KHWC", activation, True)
+    plan = planner.make_plan(problem, kernel=planner.NHWC_KERNEL, compute_capability=compute_capability())
+    x, weight, bias, r = tensors(case, problem, dtype, seed=9)
+    shifted = torch.empty(r.numel() + 1, device="cuda", dtype=r.dtype)[1:].view(problem.out_array_shape)
+    shifted.copy_(arranged(r, "NHWC"))
+    out = torch.full(problem.out_array_shape, float("nan"), device="cuda", dtype=x.dtype)
+    conv2d_cupy(to_cupy(arranged(x, "NHWC")), to_cupy(arranged(weight, "KHWC")), to_cupy(bias), problem,
+                to_cupy(out), plan=plan, residual=to_cupy(shifted))
+    torch.cuda.synchronize()
+    ref = reference(case, x, weight, bias, r, activation)
+    assert relative_error(out.permute(0, 3, 1, 2), ref) < tolerance(dtype, planner.NHWC_KERNEL)
 
 
 @pytest.mark.parametrize("layouts", LAYOUTS, ids="-".join)
