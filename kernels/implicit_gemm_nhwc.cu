@@ -585,6 +585,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                     constexpr bool VECTORS = decltype(finish)::MAY_READ_RESIDUAL;
                     constexpr int CHUNK = VECTORS ? (ROWS < 4 ? ROWS : 4) : 1;
                     static_assert(ROWS % CHUNK == 0, "whole chunks of rows");
+                    // (A phase launch's pixel offsets hold more registers: one row at a time, or they spill.)
 #pragma unroll(VECTORS || PHASED ? 1 : 4)
                     for (int r0 = 0; r0 < ROWS; r0 += CHUNK) {
                         YVec res[CHUNK];
