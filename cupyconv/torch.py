@@ -292,9 +292,16 @@ class WeightCache:
 
     def clear(self) -> None:
         """Forget the forms (a cache kept in graphs keeps their buffers, to be refreshed)."""
-        self._stamp = None
-        if not self.kept_in_graphs:
-            self._forms = {}
+        if self.kept_in_graphs:
+            self._mark_stale()
+        else:
+            self._stamp, self._forms = None, {}
+
+    def _mark_stale(self) -> None:
+        # The forms' weight tensor is kept (its address and strides), its version forgotten: the next
+        # call outside a capture rewrites the forms in their buffers, which graphs may still read.
+        if self._stamp is not None:
+            self._stamp = (self._stamp[0], None, self._stamp[2])
 
     def __deepcopy__(self, memo):
         return WeightCache(self.kept_in_graphs)
@@ -338,7 +345,7 @@ class WeightCache:
         ``stream``. Inside a capture nothing is launched: the forms are marked stale, and the graph
         prepares the weight itself."""
         if torch.cuda.is_current_stream_capturing():
-            self._stamp = None
+            self._mark_stale()
             return
         for key, (buffer, made_on, exe) in self._forms.items():
             if made_on != stream:

@@ -249,13 +249,14 @@ def test_folded_weights_prepared_forms_are_kept_for_cuda_graphs():
     assert [m._cupyconv_weights.kept_in_graphs for m in modules] == [m.batch_norm is not None for m in modules]
     assert {True, False} <= {m.batch_norm is not None for m in modules}
     kept = ct.WeightCache(kept_in_graphs=True)
-    kept._stamp, kept._forms = ("stamp",), {"key": "form"}
+    kept._stamp, kept._forms = (1024, 3, (27, 9, 3, 1)), {"key": "form"}
     kept.clear()
-    assert kept._stamp is None and kept._forms == {"key": "form"}, "a graph may still read the buffers"
+    assert kept._forms == {"key": "form"}, "a graph may still read the buffers"
+    assert kept._stamp == (1024, None, (27, 9, 3, 1)), "stale: rewritten in place by the next call"
     for clone in (copy.deepcopy(kept), pickle.loads(pickle.dumps(kept))):
         assert clone.kept_in_graphs and clone._forms == {}
     plain = ct.WeightCache()
-    plain._stamp, plain._forms = ("stamp",), {"key": "form"}
+    plain._stamp, plain._forms = (1024, 3, (27, 9, 3, 1)), {"key": "form"}
     plain.clear()
     assert plain._stamp is None and plain._forms == {}
 

@@ -176,9 +176,14 @@ def test_weight_cache_kept_in_graphs_refreshes_its_forms_in_place(monkeypatch):
             cache.refresh(weight, 7)  # inside a capture: nothing launched, the forms marked stale
             assert len(exe.prepared) == 3 and cache.address(weight, exe, 7, capturing=True) is None
             capturing[0] = False
+            assert cache.address(weight, exe, 7) == first, "the stale forms rewritten in their buffers"
+            assert exe.prepared[-1] == (weight.data_ptr(), first, 7) and len(exe.prepared) == 4
             cache.clear()  # clear_weight_caches: the buffers stay for graphs, rewritten by the refold
             cache.refresh(weight, 7)
-            assert cache.address(weight, exe, 7) == first and len(exe.prepared) == 4
+            assert cache.address(weight, exe, 7) == first and len(exe.prepared) == 5
+            cache.clear()  # and, without a refold, by the next call
+            assert cache.address(weight, exe, 7, capturing=True) is None
+            assert cache.address(weight, exe, 7) == first and len(exe.prepared) == 6
         else:
             cache.address(weight, exe, 7)
             assert len(exe.prepared) == 2 and exe.prepared[-1][0] == weight.data_ptr(), "made again"
