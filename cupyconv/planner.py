@@ -148,6 +148,12 @@ NHWC_GATHER_MAX_CHANNELS = 32
 #: 6 -> 144 .. 28 -> 672) fp16 0.0071-0.0073 ms against 0.0103-0.0105 on the channels-last GEMM, TF32
 #: 0.0065-0.0069 against 0.0088-0.0104; 4 -> 96 fp16 0.0071 against 0.0070.
 NHWC_GATHER_MAX_PIXELS = 128
+#: Strict float32 layers of fewer than GEMM_MIN_GROUP_CHANNELS output channels per group and at most this many
+#: output pixels (EfficientNet's squeeze-excitation reductions, on one-pixel planes) take the FMA GEMM with
+#: split-K, not the direct kernel, whose one block per image stages its channels 16 at a time in series:
+#: H100, batch 8, 96 -> 4 on 1x1 0.013-0.014 ms against 0.053, 144 -> 6 0.014-0.016 against 0.079; batch
+#: 32, 96 -> 4 0.012-0.014 against 0.053 (benchmarks/NOTES.md, "Few output channels in strict float32").
+SIMT_FEW_CHANNELS_MAX_PIXELS = 256
 SIMT_KERNEL = simt_gemm_conv2d.KERNEL
 WINOGRAD_KERNEL = winograd_conv2d.KERNEL
 GEMM_KERNEL = implicit_gemm_conv2d.KERNEL
@@ -217,6 +223,12 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
     # output channels (H100, fp16: 3 output channels of a 256^2 plane 0.169 ms against 1.183; EfficientNet's
     # squeeze-excitation reductions 0.006-0.008 against 0.056-0.081; benchmarks/NOTES.md).
     if kg < implicit_gemm_conv2d.GEMM_MIN_GROUP_CHANNELS and (not tensor_cores or implicit_gemm_nhwc.refusal(problem)):
+        pixels = problem.n * problem.ho * problem.wo
+        if problem.dtype == "float32" and not tensor_cores and pixels <= SIMT_FEW_CHANNELS_MAX_PIXELS and \
+                not simt_gemm_conv2d.refusal(problem):
+            return SIMT_KERNEL, (f"strict float32 (allow_tf32=False), {kg} output channel(s) per group on {pixels} "
+                                 f"pixels: the FMA GEMM's reduction split across blocks (the direct kernel stages "
+                                 f"an image's channels in series)")
         return DIRECT_KERNEL, f"{kg} output channel(s) per group: a GEMM tile would be mostly padding"
     if problem.dtype == "float32" and not allow_tf32:
         if not winograd_conv2d.refusal(problem) and winograd_conv2d.pays(problem):

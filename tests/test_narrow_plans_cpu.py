@@ -1,6 +1,6 @@
 """The planner's choice for layers of few output channels, without a GPU: on the tensor cores the
 channels-last GEMM's 32-channel tile (not the direct kernel, which an H100 ran 5-10x slower on them),
-in strict float32 and float64 the direct kernel; 32 or fewer output channels on mma.sync tiles take
+in strict float32 and float64 the direct kernel (strict float32 on a few pixels: the FMA GEMM's split-K); 32 or fewer output channels on mma.sync tiles take
 the 32-channel tile (an RGB stem's, the NCHW-gather GEMM's, planner.NHWC_GATHER_MAX_CHANNELS), as do
 layers of one such tile of few pixels on the H100 (benchmarks/NOTES.md, "Few output channels" and "Runs
 along rows")."""
@@ -8,7 +8,8 @@ import pytest
 
 from cupyconv.arguments import make_problem
 from cupyconv.families.implicit_gemm_nhwc import NARROW_TILE_CHANNELS
-from cupyconv.planner import DIRECT_KERNEL, GEMM_KERNEL, NHWC_KERNEL, POINTWISE_KERNEL, make_plan
+from cupyconv.planner import (DIRECT_KERNEL, GEMM_KERNEL, NHWC_KERNEL, POINTWISE_KERNEL, SIMT_FEW_CHANNELS_MAX_PIXELS,
+                              SIMT_KERNEL, make_plan)
 
 #: (x, weight KCHW, stride, padding, layout): EfficientNet-B0's squeeze-excitation reduction, its stem
 #: (3 input channels, 32 output), a 3-channel head on a large plane, and the same in NCHW.
@@ -30,8 +31,10 @@ def test_few_output_channels_take_the_32_channel_tile_on_the_tensor_cores(layer,
                      compute_capability=cc)
     if dtype == "float64" or (dtype == "float32" and not tf32):
         assert plan.kernel != NHWC_KERNEL
-        if w[0] < 8:
-            assert plan.kernel == DIRECT_KERNEL, str(plan)
+        if w[0] < 8:  # strict float32 on few pixels (SIMT_FEW_CHANNELS_MAX_PIXELS): the FMA GEMM's split-K
+            pixels = x[0] * (x[1] * x[2] if layout == "NHWC" else x[2] * x[3]) // stride ** 2
+            few = dtype == "float32" and pixels <= SIMT_FEW_CHANNELS_MAX_PIXELS
+            assert plan.kernel == (SIMT_KERNEL if few else DIRECT_KERNEL), str(plan)
     elif plan.kernel == POINTWISE_KERNEL:  # 1x1 NHWC float32 on the tensor cores: the streaming kernel's
         assert x[1:3] == (1, 1) and w[2:] == (1, 1) and dtype == "float32"
     elif layer == "stem_3to32":  # NHWC, 3 channels: the NCHW gather's NHWC instance, no padding copy

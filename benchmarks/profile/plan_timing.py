@@ -11,7 +11,7 @@ from cupyconv.launch import conv2d_cupy
 from cupyconv.planner import make_plan
 
 #: Relative error of a checked plan's output against the reference plan's.
-TOLERANCE = {"fp16": 1e-2, "bf16": 1e-2, "tf32": 2e-3}
+TOLERANCE = {"fp16": 1e-2, "bf16": 1e-2, "tf32": 2e-3, "fp32": 1e-5}
 
 
 def time_plans(problem, mode: str, plans: dict, reference: str, checked, label=()) -> dict:
@@ -57,7 +57,7 @@ def rule_against_forced(problem, mode: str, forced: dict, label=()) -> tuple[dic
     (name -> tuple; options: make_plan's family knobs, e.g. {"splits": 4}) that can run it, timed by
     time_plans against the rule's output: (plans, name -> median ms)."""
     cc = compute_capability()
-    plans = {"rule": make_plan(problem, allow_tf32=True, compute_capability=cc)}
+    plans = {"rule": make_plan(problem, allow_tf32=mode != "fp32", compute_capability=cc)}
     for name, (kernel, config, *options) in forced.items():
         try:
             plans[name] = make_plan(problem, config, kernel, True, cc, **(options[0] if options else {}))
