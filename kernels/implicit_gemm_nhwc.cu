@@ -103,8 +103,8 @@ struct PhaseTable {
                                       BM * BN / (WARPS_M * WARPS_N * 32),                              \
                                       BM * BK * sizeof(T) / (VEC * WARPS_M * WARPS_N * 32), sizeof(Index) / 4))
 
-// One block's tile: pixel tile `tile` (blockIdx.x but in a phase launch), channel tile blockIdx.y,
-// group and split blockIdx.z -- or (STREAM_K) channel tile, group and run of k tiles as `segment`
+// One block's tile: pixel tile `tile` and channel tile `tile_n` (blockIdx.x and blockIdx.y but in a
+// phase launch and NCHW_A's order), group and split blockIdx.z -- or (STREAM_K) group and run of k tiles as `segment`
 // says, the run's sums published or, by the tile's owner, added to before the epilogue (stream_k.cuh).
 // Its output pixel m = (image, oh, ow) goes to y + m K, or (PHASED) where
 // `phases` places phase `phase`'s pixels: the table is read in the epilogue alone, and cp.async's
@@ -118,7 +118,8 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
                int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
-               int tile, const PhaseTable* __restrict__ phases, int phase, const StreamKSegment* segment = nullptr,
+               int tile, int tile_n, const PhaseTable* __restrict__ phases, int phase,
+               const StreamKSegment* segment = nullptr,
                const TensorMap* b_map = nullptr, const TensorMap* a_map = nullptr) {
     constexpr int NWARPS = WARPS_M * WARPS_N;
     constexpr bool WGMMA = WGMMA_ROWS != NO_WGMMA;
@@ -206,7 +207,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     const Index HoWo = static_cast<Index>(Ho) * Wo;
     const Index M = static_cast<Index>(N) * HoWo;
     const Index m0 = static_cast<Index>(tile) * BM;
-    const int n0 = (STREAM_K ? segment->tile_n : blockIdx.y) * BN;
+    const int n0 = tile_n * BN;
     const int all_tiles = (Kgemm + BK - 1) / BK;
     const int split_tiles = SPLIT_K ? (all_tiles + splits - 1) / splits : all_tiles;
     const int kt0 = STREAM_K ? segment->k_begin : split * split_tiles;  // this split's (run's) first k tile
@@ -700,9 +701,18 @@ implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __
                    void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
                    int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                    int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements) {
+    int tile = blockIdx.x, tile_n = blockIdx.y;
+    if constexpr (NCHW_A) {
+        // Every channel tile of a pixel tile reads the same input columns: launched one after another
+        // (channel tiles fastest), they run together and all but the first read the columns from L2, where
+        // in grid order (pixel tiles fastest) a large layer read its whole input again from DRAM for each.
+        const int linear = blockIdx.x + gridDim.x * blockIdx.y;
+        tile = linear / gridDim.y;
+        tile_n = linear - tile * gridDim.y;
+    }
     nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, NCHW_A, WGMMA_ROWS, NHWC_OUT, ROUND_A, SPLIT_K,
                    false>(x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho, Wo, kh, kw,
-                          sh, sw, pt, pl, dh, dw, groups, splits, split_elements, blockIdx.x, nullptr, 0);
+                          sh, sw, pt, pl, dh, dw, groups, splits, split_elements, tile, tile_n, nullptr, 0);
 }
 
 // The producer warpgroup's tile, both its tiles of each stage copied by TMA with the 128-byte swizzle
@@ -723,7 +733,7 @@ implicit_gemm_nhwc_tma(const T* __restrict__ x, const T* __restrict__ w, const T
     nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, false, WGMMA_ROWS, NHWC_OUT, ROUND_A, SPLIT_K,
                    false, false>(x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho,
                                  Wo, kh, kw, sh, sw, pt, pl, dh, dw, groups, splits, split_elements, blockIdx.x,
-                                 nullptr, 0, nullptr, &weight_map, &x_map);
+                                 blockIdx.y, nullptr, 0, nullptr, &weight_map, &x_map);
 }
 
 // Pairs of the producer warpgroup's tiles: the clusters of two blocks along y (channel tiles n0 and n0 +
@@ -742,7 +752,7 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
     nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, false, WGMMA_ROWS, NHWC_OUT, ROUND_A, SPLIT_K,
                    false, false, 2>(x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho,
                                     Wo, kh, kw, sh, sw, pt, pl, dh, dw, groups, splits, split_elements, blockIdx.x,
-                                    nullptr, 0, nullptr, &weight_map, &x_map);
+                                    blockIdx.y, nullptr, 0, nullptr, &weight_map, &x_map);
 }
 #endif
 
@@ -767,7 +777,6 @@ implicit_gemm_nhwc_stream_k(const T* __restrict__ x, const T* __restrict__ w, co
         StreamKSegment segment;
         segment.k_begin = static_cast<int>(unit - static_cast<long long>(tile) * k_tiles);
         segment.k_end = static_cast<int>(min(static_cast<long long>(k_tiles), segment.k_begin + (end - unit)));
-        segment.tile_n = (tile / tiles_m) % tiles_n;
         segment.g = tile / tiles_m / tiles_n;
         segment.slot = block;
         // Where this block owns the tile but not all of it: the blocks after it that start inside the
@@ -784,8 +793,8 @@ implicit_gemm_nhwc_stream_k(const T* __restrict__ x, const T* __restrict__ w, co
         __syncthreads();  // the last segment's epilogue read the shared memory this one's loads write
         nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, false, WGMMA_ROWS, NHWC_OUT, ROUND_A, false,
                        false, true>(x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho,
-                                    Wo, kh, kw, sh, sw, pt, pl, dh, dw, groups, 1, 0, tile % tiles_m, nullptr, 0,
-                                    &segment);
+                                    Wo, kh, kw, sh, sw, pt, pl, dh, dw, groups, 1, 0, tile % tiles_m,
+                                    (tile / tiles_m) % tiles_n, nullptr, 0, &segment);
         unit += segment.k_end - segment.k_begin;
     }
 }
@@ -806,7 +815,7 @@ implicit_gemm_nhwc_phases(const T* __restrict__ x, const T* __restrict__ w, cons
                    true>(x, w + phases.weight_offset[p], bias, y_out, has_bias, residual, has_residual, activation,
                          N, C, H, W, K, phases.ho[p], phases.wo[p], phases.kh[p], phases.kw[p], 1, 1, phases.pt[p],
                          phases.pl[p], phases.dh[p], phases.dw[p], groups, splits, split_elements,
-                         blockIdx.x - phases.first_tile[p], &phases, p);
+                         blockIdx.x - phases.first_tile[p], blockIdx.y, &phases, p);
 }
 
 }  // namespace cupyconv

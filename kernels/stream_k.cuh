@@ -23,7 +23,7 @@ __device__ __forceinline__ long long stream_k_start(long long units, int block, 
 // block publishes to `slot`; where k_begin == 0 it owns the tile and, if k_end < the tile's k tiles,
 // adds the slots of blocks [first_contributor, end_contributor) first.
 struct StreamKSegment {
-    int tile_n, g, k_begin, k_end, slot, first_contributor, end_contributor;
+    int g, k_begin, k_end, slot, first_contributor, end_contributor;
     float* partials;
     int* flags;
 };
