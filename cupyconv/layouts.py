@@ -6,7 +6,8 @@ implicit_gemm_conv2d NHWC arrays, but KCHW weights only). For the others the cal
 family's NCHW program with transposes around it (kernels/nchw_to_nhwc.cu): the NHWC input to NCHW in
 the workspace first, the NCHW output from the workspace to the caller's NHWC output last, and a KHWC
 weight to KCHW as (part of) the prepared weight, so that a kept preparation transposes it once. Each transpose is a pass over its tensor:
-correct and complete, not as fast as a native kernel.
+correct and complete, not as fast as a native kernel. One-pixel planes and 1x1 kernels need none (the
+same memory in either order).
 """
 from __future__ import annotations
 
@@ -47,8 +48,10 @@ def describe(plan) -> str:
     for what, layout, layouts in (("x and the output", plan.layout, array_layouts),
                                   ("the weight", plan.weight_layout, weight_layouts)):
         if layout in (NHWC, KHWC):
+            same = "planes of one pixel" if layout == NHWC else "1x1 kernels"  # the same memory in either order
             lines.append(f"  {what} in {layout}: " + ("read in place by the kernel" if layout in layouts else
-                                                      f"transposed for the kernel, which computes {layouts[0]} only"))
+                                                      f"transposed for the kernel, which computes {layouts[0]} only "
+                                                      f"({same} are read as they are)"))
     return "".join(f"{line}\n" for line in lines)
 
 
@@ -70,20 +73,25 @@ def transposed(call: CallProgram, plan, problem: ConvProblem) -> CallProgram:
     array_layouts, weight_layouts = in_place(FAMILIES[plan.kernel])
     before, after, moves = [], [], {}
     workspace = call.workspace_bytes
-    if p.layout not in array_layouts:
+    # Planes of one pixel (squeeze-excitation's) are the same memory in NHWC as in NCHW, and 1x1 kernels
+    # in KHWC as in KCHW: those are read and written as they are.
+    if p.layout not in array_layouts and p.h * p.w > 1:
         x_nchw = Pointer(WORKSPACE, align(workspace))
-        out_nchw = Pointer(WORKSPACE, x_nchw.offset + align(p.n * p.c * p.h * p.w * item))
-        workspace = out_nchw.offset + p.n * p.k * p.ho * p.wo * item
+        workspace = x_nchw.offset + p.n * p.c * p.h * p.w * item
         before.append(_transpose(p.dtype, p.n, p.h * p.w, p.c, Pointer(X), x_nchw))
+        moves[X] = x_nchw
+    if p.layout not in array_layouts and p.ho * p.wo > 1:
+        out_nchw = Pointer(WORKSPACE, align(workspace))
+        workspace = out_nchw.offset + p.n * p.k * p.ho * p.wo * item
         after.append(_transpose(p.dtype, p.n, p.k, p.ho * p.wo, out_nchw, Pointer(OUT)))
-        moves.update({X: x_nchw, OUT: out_nchw})
+        moves[OUT] = out_nchw
         if p.has_residual:  # read before anything is written: the residual may be the output itself
             residual_nchw = Pointer(WORKSPACE, align(workspace))
             workspace = residual_nchw.offset + p.n * p.k * p.ho * p.wo * item
             before.append(_transpose(p.dtype, p.n, p.ho * p.wo, p.k, Pointer(RESIDUAL), residual_nchw))
             moves[RESIDUAL] = residual_nchw
     weight = call.weight
-    if p.weight_layout not in weight_layouts:
+    if p.weight_layout not in weight_layouts and p.kh * p.kw > 1:
         kept = align(weight.nbytes) if weight else 0
         kchw = Pointer(PREPARED, kept)
         transpose = _transpose(p.dtype, p.k, p.kh * p.kw, p.c // p.groups, Pointer(WEIGHT), kchw)

@@ -183,3 +183,35 @@ def test_one_pixel_nchw_planes_are_planned_as_the_nhwc_problem_of_the_same_memor
     assert planner.as_planned(strict, False, 90) is strict
     plane = make_problem((32, 6, 2, 1), (144, 6, 1, 1), None, "float16")
     assert planner.as_planned(plane, False, 90) is plane
+
+
+def test_one_pixel_planes_and_1x1_kernels_are_not_transposed():
+    """NHWC planes of one pixel and KHWC 1x1 kernels are the same memory as NCHW and KCHW: a family that
+    computes NCHW alone reads and writes them as they are (strict float32 squeeze-excitation layers in a
+    channels_last model: one FMA GEMM, no transposes); larger planes and kernels are still transposed."""
+    import dataclasses
+
+    from cupyconv import planner
+    from cupyconv.arguments import make_problem
+
+    def transposes(x_shape, w_shape, padding=0, residual=False):
+        """(whether each launch is a layout's transpose, the weight's transposes) added to the NCHW program."""
+        nchw = make_problem(x_shape, w_shape, None, "float32", padding=padding,
+                            residual_shape=(x_shape[0], w_shape[0], 1, 1) if residual else None)
+        problem = dataclasses.replace(nchw, layout="NHWC", weight_layout="KHWC")
+        plan = planner.make_plan(problem)
+        assert plan.kernel == planner.SIMT_KERNEL, str(plan)
+        program, own = planner.program(plan, problem), planner.program(plan, nchw)
+        weight_launches = lambda p: len(p.weight.launches) if p.weight else 0
+        kernels = [launch.kernel for launch in own.launches]
+        return ([launch.kernel not in kernels for launch in program.launches],
+                weight_launches(program) - weight_launches(own))
+
+    launches, weight = transposes((32, 96, 1, 1), (24, 96, 1, 1), residual=True)  # x, residual, output, weight
+    assert not any(launches) and weight == 0
+    launches, weight = transposes((8, 16, 1, 1), (24, 16, 3, 3), padding=1)  # the 3x3 weight alone
+    assert not any(launches) and weight == 1
+    launches, weight = transposes((8, 16, 3, 3), (24, 16, 3, 3))  # a 3x3 plane to one pixel: x alone
+    assert launches[0] and not any(launches[1:]) and weight == 1
+    launches, weight = transposes((8, 16, 5, 5), (24, 16, 1, 1))  # planes of 25 pixels: x and the output
+    assert launches[0] and launches[-1] and weight == 0

@@ -134,6 +134,39 @@ def test_every_family_in_every_layout(case, kernel, dtype, layouts):
         assert torch.equal(run(nchw_plan, nchw, x, weight, bias), out)
 
 
+#: One-pixel planes and 1x1 kernels, which NCHW-only families read and write in NHWC / KHWC as they are:
+#: squeeze-excitation's layer, a 3x3 kernel on one-pixel planes (the weight transposed alone), and a 3x3
+#: plane to one pixel (x transposed alone).
+ONE_PIXEL_CASES = [Case(3, 24, 20, 1, 1, 1, 1), Case(2, 8, 12, 1, 1, 3, 3, padding=1), Case(2, 8, 12, 3, 3, 3, 3)]
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("layouts", LAYOUT_PAIRS, ids="-".join)
+@pytest.mark.parametrize("kernel,dtype", [(planner.SIMT_KERNEL, "float32"), (planner.DIRECT_KERNEL, "float64"),
+                                          (planner.DIRECT_KERNEL, "float16")], ids=str)
+@pytest.mark.parametrize("case", ONE_PIXEL_CASES, ids=lambda c: c.id)
+def test_one_pixel_planes_without_transposes(case, kernel, dtype, layouts, residual):
+    """NCHW-only families on NHWC one-pixel planes and KHWC 1x1 kernels (no transposes: layouts.transposed),
+    with a residual read in place, against torch in float64, the output poisoned with NaN."""
+    problem = problem_of(case, dtype, *layouts)
+    if residual:
+        problem = dataclasses.replace(problem, activation="relu", has_residual=True)
+    plan = planner.make_plan(problem, kernel=kernel, compute_capability=compute_capability())
+    x, weight, bias = inputs(case, dtype, seed=len(case.id))
+    ref = reference(x, weight, bias, case)
+    added = torch.randn(ref.shape, device="cuda", dtype=torch.float64).to(x.dtype) if residual else None
+    if residual:
+        ref = torch.relu(ref + added.double())
+    out = torch.full(problem.out_array_shape, float("nan"), device="cuda", dtype=x.dtype)
+    conv2d_cupy(to_cupy(arranged(x, problem.layout)), to_cupy(arranged(weight, problem.weight_layout)),
+                to_cupy(bias), problem, to_cupy(out), plan=plan,
+                residual=None if added is None else to_cupy(arranged(added, problem.layout)))
+    torch.cuda.synchronize()
+    out = out.permute(0, 3, 1, 2) if problem.layout == "NHWC" else out
+    assert not out.isnan().any(), "an output element was never written"
+    assert relative_error(out, ref) < tolerance(dtype, kernel)
+
+
 @pytest.mark.parametrize("layouts", LAYOUT_PAIRS, ids="-".join)
 @pytest.mark.parametrize("mode", ["float32", "tf32", "float16", "float64"])  # CuPy has no bfloat16 dtype
 @pytest.mark.parametrize("case", [CASES[0], CASES[10], *CASES[-6:]], ids=lambda c: c.id)
