@@ -110,8 +110,8 @@ def temporaries(plan, problem) -> list[int]:
     stream-K's float32 slots, one tile per block; Winograd's transformed
     input V and GEMM output M of one pass; split-K's partial sums (the GEMMs', after the input's copy,
     or Winograd's GEMM's after M); then, for an NHWC problem of a family that computes NCHW alone, the NCHW copies
-    of x, of the output and (where there is one) of the residual -- none for the NCHW-gather GEMM, which
-    reads and writes them in place."""
+    of x, of the output and (where there is one) of the residual, each where its planes are larger than
+    one pixel -- none for the NCHW-gather GEMM, which reads and writes them in place."""
     item = STORAGE_BYTES[problem.dtype]
     partials = [4 * plan.splits * math.prod(problem.out_shape)] if plan.splits > 1 else []
     if plan.stream_k_blocks:
@@ -125,9 +125,12 @@ def temporaries(plan, problem) -> list[int]:
     if plan.kernel == planner.GEMM_KERNEL:
         return []
     if problem.layout == "NHWC" and not layouts.native(planner.FAMILIES[plan.kernel], problem):
+        # (one-pixel planes are NCHW memory already: not copied)
+        x_copy, out_copy = problem.h * problem.w > 1, problem.ho * problem.wo > 1
         return temporaries(plan, dataclasses.replace(problem, layout="NCHW")) + \
-            [math.prod(problem.x_shape) * item, math.prod(problem.out_shape) * item] + \
-            ([math.prod(problem.out_shape) * item] if problem.has_residual else [])
+            ([math.prod(problem.x_shape) * item] if x_copy else []) + \
+            ([math.prod(problem.out_shape) * item] if out_copy else []) + \
+            ([math.prod(problem.out_shape) * item] if problem.has_residual and out_copy else [])
     if plan.kernel == planner.WINOGRAD_KERNEL:
         floats = 4 * (plan.winograd_tile + 2) ** 2 * plan.winograd_images * plan.tiles
         partials = [4 * gemm.splits * (plan.winograd_tile + 2) ** 2 * problem.k * count * plan.tiles
@@ -225,8 +228,10 @@ def test_layout_programs(case, dtype, layouts):
         if plan.kernel == planner.GEMM_KERNEL and layouts[0] == "NHWC":  # one launch, of the NHWC instance
             assert names == [planner.GEMM_KERNEL] and call.launches[0].name_expression.endswith(",true>"), names
         elif not native(planner.FAMILIES[plan.kernel], problem) and layouts[0] == "NHWC":
-            assert names[0] == names[-1] == implicit_gemm_nhwc.CHANNELS_LAST_TILED or \
-                implicit_gemm_nhwc.CHANNELS_LAST_NARROW in (names[0], names[-1]), names
+            # x transposed first and the output last, where their planes are larger than one pixel
+            transposes = (implicit_gemm_nhwc.CHANNELS_LAST_TILED, implicit_gemm_nhwc.CHANNELS_LAST_NARROW)
+            assert (names[0] in transposes) == (problem.h * problem.w > 1), names
+            assert (names[-1] in transposes) == (problem.ho * problem.wo > 1), names
         one_tap = problem.kh * problem.kw == 1  # a 1x1 KCHW weight is KHWC memory: read in place too
         if plan.kernel == planner.NHWC_KERNEL and layouts in (("NHWC", "KHWC"), ("NHWC", "KCHW") if one_tap else ()) \
                 and plan.channels_padded == problem.c:
