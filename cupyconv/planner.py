@@ -224,8 +224,7 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
     # squeeze-excitation reductions 0.006-0.008 against 0.056-0.081; benchmarks/NOTES.md).
     if kg < implicit_gemm_conv2d.GEMM_MIN_GROUP_CHANNELS and (not tensor_cores or implicit_gemm_nhwc.refusal(problem)):
         pixels = problem.n * problem.ho * problem.wo
-        if problem.dtype == "float32" and not tensor_cores and pixels <= SIMT_FEW_CHANNELS_MAX_PIXELS and \
-                not simt_gemm_conv2d.refusal(problem):
+        if not tensor_cores and pixels <= SIMT_FEW_CHANNELS_MAX_PIXELS and not simt_gemm_conv2d.refusal(problem):
             return SIMT_KERNEL, (f"strict float32 (allow_tf32=False), {kg} output channel(s) per group on {pixels} "
                                  f"pixels: the FMA GEMM's reduction split across blocks (the direct kernel stages "
                                  f"an image's channels in series)")

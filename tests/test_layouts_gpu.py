@@ -89,12 +89,14 @@ def nhwc_copy(t):
     return arranged(t, "NHWC").clone()
 
 
-def run(plan, problem, x, weight, bias):
-    """``plan`` on x and the weight arranged in the problem's layouts; the output as an NCHW view."""
+def run(plan, problem, x, weight, bias, residual=None):
+    """``plan`` on x, the weight (and an NCHW ``residual``) arranged in the problem's layouts; the output,
+    poisoned with NaN first, as an NCHW view."""
     shape = problem.out_array_shape
     out = torch.full(shape, float("nan"), device="cuda", dtype=x.dtype)
     conv2d_cupy(to_cupy(arranged(x, problem.layout)), to_cupy(arranged(weight, problem.weight_layout)),
-                to_cupy(bias), problem, to_cupy(out), plan=plan)
+                to_cupy(bias), problem, to_cupy(out), plan=plan,
+                residual=None if residual is None else to_cupy(arranged(residual, problem.layout)))
     torch.cuda.synchronize()
     return out.permute(0, 3, 1, 2) if problem.layout == "NHWC" else out
 
@@ -157,12 +159,7 @@ def test_one_pixel_planes_without_transposes(case, kernel, dtype, layouts, resid
     added = torch.randn(ref.shape, device="cuda", dtype=torch.float64).to(x.dtype) if residual else None
     if residual:
         ref = torch.relu(ref + added.double())
-    out = torch.full(problem.out_array_shape, float("nan"), device="cuda", dtype=x.dtype)
-    conv2d_cupy(to_cupy(arranged(x, problem.layout)), to_cupy(arranged(weight, problem.weight_layout)),
-                to_cupy(bias), problem, to_cupy(out), plan=plan,
-                residual=None if added is None else to_cupy(arranged(added, problem.layout)))
-    torch.cuda.synchronize()
-    out = out.permute(0, 3, 1, 2) if problem.layout == "NHWC" else out
+    out = run(plan, problem, x, weight, bias, added)
     assert not out.isnan().any(), "an output element was never written"
     assert relative_error(out, ref) < tolerance(dtype, kernel)
 
