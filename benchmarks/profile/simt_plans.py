@@ -1,0 +1,108 @@
+"""GPU time of the FMA GEMM's tiles and split-K runs on a model's strict-fp32 layers, each plan in its
+own CUDA graph (no interleaving: a graph of CALLS calls of one plan, replayed REPLAYS times):
+    PYTHONPATH=$PWD python3 benchmarks/profile/simt_plans.py --model mobilenet_v2 --batch 8 [--splits 1,2,3,4]
+Every distinct conv of the torchvision model (random weights, NCHW, fp32 strict) whose fixed-rules plan
+is simt_gemm_conv2d: the rules' plan (marked *), its tile at each split count, and each other tile at
+the rules' splits for it, beside torch's F.conv2d timed the same way. The planner's own operands: the
+weight prepared once ahead of the graph, the bias where the module has one. Each plan is checked
+against F.conv2d first (strict fp32 tolerance)."""
+import argparse
+
+import torch
+import torchvision
+
+from cupyconv.arguments import make_problem
+from cupyconv.bench_models import group_convs, record_convs
+from cupyconv.executor import executable_for_plan
+from cupyconv.families import simt_gemm_conv2d
+from cupyconv.planner import make_plan
+
+CALLS, REPLAYS = 20, 30
+
+
+def graph_ms(enqueue) -> float:
+    """Median ms per call of ``enqueue(stream)`` (CALLS per graph) over REPLAYS graph replays."""
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        enqueue(stream.cuda_stream)  # compiled and warm before capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(CALLS):
+                enqueue(stream.cuda_stream)
+    times = []
+    for _ in range(REPLAYS + 3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / CALLS)
+    return sorted(times[3:])[REPLAYS // 2]
+
+
+def plans(problem, split_counts):
+    """(label, plan): the rules' plan, its tile at each split count, every other tile at its own splits."""
+    rule = make_plan(problem)
+    yield f"*{rule.config.name}/{rule.splits}", rule
+    for splits in split_counts:
+        if splits != rule.splits:
+            try:
+                yield f"{rule.config.name}/{splits}", simt_gemm_conv2d.make_plan(problem, rule.config.name, splits=splits)
+            except ValueError:
+                pass
+    for cfg in simt_gemm_conv2d.SIMT_CONFIGS:
+        if cfg.name != rule.config.name:
+            plan = simt_gemm_conv2d.make_plan(problem, cfg.name)
+            yield f"{cfg.name}/{plan.splits}", plan
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", action="append", required=True)
+    parser.add_argument("--batch", action="append", type=int, required=True)
+    parser.add_argument("--splits", default="1,2,3,4,6")
+    args = parser.parse_args()
+    split_counts = [int(s) for s in args.splits.split(",")]
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    for name in args.model:
+        model = getattr(torchvision.models, name)().cuda().eval()
+        for batch in args.batch:
+            x = torch.randn(batch, 3, 224, 224, device="cuda")
+            with torch.inference_mode():
+                groups = group_convs(record_convs(model, x))
+            for call, names in groups:
+                m, xin = call.module, call.x
+                bias = None if m.bias is None else m.bias.detach()
+                w = m.weight.detach()
+                problem = make_problem(tuple(xin.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
+                                       "float32", m.stride, m.padding, m.dilation, m.groups)
+                if make_plan(problem).kernel != simt_gemm_conv2d.KERNEL:
+                    continue
+                ref = torch.nn.functional.conv2d(xin, w, bias, m.stride, m.padding, m.dilation, m.groups)
+                out = torch.empty_like(ref)
+                timings = [f"torch {1e3 * graph_ms(lambda _: torch.nn.functional.conv2d(xin, w, bias, m.stride, m.padding, m.dilation, m.groups)):.1f}"]
+                for label, plan in plans(problem, split_counts):
+                    exe = executable_for_plan(plan, problem, 0)
+                    prepared = torch.empty(max(1, exe.weight.nbytes if exe.weight else 1), device="cuda", dtype=torch.uint8)
+                    workspace = torch.empty(max(1, exe.workspace_bytes_for(False)), device="cuda", dtype=torch.uint8)
+                    stream = torch.cuda.current_stream().cuda_stream
+                    if exe.weight:
+                        exe.prepare_weight(w.data_ptr(), prepared.data_ptr(), stream)
+
+                    def enqueue(s, exe=exe, prepared=prepared, workspace=workspace):
+                        exe.launch(xin.data_ptr(), w.data_ptr(), prepared.data_ptr(),
+                                   0 if bias is None else bias.data_ptr(), out.data_ptr(), workspace.data_ptr(), False, s)
+
+                    out.fill_(float("nan"))
+                    enqueue(stream)
+                    torch.cuda.synchronize()
+                    error = ((out - ref).abs().max() / ref.abs().max()).item()
+                    timings.append(f"{label} {1e3 * graph_ms(enqueue):.1f}" + ("" if error < 1e-4 else f" (ERROR {error:.1e})"))
+                print(f"{name} N{batch} {call.config.label():34s} x{len(names)} grid {make_plan(problem).grid} | "
+                      + "  ".join(timings), flush=True)
+
+
+if __name__ == "__main__":
+    main()
