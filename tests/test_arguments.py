@@ -147,8 +147,10 @@ def test_strict_float32_dispatch():
 
 
 def test_strict_float32_tiles():
-    """The channel tile fits the output channels per group; past 96, 64- or 128-channel tiles by whole
-    waves of blocks; the weight copy's columns are padded to a multiple of 4."""
+    """The channel tile fits the output channels per group; ungrouped layers of more than 64 take the
+    64 x 128 tile on 1x1 kernels and up to 128 channels, else the tile of fewest whole waves; grouped
+    problems keep the 96-channel tile and the 128-pixel tiles; the weight copy's columns are padded to a
+    multiple of 4."""
     from cupyconv.arguments import make_problem
     from cupyconv.planner import make_plan
 
@@ -158,15 +160,39 @@ def test_strict_float32_tiles():
 
     assert plan(8, 32, 24, 128).config.name == "simt_m256n32"
     assert plan(8, 32, 64, 128).config.name == "simt_m64n64"
-    assert plan(8, 32, 96, 128).config.name == "simt_m128n96k16"
+    assert plan(8, 32, 96, 128).config.name == "simt_m64n128k16"
+    assert plan(8, 64, 192, 128, groups=2).config.name == "simt_m128n96k16"
     assert plan(32, 128, 128, 56).config.name == "simt_m64n128k16"
-    assert plan(32, 256, 256, 56).config.name == "simt_m128n128k16"   # 1568 blocks of 128 channels
+    assert plan(32, 256, 256, 56).config.name == "simt_m128n128k16"   # 1568 blocks, or 3136 of 64 pixels
     assert plan(32, 256, 256, 14).config.name == "simt_m128n128k16"   # 98 blocks: one wave
-    assert plan(32, 512, 512, 14).config.name == "simt_m128n64k16"    # 196 blocks: two waves, or three of 64
-    assert plan(32, 512, 512, 7).config.name == "simt_m128n64k16"
+    assert plan(32, 512, 512, 14).config.name == "simt_m64n128k16"    # 392 blocks: three waves, two of 128 px
+    assert plan(32, 512, 1024, 14, groups=2).config.name == "simt_m128n128k16"  # grouped: 128-pixel tiles
+    assert plan(32, 1024, 256, 14, kernel=1).config.name == "simt_m64n128k16"
     assert "waves" in plan(32, 512, 512, 7).reason
     assert plan(2, 8, 10, 9).weight_columns == 12
     assert plan(2, 12, 18, 9, groups=2).weight_columns == 12
+
+
+def test_strict_float32_split_k():
+    """The FMA GEMM splits the reduction of grids of at most four warps an SM: a small grid, or up to a
+    wave of four-warp blocks (more runs for two-warp blocks), not a wave of eight-warp ones; the runs
+    keep at least 4 k tiles each."""
+    from cupyconv.arguments import make_problem
+    from cupyconv.planner import make_plan
+
+    def plan(n, c, k, hw, kernel=1):
+        return make_plan(make_problem((n, c, hw, hw), (k, c, kernel, kernel), None, "float32", 1, kernel // 2),
+                         kernel="simt_gemm_conv2d")
+
+    tall = plan(32, 2048, 512, 7)  # 100 blocks of four warps
+    assert (tall.config.name, tall.grid, tall.splits) == ("simt_m64n128k16", (25, 4, 3), 3)
+    assert "100 tiles of 4 warps" in tall.reason
+    assert plan(8, 240, 40, 28).splits == 6     # 98 blocks of two warps: 528 blocks
+    assert plan(8, 96, 24, 56).splits == 3      # 98 blocks of four warps, 12 k tiles of 8
+    wide = plan(32, 1024, 256, 14, kernel=3)     # 98 blocks of eight warps
+    assert (wide.config.name, wide.splits) == ("simt_m128n128k16", 1)
+    assert plan(32, 1024, 512, 14).splits == 1  # 392 blocks
+    assert plan(8, 32, 24, 7).splits == 1       # 4 k tiles: no run shorter than 4
 
 
 def test_winograd_dispatch():

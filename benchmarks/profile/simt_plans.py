@@ -1,11 +1,13 @@
 """GPU time of the FMA GEMM's tiles and split-K runs on a model's strict-fp32 layers, each plan in its
 own CUDA graph (no interleaving: a graph of CALLS calls of one plan, replayed REPLAYS times):
     PYTHONPATH=$PWD python3 benchmarks/profile/simt_plans.py --model mobilenet_v2 --batch 8 [--splits 1,2,3,4]
+        [--rule-only]
 Every distinct conv of the torchvision model (random weights, NCHW, fp32 strict) whose fixed-rules plan
 is simt_gemm_conv2d: the rules' plan (marked *), its tile at each split count, and each other tile at
 the rules' splits for it, beside torch's F.conv2d timed the same way. The planner's own operands: the
 weight prepared once ahead of the graph, the bias where the module has one. Each plan is checked
-against F.conv2d first (strict fp32 tolerance)."""
+against F.conv2d first (strict fp32 tolerance). --rule-only times the rules' plan alone (to compare two
+trees' rules: run it once with each on PYTHONPATH)."""
 import argparse
 
 import torch
@@ -41,10 +43,12 @@ def graph_ms(enqueue) -> float:
     return sorted(times[3:])[REPLAYS // 2]
 
 
-def plans(problem, split_counts):
+def plans(problem, split_counts, rule_only):
     """(label, plan): the rules' plan, its tile at each split count, every other tile at its own splits."""
     rule = make_plan(problem)
     yield f"*{rule.config.name}/{rule.splits}", rule
+    if rule_only:
+        return
     for splits in split_counts:
         if splits != rule.splits:
             try:
@@ -62,6 +66,7 @@ def main() -> None:
     parser.add_argument("--model", action="append", required=True)
     parser.add_argument("--batch", action="append", type=int, required=True)
     parser.add_argument("--splits", default="1,2,3,4,6")
+    parser.add_argument("--rule-only", action="store_true")
     args = parser.parse_args()
     split_counts = [int(s) for s in args.splits.split(",")]
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
@@ -83,7 +88,7 @@ def main() -> None:
                 ref = torch.nn.functional.conv2d(xin, w, bias, m.stride, m.padding, m.dilation, m.groups)
                 out = torch.empty_like(ref)
                 timings = [f"torch {1e3 * graph_ms(lambda _: torch.nn.functional.conv2d(xin, w, bias, m.stride, m.padding, m.dilation, m.groups)):.1f}"]
-                for label, plan in plans(problem, split_counts):
+                for label, plan in plans(problem, split_counts, args.rule_only):
                     exe = executable_for_plan(plan, problem, 0)
                     prepared = torch.empty(max(1, exe.weight.nbytes if exe.weight else 1), device="cuda", dtype=torch.uint8)
                     workspace = torch.empty(max(1, exe.workspace_bytes_for(False)), device="cuda", dtype=torch.uint8)

@@ -59,12 +59,17 @@ SIMT_WAVE_BLOCKS = 132
 SIMT_WIDE_TILE_SPEED = 1.1
 #: Kernel taps the tap table holds at most (16 KB of shared memory); larger kernels run direct.
 SIMT_MAX_TAPS = 1024
-#: Split-K (common.split_k_runs): a problem of at most half a wave of tiles (SIMT_WAVE_BLOCKS / 2)
-#: splits its reduction across blocks, into enough runs to make SPLIT_K_TARGET_BLOCKS blocks (two per
-#: SM of the H100, which keeps 1 to 3 of them resident), of at least SPLIT_K_MIN_TILES k tiles each.
-#: Batch-1 layers of ResNet-50 make 4 to 60 tiles of up to 288 k tiles each; splitting batch-32 layers
-#: of 98-104 tiles into 3 measured slower (H100, benchmarks/NOTES.md).
+#: Split-K (common.split_k_runs): a grid of at most SPLIT_K_MAX_WARPS_PER_SM warps an SM on average
+#: (SIMT_WAVE_BLOCKS SMs) splits its reduction across blocks, into enough runs to make
+#: SPLIT_K_TARGET_BLOCKS blocks (two per SM of the H100, which keeps 1 to 3 of them resident) and
+#: SPLIT_K_TARGET_WARPS warps, of at least SPLIT_K_MIN_TILES k tiles each. One block of four warps an
+#: SM waits on its loads: split 3, ResNet-50 b32's 2048 -> 512 on 7^2 (104 blocks) 236 -> 151 us and
+#: MobileNetV2 b8's 144 -> 24 on 56^2 22 -> 19 us; one of eight does not gain (98 blocks of 1024 -> 256
+#: on 14^2 128 -> 139 us), nor batch-32 layers of 98-104 tiles of 128 x 128 split into 3 (H100,
+#: benchmarks/NOTES.md).
 SPLIT_K_TARGET_BLOCKS = 2 * SIMT_WAVE_BLOCKS
+SPLIT_K_MAX_WARPS_PER_SM = 4
+SPLIT_K_TARGET_WARPS = 8 * SIMT_WAVE_BLOCKS
 SPLIT_K_MIN_TILES = 4
 
 
@@ -74,26 +79,47 @@ def weight_columns(problem: ConvProblem) -> int:
 
 
 def _choose_config(problem: ConvProblem) -> tuple[SimtConfig, str]:
+    """Up to 32 output channels per group the 256 x 32 tile, up to 64 the 64 x 64 one. Ungrouped layers
+    of more: the 64 x 128 tile on 1x1 kernels and up to 128 channels (four warps a block and twice the
+    blocks of 128 x 128, which a short reduction or a small grid runs faster: ResNet-50 b32's 1x1 layers
+    2-12 %, MobileNetV2's and EfficientNet-B0's at b8 8-25 %, H100, benchmarks/NOTES.md), else whichever
+    of the 128 x 128, 64 x 128 and 128 x 64 tiles finishes first counting whole waves of
+    SIMT_WAVE_BLOCKS blocks (wave quantisation decides the small late layers: ResNet-50's 7x7 and 14x14
+    stages fill few waves of 128-channel tiles). Grouped problems (Winograd's batched GEMM among them)
+    keep the tiles they were timed with: _grouped_config."""
+    kg = problem.k // problem.groups
+    if kg <= 64 or problem.groups > 1:
+        return _grouped_config(problem)
+    if kg <= 128 or problem.kh * problem.kw == 1:
+        return _SIMT_BY_NAME["simt_m64n128k16"], f"{kg} output channels on a {problem.kh}x{problem.kw} kernel"
+    return _fewest_waves(problem, ("simt_m128n128k16", "simt_m64n128k16", "simt_m128n64k16"))
+
+
+def _grouped_config(problem: ConvProblem) -> tuple[SimtConfig, str]:
     """Up to 32 output channels per group the 256 x 32 tile, up to 64 the 64 x 64 one, up to 96 the
     96-channel one, up to 128 the 64 x 128 one (the input gathered once, twice the blocks of 128 x 128:
     r50_down_3x3s2 0.212 ms against 0.245 with 128 x 64). More: 64- or 128-channel tiles of 128 pixels,
-    whichever finishes first counting whole waves of
-    SIMT_WAVE_BLOCKS blocks (wave quantisation decides the small late layers: ResNet-50's 7x7 and
-    14x14 stages fill few waves of 128-channel tiles)."""
+    whichever finishes first counting whole waves."""
     kg = problem.k // problem.groups
     for limit, name in ((32, "simt_m256n32"), (64, "simt_m64n64"), (96, "simt_m128n96k16"), (128, "simt_m64n128k16")):
         if kg <= limit:
             return _SIMT_BY_NAME[name], f"{kg} output channels per group fit one {name} tile"
+    return _fewest_waves(problem, ("simt_m128n128k16", "simt_m128n64k16"))
+
+
+def _fewest_waves(problem: ConvProblem, names: tuple[str, ...]) -> tuple[SimtConfig, str]:
+    """The tile of ``names`` (the first of equals) whose whole waves of SIMT_WAVE_BLOCKS blocks take the
+    least time, a 128-channel tile doing a multiply-add SIMT_WIDE_TILE_SPEED times as fast."""
+    tiles = [_SIMT_BY_NAME[name] for name in names]
 
     def cost(cfg: SimtConfig) -> float:
         waves = math.ceil(math.prod(gemm_grid(problem, cfg)) / SIMT_WAVE_BLOCKS)
-        return waves * cfg.bn / (SIMT_WIDE_TILE_SPEED if cfg.bn == 128 else 1.0)
+        return waves * cfg.bm * cfg.bn / (SIMT_WIDE_TILE_SPEED if cfg.bn == 128 else 1.0)
 
-    narrow, wide = _SIMT_BY_NAME["simt_m128n64k16"], _SIMT_BY_NAME["simt_m128n128k16"]
-    cfg = min((wide, narrow), key=cost)
-    return cfg, (f"{kg} output channels per group; {cfg.bn}-channel tiles finish first "
-                 f"({math.prod(gemm_grid(problem, wide))} blocks of 128 or {math.prod(gemm_grid(problem, narrow))} "
-                 f"of 64 channels, waves of {SIMT_WAVE_BLOCKS})")
+    cfg = min(tiles, key=cost)
+    return cfg, (f"{problem.k // problem.groups} output channels per group; {cfg.name} finishes first counting "
+                 f"whole waves of {SIMT_WAVE_BLOCKS} blocks ("
+                 + ", ".join(f"{math.prod(gemm_grid(problem, t))} of {t.name}" for t in tiles) + ")")
 
 
 def refusal(problem: ConvProblem) -> str:
@@ -109,12 +135,14 @@ def refusal(problem: ConvProblem) -> str:
 
 
 def _splits(problem: ConvProblem, cfg: SimtConfig, grid: tuple[int, int, int]) -> int:
-    """Runs of the reduction for split-K (1: none): up to SPLIT_K_TARGET_BLOCKS blocks for grids of
-    at most half a wave."""
-    if 2 * math.prod(grid) > SIMT_WAVE_BLOCKS:
+    """Runs of the reduction for split-K (1: none): for grids of at most SPLIT_K_MAX_WARPS_PER_SM warps
+    an SM on average, enough runs to make SPLIT_K_TARGET_BLOCKS blocks and SPLIT_K_TARGET_WARPS warps."""
+    blocks, warps = math.prod(grid), cfg.threads // 32
+    if blocks * warps > SPLIT_K_MAX_WARPS_PER_SM * SIMT_WAVE_BLOCKS:
         return 1
+    wanted = max(SPLIT_K_TARGET_BLOCKS, math.ceil(SPLIT_K_TARGET_WARPS / warps))
     return split_k_runs(problem, grid, math.ceil(problem.c // problem.groups * problem.kh * problem.kw / cfg.bk),
-                        math.ceil(SPLIT_K_TARGET_BLOCKS / max(1, math.prod(grid))), SPLIT_K_MIN_TILES)
+                        math.ceil(wanted / max(1, blocks)), SPLIT_K_MIN_TILES)
 
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "", splits: int | None = None) -> LaunchPlan:
@@ -131,8 +159,9 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     if splits is None:
         splits = _splits(problem, cfg, grid)
         if splits > 1:
-            why += (f"; split-K: {math.prod(grid)} tiles (<= {SIMT_WAVE_BLOCKS // 2}) each reduce over {splits} "
-                    f"runs of the {problem.c // problem.groups * problem.kh * problem.kw} products")
+            why += (f"; split-K: {math.prod(grid)} tiles of {cfg.threads // 32} warps (<= {SPLIT_K_MAX_WARPS_PER_SM} "
+                    f"an SM) each reduce over {splits} runs of the {problem.c // problem.groups * problem.kh * problem.kw} "
+                    "products")
     else:
         check_splits(splits, grid, problem)
         why += f"; split-K forced: {splits} runs"
