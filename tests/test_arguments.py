@@ -149,8 +149,8 @@ def test_strict_float32_dispatch():
 def test_strict_float32_tiles():
     """The channel tile fits the output channels per group; ungrouped layers of more than 64 take the
     64 x 128 tile on 1x1 kernels and up to 128 channels, else the tile of fewest whole waves; grouped
-    problems keep the 96-channel tile and the 128-pixel tiles; the weight copy's columns are padded to a
-    multiple of 4."""
+    problems, and short reductions on many waves, keep the 96-channel tile and the 128-pixel tiles; the
+    weight copy's columns are padded to a multiple of 4."""
     from cupyconv.arguments import make_problem
     from cupyconv.planner import make_plan
 
@@ -168,6 +168,10 @@ def test_strict_float32_tiles():
     assert plan(32, 512, 512, 14).config.name == "simt_m64n128k16"    # 392 blocks: three waves, two of 128 px
     assert plan(32, 512, 1024, 14, groups=2).config.name == "simt_m128n128k16"  # grouped: 128-pixel tiles
     assert plan(32, 1024, 256, 14, kernel=1).config.name == "simt_m64n128k16"
+    # A reduction of 24 on 6 waves of 64 x 128 tiles, then on 24 waves: 128-pixel tiles.
+    assert plan(8, 24, 144, 56, kernel=1).config.name == "simt_m64n128k16"
+    assert plan(32, 24, 144, 56, kernel=1).config.name == "simt_m128n64k16"
+    assert plan(8, 16, 96, 112, kernel=1).config.name == "simt_m128n96k16"
     assert "waves" in plan(32, 512, 512, 7).reason
     assert plan(2, 8, 10, 9).weight_columns == 12
     assert plan(2, 12, 18, 9, groups=2).weight_columns == 12

@@ -57,6 +57,12 @@ SIMT_WAVE_BLOCKS = 132
 #: The 128-channel tile does a multiply-add in ~10 % less time than the 64-channel one (it gathers
 #: the input half as often per output channel).
 SIMT_WIDE_TILE_SPEED = 1.1
+#: Ungrouped reductions shorter than this (under two k tiles of 16) on more than this many waves of
+#: 64 x 128 tiles keep the 96- and 128-pixel tiles, whose blocks each cover more outputs: MobileNetV2's
+#: 16 -> 96 on 112^2 at b8 and b32 (25.6 / 94.2 us against 27.3 / 101.3) and 24 -> 144 on 56^2 at b32
+#: (58.6 against 68.6; 19.4 against 18.4 at b8, 6 waves).
+SIMT_SHORT_REDUCTION = 32
+SIMT_SHORT_REDUCTION_WAVES = 8
 #: Kernel taps the tap table holds at most (16 KB of shared memory); larger kernels run direct.
 SIMT_MAX_TAPS = 1024
 #: Split-K (common.split_k_runs): a grid of at most SPLIT_K_MAX_WARPS_PER_SM warps an SM on average
@@ -86,12 +92,17 @@ def _choose_config(problem: ConvProblem) -> tuple[SimtConfig, str]:
     of the 128 x 128, 64 x 128 and 128 x 64 tiles finishes first counting whole waves of
     SIMT_WAVE_BLOCKS blocks (wave quantisation decides the small late layers: ResNet-50's 7x7 and 14x14
     stages fill few waves of 128-channel tiles). Grouped problems (Winograd's batched GEMM among them)
-    keep the tiles they were timed with: _grouped_config."""
+    keep the tiles they were timed with (_grouped_config), as do reductions shorter than
+    SIMT_SHORT_REDUCTION on more than SIMT_SHORT_REDUCTION_WAVES waves of 64 x 128 tiles."""
     kg = problem.k // problem.groups
     if kg <= 64 or problem.groups > 1:
         return _grouped_config(problem)
+    tall = _SIMT_BY_NAME["simt_m64n128k16"]
+    if problem.c * problem.kh * problem.kw < SIMT_SHORT_REDUCTION and \
+            math.prod(gemm_grid(problem, tall)) > SIMT_SHORT_REDUCTION_WAVES * SIMT_WAVE_BLOCKS:
+        return _grouped_config(problem)
     if kg <= 128 or problem.kh * problem.kw == 1:
-        return _SIMT_BY_NAME["simt_m64n128k16"], f"{kg} output channels on a {problem.kh}x{problem.kw} kernel"
+        return tall, f"{kg} output channels on a {problem.kh}x{problem.kw} kernel"
     return _fewest_waves(problem, ("simt_m128n128k16", "simt_m64n128k16", "simt_m128n64k16"))
 
 
