@@ -1,5 +1,5 @@
 """GPU time of the FMA GEMM's tiles and split-K runs on a model's strict-fp32 layers, each plan in its
-own CUDA graph (no interleaving: a graph of CALLS calls of one plan, replayed REPLAYS times):
+own CUDA graph (graph_timing.py: no interleaving, 20 calls of one plan a graph, 30 replays):
     PYTHONPATH=$PWD python3 benchmarks/profile/simt_plans.py --model mobilenet_v2 --batch 8 [--splits 1,2,3,4]
         [--rule-only]
 Every distinct conv of the torchvision model (random weights, NCHW, fp32 strict) whose fixed-rules plan
@@ -18,29 +18,7 @@ from cupyconv.bench_models import group_convs, record_convs
 from cupyconv.executor import executable_for_plan
 from cupyconv.families import simt_gemm_conv2d
 from cupyconv.planner import make_plan
-
-CALLS, REPLAYS = 20, 30
-
-
-def graph_ms(enqueue) -> float:
-    """Median ms per call of ``enqueue(stream)`` (CALLS per graph) over REPLAYS graph replays."""
-    stream = torch.cuda.Stream()
-    torch.cuda.synchronize()
-    with torch.cuda.stream(stream):
-        enqueue(stream.cuda_stream)  # compiled and warm before capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(CALLS):
-                enqueue(stream.cuda_stream)
-    times = []
-    for _ in range(REPLAYS + 3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / CALLS)
-    return sorted(times[3:])[REPLAYS // 2]
+from graph_timing import graph_ms
 
 
 def plans(problem, split_counts, rule_only):

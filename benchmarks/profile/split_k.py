@@ -15,30 +15,9 @@ from cupyconv.bench import LAYERS, MODE_DTYPE
 from cupyconv.executor import executable_for_plan
 from cupyconv.families import implicit_gemm_nhwc
 from cupyconv.program import FLAG_COUNT
+from graph_timing import graph_ms
 
-CALLS, REPLAYS = 20, 30
 LAYOUT = {"fp16": "channels_last", "bf16": "channels_last", "tf32": "nchw"}
-
-
-def graph_ms(enqueue) -> float:
-    """Median ms per call of ``enqueue(stream)`` (CALLS per graph) over REPLAYS graph replays."""
-    stream = torch.cuda.Stream()
-    torch.cuda.synchronize()
-    with torch.cuda.stream(stream):
-        enqueue(stream.cuda_stream)  # compiled and warm before capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(CALLS):
-                enqueue(stream.cuda_stream)
-    times = []
-    for _ in range(REPLAYS + 3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / CALLS)
-    return sorted(times[3:])[REPLAYS // 2]
 
 
 def main() -> None:
