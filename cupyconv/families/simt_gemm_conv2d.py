@@ -98,11 +98,12 @@ def _choose_config(problem: ConvProblem) -> tuple[SimtConfig, str]:
     if kg <= 64 or problem.groups > 1:
         return _grouped_config(problem)
     tall = _SIMT_BY_NAME["simt_m64n128k16"]
-    if problem.c * problem.kh * problem.kw < SIMT_SHORT_REDUCTION and \
-            math.prod(gemm_grid(problem, tall)) > SIMT_SHORT_REDUCTION_WAVES * SIMT_WAVE_BLOCKS:
-        return _grouped_config(problem)
+    reduction, tall_blocks = problem.c * problem.kh * problem.kw, math.prod(gemm_grid(problem, tall))
+    if reduction < SIMT_SHORT_REDUCTION and tall_blocks > SIMT_SHORT_REDUCTION_WAVES * SIMT_WAVE_BLOCKS:
+        cfg, why = _grouped_config(problem)
+        return cfg, f"{why} (a reduction of {reduction} on {tall_blocks} blocks of {tall.name})"
     if kg <= 128 or problem.kh * problem.kw == 1:
-        return tall, f"{kg} output channels on a {problem.kh}x{problem.kw} kernel"
+        return tall, f"{tall.name} for {'a 1x1 kernel' if problem.kh * problem.kw == 1 else 'up to 128 channels'}"
     return _fewest_waves(problem, ("simt_m128n128k16", "simt_m64n128k16", "simt_m128n64k16"))
 
 
@@ -128,8 +129,7 @@ def _fewest_waves(problem: ConvProblem, names: tuple[str, ...]) -> tuple[SimtCon
         return waves * cfg.bm * cfg.bn / (SIMT_WIDE_TILE_SPEED if cfg.bn == 128 else 1.0)
 
     cfg = min(tiles, key=cost)
-    return cfg, (f"{problem.k // problem.groups} output channels per group; {cfg.name} finishes first counting "
-                 f"whole waves of {SIMT_WAVE_BLOCKS} blocks ("
+    return cfg, (f"{cfg.name} finishes first counting whole waves of {SIMT_WAVE_BLOCKS} blocks ("
                  + ", ".join(f"{math.prod(gemm_grid(problem, t))} of {t.name}" for t in tiles) + ")")
 
 
@@ -170,9 +170,9 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     if splits is None:
         splits = _splits(problem, cfg, grid)
         if splits > 1:
-            why += (f"; split-K: {math.prod(grid)} tiles of {cfg.threads // 32} warps (<= {SPLIT_K_MAX_WARPS_PER_SM} "
-                    f"an SM) each reduce over {splits} runs of the {problem.c // problem.groups * problem.kh * problem.kw} "
-                    "products")
+            why += (f"; split-K: {math.prod(grid)} tiles of {cfg.threads // 32} warps (at most "
+                    f"{SPLIT_K_MAX_WARPS_PER_SM} warps an SM) each reduce over {splits} runs of the "
+                    f"{problem.c // problem.groups * problem.kh * problem.kw} products")
     else:
         check_splits(splits, grid, problem)
         why += f"; split-K forced: {splits} runs"
