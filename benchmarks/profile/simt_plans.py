@@ -21,9 +21,8 @@ from cupyconv.planner import make_plan
 from graph_timing import graph_ms
 
 
-def plans(problem, split_counts, rule_only):
-    """(label, plan): the rules' plan, its tile at each split count, every other tile at its own splits."""
-    rule = make_plan(problem)
+def plans(problem, rule, split_counts, rule_only):
+    """(label, plan): the rules' plan ``rule``, its tile at each split count, every other tile at its own splits."""
     yield f"*{rule.config.name}/{rule.splits}", rule
     if rule_only:
         return
@@ -61,12 +60,13 @@ def main() -> None:
                 w = m.weight.detach()
                 problem = make_problem(tuple(xin.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
                                        "float32", m.stride, m.padding, m.dilation, m.groups)
-                if make_plan(problem).kernel != simt_gemm_conv2d.KERNEL:
+                rule = make_plan(problem)
+                if rule.kernel != simt_gemm_conv2d.KERNEL:
                     continue
                 ref = torch.nn.functional.conv2d(xin, w, bias, m.stride, m.padding, m.dilation, m.groups)
                 out = torch.empty_like(ref)
                 timings = [f"torch {1e3 * graph_ms(lambda _: torch.nn.functional.conv2d(xin, w, bias, m.stride, m.padding, m.dilation, m.groups)):.1f}"]
-                for label, plan in plans(problem, split_counts, args.rule_only):
+                for label, plan in plans(problem, rule, split_counts, args.rule_only):
                     exe = executable_for_plan(plan, problem, 0)
                     prepared = torch.empty(max(1, exe.weight.nbytes if exe.weight else 1), device="cuda", dtype=torch.uint8)
                     workspace = torch.empty(max(1, exe.workspace_bytes_for(False)), device="cuda", dtype=torch.uint8)
@@ -83,7 +83,7 @@ def main() -> None:
                     torch.cuda.synchronize()
                     error = ((out - ref).abs().max() / ref.abs().max()).item()
                     timings.append(f"{label} {1e3 * graph_ms(enqueue):.1f}" + ("" if error < 1e-4 else f" (ERROR {error:.1e})"))
-                print(f"{name} N{batch} {call.config.label():34s} x{len(names)} grid {make_plan(problem).grid} | "
+                print(f"{name} N{batch} {call.config.label():34s} x{len(names)} grid {rule.grid} | "
                       + "  ".join(timings), flush=True)
 
 

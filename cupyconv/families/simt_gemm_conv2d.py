@@ -92,26 +92,27 @@ def _choose_config(problem: ConvProblem) -> tuple[SimtConfig, str]:
     of the 128 x 128, 64 x 128 and 128 x 64 tiles finishes first counting whole waves of
     SIMT_WAVE_BLOCKS blocks (wave quantisation decides the small late layers: ResNet-50's 7x7 and 14x14
     stages fill few waves of 128-channel tiles). Grouped problems (Winograd's batched GEMM among them)
-    keep the tiles they were timed with (_grouped_config), as do reductions shorter than
+    keep the tiles they were timed with (_channel_fit_config), as do reductions shorter than
     SIMT_SHORT_REDUCTION on more than SIMT_SHORT_REDUCTION_WAVES waves of 64 x 128 tiles."""
     kg = problem.k // problem.groups
     if kg <= 64 or problem.groups > 1:
-        return _grouped_config(problem)
+        return _channel_fit_config(problem)
     tall = _SIMT_BY_NAME["simt_m64n128k16"]
     reduction, tall_blocks = problem.c * problem.kh * problem.kw, math.prod(gemm_grid(problem, tall))
     if reduction < SIMT_SHORT_REDUCTION and tall_blocks > SIMT_SHORT_REDUCTION_WAVES * SIMT_WAVE_BLOCKS:
-        cfg, why = _grouped_config(problem)
+        cfg, why = _channel_fit_config(problem)
         return cfg, f"{why} (a reduction of {reduction} on {tall_blocks} blocks of {tall.name})"
     if kg <= 128 or problem.kh * problem.kw == 1:
         return tall, f"{tall.name} for {'a 1x1 kernel' if problem.kh * problem.kw == 1 else 'up to 128 channels'}"
     return _fewest_waves(problem, ("simt_m128n128k16", "simt_m64n128k16", "simt_m128n64k16"))
 
 
-def _grouped_config(problem: ConvProblem) -> tuple[SimtConfig, str]:
-    """Up to 32 output channels per group the 256 x 32 tile, up to 64 the 64 x 64 one, up to 96 the
-    96-channel one, up to 128 the 64 x 128 one (the input gathered once, twice the blocks of 128 x 128:
-    r50_down_3x3s2 0.212 ms against 0.245 with 128 x 64). More: 64- or 128-channel tiles of 128 pixels,
-    whichever finishes first counting whole waves."""
+def _channel_fit_config(problem: ConvProblem) -> tuple[SimtConfig, str]:
+    """The tiles by output channels per group alone, as first timed (every layer up to 64 channels;
+    grouped problems and short reductions on many waves past that): up to 32 the 256 x 32 tile, up to
+    64 the 64 x 64 one, up to 96 the 96-channel one, up to 128 the 64 x 128 one (the input gathered once,
+    twice the blocks of 128 x 128: r50_down_3x3s2 0.212 ms against 0.245 with 128 x 64). More: 64- or
+    128-channel tiles of 128 pixels, whichever finishes first counting whole waves."""
     kg = problem.k // problem.groups
     for limit, name in ((32, "simt_m256n32"), (64, "simt_m64n64"), (96, "simt_m128n96k16"), (128, "simt_m64n128k16")):
         if kg <= limit:
