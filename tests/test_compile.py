@@ -1,9 +1,19 @@
-"""Every kernel specialisation the planner can choose compiles with NVRTC for sm_80 and sm_90 (and the
-architecture-specific ones, wgmma, for sm_90a), without a GPU, and spills no registers (ptxas's report).
+"""Kernel specialisations the planner can choose compile with NVRTC for sm_80 and sm_90 (and the
+architecture-specific ones, wgmma, for sm_90a), without a GPU, and spill no registers (ptxas's report).
+
+By default each kernel compiles a pairwise covering of its specialisations: every value of every
+template argument, and every two values that two arguments take together somewhere in the full set,
+appear in at least one compiled instance (a run of integer arguments, a tile's sizes, counts as one
+argument, so every tile is compiled with every dtype, index width and flag). That is two fifths of
+the ~3,300 instances, and keeps CI's two cores within its time (all of them take over an hour there).
+CUPYCONV_COMPILE_ALL=1 compiles every instance: run it when a kernel's source or tile table changes.
 
 Each test compiles one NVRTC program of at most CHUNK expressions of one kernel: a program of hundreds
 of instances compiles slower than the same instances in pieces, and pieces let pytest-xdist spread
 the compiler's work (most of the suite's time) over the machine's cores."""
+import itertools
+import os
+
 import pytest
 
 from cupyconv.compiler import compile_offline
@@ -17,32 +27,70 @@ from cupyconv.wgrad_tensor_cores import specialisations as tensor_core_wgrad_spe
 
 CHUNK = 48
 PORTABLE_ARCHS = ("sm_80", "sm_90")
+COMPILE_ALL = os.environ.get("CUPYCONV_COMPILE_ALL") == "1"
 
 
-def _programs(expressions, archs):
-    """pytest params (kernel, arch, expressions) of at most CHUNK expressions each, ids kernel-arch-part."""
+def _factors(expression: str) -> tuple:
+    """An expression's template arguments, a run of integer arguments joined into one tuple."""
+    factors: list = []
+    for argument in expression[expression.index("<") + 1:expression.rindex(">")].split(","):
+        if not argument.lstrip("-").isdigit():
+            factors.append(argument)
+        elif factors and isinstance(factors[-1], tuple):
+            factors[-1] += (argument,)
+        else:
+            factors.append((argument,))
+    return tuple(factors)
+
+
+def _pairs(expression: str) -> set:
+    """The (position, value) of each factor and of each two factors together."""
+    factors = _factors(expression)
+    return {((i, factors[i]), (j, factors[j])) for i, j in itertools.combinations_with_replacement(range(len(factors)), 2)}
+
+
+def _covering(expressions: list[str]) -> list[str]:
+    """A greedy pairwise covering: expressions, in their order, until every pair of the set is in one."""
+    uncovered = set().union(*map(_pairs, expressions))
+    chosen = []
+    while uncovered:
+        best = max(expressions, key=lambda expression: len(uncovered & _pairs(expression)))
+        uncovered -= _pairs(best)
+        chosen.append(best)
+    return sorted(chosen, key=expressions.index)
+
+
+def _families(expressions: list[str]) -> dict[str, list[str]]:
     families: dict[str, list[str]] = {}
     for expression in expressions:
         families.setdefault(expression.split("<")[0].split("::")[-1], []).append(expression)
+    return families
+
+
+def _programs(expressions, archs, every=COMPILE_ALL):
+    """pytest params (kernel, arch, expressions) of at most CHUNK expressions each, ids kernel-arch-part:
+    every expression, or each kernel's pairwise covering."""
+    families = {kernel: family if every else _covering(family) for kernel, family in _families(expressions).items()}
     return [pytest.param(kernel, arch, tuple(chunk[start:start + CHUNK]), id=f"{kernel}-{arch}-{start // CHUNK}")
             for arch in archs for kernel, chunk in sorted(families.items()) for start in range(0, len(chunk), CHUNK)]
 
 
-def _forward():
+def _forward(every=COMPILE_ALL):
     """The planner's kernels, and the squeeze-excitation pooling that fused models run before them."""
-    return _programs(kernel_specialisations() + pooling_specialisations(), PORTABLE_ARCHS) + \
-        [param for arch, expressions in arch_specialisations().items() for param in _programs(expressions, (arch,))]
+    return _programs(kernel_specialisations() + pooling_specialisations(), PORTABLE_ARCHS, every) + \
+        [param for arch, expressions in arch_specialisations().items()
+         for param in _programs(expressions, (arch,), every)]
 
 
-def _gradients():
+def _gradients(every=COMPILE_ALL):
     """The weight gradient's FMA GEMM (every dtype, layout, index width and tile), its reduction, the
     depthwise kernel (every dtype, layout and kernel size), the tensor-core GEMM (every dtype, index
     width, tile and piece; its wgmma instances for sm_90a) and the input gradient's phase weight."""
     portable = (wgrad_specialisations() + depthwise_wgrad_specialisations() + tensor_core_wgrad_specialisations()
                 + phase_weight_specialisations())
-    return _programs(portable, PORTABLE_ARCHS) + \
+    return _programs(portable, PORTABLE_ARCHS, every) + \
         [param for arch, expressions in tensor_core_wgrad_arch_specialisations().items()
-         for param in _programs(expressions, (arch,))]
+         for param in _programs(expressions, (arch,), every)]
 
 
 @pytest.mark.parametrize("kernel,arch,expressions", _forward() + _gradients())
@@ -57,7 +105,7 @@ def test_specialisations_compile_without_spills(kernel, arch, expressions):
 
 def test_pieces_cover_every_specialisation_once():
     """Cutting the families into programs drops no expression and compiles none twice for an arch."""
-    seen = [(arch, expression) for kernel, arch, expressions in (p.values for p in _forward() + _gradients())
+    seen = [(arch, expression) for kernel, arch, expressions in (p.values for p in _forward(True) + _gradients(True))
             for expression in expressions]
     assert len(seen) == len(set(seen))
     portable = kernel_specialisations() + pooling_specialisations() + wgrad_specialisations() + \
@@ -67,3 +115,21 @@ def test_pieces_cover_every_specialisation_once():
         specific[arch] = specific.get(arch, []) + expressions
     assert set(seen) == {(arch, e) for arch in PORTABLE_ARCHS for e in portable} | \
         {(arch, e) for arch, es in specific.items() for e in es}
+
+
+def test_sampled_programs_cover_every_pair_of_each_kernel():
+    """Each kernel's sample holds every value pair of its full set, in every arch the full set has."""
+    full, sampled = ({}, {})
+    for programs, by in ((_forward(True) + _gradients(True), full), (_forward(False) + _gradients(False), sampled)):
+        for kernel, arch, expressions in (p.values for p in programs):
+            by.setdefault((kernel, arch), []).extend(expressions)
+    assert set(sampled) == set(full)
+    for key, expressions in full.items():
+        assert set(sampled[key]) <= set(expressions) and len(set(sampled[key])) == len(sampled[key]), key
+        assert set().union(*map(_pairs, sampled[key])) == set().union(*map(_pairs, expressions)), key
+    assert 2 * sum(map(len, sampled.values())) < sum(map(len, full.values()))
+
+
+def test_factors_join_a_tile_into_one():
+    assert _factors("cupyconv::k<float,long long,128,64,16,2,true,0,false>") == \
+        ("float", "long long", ("128", "64", "16", "2"), "true", ("0",), "false")
