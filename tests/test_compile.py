@@ -47,8 +47,9 @@ def _factors(expression: str) -> tuple:
     return tuple(factors)
 
 
-def _pairs(expression: str, strength: int = 2) -> set:
-    """The (position, value) of each factor, and (strength 2) of each two factors together."""
+def _covered(expression: str, strength: int = 2) -> set:
+    """What ``expression`` covers: the (position, value) of each factor, and (strength 2) of each two
+    factors together."""
     factors = _factors(expression)
     return {tuple((i, factors[i]) for i in sorted(set(positions)))
             for positions in itertools.combinations_with_replacement(range(len(factors)), strength)}
@@ -57,11 +58,11 @@ def _pairs(expression: str, strength: int = 2) -> set:
 def _covering(expressions: list[str], strength: int = 2) -> list[str]:
     """A greedy covering: expressions, in their order, until every value (strength 1) or pair of values
     (2) of the set is in one."""
-    uncovered = set().union(*(_pairs(e, strength) for e in expressions))
+    uncovered = set().union(*(_covered(e, strength) for e in expressions))
     chosen = []
     while uncovered:
-        best = max(expressions, key=lambda expression: len(uncovered & _pairs(expression, strength)))
-        uncovered -= _pairs(best, strength)
+        best = max(expressions, key=lambda expression: len(uncovered & _covered(expression, strength)))
+        uncovered -= _covered(best, strength)
         chosen.append(best)
     return sorted(chosen, key=expressions.index)
 
@@ -139,8 +140,8 @@ def test_sampled_programs_cover_every_pair_of_each_kernel():
     for key, expressions in full.items():
         assert set(sampled[key]) <= set(expressions) and len(set(sampled[key])) == len(sampled[key]), key
         strength = STRENGTH[key[1]]
-        assert set().union(*(_pairs(e, strength) for e in sampled[key])) == \
-            set().union(*(_pairs(e, strength) for e in expressions)), key
+        assert set().union(*(_covered(e, strength) for e in sampled[key])) == \
+            set().union(*(_covered(e, strength) for e in expressions)), key
     assert 2 * sum(map(len, sampled.values())) < sum(map(len, full.values()))
 
 
