@@ -58,11 +58,12 @@ def _covered(expression: str, strength: int = 2) -> set:
 def _covering(expressions: list[str], strength: int = 2) -> list[str]:
     """A greedy covering: expressions, in their order, until every value (strength 1) or pair of values
     (2) of the set is in one."""
-    uncovered = set().union(*(_covered(e, strength) for e in expressions))
+    covers = {e: _covered(e, strength) for e in expressions}  # once each, not once per greedy step
+    uncovered = set().union(*covers.values())
     chosen = []
     while uncovered:
-        best = max(expressions, key=lambda expression: len(uncovered & _covered(expression, strength)))
-        uncovered -= _covered(best, strength)
+        best = max(expressions, key=lambda expression: len(uncovered & covers[expression]))
+        uncovered -= covers[best]
         chosen.append(best)
     return sorted(chosen, key=expressions.index)
 
