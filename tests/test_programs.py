@@ -108,8 +108,8 @@ def temporaries(plan, problem) -> list[int]:
     NCHW input, or of an NHWC one that needs zero channels or, float32 with several taps on a wgmma
     tile but the 128-pixel producer's, or any float32 on the 256-pixel producer's, rounding) and
     stream-K's float32 slots, one tile per block; Winograd's transformed
-    input V and GEMM output M of one pass; split-K's partial sums (the GEMMs', after the input's copy,
-    or Winograd's GEMM's after M); then, for an NHWC problem of a family that computes NCHW alone, the NCHW copies
+    input V and GEMM output M of one pass (with split-K, its runs of partial sums in M's place); split-K's
+    partial sums (after the input's copy); then, for an NHWC problem of a family that computes NCHW alone, the NCHW copies
     of x, of the output and (where there is one) of the residual, each where its planes are larger than
     one pixel -- none for the NCHW-gather GEMM, which reads and writes them in place."""
     item = STORAGE_BYTES[problem.dtype]
@@ -137,8 +137,8 @@ def temporaries(plan, problem) -> list[int]:
                     for gemm, count in ((plan.gemm, plan.winograd_images),
                                         (plan.gemm_last, problem.n % plan.winograd_images or plan.winograd_images))
                     if gemm.splits > 1]
-        return [floats * winograd_conv2d.winograd_channels(problem), floats * problem.k] + \
-            ([max(partials)] if partials else [])
+        # M, or with split-K the GEMM's runs of partial sums of M in its place.
+        return [floats * winograd_conv2d.winograd_channels(problem), max([floats * problem.k] + partials)]
     if plan.kernel == planner.SIMT_KERNEL:
         return partials
     return []
@@ -313,11 +313,35 @@ def test_winograd_passes(monkeypatch, fit, counts):
     inputs = [launch for launch in call.launches if launch.kernel == "winograd_input_transform"]
     outputs = [launch for launch in call.launches if launch.kernel == "winograd_output_transform"]
     gemms = [launch for launch in call.launches if launch.kernel == planner.SIMT_KERNEL]
-    assert [launch.args[2] for launch in inputs] == [launch.args[7] for launch in outputs] == counts
+    assert [launch.args[2] for launch in inputs] == [launch.args[8] for launch in outputs] == counts
     firsts = [sum(counts[:i]) for i in range(len(counts))]
     assert [launch.args[0] for launch in inputs] == [Pointer(X, first * 4 * 6 * 52 * 56) for first in firsts]
     assert [launch.args[2] for launch in outputs] == [Pointer(OUT, first * 4 * 10 * 52 * 50) for first in firsts]
     assert [launch.args[11] for launch in gemms] == [count * 13 * 13 for count in counts]  # the GEMMs' W: tiles
+
+
+@pytest.mark.parametrize("splits", [2, 5])
+def test_winograd_output_transform_adds_split_k_runs(monkeypatch, splits):
+    """With split-K GEMMs (here in passes of 2, 2 and 1 images), each pass's GEMM writes its runs of
+    partial sums where M goes and its output transform, the split instance given the run count, adds
+    them: no reduction launch."""
+    case = Case(5, 6, 10, 52, 56, 5, 9, padding=(2, 1))
+    problem = problem_of(case, "float32")
+    per_image, weight = 4 * 36 * (36 + 10) * 13 * 13, 4 * 36 * 36 * 12
+    monkeypatch.setattr(winograd_conv2d, "WINOGRAD_MAX_WORKSPACE_BYTES", weight + 2 * per_image + 1)
+    plan = winograd_conv2d.make_plan(problem, splits=splits)
+    call = check_program(plan, problem)
+    assert REDUCE_KERNEL not in {launch.kernel for launch in call.launches}
+    gemms = [launch for launch in call.launches if launch.kernel == planner.SIMT_KERNEL]
+    outputs = [launch for launch in call.launches if launch.kernel == "winograd_output_transform"]
+    assert len(gemms) == len(outputs) == 3
+    for gemm, output in zip(gemms, outputs):
+        assert gemm.args[3] == output.args[0] == Pointer(WORKSPACE, winograd_conv2d.align(4 * 36 * 36 * 2 * 13 * 13))
+        assert output.args[7] == splits and output.name_expression.endswith(",true>")
+    unsplit = check_program(winograd_conv2d.make_plan(problem, splits=1), problem)
+    assert {launch.name_expression for launch in unsplit.launches if launch.kernel == "winograd_output_transform"} \
+        == {"cupyconv::winograd_output_transform<4,int,false>"}
+    assert call.workspace_bytes > unsplit.workspace_bytes
 
 
 def test_weight_preparations_name_their_form():

@@ -186,8 +186,9 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         reason=f"{reason}; {why}" if reason else why, weight_columns=columns, splits=splits)
 
 
-def describe(plan: LaunchPlan) -> str:
-    """The printed plan: tile, launch shape, the weight copy it reads and why."""
+def describe(plan: LaunchPlan, added_by: str = REDUCE_KERNEL) -> str:
+    """The printed plan: tile, launch shape, the weight copy it reads and why (``added_by``: the kernel
+    that adds split-K's partial sums)."""
     c = plan.config
     return (f"{plan.kernel} [{c.name}: block {c.bm} px x {c.bn} ch, k {c.bk} per stage, {c.stages} stages, "
             f"warps of {c.wm} px x {c.wn} ch, 8x8 outputs per thread, {c.threads} threads]\n"
@@ -196,7 +197,7 @@ def describe(plan: LaunchPlan) -> str:
             f"block {plan.block}\n"
             f"  reads the NCHW input in place and a transposed weight copy [groups][Cg kh kw][{plan.weight_columns}]\n"
             + (f"  split-K: {plan.splits} runs of the reduction write partial sums to the workspace, added in "
-               f"order by {REDUCE_KERNEL} (the same bits on every run)\n" if plan.splits > 1 else "") +
+               f"order by {added_by} (the same bits on every run)\n" if plan.splits > 1 else "") +
             f"  why: {plan.reason}")
 
 
@@ -222,14 +223,21 @@ def gemm_launches(plan: LaunchPlan, problem: ConvProblem, x: Pointer, weight: Po
                   partial: Pointer) -> tuple[Launch, ...]:
     """The launches of ``plan`` on ``x``, the transposed weight ``weight`` ([groups][Cg kh kw][columns])
     and ``out``: the GEMM, or with split-K the GEMM into ``partial`` (partial_bytes of workspace) and
-    the ordered reduction into ``out``. winograd_conv2d runs its batched GEMM through it."""
+    the ordered reduction into ``out``."""
     if plan.splits == 1:
-        return (conv_launch(plan, problem, plan.weight_columns, 1, 0, x=x, weight=weight, out=out),)
-    elements = math.prod(problem.out_shape)
-    # The bias is the reduction's to add.
-    gemm = conv_launch(plan, problem, plan.weight_columns, plan.splits, elements, x=x, weight=weight, out=partial,
-                       partial=True)
-    return gemm, split_k_reduce("float32", plan.index_type, problem, plan.splits, partial, out)
+        return (gemm_launch(plan, problem, x, weight, out),)
+    return (gemm_launch(plan, problem, x, weight, partial),
+            split_k_reduce("float32", plan.index_type, problem, plan.splits, partial, out))
+
+
+def gemm_launch(plan: LaunchPlan, problem: ConvProblem, x: Pointer, weight: Pointer, out: Pointer) -> Launch:
+    """The GEMM's own launch into ``out``: the output, or with split-K its ``plan.splits`` runs of float32
+    partial sums one after another, without the bias or the epilogue (the launch that adds them in run
+    order finishes the output)."""
+    if plan.splits == 1:
+        return conv_launch(plan, problem, plan.weight_columns, 1, 0, x=x, weight=weight, out=out)
+    return conv_launch(plan, problem, plan.weight_columns, plan.splits, math.prod(problem.out_shape), x=x,
+                       weight=weight, out=out, partial=True)
 
 
 def _weight_preparation(problem: ConvProblem, columns: int) -> WeightPreparation:
