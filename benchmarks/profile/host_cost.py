@@ -1,7 +1,7 @@
 """Host cost of one call, per kernel family and entry point, with the GPU kept busy so that only the
 host's time is measured (the calls queue behind a spin kernel; none waits for the GPU).
 
-    PYTHONPATH=$PWD python3 benchmarks/profile/host_cost.py            # the table
+    PYTHONPATH=$PWD python3 benchmarks/profile/host_cost.py [--row ROW ...]   # the table
     PYTHONPATH=$PWD python3 benchmarks/profile/host_cost.py --profile simt_fp32   # cProfile of one row
     PYTHONPATH=$PWD python3 benchmarks/profile/host_cost.py --train [--profile ROW]  # forward and backward
 
@@ -159,6 +159,7 @@ def main() -> None:
     parser.add_argument("--profile", choices=sorted(ROWS), help="cProfile the cupyconv entry points of one row")
     parser.add_argument("--primitives", action="store_true", help="time the steps a call is made of")
     parser.add_argument("--train", action="store_true", help="forward and backward of a module, batch 32")
+    parser.add_argument("--row", action="append", choices=sorted(ROWS), help="the table's rows (default: all)")
     args = parser.parse_args()
     if args.train:
         return train(args)
@@ -176,7 +177,7 @@ def main() -> None:
                     print(f"--- {point}")
                     pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
             return
-        names = list(ROWS)
+        names = args.row or list(ROWS)
         columns = list(entry_points(names[0]))
         print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}, CuPy {cupy.__version__}; host us per "
               f"call (median of {LOOPS} loops of {CALLS}), GPU kept busy\n")
