@@ -44,21 +44,18 @@ __device__ __forceinline__ void stream_k_publish(const float (&acc)[ACC], float*
 
 // Once `flag` is raised, the partial sums at `partial` (stream_k_publish's layout) added to acc; the
 // flag is lowered for the next launch.
-// Waits until `flag` is raised, then lowers it for the next launch (the caller's threads read what it
-// guards after a barrier).
-__device__ __forceinline__ void await_flag(int* flag) {
-    int raised = 0;
-    while (true) {
-        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(raised) : "l"(flag) : "memory");
-        if (raised) break;
-        __nanosleep(64);
-    }
-    *flag = 0;
-}
-
-// The partial sums at `partial` (stream_k_publish's layout) added to acc, once their flag was awaited.
 template <int THREADS, int ACC>
-__device__ __forceinline__ void add_published(float (&acc)[ACC], const float* partial) {
+__device__ __forceinline__ void stream_k_add(float (&acc)[ACC], const float* partial, int* flag) {
+    if (threadIdx.x == 0) {
+        int raised = 0;
+        while (true) {
+            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(raised) : "l"(flag) : "memory");
+            if (raised) break;
+            __nanosleep(64);
+        }
+        *flag = 0;
+    }
+    __syncthreads();
     const float4* in = reinterpret_cast<const float4*>(partial);
 #pragma unroll
     for (int i = 0; i < ACC / 4; ++i) {
@@ -68,14 +65,6 @@ __device__ __forceinline__ void add_published(float (&acc)[ACC], const float* pa
         acc[4 * i + 2] += v.z;
         acc[4 * i + 3] += v.w;
     }
-}
-
-// Once `flag` is raised, the partial sums at `partial` added to acc; the flag is lowered.
-template <int THREADS, int ACC>
-__device__ __forceinline__ void stream_k_add(float (&acc)[ACC], const float* partial, int* flag) {
-    if (threadIdx.x == 0) await_flag(flag);
-    __syncthreads();
-    add_published<THREADS, ACC>(acc, partial);
 }
 
 // Split-K in one launch: a tile's reduction in `splits` runs of consecutive k tiles, one block each,
@@ -92,12 +81,13 @@ __device__ __forceinline__ bool split_k_gather(float (&acc)[ACC], float* partial
         stream_k_publish<THREADS, ACC>(acc, partials + static_cast<long long>(slot) * ACC * THREADS, flags + slot);
         return false;
     }
-    // The earlier runs' flags awaited together, a thread each, then their slots added in run order.
-    for (int run = threadIdx.x; run < splits - 1; run += THREADS) await_flag(flags + run * tiles + tile);
-    __syncthreads();
+    // Run by run, so that the first slots are added while later runs still multiply (awaiting every
+    // flag first, a thread each, measured slower: H200, ResNet-50 b1's 16-run layers 12.9 -> 16.4 us).
 #pragma unroll 1
-    for (int run = 0; run < splits - 1; ++run)
-        add_published<THREADS, ACC>(acc, partials + static_cast<long long>(run * tiles + tile) * ACC * THREADS);
+    for (int run = 0; run < splits - 1; ++run) {
+        const int slot = run * tiles + tile;
+        stream_k_add<THREADS, ACC>(acc, partials + static_cast<long long>(slot) * ACC * THREADS, flags + slot);
+    }
     return true;
 }
 
