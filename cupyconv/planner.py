@@ -60,8 +60,7 @@ class LaunchPlan:
     # it reads (K / groups rounded up to 4 with zero columns, for 16-byte pieces).
     weight_columns: int = 0
     # ... and the runs of the reduction it splits across blocks (split-K, 1: none): grid z is
-    # groups x splits; simt_gemm_conv2d's last run of each tile adds the others' sums in its own launch
-    # (kernels/stream_k.cuh), implicit_gemm_nhwc's runs write partial sums that kernels/split_k_reduce.cu adds.
+    # groups x splits, each split's partial sums go to the workspace, kernels/split_k_reduce.cu adds them.
     splits: int = 1
     # implicit_gemm_nhwc only: stream-K's persistent blocks (0: one block per tile of ``grid``, which
     # then counts the tiles those blocks share; kernels/stream_k.cuh).

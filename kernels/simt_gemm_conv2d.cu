@@ -24,13 +24,13 @@
 //
 // Split-K (the SPLIT_K instances, for problems of too few tiles to fill the GPU; the others compile as
 // if it did not exist, at their old register counts): gridDim.z = groups x splits,
-// block z = split groups + g takes the split-th run of ceil(k tiles / splits) k tiles; the last run
-// adds the others' sums (published to `partials`, signalled through `flags`) in run order and
-// finishes the tile (stream_k.cuh, split_k_gather), so the result is the same bits on every run.
+// block z = split groups + g takes the split-th run of ceil(k tiles / splits) k tiles and writes its
+// partial sums, without bias, to y + split split_elements (the host passes a workspace and
+// has_bias = 0); kernels/split_k_reduce.cu then adds the splits in order, so the result is the same
+// bits on every run.
 #include "epilogue.cuh"
 #include "gather_pixel.cuh"
 #include "mma.cuh"
-#include "stream_k.cuh"
 
 namespace cupyconv {
 
@@ -48,7 +48,7 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
                  int activation,
                  int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                  int sh, int sw, int pt, int pl, int dh, int dw, int groups, int Kgp, int splits,
-                 float* __restrict__ partials, int* __restrict__ flags) {
+                 int split_elements) {
     constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN, NT = WARPS_M * WARPS_N * 32;
     constexpr int LM = WM / 8, LN = WN / 8;                  // lanes along pixels and along channels
     constexpr int A_STAGE = BK * BM, B_STAGE = BK * BN;
@@ -85,6 +85,7 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
     const int split_tiles = SPLIT_K ? (all_tiles + splits - 1) / splits : all_tiles;
     const int kt0 = split * split_tiles;  // this split's first k tile
     const int k_tiles = SPLIT_K ? max(0, min(all_tiles - kt0, split_tiles)) : all_tiles;
+    if (SPLIT_K) y += static_cast<Index>(split) * split_elements;
 
     for (int t = tid; t < taps_per_c; t += NT) {
         const int r = t / kw, s = t - r * kw;
@@ -175,12 +176,6 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
 
     __syncthreads();  // the tap table is written
     run_k_pipeline<STAGES>(k_tiles, load_tile, compute_tile, [](int) {});
-    if constexpr (SPLIT_K) {
-        float (&sums)[64] = reinterpret_cast<float (&)[64]>(acc);
-        if (!split_k_gather<NT, 64>(sums, partials, flags, split, splits,
-                                    (g * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x, gridDim.x * gridDim.y * groups))
-            return;
-    }
 
     // --- Epilogue, from registers: + bias, NCHW stores; 4 consecutive pixels as one float4 where the
     // planes are a multiple of 4 pixels (a run then never crosses an image) and y is 16-byte aligned.

@@ -67,28 +67,4 @@ __device__ __forceinline__ void stream_k_add(float (&acc)[ACC], const float* par
     }
 }
 
-// Split-K in one launch: a tile's reduction in `splits` runs of consecutive k tiles, one block each,
-// all in one grid. Runs 0 .. splits - 2 publish their sums to their slots (split tiles + tile) and
-// leave; the last run waits for each of them and adds them to its own in run order, then finishes
-// the tile: a fixed order, so the same bits on every run. It waits only for blocks launched before it
-// (lower blockIdx.z), which never wait, so the grid completes however few of its blocks are resident.
-// Returns whether the calling block finishes the tile (acc then holds the whole reduction).
-template <int THREADS, int ACC>
-__device__ __forceinline__ bool split_k_gather(float (&acc)[ACC], float* partials, int* flags, int split,
-                                               int splits, int tile, int tiles) {
-    if (split < splits - 1) {
-        const int slot = split * tiles + tile;
-        stream_k_publish<THREADS, ACC>(acc, partials + static_cast<long long>(slot) * ACC * THREADS, flags + slot);
-        return false;
-    }
-    // Run by run, so that the first slots are added while later runs still multiply (awaiting every
-    // flag first, a thread each, measured slower: H200, ResNet-50 b1's 16-run layers 12.9 -> 16.4 us).
-#pragma unroll 1
-    for (int run = 0; run < splits - 1; ++run) {
-        const int slot = run * tiles + tile;
-        stream_k_add<THREADS, ACC>(acc, partials + static_cast<long long>(slot) * ACC * THREADS, flags + slot);
-    }
-    return true;
-}
-
 }  // namespace cupyconv

@@ -21,7 +21,8 @@
 //   winograd_input_transform   x [N][C][H][W]   -> V [a^2][C'][T]   (B^T d B; T = N tiles_h tiles_w)
 //   simt_gemm_conv2d           V as an a^2-group 1x1 convolution of one image of 1 x T pixels, U as
 //                              its transposed weight                -> M [a^2][K][T]
-//   winograd_output_transform  M                 -> y [N][K][Ho][Wo] (A^T m A + bias)
+//   winograd_output_transform  M                 -> y [N][K][Ho][Wo] (A^T m A + bias; with split-K
+//                              it adds the GEMM's partial sums of M itself, in run order)
 // V and M are laid out tile-contiguous so that the GEMM's gather is the 1x1 case (a warp reads 128
 // contiguous bytes) and each transform reads and writes along tiles, coalesced. They are a^2 / m^2
 // times the phases and the output (4x for m = 2, 2.25x for m = 4) and cross memory twice each: the
@@ -110,6 +111,23 @@ __device__ __forceinline__ void load_planes(float (&t)[A][A], const float* __res
         for (int q = 0; q < A; ++q) t[r][q] = src[(r * A + q) * plane + i];
 }
 
+// load_planes of the sum of ``splits`` runs of split-K's partial sums, ``run`` floats apart, added in
+// run order as split_k_reduce.cu adds them (the same bits, without its launch and its pass over M).
+template <int A, typename Index>
+__device__ __forceinline__ void load_split_planes(float (&t)[A][A], const float* __restrict__ src, Index plane,
+                                                  Index i, int splits, int run) {
+    load_planes(t, src, plane, i);
+    // splits x run < 2^31 (common.split_k_runs): 32-bit offsets, whatever Index is.
+    for (int offset = run; offset < splits * run; offset += run) {
+        float more[A][A];
+        load_planes(more, src + offset, plane, i);
+#pragma unroll
+        for (int r = 0; r < A; ++r)
+#pragma unroll
+            for (int q = 0; q < A; ++q) t[r][q] += more[r][q];
+    }
+}
+
 // Phase ph of bh bw sh sw, in (u, v, p, q) order: the tap or input offset of its (0, 0) element.
 struct Phase {
     int row, col;
@@ -183,12 +201,14 @@ winograd_input_transform(const float* __restrict__ x, float* __restrict__ v, int
 }
 
 // One thread per (k, tile), tile fastest: the M x M outputs A^T m A (+ bias, through the epilogue) of
-// the a^2 M[xi][k][t].
-template <int M, typename Index>
+// the a^2 M[xi][k][t]; with SPLIT_K, m holds the GEMM's ``splits`` runs of partial sums of M, one
+// after another, and their sum is M (a template flag: holding a whole run's values costs registers the
+// unsplit instance, which batches of many images run, keeps for more blocks per SM).
+template <int M, typename Index, bool SPLIT_K>
 __global__ void __launch_bounds__(256)
 winograd_output_transform(const float* __restrict__ m, const float* __restrict__ bias, float* __restrict__ y,
                           int has_bias, const float* __restrict__ residual, int has_residual, int activation,
-                          int N, int K, int Ho, int Wo, int tiles_h, int tiles_w) {
+                          int splits, int N, int K, int Ho, int Wo, int tiles_h, int tiles_w) {
     constexpr int A = M + 2;
     const Index T = static_cast<Index>(N) * tiles_h * tiles_w;
     const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -196,7 +216,10 @@ winograd_output_transform(const float* __restrict__ m, const float* __restrict__
     const Index k = i / T;
     const Tile<Index> tile(i - k * T, tiles_h, tiles_w);
     float a[A][A], out[M][M];
-    load_planes(a, m, T * K, i);
+    if constexpr (SPLIT_K)
+        load_split_planes(a, m, T * K, i, splits, static_cast<int>(T * K * A * A));
+    else
+        load_planes(a, m, T * K, i);
     sandwich(winograd<M>::AT, a, winograd<M>::AT, out);
     const float b = has_bias ? bias[k] : 0.0f;
     const Index plane = (tile.image * K + k) * Ho * Wo;

@@ -184,9 +184,8 @@ def test_residual_may_be_the_output(kernel, dtype, layouts):
 @pytest.mark.parametrize("family,dtype", [(implicit_gemm_nhwc, "float16"), (implicit_gemm_nhwc, "float32"),
                                           (simt_gemm_conv2d, "float32")], ids=str)
 def test_split_k_finishes_in_the_reduction(family, dtype, layouts):
-    """Split-K's runs sum without the epilogue; whatever adds them in order (the reduction launch, or
-    the FMA GEMM's last run of each tile) applies it, once: bitwise the same output on every run,
-    right against float64."""
+    """Split-K's runs write partial sums without the epilogue; the ordered reduction applies it, once:
+    bitwise the same output on every run, right against float64."""
     case = Case(1, 256, 64, 7, 7, 3, 3, padding=1)
     problem = problem_of(case, dtype, *layouts, "gelu", True)
     kwargs = {"compute_capability": compute_capability()} if family is implicit_gemm_nhwc else {}

@@ -20,7 +20,7 @@ from cupyconv.compiler import kernel_source, source_file
 from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, depthwise_nhwc, direct_conv2d, implicit_gemm_conv2d,
                                implicit_gemm_nhwc, pointwise_nhwc, simt_gemm_conv2d, winograd_conv2d)
 from cupyconv.families.common import REDUCE_KERNEL, STORAGE_BYTES
-from cupyconv.program import (BIAS, FLAG_COUNT, FLAGS, INPUT_SCALE, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X,
+from cupyconv.program import (BIAS, FLAGS, INPUT_SCALE, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X,
                               Im2colMap, Pointer, Table, TensorMap, align, relocated)
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -103,19 +103,13 @@ def signature(kernel: str) -> tuple[tuple[str, str], ...]:
     return tuple(kinds)
 
 
-def simt_slots(plan) -> int:
-    """Bytes of the FMA GEMM's split-K slots: a tile of floats per tile and run but the last."""
-    return 4 * (plan.splits - 1) * math.prod(plan.grid) // plan.splits * plan.config.bm * plan.config.bn
-
-
 def temporaries(plan, problem) -> list[int]:
     """Bytes of each per-call temporary, in workspace order: the channels-last GEMM's input copy (of an
     NCHW input, or of an NHWC one that needs zero channels or, float32 with several taps on a wgmma
     tile but the 128-pixel producer's, or any float32 on the 256-pixel producer's, rounding) and
     stream-K's float32 slots, one tile per block; Winograd's transformed
-    input V and GEMM output M of one pass, then its split-K GEMMs' slots; split-K's partial sums (the
-    channels-last GEMM's, after the input's copy; the FMA GEMM's slots, a tile per tile and run but the
-    last); then, for an NHWC problem of a family that computes NCHW alone, the NCHW copies
+    input V and GEMM output M of one pass (with split-K, its runs of partial sums in M's place); split-K's
+    partial sums (after the input's copy); then, for an NHWC problem of a family that computes NCHW alone, the NCHW copies
     of x, of the output and (where there is one) of the residual, each where its planes are larger than
     one pixel -- none for the NCHW-gather GEMM, which reads and writes them in place."""
     item = STORAGE_BYTES[problem.dtype]
@@ -139,10 +133,14 @@ def temporaries(plan, problem) -> list[int]:
             ([math.prod(problem.out_shape) * item] if problem.has_residual and out_copy else [])
     if plan.kernel == planner.WINOGRAD_KERNEL:
         floats = 4 * (plan.winograd_tile + 2) ** 2 * plan.winograd_images * plan.tiles
-        slots = [simt_slots(gemm) for gemm in (plan.gemm, plan.gemm_last) if gemm.splits > 1]
-        return [floats * winograd_conv2d.winograd_channels(problem), floats * problem.k] + ([max(slots)] if slots else [])
+        partials = [4 * gemm.splits * (plan.winograd_tile + 2) ** 2 * problem.k * count * plan.tiles
+                    for gemm, count in ((plan.gemm, plan.winograd_images),
+                                        (plan.gemm_last, problem.n % plan.winograd_images or plan.winograd_images))
+                    if gemm.splits > 1]
+        # M, or with split-K the GEMM's runs of partial sums of M in its place.
+        return [floats * winograd_conv2d.winograd_channels(problem), max([floats * problem.k] + partials)]
     if plan.kernel == planner.SIMT_KERNEL:
-        return [simt_slots(plan)] if plan.splits > 1 else []
+        return partials
     return []
 
 
@@ -315,7 +313,7 @@ def test_winograd_passes(monkeypatch, fit, counts):
     inputs = [launch for launch in call.launches if launch.kernel == "winograd_input_transform"]
     outputs = [launch for launch in call.launches if launch.kernel == "winograd_output_transform"]
     gemms = [launch for launch in call.launches if launch.kernel == planner.SIMT_KERNEL]
-    assert [launch.args[2] for launch in inputs] == [launch.args[7] for launch in outputs] == counts
+    assert [launch.args[2] for launch in inputs] == [launch.args[8] for launch in outputs] == counts
     firsts = [sum(counts[:i]) for i in range(len(counts))]
     assert [launch.args[0] for launch in inputs] == [Pointer(X, first * 4 * 6 * 52 * 56) for first in firsts]
     assert [launch.args[2] for launch in outputs] == [Pointer(OUT, first * 4 * 10 * 52 * 50) for first in firsts]
@@ -323,10 +321,10 @@ def test_winograd_passes(monkeypatch, fit, counts):
 
 
 @pytest.mark.parametrize("splits", [2, 5])
-def test_simt_split_k_in_one_launch(monkeypatch, splits):
-    """The FMA GEMM's split-K, alone and as Winograd's GEMMs (here in passes of 2, 2 and 1 images): one
-    launch writes the output (the last run of each tile adds the others' slots), its slots in the
-    workspace and the FLAGS operand; no reduction launch."""
+def test_winograd_output_transform_adds_split_k_runs(monkeypatch, splits):
+    """With split-K GEMMs (here in passes of 2, 2 and 1 images), each pass's GEMM writes its runs of
+    partial sums where M goes and its output transform, the split instance given the run count, adds
+    them: no reduction launch."""
     case = Case(5, 6, 10, 52, 56, 5, 9, padding=(2, 1))
     problem = problem_of(case, "float32")
     per_image, weight = 4 * 36 * (36 + 10) * 13 * 13, 4 * 36 * 36 * 12
@@ -335,30 +333,15 @@ def test_simt_split_k_in_one_launch(monkeypatch, splits):
     call = check_program(plan, problem)
     assert REDUCE_KERNEL not in {launch.kernel for launch in call.launches}
     gemms = [launch for launch in call.launches if launch.kernel == planner.SIMT_KERNEL]
-    assert len(gemms) == 3 and all(gemm.name_expression.endswith(",true>") for gemm in gemms)
-    m = Pointer(WORKSPACE, winograd_conv2d.align(4 * 36 * 36 * 2 * 13 * 13))
-    slots = Pointer(WORKSPACE, m.offset + winograd_conv2d.align(4 * 36 * 10 * 2 * 13 * 13))
-    assert all(gemm.args[3] == m and gemm.args[-2:] == (slots, Pointer(FLAGS)) for gemm in gemms)
-    assert call.workspace_bytes == slots.offset + 4 * (splits - 1) * math.prod(plan.gemm.grid) // splits \
-        * plan.gemm.config.bm * plan.gemm.config.bn
+    outputs = [launch for launch in call.launches if launch.kernel == "winograd_output_transform"]
+    assert len(gemms) == len(outputs) == 3
+    for gemm, output in zip(gemms, outputs):
+        assert gemm.args[3] == output.args[0] == Pointer(WORKSPACE, winograd_conv2d.align(4 * 36 * 36 * 2 * 13 * 13))
+        assert output.args[7] == splits and output.name_expression.endswith(",true>")
     unsplit = check_program(winograd_conv2d.make_plan(problem, splits=1), problem)
-    assert all(launch.args[-2:] == (m, m) for launch in unsplit.launches if launch.kernel == planner.SIMT_KERNEL)
-    assert unsplit.workspace_bytes == m.offset + 4 * 36 * 10 * 2 * 13 * 13
-    direct = make_problem((1, 256, 14, 14), (1024, 256, 1, 1), None, "float32")
-    simt_plan = simt_gemm_conv2d.make_plan(direct, splits=splits)
-    (launch,) = check_program(simt_plan, direct).launches
-    assert launch.args[3] == Pointer(OUT) and launch.args[-2:] == (Pointer(WORKSPACE), Pointer(FLAGS))
-
-
-def test_simt_split_k_flags_bound_the_runs():
-    """One FLAGS int per slot ((runs - 1) x tiles): the rule stays within program.FLAG_COUNT, a forced
-    split past it is refused."""
-    problem = make_problem((1, 4096, 16, 16), (4096, 4096, 1, 1), None, "float32")
-    tiles = math.prod(simt_gemm_conv2d.make_plan(problem, splits=1).grid)
-    too_many = FLAG_COUNT // tiles + 2
-    with pytest.raises(ValueError, match="splits must be at most"):
-        simt_gemm_conv2d.make_plan(problem, splits=too_many)
-    assert (simt_gemm_conv2d.make_plan(problem, splits=too_many - 1).splits - 1) * tiles <= FLAG_COUNT
+    assert {launch.name_expression for launch in unsplit.launches if launch.kernel == "winograd_output_transform"} \
+        == {"cupyconv::winograd_output_transform<4,int,false>"}
+    assert call.workspace_bytes > unsplit.workspace_bytes
 
 
 def test_weight_preparations_name_their_form():

@@ -5,9 +5,9 @@ shape of interest (odd output sizes that leave partial tiles, every padding incl
 on strided kernels (polyphase channels: AlexNet's 11x11 at stride 4, 5x5, 6x6 and 9x9 ones, strides
 that differ by axis, kernels that do not fill their 3 strides) and on kernels past 3 strides (blocks of
 3x3 taps: the 5x9 seed's, 5x5, 7x7 at stride 2, 4x10), every GEMM tile forced, the 64-bit index
-specialisation, split-K GEMMs (each tile's last run adds the others' sums), passes of a few images
-with a shorter last one, the layers the planner sends to it, and both seed shapes at full size.
-Outputs are poisoned with NaN before each launch; strict float32 must land under 1e-5.
+specialisation, split-K GEMMs whose runs the output transform adds, passes of a few images with a
+shorter last one, the layers the planner sends to it, and both seed shapes at full size. Outputs are
+poisoned with NaN before each launch; strict float32 must land under 1e-5.
 """
 import dataclasses
 
@@ -79,9 +79,9 @@ def test_64_bit_index_specialisation(case, tile):
 @pytest.mark.parametrize("tile", WINOGRAD_TILES)
 @pytest.mark.parametrize("case", [WINOGRAD_CASES[8], WINOGRAD_CASES[9], WINOGRAD_CASES[10], WINOGRAD_CASES[16]],
                          ids=lambda c: c.id)
-def test_split_k_gemms(case, tile, splits, index):
-    """The GEMMs' reductions forced into runs, gathered in the GEMM's own launch: right, and the same
-    bits on a second run."""
+def test_split_k_runs_added_by_the_output_transform(case, tile, splits, index):
+    """The GEMMs' reductions forced into runs: the output transform adds the runs' partial sums (no
+    reduction launch); right, and the same bits on a second run."""
     plan = winograd_conv2d.make_plan(problem_of(case), tile=tile, splits=splits)
     plan = dataclasses.replace(plan, index_type=index, gemm=dataclasses.replace(plan.gemm, index_type=index),
                                gemm_last=dataclasses.replace(plan.gemm_last, index_type=index))

@@ -1,13 +1,12 @@
 """What the kernel families share: CUDA's limits, the C++ names of the dtypes, index widths, the
 implicit GEMMs' grid, the convolution kernels' common parameter list, and split-K (the runs of a
-GEMM's reduction and their ordered sum: by kernels/split_k_reduce.cu, or in the GEMM's own launch,
-kernels/stream_k.cuh)."""
+GEMM's reduction and their ordered sum, kernels/split_k_reduce.cu)."""
 from __future__ import annotations
 
 import math
 
 from ..arguments import ACTIVATIONS, ConvProblem
-from ..program import BIAS, FLAG_COUNT, OUT, RESIDUAL, WEIGHT, X, Launch, Pointer
+from ..program import BIAS, OUT, RESIDUAL, WEIGHT, X, Launch, Pointer
 
 #: Dynamic shared memory a block may use without opting in to more (the same on every GPU since sm_20).
 SHARED_MEMORY_BYTES = 48 * 1024
@@ -109,27 +108,6 @@ def check_splits(splits, grid: tuple[int, int, int], problem: ConvProblem) -> No
             splits * math.prod(problem.out_shape) >= 2**31:
         raise ValueError(f"splits must be 1 to {MAX_GRID_Y // grid[2]} with splits x the output below 2^31 "
                          f"elements, got {splits!r}")
-
-
-def gathered_runs(splits: int, tiles: int) -> int:
-    """``splits`` cut down so that split-K in one launch (kernels/stream_k.cuh, split_k_gather) has a
-    FLAGS int (program.FLAG_COUNT of them) for each of its slots: one per tile of ``tiles`` and run but
-    the last."""
-    return max(1, min(splits, FLAG_COUNT // max(tiles, 1) + 1))
-
-
-def check_gathered_runs(splits: int, tiles: int) -> None:
-    """ValueError unless a caller's forced ``splits`` over ``tiles`` tiles has a FLAGS int per slot."""
-    if (splits - 1) * tiles > FLAG_COUNT:
-        raise ValueError(f"splits must be at most {gathered_runs(splits, tiles)} for {tiles} tiles ({FLAG_COUNT} "
-                         f"flags for (splits - 1) x tiles), got {splits}")
-
-
-def gather_bytes(plan) -> int:
-    """Workspace bytes of the slots of ``plan``'s split-K in one launch: a tile of float32 sums for each
-    tile and run but the last (0 without split-K)."""
-    tiles = math.prod(plan.grid) // plan.splits
-    return 4 * (plan.splits - 1) * tiles * plan.config.bm * plan.config.bn
 
 
 def partial_bytes(splits: int, problem: ConvProblem) -> int:

@@ -639,7 +639,6 @@ def specialisations() -> list[str]:
     channels-last copies (any GPU)."""
     return _gemm_specialisations(wgmma=False) + _phases_specialisations(wgmma=False) + \
         [reduce_specialisation(dtype, "int") for dtype in GEMM_DTYPES if dtype != "float32"] + \
-        [reduce_specialisation("float32", index) for index in INDEX_TYPES] + \
         channels_last_specialisations()
 
 

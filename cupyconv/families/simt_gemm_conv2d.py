@@ -7,9 +7,10 @@ import math
 
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
-from ..program import FLAGS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation
-from .common import (INDEX_TYPES, STORAGE_BYTES, check_gathered_runs, check_splits, conv_launch, forced_config,
-                     gather_bytes, gathered_runs, gemm_grid, grid_fits, grid_refusal, index_type, split_k_runs)
+from ..program import OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation
+from .common import (INDEX_TYPES, REDUCE_KERNEL, STORAGE_BYTES, check_splits, conv_launch, forced_config, gemm_grid,
+                     grid_fits, grid_refusal, index_type, partial_bytes, reduce_specialisation, split_k_reduce,
+                     split_k_runs)
 from .implicit_gemm_nhwc import channels_last_copy
 
 KERNEL = "simt_gemm_conv2d"
@@ -152,9 +153,8 @@ def _splits(problem: ConvProblem, cfg: SimtConfig, grid: tuple[int, int, int]) -
     if blocks * warps > SPLIT_K_MAX_WARPS_PER_SM * SIMT_WAVE_BLOCKS:
         return 1
     wanted = max(SPLIT_K_TARGET_BLOCKS, math.ceil(SPLIT_K_TARGET_WARPS / warps))
-    return gathered_runs(split_k_runs(problem, grid, math.ceil(problem.c // problem.groups * problem.kh * problem.kw
-                                                               / cfg.bk), math.ceil(wanted / max(1, blocks)),
-                                      SPLIT_K_MIN_TILES), blocks)
+    return split_k_runs(problem, grid, math.ceil(problem.c // problem.groups * problem.kh * problem.kw / cfg.bk),
+                        math.ceil(wanted / max(1, blocks)), SPLIT_K_MIN_TILES)
 
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "", splits: int | None = None) -> LaunchPlan:
@@ -176,7 +176,6 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
                     f"{problem.c // problem.groups * problem.kh * problem.kw} products")
     else:
         check_splits(splits, grid, problem)
-        check_gathered_runs(splits, math.prod(grid))
         why += f"; split-K forced: {splits} runs"
     grid = (grid[0], grid[1], grid[2] * splits)
     columns = weight_columns(problem)
@@ -187,8 +186,9 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         reason=f"{reason}; {why}" if reason else why, weight_columns=columns, splits=splits)
 
 
-def describe(plan: LaunchPlan) -> str:
-    """The printed plan: tile, launch shape, the weight copy it reads and why."""
+def describe(plan: LaunchPlan, added_by: str = REDUCE_KERNEL) -> str:
+    """The printed plan: tile, launch shape, the weight copy it reads and why (``added_by``: the kernel
+    that adds split-K's partial sums)."""
     c = plan.config
     return (f"{plan.kernel} [{c.name}: block {c.bm} px x {c.bn} ch, k {c.bk} per stage, {c.stages} stages, "
             f"warps of {c.wm} px x {c.wn} ch, 8x8 outputs per thread, {c.threads} threads]\n"
@@ -196,8 +196,8 @@ def describe(plan: LaunchPlan) -> str:
             f"  grid {plan.grid} (pixel tiles, channel tiles, groups{' x splits' if plan.splits > 1 else ''}), "
             f"block {plan.block}\n"
             f"  reads the NCHW input in place and a transposed weight copy [groups][Cg kh kw][{plan.weight_columns}]\n"
-            + (f"  split-K: {plan.splits} runs of the reduction; the last run of each tile adds the others' sums "
-               f"in run order (the same bits on every run)\n" if plan.splits > 1 else "") +
+            + (f"  split-K: {plan.splits} runs of the reduction write partial sums to the workspace, added in "
+               f"order by {added_by} (the same bits on every run)\n" if plan.splits > 1 else "") +
             f"  why: {plan.reason}")
 
 
@@ -213,18 +213,31 @@ def name_expression(plan: LaunchPlan) -> str:
 
 
 def specialisations() -> list[str]:
-    """Every index width and tile, with split-K and without."""
+    """Every index width and tile, and split-K's reduction."""
     return [specialisation(index, cfg, split_k) for index in INDEX_TYPES for cfg in SIMT_CONFIGS
-            for split_k in (False, True)]
+            for split_k in (False, True)] + \
+        [reduce_specialisation("float32", index) for index in INDEX_TYPES]
 
 
-def gemm_launch(plan: LaunchPlan, problem: ConvProblem, x: Pointer, weight: Pointer, out: Pointer,
-                slots: Pointer) -> Launch:
-    """The launch of ``plan`` on ``x``, the transposed weight ``weight`` ([groups][Cg kh kw][columns])
-    and ``out``; with split-K, the runs' sums gathered through ``slots`` (gather_bytes of workspace) and
-    the FLAGS operand. winograd_conv2d runs its batched GEMM through it."""
-    gathered = (slots, Pointer(FLAGS)) if plan.splits > 1 else (out, out)  # (read only with split-K)
-    return conv_launch(plan, problem, plan.weight_columns, plan.splits, *gathered, x=x, weight=weight, out=out)
+def gemm_launches(plan: LaunchPlan, problem: ConvProblem, x: Pointer, weight: Pointer, out: Pointer,
+                  partial: Pointer) -> tuple[Launch, ...]:
+    """The launches of ``plan`` on ``x``, the transposed weight ``weight`` ([groups][Cg kh kw][columns])
+    and ``out``: the GEMM, or with split-K the GEMM into ``partial`` (partial_bytes of workspace) and
+    the ordered reduction into ``out``."""
+    if plan.splits == 1:
+        return (gemm_launch(plan, problem, x, weight, out),)
+    return (gemm_launch(plan, problem, x, weight, partial),
+            split_k_reduce("float32", plan.index_type, problem, plan.splits, partial, out))
+
+
+def gemm_launch(plan: LaunchPlan, problem: ConvProblem, x: Pointer, weight: Pointer, out: Pointer) -> Launch:
+    """The GEMM's own launch into ``out``: the output, or with split-K its ``plan.splits`` runs of float32
+    partial sums one after another, without the bias or the epilogue (the launch that adds them in run
+    order finishes the output)."""
+    if plan.splits == 1:
+        return conv_launch(plan, problem, plan.weight_columns, 1, 0, x=x, weight=weight, out=out)
+    return conv_launch(plan, problem, plan.weight_columns, plan.splits, math.prod(problem.out_shape), x=x,
+                       weight=weight, out=out, partial=True)
 
 
 def _weight_preparation(problem: ConvProblem, columns: int) -> WeightPreparation:
@@ -239,6 +252,6 @@ def _weight_preparation(problem: ConvProblem, columns: int) -> WeightPreparation
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
     """The GEMM on the caller's input and output and the prepared (transposed) weight; with split-K,
-    its runs' slots in the workspace."""
-    return CallProgram((gemm_launch(plan, problem, Pointer(X), Pointer(PREPARED), Pointer(OUT), Pointer(WORKSPACE)),),
-                       gather_bytes(plan), _weight_preparation(problem, plan.weight_columns))
+    its partial sums in the workspace and their reduction."""
+    return CallProgram(gemm_launches(plan, problem, Pointer(X), Pointer(PREPARED), Pointer(OUT), Pointer(WORKSPACE)),
+                       partial_bytes(plan.splits, problem), _weight_preparation(problem, plan.weight_columns))

@@ -6,7 +6,8 @@ taken the same way.
 
 The transformed weight U is prepared once; the transformed input V and the GEMM's output M are
 temporaries in the workspace, for passes of as many images as keep them within
-WINOGRAD_MAX_WORKSPACE_BYTES.
+WINOGRAD_MAX_WORKSPACE_BYTES. With split-K the GEMM writes its runs of partial sums of M instead, and
+the output transform adds them in run order (no reduction launch).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ..planner import LaunchPlan
 from ..program import (BIAS, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, WeightPreparation,
                        align)
 from . import simt_gemm_conv2d as simt
-from .common import INDEX_TYPES, STORAGE_BYTES, epilogue_args, gather_bytes, index_type
+from .common import INDEX_TYPES, STORAGE_BYTES, epilogue_args, index_type, partial_bytes
 
 KERNEL = "winograd_conv2d"
 #: Its config names are those of the GEMM's tiles, which select simt_gemm_conv2d when given alone.
@@ -167,7 +168,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
 def describe(plan: LaunchPlan) -> str:
     """The printed plan: output tiles, the GEMMs' own plan (a pass's) and why."""
     tiles_h, m = plan.tiles // plan.tiles_w, plan.winograd_tile
-    gemm = "\n".join("    " + line for line in str(plan.gemm).splitlines())
+    gemm = "\n".join("    " + line for line in simt.describe(plan.gemm, "winograd_output_transform").splitlines())
     return (f"{plan.kernel} [F({m}x{m}, 3x3): {tiles_h}x{plan.tiles_w} output tiles of {m}x{m} per image; "
             f"transforms of the weight, the input and the output around {(m + 2) ** 2} GEMMs]\n"
             f"  float32 (IEEE arithmetic, no TF32), {plan.index_type} indices\n"
@@ -176,8 +177,13 @@ def describe(plan: LaunchPlan) -> str:
             f"  why: {plan.reason}")
 
 
-def specialisation(kernel: str, tile: int, index: str) -> str:
-    """The C++ template instance of transform ``kernel`` (one of WINOGRAD_TRANSFORMS) for F(tile x tile)."""
+def specialisation(kernel: str, tile: int, index: str, split_k: bool = False) -> str:
+    """The C++ template instance of transform ``kernel`` (one of WINOGRAD_TRANSFORMS) for F(tile x tile);
+    the output transform's with ``split_k`` adds the GEMM's runs of partial sums."""
+    if kernel == "winograd_output_transform":
+        return f"cupyconv::{kernel}<{tile},{index},{str(split_k).lower()}>"
+    if split_k:
+        raise ValueError(f"only winograd_output_transform adds split-K's partial sums, not {kernel}")
     return f"cupyconv::{kernel}<{tile},{index}>"
 
 
@@ -189,12 +195,13 @@ def name_expression(plan: LaunchPlan) -> str:
 
 def specialisations() -> list[str]:
     """The transforms for each tile and index width (the GEMM's are simt_gemm_conv2d's)."""
-    return [specialisation(kernel, tile, index) for kernel in WINOGRAD_TRANSFORMS
-            for tile in WINOGRAD_TILES for index in INDEX_TYPES]
+    return [specialisation(kernel, tile, index, split_k) for kernel in WINOGRAD_TRANSFORMS
+            for tile in WINOGRAD_TILES for index in INDEX_TYPES
+            for split_k in ((False, True) if kernel == "winograd_output_transform" else (False,))]
 
 
-def _transform(kernel: str, plan: LaunchPlan, blocks: int, *args) -> Launch:
-    return Launch(kernel, specialisation(kernel, plan.winograd_tile, plan.index_type), (blocks, 1, 1),
+def _transform(kernel: str, plan: LaunchPlan, blocks: int, *args, split_k: bool = False) -> Launch:
+    return Launch(kernel, specialisation(kernel, plan.winograd_tile, plan.index_type, split_k), (blocks, 1, 1),
                   (WINOGRAD_BLOCK, 1, 1), 0, args)
 
 
@@ -205,9 +212,9 @@ def _blocks(threads: int) -> int:
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
     """The weight transform into U (the prepared weight, of the C' phase channels), then per pass of
     plan.winograd_images images the input transform into V, the GEMMs into M (plan.gemm, or
-    plan.gemm_last for a shorter last pass), the output transform into that pass's images of the
-    output. V and M (and the split-K GEMMs' slots) live in the workspace, a pass's images are
-    contiguous in x and out."""
+    plan.gemm_last for a shorter last pass; with split-K, M's runs of partial sums), the output transform
+    (adding those runs) into that pass's images of the output. V and M live in the workspace, a pass's
+    images are contiguous in x and out."""
     p, m, images = problem, plan.winograd_tile, plan.winograd_images
     positions, tiles_h, tiles_w = (m + 2) ** 2, plan.tiles // plan.tiles_w, plan.tiles_w
     channels, (bh, bw), (sh, sw) = winograd_channels(p), winograd_blocks(p), p.stride
@@ -216,23 +223,22 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
         (_transform("winograd_weight_transform", plan, _blocks(channels * plan.weight_columns), Pointer(WEIGHT),
                     Pointer(PREPARED), p.c, p.k, plan.weight_columns, p.kh, p.kw, sh, sw, bh, bw),))
     v, y = Pointer(WORKSPACE), Pointer(WORKSPACE, align(_FLOAT * positions * channels * images * plan.tiles))
-    slots = Pointer(WORKSPACE, y.offset + align(_FLOAT * positions * p.k * images * plan.tiles))
     image_in, image_out = _FLOAT * p.c * p.h * p.w, _FLOAT * p.k * p.ho * p.wo
-    launches = []
+    launches, m_bytes = [], _FLOAT * positions * p.k * images * plan.tiles
     for first in range(0, p.n, images):
         count = min(images, p.n - first)
         tiles = count * plan.tiles
         gemm, gemm_problem = plan.gemm if count == images else plan.gemm_last, winograd_gemm_problem(p, m, count)
+        m_bytes = max(m_bytes, partial_bytes(gemm.splits, gemm_problem))
         launches += [
             # Each block takes WINOGRAD_BLOCK tiles of one phase channel.
             _transform("winograd_input_transform", plan, channels * _blocks(tiles), Pointer(X, first * image_in), v,
                        count, p.c, p.h, p.w, p.pad_top, p.pad_left, sh, sw, bh, bw, tiles_h, tiles_w),
-            simt.gemm_launch(gemm, gemm_problem, v, Pointer(PREPARED), y, slots),
+            # With split-K the output transform adds the runs' partial sums of M (no reduction launch).
+            simt.gemm_launch(gemm, gemm_problem, v, Pointer(PREPARED), y),
             _transform("winograd_output_transform", plan, _blocks(p.k * tiles), y, Pointer(BIAS),
                        Pointer(OUT, first * image_out), int(p.has_bias),
-                       *epilogue_args(p, Pointer(RESIDUAL, first * image_out)), count, p.k, p.ho, p.wo, tiles_h,
-                       tiles_w)]
-    # V, M, then (with split-K) the GEMMs' slots.
-    gathered = max(gather_bytes(plan.gemm), gather_bytes(plan.gemm_last))
-    return CallProgram(tuple(launches), slots.offset + gathered if gathered else
-                       y.offset + _FLOAT * positions * p.k * images * plan.tiles, u)
+                       *epilogue_args(p, Pointer(RESIDUAL, first * image_out)), gemm.splits, count, p.k, p.ho, p.wo,
+                       tiles_h, tiles_w, split_k=gemm.splits > 1)]
+    # V, then M (with split-K, the GEMM's runs of partial sums of M).
+    return CallProgram(tuple(launches), y.offset + m_bytes, u)
