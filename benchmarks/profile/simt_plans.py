@@ -17,7 +17,6 @@ from cupyconv.arguments import make_problem
 from cupyconv.bench_models import group_convs, record_convs
 from cupyconv.executor import executable_for_plan
 from cupyconv.families import simt_gemm_conv2d
-from cupyconv.program import FLAG_COUNT
 from cupyconv.planner import make_plan
 from graph_timing import graph_ms
 
@@ -71,15 +70,13 @@ def main() -> None:
                     exe = executable_for_plan(plan, problem, 0)
                     prepared = torch.empty(max(1, exe.weight.nbytes if exe.weight else 1), device="cuda", dtype=torch.uint8)
                     workspace = torch.empty(max(1, exe.workspace_bytes_for(False)), device="cuda", dtype=torch.uint8)
-                    flags = torch.zeros(FLAG_COUNT if exe.uses_flags else 1, device="cuda", dtype=torch.int32)
                     stream = torch.cuda.current_stream().cuda_stream
                     if exe.weight:
                         exe.prepare_weight(w.data_ptr(), prepared.data_ptr(), stream)
 
-                    def enqueue(s, exe=exe, prepared=prepared, workspace=workspace, flags=flags):
+                    def enqueue(s, exe=exe, prepared=prepared, workspace=workspace):
                         exe.launch(xin.data_ptr(), w.data_ptr(), prepared.data_ptr(),
-                                   0 if bias is None else bias.data_ptr(), out.data_ptr(), workspace.data_ptr(), False, s,
-                                   flags=flags.data_ptr() if exe.uses_flags else 0)
+                                   0 if bias is None else bias.data_ptr(), out.data_ptr(), workspace.data_ptr(), False, s)
 
                     out.fill_(float("nan"))
                     enqueue(stream)
