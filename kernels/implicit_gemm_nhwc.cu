@@ -53,7 +53,11 @@
 // is already the matrix A^T [C][pixels], pixels contiguous, and the weight [K][C] is B: A is then
 // copied in VEC-byte pieces of consecutive pixels of one channel into a k-major tile [BK][BM + pad]
 // (fragments by ldmatrix.trans; TF32 by scalar loads), B in 16-byte pieces, and float32 operands
-// are rounded to TF32 as fragments are loaded.
+// are rounded to TF32 as fragments are loaded. On wgmma's pixel rows (no lag) A^T cannot be read
+// by the tensor cores from shared memory (TF32 has no transposed operand), so each warp loads its 16
+// pixel rows' fragments into registers as mma.sync's path does and wgmma reads them there; the weight
+// tile is read from 128-byte swizzled rows, and float32 weights are rounded to TF32 in shared memory
+// by the threads that copied them, after their copies landed and before the barrier.
 #include "dtypes.cuh"
 #include "epilogue.cuh"
 #include "gather_pixel.cuh"
@@ -170,11 +174,13 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     constexpr int WG_PIXELS = WGMMA_ROWS == WGMMA_CHANNEL_ROWS ? 128 : 64;  // pixels per warpgroup
     static_assert(sizeof(T) == 4 || sizeof(T) == 2, "float, half_t or bfloat16_t");
     static_assert(BK * sizeof(T) % 32 == 0, "rows of an odd number of 16-byte units: ldmatrix is conflict-free");
-    static_assert(!WGMMA || (BK * sizeof(T) == 128 && VEC == 16 && !NCHW_A && WARPS_N == 1 &&
+    static_assert(!WGMMA || (BK * sizeof(T) == 128 && (NCHW_A ? WGMMA_ROWS == WGMMA_PIXEL_ROWS && WGMMA_LAG == 0
+                                                             : VEC == 16) && WARPS_N == 1 &&
                              BM == WG_PIXELS * (NWARPS / 4) && NWARPS % 4 == 0 && (NT / 8) % 8 == 0 &&
                              (WGMMA_ROWS != WGMMA_CHANNEL_ROWS || BN == 64)),
-                  "wgmma: 128-byte swizzled rows of 16-byte pieces, whole warpgroups of 64 pixels x BN channels "
-                  "or 64 channels x 128 pixels, loader rows a multiple of 8 apart (one swizzle slot per thread)");
+                  "wgmma: 128-byte swizzled rows of 16-byte pieces (NCHW_A: the weight's; A in registers, on pixel "
+                  "rows without a lag), whole warpgroups of 64 pixels x BN channels or 64 channels x 128 pixels, "
+                  "loader rows a multiple of 8 apart (one swizzle slot per thread)");
     static_assert(VEC == 4 || VEC == 8 || VEC == 16, "cp.async moves 4, 8 or 16 bytes");
     static_assert(NT % A_PIECES == 0 && (NCHW_A ? BK : BM) % A_ROWS_PER_PASS == 0, "the A loader covers the tile");
     static_assert(NT % B_PIECES == 0, "the B loader covers whole rows");
@@ -309,7 +315,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // carries out of it), two integer adds where the descriptor was rebuilt each time (~20 % of a
     // lone 128 x 128 block's main-loop instructions).
     const unsigned long long pixels0 =
-        WGMMA ? wgmma_descriptor(shared_address(a_smem) + (warp / 4) * WG_PIXELS * ROW_BYTES) : 0;
+        WGMMA && !NCHW_A ? wgmma_descriptor(shared_address(a_smem) + (warp / 4) * WG_PIXELS * ROW_BYTES) : 0;
     const unsigned long long channels0 = WGMMA ? wgmma_descriptor(shared_address(b_smem)) : 0;
     // ROUND_IN_REGISTERS' wgmma: this lane's ldmatrix row of its warpgroup's pixels, and where it starts.
     const int a_row_in_group = (warp & 3) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
@@ -322,21 +328,32 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             constexpr bool SWAP = WGMMA_ROWS == WGMMA_CHANNEL_ROWS;
             constexpr int N = SWAP ? WG_PIXELS : BN;     // wgmma's n: the columns of each warpgroup's tile
             float (&d)[N / 2] = reinterpret_cast<float (&)[N / 2]>(acc);
-            if constexpr (ROUND_IN_REGISTERS) {
-                // Each warp's 16 pixel rows by ldmatrix (mma.sync's m16n8k8 A layout, as wgmma reads
-                // A from registers), rounded to TF32, multiplied with the weight tile in shared memory.
+            if constexpr (ROUND_IN_REGISTERS || NCHW_A) {
+                // Each warp's 16 pixel rows in registers (mma.sync's A layout, as wgmma reads A from
+                // registers), multiplied with the weight tile in shared memory: by ldmatrix from the
+                // swizzled rows, rounded to TF32 -- or (NCHW_A) from the k-major A^T tile as the
+                // mma.sync path loads them (wm: this warp's 16 rows).
                 unsigned a[BK / INST_K][4];
 #pragma unroll
                 for (int kk = 0; kk < BK / INST_K; ++kk) {
-                    ldmatrix_x4(a[kk], a_row + stage * A_STAGE * sizeof(T) +
-                                           swizzle128_slot(2 * kk + (lane >> 4), a_row_in_group) * 16);
+                    if constexpr (!NCHW_A) {
+                        ldmatrix_x4(a[kk], a_row + stage * A_STAGE * sizeof(T) +
+                                               swizzle128_slot(2 * kk + (lane >> 4), a_row_in_group) * 16);
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) a[kk][e] = to_tf32(__uint_as_float(a[kk][e]));
+                        for (int e = 0; e < 4; ++e) a[kk][e] = to_tf32(__uint_as_float(a[kk][e]));
+                    } else if constexpr (sizeof(T) == 2) {
+                        ldmatrix_x4<true>(a[kk], reinterpret_cast<const unsigned char*>(a_smem + stage * A_STAGE) +
+                                                     a_lane_off + kk * INST_K * A_T_STRIDE * 2);
+                    } else {
+                        tf32_a_from_k_major<A_T_STRIDE>(reinterpret_cast<unsigned (&)[1][4]>(a[kk]),
+                                                        reinterpret_cast<const float*>(a_smem + stage * A_STAGE) +
+                                                            (kk * INST_K + tq) * A_T_STRIDE + wm + quad);
+                    }
                 }
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < BK / INST_K; ++kk)
-                    wgmma_tf32_rs<BN>::run(d, a[kk], channels + kk * (INST_BYTES / 16));
+                    wgmma_rs<T, BN>::run(d, a[kk], channels + kk * (INST_BYTES / 16));
             } else {
                 wgmma_fence();
 #pragma unroll
@@ -389,7 +406,22 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 
     // --- Main loop (mma.cuh; every copy is a cp.async, nothing to store from registers); then the
     // pipeline buffers become the epilogue's staging area.
-    auto round_a = [&](int stage) {
+    // Where the tensor cores read unrounded float32 from shared memory, the threads that copied it round
+    // it there once their copies landed, before the barrier: x read in place (ROUND_IN_SHARED), or
+    // NCHW_A's weight on wgmma.
+    constexpr bool ROUND_B_IN_SHARED = NCHW_A && WGMMA && sizeof(T) == 4;
+    auto round_landed = [&](int stage) {
+        if constexpr (ROUND_B_IN_SHARED) {
+            T* b_dst = b_smem + stage * B_STAGE + b_row0 * STRIDE + swizzle128_slot(b_piece, b_row0) * B_EV;
+#pragma unroll
+            for (int i = 0; i < B_PASSES; ++i)
+                if (BN % B_ROWS_PER_PASS == 0 || b_row0 + B_ROWS_PER_PASS * i < BN)
+#pragma unroll
+                    for (int e = 0; e < B_EV; ++e) {
+                        float& v = reinterpret_cast<float&>(b_dst[B_ROWS_PER_PASS * i * STRIDE + e]);
+                        v = __uint_as_float(to_tf32(v));
+                    }
+        }
         if constexpr (ROUND_IN_SHARED) {
             T* a_dst = a_smem + stage * A_STAGE + a_row0 * STRIDE + (WGMMA ? swizzle128_slot(a_piece, a_row0) : a_piece) * EV;
 #pragma unroll
@@ -491,7 +523,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         }
     } else {
         run_k_pipeline<STAGES, WGMMA, WGMMA_LAG, ISSUE_FIRST>(
-            k_tiles, [&](int t, int stage) { load_tile(kt0 + t, stage); }, compute_tile, [](int) {}, round_a,
+            k_tiles, [&](int t, int stage) { load_tile(kt0 + t, stage); }, compute_tile, [](int) {}, round_landed,
             [] { if constexpr (WGMMA) wgmma_wait<WGMMA_LAG>(); });
     }
     if constexpr (WGMMA_LAG > 0) {  // the last tile's MMAs read the buffers the epilogue overwrites

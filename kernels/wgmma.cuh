@@ -162,20 +162,26 @@ CUPYCONV_WGMMA_ALL_N(half_t, "k16.f32.f16.f16", true, ", 1, 1")
 CUPYCONV_WGMMA_ALL_N(bfloat16_t, "k16.f32.bf16.bf16", true, ", 1, 1")
 CUPYCONV_WGMMA_ALL_N(float, "k8.f32.tf32.tf32", false, "")
 
-// d (64 x N, float32) += A (64 x 8, TF32) B (8 x N) with A in registers: a thread's four values, each
-// warp's 16 rows in mma.sync m16n8k8's A layout; b a wgmma_descriptor(). The tensor cores read `a`
-// after the call returns: write it again only after the wait that retires it.
-template <int N> struct wgmma_tf32_rs;
-#define CUPYCONV_WGMMA_TF32_RS(N, REGS, OPERANDS)                                                        \
-    template <> struct wgmma_tf32_rs<N> {                                                                 \
+// d (64 x N, float32) += A (64 x k) B (k x N) with A in registers, for one instruction's k (8 of TF32,
+// 16 of half_t / bfloat16_t): a thread's four 32-bit registers, each warp's 16 rows in mma.sync's A
+// layout (m16n8k8 for TF32, m16n8k16 for 16 bits); b a K-major wgmma_descriptor(). The tensor cores
+// read `a` after the call returns: write it again only after the wait that retires it.
+template <typename T, int N> struct wgmma_rs;
+#define CUPYCONV_WGMMA_RS(TYPE, N, REGS, SHAPE_TYPES, OPERANDS, MODIFIERS)                                \
+    template <> struct wgmma_rs<TYPE, N> {                                                                \
         static __device__ __forceinline__ void run(float (&d)[N / 2], const unsigned (&a)[4],             \
                                                    unsigned long long b) {                                \
-            asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 {" CUPYCONV_WGMMA_D##REGS \
-                         "}, " OPERANDS ", 1, 1, 1;\n"                                                     \
+            asm volatile("wgmma.mma_async.sync.aligned.m64n" #N SHAPE_TYPES " {" CUPYCONV_WGMMA_D##REGS   \
+                         "}, " OPERANDS ", 1, 1, 1" MODIFIERS ";\n"                                       \
                          : CUPYCONV_ACC##REGS : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b) : "memory"); \
         }                                                                                                 \
     };
-CUPYCONV_WGMMA_TF32_RS(64, 32, "{%32, %33, %34, %35}, %36")
-CUPYCONV_WGMMA_TF32_RS(128, 64, "{%64, %65, %66, %67}, %68")
+// TF32 has no transpose operand; the 16-bit types' imm-trans-b is 0 (B K-major).
+#define CUPYCONV_WGMMA_RS_ALL_N(TYPE, SHAPE_TYPES, MODIFIERS)                                                   \
+    CUPYCONV_WGMMA_RS(TYPE, 64, 32, SHAPE_TYPES, "{%32, %33, %34, %35}, %36", MODIFIERS)                        \
+    CUPYCONV_WGMMA_RS(TYPE, 128, 64, SHAPE_TYPES, "{%64, %65, %66, %67}, %68", MODIFIERS)
+CUPYCONV_WGMMA_RS_ALL_N(float, "k8.f32.tf32.tf32", "")
+CUPYCONV_WGMMA_RS_ALL_N(half_t, "k16.f32.f16.f16", ", 0")
+CUPYCONV_WGMMA_RS_ALL_N(bfloat16_t, "k16.f32.bf16.bf16", ", 0")
 
 }  // namespace cupyconv

@@ -203,6 +203,60 @@ def test_wgmma_every_config(case, name, config_index):
     check(case, name, cfg.name, seed=len(case.id) + config_index)
 
 
+
+#: 1x1 NCHW problems read in place on wgmma's pixel-row tile (implicit_gemm_nhwc.NCHW_A_WGMMA): 16-, 8-
+#: and 4-byte pixel pieces, tiles across images, partial channel and k tiles, groups.
+NCHW_A_WGMMA_GRID = IN_PLACE_1X1 + [
+    Case(2, 256, 130, 14, 14, 1, 1),                           # two channel tiles, the second partial
+    Case(3, 64, 136, 10, 10, 1, 1, bias=False),                # 300 pixels: tiles across images
+    Case(1, 512, 256, 7, 7, 1, 1),                             # 49 pixels: float32's 4-byte pieces
+    Case(2, 264, 128, 6, 6, 1, 1),                             # Kgemm 264: a partial last k tile
+]
+
+
+@pytest.mark.skipif(_cuda_device_count() == 0 or compute_capability() != 90,
+                    reason="wgmma runs on compute capability 9.0 (sm_90a) alone")
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("case", NCHW_A_WGMMA_GRID, ids=lambda c: c.id)
+def test_1x1_nchw_on_wgmma(case, name, splits, nchw_a_wgmma):
+    """The NCHW input read in place, its fragments in registers, the weight from swizzled rows (float32
+    rounded to TF32 in shared memory), whole or in three runs of split-K: every element written, within
+    the dtype's tolerance. Planes that cannot be read in place are refused by the tile."""
+    dtype, torch_dtype = DTYPES[name]
+    problem = gemm_problem(case, dtype)
+    if not implicit_gemm_nhwc._nchw_a_vec(problem):
+        with pytest.raises(ValueError, match="cannot run this problem"):
+            make_plan(problem, config=implicit_gemm_nhwc.PIXEL_ROWS_CONFIG, compute_capability=90)
+        return
+    plan, (out,), ref = run_split(case, dtype, torch_dtype, "NCHW", splits, implicit_gemm_nhwc.PIXEL_ROWS_CONFIG,
+                                  seed=len(case.id) + splits)
+    assert plan.a_from_nchw and plan.config.wgmma and plan.splits == splits
+    assert not out.isnan().any(), "an output element was never written (or is NaN)"
+    assert relative_error(out, ref) < TOLERANCE[name], relative_error(out, ref)
+
+
+@pytest.mark.skipif(_cuda_device_count() == 0 or compute_capability() != 90,
+                    reason="wgmma runs on compute capability 9.0 (sm_90a) alone")
+@pytest.mark.parametrize("name", DTYPES)
+def test_1x1_nchw_rule_on_wgmma(name, nchw_a_wgmma):
+    """With the switch on, the planner's choice (executor.executable, as cupyconv.conv2d asks) for a deep
+    1x1 NCHW layer is the pixel-row tile, which matches torch (TF32 through allow_tf32); twice, the same
+    bits."""
+    dtype, torch_dtype = DTYPES[name]
+    case = Case(2, 512, 256, 14, 14, 1, 1)
+    problem = gemm_problem(case, dtype)
+    plan = make_plan(problem, allow_tf32=True, compute_capability=90)
+    assert plan.a_from_nchw and plan.config.name == implicit_gemm_nhwc.PIXEL_ROWS_CONFIG, str(plan)
+    x, weight, bias = random_inputs(case, torch_dtype, seed=5)
+    outs = []
+    for _ in range(2):
+        outs.append(torch.full(problem.out_shape, float("nan"), device="cuda", dtype=torch_dtype))
+        conv2d_cupy(to_cupy(x), to_cupy(weight), to_cupy(bias), problem, to_cupy(outs[-1]), allow_tf32=True)
+    torch.cuda.synchronize()
+    assert relative_error(outs[0], reference(x, weight, bias, case)) < TOLERANCE[name]
+    assert torch.equal(outs[0], outs[1])
+
 def _pairs_run(case: Case, cfg) -> bool:
     """Whether ``cfg`` runs ``case``'s channel tiles: alone, or in pairs of an even number of them."""
     return -(-case.k // case.groups // cfg.bn) % cfg.cluster == 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
@@ -152,6 +153,18 @@ for _dtype in ("float32", "float16"):
                                   if c.producer_warps and c.bn == 128)
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
+#: 1x1 NCHW layers read in place (NCHW_A) on wgmma's 3-stage pixel-row tile: each warp's A fragments
+#: loaded into registers from the k-major A^T tile (TF32 wgmma cannot read a transposed operand from
+#: shared memory), the weight tile from swizzled rows. For at least this many output channels per group
+#: and MIN_DEEP_K_TILES k rows of 128 bytes: ResNet-50's deep 1x1 layers, where mma.sync's NCHW_A tile
+#: runs at 0.5-0.6x cuDNN (H100, TF32 NCHW: 1024 -> 256 on 14^2 45 us against 26; benchmarks/NOTES.md,
+#: "1x1 NCHW layers on wgmma, A in registers").
+NCHW_A_WGMMA_MIN_CHANNELS = 128
+#: The environment variable that lets plans take that tile. It was written without a GPU and has not
+#: run on one yet, so it stays off ("0") unless this is "1"; once the GPU suite and the layers confirm
+#: it, the switch goes and the rule stands.
+NCHW_A_WGMMA_VARIABLE = "CUPYCONV_NCHW_A_WGMMA"
+NCHW_A_WGMMA = os.environ.get(NCHW_A_WGMMA_VARIABLE, "0") == "1"
 CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs)
 #: Outputs of at most this many channels per group (an RGB layer widened to 8, a decoder's last
 #: layers) take the 32-channel tile with k rows of 64 bytes on the phase launch: the 64-wide ones
@@ -196,9 +209,9 @@ def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
     """STAGES x (A + B): B [bn][bk + pad], rows of bk elements + 16 bytes; A the same with bm rows,
     or (a_from_nchw) [bk][bm + 8]. wgmma: rows of 128 bytes, unpadded, and 1 KB to align the tiles."""
     item = 4 if dtype == "float32" else 2
+    a_stage = cfg.bk * (cfg.bm + 8) * item if a_from_nchw else cfg.bm * (cfg.bk * item + (0 if cfg.wgmma else 16))
     if cfg.wgmma:  # and the producer's full and empty mbarriers, 8 bytes each per stage
-        return cfg.stages * (cfg.bm + cfg.bn) * 128 + 1024 + (16 * cfg.stages if cfg.producer_warps else 0)
-    a_stage = cfg.bk * (cfg.bm + 8) * item if a_from_nchw else cfg.bm * (cfg.bk * item + 16)
+        return cfg.stages * (a_stage + cfg.bn * 128) + 1024 + (16 * cfg.stages if cfg.producer_warps else 0)
     return cfg.stages * (a_stage + cfg.bn * (cfg.bk * item + 16))
 
 
@@ -247,12 +260,21 @@ def refusal(problem: ConvProblem) -> str:
     return why_not or grid_refusal(gemm_grid(problem, _choose_config(problem)[0]))
 
 
-def _wgmma_refusal(problem: ConvProblem, compute_capability: int) -> str:
-    """Why the wgmma tiles cannot run ``problem`` ("" when they can): they need the H100's sm_90a
-    and k rows of 128 bytes gathered in 16-byte pieces from channels-last copies."""
+def _wgmma_refusal(problem: ConvProblem, compute_capability: int, cfg: GemmConfig | None = None) -> str:
+    """Why the wgmma tiles (``cfg``: that one; None: any) cannot run ``problem`` ("" when they can): they
+    need the H100's sm_90a and k rows of 128 bytes gathered in 16-byte pieces from channels-last copies
+    -- or, for 1x1 NCHW inputs read in place, the 3-stage pixel-row tile (NCHW_A_WGMMA)."""
     if compute_capability != WGMMA_COMPUTE_CAPABILITY:
         return f"wgmma needs compute capability {WGMMA_COMPUTE_CAPABILITY} (sm_90a), got {compute_capability or 'none'}"
-    if _pieces(problem)[0][0] != 16 or _nchw_a_vec(problem):
+    if _nchw_a_vec(problem):
+        if not NCHW_A_WGMMA:
+            return (f"1x1 NCHW inputs read in place run on wgmma only with {NCHW_A_WGMMA_VARIABLE}=1 (not yet "
+                    f"verified on a GPU)")
+        if cfg is not None and cfg.name != PIXEL_ROWS_CONFIG:
+            return (f"a 1x1 NCHW input read in place runs on wgmma's {PIXEL_ROWS_CONFIG} tile alone (A in "
+                    f"registers, no lag between k tiles), not on {cfg.name}")
+        return ""
+    if _pieces(problem)[0][0] != 16:
         return "wgmma needs 16-byte pieces from channels-last copies (this problem has narrower ones or none)"
     return ""
 
@@ -267,7 +289,8 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     """On compute capability 9.0, wherever 16-byte pieces are gathered from copies, the reduction spans
     MIN_DEEP_K_TILES k rows of 128 bytes or more, a group has 8 output channels or more and the layer is
     not one tile of few pixels and <= 64 channels (WGMMA_MIN_NARROW_PIXELS), the wgmma tiles (_choose_wgmma_config);
-    elsewhere the mma.sync ones.
+    1x1 NCHW inputs read in place there, with NCHW_A_WGMMA_MIN_CHANNELS output channels per group or more,
+    the 3-stage pixel-row tile (NCHW_A_WGMMA); elsewhere the mma.sync ones.
 
     mma.sync, channels: the 96-channel tile for 65-96 output channels per group (AlexNet), the
     128-channel one for more where it makes WIDE_TILE_BLOCKS blocks or more, else the 64-channel one,
@@ -279,7 +302,13 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     item = 4 if problem.dtype == "float32" else 2
     deep_k_tiles = math.ceil(problem.kh * problem.kw * _pieces(problem)[0][1] // problem.groups * item / 128)
     few_pixels = problem.n * problem.ho * problem.wo < WGMMA_MIN_NARROW_PIXELS and kg <= 64
-    if not _wgmma_refusal(problem, compute_capability) and deep_k_tiles >= MIN_DEEP_K_TILES and \
+    if _nchw_a_vec(problem):
+        if not _wgmma_refusal(problem, compute_capability) and deep_k_tiles >= MIN_DEEP_K_TILES and \
+                kg >= NCHW_A_WGMMA_MIN_CHANNELS:
+            return next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PIXEL_ROWS_CONFIG), (
+                f"wgmma; {kg} output channels per group (>= {NCHW_A_WGMMA_MIN_CHANNELS}), {deep_k_tiles} k rows "
+                f"of 128 bytes: 1x1, the NCHW input's fragments loaded into registers")
+    elif not _wgmma_refusal(problem, compute_capability) and deep_k_tiles >= MIN_DEEP_K_TILES and \
             kg >= GEMM_MIN_GROUP_CHANNELS and not few_pixels:
         return _choose_wgmma_config(problem)
     deep = _deep(problem) and deep_k_tiles >= MIN_DEEP_K_TILES
@@ -437,7 +466,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     if config is not None:
         cfg = forced_config(NHWC_CONFIGS[problem.dtype], config, f"config for {KERNEL} in {problem.dtype}")
         why = "config forced by the caller"
-        why_not = _wgmma_refusal(problem, compute_capability) if cfg.wgmma else ""
+        why_not = _wgmma_refusal(problem, compute_capability, cfg) if cfg.wgmma else ""
         if why_not:
             raise ValueError(f"config {config!r} cannot run this problem: {why_not}")
     else:
@@ -469,10 +498,10 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     stream_k_blocks = 0
     if not (stream_k is None or isinstance(stream_k, bool) or (isinstance(stream_k, int) and stream_k >= 1)):
         raise ValueError(f"stream_k must be None, True, False or a block count >= 1, got {stream_k!r}")
-    if stream_k and (not cfg.wgmma or cfg.producer_warps or splits > 1 or index != "int"):
+    if stream_k and (not cfg.wgmma or cfg.producer_warps or splits > 1 or index != "int" or a_from_nchw):
         raise ValueError(f"stream_k needs a wgmma tile, no split-K and 32-bit indices (and no producer "
-                         f"warpgroup); got {cfg.name}, {splits} split(s), {index} indices for {problem.x_shape} -> "
-                         f"{problem.out_shape}")
+                         f"warpgroup or 1x1 NCHW input read in place); got {cfg.name}, {splits} split(s), {index} "
+                         f"indices for {problem.x_shape} -> {problem.out_shape}")
     if cfg.producer_warps and (problem.groups > 1 or channels_padded % cfg.bk):
         raise ValueError(f"config {cfg.name!r} cannot run this problem: its producer warpgroup copies whole k tiles "
                          f"of one tap by TMA, one group, channels a multiple of {cfg.bk} (got {problem.groups} "
@@ -481,7 +510,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         raise ValueError(f"config {cfg.name!r} cannot run this problem: its blocks run in clusters of {cfg.cluster} "
                          f"channel tiles, with 32-bit indices (got {grid[1]} channel tiles of {cfg.bn}, {index} "
                          f"indices)")
-    if cfg.wgmma and not cfg.producer_warps and splits == 1 and index == "int":
+    if cfg.wgmma and not cfg.producer_warps and splits == 1 and index == "int" and not a_from_nchw:
         stream_k_blocks, stream_k_why = _stream_k_blocks(problem, cfg, grid,
                                                          _k_tiles(problem, cfg, channels_padded), stream_k)
         why += stream_k_why
@@ -608,9 +637,8 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
     split-K's with 32-bit indices alone (_splits)."""
     return [specialisation(dtype, index, cfg, vec, a_from_nchw, nhwc_out, round_a, split_k) for dtype in GEMM_DTYPES
             for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] if bool(cfg.wgmma) == wgmma and not cfg.producer_warps
-            for vec in ((16,) if wgmma else NHWC_VECS)
-            for a_from_nchw, nhwc_out, round_a in ((False, False, False), (False, True, False))
-            + (((False, True, True),) if dtype == "float32" else ()) + (() if wgmma else ((True, False, False),))
+            for vec in (NHWC_VECS if not wgmma or cfg.name == PIXEL_ROWS_CONFIG else (16,))
+            for a_from_nchw, nhwc_out, round_a in _gemm_flags(wgmma, cfg, dtype, vec)
             for split_k in ((False, True) if index == "int" else (False,))] + \
         [tma_specialisation(dtype, index, cfg, nhwc_out, round_a, split_k) for dtype in GEMM_DTYPES
          for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype]
@@ -618,6 +646,19 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
          for nhwc_out, round_a in ((False, False), (True, False))
          + (((True, True),) if dtype == "float32" and _float32_rounding(cfg) != "copy" else ())
          for split_k in ((False, True) if index == "int" else (False,))]
+
+
+def _gemm_flags(wgmma: bool, cfg: GemmConfig, dtype: str, vec: int) -> tuple[tuple[bool, bool, bool], ...]:
+    """(a_from_nchw, nhwc_out, round_a) of ``cfg``'s instances gathering ``vec``-byte pieces: of channels-last
+    x (mma.sync: every piece; wgmma: 16 bytes) with an NCHW or NHWC output, a float32 NHWC input read in
+    place; and of the NCHW input read in place (every mma.sync tile; on wgmma the 3-stage pixel-row tile:
+    NCHW_A_WGMMA)."""
+    flags = ()
+    if not wgmma or vec == 16:
+        flags = ((False, False, False), (False, True, False)) + (((False, True, True),) if dtype == "float32" else ())
+    if not wgmma or cfg.name == PIXEL_ROWS_CONFIG:
+        flags += ((True, False, False),)
+    return flags
 
 
 def _copy_specialisation(kernel: str, dtype: str, round_tf32: bool) -> str:

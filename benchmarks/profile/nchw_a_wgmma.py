@@ -1,0 +1,62 @@
+"""1x1 NCHW layers read in place: mma.sync's NCHW_A tile (the rules as they are) against wgmma's
+pixel-row tile with the input's fragments in registers (the rules with implicit_gemm_nhwc.NCHW_A_WGMMA),
+in one process, without the environment variable:
+    python benchmarks/profile/nchw_a_wgmma.py [--dtype tf32 ...] [--batch 1 ...]
+ResNet-50's stride-1 1x1 layers, the layers suite's MobileNetV2 expansion and the Conformer's pointwise
+conv1d. GPU time: medians of 50 interleaved runs each behind a spin kernel (plan_timing.time_plans),
+the wgmma plan checked against mma.sync's within the dtype's tolerance. Rows where the switched rule
+keeps mma.sync are left out."""
+import argparse
+
+from cupyconv import planner
+from cupyconv.bench import CONV1D, LAYERS, MODE_DTYPE, Shape
+from cupyconv.compiler import compute_capability
+from cupyconv.families import implicit_gemm_nhwc
+from plan_timing import TOLERANCE, time_plans
+
+#: (name, C, K, H, W) of ResNet-50's stride-1 1x1 layers (torchvision: the stride sits on the 3x3).
+RESNET50_1X1 = [("r50_l1_64to64", 64, 64, 56, 56), ("r50_l1_64to256", 64, 256, 56, 56),
+                ("r50_l1_256to64", 256, 64, 56, 56), ("r50_l2_256to128", 256, 128, 56, 56),
+                ("r50_l2_128to512", 128, 512, 28, 28), ("r50_l2_512to128", 512, 128, 28, 28),
+                ("r50_l3_512to256", 512, 256, 28, 28), ("r50_l3_256to1024", 256, 1024, 14, 14),
+                ("r50_l3_1024to256", 1024, 256, 14, 14), ("r50_l4_1024to512", 1024, 512, 14, 14),
+                ("r50_l4_512to2048", 512, 2048, 7, 7), ("r50_l4_2048to512", 2048, 512, 7, 7)]
+
+
+def rules(problem, nchw_a_wgmma: bool):
+    """The fixed rules' plan for ``problem`` on this GPU, with the switch as given (plans made under one
+    setting are not cached for the other)."""
+    saved = implicit_gemm_nhwc.NCHW_A_WGMMA
+    implicit_gemm_nhwc.NCHW_A_WGMMA = nchw_a_wgmma
+    planner.make_plan.cache_clear()
+    try:
+        return planner.make_plan(problem, allow_tf32=True, compute_capability=compute_capability())
+    finally:
+        implicit_gemm_nhwc.NCHW_A_WGMMA = saved
+        planner.make_plan.cache_clear()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dtype", action="append", choices=sorted(TOLERANCE))
+    parser.add_argument("--batch", action="append", type=int, help="ResNet-50's batches (default 1, 8, 32)")
+    args = parser.parse_args()
+    shapes = [Shape(f"{name}_b{n}", n, c, k, h, w, 1, 1) for n in args.batch or (1, 8, 32)
+              for name, c, k, h, w in RESNET50_1X1]
+    shapes += [s for s in LAYERS + CONV1D if (s.kh, s.kw, s.stride, s.padding, s.groups) == (1, 1, 1, 0, 1)]
+    print("| row | mode | mma.sync plan | wgmma plan | mma.sync ms | wgmma ms | mma.sync / wgmma |")
+    print("| --- " * 7 + "|")
+    for shape in shapes:
+        for mode in args.dtype or ("tf32", "fp16", "bf16"):
+            problem = shape.problem(MODE_DTYPE[mode])
+            old, new = rules(problem, False), rules(problem, True)
+            if not new.config.wgmma:
+                continue
+            ms = time_plans(problem, mode, {"mma.sync": old, "wgmma": new}, "mma.sync", ["wgmma"], (shape.name, mode))
+            label = lambda p: f"{p.config.name}{f' split {p.splits}' if p.splits > 1 else ''}"
+            print(f"| {shape.name} | {mode} | {label(old)} | {label(new)} | {ms['mma.sync']:.4f} | {ms['wgmma']:.4f} "
+                  f"| {ms['mma.sync'] / ms['wgmma']:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
