@@ -22,6 +22,40 @@ _SLOT = ctypes.sizeof(ctypes.c_uint64)
 #: Workspaces.flags' (buffer, address) for a program without stream-K.
 _NO_FLAGS = (None, 0)
 _INT32_MASK = 0xFFFFFFFF
+#: Tensor maps kept per map parameter, one per operand address it was encoded for (the oldest dropped
+#: past this many): layers of one shape share an Executable and alternate their operands.
+MAPS_KEPT = 64
+
+
+class MapSlot:
+    """A TensorMap or Im2colMap parameter of a PackedLaunch: the MAP_BYTES at host address ``at`` that its
+    slot of the argument block points to, written for the address of its operand (index ``operand`` of
+    OPERANDS, + ``offset``) before each launch. The driver encodes a map once per address (building its
+    ctypes arguments costs several microseconds); later calls with that address copy the encoded bytes
+    back in, so that ResNet-50's repeated blocks, whose calls share one launch and alternate their weights
+    and inputs, do not encode every call. (cuLaunchKernel copies the map with the parameters: rewriting it
+    between launches is safe.)"""
+
+    __slots__ = ("operand", "offset", "arg", "at", "made_for", "encoded")
+
+    def __init__(self, operand: int, offset: int, arg, at: int):
+        self.operand, self.offset, self.arg, self.at = operand, offset, arg, at
+        self.made_for, self.encoded = None, {}  # the address the bytes at `at` are for; address -> bytes
+
+    def write(self, addresses) -> None:
+        """The map at ``at`` for its operand's address in ``addresses`` (OPERANDS order)."""
+        address = addresses[self.operand] + self.offset
+        if address == self.made_for:
+            return
+        encoded = self.encoded.get(address)
+        if encoded is None:
+            tensor_map.encode(self.arg, self.at, address)
+            if len(self.encoded) >= MAPS_KEPT:
+                del self.encoded[next(iter(self.encoded))]
+            self.encoded[address] = ctypes.string_at(self.at, tensor_map.MAP_BYTES)
+        else:
+            ctypes.memmove(self.at, encoded, tensor_map.MAP_BYTES)
+        self.made_for = address
 
 
 class PackedLaunch:
@@ -58,22 +92,18 @@ class PackedLaunch:
                 self._tables.append(buffer)
                 at = -(-ctypes.addressof(buffer) // tensor_map.MAP_ALIGNMENT) * tensor_map.MAP_ALIGNMENT
                 self._params[slot] = at
-                maps.append([OPERANDS.index(arg.pointer.operand), arg.pointer.offset, arg, at, None])
+                maps.append(MapSlot(OPERANDS.index(arg.pointer.operand), arg.pointer.offset, arg, at))
             else:
                 self.values[slot] = int(arg) & _INT32_MASK
         self.pointers = tuple(pointers)
-        self._maps = tuple(maps)  # [operand, offset, TensorMap, map address, the address it was made for]
+        self._maps = tuple(maps)
 
     def __call__(self, addresses, stream: int) -> None:
         values = self.values
         for slot, operand, offset in self.pointers:
             values[slot] = addresses[operand] + offset
-        for entry in self._maps:
-            operand, offset, arg, at, made_for = entry
-            address = addresses[operand] + offset
-            if address != made_for:  # cuLaunchKernel copies the map with the parameters: rewriting it is safe
-                tensor_map.encode(arg, at, address)
-                entry[4] = address
+        for map_slot in self._maps:
+            map_slot.write(addresses)
         self._launch_kernel(self.function, *self.launch_shape, stream, self.params_address, 0)
 
 

@@ -137,3 +137,36 @@ def test_producer_tile_rounds_float32_inputs_in_place(case):
         mma_sync = make_plan(nhwc, None, NHWC_KERNEL, True, 80)
         assert not mma_sync.config.wgmma and mma_sync.round_a
         assert implicit_gemm_nhwc.PAD_CHANNELS not in {launch.kernel for launch in program(mma_sync, nhwc).launches}
+
+
+def test_map_slot_encodes_each_address_once(monkeypatch):
+    """executor.MapSlot: calls that alternate their operand's address (layers of one shape sharing a launch)
+    have the driver encode each address's map once; after that the slot copies the encoded bytes back, so
+    that the bytes at its host address are always those of the current address. Past MAPS_KEPT addresses
+    the oldest is dropped and encoded again when it returns."""
+    import ctypes
+
+    from cupyconv import executor
+    from cupyconv.program import OPERANDS, Pointer
+
+    encoded = []
+
+    def fake_encode(arg, destination, address):  # the driver's bytes: a function of the address alone
+        encoded.append(address)
+        ctypes.memmove(destination, address.to_bytes(8, "little") * (tensor_map.MAP_BYTES // 8), tensor_map.MAP_BYTES)
+
+    monkeypatch.setattr(tensor_map, "encode", fake_encode)
+    monkeypatch.setattr(executor, "MAPS_KEPT", 3)
+    buffer = ctypes.create_string_buffer(tensor_map.MAP_BYTES)
+    arg = TensorMap(Pointer(WEIGHT, 256), "float16", 64, 64, 128, 128, 64)
+    slot = executor.MapSlot(OPERANDS.index(WEIGHT), 256, arg, ctypes.addressof(buffer))
+
+    def call(weight: int) -> int:
+        slot.write(executor.addresses(x=1 << 20, weight=weight))
+        return int.from_bytes(buffer.raw[-8:], "little")
+
+    assert [call(w) for w in (4096, 8192, 4096, 8192, 8192)] == [4352, 8448, 4352, 8448, 8448]
+    assert encoded == [4352, 8448]
+    assert [call(w) for w in (12288, 16384, 4096, 8192)] == [12544, 16640, 4352, 8448]
+    # Three kept: 16640 dropped 4352 (the oldest), whose return dropped 8448.
+    assert encoded == [4352, 8448, 12544, 16640, 4352, 8448]
