@@ -1,7 +1,7 @@
 """TMA tensor maps (CUtensorMap, the descriptor a kernel's cp.async.bulk.tensor reads), encoded by the
 CUDA driver's cuTensorMapEncodeTiled through ctypes: CuPy does not wrap it, and the map embeds the
-tensor's global address, so it is made (again) at the call wherever that address changed
-(executor.PackedLaunch). The forms the channels-last GEMM's producer tile reads, 128-byte swizzled:
+tensor's global address, so it is made at the call for each new address and kept per address
+(executor.MapSlot). The forms the channels-last GEMM's producer tile reads, 128-byte swizzled:
 a 2-D row-major matrix (program.TensorMap, its weight) and an NHWC tensor in im2col mode
 (program.Im2colMap, its input)."""
 from __future__ import annotations
