@@ -266,25 +266,27 @@ def _pairs_run(case: Case, cfg) -> bool:
                     reason="wgmma and TMA run on compute capability 9.0 (sm_90a) alone")
 @pytest.mark.parametrize("name", DTYPES)
 def test_producer_weight_map_follows_the_weight(name):
-    """The producer tile's weight tensor map is made for the weight's address at the call: NHWC
-    arrays and KHWC weights read in place (16-bit; float32 ones are rounded into the prepared weight),
-    three weights of one shape through one plan each give their own convolution, NaN-poisoned."""
+    """The producer tile's tensor maps are made for the operands' addresses at the call and kept per
+    address (executor.MapSlot): NHWC arrays and KHWC weights read in place (16-bit; float32 ones are
+    rounded into the prepared weight), three weights and two inputs of one shape through one plan, each
+    pair revisited, each call giving its own convolution, NaN-poisoned."""
     dtype, torch_dtype = DTYPES[name]
     case = Case(2, 64, 136, 9, 9, 3, 3, padding=1, bias=False)
     config = next(c.name for c in NHWC_CONFIGS[dtype] if c.producer_warps)
     problem = dataclasses.replace(gemm_problem(case, dtype), layout="NHWC", weight_layout="KHWC")
     plan = make_plan(problem, config=config, kernel=NHWC_KERNEL, compute_capability=90)
-    x, _, _ = random_inputs(case, torch_dtype, seed=3)
-    x_nhwc = x.permute(0, 2, 3, 1).contiguous()
-    for seed in (4, 5, 6):
-        _, weight, _ = random_inputs(case, torch_dtype, seed=seed)
-        w_khwc = weight.permute(0, 2, 3, 1).contiguous()
-        out = torch.full(problem.out_array_shape, float("nan"), device="cuda", dtype=x.dtype)
-        conv2d_cupy(to_cupy(x_nhwc), to_cupy(w_khwc), None, problem, to_cupy(out), plan=plan, allow_tf32=True)
+    xs = [random_inputs(case, torch_dtype, seed=seed)[0] for seed in (1, 2)]
+    weights = [random_inputs(case, torch_dtype, seed=seed)[1] for seed in (4, 5, 6)]
+    nhwc = lambda t: t.permute(0, 2, 3, 1).contiguous()
+    xs_nhwc, weights_khwc = [nhwc(x) for x in xs], [nhwc(w) for w in weights]
+    for i, j in ((0, 0), (1, 1), (2, 0), (0, 1), (1, 0), (2, 1), (0, 0)):
+        out = torch.full(problem.out_array_shape, float("nan"), device="cuda", dtype=torch_dtype)
+        conv2d_cupy(to_cupy(xs_nhwc[j]), to_cupy(weights_khwc[i]), None, problem, to_cupy(out), plan=plan,
+                    allow_tf32=True)
         torch.cuda.synchronize()
         out = out.permute(0, 3, 1, 2)
         assert not out.isnan().any()
-        assert relative_error(out, reference(x, weight, None, case)) < TOLERANCE[name], seed
+        assert relative_error(out, reference(xs[j], weights[i], None, case)) < TOLERANCE[name], (i, j)
 
 
 @pytest.mark.skipif(_cuda_device_count() == 0 or compute_capability() != 90,
