@@ -204,7 +204,7 @@ def test_wgmma_every_config(case, name, config_index):
 
 
 
-#: 1x1 NCHW problems read in place on wgmma's pixel-row tile (implicit_gemm_nhwc.NCHW_A_WGMMA): 16-, 8-
+#: 1x1 NCHW problems read in place on wgmma's pixel-row tile (implicit_gemm_nhwc.PIXEL_ROWS_CONFIG): 16-, 8-
 #: and 4-byte pixel pieces, tiles across images, partial channel and k tiles, groups.
 NCHW_A_WGMMA_GRID = IN_PLACE_1X1 + [
     Case(2, 256, 130, 14, 14, 1, 1),                           # two channel tiles, the second partial
@@ -219,19 +219,17 @@ NCHW_A_WGMMA_GRID = IN_PLACE_1X1 + [
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("name", DTYPES)
 @pytest.mark.parametrize("case", NCHW_A_WGMMA_GRID, ids=lambda c: c.id)
-def test_1x1_nchw_on_wgmma(case, name, splits, nchw_a_wgmma):
+def test_1x1_nchw_on_wgmma(case, name, splits):
     """The NCHW input read in place, its fragments in registers, the weight from swizzled rows (float32
     rounded to TF32 in shared memory), whole or in three runs of split-K: every element written, within
-    the dtype's tolerance. Planes that cannot be read in place are refused by the tile."""
+    the dtype's tolerance. Planes that cannot be read in place (16-bit 7 x 7) take the tile's channels-last
+    copies instead."""
     dtype, torch_dtype = DTYPES[name]
     problem = gemm_problem(case, dtype)
-    if not implicit_gemm_nhwc._nchw_a_vec(problem):
-        with pytest.raises(ValueError, match="cannot run this problem"):
-            make_plan(problem, config=implicit_gemm_nhwc.PIXEL_ROWS_CONFIG, compute_capability=90)
-        return
     plan, (out,), ref = run_split(case, dtype, torch_dtype, "NCHW", splits, implicit_gemm_nhwc.PIXEL_ROWS_CONFIG,
                                   seed=len(case.id) + splits)
-    assert plan.a_from_nchw and plan.config.wgmma and plan.splits == splits
+    assert plan.a_from_nchw == bool(implicit_gemm_nhwc._nchw_a_vec(problem))
+    assert plan.config.wgmma and plan.splits == splits
     assert not out.isnan().any(), "an output element was never written (or is NaN)"
     assert relative_error(out, ref) < TOLERANCE[name], relative_error(out, ref)
 
@@ -239,15 +237,15 @@ def test_1x1_nchw_on_wgmma(case, name, splits, nchw_a_wgmma):
 @pytest.mark.skipif(_cuda_device_count() == 0 or compute_capability() != 90,
                     reason="wgmma runs on compute capability 9.0 (sm_90a) alone")
 @pytest.mark.parametrize("name", DTYPES)
-def test_1x1_nchw_rule_on_wgmma(name, nchw_a_wgmma):
-    """With the switch on, the planner's choice (executor.executable, as cupyconv.conv2d asks) for a deep
-    1x1 NCHW layer is the pixel-row tile, which matches torch (TF32 through allow_tf32); twice, the same
-    bits."""
+def test_1x1_nchw_rule_on_wgmma(name):
+    """The planner's choice (executor.executable, as cupyconv.conv2d asks) for a deep 1x1 NCHW layer of
+    49 x 2 tiles of 128 x 128, read in place: the pixel-row wgmma tile in 16 bits, mma.sync's in TF32 (through
+    allow_tf32); it matches torch, twice the same bits."""
     dtype, torch_dtype = DTYPES[name]
-    case = Case(2, 512, 256, 14, 14, 1, 1)
+    case = Case(32, 512, 256, 14, 14, 1, 1)
     problem = gemm_problem(case, dtype)
     plan = make_plan(problem, allow_tf32=True, compute_capability=90)
-    assert plan.a_from_nchw and plan.config.name == implicit_gemm_nhwc.PIXEL_ROWS_CONFIG, str(plan)
+    assert plan.a_from_nchw and plan.config.wgmma == (dtype != "float32"), str(plan)
     x, weight, bias = random_inputs(case, torch_dtype, seed=5)
     outs = []
     for _ in range(2):
@@ -256,6 +254,7 @@ def test_1x1_nchw_rule_on_wgmma(name, nchw_a_wgmma):
     torch.cuda.synchronize()
     assert relative_error(outs[0], reference(x, weight, bias, case)) < TOLERANCE[name]
     assert torch.equal(outs[0], outs[1])
+
 
 def _pairs_run(case: Case, cfg) -> bool:
     """Whether ``cfg`` runs ``case``'s channel tiles: alone, or in pairs of an even number of them."""

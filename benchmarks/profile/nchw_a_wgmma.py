@@ -1,11 +1,12 @@
-"""1x1 NCHW layers read in place: mma.sync's NCHW_A tile (the rules as they are) against wgmma's
-pixel-row tile with the input's fragments in registers (the rules with implicit_gemm_nhwc.NCHW_A_WGMMA),
-in one process, without the environment variable:
+"""1x1 NCHW layers read in place: mma.sync's NCHW_A tile (the rules' choice off compute capability 9.0)
+against wgmma's pixel-row tile with the input's fragments in registers (forced), in one process, and
+which of the two the rules choose here:
     python benchmarks/profile/nchw_a_wgmma.py [--dtype tf32 ...] [--batch 1 ...]
 ResNet-50's stride-1 1x1 layers, the layers suite's MobileNetV2 expansion and the Conformer's pointwise
 conv1d. GPU time: medians of 50 interleaved runs each behind a spin kernel (plan_timing.time_plans),
-the wgmma plan checked against mma.sync's within the dtype's tolerance. Rows where the switched rule
-keeps mma.sync are left out."""
+the wgmma plan checked against mma.sync's within the dtype's tolerance. Rows the wgmma tile cannot read
+in place (16-bit 7 x 7 planes) or where it does not apply (fewer than 128 output channels, one k row of
+128 bytes) are left out."""
 import argparse
 
 from cupyconv import planner
@@ -23,17 +24,15 @@ RESNET50_1X1 = [("r50_l1_64to64", 64, 64, 56, 56), ("r50_l1_64to256", 64, 256, 5
                 ("r50_l4_512to2048", 512, 2048, 7, 7), ("r50_l4_2048to512", 2048, 512, 7, 7)]
 
 
-def rules(problem, nchw_a_wgmma: bool):
-    """The fixed rules' plan for ``problem`` on this GPU, with the switch as given (plans made under one
-    setting are not cached for the other)."""
-    saved = implicit_gemm_nhwc.NCHW_A_WGMMA
-    implicit_gemm_nhwc.NCHW_A_WGMMA = nchw_a_wgmma
-    planner.make_plan.cache_clear()
-    try:
-        return planner.make_plan(problem, allow_tf32=True, compute_capability=compute_capability())
-    finally:
-        implicit_gemm_nhwc.NCHW_A_WGMMA = saved
-        planner.make_plan.cache_clear()
+def plans(problem) -> tuple:
+    """mma.sync's plan (the tile the rules choose without wgmma, on this GPU), the wgmma pixel-row plan
+    (forced; split-K by the rules) and the rules' own choice here."""
+    here = compute_capability()
+    without_wgmma = planner.make_plan(problem, allow_tf32=True, compute_capability=80).config.name
+    mma_sync = planner.make_plan(problem, allow_tf32=True, compute_capability=here, config=without_wgmma)
+    wgmma = planner.make_plan(problem, allow_tf32=True, compute_capability=here,
+                              config=implicit_gemm_nhwc.PIXEL_ROWS_CONFIG)
+    return mma_sync, wgmma, planner.make_plan(problem, allow_tf32=True, compute_capability=here)
 
 
 def main() -> None:
@@ -44,18 +43,20 @@ def main() -> None:
     shapes = [Shape(f"{name}_b{n}", n, c, k, h, w, 1, 1) for n in args.batch or (1, 8, 32)
               for name, c, k, h, w in RESNET50_1X1]
     shapes += [s for s in LAYERS + CONV1D if (s.kh, s.kw, s.stride, s.padding, s.groups) == (1, 1, 1, 0, 1)]
-    print("| row | mode | mma.sync plan | wgmma plan | mma.sync ms | wgmma ms | mma.sync / wgmma |")
-    print("| --- " * 7 + "|")
+    print("| row | mode | mma.sync plan | wgmma plan | mma.sync ms | wgmma ms | mma.sync / wgmma | rules |")
+    print("| --- " * 8 + "|")
     for shape in shapes:
         for mode in args.dtype or ("tf32", "fp16", "bf16"):
             problem = shape.problem(MODE_DTYPE[mode])
-            old, new = rules(problem, False), rules(problem, True)
-            if not new.config.wgmma:
+            old, new, chosen = plans(problem)
+            deep = problem.c * (4 if problem.dtype == "float32" else 2) >= 2 * 128
+            if not (old.a_from_nchw and new.a_from_nchw and deep) or \
+                    problem.k // problem.groups < implicit_gemm_nhwc.NCHW_A_WGMMA_MIN_CHANNELS:
                 continue
             ms = time_plans(problem, mode, {"mma.sync": old, "wgmma": new}, "mma.sync", ["wgmma"], (shape.name, mode))
             label = lambda p: f"{p.config.name}{f' split {p.splits}' if p.splits > 1 else ''}"
             print(f"| {shape.name} | {mode} | {label(old)} | {label(new)} | {ms['mma.sync']:.4f} | {ms['wgmma']:.4f} "
-                  f"| {ms['mma.sync'] / ms['wgmma']:.2f}x |", flush=True)
+                  f"| {ms['mma.sync'] / ms['wgmma']:.2f}x | {'wgmma' if chosen.config.wgmma else 'mma.sync'} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
@@ -155,16 +154,15 @@ NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 #: 1x1 NCHW layers read in place (NCHW_A) on wgmma's 3-stage pixel-row tile: each warp's A fragments
 #: loaded into registers from the k-major A^T tile (TF32 wgmma cannot read a transposed operand from
-#: shared memory), the weight tile from swizzled rows. For at least this many output channels per group
-#: and MIN_DEEP_K_TILES k rows of 128 bytes: ResNet-50's deep 1x1 layers, where mma.sync's NCHW_A tile
-#: runs at 0.5-0.6x cuDNN (H100, TF32 NCHW: 1024 -> 256 on 14^2 45 us against 26; benchmarks/NOTES.md,
-#: "1x1 NCHW layers on wgmma, A in registers").
+#: shared memory), the weight tile from swizzled rows. The rule gives it 16-bit layers of at least this
+#: many output channels per group, MIN_DEEP_K_TILES k rows of 128 bytes and NCHW_A_WGMMA_MIN_TILES
+#: tiles of 128 x 128: there it ran ResNet-50's 1x1 layers at batch 32 (98-200 tiles) 1.07-1.37x faster
+#: than mma.sync's NCHW_A tile (H200). In TF32, whose fragments are scalar loads rounded in registers, it
+#: ran 0.68-0.98x of mma.sync's, and at batch 1 (4-25 tiles; mma.sync's 64-channel tile makes twice as
+#: many blocks) 0.92-0.97x in 16 bits: those keep mma.sync (benchmarks/NOTES.md, "1x1 NCHW layers on
+#: wgmma: measured").
 NCHW_A_WGMMA_MIN_CHANNELS = 128
-#: The environment variable that lets plans take that tile. It was written without a GPU and has not
-#: run on one yet, so it stays off ("0") unless this is "1"; once the GPU suite and the layers confirm
-#: it, the switch goes and the rule stands.
-NCHW_A_WGMMA_VARIABLE = "CUPYCONV_NCHW_A_WGMMA"
-NCHW_A_WGMMA = os.environ.get(NCHW_A_WGMMA_VARIABLE, "0") == "1"
+NCHW_A_WGMMA_MIN_TILES = 64
 CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs)
 #: Outputs of at most this many channels per group (an RGB layer widened to 8, a decoder's last
 #: layers) take the 32-channel tile with k rows of 64 bytes on the phase launch: the 64-wide ones
@@ -263,13 +261,10 @@ def refusal(problem: ConvProblem) -> str:
 def _wgmma_refusal(problem: ConvProblem, compute_capability: int, cfg: GemmConfig | None = None) -> str:
     """Why the wgmma tiles (``cfg``: that one; None: any) cannot run ``problem`` ("" when they can): they
     need the H100's sm_90a and k rows of 128 bytes gathered in 16-byte pieces from channels-last copies
-    -- or, for 1x1 NCHW inputs read in place, the 3-stage pixel-row tile (NCHW_A_WGMMA)."""
+    -- or, for 1x1 NCHW inputs read in place, the 3-stage pixel-row tile."""
     if compute_capability != WGMMA_COMPUTE_CAPABILITY:
         return f"wgmma needs compute capability {WGMMA_COMPUTE_CAPABILITY} (sm_90a), got {compute_capability or 'none'}"
     if _nchw_a_vec(problem):
-        if not NCHW_A_WGMMA:
-            return (f"1x1 NCHW inputs read in place run on wgmma only with {NCHW_A_WGMMA_VARIABLE}=1 (not yet "
-                    f"verified on a GPU)")
         if cfg is not None and cfg.name != PIXEL_ROWS_CONFIG:
             return (f"a 1x1 NCHW input read in place runs on wgmma's {PIXEL_ROWS_CONFIG} tile alone (A in "
                     f"registers, no lag between k tiles), not on {cfg.name}")
@@ -289,8 +284,8 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     """On compute capability 9.0, wherever 16-byte pieces are gathered from copies, the reduction spans
     MIN_DEEP_K_TILES k rows of 128 bytes or more, a group has 8 output channels or more and the layer is
     not one tile of few pixels and <= 64 channels (WGMMA_MIN_NARROW_PIXELS), the wgmma tiles (_choose_wgmma_config);
-    1x1 NCHW inputs read in place there, with NCHW_A_WGMMA_MIN_CHANNELS output channels per group or more,
-    the 3-stage pixel-row tile (NCHW_A_WGMMA); elsewhere the mma.sync ones.
+    16-bit 1x1 NCHW inputs read in place there, with NCHW_A_WGMMA_MIN_CHANNELS output channels per group
+    and NCHW_A_WGMMA_MIN_TILES tiles or more, the 3-stage pixel-row tile; elsewhere the mma.sync ones.
 
     mma.sync, channels: the 96-channel tile for 65-96 output channels per group (AlexNet), the
     128-channel one for more where it makes WIDE_TILE_BLOCKS blocks or more, else the 64-channel one,
@@ -303,11 +298,14 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     deep_k_tiles = math.ceil(problem.kh * problem.kw * _pieces(problem)[0][1] // problem.groups * item / 128)
     few_pixels = problem.n * problem.ho * problem.wo < WGMMA_MIN_NARROW_PIXELS and kg <= 64
     if _nchw_a_vec(problem):
+        pixel_rows = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PIXEL_ROWS_CONFIG)
+        tiles = math.prod(gemm_grid(problem, pixel_rows))
         if not _wgmma_refusal(problem, compute_capability) and deep_k_tiles >= MIN_DEEP_K_TILES and \
-                kg >= NCHW_A_WGMMA_MIN_CHANNELS:
-            return next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PIXEL_ROWS_CONFIG), (
-                f"wgmma; {kg} output channels per group (>= {NCHW_A_WGMMA_MIN_CHANNELS}), {deep_k_tiles} k rows "
-                f"of 128 bytes: 1x1, the NCHW input's fragments loaded into registers")
+                kg >= NCHW_A_WGMMA_MIN_CHANNELS and tiles >= NCHW_A_WGMMA_MIN_TILES and item == 2:
+            return pixel_rows, (
+                f"wgmma; {kg} output channels per group (>= {NCHW_A_WGMMA_MIN_CHANNELS}), {tiles} tiles of 128 x 128 "
+                f"(>= {NCHW_A_WGMMA_MIN_TILES}), {deep_k_tiles} k rows of 128 bytes: 1x1, 16 bits, the NCHW "
+                f"input's fragments loaded into registers")
     elif not _wgmma_refusal(problem, compute_capability) and deep_k_tiles >= MIN_DEEP_K_TILES and \
             kg >= GEMM_MIN_GROUP_CHANNELS and not few_pixels:
         return _choose_wgmma_config(problem)
@@ -651,8 +649,7 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
 def _gemm_flags(wgmma: bool, cfg: GemmConfig, dtype: str, vec: int) -> tuple[tuple[bool, bool, bool], ...]:
     """(a_from_nchw, nhwc_out, round_a) of ``cfg``'s instances gathering ``vec``-byte pieces: of channels-last
     x (mma.sync: every piece; wgmma: 16 bytes) with an NCHW or NHWC output, a float32 NHWC input read in
-    place; and of the NCHW input read in place (every mma.sync tile; on wgmma the 3-stage pixel-row tile:
-    NCHW_A_WGMMA)."""
+    place; and of the NCHW input read in place (every mma.sync tile; on wgmma the 3-stage pixel-row tile)."""
     flags = ()
     if not wgmma or vec == 16:
         flags = ((False, False, False), (False, True, False)) + (((False, True, True),) if dtype == "float32" else ())
