@@ -4,9 +4,9 @@
 
 namespace cupyconv {
 
-// How the kernel reads the input: NCHW planes, a channels-last copy [N][H][W][C], or (1x1, stride 1,
-// unpadded) the NCHW input in place as A^T rows, pixels contiguous.
-enum class GatherLayout { nchw, nhwc, nchw_in_place };
+// How the kernel reads the input: NCHW planes (also NCHW_A's A^T rows, pixels contiguous) or a
+// channels-last copy [N][H][W][C].
+enum class GatherLayout { nchw, nhwc };
 
 // Gather state of one output pixel: the input offset `base` of its tap (0, 0), channel 0 of group g,
 // and that tap's position (ih0, iw0), which may lie in the padding. Pixels past M keep base 0 and
@@ -28,10 +28,8 @@ __device__ __forceinline__ GatherPixel<Index> gather_pixel(Index m, Index M, Ind
         const Index group_channel0 = image * C + static_cast<Index>(g) * Cg;
         if constexpr (LAYOUT == GatherLayout::nchw)
             px.base = group_channel0 * (static_cast<Index>(H) * W) + static_cast<Index>(px.ih0) * W + px.iw0;
-        else if constexpr (LAYOUT == GatherLayout::nhwc)
-            px.base = ((image * H + px.ih0) * W + px.iw0) * C + static_cast<Index>(g) * Cg;
         else
-            px.base = group_channel0 * HoWo + p;  // Ho Wo = H W here
+            px.base = ((image * H + px.ih0) * W + px.iw0) * C + static_cast<Index>(g) * Cg;
     }
     return px;
 }

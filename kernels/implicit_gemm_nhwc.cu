@@ -52,6 +52,9 @@
 // NCHW_A: 1x1, stride-1, unpadded convolutions need no copies at all. The NCHW input of an image
 // is already the matrix A^T [C][pixels], pixels contiguous, and the weight [K][C] is B: A is then
 // copied in VEC-byte pieces of consecutive pixels of one channel into a k-major tile [BK][BM + pad]
+// (1-D convolutions with taps too: row (c, r, s) of A^T is channel c's pixels shifted by the tap, and
+// the KCHW weight [K][C][kh][kw] read in place is B; the planner picks pieces that the shifts keep
+// aligned, whole and within one row)
 // (fragments by ldmatrix.trans; TF32 by scalar loads), B in 16-byte pieces, and float32 operands
 // are rounded to TF32 as fragments are loaded. On wgmma's pixel rows (no lag) A^T cannot be read
 // by the tensor cores from shared memory (TF32 has no transposed operand), so each warp loads its 16
@@ -209,8 +212,8 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // Runtime divisions cost ~20 instructions each, and a block of a short reduction (a 1x1 layer) spends
     // as many issue slots setting up its gather as in its main loop: the common cases skip them.
     const int Cg = groups == 1 ? C : C / groups, Kg = groups == 1 ? K : K / groups;
-    const int Kgemm = kh * kw * Cg;
-    const Index HoWo = static_cast<Index>(Ho) * Wo;
+    const int taps = kh * kw, Kgemm = taps * Cg;
+    const Index HoWo = static_cast<Index>(Ho) * Wo, HW = static_cast<Index>(H) * W;
     const Index M = static_cast<Index>(N) * HoWo;
     const Index m0 = static_cast<Index>(tile) * BM;
     const int n0 = tile_n * BN;
@@ -233,7 +236,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                            Wo == W;
 #pragma unroll
     for (int i = 0; i < A_PIXELS; ++i) {
-        constexpr GatherLayout LAYOUT = NCHW_A ? GatherLayout::nchw_in_place : GatherLayout::nhwc;
+        constexpr GatherLayout LAYOUT = NCHW_A ? GatherLayout::nchw : GatherLayout::nhwc;
         const Index m = m0 + (NCHW_A ? a_piece * EV : a_row0 + A_ROWS_PER_PASS * i);
         GatherPixel<Index> px;
         if (pointwise) {
@@ -259,9 +262,21 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             T* a_dst = a_smem + stage * A_STAGE + a_row0 * A_T_STRIDE + a_piece * EV;
 #pragma unroll
             for (int i = 0; i < A_PASSES; ++i) {
-                const int c = kt * BK + a_row0 + A_ROWS_PER_PASS * i;
-                const bool ok = a_ih0[0] >= 0 && c < Cg;
-                cp_async<VEC>(a_dst + A_ROWS_PER_PASS * i * A_T_STRIDE, ok ? x + (a_base[0] + c * HoWo) : x, ok);
+                // Row k = (c, r, s), channel-major as the KCHW weight read in place. The planner keeps each
+                // tap's shift a whole number of pieces, so a piece lies wholly inside x's row or outside it.
+                const int k = kt * BK + a_row0 + A_ROWS_PER_PASS * i;
+                int c = k, r = 0, s = 0;
+                if (taps != 1) {
+                    c = k / taps;
+                    const int rs = k - c * taps;
+                    r = kh == 1 ? 0 : rs / kw;
+                    s = rs - r * kw;
+                }
+                const int ih = a_ih0[0] + r * dh, iw = a_iw0[0] + s * dw;
+                const bool ok = c < Cg && static_cast<unsigned>(ih) < static_cast<unsigned>(H) &&
+                                static_cast<unsigned>(iw) < static_cast<unsigned>(W);
+                const Index offset = c * HW + static_cast<Index>(r * dh) * W + s * dw;
+                cp_async<VEC>(a_dst + A_ROWS_PER_PASS * i * A_T_STRIDE, ok ? x + (a_base[0] + offset) : x, ok);
             }
         } else {
             const bool k_ok = tap_r < kh;

@@ -1,5 +1,5 @@
 """1x1 NCHW layers read in place on wgmma's 3-stage pixel-row tile (families/implicit_gemm_nhwc.py
-NCHW_A_WGMMA_MIN_CHANNELS / _MIN_TILES; kernels/implicit_gemm_nhwc.cu NCHW_A with WGMMA_PIXEL_ROWS),
+NCHW_A_WGMMA_MIN_CHANNELS / _MIN_BLOCKS; kernels/implicit_gemm_nhwc.cu NCHW_A with WGMMA_PIXEL_ROWS),
 planned without a GPU: which layers the rule gives it (16 bits, deep, wide and with pixels enough), that
 every plan it can make has a compiled instance, and the refusals."""
 import math
@@ -8,7 +8,7 @@ import pytest
 
 from cupyconv.arguments import make_problem
 from cupyconv.families import implicit_gemm_nhwc
-from cupyconv.families.implicit_gemm_nhwc import (NCHW_A_WGMMA_MIN_CHANNELS, NCHW_A_WGMMA_MIN_TILES, NHWC_CONFIGS,
+from cupyconv.families.implicit_gemm_nhwc import (NCHW_A_WGMMA_MIN_CHANNELS, NCHW_A_WGMMA_MIN_BLOCKS, NHWC_CONFIGS,
                                                   PIXEL_ROWS_CONFIG, WGMMA_ARCH)
 from cupyconv.planner import NHWC_KERNEL, make_plan, program
 
@@ -19,6 +19,7 @@ DEEP_1X1 = {
     "r50_l4_1x1_2048to512_b32": ((32, 2048, 7, 7), 512),
     "r50_l3_1x1_256to1024_b32": ((32, 256, 14, 14), 1024),
     "r50_l2_1x1_512to128_b8": ((8, 512, 28, 28), 128),
+    "r50_l3_1x1_1024to256_b8": ((8, 1024, 14, 14), 256),
     "r50_l4_1x1_2048to512_b1": ((1, 2048, 7, 7), 512),
     "conformer_pw_512to1024": ((8, 512, 1, 400), 1024),
 }
@@ -38,10 +39,10 @@ def _reads_in_place(x, dtype) -> bool:
 @pytest.mark.parametrize("dtype", SIXTEEN_BITS)
 @pytest.mark.parametrize("layer", DEEP_1X1)
 def test_deep_1x1_layers_take_the_pixel_row_tile(layer, dtype):
-    """On compute capability 9.0 each 16-bit deep 1x1 layer read in place that makes NCHW_A_WGMMA_MIN_TILES
-    tiles of 128 x 128 or more takes the 3-stage pixel-row tile, with no copies and no prepared weight, never
+    """On compute capability 9.0 each 16-bit deep 1x1 layer read in place that makes NCHW_A_WGMMA_MIN_BLOCKS
+    blocks or more on it (tiles of 128 x 128 times split-K's runs) takes the 3-stage pixel-row tile, with no copies and no prepared weight, never
     stream-K; its instance is one that compiles for sm_90a. Layers whose planes cannot be read in place
-    keep their copies; those of fewer tiles (batch 1) keep mma.sync."""
+    keep their copies; those of fewer blocks (batch 1) keep mma.sync."""
     x, k = DEEP_1X1[layer]
     plan = plan_for(x, k, dtype, False)
     assert plan.kernel == NHWC_KERNEL
@@ -49,7 +50,8 @@ def test_deep_1x1_layers_take_the_pixel_row_tile(layer, dtype):
         assert not plan.a_from_nchw
         return
     assert plan.a_from_nchw, str(plan)
-    if math.ceil(x[0] * x[2] * x[3] / 128) * math.ceil(k / 128) < NCHW_A_WGMMA_MIN_TILES:
+    forced = plan_for(x, k, dtype, False, config=PIXEL_ROWS_CONFIG)
+    if math.ceil(x[0] * x[2] * x[3] / 128) * math.ceil(k / 128) * forced.splits < NCHW_A_WGMMA_MIN_BLOCKS:
         assert not plan.config.wgmma and plan.arch == "", str(plan)
         return
     assert plan.config.name == PIXEL_ROWS_CONFIG and plan.arch == WGMMA_ARCH, str(plan)
@@ -65,11 +67,11 @@ def test_deep_1x1_layers_take_the_pixel_row_tile(layer, dtype):
 @pytest.mark.parametrize("dtype,tf32", TENSOR_CORES)
 def test_shallow_narrow_small_or_tf32_1x1_layers_keep_mma_sync(dtype, tf32):
     """Fewer than NCHW_A_WGMMA_MIN_CHANNELS output channels, one k row of 128 bytes, fewer than
-    NCHW_A_WGMMA_MIN_TILES tiles, TF32 (its fragments are scalar loads, slower there than mma.sync's
+    NCHW_A_WGMMA_MIN_BLOCKS blocks, TF32 (its fragments are scalar loads, slower there than mma.sync's
     tile), or a GPU other than compute capability 9.0: mma.sync's NCHW_A tiles."""
     plans = [plan_for((32, 1024, 14, 14), NCHW_A_WGMMA_MIN_CHANNELS - 32, dtype, tf32),
              plan_for((32, 32, 56, 56), 256, dtype, tf32),  # 32 channels: one k row of 128 bytes at most
-             plan_for((2, 1024, 28, 28), 256, dtype, tf32),  # 13 x 2 tiles
+             plan_for((2, 512, 28, 28), 128, dtype, tf32),  # 13 tiles, no split
              plan_for((32, 1024, 14, 14), 256, dtype, tf32, cc=80)]
     if dtype == "float32":
         plans.append(plan_for((32, 1024, 14, 14), 256, dtype, tf32))

@@ -386,7 +386,7 @@ PRINTED = [
     (((4, 64, 8, 8), (64, 64, 1, 1), "float32", 1, 0, 1, True, 0), [
         "  float32 (TF32 on tensor cores, float32 accumulators), int indices; 55296 B shared memory",
         "  why: tensor cores in TF32 (allow_tf32=True), 64 output channels per group; 64 output channels per group: "
-        "one 64-channel tile; k rows of 64 bytes; 1x1: the NCHW input read in place, 16-byte pieces of pixels"]),
+        "one 64-channel tile; k rows of 64 bytes; 1x1: the NCHW input and KCHW weight read in place, 16-byte pieces of pixels"]),
     (((2, 6, 9, 9), (16, 3, 3, 3), "float16", 1, 0, 2, False, 0), [
         "implicit_gemm_conv2d [m128n32k32: block 128 px x 32 ch, k 32 per stage, 2 stages, 4x1 warps, 128 threads]",
         "  why: tensor cores in float16, 8 output channels per group; NCHW gather: 3 channels per group is odd, with "

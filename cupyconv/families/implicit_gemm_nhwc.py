@@ -1,7 +1,7 @@
 """The channels-last implicit GEMM on tensor cores (kernels/implicit_gemm_nhwc.cu; mma.sync, and wgmma
 on the H100) and the copies it reads (kernels/nchw_to_nhwc.cu): the input as [N][H][W][Cp] in the
-workspace, the weight as [K][kh][kw][Cgp] prepared once; 1x1 stride-1 unpadded problems read both
-in place. The default tensor-core family.
+workspace, the weight as [K][kh][kw][Cgp] prepared once; 1x1 stride-1 unpadded problems, and 1-D ones
+whose taps shift whole pieces of pixels, read both in place. The default tensor-core family.
 
 It computes the NHWC layout natively: an NHWC input is read in place (copied only to add zero
 channels or, in float32 with more than one tap on a wgmma tile but the producer's, to round to TF32;
@@ -155,14 +155,14 @@ PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 #: 1x1 NCHW layers read in place (NCHW_A) on wgmma's 3-stage pixel-row tile: each warp's A fragments
 #: loaded into registers from the k-major A^T tile (TF32 wgmma cannot read a transposed operand from
 #: shared memory), the weight tile from swizzled rows. The rule gives it 16-bit layers of at least this
-#: many output channels per group, MIN_DEEP_K_TILES k rows of 128 bytes and NCHW_A_WGMMA_MIN_TILES
-#: tiles of 128 x 128: there it ran ResNet-50's 1x1 layers at batch 32 (98-200 tiles) 1.07-1.37x faster
-#: than mma.sync's NCHW_A tile (H200). In TF32, whose fragments are scalar loads rounded in registers, it
-#: ran 0.68-0.98x of mma.sync's, and at batch 1 (4-25 tiles; mma.sync's 64-channel tile makes twice as
-#: many blocks) 0.92-0.97x in 16 bits: those keep mma.sync (benchmarks/NOTES.md, "1x1 NCHW layers on
-#: wgmma: measured").
+#: many output channels per group, MIN_DEEP_K_TILES k rows of 128 bytes and NCHW_A_WGMMA_MIN_BLOCKS
+#: blocks (tiles of 128 x 128 times split-K's runs): ResNet-50's 1x1 layers at batch 8 and 32 (98-245
+#: blocks) ran 1.01-1.37x faster there than on mma.sync's NCHW_A tile (H200). With 8-49 blocks (batch 1,
+#: and 512 -> 128 at batch 8; mma.sync's 64-channel tile makes twice as many) it ran 0.92-0.97x, and in
+#: TF32, whose fragments are scalar loads rounded in registers, 0.68-0.98x: those keep mma.sync
+#: (benchmarks/NOTES.md, "1x1 NCHW layers on wgmma: measured").
 NCHW_A_WGMMA_MIN_CHANNELS = 128
-NCHW_A_WGMMA_MIN_TILES = 64
+NCHW_A_WGMMA_MIN_BLOCKS = 64
 CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs)
 #: Outputs of at most this many channels per group (an RGB layer widened to 8, a decoder's last
 #: layers) take the 32-channel tile with k rows of 64 bytes on the phase launch: the 64-wide ones
@@ -214,14 +214,23 @@ def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
 
 
 def _nchw_a_vec(problem: ConvProblem) -> int:
-    """Bytes per A piece where a 1x1 problem can be read in place (0 where it cannot): stride 1, no
-    padding, 16-byte weight rows, and pieces of pixels that never straddle two images."""
+    """Bytes per A piece where the NCHW input can be read in place (0 where it cannot), the KCHW weight
+    too, in 16-byte rows of kh kw C / groups: 1x1, stride-1, unpadded problems, whose pieces of pixels
+    never straddle two images; and 1-D ones (height 1, taps along the row, stride 1 along it), whose
+    pieces never straddle two rows and whose taps shift them by whole pieces (padding and dilation), so
+    that each lies wholly inside x's row or wholly in its padding."""
     item = 4 if problem.dtype == "float32" else 2
-    in_place = problem.layout == "NCHW" and (problem.kh, problem.kw, problem.stride) == (1, 1, (1, 1)) and \
-        (problem.pad_top, problem.pad_left, problem.pad_bottom, problem.pad_right) == (0, 0, 0, 0) and \
-        (problem.c // problem.groups * item) % 16 == 0
-    plane = problem.h * problem.w * item
-    return next((vec for vec in NHWC_VECS if in_place and plane % vec == 0), 0)
+    if problem.layout != "NCHW" or (problem.kh * problem.kw * problem.c // problem.groups * item) % 16:
+        return 0
+    if (problem.kh, problem.kw, problem.stride) == (1, 1, (1, 1)) and \
+            (problem.pad_top, problem.pad_left, problem.pad_bottom, problem.pad_right) == (0, 0, 0, 0):
+        rows = (problem.h * problem.w * item,)
+    elif problem.h == problem.kh == problem.ho == 1 and problem.stride[1] == 1 and problem.weight_layout == "KCHW":
+        rows = (problem.w * item, problem.wo * item, problem.pad_left * item) + \
+            ((problem.dilation[1] * item,) if problem.kw > 1 else ())
+    else:
+        return 0
+    return next((vec for vec in NHWC_VECS if all(row % vec == 0 for row in rows)), 0)
 
 
 def pads_channels(problem: ConvProblem) -> bool:
@@ -233,7 +242,7 @@ def pads_channels(problem: ConvProblem) -> bool:
 def _pieces(problem: ConvProblem) -> tuple[tuple[int, int], str]:
     """((bytes per cp.async piece, channels of the copies), "") or ((0, 0), why the problem cannot run).
 
-    1x1 problems that _nchw_a_vec accepts: its piece, and the input's channels (no copies). Else the
+    Problems that _nchw_a_vec reads in place: its piece, and the input's channels (no copies). Else the
     widest piece whose channel count divides the channels per group; with one group the copies may
     add zero channels to make it divide (at most MAX_PADDING_RATIO more)."""
     item = 4 if problem.dtype == "float32" else 2
@@ -261,12 +270,12 @@ def refusal(problem: ConvProblem) -> str:
 def _wgmma_refusal(problem: ConvProblem, compute_capability: int, cfg: GemmConfig | None = None) -> str:
     """Why the wgmma tiles (``cfg``: that one; None: any) cannot run ``problem`` ("" when they can): they
     need the H100's sm_90a and k rows of 128 bytes gathered in 16-byte pieces from channels-last copies
-    -- or, for 1x1 NCHW inputs read in place, the 3-stage pixel-row tile."""
+    -- or, for NCHW inputs read in place (1x1 and 1-D), the 3-stage pixel-row tile."""
     if compute_capability != WGMMA_COMPUTE_CAPABILITY:
         return f"wgmma needs compute capability {WGMMA_COMPUTE_CAPABILITY} (sm_90a), got {compute_capability or 'none'}"
     if _nchw_a_vec(problem):
         if cfg is not None and cfg.name != PIXEL_ROWS_CONFIG:
-            return (f"a 1x1 NCHW input read in place runs on wgmma's {PIXEL_ROWS_CONFIG} tile alone (A in "
+            return (f"an NCHW input read in place runs on wgmma's {PIXEL_ROWS_CONFIG} tile alone (A in "
                     f"registers, no lag between k tiles), not on {cfg.name}")
         return ""
     if _pieces(problem)[0][0] != 16:
@@ -284,8 +293,8 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     """On compute capability 9.0, wherever 16-byte pieces are gathered from copies, the reduction spans
     MIN_DEEP_K_TILES k rows of 128 bytes or more, a group has 8 output channels or more and the layer is
     not one tile of few pixels and <= 64 channels (WGMMA_MIN_NARROW_PIXELS), the wgmma tiles (_choose_wgmma_config);
-    16-bit 1x1 NCHW inputs read in place there, with NCHW_A_WGMMA_MIN_CHANNELS output channels per group
-    and NCHW_A_WGMMA_MIN_TILES tiles or more, the 3-stage pixel-row tile; elsewhere the mma.sync ones.
+    16-bit NCHW inputs read in place there (1x1 and 1-D), with NCHW_A_WGMMA_MIN_CHANNELS output channels per group
+    and NCHW_A_WGMMA_MIN_BLOCKS blocks or more, the 3-stage pixel-row tile; elsewhere the mma.sync ones.
 
     mma.sync, channels: the 96-channel tile for 65-96 output channels per group (AlexNet), the
     128-channel one for more where it makes WIDE_TILE_BLOCKS blocks or more, else the 64-channel one,
@@ -299,13 +308,15 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     few_pixels = problem.n * problem.ho * problem.wo < WGMMA_MIN_NARROW_PIXELS and kg <= 64
     if _nchw_a_vec(problem):
         pixel_rows = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PIXEL_ROWS_CONFIG)
-        tiles = math.prod(gemm_grid(problem, pixel_rows))
+        grid = gemm_grid(problem, pixel_rows)
+        channels = _pieces(problem)[0][1]
+        blocks = math.prod(grid) * _splits(problem, pixel_rows, grid, channels, _index(problem, pixel_rows, channels))
         if not _wgmma_refusal(problem, compute_capability) and deep_k_tiles >= MIN_DEEP_K_TILES and \
-                kg >= NCHW_A_WGMMA_MIN_CHANNELS and tiles >= NCHW_A_WGMMA_MIN_TILES and item == 2:
+                kg >= NCHW_A_WGMMA_MIN_CHANNELS and blocks >= NCHW_A_WGMMA_MIN_BLOCKS and item == 2:
             return pixel_rows, (
-                f"wgmma; {kg} output channels per group (>= {NCHW_A_WGMMA_MIN_CHANNELS}), {tiles} tiles of 128 x 128 "
-                f"(>= {NCHW_A_WGMMA_MIN_TILES}), {deep_k_tiles} k rows of 128 bytes: 1x1, 16 bits, the NCHW "
-                f"input's fragments loaded into registers")
+                f"wgmma; {kg} output channels per group (>= {NCHW_A_WGMMA_MIN_CHANNELS}), {blocks} blocks of 128 x 128 "
+                f"(>= {NCHW_A_WGMMA_MIN_BLOCKS}, split-K's runs counted), {deep_k_tiles} k rows of 128 bytes: 16 "
+                f"bits, the NCHW input's fragments loaded into registers")
     elif not _wgmma_refusal(problem, compute_capability) and deep_k_tiles >= MIN_DEEP_K_TILES and \
             kg >= GEMM_MIN_GROUP_CHANNELS and not few_pixels:
         return _choose_wgmma_config(problem)
@@ -474,7 +485,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
             why += f"; {cfg.name} instead: stream-K runs on it"
     a_from_nchw = _nchw_a_vec(problem) != 0
     if a_from_nchw:
-        why += f"; 1x1: the NCHW input read in place, {vec}-byte pieces of pixels"
+        shape = "1x1" if problem.kh * problem.kw == 1 else f"1-D, {problem.kw} taps shifting whole pieces"
+        why += f"; {shape}: the NCHW input and KCHW weight read in place, {vec}-byte pieces of pixels"
     elif channels_padded != problem.c:
         why += f"; input copied with {channels_padded - problem.c} zero channel(s) for {vec}-byte pieces"
     round_a = problem.layout == "NHWC" and problem.dtype == "float32" and not _x_copied(problem, channels_padded, cfg)
@@ -498,7 +510,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         raise ValueError(f"stream_k must be None, True, False or a block count >= 1, got {stream_k!r}")
     if stream_k and (not cfg.wgmma or cfg.producer_warps or splits > 1 or index != "int" or a_from_nchw):
         raise ValueError(f"stream_k needs a wgmma tile, no split-K and 32-bit indices (and no producer "
-                         f"warpgroup or 1x1 NCHW input read in place); got {cfg.name}, {splits} split(s), {index} "
+                         f"warpgroup or NCHW input read in place); got {cfg.name}, {splits} split(s), {index} "
                          f"indices for {problem.x_shape} -> {problem.out_shape}")
     if cfg.producer_warps and (problem.groups > 1 or channels_padded % cfg.bk):
         raise ValueError(f"config {cfg.name!r} cannot run this problem: its producer warpgroup copies whole k tiles "
@@ -550,7 +562,7 @@ def _index(problem: ConvProblem, cfg: GemmConfig, channels_padded: int) -> str:
 
 
 def _x_copied(problem: ConvProblem, channels_padded: int, cfg: GemmConfig) -> bool:
-    """Whether the GEMM reads a copy of x: NCHW inputs but 1x1 ones read in place; NHWC inputs that
+    """Whether the GEMM reads a copy of x: NCHW inputs but those read in place (_nchw_a_vec); NHWC inputs that
     need zero channels, and float32 ones with more than one tap rounded to TF32 by the copy where
     ``cfg`` would round them in shared memory at every k tile (the kernel rounds float32 inputs it
     reads in place itself: LaunchPlan.round_a, its ROUND_A; mma.sync tiles and the 128-pixel
@@ -583,7 +595,7 @@ def _weight_channels_last(problem: ConvProblem) -> bool:
 
 def _weight_copied(problem: ConvProblem, channels_padded: int) -> bool:
     """Whether the GEMM reads a prepared weight: KCHW weights of more than one tap; channels-last ones
-    that need zero channels or TF32 rounding (but not those the 1x1 NCHW_A path reads in place,
+    that need zero channels or TF32 rounding (but not those the NCHW_A path reads in place,
     rounding fragments itself)."""
     if _nchw_a_vec(problem):
         return False
