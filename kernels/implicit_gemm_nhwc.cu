@@ -264,19 +264,21 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             for (int i = 0; i < A_PASSES; ++i) {
                 // Row k = (c, r, s), channel-major as the KCHW weight read in place. The planner keeps each
                 // tap's shift a whole number of pieces, so a piece lies wholly inside x's row or outside it.
+                // 1x1 rows are channels: their short reductions pay for every instruction of the loader.
                 const int k = kt * BK + a_row0 + A_ROWS_PER_PASS * i;
-                int c = k, r = 0, s = 0;
-                if (taps != 1) {
-                    c = k / taps;
-                    const int rs = k - c * taps;
-                    r = kh == 1 ? 0 : rs / kw;
-                    s = rs - r * kw;
+                T* dst = a_dst + A_ROWS_PER_PASS * i * A_T_STRIDE;
+                if (taps == 1) {
+                    const bool ok = a_ih0[0] >= 0 && k < Cg;
+                    cp_async<VEC>(dst, ok ? x + (a_base[0] + k * HW) : x, ok);
+                } else {
+                    const int c = k / taps, rs = k - c * taps;
+                    const int r = kh == 1 ? 0 : rs / kw, s = rs - r * kw;
+                    const int ih = a_ih0[0] + r * dh, iw = a_iw0[0] + s * dw;
+                    const bool ok = c < Cg && static_cast<unsigned>(ih) < static_cast<unsigned>(H) &&
+                                    static_cast<unsigned>(iw) < static_cast<unsigned>(W);
+                    const Index offset = c * HW + static_cast<Index>(r * dh) * W + s * dw;
+                    cp_async<VEC>(dst, ok ? x + (a_base[0] + offset) : x, ok);
                 }
-                const int ih = a_ih0[0] + r * dh, iw = a_iw0[0] + s * dw;
-                const bool ok = c < Cg && static_cast<unsigned>(ih) < static_cast<unsigned>(H) &&
-                                static_cast<unsigned>(iw) < static_cast<unsigned>(W);
-                const Index offset = c * HW + static_cast<Index>(r * dh) * W + s * dw;
-                cp_async<VEC>(a_dst + A_ROWS_PER_PASS * i * A_T_STRIDE, ok ? x + (a_base[0] + offset) : x, ok);
             }
         } else {
             const bool k_ok = tap_r < kh;
