@@ -44,9 +44,10 @@ class LaunchPlan:
     # (C, or C rounded up with zero channels so that a piece never straddles two taps).
     vec: int = 0
     channels_padded: int = 0
-    # ... or, for 1x1 stride-1 unpadded problems, no copies: A read from the NCHW input, vec bytes of
-    # consecutive pixels per piece.
-    a_from_nchw: bool = False
+    # ... or, for 1x1 stride-1 unpadded problems and 1-D ones whose taps shift whole pieces, no copies: A
+    # read from the NCHW input, vec bytes of consecutive pixels per piece (implicit_gemm_nhwc's
+    # NCHW_A_POINTWISE or NCHW_A_ROW_TAPS; 0: none).
+    a_from_nchw: int = 0
     # ... and, for float32 NHWC inputs it reads in place (no copy rounded them), TF32 rounding of the
     # input pieces in shared memory as they land.
     round_a: bool = False

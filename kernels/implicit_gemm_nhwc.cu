@@ -70,6 +70,12 @@
 
 namespace cupyconv {
 
+// The NCHW_A template argument (NCHW_A_POINTWISE / NCHW_A_ROW_TAPS in families/implicit_gemm_nhwc.py):
+// A gathered from channels-last x, or the NCHW input read in place as A^T -- rows that are channels
+// (1x1), or rows (c, s) shifted by their tap (1-D), whose decomposition a 1x1 layer's short reduction
+// would pay for in registers and issue slots.
+enum NchwA { NHWC_GATHER = 0, NCHW_A_POINTWISE = 1, NCHW_A_ROW_TAPS = 2 };
+
 // The WGMMA_ROWS template argument (WGMMA_PIXEL_ROWS / WGMMA_CHANNEL_ROWS in
 // families/implicit_gemm_nhwc.py; 0: mma.sync).
 // WGMMA_PIXEL_ROWS_PRODUCER: the pixel-row tile fed by a third warpgroup of its own (below).
@@ -118,7 +124,7 @@ struct PhaseTable {
 // zero-fills point at x, so that the main loop holds no more registers than one convolution's
 // (the phase's weight pointer, kept for them, made four instances spill).
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
-          bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K, bool PHASED, bool STREAM_K = false,
+          int NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K, bool PHASED, bool STREAM_K = false,
           int CLUSTER = 1>
 __device__ __forceinline__ void
 nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
@@ -262,15 +268,14 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             T* a_dst = a_smem + stage * A_STAGE + a_row0 * A_T_STRIDE + a_piece * EV;
 #pragma unroll
             for (int i = 0; i < A_PASSES; ++i) {
-                // Row k = (c, r, s), channel-major as the KCHW weight read in place. The planner keeps each
-                // tap's shift a whole number of pieces, so a piece lies wholly inside x's row or outside it.
-                // 1x1 rows are channels: their short reductions pay for every instruction of the loader.
                 const int k = kt * BK + a_row0 + A_ROWS_PER_PASS * i;
                 T* dst = a_dst + A_ROWS_PER_PASS * i * A_T_STRIDE;
-                if (taps == 1) {
+                if constexpr (NCHW_A == NCHW_A_POINTWISE) {  // row k is channel k
                     const bool ok = a_ih0[0] >= 0 && k < Cg;
-                    cp_async<VEC>(dst, ok ? x + (a_base[0] + k * HW) : x, ok);
+                    cp_async<VEC>(dst, ok ? x + (a_base[0] + k * HoWo) : x, ok);
                 } else {
+                    // Row k = (c, r, s), channel-major as the KCHW weight read in place. The planner keeps
+                    // each tap's shift a whole number of pieces: a piece lies wholly inside x's row or outside.
                     const int c = k / taps, rs = k - c * taps;
                     const int r = kh == 1 ? 0 : rs / kw, s = rs - r * kw;
                     const int ih = a_ih0[0] + r * dh, iw = a_iw0[0] + s * dw;
@@ -744,7 +749,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 }
 
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
-          bool NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K>
+          int NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K>
 __global__ void NHWC_GEMM_LAUNCH_BOUNDS
 implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                    void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual, int activation,

@@ -66,13 +66,13 @@ GEMM_GRID = GRID + [
     Case(2, 32, 48, 8, 8, 1, 1, groups=2),                     # in place, grouped
 ]
 IN_PLACE_1X1 = GEMM_GRID[-4:]
-#: 1-D problems (height 1) whose taps shift whole pieces of pixels: the NCHW input and KCHW weight read
-#: in place (16- and 8-byte pieces in 16 bits, 16 and 4 in float32), or copied where a shift is not a
-#: whole piece (16-bit 'same' padding of 1 or 2 pixels).
+#: 1-D problems (height 1, <= 64 output channels per group) whose taps shift whole pieces of pixels: the
+#: NCHW input and KCHW weight read in place (16- and 8-byte pieces in 16 bits, 16 and 4 in float32), or
+#: copied where a shift is not a whole piece (16-bit 'same' padding of 1 or 2 pixels).
 IN_PLACE_1D = [
     Case(2, 32, 40, 1, 64, 1, 3, padding=(0, 4), dilation=(1, 4)),   # a TCN layer: shifts -4, 0, 4
     Case(3, 16, 24, 1, 40, 1, 2, dilation=(1, 8)),                   # WaveNet's: 32 outputs, tiles span images
-    Case(1, 24, 136, 1, 100, 1, 5, padding=(0, 2)),                  # 16-bit copies; two channel tiles
+    Case(1, 24, 48, 1, 100, 1, 5, padding=(0, 2)),                   # 16-bit copies; float32 4-byte pieces
     Case(2, 64, 32, 1, 48, 1, 3, padding=(0, 8), dilation=(1, 8), groups=2),  # grouped
     Case(1, 8, 16, 1, 24, 1, 4, padding="same", bias=False),         # asymmetric 'same' padding (1, 2)
 ]
@@ -180,13 +180,14 @@ def test_grid_every_config(case, name, family, config_index):
 def _wgmma_runs(case: Case, dtype: str, config: str = "") -> bool:
     """Whether the wgmma tile ``config`` ("": every one) can take ``case``: 16-byte pieces (channels per
     group a multiple of 8 16-bit or 4 float32 values, or one group padded to it by a third at most) and
-    not an NCHW input read in place with no copies (1x1 or 1-D), which only the pixel-row tile takes."""
+    not an NCHW input read in place with no copies: 1x1 ones only the pixel-row tile takes, 1-D ones none."""
     item, cg = (4 if dtype == "float32" else 2), case.c // case.groups
     per_piece = 16 // item
     padded = -(-cg // per_piece) * per_piece
     pieces = padded == cg or (case.groups == 1 and 3 * padded <= 4 * cg)
-    in_place = implicit_gemm_nhwc._nchw_a_vec(gemm_problem(case, dtype)) != 0
-    return (pieces and not in_place) or (in_place and config == implicit_gemm_nhwc.PIXEL_ROWS_CONFIG)
+    in_place = implicit_gemm_nhwc._nchw_a_mode(gemm_problem(case, dtype))
+    return (pieces and not in_place) or \
+        (in_place == implicit_gemm_nhwc.NCHW_A_POINTWISE and config == implicit_gemm_nhwc.PIXEL_ROWS_CONFIG)
 
 
 @pytest.mark.skipif(_cuda_device_count() == 0 or compute_capability() != 90,
@@ -213,8 +214,9 @@ def test_wgmma_every_config(case, name, config_index):
     check(case, name, cfg.name, seed=len(case.id) + config_index)
 
 
-#: NCHW problems read in place on wgmma's pixel-row tile (implicit_gemm_nhwc.PIXEL_ROWS_CONFIG), 1x1 and
-#: 1-D: 16-, 8- and 4-byte pixel pieces, tiles across images, partial channel and k tiles, groups, taps.
+#: 1x1 NCHW problems read in place on wgmma's pixel-row tile (implicit_gemm_nhwc.PIXEL_ROWS_CONFIG): 16-, 8-
+#: and 4-byte pixel pieces, tiles across images, partial channel and k tiles, groups; and 1-D ones,
+#: which it refuses where they are read in place.
 NCHW_A_WGMMA_GRID = IN_PLACE_1X1 + IN_PLACE_1D + [
     Case(2, 256, 130, 14, 14, 1, 1),                           # two channel tiles, the second partial
     Case(3, 64, 136, 10, 10, 1, 1, bias=False),                # 300 pixels: tiles across images
@@ -232,12 +234,16 @@ def test_nchw_in_place_on_wgmma(case, name, splits):
     """The NCHW input read in place, its fragments in registers, the weight from swizzled rows (float32
     rounded to TF32 in shared memory), whole or in three runs of split-K: every element written, within
     the dtype's tolerance. Planes that cannot be read in place (16-bit 7 x 7; 16-bit taps shifted by 1
-    or 2 pixels) take the tile's channels-last copies instead."""
+    or 2 pixels) take the tile's channels-last copies instead; 1-D ones read in place are refused."""
     dtype, torch_dtype = DTYPES[name]
     problem = gemm_problem(case, dtype)
+    if implicit_gemm_nhwc._nchw_a_mode(problem) == implicit_gemm_nhwc.NCHW_A_ROW_TAPS:
+        with pytest.raises(ValueError, match="1-D NCHW input read in place runs on mma.sync"):
+            make_plan(problem, config=implicit_gemm_nhwc.PIXEL_ROWS_CONFIG, compute_capability=90)
+        return
     plan, (out,), ref = run_split(case, dtype, torch_dtype, "NCHW", splits, implicit_gemm_nhwc.PIXEL_ROWS_CONFIG,
                                   seed=len(case.id) + splits)
-    assert plan.a_from_nchw == bool(implicit_gemm_nhwc._nchw_a_vec(problem))
+    assert bool(plan.a_from_nchw) == bool(implicit_gemm_nhwc._nchw_a_vec(problem))
     assert plan.config.wgmma and plan.splits == splits
     assert not out.isnan().any(), "an output element was never written (or is NaN)"
     assert relative_error(out, ref) < TOLERANCE[name], relative_error(out, ref)

@@ -19,15 +19,18 @@ def problem_1d(n, c, k, length, taps, dtype, stride=1, padding=0, dilation=1, gr
                         weight_layout=weight_layout)
 
 
-#: (problem arguments, piece bytes in 16 bits, in float32): issue 16's TCN and WaveNet layers, a
-#: 'same' layer of even width (padding 1 left, 2 right), a grouped one and a pointwise one.
+#: (problem arguments, piece bytes in 16 bits, in float32; 0: copied): a TCN layer of 64 channels (8-byte
+#: pieces: its shifts are 4 pixels) and issue 16's of 256 (past NCHW_A_ROW_TAPS_MAX_CHANNELS: copied),
+#: WaveNet's, a 'same' layer of even width (padding 1 left, 2 right), a grouped one and a pointwise one.
 IN_PLACE = {
-    "tcn_256_k3_d4": ((16, 256, 256, 4096, 3), {"padding": (0, 4), "dilation": 4}, 8, 16),
+    "tcn_64_k3_d4": ((16, 64, 64, 4096, 3), {"padding": (0, 4), "dilation": 4}, 8, 16),
+    "tcn_256_k3_d4": ((16, 256, 256, 4096, 3), {"padding": (0, 4), "dilation": 4}, 0, 0),
     "wavenet_64_k2_d8": ((4, 64, 64, 16000, 2), {"dilation": 8}, 16, 16),
     "same_k4": ((2, 32, 48, 96, 4), {"padding": "same"}, 0, 4),
     "grouped_k3_d8": ((2, 64, 32, 48, 3), {"padding": (0, 8), "dilation": 8, "groups": 2}, 16, 16),
     "conformer_pw_512to1024": ((16, 512, 1024, 1000, 1), {}, 16, 16),
 }
+POINTWISE = {"conformer_pw_512to1024"}
 
 
 @pytest.mark.parametrize("dtype,tf32", TENSOR_CORES)
@@ -43,7 +46,8 @@ def test_1d_layers_read_in_place(layer, dtype, tf32):
     for cc in (80, 90):
         plan = make_plan(problem, allow_tf32=tf32, compute_capability=cc)
         assert plan.kernel == NHWC_KERNEL
-        assert plan.a_from_nchw == bool(piece), str(plan)
+        mode = implicit_gemm_nhwc.NCHW_A_POINTWISE if layer in POINTWISE else implicit_gemm_nhwc.NCHW_A_ROW_TAPS
+        assert plan.a_from_nchw == (mode if piece else 0), str(plan)
         call = program(plan, problem)
         if piece:
             assert plan.vec == piece and "read in place" in plan.reason
@@ -54,9 +58,12 @@ def test_1d_layers_read_in_place(layer, dtype, tf32):
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_what_is_not_read_in_place(dtype):
-    """Stride along the row, a KHWC weight, an NHWC input, a shift of part of a piece (16 bits: 'same'
-    padding of one pixel), and 2-D problems with taps: not in place."""
+    """Stride along the row, a KHWC weight, an NHWC input, more than NCHW_A_ROW_TAPS_MAX_CHANNELS output
+    channels per group, a shift of part of a piece (16 bits: 'same' padding of one pixel), and 2-D
+    problems with taps: not in place."""
     shapes = [problem_1d(2, 64, 64, 128, 3, dtype, stride=2, padding=(0, 8)),
+              problem_1d(2, 64, implicit_gemm_nhwc.NCHW_A_ROW_TAPS_MAX_CHANNELS + 8, 128, 3, dtype, padding=(0, 8),
+                         dilation=8),
               problem_1d(2, 64, 64, 128, 3, dtype, padding=(0, 8), dilation=8, layout="NCHW", weight_layout="KHWC"),
               problem_1d(2, 64, 64, 128, 3, dtype, padding=(0, 8), dilation=8, layout="NHWC"),
               make_problem((2, 64, 16, 16), (64, 64, 3, 3), None, dtype, 1, 1)]
@@ -69,13 +76,15 @@ def test_what_is_not_read_in_place(dtype):
 
 def test_every_in_place_plan_has_an_instance():
     """Every tile the rules or a caller may force on a 1-D problem read in place, split or not: its
-    instance is one the family compiles (mma.sync anywhere, wgmma's pixel rows on sm_90a)."""
+    instance is one the family compiles (mma.sync's tiles); the wgmma tiles refuse it."""
     compiled = set(implicit_gemm_nhwc.specialisations()) | \
         set(implicit_gemm_nhwc.arch_specialisations()[implicit_gemm_nhwc.WGMMA_ARCH])
     for dtype, tf32 in TENSOR_CORES:
-        problem = problem_1d(2, 64, 160, 512, 3, dtype, padding=(0, 8), dilation=8)
+        problem = problem_1d(2, 64, 48, 512, 3, dtype, padding=(0, 8), dilation=8)
         for cfg in implicit_gemm_nhwc.NHWC_CONFIGS[dtype]:
-            if cfg.producer_warps or (cfg.wgmma and cfg.name != implicit_gemm_nhwc.PIXEL_ROWS_CONFIG):
+            if cfg.wgmma:
+                with pytest.raises(ValueError, match="runs on mma.sync's tiles alone"):
+                    make_plan(problem, cfg.name, NHWC_KERNEL, tf32, 90)
                 continue
             for splits in (1, 3):
                 plan = make_plan(problem, cfg.name, NHWC_KERNEL, tf32, 90, splits=splits)

@@ -163,6 +163,16 @@ PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 #: (benchmarks/NOTES.md, "1x1 NCHW layers on wgmma: measured").
 NCHW_A_WGMMA_MIN_CHANNELS = 128
 NCHW_A_WGMMA_MIN_BLOCKS = 64
+#: LaunchPlan.a_from_nchw, the kernel's NCHW_A: the NCHW input read in place as A^T, rows that are
+#: channels (1x1) or rows (c, s) shifted by their tap (1-D), each its own instance (the 1-D rows'
+#: decomposition cost 1x1 TF32 layers an SM's fourth block: ResNet-50 TF32 b32, CUDA graph, 5.04 ->
+#: 5.42 ms on an H200 while it was shared).
+NCHW_A_POINTWISE, NCHW_A_ROW_TAPS = 1, 2
+#: 1-D layers are read in place up to this many output channels per group: there the copy to
+#: channels-last is most of the work (H200, WaveNet's 64 channels 1.3-1.6x faster in place, a TCN
+#: layer's 64 1.05-1.16x), while from 128 on the producer tile on the copy is faster than any tile
+#: reading in place (0.6-0.9x; benchmarks/NOTES.md, "1-D convolutions read in place").
+NCHW_A_ROW_TAPS_MAX_CHANNELS = 64
 CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs)
 #: Outputs of at most this many channels per group (an RGB layer widened to 8, a decoder's last
 #: layers) take the 32-channel tile with k rows of 64 bytes on the phase launch: the 64-wide ones
@@ -216,21 +226,31 @@ def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
 def _nchw_a_vec(problem: ConvProblem) -> int:
     """Bytes per A piece where the NCHW input can be read in place (0 where it cannot), the KCHW weight
     too, in 16-byte rows of kh kw C / groups: 1x1, stride-1, unpadded problems, whose pieces of pixels
-    never straddle two images; and 1-D ones (height 1, taps along the row, stride 1 along it), whose
-    pieces never straddle two rows and whose taps shift them by whole pieces (padding and dilation), so
-    that each lies wholly inside x's row or wholly in its padding."""
+    never straddle two images; and 1-D ones (height 1, taps along the row, stride 1 along it, at most
+    NCHW_A_ROW_TAPS_MAX_CHANNELS output channels per group), whose pieces never straddle two rows and
+    whose taps shift them by whole pieces (padding and dilation), so that each lies wholly inside x's
+    row or wholly in its padding."""
     item = 4 if problem.dtype == "float32" else 2
     if problem.layout != "NCHW" or (problem.kh * problem.kw * problem.c // problem.groups * item) % 16:
         return 0
     if (problem.kh, problem.kw, problem.stride) == (1, 1, (1, 1)) and \
             (problem.pad_top, problem.pad_left, problem.pad_bottom, problem.pad_right) == (0, 0, 0, 0):
         rows = (problem.h * problem.w * item,)
-    elif problem.h == problem.kh == problem.ho == 1 and problem.stride[1] == 1 and problem.weight_layout == "KCHW":
+    elif problem.h == problem.kh == problem.ho == 1 and problem.stride[1] == 1 and problem.weight_layout == "KCHW" \
+            and problem.k // problem.groups <= NCHW_A_ROW_TAPS_MAX_CHANNELS:
         rows = (problem.w * item, problem.wo * item, problem.pad_left * item) + \
             ((problem.dilation[1] * item,) if problem.kw > 1 else ())
     else:
         return 0
     return next((vec for vec in NHWC_VECS if all(row % vec == 0 for row in rows)), 0)
+
+
+def _nchw_a_mode(problem: ConvProblem) -> int:
+    """The kernel's NCHW_A for ``problem``: 0 (x gathered from channels-last), NCHW_A_POINTWISE (1x1 read
+    in place) or NCHW_A_ROW_TAPS (1-D read in place)."""
+    if not _nchw_a_vec(problem):
+        return 0
+    return NCHW_A_POINTWISE if problem.kh * problem.kw == 1 else NCHW_A_ROW_TAPS
 
 
 def pads_channels(problem: ConvProblem) -> bool:
@@ -270,9 +290,11 @@ def refusal(problem: ConvProblem) -> str:
 def _wgmma_refusal(problem: ConvProblem, compute_capability: int, cfg: GemmConfig | None = None) -> str:
     """Why the wgmma tiles (``cfg``: that one; None: any) cannot run ``problem`` ("" when they can): they
     need the H100's sm_90a and k rows of 128 bytes gathered in 16-byte pieces from channels-last copies
-    -- or, for NCHW inputs read in place (1x1 and 1-D), the 3-stage pixel-row tile."""
+    -- or, for 1x1 NCHW inputs read in place, the 3-stage pixel-row tile (1-D ones run on mma.sync)."""
     if compute_capability != WGMMA_COMPUTE_CAPABILITY:
         return f"wgmma needs compute capability {WGMMA_COMPUTE_CAPABILITY} (sm_90a), got {compute_capability or 'none'}"
+    if _nchw_a_mode(problem) == NCHW_A_ROW_TAPS:
+        return "a 1-D NCHW input read in place runs on mma.sync's tiles alone (its taps' rows spill wgmma's registers)"
     if _nchw_a_vec(problem):
         if cfg is not None and cfg.name != PIXEL_ROWS_CONFIG:
             return (f"an NCHW input read in place runs on wgmma's {PIXEL_ROWS_CONFIG} tile alone (A in "
@@ -293,7 +315,7 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     """On compute capability 9.0, wherever 16-byte pieces are gathered from copies, the reduction spans
     MIN_DEEP_K_TILES k rows of 128 bytes or more, a group has 8 output channels or more and the layer is
     not one tile of few pixels and <= 64 channels (WGMMA_MIN_NARROW_PIXELS), the wgmma tiles (_choose_wgmma_config);
-    16-bit NCHW inputs read in place there (1x1 and 1-D), with NCHW_A_WGMMA_MIN_CHANNELS output channels per group
+    16-bit 1x1 NCHW inputs read in place there, with NCHW_A_WGMMA_MIN_CHANNELS output channels per group
     and NCHW_A_WGMMA_MIN_BLOCKS blocks or more, the 3-stage pixel-row tile; elsewhere the mma.sync ones.
 
     mma.sync, channels: the 96-channel tile for 65-96 output channels per group (AlexNet), the
@@ -483,7 +505,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         if cfg.producer_warps and stream_k:  # forced onto the tile it runs on
             cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PIXEL_ROWS_CONFIG)
             why += f"; {cfg.name} instead: stream-K runs on it"
-    a_from_nchw = _nchw_a_vec(problem) != 0
+    a_from_nchw = _nchw_a_mode(problem)
     if a_from_nchw:
         shape = "1x1" if problem.kh * problem.kw == 1 else f"1-D, {problem.kw} taps shifting whole pieces"
         why += f"; {shape}: the NCHW input and KCHW weight read in place, {vec}-byte pieces of pixels"
@@ -602,15 +624,15 @@ def _weight_copied(problem: ConvProblem, channels_padded: int) -> bool:
     return not _weight_channels_last(problem) or channels_padded != problem.c or problem.dtype == "float32"
 
 
-def specialisation(dtype: str, index: str, cfg: GemmConfig, vec: int, a_from_nchw: bool, nhwc_out: bool,
+def specialisation(dtype: str, index: str, cfg: GemmConfig, vec: int, a_from_nchw: int, nhwc_out: bool,
                    round_a: bool = False, split_k: bool = False) -> str:
     """The C++ template instance of ``cfg`` gathering ``vec``-byte pieces (of the NCHW input where
-    ``a_from_nchw``, else of channels-last x), writing an NHWC output where ``nhwc_out``, rounding
-    an unrounded float32 input to TF32 in shared memory where ``round_a``, and writing split-K's
-    partial sums where ``split_k``."""
-    flags = ",".join(str(flag).lower() for flag in (a_from_nchw, cfg.wgmma, nhwc_out, round_a, split_k))
+    ``a_from_nchw``: NCHW_A_POINTWISE or NCHW_A_ROW_TAPS; else of channels-last x), writing an NHWC
+    output where ``nhwc_out``, rounding an unrounded float32 input to TF32 in shared memory where
+    ``round_a``, and writing split-K's partial sums where ``split_k``."""
+    flags = ",".join(str(flag).lower() for flag in (cfg.wgmma, nhwc_out, round_a, split_k))
     return (f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.bk},"
-            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages},{vec},{flags}>")
+            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages},{vec},{int(a_from_nchw)},{flags}>")
 
 
 def stream_k_specialisation(dtype: str, cfg: GemmConfig, nhwc_out: bool, round_a: bool) -> str:
@@ -658,15 +680,18 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
          for split_k in ((False, True) if index == "int" else (False,))]
 
 
-def _gemm_flags(wgmma: bool, cfg: GemmConfig, dtype: str, vec: int) -> tuple[tuple[bool, bool, bool], ...]:
+def _gemm_flags(wgmma: bool, cfg: GemmConfig, dtype: str, vec: int) -> tuple[tuple[int, bool, bool], ...]:
     """(a_from_nchw, nhwc_out, round_a) of ``cfg``'s instances gathering ``vec``-byte pieces: of channels-last
     x (mma.sync: every piece; wgmma: 16 bytes) with an NCHW or NHWC output, a float32 NHWC input read in
-    place; and of the NCHW input read in place (every mma.sync tile; on wgmma the 3-stage pixel-row tile)."""
+    place; and of the NCHW input read in place: 1x1 (every mma.sync tile; on wgmma the 3-stage pixel-row
+    tile) and 1-D (mma.sync)."""
     flags = ()
     if not wgmma or vec == 16:
-        flags = ((False, False, False), (False, True, False)) + (((False, True, True),) if dtype == "float32" else ())
+        flags = ((0, False, False), (0, True, False)) + (((0, True, True),) if dtype == "float32" else ())
     if not wgmma or cfg.name == PIXEL_ROWS_CONFIG:
-        flags += ((True, False, False),)
+        flags += ((NCHW_A_POINTWISE, False, False),)
+    if not wgmma:
+        flags += ((NCHW_A_ROW_TAPS, False, False),)
     return flags
 
 
