@@ -52,9 +52,9 @@
 // NCHW_A: 1x1, stride-1, unpadded convolutions need no copies at all. The NCHW input of an image
 // is already the matrix A^T [C][pixels], pixels contiguous, and the weight [K][C] is B: A is then
 // copied in VEC-byte pieces of consecutive pixels of one channel into a k-major tile [BK][BM + pad]
-// (1-D convolutions with taps too: row (c, r, s) of A^T is channel c's pixels shifted by the tap, and
-// the KCHW weight [K][C][kh][kw] read in place is B; the planner picks pieces that the shifts keep
-// aligned, whole and within one row)
+// (1-D convolutions with taps too, on mma.sync: row (c, s) of A^T is channel c's pixels shifted by
+// tap s, and the KCHW weight [K][C][1][kw] read in place is B; the planner picks pieces that the
+// shifts keep aligned, whole and within the row)
 // (fragments by ldmatrix.trans; TF32 by scalar loads), B in 16-byte pieces, and float32 operands
 // are rounded to TF32 as fragments are loaded. On wgmma's pixel rows (no lag) A^T cannot be read
 // by the tensor cores from shared memory (TF32 has no transposed operand), so each warp loads its 16
@@ -73,7 +73,7 @@ namespace cupyconv {
 // The NCHW_A template argument (NCHW_A_POINTWISE / NCHW_A_ROW_TAPS in families/implicit_gemm_nhwc.py):
 // A gathered from channels-last x, or the NCHW input read in place as A^T -- rows that are channels
 // (1x1), or rows (c, s) shifted by their tap (1-D), whose decomposition a 1x1 layer's short reduction
-// would pay for in registers and issue slots.
+// would pay for in registers and issue slots (its own instance, then).
 enum NchwA { NHWC_GATHER = 0, NCHW_A_POINTWISE = 1, NCHW_A_ROW_TAPS = 2 };
 
 // The WGMMA_ROWS template argument (WGMMA_PIXEL_ROWS / WGMMA_CHANNEL_ROWS in
@@ -202,6 +202,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                   STAGES * (A_STAGE + B_STAGE) * static_cast<int>(sizeof(T)),
                   "epilogue staging fits in the pipeline buffers");
     static_assert(!(NHWC_OUT && NCHW_A), "NCHW_A reads an NCHW input, whose output is NCHW");
+    static_assert(NCHW_A != NCHW_A_ROW_TAPS || !WGMMA, "1-D rows read in place run on mma.sync's tiles");
     static_assert(!PHASED || NHWC_OUT, "stride phases write NHWC outputs");
     static_assert(!STREAM_K || !(SPLIT_K || PHASED), "stream-K finishes its tiles itself, one convolution");
 
@@ -218,8 +219,8 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // Runtime divisions cost ~20 instructions each, and a block of a short reduction (a 1x1 layer) spends
     // as many issue slots setting up its gather as in its main loop: the common cases skip them.
     const int Cg = groups == 1 ? C : C / groups, Kg = groups == 1 ? K : K / groups;
-    const int taps = kh * kw, Kgemm = taps * Cg;
-    const Index HoWo = static_cast<Index>(Ho) * Wo, HW = static_cast<Index>(H) * W;
+    const int Kgemm = kh * kw * Cg;
+    const Index HoWo = static_cast<Index>(Ho) * Wo;
     const Index M = static_cast<Index>(N) * HoWo;
     const Index m0 = static_cast<Index>(tile) * BM;
     const int n0 = tile_n * BN;
@@ -274,15 +275,12 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                     const bool ok = a_ih0[0] >= 0 && k < Cg;
                     cp_async<VEC>(dst, ok ? x + (a_base[0] + k * HoWo) : x, ok);
                 } else {
-                    // Row k = (c, r, s), channel-major as the KCHW weight read in place. The planner keeps
-                    // each tap's shift a whole number of pieces: a piece lies wholly inside x's row or outside.
-                    const int c = k / taps, rs = k - c * taps;
-                    const int r = kh == 1 ? 0 : rs / kw, s = rs - r * kw;
-                    const int ih = a_ih0[0] + r * dh, iw = a_iw0[0] + s * dw;
-                    const bool ok = c < Cg && static_cast<unsigned>(ih) < static_cast<unsigned>(H) &&
-                                    static_cast<unsigned>(iw) < static_cast<unsigned>(W);
-                    const Index offset = c * HW + static_cast<Index>(r * dh) * W + s * dw;
-                    cp_async<VEC>(dst, ok ? x + (a_base[0] + offset) : x, ok);
+                    // 1-D (H = kh = 1): row k = (c, s), channel-major as the KCHW weight read in place. The
+                    // planner keeps each tap's shift a whole number of pieces: a piece lies wholly inside
+                    // x's row or wholly in its padding.
+                    const int c = k / kw, s = k - c * kw, iw = a_iw0[0] + s * dw;
+                    const bool ok = a_ih0[0] >= 0 && c < Cg && static_cast<unsigned>(iw) < static_cast<unsigned>(W);
+                    cp_async<VEC>(dst, ok ? x + (a_base[0] + static_cast<Index>(c) * W + s * dw) : x, ok);
                 }
             }
         } else {

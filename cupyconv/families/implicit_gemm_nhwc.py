@@ -330,11 +330,9 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     few_pixels = problem.n * problem.ho * problem.wo < WGMMA_MIN_NARROW_PIXELS and kg <= 64
     if _nchw_a_vec(problem):
         pixel_rows = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PIXEL_ROWS_CONFIG)
-        grid = gemm_grid(problem, pixel_rows)
-        channels = _pieces(problem)[0][1]
-        blocks = math.prod(grid) * _splits(problem, pixel_rows, grid, channels, _index(problem, pixel_rows, channels))
-        if not _wgmma_refusal(problem, compute_capability) and deep_k_tiles >= MIN_DEEP_K_TILES and \
-                kg >= NCHW_A_WGMMA_MIN_CHANNELS and blocks >= NCHW_A_WGMMA_MIN_BLOCKS and item == 2:
+        if item == 2 and kg >= NCHW_A_WGMMA_MIN_CHANNELS and deep_k_tiles >= MIN_DEEP_K_TILES and \
+                not _wgmma_refusal(problem, compute_capability) and \
+                (blocks := _blocks(problem, pixel_rows)) >= NCHW_A_WGMMA_MIN_BLOCKS:
             return pixel_rows, (
                 f"wgmma; {kg} output channels per group (>= {NCHW_A_WGMMA_MIN_CHANNELS}), {blocks} blocks of 128 x 128 "
                 f"(>= {NCHW_A_WGMMA_MIN_BLOCKS}, split-K's runs counted), {deep_k_tiles} k rows of 128 bytes: 16 "
@@ -434,6 +432,12 @@ def _fewest_waves(problem: ConvProblem, producer: GemmConfig, channels_padded: i
 def _k_tiles(problem: ConvProblem, cfg: GemmConfig, channels_padded: int) -> int:
     """k tiles of ``cfg``'s reduction: kh kw taps of the (padded) channels per group, bk at a time."""
     return math.ceil(problem.kh * problem.kw * (channels_padded // problem.groups) / cfg.bk)
+
+
+def _blocks(problem: ConvProblem, cfg: GemmConfig) -> int:
+    """Blocks of ``cfg``'s grid for ``problem``, split-K's runs (as _splits would choose them) counted."""
+    grid, channels = gemm_grid(problem, cfg), _pieces(problem)[0][1]
+    return math.prod(grid) * _splits(problem, cfg, grid, channels, _index(problem, cfg, channels))
 
 
 def _splits(problem: ConvProblem, cfg: GemmConfig, grid: tuple[int, int, int], channels_padded: int, index: str) -> int:
