@@ -134,16 +134,33 @@ template <int MT, int NT> __device__ __forceinline__ void zero_accumulators(floa
 
 // The TF32 A fragments of MT 16-row instruction tiles, 16 rows apart, from a k-major tile of floats
 // (rows of k, STRIDE floats apart; no ldmatrix for 32-bit transposes): a0 (m, k), a1 (m + 8, k),
-// a2 (m, k + 4), a3 (m + 8, k + 4), rounded to TF32. `at` points at row k = tq (PTX's
-// threadID_in_group), column m = quad (groupID) of the first tile.
-template <int STRIDE, int MT> __device__ __forceinline__ void tf32_a_from_k_major(unsigned (&a)[MT][4], const float* at) {
+// a2 (m, k + 4), a3 (m + 8, k + 4), rounded to TF32 (ROUND; false where the tile holds TF32 values
+// already). `at` points at row k = tq (PTX's threadID_in_group), column m = quad (groupID) of the
+// first tile.
+template <int STRIDE, int MT, bool ROUND = true>
+__device__ __forceinline__ void tf32_a_from_k_major(unsigned (&a)[MT][4], const float* at) {
+    auto fragment = [](float v) {
+        if constexpr (ROUND) return to_tf32(v);
+        else return __float_as_uint(v);
+    };
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-        a[mt][0] = to_tf32(at[mt * 16]);
-        a[mt][1] = to_tf32(at[mt * 16 + 8]);
-        a[mt][2] = to_tf32(at[4 * STRIDE + mt * 16]);
-        a[mt][3] = to_tf32(at[4 * STRIDE + mt * 16 + 8]);
+        a[mt][0] = fragment(at[mt * 16]);
+        a[mt][1] = fragment(at[mt * 16 + 8]);
+        a[mt][2] = fragment(at[4 * STRIDE + mt * 16]);
+        a[mt][3] = fragment(at[4 * STRIDE + mt * 16 + 8]);
     }
+}
+
+// Rounds N consecutive floats at p (aligned to N floats) to TF32 in place, in one vector load and store.
+template <int N> __device__ __forceinline__ void round_tf32_in_place(void* p) {
+    static_assert(N == 1 || N == 2 || N == 4, "vectors of 1, 2 or 4 floats");
+    struct alignas(4 * N) Floats { float v[N]; };
+    Floats& at = *reinterpret_cast<Floats*>(p);
+    Floats f = at;
+#pragma unroll
+    for (int e = 0; e < N; ++e) f.v[e] = __uint_as_float(to_tf32(f.v[e]));
+    at = f;
 }
 
 // Four 8x8 16-bit matrices: lane i gives the address of row i % 8 of matrix i / 8 (rows of 16 bytes,

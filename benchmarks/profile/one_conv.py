@@ -4,7 +4,8 @@
 SHAPE: the two seeds (alexnet, wide), MobileNetV2's 14 x 14 depthwise layer (dw384) or ResNet-50's 3x3 of
 256 channels on 14 x 14 (r50_l3) at batch 32; EfficientNet-B0's stem (stem: 3 -> 32 3x3 s2 on 224^2,
 batch 32); wav2vec 2.0's first layer (w2v: 1 -> 512, k10 s5, batch 8) and a Conformer depthwise layer
-(conformer_dw: 512 channels, k31, batch 16) as conv1d runs them. fp32 is strict float32, tf32 float32 on
+(conformer_dw: 512 channels, k31, batch 16) as conv1d runs them; ResNet-50's 1x1 layers of 1024 -> 256 on 14 x 14
+and 256 -> 128 on 56 x 56 at batch 32 (r50_1x1_1024to256, r50_1x1_256to128). fp32 is strict float32, tf32 float32 on
 the tensor cores; nhwc runs on NHWC arrays (default nchw)."""
 import sys
 
@@ -16,7 +17,9 @@ import cupyconv
 SHAPES = {"alexnet": ((256, 3, 224, 224), (96, 3, 11, 11), 4, 2), "wide": ((8, 32, 512, 512), (64, 32, 5, 9), 1, 0),
           "dw384": ((32, 384, 14, 14), (384, 1, 3, 3), 1, 1), "r50_l3": ((32, 256, 14, 14), (256, 256, 3, 3), 1, 1),
           "stem": ((32, 3, 224, 224), (32, 3, 3, 3), 2, 1), "w2v": ((8, 1, 1, 16000), (512, 1, 1, 10), (1, 5), 0),
-          "conformer_dw": ((16, 512, 1, 1000), (512, 1, 1, 31), 1, (0, 15))}
+          "conformer_dw": ((16, 512, 1, 1000), (512, 1, 1, 31), 1, (0, 15)),
+          "r50_1x1_1024to256": ((32, 1024, 14, 14), (256, 1024, 1, 1), 1, 0),
+          "r50_1x1_256to128": ((32, 256, 56, 56), (128, 256, 1, 1), 1, 0)}
 shape, mode = sys.argv[1], sys.argv[2]
 layout = sys.argv[3].upper() if len(sys.argv) > 3 else "NCHW"
 xs, ws, stride, padding = SHAPES[shape]
