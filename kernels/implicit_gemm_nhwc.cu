@@ -56,11 +56,11 @@
 // tap s, and the KCHW weight [K][C][1][kw] read in place is B; the planner picks pieces that the
 // shifts keep aligned, whole and within the row)
 // (fragments by ldmatrix.trans; TF32 by scalar loads), B in 16-byte pieces, and float32 operands
-// are rounded to TF32 in shared memory by the threads that copied them, after their copies landed
-// and before the barrier (once per block; in fragments, every warp that loads one would). On wgmma's
-// pixel rows (no lag) A^T cannot be read by the tensor cores from shared memory (TF32 has no
-// transposed operand), so each warp loads its 16 pixel rows' fragments into registers as mma.sync's
-// path does and wgmma reads them there; the weight tile is read from 128-byte swizzled rows.
+// are rounded to TF32 as fragments are loaded. On wgmma's pixel rows (no lag) A^T cannot be read by
+// the tensor cores from shared memory (TF32 has no transposed operand), so each warp loads its 16
+// pixel rows' fragments into registers as mma.sync's path does and wgmma reads them there; the weight
+// tile is read from 128-byte swizzled rows, and float32 operands, both, are rounded to TF32 in shared
+// memory by the threads that copied them, after their copies landed and before the barrier.
 #include "dtypes.cuh"
 #include "epilogue.cuh"
 #include "gather_pixel.cuh"
@@ -160,10 +160,13 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     constexpr int C_STRIDE = BM + 4;                         // epilogue staging [BN][C_STRIDE] floats
     constexpr int D_STRIDE = BN + 4;                         // NHWC_OUT: staging [BM][D_STRIDE] floats
     constexpr int INST_K = mma_op<T>::k;
-    // float32 operands read in place as NCHW_A (no copy rounded them): rounded to TF32 in shared memory
-    // by the threads that copied them, once per block, rather than in every warp's fragments (A^T's
-    // are scalar loads, each rounded by 3 instructions, and 2-4 warps load each).
-    constexpr bool ROUND_NCHW_A_IN_SHARED = NCHW_A && sizeof(T) == 4;
+    // float32 operands read in place as NCHW_A (no copy rounded them) are rounded to TF32: on wgmma in
+    // shared memory, by the threads that copied them, once per block -- on mma.sync in each fragment,
+    // where rounding in shared memory, between each tile's wait and barrier, made the 128 x 64 tile
+    // 1.3x slower (H200, ResNet-50's TF32 1x1 layers), and on wgmma 1.1-1.6x faster than its A
+    // fragments rounded in registers (benchmarks/NOTES.md, "TF32 NCHW_A operands rounded once").
+    constexpr bool ROUND_NCHW_A_IN_SHARED = NCHW_A && WGMMA && sizeof(T) == 4;
+    constexpr bool ROUND_NCHW_A_FRAGMENTS = NCHW_A && !WGMMA && sizeof(T) == 4;
     // ROUND_A: a float32 NHWC input read in place, unrounded (the planner takes it for 1x1 problems and
     // the tiles that round in registers; others come rounded by a copy, implicit_gemm_nhwc.py _x_copied),
     // rounded to TF32 on its way to the tensor cores (below). Rounding in shared memory, between the
@@ -406,13 +409,17 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 for (int mt = 0; mt < MT; ++mt)
                     ldmatrix_x4<true>(a_frag[mt], a_buf + (kk * INST_K * A_T_STRIDE + mt * 16) * 2);
             } else {  // TF32 from A^T
-                tf32_a_from_k_major<A_T_STRIDE, MT, false>(a_frag, reinterpret_cast<const float*>(a_smem + stage * A_STAGE) +
+                tf32_a_from_k_major<A_T_STRIDE, MT>(a_frag, reinterpret_cast<const float*>(a_smem + stage * A_STAGE) +
                                                             (kk * INST_K + tq) * A_T_STRIDE + wm + quad);
             }
 #pragma unroll
             for (int nt = 0; nt < NTILES; nt += 2) {
                 unsigned r[4];
                 ldmatrix_x4(r, b_buf + nt * 8 * ROW_BYTES + kk * INST_BYTES);
+                if constexpr (ROUND_NCHW_A_FRAGMENTS) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) r[e] = to_tf32(__uint_as_float(r[e]));
+                }
                 b_frag[nt][0] = r[0]; b_frag[nt][1] = r[1];
                 b_frag[nt + 1][0] = r[2]; b_frag[nt + 1][1] = r[3];
             }
@@ -427,13 +434,13 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // pipeline buffers become the epilogue's staging area.
     // Where unrounded float32 reaches shared memory, the threads that copied it round it there once their
     // copies landed, before the barrier: x read in place (ROUND_IN_SHARED: A's rows), or both NCHW_A
-    // operands (A^T's rows and the weight's).
+    // operands on wgmma (A^T's rows and the weight's).
     auto round_landed = [&](int stage) {
         if constexpr (ROUND_NCHW_A_IN_SHARED) {
             T* a_dst = a_smem + stage * A_STAGE + a_row0 * A_T_STRIDE + a_piece * EV;
 #pragma unroll
             for (int i = 0; i < A_PASSES; ++i) round_tf32_in_place<EV>(a_dst + A_ROWS_PER_PASS * i * A_T_STRIDE);
-            T* b_dst = b_smem + stage * B_STAGE + b_row0 * STRIDE + (WGMMA ? swizzle128_slot(b_piece, b_row0) : b_piece) * B_EV;
+            T* b_dst = b_smem + stage * B_STAGE + b_row0 * STRIDE + swizzle128_slot(b_piece, b_row0) * B_EV;
 #pragma unroll
             for (int i = 0; i < B_PASSES; ++i)
                 if (BN % B_ROWS_PER_PASS == 0 || b_row0 + B_ROWS_PER_PASS * i < BN)

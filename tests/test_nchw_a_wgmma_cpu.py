@@ -1,15 +1,16 @@
 """1x1 NCHW layers read in place on wgmma's 3-stage pixel-row tile (families/implicit_gemm_nhwc.py
-NCHW_A_WGMMA_MIN_CHANNELS / _MIN_BLOCKS; kernels/implicit_gemm_nhwc.cu NCHW_A with WGMMA_PIXEL_ROWS),
-planned without a GPU: which layers the rule gives it (16 bits, deep, wide and with pixels enough), that
-every plan it can make has a compiled instance, and the refusals."""
+NCHW_A_WGMMA_MIN_CHANNELS / _MIN_K_TILES / _MIN_BLOCKS; kernels/implicit_gemm_nhwc.cu NCHW_A with
+WGMMA_PIXEL_ROWS), planned without a GPU: which layers the rule gives it (deep, wide and with pixels
+enough, by dtype), that every plan it can make has a compiled instance, and the refusals."""
 import math
 
 import pytest
 
 from cupyconv.arguments import make_problem
 from cupyconv.families import implicit_gemm_nhwc
-from cupyconv.families.implicit_gemm_nhwc import (NCHW_A_WGMMA_MIN_CHANNELS, NCHW_A_WGMMA_MIN_BLOCKS, NHWC_CONFIGS,
-                                                  PIXEL_ROWS_CONFIG, WGMMA_ARCH)
+from cupyconv.families.implicit_gemm_nhwc import (NCHW_A_WGMMA_MIN_BLOCKS, NCHW_A_WGMMA_MIN_CHANNELS,
+                                                  NCHW_A_WGMMA_MIN_K_TILES, NHWC_CONFIGS, PIXEL_ROWS_CONFIG,
+                                                  WGMMA_ARCH)
 from cupyconv.planner import NHWC_KERNEL, make_plan, program
 
 #: (x NCHW, output channels): ResNet-50's deep 1x1 layers at batch 32, 8 and 1, and the Conformer's
@@ -21,6 +22,7 @@ DEEP_1X1 = {
     "r50_l2_1x1_512to128_b8": ((8, 512, 28, 28), 128),
     "r50_l3_1x1_1024to256_b8": ((8, 1024, 14, 14), 256),
     "r50_l4_1x1_2048to512_b1": ((1, 2048, 7, 7), 512),
+    "r50_l1_1x1_64to256_b32": ((32, 64, 56, 56), 256),
     "conformer_pw_512to1024": ((8, 512, 1, 400), 1024),
 }
 SIXTEEN_BITS = ["float16", "bfloat16"]
@@ -31,33 +33,40 @@ def plan_for(x, k, dtype, tf32, cc=90, **options):
     return make_plan(make_problem(x, (k, x[1], 1, 1), None, dtype), allow_tf32=tf32, compute_capability=cc, **options)
 
 
+def _item(dtype) -> int:
+    return 4 if dtype == "float32" else 2
+
+
 def _reads_in_place(x, dtype) -> bool:
-    item = 4 if dtype == "float32" else 2
-    return x[2] * x[3] * item % 4 == 0
+    return x[2] * x[3] * _item(dtype) % 4 == 0
 
 
-@pytest.mark.parametrize("dtype", SIXTEEN_BITS)
+@pytest.mark.parametrize("dtype,tf32", TENSOR_CORES)
 @pytest.mark.parametrize("layer", DEEP_1X1)
-def test_deep_1x1_layers_take_the_pixel_row_tile(layer, dtype):
-    """On compute capability 9.0 each 16-bit deep 1x1 layer read in place that makes NCHW_A_WGMMA_MIN_BLOCKS
-    blocks or more on it (tiles of 128 x 128 times split-K's runs) takes the 3-stage pixel-row tile, with no copies and no prepared weight, never
-    stream-K; its instance is one that compiles for sm_90a. Layers whose planes cannot be read in place
-    keep their copies; those of fewer blocks (batch 1) keep mma.sync."""
+def test_deep_1x1_layers_take_the_pixel_row_tile(layer, dtype, tf32):
+    """On compute capability 9.0 each 1x1 layer read in place of NCHW_A_WGMMA_MIN_CHANNELS output channels
+    per group and NCHW_A_WGMMA_MIN_K_TILES k rows of 128 bytes (both by dtype: TF32 asks more) that makes
+    NCHW_A_WGMMA_MIN_BLOCKS blocks or more on it (tiles of 128 x 128 times split-K's runs) takes the 3-stage
+    pixel-row tile, with no copies and no prepared weight, never stream-K; its instance is one that
+    compiles for sm_90a. Layers whose planes cannot be read in place keep their copies; the others keep
+    mma.sync."""
     x, k = DEEP_1X1[layer]
-    plan = plan_for(x, k, dtype, False)
+    plan = plan_for(x, k, dtype, tf32)
     assert plan.kernel == NHWC_KERNEL
     if not _reads_in_place(x, dtype):
         assert not plan.a_from_nchw
         return
     assert plan.a_from_nchw, str(plan)
-    forced = plan_for(x, k, dtype, False, config=PIXEL_ROWS_CONFIG)
-    if math.ceil(x[0] * x[2] * x[3] / 128) * math.ceil(k / 128) * forced.splits < NCHW_A_WGMMA_MIN_BLOCKS:
+    forced = plan_for(x, k, dtype, tf32, config=PIXEL_ROWS_CONFIG)
+    item = _item(dtype)
+    if math.ceil(x[0] * x[2] * x[3] / 128) * math.ceil(k / 128) * forced.splits < NCHW_A_WGMMA_MIN_BLOCKS or \
+            k < NCHW_A_WGMMA_MIN_CHANNELS[item] or x[1] * item // 128 < NCHW_A_WGMMA_MIN_K_TILES[item]:
         assert not plan.config.wgmma and plan.arch == "", str(plan)
         return
     assert plan.config.name == PIXEL_ROWS_CONFIG and plan.arch == WGMMA_ARCH, str(plan)
     assert plan.stream_k_blocks == 0 and "fragments loaded into registers" in plan.reason
     cfg = plan.config
-    assert plan.shared_bytes == cfg.stages * (cfg.bk * (cfg.bm + 8) * 2 + cfg.bn * 128) + 1024 == 102400
+    assert plan.shared_bytes == cfg.stages * (cfg.bk * (cfg.bm + 8) * item + cfg.bn * 128) + 1024 == 102400
     assert plan.name_expression in implicit_gemm_nhwc.arch_specialisations()[WGMMA_ARCH]
     problem = make_problem(x, (k, x[1], 1, 1), None, dtype)
     call = program(plan, problem)
@@ -65,16 +74,16 @@ def test_deep_1x1_layers_take_the_pixel_row_tile(layer, dtype):
 
 
 @pytest.mark.parametrize("dtype,tf32", TENSOR_CORES)
-def test_shallow_narrow_small_or_tf32_1x1_layers_keep_mma_sync(dtype, tf32):
-    """Fewer than NCHW_A_WGMMA_MIN_CHANNELS output channels, one k row of 128 bytes, fewer than
-    NCHW_A_WGMMA_MIN_BLOCKS blocks, TF32 (its fragments are scalar loads, slower there than mma.sync's
-    tile), or a GPU other than compute capability 9.0: mma.sync's NCHW_A tiles."""
-    plans = [plan_for((32, 1024, 14, 14), NCHW_A_WGMMA_MIN_CHANNELS - 32, dtype, tf32),
-             plan_for((32, 32, 56, 56), 256, dtype, tf32),  # 32 channels: one k row of 128 bytes at most
+def test_shallow_narrow_or_small_1x1_layers_keep_mma_sync(dtype, tf32):
+    """Fewer than NCHW_A_WGMMA_MIN_CHANNELS output channels or NCHW_A_WGMMA_MIN_K_TILES k rows of 128 bytes
+    (the dtype's), fewer than NCHW_A_WGMMA_MIN_BLOCKS blocks, or a GPU other than compute capability 9.0:
+    mma.sync's NCHW_A tiles."""
+    item = _item(dtype)
+    short = 128 * (NCHW_A_WGMMA_MIN_K_TILES[item] - 1) // item  # input channels a k row of 128 bytes short
+    plans = [plan_for((32, 1024, 14, 14), NCHW_A_WGMMA_MIN_CHANNELS[item] - 32, dtype, tf32),
+             plan_for((32, short, 28, 28), 256, dtype, tf32),
              plan_for((2, 512, 28, 28), 128, dtype, tf32),  # 13 tiles, no split
              plan_for((32, 1024, 14, 14), 256, dtype, tf32, cc=80)]
-    if dtype == "float32":
-        plans.append(plan_for((32, 1024, 14, 14), 256, dtype, tf32))
     for plan in plans:
         assert plan.a_from_nchw and not plan.config.wgmma, str(plan)
 

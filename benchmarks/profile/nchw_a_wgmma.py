@@ -5,8 +5,8 @@ which of the two the rules choose here:
 ResNet-50's stride-1 1x1 layers, the layers suite's MobileNetV2 expansion and the Conformer's pointwise
 conv1d. GPU time: medians of 50 interleaved runs each behind a spin kernel (plan_timing.time_plans),
 the wgmma plan checked against mma.sync's within the dtype's tolerance. Rows the wgmma tile cannot read
-in place (16-bit 7 x 7 planes) or where it does not apply (fewer than 128 output channels, one k row of
-128 bytes) are left out."""
+in place (16-bit 7 x 7 planes) or where it does not apply in 16 bits (fewer than 128 output channels, one
+k row of 128 bytes) are left out."""
 import argparse
 
 from cupyconv import planner
@@ -51,7 +51,7 @@ def main() -> None:
             old, new, chosen = plans(problem)
             deep = problem.c * (4 if problem.dtype == "float32" else 2) >= 2 * 128
             if not (old.a_from_nchw and new.a_from_nchw and deep) or \
-                    problem.k // problem.groups < implicit_gemm_nhwc.NCHW_A_WGMMA_MIN_CHANNELS:
+                    problem.k // problem.groups < implicit_gemm_nhwc.NCHW_A_WGMMA_MIN_CHANNELS[2]:
                 continue
             ms = time_plans(problem, mode, {"mma.sync": old, "wgmma": new}, "mma.sync", ["wgmma"], (shape.name, mode))
             label = lambda p: f"{p.config.name}{f' split {p.splits}' if p.splits > 1 else ''}"
