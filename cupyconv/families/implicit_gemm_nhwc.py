@@ -156,17 +156,18 @@ PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 #: loaded into registers from the k-major A^T tile (TF32 wgmma cannot read a transposed operand from
 #: shared memory), the weight tile from swizzled rows. The rule gives it layers of at least
 #: NCHW_A_WGMMA_MIN_CHANNELS output channels per group and NCHW_A_WGMMA_MIN_K_TILES k rows of 128 bytes
-#: (both by the element's bytes) that make NCHW_A_WGMMA_MIN_BLOCKS blocks (tiles of 128 x 128 times
-#: split-K's runs). 16 bits: ResNet-50's 1x1 layers at batch 8 and 32 (98-245 blocks) ran 1.01-1.37x
+#: that make NCHW_A_WGMMA_MIN_BLOCKS blocks (tiles of 128 x 128 times split-K's runs), all three by the
+#: element's bytes. 16 bits: ResNet-50's 1x1 layers at batch 8 and 32 (98-245 blocks) ran 1.01-1.37x
 #: faster there than on mma.sync's NCHW_A tile (H200); with 8-49 blocks (batch 1, and 512 -> 128 at
 #: batch 8; mma.sync's 64-channel tile makes twice as many) 0.92-0.97x (benchmarks/NOTES.md, "1x1 NCHW
-#: layers on wgmma: measured"). TF32, its operands rounded in shared memory: 1.04-1.31x on those of at
-#: least 256 output and 128 input channels at batch 8 and 32 but two (0.90x, 0.97x), 0.80-1.03x on
-#: those of 128 output channels and 0.95-1.07x on 64 -> 256 (H200; NOTES, "TF32 NCHW_A operands rounded
-#: once").
+#: layers on wgmma: measured"). TF32, its operands rounded in shared memory: 1.06-1.30x on those of at
+#: least 256 output and 128 input channels and 98 blocks at batch 8 and 32 but three (0.91x, 0.96x,
+#: 0.97x); 0.80-1.03x on those of 128 output channels, 0.95-1.05x on 64 -> 256, and 0.91-0.94x at batch 1
+#: (64-80 blocks, split-K's runs counted; a TF32 k tile is half the channels, so twice the runs) (H200;
+#: NOTES, "TF32 NCHW_A operands rounded once").
 NCHW_A_WGMMA_MIN_CHANNELS = {2: 128, 4: 256}
 NCHW_A_WGMMA_MIN_K_TILES = {2: MIN_DEEP_K_TILES, 4: 4}
-NCHW_A_WGMMA_MIN_BLOCKS = 64
+NCHW_A_WGMMA_MIN_BLOCKS = {2: 64, 4: 96}
 #: LaunchPlan.a_from_nchw, the kernel's NCHW_A: the NCHW input read in place as A^T, rows that are
 #: channels (1x1) or rows (c, s) shifted by their tap (1-D), each its own instance (the 1-D rows'
 #: decomposition cost 1x1 TF32 layers an SM's fourth block: ResNet-50 TF32 b32, CUDA graph, 5.04 ->
@@ -320,8 +321,8 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     MIN_DEEP_K_TILES k rows of 128 bytes or more, a group has 8 output channels or more and the layer is
     not one tile of few pixels and <= 64 channels (WGMMA_MIN_NARROW_PIXELS), the wgmma tiles (_choose_wgmma_config);
     1x1 NCHW inputs read in place there, with NCHW_A_WGMMA_MIN_CHANNELS output channels per group,
-    NCHW_A_WGMMA_MIN_K_TILES k rows and NCHW_A_WGMMA_MIN_BLOCKS blocks or more, the 3-stage pixel-row
-    tile; elsewhere the mma.sync ones.
+    NCHW_A_WGMMA_MIN_K_TILES k rows and NCHW_A_WGMMA_MIN_BLOCKS blocks or more (by the dtype's bytes), the
+    3-stage pixel-row tile; elsewhere the mma.sync ones.
 
     mma.sync, channels: the 96-channel tile for 65-96 output channels per group (AlexNet), the
     128-channel one for more where it makes WIDE_TILE_BLOCKS blocks or more, else the 64-channel one,
@@ -336,11 +337,12 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     if _nchw_a_vec(problem):
         pixel_rows = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PIXEL_ROWS_CONFIG)
         min_channels, min_k_tiles = NCHW_A_WGMMA_MIN_CHANNELS[item], NCHW_A_WGMMA_MIN_K_TILES[item]
+        min_blocks = NCHW_A_WGMMA_MIN_BLOCKS[item]
         if kg >= min_channels and deep_k_tiles >= min_k_tiles and not _wgmma_refusal(problem, compute_capability) \
-                and (blocks := _blocks(problem, pixel_rows)) >= NCHW_A_WGMMA_MIN_BLOCKS:
+                and (blocks := _blocks(problem, pixel_rows)) >= min_blocks:
             return pixel_rows, (
                 f"wgmma; {kg} output channels per group (>= {min_channels}), {blocks} blocks of 128 x 128 "
-                f"(>= {NCHW_A_WGMMA_MIN_BLOCKS}, split-K's runs counted), {deep_k_tiles} k rows of 128 bytes "
+                f"(>= {min_blocks}, split-K's runs counted), {deep_k_tiles} k rows of 128 bytes "
                 f"(>= {min_k_tiles}): the NCHW input's fragments loaded into registers")
     elif not _wgmma_refusal(problem, compute_capability) and deep_k_tiles >= MIN_DEEP_K_TILES and \
             kg >= GEMM_MIN_GROUP_CHANNELS and not few_pixels:
