@@ -160,10 +160,10 @@ PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 #: element's bytes. 16 bits: ResNet-50's 1x1 layers at batch 8 and 32 (98-245 blocks) ran 1.01-1.37x
 #: faster there than on mma.sync's NCHW_A tile (H200); with 8-49 blocks (batch 1, and 512 -> 128 at
 #: batch 8; mma.sync's 64-channel tile makes twice as many) 0.92-0.97x (benchmarks/NOTES.md, "1x1 NCHW
-#: layers on wgmma: measured"). TF32, its operands rounded in shared memory: 1.06-1.30x on those of at
+#: layers on wgmma: measured"). TF32, its operands rounded in shared memory: 1.05-1.31x on those of at
 #: least 256 output and 128 input channels and 98 blocks at batch 8 and 32 but three (0.91x, 0.96x,
-#: 0.97x); 0.80-1.03x on those of 128 output channels, 0.95-1.05x on 64 -> 256, and 0.91-0.94x at batch 1
-#: (64-80 blocks, split-K's runs counted; a TF32 k tile is half the channels, so twice the runs) (H200;
+#: 0.98x); 0.81-1.04x on those of 128 output channels, 0.95-1.05x on 64 -> 256, and 0.83-0.92x at batch 1,
+#: whose split plans make up to 80 blocks (a TF32 k tile holds half the channels: twice the runs) (H200;
 #: NOTES, "TF32 NCHW_A operands rounded once").
 NCHW_A_WGMMA_MIN_CHANNELS = {2: 128, 4: 256}
 NCHW_A_WGMMA_MIN_K_TILES = {2: MIN_DEEP_K_TILES, 4: 4}
