@@ -9,8 +9,8 @@ import pytest
 from cupyconv.arguments import make_problem
 from cupyconv.families import implicit_gemm_nhwc
 from cupyconv.families.implicit_gemm_nhwc import (NCHW_A_WGMMA_MIN_BLOCKS, NCHW_A_WGMMA_MIN_CHANNELS,
-                                                  NCHW_A_WGMMA_MIN_K_TILES, NHWC_CONFIGS, PIXEL_ROWS_CONFIG,
-                                                  WGMMA_ARCH)
+                                                  NCHW_A_WGMMA_MIN_K_TILES, NCHW_A_WGMMA_WHOLE_K_ROWS, NHWC_CONFIGS,
+                                                  PIXEL_ROWS_CONFIG, WGMMA_ARCH)
 from cupyconv.planner import NHWC_KERNEL, make_plan, program
 
 #: (x NCHW, output channels): ResNet-50's deep 1x1 layers at batch 32, 8 and 1, and the Conformer's
@@ -23,6 +23,8 @@ DEEP_1X1 = {
     "r50_l3_1x1_1024to256_b8": ((8, 1024, 14, 14), 256),
     "r50_l4_1x1_2048to512_b1": ((1, 2048, 7, 7), 512),
     "r50_l1_1x1_64to256_b32": ((32, 64, 56, 56), 256),
+    "effnet_1x1_112to672_b32": ((32, 112, 14, 14), 672),
+    "mbv2_1x1_160to960_b32": ((32, 160, 7, 7), 960),
     "conformer_pw_512to1024": ((8, 512, 1, 400), 1024),
 }
 SIXTEEN_BITS = ["float16", "bfloat16"]
@@ -45,7 +47,8 @@ def _reads_in_place(x, dtype) -> bool:
 @pytest.mark.parametrize("layer", DEEP_1X1)
 def test_deep_1x1_layers_take_the_pixel_row_tile(layer, dtype, tf32):
     """On compute capability 9.0 each 1x1 layer read in place of NCHW_A_WGMMA_MIN_CHANNELS output channels
-    per group and NCHW_A_WGMMA_MIN_K_TILES k rows of 128 bytes (both by dtype: TF32 asks more) that makes
+    per group and NCHW_A_WGMMA_MIN_K_TILES k rows of 128 bytes (both by dtype: TF32 asks more, and whole
+    rows) that makes
     NCHW_A_WGMMA_MIN_BLOCKS blocks or more on it (tiles of 128 x 128 times split-K's runs) takes the 3-stage
     pixel-row tile, with no copies and no prepared weight, never stream-K; its instance is one that
     compiles for sm_90a. Layers whose planes cannot be read in place keep their copies; the others keep
@@ -60,7 +63,8 @@ def test_deep_1x1_layers_take_the_pixel_row_tile(layer, dtype, tf32):
     forced = plan_for(x, k, dtype, tf32, config=PIXEL_ROWS_CONFIG)
     item = _item(dtype)
     if math.ceil(x[0] * x[2] * x[3] / 128) * math.ceil(k / 128) * forced.splits < NCHW_A_WGMMA_MIN_BLOCKS[item] or \
-            k < NCHW_A_WGMMA_MIN_CHANNELS[item] or x[1] * item // 128 < NCHW_A_WGMMA_MIN_K_TILES[item]:
+            k < NCHW_A_WGMMA_MIN_CHANNELS[item] or -(-x[1] * item // 128) < NCHW_A_WGMMA_MIN_K_TILES[item] or \
+            (NCHW_A_WGMMA_WHOLE_K_ROWS[item] and x[1] * item % 128):
         assert not plan.config.wgmma and plan.arch == "", str(plan)
         return
     assert plan.config.name == PIXEL_ROWS_CONFIG and plan.arch == WGMMA_ARCH, str(plan)

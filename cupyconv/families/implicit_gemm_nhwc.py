@@ -164,10 +164,13 @@ PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 #: least 256 output and 128 input channels and 98 blocks at batch 8 and 32 but three (0.91x, 0.96x,
 #: 0.98x); 0.81-1.04x on those of 128 output channels, 0.95-1.05x on 64 -> 256, and 0.83-0.92x at batch 1,
 #: whose split plans make up to 80 blocks (a TF32 k tile holds half the channels: twice the runs) (H200;
-#: NOTES, "TF32 NCHW_A operands rounded once").
+#: NOTES, "TF32 NCHW_A operands rounded once"). In TF32 the input channels fill whole k rows: EfficientNet-B0's
+#: 112 -> 672 on 14^2 (3.5 rows) ran 0.82x at batch 32, where MobileNetV2's and EfficientNet-B0's layers
+#: of 160-320 whole rows' channels ran 1.02-1.05x.
 NCHW_A_WGMMA_MIN_CHANNELS = {2: 128, 4: 256}
 NCHW_A_WGMMA_MIN_K_TILES = {2: MIN_DEEP_K_TILES, 4: 4}
 NCHW_A_WGMMA_MIN_BLOCKS = {2: 64, 4: 96}
+NCHW_A_WGMMA_WHOLE_K_ROWS = {2: False, 4: True}
 #: LaunchPlan.a_from_nchw, the kernel's NCHW_A: the NCHW input read in place as A^T, rows that are
 #: channels (1x1) or rows (c, s) shifted by their tap (1-D), each its own instance (the 1-D rows'
 #: decomposition cost 1x1 TF32 layers an SM's fourth block: ResNet-50 TF32 b32, CUDA graph, 5.04 ->
@@ -321,8 +324,8 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     MIN_DEEP_K_TILES k rows of 128 bytes or more, a group has 8 output channels or more and the layer is
     not one tile of few pixels and <= 64 channels (WGMMA_MIN_NARROW_PIXELS), the wgmma tiles (_choose_wgmma_config);
     1x1 NCHW inputs read in place there, with NCHW_A_WGMMA_MIN_CHANNELS output channels per group,
-    NCHW_A_WGMMA_MIN_K_TILES k rows and NCHW_A_WGMMA_MIN_BLOCKS blocks or more (by the dtype's bytes), the
-    3-stage pixel-row tile; elsewhere the mma.sync ones.
+    NCHW_A_WGMMA_MIN_K_TILES k rows (whole ones where NCHW_A_WGMMA_WHOLE_K_ROWS) and NCHW_A_WGMMA_MIN_BLOCKS
+    blocks or more (by the dtype's bytes), the 3-stage pixel-row tile; elsewhere the mma.sync ones.
 
     mma.sync, channels: the 96-channel tile for 65-96 output channels per group (AlexNet), the
     128-channel one for more where it makes WIDE_TILE_BLOCKS blocks or more, else the 64-channel one,
@@ -338,8 +341,9 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
         pixel_rows = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PIXEL_ROWS_CONFIG)
         min_channels, min_k_tiles = NCHW_A_WGMMA_MIN_CHANNELS[item], NCHW_A_WGMMA_MIN_K_TILES[item]
         min_blocks = NCHW_A_WGMMA_MIN_BLOCKS[item]
-        if kg >= min_channels and deep_k_tiles >= min_k_tiles and not _wgmma_refusal(problem, compute_capability) \
-                and (blocks := _blocks(problem, pixel_rows)) >= min_blocks:
+        whole_rows = problem.c // problem.groups * item % 128 == 0 or not NCHW_A_WGMMA_WHOLE_K_ROWS[item]
+        if kg >= min_channels and deep_k_tiles >= min_k_tiles and whole_rows and \
+                not _wgmma_refusal(problem, compute_capability) and (blocks := _blocks(problem, pixel_rows)) >= min_blocks:
             return pixel_rows, (
                 f"wgmma; {kg} output channels per group (>= {min_channels}), {blocks} blocks of 128 x 128 "
                 f"(>= {min_blocks}, split-K's runs counted), {deep_k_tiles} k rows of 128 bytes "
