@@ -269,14 +269,23 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // B loader: piece b_piece of rows (output channels) b_row0 + B_ROWS_PER_PASS i.
     const int b_piece = tid % B_PIECES, b_row0 = tid / B_PIECES;
     const T* b_src = w + (static_cast<Index>(g) * Kg + n0 + b_row0) * Kgemm + b_piece * B_EV;
+    // Where this thread's pieces lie in a stage (pass i: A_ROWS_PER_PASS i rows of A_ROW further, B_ROWS_PER_PASS
+    // i of STRIDE): load_tile copies them there, round_landed rounds them there.
+    constexpr int A_ROW = NCHW_A ? A_T_STRIDE : STRIDE;
+    auto a_piece_at = [&](int stage) {
+        return a_smem + stage * A_STAGE + a_row0 * A_ROW + (WGMMA && !NCHW_A ? swizzle128_slot(a_piece, a_row0) : a_piece) * EV;
+    };
+    auto b_piece_at = [&](int stage) {
+        return b_smem + stage * B_STAGE + b_row0 * STRIDE + (WGMMA ? swizzle128_slot(b_piece, b_row0) : b_piece) * B_EV;
+    };
 
     auto load_tile = [&](int kt, int stage) {
+        T* a_dst = a_piece_at(stage);
         if constexpr (NCHW_A) {
-            T* a_dst = a_smem + stage * A_STAGE + a_row0 * A_T_STRIDE + a_piece * EV;
 #pragma unroll
             for (int i = 0; i < A_PASSES; ++i) {
                 const int k = kt * BK + a_row0 + A_ROWS_PER_PASS * i;
-                T* dst = a_dst + A_ROWS_PER_PASS * i * A_T_STRIDE;
+                T* dst = a_dst + A_ROWS_PER_PASS * i * A_ROW;
                 if constexpr (NCHW_A == NCHW_A_POINTWISE) {  // row k is channel k
                     const bool ok = a_ih0[0] >= 0 && k < Cg;
                     cp_async<VEC>(dst, ok ? x + (a_base[0] + k * HoWo) : x, ok);
@@ -293,12 +302,11 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             const bool k_ok = tap_r < kh;
             const int ih_off = tap_r * dh, iw_off = tap_s * dw;
             const Index tap_off = (static_cast<Index>(ih_off) * W + iw_off) * C + tap_c;
-            T* a_dst = a_smem + stage * A_STAGE + a_row0 * STRIDE + (WGMMA ? swizzle128_slot(a_piece, a_row0) : a_piece) * EV;
 #pragma unroll
             for (int i = 0; i < A_PASSES; ++i) {
                 const bool ok = k_ok && static_cast<unsigned>(a_ih0[i] + ih_off) < static_cast<unsigned>(H) &&
                                 static_cast<unsigned>(a_iw0[i] + iw_off) < static_cast<unsigned>(W);
-                cp_async<VEC>(a_dst + A_ROWS_PER_PASS * i * STRIDE, ok ? x + (a_base[i] + tap_off) : x, ok);
+                cp_async<VEC>(a_dst + A_ROWS_PER_PASS * i * A_ROW, ok ? x + (a_base[i] + tap_off) : x, ok);
             }
             // Next tile: k + BK in the mixed radix (r, s, c).
             tap_c += step_c;
@@ -307,7 +315,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             while (tap_s >= kw) { tap_s -= kw; ++tap_r; }
         }
         const int k = kt * BK + b_piece * B_EV;
-        T* b_dst = b_smem + stage * B_STAGE + b_row0 * STRIDE + (WGMMA ? swizzle128_slot(b_piece, b_row0) : b_piece) * B_EV;
+        T* b_dst = b_piece_at(stage);
 #pragma unroll
         for (int i = 0; i < B_PASSES; ++i) {
             const int row = b_row0 + B_ROWS_PER_PASS * i;
@@ -436,20 +444,17 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // copies landed, before the barrier: x read in place (ROUND_IN_SHARED: A's rows), or both NCHW_A
     // operands on wgmma (A^T's rows and the weight's).
     auto round_landed = [&](int stage) {
-        if constexpr (ROUND_NCHW_A_IN_SHARED) {
-            T* a_dst = a_smem + stage * A_STAGE + a_row0 * A_T_STRIDE + a_piece * EV;
+        if constexpr (ROUND_IN_SHARED || ROUND_NCHW_A_IN_SHARED) {
+            T* a_dst = a_piece_at(stage);
 #pragma unroll
-            for (int i = 0; i < A_PASSES; ++i) round_tf32_in_place<EV>(a_dst + A_ROWS_PER_PASS * i * A_T_STRIDE);
-            T* b_dst = b_smem + stage * B_STAGE + b_row0 * STRIDE + swizzle128_slot(b_piece, b_row0) * B_EV;
+            for (int i = 0; i < A_PASSES; ++i) round_tf32_in_place<EV>(a_dst + A_ROWS_PER_PASS * i * A_ROW);
+        }
+        if constexpr (ROUND_NCHW_A_IN_SHARED) {
+            T* b_dst = b_piece_at(stage);
 #pragma unroll
             for (int i = 0; i < B_PASSES; ++i)
                 if (BN % B_ROWS_PER_PASS == 0 || b_row0 + B_ROWS_PER_PASS * i < BN)
                     round_tf32_in_place<B_EV>(b_dst + B_ROWS_PER_PASS * i * STRIDE);
-        }
-        if constexpr (ROUND_IN_SHARED) {
-            T* a_dst = a_smem + stage * A_STAGE + a_row0 * STRIDE + (WGMMA ? swizzle128_slot(a_piece, a_row0) : a_piece) * EV;
-#pragma unroll
-            for (int i = 0; i < A_PASSES; ++i) round_tf32_in_place<EV>(a_dst + A_ROWS_PER_PASS * i * STRIDE);
         }
     };
     // wgmma: all but WGMMA_LAG tiles' MMAs retire after each tile (this tile's may still run; the buffer
