@@ -61,9 +61,10 @@ __device__ __forceinline__ void mbarrier_wait(void* barrier, int parity) {
 // fences its landed copies before the barrier. LAG: compute may return with the MMAs of its last LAG
 // tiles still reading their buffers (asynchronous wgmma), so loads run LAG tiles less far ahead,
 // into the buffer of tile t - 1 - LAG; the caller waits for the MMAs before reusing the buffers.
-// ISSUE_FIRST (asynchronous MMAs): compute(buffer) only issues tile t's MMAs, the loads of tile
-// t + STAGES - 1 - LAG are issued while they run, and retire() then waits for all but the last LAG
-// tiles' MMAs: the tensor cores work while the threads compute the next addresses and copies.
+// retire() waits for all but the last LAG tiles' MMAs (asynchronous MMAs: compute(buffer) only issues
+// them), after compute and the loads in either order. ISSUE_FIRST: tile t's MMAs are issued before
+// the loads of tile t + STAGES - 1 - LAG, so the tensor cores work while the threads compute the next
+// addresses and copies.
 // landed(buffer), where given, runs once this thread's copies of the tile in ``buffer`` have landed and
 // before the barrier: a thread may rewrite what it copied itself (the NHWC GEMM rounds float32 to TF32).
 template <int STAGES, bool ASYNC_PROXY = false, int LAG = 0, bool ISSUE_FIRST = false, typename Load,
@@ -92,10 +93,10 @@ __device__ __forceinline__ void run_k_pipeline(int k_tiles, Load&& load, Compute
         if constexpr (ISSUE_FIRST) compute(read_stage);
         if (next < k_tiles) load(next, write_stage);
         cp_async_commit();
-        if constexpr (ISSUE_FIRST)
-            retire();
-        else
-            compute(read_stage);
+        if constexpr (!ISSUE_FIRST) compute(read_stage);
+        // All but the last LAG tiles' MMAs retire before the next barrier, after which the loads refill
+        // tile t - LAG's buffer (the wgmma tiles with a lag had lost this wait in a9406d3).
+        retire();
         if (next < k_tiles) store(write_stage);
         read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
         write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
