@@ -1,6 +1,6 @@
 """A/B GPU time of a few layers through conv2d_cupy in this tree (run it once per tree, same machine):
-    python benchmarks/profile/ab_layers.py LABEL
-Median of 200 CUDA-event timings after warm-up, weight prepared in the call as the layers suite does."""
+    python benchmarks/profile/ab_layers.py LABEL [ROW ...]
+(ROW: layers-suite or seed rows; default ROWS.) Median of 200 CUDA-event timings after warm-up, weight prepared in the call as the layers suite does."""
 import sys
 
 import cupy
@@ -11,9 +11,9 @@ from cupyconv.launch import conv2d_cupy
 ROWS = ("alexnet_conv1", "r50_l1_3x3_64", "r50_l4_3x3_512", "vgg_conv3_2", "dilated_3x3_d2")
 
 
-def main(label: str) -> None:
+def main(label: str, rows=ROWS) -> None:
     for shape in SEEDS + LAYERS:
-        if shape.name not in ROWS:
+        if shape.name not in rows:
             continue
         for mode in ("fp16", "tf32"):
             problem = shape.problem(MODE_DTYPE[mode])
@@ -43,4 +43,4 @@ def event_median_ms(run, repeats: int = 200, warmup: int = 10) -> float:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:] or ROWS)
