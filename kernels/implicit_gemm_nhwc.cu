@@ -174,9 +174,8 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // does; in registers it costs a conversion per value (benchmarks/NOTES.md).
     static_assert(!ROUND_A || (NHWC_OUT && sizeof(T) == 4), "ROUND_A: float32 NHWC inputs read in place");
     // wgmma tiles left running while the next barrier is reached and the next loads are issued: one,
-    // where four stages leave two tiles of loads ahead -- but not where A comes from registers (NCHW_A),
-    // which the next tile writes again: there the stages beyond three keep more copies in flight.
-    constexpr int WGMMA_LAG = WGMMA && STAGES >= 4 && !PRODUCER && !NCHW_A ? 1 : 0;
+    // where four stages leave two tiles of loads ahead.
+    constexpr int WGMMA_LAG = WGMMA && STAGES >= 4 && !PRODUCER ? 1 : 0;
     // ROUND_A in registers where A reaches the tensor cores through them: mma.sync's fragments, and
     // wgmma's pixel rows (A from registers) where each tile's MMAs retire before the next tile's
     // registers are written (no lag; ptxas serialises wgmma whose registers are written while others
