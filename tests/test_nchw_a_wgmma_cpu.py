@@ -50,8 +50,8 @@ def test_deep_1x1_layers_take_the_pixel_row_tile(layer, dtype, tf32):
     per group and NCHW_A_WGMMA_MIN_K_TILES k rows of 128 bytes (both by dtype: TF32 asks more, and whole
     rows) that makes
     NCHW_A_WGMMA_MIN_BLOCKS blocks or more on it (tiles of 128 x 128 times split-K's runs) takes the 3-stage
-    pixel-row tile, with no copy of x (and, but in TF32, no prepared weight: there the weight is rounded
-    once), never stream-K; its instance is one that compiles for sm_90a. Layers whose planes cannot be read in place keep their copies; the others keep
+    pixel-row tile, with no copies and no prepared weight, never stream-K; its instance is one that
+    compiles for sm_90a. Layers whose planes cannot be read in place keep their copies; the others keep
     mma.sync."""
     x, k = DEEP_1X1[layer]
     plan = plan_for(x, k, dtype, tf32)
@@ -74,9 +74,7 @@ def test_deep_1x1_layers_take_the_pixel_row_tile(layer, dtype, tf32):
     assert plan.name_expression in implicit_gemm_nhwc.arch_specialisations()[WGMMA_ARCH]
     problem = make_problem(x, (k, x[1], 1, 1), None, dtype)
     call = program(plan, problem)
-    assert (call.weight is not None) == (dtype == "float32") and len(call.launches) == (2 if plan.splits > 1 else 1)
-    if call.weight is not None:  # the weight's rounding copy, prepared apart from the call's launches
-        assert call.weight.nbytes == k * x[1] * 4 and len(call.weight.launches) == 1
+    assert call.weight is None and len(call.launches) == (2 if plan.splits > 1 else 1)
 
 
 @pytest.mark.parametrize("dtype,tf32", TENSOR_CORES)

@@ -37,8 +37,8 @@ POINTWISE = {"conformer_pw_512to1024"}
 @pytest.mark.parametrize("layer", IN_PLACE)
 def test_1d_layers_read_in_place(layer, dtype, tf32):
     """Each layer whose taps shift whole pieces reads x and the weight in place, in the widest piece the
-    row lengths, padding and dilation allow: no copy launch, no prepared weight (but a float32 weight on
-    wgmma's tile, rounded to TF32 once). The others copy x to channels-last as before."""
+    row lengths, padding and dilation allow: no copy launch, no prepared weight. The others copy x to
+    channels-last as before."""
     args, options, piece16, piece32 = IN_PLACE[layer]
     problem = problem_1d(*args, dtype, **options)
     piece = piece32 if dtype == "float32" else piece16
@@ -51,8 +51,7 @@ def test_1d_layers_read_in_place(layer, dtype, tf32):
         call = program(plan, problem)
         if piece:
             assert plan.vec == piece and "read in place" in plan.reason
-            rounded_once = bool(plan.config.wgmma) and dtype == "float32"
-            assert (call.weight is not None) == rounded_once and len(call.launches) == (2 if plan.splits > 1 else 1)
+            assert call.weight is None and len(call.launches) == (2 if plan.splits > 1 else 1)
         else:
             assert call.weight is not None  # the KCHW weight of several taps is prepared as KHWC
 

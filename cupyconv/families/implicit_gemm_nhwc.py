@@ -630,13 +630,12 @@ def _weight_channels_last(problem: ConvProblem) -> bool:
     return problem.weight_layout == "KHWC" or problem.kh * problem.kw == 1
 
 
-def _weight_copied(problem: ConvProblem, channels_padded: int, cfg: GemmConfig) -> bool:
+def _weight_copied(problem: ConvProblem, channels_padded: int) -> bool:
     """Whether the GEMM reads a prepared weight: KCHW weights of more than one tap; channels-last ones
-    that need zero channels or TF32 rounding -- but where the NCHW_A path reads x in place, only a
-    float32 weight on wgmma's tile (rounded to TF32 once, not by every block at every k tile; mma.sync
-    rounds its fragments)."""
+    that need zero channels or TF32 rounding (but not those the NCHW_A path reads in place,
+    rounding fragments itself)."""
     if _nchw_a_vec(problem):
-        return bool(cfg.wgmma) and problem.dtype == "float32"
+        return False
     return not _weight_channels_last(problem) or channels_padded != problem.c or problem.dtype == "float32"
 
 
@@ -793,7 +792,7 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
             launches.append(pad_channels(p.dtype, p.n * p.h * p.w, p.c, plan.channels_padded, Pointer(X), x))
         else:
             launches.append(channels_last_copy(p.dtype, p.n, p.c, p.h * p.w, plan.channels_padded, True, Pointer(X), x))
-    weight = _weight_preparation(p, plan.channels_padded) if _weight_copied(p, plan.channels_padded, plan.config) else None
+    weight = _weight_preparation(p, plan.channels_padded) if _weight_copied(p, plan.channels_padded) else None
     weight_pointer = Pointer(PREPARED) if weight else Pointer(WEIGHT)
     if plan.stream_k_blocks:
         # The blocks' float32 slots in the workspace (after x's copy); the flags are the FLAGS operand.
