@@ -117,13 +117,10 @@ __device__ __forceinline__ void run_k_pipeline(int k_tiles, Load&& load, Compute
     run_k_pipeline<STAGES, ASYNC_PROXY, LAG, false>(k_tiles, load, compute, store, [](int) {}, [] {});
 }
 
-// float32 -> TF32 for the tensor cores, rounded to nearest (ties away from zero) as cvt.rna.tf32.f32
-// rounds: half a TF32 unit in the last place added to a finite float's bits (inf and NaN kept). The 13
-// bits below TF32's are left as they are: the tensor cores read a float's top 19 bits and drop them,
-// where cvt.rna clears them with a third instruction (a tenth of a TF32 NCHW_A k tile's on sm_90).
 __device__ __forceinline__ unsigned to_tf32(float v) {
-    const unsigned bits = __float_as_uint(v);
-    return fabsf(v) < __int_as_float(0x7f800000) ? bits + 0x1000u : bits;
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
 }
 
 // The float32 accumulators of a warp's MT x NT instruction tiles, zeroed.
