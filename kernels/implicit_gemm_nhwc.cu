@@ -110,14 +110,11 @@ struct PhaseTable {
     int dh[MAX_PHASES], dw[MAX_PHASES], weight_offset[MAX_PHASES], out_offset[MAX_PHASES];
 };
 
-// EXTRA: registers a thread holds beyond the accumulators, fragments and gather state (NCHW_A's second
-// set of A registers on wgmma with a lag).
-#define NHWC_GEMM_LAUNCH_BOUNDS_WITH(EXTRA)                                                            \
+#define NHWC_GEMM_LAUNCH_BOUNDS                                                                        \
     __launch_bounds__(nhwc_threads(WARPS_M * WARPS_N, WGMMA_ROWS),                                     \
                       nhwc_min_blocks(nhwc_threads(WARPS_M * WARPS_N, WGMMA_ROWS),                     \
-                                      BM * BN / (WARPS_M * WARPS_N * 32) + (EXTRA),                    \
+                                      BM * BN / (WARPS_M * WARPS_N * 32),                              \
                                       BM * BK * sizeof(T) / (VEC * WARPS_M * WARPS_N * 32), sizeof(Index) / 4))
-#define NHWC_GEMM_LAUNCH_BOUNDS NHWC_GEMM_LAUNCH_BOUNDS_WITH(0)
 
 // One block's tile: pixel tile `tile` and channel tile `tile_n` (blockIdx.x and blockIdx.y but in a
 // phase launch and NCHW_A's order), group and split blockIdx.z -- or (STREAM_K) group and run of k tiles as `segment`
@@ -177,11 +174,8 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // does; in registers it costs a conversion per value (benchmarks/NOTES.md).
     static_assert(!ROUND_A || (NHWC_OUT && sizeof(T) == 4), "ROUND_A: float32 NHWC inputs read in place");
     // wgmma tiles left running while the next barrier is reached and the next loads are issued: one,
-    // where four stages leave two tiles of loads ahead. NCHW_A's A registers are then two sets, tiles
-    // of even and odd k taking turns (A_SETS), so that a tile's fragments are loaded while the tile
-    // before's MMAs still read the other set.
+    // where four stages leave two tiles of loads ahead.
     constexpr int WGMMA_LAG = WGMMA && STAGES >= 4 && !PRODUCER ? 1 : 0;
-    constexpr int A_SETS = NCHW_A && WGMMA_LAG > 0 ? 2 : 1;
     // ROUND_A in registers where A reaches the tensor cores through them: mma.sync's fragments, and
     // wgmma's pixel rows (A from registers) where each tile's MMAs retire before the next tile's
     // registers are written (no lag; ptxas serialises wgmma whose registers are written while others
@@ -195,11 +189,12 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     constexpr int WG_PIXELS = WGMMA_ROWS == WGMMA_CHANNEL_ROWS ? 128 : 64;  // pixels per warpgroup
     static_assert(sizeof(T) == 4 || sizeof(T) == 2, "float, half_t or bfloat16_t");
     static_assert(BK * sizeof(T) % 32 == 0, "rows of an odd number of 16-byte units: ldmatrix is conflict-free");
-    static_assert(!WGMMA || (BK * sizeof(T) == 128 && (NCHW_A ? WGMMA_ROWS == WGMMA_PIXEL_ROWS : VEC == 16) && WARPS_N == 1 &&
+    static_assert(!WGMMA || (BK * sizeof(T) == 128 && (NCHW_A ? WGMMA_ROWS == WGMMA_PIXEL_ROWS && WGMMA_LAG == 0
+                                                             : VEC == 16) && WARPS_N == 1 &&
                              BM == WG_PIXELS * (NWARPS / 4) && NWARPS % 4 == 0 && (NT / 8) % 8 == 0 &&
                              (WGMMA_ROWS != WGMMA_CHANNEL_ROWS || BN == 64)),
                   "wgmma: 128-byte swizzled rows of 16-byte pieces (NCHW_A: the weight's; A in registers, on pixel "
-                  "rows), whole warpgroups of 64 pixels x BN channels or 64 channels x 128 pixels, "
+                  "rows without a lag), whole warpgroups of 64 pixels x BN channels or 64 channels x 128 pixels, "
                   "loader rows a multiple of 8 apart (one swizzle slot per thread)");
     static_assert(VEC == 4 || VEC == 8 || VEC == 16, "cp.async moves 4, 8 or 16 bytes");
     static_assert(NT % A_PIECES == 0 && (NCHW_A ? BK : BM) % A_ROWS_PER_PASS == 0, "the A loader covers the tile");
@@ -360,9 +355,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     const int a_row_in_group = (warp & 3) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
     const unsigned char* a_row = reinterpret_cast<const unsigned char*>(a_smem) +
                                  ((warp >> 2) * WG_PIXELS + a_row_in_group) * ROW_BYTES;
-    unsigned a_sets[A_SETS][BK / INST_K][4];  // wgmma's A from registers: this warp's 16 pixel rows
-    // Tile `stage`'s MMAs; `set` (a Parity): which of the A_SETS register sets its A fragments take.
-    auto compute_tile_set = [&](int stage, auto set) {
+    auto compute_tile = [&](int stage) {
         if constexpr (WGMMA) {
             const unsigned long long pixels = pixels0 + stage * (A_STAGE * sizeof(T) / 16);
             const unsigned long long channels = channels0 + stage * (B_STAGE * sizeof(T) / 16);
@@ -374,7 +367,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 // registers), multiplied with the weight tile in shared memory: by ldmatrix from the
                 // swizzled rows, rounded to TF32 -- or (NCHW_A) from the k-major A^T tile as the
                 // mma.sync path loads them (wm: this warp's 16 rows).
-                unsigned (&a)[BK / INST_K][4] = a_sets[decltype(set)::value % A_SETS];
+                unsigned a[BK / INST_K][4];
 #pragma unroll
                 for (int kk = 0; kk < BK / INST_K; ++kk) {
                     if constexpr (!NCHW_A) {
@@ -444,7 +437,6 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 for (int nt = 0; nt < NTILES; ++nt) mma_op<T>::run(acc[mt][nt], a_frag[mt], b_frag[nt]);
         }
     };
-    auto compute_tile = [&](int stage) { compute_tile_set(stage, Parity<0>()); };
 
     // --- Main loop (mma.cuh; every copy is a cp.async, nothing to store from registers); then the
     // pipeline buffers become the epilogue's staging area.
@@ -554,15 +546,9 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             return;
         }
     } else {
-        auto pipeline = [&](auto&& compute) {
-            run_k_pipeline<STAGES, WGMMA, WGMMA_LAG, ISSUE_FIRST, A_SETS == 2>(
-                k_tiles, [&](int t, int stage) { load_tile(kt0 + t, stage); }, compute, [](int) {}, round_landed,
-                [] { if constexpr (WGMMA) wgmma_wait<WGMMA_LAG>(); });
-        };
-        if constexpr (A_SETS == 2)
-            pipeline(compute_tile_set);  // told each tile's parity: its A register set
-        else
-            pipeline(compute_tile);
+        run_k_pipeline<STAGES, WGMMA, WGMMA_LAG, ISSUE_FIRST>(
+            k_tiles, [&](int t, int stage) { load_tile(kt0 + t, stage); }, compute_tile, [](int) {}, round_landed,
+            [] { if constexpr (WGMMA) wgmma_wait<WGMMA_LAG>(); });
     }
     if constexpr (WGMMA_LAG > 0) {  // the last tile's MMAs read the buffers the epilogue overwrites
         wgmma_wait<0>();
@@ -766,7 +752,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
           int NCHW_A, int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K>
-__global__ void NHWC_GEMM_LAUNCH_BOUNDS_WITH(NCHW_A && WGMMA_ROWS && STAGES >= 4 ? BK * sizeof(T) / 2 : 0)
+__global__ void NHWC_GEMM_LAUNCH_BOUNDS
 implicit_gemm_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                    void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual, int activation,
                    int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,

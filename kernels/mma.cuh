@@ -67,13 +67,8 @@ __device__ __forceinline__ void mbarrier_wait(void* barrier, int parity) {
 // addresses and copies.
 // landed(buffer), where given, runs once this thread's copies of the tile in ``buffer`` have landed and
 // before the barrier: a thread may rewrite what it copied itself (the NHWC GEMM rounds float32 to TF32).
-// PAIRS: the loop runs k tiles two at a time, and compute(buffer, Parity<t % 2>()) is told each tile's
-// parity at compile time -- so that registers it leaves to running MMAs (wgmma's A from registers,
-// with a lag) can be two fixed sets that tiles take in turn.
-template <int P> struct Parity { static constexpr int value = P; };
-
-template <int STAGES, bool ASYNC_PROXY = false, int LAG = 0, bool ISSUE_FIRST = false, bool PAIRS = false,
-          typename Load, typename Compute, typename Store, typename Landed, typename Retire>
+template <int STAGES, bool ASYNC_PROXY = false, int LAG = 0, bool ISSUE_FIRST = false, typename Load,
+          typename Compute, typename Store, typename Landed, typename Retire>
 __device__ __forceinline__ void run_k_pipeline(int k_tiles, Load&& load, Compute&& compute, Store&& store,
                                                Landed&& landed, Retire&& retire) {
     constexpr int AHEAD = STAGES - 1 - LAG;  // tiles loaded ahead of the one computed
@@ -87,41 +82,24 @@ __device__ __forceinline__ void run_k_pipeline(int k_tiles, Load&& load, Compute
         cp_async_commit();  // empty groups keep the wait count below uniform
     }
     int read_stage = 0, write_stage = AHEAD;
-    auto compute_at = [&](int stage, auto parity) {
-        if constexpr (PAIRS) compute(stage, parity);
-        else compute(stage);
-    };
-    auto step = [&](int t, auto parity) {
+#pragma unroll 1
+    for (int t = 0; t < k_tiles; ++t) {
         cp_async_wait<AHEAD - 1>();   // tile t has landed (this thread's copies) ...
         landed(read_stage);
         if constexpr (ASYNC_PROXY)  // sm_90: shared memory written by cp.async, read next by the tensor cores
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();              // ... everyone's, and tile t - 1 - LAG's buffer is no longer read
         const int next = t + AHEAD;
-        if constexpr (ISSUE_FIRST) compute_at(read_stage, parity);
+        if constexpr (ISSUE_FIRST) compute(read_stage);
         if (next < k_tiles) load(next, write_stage);
         cp_async_commit();
-        if constexpr (!ISSUE_FIRST) compute_at(read_stage, parity);
+        if constexpr (!ISSUE_FIRST) compute(read_stage);
         // All but the last LAG tiles' MMAs retire before the next barrier, after which the loads refill
         // tile t - LAG's buffer (the wgmma tiles with a lag had lost this wait in a9406d3).
         retire();
         if (next < k_tiles) store(write_stage);
         read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
         write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
-    };
-    if constexpr (PAIRS) {
-        // Whole pairs in the loop and an odd tile after it: every path into a pair's even tile left only
-        // the odd set in use.
-        int t = 0;
-#pragma unroll 1
-        for (; t + 1 < k_tiles; t += 2) {
-            step(t, Parity<0>());
-            step(t + 1, Parity<1>());
-        }
-        if (t < k_tiles) step(t, Parity<0>());
-    } else {
-#pragma unroll 1
-        for (int t = 0; t < k_tiles; ++t) step(t, Parity<0>());
     }
     cp_async_wait<0>();
     __syncthreads();
@@ -131,12 +109,12 @@ template <int STAGES, bool ASYNC_PROXY = false, int LAG = 0, typename Load, type
           typename Landed>
 __device__ __forceinline__ void run_k_pipeline(int k_tiles, Load&& load, Compute&& compute, Store&& store,
                                                Landed&& landed) {
-    run_k_pipeline<STAGES, ASYNC_PROXY, LAG>(k_tiles, load, compute, store, landed, [] {});
+    run_k_pipeline<STAGES, ASYNC_PROXY, LAG, false>(k_tiles, load, compute, store, landed, [] {});
 }
 
 template <int STAGES, bool ASYNC_PROXY = false, int LAG = 0, typename Load, typename Compute, typename Store>
 __device__ __forceinline__ void run_k_pipeline(int k_tiles, Load&& load, Compute&& compute, Store&& store) {
-    run_k_pipeline<STAGES, ASYNC_PROXY, LAG>(k_tiles, load, compute, store, [](int) {}, [] {});
+    run_k_pipeline<STAGES, ASYNC_PROXY, LAG, false>(k_tiles, load, compute, store, [](int) {}, [] {});
 }
 
 __device__ __forceinline__ unsigned to_tf32(float v) {

@@ -180,14 +180,14 @@ def test_grid_every_config(case, name, family, config_index):
 def _wgmma_runs(case: Case, dtype: str, config: str = "") -> bool:
     """Whether the wgmma tile ``config`` ("": every one) can take ``case``: 16-byte pieces (channels per
     group a multiple of 8 16-bit or 4 float32 values, or one group padded to it by a third at most) and
-    not an NCHW input read in place with no copies: 1x1 ones only the pixel-row tiles take, 1-D ones none."""
+    not an NCHW input read in place with no copies: 1x1 ones only the pixel-row tile takes, 1-D ones none."""
     item, cg = (4 if dtype == "float32" else 2), case.c // case.groups
     per_piece = 16 // item
     padded = -(-cg // per_piece) * per_piece
     pieces = padded == cg or (case.groups == 1 and 3 * padded <= 4 * cg)
     in_place = implicit_gemm_nhwc._nchw_a_mode(gemm_problem(case, dtype))
     return (pieces and not in_place) or \
-        (in_place == implicit_gemm_nhwc.NCHW_A_POINTWISE and config in implicit_gemm_nhwc.NCHW_A_WGMMA_CONFIGS)
+        (in_place == implicit_gemm_nhwc.NCHW_A_POINTWISE and config == implicit_gemm_nhwc.PIXEL_ROWS_CONFIG)
 
 
 @pytest.mark.skipif(_cuda_device_count() == 0 or compute_capability() != 90,
@@ -214,7 +214,7 @@ def test_wgmma_every_config(case, name, config_index):
     check(case, name, cfg.name, seed=len(case.id) + config_index)
 
 
-#: 1x1 NCHW problems read in place on wgmma's pixel-row tiles (implicit_gemm_nhwc.NCHW_A_WGMMA_CONFIGS): 16-, 8-
+#: 1x1 NCHW problems read in place on wgmma's pixel-row tile (implicit_gemm_nhwc.PIXEL_ROWS_CONFIG): 16-, 8-
 #: and 4-byte pixel pieces, tiles across images, partial channel and k tiles, groups; and 1-D ones,
 #: which it refuses where they are read in place.
 NCHW_A_WGMMA_GRID = IN_PLACE_1X1 + IN_PLACE_1D + [
@@ -227,11 +227,10 @@ NCHW_A_WGMMA_GRID = IN_PLACE_1X1 + IN_PLACE_1D + [
 
 @pytest.mark.skipif(_cuda_device_count() == 0 or compute_capability() != 90,
                     reason="wgmma runs on compute capability 9.0 (sm_90a) alone")
-@pytest.mark.parametrize("config", implicit_gemm_nhwc.NCHW_A_WGMMA_CONFIGS)
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("name", DTYPES)
 @pytest.mark.parametrize("case", NCHW_A_WGMMA_GRID, ids=lambda c: c.id)
-def test_nchw_in_place_on_wgmma(case, name, splits, config):
+def test_nchw_in_place_on_wgmma(case, name, splits):
     """The NCHW input read in place, its fragments in registers, the weight from swizzled rows (float32
     rounded to TF32 in shared memory), whole or in three runs of split-K: every element written, within
     the dtype's tolerance. Planes that cannot be read in place (16-bit 7 x 7; 16-bit taps shifted by 1
@@ -240,9 +239,10 @@ def test_nchw_in_place_on_wgmma(case, name, splits, config):
     problem = gemm_problem(case, dtype)
     if implicit_gemm_nhwc._nchw_a_mode(problem) == implicit_gemm_nhwc.NCHW_A_ROW_TAPS:
         with pytest.raises(ValueError, match="1-D NCHW input read in place runs on mma.sync"):
-            make_plan(problem, config=config, compute_capability=90)
+            make_plan(problem, config=implicit_gemm_nhwc.PIXEL_ROWS_CONFIG, compute_capability=90)
         return
-    plan, (out,), ref = run_split(case, dtype, torch_dtype, "NCHW", splits, config, seed=len(case.id) + splits)
+    plan, (out,), ref = run_split(case, dtype, torch_dtype, "NCHW", splits, implicit_gemm_nhwc.PIXEL_ROWS_CONFIG,
+                                  seed=len(case.id) + splits)
     assert bool(plan.a_from_nchw) == bool(implicit_gemm_nhwc._nchw_a_vec(problem))
     assert plan.config.wgmma and plan.splits == splits
     assert not out.isnan().any(), "an output element was never written (or is NaN)"

@@ -2,7 +2,6 @@
 NCHW_A_WGMMA_MIN_CHANNELS / _MIN_K_TILES / _MIN_BLOCKS; kernels/implicit_gemm_nhwc.cu NCHW_A with
 WGMMA_PIXEL_ROWS), planned without a GPU: which layers the rule gives it (deep, wide and with pixels
 enough, by dtype), that every plan it can make has a compiled instance, and the refusals."""
-import itertools
 import math
 
 import pytest
@@ -96,12 +95,12 @@ def test_shallow_narrow_or_small_1x1_layers_keep_mma_sync(dtype, tf32):
 
 @pytest.mark.parametrize("dtype,tf32", TENSOR_CORES)
 def test_other_wgmma_tiles_and_stream_k_refuse(dtype, tf32):
-    """The other wgmma tiles (channel rows, producers) and stream-K refuse a 1x1 NCHW input read in place
-    with a ValueError that names the tiles that run it."""
+    """The other wgmma tiles (channel rows, 5 stages, producers) and stream-K refuse a 1x1 NCHW input read
+    in place with a ValueError that names the tile that runs it."""
     x, k = DEEP_1X1["r50_l3_1x1_1024to256_b32"]
     storage = "float32" if dtype == "float32" else "float16"
     for cfg in NHWC_CONFIGS[storage]:
-        if cfg.wgmma and cfg.name not in implicit_gemm_nhwc.NCHW_A_WGMMA_CONFIGS:
+        if cfg.wgmma and cfg.name != PIXEL_ROWS_CONFIG:
             with pytest.raises(ValueError, match=PIXEL_ROWS_CONFIG):
                 plan_for(x, k, dtype, tf32, config=cfg.name)
     with pytest.raises(ValueError, match="stream_k needs"):
@@ -117,7 +116,7 @@ def test_every_piece_width_has_an_instance():
         for x, k in shapes:
             if not _reads_in_place(x, dtype):
                 continue
-            for splits, config in itertools.product((1, 2), implicit_gemm_nhwc.NCHW_A_WGMMA_CONFIGS):
-                plan = plan_for(x, k, dtype, tf32, config=config, kernel=NHWC_KERNEL, splits=splits)
+            for splits in (1, 2):
+                plan = plan_for(x, k, dtype, tf32, config=PIXEL_ROWS_CONFIG, kernel=NHWC_KERNEL, splits=splits)
                 assert plan.a_from_nchw and plan.splits == splits
                 assert plan.name_expression in implicit_gemm_nhwc.arch_specialisations()[WGMMA_ARCH], plan.name_expression

@@ -1,6 +1,6 @@
 """1x1 NCHW layers read in place: mma.sync's NCHW_A tile (the rules' choice off compute capability 9.0)
-against wgmma's pixel-row tiles with the input's fragments in registers (forced: 3 stages, and 5 with
-one block an SM), in one process, and which the rules choose here:
+against wgmma's pixel-row tile with the input's fragments in registers (forced), in one process, and
+which of the two the rules choose here:
     python benchmarks/profile/nchw_a_wgmma.py [--dtype tf32 ...] [--batch 1 ...] [--mobile]
 ResNet-50's stride-1 1x1 layers (with --mobile, MobileNetV2's and EfficientNet-B0's widest 1x1 layers
 instead), the layers suite's MobileNetV2 expansion and the Conformer's pointwise conv1d. GPU time: medians of 50 interleaved runs each behind a spin kernel (plan_timing.time_plans),
@@ -31,13 +31,13 @@ MOBILE_1X1 = [("mbv2_32to192", 32, 192, 28, 28), ("mbv2_64to384", 64, 384, 14, 1
 
 
 def plans(problem) -> tuple:
-    """mma.sync's plan (the tile the rules choose without wgmma, on this GPU), the wgmma pixel-row plans
-    (forced, name -> plan; split-K by the rules) and the rules' own choice here."""
+    """mma.sync's plan (the tile the rules choose without wgmma, on this GPU), the wgmma pixel-row plan
+    (forced; split-K by the rules) and the rules' own choice here."""
     here = compute_capability()
     without_wgmma = planner.make_plan(problem, allow_tf32=True, compute_capability=80).config.name
     mma_sync = planner.make_plan(problem, allow_tf32=True, compute_capability=here, config=without_wgmma)
-    wgmma = {name: planner.make_plan(problem, allow_tf32=True, compute_capability=here, config=name)
-             for name in implicit_gemm_nhwc.NCHW_A_WGMMA_CONFIGS}
+    wgmma = planner.make_plan(problem, allow_tf32=True, compute_capability=here,
+                              config=implicit_gemm_nhwc.PIXEL_ROWS_CONFIG)
     return mma_sync, wgmma, planner.make_plan(problem, allow_tf32=True, compute_capability=here)
 
 
@@ -50,24 +50,20 @@ def main() -> None:
     shapes = [Shape(f"{name}_b{n}", n, c, k, h, w, 1, 1) for n in args.batch or (1, 8, 32)
               for name, c, k, h, w in (MOBILE_1X1 if args.mobile else RESNET50_1X1)]
     shapes += [s for s in LAYERS + CONV1D if (s.kh, s.kw, s.stride, s.padding, s.groups) == (1, 1, 1, 0, 1)]
-    names = implicit_gemm_nhwc.NCHW_A_WGMMA_CONFIGS
-    print(f"| row | mode | mma.sync plan | {' | '.join(names)} | mma.sync ms | "
-          f"{' | '.join(f'{n} ms (speed-up)' for n in names)} | rules |")
-    print("| --- " * (5 + 2 * len(names)) + "|")
+    print("| row | mode | mma.sync plan | wgmma plan | mma.sync ms | wgmma ms | mma.sync / wgmma | rules |")
+    print("| --- " * 8 + "|")
     for shape in shapes:
         for mode in args.dtype or ("tf32", "fp16", "bf16"):
             problem = shape.problem(MODE_DTYPE[mode])
             old, new, chosen = plans(problem)
             deep = problem.c * (4 if problem.dtype == "float32" else 2) >= 128
-            if not (old.a_from_nchw and all(p.a_from_nchw for p in new.values()) and deep) or \
+            if not (old.a_from_nchw and new.a_from_nchw and deep) or \
                     problem.k // problem.groups < implicit_gemm_nhwc.NCHW_A_WGMMA_MIN_CHANNELS[2]:
                 continue
-            ms = time_plans(problem, mode, {"mma.sync": old, **new}, "mma.sync", list(new), (shape.name, mode))
+            ms = time_plans(problem, mode, {"mma.sync": old, "wgmma": new}, "mma.sync", ["wgmma"], (shape.name, mode))
             label = lambda p: f"{p.config.name}{f' split {p.splits}' if p.splits > 1 else ''}"
-            base = ms["mma.sync"]
-            wgmma_ms = " | ".join(f"{ms[n]:.4f} ({base / ms[n]:.2f}x)" for n in names)
-            print(f"| {shape.name} | {mode} | {label(old)} | {' | '.join(label(p) for p in new.values())} "
-                  f"| {base:.4f} | {wgmma_ms} | {chosen.config.name} |", flush=True)
+            print(f"| {shape.name} | {mode} | {label(old)} | {label(new)} | {ms['mma.sync']:.4f} | {ms['wgmma']:.4f} "
+                  f"| {ms['mma.sync'] / ms['wgmma']:.2f}x | {'wgmma' if chosen.config.wgmma else 'mma.sync'} |", flush=True)
 
 
 if __name__ == "__main__":

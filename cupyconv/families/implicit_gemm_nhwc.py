@@ -152,9 +152,6 @@ for _dtype in ("float32", "float16"):
                                   if c.producer_warps and c.bn == 128)
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
-#: The pixel-row tiles that read 1x1 NCHW inputs in place (A in registers, so no lag between k tiles):
-#: 3 stages, two blocks an SM, or 5, one block an SM with four k tiles of copies in flight.
-NCHW_A_WGMMA_CONFIGS = (PIXEL_ROWS_CONFIG, "nhwc_wgmma_m128n128s5")
 #: 1x1 NCHW layers read in place (NCHW_A) on wgmma's 3-stage pixel-row tile: each warp's A fragments
 #: loaded into registers from the k-major A^T tile (TF32 wgmma cannot read a transposed operand from
 #: shared memory), the weight tile from swizzled rows. The rule gives it layers of at least
@@ -307,9 +304,9 @@ def _wgmma_refusal(problem: ConvProblem, compute_capability: int, cfg: GemmConfi
     if _nchw_a_mode(problem) == NCHW_A_ROW_TAPS:
         return "a 1-D NCHW input read in place runs on mma.sync's tiles alone (its taps' rows spill wgmma's registers)"
     if _nchw_a_vec(problem):
-        if cfg is not None and cfg.name not in NCHW_A_WGMMA_CONFIGS:
-            return (f"an NCHW input read in place runs on wgmma's pixel-row tiles {', '.join(NCHW_A_WGMMA_CONFIGS)} "
-                    f"alone (A in registers, no lag between k tiles), not on {cfg.name}")
+        if cfg is not None and cfg.name != PIXEL_ROWS_CONFIG:
+            return (f"an NCHW input read in place runs on wgmma's {PIXEL_ROWS_CONFIG} tile alone (A in "
+                    f"registers, no lag between k tiles), not on {cfg.name}")
         return ""
     if _pieces(problem)[0][0] != 16:
         return "wgmma needs 16-byte pieces from channels-last copies (this problem has narrower ones or none)"
@@ -687,7 +684,7 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
     split-K's with 32-bit indices alone (_splits)."""
     return [specialisation(dtype, index, cfg, vec, a_from_nchw, nhwc_out, round_a, split_k) for dtype in GEMM_DTYPES
             for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] if bool(cfg.wgmma) == wgmma and not cfg.producer_warps
-            for vec in (NHWC_VECS if not wgmma or cfg.name in NCHW_A_WGMMA_CONFIGS else (16,))
+            for vec in (NHWC_VECS if not wgmma or cfg.name == PIXEL_ROWS_CONFIG else (16,))
             for a_from_nchw, nhwc_out, round_a in _gemm_flags(wgmma, cfg, dtype, vec)
             for split_k in ((False, True) if index == "int" else (False,))] + \
         [tma_specialisation(dtype, index, cfg, nhwc_out, round_a, split_k) for dtype in GEMM_DTYPES
@@ -706,7 +703,7 @@ def _gemm_flags(wgmma: bool, cfg: GemmConfig, dtype: str, vec: int) -> tuple[tup
     flags = ()
     if not wgmma or vec == 16:
         flags = ((0, False, False), (0, True, False)) + (((0, True, True),) if dtype == "float32" else ())
-    if not wgmma or cfg.name in NCHW_A_WGMMA_CONFIGS:
+    if not wgmma or cfg.name == PIXEL_ROWS_CONFIG:
         flags += ((NCHW_A_POINTWISE, False, False),)
     if not wgmma:
         flags += ((NCHW_A_ROW_TAPS, False, False),)
