@@ -58,9 +58,9 @@
 // (fragments by ldmatrix.trans; TF32 by scalar loads), B in 16-byte pieces, and float32 operands
 // are rounded to TF32 as fragments are loaded. On wgmma's pixel rows (no lag) A^T cannot be read by
 // the tensor cores from shared memory (TF32 has no transposed operand), so each warp loads its 16
-// pixel rows' fragments into registers as mma.sync's path does and wgmma reads them there; the weight
-// tile is read from 128-byte swizzled rows, and float32 operands, both, are rounded to TF32 in shared
-// memory by the threads that copied them, after their copies landed and before the barrier.
+// pixel rows' fragments into registers as mma.sync's path does (rounded to TF32 there) and wgmma reads
+// them there; the weight tile is read from 128-byte swizzled rows, a float32 one rounded to TF32 in
+// shared memory by the threads that copied it, after their copies landed and before the barrier.
 #include "dtypes.cuh"
 #include "epilogue.cuh"
 #include "gather_pixel.cuh"
@@ -160,12 +160,14 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     constexpr int C_STRIDE = BM + 4;                         // epilogue staging [BN][C_STRIDE] floats
     constexpr int D_STRIDE = BN + 4;                         // NHWC_OUT: staging [BM][D_STRIDE] floats
     constexpr int INST_K = mma_op<T>::k;
-    // float32 operands read in place as NCHW_A (no copy rounded them) are rounded to TF32: on wgmma in
-    // shared memory, by the threads that copied them, once per block -- on mma.sync in each fragment,
-    // where rounding in shared memory, between each tile's wait and barrier, made the 128 x 64 tile
-    // 1.3x slower (H200, ResNet-50's TF32 1x1 layers), and on wgmma 1.1-1.6x faster than its A
-    // fragments rounded in registers (benchmarks/NOTES.md, "TF32 NCHW_A operands rounded once").
-    constexpr bool ROUND_NCHW_A_IN_SHARED = NCHW_A && WGMMA && sizeof(T) == 4;
+    // float32 operands read in place as NCHW_A (no copy rounded them) are rounded to TF32 in registers,
+    // as A's fragments are loaded (each warp loads its own rows on wgmma: each value once), and the
+    // weight's: on mma.sync in its fragments, where rounding in shared memory, between each tile's wait
+    // and barrier, made the 128 x 64 tile 1.3x slower (H200, ResNet-50's TF32 1x1 layers); on wgmma,
+    // which reads the weight from shared memory, there, by the threads that copied it, once per block,
+    // in 16-byte vectors. The wgmma tile is bound by shared-memory wavefronts: A^T rounded in place too
+    // cost a load and a store of every A value more (benchmarks/NOTES.md, "TF32 NCHW_A operands ...").
+    constexpr bool ROUND_NCHW_A_WEIGHT_IN_SHARED = NCHW_A && WGMMA && sizeof(T) == 4;
     constexpr bool ROUND_NCHW_A_FRAGMENTS = NCHW_A && !WGMMA && sizeof(T) == 4;
     // ROUND_A: a float32 NHWC input read in place, unrounded (the planner takes it for 1x1 problems and
     // the tiles that round in registers; others come rounded by a copy, implicit_gemm_nhwc.py _x_copied),
@@ -270,7 +272,8 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     const int b_piece = tid % B_PIECES, b_row0 = tid / B_PIECES;
     const T* b_src = w + (static_cast<Index>(g) * Kg + n0 + b_row0) * Kgemm + b_piece * B_EV;
     // Where this thread's pieces lie in a stage (pass i: A_ROWS_PER_PASS i rows of A_ROW further, B_ROWS_PER_PASS
-    // i of STRIDE): load_tile copies them there, round_landed rounds them there.
+    // i of STRIDE): load_tile copies them there, round_landed rounds those of x read in place or of
+    // NCHW_A's weight there.
     constexpr int A_ROW = NCHW_A ? A_T_STRIDE : STRIDE;
     auto a_piece_at = [&](int stage) {
         return a_smem + stage * A_STAGE + a_row0 * A_ROW + (WGMMA && !NCHW_A ? swizzle128_slot(a_piece, a_row0) : a_piece) * EV;
@@ -379,7 +382,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                         ldmatrix_x4<true>(a[kk], reinterpret_cast<const unsigned char*>(a_smem + stage * A_STAGE) +
                                                      a_lane_off + kk * INST_K * A_T_STRIDE * 2);
                     } else {
-                        tf32_a_from_k_major<A_T_STRIDE, 1, false>(reinterpret_cast<unsigned (&)[1][4]>(a[kk]),
+                        tf32_a_from_k_major<A_T_STRIDE, 1>(reinterpret_cast<unsigned (&)[1][4]>(a[kk]),
                                                         reinterpret_cast<const float*>(a_smem + stage * A_STAGE) +
                                                             (kk * INST_K + tq) * A_T_STRIDE + wm + quad);
                     }
@@ -440,16 +443,16 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 
     // --- Main loop (mma.cuh; every copy is a cp.async, nothing to store from registers); then the
     // pipeline buffers become the epilogue's staging area.
-    // Where unrounded float32 reaches shared memory, the threads that copied it round it there once their
-    // copies landed, before the barrier: x read in place (ROUND_IN_SHARED: A's rows), or both NCHW_A
-    // operands on wgmma (A^T's rows and the weight's).
+    // Where the tensor cores read unrounded float32 from shared memory, the threads that copied it round
+    // it there once their copies landed, before the barrier: x read in place (ROUND_IN_SHARED: A's
+    // rows), or NCHW_A's weight on wgmma.
     auto round_landed = [&](int stage) {
-        if constexpr (ROUND_IN_SHARED || ROUND_NCHW_A_IN_SHARED) {
+        if constexpr (ROUND_IN_SHARED) {
             T* a_dst = a_piece_at(stage);
 #pragma unroll
             for (int i = 0; i < A_PASSES; ++i) round_tf32_in_place<EV>(a_dst + A_ROWS_PER_PASS * i * A_ROW);
         }
-        if constexpr (ROUND_NCHW_A_IN_SHARED) {
+        if constexpr (ROUND_NCHW_A_WEIGHT_IN_SHARED) {
             T* b_dst = b_piece_at(stage);
 #pragma unroll
             for (int i = 0; i < B_PASSES; ++i)
