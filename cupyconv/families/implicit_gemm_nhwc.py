@@ -160,15 +160,17 @@ PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 #: element's bytes. 16 bits: ResNet-50's 1x1 layers at batch 8 and 32 (98-245 blocks) ran 1.01-1.37x
 #: faster there than on mma.sync's NCHW_A tile (H200); with 8-49 blocks (batch 1, and 512 -> 128 at
 #: batch 8; mma.sync's 64-channel tile makes twice as many) 0.92-0.97x (benchmarks/NOTES.md, "1x1 NCHW
-#: layers on wgmma: measured"). TF32, its operands rounded in shared memory: 1.05-1.31x on those of at
-#: least 256 output and 128 input channels and 98 blocks at batch 8 and 32 but three (0.91x, 0.96x,
-#: 0.98x); 0.81-1.04x on those of 128 output channels, 0.95-1.05x on 64 -> 256, and 0.83-0.92x at batch 1,
-#: whose split plans make up to 80 blocks (a TF32 k tile holds half the channels: twice the runs) (H200;
-#: NOTES, "TF32 NCHW_A operands rounded once"). In TF32 the input channels fill whole k rows: EfficientNet-B0's
-#: 112 -> 672 on 14^2 (3.5 rows) ran 0.82x at batch 32, where MobileNetV2's and EfficientNet-B0's layers
-#: of 160-320 whole rows' channels ran 1.02-1.05x.
+#: layers on wgmma: measured"). TF32, A rounded in its fragments and the weight in shared memory
+#: (H200 at d0969cd; NOTES, "TF32 NCHW_A on wgmma: A rounded in its fragments again"): 1.04-1.45x on
+#: those of at least 256 output channels, 3 whole k rows (96 channels: MobileNetV2's 96 -> 576 at batch
+#: 32, 1.26x) and 98 blocks at batch 8 and 32 but one (512 -> 2048 on 7^2 at batch 8, 0.96x); 0.88-1.13x on
+#: those of 128 output channels, 0.98x on 64 -> 256, 0.85-1.02x at batch 1, whose split plans make up to
+#: 80 blocks (a TF32 k tile holds half the channels: twice the runs), and 0.84-1.03x on MobileNetV2's and
+#: EfficientNet-B0's layers at batch 8 (13-65 blocks). In TF32 the input channels fill whole k rows:
+#: EfficientNet-B0's 112 -> 672 on 14^2 (3.5 rows) ran 0.87x at batch 32, 80 -> 480 (2.5) 0.95x, where the
+#: layers of 160-320 whole rows' channels ran 1.12-1.18x.
 NCHW_A_WGMMA_MIN_CHANNELS = {2: 128, 4: 256}
-NCHW_A_WGMMA_MIN_K_TILES = {2: MIN_DEEP_K_TILES, 4: 4}
+NCHW_A_WGMMA_MIN_K_TILES = {2: MIN_DEEP_K_TILES, 4: 3}
 NCHW_A_WGMMA_MIN_BLOCKS = {2: 64, 4: 96}
 NCHW_A_WGMMA_WHOLE_K_ROWS = {2: False, 4: True}
 #: LaunchPlan.a_from_nchw, the kernel's NCHW_A: the NCHW input read in place as A^T, rows that are
