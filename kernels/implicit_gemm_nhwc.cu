@@ -166,7 +166,8 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // and barrier, made the 128 x 64 tile 1.3x slower (H200, ResNet-50's TF32 1x1 layers); on wgmma,
     // which reads the weight from shared memory, there, by the threads that copied it, once per block,
     // in 16-byte vectors. The wgmma tile is bound by shared-memory wavefronts: A^T rounded in place too
-    // cost a load and a store of every A value more (benchmarks/NOTES.md, "TF32 NCHW_A operands ...").
+    // cost a load and a store of every A value more, 1.03-1.13x of its time (benchmarks/NOTES.md, "TF32
+    // NCHW_A on wgmma: A rounded in its fragments again").
     constexpr bool ROUND_NCHW_A_WEIGHT_IN_SHARED = NCHW_A && WGMMA && sizeof(T) == 4;
     constexpr bool ROUND_NCHW_A_FRAGMENTS = NCHW_A && !WGMMA && sizeof(T) == 4;
     // ROUND_A: a float32 NHWC input read in place, unrounded (the planner takes it for 1x1 problems and
@@ -369,7 +370,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 // Each warp's 16 pixel rows in registers (mma.sync's A layout, as wgmma reads A from
                 // registers), multiplied with the weight tile in shared memory: by ldmatrix from the
                 // swizzled rows, rounded to TF32 -- or (NCHW_A) from the k-major A^T tile as the
-                // mma.sync path loads them (wm: this warp's 16 rows).
+                // mma.sync path loads (and rounds) them (wm: this warp's 16 rows).
                 unsigned a[BK / INST_K][4];
 #pragma unroll
                 for (int kk = 0; kk < BK / INST_K; ++kk) {

@@ -134,22 +134,17 @@ template <int MT, int NT> __device__ __forceinline__ void zero_accumulators(floa
 }
 
 // The TF32 A fragments of MT 16-row instruction tiles, 16 rows apart, from a k-major tile of floats
-// (rows of k, STRIDE floats apart; no ldmatrix for 32-bit transposes): a0 (m, k), a1 (m + 8, k),
-// a2 (m, k + 4), a3 (m + 8, k + 4), rounded to TF32 (ROUND; false where the tile holds TF32 values
-// already). `at` points at row k = tq (PTX's threadID_in_group), column m = quad (groupID) of the
-// first tile.
-template <int STRIDE, int MT, bool ROUND = true>
+// (rows of k, STRIDE floats apart; no ldmatrix for 32-bit transposes), rounded to TF32: a0 (m, k),
+// a1 (m + 8, k), a2 (m, k + 4), a3 (m + 8, k + 4). `at` points at row k = tq (PTX's threadID_in_group),
+// column m = quad (groupID) of the first tile.
+template <int STRIDE, int MT>
 __device__ __forceinline__ void tf32_a_from_k_major(unsigned (&a)[MT][4], const float* at) {
-    auto fragment = [](float v) {
-        if constexpr (ROUND) return to_tf32(v);
-        else return __float_as_uint(v);
-    };
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-        a[mt][0] = fragment(at[mt * 16]);
-        a[mt][1] = fragment(at[mt * 16 + 8]);
-        a[mt][2] = fragment(at[4 * STRIDE + mt * 16]);
-        a[mt][3] = fragment(at[4 * STRIDE + mt * 16 + 8]);
+        a[mt][0] = to_tf32(at[mt * 16]);
+        a[mt][1] = to_tf32(at[mt * 16 + 8]);
+        a[mt][2] = to_tf32(at[4 * STRIDE + mt * 16]);
+        a[mt][3] = to_tf32(at[4 * STRIDE + mt * 16 + 8]);
     }
 }
 
