@@ -71,7 +71,7 @@ from .families.common import STORAGE_BYTES
 from .program import OPERAND_ALIGNMENT
 
 __all__ = ["Conv2d", "ConvTranspose2d", "Conv1d", "conv2d", "conv_transpose2d", "conv1d", "convert", "set_backward",
-           "clear_weight_caches", "release_workspaces", "WeightCache"]
+           "clear_weight_caches", "refresh_weight_caches", "release_workspaces", "WeightCache"]
 
 #: torch dtype -> cupyconv's name for it.
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
@@ -279,16 +279,20 @@ class WeightCache:
     Copies of a module (deepcopy, pickling) start empty.
 
     A cache ``kept_in_graphs`` (a fused module's folded weight: a tensor the module owns and refolds
-    in place) is also read by CUDA graphs captured after its forms were made, as the folded weight
-    itself is: :meth:`refresh` rewrites the forms in their buffers when the module refolds, and they
-    are never freed under a graph that reads them. Any other cache is not read inside a capture: the
+    in place; any module's with ``convert(..., static_weights=True)``) is also read by CUDA graphs
+    captured after its forms were made, as the folded weight itself is: :meth:`refresh` rewrites the
+    forms in their buffers when the module refolds or its weight changed in place, and they are never
+    freed under a graph that reads them. Any other cache is not read inside a capture: the
     graph prepares the weight itself, so that a replay reads the weight as it is then.
     """
 
-    __slots__ = ("_stamp", "_forms", "kept_in_graphs")
+    __slots__ = ("_stamp", "_forms", "kept_in_graphs", "_retired")
 
     def __init__(self, kept_in_graphs: bool = False):
         self._stamp, self._forms, self.kept_in_graphs = None, {}, kept_in_graphs
+        # A kept cache's forms of a weight tensor it no longer follows (the module was given another):
+        # graphs captured before may still read them, as they read the tensor they were captured with.
+        self._retired = []
 
     def clear(self) -> None:
         """Forget the forms (a cache kept in graphs keeps their buffers, to be refreshed)."""
@@ -328,6 +332,8 @@ class WeightCache:
             if self.kept_in_graphs and self._stamp is not None and stamp[::2] == self._stamp[::2]:
                 self.refresh(weight, stream)  # the same tensor, changed in place: the same buffers
             else:
+                if self.kept_in_graphs:
+                    self._retired += [form[0] for form in self._forms.values()]
                 self._stamp, self._forms = stamp, {}
         preparation = exe.weight
         form = self._forms.get(preparation.key)
@@ -1104,7 +1110,27 @@ def _left_alone(module: nn.Module, inverse: bool) -> bool:
     return isinstance(module, tuple(CONVERSIONS)) and type(module) not in CONVERSIONS and not isinstance(module, ours)
 
 
-def convert(model: nn.Module, inverse: bool = False, fuse: bool = False) -> nn.Module:
+def refresh_weight_caches(model: nn.Module) -> None:
+    """Remake now, in their buffers, the prepared weights that CUDA graphs of ``model`` read -- a
+    ``convert(..., static_weights=True)`` model's, a fused model's folded ones -- from the weights as
+    they are: for graphs captured before an in-place change (an optimizer step, a copy) that no call of
+    the model outside a capture has seen since. On torch's current stream."""
+    for module in model.modules():
+        if hasattr(module, "refold"):  # a FusedConv2d: its folded BatchNorm and its forms
+            module.refold()
+            continue
+        cache = module.__dict__.get("_cupyconv_weights")
+        weight = getattr(module, "weight", None)
+        if cache is not None and cache.kept_in_graphs and weight is not None and weight.is_cuda:
+            cache.refresh(weight, _raw_stream(weight.device.index))
+
+
+def _refresh_after_load(model: nn.Module, incompatible_keys) -> None:
+    """load_state_dict's post-hook on a static_weights model: its graphs read the loaded weights."""
+    refresh_weight_caches(model)
+
+
+def convert(model: nn.Module, inverse: bool = False, fuse: bool = False, static_weights: bool = False) -> nn.Module:
     """Make every plain ``nn.Conv2d``, ``nn.ConvTranspose2d`` and ``nn.Conv1d`` in ``model`` a cupyconv
     :class:`Conv2d`, :class:`ConvTranspose2d` and :class:`Conv1d`, in place; with ``fuse=True``, also
     fuse each conv -> BatchNorm2d -> (+ residual) -> activation chain of an eval-mode model into one
@@ -1135,6 +1161,14 @@ def convert(model: nn.Module, inverse: bool = False, fuse: bool = False) -> nn.M
             (its modules restored, with whatever the fused model loaded since, as they share their
             tensors).
         fuse: fuse chains as above (the model must be in eval mode).
+        static_weights: for inference in CUDA graphs. Each converted module's prepared weight (the
+            transposed, channels-last, TF32-rounded or Winograd-transformed form its kernel reads) is
+            made before a capture and read by the graph, as a fused module's folded weight is, instead
+            of being prepared again inside every replay (H200, TF32 NCHW: ResNet-50 at batch 1 0.891 ->
+            0.811 ms a replay; benchmarks/profile/graph_weights.py). A graph then computes with a
+            weight changed in place only once its forms are remade: by the model's next call outside
+            a capture, by its ``load_state_dict``, or by :func:`refresh_weight_caches`. Leave it off
+            to train with CUDA graphs (an optimizer step inside a graph is not seen by the next replay).
 
     Returns:
         ``model``, converted; with fuse=True the fused GraphModule.
@@ -1142,21 +1176,28 @@ def convert(model: nn.Module, inverse: bool = False, fuse: bool = False) -> nn.M
     Raises:
         TypeError: ``model`` is not a module.
         ValueError: fuse=True with the model or one of its BatchNorms in training mode, or with
-            inverse=True.
+            inverse=True; static_weights=True with inverse=True.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(static_weights, bool):
+        raise TypeError(f"convert: static_weights must be True or False, got {static_weights!r}")
     if fuse and inverse:
         raise ValueError("convert: fuse=True and inverse=True exclude each other (inverse of a fused model "
                          "returns the model it was made from)")
+    if static_weights and inverse:
+        raise ValueError("convert: static_weights=True and inverse=True exclude each other (inverse returns "
+                         "torch's modules, which keep no prepared weights)")
     if fuse:
         from .torch_fusion import check_eval, fuse as fuse_chains
 
         check_eval(model)  # before the model is changed in place
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            convert(model)
+            convert(model, static_weights=static_weights)
         fused, skipped = fuse_chains(model)
+        if static_weights:
+            fused.register_load_state_dict_post_hook(_refresh_after_load)
         notes = [str(w.message) for w in caught] + skipped
         if notes:
             warnings.warn("; ".join(notes), UserWarning, stacklevel=2)
@@ -1175,7 +1216,14 @@ def convert(model: nn.Module, inverse: bool = False, fuse: bool = False) -> nn.M
             module.__dict__.pop("_cupyconv_weights", None)
         elif _left_alone(module, inverse):
             skipped.append(f"{name or '(model)'} ({type(module).__qualname__})")
+        if static_weights and type(module) in CONVERSIONS.values():  # switched now or before
+            cache = module.__dict__.get("_cupyconv_weights")
+            if cache is None or not cache.kept_in_graphs:
+                module.__dict__["_cupyconv_weights"] = WeightCache(kept_in_graphs=True)
     if skipped:
         warnings.warn(f"cupyconv.torch.convert left {len(skipped)} module(s) unchanged: {', '.join(skipped)}",
                       UserWarning, stacklevel=2)
+    if static_weights and not getattr(model, "_cupyconv_static_weights", False):
+        model.register_load_state_dict_post_hook(_refresh_after_load)
+        model.__dict__["_cupyconv_static_weights"] = True
     return model

@@ -4,6 +4,7 @@ the custom op's registration (schema, fake kernel, autograd, torch.compile) and 
 The custom op's CPU kernel stands in for the CUDA one here, so the autograd formula and the
 torch.compile path (everything but the launch) are checked in CI.
 """
+import copy
 import subprocess
 import sys
 import warnings
@@ -195,6 +196,34 @@ def test_convert_reports_subclass_of_cupyconv_conv2d_on_inverse():
 def test_convert_rejects_non_module():
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         ct.convert([nn.Conv2d(1, 1, 1)])
+
+
+def test_convert_static_weights_keeps_every_modules_forms_in_graphs():
+    """static_weights=True: every cupyconv convolution of the model (switched now or by an earlier
+    convert) gets a weight cache kept in CUDA graphs, deep copies too; load_state_dict refreshes them
+    through one post-hook however often convert runs; the model computes as before; a non-bool and
+    inverse=True are refused before anything changes."""
+    model = _nested_model()
+    x = torch.randn(2, 3, 10, 10)
+    expected = model(x)
+    ct.convert(model[1])  # converted before, without static weights
+    with pytest.raises(TypeError, match="static_weights must be True or False, got 'yes'"):
+        ct.convert(model, static_weights="yes")
+    with pytest.raises(ValueError, match="static_weights=True and inverse=True"):
+        ct.convert(model, inverse=True, static_weights=True)
+    assert type(model[0]) is nn.Conv2d  # refused before any change
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="ScaledConv2d"):
+            ct.convert(model, static_weights=True)
+    ours = [m for m in model.modules() if type(m) is ct.Conv2d]
+    assert len(ours) == 3 and all(m.__dict__["_cupyconv_weights"].kept_in_graphs for m in ours)
+    assert len(model._load_state_dict_post_hooks) == 1
+    torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
+    copied = copy.deepcopy(model)
+    assert all(m.__dict__["_cupyconv_weights"].kept_in_graphs for m in copied.modules() if type(m) is ct.Conv2d)
+    model.load_state_dict(copied.state_dict())  # the hook runs (nothing to refresh on the CPU)
+    ct.refresh_weight_caches(model)
+    torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
 
 
 # --- the functional path ------------------------------------------------------------------------

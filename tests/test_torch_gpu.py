@@ -372,6 +372,53 @@ def test_cuda_graph_capture_and_replay(launches, dtype):
         del garbage
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_static_weights_graph_reads_forms_made_before_capture(launches, dtype):
+    """convert(..., static_weights=True): the capture prepares no weight and reads the forms made before
+    it; a weight changed in place reaches the graph once the forms are remade -- by refresh_weight_caches,
+    by load_state_dict, by a call outside the capture -- and not before (the contract): after each, a
+    replay equals a fresh model's output bit for bit."""
+    from cupyconv.torch import convert, refresh_weight_caches
+
+    model, _ = _small_model(dtype)
+    convert(model, static_weights=True)
+    model.eval()
+    static_x = torch.randn(2, 3, 32, 32, device="cuda", dtype=dtype)
+    graph, static_y = capture(model, static_x)
+    in_capture = launches[2 * len(launches) // 3:]
+    assert any(r["reads_prepared"] for r in in_capture), "the model has a prepared weight to read"
+    assert not any(r["prepares"] for r in in_capture), "no weight is prepared inside the capture"
+
+    def fresh():
+        with torch.no_grad():
+            return copy.deepcopy(model)(static_x)
+
+    graph.replay()
+    assert torch.equal(static_y, fresh())
+    before = static_y.clone()
+    prepared = next(m for r, m in zip(in_capture, [m for m in model if isinstance(m, nn.Conv2d)])
+                    if r["reads_prepared"])
+
+    def change():
+        with torch.no_grad():
+            prepared.weight.copy_(torch.randn_like(prepared.weight))
+
+    change()
+    graph.replay()
+    assert torch.equal(static_y, before), "a static-weights graph reads the forms as last made"
+    refresh_weight_caches(model)
+    graph.replay()
+    assert torch.equal(static_y, fresh()) and not torch.equal(static_y, before)
+    model.load_state_dict({k: torch.randn_like(v) for k, v in model.state_dict().items()})
+    graph.replay()
+    assert torch.equal(static_y, fresh())
+    change()
+    with torch.no_grad():
+        model(static_x)  # outside a capture: the forms are remade in their buffers
+    graph.replay()
+    assert torch.equal(static_y, fresh())
+
+
 # --- whole models -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
