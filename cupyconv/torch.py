@@ -1116,13 +1116,20 @@ def refresh_weight_caches(model: nn.Module) -> None:
     they are: for graphs captured before an in-place change (an optimizer step, a copy) that no call of
     the model outside a capture has seen since. On torch's current stream."""
     for module in model.modules():
-        if hasattr(module, "refold"):  # a FusedConv2d: its folded BatchNorm and its forms
+        if getattr(module, "batch_norm", None) is not None:  # a FusedConv2d's folded BatchNorm and its forms
             module.refold()
             continue
         cache = module.__dict__.get("_cupyconv_weights")
         weight = getattr(module, "weight", None)
         if cache is not None and cache.kept_in_graphs and weight is not None and weight.is_cuda:
             cache.refresh(weight, _raw_stream(weight.device.index))
+
+
+def _keep_forms_in_graphs(module: nn.Module) -> None:
+    """static_weights: ``module``'s weight cache kept in CUDA graphs (a new one if its own is not)."""
+    cache = module.__dict__.get("_cupyconv_weights")
+    if cache is None or not cache.kept_in_graphs:
+        module.__dict__["_cupyconv_weights"] = WeightCache(kept_in_graphs=True)
 
 
 def _refresh_after_load(model: nn.Module, incompatible_keys) -> None:
@@ -1196,7 +1203,10 @@ def convert(model: nn.Module, inverse: bool = False, fuse: bool = False, static_
             warnings.simplefilter("always")
             convert(model, static_weights=static_weights)
         fused, skipped = fuse_chains(model)
-        if static_weights:
+        if static_weights:  # the chains without a BatchNorm too (those with one keep their folded forms)
+            for module in fused.modules():
+                if "_cupyconv_weights" in module.__dict__:
+                    _keep_forms_in_graphs(module)
             fused.register_load_state_dict_post_hook(_refresh_after_load)
         notes = [str(w.message) for w in caught] + skipped
         if notes:
@@ -1217,9 +1227,7 @@ def convert(model: nn.Module, inverse: bool = False, fuse: bool = False, static_
         elif _left_alone(module, inverse):
             skipped.append(f"{name or '(model)'} ({type(module).__qualname__})")
         if static_weights and type(module) in CONVERSIONS.values():  # switched now or before
-            cache = module.__dict__.get("_cupyconv_weights")
-            if cache is None or not cache.kept_in_graphs:
-                module.__dict__["_cupyconv_weights"] = WeightCache(kept_in_graphs=True)
+            _keep_forms_in_graphs(module)
     if skipped:
         warnings.warn(f"cupyconv.torch.convert left {len(skipped)} module(s) unchanged: {', '.join(skipped)}",
                       UserWarning, stacklevel=2)

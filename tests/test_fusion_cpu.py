@@ -261,6 +261,37 @@ def test_folded_weights_prepared_forms_are_kept_for_cuda_graphs():
     assert plain._stamp is None and plain._forms == {}
 
 
+def test_static_weights_keep_every_fused_modules_forms_in_graphs():
+    """fuse=True with static_weights=True: the modules without a folded BatchNorm keep their forms in
+    CUDA graphs too; the fused model equals the one fused without it; a kept cache that is given another
+    weight tensor keeps the old forms alive for the graphs captured before."""
+    build, x_shape, _ = MODELS["functional"]
+    original = _randomise(build()).eval()
+    fused = ct.convert(copy.deepcopy(original), fuse=True, static_weights=True)
+    modules = [m for m in fused.modules() if isinstance(m, FusedConv2d)]
+    assert {True, False} <= {m.batch_norm is not None for m in modules}
+    assert all(m._cupyconv_weights.kept_in_graphs for m in modules)
+    x = torch.randn(x_shape)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), ct.convert(copy.deepcopy(original), fuse=True)(x), rtol=0, atol=0)
+    fused.load_state_dict(original.state_dict())  # the post-hook refreshes (nothing kept on the CPU)
+
+    class Preparation:  # what address() reads of an executable: its weight form's key and size
+        key, nbytes = "key", 4
+
+    class Executable:
+        weight = Preparation()
+
+        def prepare_weight(self, weight, buffer, stream):
+            pass
+
+    kept = ct.WeightCache(kept_in_graphs=True)
+    kept._stamp, kept._forms = (1024, 3, (27, 9, 3, 1)), {"key": ("old form", 0, None)}
+    other = torch.zeros(3)
+    assert kept.address(other, Executable(), 0) != 0  # another tensor: a new form ...
+    assert kept._retired == ["old form"], "... and the old one kept for the graphs that read it"
+
+
 def test_inverse_returns_the_original_modules():
     original, fused, x = _pair("basic")
     restored = ct.convert(fused, inverse=True)
