@@ -8,8 +8,8 @@ transformed). By default a converted model's CUDA graph prepares those forms in 
 replay computes with the weights as they are then, as torch's own convolution would. For inference
 with fixed weights, static_weights=True makes them before the capture and lets the graph read them; a
 weight changed in place then reaches the graph after refresh_weight_caches(model), load_state_dict or a
-call outside a capture -- as this example shows. Timed as median CUDA-graph replays, TF32, NCHW, random
-weights. Without a GPU (or torchvision) it converts a small model on the CPU and checks it.
+call outside a capture -- as this example shows. Timed as the GPU time of a CUDA-graph replay (median of
+50, cupyconv.bench.median_ms), TF32, NCHW, random weights. Without a GPU (or torchvision) it converts a small model on the CPU and checks it.
 """
 import argparse
 import copy
@@ -17,6 +17,7 @@ import copy
 import torch
 from torch import nn
 
+from cupyconv.bench import median_ms
 from cupyconv.torch import convert, refresh_weight_caches
 
 try:
@@ -37,18 +38,6 @@ def captured(model: nn.Module, x: torch.Tensor):
     with torch.cuda.graph(graph):
         y = model(x)
     return graph, y
-
-
-def replay_ms(graph, repeats: int = 50) -> float:
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[repeats // 2]
 
 
 def main() -> None:
@@ -75,8 +64,8 @@ def main() -> None:
         graph_default, _ = captured(default, x)
         graph_static, y = captured(static, x)
         print(f"{torch.cuda.get_device_name()}; {args.model}, batch {args.batch}, TF32, CUDA-graph replay: "
-              f"weights prepared in the graph {replay_ms(graph_default):.3f} ms, "
-              f"before it (static_weights=True) {replay_ms(graph_static):.3f} ms")
+              f"weights prepared in the graph {median_ms(graph_default.replay, 50):.3f} ms, "
+              f"before it (static_weights=True) {median_ms(graph_static.replay, 50):.3f} ms")
 
         conv = next(m for m in static.modules() if isinstance(m, nn.Conv2d))
         conv.weight.mul_(0.5)  # an in-place change: the static graph still reads the forms made before

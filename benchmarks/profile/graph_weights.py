@@ -3,16 +3,16 @@ makes it (each module's weight prepared in the graph, so that a replay reads the
 against the same model converted with static_weights=True (forms made before the capture and read by it,
 as fused modules' are):
     python benchmarks/profile/graph_weights.py [--model resnet50 ...] [--mode tf32 ...] [--batch 1 ...]
-NCHW, eval mode, random weights; median ms of 50 replays each, both graphs in one process, torch's model
-captured the same way beside them. The outputs of the two graphs are checked equal bit for bit."""
+NCHW, eval mode, random weights; GPU time of a replay (bench.alternating_ms: the three graphs interleaved,
+medians of 50 replays each), torch's model captured the same way beside them. The outputs of the two
+converted graphs are checked equal bit for bit."""
 import argparse
 
 import torch
 import torchvision
 
 import cupyconv.torch as cct
-
-REPLAYS = 50
+from cupyconv.bench import alternating_ms
 
 
 def captured(model, x):
@@ -27,18 +27,6 @@ def captured(model, x):
     with torch.cuda.graph(graph):
         out = model(x)
     return graph, out
-
-
-def replay_ms(graph) -> float:
-    times = []
-    for _ in range(REPLAYS + 3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times[3:])[REPLAYS // 2]
 
 
 def main() -> None:
@@ -57,11 +45,13 @@ def main() -> None:
                 theirs = getattr(torchvision.models, name)().cuda().eval()
                 x = torch.randn(batch, 3, 224, 224, device="cuda")
                 with torch.no_grad():
-                    torch_ms = replay_ms(captured(theirs, x)[0])
+                    torch_graph = captured(theirs, x)[0]
                     ours = cct.convert(theirs)
                     in_graph, out_in = captured(ours, x)
                     before, out_before = captured(cct.convert(ours, static_weights=True), x)
-                    in_ms, before_ms = replay_ms(in_graph), replay_ms(before)
+                    ms = alternating_ms({"torch": torch_graph.replay, "in": in_graph.replay,
+                                         "before": before.replay}, repeats=50)
+                    torch_ms, in_ms, before_ms = (ms[k][0] for k in ("torch", "in", "before"))
                     in_graph.replay()
                     before.replay()
                     torch.cuda.synchronize()
