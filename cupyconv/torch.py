@@ -1115,9 +1115,16 @@ def refresh_weight_caches(model: nn.Module) -> None:
     ``convert(..., static_weights=True)`` model's, a fused model's folded ones -- from the weights as
     they are: for graphs captured before an in-place change (an optimizer step, a copy) that no call of
     the model outside a capture has seen since. On torch's current stream."""
+    _refresh_kept_forms(model, refold=True)
+
+
+def _refresh_kept_forms(model: nn.Module, refold: bool) -> None:
+    """refresh_weight_caches; ``refold=False`` leaves fused modules with a BatchNorm alone (after a
+    load_state_dict, which refolds them itself: torch_fusion's post-hook)."""
     for module in model.modules():
         if getattr(module, "batch_norm", None) is not None:  # a FusedConv2d's folded BatchNorm and its forms
-            module.refold()
+            if refold:
+                module.refold()
             continue
         cache = module.__dict__.get("_cupyconv_weights")
         weight = getattr(module, "weight", None)
@@ -1133,8 +1140,9 @@ def _keep_forms_in_graphs(module: nn.Module) -> None:
 
 
 def _refresh_after_load(model: nn.Module, incompatible_keys) -> None:
-    """load_state_dict's post-hook on a static_weights model: its graphs read the loaded weights."""
-    refresh_weight_caches(model)
+    """load_state_dict's post-hook on a static_weights model: its graphs read the loaded weights (a fused
+    model's folded ones are refolded by its own hook)."""
+    _refresh_kept_forms(model, refold=False)
 
 
 def convert(model: nn.Module, inverse: bool = False, fuse: bool = False, static_weights: bool = False) -> nn.Module:
