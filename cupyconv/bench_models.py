@@ -10,15 +10,18 @@ and converted, the converted copy's logits are checked against a float64 copy of
 beside torch's own, and then both are timed in the same process, alternating loop by loop, as a
 user's loop runs them: eagerly, as CUDA-graph replays, or compiled by torch.compile. ``--fuse``
 converts with ``convert(model, fuse=True)`` (BatchNorm folded, activations and residual adds in the
-convolutions' epilogues), and its ``autotuned`` timing sets the fused model's CUDA graph against a
-graph of torch.compile(mode="max-autotune-no-cudagraphs") of the original. The ``train`` timing
-times a training step instead (zero_grad, forward, cross-entropy, backward, SGD step; training mode)
-of torch's model, of the converted one and of the converted one with torch's backward
-(``cupyconv.torch.set_backward("torch")``), after checking the gradients of the first step. ``--per-layer``
-instead times every distinct convolution of each model on the input it gets in the model, torch's
-F.conv2d against cupyconv.torch.conv2d. Rows are printed as they are measured and the JSON and
-markdown are rewritten after every row, so a run stopped at a time limit keeps what it measured.
-The command line is cupyconv.bench's; torch and torchvision are imported only when a run starts.
+convolutions' epilogues), ``--static-weights`` with ``static_weights=True`` (prepared weights kept in
+CUDA graphs, not made in every replay: what an inference user gets who does not change weights between
+replays). ``--fuse``'s ``autotuned`` timing sets the fused model's CUDA graph against a graph of
+torch.compile(mode="max-autotune-no-cudagraphs") of the original. The ``train`` timing times a training
+step instead (zero_grad, forward, cross-entropy, backward, SGD step; training mode) of torch's model,
+of the converted one and of the converted one with torch's backward
+(``cupyconv.torch.set_backward("torch")``), after checking the gradients of the first step.
+``--per-layer`` instead times every distinct convolution of each model on the input it gets in the
+model, torch's F.conv2d against cupyconv.torch.conv2d. Rows are printed as they are measured and the
+JSON and markdown are rewritten after every row, so a run stopped at a time limit keeps what it
+measured. The command line is cupyconv.bench's; torch and torchvision are imported only when a run
+starts.
 """
 from __future__ import annotations
 
@@ -85,6 +88,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--fuse", action="store_true",
                         help="--suite models: convert(model, fuse=True): BatchNorm folded, activations and residual "
                              "adds fused into the convolutions")
+    parser.add_argument("--static-weights", action="store_true",
+                        help="--suite models: convert(model, static_weights=True): prepared weights kept in CUDA graphs "
+                             "instead of made in every replay (inference)")
     parser.add_argument("--per-layer", action="store_true",
                         help="--suite models: time each distinct convolution of the models instead of whole models")
 
@@ -97,18 +103,19 @@ def check_args(parser, args) -> None:
     ``args.compile_models``, ``args.train_models`` and ``args.train_batches``.
     """
     given = {"--model": args.models, "--batch": args.batches, "--timing": args.timings,
-             "--per-layer": args.per_layer, "--fuse": args.fuse}
+             "--per-layer": args.per_layer, "--fuse": args.fuse, "--static-weights": args.static_weights}
     if args.suite != "models":
         named = [option for option, value in given.items() if value]
         if named:
             parser.error(f"{', '.join(named)}: for --suite models only")
         return
-    if args.per_layer and (args.timings or args.fuse):
-        parser.error("--timing and --fuse apply to whole models; --per-layer times each layer's GPU and wall time")
+    if args.per_layer and (args.timings or args.fuse or args.static_weights):
+        parser.error("--timing, --fuse and --static-weights apply to whole models; --per-layer times each layer's "
+                     "GPU and wall time")
     if "autotuned" in (args.timings or ()) and not args.fuse:
         parser.error("--timing autotuned times fused models: add --fuse")
-    if "train" in (args.timings or ()) and args.fuse:
-        parser.error("--timing train trains converted models; --fuse folds BatchNorm, for inference only")
+    if "train" in (args.timings or ()) and (args.fuse or args.static_weights):
+        parser.error("--timing train trains converted models; --fuse and --static-weights are for inference only")
     if any(batch < 1 for batch in args.batches or ()):
         parser.error(f"--batch must be at least 1, got {args.batches}")
     args.layouts = {mode: list(dict.fromkeys(args.layout)) if args.layout
@@ -146,6 +153,8 @@ def output_stem(args) -> str:
         parts.append("-".join(args.timings))
     if args.fuse:
         parts.append("fused")
+    if args.static_weights:
+        parts.append("static")
     if args.quick:
         parts.append("quick")
     return "_".join(parts)
@@ -412,7 +421,7 @@ class _Run:
         self.loops, self.calls = (QUICK_LOOPS, QUICK_CALLS) if args.quick else (LOOPS, CALLS)
         self.layer_calls = QUICK_CALLS if args.quick else LAYER_CALLS
         meta = {**bench._meta(args), "models": args.models, "batches": args.batches, "timings": args.timings,
-                "fused": args.fuse, "autotune_mode": AUTOTUNE_MODE,
+                "fused": args.fuse, "static_weights": args.static_weights, "autotune_mode": AUTOTUNE_MODE,
                 "compile_models": args.compile_models, "train_models": args.train_models,
                 "train_batches": args.train_batches, "train_sides": list(TRAIN_SIDES),
                 "train_optimizer": {"sgd_lr": TRAIN_LR, "momentum": TRAIN_MOMENTUM},
@@ -483,7 +492,7 @@ class _Run:
         from .torch import Conv2d, convert
         from .torch_fusion import FusedConv2d
 
-        ours = convert(copy.deepcopy(model), fuse=self.args.fuse)
+        ours = convert(copy.deepcopy(model), fuse=self.args.fuse, static_weights=self.args.static_weights)
         convs = sum(type(m) in (Conv2d, FusedConv2d) for m in ours.modules())
         reference = copy.deepcopy(model).double()
         for batch in self.args.batches:
@@ -497,7 +506,8 @@ class _Run:
                     ref = reference(x[sample].double())
             for timing in timings:
                 row = {"model": name, "mode": mode, "layout": layout, "batch": batch, "timing": timing,
-                       "convs": convs, "fused": sum(type(m) is FusedConv2d for m in ours.modules())}
+                       "convs": convs, "fused": sum(type(m) is FusedConv2d for m in ours.modules()),
+                       "static_weights": self.args.static_weights}
                 if timing == "train":
                     self.measured(row, lambda: self.time_train(mode, model, ours, x), inference=False)
                 else:
@@ -655,7 +665,7 @@ class _Run:
 
 def _model_line(row: dict) -> str:
     head = (f"{row['model']:16s} {row['mode']:5s} {row['layout']:13s} N{row['batch']:<4d} {row['timing']:9s}"
-            f"{' fused' if row.get('fused') else ''}")
+            f"{' fused' if row.get('fused') else ''}{' static' if row.get('static_weights') else ''}")
     if row["status"] != "ok":
         return f"{head} {row['status']}  <<<<<<<<<<"
     line = f"{head} torch {row['torch_ms']:8.3f} ms  cupyconv {row['cupyconv_ms']:8.3f} ms  {row['speedup']:5.2f}x"
@@ -685,6 +695,8 @@ def model_cells(rows: list[dict]) -> list[list[str]]:
               "cupyconv error", "torch error", "compile s (torch / cupyconv)", "with torch's backward: ms (speed-up)"]]
     for r in rows:
         variant = f"fused ({r['fused']} of {r['convs']} convs)" if r.get("fused") else "converted"
+        if r.get("static_weights"):
+            variant += ", static weights"
         head = [r["model"], r["mode"], r["layout"], str(r["batch"]), r["timing"], variant]
         errors = [f"{r['error']:.1e}", f"{r['torch_error']:.1e}"] if "error" in r else ["", ""]
         compiled = f"{r['torch_compile_s']:.1f} / {r['cupyconv_compile_s']:.1f}" if "torch_compile_s" in r else ""

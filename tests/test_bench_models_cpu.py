@@ -57,6 +57,18 @@ def test_fuse_and_the_autotuned_timing():
     assert "| autotuned | fused (53 of 53 convs) | 4.000 | 2.000 | 2.00x |" in text and "200.0 / 1.5" in text
 
 
+def test_static_weights():
+    args = models_args("--static-weights", "--timing", "graph", "--dtype", "tf32", "--model", "resnet50")
+    assert args.static_weights
+    assert bench_models.output_stem(args) == "models_resnet50_tf32_graph_static"
+    text = bench_models.to_markdown({"meta": {**META, "per_layer": False},
+                                     "rows": [model_row(timing="graph", static_weights=True)]})
+    assert "| graph | converted, static weights | 4.000 | 2.000 | 2.00x |" in text
+    for refused in (["--per-layer"], ["--timing", "train"]):
+        with pytest.raises(SystemExit):
+            models_args("--static-weights", *refused)
+
+
 def test_the_train_timing_runs_on_resnet50_at_batch_32_unless_others_are_named():
     args = models_args("--timing", "train", "--dtype", "fp32", "--dtype", "fp16")
     assert args.models == ["resnet50"] and args.batches == [32] and args.timings == ["train"]
