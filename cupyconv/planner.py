@@ -51,6 +51,9 @@ class LaunchPlan:
     # ... and, for float32 NHWC inputs it reads in place (no copy rounded them), TF32 rounding of the
     # input pieces in shared memory as they land.
     round_a: bool = False
+    # ... and, for strided layers of few input channels, the blocks of (rows, columns) input pixels that a
+    # space-to-depth copy makes one pixel each, the GEMM running the stride-1 problem on them ((1, 1): none).
+    space_to_depth: tuple[int, int] = (1, 1)
     # depthwise_conv2d only: output channels each block computes (block z lanes side by side, each
     # channels_per_block / lanes one after another), and input patches each lane keeps in shared
     # memory (a ring of 1 to 4: the next patch_buffers - 1 channels' copies overlap this one's
@@ -283,6 +286,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
         options: with a forced ``kernel``, that family's own knobs, passed to its make_plan (the
             tuner's and the tests'): ``splits`` (simt_gemm_conv2d, implicit_gemm_nhwc: split-K's
             runs), ``stream_k`` (implicit_gemm_nhwc: True or False forces stream-K on or off),
+            ``space_to_depth`` (implicit_gemm_nhwc: False keeps a strided layer's own stride),
             ``tile`` (winograd_conv2d: F(2x2) or F(4x4)).
     """
     family, family_reason = choose_kernel(problem, kernel, allow_tf32, config)

@@ -23,7 +23,9 @@ planned again under the new mode.
   a wave (one block per SM), the runs make at most SPLIT_K_MAX_WAVES waves and each has at least
   SPLIT_K_MIN_TILES k tiles (common.split_k_runs' other limits too);
 * the channels-last GEMM's wgmma tiles with stream-K forced on and off, where their tiles make
-  more than half a wave (fewer are split-K's) and at most STREAM_K_MAX_WAVES waves.
+  more than half a wave (fewer are split-K's) and at most STREAM_K_MAX_WAVES waves;
+* the channels-last GEMM without space-to-depth where the rules block a strided layer's pixels
+  (implicit_gemm_nhwc.space_to_depth_block).
 
 That is 5 to about 45 plans; equal plans are timed once.
 
@@ -257,6 +259,8 @@ def _choices(problem: ConvProblem, allow_tf32: bool, default: LaunchPlan, comput
                 yield from _split_choices(kernel, problem, compute_capability, sm_count)
             if kernel == NHWC_KERNEL:
                 yield from _stream_k_choices(problem, sm_count)
+                if implicit_gemm_nhwc.space_to_depth_block(problem) != (1, 1):
+                    yield Choice(kernel, None, (("space_to_depth", False),))
 
 
 def candidates(problem: ConvProblem, allow_tf32: bool = False, compute_capability: int = 0,

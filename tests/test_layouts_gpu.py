@@ -26,7 +26,7 @@ from cupyconv import planner  # noqa: E402
 from cupyconv.arguments import make_problem  # noqa: E402
 from cupyconv.compiler import compute_capability  # noqa: E402
 from cupyconv.executor import executable  # noqa: E402
-from cupyconv.families import depthwise_nhwc  # noqa: E402
+from cupyconv.families import depthwise_nhwc, implicit_gemm_nhwc  # noqa: E402
 from cupyconv.families.implicit_gemm_conv2d import GEMM_CONFIGS  # noqa: E402
 from cupyconv.launch import conv2d_cupy  # noqa: E402
 
@@ -397,3 +397,72 @@ def test_one_pixel_planes_run_in_place_through_the_adapter(c, k, dtype):
     problem = make_problem((32, c, 1, 1), (k, c, 1, 1), (k,), dtype)
     exe = executable(problem, True, x.device.index)
     assert exe.plan.layout == "NHWC" and len(exe._launches) == 1, str(exe.plan)
+
+
+#: Strided layers of few channels, which the channels-last GEMM runs as stride-1 layers on space-to-depth
+#: copies: ResNet's stem on odd planes (4x4 taps of 12 -> 16 channels), AlexNet's (3x3 taps of 48),
+#: EfficientNet's (2x2), a patchify layer (one tap), blocks of 1 x 2 pixels of 2 channels (float32 too),
+#: and 5 channels at stride (3, 2) (30 -> 32 channels; float32 too).
+SPACE_TO_DEPTH_CASES = [
+    Case(2, 3, 64, 23, 21, 7, 7, stride=2, padding=3),
+    Case(1, 3, 96, 35, 33, 11, 11, stride=4, padding=2),
+    Case(2, 3, 32, 17, 16, 3, 3, stride=2, padding=1, bias=False),
+    Case(2, 3, 40, 16, 20, 4, 4, stride=4),
+    Case(1, 2, 24, 13, 15, 3, 5, stride=(1, 2), padding=(1, 2)),
+    Case(3, 5, 136, 11, 12, 5, 3, stride=(3, 2), padding=(2, 0)),
+]
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("layouts", [("NCHW", "KCHW"), *LAYOUT_PAIRS], ids="-".join)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("case", SPACE_TO_DEPTH_CASES, ids=lambda c: c.id)
+def test_space_to_depth(case, dtype, layouts, residual):
+    """The rules' plan of the channels-last GEMM (float32 as TF32) blocks these layers' pixels where their
+    channels make no 16-byte pieces: within tolerance of float64, with relu(conv + bias + residual) too,
+    every output written, the inputs untouched; and, with space-to-depth forced off, within tolerance too."""
+    problem = problem_of(case, dtype, *layouts)
+    if residual:
+        problem = dataclasses.replace(problem, activation="relu", has_residual=True)
+    block = implicit_gemm_nhwc.space_to_depth_block(problem)
+    assert (block != (1, 1)) == (dtype != "float32" or case.c in (2, 5))
+    x, weight, bias = inputs(case, dtype, seed=case.k + case.c)
+    saved = [t.clone() for t in (x, weight, bias) if t is not None]
+    wanted = reference(x, weight, bias, case)
+    added = torch.randn(wanted.shape, device="cuda", dtype=torch.float64).to(x.dtype) if residual else None
+    if residual:
+        wanted = F.relu(wanted + added.double())
+    for space_to_depth in (None, False):
+        plan = planner.make_plan(problem, kernel=planner.NHWC_KERNEL, compute_capability=compute_capability(),
+                                 space_to_depth=space_to_depth)
+        assert plan.space_to_depth == (block if space_to_depth is None else (1, 1)), str(plan)
+        out = run(plan, problem, x, weight, bias, added)
+        assert not out.isnan().any(), "an output element was never written"
+        assert relative_error(out, wanted) < tolerance(dtype, planner.NHWC_KERNEL), str(plan)
+    for before, after in zip(saved, (t for t in (x, weight, bias) if t is not None)):
+        assert torch.equal(before, after), "an input was modified"
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("tile", range(len(implicit_gemm_nhwc.NHWC_CONFIGS["float16"])))
+@pytest.mark.parametrize("case", [SPACE_TO_DEPTH_CASES[0], SPACE_TO_DEPTH_CASES[5]], ids=lambda c: c.id)
+def test_space_to_depth_every_tile(case, tile, dtype, layout):
+    """Every channels-last tile that takes the blocked problem (forced), whole and with split-K's runs or
+    stream-K where they fit, within tolerance of float64, every output written."""
+    problem = problem_of(case, dtype, layout, "KCHW")
+    if implicit_gemm_nhwc.space_to_depth_block(problem) == (1, 1):  # float32's 3 channels
+        return
+    config = implicit_gemm_nhwc.NHWC_CONFIGS[dtype][tile].name
+    x, weight, bias = inputs(case, dtype, seed=case.k)
+    wanted = reference(x, weight, bias, case)
+    for options in ({}, {"splits": 2}, {"stream_k": 3}):
+        try:
+            plan = planner.make_plan(problem, config, planner.NHWC_KERNEL, compute_capability=compute_capability(),
+                                     **options)
+        except ValueError:  # a wgmma tile on another GPU, the producer's whole k tiles, stream-K's tiles
+            continue
+        assert plan.space_to_depth != (1, 1)
+        out = run(plan, problem, x, weight, bias)
+        assert not out.isnan().any(), f"an output element was never written: {plan}"
+        assert relative_error(out, wanted) < tolerance(dtype, planner.NHWC_KERNEL), str(plan)

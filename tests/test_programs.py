@@ -106,7 +106,8 @@ def signature(kernel: str) -> tuple[tuple[str, str], ...]:
 def temporaries(plan, problem) -> list[int]:
     """Bytes of each per-call temporary, in workspace order: the channels-last GEMM's input copy (of an
     NCHW input, or of an NHWC one that needs zero channels or, float32 with several taps on a wgmma
-    tile but the 128-pixel producer's, or any float32 on the 256-pixel producer's, rounding) and
+    tile but the 128-pixel producer's, or any float32 on the 256-pixel producer's, rounding; or its
+    space-to-depth copy) and
     stream-K's float32 slots, one tile per block; Winograd's transformed
     input V and GEMM output M of one pass (with split-K, its runs of partial sums in M's place); split-K's
     partial sums (after the input's copy); then, for an NHWC problem of a family that computes NCHW alone, the NCHW copies
@@ -116,6 +117,9 @@ def temporaries(plan, problem) -> list[int]:
     partials = [4 * plan.splits * math.prod(problem.out_shape)] if plan.splits > 1 else []
     if plan.stream_k_blocks:
         partials = [4 * plan.stream_k_blocks * plan.config.bm * plan.config.bn]
+    if plan.kernel == planner.NHWC_KERNEL and plan.space_to_depth != (1, 1):  # always a copy, of blocked pixels
+        blocked = planner.implicit_gemm_nhwc.space_to_depth_problem(problem, plan.space_to_depth)
+        return [math.prod(blocked.x_shape) * item] + partials
     if plan.kernel == planner.NHWC_KERNEL:
         tall = plan.config.wgmma and planner.implicit_gemm_nhwc._float32_rounding(plan.config) == "copy"
         copied = not plan.a_from_nchw if problem.layout == "NCHW" else plan.channels_padded != problem.c or (

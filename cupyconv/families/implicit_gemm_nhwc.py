@@ -34,6 +34,12 @@ NARROW_CHANNELS = 8
 #: Zero channels may add at most a third to the reduction (AlexNet's 3 -> 4); more, and a smaller
 #: piece (or the NCHW gather) does less work.
 MAX_PADDING_RATIO = 4 / 3
+SPACE_TO_DEPTH = "space_to_depth"
+#: Strided layers whose input channels make no 16-byte pieces (RGB stems) run as stride-1 layers on a
+#: space-to-depth copy (kernels/space_to_depth.cu) where a block of stride pixels makes at most this
+#: many channels: ResNet-50's 7x7 stride-2 stem becomes a 4x4 layer of 12 -> 16 channels, AlexNet's 11x11
+#: stride 4 a 3x3 layer of 48, a patchify layer (kernel = stride) a 1x1 one.
+SPACE_TO_DEPTH_MAX_CHANNELS = 64
 
 #: Tiles per dtype: 128 pixels by 64, 96 or 128 output channels, each with k rows of 64 bytes (four
 #: stages) and of 128 bytes (three; half the barriers per multiply-add). Chosen by _choose_config
@@ -290,6 +296,53 @@ def _pieces(problem: ConvProblem) -> tuple[tuple[int, int], str]:
     return pieces, ""
 
 
+def space_to_depth_block(problem: ConvProblem) -> tuple[int, int]:
+    """The (rows, columns) of input pixels a space-to-depth copy makes one pixel each for ``problem``, or (1, 1)
+    for none: its stride, for ungrouped, undilated strided layers whose channels make no 16-byte pieces and
+    whose kernel covers a stride (no input pixel skipped), where a block makes at most
+    SPACE_TO_DEPTH_MAX_CHANNELS channels (padded to whole 16-byte pieces)."""
+    block = problem.stride
+    if block == (1, 1) or problem.groups != 1 or problem.dilation != (1, 1) or problem.kh < block[0] or \
+            problem.kw < block[1] or _nchw_a_vec(problem) or _pieces(problem)[0][0] == 16 or \
+            _space_to_depth_channels(problem, block) > SPACE_TO_DEPTH_MAX_CHANNELS:
+        return (1, 1)
+    return block
+
+
+def _space_to_depth_channels(problem: ConvProblem, block: tuple[int, int]) -> int:
+    """Channels of a space-to-depth pixel: a block's pixels' channels, padded to whole 16-byte pieces."""
+    per_piece = 16 // STORAGE_BYTES[problem.dtype]
+    return math.ceil(block[0] * block[1] * problem.c / per_piece) * per_piece
+
+
+def space_to_depth_problem(problem: ConvProblem, block: tuple[int, int]) -> ConvProblem:
+    """The stride-1, unpadded problem the GEMM runs on the space-to-depth copies of ``problem``'s x and weight
+    (kernels/space_to_depth.cu): ceil(kh / rows) x ceil(kw / columns) taps of _space_to_depth_channels, on
+    planes of the output's size plus those taps less one, NHWC and KHWC (the copies' forms); the same output."""
+    kh, kw = -(-problem.kh // block[0]), -(-problem.kw // block[1])
+    return dataclasses.replace(problem, c=_space_to_depth_channels(problem, block), h=problem.ho + kh - 1,
+                               w=problem.wo + kw - 1, kh=kh, kw=kw, stride=(1, 1), pad_top=0, pad_left=0,
+                               pad_bottom=0, pad_right=0, layout="NHWC", weight_layout="KHWC")
+
+
+def _space_to_depth_specialisation(dtype: str, source_nhwc: bool) -> str:
+    flags = ",".join(str(flag).lower() for flag in (dtype == "float32", source_nhwc))
+    return f"cupyconv::{SPACE_TO_DEPTH}<{CTYPES[dtype]},{flags}>"
+
+
+def space_to_depth_copy(dtype: str, source_nhwc: bool, source_shape: tuple[int, int, int, int],
+                        copy_shape: tuple[int, int, int], block: tuple[int, int], pads: tuple[int, int],
+                        source: Pointer, copy: Pointer) -> Launch:
+    """The launch (kernels/space_to_depth.cu) copying ``source`` of logical shape (N, C, H, W) (in NHWC memory
+    where ``source_nhwc``) to [N][Hs][Ws][Cs] at ``copy`` (``copy_shape``: Hs, Ws, Cs), blocks of ``block``
+    pixels from (-pad_top, -pad_left) on each one pixel; float32 rounded to TF32."""
+    n, c, h, w = source_shape
+    vectors = n * math.prod(copy_shape) // (16 // STORAGE_BYTES[dtype])
+    return Launch(SPACE_TO_DEPTH, _space_to_depth_specialisation(dtype, source_nhwc),
+                  (math.ceil(vectors / 256), 1, 1), (256, 1, 1), 0,
+                  (source, copy, n, c, h, w, *copy_shape, *block, *pads))
+
+
 def refusal(problem: ConvProblem) -> str:
     """Why the channels-last GEMM cannot run ``problem`` ("" when it can): a dtype without tensor-core
     instructions here, no piece fits, or the grid of the tile it would choose is past CUDA's limits."""
@@ -500,16 +553,28 @@ def _stream_k_blocks(problem: ConvProblem, cfg: GemmConfig, grid: tuple[int, int
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
               compute_capability: int = 0, splits: int | None = None,
-              stream_k: bool | int | None = None) -> LaunchPlan:
+              stream_k: bool | int | None = None, space_to_depth: bool | None = None) -> LaunchPlan:
     """The channels-last GEMM launch: grid (pixel tiles, channel tiles, groups x splits), one block
     per tile and run of the reduction -- or, with stream-K, plan.stream_k_blocks persistent blocks
     over that grid's tiles. ``compute_capability``: of the GPU that will run it (90: the wgmma tiles
     may be chosen; 0: any GPU). ``splits`` forces split-K's runs (1: none; None: _splits);
     ``stream_k`` forces stream-K on (True, or an int: that many blocks; then no split-K unless
-    ``splits`` says so, an error) or off (None: _stream_k_blocks' rule; wgmma tiles only)."""
+    ``splits`` says so, an error) or off (None: _stream_k_blocks' rule; wgmma tiles only);
+    ``space_to_depth=False`` keeps the problem's own stride where space_to_depth_block would block it
+    (None or True: the rule; the tuner tries both)."""
     why_not = refusal(problem)
     if why_not:
         raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
+    if space_to_depth not in (None, True, False):
+        raise ValueError(f"space_to_depth must be None, True or False, got {space_to_depth!r}")
+    block = (1, 1) if space_to_depth is False else space_to_depth_block(problem)
+    if block != (1, 1):  # the GEMM of the copies' problem; the copies round float32 to TF32
+        blocked = space_to_depth_problem(problem, block)
+        plan = make_plan(blocked, config, reason, compute_capability, splits, stream_k)
+        return dataclasses.replace(plan, round_a=False, space_to_depth=block, reason=(
+            f"{plan.reason}; space-to-depth: {problem.c} channels at stride {block} make no 16-byte pieces, so "
+            f"each block of {block[0]} x {block[1]} input pixels is one pixel of {blocked.c} channels, a stride-1 "
+            f"{blocked.kh}x{blocked.kw} convolution"))
     vec, channels_padded = _pieces(problem)[0]
     if config is not None:
         cfg = forced_config(NHWC_CONFIGS[problem.dtype], config, f"config for {KERNEL} in {problem.dtype}")
@@ -584,6 +649,12 @@ def describe(plan: LaunchPlan) -> str:
     reads = "" if plan.a_from_nchw else (
         f"  reads channels-last {made}: input [N][H][W][{plan.channels_padded}], weight "
         f"[K][kh][kw][{plan.channels_padded} / groups], in {plan.vec}-byte pieces\n")
+    if plan.space_to_depth != (1, 1):
+        bh, bw = plan.space_to_depth
+        reads = (f"  reads space-to-depth copies made first ({SPACE_TO_DEPTH}): each block of {bh} x {bw} input "
+                 f"pixels one pixel of {plan.channels_padded} channels, [N][Ho + kh' - 1][Wo + kw' - 1]"
+                 f"[{plan.channels_padded}], the weight [K][kh'][kw'][{plan.channels_padded}] (kh' = ceil(kh / {bh}), "
+                 f"kw' = ceil(kw / {bw})), a stride-1 convolution in {plan.vec}-byte pieces\n")
     if plan.splits > 1:
         reads += (f"  split-K: {plan.splits} runs of the reduction write float32 partial sums to the workspace, "
                   f"added in order by {REDUCE_KERNEL} (the same bits on every run)\n")
@@ -731,7 +802,8 @@ def specialisations() -> list[str]:
     channels-last copies (any GPU)."""
     return _gemm_specialisations(wgmma=False) + _phases_specialisations(wgmma=False) + \
         [reduce_specialisation(dtype, "int") for dtype in GEMM_DTYPES if dtype != "float32"] + \
-        channels_last_specialisations()
+        channels_last_specialisations() + \
+        [_space_to_depth_specialisation(dtype, nhwc) for dtype in GEMM_DTYPES for nhwc in (False, True)]
 
 
 def _stream_k_specialisations() -> list[str]:
@@ -782,19 +854,36 @@ def _weight_preparation(problem: ConvProblem, channels_padded: int) -> WeightPre
                              p.k * p.kh * p.kw * cgp * STORAGE_BYTES[p.dtype], (copy,))
 
 
+def _space_to_depth_weight(problem: ConvProblem, blocked: ConvProblem, block: tuple[int, int]) -> WeightPreparation:
+    """The weight in ``blocked``'s form (space_to_depth_problem): [K][kh'][kw'][Cs], float32 rounded to TF32."""
+    p = problem
+    copy = space_to_depth_copy(p.dtype, p.weight_layout == "KHWC", (p.k, p.c, p.kh, p.kw),
+                               (blocked.kh, blocked.kw, blocked.c), block, (0, 0), Pointer(WEIGHT), Pointer(PREPARED))
+    return WeightPreparation((KERNEL, SPACE_TO_DEPTH, p.dtype, p.weight_shape, p.weight_layout, block),
+                             p.k * blocked.kh * blocked.kw * blocked.c * STORAGE_BYTES[p.dtype], (copy,))
+
+
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
     """The GEMM on channels-last operands: x and the weight read in place where they are in the form
     it reads, else copied first (x into the workspace, the weight as the prepared weight); with
     split-K, its partial sums in the workspace (after x's copy) and their reduction."""
     p = problem
     x, workspace, launches = Pointer(X), 0, []
-    if _x_copied(p, plan.channels_padded, plan.config):
-        x, workspace = Pointer(WORKSPACE), align(p.n * p.h * p.w * plan.channels_padded * STORAGE_BYTES[p.dtype])
-        if p.layout == "NHWC":
-            launches.append(pad_channels(p.dtype, p.n * p.h * p.w, p.c, plan.channels_padded, Pointer(X), x))
-        else:
-            launches.append(channels_last_copy(p.dtype, p.n, p.c, p.h * p.w, plan.channels_padded, True, Pointer(X), x))
-    weight = _weight_preparation(p, plan.channels_padded) if _weight_copied(p, plan.channels_padded) else None
+    if plan.space_to_depth != (1, 1):  # the GEMM runs the blocked problem (in the output's layout) on copies
+        p = dataclasses.replace(space_to_depth_problem(problem, plan.space_to_depth), layout=problem.layout)
+        x, workspace = Pointer(WORKSPACE), align(p.n * p.h * p.w * p.c * STORAGE_BYTES[p.dtype])
+        launches.append(space_to_depth_copy(p.dtype, problem.layout == "NHWC", problem.x_shape, (p.h, p.w, p.c),
+                                            plan.space_to_depth, (problem.pad_top, problem.pad_left), Pointer(X), x))
+        weight = _space_to_depth_weight(problem, p, plan.space_to_depth)
+    else:
+        if _x_copied(p, plan.channels_padded, plan.config):
+            x, workspace = Pointer(WORKSPACE), align(p.n * p.h * p.w * plan.channels_padded * STORAGE_BYTES[p.dtype])
+            if p.layout == "NHWC":
+                launches.append(pad_channels(p.dtype, p.n * p.h * p.w, p.c, plan.channels_padded, Pointer(X), x))
+            else:
+                launches.append(channels_last_copy(p.dtype, p.n, p.c, p.h * p.w, plan.channels_padded, True,
+                                                   Pointer(X), x))
+        weight = _weight_preparation(p, plan.channels_padded) if _weight_copied(p, plan.channels_padded) else None
     weight_pointer = Pointer(PREPARED) if weight else Pointer(WEIGHT)
     if plan.stream_k_blocks:
         # The blocks' float32 slots in the workspace (after x's copy); the flags are the FLAGS operand.
