@@ -179,12 +179,14 @@ def test_grid_every_config(case, name, family, config_index):
 
 def _wgmma_runs(case: Case, dtype: str, config: str = "") -> bool:
     """Whether the wgmma tile ``config`` ("": every one) can take ``case``: 16-byte pieces (channels per
-    group a multiple of 8 16-bit or 4 float32 values, or one group padded to it by a third at most) and
-    not an NCHW input read in place with no copies: 1x1 ones only the pixel-row tile takes, 1-D ones none."""
+    group a multiple of 8 16-bit or 4 float32 values, or one group padded to it by a third at most, or
+    a strided layer's blocks of pixels made so by space-to-depth) and not an NCHW input read in place
+    with no copies: 1x1 ones only the pixel-row tile takes, 1-D ones none."""
     item, cg = (4 if dtype == "float32" else 2), case.c // case.groups
     per_piece = 16 // item
     padded = -(-cg // per_piece) * per_piece
-    pieces = padded == cg or (case.groups == 1 and 3 * padded <= 4 * cg)
+    pieces = padded == cg or (case.groups == 1 and 3 * padded <= 4 * cg) or \
+        implicit_gemm_nhwc.space_to_depth_block(gemm_problem(case, dtype)) != (1, 1)
     in_place = implicit_gemm_nhwc._nchw_a_mode(gemm_problem(case, dtype))
     return (pieces and not in_place) or \
         (in_place == implicit_gemm_nhwc.NCHW_A_POINTWISE and config == implicit_gemm_nhwc.PIXEL_ROWS_CONFIG)
