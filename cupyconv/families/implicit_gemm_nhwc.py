@@ -40,8 +40,6 @@ SPACE_TO_DEPTH = "space_to_depth"
 #: many channels: ResNet-50's 7x7 stride-2 stem becomes a 4x4 layer of 12 -> 16 channels, AlexNet's 11x11
 #: stride 4 a 3x3 layer of 48, a patchify layer (kernel = stride) a 1x1 one.
 SPACE_TO_DEPTH_MAX_CHANNELS = 64
-#: Pixels of a row each block of the copy writes (kernels/space_to_depth.cu).
-SPACE_TO_DEPTH_PIXELS = 64
 
 #: Tiles per dtype: 128 pixels by 64, 96 or 128 output channels, each with k rows of 64 bytes (four
 #: stages) and of 128 bytes (three; half the barriers per multiply-add). Chosen by _choose_config
@@ -337,13 +335,12 @@ def space_to_depth_copy(dtype: str, source_nhwc: bool, source_shape: tuple[int, 
                         source: Pointer, copy: Pointer) -> Launch:
     """The launch (kernels/space_to_depth.cu) copying ``source`` of logical shape (N, C, H, W) (in NHWC memory
     where ``source_nhwc``) to [N][Hs][Ws][Cs] at ``copy`` (``copy_shape``: Hs, Ws, Cs), blocks of ``block``
-    pixels from (-pad_top, -pad_left) on each one pixel; float32 rounded to TF32. A thread block per
-    SPACE_TO_DEPTH_PIXELS pixels of a row."""
+    pixels from (-pad_top, -pad_left) on each one pixel; float32 rounded to TF32."""
     n, c, h, w = source_shape
-    hs, ws, _ = copy_shape
+    vectors = n * math.prod(copy_shape) // (16 // STORAGE_BYTES[dtype])
     return Launch(SPACE_TO_DEPTH, _space_to_depth_specialisation(dtype, source_nhwc),
-                  (math.ceil(ws / SPACE_TO_DEPTH_PIXELS), hs, n), (256, 1, 1), 0,
-                  (source, copy, c, h, w, *copy_shape, *block, *pads))
+                  (math.ceil(vectors / 256), 1, 1), (256, 1, 1), 0,
+                  (source, copy, n, c, h, w, *copy_shape, *block, *pads))
 
 
 def refusal(problem: ConvProblem) -> str:
