@@ -280,11 +280,13 @@ def candidates(problem: ConvProblem, allow_tf32: bool = False, compute_capabilit
 
 
 def label(plan: LaunchPlan) -> str:
-    """A plan in a few words: family, tile, Winograd's m, split-K's runs, stream-K's blocks."""
+    """A plan in a few words: family, tile, Winograd's m, split-K's runs, stream-K's blocks, space-to-depth's."""
     gemm = plan.gemm or plan
+    blocks = "x".join(map(str, plan.space_to_depth))
     return (f"{plan.kernel}{f' F({plan.winograd_tile}x{plan.winograd_tile})' if plan.winograd_tile else ''} "
             f"{plan.config.name}{f' split-K {gemm.splits}' if gemm.splits > 1 else ''}"
-            f"{f' stream-K {plan.stream_k_blocks}' if plan.stream_k_blocks else ''}")
+            f"{f' stream-K {plan.stream_k_blocks}' if plan.stream_k_blocks else ''}"
+            f"{f' space-to-depth {blocks}' if plan.space_to_depth != (1, 1) else ''}")
 
 
 class CannotRun(Exception):

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from cupyconv import planner
+from cupyconv import planner, tuning
 from cupyconv.arguments import make_problem
 from cupyconv.families import implicit_gemm_nhwc
 from cupyconv.families.implicit_gemm_nhwc import SPACE_TO_DEPTH, space_to_depth_block
@@ -71,6 +71,10 @@ def test_the_rules_block_strided_layers_of_few_channels():
     # Forced off (the tuner's other candidate): the layer's own stride on a padded copy.
     off = planner.make_plan(resnet_stem, kernel=planner.NHWC_KERNEL, compute_capability=90, space_to_depth=False)
     assert off.space_to_depth == (1, 1) and off.channels_padded == 4
+    # The tuner times both; its labels tell them apart.
+    labels = [tuning.label(plan) for _, plan in tuning.candidates(resnet_stem, compute_capability=90)]
+    assert labels[0].endswith(" space-to-depth 2x2")
+    assert any(label.startswith(planner.NHWC_KERNEL) and "space-to-depth" not in label for label in labels)
     with pytest.raises(ValueError, match="space_to_depth must be"):
         planner.make_plan(resnet_stem, kernel=planner.NHWC_KERNEL, space_to_depth="yes")
 
