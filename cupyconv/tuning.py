@@ -215,8 +215,11 @@ def _split_choices(kernel: str, problem: ConvProblem, compute_capability: int, s
     blocks = math.prod(grid)
     if blocks >= sm_count:  # a wave of tiles already: splitting only adds the reduction's pass
         return
-    # The GEMMs' reduction: kh kw taps of the channels per group (the channels-last copies' where padded).
-    k_tiles = math.ceil(problem.kh * problem.kw * ((plan.channels_padded or problem.c) // problem.groups)
+    # The GEMMs' reduction: kh kw taps of the channels per group (the channels-last copies' where padded;
+    # the blocked problem's taps where a space-to-depth copy is what the GEMM reads).
+    taps = problem if plan.space_to_depth == (1, 1) else \
+        implicit_gemm_nhwc.space_to_depth_problem(problem, plan.space_to_depth)
+    k_tiles = math.ceil(taps.kh * taps.kw * ((plan.channels_padded or problem.c) // problem.groups)
                         / plan.config.bk)
     for splits in SPLIT_K_CHOICES:
         if splits * blocks <= SPLIT_K_MAX_WAVES * sm_count and \

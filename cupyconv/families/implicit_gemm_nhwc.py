@@ -6,7 +6,10 @@ whose taps shift whole pieces of pixels, read both in place. The default tensor-
 It computes the NHWC layout natively: an NHWC input is read in place (copied only to add zero
 channels or, in float32 with more than one tap on a wgmma tile but the producer's, to round to TF32;
 the kernel rounds the others, in registers or shared memory), the output is written NHWC, and a KHWC
-weight is the form it reads (in place where it needs no zero channels and, in float32, no rounding)."""
+weight is the form it reads (in place where it needs no zero channels and, in float32, no rounding).
+Strided layers whose few channels make no 16-byte pieces (RGB stems) run as stride-1 layers on
+space-to-depth copies of x and the weight (kernels/space_to_depth.cu; space_to_depth_block), in either
+layout."""
 from __future__ import annotations
 
 import dataclasses
@@ -865,8 +868,10 @@ def _space_to_depth_weight(problem: ConvProblem, blocked: ConvProblem, block: tu
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
     """The GEMM on channels-last operands: x and the weight read in place where they are in the form
-    it reads, else copied first (x into the workspace, the weight as the prepared weight); with
-    split-K, its partial sums in the workspace (after x's copy) and their reduction."""
+    it reads, else copied first (x into the workspace, the weight as the prepared weight), or, where
+    the plan blocks a strided layer's pixels (plan.space_to_depth), both copied so and the blocked
+    stride-1 problem run on them; with split-K, its partial sums in the workspace (after x's copy) and
+    their reduction."""
     p = problem
     x, workspace, launches = Pointer(X), 0, []
     if plan.space_to_depth != (1, 1):  # the GEMM runs the blocked problem (in the output's layout) on copies
