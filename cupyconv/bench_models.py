@@ -410,6 +410,21 @@ def _status(error: float, torch_error: float, bound: float) -> str | None:
     return bench.error_status(error, bound)
 
 
+def captured(torch, model, x):
+    """A CUDA graph of ``model(x)`` and its static output, captured after WARMUP forwards on a side stream
+    as torch's documentation says (which also compiles cupyconv's kernels outside the capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP):
+            model(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = model(x)
+    return graph, out
+
+
 class _Run:
     """One run of the models suite: its selections and loop counts, the rows measured and the files they go to."""
 
@@ -534,15 +549,7 @@ class _Run:
             if timing == "compile":
                 return lambda: compiled(x)
             model = compiled
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP):
-                model(x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = model(x)
+        graph, out = captured(torch, model, x)
 
         def replay():
             graph.replay()

@@ -13,20 +13,7 @@ import torchvision
 
 import cupyconv.torch as cct
 from cupyconv.bench import alternating_ms
-
-
-def captured(model, x):
-    """A CUDA graph of ``model(x)`` after three warm-up calls on a side stream, and its output."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            model(x)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = model(x)
-    return graph, out
+from cupyconv.bench_models import captured
 
 
 def main() -> None:
@@ -45,10 +32,10 @@ def main() -> None:
                 theirs = getattr(torchvision.models, name)().cuda().eval()
                 x = torch.randn(batch, 3, 224, 224, device="cuda")
                 with torch.no_grad():
-                    torch_graph = captured(theirs, x)[0]
+                    torch_graph = captured(torch, theirs, x)[0]
                     ours = cct.convert(theirs)
-                    in_graph, out_in = captured(ours, x)
-                    before, out_before = captured(cct.convert(ours, static_weights=True), x)
+                    in_graph, out_in = captured(torch, ours, x)
+                    before, out_before = captured(torch, cct.convert(ours, static_weights=True), x)
                     ms = alternating_ms({"torch": torch_graph.replay, "in": in_graph.replay,
                                          "before": before.replay}, repeats=50)
                     torch_ms, in_ms, before_ms = (ms[k][0] for k in ("torch", "in", "before"))
