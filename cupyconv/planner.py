@@ -182,14 +182,16 @@ def arch_specialisations() -> dict[str, list[str]]:
 
 
 def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: bool = False,
-                  config: str | None = None) -> tuple[str, str]:
+                  config: str | None = None, compute_capability: int = 0) -> tuple[str, str]:
     """The kernel family for ``problem`` and why: forced by ``kernel`` (or by a config name of one
     family), else a tensor-core GEMM for float16/bfloat16, and for float32 when ``allow_tf32``: the
     channels-last one (implicit_gemm_nhwc) wherever its copies can be made, else the NCHW gather;
     strict float32 takes Winograd (winograd_conv2d) for undilated, ungrouped layers where its phase
     channels and the multiplies they save pay (3x3 stride 1, AlexNet's 11x11 stride 4, the 5x9), else
     the FMA implicit GEMM (simt_gemm_conv2d) where it can run; depthwise layers
-    the depthwise kernels (on NHWC arrays, depthwise_nhwc); the rest, and float64, the direct kernel."""
+    the depthwise kernels (on NHWC arrays, depthwise_nhwc); memory-bound 1x1 NHWC layers on the tensor
+    cores pointwise_nhwc (pointwise_nhwc.pays, which on ``compute_capability`` 90 leaves wide, large
+    16-bit ones to wgmma); the rest, and float64, the direct kernel."""
     if kernel is None and config is not None:
         kernel = next((name for name, family in FAMILIES.items() if config in family.CONFIG_NAMES), DIRECT_KERNEL)
     if kernel is not None:
@@ -243,7 +245,7 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
             return SIMT_KERNEL, f"strict float32 (allow_tf32=False) on the FMA units, {kg} output channels per group"
         return DIRECT_KERNEL, f"strict float32 (allow_tf32=False); no FMA implicit GEMM: {why_not}"
     precision = "TF32 (allow_tf32=True)" if problem.dtype == "float32" else problem.dtype
-    if not pointwise_nhwc.refusal(problem) and pointwise_nhwc.pays(problem):
+    if not pointwise_nhwc.refusal(problem) and pointwise_nhwc.pays(problem, compute_capability):
         return POINTWISE_KERNEL, (f"tensor cores in {precision}; 1x1 NHWC of {problem.c} -> {problem.k} channels, "
                                   f"{pointwise_nhwc.flop_per_byte(problem):.0f} FLOP per byte (<= "
                                   f"{pointwise_nhwc.MAX_FLOP_PER_BYTE[problem.dtype]}): streamed over the pixels by "
@@ -289,7 +291,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, kernel: str | Non
             ``space_to_depth`` (implicit_gemm_nhwc: False keeps a strided layer's own stride),
             ``tile`` (winograd_conv2d: F(2x2) or F(4x4)).
     """
-    family, family_reason = choose_kernel(problem, kernel, allow_tf32, config)
+    family, family_reason = choose_kernel(problem, kernel, allow_tf32, config, compute_capability)
     if family == NHWC_KERNEL:  # the one family with tiles for one architecture alone
         options["compute_capability"] = compute_capability
     plan = FAMILIES[family].make_plan(problem, config, family_reason, **options)

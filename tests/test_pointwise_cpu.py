@@ -107,6 +107,24 @@ def test_the_suites_layers_take_the_tiles_they_were_timed_fastest_on(c, k, dtype
     assert plan.config.name == tile and f"{plan.config.bn}-channel tile" in plan.reason
 
 
+@pytest.mark.parametrize("n,c,k,h,dtype,taken", [
+    (8, 256, 64, 56, "float16", False),    # ResNet-50's 256 -> 64 at batch 8: 25088 pixels
+    (32, 256, 128, 56, "bfloat16", False),
+    (32, 240, 80, 14, "float16", True),    # 6272 pixels: even
+    (8, 128, 64, 56, "float16", True),     # 256 bytes of input channels: the 256-byte tiles
+    (8, 256, 32, 56, "float16", True),     # 32 outputs: a 32-channel tile
+    (8, 256, 64, 56, "float32", True),     # TF32: 1024 bytes, its own rule
+])
+def test_wide_large_16_bit_layers_go_to_wgmma_on_sm90(n, c, k, h, dtype, taken):
+    """On sm_90 the wgmma GEMM takes 16-bit layers of more than 256 bytes of input channels, >= 64
+    outputs and >= 16384 pixels (pointwise_nhwc.WGMMA_MIN_*); any other GPU keeps them here."""
+    problem = nhwc(n, c, k, h, h, dtype)
+    assert not refusal(problem) and pointwise_nhwc.pays(problem)
+    assert pointwise_nhwc.pays(problem, compute_capability=90) == taken
+    assert (make_plan(problem, allow_tf32=True, compute_capability=90).kernel == POINTWISE_KERNEL) == taken
+    assert make_plan(problem, allow_tf32=True, compute_capability=80).kernel == POINTWISE_KERNEL
+
+
 def test_forced_tile_must_hold_the_channels():
     problem = nhwc(2, 128, 64, 8, 8)
     with pytest.raises(ValueError, match="holds 128 bytes of input channels"):
