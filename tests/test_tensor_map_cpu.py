@@ -36,7 +36,7 @@ def test_producer_tile_reads_by_tensor_maps(case, layouts, dtype):
     gemm = call.launches[-1]
     assert gemm.kernel == implicit_gemm_nhwc.TMA_KERNEL and gemm.name_expression.startswith(
         f"cupyconv::{implicit_gemm_nhwc.TMA_KERNEL}<")
-    weight_map = gemm.args[-2]
+    weight_map, x_map, x_is_matrix = gemm.args[-3:]
     assert isinstance(weight_map, TensorMap) and weight_map.pointer.operand in (WEIGHT, PREPARED)
     assert weight_map.pointer.operand == (PREPARED if call.weight else WEIGHT)
     columns = case.kh * case.kw * plan.channels_padded // case.groups
@@ -45,8 +45,8 @@ def test_producer_tile_reads_by_tensor_maps(case, layouts, dtype):
     assert (weight_map.box_rows, weight_map.box_columns) == (plan.config.bn, plan.config.bk)
     assert weight_map.box_columns * item == 128  # the 128-byte swizzle's span, the wgmma rows
     assert weight_map.row_bytes % 16 == 0
-    x_map = gemm.args[-1]  # the input in im2col mode: BM window corners, BK channels each
-    assert isinstance(x_map, Im2colMap) and x_map.shape == (case.n, case.h, case.w, plan.channels_padded)
+    # the input in im2col mode: BM window corners, BK channels each
+    assert x_is_matrix == 0 and isinstance(x_map, Im2colMap) and x_map.shape == (case.n, case.h, case.w, plan.channels_padded)
     assert (x_map.pixels_per_column, x_map.channels_per_pixel) == (plan.config.bm, plan.config.bk)
     assert x_map.lower == (-problem.pad_top, -problem.pad_left) and x_map.strides == problem.stride
     assert x_map.upper == (problem.pad_bottom - (case.kh - 1) * problem.dilation[0],
@@ -55,6 +55,28 @@ def test_producer_tile_reads_by_tensor_maps(case, layouts, dtype):
     for size, low, high, stride, out in zip((case.h, case.w), x_map.lower, x_map.upper, x_map.strides,
                                             (problem.ho, problem.wo)):
         assert len(range(low, size + high, stride)) == out
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("pixels", [128, 192, 256])
+def test_1x1_layers_copy_x_as_a_matrix(pixels, dtype):
+    """A 1x1, stride-1, unpadded layer's NHWC x is copied by a 2-D map of the matrix
+    [N H W][C] in BM x BK boxes (x_is_matrix 1) on the 128- and 192-pixel producer tiles; the 256-pixel
+    tile and strided 1x1 layers keep the im2col map (0)."""
+    item = 4 if dtype == "float32" else 2
+    for case, matrix in ((Case(3, 128, 136, 10, 11, 1, 1), pixels <= implicit_gemm_nhwc.MATRIX_MAP_MAX_PIXELS),
+                         (Case(2, 128, 136, 10, 11, 1, 1, stride=2), False)):
+        problem = problem_of(case, dtype, "NHWC", "KHWC")
+        plan = make_plan(problem, f"nhwc_wgmma_producer_m{pixels}n128", NHWC_KERNEL, True, 90, splits=1)
+        gemm = program(plan, problem).launches[-1]
+        assert gemm.kernel == implicit_gemm_nhwc.TMA_KERNEL and gemm.args[-1] == int(matrix)
+        x_map = gemm.args[-2]
+        if matrix:
+            assert isinstance(x_map, TensorMap) and x_map.pointer.operand == X
+            assert (x_map.rows, x_map.columns, x_map.row_bytes) == (case.n * case.h * case.w, case.c, case.c * item)
+            assert (x_map.box_rows, x_map.box_columns) == (pixels, plan.config.bk)
+        else:
+            assert isinstance(x_map, Im2colMap)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
@@ -100,7 +122,7 @@ def test_producer_tile_splits_the_reduction(layouts, dtype):
     gemm, reduce = call.launches[-2:]
     assert gemm.kernel == implicit_gemm_nhwc.TMA_KERNEL and gemm.name_expression.endswith(",true>")
     assert gemm.name_expression in implicit_gemm_nhwc.arch_specialisations()[implicit_gemm_nhwc.WGMMA_ARCH]
-    assert isinstance(gemm.args[-2], TensorMap) and isinstance(gemm.args[-1], Im2colMap)
+    assert isinstance(gemm.args[-3], TensorMap) and isinstance(gemm.args[-2], Im2colMap) and gemm.args[-1] == 0
     assert gemm.args[3].operand == WORKSPACE and gemm.args[4] == 0  # partial sums, the bias left to the reduction
     assert reduce.kernel == implicit_gemm_nhwc.REDUCE_KERNEL
     assert call.workspace_bytes >= 4 * 3 * problem.n * problem.k * problem.ho * problem.wo
@@ -124,7 +146,7 @@ def test_producer_tile_rounds_float32_inputs_in_place(case):
     call = program(plan, nhwc)
     assert plan.round_a and len(call.launches) == 1 and call.workspace_bytes == 0
     gemm = call.launches[0]
-    assert gemm.name_expression.endswith(",true,true,false>") and gemm.args[-1].pointer.operand == X
+    assert gemm.name_expression.endswith(",true,true,false>") and gemm.args[-2].pointer.operand == X
     assert gemm.name_expression in implicit_gemm_nhwc.arch_specialisations()[implicit_gemm_nhwc.WGMMA_ARCH]
     nchw = make_plan(problem_of(case, "float32", "NCHW", "KCHW"), PRODUCER, NHWC_KERNEL, True, 90, splits=1)
     assert not nchw.round_a and program(nchw, problem_of(case, "float32", "NCHW", "KCHW")).launches[-1] \

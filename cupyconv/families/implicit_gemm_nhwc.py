@@ -230,6 +230,11 @@ STREAM_K_KERNEL = "implicit_gemm_nhwc_stream_k"
 TMA_KERNEL = "implicit_gemm_nhwc_tma"
 #: ... and in pairs (GemmConfig.cluster 2), this one, launched in clusters of two blocks along y.
 PAIR_KERNEL = "implicit_gemm_nhwc_tma_pair"
+#: TMA_KERNEL copies a 1x1 layer's x as the matrix [N H W][C] by a 2-D map, not in im2col mode, on tiles of
+#: up to this many pixels. H200, fp16 channels_last, ResNet-50's 1x1 layers at batch 32, two rounds against
+#: the im2col copies in one call (benchmarks/NOTES.md): 128 pixels 1.00-1.07x (1024 -> 256 13.6 -> 13.0 us,
+#: 2048 -> 512 20.1 -> 18.7), 192 0.99-1.09x; 256 0.97-1.03x.
+MATRIX_MAP_MAX_PIXELS = 192
 
 
 def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
@@ -913,6 +918,14 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
     return CallProgram(tuple(launches), workspace + partial_bytes(plan.splits, p), weight)
 
 
+def _copies_matrix(p: ConvProblem, cfg: GemmConfig) -> bool:
+    """Whether the producer tile ``cfg`` copies x by a 2-D map of the matrix [N H W][C], not in im2col
+    mode (TMA_KERNEL's x_is_matrix): 1x1, stride-1, unpadded layers on tiles of at most
+    MATRIX_MAP_MAX_PIXELS pixels, alone (pairs multicast im2col copies)."""
+    return (p.kh, p.kw, p.stride, p.pad_top, p.pad_left, p.pad_bottom, p.pad_right) == (1, 1, (1, 1), 0, 0, 0, 0) \
+        and cfg.cluster == 1 and cfg.bm <= MATRIX_MAP_MAX_PIXELS
+
+
 def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Pointer, weight: Pointer) -> Launch:
     """``launch`` as the producer warpgroup's tile launches it, where ``plan`` takes that tile: by TMA,
     the weight as K rows of kh kw C columns, x in im2col mode (both maps appended to its arguments)."""
@@ -920,11 +933,17 @@ def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Point
         return launch
     cfg, columns = plan.config, p.kh * p.kw * plan.channels_padded
     weight_map = TensorMap(weight, p.dtype, p.k, columns, columns * STORAGE_BYTES[p.dtype], cfg.bn, cfg.bk)
-    x_map = Im2colMap(x, p.dtype, (p.n, p.h, p.w, plan.channels_padded), (-p.pad_top, -p.pad_left),
-                      (p.pad_bottom - (p.kh - 1) * p.dilation[0], p.pad_right - (p.kw - 1) * p.dilation[1]),
-                      p.stride, cfg.bk, cfg.bm // cfg.cluster)
-    return dataclasses.replace(launch, kernel=PAIR_KERNEL if cfg.cluster > 1 else TMA_KERNEL,
-                               args=(*launch.args, weight_map, x_map))
+    if _copies_matrix(p, cfg):
+        x_map = TensorMap(x, p.dtype, p.n * p.h * p.w, plan.channels_padded,
+                          plan.channels_padded * STORAGE_BYTES[p.dtype], cfg.bm, cfg.bk)
+    else:
+        x_map = Im2colMap(x, p.dtype, (p.n, p.h, p.w, plan.channels_padded), (-p.pad_top, -p.pad_left),
+                          (p.pad_bottom - (p.kh - 1) * p.dilation[0], p.pad_right - (p.kw - 1) * p.dilation[1]),
+                          p.stride, cfg.bk, cfg.bm // cfg.cluster)
+    if cfg.cluster > 1:
+        return dataclasses.replace(launch, kernel=PAIR_KERNEL, args=(*launch.args, weight_map, x_map))
+    return dataclasses.replace(launch, kernel=TMA_KERNEL, args=(*launch.args, weight_map, x_map,
+                                                                int(_copies_matrix(p, cfg))))
 
 
 # --- The stride phases of a transposed convolution in one launch (kernels/implicit_gemm_nhwc.cu,
