@@ -46,7 +46,8 @@ def test_producer_tile_reads_by_tensor_maps(case, layouts, dtype):
     assert weight_map.box_columns * item == 128  # the 128-byte swizzle's span, the wgmma rows
     assert weight_map.row_bytes % 16 == 0
     # the input in im2col mode: BM window corners, BK channels each
-    assert x_is_matrix == 0 and isinstance(x_map, Im2colMap) and x_map.shape == (case.n, case.h, case.w, plan.channels_padded)
+    assert x_is_matrix == 0 and isinstance(x_map, Im2colMap)
+    assert x_map.shape == (case.n, case.h, case.w, plan.channels_padded)
     assert (x_map.pixels_per_column, x_map.channels_per_pixel) == (plan.config.bm, plan.config.bk)
     assert x_map.lower == (-problem.pad_top, -problem.pad_left) and x_map.strides == problem.stride
     assert x_map.upper == (problem.pad_bottom - (case.kh - 1) * problem.dilation[0],

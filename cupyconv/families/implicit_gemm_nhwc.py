@@ -928,7 +928,8 @@ def _copies_matrix(p: ConvProblem, cfg: GemmConfig) -> bool:
 
 def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Pointer, weight: Pointer) -> Launch:
     """``launch`` as the producer warpgroup's tile launches it, where ``plan`` takes that tile: by TMA,
-    the weight as K rows of kh kw C columns, x in im2col mode (both maps appended to its arguments)."""
+    the weight as K rows of kh kw C columns, x in im2col mode or (_copies_matrix) as the matrix [N H W][C]
+    (both maps appended to its arguments, and TMA_KERNEL's x_is_matrix after them)."""
     if not plan.config.producer_warps:
         return launch
     cfg, columns = plan.config, p.kh * p.kw * plan.channels_padded
