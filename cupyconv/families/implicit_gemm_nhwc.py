@@ -934,7 +934,8 @@ def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Point
         return launch
     cfg, columns = plan.config, p.kh * p.kw * plan.channels_padded
     weight_map = TensorMap(weight, p.dtype, p.k, columns, columns * STORAGE_BYTES[p.dtype], cfg.bn, cfg.bk)
-    if _copies_matrix(p, cfg):
+    matrix = _copies_matrix(p, cfg)
+    if matrix:
         x_map = TensorMap(x, p.dtype, p.n * p.h * p.w, plan.channels_padded,
                           plan.channels_padded * STORAGE_BYTES[p.dtype], cfg.bm, cfg.bk)
     else:
@@ -943,8 +944,7 @@ def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Point
                           p.stride, cfg.bk, cfg.bm // cfg.cluster)
     if cfg.cluster > 1:
         return dataclasses.replace(launch, kernel=PAIR_KERNEL, args=(*launch.args, weight_map, x_map))
-    return dataclasses.replace(launch, kernel=TMA_KERNEL, args=(*launch.args, weight_map, x_map,
-                                                                int(_copies_matrix(p, cfg))))
+    return dataclasses.replace(launch, kernel=TMA_KERNEL, args=(*launch.args, weight_map, x_map, int(matrix)))
 
 
 # --- The stride phases of a transposed convolution in one launch (kernels/implicit_gemm_nhwc.cu,
