@@ -575,22 +575,63 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // --- Epilogue: the whole BM x BN tile through shared memory, then stores along pixels (NCHW) or
     // channels (NHWC_OUT).
     float* c_smem = reinterpret_cast<float*>(smem);
-    auto stage_value = [&](int m, int n, float v) {
-        c_smem[NHWC_OUT ? m * D_STRIDE + n : n * C_STRIDE + m] = v;
+    const int out_channels = PHASED ? phases->channels : K;  // a phase launch may store fewer than K
+    auto aligned_to = [&](int cv) {
+        return out_channels % cv == 0 && Kg % cv == 0 && reinterpret_cast<unsigned long long>(y) % (cv * sizeof(Y)) == 0;
     };
+    // NHWC outputs stored as 16-byte vectors (WIDE), each thread on the same channels of every
+    // (NT / WIDE_VECTORS)-th pixel, where the channels and addresses allow it.
+    constexpr int WIDE = 16 / sizeof(Y), WIDE_VECTORS = BN / WIDE;
+    constexpr bool WIDE_TILE = NHWC_OUT && BN % WIDE == 0 && NT % WIDE_VECTORS == 0;
+    const bool wide = WIDE_TILE && aligned_to(WIDE) &&
+                      (!has_residual || reinterpret_cast<unsigned long long>(residual) % 16 == 0);
+    // 16-bit outputs without a residual, unactivated or ReLU'd (which commutes with rounding), are
+    // staged as their 16-bit values, the bias added: half the staging's bytes, in half2 stores that a
+    // warp's 8 rows x 4 column pairs spread over the 32 banks (H_STRIDE), and read back as the
+    // 16-byte vectors stored. The same bits as float staging. Residuals and other activations keep
+    // it (they apply before the one rounding), and so do phase launches (their wgmma instances
+    // spilled with both stagings).
+    constexpr int H_STRIDE = BN + 8;
+    constexpr bool STAGE_16_TILE = WIDE_TILE && sizeof(Y) == 2 && WGMMA_ROWS != WGMMA_CHANNEL_ROWS && !PHASED;
+    const bool staged_16 = STAGE_16_TILE && wide && !has_residual && (activation == ACT_NONE || activation == ACT_RELU);
+    Y* h_smem = reinterpret_cast<Y*>(smem);
+    if constexpr (STAGE_16_TILE) {
+        if (staged_16) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+            for (int nt = 0; nt < NTILES; ++nt) {
+                const int col = wn + nt * 8 + 2 * tq;  // and col + 1 (Kg % 8 == 0: both inside or both past)
+                const bool inside = has_bias && n0 + col < Kg;
+                const float b0 = inside ? to_acc<float>(bias[g * Kg + n0 + col]) : 0.0f;
+                const float b1 = inside ? to_acc<float>(bias[g * Kg + n0 + col + 1]) : 0.0f;
 #pragma unroll
-        for (int nt = 0; nt < NTILES; ++nt)
+                for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int row = quad + (e >> 1) * 8, col = 2 * tq + (e & 1);
-                if constexpr (WGMMA_ROWS == WGMMA_CHANNEL_ROWS)  // rows: channels; columns: the group's pixels
-                    stage_value((warp >> 2) * WG_PIXELS + (mt * NTILES + nt) * 8 + col, (warp & 3) * 16 + row,
-                                acc[mt][nt][e]);
-                else
-                    stage_value(wm + mt * 16 + row, wn + nt * 8 + col, acc[mt][nt][e]);
+                    for (int half = 0; half < 2; ++half) {
+                        struct alignas(4) Pair { Y lo, hi; };
+                        const Pair pair{from_acc<Y>(acc[mt][nt][2 * half] + b0), from_acc<Y>(acc[mt][nt][2 * half + 1] + b1)};
+                        *reinterpret_cast<Pair*>(h_smem + (wm + mt * 16 + quad + half * 8) * H_STRIDE + col) = pair;
+                    }
             }
+        }
+    }
+    if (!staged_16) {
+        auto stage_value = [&](int m, int n, float v) {
+            c_smem[NHWC_OUT ? m * D_STRIDE + n : n * C_STRIDE + m] = v;
+        };
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int row = quad + (e >> 1) * 8, col = 2 * tq + (e & 1);
+                    if constexpr (WGMMA_ROWS == WGMMA_CHANNEL_ROWS)  // rows: channels; columns: the group's pixels
+                        stage_value((warp >> 2) * WG_PIXELS + (mt * NTILES + nt) * 8 + col, (warp & 3) * 16 + row,
+                                    acc[mt][nt][e]);
+                    else
+                        stage_value(wm + mt * 16 + row, wn + nt * 8 + col, acc[mt][nt][e]);
+                }
+    }
     if constexpr (PRODUCER)  // the multiplying threads alone: the producer's have returned
         asm volatile("bar.sync 1, %0;\n" :: "n"(NT) : "memory");
     else
@@ -611,22 +652,37 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 return m * K;
             }
         };
-        const int out_channels = PHASED ? phases->channels : K;  // a phase launch may store fewer than K
-        auto aligned_to = [&](int cv) {
-            return out_channels % cv == 0 && Kg % cv == 0 &&
-                   reinterpret_cast<unsigned long long>(y) % (cv * sizeof(Y)) == 0;
-        };
-        // 16-byte vectors, each thread on the same channels of every (NT / WIDE_VECTORS)-th pixel: its
-        // bias and bounds are read once, and the rows' iterations are unrolled. A memory-bound 1x1 layer
-        // spent a third of its issue slots in the loop below, with a division, bounds checks and four
-        // bias loads for each 8 bytes stored, one shared-memory load at a time.
-        constexpr int WIDE = 16 / sizeof(Y), WIDE_VECTORS = BN / WIDE;
-        if constexpr (BN % WIDE == 0 && NT % WIDE_VECTORS == 0) {
-            if (aligned_to(WIDE) && (!has_residual || reinterpret_cast<unsigned long long>(residual) % 16 == 0)) {
+        // 16-byte vectors (WIDE): each thread's bias and bounds are read once, and the rows' iterations
+        // are unrolled. A memory-bound 1x1 layer spent a third of its issue slots in the loop below,
+        // with a division, bounds checks and four bias loads for each 8 bytes stored, one shared-memory
+        // load at a time.
+        if constexpr (WIDE_TILE) {
+            if (wide) {
                 constexpr int ROW_STEP = NT / WIDE_VECTORS, ROWS = BM / ROW_STEP;
                 const int n = (tid % WIDE_VECTORS) * WIDE, row0 = tid / WIDE_VECTORS;
                 const int channel = g * Kg + n0 + n;
                 if (n0 + n >= Kg || (PHASED && channel >= out_channels)) return;
+                struct alignas(16) YVec { Y v[WIDE]; };
+                if (staged_16) {  // the staged vectors as they are, or ReLU'd
+                    auto store_rows = [&](auto finish) {
+#pragma unroll 4
+                        for (int r = 0; r < ROWS; ++r) {
+                            const int m = row0 + r * ROW_STEP;
+                            const YVec staged = *reinterpret_cast<const YVec*>(h_smem + m * H_STRIDE + n);
+                            if (m0 + m >= M) return;
+                            *reinterpret_cast<YVec*>(y + pixel_offset(m0 + m) + channel) = finish(staged);
+                        }
+                    };
+                    if (activation == ACT_RELU)
+                        store_rows([](YVec v) {
+#pragma unroll
+                            for (int i = 0; i < WIDE; ++i) v.v[i] = from_acc<Y>(activate<ACT_RELU>(to_acc<float>(v.v[i])));
+                            return v;
+                        });
+                    else
+                        store_rows([](YVec v) { return v; });
+                    return;
+                }
                 float b[WIDE];
 #pragma unroll
                 for (int j = 0; j < WIDE; ++j) b[j] = has_bias ? to_acc<float>(bias[channel + j]) : 0.0f;
@@ -638,7 +694,6 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 // pixel offsets): these read the residual's elements.
                 constexpr bool VECTOR_RESIDUAL = !(STREAM_K || SPLIT_K || PHASED);
                 with_epilogue<Y, VECTOR_RESIDUAL>(residual, has_residual, activation, [&](auto finish) {
-                    struct alignas(16) YVec { Y v[WIDE]; };
                     // Two float4s per 16-bit vector: threads 32 channels apart read their halves in opposite
                     // orders, so that the 8 threads of a 128-bit shared-memory phase hit 8 different bank groups.
                     const int flip = WIDE == 8 ? (n >> 5) & 1 : 0;

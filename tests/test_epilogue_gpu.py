@@ -115,13 +115,15 @@ NHWC_STORE_CASES = [
     Case(2, 16, 12, 7, 6, 1, 1, stride=2, bias=False),  # 1x1 strided
     Case(1, 64, 136, 9, 9, 3, 3, padding=1),      # 3x3, K 136
     Case(2, 16, 9, 5, 5, 3, 3, padding=1),        # K 9: single channels
+    Case(2, 128, 136, 12, 12, 1, 1),              # whole k tiles of 64 16-bit channels (the wgmma tiles'), K 136
 ]
 
 
-# relu with a residual: the 16-byte stores' residual vectors (the inverted residual's "none" takes them
-# too); silu with a residual: the element loads every other activation keeps.
-@pytest.mark.parametrize("epilogue", [("none", False), ("relu", True), ("silu", True)],
-                         ids=["plain", "relu_residual", "silu_residual"])
+# plain and relu without a residual: 16-bit outputs staged as 16-bit values (bias added before); relu with
+# a residual: the 16-byte stores' residual vectors (the inverted residual's "none" takes them too); silu
+# with a residual: the element loads every other activation keeps.
+@pytest.mark.parametrize("epilogue", [("none", False), ("relu", False), ("relu", True), ("silu", True)],
+                         ids=["plain", "relu", "relu_residual", "silu_residual"])
 @pytest.mark.parametrize("dtype,config", [(dtype, config.name) for dtype in ("float16", "bfloat16", "float32")
                                           for config in implicit_gemm_nhwc.NHWC_CONFIGS[dtype]], ids=str)
 def test_nhwc_stores_every_tile(dtype, config, epilogue):
