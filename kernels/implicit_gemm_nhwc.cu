@@ -158,7 +158,12 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     constexpr int B_ROWS_PER_PASS = NT / B_PIECES;
     constexpr int B_PASSES = (BN + B_ROWS_PER_PASS - 1) / B_ROWS_PER_PASS;
     constexpr int C_STRIDE = BM + 4;                         // epilogue staging [BN][C_STRIDE] floats
-    constexpr int D_STRIDE = BN + 4;                         // NHWC_OUT: staging [BM][D_STRIDE] floats
+    // NHWC_OUT: staging [BM][D_STRIDE] floats. Pixel-row fragments store channel pairs (8-byte stores):
+    // at BN + 8 words a warp's 8 rows x 4 pairs fill each half-warp's 32 banks once, where BN + 4 made
+    // two-way conflicts. Channel-row fragments store single channels of pixel pairs (BN + 4 spreads
+    // them), and 16-bit outputs of 32 channels read two rows a quarter-warp (BN + 4 keeps them apart).
+    constexpr int D_STRIDE =
+        BN + (WGMMA_ROWS != WGMMA_CHANNEL_ROWS && (SPLIT_K || sizeof(T) == 4 || BN >= 64) ? 8 : 4);
     constexpr int INST_K = mma_op<T>::k;
     // float32 operands read in place as NCHW_A (no copy rounded them) are rounded to TF32 in registers,
     // as A's fragments are loaded (each warp loads its own rows on wgmma: each value once), and the

@@ -113,11 +113,12 @@ def test_the_suites_layers_take_the_tiles_they_were_timed_fastest_on(c, k, dtype
     (32, 240, 80, 14, "float16", True),    # 6272 pixels: even
     (8, 128, 64, 56, "float16", True),     # 256 bytes of input channels: the 256-byte tiles
     (8, 256, 32, 56, "float16", True),     # 32 outputs: a 32-channel tile
-    (8, 256, 64, 56, "float32", True),     # TF32: 1024 bytes, its own rule
+    (32, 256, 64, 56, "float32", False),   # TF32: 1024 bytes
+    (8, 64, 64, 56, "float32", True),      # TF32: 256 bytes
 ])
-def test_wide_large_16_bit_layers_go_to_wgmma_on_sm90(n, c, k, h, dtype, taken):
-    """On sm_90 the wgmma GEMM takes 16-bit layers of more than 256 bytes of input channels, >= 64
-    outputs and >= 16384 pixels (pointwise_nhwc.WGMMA_MIN_*); any other GPU keeps them here."""
+def test_wide_large_layers_go_to_wgmma_on_sm90(n, c, k, h, dtype, taken):
+    """On sm_90 the wgmma GEMM takes layers of more than 256 bytes of input channels, >= 64 outputs and
+    >= 16384 pixels (pointwise_nhwc.WGMMA_MIN_*); any other GPU keeps them here."""
     problem = nhwc(n, c, k, h, h, dtype)
     assert not refusal(problem) and pointwise_nhwc.pays(problem)
     assert pointwise_nhwc.pays(problem, compute_capability=90) == taken

@@ -101,14 +101,16 @@ MAX_FLOP_PER_BYTE = {"float16": 96, "bfloat16": 96, "float32": 32}
 #: inputs gain 1.09-1.38x (same sweeps) -- unless the output fits one 32-channel tile: 32 -> 16 on 112^2
 #: 30.6 us on pw_c128_m64n32 against 42.6 on the GEMM.
 MIN_FLOAT32_CHANNELS = 33
-#: ... and, on sm_90 (WGMMA_COMPUTE_CAPABILITY), to 16-bit layers of more than WGMMA_MIN_CHANNEL_BYTES of
+#: ... and, on sm_90 (WGMMA_COMPUTE_CAPABILITY), to layers of more than WGMMA_MIN_CHANNEL_BYTES of
 #: input channels (the 512-byte tiles' 1 to 2 blocks an SM) and at least WGMMA_MIN_OUT_CHANNELS outputs on
 #: at least WGMMA_MIN_PIXELS pixels: the channels-last GEMM's wgmma tiles run them faster. H200, fp16
 #: channels_last, each plan against the others in one process (benchmarks/results/pointwise_gemm_h200.txt):
 #: ResNet-50's 256 -> 64 on 56^2 9.4 us at batch 8 (25088 pixels) against 12.7 on pw_c512_m128n64, 25.0
 #: against 29.1 at batch 32; 256 -> 128 12.6 against 16.3 and 30.3 against 42.7; at 6272 pixels even
 #: (EfficientNet-B0's 240 -> 80 on 14^2 at batch 32 7.6 against 7.8, MobileNetV2's 192 -> 64 6.9 against
-#: 7.3), at 1568 the pointwise tiles as fast or faster (240 -> 80 7.3 against >= 7.3).
+#: 7.3), at 1568 the pointwise tiles as fast or faster (240 -> 80 7.3 against >= 7.3). TF32 alike: 256 -> 64
+#: on 56^2 at batch 32 43 us on wgmma's 128 x 64 channel-row tile against 76 on pw_c1024_m64n64
+#: (benchmarks/results/dstride_tf32_ab_h200.txt, candidates_tf32_256to64_h200.txt).
 WGMMA_COMPUTE_CAPABILITY = 90
 WGMMA_MIN_CHANNEL_BYTES = 257
 WGMMA_MIN_OUT_CHANNELS = 64
@@ -145,10 +147,10 @@ def flop_per_byte(problem: ConvProblem) -> float:
 def pays(problem: ConvProblem, compute_capability: int = 0) -> bool:
     """Whether the planner takes it for ``problem`` (one it can run) on a GPU of ``compute_capability``
     (0: any): memory-bound enough (MAX_FLOP_PER_BYTE), not a float32 input of few channels to more than
-    one narrow tile's (MIN_FLOAT32_CHANNELS), and not a wide, large 16-bit layer that wgmma runs faster
+    one narrow tile's (MIN_FLOAT32_CHANNELS), and not a wide, large layer that wgmma runs faster
     (WGMMA_MIN_*)."""
     p = problem
-    wgmma_faster = compute_capability == WGMMA_COMPUTE_CAPABILITY and p.dtype != "float32" and \
+    wgmma_faster = compute_capability == WGMMA_COMPUTE_CAPABILITY and \
         p.c * STORAGE_BYTES[p.dtype] >= WGMMA_MIN_CHANNEL_BYTES and p.k >= WGMMA_MIN_OUT_CHANNELS and \
         p.n * p.h * p.w >= WGMMA_MIN_PIXELS
     return flop_per_byte(p) <= MAX_FLOP_PER_BYTE[p.dtype] and not wgmma_faster and \
