@@ -582,7 +582,8 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     float* c_smem = reinterpret_cast<float*>(smem);
     const int out_channels = PHASED ? phases->channels : K;  // a phase launch may store fewer than K
     auto aligned_to = [&](int cv) {
-        return out_channels % cv == 0 && Kg % cv == 0 && reinterpret_cast<unsigned long long>(y) % (cv * sizeof(Y)) == 0;
+        return out_channels % cv == 0 && Kg % cv == 0 &&
+               reinterpret_cast<unsigned long long>(y) % (cv * sizeof(Y)) == 0;
     };
     // NHWC outputs stored as 16-byte vectors (WIDE), each thread on the same channels of every
     // (NT / WIDE_VECTORS)-th pixel, where the channels and addresses allow it.
@@ -613,7 +614,8 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll
                     for (int half = 0; half < 2; ++half) {
                         struct alignas(4) Pair { Y lo, hi; };
-                        const Pair pair{from_acc<Y>(acc[mt][nt][2 * half] + b0), from_acc<Y>(acc[mt][nt][2 * half + 1] + b1)};
+                        const Pair pair{from_acc<Y>(acc[mt][nt][2 * half] + b0),
+                                        from_acc<Y>(acc[mt][nt][2 * half + 1] + b1)};
                         *reinterpret_cast<Pair*>(h_smem + (wm + mt * 16 + quad + half * 8) * H_STRIDE + col) = pair;
                     }
             }
@@ -681,7 +683,8 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                     if (activation == ACT_RELU)
                         store_rows([](YVec v) {
 #pragma unroll
-                            for (int i = 0; i < WIDE; ++i) v.v[i] = from_acc<Y>(activate<ACT_RELU>(to_acc<float>(v.v[i])));
+                            for (int i = 0; i < WIDE; ++i)
+                                v.v[i] = from_acc<Y>(activate<ACT_RELU>(to_acc<float>(v.v[i])));
                             return v;
                         });
                     else
