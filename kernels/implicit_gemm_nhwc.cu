@@ -594,8 +594,9 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // 16-bit outputs without a residual, unactivated or ReLU'd (which commutes with rounding), are
     // staged as their 16-bit values, the bias added: half the staging's bytes, in half2 stores that a
     // warp's 8 rows x 4 column pairs spread over the 32 banks (H_STRIDE), and read back as the
-    // 16-byte vectors stored. The same bits as float staging. Residuals and other activations keep
-    // it (they apply before the one rounding), and so do phase launches (their wgmma instances
+    // 16-byte vectors stored. The same values as float staging (bit for bit but a ReLU'd output that
+    // rounds to -0, which stays -0 where float staging stored +0). Residuals and other activations
+    // keep it (they apply before the one rounding), and so do phase launches (their wgmma instances
     // spilled with both stagings).
     constexpr int H_STRIDE = BN + 8;
     constexpr bool STAGE_16_TILE = WIDE_TILE && sizeof(Y) == 2 && WGMMA_ROWS != WGMMA_CHANNEL_ROWS && !PHASED;
