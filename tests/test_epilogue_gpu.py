@@ -186,18 +186,23 @@ def test_residual_may_be_the_output(kernel, dtype, layouts):
 @pytest.mark.parametrize("family,dtype", [(implicit_gemm_nhwc, "float16"), (implicit_gemm_nhwc, "float32"),
                                           (simt_gemm_conv2d, "float32")], ids=str)
 def test_split_k_finishes_in_the_reduction(family, dtype, layouts):
-    """Split-K's runs write partial sums without the epilogue; the ordered reduction applies it, once:
-    bitwise the same output on every run, right against float64."""
+    """Split-K's runs write partial sums without the epilogue (the channels-last GEMM's default tile
+    and, on sm_90, the producer warpgroup's); the ordered reduction applies it, once: bitwise the same
+    output on every run, right against float64."""
     case = Case(1, 256, 64, 7, 7, 3, 3, padding=1)
     problem = problem_of(case, dtype, *layouts, "gelu", True)
+    configs = [None]
+    if family is implicit_gemm_nhwc and compute_capability() == 90:
+        configs.append(next(c.name for c in implicit_gemm_nhwc.NHWC_CONFIGS[dtype] if c.producer_warps))
     kwargs = {"compute_capability": compute_capability()} if family is implicit_gemm_nhwc else {}
-    plan = dataclasses.replace(family.make_plan(problem, splits=5, **kwargs), layout=problem.layout,
-                               weight_layout=problem.weight_layout, activation="gelu", has_residual=True)
     x, weight, bias, r = tensors(case, problem, dtype, seed=6)
-    outs = [run(plan, problem, x, weight, bias, r) for _ in range(3)]
-    assert all(torch.equal(outs[0], out) for out in outs[1:])
-    kernel = planner.NHWC_KERNEL if family is implicit_gemm_nhwc else planner.SIMT_KERNEL
-    assert relative_error(outs[0], reference(case, x, weight, bias, r, "gelu")) < tolerance(dtype, kernel)
+    for config in configs:
+        plan = dataclasses.replace(family.make_plan(problem, config, splits=5, **kwargs), layout=problem.layout,
+                                   weight_layout=problem.weight_layout, activation="gelu", has_residual=True)
+        outs = [run(plan, problem, x, weight, bias, r) for _ in range(3)]
+        assert all(torch.equal(outs[0], out) for out in outs[1:]), config
+        kernel = planner.NHWC_KERNEL if family is implicit_gemm_nhwc else planner.SIMT_KERNEL
+        assert relative_error(outs[0], reference(case, x, weight, bias, r, "gelu")) < tolerance(dtype, kernel), config
 
 
 def test_winograd_passes_offset_the_residual(monkeypatch):

@@ -129,7 +129,7 @@ def test_candidates_are_valid_distinct_plans_the_fixed_rules_first(case, dtype, 
     (first_choice, first), *others = found
     assert first_choice == tuning.Choice() and first == planner.make_plan(problem, allow_tf32=tf32,
                                                                           compute_capability=cc)
-    assert 2 <= len(found) <= 45
+    assert 2 <= len(found) <= 50
     identities = [tuning._identity(plan) for _, plan in found]
     assert len(set(identities)) == len(identities), "a plan is timed twice"
     for choice, plan in found:
@@ -194,7 +194,7 @@ def test_every_grid_case_has_candidates_in_every_dtype():
             problem = problem_of(case, dtype)
             for tf32 in (False, True):
                 found = tuning.candidates(problem, tf32, 90)
-                assert 1 <= len(found) <= 45 and found[0][0] == tuning.Choice()
+                assert 1 <= len(found) <= 50 and found[0][0] == tuning.Choice()
 
 
 # --- the choice ---------------------------------------------------------------------------------------
