@@ -161,14 +161,18 @@ for _dtype in ("float32", "float16"):
                                   if c.producer_warps and c.bn == 128)
 #: Pixel-row tiles of one warpgroup, 64 pixels x 64 (6 stages) or 128 channels (4 stages): for layers whose
 #: larger tiles make less than a wave of blocks, where more blocks of shorter work (and split-K's runs
-#: over fewer tiles) finish sooner. _choose_wgmma_config takes the 64 x 64 one for 16-bit layers where
-#: the other wgmma tiles make fewer than SMALL_TILE_MAX_BLOCKS blocks (split-K's runs counted) and it
+#: over fewer tiles) finish sooner. _choose_wgmma_config takes the 64 x 64 one for layers where the
+#: other wgmma tiles make fewer than SMALL_TILE_MAX_BLOCKS blocks (split-K's runs counted) and it
 #: makes at most SMALL_TILE_MAX_BLOCKS tiles and no fewer blocks. H200, fp16 channels_last, CUDA graphs
 #: of the rules' plans (benchmarks/NOTES.md, "One warpgroup's 64 x 64 tile for layers of less than a
 #: wave"): every ResNet-50 layer it takes at batch 1 ran 1.07-1.74x faster (3x3 of 64 on 56^2 9.2 ->
 #: 5.3 us, 256 -> 1024 on 14^2 4.0 -> 3.2, 3x3 of 512 on 7^2 7.5 -> 7.0); at batch 8, where it made
 #: fewer blocks than the split plans of the 3x3 layers it would replace, those ran 0.87-0.93x (3x3 of
 #: 256 on 14^2 12.5 -> 13.5), so it does not take them (1024 -> 256 on 14^2 would have run 8.2 -> 6.9).
+#: Whole models at batch 1, CUDA graph: ResNet-50 fp16 channels_last 0.931 -> 0.877 ms, fp16 NCHW 1.043 ->
+#: 0.994, TF32 NCHW 0.899 -> 0.868; MobileNetV2 and EfficientNet-B0 within 1.5 %. Not in place of a
+#: producer tile's plan: VGG-16's 3x3 of 512 on 14^2 at batch 1 in TF32 ran 12.1 us on the producer tile
+#: split 16 ways, 14.8 on the 64 x 64 tile split 4 ways.
 #: The 64 x 128 tile is the tuner's alone (512 -> 2048 on 7^2 at batch 8: 10.2 -> 9.2 us, events).
 SMALL_TILE_CONFIG = "nhwc_wgmma_m64n64"
 SMALL_TILE_MAX_BLOCKS = H100_SMS
@@ -449,16 +453,15 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
 
 
 def _choose_wgmma_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
-    """The wgmma tile (see _choose_config for where): _larger_wgmma_config's, or for a 16-bit layer whose
-    blocks of that tile (split-K's runs counted) are fewer than SMALL_TILE_MAX_BLOCKS, one warpgroup's
-    64 x 64 tile where it makes at most SMALL_TILE_MAX_BLOCKS tiles and, its own runs counted, no fewer
-    blocks (with as many blocks or fewer, the larger tiles' runs are shorter per MMA: slower)."""
+    """The wgmma tile (see _choose_config for where): _larger_wgmma_config's, or where that is not a
+    producer tile and its blocks (split-K's runs counted) are fewer than SMALL_TILE_MAX_BLOCKS, one
+    warpgroup's 64 x 64 tile where it makes at most SMALL_TILE_MAX_BLOCKS tiles and, its own runs
+    counted, no fewer blocks (with fewer, the larger tiles' runs are shorter per MMA: slower)."""
     cfg, why = _larger_wgmma_config(problem)
-    if problem.dtype == "float32":
-        return cfg, why
     small = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == SMALL_TILE_CONFIG)
     blocks, tiles, small_blocks = _blocks(problem, cfg), math.prod(gemm_grid(problem, small)), _blocks(problem, small)
-    if blocks < SMALL_TILE_MAX_BLOCKS and tiles <= SMALL_TILE_MAX_BLOCKS and small_blocks >= blocks:
+    if not cfg.producer_warps and blocks < SMALL_TILE_MAX_BLOCKS and tiles <= SMALL_TILE_MAX_BLOCKS and \
+            small_blocks >= blocks:
         return small, (f"wgmma; {cfg.name} would make {blocks} blocks (< {SMALL_TILE_MAX_BLOCKS}); one warpgroup's "
                        f"64 pixels x 64 channels make {tiles} tiles (<= {SMALL_TILE_MAX_BLOCKS}), {small_blocks} "
                        f"blocks with split-K's runs")
