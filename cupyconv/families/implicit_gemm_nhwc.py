@@ -165,7 +165,7 @@ for _dtype in ("float32", "float16"):
 #: other wgmma tiles make fewer than SMALL_TILE_MAX_BLOCKS blocks (split-K's runs counted) and it
 #: makes at most SMALL_TILE_MAX_BLOCKS tiles and no fewer blocks. H200, fp16 channels_last, CUDA graphs
 #: of the rules' plans (benchmarks/NOTES.md, "One warpgroup's 64 x 64 tile for layers of less than a
-#: wave"): every ResNet-50 layer it takes at batch 1 ran 1.07-1.74x faster (3x3 of 64 on 56^2 9.2 ->
+#: wave"): every ResNet-50 layer it takes at batch 1 ran 1.05-1.74x faster (3x3 of 64 on 56^2 9.2 ->
 #: 5.3 us, 256 -> 1024 on 14^2 4.0 -> 3.2, 3x3 of 512 on 7^2 7.5 -> 7.0); at batch 8, where it made
 #: fewer blocks than the split plans of the 3x3 layers it would replace, those ran 0.87-0.93x (3x3 of
 #: 256 on 14^2 12.5 -> 13.5), so it does not take them (1024 -> 256 on 14^2 would have run 8.2 -> 6.9).
