@@ -458,10 +458,11 @@ def _choose_wgmma_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
     warpgroup's 64 x 64 tile where it makes at most SMALL_TILE_MAX_BLOCKS tiles and, its own runs
     counted, no fewer blocks (with fewer, the larger tiles' runs are shorter per MMA: slower)."""
     cfg, why = _larger_wgmma_config(problem)
+    if cfg.producer_warps:
+        return cfg, why
     small = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == SMALL_TILE_CONFIG)
     blocks, tiles, small_blocks = _blocks(problem, cfg), math.prod(gemm_grid(problem, small)), _blocks(problem, small)
-    if not cfg.producer_warps and blocks < SMALL_TILE_MAX_BLOCKS and tiles <= SMALL_TILE_MAX_BLOCKS and \
-            small_blocks >= blocks:
+    if blocks < SMALL_TILE_MAX_BLOCKS and tiles <= SMALL_TILE_MAX_BLOCKS and small_blocks >= blocks:
         return small, (f"wgmma; {cfg.name} would make {blocks} blocks (< {SMALL_TILE_MAX_BLOCKS}); one warpgroup's "
                        f"64 pixels x 64 channels make {tiles} tiles (<= {SMALL_TILE_MAX_BLOCKS}), {small_blocks} "
                        f"blocks with split-K's runs")
