@@ -885,6 +885,145 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
 }
 #endif
 
+// PINGPONG (implicit_gemm_nhwc_pingpong; 16-bit 1x1, stride-1, unpadded layers of one group, NHWC in and
+// out): the GEMM y [M][K] = x [M][C] w [K][C]^T on persistent blocks (gridDim.x, at most one per SM) of a
+// producer warpgroup and two consumer warpgroups. Block b's tiles are b, b + gridDim.x, .. (channel tiles
+// fastest, so that the blocks on one pixel tile read its pixels from L2), and consumer c takes every other
+// one of them (c, c + 2, ..), each a whole BM x BN tile: while one multiplies, the other runs its
+// epilogue, which on one warpgroup's tiles (the producer tiles) left the tensor cores idle for a third of
+// a 1x1 layer's time (benchmarks/NOTES.md, "What a 1x1 channels-last tile's time is made of").
+// One thread of the producer copies both tiles of every k tile of the block's tiles, in order, into one
+// ring of STAGES stages by TMA (x and w as matrices; zeros past M, K and C); "full" and "empty"
+// mbarriers per stage. The consumers take their turns at the ring in tile order: one starts its tile's
+// MMAs once the other has waited for all of its own tile's copies (named barriers 1 and 2), so that a
+// stage's full barrier is never two phases ahead of its waiter (its parity would read as complete).
+// Each consumer stages its tile's outputs, rounded once after bias, residual and activation, in its own
+// shared memory ([BM][BN + 8] 16-bit values: a warp's 8 rows x 4 column pairs hit 32 banks), then
+// stores them as 16-byte vectors along rows (K % 8 == 0). 32-bit indices.
+template <typename T, int BM, int BN, int STAGES>
+__global__ void __launch_bounds__(384, 1)
+implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                            void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
+                            int activation, int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
+                            int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
+                            const __grid_constant__ TensorMap weight_map, const __grid_constant__ TensorMap x_map) {
+    static_assert(sizeof(T) == 2 && BM % 64 == 0 && (BN == 64 || BN == 128), "16-bit; 64-row wgmma halves");
+    constexpr int BK = 128 / sizeof(T), INST_K = mma_op<T>::k;   // a k tile: 128-byte rows
+    constexpr int A_STAGE = BM * 128, B_STAGE = BN * 128;        // bytes
+    constexpr int HALVES = BM / 64, H_STRIDE = BN + 8;
+    constexpr int ORDER_0_TO_1 = 1, ORDER_1_TO_0 = 2, STAGING = 3;  // named barriers (0: __syncthreads)
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
+    unsigned char* a_smem = smem;
+    unsigned char* b_smem = smem + STAGES * A_STAGE;
+    T* staging = reinterpret_cast<T*>(b_smem + STAGES * B_STAGE);                    // [2][BM][H_STRIDE]
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(staging + 2 * BM * H_STRIDE);
+    unsigned long long* empty = full + STAGES;
+
+    const int M = N * H * W;
+    const int tiles_n = (K + BN - 1) / BN, tiles = (M + BM - 1) / BM * tiles_n;
+    const int k_tiles = (C + BK - 1) / BK;
+    const int tid = threadIdx.x, warpgroup = tid >> 7;
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbarrier_init(full + s, 1);   // the copying thread's expect-tx arrival
+            mbarrier_init(empty + s, 4);  // the lane 0s of the consumer warpgroup that read it
+        }
+    }
+    __syncthreads();
+    // Registers moved from the producer (copies and counters alone) to the consumers (128 accumulators
+    // a thread): 384 threads x 168 at launch, 128 x 40 + 256 x 232 after.
+    if (warpgroup == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (tid == 0) {
+            int seq = 0;  // k tiles copied so far, over the block's tiles
+#pragma unroll 1
+            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+                const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
+#pragma unroll 1
+                for (int kt = 0; kt < k_tiles; ++kt, ++seq) {
+                    const int stage = seq % STAGES;
+                    if (seq >= STAGES) mbarrier_wait(empty + stage, (seq / STAGES - 1) & 1);
+                    mbarrier_arrive_expect_tx(full + stage, A_STAGE + B_STAGE);
+                    tma_load_2d(a_smem + stage * A_STAGE, &x_map, kt * BK, m0, full + stage);
+                    tma_load_2d(b_smem + stage * B_STAGE, &weight_map, kt * BK, n0, full + stage);
+                }
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int consumer = warpgroup - 1, ctid = tid & 127, warp = ctid >> 5, lane = tid & 31;
+    T* out_stage = staging + consumer * BM * H_STRIDE;
+    T* y = static_cast<T*>(y_out);
+#pragma unroll 1
+    for (int i = consumer, tile = blockIdx.x + consumer * gridDim.x; tile < tiles; i += 2, tile += 2 * gridDim.x) {
+        const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
+        if (i > 0)  // the other consumer has waited for all of tile i - 1's copies
+            asm volatile("bar.sync %0, 256;\n" :: "r"(consumer ? ORDER_0_TO_1 : ORDER_1_TO_0) : "memory");
+        float acc[HALVES][BN / 2];
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+            for (int j = 0; j < BN / 2; ++j) acc[h][j] = 0.0f;
+#pragma unroll 1
+        for (int kt = 0; kt < k_tiles; ++kt) {
+            const int seq = i * k_tiles + kt, stage = seq % STAGES;
+            mbarrier_wait(full + stage, (seq / STAGES) & 1);
+            const unsigned long long pixels = wgmma_descriptor(shared_address(a_smem + stage * A_STAGE));
+            const unsigned long long channels = wgmma_descriptor(shared_address(b_smem + stage * B_STAGE));
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / INST_K; ++kk)
+#pragma unroll
+                for (int h = 0; h < HALVES; ++h)  // + 64 rows of 128 bytes; + 32 bytes of k per instruction
+                    wgmma_op<T, BN>::run(acc[h], pixels + h * (64 * 128 / 16) + kk * 2, channels + kk * 2);
+            wgmma_commit();
+            wgmma_wait<1>();  // tile kt - 1's MMAs retired: its stage may be refilled
+            if (kt > 0 && lane == 0) mbarrier_arrive(empty + (seq - 1) % STAGES);
+        }
+        if (blockIdx.x + (i + 1) * gridDim.x < tiles)  // the other consumer's next tile may start
+            asm volatile("bar.arrive %0, 256;\n" :: "r"(consumer ? ORDER_1_TO_0 : ORDER_0_TO_1) : "memory");
+        wgmma_wait<0>();
+        if (k_tiles > 0 && lane == 0) mbarrier_arrive(empty + (i * k_tiles + k_tiles - 1) % STAGES);
+
+        // Epilogue: this tile's last stores read the staging before it is written again.
+        asm volatile("bar.sync %0, 128;\n" :: "r"(STAGING + consumer) : "memory");
+        const int quad = lane >> 2, tq = lane & 3;
+        with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
+#pragma unroll
+            for (int nb = 0; nb < BN / 8; ++nb) {
+                const int col = nb * 8 + 2 * tq, channel = n0 + col;  // and channel + 1 (K % 8 == 0)
+                const bool inside = channel < K;
+                const float b0 = has_bias && inside ? to_acc<float>(bias[channel]) : 0.0f;
+                const float b1 = has_bias && inside ? to_acc<float>(bias[channel + 1]) : 0.0f;
+#pragma unroll
+                for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const int row = h * 64 + warp * 16 + quad + half * 8;
+                        const int at = m0 + row < M && inside ? (m0 + row) * K + channel : 0;
+                        struct alignas(4) Pair { T lo, hi; };
+                        *reinterpret_cast<Pair*>(out_stage + row * H_STRIDE + col) =
+                            Pair{finish(acc[h][4 * nb + 2 * half] + b0, at), finish(acc[h][4 * nb + 2 * half + 1] + b1, at + 1)};
+                    }
+            }
+        });
+        asm volatile("bar.sync %0, 128;\n" :: "r"(STAGING + consumer) : "memory");
+        constexpr int VECTORS = BN / 8, ROW_STEP = 128 / VECTORS;  // 16-byte vectors of a row
+        struct alignas(16) Vec { T v[8]; };
+        const int n = ctid % VECTORS * 8, row0 = ctid / VECTORS;
+        if (n0 + n < K) {
+#pragma unroll 4
+            for (int row = row0; row < BM; row += ROW_STEP) {
+                if (m0 + row >= M) break;
+                *reinterpret_cast<Vec*>(y + (m0 + row) * K + n0 + n) =
+                    *reinterpret_cast<const Vec*>(out_stage + row * H_STRIDE + n);
+            }
+        }
+    }
+}
+
 // Stream-K (stream_k.cuh): gridDim.x persistent blocks share the tiles_m x tiles_n x groups tiles'
 // k_tiles k tiles each; block b takes units [stream_k_start(b), stream_k_start(b + 1)) in tile order
 // (pixel tiles fastest, then channel tiles, then groups), one segment per tile it touches. partials:

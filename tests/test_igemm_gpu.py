@@ -165,8 +165,10 @@ FAMILY_CONFIGS = [(GEMM_KERNEL, i) for i in range(len(GEMM_CONFIGS["float16"]))]
                  [(NHWC_KERNEL, i) for i, c in enumerate(NHWC_CONFIGS["float16"]) if not c.wgmma]
 WGMMA_CONFIGS = [i for i, c in enumerate(NHWC_CONFIGS["float16"]) if c.wgmma]
 STREAM_K_CONFIGS = [i for i in WGMMA_CONFIGS if not NHWC_CONFIGS["float16"][i].producer_warps]
-#: (dtype name, index of a wgmma tile of that dtype): the 256-pixel producer tile is 16-bit only.
-WGMMA_TILES = [(name, i) for name in DTYPES for i, c in enumerate(NHWC_CONFIGS[DTYPES[name][0]]) if c.wgmma]
+#: (dtype name, index of a wgmma tile of that dtype): the 256-pixel producer tile is 16-bit only. The ping-pong
+#: tile runs 1x1 NHWC problems alone, not this file's NCHW ones (tests/test_pingpong_*.py).
+WGMMA_TILES = [(name, i) for name in DTYPES for i, c in enumerate(NHWC_CONFIGS[DTYPES[name][0]])
+               if c.wgmma and c.name != implicit_gemm_nhwc.PINGPONG_CONFIG]
 
 
 @pytest.mark.parametrize("family,config_index", FAMILY_CONFIGS, ids=lambda v: str(v))

@@ -134,7 +134,7 @@ def test_forced_tile_must_hold_the_channels():
 
 
 def test_printed_plan_says_what_it_reads_in_place():
-    plan = make_plan(nhwc(32, 64, 256, 56, 56), compute_capability=90)
+    plan = make_plan(nhwc(32, 64, 256, 56, 56), compute_capability=80)  # sm_90's ping-pong tile takes it there
     text = str(plan)
     assert plan.kernel == POINTWISE_KERNEL and "persistent blocks" in text and "in place" in text
     assert "51 FLOP per byte" in text

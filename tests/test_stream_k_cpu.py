@@ -106,11 +106,12 @@ def test_the_rule_takes_the_producer_tile_of_fewest_waves(layer, column, dtype, 
 @pytest.mark.parametrize("x_shape,w_shape,dtype,pixels", [
     ((32, 28, 28, 512), (128, 1, 1, 512), "float16", 192),    # r50_l2_1x1_512to128: 8 k tiles
     ((32, 28, 28, 512), (128, 1, 1, 512), "float32", 192),    # 16 k tiles, x read once: no L2 limit
-    ((32, 14, 14, 256), (1024, 1, 1, 256), "float16", None),  # r50_l3_1x1_256to1024: 4 k tiles
+    ((32, 14, 14, 256), (1024, 1, 1, 256), "float16", None),  # r50_l3_1x1_256to1024: 4 k tiles (ping-pong's)
     ((32, 14, 14, 256), (1024, 1, 1, 256), "float32", 192)])
 def test_one_tap_layers_take_the_producer_tiles_from_8_k_tiles(x_shape, w_shape, dtype, pixels):
     plan = planner.make_plan(nhwc_problem(x_shape, w_shape, 0, dtype), allow_tf32=True, compute_capability=90)
-    assert (plan.config.bm if getattr(plan.config, "producer_warps", 0) else None) == pixels, str(plan)
+    producer = getattr(plan.config, "wgmma", 0) == implicit_gemm_nhwc.WGMMA_PIXEL_ROWS_PRODUCER
+    assert (plan.config.bm if producer else None) == pixels, str(plan)
 
 
 @pytest.mark.parametrize("dtype,layout,pixels,cluster", [("float16", "NHWC", 256, 1), ("float32", "NCHW", 256, 2),

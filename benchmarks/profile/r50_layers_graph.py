@@ -3,17 +3,17 @@ as a converted model in graph mode runs them (graph_timing.graph_ms: 20 calls a 
 F.conv2d timed the same way, and each output checked against torch's. For A/B, run it once per tree,
 each from outside the trees (the script's directory first on sys.path, then PYTHONPATH):
     PYTHONPATH=TREE:benchmarks/profile python benchmarks/profile/r50_layers_graph.py LABEL [BATCH ...]
-(default batches 1 and 8)."""
+(default batches 1 and 8). With --candidates TOP, every plan the tuner would try is timed so too, and the
+TOP fastest are listed under the rules' plan."""
+import argparse
 import dataclasses
-import sys
 
 import torch
 
 from cupyconv.arguments import make_problem
 from cupyconv.executor import executable_for_plan
-from cupyconv.planner import make_plan
 from cupyconv.program import FLAG_COUNT
-from cupyconv.tuning import label
+from cupyconv.tuning import candidates, label
 from graph_timing import graph_ms
 
 #: (input channels, output channels, input plane, kernel, stride) of ResNet-50's convolutions after the stem.
@@ -24,28 +24,51 @@ LAYERS = [(64, 64, 56, 1, 1), (64, 64, 56, 3, 1), (64, 256, 56, 1, 1), (256, 64,
           (512, 2048, 7, 1, 1), (1024, 2048, 14, 1, 2), (2048, 512, 7, 1, 1), (512, 512, 7, 3, 1)]
 
 
-def main(tag: str, batches: list[int]) -> None:
+def time_plan(plan, problem, x, w, reference) -> float:
+    """Graph-timed ms per call of ``plan`` on ``x`` and ``w`` (torch tensors), its output checked against
+    ``reference``."""
+    out = torch.empty(problem.out_array_shape, device="cuda", dtype=torch.half)
+    exe = executable_for_plan(plan, problem, 0)
+    workspace = torch.empty(max(1, exe.workspace_bytes_for(False)), device="cuda", dtype=torch.uint8)
+    flags = torch.zeros(FLAG_COUNT, device="cuda", dtype=torch.int32)  # zero, as launches leave them
+    # Prepared once, as the torch adapter keeps a Parameter's (Winograd, phases, NCHW tiles).
+    prepared = torch.empty(max(1, exe.weight.nbytes if exe.weight else 0), device="cuda", dtype=torch.uint8)
+    if exe.weight:
+        exe.prepare_weight(w.data_ptr(), prepared.data_ptr(), torch.cuda.current_stream().cuda_stream)
+    ms = graph_ms(lambda stream: exe.launch(x.data_ptr(), w.data_ptr(), prepared.data_ptr(), 0, out.data_ptr(),
+                                            workspace.data_ptr(), False, stream,
+                                            flags=flags.data_ptr() if exe.uses_flags else 0))
+    error = float((out.permute(0, 3, 1, 2).float() - reference.float()).norm() / reference.float().norm())
+    assert error < 1e-2, (label(plan), problem.x_shape, problem.w_shape, error)
+    return ms
+
+
+def main(tag: str, batches: list[int], top: int) -> None:
     for n in batches:
         for c, k, h, kh, s in LAYERS:
             problem = make_problem((n, h, h, c), (k, kh, kh, c), None, "float16", stride=s, padding=kh // 2,
                                    layout="NHWC", weight_layout="KHWC")
-            plan = dataclasses.replace(make_plan(problem, compute_capability=90), layout="NHWC", weight_layout="KHWC")
+            plans = [plan for _, plan in candidates(problem, compute_capability=90)][:None if top else 1]
             x = torch.randn(n, c, h, h, device="cuda", dtype=torch.half).to(memory_format=torch.channels_last)
             w = torch.randn(k, c, kh, kh, device="cuda", dtype=torch.half).to(memory_format=torch.channels_last)
-            out = torch.empty(problem.out_array_shape, device="cuda", dtype=torch.half)
-            exe = executable_for_plan(plan, problem, 0)
-            workspace = torch.empty(max(1, exe.workspace_bytes_for(False)), device="cuda", dtype=torch.uint8)
-            flags = torch.zeros(FLAG_COUNT, device="cuda", dtype=torch.int32)  # zero, as launches leave them
-            ms = graph_ms(lambda stream: exe.launch(x.data_ptr(), w.data_ptr(), 0, 0, out.data_ptr(),
-                                                    workspace.data_ptr(), False, stream,
-                                                    flags=flags.data_ptr() if exe.uses_flags else 0))
-            ref = torch.nn.functional.conv2d(x, w, None, s, kh // 2)
-            error = float((out.permute(0, 3, 1, 2).float() - ref.float()).norm() / ref.float().norm())
-            assert error < 1e-2, (n, c, k, h, kh, s, error)
+            reference = torch.nn.functional.conv2d(x, w, None, s, kh // 2)
+            times = {}
+            for plan in plans:
+                plan = dataclasses.replace(plan, layout="NHWC", weight_layout="KHWC")
+                times.setdefault(label(plan), time_plan(plan, problem, x, w, reference))
             theirs = graph_ms(lambda _: torch.nn.functional.conv2d(x, w, None, s, kh // 2))
-            print(f"{tag} N{n} {c}->{k} {h}^2 k{kh} s{s}: {ms * 1e3:6.1f} us  torch {theirs * 1e3:6.1f} us  "
-                  f"{theirs / ms:4.2f}x  {label(plan)}", flush=True)
+            rule = next(iter(times))
+            print(f"{tag} N{n} {c}->{k} {h}^2 k{kh} s{s}: {times[rule] * 1e3:6.1f} us  torch {theirs * 1e3:6.1f} us  "
+                  f"{theirs / times[rule]:4.2f}x  {rule}", flush=True)
+            for name, ms in sorted(times.items(), key=lambda kv: kv[1])[:top]:
+                print(f"    {ms * 1e3:6.1f} us  {theirs / ms:4.2f}x  {name}", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], [int(b) for b in sys.argv[2:]] or [1, 8])
+    parser = argparse.ArgumentParser()
+    parser.add_argument("tag")
+    parser.add_argument("batches", nargs="*", type=int, default=[1, 8])
+    parser.add_argument("--candidates", type=int, default=0, metavar="TOP",
+                        help="time every plan the tuner would try, and show the TOP fastest")
+    args = parser.parse_args()
+    main(args.tag, args.batches, args.candidates)

@@ -180,6 +180,37 @@ for _dtype, _item in (("float32", 4), ("float16", 2)):
     NHWC_CONFIGS[_dtype] += (
         GemmConfig(SMALL_TILE_CONFIG, 64, 64, 128 // _item, 4, 1, 6, wgmma=WGMMA_PIXEL_ROWS),
         GemmConfig("nhwc_wgmma_m64n128", 64, 128, 128 // _item, 4, 1, 4, wgmma=WGMMA_PIXEL_ROWS))
+#: The ping-pong tile (PINGPONG_KERNEL, kernels/implicit_gemm_nhwc.cu): persistent blocks, at most one per
+#: SM, of a producer warpgroup copying by TMA into one ring of PINGPONG_STAGES stages and two consumer
+#: warpgroups each taking every other tile of the block, a whole 128 x 128 one: one multiplies while the
+#: other runs its epilogue. 16-bit 1x1, stride-1, unpadded layers of one group in NHWC (x and w read in
+#: place as matrices), whole k tiles of channels, output channels a multiple of 8, 32-bit indices; no
+#: split-K.
+WGMMA_PINGPONG = 4
+PINGPONG_CONFIG = "nhwc_wgmma_pingpong_m128n128"
+PINGPONG_KERNEL = "implicit_gemm_nhwc_pingpong"
+PINGPONG_STAGES = 4
+#: The fixed rules take it (pingpong_pays) for layers of at least PINGPONG_MIN_OUT_CHANNELS output and
+#: PINGPONG_MIN_IN_CHANNELS input channels that make PINGPONG_MIN_TILES tiles or more, reductions shorter
+#: than PINGPONG_SHORT_K_TILES k tiles only with a wave of tiles (H100_SMS), and in place of a producer
+#: tile only where its cost, PINGPONG_WAVE_COST a wave of tiles plus PINGPONG_FIRST_EPILOGUE_COST, is below
+#: the producer's (PRODUCER_BLOCK_COST's units: a 128-pixel producer block's time). H200, fp16 channels_last,
+#: CUDA graphs, each layer's rules' plan against the ping-pong tile (benchmarks/NOTES.md, "The ping-pong tile
+#: for 1x1 channels-last layers"): ResNet-50's 256 -> 1024 on 14^2 at batch 32 11.9 -> 8.2 us (torch 8.9),
+#: 512 -> 256 on 28^2 16.6 -> 12.1 (12.8), 128 -> 512 15.0 -> 11.0 (10.7), at batch 8 512 -> 2048 on 7^2 (64
+#: tiles) 6.9 -> 5.6, 256 -> 128 on 56^2 7.9 -> 6.3; conformer's 512 -> 1024 on 16 x 1000 pixels 39.5 -> 29.9
+#: (35.6). Slower: narrow outputs (K 64: 256 -> 64 on 56^2 at batch 8 6.1 -> 7.6), narrow inputs (24 ->
+#: 144: 17.5 -> 26.4), fewer tiles than SMs where the rules split the reduction (2048 -> 512 on 7^2 at batch
+#: 8, 52 tiles: 7.7 -> 12.2), two short k tiles on half a wave (96 -> 576 on 14^2 at batch 8: 3.5 -> 3.9), and
+#: two waves of tiles where a 192-pixel producer tile makes one (1024 -> 512 on 14^2 at batch 32: 12.6 -> 13.6).
+PINGPONG_MIN_OUT_CHANNELS = 128
+PINGPONG_MIN_IN_CHANNELS = 64
+PINGPONG_MIN_TILES = 64
+PINGPONG_SHORT_K_TILES = 3
+PINGPONG_WAVE_COST = 0.6
+PINGPONG_FIRST_EPILOGUE_COST = 0.3
+NHWC_CONFIGS["float16"] += (GemmConfig(PINGPONG_CONFIG, 128, 128, 64, 8, 1, PINGPONG_STAGES, wgmma=WGMMA_PINGPONG,
+                                       producer_warps=4),)
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 #: 1x1 NCHW layers read in place (NCHW_A) on wgmma's 3-stage pixel-row tile: each warp's A fragments
@@ -262,6 +293,8 @@ def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
     """STAGES x (A + B): B [bn][bk + pad], rows of bk elements + 16 bytes; A the same with bm rows,
     or (a_from_nchw) [bk][bm + 8]. wgmma: rows of 128 bytes, unpadded, and 1 KB to align the tiles."""
     item = 4 if dtype == "float32" else 2
+    if cfg.wgmma == WGMMA_PINGPONG:  # the ring, each consumer's 16-bit staging, the mbarriers, 1 KB to align
+        return cfg.stages * (cfg.bm + cfg.bn) * 128 + 2 * cfg.bm * (cfg.bn + 8) * item + 16 * cfg.stages + 1024
     a_stage = cfg.bk * (cfg.bm + 8) * item if a_from_nchw else cfg.bm * (cfg.bk * item + (0 if cfg.wgmma else 16))
     if cfg.wgmma:  # and the producer's full and empty mbarriers, 8 bytes each per stage
         return cfg.stages * (a_stage + cfg.bn * 128) + 1024 + (16 * cfg.stages if cfg.producer_warps else 0)
@@ -397,13 +430,60 @@ def _wgmma_refusal(problem: ConvProblem, compute_capability: int, cfg: GemmConfi
     return ""
 
 
+def _pingpong_refusal(problem: ConvProblem, channels_padded: int, index: str, splits, stream_k) -> str:
+    """Why the ping-pong tile (PINGPONG_CONFIG) cannot run ``problem`` ("" where it can)."""
+    p = problem
+    if p.dtype not in ("float16", "bfloat16") or p.layout != "NHWC":
+        return f"it runs 16-bit NHWC layers (got {p.dtype}, {p.layout})"
+    if (p.kh, p.kw, p.stride, p.pad_top, p.pad_left, p.pad_bottom, p.pad_right) != (1, 1, (1, 1), 0, 0, 0, 0) \
+            or p.groups != 1:
+        return (f"it runs 1x1, stride-1, unpadded layers of one group (got {p.kh}x{p.kw}, stride {p.stride}, "
+                f"{p.groups} group(s))")
+    if channels_padded != p.c or p.k % 8:
+        return f"its x is read in place and its output stored in 8-channel vectors (got {p.c} -> {p.k} channels)"
+    if index != "int":
+        return f"it takes 32-bit indices ({p.x_shape} -> {p.out_shape} needs 64-bit ones)"
+    if (splits not in (None, 1)) or stream_k:
+        return f"it finishes its tiles itself: no split-K or stream-K (got splits={splits}, stream_k={stream_k})"
+    return ""
+
+
+def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
+    """Whether the fixed rules take the ping-pong tile for ``problem`` on a GPU of ``compute_capability``
+    (PINGPONG_* above: wide enough, enough tiles, and cheaper than the producer tile the rules would take
+    instead). The planner asks it before the pointwise kernel's rule."""
+    if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.dtype not in ("float16", "bfloat16") or \
+            _pieces(problem)[1]:
+        return False
+    cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
+    channels_padded = _pieces(problem)[0][1]
+    if _pingpong_refusal(problem, channels_padded, _index(problem, cfg, channels_padded), None, None):
+        return False
+    tiles, k_tiles = math.prod(gemm_grid(problem, cfg)), _k_tiles(problem, cfg, channels_padded)
+    if problem.k < PINGPONG_MIN_OUT_CHANNELS or problem.c < PINGPONG_MIN_IN_CHANNELS or tiles < PINGPONG_MIN_TILES \
+            or (k_tiles < PINGPONG_SHORT_K_TILES and tiles < H100_SMS):
+        return False
+    if _deep(problem) and problem.k // problem.groups > 64:  # the rules' other wgmma tile for it
+        other = _larger_wgmma_config(problem)[0]
+        if other.wgmma == WGMMA_PIXEL_ROWS_PRODUCER:
+            return _pingpong_cost(tiles) < math.ceil(math.prod(gemm_grid(problem, other)) / H100_SMS) * \
+                PRODUCER_BLOCK_COST[other.bm] * (PAIR_BLOCK_COST if other.cluster > 1 else 1.0)
+    return True
+
+
+def _pingpong_cost(tiles: int) -> float:
+    """The ping-pong tile's time on ``tiles`` tiles in 128-pixel producer blocks' (PRODUCER_BLOCK_COST)."""
+    return PINGPONG_WAVE_COST * math.ceil(tiles / H100_SMS) + PINGPONG_FIRST_EPILOGUE_COST
+
+
 def _deep(problem: ConvProblem) -> bool:
     """Whether k rows of 128 bytes pay: 16-byte pieces from copies, >= 64 bytes of channels per tap."""
     item = 4 if problem.dtype == "float32" else 2
     return _pieces(problem)[0][0] == 16 and not _nchw_a_vec(problem) and problem.c // problem.groups * item >= 64
 
 
-def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[GemmConfig, str]:
+def _choose_config(problem: ConvProblem, compute_capability: int = 0,
+                   pingpong: bool = True) -> tuple[GemmConfig, str]:
     """On compute capability 9.0, wherever 16-byte pieces are gathered from copies, the reduction spans
     MIN_DEEP_K_TILES k rows of 128 bytes or more, a group has 8 output channels or more and the layer is
     not one tile of few pixels and <= 64 channels (WGMMA_MIN_NARROW_PIXELS), the wgmma tiles (_choose_wgmma_config);
@@ -416,7 +496,14 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0) -> tuple[G
     and the 32-channel one for 32 or fewer. Depth: k rows of 128 bytes where the gather copies 16-byte
     pieces of at least 64 bytes of channels per tap and the reduction spans MIN_DEEP_K_TILES of them,
     else of 64 bytes (narrower pieces make a deep tile many copies per thread; few channels per tap
-    make it many taps; 1x1 problems read in place have short reductions)."""
+    make it many taps; 1x1 problems read in place have short reductions).
+
+    Before all of these, where ``pingpong`` and pingpong_pays, the ping-pong tile."""
+    if pingpong and pingpong_pays(problem, compute_capability):
+        cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
+        return cfg, (f"wgmma; 1x1 of {problem.c} -> {problem.k} channels, {math.prod(gemm_grid(problem, cfg))} "
+                     f"tiles of 128 x 128: the ping-pong tile (one consumer warpgroup's epilogue beside the "
+                     f"other's MMAs)")
     kg = problem.k // problem.groups
     item = 4 if problem.dtype == "float32" else 2
     deep_k_tiles = math.ceil(problem.kh * problem.kw * _pieces(problem)[0][1] // problem.groups * item / 128)
@@ -533,7 +620,8 @@ def _fewest_waves(problem: ConvProblem, producer: GemmConfig, channels_padded: i
             (wave_bytes <= TALL_PRODUCER_MAX_WAVE_BYTES or problem.kh * problem.kw == 1) and
             _x_copied(problem, channels_padded, c) == _x_copied(problem, channels_padded, producer))
 
-    best = min((c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps and c.bn == 128 and fits(c)),
+    best = min((c for c in NHWC_CONFIGS[problem.dtype]
+                if c.wgmma == WGMMA_PIXEL_ROWS_PRODUCER and c.bn == 128 and fits(c)),
                key=lambda c: (cost(c), c.bm, c.cluster))
     return best, (f"wgmma; {problem.k // problem.groups} output channels per group, "
                   f"{math.prod(gemm_grid(problem, best))} blocks of {best.bm} pixels x 128 channels"
@@ -629,7 +717,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         if why_not:
             raise ValueError(f"config {config!r} cannot run this problem: {why_not}")
     else:
-        cfg, why = _choose_config(problem, compute_capability)
+        cfg, why = _choose_config(problem, compute_capability, pingpong=splits in (None, 1) and not stream_k)
         if cfg.producer_warps and stream_k:  # forced onto the tile it runs on
             cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PIXEL_ROWS_CONFIG)
             why += f"; {cfg.name} instead: stream-K runs on it"
@@ -644,6 +732,16 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         why += "; NHWC input read in place, rounded to TF32 by the kernel (ROUND_A)"
     index = _index(problem, cfg, channels_padded)
     grid = gemm_grid(problem, cfg)
+    if cfg.wgmma == WGMMA_PINGPONG:
+        why_not = _pingpong_refusal(problem, channels_padded, index, splits, stream_k)
+        if why_not:
+            raise ValueError(f"config {cfg.name!r} cannot run this problem: {why_not}")
+        blocks = min(math.prod(grid), H100_SMS)
+        why += f"; {math.prod(grid)} tiles on {blocks} persistent blocks, two consumer warpgroups taking turns"
+        return LaunchPlan(
+            kernel=KERNEL, dtype=problem.dtype, index_type=index, config=cfg, grid=(blocks, 1, 1),
+            block=(cfg.threads, 1, 1), shared_bytes=_shared_bytes(cfg, problem.dtype, False),
+            reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded, arch=WGMMA_ARCH)
     if splits is None:  # stream-K finishes its tiles itself
         splits = 1 if stream_k else _splits(problem, cfg, grid, channels_padded, index)
         if splits > 1:
@@ -686,7 +784,10 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
 def describe(plan: LaunchPlan) -> str:
     """The printed plan: tile, warps (or wgmma warpgroups), launch shape, the copies it reads and why."""
     c = plan.config
-    warps = (f"{c.warps_m // 4} warpgroups of {'64 ch' if c.wgmma == WGMMA_CHANNEL_ROWS else '64 px'} with wgmma "
+    warps = ("persistent blocks of 2 warpgroups each multiplying every other tile with wgmma while the other "
+             f"stores its last ({plan.arch}; ping-pong), a producer warpgroup copying both operands by TMA"
+             if c.wgmma == WGMMA_PINGPONG else
+             f"{c.warps_m // 4} warpgroups of {'64 ch' if c.wgmma == WGMMA_CHANNEL_ROWS else '64 px'} with wgmma "
              f"({plan.arch})" + (", a producer warpgroup copying both operands by TMA" if c.producer_warps else "")
              + (f"; clusters of {c.cluster} channel tiles, each block copying 1/{c.cluster} of the input tile into "
                 f"all ({PAIR_KERNEL})" if c.cluster > 1 else "")
@@ -787,8 +888,15 @@ def tma_specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc_out: bool, 
             f"{cfg.stages},16,{cfg.wgmma},{flags}>")
 
 
+def pingpong_specialisation(dtype: str, cfg: GemmConfig) -> str:
+    """The C++ template instance of the ping-pong tile ``cfg``."""
+    return f"cupyconv::{PINGPONG_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bn},{cfg.stages}>"
+
+
 def name_expression(plan: LaunchPlan) -> str:
     """The specialisation ``plan`` launches."""
+    if plan.config.wgmma == WGMMA_PINGPONG:
+        return pingpong_specialisation(plan.dtype, plan.config)
     if plan.config.producer_warps:
         return tma_specialisation(plan.dtype, plan.index_type, plan.config, plan.layout == "NHWC", plan.round_a,
                                   plan.splits > 1)
@@ -808,10 +916,12 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
             for split_k in ((False, True) if index == "int" else (False,))] + \
         [tma_specialisation(dtype, index, cfg, nhwc_out, round_a, split_k) for dtype in GEMM_DTYPES
          for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype]
-         if wgmma and cfg.producer_warps and (cfg.cluster == 1 or index == "int")
+         if wgmma and cfg.wgmma == WGMMA_PIXEL_ROWS_PRODUCER and (cfg.cluster == 1 or index == "int")
          for nhwc_out, round_a in ((False, False), (True, False))
          + (((True, True),) if dtype == "float32" and _float32_rounding(cfg) != "copy" else ())
-         for split_k in ((False, True) if index == "int" else (False,))]
+         for split_k in ((False, True) if index == "int" else (False,))] + \
+        [pingpong_specialisation(dtype, cfg) for dtype in GEMM_DTYPES for cfg in NHWC_CONFIGS[dtype]
+         if wgmma and cfg.wgmma == WGMMA_PINGPONG]
 
 
 def _gemm_flags(wgmma: bool, cfg: GemmConfig, dtype: str, vec: int) -> tuple[tuple[int, bool, bool], ...]:
@@ -972,6 +1082,9 @@ def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Point
         return launch
     cfg, columns = plan.config, p.kh * p.kw * plan.channels_padded
     weight_map = TensorMap(weight, p.dtype, p.k, columns, columns * STORAGE_BYTES[p.dtype], cfg.bn, cfg.bk)
+    if cfg.wgmma == WGMMA_PINGPONG:
+        x_map = TensorMap(x, p.dtype, p.n * p.h * p.w, p.c, p.c * STORAGE_BYTES[p.dtype], cfg.bm, cfg.bk)
+        return dataclasses.replace(launch, kernel=PINGPONG_KERNEL, args=(*launch.args, weight_map, x_map))
     matrix = _copies_matrix(p, cfg)
     if matrix:
         x_map = TensorMap(x, p.dtype, p.n * p.h * p.w, plan.channels_padded,

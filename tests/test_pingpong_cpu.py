@@ -1,0 +1,102 @@
+"""The ping-pong tile (families/implicit_gemm_nhwc.py PINGPONG_CONFIG) without a GPU: its plan (persistent
+blocks, at most one per SM), the problems it refuses with a reason, and its instances."""
+import pytest
+
+from cupyconv import planner
+from cupyconv.arguments import make_problem
+from cupyconv.families import implicit_gemm_nhwc
+from cupyconv.families.common import BLOCK_RESERVED_SHARED_BYTES, H100_SMS, gemm_grid
+from cupyconv.tuning import candidates
+
+PINGPONG = implicit_gemm_nhwc.PINGPONG_CONFIG
+
+
+def problem(n=32, c=256, k=1024, h=14, dtype="float16", kernel=1, stride=1, padding=0, groups=1, layout="NHWC"):
+    x = (n, h, h, c) if layout == "NHWC" else (n, c, h, h)
+    w = (k, kernel, kernel, c // groups) if layout == "NHWC" else (k, c // groups, kernel, kernel)
+    return make_problem(x, w, (k,), dtype, stride=stride, padding=padding, groups=groups, layout=layout,
+                        weight_layout="KHWC" if layout == "NHWC" else "KCHW")
+
+
+def plan_of(p, **options):
+    return planner.make_plan(p, config=PINGPONG, kernel=planner.NHWC_KERNEL, compute_capability=90, **options)
+
+
+@pytest.mark.parametrize("n", [1, 8, 32])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_persistent_grid(n, dtype):
+    """At most one block per SM, never more blocks than tiles; 384 threads; its shared memory fits."""
+    p = problem(n=n, dtype=dtype)
+    plan = plan_of(p)
+    tiles = gemm_grid(p, plan.config)[0] * gemm_grid(p, plan.config)[1]
+    assert plan.grid == (min(tiles, H100_SMS), 1, 1) and plan.block == (384, 1, 1) and plan.splits == 1
+    assert plan.shared_bytes + BLOCK_RESERVED_SHARED_BYTES <= 228 * 1024
+    assert "ping-pong" in str(plan)
+    assert implicit_gemm_nhwc.name_expression(plan) in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
+
+
+@pytest.mark.parametrize("p,options,reason", [
+    (problem(dtype="float32"), {}, "config for implicit_gemm_nhwc in float32 must be one of"),
+    (problem(layout="NCHW"), {}, "wgmma's nhwc_wgmma_m128n128 tile alone|16-bit NHWC"),
+    (problem(kernel=3, padding=1), {}, "1x1, stride-1, unpadded"),
+    (problem(stride=2), {}, "1x1, stride-1, unpadded"),
+    (problem(padding=1), {}, "1x1, stride-1, unpadded"),
+    (problem(groups=2), {}, "one group"),
+    (problem(k=100), {}, "8-channel vectors"),
+    (problem(n=8), {"splits": 2}, "no split-K"),
+    (problem(n=8), {"stream_k": True}, "no split-K or stream-K|stream_k needs"),
+], ids=["float32", "nchw", "3x3", "strided", "padded", "groups", "k", "split_k", "stream_k"])
+def test_refusals(p, options, reason):
+    with pytest.raises(ValueError, match=reason):
+        plan_of(p, **options)
+
+
+def test_channels_past_the_last_k_tile():
+    """Input channels need not fill whole k tiles: TMA fills the last one's columns past C with zeros, in
+    x and w alike."""
+    assert plan_of(problem(c=96)).channels_padded == 96
+
+
+def test_wgmma_only():
+    with pytest.raises(ValueError, match="wgmma needs compute capability"):
+        planner.make_plan(problem(), config=PINGPONG, kernel=planner.NHWC_KERNEL, compute_capability=80)
+
+
+def test_tuner_tries_it():
+    labels = [plan.config.name for _, plan in candidates(problem(), compute_capability=90)]
+    assert PINGPONG in labels
+    assert PINGPONG not in [plan.config.name for _, plan in candidates(problem(kernel=3, padding=1),
+                                                                      compute_capability=90)]
+
+
+#: (batch, input channels, output channels, plane height, width, whether the rules take the ping-pong tile):
+#: each as measured on the H200 (benchmarks/results/pingpong_first_h200.txt).
+RULE_CASES = [
+    (32, 256, 1024, 14, 14, True),    # 11.9 -> 8.2 us
+    (32, 512, 256, 28, 28, True),     # 16.6 -> 12.1, in place of the 192-pixel producer tile (2 waves of it)
+    (32, 64, 256, 56, 56, True),      # 22.2 -> 20.2, in place of the pointwise kernel
+    (8, 512, 2048, 7, 7, True),       # 64 tiles: 6.9 -> 5.6
+    (16, 512, 1024, 1, 1000, True),   # conformer's pointwise conv1d: 39.5 -> 29.9
+    (32, 1024, 512, 14, 14, False),   # one wave of 192-pixel producer blocks: 12.6 against 13.6
+    (32, 512, 128, 28, 28, False),    # the same: 8.8 against 9.1
+    (8, 2048, 512, 7, 7, False),      # 52 tiles, the rules split the reduction: 7.7 against 12.2
+    (8, 96, 576, 14, 14, False),      # two k tiles, half a wave: 3.5 against 3.9
+    (32, 256, 64, 56, 56, False),     # 64 output channels
+    (32, 24, 144, 56, 56, False),     # 24 input channels: 17.5 against 26.4
+    (1, 256, 1024, 14, 14, False),    # 16 tiles
+]
+
+
+@pytest.mark.parametrize("n,c,k,h,w,taken", RULE_CASES, ids=lambda v: str(v))
+def test_rules_take_it_where_measured_faster(n, c, k, h, w, taken):
+    p = make_problem((n, h, w, c), (k, 1, 1, c), None, "float16", layout="NHWC", weight_layout="KHWC")
+    plan = planner.make_plan(p, compute_capability=90)
+    assert (plan.config.name == PINGPONG) == taken, str(plan)
+    assert implicit_gemm_nhwc.pingpong_pays(p, 90) == taken
+    assert not implicit_gemm_nhwc.pingpong_pays(p, 80) and planner.make_plan(p).config.name != PINGPONG
+
+
+def test_rules_leave_it_to_forced_splits():
+    """A caller forcing split-K's runs on a layer the rules give the ping-pong tile gets another tile."""
+    plan = planner.make_plan(problem(n=8, c=512, k=2048, h=7), compute_capability=90, splits=2)
+    assert plan.config.name != PINGPONG and plan.splits == 2

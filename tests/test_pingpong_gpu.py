@@ -1,0 +1,67 @@
+"""The ping-pong tile (families/implicit_gemm_nhwc.py PINGPONG_CONFIG) on the GPU: 16-bit 1x1 NHWC layers
+against torch in float64 with NaN-poisoned outputs -- partial pixel and channel tiles, reductions of one
+to eight k tiles, bias, residual and activations, and grids of a few blocks whose two consumer
+warpgroups take many tiles in turns (the ring's phases wrap many times) -- and the same bits run after
+run."""
+import dataclasses
+
+import pytest
+
+from cases import Case
+from checks import relative_error
+from devices import gpu_count
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_count(), reason="needs a CUDA GPU (cupy finds none)")]
+torch = pytest.importorskip("torch", reason="the GPU tests compare with torch")
+cupy = pytest.importorskip("cupy")
+
+from cupyconv import planner  # noqa: E402
+from cupyconv.compiler import compute_capability  # noqa: E402
+from cupyconv.families import implicit_gemm_nhwc  # noqa: E402
+from test_epilogue_gpu import problem_of, reference, run, tensors  # noqa: E402
+
+if gpu_count() and compute_capability() != 90:
+    pytestmark.append(pytest.mark.skip(reason="the ping-pong tile is wgmma's: compute capability 9.0 (sm_90a) alone"))
+
+CASES = [
+    Case(2, 128, 136, 12, 12, 1, 1),             # 288 pixels (a partial tile), K 136: a partial channel tile
+    Case(3, 64, 200, 7, 9, 1, 1, bias=False),    # one k tile a tile: the consumers' stages interleave
+    Case(4, 256, 256, 14, 14, 1, 1),             # 784 pixels, 4 k tiles (the ring's depth)
+    Case(1, 512, 64, 5, 5, 1, 1),                # 8 k tiles, one channel tile narrower than the tile
+    Case(2, 96, 128, 10, 10, 1, 1),              # 96 channels: the second k tile half zeros (TMA's fill)
+]
+EPILOGUES = [("none", False), ("relu", True), ("silu", True), ("relu", False)]
+
+
+@pytest.mark.parametrize("blocks", [None, 1, 2, 3], ids=lambda b: "rules_grid" if b is None else f"{b}_blocks")
+@pytest.mark.parametrize("epilogue", EPILOGUES, ids=[f"{a}-{'residual' if r else 'no_residual'}" for a, r in EPILOGUES])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_pingpong_against_float64(case, dtype, epilogue, blocks):
+    """Every output written and within 16-bit tolerance, on the plan's grid and on grids of 1-3 persistent
+    blocks (each consumer then takes every other of many tiles); a second run gives the same bits."""
+    activation, residual = epilogue
+    problem = problem_of(case, dtype, "NHWC", "KHWC", activation, residual)
+    plan = planner.make_plan(problem, config=implicit_gemm_nhwc.PINGPONG_CONFIG, kernel=planner.NHWC_KERNEL,
+                             compute_capability=90)
+    if blocks is not None:
+        plan = dataclasses.replace(plan, grid=(blocks, 1, 1))
+    x, weight, bias, r = tensors(case, problem, dtype, seed=case.c + case.k + len(activation))
+    r = r if residual else None
+    out = run(plan, problem, x, weight, bias, r)
+    assert not out.isnan().any(), f"an output element was never written: {plan}"
+    assert relative_error(out, reference(case, x, weight, bias, r, activation)) < 1e-2, str(plan)
+    again = run(plan, problem, x, weight, bias, r)
+    assert torch.equal(out, again), "two runs gave different bits"
+
+
+def test_pingpong_residual_as_output():
+    """The residual may be the output itself (ResNet's fused expansions write over it)."""
+    case = CASES[2]
+    problem = problem_of(case, "float16", "NHWC", "KHWC", "relu", True)
+    plan = planner.make_plan(problem, config=implicit_gemm_nhwc.PINGPONG_CONFIG, kernel=planner.NHWC_KERNEL,
+                             compute_capability=90)
+    x, weight, bias, r = tensors(case, problem, "float16", seed=5)
+    wanted = reference(case, x, weight, bias, r, "relu")
+    out = run(plan, problem, x, weight, bias, r.clone(), in_place=True)
+    assert relative_error(out, wanted) < 1e-2
