@@ -453,6 +453,8 @@ def test_space_to_depth_every_tile(case, tile, dtype, layout):
     problem = problem_of(case, dtype, layout, "KCHW")
     if implicit_gemm_nhwc.space_to_depth_block(problem) == (1, 1):  # float32's 3 channels
         return
+    if tile >= len(implicit_gemm_nhwc.NHWC_CONFIGS[dtype]):
+        pytest.skip(f"{dtype} has {len(implicit_gemm_nhwc.NHWC_CONFIGS[dtype])} tiles (the ping-pong one is 16-bit)")
     config = implicit_gemm_nhwc.NHWC_CONFIGS[dtype][tile].name
     x, weight, bias = inputs(case, dtype, seed=case.k)
     wanted = reference(x, weight, bias, case)
