@@ -899,8 +899,9 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
 // stage's full barrier is never two phases ahead of its waiter (its parity would read as complete).
 // Each consumer stages its tile's outputs, rounded once after bias, residual and activation, in its own
 // shared memory ([BM][BN + 8] 16-bit values: a warp's 8 rows x 4 column pairs hit 32 banks), then
-// stores them as 16-byte vectors along rows (K % 8 == 0). 32-bit indices.
-template <typename T, int BM, int BN, int STAGES>
+// stores them as 16-byte vectors along rows (K % 8 == 0). 32-bit indices. RESIDUAL: calls with a residual
+// (has_residual), whose epilogue is an instance of its own (one body with both spilled registers).
+template <typename T, int BM, int BN, int STAGES, bool RESIDUAL>
 __global__ void __launch_bounds__(384, 1)
 implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                             void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
@@ -987,38 +988,101 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
         wgmma_wait<0>();
         if (k_tiles > 0 && lane == 0) mbarrier_arrive(empty + (i * k_tiles + k_tiles - 1) % STAGES);
 
-        // Epilogue: this tile's last stores read the staging before it is written again.
-        asm volatile("bar.sync %0, 128;\n" :: "r"(STAGING + consumer) : "memory");
+        // Epilogue. Without a residual, the tile's finished 16-bit outputs (bias and activation applied,
+        // rounded once) are staged and stored as they are. With one, each 64-row half's float sums are
+        // staged (the same bytes) and the stores add the bias and the residual, read as 16-byte vectors,
+        // before the one rounding. Each staging is written only after this consumer's stores of the last
+        // one read it (named barrier STAGING + consumer).
         const int quad = lane >> 2, tq = lane & 3;
-        with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
-#pragma unroll
-            for (int nb = 0; nb < BN / 8; ++nb) {
-                const int col = nb * 8 + 2 * tq, channel = n0 + col;  // and channel + 1 (K % 8 == 0)
-                const bool inside = channel < K;
-                const float b0 = has_bias && inside ? to_acc<float>(bias[channel]) : 0.0f;
-                const float b1 = has_bias && inside ? to_acc<float>(bias[channel + 1]) : 0.0f;
-#pragma unroll
-                for (int h = 0; h < HALVES; ++h)
-#pragma unroll
-                    for (int half = 0; half < 2; ++half) {
-                        const int row = h * 64 + warp * 16 + quad + half * 8;
-                        const int at = m0 + row < M && inside ? (m0 + row) * K + channel : 0;
-                        struct alignas(4) Pair { T lo, hi; };
-                        *reinterpret_cast<Pair*>(out_stage + row * H_STRIDE + col) =
-                            Pair{finish(acc[h][4 * nb + 2 * half] + b0, at), finish(acc[h][4 * nb + 2 * half + 1] + b1, at + 1)};
-                    }
-            }
-        });
-        asm volatile("bar.sync %0, 128;\n" :: "r"(STAGING + consumer) : "memory");
         constexpr int VECTORS = BN / 8, ROW_STEP = 128 / VECTORS;  // 16-byte vectors of a row
         struct alignas(16) Vec { T v[8]; };
-        const int n = ctid % VECTORS * 8, row0 = ctid / VECTORS;
-        if (n0 + n < K) {
+        const int n = ctid % VECTORS * 8, row0 = ctid / VECTORS;  // this thread's 8 channels, first row
+        if constexpr (!RESIDUAL) {
+            asm volatile("bar.sync %0, 128;\n" :: "r"(STAGING + consumer) : "memory");
+            with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {  // has_residual: 0 here
+#pragma unroll
+                for (int nb = 0; nb < BN / 8; ++nb) {
+                    const int col = nb * 8 + 2 * tq, channel = n0 + col;  // and channel + 1 (K % 8 == 0)
+                    const bool inside = has_bias && channel < K;
+                    const float b0 = inside ? to_acc<float>(bias[channel]) : 0.0f;
+                    const float b1 = inside ? to_acc<float>(bias[channel + 1]) : 0.0f;
+#pragma unroll
+                    for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+                        for (int half = 0; half < 2; ++half) {
+                            const int row = h * 64 + warp * 16 + quad + half * 8;
+                            struct alignas(4) Pair { T lo, hi; };
+                            *reinterpret_cast<Pair*>(out_stage + row * H_STRIDE + col) =
+                                Pair{finish(acc[h][4 * nb + 2 * half] + b0, 0), finish(acc[h][4 * nb + 2 * half + 1] + b1, 0)};
+                        }
+                }
+            });
+            asm volatile("bar.sync %0, 128;\n" :: "r"(STAGING + consumer) : "memory");
+            if (n0 + n < K) {
 #pragma unroll 4
-            for (int row = row0; row < BM; row += ROW_STEP) {
-                if (m0 + row >= M) break;
-                *reinterpret_cast<Vec*>(y + (m0 + row) * K + n0 + n) =
-                    *reinterpret_cast<const Vec*>(out_stage + row * H_STRIDE + n);
+                for (int row = row0; row < BM; row += ROW_STEP) {
+                    if (m0 + row >= M) break;
+                    *reinterpret_cast<Vec*>(y + (m0 + row) * K + n0 + n) =
+                        *reinterpret_cast<const Vec*>(out_stage + row * H_STRIDE + n);
+                }
+            }
+        } else {
+            // A half's sums [64][F_STRIDE]: channel pairs of a warp's 8 rows x 4 lanes hit 32 banks a half-warp.
+            constexpr int F_STRIDE = BN + 8;
+            static_assert(64 * F_STRIDE * 4 <= BM * H_STRIDE * 2, "a half's float sums fit a consumer's staging");
+            float* sums = reinterpret_cast<float*>(out_stage);
+            float b[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) b[j] = has_bias && n0 + n < K ? to_acc<float>(bias[n0 + n + j]) : 0.0f;
+            // Threads 32 channels apart read their two float4s in opposite orders: 8 threads a phase, 8 bank groups.
+            const int flip = (n >> 5) & 1;
+#pragma unroll  // acc[h] stays in registers
+            for (int h = 0; h < HALVES; ++h) {
+                asm volatile("bar.sync %0, 128;\n" :: "r"(STAGING + consumer) : "memory");
+#pragma unroll
+                for (int nb = 0; nb < BN / 8; ++nb)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half)
+                        *reinterpret_cast<float2*>(sums + (warp * 16 + quad + half * 8) * F_STRIDE + nb * 8 + 2 * tq) =
+                            make_float2(acc[h][4 * nb + 2 * half], acc[h][4 * nb + 2 * half + 1]);
+                asm volatile("bar.sync %0, 128;\n" :: "r"(STAGING + consumer) : "memory");
+                if (n0 + n >= K) continue;
+                with_epilogue<T, true>(residual, has_residual, activation, [&](auto finish) {
+                    constexpr bool VECTOR_RESIDUAL = decltype(finish)::MAY_READ_RESIDUAL;
+                    // CHUNK rows' residual vectors loaded before their sums: one row's latency at a time made
+                    // the stores of a fused expansion slower than its MMAs. Rows past M read the first row's.
+                    constexpr int ROWS = 64 / ROW_STEP, CHUNK = VECTOR_RESIDUAL ? 4 : 1;
+#pragma unroll 1
+                    for (int r0 = 0; r0 < ROWS; r0 += CHUNK) {
+                        Vec res[CHUNK];
+                        if constexpr (VECTOR_RESIDUAL) {
+#pragma unroll
+                            for (int c = 0; c < CHUNK; ++c) {
+                                const int m = m0 + h * 64 + row0 + (r0 + c) * ROW_STEP;
+                                res[c] = load_vector_here<Vec>(residual + (m < M ? m * K + n0 + n : 0));
+                            }
+                        }
+#pragma unroll
+                        for (int c = 0; c < CHUNK; ++c) {
+                            const int row = row0 + (r0 + c) * ROW_STEP, m = m0 + h * 64 + row;
+                            if (m >= M) break;
+                            const int at = m * K + n0 + n;
+                            const float4* staged = reinterpret_cast<const float4*>(sums + row * F_STRIDE + n);
+                            const float4 first = staged[flip], second = staged[1 - flip];
+                            const float4 lo = flip ? second : first, hi = flip ? first : second;
+                            const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+                            Vec out;
+#pragma unroll
+                            for (int j = 0; j < 8; ++j) {
+                                if constexpr (VECTOR_RESIDUAL)
+                                    out.v[j] = finish.with_residual(v[j] + b[j], res[c].v[j]);
+                                else
+                                    out.v[j] = finish(v[j] + b[j], at + j);
+                            }
+                            *reinterpret_cast<Vec*>(y + at) = out;
+                        }
+                    }
+                });
             }
         }
     }

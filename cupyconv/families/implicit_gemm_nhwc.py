@@ -203,6 +203,10 @@ PINGPONG_STAGES = 4
 #: 144: 17.5 -> 26.4), fewer tiles than SMs where the rules split the reduction (2048 -> 512 on 7^2 at batch
 #: 8, 52 tiles: 7.7 -> 12.2), two short k tiles on half a wave (96 -> 576 on 14^2 at batch 8: 3.5 -> 3.9), and
 #: two waves of tiles where a 192-pixel producer tile makes one (1024 -> 512 on 14^2 at batch 32: 12.6 -> 13.6).
+#: Not for calls with a residual: their epilogue (float sums staged a half-tile at a time, the residual read
+#: by the stores) outlasts the other consumer's MMAs; ResNet-50 fused (convert(fuse=True)), fp16
+#: channels_last, batch 32, CUDA graph: 1.311 ms on the producer tiles, 1.364 with the ping-pong tile on its
+#: expansions (the residual read as elements from the fragments: 1.645).
 PINGPONG_MIN_OUT_CHANNELS = 128
 PINGPONG_MIN_IN_CHANNELS = 64
 PINGPONG_MIN_TILES = 64
@@ -450,10 +454,10 @@ def _pingpong_refusal(problem: ConvProblem, channels_padded: int, index: str, sp
 
 def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
     """Whether the fixed rules take the ping-pong tile for ``problem`` on a GPU of ``compute_capability``
-    (PINGPONG_* above: wide enough, enough tiles, and cheaper than the producer tile the rules would take
-    instead). The planner asks it before the pointwise kernel's rule."""
+    (PINGPONG_* above: wide enough, enough tiles, cheaper than the producer tile the rules would take
+    instead, no residual). The planner asks it before the pointwise kernel's rule."""
     if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.dtype not in ("float16", "bfloat16") or \
-            _pieces(problem)[1]:
+            problem.has_residual or _pieces(problem)[1]:
         return False
     cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
     channels_padded = _pieces(problem)[0][1]
@@ -888,15 +892,15 @@ def tma_specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc_out: bool, 
             f"{cfg.stages},16,{cfg.wgmma},{flags}>")
 
 
-def pingpong_specialisation(dtype: str, cfg: GemmConfig) -> str:
-    """The C++ template instance of the ping-pong tile ``cfg``."""
-    return f"cupyconv::{PINGPONG_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bn},{cfg.stages}>"
+def pingpong_specialisation(dtype: str, cfg: GemmConfig, residual: bool) -> str:
+    """The C++ template instance of the ping-pong tile ``cfg``, for calls with a residual or without."""
+    return f"cupyconv::{PINGPONG_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bn},{cfg.stages},{str(residual).lower()}>"
 
 
 def name_expression(plan: LaunchPlan) -> str:
     """The specialisation ``plan`` launches."""
     if plan.config.wgmma == WGMMA_PINGPONG:
-        return pingpong_specialisation(plan.dtype, plan.config)
+        return pingpong_specialisation(plan.dtype, plan.config, plan.has_residual)
     if plan.config.producer_warps:
         return tma_specialisation(plan.dtype, plan.index_type, plan.config, plan.layout == "NHWC", plan.round_a,
                                   plan.splits > 1)
@@ -920,8 +924,8 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
          for nhwc_out, round_a in ((False, False), (True, False))
          + (((True, True),) if dtype == "float32" and _float32_rounding(cfg) != "copy" else ())
          for split_k in ((False, True) if index == "int" else (False,))] + \
-        [pingpong_specialisation(dtype, cfg) for dtype in GEMM_DTYPES for cfg in NHWC_CONFIGS[dtype]
-         if wgmma and cfg.wgmma == WGMMA_PINGPONG]
+        [pingpong_specialisation(dtype, cfg, residual) for dtype in GEMM_DTYPES for cfg in NHWC_CONFIGS[dtype]
+         if wgmma and cfg.wgmma == WGMMA_PINGPONG for residual in (False, True)]
 
 
 def _gemm_flags(wgmma: bool, cfg: GemmConfig, dtype: str, vec: int) -> tuple[tuple[int, bool, bool], ...]:
