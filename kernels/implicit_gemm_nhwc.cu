@@ -920,7 +920,6 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
     T* staging = reinterpret_cast<T*>(b_smem + STAGES * B_STAGE);                    // [2][BM][H_STRIDE]
     unsigned long long* full = reinterpret_cast<unsigned long long*>(staging + 2 * BM * H_STRIDE);
     unsigned long long* empty = full + STAGES;
-    float* biases = reinterpret_cast<float*>(empty + STAGES);                         // [2][BN]
 
     const int M = N * H * W;
     const int tiles_n = (K + BN - 1) / BN, tiles = (M + BM - 1) / BM * tiles_n;
@@ -961,11 +960,6 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
 #pragma unroll 1
     for (int i = consumer, tile = blockIdx.x + consumer * gridDim.x; tile < tiles; i += 2, tile += 2 * gridDim.x) {
         const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
-        // The tile's bias, read from global memory while it multiplies (scalar loads in the epilogue, each
-        // waited for, made a fused layer's epilogue outlast the other consumer's MMAs); the epilogue's first
-        // barrier orders these writes before its reads, and its last one the reads before the next tile's.
-        float* tile_bias = biases + consumer * BN;
-        if (ctid < BN) tile_bias[ctid] = has_bias && n0 + ctid < K ? to_acc<float>(bias[n0 + ctid]) : 0.0f;
         if (i > 0)  // the other consumer has waited for all of tile i - 1's copies
             asm volatile("bar.sync %0, 256;\n" :: "r"(consumer ? ORDER_0_TO_1 : ORDER_1_TO_0) : "memory");
         float acc[HALVES][BN / 2];
@@ -1008,8 +1002,10 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
             with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {  // has_residual: 0 here
 #pragma unroll
                 for (int nb = 0; nb < BN / 8; ++nb) {
-                    const int col = nb * 8 + 2 * tq;
-                    const float2 b = *reinterpret_cast<const float2*>(tile_bias + col);
+                    const int col = nb * 8 + 2 * tq, channel = n0 + col;  // and channel + 1 (K % 8 == 0)
+                    const bool inside = has_bias && channel < K;
+                    const float b0 = inside ? to_acc<float>(bias[channel]) : 0.0f;
+                    const float b1 = inside ? to_acc<float>(bias[channel + 1]) : 0.0f;
 #pragma unroll
                     for (int h = 0; h < HALVES; ++h)
 #pragma unroll
@@ -1017,7 +1013,7 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
                             const int row = h * 64 + warp * 16 + quad + half * 8;
                             struct alignas(4) Pair { T lo, hi; };
                             *reinterpret_cast<Pair*>(out_stage + row * H_STRIDE + col) =
-                                Pair{finish(acc[h][4 * nb + 2 * half] + b.x, 0), finish(acc[h][4 * nb + 2 * half + 1] + b.y, 0)};
+                                Pair{finish(acc[h][4 * nb + 2 * half] + b0, 0), finish(acc[h][4 * nb + 2 * half + 1] + b1, 0)};
                         }
                 }
             });
@@ -1035,10 +1031,9 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
             constexpr int F_STRIDE = BN + 8;
             static_assert(64 * F_STRIDE * 4 <= BM * H_STRIDE * 2, "a half's float sums fit a consumer's staging");
             float* sums = reinterpret_cast<float*>(out_stage);
-            asm volatile("bar.sync %0, 128;\n" :: "r"(STAGING + consumer) : "memory");  // the tile's bias written
             float b[8];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) b[j] = tile_bias[n + j];
+            for (int j = 0; j < 8; ++j) b[j] = has_bias && n0 + n < K ? to_acc<float>(bias[n0 + n + j]) : 0.0f;
             // Threads 32 channels apart read their two float4s in opposite orders: 8 threads a phase, 8 bank groups.
             const int flip = (n >> 5) & 1;
 #pragma unroll  // acc[h] stays in registers

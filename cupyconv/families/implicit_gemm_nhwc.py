@@ -203,10 +203,13 @@ PINGPONG_STAGES = 4
 #: 144: 17.5 -> 26.4), fewer tiles than SMs where the rules split the reduction (2048 -> 512 on 7^2 at batch
 #: 8, 52 tiles: 7.7 -> 12.2), two short k tiles on half a wave (96 -> 576 on 14^2 at batch 8: 3.5 -> 3.9), and
 #: two waves of tiles where a 192-pixel producer tile makes one (1024 -> 512 on 14^2 at batch 32: 12.6 -> 13.6).
-#: Not for calls with a residual: their epilogue (float sums staged a half-tile at a time, the residual read
-#: by the stores) outlasts the other consumer's MMAs; ResNet-50 fused (convert(fuse=True)), fp16
-#: channels_last, batch 32, CUDA graph: 1.311 ms on the producer tiles, 1.364 with the ping-pong tile on its
-#: expansions (the residual read as elements from the fragments: 1.645).
+#: Only for calls without bias, activation or residual (torchvision's convolutions, BatchNorm unfused): the
+#: epilogue of a fused call outlasts the other consumer's MMAs. ResNet-50 fused (convert(fuse=True), bias,
+#: ReLU and residual adds in the convolutions), fp16 channels_last, batch 32, CUDA graph: 1.310 ms on the
+#: producer tiles, 1.361 with the ping-pong tile on its reductions (bias and ReLU; the bias read in the
+#: epilogue), 1.364 on its expansions too (the residual read by the stores as vectors), 1.645 (the residual
+#: read as elements from the fragments). With the bias read into shared memory while the tile multiplies
+#: (benchmarks/results/pingpong_bias_in_shared_unverified.diff) 1.333: not kept, its GPU tests unfinished.
 PINGPONG_MIN_OUT_CHANNELS = 128
 PINGPONG_MIN_IN_CHANNELS = 64
 PINGPONG_MIN_TILES = 64
@@ -297,9 +300,8 @@ def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
     """STAGES x (A + B): B [bn][bk + pad], rows of bk elements + 16 bytes; A the same with bm rows,
     or (a_from_nchw) [bk][bm + 8]. wgmma: rows of 128 bytes, unpadded, and 1 KB to align the tiles."""
     item = 4 if dtype == "float32" else 2
-    if cfg.wgmma == WGMMA_PINGPONG:  # the ring, each consumer's 16-bit staging, mbarriers, bias, 1 KB to align
-        return cfg.stages * (cfg.bm + cfg.bn) * 128 + 2 * cfg.bm * (cfg.bn + 8) * item + 16 * cfg.stages + \
-            2 * cfg.bn * 4 + 1024
+    if cfg.wgmma == WGMMA_PINGPONG:  # the ring, each consumer's 16-bit staging, the mbarriers, 1 KB to align
+        return cfg.stages * (cfg.bm + cfg.bn) * 128 + 2 * cfg.bm * (cfg.bn + 8) * item + 16 * cfg.stages + 1024
     a_stage = cfg.bk * (cfg.bm + 8) * item if a_from_nchw else cfg.bm * (cfg.bk * item + (0 if cfg.wgmma else 16))
     if cfg.wgmma:  # and the producer's full and empty mbarriers, 8 bytes each per stage
         return cfg.stages * (a_stage + cfg.bn * 128) + 1024 + (16 * cfg.stages if cfg.producer_warps else 0)
@@ -456,9 +458,9 @@ def _pingpong_refusal(problem: ConvProblem, channels_padded: int, index: str, sp
 def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
     """Whether the fixed rules take the ping-pong tile for ``problem`` on a GPU of ``compute_capability``
     (PINGPONG_* above: wide enough, enough tiles, cheaper than the producer tile the rules would take
-    instead, no residual). The planner asks it before the pointwise kernel's rule."""
+    instead, no bias, activation or residual). The planner asks it before the pointwise kernel's rule."""
     if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.dtype not in ("float16", "bfloat16") or \
-            problem.has_residual or _pieces(problem)[1]:
+            problem.has_bias or problem.activation != "none" or problem.has_residual or _pieces(problem)[1]:
         return False
     cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
     channels_padded = _pieces(problem)[0][1]
