@@ -895,12 +895,13 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
 // One thread of the producer copies both tiles of every k tile of the block's tiles, in order, into one
 // ring of STAGES stages by TMA (x and w as matrices; zeros past M, K and C); "full" and "empty"
 // mbarriers per stage. The consumers take their turns at the ring in tile order: one starts its tile's
-// MMAs once the other has waited for all of its own tile's copies (named barriers 1 and 2), so that a
-// stage's full barrier is never two phases ahead of its waiter (its parity would read as complete).
-// Each consumer stages its tile's outputs, rounded once after bias, residual and activation, in its own
-// shared memory ([BM][BN + 8] 16-bit values: a warp's 8 rows x 4 column pairs hit 32 banks), then
-// stores them as 16-byte vectors along rows (K % 8 == 0). 32-bit indices. RESIDUAL: calls with a residual
-// (has_residual), whose epilogue is an instance of its own (one body with both spilled registers).
+// MMAs once the other has waited for all of its own tile's copies (named barriers 1 and 2), so that no
+// consumer waits on a stage whose previous fill has not landed (a full barrier a phase behind its waiter
+// reads as complete: parities alternate). Each consumer stages its tile's outputs in its own shared
+// memory ([BM][BN + 8] 16-bit values: a warp's 8 rows x 4 column pairs hit 32 banks; RESIDUAL: float sums
+// of 64 rows at a time), rounded once after bias, residual and activation, and stores them as 16-byte
+// vectors along rows (K % 8 == 0). 32-bit indices. RESIDUAL: calls with a residual (has_residual), whose
+// epilogue is an instance of its own (one body with both spilled registers).
 template <typename T, int BM, int BN, int STAGES, bool RESIDUAL>
 __global__ void __launch_bounds__(384, 1)
 implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
