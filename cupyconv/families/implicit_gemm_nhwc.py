@@ -184,8 +184,8 @@ for _dtype, _item in (("float32", 4), ("float16", 2)):
 #: SM, of a producer warpgroup copying by TMA into one ring of PINGPONG_STAGES stages and two consumer
 #: warpgroups each taking every other tile of the block, a whole 128 x 128 one: one multiplies while the
 #: other runs its epilogue. 16-bit 1x1, stride-1, unpadded layers of one group in NHWC (x and w read in
-#: place as matrices), whole k tiles of channels, output channels a multiple of 8, 32-bit indices; no
-#: split-K.
+#: place as matrices; TMA fills the last k tile's columns past C with zeros), input and output channels
+#: multiples of 8, 32-bit indices; no split-K.
 WGMMA_PINGPONG = 4
 PINGPONG_CONFIG = "nhwc_wgmma_pingpong_m128n128"
 PINGPONG_KERNEL = "implicit_gemm_nhwc_pingpong"
