@@ -308,6 +308,12 @@ def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
     return cfg.stages * (a_stage + cfg.bn * (cfg.bk * item + 16))
 
 
+def _is_matrix(p: ConvProblem) -> bool:
+    """Whether x is the GEMM's A as it lies (pixels x channels, or their transpose in NCHW): 1x1, stride-1,
+    unpadded layers."""
+    return (p.kh, p.kw, p.stride, p.pad_top, p.pad_left, p.pad_bottom, p.pad_right) == (1, 1, (1, 1), 0, 0, 0, 0)
+
+
 def _nchw_a_vec(problem: ConvProblem) -> int:
     """Bytes per A piece where the NCHW input can be read in place (0 where it cannot), the KCHW weight
     too, in 16-byte rows of kh kw C / groups: 1x1, stride-1, unpadded problems, whose pieces of pixels
@@ -318,8 +324,7 @@ def _nchw_a_vec(problem: ConvProblem) -> int:
     item = 4 if problem.dtype == "float32" else 2
     if problem.layout != "NCHW" or (problem.kh * problem.kw * problem.c // problem.groups * item) % 16:
         return 0
-    if (problem.kh, problem.kw, problem.stride) == (1, 1, (1, 1)) and \
-            (problem.pad_top, problem.pad_left, problem.pad_bottom, problem.pad_right) == (0, 0, 0, 0):
+    if _is_matrix(problem):
         rows = (problem.h * problem.w * item,)
     elif problem.h == problem.kh == problem.ho == 1 and problem.stride[1] == 1 and problem.weight_layout == "KCHW" \
             and problem.k // problem.groups <= NCHW_A_ROW_TAPS_MAX_CHANNELS:
@@ -442,8 +447,7 @@ def _pingpong_refusal(problem: ConvProblem, channels_padded: int, index: str, sp
     p = problem
     if p.dtype not in ("float16", "bfloat16") or p.layout != "NHWC":
         return f"it runs 16-bit NHWC layers (got {p.dtype}, {p.layout})"
-    if (p.kh, p.kw, p.stride, p.pad_top, p.pad_left, p.pad_bottom, p.pad_right) != (1, 1, (1, 1), 0, 0, 0, 0) \
-            or p.groups != 1:
+    if not _is_matrix(p) or p.groups != 1:
         return (f"it runs 1x1, stride-1, unpadded layers of one group (got {p.kh}x{p.kw}, stride {p.stride}, "
                 f"{p.groups} group(s))")
     if channels_padded != p.c or p.k % 8:
@@ -460,10 +464,12 @@ def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
     (PINGPONG_* above: wide enough, enough tiles, cheaper than the producer tile the rules would take
     instead, no bias, activation or residual). The planner asks it before the pointwise kernel's rule."""
     if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.dtype not in ("float16", "bfloat16") or \
-            problem.has_bias or problem.activation != "none" or problem.has_residual or _pieces(problem)[1]:
+            problem.has_bias or problem.activation != "none" or problem.has_residual:
+        return False
+    (_, channels_padded), why_not = _pieces(problem)
+    if why_not:
         return False
     cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
-    channels_padded = _pieces(problem)[0][1]
     if _pingpong_refusal(problem, channels_padded, _index(problem, cfg, channels_padded), None, None):
         return False
     tiles, k_tiles = math.prod(gemm_grid(problem, cfg)), _k_tiles(problem, cfg, channels_padded)
@@ -576,7 +582,7 @@ def _larger_wgmma_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
     or (1x1) at least PRODUCER_MIN_ONE_TAP_K_TILES k tiles."""
     kg = problem.k // problem.groups
     by_pixels = {c.bm: c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_CHANNEL_ROWS}
-    producer = next(c for c in NHWC_CONFIGS[problem.dtype] if c.producer_warps and c.cluster == 1)
+    producer = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PIXEL_ROWS_PRODUCER and c.cluster == 1)
     channels_padded = _pieces(problem)[0][1]
     k_tiles = _k_tiles(problem, producer, channels_padded)
     producer_runs = (problem.kh * problem.kw > 1 or k_tiles >= PRODUCER_MIN_ONE_TAP_K_TILES) and \
@@ -1077,8 +1083,7 @@ def _copies_matrix(p: ConvProblem, cfg: GemmConfig) -> bool:
     """Whether the producer tile ``cfg`` copies x by a 2-D map of the matrix [N H W][C], not in im2col
     mode (TMA_KERNEL's x_is_matrix): 1x1, stride-1, unpadded layers on tiles of at most
     MATRIX_MAP_MAX_PIXELS pixels, alone (pairs multicast im2col copies)."""
-    return (p.kh, p.kw, p.stride, p.pad_top, p.pad_left, p.pad_bottom, p.pad_right) == (1, 1, (1, 1), 0, 0, 0, 0) \
-        and cfg.cluster == 1 and cfg.bm <= MATRIX_MAP_MAX_PIXELS
+    return _is_matrix(p) and cfg.cluster == 1 and cfg.bm <= MATRIX_MAP_MAX_PIXELS
 
 
 def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Pointer, weight: Pointer) -> Launch:
