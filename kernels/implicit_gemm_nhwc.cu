@@ -908,7 +908,8 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
                             void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
                             int activation, int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                             int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
-                            const __grid_constant__ TensorMap weight_map, const __grid_constant__ TensorMap x_map) {
+                            const __grid_constant__ TensorMap weight_map, const __grid_constant__ TensorMap x_map,
+                            int x_is_matrix) {
     static_assert(sizeof(T) == 2 && BM % 64 == 0 && (BN == 64 || BN == 128), "16-bit; 64-row wgmma halves");
     constexpr int BK = 128 / sizeof(T), INST_K = mma_op<T>::k;   // a k tile: 128-byte rows
     constexpr int A_STAGE = BM * 128, B_STAGE = BN * 128;        // bytes
@@ -922,9 +923,9 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
     unsigned long long* full = reinterpret_cast<unsigned long long*>(staging + 2 * BM * H_STRIDE);
     unsigned long long* empty = full + STAGES;
 
-    const int M = N * H * W;
+    const int HoWo = Ho * Wo, M = N * HoWo;
     const int tiles_n = (K + BN - 1) / BN, tiles = (M + BM - 1) / BM * tiles_n;
-    const int k_tiles = (C + BK - 1) / BK;
+    const int chunks = (C + BK - 1) / BK, k_tiles = kh * kw * chunks;  // k tiles per tap (whole ones past 1x1)
     const int tid = threadIdx.x, warpgroup = tid >> 7;
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
@@ -942,12 +943,20 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
 #pragma unroll 1
             for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
                 const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
+                // im2col: the tile's first window corner (image, h0, w0); the map walks the others.
+                const int image = m0 / HoWo, p = m0 - image * HoWo;
+                const int h0 = p / Wo * sh - pt, w0 = p % Wo * sw - pl;
 #pragma unroll 1
                 for (int kt = 0; kt < k_tiles; ++kt, ++seq) {
                     const int stage = seq % STAGES;
                     if (seq >= STAGES) mbarrier_wait(empty + stage, (seq / STAGES - 1) & 1);
+                    const int tap = kt / chunks, r = tap / kw, s = tap - r * kw, c = (kt - tap * chunks) * BK;
                     mbarrier_arrive_expect_tx(full + stage, A_STAGE + B_STAGE);
-                    tma_load_2d(a_smem + stage * A_STAGE, &x_map, kt * BK, m0, full + stage);
+                    if (x_is_matrix)
+                        tma_load_2d(a_smem + stage * A_STAGE, &x_map, c, m0, full + stage);
+                    else
+                        tma_load_im2col_4d(a_smem + stage * A_STAGE, &x_map, c, w0, h0, image, s * dw, r * dh,
+                                           full + stage);
                     tma_load_2d(b_smem + stage * B_STAGE, &weight_map, kt * BK, n0, full + stage);
                 }
             }

@@ -1,4 +1,5 @@
-"""The ping-pong tile (families/implicit_gemm_nhwc.py PINGPONG_CONFIG) on the GPU: 16-bit 1x1 NHWC layers
+"""The ping-pong tile (families/implicit_gemm_nhwc.py PINGPONG_CONFIG) on the GPU: 16-bit NHWC layers (1x1 ones
+read as matrices, the others by im2col copies)
 against torch in float64 with NaN-poisoned outputs -- partial pixel and channel tiles, reductions of one
 to eight k tiles, bias, residual and activations, and grids of a few blocks whose two consumer
 warpgroups take many tiles in turns (the ring's phases wrap many times) -- and the same bits run after
@@ -29,6 +30,9 @@ CASES = [
     Case(4, 256, 256, 14, 14, 1, 1),             # 784 pixels, 4 k tiles (the ring's depth)
     Case(1, 512, 64, 5, 5, 1, 1),                # 8 k tiles, one channel tile narrower than the tile
     Case(2, 96, 128, 10, 10, 1, 1),              # 96 channels: the second k tile half zeros (TMA's fill)
+    Case(2, 64, 136, 11, 13, 3, 3, padding=1),   # im2col: 9 taps of one k tile, windows across rows and images
+    Case(3, 128, 128, 9, 9, 3, 3, stride=2, padding=(1, 0), dilation=(1, 2)),  # strides, dilation, uneven padding
+    Case(2, 64, 256, 15, 15, 1, 1, stride=2),    # a strided 1x1: im2col, one tap
 ]
 EPILOGUES = [("none", False), ("relu", True), ("silu", True), ("relu", False)]
 

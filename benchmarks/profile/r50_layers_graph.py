@@ -4,7 +4,7 @@ F.conv2d timed the same way, and each output checked against torch's. For A/B, r
 each from outside the trees (the script's directory first on sys.path, then PYTHONPATH):
     PYTHONPATH=TREE:benchmarks/profile python benchmarks/profile/r50_layers_graph.py LABEL [BATCH ...]
 (default batches 1 and 8). With --candidates TOP, every plan the tuner would try is timed so too, and the
-TOP fastest are listed under the rules' plan."""
+TOP fastest are listed under the rules' plan; --im2col keeps the layers with taps or strides alone."""
 import argparse
 import dataclasses
 
@@ -43,9 +43,11 @@ def time_plan(plan, problem, x, w, reference) -> float:
     return ms
 
 
-def main(tag: str, batches: list[int], top: int) -> None:
+def main(tag: str, batches: list[int], top: int, im2col: bool) -> None:
     for n in batches:
         for c, k, h, kh, s in LAYERS:
+            if im2col and (kh, s) == (1, 1):
+                continue
             problem = make_problem((n, h, h, c), (k, kh, kh, c), None, "float16", stride=s, padding=kh // 2,
                                    layout="NHWC", weight_layout="KHWC")
             plans = [plan for _, plan in candidates(problem, compute_capability=90)][:None if top else 1]
@@ -60,8 +62,11 @@ def main(tag: str, batches: list[int], top: int) -> None:
             rule = next(iter(times))
             print(f"{tag} N{n} {c}->{k} {h}^2 k{kh} s{s}: {times[rule] * 1e3:6.1f} us  torch {theirs * 1e3:6.1f} us  "
                   f"{theirs / times[rule]:4.2f}x  {rule}", flush=True)
-            for name, ms in sorted(times.items(), key=lambda kv: kv[1])[:top]:
-                print(f"    {ms * 1e3:6.1f} us  {theirs / ms:4.2f}x  {name}", flush=True)
+            ranked = sorted(times.items(), key=lambda kv: kv[1])
+            for place, (name, ms) in enumerate(ranked):
+                if place < top or (top and "pingpong" in name):  # the ping-pong tile's place, wherever it is
+                    print(f"    {ms * 1e3:6.1f} us  {theirs / ms:4.2f}x  {name}  (#{place + 1} of {len(ranked)})",
+                          flush=True)
 
 
 if __name__ == "__main__":
@@ -70,5 +75,7 @@ if __name__ == "__main__":
     parser.add_argument("batches", nargs="*", type=int, default=[1, 8])
     parser.add_argument("--candidates", type=int, default=0, metavar="TOP",
                         help="time every plan the tuner would try, and show the TOP fastest")
+    parser.add_argument("--im2col", action="store_true",
+                        help="only the layers with taps or strides (x read through an im2col copy or map)")
     args = parser.parse_args()
-    main(args.tag, args.batches, args.candidates)
+    main(args.tag, args.batches, args.candidates, args.im2col)

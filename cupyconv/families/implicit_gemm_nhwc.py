@@ -447,9 +447,11 @@ def _pingpong_refusal(problem: ConvProblem, channels_padded: int, index: str, sp
     p = problem
     if p.dtype not in ("float16", "bfloat16") or p.layout != "NHWC":
         return f"it runs 16-bit NHWC layers (got {p.dtype}, {p.layout})"
-    if not _is_matrix(p) or p.groups != 1:
-        return (f"it runs 1x1, stride-1, unpadded layers of one group (got {p.kh}x{p.kw}, stride {p.stride}, "
-                f"{p.groups} group(s))")
+    if p.groups != 1:
+        return f"it runs layers of one group (got {p.groups})"
+    if not _is_matrix(p) and p.c % 64:
+        return (f"its im2col copies (layers other than 1x1, stride-1, unpadded ones) take whole k tiles of 64 "
+                f"channels of one tap (got {p.c} channels)")
     if channels_padded != p.c or p.k % 8:
         return f"its x is read in place and its output stored in 8-channel vectors (got {p.c} -> {p.k} channels)"
     if index != "int":
@@ -464,8 +466,8 @@ def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
     (PINGPONG_* above: wide enough, enough tiles, cheaper than the producer tile the rules would take
     instead, no bias, activation or residual). The planner asks it before the pointwise kernel's rule."""
     if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.dtype not in ("float16", "bfloat16") or \
-            problem.has_bias or problem.activation != "none" or problem.has_residual:
-        return False
+            problem.has_bias or problem.activation != "none" or problem.has_residual or not _is_matrix(problem):
+        return False  # its im2col copies (layers with taps, strides or padding): no rule fitted yet
     (_, channels_padded), why_not = _pieces(problem)
     if why_not:
         return False
@@ -1094,9 +1096,6 @@ def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Point
         return launch
     cfg, columns = plan.config, p.kh * p.kw * plan.channels_padded
     weight_map = TensorMap(weight, p.dtype, p.k, columns, columns * STORAGE_BYTES[p.dtype], cfg.bn, cfg.bk)
-    if cfg.wgmma == WGMMA_PINGPONG:
-        x_map = TensorMap(x, p.dtype, p.n * p.h * p.w, p.c, p.c * STORAGE_BYTES[p.dtype], cfg.bm, cfg.bk)
-        return dataclasses.replace(launch, kernel=PINGPONG_KERNEL, args=(*launch.args, weight_map, x_map))
     matrix = _copies_matrix(p, cfg)
     if matrix:
         x_map = TensorMap(x, p.dtype, p.n * p.h * p.w, plan.channels_padded,
@@ -1107,7 +1106,8 @@ def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Point
                           p.stride, cfg.bk, cfg.bm // cfg.cluster)
     if cfg.cluster > 1:
         return dataclasses.replace(launch, kernel=PAIR_KERNEL, args=(*launch.args, weight_map, x_map))
-    return dataclasses.replace(launch, kernel=TMA_KERNEL, args=(*launch.args, weight_map, x_map, int(matrix)))
+    kernel = PINGPONG_KERNEL if cfg.wgmma == WGMMA_PINGPONG else TMA_KERNEL
+    return dataclasses.replace(launch, kernel=kernel, args=(*launch.args, weight_map, x_map, int(matrix)))
 
 
 # --- The stride phases of a transposed convolution in one launch (kernels/implicit_gemm_nhwc.cu,
