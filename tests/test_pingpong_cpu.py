@@ -61,11 +61,10 @@ def test_channels_past_the_last_k_tile():
                          ids=["3x3", "strided_1x1", "strided_3x3"])
 def test_taps_and_strides_copy_by_im2col(p):
     """Layers other than 1x1, stride-1, unpadded ones read x by the im2col map (whole k tiles a tap), the
-    weight's kh kw C columns as a matrix; the rules do not take it there (not timed yet)."""
+    weight's kh kw C columns as a matrix."""
     plan = plan_of(p)
     maps = implicit_gemm_nhwc.program(plan, p).launches[-1].args[-3:]
     assert isinstance(maps[1], Im2colMap) and maps[2] == 0 and maps[0].columns == p.kh * p.kw * p.c
-    assert not implicit_gemm_nhwc.pingpong_pays(p, 90)
 
 
 def test_wgmma_only():
@@ -97,6 +96,30 @@ RULE_CASES = [
     (32, 24, 144, 56, 56, False),     # 24 input channels: 17.5 against 26.4
     (1, 256, 1024, 14, 14, False),    # 16 tiles
 ]
+
+
+#: (batch, input channels, output channels, plane, kernel, stride, taken): ResNet-50's layers with taps or
+#: strides as measured on the H200 (benchmarks/results/pingpong_im2col_candidates_a756a74_h200.txt).
+IM2COL_RULE_CASES = [
+    (32, 256, 512, 56, 1, 2, True),     # 23.7 -> 16.4 us
+    (32, 256, 256, 14, 3, 1, True),     # 20.4 -> 17.1
+    (32, 256, 256, 28, 3, 2, True),     # 20.3 -> 17.1
+    (32, 512, 1024, 28, 1, 2, True),    # 16.5 -> 14.5
+    (8, 512, 1024, 28, 1, 2, True),     # 7.3 -> 6.4
+    (32, 128, 128, 28, 3, 1, False),    # one wave of 192-pixel producer blocks: 15.3 against 18.3
+    (32, 512, 512, 7, 3, 1, False),     # 52 tiles, the rules split the reduction: 24.4 against 30.4
+    (32, 1024, 2048, 14, 1, 2, False),  # 16 k tiles, one wave of 256-pixel producer blocks: 15.8 against 17.6
+    (8, 256, 256, 14, 3, 1, False),     # 26 tiles: 12.3 against 16.6
+    (32, 64, 64, 56, 3, 1, False),      # 64 output channels: 26.5 against 44.9
+]
+
+
+@pytest.mark.parametrize("n,c,k,h,kernel,stride,taken", IM2COL_RULE_CASES, ids=lambda v: str(v))
+def test_rules_on_layers_with_taps_and_strides(n, c, k, h, kernel, stride, taken):
+    p = make_problem((n, h, h, c), (k, kernel, kernel, c), None, "float16", stride=stride, padding=kernel // 2,
+                     layout="NHWC", weight_layout="KHWC")
+    assert (planner.make_plan(p, compute_capability=90).config.name == PINGPONG) == taken
+    assert implicit_gemm_nhwc.pingpong_pays(p, 90) == taken
 
 
 @pytest.mark.parametrize("n,c,k,h,w,taken", RULE_CASES, ids=lambda v: str(v))

@@ -81,7 +81,9 @@ def test_the_rule_splits_the_producer_tile_of_few_tiles(layer, dtype):
 #: The producer tile the rule takes for LAYERS' layers (PRODUCER_BLOCK_COST: the fewest waves times a
 #: block's time), as pixels x channels, by dtype and layout (None: another tile); float32 NHWC inputs
 #: (read in place) never take 256 x 128, whose float32 input is a copy. r50_l1_3x3_64's 64 output
-#: channels take the channel-row tile, but in float32 NHWC the 256 x 64 producer tile (x in place).
+#: channels take the channel-row tile, but in float32 NHWC the 256 x 64 producer tile (x in place). The layers
+#: carry a bias: the ping-pong tile takes plain 16-bit calls of r50_l3_3x3_256 and vgg_conv3_2
+#: (test_pingpong_cpu.py), biased ones are the producer tiles'.
 TALL = {"r50_l2_3x3_128": ("192x128",) * 3, "r50_l3_3x3_256": ("128x128",) * 3,
         "r50_l1_3x3_64": (None, "256x64", None), "vgg_conv3_2": ("256x128", "192x128", "256x128"),
         "vgg_conv5_2": ("192x128",) * 3}
@@ -94,7 +96,7 @@ def test_the_rule_takes_the_producer_tile_of_fewest_waves(layer, column, dtype, 
     x_shape, w_shape, padding = LAYERS[layer]
     if layout == "NCHW":
         x_shape = (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
-    problem = make_problem(x_shape, w_shape, None, dtype, 1, padding, 1, 1, layout, "KHWC")
+    problem = make_problem(x_shape, w_shape, (w_shape[0],), dtype, 1, padding, 1, 1, layout, "KHWC")
     plan = planner.make_plan(problem, allow_tf32=True, compute_capability=90)
     tile = TALL[layer][column]
     assert (f"{plan.config.bm}x{plan.config.bn}" if plan.config.producer_warps else None) == tile, str(plan)
@@ -120,8 +122,9 @@ def test_the_taller_tiles_keep_a_wave_of_x_in_l2(dtype, layout, pixels, cluster)
     """64 x 28 x 28 x 512: a wave of 256-pixel blocks reads 35 MB of 16-bit x, 69 MB of float32, and of
     192-pixel ones 52 MB of float32 (past TALL_PRODUCER_MAX_WAVE_BYTES): float32 takes them in pairs,
     whose waves read half the pixels -- 256 where x is copied anyway (NCHW), 192 where it is read in
-    place (the 256-pixel tile reads float32 from a rounded copy)."""
-    problem = make_problem((64, 28, 28, 512) if layout == "NHWC" else (64, 512, 28, 28), (512, 512, 3, 3), None,
+    place (the 256-pixel tile reads float32 from a rounded copy). With a bias: plain 16-bit calls take the
+    ping-pong tile."""
+    problem = make_problem((64, 28, 28, 512) if layout == "NHWC" else (64, 512, 28, 28), (512, 512, 3, 3), (512,),
                            dtype, 1, 1, 1, 1, layout, "KCHW")
     plan = planner.make_plan(problem, allow_tf32=True, compute_capability=90)
     assert plan.config.producer_warps and (plan.config.bm, plan.config.cluster) == (pixels, cluster), str(plan)

@@ -183,9 +183,10 @@ for _dtype, _item in (("float32", 4), ("float16", 2)):
 #: The ping-pong tile (PINGPONG_KERNEL, kernels/implicit_gemm_nhwc.cu): persistent blocks, at most one per
 #: SM, of a producer warpgroup copying by TMA into one ring of PINGPONG_STAGES stages and two consumer
 #: warpgroups each taking every other tile of the block, a whole 128 x 128 one: one multiplies while the
-#: other runs its epilogue. 16-bit 1x1, stride-1, unpadded layers of one group in NHWC (x and w read in
-#: place as matrices; TMA fills the last k tile's columns past C with zeros), input and output channels
-#: multiples of 8, 32-bit indices; no split-K.
+#: other runs its epilogue. 16-bit NHWC layers of one group, input and output channels multiples of 8,
+#: 32-bit indices, no split-K. x and w are read in place: x as the matrix [N H W][C] for 1x1, stride-1,
+#: unpadded layers (TMA fills the last k tile's columns past C with zeros), elsewhere by the im2col map in
+#: whole k tiles of 64 channels of one tap (C a multiple of 64).
 WGMMA_PINGPONG = 4
 PINGPONG_CONFIG = "nhwc_wgmma_pingpong_m128n128"
 PINGPONG_KERNEL = "implicit_gemm_nhwc_pingpong"
@@ -210,12 +211,21 @@ PINGPONG_STAGES = 4
 #: epilogue), 1.364 on its expansions too (the residual read by the stores as vectors), 1.645 (the residual
 #: read as elements from the fragments). With the bias read into shared memory while the tile multiplies
 #: (benchmarks/results/pingpong_bias_in_shared_unverified.diff) 1.333: not kept, its GPU tests unfinished.
+#: The same rule on layers with taps and strides (x by im2col; NOTES.md, "The ping-pong tile on layers with
+#: taps and strides"), batch 32: 256 -> 512 1x1 s2 on 56^2 23.7 -> 16.4 us (torch 20.7), 3x3 of 256 on 14^2
+#: 20.4 -> 17.1 (17.1) and s2 on 28^2 20.3 -> 17.1, 512 -> 1024 1x1 s2 on 28^2 16.5 -> 14.5 (18.1); it leaves
+#: the 3x3 of 128 on 28^2 (196 tiles, 18.3 against the 192-pixel producer tile's 15.3) and of 512 (52 tiles,
+#: 30 against split-K's 23-24). Against the 256-pixel producer tile, which shares each weight tile between
+#: twice the pixels, reductions of PINGPONG_LONG_K_TILES or more stay there where it makes one wave: 1024 ->
+#: 2048 1x1 s2 on 14^2 at batch 32 (16 k tiles; 112 tiles there, 208 here) 15.8 us there, 17.6 on the
+#: ping-pong tile; 512 -> 2048 on 7^2 (8 k tiles, the same tiles) 10.4 there, 8.6 on it.
 PINGPONG_MIN_OUT_CHANNELS = 128
 PINGPONG_MIN_IN_CHANNELS = 64
 PINGPONG_MIN_TILES = 64
 PINGPONG_SHORT_K_TILES = 3
 PINGPONG_WAVE_COST = 0.6
 PINGPONG_FIRST_EPILOGUE_COST = 0.3
+PINGPONG_LONG_K_TILES = 16
 NHWC_CONFIGS["float16"] += (GemmConfig(PINGPONG_CONFIG, 128, 128, 64, 8, 1, PINGPONG_STAGES, wgmma=WGMMA_PINGPONG,
                                        producer_warps=4),)
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
@@ -466,8 +476,8 @@ def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
     (PINGPONG_* above: wide enough, enough tiles, cheaper than the producer tile the rules would take
     instead, no bias, activation or residual). The planner asks it before the pointwise kernel's rule."""
     if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.dtype not in ("float16", "bfloat16") or \
-            problem.has_bias or problem.activation != "none" or problem.has_residual or not _is_matrix(problem):
-        return False  # its im2col copies (layers with taps, strides or padding): no rule fitted yet
+            problem.has_bias or problem.activation != "none" or problem.has_residual:
+        return False
     (_, channels_padded), why_not = _pieces(problem)
     if why_not:
         return False
@@ -481,7 +491,10 @@ def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
     if _deep(problem) and problem.k // problem.groups > 64:  # the rules' other wgmma tile for it
         other = _larger_wgmma_config(problem)[0]
         if other.wgmma == WGMMA_PIXEL_ROWS_PRODUCER:
-            return _pingpong_cost(tiles) < math.ceil(math.prod(gemm_grid(problem, other)) / H100_SMS) * \
+            producer_tiles = math.prod(gemm_grid(problem, other))
+            if other.bm == 256 and k_tiles >= PINGPONG_LONG_K_TILES and producer_tiles <= H100_SMS:
+                return False
+            return _pingpong_cost(tiles) < math.ceil(producer_tiles / H100_SMS) * \
                 PRODUCER_BLOCK_COST[other.bm] * (PAIR_BLOCK_COST if other.cluster > 1 else 1.0)
     return True
 
