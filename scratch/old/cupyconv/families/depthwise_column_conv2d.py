@@ -1,0 +1,107 @@
+"""Depthwise convolution of small planes (kernels/depthwise_column_conv2d.cu): a thread per output
+column segment reading its input rows through L1, no shared memory and no barriers."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..arguments import ConvProblem
+from ..planner import LaunchPlan
+from ..program import CallProgram
+from .common import CTYPES, INDEX_TYPES, MAX_BLOCK_THREADS, MAX_GRID_Y, conv_launch, forced_config, index_type
+from .depthwise_conv2d import DEPTHWISE_TAPS
+
+KERNEL = "depthwise_column_conv2d"
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnConfig:
+    """rpt consecutive output rows of one column per thread; ``taps`` as DepthwiseConfig's (one of
+    DEPTHWISE_TAPS: the kernel has unrolled instances only)."""
+
+    name: str
+    rpt: int
+    taps: tuple[int, int, int] = (0, 0, 0)
+
+
+#: Rows per thread: 7 divides MobileNet's and ResNet's 7 x 2^n planes, 4 and 8 the rest. The plan
+#: takes the one that computes the fewest rows past Ho, the longest on a tie (fewer rows read twice).
+COLUMN_CONFIGS = (ColumnConfig("col_r4", 4), ColumnConfig("col_r7", 7), ColumnConfig("col_r8", 8))
+CONFIG_NAMES = frozenset(c.name for c in COLUMN_CONFIGS)
+#: Threads per block at most (whole output rows of as many channels as fit): the kernel shares nothing
+#: between threads, so this only sets the scheduling grain (H100: 64 to 256 within 4 % at 7 rows a thread).
+COLUMN_BLOCK = 128
+#: Widest output the planner gives the column kernel (past it, depthwise_conv2d's tiles).
+COLUMN_MAX_WIDTH = 16
+
+
+def refusal(problem: ConvProblem) -> str:
+    """Why the column kernel cannot run ``problem`` ("" when it can)."""
+    if problem.c // problem.groups != 1:
+        return f"{problem.c // problem.groups} input channels per group (needs 1)"
+    if problem.wo > MAX_BLOCK_THREADS:
+        return f"output {problem.wo} wide: a block holds whole rows, at most {MAX_BLOCK_THREADS}"
+    if problem.n > MAX_GRID_Y or math.ceil(problem.ho / min(c.rpt for c in COLUMN_CONFIGS)) > MAX_GRID_Y:
+        return f"batch {problem.n} or {problem.ho} output rows past the grid limit {MAX_GRID_Y}"
+    taps = (problem.kh, problem.kw, problem.stride[0])
+    if taps not in DEPTHWISE_TAPS or problem.dilation[0] != 1:
+        return (f"{problem.kh}x{problem.kw} taps at row stride {problem.stride[0]} and row dilation "
+                f"{problem.dilation[0]} have no unrolled instance (kh, kw, row stride: {DEPTHWISE_TAPS}; row dilation 1)")
+    return ""
+
+
+def _choose_config(problem: ConvProblem) -> ColumnConfig:
+    return min(COLUMN_CONFIGS, key=lambda c: (math.ceil(problem.ho / c.rpt) * c.rpt, -c.rpt))
+
+
+def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
+              rows_per_thread: int | None = None, block: int | None = None) -> LaunchPlan:
+    """Grid (ceil(K / P), row segments, N), block (Wo, P): a thread computes rpt rows of one output
+    column of one channel of one image, a block whole rows of P channels, as many as fit in
+    COLUMN_BLOCK threads. ``config`` forces a ColumnConfig by name; ``rows_per_thread`` and ``block``
+    (threads at most) force other values (benchmarks/bench_depthwise.py sweeps them)."""
+    why_not = refusal(problem)
+    if why_not:
+        raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
+    if rows_per_thread is not None:
+        cfg = ColumnConfig(f"col_r{rows_per_thread}", rows_per_thread)
+    else:
+        cfg = forced_config(COLUMN_CONFIGS, config, f"config for {KERNEL}") if config else _choose_config(problem)
+    cfg = dataclasses.replace(cfg, taps=(problem.kh, problem.kw, problem.stride[0]))
+    channels = max(1, min(problem.k, (block or COLUMN_BLOCK) // problem.wo))
+    why = f"config {cfg.name}" + (" (forced by the caller)" if config or rows_per_thread else f", output {problem.ho} rows")
+    return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem), config=cfg,
+                      grid=(math.ceil(problem.k / channels), math.ceil(problem.ho / cfg.rpt), problem.n),
+                      block=(problem.wo, channels, 1), shared_bytes=0, reason=f"{reason}; {why}" if reason else why)
+
+
+def describe(plan: LaunchPlan) -> str:
+    """The printed plan: rows per thread, taps, launch shape and why."""
+    c = plan.config
+    return (f"{plan.kernel} [{c.name}: {c.rpt} rows of one output column per thread, {c.taps[0]}x{c.taps[1]} taps "
+            f"at row stride {c.taps[2]} unrolled]\n"
+            f"  {plan.dtype}, {plan.index_type} indices; {plan.block[1]} channel(s) per block, no shared memory\n"
+            f"  grid {plan.grid} (channel blocks, row segments, images), block {plan.block}\n"
+            f"  why: {plan.reason}")
+
+
+def specialisation(dtype: str, index: str, cfg: ColumnConfig) -> str:
+    """The C++ template instance of ``cfg`` with its taps unrolled."""
+    kh, kw, sh = cfg.taps
+    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.rpt},{kh},{kw},{sh}>"
+
+
+def name_expression(plan: LaunchPlan) -> str:
+    """The specialisation ``plan`` launches."""
+    return specialisation(plan.dtype, plan.index_type, plan.config)
+
+
+def specialisations() -> list[str]:
+    """Every dtype, index width and rows per thread, with each of DEPTHWISE_TAPS unrolled."""
+    return [specialisation(dtype, index, dataclasses.replace(cfg, taps=taps))
+            for dtype in CTYPES for index in INDEX_TYPES for cfg in COLUMN_CONFIGS for taps in DEPTHWISE_TAPS]
+
+
+def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
+    """One launch on the caller's operands (the kernel derives its tiling from the problem and the grid)."""
+    return CallProgram((conv_launch(plan, problem),))

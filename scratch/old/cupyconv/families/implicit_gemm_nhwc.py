@@ -1,0 +1,1217 @@
+"""The channels-last implicit GEMM on tensor cores (kernels/implicit_gemm_nhwc.cu; mma.sync, and wgmma
+on the H100) and the copies it reads (kernels/nchw_to_nhwc.cu): the input as [N][H][W][Cp] in the
+workspace, the weight as [K][kh][kw][Cgp] prepared once; 1x1 stride-1 unpadded problems, and 1-D ones
+whose taps shift whole pieces of pixels, read both in place. The default tensor-core family.
+
+It computes the NHWC layout natively: an NHWC input is read in place (copied only to add zero
+channels or, in float32 with more than one tap on a wgmma tile but the producer's, to round to TF32;
+the kernel rounds the others, in registers or shared memory), the output is written NHWC, and a KHWC
+weight is the form it reads (in place where it needs no zero channels and, in float32, no rounding).
+Strided layers whose few channels make no 16-byte pieces (RGB stems) run as stride-1 layers on
+space-to-depth copies of x and the weight (kernels/space_to_depth.cu; space_to_depth_block), in either
+layout."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..arguments import ConvProblem
+from ..planner import LaunchPlan
+from ..program import (BIAS, FLAG_COUNT, FLAGS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Im2colMap, Launch,
+                       Pointer, Table, TensorMap, WeightPreparation, align)
+from .common import (BLOCK_RESERVED_SHARED_BYTES, CTYPES, H100_SMS, INDEX_TYPES, MAX_GRID_Y, REDUCE_KERNEL,
+                     SM_SHARED_BYTES, STORAGE_BYTES, check_splits, conv_launch, epilogue_args, forced_config,
+                     gemm_grid, grid_refusal, index_type, partial_bytes, reduce_specialisation, split_k_reduce,
+                     split_k_runs)
+from .implicit_gemm_conv2d import GEMM_DTYPES, GEMM_MIN_GROUP_CHANNELS, GemmConfig, describe_tiles, dtype_refusal
+
+KERNEL = "implicit_gemm_nhwc"
+#: The layouts it reads and writes in place (layouts.py transposes for the families without these).
+LAYOUTS = ("NCHW", "NHWC")
+WEIGHT_LAYOUTS = ("KCHW", "KHWC")
+CHANNELS_LAST_TILED = "nchw_to_nhwc_tiled"
+CHANNELS_LAST_NARROW = "nchw_to_nhwc_narrow"
+PAD_CHANNELS = "pad_channels"
+#: Up to this many channels the copy runs one thread per position (nchw_to_nhwc_narrow).
+NARROW_CHANNELS = 8
+#: Zero channels may add at most a third to the reduction (AlexNet's 3 -> 4); more, and a smaller
+#: piece (or the NCHW gather) does less work.
+MAX_PADDING_RATIO = 4 / 3
+SPACE_TO_DEPTH = "space_to_depth"
+#: Strided layers whose input channels make no 16-byte pieces (RGB stems) run as stride-1 layers on a
+#: space-to-depth copy (kernels/space_to_depth.cu) where a block of stride pixels makes at most this
+#: many channels: ResNet-50's 7x7 stride-2 stem becomes a 4x4 layer of 12 -> 16 channels, AlexNet's 11x11
+#: stride 4 a 3x3 layer of 48, a patchify layer (kernel = stride) a 1x1 one.
+SPACE_TO_DEPTH_MAX_CHANNELS = 64
+
+#: Tiles per dtype: 128 pixels by 64, 96 or 128 output channels, each with k rows of 64 bytes (four
+#: stages) and of 128 bytes (three; half the barriers per multiply-add). Chosen by _choose_config
+#: from timings of these and of other tiles on the H100 (benchmarks/NOTES_igemm.md). The 32-channel
+#: tile (four warps) is the stride-phase launch's for outputs of at most 32 channels (phases_plan), and
+#: the tuner's to try on such outputs; the fixed rules of one convolution do not choose it.
+NHWC_CONFIGS = {
+    dtype: tuple(GemmConfig(f"nhwc_m128n{bn}k{bk}", 128, bn, bk, warps_m, warps_n, stages)
+                 for bn, warps_m, warps_n in ((64, 2, 2), (96, 4, 2), (128, 2, 4), (32, 4, 1))
+                 for bk, stages in ((short_k, 4), (2 * short_k, 3)))
+    for dtype, short_k in (("float32", 16), ("float16", 32))
+}
+#: The 128-channel tile pays off (it gathers the input half as often) only with this many blocks.
+WIDE_TILE_BLOCKS = 1024
+#: Hopper (sm_90a) wgmma tiles, k rows of 128 bytes, 128-byte swizzled: two warpgroups of 64
+#: pixels x 128 channels (3 stages), or warpgroups of 64 channels x 128 pixels, two (256 pixels) or
+#: one (128), with 4 stages. The tuner's alone (no fixed rule takes them): the 128 x 128 tile with 5
+#: stages (one block per SM; H100: TF32 layers of long reductions 1.07-1.31x, fp16 ones 0.90-0.99x;
+#: deeper 128 x 64 tiles, 6 and 8 stages, were slower everywhere: benchmarks/NOTES.md) and with a
+#: producer warpgroup (below). Chosen by _choose_config from H100 timings of these and of others
+#: (64 pixels x 64 or 96 channels; 256 pixels x 64 or 128 channels; 3 stages) in benchmarks/NOTES_igemm.md.
+WGMMA_ARCH = "sm_90a"
+WGMMA_COMPUTE_CAPABILITY = 90
+#: The 128-channel tile is the faster from half a wave of blocks (H100: r50_l3_3x3_256 fp16, 98
+#: blocks, 0.037 ms, the 64-channel tiles 0.041-0.043), not with 52 (r50_l4_3x3_512: 0.063 vs 0.046).
+WGMMA_WIDE_TILE_BLOCKS = 64
+#: The producer tiles' block times in 128-pixel blocks' (H100, fp16 and TF32 channels_last, many waves
+#: of each: vgg_conv3_2 ran 12 waves of 128 pixels in 0.246 ms, 8 of 192 in 0.216, 6 of 256 in 0.204).
+#: Each runs one block an SM, so _choose_config takes the tile of the fewest waves times this (on
+#: ties the narrower): r50_l2_3x3_128, r50_down_3x3s2, vgg_conv5_2 and dilated_3x3_d2 192 pixels
+#: (1.1-1.4x over 128), vgg_conv3_2 and the large suite's 3x3 rows 256 (1.2x), r50_l3_3x3_256 (one wave
+#: of 98 blocks) 128. benchmarks/NOTES.md, "A producer tile of 256 pixels" and "... of 192 pixels".
+PRODUCER_BLOCK_COST = {128: 1.0, 192: 1.32, 256: 1.65}
+#: 1x1 layers take the producer tiles from this many k tiles on (H100, channels_last, 192 pixels against
+#: the 3-stage 128 x 128 tile: r50_l2_1x1_512to128 fp16, 8 k tiles, 0.0160 -> 0.0131 ms, TF32 16 k
+#: tiles 1.07x, r50_l3_1x1_256to1024 TF32 8 k tiles 1.04x; fp16's 4 k tiles 0.98x, mbv2_pw_1x1_96to576
+#: TF32's 3 0.80x: a block of few k tiles is its epilogue, which the producer does not overlap).
+PRODUCER_MIN_ONE_TAP_K_TILES = 8
+#: The taller producer tiles only where a wave of their blocks reads at most this many bytes of x (the
+#: rows of pixels' channels that every tap reads again): the H100's 50 MB L2 holds them. large_3x3_512_28sq in TF32
+#: (192 pixels: 52 MB a wave; 256: 69 MB; 128: 35 MB) ran 0.76x and 0.71x on them, in fp16 (35 MB on
+#: 256 pixels) 1.22x faster.
+TALL_PRODUCER_MAX_WAVE_BYTES = 40 << 20
+#: A pair's block time over the same tile alone's (H200, channels_last, where a wave's x fits in L2:
+#: the pairs of 128-256 pixels ran 1.02-1.08x longer on ResNet-50's, VGG-16's and the large suite's
+#: 3x3 layers). A pair's wave reads half the pixels (its two blocks share them), so the taller tiles fit
+#: in pairs where alone they would not: large_3x3_512_28sq TF32 0.884 ms on 128 pixels alone, 0.774 on
+#: 192 in pairs (benchmarks/NOTES.md, "Producer tiles in pairs").
+PAIR_BLOCK_COST = 1.08
+#: Below WGMMA_WIDE_TILE_BLOCKS, the producer's tile with split-K where its reduction is at least
+#: PRODUCER_SPLIT_MIN_K_TILES long, each run at least PRODUCER_SPLIT_MIN_RUN k tiles, and the runs
+#: make PRODUCER_SPLIT_MIN_BLOCKS blocks (three quarters of the H100's SMs). H100, CUDA-graph timings
+#: (benchmarks/NOTES.md, "Split-K on the producer warpgroup's tile"): r50_l4_3x3_512 fp16 batch 32
+#: 0.0262 -> 0.0240 ms, batch 8 0.0123 -> 0.0115, TF32 batch 8 0.0205 -> 0.0174; short reductions
+#: (18 k tiles: r50_l2_3x3_128 at batch 8, 0.0092 -> 0.0137), short runs (vgg_conv5_2 fp16 at batch 1,
+#: 16 runs of 5: 0.0095 -> 0.0100; dilated_3x3_d2 TF32 at batch 1, 8 runs of 9: 0.0150 -> 0.0164) and
+#: batch 1's 64 blocks of r50_l4 lose to the 64-channel tile.
+PRODUCER_SPLIT_MIN_K_TILES = 36
+PRODUCER_SPLIT_MIN_RUN = 9
+PRODUCER_SPLIT_MIN_BLOCKS = 99
+WGMMA_PIXEL_ROWS, WGMMA_CHANNEL_ROWS, WGMMA_PIXEL_ROWS_PRODUCER = 1, 2, 3
+#: The pixel-row tiles with a producer warpgroup (kernels/implicit_gemm_nhwc.cu PRODUCER): one thread
+#: copies both tiles of each of PRODUCER_STAGES stages by TMA (the input in im2col mode, the weight as
+#: a matrix; cupyconv/tensor_map.py) and the warpgroups that multiply (two to four) wait on mbarriers,
+#: not at a __syncthreads per k tile. One block per SM (384-640 threads, 97-193 KB); one convolution per
+#: launch, whole or split-K's runs (no stream-K or stride phases), of one group whose channels fill
+#: whole k tiles. _choose_config takes them instead of the 3-stage 128 x 128 tile (H100, layers suite
+#: channels_last: 1.05-1.20x on ResNet-50's and VGG-16's 3x3 layers and the dilated one, in fp16 and
+#: TF32 on 128 pixels; the taller tiles 1.1-1.4x more; benchmarks/NOTES.md).
+PRODUCER_STAGES = 4
+#: Reductions of fewer k rows of 128 bytes than this take the mma.sync tiles with k rows of 64 bytes:
+#: with one k tile a block loads, multiplies and stores with nothing to overlap, and a wgmma block
+#: (up to 164 KB of shared memory) is alone on its SM, where three mma.sync blocks of two k tiles
+#: overlap each other (H100, 1x1 of 64 -> 64 fp16 channels_last on 256^2 planes: 0.187 ms wgmma,
+#: 0.139 ms 128 x 64 mma.sync with k rows of 64 bytes; benchmarks/NOTES.md).
+MIN_DEEP_K_TILES = 2
+#: Layers of at most this many pixels (one mma.sync tile) and at most 64 output channels per group (one
+#: wgmma channel tile) keep the mma.sync tiles: wgmma's 256 x 64 tile is mostly padding there (H100,
+#: channels_last, EfficientNet-B0's squeeze-excitation reductions at batch 32, 32 pixels: 240 -> 10,
+#: 480 -> 20, 672 -> 28 channels 0.0106-0.0126 ms fp16 and 0.0158-0.0254 TF32 on wgmma's tile,
+#: 0.0080-0.0100 and 0.0115-0.0130 on mma.sync's 32-channel one; 1152 -> 48 TF32 0.0166 against 0.0130
+#: on the 64-channel one, fp16 even; benchmarks/NOTES.md, "Runs along rows").
+WGMMA_MIN_NARROW_PIXELS = 129
+for _dtype, _item in (("float32", 4), ("float16", 2)):
+    NHWC_CONFIGS[_dtype] += (
+        GemmConfig("nhwc_wgmma_m128n128", 128, 128, 128 // _item, 8, 1, 3, wgmma=WGMMA_PIXEL_ROWS),
+        GemmConfig("nhwc_wgmma_producer_m128n128", 128, 128, 128 // _item, 8, 1, PRODUCER_STAGES,
+                   wgmma=WGMMA_PIXEL_ROWS_PRODUCER, producer_warps=4),
+        *(GemmConfig(f"nhwc_wgmma_ch_m{bm}n64", bm, 64, 128 // _item, bm // 32, 1, 4, wgmma=WGMMA_CHANNEL_ROWS)
+          for bm in (256, 128)),
+        GemmConfig("nhwc_wgmma_m128n128s5", 128, 128, 128 // _item, 8, 1, 5, wgmma=WGMMA_PIXEL_ROWS))
+#: The producer tile of 256 pixels, four warpgroups multiplying (640 threads, 193 KB): half the tiles,
+#: and the weight tile read once for twice the pixels. Its float32 input is a copy rounded to TF32:
+#: rounded in registers (ROUND_A) it spills at the 96 registers 640 threads leave (_float32_rounding).
+TALL_PRODUCER_CONFIG = "nhwc_wgmma_producer_m256n128"
+#: The producer tile of 256 pixels x 64 channels: for layers of at most 64 output channels whose float32
+#: NHWC input the channel-row tile would read from a rounded copy; it reads x in place and rounds it in
+#: registers (H100, TF32 channels_last: r50_l1_3x3_64 0.0825 -> 0.0597 ms, vgg_conv1_2 1.096 -> 0.729;
+#: in 16 bits, read in place by both, the channel-row tile is as fast or faster: large_7x7_64_224sq
+#: 0.367 against 0.415; benchmarks/NOTES.md). Up to NARROW_PRODUCER_MAX_K_TILES: on longer reductions
+#: the copy is a smaller share (large_7x7_64_224sq TF32, 98 k tiles: 0.776 ms on the copy, 0.824 in place).
+NARROW_PRODUCER_CONFIG = "nhwc_wgmma_producer_m256n64"
+NARROW_PRODUCER_MAX_K_TILES = 36
+for _dtype, _item in (("float32", 4), ("float16", 2)):
+    NHWC_CONFIGS[_dtype] += tuple(GemmConfig(f"nhwc_wgmma_producer_m{bm}n128", bm, 128, 128 // _item, bm // 16, 1,
+                                             PRODUCER_STAGES, wgmma=WGMMA_PIXEL_ROWS_PRODUCER, producer_warps=4)
+                                  for bm in (256, 192)) + \
+        (GemmConfig(NARROW_PRODUCER_CONFIG, 256, 64, 128 // _item, 16, 1, PRODUCER_STAGES,
+                    wgmma=WGMMA_PIXEL_ROWS_PRODUCER, producer_warps=4),)
+#: The producer tiles of 128 channels in pairs (PAIR_KERNEL): two blocks on consecutive channel tiles of
+#: one pixel tile, each copying half of the input tile by TMA into both, so that each reads 2/3 (256
+#: pixels) to 3/4 (128) of the L2 bytes a k tile reads alone. For layers of an even number of channel
+#: tiles and 32-bit indices.
+for _dtype in ("float32", "float16"):
+    NHWC_CONFIGS[_dtype] += tuple(dataclasses.replace(c, name=f"{c.name}_pair", cluster=2) for c in NHWC_CONFIGS[_dtype]
+                                  if c.producer_warps and c.bn == 128)
+#: Pixel-row tiles of one warpgroup, 64 pixels x 64 (6 stages) or 128 channels (4 stages): for layers whose
+#: larger tiles make less than a wave of blocks, where more blocks of shorter work (and split-K's runs
+#: over fewer tiles) finish sooner. _choose_wgmma_config takes the 64 x 64 one for layers where the
+#: other wgmma tiles make fewer than SMALL_TILE_MAX_BLOCKS blocks (split-K's runs counted) and it
+#: makes at most SMALL_TILE_MAX_BLOCKS tiles and no fewer blocks. H200, fp16 channels_last, CUDA graphs
+#: of the rules' plans (benchmarks/NOTES.md, "One warpgroup's 64 x 64 tile for layers of less than a
+#: wave"): every ResNet-50 layer it takes at batch 1 ran 1.05-1.74x faster (3x3 of 64 on 56^2 9.2 ->
+#: 5.3 us, 256 -> 1024 on 14^2 4.0 -> 3.2, 3x3 of 512 on 7^2 7.5 -> 7.0); at batch 8, where it made
+#: fewer blocks than the split plans of the 3x3 layers it would replace, those ran 0.87-0.93x (3x3 of
+#: 256 on 14^2 12.5 -> 13.5), so it does not take them (1024 -> 256 on 14^2 would have run 8.2 -> 6.9).
+#: Whole models at batch 1, CUDA graph: ResNet-50 fp16 channels_last 0.931 -> 0.877 ms, fp16 NCHW 1.043 ->
+#: 0.994, TF32 NCHW 0.899 -> 0.868; MobileNetV2 and EfficientNet-B0 within 1.5 %. Not in place of a
+#: producer tile's plan: VGG-16's 3x3 of 512 on 14^2 at batch 1 in TF32 ran 12.1 us on the producer tile
+#: split 16 ways, 14.8 on the 64 x 64 tile split 4 ways.
+#: The 64 x 128 tile is the tuner's alone (512 -> 2048 on 7^2 at batch 8: 10.2 -> 9.2 us, events).
+SMALL_TILE_CONFIG = "nhwc_wgmma_m64n64"
+SMALL_TILE_MAX_BLOCKS = H100_SMS
+for _dtype, _item in (("float32", 4), ("float16", 2)):
+    NHWC_CONFIGS[_dtype] += (
+        GemmConfig(SMALL_TILE_CONFIG, 64, 64, 128 // _item, 4, 1, 6, wgmma=WGMMA_PIXEL_ROWS),
+        GemmConfig("nhwc_wgmma_m64n128", 64, 128, 128 // _item, 4, 1, 4, wgmma=WGMMA_PIXEL_ROWS))
+#: The ping-pong tile (PINGPONG_KERNEL, kernels/implicit_gemm_nhwc.cu): persistent blocks, at most one per
+#: SM, of a producer warpgroup copying by TMA into one ring of PINGPONG_STAGES stages and two consumer
+#: warpgroups each taking every other tile of the block, a whole 128 x 128 one: one multiplies while the
+#: other runs its epilogue. 16-bit 1x1, stride-1, unpadded layers of one group in NHWC (x and w read in
+#: place as matrices; TMA fills the last k tile's columns past C with zeros), input and output channels
+#: multiples of 8, 32-bit indices; no split-K.
+WGMMA_PINGPONG = 4
+PINGPONG_CONFIG = "nhwc_wgmma_pingpong_m128n128"
+PINGPONG_KERNEL = "implicit_gemm_nhwc_pingpong"
+PINGPONG_STAGES = 4
+#: The fixed rules take it (pingpong_pays) for layers of at least PINGPONG_MIN_OUT_CHANNELS output and
+#: PINGPONG_MIN_IN_CHANNELS input channels that make PINGPONG_MIN_TILES tiles or more, reductions shorter
+#: than PINGPONG_SHORT_K_TILES k tiles only with a wave of tiles (H100_SMS), and in place of a producer
+#: tile only where its cost, PINGPONG_WAVE_COST a wave of tiles plus PINGPONG_FIRST_EPILOGUE_COST, is below
+#: the producer's (PRODUCER_BLOCK_COST's units: a 128-pixel producer block's time). H200, fp16 channels_last,
+#: CUDA graphs, each layer's rules' plan against the ping-pong tile (benchmarks/NOTES.md, "The ping-pong tile
+#: for 1x1 channels-last layers"): ResNet-50's 256 -> 1024 on 14^2 at batch 32 11.9 -> 8.2 us (torch 8.9),
+#: 512 -> 256 on 28^2 16.6 -> 12.1 (12.8), 128 -> 512 15.0 -> 11.0 (10.7), at batch 8 512 -> 2048 on 7^2 (64
+#: tiles) 6.9 -> 5.6, 256 -> 128 on 56^2 7.9 -> 6.3; conformer's 512 -> 1024 on 16 x 1000 pixels 39.5 -> 29.9
+#: (35.6). Slower: narrow outputs (K 64: 256 -> 64 on 56^2 at batch 8 6.1 -> 7.6), narrow inputs (24 ->
+#: 144: 17.5 -> 26.4), fewer tiles than SMs where the rules split the reduction (2048 -> 512 on 7^2 at batch
+#: 8, 52 tiles: 7.7 -> 12.2), two short k tiles on half a wave (96 -> 576 on 14^2 at batch 8: 3.5 -> 3.9), and
+#: two waves of tiles where a 192-pixel producer tile makes one (1024 -> 512 on 14^2 at batch 32: 12.6 -> 13.6).
+#: Only for calls without bias, activation or residual (torchvision's convolutions, BatchNorm unfused): the
+#: epilogue of a fused call outlasts the other consumer's MMAs. ResNet-50 fused (convert(fuse=True), bias,
+#: ReLU and residual adds in the convolutions), fp16 channels_last, batch 32, CUDA graph: 1.310 ms on the
+#: producer tiles, 1.361 with the ping-pong tile on its reductions (bias and ReLU; the bias read in the
+#: epilogue), 1.364 on its expansions too (the residual read by the stores as vectors), 1.645 (the residual
+#: read as elements from the fragments). With the bias read into shared memory while the tile multiplies
+#: (benchmarks/results/pingpong_bias_in_shared_unverified.diff) 1.333: not kept, its GPU tests unfinished.
+PINGPONG_MIN_OUT_CHANNELS = 128
+PINGPONG_MIN_IN_CHANNELS = 64
+PINGPONG_MIN_TILES = 64
+PINGPONG_SHORT_K_TILES = 3
+PINGPONG_WAVE_COST = 0.6
+PINGPONG_FIRST_EPILOGUE_COST = 0.3
+NHWC_CONFIGS["float16"] += (GemmConfig(PINGPONG_CONFIG, 128, 128, 64, 8, 1, PINGPONG_STAGES, wgmma=WGMMA_PINGPONG,
+                                       producer_warps=4),)
+NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
+PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
+#: 1x1 NCHW layers read in place (NCHW_A) on wgmma's 3-stage pixel-row tile: each warp's A fragments
+#: loaded into registers from the k-major A^T tile (TF32 wgmma cannot read a transposed operand from
+#: shared memory), the weight tile from swizzled rows. The rule gives it layers of at least
+#: NCHW_A_WGMMA_MIN_CHANNELS output channels per group and NCHW_A_WGMMA_MIN_K_TILES k rows of 128 bytes
+#: that make NCHW_A_WGMMA_MIN_BLOCKS blocks (tiles of 128 x 128 times split-K's runs), all three by the
+#: element's bytes. 16 bits: ResNet-50's 1x1 layers at batch 8 and 32 (98-245 blocks) ran 1.01-1.37x
+#: faster there than on mma.sync's NCHW_A tile (H200); with 8-49 blocks (batch 1, and 512 -> 128 at
+#: batch 8; mma.sync's 64-channel tile makes twice as many) 0.92-0.97x (benchmarks/NOTES.md, "1x1 NCHW
+#: layers on wgmma: measured"). TF32, A rounded in its fragments and the weight in shared memory
+#: (H200 at d0969cd; NOTES, "TF32 NCHW_A on wgmma: A rounded in its fragments again"): 1.04-1.45x on
+#: those of at least 256 output channels, 3 whole k rows (96 channels: MobileNetV2's 96 -> 576 at batch
+#: 32, 1.26x) and 98 blocks at batch 8 and 32 but one (512 -> 2048 on 7^2 at batch 8, 0.96x); 0.88-1.13x on
+#: those of 128 output channels, 0.98x on 64 -> 256, 0.85-1.02x at batch 1, whose split plans make up to
+#: 80 blocks (a TF32 k tile holds half the channels: twice the runs), and 0.84-1.03x on MobileNetV2's and
+#: EfficientNet-B0's layers at batch 8 (13-65 blocks). In TF32 the input channels fill whole k rows:
+#: EfficientNet-B0's 112 -> 672 on 14^2 (3.5 rows) ran 0.87x at batch 32, 80 -> 480 (2.5) 0.95x, where the
+#: layers of 160-320 whole rows' channels ran 1.12-1.18x.
+NCHW_A_WGMMA_MIN_CHANNELS = {2: 128, 4: 256}
+NCHW_A_WGMMA_MIN_K_TILES = {2: MIN_DEEP_K_TILES, 4: 3}
+NCHW_A_WGMMA_MIN_BLOCKS = {2: 64, 4: 96}
+NCHW_A_WGMMA_WHOLE_K_ROWS = {2: False, 4: True}
+#: LaunchPlan.a_from_nchw, the kernel's NCHW_A: the NCHW input read in place as A^T, rows that are
+#: channels (1x1) or rows (c, s) shifted by their tap (1-D), each its own instance (the 1-D rows'
+#: decomposition cost 1x1 TF32 layers an SM's fourth block: ResNet-50 TF32 b32, CUDA graph, 5.04 ->
+#: 5.42 ms on an H200 while it was shared).
+NCHW_A_POINTWISE, NCHW_A_ROW_TAPS = 1, 2
+#: 1-D layers are read in place up to this many output channels per group: there the copy to
+#: channels-last is most of the work (H200, WaveNet's 64 channels 1.3-1.6x faster in place, a TCN
+#: layer's 64 1.05-1.16x), while from 128 on the producer tile on the copy is faster than any tile
+#: reading in place (0.6-0.9x; benchmarks/NOTES.md, "1-D convolutions read in place").
+NCHW_A_ROW_TAPS_MAX_CHANNELS = 64
+CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs)
+#: Outputs of at most this many channels per group (an RGB layer widened to 8, a decoder's last
+#: layers) take the 32-channel tile with k rows of 64 bytes on the phase launch: the 64-wide ones
+#: compute 2-8 times the columns they store. The tuner tries the 32-channel tiles on such outputs alone.
+NARROW_TILE_CHANNELS = 32
+NARROW_CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs
+                                if c.bn == NARROW_TILE_CHANNELS)
+NHWC_VECS = (16, 8, 4)
+#: Split-K (common.split_k_runs): a grid of at most SPLIT_K_MAX_BLOCKS tiles (half the H100's 132
+#: SMs) with a reduction of at least SPLIT_K_MIN_REDUCTION k tiles splits it into as many runs as keep
+#: the blocks within SPLIT_K_TARGET_BLOCKS (one per SM: more, and a second wave costs more than the
+#: runs save), of at least SPLIT_K_MIN_TILES k tiles each. Chosen from H100 timings of every run count
+#: on the batch 1 and 8 layers of the layers suite in fp16 and TF32 (benchmarks/NOTES.md; e.g.
+#: ResNet-50's 3x3 of 512 at batch 1, 8 tiles of 72 k tiles: 0.025 ms whole, 0.007 in 16 runs; a
+#: TF32 1x1 of 96 channels in 2 runs 0.0067 ms against 0.0049 whole).
+SPLIT_K_MAX_BLOCKS = 66
+SPLIT_K_TARGET_BLOCKS = H100_SMS
+SPLIT_K_MIN_REDUCTION = 12
+SPLIT_K_MIN_TILES = 3
+#: Stream-K (kernels/stream_k.cuh; wgmma tiles, 32-bit indices): where whole tiles spread unevenly over
+#: the SMs -- more than SPLIT_K_MAX_BLOCKS tiles, at most STREAM_K_MAX_WAVES waves of them, the last
+#: wave leaving the SMs less than STREAM_K_MAX_BALANCE busy on average -- STREAM_K_SMS x (blocks
+#: resident per SM) persistent blocks share the tiles' k tiles equally, where each block's share is
+#: worth at least STREAM_K_MIN_WORK k tiles of a 128 x 128 tile per wave of whole tiles: a block pays
+#: a pipeline fill per tile it touches and 64 KB of float32 sums out or in per tile it shares, which
+#: shorter shares do not earn back. H100, stream-K against whole tiles (benchmarks/NOTES.md,
+#: benchmarks/profile/stream_k.py): fp16 ResNet-50 3x3 layers at batch 32, 13-14 such k tiles a
+#: block, 0.84-0.94x; TF32 r50_l3_3x3_256 (98 tiles, 27) 1.10x, r50_l2_3x3_128 (196 tiles, 27) 0.98x;
+#: vgg_conv5_2 (196 tiles, 53 fp16, 107 TF32) 1.09-1.12x.
+STREAM_K_SMS = H100_SMS
+STREAM_K_MAX_WAVES = 4
+STREAM_K_MAX_BALANCE = 0.85
+STREAM_K_MIN_WORK = 24
+STREAM_K_KERNEL = "implicit_gemm_nhwc_stream_k"
+#: The producer warpgroup's tile launches this entry: its weight tiles come by TMA (a TensorMap argument).
+TMA_KERNEL = "implicit_gemm_nhwc_tma"
+#: ... and in pairs (GemmConfig.cluster 2), this one, launched in clusters of two blocks along y.
+PAIR_KERNEL = "implicit_gemm_nhwc_tma_pair"
+#: TMA_KERNEL copies a 1x1 layer's x as the matrix [N H W][C] by a 2-D map, not in im2col mode, on tiles of
+#: up to this many pixels. H200, fp16 channels_last, ResNet-50's 1x1 layers at batch 32, two rounds against
+#: the im2col copies in one call (benchmarks/NOTES.md): 128 pixels 1.00-1.07x (1024 -> 256 13.6 -> 13.0 us,
+#: 2048 -> 512 20.1 -> 18.7), 192 0.99-1.09x; 256 0.97-1.03x.
+MATRIX_MAP_MAX_PIXELS = 192
+
+
+def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
+    """STAGES x (A + B): B [bn][bk + pad], rows of bk elements + 16 bytes; A the same with bm rows,
+    or (a_from_nchw) [bk][bm + 8]. wgmma: rows of 128 bytes, unpadded, and 1 KB to align the tiles."""
+    item = 4 if dtype == "float32" else 2
+    if cfg.wgmma == WGMMA_PINGPONG:  # the ring, each consumer's 16-bit staging, the mbarriers, 1 KB to align
+        return cfg.stages * (cfg.bm + cfg.bn) * 128 + 2 * cfg.bm * (cfg.bn + 8) * item + 16 * cfg.stages + 1024
+    a_stage = cfg.bk * (cfg.bm + 8) * item if a_from_nchw else cfg.bm * (cfg.bk * item + (0 if cfg.wgmma else 16))
+    if cfg.wgmma:  # and the producer's full and empty mbarriers, 8 bytes each per stage
+        return cfg.stages * (a_stage + cfg.bn * 128) + 1024 + (16 * cfg.stages if cfg.producer_warps else 0)
+    return cfg.stages * (a_stage + cfg.bn * (cfg.bk * item + 16))
+
+
+def _is_matrix(p: ConvProblem) -> bool:
+    """Whether x is the GEMM's A as it lies (pixels x channels, or their transpose in NCHW): 1x1, stride-1,
+    unpadded layers."""
+    return (p.kh, p.kw, p.stride, p.pad_top, p.pad_left, p.pad_bottom, p.pad_right) == (1, 1, (1, 1), 0, 0, 0, 0)
+
+
+def _nchw_a_vec(problem: ConvProblem) -> int:
+    """Bytes per A piece where the NCHW input can be read in place (0 where it cannot), the KCHW weight
+    too, in 16-byte rows of kh kw C / groups: 1x1, stride-1, unpadded problems, whose pieces of pixels
+    never straddle two images; and 1-D ones (height 1, taps along the row, stride 1 along it, at most
+    NCHW_A_ROW_TAPS_MAX_CHANNELS output channels per group), whose pieces never straddle two rows and
+    whose taps shift them by whole pieces (padding and dilation), so that each lies wholly inside x's
+    row or wholly in its padding."""
+    item = 4 if problem.dtype == "float32" else 2
+    if problem.layout != "NCHW" or (problem.kh * problem.kw * problem.c // problem.groups * item) % 16:
+        return 0
+    if _is_matrix(problem):
+        rows = (problem.h * problem.w * item,)
+    elif problem.h == problem.kh == problem.ho == 1 and problem.stride[1] == 1 and problem.weight_layout == "KCHW" \
+            and problem.k // problem.groups <= NCHW_A_ROW_TAPS_MAX_CHANNELS:
+        rows = (problem.w * item, problem.wo * item, problem.pad_left * item) + \
+            ((problem.dilation[1] * item,) if problem.kw > 1 else ())
+    else:
+        return 0
+    return next((vec for vec in NHWC_VECS if all(row % vec == 0 for row in rows)), 0)
+
+
+def _nchw_a_mode(problem: ConvProblem) -> int:
+    """The kernel's NCHW_A for ``problem``: 0 (x gathered from channels-last), NCHW_A_POINTWISE (1x1 read
+    in place) or NCHW_A_ROW_TAPS (1-D read in place)."""
+    if not _nchw_a_vec(problem):
+        return 0
+    return NCHW_A_POINTWISE if problem.kh * problem.kw == 1 else NCHW_A_ROW_TAPS
+
+
+def pads_channels(problem: ConvProblem) -> bool:
+    """Whether the kernel would read ``problem``'s input through a copy with zero channels added (3-channel
+    RGB inputs: 4)."""
+    return _pieces(problem)[0][1] > problem.c
+
+
+def _pieces(problem: ConvProblem) -> tuple[tuple[int, int], str]:
+    """((bytes per cp.async piece, channels of the copies), "") or ((0, 0), why the problem cannot run).
+
+    Problems that _nchw_a_vec reads in place: its piece, and the input's channels (no copies). Else the
+    widest piece whose channel count divides the channels per group; with one group the copies may
+    add zero channels to make it divide (at most MAX_PADDING_RATIO more)."""
+    item = 4 if problem.dtype == "float32" else 2
+    cg = problem.c // problem.groups
+    for vec in (_nchw_a_vec(problem),) if _nchw_a_vec(problem) else NHWC_VECS:
+        per_piece = vec // item
+        padded = math.ceil(cg / per_piece) * per_piece
+        if padded == cg or (problem.groups == 1 and padded <= MAX_PADDING_RATIO * cg):
+            pieces = vec, padded * problem.groups
+            break
+    else:
+        return (0, 0), f"{cg} channels per group is odd, with {problem.groups} groups (no 4-byte pieces)"
+    if problem.n > MAX_GRID_Y or problem.k > MAX_GRID_Y:
+        return (0, 0), f"batch {problem.n} or {problem.k} output channels past the copies' grid limit {MAX_GRID_Y}"
+    return pieces, ""
+
+
+def space_to_depth_block(problem: ConvProblem) -> tuple[int, int]:
+    """The (rows, columns) of input pixels a space-to-depth copy makes one pixel each for ``problem``, or (1, 1)
+    for none: its stride, for ungrouped, undilated strided layers whose channels make no 16-byte pieces and
+    whose kernel covers a stride (no input pixel skipped), where a block makes at most
+    SPACE_TO_DEPTH_MAX_CHANNELS channels (padded to whole 16-byte pieces)."""
+    block = problem.stride
+    if block == (1, 1) or problem.groups != 1 or problem.dilation != (1, 1) or problem.kh < block[0] or \
+            problem.kw < block[1] or _nchw_a_vec(problem) or _pieces(problem)[0][0] == 16 or \
+            _space_to_depth_channels(problem, block) > SPACE_TO_DEPTH_MAX_CHANNELS:
+        return (1, 1)
+    return block
+
+
+def _space_to_depth_channels(problem: ConvProblem, block: tuple[int, int]) -> int:
+    """Channels of a space-to-depth pixel: a block's pixels' channels, padded to whole 16-byte pieces."""
+    per_piece = 16 // STORAGE_BYTES[problem.dtype]
+    return math.ceil(block[0] * block[1] * problem.c / per_piece) * per_piece
+
+
+def space_to_depth_problem(problem: ConvProblem, block: tuple[int, int]) -> ConvProblem:
+    """The stride-1, unpadded problem the GEMM runs on the space-to-depth copies of ``problem``'s x and weight
+    (kernels/space_to_depth.cu): ceil(kh / rows) x ceil(kw / columns) taps of _space_to_depth_channels, on
+    planes of the output's size plus those taps less one, NHWC and KHWC (the copies' forms); the same output."""
+    kh, kw = -(-problem.kh // block[0]), -(-problem.kw // block[1])
+    return dataclasses.replace(problem, c=_space_to_depth_channels(problem, block), h=problem.ho + kh - 1,
+                               w=problem.wo + kw - 1, kh=kh, kw=kw, stride=(1, 1), pad_top=0, pad_left=0,
+                               pad_bottom=0, pad_right=0, layout="NHWC", weight_layout="KHWC")
+
+
+def _space_to_depth_specialisation(dtype: str, source_nhwc: bool) -> str:
+    flags = ",".join(str(flag).lower() for flag in (dtype == "float32", source_nhwc))
+    return f"cupyconv::{SPACE_TO_DEPTH}<{CTYPES[dtype]},{flags}>"
+
+
+def space_to_depth_copy(dtype: str, source_nhwc: bool, source_shape: tuple[int, int, int, int],
+                        copy_shape: tuple[int, int, int], block: tuple[int, int], pads: tuple[int, int],
+                        source: Pointer, copy: Pointer) -> Launch:
+    """The launch (kernels/space_to_depth.cu) copying ``source`` of logical shape (N, C, H, W) (in NHWC memory
+    where ``source_nhwc``) to [N][Hs][Ws][Cs] at ``copy`` (``copy_shape``: Hs, Ws, Cs), blocks of ``block``
+    pixels from (-pad_top, -pad_left) on each one pixel; float32 rounded to TF32."""
+    n, c, h, w = source_shape
+    vectors = n * math.prod(copy_shape) // (16 // STORAGE_BYTES[dtype])
+    return Launch(SPACE_TO_DEPTH, _space_to_depth_specialisation(dtype, source_nhwc),
+                  (math.ceil(vectors / 256), 1, 1), (256, 1, 1), 0,
+                  (source, copy, n, c, h, w, *copy_shape, *block, *pads))
+
+
+def refusal(problem: ConvProblem) -> str:
+    """Why the channels-last GEMM cannot run ``problem`` ("" when it can): a dtype without tensor-core
+    instructions here, no piece fits, or the grid of the tile it would choose is past CUDA's limits."""
+    why_not = dtype_refusal(problem) or _pieces(problem)[1]
+    return why_not or grid_refusal(gemm_grid(problem, _choose_config(problem)[0]))
+
+
+def _wgmma_refusal(problem: ConvProblem, compute_capability: int, cfg: GemmConfig | None = None) -> str:
+    """Why the wgmma tiles (``cfg``: that one; None: any) cannot run ``problem`` ("" when they can): they
+    need the H100's sm_90a and k rows of 128 bytes gathered in 16-byte pieces from channels-last copies
+    -- or, for 1x1 NCHW inputs read in place, the 3-stage pixel-row tile (1-D ones run on mma.sync)."""
+    if compute_capability != WGMMA_COMPUTE_CAPABILITY:
+        return f"wgmma needs compute capability {WGMMA_COMPUTE_CAPABILITY} (sm_90a), got {compute_capability or 'none'}"
+    if _nchw_a_mode(problem) == NCHW_A_ROW_TAPS:
+        return "a 1-D NCHW input read in place runs on mma.sync's tiles alone (its taps' rows spill wgmma's registers)"
+    if _nchw_a_vec(problem):
+        if cfg is not None and cfg.name != PIXEL_ROWS_CONFIG:
+            return (f"an NCHW input read in place runs on wgmma's {PIXEL_ROWS_CONFIG} tile alone (A in "
+                    f"registers, no lag between k tiles), not on {cfg.name}")
+        return ""
+    if _pieces(problem)[0][0] != 16:
+        return "wgmma needs 16-byte pieces from channels-last copies (this problem has narrower ones or none)"
+    return ""
+
+
+def _pingpong_refusal(problem: ConvProblem, channels_padded: int, index: str, splits, stream_k) -> str:
+    """Why the ping-pong tile (PINGPONG_CONFIG) cannot run ``problem`` ("" where it can)."""
+    p = problem
+    if p.dtype not in ("float16", "bfloat16") or p.layout != "NHWC":
+        return f"it runs 16-bit NHWC layers (got {p.dtype}, {p.layout})"
+    if p.groups != 1:
+        return f"it runs layers of one group (got {p.groups})"
+    if not _is_matrix(p) and p.c % 64:
+        return (f"its im2col copies (layers other than 1x1, stride-1, unpadded ones) take whole k tiles of 64 "
+                f"channels of one tap (got {p.c} channels)")
+    if channels_padded != p.c or p.k % 8:
+        return f"its x is read in place and its output stored in 8-channel vectors (got {p.c} -> {p.k} channels)"
+    if index != "int":
+        return f"it takes 32-bit indices ({p.x_shape} -> {p.out_shape} needs 64-bit ones)"
+    if (splits not in (None, 1)) or stream_k:
+        return f"it finishes its tiles itself: no split-K or stream-K (got splits={splits}, stream_k={stream_k})"
+    return ""
+
+
+def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
+    """Whether the fixed rules take the ping-pong tile for ``problem`` on a GPU of ``compute_capability``
+    (PINGPONG_* above: wide enough, enough tiles, cheaper than the producer tile the rules would take
+    instead, no bias, activation or residual). The planner asks it before the pointwise kernel's rule."""
+    if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.dtype not in ("float16", "bfloat16") or \
+            problem.has_bias or problem.activation != "none" or problem.has_residual or not _is_matrix(problem):
+        return False  # its im2col copies (layers with taps, strides or padding): no rule fitted yet
+    (_, channels_padded), why_not = _pieces(problem)
+    if why_not:
+        return False
+    cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
+    if _pingpong_refusal(problem, channels_padded, _index(problem, cfg, channels_padded), None, None):
+        return False
+    tiles, k_tiles = math.prod(gemm_grid(problem, cfg)), _k_tiles(problem, cfg, channels_padded)
+    if problem.k < PINGPONG_MIN_OUT_CHANNELS or problem.c < PINGPONG_MIN_IN_CHANNELS or tiles < PINGPONG_MIN_TILES \
+            or (k_tiles < PINGPONG_SHORT_K_TILES and tiles < H100_SMS):
+        return False
+    if _deep(problem) and problem.k // problem.groups > 64:  # the rules' other wgmma tile for it
+        other = _larger_wgmma_config(problem)[0]
+        if other.wgmma == WGMMA_PIXEL_ROWS_PRODUCER:
+            return _pingpong_cost(tiles) < math.ceil(math.prod(gemm_grid(problem, other)) / H100_SMS) * \
+                PRODUCER_BLOCK_COST[other.bm] * (PAIR_BLOCK_COST if other.cluster > 1 else 1.0)
+    return True
+
+
+def _pingpong_cost(tiles: int) -> float:
+    """The ping-pong tile's time on ``tiles`` tiles in 128-pixel producer blocks' (PRODUCER_BLOCK_COST)."""
+    return PINGPONG_WAVE_COST * math.ceil(tiles / H100_SMS) + PINGPONG_FIRST_EPILOGUE_COST
+
+
+def _deep(problem: ConvProblem) -> bool:
+    """Whether k rows of 128 bytes pay: 16-byte pieces from copies, >= 64 bytes of channels per tap."""
+    item = 4 if problem.dtype == "float32" else 2
+    return _pieces(problem)[0][0] == 16 and not _nchw_a_vec(problem) and problem.c // problem.groups * item >= 64
+
+
+def _choose_config(problem: ConvProblem, compute_capability: int = 0,
+                   pingpong: bool = True) -> tuple[GemmConfig, str]:
+    """On compute capability 9.0, wherever 16-byte pieces are gathered from copies, the reduction spans
+    MIN_DEEP_K_TILES k rows of 128 bytes or more, a group has 8 output channels or more and the layer is
+    not one tile of few pixels and <= 64 channels (WGMMA_MIN_NARROW_PIXELS), the wgmma tiles (_choose_wgmma_config);
+    1x1 NCHW inputs read in place there, with NCHW_A_WGMMA_MIN_CHANNELS output channels per group,
+    NCHW_A_WGMMA_MIN_K_TILES k rows (whole ones where NCHW_A_WGMMA_WHOLE_K_ROWS) and NCHW_A_WGMMA_MIN_BLOCKS
+    blocks or more (by the dtype's bytes), the 3-stage pixel-row tile; elsewhere the mma.sync ones.
+
+    mma.sync, channels: the 96-channel tile for 65-96 output channels per group (AlexNet), the
+    128-channel one for more where it makes WIDE_TILE_BLOCKS blocks or more, else the 64-channel one,
+    and the 32-channel one for 32 or fewer. Depth: k rows of 128 bytes where the gather copies 16-byte
+    pieces of at least 64 bytes of channels per tap and the reduction spans MIN_DEEP_K_TILES of them,
+    else of 64 bytes (narrower pieces make a deep tile many copies per thread; few channels per tap
+    make it many taps; 1x1 problems read in place have short reductions).
+
+    Before all of these, where ``pingpong`` and pingpong_pays, the ping-pong tile."""
+    if pingpong and pingpong_pays(problem, compute_capability):
+        cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
+        return cfg, (f"wgmma; 1x1 of {problem.c} -> {problem.k} channels, {math.prod(gemm_grid(problem, cfg))} "
+                     f"tiles of 128 x 128: the ping-pong tile (one consumer warpgroup's epilogue beside the "
+                     f"other's MMAs)")
+    kg = problem.k // problem.groups
+    item = 4 if problem.dtype == "float32" else 2
+    deep_k_tiles = math.ceil(problem.kh * problem.kw * _pieces(problem)[0][1] // problem.groups * item / 128)
+    few_pixels = problem.n * problem.ho * problem.wo < WGMMA_MIN_NARROW_PIXELS and kg <= 64
+    if _nchw_a_vec(problem):
+        pixel_rows = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PIXEL_ROWS_CONFIG)
+        min_channels, min_k_tiles = NCHW_A_WGMMA_MIN_CHANNELS[item], NCHW_A_WGMMA_MIN_K_TILES[item]
+        min_blocks = NCHW_A_WGMMA_MIN_BLOCKS[item]
+        whole_rows = problem.c // problem.groups * item % 128 == 0 or not NCHW_A_WGMMA_WHOLE_K_ROWS[item]
+        if kg >= min_channels and deep_k_tiles >= min_k_tiles and whole_rows and \
+                not _wgmma_refusal(problem, compute_capability) and (blocks := _blocks(problem, pixel_rows)) >= min_blocks:
+            return pixel_rows, (
+                f"wgmma; {kg} output channels per group (>= {min_channels}), {blocks} blocks of 128 x 128 "
+                f"(>= {min_blocks}, split-K's runs counted), {deep_k_tiles} k rows of 128 bytes "
+                f"(>= {min_k_tiles}): the NCHW input's fragments loaded into registers")
+    elif not _wgmma_refusal(problem, compute_capability) and deep_k_tiles >= MIN_DEEP_K_TILES and \
+            kg >= GEMM_MIN_GROUP_CHANNELS and not few_pixels:
+        return _choose_wgmma_config(problem)
+    deep = _deep(problem) and deep_k_tiles >= MIN_DEEP_K_TILES
+    candidates = [c for c in NHWC_CONFIGS[problem.dtype] if (c.bk * item == 128) == deep and not c.wgmma]
+    by_width = {c.bn: c for c in candidates}
+    depth = f"k rows of {by_width[64].bk * item} bytes"
+    if 64 < kg <= 96:
+        return by_width[96], f"{kg} output channels per group fit one 96-channel tile; {depth}"
+    if kg > 96:
+        blocks = math.prod(gemm_grid(problem, by_width[128]))
+        if blocks >= WIDE_TILE_BLOCKS:
+            return by_width[128], f"{kg} output channels per group, {blocks} blocks of 128 channels; {depth}"
+        return by_width[64], (f"{kg} output channels per group; 128-channel tiles would make {blocks} blocks "
+                              f"(< {WIDE_TILE_BLOCKS}), 64-channel ones twice as many; {depth}")
+    if kg <= NARROW_TILE_CHANNELS:
+        return by_width[NARROW_TILE_CHANNELS], f"{kg} output channels per group: one 32-channel tile; {depth}"
+    return by_width[64], f"{kg} output channels per group: one 64-channel tile; {depth}"
+
+
+def _choose_wgmma_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
+    """The wgmma tile (see _choose_config for where): _larger_wgmma_config's, or where that is not a
+    producer tile and its blocks (split-K's runs counted) are fewer than SMALL_TILE_MAX_BLOCKS, one
+    warpgroup's 64 x 64 tile where it makes at most SMALL_TILE_MAX_BLOCKS tiles and, its own runs
+    counted, no fewer blocks (with fewer, the larger tiles' runs are shorter per MMA: slower)."""
+    cfg, why = _larger_wgmma_config(problem)
+    if cfg.producer_warps:
+        return cfg, why
+    small = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == SMALL_TILE_CONFIG)
+    blocks, tiles, small_blocks = _blocks(problem, cfg), math.prod(gemm_grid(problem, small)), _blocks(problem, small)
+    if blocks < SMALL_TILE_MAX_BLOCKS and tiles <= SMALL_TILE_MAX_BLOCKS and small_blocks >= blocks:
+        return small, (f"wgmma; {cfg.name} would make {blocks} blocks (< {SMALL_TILE_MAX_BLOCKS}); one warpgroup's "
+                       f"64 pixels x 64 channels make {tiles} tiles (<= {SMALL_TILE_MAX_BLOCKS}), {small_blocks} "
+                       f"blocks with split-K's runs")
+    return cfg, why
+
+
+def _larger_wgmma_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
+    """The wgmma tile of 128 pixels or more: for up to 64 output channels per group, warpgroups
+    of 64 channels x 128 pixels, two per block -- or, for a float32 NHWC input of a short reduction
+    that those would read from a rounded copy, the 256 x 64 producer tile, which reads it in place; for
+    more, a producer tile of 128 channels where WGMMA_WIDE_TILE_BLOCKS blocks of 128 x 128 or more fill
+    the GPU (_fewest_waves), the 3-stage 128 x 128 tile where the producer tiles cannot run, else the
+    128 x 128 producer tile with split-K where its reduction and runs are long and fill the SMs
+    (PRODUCER_SPLIT_*), else one warpgroup of 64 channels x 128 pixels per block (twice the blocks).
+
+    The producer tiles run layers of one group whose channels fill whole k tiles, of more than one tap
+    or (1x1) at least PRODUCER_MIN_ONE_TAP_K_TILES k tiles."""
+    kg = problem.k // problem.groups
+    by_pixels = {c.bm: c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_CHANNEL_ROWS}
+    producer = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PIXEL_ROWS_PRODUCER and c.cluster == 1)
+    channels_padded = _pieces(problem)[0][1]
+    k_tiles = _k_tiles(problem, producer, channels_padded)
+    producer_runs = (problem.kh * problem.kw > 1 or k_tiles >= PRODUCER_MIN_ONE_TAP_K_TILES) and \
+        problem.groups == 1 and channels_padded % producer.bk == 0
+    if kg <= 64:
+        narrow = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == NARROW_PRODUCER_CONFIG)
+        if producer_runs and k_tiles <= NARROW_PRODUCER_MAX_K_TILES and \
+                _x_copied(problem, channels_padded, by_pixels[256]) and not _x_copied(problem, channels_padded, narrow):
+            return narrow, (f"wgmma; {kg} output channels per group: one 64-channel tile of 256 pixels copied "
+                            f"by TMA (a producer warpgroup), x read in place")
+        return by_pixels[256], f"wgmma; {kg} output channels per group: one 64-channel tile"
+    wide = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PIXEL_ROWS)
+    blocks = math.prod(gemm_grid(problem, wide))
+    if blocks >= WGMMA_WIDE_TILE_BLOCKS:
+        if producer_runs and blocks > SPLIT_K_MAX_BLOCKS:
+            return _fewest_waves(problem, producer, channels_padded)
+        return wide, f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels"
+    if producer_runs and k_tiles >= PRODUCER_SPLIT_MIN_K_TILES:
+        grid = gemm_grid(problem, producer)
+        splits = _splits(problem, producer, grid, channels_padded, _index(problem, producer, channels_padded))
+        if splits * blocks >= PRODUCER_SPLIT_MIN_BLOCKS and math.ceil(k_tiles / splits) >= PRODUCER_SPLIT_MIN_RUN:
+            return producer, (f"wgmma; {kg} output channels per group, {blocks} blocks of 128 channels "
+                              f"(< {WGMMA_WIDE_TILE_BLOCKS}) copied by TMA (a producer warpgroup), each "
+                              f"reduction split")
+    return by_pixels[128], (f"wgmma; {kg} output channels per group; 128-channel tiles would make {blocks} "
+                            f"blocks (< {WGMMA_WIDE_TILE_BLOCKS}), 64-channel ones twice as many")
+
+
+def _fewest_waves(problem: ConvProblem, producer: GemmConfig, channels_padded: int) -> tuple[GemmConfig, str]:
+    """Of the producer tiles of 128 channels (``producer``: the 128-pixel one), the one of the fewest
+    waves of blocks times its block time (PRODUCER_BLOCK_COST; on ties the shorter), the taller ones
+    only where a wave of their blocks reads at most TALL_PRODUCER_MAX_WAVE_BYTES of x (its taps read
+    it again; 1x1 layers read it once) and where they read x as the 128-pixel tile does (a float32
+    input the 256-pixel tile would read from a rounded copy only where that one copies it too). In
+    pairs (PAIR_BLOCK_COST; an even number of channel tiles) a wave reads half the pixels: the taller
+    tiles run in pairs where alone their wave would overflow L2."""
+    item = 4 if problem.dtype == "float32" else 2
+
+    def cost(c: GemmConfig) -> float:
+        return math.ceil(math.prod(gemm_grid(problem, c)) / H100_SMS) * PRODUCER_BLOCK_COST[c.bm] * \
+            (PAIR_BLOCK_COST if c.cluster > 1 else 1.0)
+
+    def fits(c: GemmConfig) -> bool:
+        if c.cluster > 1 and (gemm_grid(problem, c)[1] % c.cluster or _index(problem, c, channels_padded) != "int"):
+            return False
+        wave_bytes = min(problem.n * problem.h * problem.w, H100_SMS * c.bm // c.cluster) * channels_padded * item
+        return (c.bm == producer.bm and c.cluster == 1) or (
+            (wave_bytes <= TALL_PRODUCER_MAX_WAVE_BYTES or problem.kh * problem.kw == 1) and
+            _x_copied(problem, channels_padded, c) == _x_copied(problem, channels_padded, producer))
+
+    best = min((c for c in NHWC_CONFIGS[problem.dtype]
+                if c.wgmma == WGMMA_PIXEL_ROWS_PRODUCER and c.bn == 128 and fits(c)),
+               key=lambda c: (cost(c), c.bm, c.cluster))
+    return best, (f"wgmma; {problem.k // problem.groups} output channels per group, "
+                  f"{math.prod(gemm_grid(problem, best))} blocks of {best.bm} pixels x 128 channels"
+                  f"{' in pairs sharing their input tile' if best.cluster > 1 else ''} ({cost(best):.2f} waves of "
+                  f"128-pixel blocks' time, the fewest of the producer tiles), copied by TMA (a producer warpgroup)")
+
+
+def _k_tiles(problem: ConvProblem, cfg: GemmConfig, channels_padded: int) -> int:
+    """k tiles of ``cfg``'s reduction: kh kw taps of the (padded) channels per group, bk at a time."""
+    return math.ceil(problem.kh * problem.kw * (channels_padded // problem.groups) / cfg.bk)
+
+
+def _blocks(problem: ConvProblem, cfg: GemmConfig) -> int:
+    """Blocks of ``cfg``'s grid for ``problem``, split-K's runs (as _splits would choose them) counted."""
+    grid, channels = gemm_grid(problem, cfg), _pieces(problem)[0][1]
+    return math.prod(grid) * _splits(problem, cfg, grid, channels, _index(problem, cfg, channels))
+
+
+def _splits(problem: ConvProblem, cfg: GemmConfig, grid: tuple[int, int, int], channels_padded: int, index: str) -> int:
+    """Runs of the reduction for split-K (1: none): up to SPLIT_K_TARGET_BLOCKS blocks for grids of
+    at most SPLIT_K_MAX_BLOCKS tiles and reductions of SPLIT_K_MIN_REDUCTION k tiles or more, with
+    32-bit indices (the split instances are compiled for those). ``grid``: cfg's gemm_grid."""
+    k_tiles = _k_tiles(problem, cfg, channels_padded)
+    if math.prod(grid) > SPLIT_K_MAX_BLOCKS or k_tiles < SPLIT_K_MIN_REDUCTION or index != "int":
+        return 1
+    return split_k_runs(problem, grid, k_tiles, SPLIT_K_TARGET_BLOCKS // math.prod(grid), SPLIT_K_MIN_TILES)
+
+
+def _blocks_per_sm(cfg: GemmConfig, dtype: str) -> int:
+    """Blocks of a wgmma tile resident per SM: as the kernel's launch bounds ask of the registers
+    (nhwc_min_blocks in kernels/implicit_gemm_nhwc.cu, 16-byte pieces, 32-bit indices) and as the
+    shared memory holds."""
+    item = 4 if dtype == "float32" else 2
+    multiplying = 32 * cfg.warps_m * cfg.warps_n
+    accumulators, pieces = cfg.bm * cfg.bn // multiplying, cfg.bm * cfg.bk * item // (16 * multiplying)
+    by_registers = min(3, max(1, 65536 // (cfg.threads * (accumulators + 48 + 4 * pieces))))
+    by_shared = SM_SHARED_BYTES // (_shared_bytes(cfg, dtype, False) + BLOCK_RESERVED_SHARED_BYTES)
+    return max(1, min(by_registers, by_shared))
+
+
+def _stream_k_blocks(problem: ConvProblem, cfg: GemmConfig, grid: tuple[int, int, int], k_tiles: int,
+                     forced: bool | int | None) -> tuple[int, str]:
+    """Stream-K's persistent blocks for ``cfg``'s ``grid`` of ``k_tiles`` each (0: whole tiles), and
+    why; ``forced``: True or False forces it on or off, an int on with that many blocks (at most one
+    per unit and FLAG_COUNT; None: the rule, STREAM_K_*)."""
+    tiles = math.prod(grid)
+    if forced is False or not tiles:  # an empty batch launches nothing
+        return 0, ""
+    if forced is not True and isinstance(forced, int):
+        blocks = min(forced, tiles * k_tiles, FLAG_COUNT)
+        return blocks, f"; stream-K forced: {blocks} blocks share the {tiles * k_tiles} tiles x k tiles"
+    blocks = min(STREAM_K_SMS * _blocks_per_sm(cfg, problem.dtype), tiles * k_tiles)
+    waves = tiles / STREAM_K_SMS
+    balance = waves / math.ceil(waves)
+    work = tiles * k_tiles * cfg.bm * cfg.bn / (blocks * 128 * 128)  # k tiles of 128 x 128 per block
+    if forced is None and not (SPLIT_K_MAX_BLOCKS < tiles <= STREAM_K_MAX_WAVES * STREAM_K_SMS
+                               and balance < STREAM_K_MAX_BALANCE and work >= STREAM_K_MIN_WORK * math.ceil(waves)):
+        return 0, ""
+    how = "forced" if forced else (f"{tiles} tiles keep {STREAM_K_SMS} SMs {balance:.0%} busy; {work:.0f} k tiles "
+                                   f"of 128 x 128 a block")
+    return blocks, f"; stream-K ({how}): {blocks} blocks share the {tiles * k_tiles} tiles x k tiles"
+
+
+def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
+              compute_capability: int = 0, splits: int | None = None,
+              stream_k: bool | int | None = None, space_to_depth: bool | None = None) -> LaunchPlan:
+    """The channels-last GEMM launch: grid (pixel tiles, channel tiles, groups x splits), one block
+    per tile and run of the reduction -- or, with stream-K, plan.stream_k_blocks persistent blocks
+    over that grid's tiles. ``compute_capability``: of the GPU that will run it (90: the wgmma tiles
+    may be chosen; 0: any GPU). ``splits`` forces split-K's runs (1: none; None: _splits);
+    ``stream_k`` forces stream-K on (True, or an int: that many blocks; then no split-K unless
+    ``splits`` says so, an error) or off (None: _stream_k_blocks' rule; wgmma tiles only);
+    ``space_to_depth=False`` keeps the problem's own stride where space_to_depth_block would block it
+    (None or True: the rule; the tuner tries both)."""
+    why_not = refusal(problem)
+    if why_not:
+        raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
+    if space_to_depth not in (None, True, False):
+        raise ValueError(f"space_to_depth must be None, True or False, got {space_to_depth!r}")
+    block = (1, 1) if space_to_depth is False else space_to_depth_block(problem)
+    if block != (1, 1):  # the GEMM of the copies' problem; the copies round float32 to TF32
+        blocked = space_to_depth_problem(problem, block)
+        plan = make_plan(blocked, config, reason, compute_capability, splits, stream_k)
+        return dataclasses.replace(plan, round_a=False, space_to_depth=block, reason=(
+            f"{plan.reason}; space-to-depth: {problem.c} channels at stride {block} make no 16-byte pieces, so "
+            f"each block of {block[0]} x {block[1]} input pixels is one pixel of {blocked.c} channels, a stride-1 "
+            f"{blocked.kh}x{blocked.kw} convolution"))
+    vec, channels_padded = _pieces(problem)[0]
+    if config is not None:
+        cfg = forced_config(NHWC_CONFIGS[problem.dtype], config, f"config for {KERNEL} in {problem.dtype}")
+        why = "config forced by the caller"
+        why_not = _wgmma_refusal(problem, compute_capability, cfg) if cfg.wgmma else ""
+        if why_not:
+            raise ValueError(f"config {config!r} cannot run this problem: {why_not}")
+    else:
+        cfg, why = _choose_config(problem, compute_capability, pingpong=splits in (None, 1) and not stream_k)
+        if cfg.producer_warps and stream_k:  # forced onto the tile it runs on
+            cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PIXEL_ROWS_CONFIG)
+            why += f"; {cfg.name} instead: stream-K runs on it"
+    a_from_nchw = _nchw_a_mode(problem)
+    if a_from_nchw:
+        shape = "1x1" if problem.kh * problem.kw == 1 else f"1-D, {problem.kw} taps shifting whole pieces"
+        why += f"; {shape}: the NCHW input and KCHW weight read in place, {vec}-byte pieces of pixels"
+    elif channels_padded != problem.c:
+        why += f"; input copied with {channels_padded - problem.c} zero channel(s) for {vec}-byte pieces"
+    round_a = problem.layout == "NHWC" and problem.dtype == "float32" and not _x_copied(problem, channels_padded, cfg)
+    if round_a:
+        why += "; NHWC input read in place, rounded to TF32 by the kernel (ROUND_A)"
+    index = _index(problem, cfg, channels_padded)
+    grid = gemm_grid(problem, cfg)
+    if cfg.wgmma == WGMMA_PINGPONG:
+        why_not = _pingpong_refusal(problem, channels_padded, index, splits, stream_k)
+        if why_not:
+            raise ValueError(f"config {cfg.name!r} cannot run this problem: {why_not}")
+        blocks = min(math.prod(grid), H100_SMS)
+        why += f"; {math.prod(grid)} tiles on {blocks} persistent blocks, two consumer warpgroups taking turns"
+        return LaunchPlan(
+            kernel=KERNEL, dtype=problem.dtype, index_type=index, config=cfg, grid=(blocks, 1, 1),
+            block=(cfg.threads, 1, 1), shared_bytes=_shared_bytes(cfg, problem.dtype, False),
+            reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded, arch=WGMMA_ARCH)
+    if splits is None:  # stream-K finishes its tiles itself
+        splits = 1 if stream_k else _splits(problem, cfg, grid, channels_padded, index)
+        if splits > 1:
+            why += (f"; split-K: {math.prod(grid)} tiles (<= {SPLIT_K_MAX_BLOCKS}) each reduce over {splits} runs "
+                    f"of the {problem.kh * problem.kw * channels_padded // problem.groups} products")
+    else:
+        check_splits(splits, grid, problem)
+        if splits > 1 and index != "int":
+            raise ValueError(f"splits > 1 needs 32-bit indices; this problem {problem.x_shape} -> "
+                             f"{problem.out_shape} needs 64-bit ones")
+        why += f"; split-K forced: {splits} runs"
+    stream_k_blocks = 0
+    if not (stream_k is None or isinstance(stream_k, bool) or (isinstance(stream_k, int) and stream_k >= 1)):
+        raise ValueError(f"stream_k must be None, True, False or a block count >= 1, got {stream_k!r}")
+    if stream_k and (not cfg.wgmma or cfg.producer_warps or splits > 1 or index != "int" or a_from_nchw):
+        raise ValueError(f"stream_k needs a wgmma tile, no split-K and 32-bit indices (and no producer "
+                         f"warpgroup or NCHW input read in place); got {cfg.name}, {splits} split(s), {index} "
+                         f"indices for {problem.x_shape} -> {problem.out_shape}")
+    if cfg.producer_warps and (problem.groups > 1 or channels_padded % cfg.bk):
+        raise ValueError(f"config {cfg.name!r} cannot run this problem: its producer warpgroup copies whole k tiles "
+                         f"of one tap by TMA, one group, channels a multiple of {cfg.bk} (got {problem.groups} "
+                         f"group(s), {channels_padded} channels)")
+    if cfg.cluster > 1 and (grid[1] % cfg.cluster or index != "int"):
+        raise ValueError(f"config {cfg.name!r} cannot run this problem: its blocks run in clusters of {cfg.cluster} "
+                         f"channel tiles, with 32-bit indices (got {grid[1]} channel tiles of {cfg.bn}, {index} "
+                         f"indices)")
+    if cfg.wgmma and not cfg.producer_warps and splits == 1 and index == "int" and not a_from_nchw:
+        stream_k_blocks, stream_k_why = _stream_k_blocks(problem, cfg, grid,
+                                                         _k_tiles(problem, cfg, channels_padded), stream_k)
+        why += stream_k_why
+    return LaunchPlan(
+        kernel=KERNEL, dtype=problem.dtype, index_type=index,
+        config=cfg, grid=(grid[0], grid[1], grid[2] * splits), block=(cfg.threads, 1, 1),
+        shared_bytes=_shared_bytes(cfg, problem.dtype, a_from_nchw),
+        reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded, a_from_nchw=a_from_nchw,
+        round_a=round_a, splits=splits, stream_k_blocks=stream_k_blocks,
+        arch=WGMMA_ARCH if cfg.wgmma else "")
+
+
+def describe(plan: LaunchPlan) -> str:
+    """The printed plan: tile, warps (or wgmma warpgroups), launch shape, the copies it reads and why."""
+    c = plan.config
+    warps = ("persistent blocks of 2 warpgroups each multiplying every other tile with wgmma while the other "
+             f"stores its last ({plan.arch}; ping-pong), a producer warpgroup copying both operands by TMA"
+             if c.wgmma == WGMMA_PINGPONG else
+             f"{c.warps_m // 4} warpgroups of {'64 ch' if c.wgmma == WGMMA_CHANNEL_ROWS else '64 px'} with wgmma "
+             f"({plan.arch})" + (", a producer warpgroup copying both operands by TMA" if c.producer_warps else "")
+             + (f"; clusters of {c.cluster} channel tiles, each block copying 1/{c.cluster} of the input tile into "
+                f"all ({PAIR_KERNEL})" if c.cluster > 1 else "")
+             if c.wgmma else f"{c.warps_m}x{c.warps_n} warps")
+    made = "copies made first" if plan.layout == "NCHW" else "operands (copied first unless read in place)"
+    reads = "" if plan.a_from_nchw else (
+        f"  reads channels-last {made}: input [N][H][W][{plan.channels_padded}], weight "
+        f"[K][kh][kw][{plan.channels_padded} / groups], in {plan.vec}-byte pieces\n")
+    if plan.space_to_depth != (1, 1):
+        bh, bw = plan.space_to_depth
+        reads = (f"  reads space-to-depth copies made first ({SPACE_TO_DEPTH}): each block of {bh} x {bw} input "
+                 f"pixels one pixel of {plan.channels_padded} channels, [N][Ho + kh' - 1][Wo + kw' - 1]"
+                 f"[{plan.channels_padded}], the weight [K][kh'][kw'][{plan.channels_padded}] (kh' = ceil(kh / {bh}), "
+                 f"kw' = ceil(kw / {bw})), a stride-1 convolution in {plan.vec}-byte pieces\n")
+    if plan.splits > 1:
+        reads += (f"  split-K: {plan.splits} runs of the reduction write float32 partial sums to the workspace, "
+                  f"added in order by {REDUCE_KERNEL} (the same bits on every run)\n")
+    if plan.stream_k_blocks:
+        reads += (f"  stream-K: {plan.stream_k_blocks} persistent blocks ({STREAM_K_KERNEL}) share the grid's "
+                  f"tiles x k tiles equally; a tile's owner adds the other blocks' float32 sums in block order "
+                  f"(the same bits on every run)\n")
+    return describe_tiles(plan, warps, reads)
+
+
+def _index(problem: ConvProblem, cfg: GemmConfig, channels_padded: int) -> str:
+    """The index type of ``cfg``'s GEMM: 64-bit where x, its copy or the output needs it."""
+    copy = problem.n * channels_padded * problem.h * problem.w if _x_copied(problem, channels_padded, cfg) else 0
+    return index_type(problem, copy)
+
+
+def _x_copied(problem: ConvProblem, channels_padded: int, cfg: GemmConfig) -> bool:
+    """Whether the GEMM reads a copy of x: NCHW inputs but those read in place (_nchw_a_vec); NHWC inputs that
+    need zero channels, and float32 ones with more than one tap rounded to TF32 by the copy where
+    ``cfg`` would round them in shared memory at every k tile (the kernel rounds float32 inputs it
+    reads in place itself: LaunchPlan.round_a, its ROUND_A; mma.sync tiles and the 128-pixel
+    producer's in registers, the other wgmma tiles in shared memory), and every float32 input of the
+    256-pixel producer tile."""
+    if problem.layout == "NCHW":
+        return not _nchw_a_vec(problem)
+    rounding = _float32_rounding(cfg)
+    return channels_padded != problem.c or (problem.dtype == "float32" and (
+        rounding == "copy" or (rounding == "shared" and problem.kh * problem.kw != 1)))
+
+
+def _float32_rounding(cfg: GemmConfig) -> str:
+    """Where ``cfg``'s kernel rounds a float32 input it reads in place to TF32 (kernels/implicit_gemm_nhwc.cu
+    ROUND_IN_REGISTERS / ROUND_IN_SHARED): "registers" (mma.sync's fragments, the producer tiles' wgmma
+    A registers), "shared" (the other wgmma tiles), or "copy" where it cannot (the 256 x 128 producer
+    tile: in registers it spills at the 96 registers 640 threads leave), which reads a rounded copy."""
+    if not cfg.wgmma:
+        return "registers"
+    if cfg.producer_warps:
+        return "copy" if (cfg.bm, cfg.bn) == (256, 128) else "registers"  # alone or in pairs
+    return "shared"
+
+
+def _weight_channels_last(problem: ConvProblem) -> bool:
+    """Whether the weight's memory is [K][kh][kw][C / groups]: KHWC, or a 1x1 weight in either layout
+    (the same memory; torch calls a 1x1 weight contiguous, not channels_last)."""
+    return problem.weight_layout == "KHWC" or problem.kh * problem.kw == 1
+
+
+def _weight_copied(problem: ConvProblem, channels_padded: int) -> bool:
+    """Whether the GEMM reads a prepared weight: KCHW weights of more than one tap; channels-last ones
+    that need zero channels or TF32 rounding (but not those the NCHW_A path reads in place,
+    rounding fragments itself)."""
+    if _nchw_a_vec(problem):
+        return False
+    return not _weight_channels_last(problem) or channels_padded != problem.c or problem.dtype == "float32"
+
+
+def specialisation(dtype: str, index: str, cfg: GemmConfig, vec: int, a_from_nchw: int, nhwc_out: bool,
+                   round_a: bool = False, split_k: bool = False) -> str:
+    """The C++ template instance of ``cfg`` gathering ``vec``-byte pieces (of the NCHW input where
+    ``a_from_nchw``: NCHW_A_POINTWISE or NCHW_A_ROW_TAPS; else of channels-last x), writing an NHWC
+    output where ``nhwc_out``, rounding an unrounded float32 input to TF32 in shared memory where
+    ``round_a``, and writing split-K's partial sums where ``split_k``."""
+    flags = ",".join(str(flag).lower() for flag in (cfg.wgmma, nhwc_out, round_a, split_k))
+    return (f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.bk},"
+            f"{cfg.warps_m},{cfg.warps_n},{cfg.stages},{vec},{int(a_from_nchw)},{flags}>")
+
+
+def stream_k_specialisation(dtype: str, cfg: GemmConfig, nhwc_out: bool, round_a: bool) -> str:
+    """The C++ template instance of stream-K with ``cfg``'s wgmma tile, 16-byte pieces, 32-bit indices."""
+    flags = ",".join(str(flag).lower() for flag in (nhwc_out, round_a))
+    return (f"cupyconv::{STREAM_K_KERNEL}<{CTYPES[dtype]},int,{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
+            f"{cfg.stages},16,{cfg.wgmma},{flags}>")
+
+
+def tma_specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc_out: bool, round_a: bool = False,
+                       split_k: bool = False) -> str:
+    """The C++ template instance of the producer warpgroup's tile reading its input and weight by TMA
+    (``round_a``: a float32 NHWC input read in place, rounded to TF32 in registers; ``split_k``: writing
+    split-K's partial sums)."""
+    flags = ",".join(str(flag).lower() for flag in (nhwc_out, round_a, split_k))
+    kernel = PAIR_KERNEL if cfg.cluster > 1 else TMA_KERNEL
+    return (f"cupyconv::{kernel}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
+            f"{cfg.stages},16,{cfg.wgmma},{flags}>")
+
+
+def pingpong_specialisation(dtype: str, cfg: GemmConfig, residual: bool) -> str:
+    """The C++ template instance of the ping-pong tile ``cfg``, for calls with a residual or without."""
+    return f"cupyconv::{PINGPONG_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bn},{cfg.stages},{str(residual).lower()}>"
+
+
+def name_expression(plan: LaunchPlan) -> str:
+    """The specialisation ``plan`` launches."""
+    if plan.config.wgmma == WGMMA_PINGPONG:
+        return pingpong_specialisation(plan.dtype, plan.config, plan.has_residual)
+    if plan.config.producer_warps:
+        return tma_specialisation(plan.dtype, plan.index_type, plan.config, plan.layout == "NHWC", plan.round_a,
+                                  plan.splits > 1)
+    if plan.stream_k_blocks:
+        return stream_k_specialisation(plan.dtype, plan.config, plan.layout == "NHWC", plan.round_a)
+    return specialisation(plan.dtype, plan.index_type, plan.config, plan.vec, plan.a_from_nchw, plan.layout == "NHWC",
+                          plan.round_a, plan.splits > 1)
+
+
+def _gemm_specialisations(wgmma: bool) -> list[str]:
+    """The mma.sync ones (any GPU), or the wgmma ones (sm_90a: 16-byte pieces from channels-last x only);
+    split-K's with 32-bit indices alone (_splits)."""
+    return [specialisation(dtype, index, cfg, vec, a_from_nchw, nhwc_out, round_a, split_k) for dtype in GEMM_DTYPES
+            for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype] if bool(cfg.wgmma) == wgmma and not cfg.producer_warps
+            for vec in (NHWC_VECS if not wgmma or cfg.name == PIXEL_ROWS_CONFIG else (16,))
+            for a_from_nchw, nhwc_out, round_a in _gemm_flags(wgmma, cfg, dtype, vec)
+            for split_k in ((False, True) if index == "int" else (False,))] + \
+        [tma_specialisation(dtype, index, cfg, nhwc_out, round_a, split_k) for dtype in GEMM_DTYPES
+         for index in INDEX_TYPES for cfg in NHWC_CONFIGS[dtype]
+         if wgmma and cfg.wgmma == WGMMA_PIXEL_ROWS_PRODUCER and (cfg.cluster == 1 or index == "int")
+         for nhwc_out, round_a in ((False, False), (True, False))
+         + (((True, True),) if dtype == "float32" and _float32_rounding(cfg) != "copy" else ())
+         for split_k in ((False, True) if index == "int" else (False,))] + \
+        [pingpong_specialisation(dtype, cfg, residual) for dtype in GEMM_DTYPES for cfg in NHWC_CONFIGS[dtype]
+         if wgmma and cfg.wgmma == WGMMA_PINGPONG for residual in (False, True)]
+
+
+def _gemm_flags(wgmma: bool, cfg: GemmConfig, dtype: str, vec: int) -> tuple[tuple[int, bool, bool], ...]:
+    """(a_from_nchw, nhwc_out, round_a) of ``cfg``'s instances gathering ``vec``-byte pieces: of channels-last
+    x (mma.sync: every piece; wgmma: 16 bytes) with an NCHW or NHWC output, a float32 NHWC input read in
+    place; and of the NCHW input read in place: 1x1 (every mma.sync tile; on wgmma the 3-stage pixel-row
+    tile) and 1-D (mma.sync)."""
+    flags = ()
+    if not wgmma or vec == 16:
+        flags = ((0, False, False), (0, True, False)) + (((0, True, True),) if dtype == "float32" else ())
+    if not wgmma or cfg.name == PIXEL_ROWS_CONFIG:
+        flags += ((NCHW_A_POINTWISE, False, False),)
+    if not wgmma:
+        flags += ((NCHW_A_ROW_TAPS, False, False),)
+    return flags
+
+
+def _copy_specialisation(kernel: str, dtype: str, round_tf32: bool) -> str:
+    return f"cupyconv::{kernel}<{CTYPES[dtype]},{'true' if round_tf32 and dtype == 'float32' else 'false'}>"
+
+
+def channels_last_specialisations() -> list[str]:
+    """The copies of this family's operands (float32 rounded to TF32), the exact ones of every dtype
+    (simt_gemm_conv2d's transposed weight; layouts.py's transposes) and the NHWC operands' padding."""
+    roundings = [(dtype, True) for dtype in GEMM_DTYPES] + [("float32", False), ("float64", False)]
+    return [_copy_specialisation(kernel, dtype, round_tf32)
+            for kernel in (CHANNELS_LAST_TILED, CHANNELS_LAST_NARROW) for dtype, round_tf32 in roundings] + \
+        [_copy_specialisation(PAD_CHANNELS, dtype, round_tf32) for dtype, round_tf32 in roundings
+         if dtype != "float64"]
+
+
+def specialisations() -> list[str]:
+    """The mma.sync GEMMs (of one convolution and of stride phases), split-K's reductions and the
+    channels-last copies (any GPU)."""
+    return _gemm_specialisations(wgmma=False) + _phases_specialisations(wgmma=False) + \
+        [reduce_specialisation(dtype, "int") for dtype in GEMM_DTYPES if dtype != "float32"] + \
+        channels_last_specialisations() + \
+        [_space_to_depth_specialisation(dtype, nhwc) for dtype in GEMM_DTYPES for nhwc in (False, True)]
+
+
+def _stream_k_specialisations() -> list[str]:
+    return [stream_k_specialisation(dtype, cfg, nhwc_out, round_a) for dtype in GEMM_DTYPES
+            for cfg in NHWC_CONFIGS[dtype] if cfg.wgmma and not cfg.producer_warps
+            for nhwc_out, round_a in ((False, False), (True, False)) + (((True, True),) if dtype == "float32" else ())]
+
+
+def arch_specialisations() -> dict[str, list[str]]:
+    """NVRTC target -> the name expressions that compile for it alone (the wgmma tiles, stream-K's too)."""
+    return {WGMMA_ARCH: _gemm_specialisations(wgmma=True) + _phases_specialisations(wgmma=True)
+            + _stream_k_specialisations()}
+
+
+def channels_last_copy(dtype: str, n: int, c: int, positions: int, channels_padded: int, round_tf32: bool,
+                       source: Pointer, copy: Pointer) -> Launch:
+    """The launch (kernels/nchw_to_nhwc.cu) copying the C-contiguous [n][c][positions] ``source`` to
+    [n][positions][channels_padded] at ``copy``, zero channels past c; float32 rounded to TF32 on the
+    way where ``round_tf32`` (the tensor-core GEMM's operands), kept exact otherwise (the FMA GEMM's
+    transposed weight)."""
+    if channels_padded <= NARROW_CHANNELS:
+        kernel, grid, block = CHANNELS_LAST_NARROW, (math.ceil(positions / 256), n, 1), (256, 1, 1)
+    else:
+        kernel, grid, block = (CHANNELS_LAST_TILED, (math.ceil(positions / 32), math.ceil(channels_padded / 32), n),
+                               (32, 8, 1))
+    return Launch(kernel, _copy_specialisation(kernel, dtype, round_tf32), grid, block, 0,
+                  (source, copy, c, positions, channels_padded))
+
+
+def pad_channels(dtype: str, rows: int, c: int, channels_padded: int, source: Pointer, copy: Pointer,
+                 round_tf32: bool = True) -> Launch:
+    """The launch (kernels/nchw_to_nhwc.cu) copying [rows][c] at ``source`` to [rows][channels_padded]
+    at ``copy``, zero channels past c, float32 rounded to TF32 where ``round_tf32`` (the forward GEMM's
+    operands; the weight gradient rounds its own)."""
+    return Launch(PAD_CHANNELS, _copy_specialisation(PAD_CHANNELS, dtype, round_tf32),
+                  (math.ceil(rows * channels_padded / 256), 1, 1), (256, 1, 1), 0, (source, copy, c, rows, channels_padded))
+
+
+def _weight_preparation(problem: ConvProblem, channels_padded: int) -> WeightPreparation:
+    """The weight as [K][kh][kw][Cgp], Cgp = channels_padded / groups (zero channels past C / groups),
+    float32 rounded to TF32: transposed from KCHW, or padded and rounded from channels-last memory."""
+    p, cg, cgp = problem, problem.c // problem.groups, channels_padded // problem.groups
+    if _weight_channels_last(p):
+        copy = pad_channels(p.dtype, p.k * p.kh * p.kw, cg, cgp, Pointer(WEIGHT), Pointer(PREPARED))
+    else:
+        copy = channels_last_copy(p.dtype, p.k, cg, p.kh * p.kw, cgp, True, Pointer(WEIGHT), Pointer(PREPARED))
+    return WeightPreparation((KERNEL, p.dtype, p.weight_shape, p.weight_layout, cgp),
+                             p.k * p.kh * p.kw * cgp * STORAGE_BYTES[p.dtype], (copy,))
+
+
+def _space_to_depth_weight(problem: ConvProblem, blocked: ConvProblem, block: tuple[int, int]) -> WeightPreparation:
+    """The weight in ``blocked``'s form (space_to_depth_problem): [K][kh'][kw'][Cs], float32 rounded to TF32."""
+    p = problem
+    copy = space_to_depth_copy(p.dtype, p.weight_layout == "KHWC", (p.k, p.c, p.kh, p.kw),
+                               (blocked.kh, blocked.kw, blocked.c), block, (0, 0), Pointer(WEIGHT), Pointer(PREPARED))
+    return WeightPreparation((KERNEL, SPACE_TO_DEPTH, p.dtype, p.weight_shape, p.weight_layout, block),
+                             p.k * blocked.kh * blocked.kw * blocked.c * STORAGE_BYTES[p.dtype], (copy,))
+
+
+def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
+    """The GEMM on channels-last operands: x and the weight read in place where they are in the form
+    it reads, else copied first (x into the workspace, the weight as the prepared weight), or, where
+    the plan blocks a strided layer's pixels (plan.space_to_depth), both copied so and the blocked
+    stride-1 problem run on them; with split-K, its partial sums in the workspace (after x's copy) and
+    their reduction."""
+    p = problem
+    x, workspace, launches = Pointer(X), 0, []
+    if plan.space_to_depth != (1, 1):  # the GEMM runs the blocked problem (in the output's layout) on copies
+        p = dataclasses.replace(space_to_depth_problem(problem, plan.space_to_depth), layout=problem.layout)
+        x, workspace = Pointer(WORKSPACE), align(p.n * p.h * p.w * p.c * STORAGE_BYTES[p.dtype])
+        launches.append(space_to_depth_copy(p.dtype, problem.layout == "NHWC", problem.x_shape, (p.h, p.w, p.c),
+                                            plan.space_to_depth, (problem.pad_top, problem.pad_left), Pointer(X), x))
+        weight = _space_to_depth_weight(problem, p, plan.space_to_depth)
+    else:
+        if _x_copied(p, plan.channels_padded, plan.config):
+            x, workspace = Pointer(WORKSPACE), align(p.n * p.h * p.w * plan.channels_padded * STORAGE_BYTES[p.dtype])
+            if p.layout == "NHWC":
+                launches.append(pad_channels(p.dtype, p.n * p.h * p.w, p.c, plan.channels_padded, Pointer(X), x))
+            else:
+                launches.append(channels_last_copy(p.dtype, p.n, p.c, p.h * p.w, plan.channels_padded, True,
+                                                   Pointer(X), x))
+        weight = _weight_preparation(p, plan.channels_padded) if _weight_copied(p, plan.channels_padded) else None
+    weight_pointer = Pointer(PREPARED) if weight else Pointer(WEIGHT)
+    if plan.stream_k_blocks:
+        # The blocks' float32 slots in the workspace (after x's copy); the flags are the FLAGS operand.
+        partials = Pointer(WORKSPACE, workspace)
+        tiles_m, tiles_n, _ = plan.grid
+        launch = conv_launch(plan, p, tiles_m, tiles_n, _k_tiles(p, plan.config, plan.channels_padded), partials,
+                             Pointer(FLAGS), x=x, weight=weight_pointer, channels=plan.channels_padded)
+        launches.append(dataclasses.replace(launch, kernel=STREAM_K_KERNEL, grid=(plan.stream_k_blocks, 1, 1)))
+        slots = 4 * plan.stream_k_blocks * plan.config.bm * plan.config.bn
+        return CallProgram(tuple(launches), workspace + slots, weight)
+    if plan.splits == 1:
+        launches.append(_with_tensor_maps(plan, p, conv_launch(plan, p, 1, 0, x=x, weight=weight_pointer,
+                                                               channels=plan.channels_padded), x, weight_pointer))
+        return CallProgram(tuple(launches), workspace, weight)
+    partial = Pointer(WORKSPACE, workspace)
+    # The bias is the reduction's to add.
+    launches += [_with_tensor_maps(plan, p, conv_launch(plan, p, plan.splits, math.prod(p.out_shape), x=x,
+                                                        weight=weight_pointer, out=partial,
+                                                        channels=plan.channels_padded, partial=True),
+                                   x, weight_pointer),
+                 split_k_reduce(p.dtype, plan.index_type, p, plan.splits, partial, Pointer(OUT), p.layout == "NHWC")]
+    return CallProgram(tuple(launches), workspace + partial_bytes(plan.splits, p), weight)
+
+
+def _copies_matrix(p: ConvProblem, cfg: GemmConfig) -> bool:
+    """Whether the producer tile ``cfg`` copies x by a 2-D map of the matrix [N H W][C], not in im2col
+    mode (TMA_KERNEL's x_is_matrix): 1x1, stride-1, unpadded layers on tiles of at most
+    MATRIX_MAP_MAX_PIXELS pixels, alone (pairs multicast im2col copies)."""
+    return _is_matrix(p) and cfg.cluster == 1 and cfg.bm <= MATRIX_MAP_MAX_PIXELS
+
+
+def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Pointer, weight: Pointer) -> Launch:
+    """``launch`` as the producer warpgroup's tile launches it, where ``plan`` takes that tile: by TMA,
+    the weight as K rows of kh kw C columns, x in im2col mode or (_copies_matrix) as the matrix [N H W][C]
+    (both maps appended to its arguments, and TMA_KERNEL's x_is_matrix after them)."""
+    if not plan.config.producer_warps:
+        return launch
+    cfg, columns = plan.config, p.kh * p.kw * plan.channels_padded
+    weight_map = TensorMap(weight, p.dtype, p.k, columns, columns * STORAGE_BYTES[p.dtype], cfg.bn, cfg.bk)
+    matrix = _copies_matrix(p, cfg)
+    if matrix:
+        x_map = TensorMap(x, p.dtype, p.n * p.h * p.w, plan.channels_padded,
+                          plan.channels_padded * STORAGE_BYTES[p.dtype], cfg.bm, cfg.bk)
+    else:
+        x_map = Im2colMap(x, p.dtype, (p.n, p.h, p.w, plan.channels_padded), (-p.pad_top, -p.pad_left),
+                          (p.pad_bottom - (p.kh - 1) * p.dilation[0], p.pad_right - (p.kw - 1) * p.dilation[1]),
+                          p.stride, cfg.bk, cfg.bm // cfg.cluster)
+    if cfg.cluster > 1:
+        return dataclasses.replace(launch, kernel=PAIR_KERNEL, args=(*launch.args, weight_map, x_map))
+    kernel = PINGPONG_KERNEL if cfg.wgmma == WGMMA_PINGPONG else TMA_KERNEL
+    return dataclasses.replace(launch, kernel=kernel, args=(*launch.args, weight_map, x_map, int(matrix)))
+
+
+# --- The stride phases of a transposed convolution in one launch (kernels/implicit_gemm_nhwc.cu,
+# implicit_gemm_nhwc_phases; cupyconv/conv_transpose.py decides when and builds the phases).
+
+PHASES_KERNEL = "implicit_gemm_nhwc_phases"
+#: PhaseTable's capacity in kernels/implicit_gemm_nhwc.cu (a CPU test reads it there).
+MAX_PHASES = 16
+#: 16-bit operands read in place in 16-byte pieces: float32 would need its operands rounded to TF32.
+PHASES_DTYPES = ("float16", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseGemm:
+    """One stride phase as the phase launch reads it: its stride-1 ``problem`` (its taps, dilation and
+    pixels; its x is the phase's window of y), the padding it reads the whole of y with (``pad_top``,
+    ``pad_left``: negative where the window starts inside y), and element offsets of its weight (from
+    the weight operand) and of its first output pixel (from the output)."""
+
+    problem: ConvProblem
+    pad_top: int
+    pad_left: int
+    weight_offset: int
+    out_offset: int
+
+
+def phases_plan(problems: tuple[ConvProblem, ...], compute_capability: int = 0,
+                config: str | None = None) -> LaunchPlan | None:
+    """The plan of one launch computing the stride phases ``problems`` (stride-1 NHWC problems of one
+    transposed convolution, with their taps), or None where it cannot: more than MAX_PHASES, not 16-bit,
+    channels that need copies or pieces narrower than 16 bytes, or 64-bit offsets. The tile is the
+    one make_plan picks for the phase of fewest taps at the phases' pixels all together; its grid x
+    counts every phase's pixel tiles (phases_tiles); outputs of at most NARROW_TILE_CHANNELS channels per
+    group take the 32-channel tile. ``config`` forces a tile (make_plan's)."""
+    # The tile is chosen for the phase of fewest taps: one whose reduction is too short for wgmma
+    # makes the whole launch take mma.sync (H100, decoder_3x3s2_op1_64to32 fp16: phases of 1, 2, 2
+    # and 4 taps of 64 channels, 0.209 ms on wgmma, 0.185 on mma.sync; benchmarks/NOTES.md).
+    fewest = min(problems, key=lambda p: p.kh * p.kw)
+    if not 1 <= len(problems) <= MAX_PHASES or fewest.layout != "NHWC" or fewest.dtype not in PHASES_DTYPES \
+            or any(refusal(p) for p in problems):
+        return None
+    together = dataclasses.replace(fewest, n=fewest.n * len(problems))
+    if refusal(together):
+        return None
+    if config is None and fewest.k // fewest.groups <= NARROW_TILE_CHANNELS:
+        config = next(c.name for c in NHWC_CONFIGS[fewest.dtype] if c.bn == NARROW_TILE_CHANNELS and c.stages == 4)
+    plan = make_plan(together, config, compute_capability=compute_capability, stream_k=False)
+    if plan.config.producer_warps:  # no phase-launch instances: the same tile fed by all its threads
+        plan = make_plan(together, PIXEL_ROWS_CONFIG, compute_capability=compute_capability, stream_k=False)
+    if plan.vec != 16 or plan.channels_padded != fewest.c or plan.a_from_nchw or plan.index_type != "int" \
+            or index_type(together) != "int":
+        return None
+    grid = (phases_tiles(problems, plan.config)[-1], plan.grid[1], plan.grid[2])
+    return dataclasses.replace(plan, kernel=PHASES_KERNEL, grid=grid,
+                               reason=f"{len(problems)} stride phases in one launch; {plan.reason}")
+
+
+def phases_tiles(problems, cfg: GemmConfig) -> tuple[int, ...]:
+    """The first pixel tile of each phase along the grid's x, and the total: PhaseTable.first_tile."""
+    firsts = [0]
+    for p in problems:
+        firsts.append(firsts[-1] + math.ceil(p.n * p.ho * p.wo / cfg.bm))
+    return tuple(firsts)
+
+
+def phases_specialisation(dtype: str, cfg: GemmConfig, split_k: bool) -> str:
+    """The C++ template instance of the phase launch with ``cfg``'s tile, 16-byte pieces, 32-bit
+    offsets."""
+    return (f"cupyconv::{PHASES_KERNEL}<{CTYPES[dtype]},int,{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
+            f"{cfg.stages},16,{cfg.wgmma},false,{str(split_k).lower()}>")
+
+
+def _phases_specialisations(wgmma: bool) -> list[str]:
+    return [phases_specialisation(dtype, cfg, split_k) for dtype in PHASES_DTYPES for cfg in NHWC_CONFIGS[dtype]
+            if bool(cfg.wgmma) == wgmma and not cfg.producer_warps for split_k in (False, True)]
+
+
+def phases_launch(plan: LaunchPlan, phases: tuple[PhaseGemm, ...], y_size: tuple[int, int],
+                  out_shape: tuple[int, int, int, int], stride: tuple[int, int], weight: Pointer,
+                  out: Pointer = Pointer(OUT), partial: bool = False) -> Launch:
+    """The launch of ``plan`` (phases_plan) over ``phases``, reading y (the X operand: the phases'
+    images and channels, ``y_size`` rows and columns) and the phases' weights (KHWC, at ``weight`` plus each
+    weight_offset), writing every phase's pixels of the NHWC output ``out_shape`` (n, h, w, c; c may
+    be fewer than the phases' output channels, whose zero channels are then left out), whose
+    phases are ``stride`` rows and columns apart, at ``out`` (``partial``: split-K's float32 runs,
+    each the whole output, no bias or epilogue)."""
+    first = phases[0].problem
+    _, h, w, c = out_shape
+    firsts = phases_tiles([ph.problem for ph in phases], plan.config)
+
+    def column(values):
+        return (*values, *(0,) * (MAX_PHASES - len(values)))
+
+    table = Table((len(phases), c, h * w * c, stride[0] * w * c, stride[1] * c, *firsts,
+                   *(0,) * (MAX_PHASES + 1 - len(firsts)),
+                   *column([ph.problem.ho for ph in phases]), *column([ph.problem.wo for ph in phases]),
+                   *column([ph.problem.kh for ph in phases]), *column([ph.problem.kw for ph in phases]),
+                   *column([ph.pad_top for ph in phases]), *column([ph.pad_left for ph in phases]),
+                   *column([ph.problem.dilation[0] for ph in phases]),
+                   *column([ph.problem.dilation[1] for ph in phases]),
+                   *column([ph.weight_offset for ph in phases]), *column([ph.out_offset for ph in phases])))
+    splits = plan.splits
+    args = (Pointer(X), weight, Pointer(BIAS), out, int(first.has_bias and not partial),
+            *epilogue_args(first, partial=partial), first.n, first.c, *y_size, first.k, first.groups, splits,
+            math.prod(out_shape), table)
+    return Launch(PHASES_KERNEL, phases_specialisation(plan.dtype, plan.config, splits > 1), plan.grid, plan.block,
+                  plan.shared_bytes, args, plan.arch)

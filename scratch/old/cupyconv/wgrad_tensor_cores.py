@@ -1,0 +1,365 @@
+"""The weight gradient on the tensor cores (float16, bfloat16, and float32 as TF32): the implicit GEMM
+of kernels/wgrad_tensor_cores.cu, reading channels-last x and dy in place, and wgrad.py's ordered
+reduction of its runs.
+
+    dW[o, (r, s, c)] = sum over l = (n, p, q) of dy[n, p, q, o] x[n, p sh + r dh - pt, q sw + s dw - pl, c]
+
+is a GEMM of K rows, J = kh kw C columns and a reduction over the L = N Ho Wo output pixels. Both
+operands are read l-major (a pixel's channels are contiguous in NHWC) and transposed by ldmatrix on
+their way to the tensor cores. NCHW inputs, and channel counts that no whole 16-byte piece of dy (or
+4-byte piece of x) divides, are first copied channels-last with zero channels (nchw_to_nhwc.cu); the
+zero rows and columns of the result are cut. The reduction runs in splits fixed by the problem alone,
+whose float32 partial sums wgrad_reduce adds in order and rounds once into the weight's layout: the
+result is bitwise the same on every run. Ungrouped convolutions only; the rest take wgrad.py's FMA
+kernel (wgrad_depthwise.py for depthwise layers).
+
+This module holds the family's tile table, its choice and refusal, the plan and the launch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+from . import wgrad
+from .arguments import ConvProblem
+from .families.common import CTYPES, INDEX_TYPES, MAX_GRID_Y, STORAGE_BYTES, forced_config
+from .families.implicit_gemm_nhwc import channels_last_copy, pad_channels
+from .program import GRAD_OUTPUT, OUT, WORKSPACE, X, CallProgram, Launch, Pointer, align
+
+KERNEL = "wgrad_tensor_cores"
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    """Thread-block tile: bm output channels x bj (tap, channel) columns, l tiles of bl pixels through
+    ``stages`` buffers, warps_m x warps_j warps, multiplying with mma.sync or (``wgmma``, sm_90a, 16-bit
+    types) wgmma. ``blocks_per_sm``: how many fit an SM (shared memory); ``sm_tflops``: the rate an SM
+    full of them reaches on a long reduction (H100 timings), for the choice's timing model."""
+
+    name: str
+    bm: int
+    bj: int
+    bl: int
+    warps_m: int
+    warps_j: int
+    stages: int
+    blocks_per_sm: int
+    sm_tflops: float
+    wgmma: bool = False
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_j
+
+    def shared_bytes(self, itemsize: int) -> int:
+        """Pipeline buffers: per stage, bl rows of bm + 8 (dy) and bj + 8 (x) elements; wgmma: unpadded
+        rows and 1 KB to align the tiles."""
+        if self.wgmma:
+            return self.stages * self.bl * (self.bm + self.bj) * itemsize + 1024
+        return self.stages * self.bl * (self.bm + 8 + self.bj + 8) * itemsize
+
+
+#: mma.sync tiles per storage size: k tiles (bl) of 64 bytes of each pixel row, four stages, two
+#: blocks an SM. Rates from H100 sweeps of the ResNet-50 and VGG layers (benchmarks/NOTES.md): about
+#: 1.2-1.3 TFLOP/s an SM in 16-bit types, 0.57 in TF32 (scalar fragment loads).
+CONFIGS = {
+    itemsize: tuple(TileConfig(f"tc_m{bm}j{bj}", bm, bj, 64 // itemsize, warps_m, warps_j, 4, 2, rate * (
+                        1.0 if itemsize == 2 else 0.45))
+                    for bm, bj, warps_m, warps_j, rate in ((128, 128, 2, 4, 1.3), (64, 128, 2, 2, 1.2),
+                                                           (64, 64, 2, 2, 1.2)))
+    for itemsize in (2, 4)
+}
+#: Hopper (sm_90a) tiles for 16-bit types read in 16-byte pieces: warpgroups of 64 channels x 128
+#: columns, l tiles of 64 pixels (128 bytes of each row per panel): 128 x 128 in three stages (two
+#: blocks an SM), 64 x 128 (layers of 64 channels) and 256 x 128 (one block an SM, half the loads per
+#: multiply-add of 128 x 128) in four. From an H100 sweep of these and of 128 x 64, six-stage tiles of
+#: 32 pixels and four-stage 128 x 128 (benchmarks/NOTES.md): none of those was faster by more than
+#: the noise on any ResNet-50 or VGG layer. The rates: VGG's 3x3 layers of 64 and 256 channels.
+WGMMA_ARCH = "sm_90a"
+WGMMA_COMPUTE_CAPABILITY = 90
+WGMMA_CONFIGS = tuple(TileConfig(f"tc_wgmma_m{bm}j128", bm, 128, 64, bm // 16, 1, stages, blocks, rate, wgmma=True)
+                      for bm, stages, blocks, rate in ((128, 3, 2, 2.5), (64, 4, 2, 1.8), (256, 4, 1, 2.6)))
+CONFIG_NAMES = frozenset(c.name for configs in (*CONFIGS.values(), WGMMA_CONFIGS) for c in configs)
+#: The timing model's machine: the H100's SMs, the bandwidth the partial sums move at, and the k
+#: tiles' worth of time a block spends filling and draining its pipeline. A fixed machine, not the
+#: device's, so that the runs, and so the result's bits, depend on the problem alone.
+MODEL_SMS = 132
+MODEL_BANDWIDTH = 2.5e12
+FILL_TILES = 2
+#: l tiles each run keeps at least (a shorter run spends its time filling the pipeline), and at most
+#: this many runs.
+MIN_RUN_TILES = 4
+MAX_SPLITS = 1024
+#: Bytes of an x piece per storage size: 16 where the channels allow, else 8 (16-bit types, their
+#: channels padded to a multiple of 4) or 4 (float32, any channels).
+X_VECS = {2: (16, 8), 4: (16, 4)}
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorCorePlan:
+    """The launches of one weight gradient: copies where needed (``x_copy``, ``dy_copy``: 'transpose' from
+    NCHW, 'pad' for zero channels, '' in place), the GEMM ``expression`` on ``grid`` x ``block`` with
+    ``shared_bytes`` into a float32 workspace [splits][Kp][kh kw Cp] (``workspace_bytes``), then
+    wgrad_reduce into the weight, skipping the zero channels and rows. ``reason`` says why."""
+
+    config: TileConfig
+    dtype: str
+    layout: str
+    weight_layout: str
+    index_type: str
+    arch: str            # the NVRTC target the GEMM needs ("" for the device's own)
+    channels: int        # Cp: x's channels as the kernel reads them
+    out_channels: int    # Kp: dy's
+    x_vec: int
+    x_copy: str
+    dy_copy: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    splits: int
+    workspace_bytes: int
+    expression: str
+    reduce_expression: str
+    reason: str
+
+    def __str__(self) -> str:
+        c = self.config
+        return (f"{KERNEL} [{c.name}: {c.bm} out channels x {c.bj} (tap, channel) columns, l tiles of {c.bl}, "
+                f"{c.stages} stages, {c.threads} threads, {'wgmma (' + self.arch + ')' if c.wgmma else 'mma.sync'}]\n"
+                f"  {self.dtype} (float32 accumulators), {self.layout} -> {self.weight_layout}, {self.index_type} "
+                f"indices; x as {self.channels} channels in {self.x_vec}-byte pieces "
+                f"({self.x_copy or 'in place'}), dy as {self.out_channels} ({self.dy_copy or 'in place'})\n"
+                f"  grid {self.grid} ((j tiles, o tiles, runs)), block {self.block}, {self.shared_bytes} B shared; "
+                f"workspace {self.workspace_bytes} B\n"
+                f"  {self.expression}\n  {self.reduce_expression}\n  why: {self.reason}")
+
+
+def _channels(problem: ConvProblem) -> tuple[int, int, int]:
+    """(Cp, Kp, x piece bytes): dy's channels rounded up to whole 16-byte pieces; x's rounded up to the
+    narrower piece of X_VECS, or to 16-byte pieces where that adds no more channels."""
+    item = STORAGE_BYTES[problem.dtype]
+
+    def rounded(channels: int, vec: int) -> int:
+        return math.ceil(channels * item / vec) * vec // item
+
+    wide, narrow = X_VECS[item]
+    vec = wide if rounded(problem.c, wide) == rounded(problem.c, narrow) else narrow
+    return rounded(problem.c, vec), rounded(problem.k, 16), vec
+
+
+def _sizes(problem: ConvProblem) -> tuple[int, int, int]:
+    """(Kp, J, L): the GEMM's rows and columns as the kernel computes them, and its reduction."""
+    cp, kp, _ = _channels(problem)
+    return kp, problem.kh * problem.kw * cp, problem.n * problem.ho * problem.wo
+
+
+def _tiles(problem: ConvProblem, cfg: TileConfig) -> tuple[int, int]:
+    kp, j, _ = _sizes(problem)
+    return math.ceil(j / cfg.bj), math.ceil(kp / cfg.bm)
+
+
+def _wgmma_applies(problem: ConvProblem, compute_capability: int) -> bool:
+    """wgmma's tiles run 16-bit types read in 16-byte pieces, on sm_90a."""
+    return compute_capability == WGMMA_COMPUTE_CAPABILITY and STORAGE_BYTES[problem.dtype] == 2 and \
+        _channels(problem)[2] == 16
+
+
+def configs(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, ...]:
+    """The tiles that can run ``problem``: mma.sync's, and wgmma's where they apply."""
+    item = STORAGE_BYTES[problem.dtype]
+    return CONFIGS[item] + (WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else ())
+
+
+def _model_us(problem: ConvProblem, cfg: TileConfig, splits: int) -> float:
+    """Estimated µs of the GEMM in ``splits`` runs and of its partial sums' round trip: waves of
+    blocks (blocks_per_sm on each of MODEL_SMS), each running its l tiles plus FILL_TILES at its share
+    of the SM's rate; then the float32 partial sums written and read back once each."""
+    kp, j, length = _sizes(problem)
+    j_tiles, o_tiles = _tiles(problem, cfg)
+    blocks = j_tiles * o_tiles * splits
+    waves = math.ceil(blocks / (cfg.blocks_per_sm * MODEL_SMS))
+    tiles_per_run = math.ceil(math.ceil(length / cfg.bl) / splits)
+    tile_us = 2 * cfg.bm * cfg.bj * cfg.bl / (cfg.sm_tflops * 1e6 / cfg.blocks_per_sm)
+    return waves * (tiles_per_run + FILL_TILES) * tile_us + 2 * splits * kp * j * 4 / MODEL_BANDWIDTH * 1e6
+
+
+def _split_choices(problem: ConvProblem, cfg: TileConfig) -> range:
+    """Run counts the choice weighs: each run at least MIN_RUN_TILES l tiles, at most MAX_SPLITS runs,
+    the partial sums within wgrad.py's workspace cap (one run always)."""
+    kp, j, length = _sizes(problem)
+    by_length = math.ceil(length / cfg.bl) // MIN_RUN_TILES
+    return range(1, max(1, min(MAX_SPLITS, by_length, wgrad.MAX_WORKSPACE_BYTES // (kp * j * 4))) + 1)
+
+
+def _choose(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, int, str]:
+    """The tile and run count of least modelled time (_model_us), among wgmma's tiles where they
+    apply, else mma.sync's; the first on ties (the larger tile, the fewer runs)."""
+    configs = WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else CONFIGS[STORAGE_BYTES[problem.dtype]]
+    best = {cfg: min(_split_choices(problem, cfg), key=lambda s, c=cfg: _model_us(problem, c, s)) for cfg in configs}
+    cfg = min(configs, key=lambda c: _model_us(problem, c, best[c]))
+    return cfg, best[cfg], (f"{cfg.name} in {best[cfg]} run(s) has the least modelled time, "
+                            f"{_model_us(problem, cfg, best[cfg]):.1f} us (against "
+                            f"{', '.join(f'{c.name} in {best[c]} {_model_us(problem, c, best[c]):.1f}' for c in configs if c is not cfg)})")
+
+
+@functools.lru_cache(maxsize=1024)
+def refusal(problem: ConvProblem, allow_tf32: bool) -> str:
+    """Why the tensor cores cannot compute ``problem``'s weight gradient ("" when they can). Kept per
+    problem: every backward of a layer asks it again."""
+    if problem.dtype not in DTYPES or (problem.dtype == "float32" and not allow_tf32):
+        return f"{problem.dtype}{' (strict, allow_tf32=False)' if problem.dtype == 'float32' else ''} has no tensor-core path"
+    if problem.groups != 1:
+        return f"{problem.groups} groups"
+    if problem.n == 0:
+        return "an empty batch"
+    why_not = wgrad.refusal(problem)
+    if why_not:
+        return why_not
+    kp, j, _ = _sizes(problem)
+    if kp * j >= 2**31:
+        return f"a weight of {kp * j} elements past wgrad_reduce's 32-bit element index"
+    if problem.layout == "NCHW" and max(problem.n, math.ceil(problem.k / 32), math.ceil(problem.c / 32)) > MAX_GRID_Y:
+        return f"batch {problem.n} past the channels-last copies' grid limit {MAX_GRID_Y}"
+    if math.ceil(kp / 64) > MAX_GRID_Y:
+        return f"{problem.k} output channels past the grid's y limit"
+    return ""
+
+
+def _copy(problem: ConvProblem, channels: int, padded: int) -> str:
+    if problem.layout == "NCHW":
+        return "transpose"
+    return "pad" if padded != channels else ""
+
+
+def expression(dtype: str, index: str, cfg: TileConfig, x_vec: int) -> str:
+    """The C++ template instance of the GEMM."""
+    return (f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bj},{cfg.bl},{cfg.warps_m},{cfg.warps_j},"
+            f"{cfg.stages},{x_vec},{'true' if cfg.wgmma else 'false'}>")
+
+
+# typed: splits=True or 2.0 must reach the checks, not the plan cached for 1 or 2.
+@functools.lru_cache(maxsize=1024, typed=True)
+def make_plan(problem: ConvProblem, allow_tf32: bool = True, config: str | None = None,
+              splits: int | None = None, compute_capability: int = 0) -> TensorCorePlan:
+    """The launch plan of ``problem``'s weight gradient on the tensor cores.
+
+    Args:
+        problem: the forward convolution (cupyconv.arguments.make_problem); its layout says how x and
+            grad_output are held, its weight_layout how the gradient is written.
+        allow_tf32: whether float32 may run as TF32 (it must: strict float32 is refused).
+        config: a name from CONFIGS (or, on sm_90a for 16-byte pieces, WGMMA_CONFIGS) to force the
+            tile (tests); None chooses by shape.
+        splits: the runs of the reduction to force (tests); None chooses them with the tile (_choose:
+            a timing model of waves of blocks and the partial sums' traffic).
+        compute_capability: the device's (compiler.compute_capability(); 90 takes wgmma's tiles
+            where they apply), 0 for none.
+
+    Raises:
+        ValueError: naming why, for a problem the kernel cannot run, an unknown config, or splits out
+            of range.
+    """
+    why_not = refusal(problem, allow_tf32)
+    if why_not:
+        raise ValueError(f"{KERNEL} cannot run {problem}: {why_not}")
+    item = STORAGE_BYTES[problem.dtype]
+    cp, kp, x_vec = _channels(problem)
+    _, j, length = _sizes(problem)
+    if config is not None:
+        cfg = forced_config(configs(problem, compute_capability), config,
+                            f"config for {KERNEL} in {problem.dtype} on compute capability {compute_capability}")
+        chosen_splits = min(_split_choices(problem, cfg), key=lambda s: _model_us(problem, cfg, s))
+        why = "config forced by the caller"
+    else:
+        cfg, chosen_splits, why = _choose(problem, compute_capability)
+    j_tiles, o_tiles = _tiles(problem, cfg)
+    run_bytes = kp * j * 4
+    if splits is None:
+        splits = chosen_splits
+    else:
+        if isinstance(splits, bool) or not isinstance(splits, int) or not 1 <= splits <= MAX_GRID_Y:
+            raise ValueError(f"splits must be an int from 1 to {MAX_GRID_Y} (CUDA's grid z limit), got {splits!r}")
+        if splits > 1 and splits * run_bytes > wgrad.MAX_WORKSPACE_BYTES:
+            raise ValueError(f"splits={splits} needs a workspace of {splits * run_bytes} B, past the cap of "
+                             f"{wgrad.MAX_WORKSPACE_BYTES} B (weight gradient of {kp} x {j} in float32)")
+        why += f"; splits forced by the caller: {splits}"
+    largest = max(problem.n * problem.h * problem.w * cp, length * kp)
+    index = "int" if largest < 2**31 else "long long"
+    return TensorCorePlan(
+        config=cfg, dtype=problem.dtype, layout=problem.layout, weight_layout=problem.weight_layout,
+        index_type=index, arch=WGMMA_ARCH if cfg.wgmma else "", channels=cp, out_channels=kp, x_vec=x_vec,
+        x_copy=_copy(problem, problem.c, cp),
+        dy_copy=_copy(problem, problem.k, kp), grid=(j_tiles, o_tiles, splits), block=(cfg.threads, 1, 1),
+        shared_bytes=cfg.shared_bytes(item), splits=splits, workspace_bytes=splits * run_bytes,
+        expression=expression(problem.dtype, index, cfg, x_vec),
+        reduce_expression=wgrad.reduce_specialisation(problem.dtype), reason=why)
+
+
+def specialisations() -> list[str]:
+    """Every mma.sync GEMM name expression a plan can use (wgrad.py lists the reduction's)."""
+    return [expression(dtype, index, cfg, vec) for dtype in DTYPES for index in INDEX_TYPES
+            for cfg in CONFIGS[STORAGE_BYTES[dtype]] for vec in X_VECS[STORAGE_BYTES[dtype]]]
+
+
+def arch_specialisations() -> dict[str, list[str]]:
+    """The GEMM name expressions that need an architecture-specific target: wgmma's, for sm_90a."""
+    return {WGMMA_ARCH: [expression(dtype, index, cfg, 16) for dtype in ("float16", "bfloat16")
+                         for index in INDEX_TYPES for cfg in WGMMA_CONFIGS]}
+
+
+def _copy_launch(dtype: str, how: str, n: int, plane: int, channels: int, padded: int, source: Pointer,
+          copy: Pointer) -> Launch:
+    """The launch copying an operand of ``n`` images of ``plane`` pixels to [n plane][padded] at
+    ``copy``, zero channels past ``channels``: from NHWC ('pad') or NCHW ('transpose'), by the kernels
+    of nchw_to_nhwc.cu, exact (TF32's rounding is the GEMM's)."""
+    if how == "pad":
+        return pad_channels(dtype, n * plane, channels, padded, source, copy, round_tf32=False)
+    return channels_last_copy(dtype, n, channels, plane, padded, False, source, copy)
+
+
+def program(plan: TensorCorePlan, problem: ConvProblem) -> CallProgram:
+    """The copies x and dy need (into the workspace), the GEMM into the runs' partial sums (after them),
+    and wgrad.py's reduction into OUT, which skips the zero channels and rows of the copies."""
+    p = problem
+    item = STORAGE_BYTES[p.dtype]
+    cp, kp = plan.channels, plan.out_channels
+    launches, used = [], 0
+    operands = []
+    for how, source, plane, channels, padded in ((plan.x_copy, X, p.h * p.w, p.c, cp),
+                                                 (plan.dy_copy, GRAD_OUTPUT, p.ho * p.wo, p.k, kp)):
+        if not how:
+            operands.append(Pointer(source))
+            continue
+        operands.append(Pointer(WORKSPACE, used))
+        launches.append(_copy_launch(p.dtype, how, p.n, plane, channels, padded, Pointer(source), operands[-1]))
+        used += align(p.n * plane * padded * item)
+    partial = Pointer(WORKSPACE, used)
+    launches.append(Launch(KERNEL, plan.expression, plan.grid, plan.block, plan.shared_bytes, (
+        *operands, partial, p.n, cp, p.h, p.w, kp, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1], p.pad_top,
+        p.pad_left, p.dilation[0], p.dilation[1]), plan.arch))
+    taps = p.kh * p.kw
+    launches.append(wgrad.reduce_launch(p.dtype, plan.splits, p.k * taps * p.c, p.c, taps, True,
+                                        p.weight_layout == "KHWC", partial, Pointer(OUT), cp, kp * taps * cp))
+    return CallProgram(tuple(launches), used + plan.workspace_bytes)
+
+
+def conv2d_weight_cupy(x, grad_output, problem: ConvProblem, out, plan: TensorCorePlan | None = None):
+    """Write ``problem``'s weight gradient into ``out`` (C-contiguous, ``problem.weight_array_shape``)
+    from C-contiguous CuPy ``x`` and ``grad_output`` in ``problem.layout``, on CuPy's current stream
+    (float32 runs as TF32; refusal(problem, True) must be ""). ``plan``: from make_plan (None: the
+    default)."""
+    import cupy
+
+    from .compiler import compute_capability
+    from .executor import program_executable
+    from .launch import run_program
+
+    p = problem
+    if plan is None:
+        plan = make_plan(p, True, None, None, compute_capability())
+    elif (plan.dtype, plan.layout, plan.weight_layout) != (p.dtype, p.layout, p.weight_layout):
+        raise ValueError(f"plan is for {plan.dtype} {plan.layout} -> {plan.weight_layout}, the problem is "
+                         f"{p.dtype} {p.layout} -> {p.weight_layout}")
+    run_program(program_executable(program, plan, p, cupy.cuda.Device().id), x=x, grad_output=grad_output, out=out)
+    return out

@@ -1,0 +1,78 @@
+// Depthwise 2-D convolution for small planes (one input channel per group: groups == C, any K / groups),
+// NCHW, with no shared memory.
+//
+// depthwise_conv2d copies a patch per output tile into shared memory and synchronises its block once
+// per channel. On MobileNet's 14 x 14 and 7 x 7 planes a channel is a few hundred instructions of
+// work, so those barriers and the copy's latency are most of the time, and a 16 x 16 tile leaves a
+// quarter of the threads idle (benchmarks/NOTES.md). Here a thread computes RPT consecutive rows of
+// one output column of one channel and reads the (RPT - 1) SH + KH input rows they need straight
+// from global memory (L1 catches the reads that neighbouring columns and row segments share): no
+// barrier, and every load independent of the others, so a thread has all of them in flight at once.
+// A block holds whole output rows of P channels side by side (threadIdx.x the column, threadIdx.y
+// the channel), so a warp's loads run along rows, and every index comes from the thread and block
+// numbers without a division (ncu on an earlier, flattened numbering: the integer pipe was the
+// busiest, with five run-time divisions per thread). Only the last row segment of a column may
+// compute rows past Ho, which it does not store.
+//
+// Unrolled taps only (KH x KW at row stride SH, row dilation 1: DEPTHWISE_TAPS in
+// families/depthwise_conv2d.py); the column stride, dilation and padding are run-time. Arguments as
+// depthwise_conv2d's problem arguments (kh, kw, sh and dh are unused: the template has them).
+// Grid (ceil(K / P), ceil(Ho / RPT), N), block (Wo, P).
+#include "depthwise_rows.cuh"
+#include "dtypes.cuh"
+#include "epilogue.cuh"
+
+namespace cupyconv {
+
+template <typename T, typename Index, int RPT, int KH, int KW, int SH>
+__global__ void depthwise_column_conv2d(const T* __restrict__ x, const T* __restrict__ w,
+                                        const T* __restrict__ bias, T* __restrict__ y, int has_bias,
+                                        const T* __restrict__ residual, int has_residual, int activation,
+                                        int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
+                                        int sh, int sw, int pt, int pl, int dh, int dw, int groups) {
+    using Acc = typename accumulator<T>::type;
+    constexpr int TAPS = KH * KW;
+    constexpr int ROWS = (RPT - 1) * SH + KH;  // input rows under the thread's RPT output rows
+
+    const int ow = threadIdx.x, k = blockIdx.x * blockDim.y + threadIdx.y, oh0 = blockIdx.y * RPT;
+    if (k >= K) return;
+    const Index n = blockIdx.z;
+    const int c = groups == K ? k : k / (K / groups);  // the input channel (a division only for multipliers)
+    const T* xp = x + (n * C + c) * static_cast<Index>(H) * W;
+
+    Acc weights[TAPS], acc[RPT];
+#pragma unroll
+    for (int i = 0; i < TAPS; ++i) weights[i] = to_acc<Acc>(w[static_cast<Index>(k) * TAPS + i]);
+    const Acc b = has_bias ? to_acc<Acc>(bias[k]) : Acc(0);
+#pragma unroll
+    for (int j = 0; j < RPT; ++j) acc[j] = b;
+    int iw[KW];
+    bool column_valid[KW];
+#pragma unroll
+    for (int s = 0; s < KW; ++s) {
+        iw[s] = ow * sw - pl + s * dw;
+        column_valid[s] = static_cast<unsigned>(iw[s]) < static_cast<unsigned>(W);
+    }
+    // Slide down the column, reading each input row once.
+    const int ih0 = oh0 * SH - pt;
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+        const int ih = ih0 + i;
+        const bool row_valid = static_cast<unsigned>(ih) < static_cast<unsigned>(H);
+        Acc v[KW];
+#pragma unroll
+        for (int s = 0; s < KW; ++s)
+            v[s] = row_valid && column_valid[s] ? to_acc<Acc>(xp[static_cast<Index>(ih) * W + iw[s]]) : Acc(0);
+        accumulate_input_row<RPT, KH, KW, SH>(acc, weights, v, i);
+    }
+    const Index plane = (n * K + k) * static_cast<Index>(Ho) * Wo + ow;
+    with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
+#pragma unroll
+        for (int j = 0; j < RPT; ++j) {
+            const Index o = plane + static_cast<Index>(oh0 + j) * Wo;
+            if (oh0 + j < Ho) y[o] = finish(acc[j], o);
+        }
+    });
+}
+
+}  // namespace cupyconv

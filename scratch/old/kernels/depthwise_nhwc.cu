@@ -1,0 +1,167 @@
+// Depthwise 2-D convolution on NHWC arrays (one channel per group, no multiplier: K == C == groups).
+//
+// Channels are innermost in NHWC, so a thread computes VEC consecutive channels with VEC-wide loads
+// and stores (16 bytes where C allows): consecutive threads take consecutive channel vectors, and a
+// warp reads and writes whole contiguous runs of memory. The weight comes prepared as [kh kw][C]
+// (families/depthwise_nhwc.py), so it is read in vectors too. No shared memory, no barrier: what
+// threads share, L1 and L2 catch. x and y must be aligned to a vector (the fronts copy operands that
+// are not). Sums in the accumulator type (float, or double for double), rounded once.
+//
+// Two ways, by template:
+// - KW == 0 (any kernel, stride, dilation): a thread per output pixel. Each tap is a load of x and
+//   one of w, and a 16-bit element is widened once per tap: 2 loads and 2 conversions per tap and
+//   output vector, which bind before HBM does.
+// - KW > 0 (a kernel KW wide, column stride SW, no column dilation): a thread per run of PIX output
+//   pixels along a row. Per kernel row, the thread widens the row's KW weight vectors once and then
+//   walks the (PIX-1)*SW + KW input columns the run covers, loading and widening each once and
+//   adding it to every pixel whose window holds it: for 3x3, stride 1 and 4 pixels, 6 + 3 loads per
+//   row instead of 24.
+// - KW < 0 (a kernel of run-time width, column stride 1, no column dilation: conv1d's long kernels): a
+//   thread per run of PIX pixels, the PIX input columns a tap reads rotated through registers
+//   (depthwise_rows.cuh for_each_rotated_tap): each column loaded and widened once, each weight vector
+//   once per run.
+// Arguments as every convolution kernel's (families/common.py conv_launch; K and groups are C).
+// 1-D grid over N Ho ceil(Wo / PIX) C / VEC threads, 256 per block.
+#include "depthwise_rows.cuh"
+#include "dtypes.cuh"
+#include "epilogue.cuh"
+
+namespace cupyconv {
+
+template <typename T, int VEC> struct alignas(sizeof(T) * VEC) vec_t { T v[VEC]; };
+
+// No __launch_bounds__: with one, ptxas spills a few bytes in some instances (as in depthwise_conv2d.cu).
+template <typename T, typename Index, int VEC, int KW, int SW, int PIX>
+__global__ void
+depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
+               int has_bias, const T* __restrict__ residual, int has_residual, int activation,
+               int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
+               int sh, int sw, int pt, int pl, int dh, int dw, int groups) {
+    static_assert(KW != 0 || PIX == 1, "the per-pixel way computes one pixel per thread");
+    static_assert(KW >= 0 || SW == 1, "run-time widths: column stride 1");
+    using Acc = typename accumulator<T>::type;
+    using Vec = vec_t<T, VEC>;
+    const int vectors = C / VEC;
+    const int runs = (Wo + PIX - 1) / PIX;  // runs of PIX output pixels per row
+    const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= static_cast<Index>(N) * Ho * runs * vectors) return;
+    const Index run = i / vectors;
+    const int c0 = static_cast<int>(i - run * vectors) * VEC;
+    const int ow0 = static_cast<int>(run % runs) * PIX;
+    const Index nh = run / runs;
+    const int oh = static_cast<int>(nh % Ho);
+    const Index n = nh / Ho;
+    const int ih0 = oh * sh - pt;
+    const T* x_image = x + n * H * W * C + c0;
+
+    Acc acc[PIX][VEC];
+#pragma unroll
+    for (int p = 0; p < PIX; ++p)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[p][j] = Acc(0);
+    if constexpr (KW == 0) {
+        const int iw0 = ow0 * sw - pl;
+#pragma unroll 1
+        for (int r = 0; r < kh; ++r) {
+            const int ih = ih0 + r * dh;
+            if (static_cast<unsigned>(ih) >= static_cast<unsigned>(H)) continue;
+#pragma unroll 4
+            for (int s = 0; s < kw; ++s) {
+                const int iw = iw0 + s * dw;
+                if (static_cast<unsigned>(iw) >= static_cast<unsigned>(W)) continue;
+                const Vec xv = *reinterpret_cast<const Vec*>(x_image + (static_cast<Index>(ih) * W + iw) * C);
+                const Vec wv = *reinterpret_cast<const Vec*>(w + (r * kw + s) * C + c0);
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) acc[0][j] += to_acc<Acc>(xv.v[j]) * to_acc<Acc>(wv.v[j]);
+            }
+        }
+    } else if constexpr (KW < 0) {
+        const int iw0 = ow0 - pl;
+#pragma unroll 1
+        for (int r = 0; r < kh; ++r) {
+            const int ih = ih0 + r * dh;
+            if (static_cast<unsigned>(ih) >= static_cast<unsigned>(H)) continue;
+            const T* x_row = x_image + static_cast<Index>(ih) * W * C;
+            const T* w_row = w + r * kw * C + c0;
+            auto load_column = [&](int col, Acc (&xf)[VEC]) {  // zeros where it falls in the padding
+                const int iw = iw0 + col;
+                const Vec v = static_cast<unsigned>(iw) < static_cast<unsigned>(W)
+                                  ? *reinterpret_cast<const Vec*>(x_row + static_cast<Index>(iw) * C) : Vec{};
+                widen(xf, v.v);
+            };
+            Acc window[PIX][VEC];
+#pragma unroll
+            for (int m = 0; m < PIX; ++m) load_column(m, window[m]);
+            for_each_rotated_tap<PIX>(kw, [&](int s, int u) {
+                const Vec wv = *reinterpret_cast<const Vec*>(w_row + s * C);
+                Acc wf[VEC];
+                widen(wf, wv.v);
+#pragma unroll
+                for (int p = 0; p < PIX; ++p)
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) acc[p][j] += window[(u + p) % PIX][j] * wf[j];
+                if (s + 1 < kw) load_column(s + PIX, window[u]);
+            });
+        }
+    } else {
+        const int iw0 = ow0 * SW - pl;
+#pragma unroll 1
+        for (int r = 0; r < kh; ++r) {
+            const int ih = ih0 + r * dh;
+            if (static_cast<unsigned>(ih) >= static_cast<unsigned>(H)) continue;
+            Acc wr[KW][VEC];  // the row's weights, widened once for the run's PIX pixels
+#pragma unroll
+            for (int s = 0; s < KW; ++s) {
+                const Vec wv = *reinterpret_cast<const Vec*>(w + (r * KW + s) * C + c0);
+                widen(wr[s], wv.v);
+            }
+            // The run's input columns, loaded before any is used: COLS loads in flight at once
+            // (zeros where a column falls in the padding).
+            constexpr int COLS = (PIX - 1) * SW + KW;
+            const T* x_row = x_image + static_cast<Index>(ih) * W * C;
+            Vec xs[COLS];
+#pragma unroll
+            for (int col = 0; col < COLS; ++col) {
+                const int iw = iw0 + col;
+                xs[col] = static_cast<unsigned>(iw) < static_cast<unsigned>(W)
+                              ? *reinterpret_cast<const Vec*>(x_row + static_cast<Index>(iw) * C) : Vec{};
+            }
+#pragma unroll
+            for (int col = 0; col < COLS; ++col) {
+                Acc xf[VEC];
+                widen(xf, xs[col].v);
+#pragma unroll
+                for (int p = 0; p < PIX; ++p) {
+                    const int s = col - p * SW;  // the tap of pixel p this column is (compile-time)
+                    if (s >= 0 && s < KW) {
+#pragma unroll
+                        for (int j = 0; j < VEC; ++j) acc[p][j] += xf[j] * wr[s][j];
+                    }
+                }
+            }
+        }
+    }
+    if (has_bias) {  // element by element: the caller's bias need not be aligned to a vector
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            const Acc b = to_acc<Acc>(bias[c0 + j]);
+#pragma unroll
+            for (int p = 0; p < PIX; ++p) acc[p][j] += b;
+        }
+    }
+    const Index o0 = ((n * Ho + oh) * Wo + ow0) * C + c0;
+    const int pixels = Wo - ow0;  // of the run's PIX, those inside the row
+    with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
+#pragma unroll
+        for (int p = 0; p < PIX; ++p) {
+            if (p >= pixels) continue;
+            Vec out;
+            const Index o = o0 + static_cast<Index>(p) * C;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) out.v[j] = finish(acc[p][j], o + j);
+            *reinterpret_cast<Vec*>(y + o) = out;
+        }
+    });
+}
+
+}  // namespace cupyconv

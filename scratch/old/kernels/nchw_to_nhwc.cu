@@ -1,0 +1,101 @@
+// Channels-last copies for the NHWC implicit GEMM (kernels/implicit_gemm_nhwc.cu), and the
+// transposes that let the NCHW kernels run NHWC arrays (cupyconv/layouts.py).
+//
+//   y[n][p][c] = x[n][c][p] for c < C, 0 for C <= c < Cp        (p = h W + w, or a kernel tap r kw + s)
+//
+// The same transpose repacks an input [N][C][H][W] into [N][H][W][Cp] and a weight [K][Cg][kh][kw]
+// into [K][kh][kw][Cgp]: the GEMM then reads whole 16-, 8- or 4-byte vectors of channels. Padding
+// channels are zeros on both sides, so they add nothing to the sums. With the roles of c and p
+// swapped (C = H W, P = channels, Cp = C) it turns [N][H][W][C] back into [N][C][H][W].
+// pad_channels does the NHWC input's and KHWC weight's share: y[p][c] = x[p][c], zeros past C.
+//
+// ROUND_TF32 rounds float32 to TF32 (cvt.rna) on the way, once per element, so the GEMM can feed
+// shared-memory words straight to mma.sync .tf32 instead of rounding every fragment it loads.
+#include "dtypes.cuh"
+
+namespace cupyconv {
+
+template <typename T, bool ROUND_TF32> __device__ __forceinline__ T channels_last_value(T v) {
+    if constexpr (ROUND_TF32) {
+        unsigned r;
+        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+        return __uint_as_float(r);
+    } else {
+        return v;
+    }
+}
+
+// Many channels: a 32 x 32 (channel, position) tile through shared memory, so that both the reads
+// (along p) and the writes (along c) are coalesced. Block (32, 8), grid (ceil(P / 32), ceil(Cp / 32), N).
+template <typename T, bool ROUND_TF32>
+__global__ void __launch_bounds__(256)
+nchw_to_nhwc_tiled(const T* __restrict__ x, T* __restrict__ y, int C, int P, int Cp) {
+    __shared__ T tile[32][33];  // +1 column: the transposed read is conflict-free
+    const long long n = blockIdx.z;
+    const int p0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const T* src = x + n * C * P;
+    T* dst = y + n * Cp * P;
+#pragma unroll
+    for (int j = 0; j < 32; j += 8) {
+        const int c = c0 + ty + j, p = p0 + tx;
+        T v{};
+        if (c < C && p < P) v = channels_last_value<T, ROUND_TF32>(src[static_cast<long long>(c) * P + p]);
+        tile[ty + j][tx] = v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 32; j += 8) {
+        const int p = p0 + ty + j, c = c0 + tx;
+        if (p < P && c < Cp) dst[static_cast<long long>(p) * Cp + c] = tile[tx][ty + j];
+    }
+}
+
+// Few channels (Cp <= 8, AlexNet's 3 padded to 4): one thread per position reads its C values
+// (coalesced across the warp) and writes its Cp contiguous ones, as one 8- or 16-byte store where
+// Cp fills one. Grid (ceil(P / 256), N), block 256.
+template <typename T, bool ROUND_TF32>
+__global__ void __launch_bounds__(256)
+nchw_to_nhwc_narrow(const T* __restrict__ x, T* __restrict__ y, int C, int P, int Cp) {
+    const long long n = blockIdx.y;
+    const int p = blockIdx.x * 256 + threadIdx.x;
+    if (p >= P) return;
+    const T* src = x + n * C * P + p;
+    T* dst = y + (n * P + p) * Cp;
+    alignas(16) T values[8];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+        values[c] = T{};
+        if (c < C) values[c] = channels_last_value<T, ROUND_TF32>(src[static_cast<long long>(c) * P]);
+    }
+    const int bytes = Cp * static_cast<int>(sizeof(T));  // dst is aligned to it: it is p times that
+    if (bytes == 16) {
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(values);
+    } else if (bytes == 8) {
+        *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(values);
+    } else {
+#pragma unroll
+        for (int c = 0; c < 8; ++c)
+            if (c < Cp) dst[c] = values[c];
+    }
+}
+
+// y[p][c] = x[p][c] for c < C, 0 for C <= c < Cp, over P rows: the NHWC input or KHWC weight given
+// the zero channels (and TF32 rounding) the GEMM's pieces need. One thread per element of y
+// (coalesced writes; reads coalesced but for the row ends). 1-D grid of ceil(P Cp / 256) blocks.
+template <typename T, bool ROUND_TF32>
+__global__ void __launch_bounds__(256)
+pad_channels(const T* __restrict__ x, T* __restrict__ y, int C, int P, int Cp) {
+    const long long i = static_cast<long long>(blockIdx.x) * 256 + threadIdx.x, total = static_cast<long long>(P) * Cp;
+    if (i >= total) return;
+    long long p;
+    if (total <= 0xffffffffLL) {  // 32-bit division where it suffices: a 64-bit one per element is slow
+        p = static_cast<unsigned>(i) / static_cast<unsigned>(Cp);
+    } else {
+        p = i / Cp;
+    }
+    const int c = static_cast<int>(i - p * Cp);
+    y[i] = c < C ? channels_last_value<T, ROUND_TF32>(x[p * C + c]) : T{};
+}
+
+}  // namespace cupyconv

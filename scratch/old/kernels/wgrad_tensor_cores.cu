@@ -1,0 +1,227 @@
+// The weight gradient of conv2d on the tensor cores (float16, bfloat16; float32 as TF32), reading
+// channels-last x and dy in place.
+//
+//   dW[o][j] = sum over l of dy[l][o] X[l][j]
+//   o = output channel (M = K), j = (r, s, c) tap and input channel, c last (J = kh kw Cp),
+//   l = (n, p, q) output pixel (the reduction, L = N Ho Wo),
+//   X[l][(r, s, c)] = x[n][p sh + r dh - pt][q sw + s dw - pl][c] (zero outside the input).
+// In NHWC both operands are l-major: a dy row (one pixel) holds its K channels contiguously and an X
+// row, for one tap, its C channels. So a tile of either is copied by cp.async in VEC-byte pieces of
+// one row, and the tensor cores read both transposed from shared memory: ldmatrix.trans turns an
+// l-major [BL][BM] tile into the row-major A fragment (o x l) and an l-major [BL][BJ] tile into the
+// column-major B fragment (l x j) that mma.sync wants; TF32 fragments are loaded as scalars and
+// rounded (cvt.rna) on the way. No transposed copy of x or dy is made, unlike a weight gradient
+// computed as a forward convolution.
+//
+// Levels:
+//   grid    x: j tiles of BJ, y: o tiles of BM, z: runs of the reduction. The l tiles are cut into
+//           gridDim.z runs of whole tiles, a partition fixed by the problem; run z writes float32
+//           partial sums to ws[z][K][J], and wgrad_reduce (wgrad_gemm.cu) adds the runs in run
+//           order and rounds once into the weight's layout: the same bits on every run.
+//   block   BM x BJ outputs, a STAGES-deep cp.async pipeline (mma.cuh) over l tiles of BL.
+//   warp    (BM / WARPS_M) x (BJ / WARPS_J), a grid of 16 x 8 instruction tiles (m16n8k16, or
+//           m16n8k8 for TF32), float32 accumulators.
+// A j tile may span several taps (layers of few channels: the stem's 3 channels make 147 columns);
+// each A_VEC/B_VEC piece lies in one tap because Cp is a multiple of the piece, so a thread finds its
+// piece's tap once and only its pixels move from tile to tile.
+// Shared rows are BM (or BJ) elements + 8: 16 bytes more for 16-bit types, an odd number of 16-byte
+// units, so an ldmatrix phase's 8 rows hit 8 bank groups; 32 bytes more for float, so the scalar
+// TF32 fragment loads (rows tq, columns quad) hit 32 different banks.
+//
+// WGMMA (Hopper, sm_90a only: see wgmma.cuh; 16-bit types, 16-byte pieces): warpgroups of 64 output
+// channels x all BJ columns multiply with wgmma, reading both operands MN-major (transposed) straight
+// from shared memory. Tiles are 64-wide panels of rows of 128 bytes (64 channels or columns at one l),
+// 128-byte swizzled instead of padded; the accumulators are laid out as the mma.sync path's, with one
+// 16-row instruction tile per warp (WARPS_M = BM / 16, WARPS_J = 1), and share its epilogue.
+#include "dtypes.cuh"
+#include "mma.cuh"
+#include "wgmma.cuh"
+
+namespace cupyconv {
+
+template <typename T, typename Index, int BM, int BJ, int BL, int WARPS_M, int WARPS_J, int STAGES, int B_VEC,
+          bool WGMMA>
+__global__ void __launch_bounds__(WARPS_M * WARPS_J * 32, WARPS_M * WARPS_J >= 16 ? 1 : 2)  // two blocks an SM up to 256 threads
+wgrad_tensor_cores(const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ ws,
+                   int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
+                   int sh, int sw, int pt, int pl, int dh, int dw) {
+    constexpr int NT = WARPS_M * WARPS_J * 32;
+    constexpr int WM = BM / WARPS_M, WJ = BJ / WARPS_J;       // warp tile
+    constexpr int MT = WM / 16, JT = WJ / 8;                  // instruction tiles per warp
+    constexpr int INST_L = mma_op<T>::k;
+    constexpr int A_VEC = 16;                                 // dy: K is a multiple of 16 bytes
+    constexpr int A_EV = A_VEC / sizeof(T), B_EV = B_VEC / sizeof(T);
+    constexpr int A_STRIDE = BM + 8, B_STRIDE = BJ + 8;       // elements per shared row (mma.sync)
+    constexpr int PANEL = 64;                                 // WGMMA: elements per 128-byte row
+    constexpr int A_STAGE = WGMMA ? BL * BM : BL * A_STRIDE, B_STAGE = WGMMA ? BL * BJ : BL * B_STRIDE;
+    constexpr int WGMMA_LAG = WGMMA && STAGES >= 4 ? 1 : 0;  // wgmma tiles left running past the next barrier
+    constexpr int A_PIECES = BM / A_EV, A_ROWS_PER_PASS = NT / A_PIECES, A_PASSES = BL / A_ROWS_PER_PASS;
+    constexpr int B_PIECES = BJ / B_EV, B_ROWS_PER_PASS = NT / B_PIECES, B_PASSES = BL / B_ROWS_PER_PASS;
+    static_assert(sizeof(T) == 4 || sizeof(T) == 2, "float (TF32), half_t or bfloat16_t");
+    static_assert(B_VEC == 4 || B_VEC == 8 || B_VEC == 16, "cp.async moves 4, 8 or 16 bytes");
+    static_assert(NT % A_PIECES == 0 && BL % A_ROWS_PER_PASS == 0, "the dy loader covers the tile");
+    static_assert(NT % B_PIECES == 0 && BL % B_ROWS_PER_PASS == 0, "the x loader covers the tile");
+    static_assert(WM % 16 == 0 && WJ % 16 == 0 && BL % INST_L == 0, "whole instruction tiles, B in pairs");
+    static_assert(sizeof(T) == 4 || BL % 16 == 0, "ldmatrix.trans reads 16 l rows per instruction");
+    static_assert(!WGMMA || (sizeof(T) == 2 && B_VEC == 16 && BM % PANEL == 0 && BJ % PANEL == 0 && WARPS_J == 1 &&
+                             WARPS_M == BM / 16 && WARPS_M % 4 == 0 && A_ROWS_PER_PASS % 8 == 0 &&
+                             B_ROWS_PER_PASS % 8 == 0 && (BJ == 64 || BJ == 128)),
+                  "wgmma: 16-bit panels of 64 in 16-byte pieces, warpgroups of 64 channels x BJ columns, loader rows "
+                  "a multiple of 8 apart (one swizzle slot per thread)");
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // wgmma tiles start on 1024-byte boundaries (the swizzle repeats every 8 rows); the plan adds the
+    // 1 KB this may skip.
+    unsigned char* smem = WGMMA ? smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023) : smem_raw;
+    T* a_smem = reinterpret_cast<T*>(smem);                  // [STAGES][BL][A_STRIDE]: dy, o contiguous
+    T* b_smem = a_smem + STAGES * A_STAGE;                   // [STAGES][BL][B_STRIDE]: X, j contiguous
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int J = kh * kw * C;
+    const int j0 = blockIdx.x * BJ, o0 = blockIdx.y * BM;
+    const int HoWo = Ho * Wo;
+    const Index L = static_cast<Index>(N) * HoWo;
+    const int all_tiles = static_cast<int>((L + BL - 1) / BL);
+    const int run_tiles = (all_tiles + gridDim.z - 1) / gridDim.z;
+    const int kt0 = blockIdx.z * run_tiles;
+    const int k_tiles = max(0, min(all_tiles - kt0, run_tiles));
+
+    // dy loader: piece a_piece of rows a_row0 + A_ROWS_PER_PASS i.
+    const int a_piece = tid % A_PIECES, a_row0 = tid / A_PIECES;
+    const bool a_ok = o0 + a_piece * A_EV < K;
+    const T* a_src = dy + o0 + a_piece * A_EV;
+    // x loader: piece b_piece (one tap, B_EV channels: fixed for the run) of rows b_row0 + B_ROWS_PER_PASS i,
+    // whose pixels (n, p, q) step by BL per tile.
+    const int b_piece = tid % B_PIECES, b_row0 = tid / B_PIECES;
+    const int jp = j0 + b_piece * B_EV;
+    const bool j_ok = jp < J;
+    const int tap = jp / C, b_c = jp - tap * C;
+    const int r_off = (tap / kw) * dh - pt, s_off = (tap % kw) * dw - pl;
+    int b_n[B_PASSES], b_p[B_PASSES], b_q[B_PASSES];
+#pragma unroll
+    for (int i = 0; i < B_PASSES; ++i) {
+        const Index l = static_cast<Index>(kt0) * BL + b_row0 + B_ROWS_PER_PASS * i;
+        const Index n = l / HoWo;
+        const int pq = static_cast<int>(l - n * HoWo);
+        b_n[i] = static_cast<int>(min(n, static_cast<Index>(N)));
+        b_p[i] = pq / Wo;
+        b_q[i] = pq - b_p[i] * Wo;
+    }
+    const int step_n = BL / HoWo, step_p = (BL / Wo) % Ho, step_q = BL % Wo;
+
+    // Where a thread's piece lands in a tile: row `row`, piece `piece` (padded rows; WGMMA: the panel's
+    // swizzled slot, the same for all of a thread's rows, which are a multiple of 8 apart).
+    auto shared_offset = [&](int row, int piece, int stride, int ev) {
+        if constexpr (WGMMA) {
+            constexpr int SLOTS = PANEL * sizeof(T) / 16;
+            return (piece / SLOTS) * BL * PANEL + row * PANEL + swizzle128_slot(piece % SLOTS, row) * ev;
+        }
+        return row * stride + piece * ev;
+    };
+    const int a_offset = shared_offset(a_row0, a_piece, A_STRIDE, A_EV);
+    const int b_offset = shared_offset(b_row0, b_piece, B_STRIDE, B_EV);
+    constexpr int A_PASS = (WGMMA ? PANEL : A_STRIDE) * A_ROWS_PER_PASS;  // elements between a thread's rows
+    constexpr int B_PASS = (WGMMA ? PANEL : B_STRIDE) * B_ROWS_PER_PASS;
+
+    auto load_tile = [&](int kt, int stage) {
+        T* a_dst = a_smem + stage * A_STAGE + a_offset;
+#pragma unroll
+        for (int i = 0; i < A_PASSES; ++i) {
+            const Index l = static_cast<Index>(kt) * BL + a_row0 + A_ROWS_PER_PASS * i;
+            const bool ok = a_ok && l < L;
+            cp_async<A_VEC>(a_dst + A_PASS * i, ok ? a_src + l * K : dy, ok);
+        }
+        T* b_dst = b_smem + stage * B_STAGE + b_offset;
+#pragma unroll
+        for (int i = 0; i < B_PASSES; ++i) {
+            const int ih = b_p[i] * sh + r_off, iw = b_q[i] * sw + s_off;
+            const bool ok = j_ok && b_n[i] < N && static_cast<unsigned>(ih) < static_cast<unsigned>(H) &&
+                            static_cast<unsigned>(iw) < static_cast<unsigned>(W);
+            cp_async<B_VEC>(b_dst + B_PASS * i,
+                            ok ? x + ((static_cast<Index>(b_n[i]) * H + ih) * W + iw) * C + b_c : x, ok);
+            // Next tile: l + BL in the mixed radix (n, p, q).
+            b_q[i] += step_q;
+            b_p[i] += step_p;
+            b_n[i] += step_n;
+            if (b_q[i] >= Wo) { b_q[i] -= Wo; ++b_p[i]; }
+            if (b_p[i] >= Ho) { b_p[i] -= Ho; ++b_n[i]; }
+        }
+    };
+
+    const int warp_m = warp % WARPS_M, warp_j = warp / WARPS_M;
+    const int wm = warp_m * WM, wj = warp_j * WJ;
+    const int quad = lane >> 2, tq = lane & 3;               // PTX's groupID and threadID_in_group
+    float acc[MT][JT][4];
+    zero_accumulators(acc);
+
+    // ldmatrix.trans row addresses. A (x4 = a0..a3): lanes 0-7 give l rows 0-7 at o + 0, 8-15 the
+    // same rows at o + 8, 16-31 l rows 8-15 likewise. B (x4 = b0, b1 of two 8-column tiles): lanes
+    // 0-7 l rows 0-7 at j + 0, 8-15 l rows 8-15, 16-31 the same at j + 8.
+    const int a_lane = ((lane >> 4) * 8 + (lane & 7)) * A_STRIDE + wm + ((lane >> 3) & 1) * 8;
+    const int b_lane = ((lane & 7) + ((lane >> 3) & 1) * 8) * B_STRIDE + wj + (lane >> 4) * 8;
+
+    auto compute_tile = [&](int stage) {
+        if constexpr (WGMMA) {
+            const unsigned a_tile = shared_address(a_smem + stage * A_STAGE) + (warp / 4) * BL * 128;
+            const unsigned b_tile = shared_address(b_smem + stage * B_STAGE);
+            float (&d)[BJ / 2] = reinterpret_cast<float (&)[BJ / 2]>(acc);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BL / INST_L; ++kk)
+                wgmma_op<T, BJ, true>::run(d, wgmma_descriptor_mn(a_tile + kk * 2048, BL * 128),
+                                           wgmma_descriptor_mn(b_tile + kk * 2048, BL * 128));
+            wgmma_commit();
+            wgmma_wait<WGMMA_LAG>();  // this tile's MMAs may still run; the buffer of the one before is free
+            return;
+        }
+        const T* a_buf = a_smem + stage * A_STAGE;
+        const T* b_buf = b_smem + stage * B_STAGE;
+#pragma unroll
+        for (int kk = 0; kk < BL / INST_L; ++kk) {
+            unsigned a_frag[MT][4], b_frag[JT][2];
+            if constexpr (sizeof(T) == 2) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+                    ldmatrix_x4<true>(a_frag[mt], a_buf + a_lane + kk * INST_L * A_STRIDE + mt * 16);
+#pragma unroll
+                for (int jt = 0; jt < JT; jt += 2) {
+                    unsigned r[4];
+                    ldmatrix_x4<true>(r, b_buf + b_lane + kk * INST_L * B_STRIDE + jt * 8);
+                    b_frag[jt][0] = r[0]; b_frag[jt][1] = r[1];
+                    b_frag[jt + 1][0] = r[2]; b_frag[jt + 1][1] = r[3];
+                }
+            } else {  // TF32: A from its l-major tile; b0 (l, j), b1 (l + 4, j)
+                tf32_a_from_k_major<A_STRIDE>(a_frag, reinterpret_cast<const float*>(a_buf) +
+                                                          (kk * INST_L + tq) * A_STRIDE + wm + quad);
+                const float* bf = reinterpret_cast<const float*>(b_buf) + (kk * INST_L + tq) * B_STRIDE + wj + quad;
+#pragma unroll
+                for (int jt = 0; jt < JT; ++jt) {
+                    b_frag[jt][0] = to_tf32(bf[jt * 8]);
+                    b_frag[jt][1] = to_tf32(bf[4 * B_STRIDE + jt * 8]);
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int jt = 0; jt < JT; ++jt) mma_op<T>::run(acc[mt][jt], a_frag[mt], b_frag[jt]);
+        }
+    };
+
+    run_k_pipeline<STAGES, WGMMA, WGMMA_LAG>(k_tiles, [&](int t, int stage) { load_tile(kt0 + t, stage); },
+                                             compute_tile, [](int) {});
+    if constexpr (WGMMA_LAG > 0) wgmma_wait<0>();  // the last tile's MMAs still write the accumulators
+
+    // Partial sums straight from the fragments: each is one output of one run, written once.
+    float* out = ws + static_cast<Index>(blockIdx.z) * K * J;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int jt = 0; jt < JT; ++jt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int o = o0 + wm + mt * 16 + quad + (e >> 1) * 8, j = j0 + wj + jt * 8 + 2 * tq + (e & 1);
+                if (o < K && j < J) out[static_cast<Index>(o) * J + j] = acc[mt][jt][e];
+            }
+}
+
+}  // namespace cupyconv
