@@ -116,13 +116,15 @@ class LaunchPlan:
 
 # The families build LaunchPlans: imported once the class exists.
 from .families import (depthwise_column_conv2d, depthwise_conv2d, depthwise_nhwc, direct_conv2d,  # noqa: E402
-                       implicit_gemm_conv2d, implicit_gemm_nhwc, pointwise_nhwc, simt_gemm_conv2d, winograd_conv2d)
+                       few_channel_nhwc, implicit_gemm_conv2d, implicit_gemm_nhwc, pointwise_nhwc, simt_gemm_conv2d,
+                       winograd_conv2d)
 
 #: Kernel family -> its module. A new family is a module in families/ and an entry here (and, to be
 #: chosen without being forced, a rule in choose_kernel).
 FAMILIES = {family.KERNEL: family for family in (direct_conv2d, depthwise_conv2d, depthwise_column_conv2d,
                                                  depthwise_nhwc, simt_gemm_conv2d, winograd_conv2d,
-                                                 implicit_gemm_conv2d, implicit_gemm_nhwc, pointwise_nhwc)}
+                                                 implicit_gemm_conv2d, implicit_gemm_nhwc, pointwise_nhwc,
+                                                 few_channel_nhwc)}
 KERNELS = tuple(FAMILIES)
 DIRECT_KERNEL = direct_conv2d.KERNEL
 DEPTHWISE_KERNEL = depthwise_conv2d.KERNEL
@@ -163,6 +165,7 @@ WINOGRAD_KERNEL = winograd_conv2d.KERNEL
 GEMM_KERNEL = implicit_gemm_conv2d.KERNEL
 NHWC_KERNEL = implicit_gemm_nhwc.KERNEL
 POINTWISE_KERNEL = pointwise_nhwc.KERNEL
+FEW_CHANNEL_KERNEL = few_channel_nhwc.KERNEL
 
 
 def kernel_specialisations() -> list[str]:
@@ -225,6 +228,8 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
         # H100, NHWC in place: 0.050 against 0.050, 1 -> 64 7x7 s2 0.103 against 0.108, 1 -> 32 5x5 0.016 against 0.022)
         return GEMM_KERNEL, (f"one input channel, {problem.kh}x{problem.kw} taps -> {kg} channels: tensor cores, "
                              f"the {problem.layout} input gathered in place")
+    if few_channel_nhwc.pays(problem):
+        return FEW_CHANNEL_KERNEL, f"{problem.dtype}, NHWC, {problem.c} input channels (an image)"
     # On the tensor cores the channels-last GEMM's 32-channel tile beats the direct kernel even on a few
     # output channels (H100, fp16: 3 output channels of a 256^2 plane 0.169 ms against 1.183; EfficientNet's
     # squeeze-excitation reductions 0.006-0.008 against 0.056-0.081; benchmarks/NOTES.md).

@@ -35,6 +35,7 @@ CASES = [
     Case(2, 24, 48, 12, 12, 3, 3, padding=1),
     Case(3, 6, 16, 9, 10, 3, 2, stride=(2, 1), padding=(1, 0), groups=2),
     Case(2, 32, 40, 9, 11, 1, 1),
+    Case(2, 3, 24, 13, 15, 3, 3, stride=2, padding=1),  # an RGB stem (few_channel_nhwc)
 ]
 LAYOUTS = [("NCHW", "KCHW"), ("NHWC", "KHWC")]
 
@@ -74,12 +75,14 @@ def run(plan, problem, x, weight, bias, residual, in_place: bool = False):
 
 def family_dtype_layouts():
     """(family, dtype, layouts): the tensor cores' dtypes, the direct kernel's float64, the NHWC-only
-    depthwise and pointwise kernels in NHWC alone."""
+    depthwise, pointwise and few-channel kernels in NHWC alone (the last in 16 bits)."""
     for kernel in planner.KERNELS:
         dtypes = ("float16", "bfloat16", "float32") if kernel in TENSOR_CORE else \
             ("float64", "float32", "float16") if kernel == planner.DIRECT_KERNEL else \
-            ("float32",) if kernel in (planner.SIMT_KERNEL, planner.WINOGRAD_KERNEL) else ("float32", "float16")
-        layouts = LAYOUTS[1:] if kernel in (planner.DEPTHWISE_NHWC_KERNEL, planner.POINTWISE_KERNEL) else LAYOUTS
+            ("float32",) if kernel in (planner.SIMT_KERNEL, planner.WINOGRAD_KERNEL) else \
+            ("float16", "bfloat16") if kernel == planner.FEW_CHANNEL_KERNEL else ("float32", "float16")
+        layouts = LAYOUTS[1:] if kernel in (planner.DEPTHWISE_NHWC_KERNEL, planner.POINTWISE_KERNEL,
+                                            planner.FEW_CHANNEL_KERNEL) else LAYOUTS
         yield from ((kernel, dtype, pair) for dtype in dtypes for pair in layouts)
 
 

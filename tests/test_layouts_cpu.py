@@ -141,10 +141,11 @@ def test_the_nchw_gather_gemm_reads_and_writes_nhwc_in_place():
     assert planner.make_plan(nchw, kernel=planner.GEMM_KERNEL).name_expression.endswith(",2>")
 
 
-def test_rgb_stems_of_one_k_tile_take_the_nchw_gather_in_place():
-    """On NHWC arrays a 3-channel stem of <= 32 reduction elements and <= 32 output channels (EfficientNet's,
-    MobileNetV2's) takes the NCHW-gather GEMM's NHWC instance, no zero-channel copy; VGG's 3 -> 64 and
-    ResNet-50's 7x7 keep the channels-last GEMM (planner.NHWC_GATHER_MAX_*); NCHW arrays keep their rules."""
+def test_rgb_stems_take_the_few_channel_kernel_or_the_nchw_gather_in_place():
+    """On NHWC arrays a 3-channel stem of <= 48 reduction elements and <= 64 output channels (EfficientNet's,
+    MobileNetV2's, VGG's) takes few_channel_nhwc in 16 bits; in TF32 one of <= 32 reduction elements and <= 32
+    output channels the NCHW-gather GEMM's NHWC instance, no zero-channel copy (planner.NHWC_GATHER_MAX_*).
+    ResNet-50's 7x7 keeps the channels-last GEMM; NCHW arrays keep their rules."""
     import dataclasses
 
     from cupyconv import planner
@@ -155,12 +156,15 @@ def test_rgb_stems_of_one_k_tile_take_the_nchw_gather_in_place():
                                                    taps // 2), layout=layout)
         return planner.make_plan(problem, allow_tf32=True, compute_capability=90)
 
+    for dtype in ("float16", "bfloat16"):
+        assert plan(32, 3, dtype).kernel == plan(64, 3, dtype).kernel == planner.FEW_CHANNEL_KERNEL
+    stem = plan(32, 3, "float32")
+    assert stem.kernel == planner.GEMM_KERNEL and "not copied with zero channels" in stem.reason, str(stem)
+    assert planner.program(stem, dataclasses.replace(make_problem((32, 3, 224, 224), (32, 3, 3, 3), None, "float32",
+                                                                  2, 1), layout="NHWC")).workspace_bytes == 0
+    assert plan(64, 3, "float32").kernel == planner.NHWC_KERNEL
     for dtype in ("float16", "bfloat16", "float32"):
-        stem = plan(32, 3, dtype)
-        assert stem.kernel == planner.GEMM_KERNEL and "not copied with zero channels" in stem.reason, str(stem)
-        assert planner.program(stem, dataclasses.replace(make_problem((32, 3, 224, 224), (32, 3, 3, 3), None, dtype,
-                                                                      2, 1), layout="NHWC")).workspace_bytes == 0
-        assert plan(64, 3, dtype).kernel == plan(64, 7, dtype).kernel == planner.NHWC_KERNEL
+        assert plan(64, 7, dtype).kernel == planner.NHWC_KERNEL
         assert plan(32, 3, dtype, "NCHW").kernel == planner.NHWC_KERNEL
 
 

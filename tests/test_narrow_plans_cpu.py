@@ -8,8 +8,8 @@ import pytest
 
 from cupyconv.arguments import make_problem
 from cupyconv.families.implicit_gemm_nhwc import NARROW_TILE_CHANNELS
-from cupyconv.planner import (DIRECT_KERNEL, GEMM_KERNEL, NHWC_KERNEL, POINTWISE_KERNEL, SIMT_FEW_CHANNELS_MAX_PIXELS,
-                              SIMT_KERNEL, make_plan)
+from cupyconv.planner import (DIRECT_KERNEL, FEW_CHANNEL_KERNEL, GEMM_KERNEL, NHWC_KERNEL, POINTWISE_KERNEL,
+                              SIMT_FEW_CHANNELS_MAX_PIXELS, SIMT_KERNEL, make_plan)
 
 #: (x, weight KCHW, stride, padding, layout): EfficientNet-B0's squeeze-excitation reduction, its stem
 #: (3 input channels, 32 output), a 3-channel head on a large plane, and the same in NCHW.
@@ -37,7 +37,9 @@ def test_few_output_channels_take_the_32_channel_tile_on_the_tensor_cores(layer,
             assert plan.kernel == (SIMT_KERNEL if few else DIRECT_KERNEL), str(plan)
     elif plan.kernel == POINTWISE_KERNEL:  # 1x1 NHWC float32 on the tensor cores: the streaming kernel's
         assert x[1:3] == (1, 1) and w[2:] == (1, 1) and dtype == "float32"
-    elif layer == "stem_3to32":  # NHWC, 3 channels: the NCHW gather's NHWC instance, no padding copy
+    elif layer == "stem_3to32" and dtype != "float32":  # NHWC, 3 channels, 16-bit: the few-channel kernel
+        assert plan.kernel == FEW_CHANNEL_KERNEL, str(plan)
+    elif layer == "stem_3to32":  # TF32: the NCHW gather's NHWC instance, no padding copy
         assert plan.kernel == GEMM_KERNEL and plan.config.bn == NARROW_TILE_CHANNELS, str(plan)
     else:
         assert plan.kernel == NHWC_KERNEL and plan.config.bn == NARROW_TILE_CHANNELS, str(plan)

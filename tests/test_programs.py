@@ -17,8 +17,9 @@ from cupyconv import input_scale, layouts, planner
 from cupyconv.layouts import native
 from cupyconv.arguments import ACTIVATIONS, make_problem
 from cupyconv.compiler import kernel_source, source_file
-from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, depthwise_nhwc, direct_conv2d, implicit_gemm_conv2d,
-                               implicit_gemm_nhwc, pointwise_nhwc, simt_gemm_conv2d, winograd_conv2d)
+from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, depthwise_nhwc, direct_conv2d, few_channel_nhwc,
+                               implicit_gemm_conv2d, implicit_gemm_nhwc, pointwise_nhwc, simt_gemm_conv2d,
+                               winograd_conv2d)
 from cupyconv.families.common import REDUCE_KERNEL, STORAGE_BYTES
 from cupyconv.program import (BIAS, FLAGS, INPUT_SCALE, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X,
                               Im2colMap, Pointer, Table, TensorMap, align, relocated)
@@ -49,7 +50,8 @@ def config_names(kernel: str, dtype: str) -> list[str]:
               planner.WINOGRAD_KERNEL: simt_gemm_conv2d.SIMT_CONFIGS,
               planner.GEMM_KERNEL: implicit_gemm_conv2d.GEMM_CONFIGS.get(dtype, ()),
               planner.NHWC_KERNEL: implicit_gemm_nhwc.NHWC_CONFIGS.get(dtype, ()),
-              planner.POINTWISE_KERNEL: pointwise_nhwc.POINTWISE_CONFIGS.get(dtype, ())}
+              planner.POINTWISE_KERNEL: pointwise_nhwc.POINTWISE_CONFIGS.get(dtype, ()),
+              planner.FEW_CHANNEL_KERNEL: few_channel_nhwc.CONFIGS}
     return [c.name for c in tables[kernel]]
 
 

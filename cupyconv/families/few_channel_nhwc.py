@@ -1,0 +1,117 @@
+"""First layers on channels-last images of a few channels (kernels/few_channel_nhwc.cu): 16-bit, a block's
+input patch copied into shared memory row by row and its taps gathered there for mma.sync, a reduction
+(C kh kw) of at most MAX_REDUCTION and at most MAX_OUT_CHANNELS outputs. MobileNetV2's and EfficientNet's
+stem, 3 -> 32 3x3 stride 2, whose 6-byte pixels make no 16-byte pieces for the GEMM tiles' copies."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..arguments import ConvProblem
+from ..planner import LaunchPlan
+from ..program import CallProgram
+from .common import CTYPES, INDEX_TYPES, SHARED_MEMORY_BYTES, conv_launch, forced_config, index_type
+
+KERNEL = "few_channel_nhwc"
+#: NHWC alone (NCHW problems are refused, not transposed); the weight in either layout, read once a block.
+LAYOUTS = ("NHWC",)
+WEIGHT_LAYOUTS = ("KCHW", "KHWC")
+DTYPES = ("float16", "bfloat16")
+#: FEW_TILE, FEW_THREADS, FEW_MAX_K_STEPS and FEW_MAX_N_TILES in the kernel.
+TILE = 16
+THREADS = 128
+MAX_REDUCTION = 48
+MAX_OUT_CHANNELS = 64
+#: The rules take it for inputs of at most RULE_MAX_CHANNELS channels (images; wider inputs make pieces for
+#: the GEMM tiles' copies).
+RULE_MAX_CHANNELS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchConfig:
+    """The one tile: TILE x TILE output pixels and every output channel a block."""
+
+    name: str
+
+
+CONFIGS = (PatchConfig(f"few_m{TILE}x{TILE}"),)
+CONFIG_NAMES = frozenset(c.name for c in CONFIGS)
+
+
+def _patch_elements(problem: ConvProblem) -> int:
+    rows = (TILE - 1) * problem.stride[0] + (problem.kh - 1) * problem.dilation[0] + 1
+    columns = (TILE - 1) * problem.stride[1] + (problem.kw - 1) * problem.dilation[1] + 1
+    return rows * columns * problem.c
+
+
+def shared_bytes(problem: ConvProblem) -> int:
+    """The weight [K][RP + 8], each warp's staged 16 x (K + 8) outputs and the patch, 2 bytes each."""
+    padded = math.ceil(problem.c * problem.kh * problem.kw / 16) * 16
+    return 2 * (problem.k * (padded + 8) + THREADS // 32 * 16 * (problem.k + 8) + _patch_elements(problem))
+
+
+def refusal(problem: ConvProblem) -> str:
+    """Why this kernel cannot run ``problem`` ("" when it can)."""
+    p = problem
+    if p.layout != "NHWC":
+        return f"it computes NHWC arrays only (layout {p.layout})"
+    if p.dtype not in DTYPES:
+        return f"it runs {DTYPES} on the tensor cores (got {p.dtype})"
+    if p.groups != 1:
+        return f"it runs layers of one group (got {p.groups})"
+    if p.c * p.kh * p.kw > MAX_REDUCTION:
+        return (f"its reduction C kh kw is at most {MAX_REDUCTION} (got {p.c} x {p.kh} x {p.kw} = "
+                f"{p.c * p.kh * p.kw})")
+    if p.k % 8 or p.k > MAX_OUT_CHANNELS:
+        return f"it takes multiples of 8 output channels up to {MAX_OUT_CHANNELS} (got {p.k})"
+    if shared_bytes(p) > SHARED_MEMORY_BYTES:
+        return (f"its input patch ({TILE} x {TILE} outputs at stride {p.stride}, dilation {p.dilation}) and "
+                f"weight need {shared_bytes(p)} B of shared memory, over {SHARED_MEMORY_BYTES}")
+    return ""
+
+
+def pays(problem: ConvProblem) -> bool:
+    """Whether the fixed rules take it: inputs of at most RULE_MAX_CHANNELS channels it can run."""
+    return problem.c <= RULE_MAX_CHANNELS and not refusal(problem)
+
+
+def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
+    """A 1-D grid of a block per TILE x TILE output tile of each image."""
+    why_not = refusal(problem)
+    if why_not:
+        raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
+    cfg = forced_config(CONFIGS, config, f"config for {KERNEL}") if config is not None else CONFIGS[0]
+    tiles_w, tiles_h = math.ceil(problem.wo / TILE), math.ceil(problem.ho / TILE)
+    blocks = problem.n * tiles_w * tiles_h
+    if blocks >= 2**31:
+        raise ValueError(f"output {problem.out_shape} needs {blocks} thread blocks, over CUDA's 2^31 - 1")
+    why = (f"{problem.c} input channels, a reduction of {problem.c * problem.kh * problem.kw}: the patch of "
+           f"{TILE} x {TILE} outputs copied row by row into shared memory, its taps gathered there")
+    return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem), config=cfg,
+                      tiles_w=tiles_w, tiles=tiles_h, grid=(blocks, 1, 1), block=(THREADS, 1, 1),
+                      shared_bytes=shared_bytes(problem), reason=f"{reason}; {why}" if reason else why)
+
+
+def describe(plan: LaunchPlan) -> str:
+    return (f"{plan.kernel} [{plan.config.name}: block {TILE}x{TILE} px x every output channel, {THREADS} threads, "
+            f"mma.sync]\n"
+            f"  {plan.dtype} (float32 accumulators), {plan.index_type} indices; {plan.shared_bytes} B shared memory\n"
+            f"  grid {plan.grid}, block {plan.block}\n"
+            f"  why: {plan.reason}")
+
+
+def specialisation(dtype: str, index: str) -> str:
+    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index}>"
+
+
+def name_expression(plan: LaunchPlan) -> str:
+    return specialisation(plan.dtype, plan.index_type)
+
+
+def specialisations() -> list[str]:
+    return [specialisation(dtype, index) for dtype in DTYPES for index in INDEX_TYPES]
+
+
+def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
+    """One launch on the caller's operands; the kernel takes its tiling and the weight's layout."""
+    return CallProgram((conv_launch(plan, problem, plan.tiles_w, plan.tiles, int(problem.weight_layout == "KHWC")),))

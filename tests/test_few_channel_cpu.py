@@ -1,0 +1,65 @@
+"""The few-channel kernel (families/few_channel_nhwc.py) without a GPU: where the rules take it, its refusals
+with their reasons, its plan's grid and shared memory, and its launch's arguments."""
+import dataclasses
+
+import pytest
+
+from cupyconv import planner
+from cupyconv.arguments import make_problem
+from cupyconv.families import few_channel_nhwc
+from cupyconv.families.common import SHARED_MEMORY_BYTES
+
+
+def problem(n=32, c=3, k=32, h=224, w=224, kernel=3, stride=2, padding=1, dilation=1, groups=1, dtype="float16",
+            layout="NHWC", weight_layout="KHWC"):
+    x = (n, h, w, c) if layout == "NHWC" else (n, c, h, w)
+    weight = (k, kernel, kernel, c // groups) if weight_layout == "KHWC" else (k, c // groups, kernel, kernel)
+    return make_problem(x, weight, None, dtype, stride, padding, dilation, groups, layout=layout,
+                        weight_layout=weight_layout)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("weight_layout", ["KHWC", "KCHW"])
+def test_the_rules_take_rgb_stems(dtype, weight_layout):
+    """MobileNetV2's and EfficientNet's stem in channels_last: a block per 16 x 16 outputs of an image, the
+    weight read in its own layout (no transposed copy)."""
+    p = problem(dtype=dtype, weight_layout=weight_layout)
+    plan = planner.make_plan(p, compute_capability=90)
+    assert plan.kernel == planner.FEW_CHANNEL_KERNEL, str(plan)
+    assert plan.grid == (32 * 7 * 7, 1, 1) and plan.block == (few_channel_nhwc.THREADS, 1, 1)
+    assert plan.shared_bytes == few_channel_nhwc.shared_bytes(p) <= SHARED_MEMORY_BYTES
+    (launch,) = planner.program(plan, p).launches
+    assert launch.args[-3:] == (7, 7, int(weight_layout == "KHWC"))
+    assert "read in place" in str(plan) and "transposed" not in str(plan)
+
+
+@pytest.mark.parametrize("p,reason", [
+    (problem(layout="NCHW", weight_layout="KCHW"), "NHWC arrays only"),
+    (problem(dtype="float32"), "on the tensor cores"),
+    (problem(c=6, groups=2), "one group"),
+    (problem(c=3, kernel=7, padding=3), "at most 48"),
+    (problem(k=20), "multiples of 8"),
+    (problem(k=96), "multiples of 8 output channels up to 64"),
+    (problem(c=4, kernel=3, dilation=60, padding=60), "shared memory"),
+], ids=["nchw", "float32", "groups", "reduction", "k_20", "k_96", "patch"])
+def test_refusals(p, reason):
+    assert reason in few_channel_nhwc.refusal(p)
+    with pytest.raises(ValueError, match="cannot run this problem"):
+        planner.make_plan(p, kernel=planner.FEW_CHANNEL_KERNEL)
+    assert planner.make_plan(p, allow_tf32=True, compute_capability=90).kernel != planner.FEW_CHANNEL_KERNEL
+
+
+def test_the_rules_leave_wider_inputs_and_one_channel_gemms():
+    """Inputs of more than RULE_MAX_CHANNELS channels make pieces for the GEMM tiles' copies; one input
+    channel and >= 32 outputs keeps the one-channel GEMM rule (planner.ONE_CHANNEL_GEMM_*)."""
+    wide = problem(c=5, kernel=3, stride=1)
+    assert not few_channel_nhwc.refusal(wide) and not few_channel_nhwc.pays(wide)
+    assert planner.make_plan(wide, compute_capability=90).kernel != planner.FEW_CHANNEL_KERNEL
+    one = problem(c=1, k=32)
+    assert planner.make_plan(one, compute_capability=90).kernel == planner.GEMM_KERNEL
+
+
+def test_specialisations_cover_its_plans():
+    plans = [planner.make_plan(dataclasses.replace(problem(dtype=dtype)))
+             for dtype in few_channel_nhwc.DTYPES]
+    assert {plan.name_expression for plan in plans} <= set(few_channel_nhwc.specialisations())
