@@ -1,13 +1,11 @@
 """The few-channel kernel (families/few_channel_nhwc.py) without a GPU: where the rules take it, its refusals
 with their reasons, its plan's grid and shared memory, and its launch's arguments."""
-import dataclasses
-
 import pytest
 
 from cupyconv import planner
 from cupyconv.arguments import make_problem
 from cupyconv.families import few_channel_nhwc
-from cupyconv.families.common import SHARED_MEMORY_BYTES
+from cupyconv.families.common import H100_SMS, SHARED_MEMORY_BYTES
 
 
 def problem(n=32, c=3, k=32, h=224, w=224, kernel=3, stride=2, padding=1, dilation=1, groups=1, dtype="float16",
@@ -21,15 +19,18 @@ def problem(n=32, c=3, k=32, h=224, w=224, kernel=3, stride=2, padding=1, dilati
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("weight_layout", ["KHWC", "KCHW"])
 def test_the_rules_take_rgb_stems(dtype, weight_layout):
-    """MobileNetV2's and EfficientNet's stem in channels_last: a block per 16 x 16 outputs of an image, the
-    weight read in its own layout (no transposed copy)."""
+    """MobileNetV2's and EfficientNet's stem in channels_last: persistent blocks taking 16 x 16 output tiles in
+    turn (1568 of them at batch 32), two k steps (27 taps), the weight read in its own layout (no copy)."""
     p = problem(dtype=dtype, weight_layout=weight_layout)
     plan = planner.make_plan(p, compute_capability=90)
     assert plan.kernel == planner.FEW_CHANNEL_KERNEL, str(plan)
-    assert plan.grid == (32 * 7 * 7, 1, 1) and plan.block == (few_channel_nhwc.THREADS, 1, 1)
+    assert plan.grid == (few_channel_nhwc.BLOCKS_PER_SM * H100_SMS, 1, 1)
+    assert plan.block == (few_channel_nhwc.THREADS, 1, 1)
+    assert plan.name_expression.endswith(",int,2>")
+    assert planner.make_plan(problem(n=1), compute_capability=90).grid == (49, 1, 1)  # one block a tile
     assert plan.shared_bytes == few_channel_nhwc.shared_bytes(p) <= SHARED_MEMORY_BYTES
     (launch,) = planner.program(plan, p).launches
-    assert launch.args[-3:] == (7, 7, int(weight_layout == "KHWC"))
+    assert launch.args[-4:] == (7, 7, int(weight_layout == "KHWC"), 1)  # 224 x 3 elements: whole vectors a row
     assert "read in place" in str(plan) and "transposed" not in str(plan)
 
 
@@ -60,6 +61,15 @@ def test_the_rules_leave_wider_inputs_and_one_channel_gemms():
 
 
 def test_specialisations_cover_its_plans():
-    plans = [planner.make_plan(dataclasses.replace(problem(dtype=dtype)))
-             for dtype in few_channel_nhwc.DTYPES]
+    plans = [planner.make_plan(problem(dtype=dtype, c=c, kernel=kernel), kernel=planner.FEW_CHANNEL_KERNEL)
+             for dtype in few_channel_nhwc.DTYPES for c, kernel in ((3, 2), (3, 3), (4, 3))]
+    assert {plan.name_expression[-2] for plan in plans} == {"1", "2", "3"}
     assert {plan.name_expression for plan in plans} <= set(few_channel_nhwc.specialisations())
+
+
+@pytest.mark.parametrize("w,c,vectors", [(224, 3, True), (225, 3, False), (18, 4, True), (11, 2, False), (40, 1, True)])
+def test_rows_copied_as_vectors_where_they_hold_whole_ones(w, c, vectors):
+    p = problem(n=2, c=c, w=w, h=20)
+    assert few_channel_nhwc.vector_rows(p) == vectors
+    plan = planner.make_plan(p, kernel=planner.FEW_CHANNEL_KERNEL)
+    assert planner.program(plan, p).launches[0].args[-1] == int(vectors)

@@ -10,7 +10,7 @@ import math
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
 from ..program import CallProgram
-from .common import CTYPES, INDEX_TYPES, SHARED_MEMORY_BYTES, conv_launch, forced_config, index_type
+from .common import CTYPES, H100_SMS, INDEX_TYPES, SHARED_MEMORY_BYTES, conv_launch, forced_config, index_type
 
 KERNEL = "few_channel_nhwc"
 #: NHWC alone (NCHW problems are refused, not transposed); the weight in either layout, read once a block.
@@ -22,6 +22,9 @@ TILE = 16
 THREADS = 128
 MAX_REDUCTION = 48
 MAX_OUT_CHANNELS = 64
+#: Persistent blocks: at most BLOCKS_PER_SM a (H100_SMS) SM, each taking tiles in turn, the next tile's patch
+#: copied while this one's multiplies (161 registers: three blocks of 128 threads an SM).
+BLOCKS_PER_SM = 3
 #: The rules take it for inputs of at most RULE_MAX_CHANNELS channels (images; wider inputs make pieces for
 #: the GEMM tiles' copies).
 RULE_MAX_CHANNELS = 4
@@ -39,15 +42,23 @@ CONFIG_NAMES = frozenset(c.name for c in CONFIGS)
 
 
 def _patch_elements(problem: ConvProblem) -> int:
+    """Rows of the patch, each its columns' elements with room for the vector copies' shift (up to 7
+    elements) and rounded up to whole 16-byte vectors (patch_pitch in the kernel)."""
     rows = (TILE - 1) * problem.stride[0] + (problem.kh - 1) * problem.dilation[0] + 1
     columns = (TILE - 1) * problem.stride[1] + (problem.kw - 1) * problem.dilation[1] + 1
-    return rows * columns * problem.c
+    return rows * math.ceil((columns * problem.c + 7) / 8) * 8
+
+
+def vector_rows(problem: ConvProblem) -> bool:
+    """Whether rows of x hold whole 16-byte vectors (W C a multiple of 8), copied so; else 2-byte loads."""
+    return problem.w * problem.c % 8 == 0
 
 
 def shared_bytes(problem: ConvProblem) -> int:
-    """The weight [K][RP + 8], each warp's staged 16 x (K + 8) outputs and the patch, 2 bytes each."""
+    """The weight [K][RP + 8], each warp's staged 16 x (K + 8) outputs and two patches (this tile's and the
+    next's), 2 bytes each."""
     padded = math.ceil(problem.c * problem.kh * problem.kw / 16) * 16
-    return 2 * (problem.k * (padded + 8) + THREADS // 32 * 16 * (problem.k + 8) + _patch_elements(problem))
+    return 2 * (problem.k * (padded + 8) + THREADS // 32 * 16 * (problem.k + 8) + 2 * _patch_elements(problem))
 
 
 def refusal(problem: ConvProblem) -> str:
@@ -76,19 +87,21 @@ def pays(problem: ConvProblem) -> bool:
 
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
-    """A 1-D grid of a block per TILE x TILE output tile of each image."""
+    """A 1-D grid of persistent blocks (at most BLOCKS_PER_SM an SM, at most one a TILE x TILE output tile)."""
     why_not = refusal(problem)
     if why_not:
         raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
     cfg = forced_config(CONFIGS, config, f"config for {KERNEL}") if config is not None else CONFIGS[0]
     tiles_w, tiles_h = math.ceil(problem.wo / TILE), math.ceil(problem.ho / TILE)
-    blocks = problem.n * tiles_w * tiles_h
-    if blocks >= 2**31:
-        raise ValueError(f"output {problem.out_shape} needs {blocks} thread blocks, over CUDA's 2^31 - 1")
+    tiles = problem.n * tiles_w * tiles_h
+    if tiles >= 2**31:
+        raise ValueError(f"output {problem.out_shape} makes {tiles} tiles of {TILE} x {TILE}, over 2^31 - 1")
     why = (f"{problem.c} input channels, a reduction of {problem.c * problem.kh * problem.kw}: the patch of "
            f"{TILE} x {TILE} outputs copied row by row into shared memory, its taps gathered there")
     return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem), config=cfg,
-                      tiles_w=tiles_w, tiles=tiles_h, grid=(blocks, 1, 1), block=(THREADS, 1, 1),
+                      tiles_w=tiles_w, tiles=tiles_h, ktiles=math.ceil(problem.c * problem.kh * problem.kw / 16),
+                      grid=(min(tiles, BLOCKS_PER_SM * H100_SMS), 1, 1),
+                      block=(THREADS, 1, 1),
                       shared_bytes=shared_bytes(problem), reason=f"{reason}; {why}" if reason else why)
 
 
@@ -100,18 +113,22 @@ def describe(plan: LaunchPlan) -> str:
             f"  why: {plan.reason}")
 
 
-def specialisation(dtype: str, index: str) -> str:
-    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index}>"
+def specialisation(dtype: str, index: str, k_steps: int) -> str:
+    """The instance for ``k_steps`` steps of 16 of the reduction."""
+    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{k_steps}>"
 
 
 def name_expression(plan: LaunchPlan) -> str:
-    return specialisation(plan.dtype, plan.index_type)
+    return specialisation(plan.dtype, plan.index_type, plan.ktiles)
 
 
 def specialisations() -> list[str]:
-    return [specialisation(dtype, index) for dtype in DTYPES for index in INDEX_TYPES]
+    return [specialisation(dtype, index, k_steps) for dtype in DTYPES for index in INDEX_TYPES
+            for k_steps in range(1, MAX_REDUCTION // 16 + 1)]
 
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
-    """One launch on the caller's operands; the kernel takes its tiling and the weight's layout."""
-    return CallProgram((conv_launch(plan, problem, plan.tiles_w, plan.tiles, int(problem.weight_layout == "KHWC")),))
+    """One launch on the caller's operands; the kernel takes its tiling, the weight's layout and how it copies
+    rows of x."""
+    return CallProgram((conv_launch(plan, problem, plan.tiles_w, plan.tiles, int(problem.weight_layout == "KHWC"),
+                                    int(vector_rows(problem))),))
