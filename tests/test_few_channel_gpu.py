@@ -34,12 +34,10 @@ EPILOGUES = [("none", False), ("relu", False), ("relu6", True), ("silu", True)]
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_few_channel_against_float64(case, dtype, epilogue, weight_layout):
-    """The rules take it (from two input channels); every output written and within 16-bit tolerance; a second
-    run gives the same bits."""
+    """Every output written and within 16-bit tolerance; a second run gives the same bits."""
     activation, residual = epilogue
     problem = problem_of(case, dtype, "NHWC", weight_layout, activation, residual)
     plan = planner.make_plan(problem, kernel=planner.FEW_CHANNEL_KERNEL)
-    assert (planner.make_plan(problem).kernel == planner.FEW_CHANNEL_KERNEL) == (case.c > 1)
     x, weight, bias, r = tensors(case, problem, dtype, seed=case.c * 7 + case.k + len(activation))
     r = r if residual else None
     out = run(plan, problem, x, weight, bias, r)
@@ -53,7 +51,7 @@ def test_an_infinity_reaches_only_its_windows(case):
     """The taps past C kh kw (the last k step's padding) are masked, never another tap's value times a zero
     weight: an infinite input gives infinities where torch gives them, finite outputs elsewhere."""
     problem = problem_of(case, "float16", "NHWC", "KHWC", "none", False)
-    plan = planner.make_plan(problem)
+    plan = planner.make_plan(problem, kernel=planner.FEW_CHANNEL_KERNEL)
     x, weight, bias, _ = tensors(case, problem, "float16", seed=3)
     x[0, 0, case.h // 2, case.w // 2] = float("inf")
     out = run(plan, problem, x, weight, bias, None).double()
@@ -70,8 +68,7 @@ def test_an_rgb_stem_as_accurate_as_torchs(dtype, activation):
     once, the error against float64 within 1.5x of torch's own in the same dtype (its conv, then SiLU)."""
     case = Case(2, 3, 32, 224, 224, 3, 3, stride=2, padding=1)
     problem = problem_of(case, dtype, "NHWC", "KCHW", activation, False)
-    plan = planner.make_plan(problem)
-    assert plan.kernel == planner.FEW_CHANNEL_KERNEL
+    plan = planner.make_plan(problem, kernel=planner.FEW_CHANNEL_KERNEL)
     x, weight, bias, _ = tensors(case, problem, dtype, seed=11)
     ref = reference(case, x, weight, bias, None, activation)
     theirs = torch.nn.functional.conv2d(x, weight, bias, case.stride, case.padding)
@@ -82,10 +79,10 @@ def test_an_rgb_stem_as_accurate_as_torchs(dtype, activation):
 @pytest.mark.parametrize("blocks", [1, 3, 7])
 def test_persistent_blocks_take_every_tile(blocks):
     """Grids of a few persistent blocks, each taking many tiles in turn (the patch buffers alternate), across
-    images: every output written, the same result as the rules' grid."""
+    images: every output written, the same result as the plan's grid."""
     case = CASES[1]
     problem = problem_of(case, "float16", "NHWC", "KHWC", "relu", True)
-    plan = planner.make_plan(problem)
+    plan = planner.make_plan(problem, kernel=planner.FEW_CHANNEL_KERNEL)
     x, weight, bias, r = tensors(case, problem, "float16", seed=blocks)
     wanted = run(plan, problem, x, weight, bias, r)
     out = run(dataclasses.replace(plan, grid=(blocks, 1, 1)), problem, x, weight, bias, r)
