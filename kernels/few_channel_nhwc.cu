@@ -4,15 +4,16 @@
 // Such a layer is memory-bound: its reduction (C kh kw: 27) is one or two k steps of mma.sync, its
 // output ten times its input. The GEMM tiles gather each pixel's 27 taps as 2-byte elements from
 // global memory (the input's pixels are 6 bytes: no 16-byte pieces), and that gather, not the bytes,
-// bounds them (H200, b32: 45-53 us against ~9 us of bytes). Here a block copies its output tile's
-// input patch into shared memory once, rows of the image being contiguous in NHWC, and gathers the
-// taps there. Where a row holds whole 16-byte vectors (W C a multiple of 8: 224 x 3), the copy is
+// bounds them (H200, MobileNetV2's stem at b32: 45-54 us for 35 MB). Here a block copies each output
+// tile's input patch into shared memory once, rows of the image being contiguous in NHWC, and gathers
+// the taps there. Where a row holds whole 16-byte vectors (W C a multiple of 8: 224 x 3), the copy is
 // cp.async of the vectors covering the patch's columns, from the one at or below its first element
-// (patch_shift elements before it); a vector lies wholly inside its row or wholly outside (zero-filled:
+// (Tile::shift elements before it); a vector lies wholly inside its row or wholly outside (zero-filled:
 // the padding). Elsewhere 2-byte loads, zeros outside the image.
 //
-// Block: FEW_THREADS threads, an output tile of FEW_TILE x FEW_TILE pixels of one image and all K output
-// channels. An m16 tile of mma.sync is one row of the tile (16 consecutive pixels); warp w takes rows w,
+// Persistent blocks of FEW_THREADS threads take output tiles of FEW_TILE x FEW_TILE pixels of one image and
+// all K output channels in turn, copying the next tile's patch into a second buffer while this one's is
+// multiplied. An m16 tile of mma.sync is one row of the tile (16 consecutive pixels); warp w takes rows w,
 // w + 4, ... Each lane holds its B fragments (the weight, [K][RP] in shared memory in the KHWC tap
 // order k = (r kw + s) C + c, zeros past R = C kh kw) in registers for the block, and the patch offsets
 // of its A fragments' four taps per k step; taps past R are masked to zero (never read as another
@@ -52,7 +53,6 @@ few_channel_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __re
     const int PR = (FEW_TILE - 1) * sh + (kh - 1) * dh + 1, PC = (FEW_TILE - 1) * sw + (kw - 1) * dw + 1;
     const int row_elements = PC * C;
     const int patch_pitch = (row_elements + 7 + 7) / 8 * 8;  // elements a patch row, room for the shift
-
     const int patch_elements = PR * patch_pitch;
 
     extern __shared__ __align__(16) unsigned char smem[];
