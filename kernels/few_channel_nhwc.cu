@@ -36,9 +36,10 @@ constexpr int FEW_WARPS = FEW_THREADS / 32;
 constexpr int FEW_MAX_N_TILES = 8;   // K <= 64
 
 // K_STEPS: the reduction's k steps of 16, ceil(R / 16) (1-3: R <= 48); each lane's B fragments and tap offsets
-// are registers of that many steps.
+// are registers of that many steps. One block an SM asked of ptxas: left free, it held the one- and three-step
+// instances to 128 and 168 registers and spilled (the two-step one, the stem's, takes 160 either way).
 template <typename T, typename Index, int K_STEPS>
-__global__ void __launch_bounds__(FEW_THREADS)
+__global__ void __launch_bounds__(FEW_THREADS, 1)
 few_channel_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
                  int has_bias, const T* __restrict__ residual, int has_residual, int activation,
                  int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
