@@ -17,13 +17,14 @@ KERNEL = "few_channel_nhwc"
 LAYOUTS = ("NHWC",)
 WEIGHT_LAYOUTS = ("KCHW", "KHWC")
 DTYPES = ("float16", "bfloat16")
-#: FEW_TILE, FEW_THREADS, FEW_MAX_K_STEPS and FEW_MAX_N_TILES in the kernel.
+#: FEW_TILE, FEW_THREADS and FEW_MAX_N_TILES in the kernel; MAX_REDUCTION its K_STEPS' 1-3 steps of 16.
 TILE = 16
 THREADS = 128
 MAX_REDUCTION = 48
 MAX_OUT_CHANNELS = 64
 #: Persistent blocks: at most BLOCKS_PER_SM a (H100_SMS) SM, each taking tiles in turn, the next tile's patch
-#: copied while this one's multiplies (160 registers at two k steps: three blocks of 128 threads an SM).
+#: copied while this one's multiplies (160 registers at two k steps: three blocks of 128 threads an SM; more
+#: at one or three steps, where fewer are resident and the rest wait their turn).
 BLOCKS_PER_SM = 3
 #: The rules take it for inputs of at most RULE_MAX_CHANNELS channels (images; wider inputs make pieces for
 #: the GEMM tiles' copies), on calls without bias, activation, residual or input scale: converted torchvision
@@ -32,7 +33,9 @@ BLOCKS_PER_SM = 3
 #: 1.556 -> 1.531 ms, EfficientNet-B0 2.278 -> 2.259 (benchmarks/NOTES.md, "RGB stems in channels_last").
 #: Fused calls keep the NCHW gather: with it, test_fusion_gpu's fused EfficientNet-B0 (fp16 channels_last)
 #: lands at 0.0468 relative error against float64, over its bound (3x torch's 0.0154), though the stem alone at
-#: that shape, with bias and SiLU, is within 1.5x of torch's own error; unexplained so far.
+#: that shape, with bias and SiLU, is within 1.5x of torch's own error: likely that fp16 model's amplification
+#: of the stem's last bits (profile/stem_sensitivity.py: one-ulp changes spread its error 2x), not yet settled
+#: on a GPU.
 RULE_MAX_CHANNELS = 4
 
 
