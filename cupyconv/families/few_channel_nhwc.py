@@ -23,8 +23,8 @@ THREADS = 128
 MAX_REDUCTION = 48
 MAX_OUT_CHANNELS = 64
 #: Persistent blocks: at most BLOCKS_PER_SM a (H100_SMS) SM, each taking tiles in turn, the next tile's patch
-#: copied while this one's multiplies (160 registers at two k steps: three blocks of 128 threads an SM; more
-#: at one or three steps, where fewer are resident and the rest wait their turn).
+#: copied while this one's multiplies (160 registers at two k steps: three blocks of 128 threads an SM; at three
+#: steps 184-197, two resident, the third waiting its turn).
 BLOCKS_PER_SM = 3
 #: The rules take it for inputs of at most RULE_MAX_CHANNELS channels (images; wider inputs make pieces for
 #: the GEMM tiles' copies), on calls without bias, activation, residual or input scale: converted torchvision
