@@ -63,11 +63,16 @@ def vector_rows(problem: ConvProblem) -> bool:
     return problem.w * problem.c % 8 == 0
 
 
+def _k_steps(problem: ConvProblem) -> int:
+    """The reduction's steps of 16 (the kernel's K_STEPS; the weight's rows padded to them)."""
+    return math.ceil(problem.c * problem.kh * problem.kw / 16)
+
+
 def shared_bytes(problem: ConvProblem) -> int:
     """The weight [K][RP + 8], each warp's staged 16 x (K + 8) outputs and two patches (this tile's and the
     next's), 2 bytes each."""
-    padded = math.ceil(problem.c * problem.kh * problem.kw / 16) * 16
-    return 2 * (problem.k * (padded + 8) + THREADS // 32 * 16 * (problem.k + 8) + 2 * _patch_elements(problem))
+    weight = problem.k * (16 * _k_steps(problem) + 8)
+    return 2 * (weight + THREADS // 32 * 16 * (problem.k + 8) + 2 * _patch_elements(problem))
 
 
 def refusal(problem: ConvProblem) -> str:
@@ -84,9 +89,9 @@ def refusal(problem: ConvProblem) -> str:
                 f"{p.c * p.kh * p.kw})")
     if p.k % 8 or p.k > MAX_OUT_CHANNELS:
         return f"it takes multiples of 8 output channels up to {MAX_OUT_CHANNELS} (got {p.k})"
-    if shared_bytes(p) > SHARED_MEMORY_BYTES:
+    if (needed := shared_bytes(p)) > SHARED_MEMORY_BYTES:
         return (f"its input patch ({TILE} x {TILE} outputs at stride {p.stride}, dilation {p.dilation}) and "
-                f"weight need {shared_bytes(p)} B of shared memory, over {SHARED_MEMORY_BYTES}")
+                f"weight need {needed} B of shared memory, over {SHARED_MEMORY_BYTES}")
     return ""
 
 
@@ -110,7 +115,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
     why = (f"{problem.c} input channels, a reduction of {problem.c * problem.kh * problem.kw}: the patch of "
            f"{TILE} x {TILE} outputs copied row by row into shared memory, its taps gathered there")
     return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem), config=cfg,
-                      tiles_w=tiles_w, tiles=tiles_h, ktiles=math.ceil(problem.c * problem.kh * problem.kw / 16),
+                      tiles_w=tiles_w, tiles=tiles_h, ktiles=_k_steps(problem),
                       grid=(min(tiles, BLOCKS_PER_SM * H100_SMS), 1, 1),
                       block=(THREADS, 1, 1),
                       shared_bytes=shared_bytes(problem), reason=f"{reason}; {why}" if reason else why)
