@@ -75,13 +75,9 @@ def test_rows_copied_as_vectors_where_they_hold_whole_ones(w, c, vectors):
     assert planner.program(plan, p).launches[0].args[-1] == int(vectors)
 
 
-@pytest.mark.parametrize("options", [{"bias": (32,)}, {"activation": "relu"}, {"residual_shape": (32, 112, 112, 32)}],
-                         ids=["bias", "relu", "residual"])
-def test_the_rules_leave_fused_stems_to_the_gather(options):
-    """Fused calls (bias, activation, residual) keep the NCHW gather (RULE_MAX_CHANNELS' note: a fused
-    EfficientNet-B0's error question); forced, the kernel runs them."""
+@pytest.mark.parametrize("options", [{"bias": (32,)}, {"activation": "silu"}, {"residual_shape": (32, 112, 112, 32)}],
+                         ids=["bias", "silu", "residual"])
+def test_the_rules_take_fused_stems(options):
     p = make_problem((32, 224, 224, 3), (32, 3, 3, 3), options.pop("bias", None), "float16", 2, 1, layout="NHWC",
                      weight_layout="KHWC", **options)
-    assert not few_channel_nhwc.pays(p)
-    assert planner.make_plan(p, compute_capability=90).kernel == planner.GEMM_KERNEL
-    assert planner.make_plan(p, kernel=planner.FEW_CHANNEL_KERNEL).kernel == planner.FEW_CHANNEL_KERNEL
+    assert few_channel_nhwc.pays(p) and planner.make_plan(p, compute_capability=90).kernel == planner.FEW_CHANNEL_KERNEL

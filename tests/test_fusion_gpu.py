@@ -8,6 +8,8 @@ import copy
 
 import pytest
 
+from checks import relative_error
+
 torch = pytest.importorskip("torch", reason="the adapter needs torch")
 import torch.nn.functional as F  # noqa: E402
 
@@ -98,8 +100,24 @@ def test_fused_torchvision_model_against_float64(name, dtype, channels_last, lau
     with torch.no_grad():
         ours, theirs = fused(x), original(x)
         ref = copy.deepcopy(original).double()(x.double())
+        # torch's own spread: its error on inputs one ulp apart at a tenth of their elements (EfficientNet-B0
+        # in fp16 moves 2x under such changes of its first layer's output: profile/stem_sensitivity.py), the
+        # largest of three draws -- one draw is narrower than the differences two correct kernels make.
+        spread = [(original(nudged), copy.deepcopy(original).double()(nudged.double()))
+                  for nudged in (_one_ulp_off(x, seed) for seed in range(3))] if dtype != torch.float32 else []
     assert len(launches) == convs
-    check_against_torch(ours, theirs, ref, dtype, factor=3.0)
+    theirs_error = max([relative_error(theirs, ref)] + [relative_error(t, r) for t, r in spread])
+    check_against_torch(ours, theirs, ref, dtype, factor=3.0 * theirs_error / relative_error(theirs, ref))
+
+
+def _one_ulp_off(x, seed):
+    """``x`` (16-bit) with a random tenth of its finite nonzero elements one ulp up or down in magnitude."""
+    g = torch.Generator(device=x.device).manual_seed(seed)
+    bits = x.view(torch.int16)
+    step = torch.where(torch.rand(x.shape, device=x.device, generator=g) < 0.5, 1, -1).to(torch.int16)
+    moved = (bits + step).view(x.dtype)
+    pick = (torch.rand(x.shape, device=x.device, generator=g) < 0.1) & torch.isfinite(moved) & (x != 0)
+    return torch.where(pick, moved, x)
 
 
 def test_cuda_graph_of_a_fused_model_follows_load_state_dict():

@@ -97,9 +97,7 @@ def refusal(problem: ConvProblem) -> str:
 
 def pays(problem: ConvProblem) -> bool:
     """Whether the fixed rules take it: plain calls on inputs of at most RULE_MAX_CHANNELS channels it can run."""
-    p = problem
-    return p.c <= RULE_MAX_CHANNELS and not (p.has_bias or p.activation != "none" or p.has_residual or
-                                             p.has_input_scale) and not refusal(p)
+    return problem.c <= RULE_MAX_CHANNELS and not problem.has_input_scale and not refusal(problem)
 
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
