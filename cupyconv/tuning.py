@@ -24,6 +24,8 @@ planned again under the new mode.
   SPLIT_K_MIN_TILES k tiles (common.split_k_runs' other limits too);
 * the channels-last GEMM's wgmma tiles with stream-K forced on and off, where their tiles make
   more than half a wave (fewer are split-K's) and at most STREAM_K_MAX_WAVES waves;
+* its ping-pong tile whole and with each of PINGPONG_SPLIT_CHOICES runs whose work items (tiles x runs)
+  make at most two a block on one wave of blocks, each run of at least SPLIT_K_MIN_TILES k tiles;
 * the channels-last GEMM without space-to-depth where the rules block a strided layer's pixels
   (implicit_gemm_nhwc.space_to_depth_block).
 
@@ -88,6 +90,7 @@ SPIN_US = 200
 #: k tiles a run (shorter runs spend their time filling the pipeline).
 SPLIT_K_CHOICES = (1, 2, 4, 8, 16)
 SPLIT_K_MAX_WAVES = 2
+PINGPONG_SPLIT_CHOICES = (1, 2, 3, 4, 5, 6, 8)
 SPLIT_K_MIN_TILES = 2
 #: SMs assumed where no GPU says (candidates() without a device): the H100's.
 DEFAULT_SM_COUNT = 132
@@ -238,6 +241,19 @@ def _stream_k_choices(problem: ConvProblem, sm_count: int):
                 yield Choice(NHWC_KERNEL, cfg.name, (("stream_k", on),))
 
 
+def _pingpong_split_choices(problem: ConvProblem, sm_count: int):
+    """The ping-pong tile with each of PINGPONG_SPLIT_CHOICES runs (module docstring)."""
+    cfg = next((c for c in implicit_gemm_nhwc.NHWC_CONFIGS[problem.dtype]
+                if c.name == implicit_gemm_nhwc.PINGPONG_CONFIG), None)
+    if cfg is None or problem.layout != "NHWC":
+        return
+    tiles = math.prod(gemm_grid(problem, cfg))
+    k_tiles = math.ceil(problem.kh * problem.kw * problem.c / cfg.bk)
+    for splits in PINGPONG_SPLIT_CHOICES:
+        if splits == 1 or (tiles * splits <= 2 * sm_count and k_tiles // splits >= SPLIT_K_MIN_TILES):
+            yield Choice(NHWC_KERNEL, cfg.name, (("splits", splits),))
+
+
 def _choices(problem: ConvProblem, allow_tf32: bool, default: LaunchPlan, compute_capability: int, sm_count: int):
     """Every candidate Choice but the fixed rules' (the module docstring's rule); some may not plan."""
     tensor_cores = problem.dtype != "float32" or allow_tf32
@@ -262,6 +278,7 @@ def _choices(problem: ConvProblem, allow_tf32: bool, default: LaunchPlan, comput
                 yield from _split_choices(kernel, problem, compute_capability, sm_count)
             if kernel == NHWC_KERNEL:
                 yield from _stream_k_choices(problem, sm_count)
+                yield from _pingpong_split_choices(problem, sm_count)
                 if implicit_gemm_nhwc.space_to_depth_block(problem) != (1, 1):
                     yield Choice(kernel, None, (("space_to_depth", False),))
 

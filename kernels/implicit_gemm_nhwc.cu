@@ -901,8 +901,11 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
 // memory ([BM][BN + 8] 16-bit values: a warp's 8 rows x 4 column pairs hit 32 banks; RESIDUAL: float sums
 // of 64 rows at a time), rounded once after bias, residual and activation, and stores them as 16-byte
 // vectors along rows (K % 8 == 0). 32-bit indices. RESIDUAL: calls with a residual (has_residual), whose
-// epilogue is an instance of its own (one body with both spilled registers).
-template <typename T, int BM, int BN, int STAGES, bool RESIDUAL>
+// epilogue is an instance of its own (one body with both spilled registers). SPLIT_K (layers of too few
+// tiles for two a block): the block's work items are (run, tile) pairs, runs outermost, run r taking k tiles
+// [r ceil(k_tiles / splits), ..) of its tile, its float32 sums written from the fragments, without bias, to
+// y + r split_elements ([M][K]; kernels/split_k_reduce.cu adds the runs in order: the same bits every run).
+template <typename T, int BM, int BN, int STAGES, bool RESIDUAL, bool SPLIT_K>
 __global__ void __launch_bounds__(384, 1)
 implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                             void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
@@ -911,6 +914,7 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
                             const __grid_constant__ TensorMap weight_map, const __grid_constant__ TensorMap x_map,
                             int x_is_matrix) {
     static_assert(sizeof(T) == 2 && BM % 64 == 0 && (BN == 64 || BN == 128), "16-bit; 64-row wgmma halves");
+    static_assert(!(SPLIT_K && RESIDUAL), "split runs' sums are finished by the reduction");
     constexpr int BK = 128 / sizeof(T), INST_K = mma_op<T>::k;   // a k tile: 128-byte rows
     constexpr int A_STAGE = BM * 128, B_STAGE = BN * 128;        // bytes
     constexpr int HALVES = BM / 64, H_STRIDE = BN + 8;
@@ -926,6 +930,14 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
     const int HoWo = Ho * Wo, M = N * HoWo;
     const int tiles_n = (K + BN - 1) / BN, tiles = (M + BM - 1) / BM * tiles_n;
     const int chunks = (C + BK - 1) / BK, k_tiles = kh * kw * chunks;  // k tiles per tap (whole ones past 1x1)
+    const int items = SPLIT_K ? tiles * splits : tiles, run_tiles = SPLIT_K ? (k_tiles + splits - 1) / splits : k_tiles;
+    // Work item -> its tile, its run and the run's k tiles [kt0, kt1).
+    auto item_of = [&](int item, int& tile, int& run, int& kt0, int& kt1) {
+        run = SPLIT_K ? item / tiles : 0;
+        tile = item - run * tiles;
+        kt0 = min(run * run_tiles, k_tiles);
+        kt1 = min(kt0 + run_tiles, k_tiles);
+    };
     const int tid = threadIdx.x, warpgroup = tid >> 7;
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
@@ -939,15 +951,17 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
     if (warpgroup == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (tid == 0) {
-            int seq = 0;  // k tiles copied so far, over the block's tiles
+            int seq = 0;  // k tiles copied so far, over the block's items
 #pragma unroll 1
-            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            for (int item = blockIdx.x; item < items; item += gridDim.x) {
+                int tile, run, kt0, kt1;
+                item_of(item, tile, run, kt0, kt1);
                 const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
                 // im2col: the tile's first window corner (image, h0, w0); the map walks the others.
                 const int image = m0 / HoWo, p = m0 - image * HoWo;
                 const int h0 = p / Wo * sh - pt, w0 = p % Wo * sw - pl;
 #pragma unroll 1
-                for (int kt = 0; kt < k_tiles; ++kt, ++seq) {
+                for (int kt = kt0; kt < kt1; ++kt, ++seq) {
                     const int stage = seq % STAGES;
                     if (seq >= STAGES) mbarrier_wait(empty + stage, (seq / STAGES - 1) & 1);
                     const int tap = kt / chunks, r = tap / kw, s = tap - r * kw, c = (kt - tap * chunks) * BK;
@@ -967,10 +981,18 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
     const int consumer = warpgroup - 1, ctid = tid & 127, warp = ctid >> 5, lane = tid & 31;
     T* out_stage = staging + consumer * BM * H_STRIDE;
     T* y = static_cast<T*>(y_out);
+    int base = 0;  // k tiles of the block's items before item i, both consumers'
 #pragma unroll 1
-    for (int i = consumer, tile = blockIdx.x + consumer * gridDim.x; tile < tiles; i += 2, tile += 2 * gridDim.x) {
+    for (int i = 0, item = blockIdx.x; item < items; ++i, item += gridDim.x) {
+        int tile, run, kt0, kt1;
+        item_of(item, tile, run, kt0, kt1);
+        const int length = kt1 - kt0;
+        if ((i & 1) != consumer) {  // the other consumer's item
+            base += length;
+            continue;
+        }
         const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
-        if (i > 0)  // the other consumer has waited for all of tile i - 1's copies
+        if (i > 0)  // the other consumer has waited for all of item i - 1's copies
             asm volatile("bar.sync %0, 256;\n" :: "r"(consumer ? ORDER_0_TO_1 : ORDER_1_TO_0) : "memory");
         float acc[HALVES][BN / 2];
 #pragma unroll
@@ -978,8 +1000,8 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
 #pragma unroll
             for (int j = 0; j < BN / 2; ++j) acc[h][j] = 0.0f;
 #pragma unroll 1
-        for (int kt = 0; kt < k_tiles; ++kt) {
-            const int seq = i * k_tiles + kt, stage = seq % STAGES;
+        for (int kt = 0; kt < length; ++kt) {
+            const int seq = base + kt, stage = seq % STAGES;
             mbarrier_wait(full + stage, (seq / STAGES) & 1);
             const unsigned long long pixels = wgmma_descriptor(shared_address(a_smem + stage * A_STAGE));
             const unsigned long long channels = wgmma_descriptor(shared_address(b_smem + stage * B_STAGE));
@@ -993,10 +1015,11 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
             wgmma_wait<1>();  // tile kt - 1's MMAs retired: its stage may be refilled
             if (kt > 0 && lane == 0) mbarrier_arrive(empty + (seq - 1) % STAGES);
         }
-        if (blockIdx.x + (i + 1) * gridDim.x < tiles)  // the other consumer's next tile may start
+        if (item + gridDim.x < items)  // the other consumer's next item may start
             asm volatile("bar.arrive %0, 256;\n" :: "r"(consumer ? ORDER_1_TO_0 : ORDER_0_TO_1) : "memory");
         wgmma_wait<0>();
-        if (k_tiles > 0 && lane == 0) mbarrier_arrive(empty + (i * k_tiles + k_tiles - 1) % STAGES);
+        if (length > 0 && lane == 0) mbarrier_arrive(empty + (base + length - 1) % STAGES);
+        base += length;
 
         // Epilogue. Without a residual, the tile's finished 16-bit outputs (bias and activation applied,
         // rounded once) are staged and stored as they are. With one, each 64-row half's float sums are
@@ -1007,7 +1030,22 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
         constexpr int VECTORS = BN / 8, ROW_STEP = 128 / VECTORS;  // 16-byte vectors of a row
         struct alignas(16) Vec { T v[8]; };
         const int n = ctid % VECTORS * 8, row0 = ctid / VECTORS;  // this thread's 8 channels, first row
-        if constexpr (!RESIDUAL) {
+        if constexpr (SPLIT_K) {  // a quad's 4 float2s make a 32-byte sector of a row
+            float* sums = static_cast<float*>(y_out) + run * split_elements;
+#pragma unroll
+            for (int nb = 0; nb < BN / 8; ++nb) {
+                const int channel = n0 + nb * 8 + 2 * tq;  // and channel + 1 (K % 8 == 0)
+#pragma unroll
+                for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const int m = m0 + h * 64 + warp * 16 + quad + half * 8;
+                        if (m < M && channel < K)
+                            *reinterpret_cast<float2*>(sums + m * K + channel) =
+                                make_float2(acc[h][4 * nb + 2 * half], acc[h][4 * nb + 2 * half + 1]);
+                    }
+            }
+        } else if constexpr (!RESIDUAL) {
             asm volatile("bar.sync %0, 128;\n" :: "r"(STAGING + consumer) : "memory");
             with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {  // has_residual: 0 here
 #pragma unroll

@@ -43,12 +43,28 @@ def test_persistent_grid(n, dtype):
     (problem(c=96, stride=2), {}, "whole k tiles of 64 channels of one tap"),
     (problem(groups=2), {}, "one group"),
     (problem(k=100), {}, "8-channel vectors"),
-    (problem(n=8), {"splits": 2}, "no split-K"),
-    (problem(n=8), {"stream_k": True}, "no split-K or stream-K|stream_k needs"),
-], ids=["float32", "nchw", "3x3", "strided", "groups", "k", "split_k", "stream_k"])
+    (problem(n=8), {"stream_k": True}, "no stream-K|stream_k needs"),
+    (problem(n=8), {"splits": 0}, "splits must be"),
+], ids=["float32", "nchw", "3x3", "strided", "groups", "k", "stream_k", "splits"])
 def test_refusals(p, options, reason):
     with pytest.raises(ValueError, match=reason):
         plan_of(p, **options)
+
+
+@pytest.mark.parametrize("splits", [2, 5])
+def test_split_k_runs_are_work_items(splits):
+    """Split-K's (run, tile) work items on at most one block per SM, the split instance writing float32
+    sums to the workspace, then split_k_reduce adding the runs and the bias into the output."""
+    p = problem(n=32, c=512, k=512, h=7, kernel=3, padding=1)
+    plan = plan_of(p, splits=splits)
+    tiles = gemm_grid(p, plan.config)[0] * gemm_grid(p, plan.config)[1]
+    assert plan.splits == splits and plan.grid == (min(tiles * splits, H100_SMS), 1, 1)
+    assert implicit_gemm_nhwc.name_expression(plan).endswith(",false,true>")
+    assert implicit_gemm_nhwc.name_expression(plan) in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
+    program = implicit_gemm_nhwc.program(plan, p)
+    gemm, reduce = program.launches
+    assert gemm.kernel == implicit_gemm_nhwc.PINGPONG_KERNEL and reduce.kernel == "split_k_reduce"
+    assert gemm.args[4] == 0 and program.workspace_bytes >= 4 * splits * 32 * 7 * 7 * 512  # no bias in the runs
 
 
 def test_channels_past_the_last_k_tile():
@@ -78,6 +94,9 @@ def test_tuner_tries_it():
     assert PINGPONG in [plan.config.name for _, plan in candidates(problem(kernel=3, padding=1), compute_capability=90)]
     assert PINGPONG not in [plan.config.name for _, plan in candidates(problem(c=96, kernel=3, padding=1),
                                                                       compute_capability=90)]
+    splits = [plan.splits for _, plan in candidates(problem(n=32, c=512, k=512, h=7, kernel=3, padding=1),
+                                                    compute_capability=90) if plan.config.name == PINGPONG]
+    assert sorted(splits) == [1, 2, 3, 4, 5]  # whole, and 52 tiles in runs of at most two work items a block
 
 
 #: (batch, input channels, output channels, plane height, width, whether the rules take the ping-pong tile):
@@ -107,9 +126,9 @@ IM2COL_RULE_CASES = [
     (32, 512, 1024, 28, 1, 2, True),    # 16.5 -> 14.5
     (8, 512, 1024, 28, 1, 2, True),     # 7.3 -> 6.4
     (32, 128, 128, 28, 3, 1, False),    # one wave of 192-pixel producer blocks: 15.3 against 18.3
-    (32, 512, 512, 7, 3, 1, False),     # 52 tiles, the rules split the reduction: 24.4 against 30.4
+    (32, 512, 512, 7, 3, 1, False),     # 52 tiles: split-K's runs (SPLIT_RULE_CASES), 30.4 whole
     (32, 1024, 2048, 14, 1, 2, False),  # 16 k tiles, one wave of 256-pixel producer blocks: 15.8 against 17.6
-    (8, 256, 256, 14, 3, 1, False),     # 26 tiles: 12.3 against 16.6
+    (8, 256, 256, 14, 3, 1, False),     # 26 tiles: split-K's runs, 16.6 whole
     (32, 64, 64, 56, 3, 1, False),      # 64 output channels: 26.5 against 44.9
 ]
 
@@ -118,7 +137,8 @@ IM2COL_RULE_CASES = [
 def test_rules_on_layers_with_taps_and_strides(n, c, k, h, kernel, stride, taken):
     p = make_problem((n, h, h, c), (k, kernel, kernel, c), None, "float16", stride=stride, padding=kernel // 2,
                      layout="NHWC", weight_layout="KHWC")
-    assert (planner.make_plan(p, compute_capability=90).config.name == PINGPONG) == taken
+    plan = planner.make_plan(p, compute_capability=90)
+    assert (plan.config.name == PINGPONG and plan.splits == 1) == taken
     assert implicit_gemm_nhwc.pingpong_pays(p, 90) == taken
 
 
@@ -141,10 +161,35 @@ def test_rules_leave_fused_calls_to_the_other_tiles(epilogue):
     assert not implicit_gemm_nhwc.pingpong_pays(p, 90)
     assert planner.make_plan(p, compute_capability=90).config.name != PINGPONG
     forced = plan_of(p)
-    assert implicit_gemm_nhwc.name_expression(forced).endswith(",true>" if p.has_residual else ",false>")
+    assert implicit_gemm_nhwc.name_expression(forced).endswith(",true,false>" if p.has_residual else ",false,false>")
 
 
 def test_rules_leave_it_to_forced_splits():
     """A caller forcing split-K's runs on a layer the rules give the ping-pong tile gets another tile."""
     plan = planner.make_plan(problem(n=8, c=512, k=2048, h=7), compute_capability=90, splits=2)
     assert plan.config.name != PINGPONG and plan.splits == 2
+
+
+SPLIT_RULE_CASES = [  # (n, c, k, h, kernel, stride, runs the rules take; 1: not split on the ping-pong tile)
+    (32, 512, 512, 7, 3, 1, 2),     # 52 tiles of 72 k tiles: 104 items
+    (32, 512, 512, 14, 3, 2, 2),
+    (8, 256, 256, 14, 3, 1, 5),     # 26 tiles of 36 k tiles: 130 items, runs of 8 (the last 4)
+    (8, 512, 512, 7, 3, 1, 8),      # 16 tiles: 128 items of 9 k tiles
+    (8, 1024, 256, 14, 1, 1, 1),    # 16 k tiles: the 1x1 reductions lost
+    (8, 2048, 512, 7, 1, 1, 1),     # 32 k tiles
+    (1, 512, 512, 7, 3, 1, 1),      # 4 tiles: 9 runs of 8 make 36 items, under three quarters of a wave
+    (32, 256, 256, 14, 3, 1, 1),    # 98 tiles: the ping-pong tile whole
+]
+
+
+@pytest.mark.parametrize("n,c,k,h,kernel,stride,runs", SPLIT_RULE_CASES, ids=lambda v: str(v))
+def test_rules_split_it_where_measured_faster(n, c, k, h, kernel, stride, runs):
+    p = problem(n=n, c=c, k=k, h=h, kernel=kernel, stride=stride, padding=kernel // 2)
+    assert implicit_gemm_nhwc.pingpong_split_runs(p, 90) == runs
+    plan = planner.make_plan(p, compute_capability=90)
+    if runs > 1:  # fused calls too (the bias here): the reduction runs the epilogue
+        assert plan.config.name == PINGPONG and plan.splits == runs and "split-K: " in plan.reason, str(plan)
+        tiles = gemm_grid(p, plan.config)[0] * gemm_grid(p, plan.config)[1]
+        assert plan.grid == (tiles * runs, 1, 1)
+    assert implicit_gemm_nhwc.pingpong_split_runs(p, 80) == 1
+    assert planner.make_plan(p, compute_capability=90, kernel=planner.NHWC_KERNEL, splits=1).splits == 1

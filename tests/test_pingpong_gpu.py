@@ -69,3 +69,32 @@ def test_pingpong_residual_as_output():
     wanted = reference(case, x, weight, bias, r, "relu")
     out = run(plan, problem, x, weight, bias, r.clone(), in_place=True)
     assert relative_error(out, wanted) < 1e-2
+
+
+SPLIT_CASES = [CASES[3], CASES[5], CASES[6], Case(2, 512, 256, 7, 7, 3, 3, padding=1)]
+
+
+@pytest.mark.parametrize("blocks", [None, 1, 3], ids=lambda b: "rules_grid" if b is None else f"{b}_blocks")
+@pytest.mark.parametrize("splits", [2, 3, 5, 12])
+@pytest.mark.parametrize("epilogue", EPILOGUES[:3], ids=[f"{a}-{'residual' if r else 'no_residual'}"
+                                                          for a, r in EPILOGUES[:3]])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: c.id)
+def test_pingpong_split_k_against_float64(case, dtype, epilogue, splits, blocks):
+    """Split-K's runs as work items: runs of unequal length, and empty ones (5 runs of 8 k tiles: 2, 2, 2,
+    2, 0; 12 runs of 9), on one to three blocks and the plan's grid, bias, residual and activation added by
+    the reduction; the same bits on a second run."""
+    activation, residual = epilogue
+    problem = problem_of(case, dtype, "NHWC", "KHWC", activation, residual)
+    plan = planner.make_plan(problem, config=implicit_gemm_nhwc.PINGPONG_CONFIG, kernel=planner.NHWC_KERNEL,
+                             compute_capability=90, splits=splits)
+    assert plan.splits == splits
+    if blocks is not None:
+        plan = dataclasses.replace(plan, grid=(blocks, 1, 1))
+    x, weight, bias, r = tensors(case, problem, dtype, seed=case.c + splits + len(activation))
+    r = r if residual else None
+    out = run(plan, problem, x, weight, bias, r)
+    assert not out.isnan().any(), f"an output element was never written: {plan}"
+    assert relative_error(out, reference(case, x, weight, bias, r, activation)) < 1e-2, str(plan)
+    again = run(plan, problem, x, weight, bias, r)
+    assert torch.equal(out, again), "two runs gave different bits"

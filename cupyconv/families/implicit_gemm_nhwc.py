@@ -19,7 +19,7 @@ from ..arguments import ConvProblem
 from ..planner import LaunchPlan
 from ..program import (BIAS, FLAG_COUNT, FLAGS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Im2colMap, Launch,
                        Pointer, Table, TensorMap, WeightPreparation, align)
-from .common import (BLOCK_RESERVED_SHARED_BYTES, CTYPES, H100_SMS, INDEX_TYPES, MAX_GRID_Y, REDUCE_KERNEL,
+from .common import (BLOCK_RESERVED_SHARED_BYTES, CTYPES, H100_SMS, INDEX_TYPES, MAX_GRID_Y, REDUCE_KERNEL, SPLIT_K_MAX,
                      SM_SHARED_BYTES, STORAGE_BYTES, check_splits, conv_launch, epilogue_args, forced_config,
                      gemm_grid, grid_refusal, index_type, partial_bytes, reduce_specialisation, split_k_reduce,
                      split_k_runs)
@@ -219,6 +219,20 @@ PINGPONG_STAGES = 4
 #: twice the pixels, reductions of PINGPONG_LONG_K_TILES or more stay there where it makes one wave: 1024 ->
 #: 2048 1x1 s2 on 14^2 at batch 32 (16 k tiles; 112 tiles there, 208 here) 15.8 us there, 17.6 on the
 #: ping-pong tile; 512 -> 2048 on 7^2 (8 k tiles, the same tiles) 10.4 there, 8.6 on it.
+#: Split-K on it (its work items the (run, tile) pairs, the runs' sums added by split_k_reduce with the epilogue):
+#: the rules take it (pingpong_split_runs) for layers it can run of fewer than PINGPONG_MIN_TILES tiles and
+#: reductions of PINGPONG_SPLIT_MIN_K_TILES k tiles or more, fused or not, in as many runs as keep one work item a
+#: block on one wave (H100_SMS // tiles), each of at most ceil(k tiles / runs) >= PINGPONG_SPLIT_MIN_RUN, where
+#: the items make PINGPONG_SPLIT_MIN_WAVE of a wave or more. H200, fp16 channels_last, CUDA graphs, against the
+#: rules' plan before (benchmarks/NOTES.md, "Split-K on the ping-pong tile"): ResNet-50's 3x3 of 512 on 7^2 at
+#: batch 32 (52 tiles, 72 k tiles) 24.6 -> 21.3 us in 2 runs (torch 16.7), its s2 on 14^2 25.0 -> 21.6; at batch
+#: 8 the 3x3 of 256 on 14^2 (26 tiles, 36 k tiles) 12.3 -> 10.8 in 5 runs (torch 9.0), the 3x3 of 512 on 7^2
+#: (16 tiles) 11.5 -> 10.7 in 8. Two items a block ran slower than one (26 tiles in 6 runs 13.8, in 5 10.8);
+#: 1x1 reductions of 16-32 k tiles lost to the rules' tiles (1024 -> 256 on 14^2 at batch 8: 8.5 against 8.0;
+#: 2048 -> 512 on 7^2 8.3 against 7.9).
+PINGPONG_SPLIT_MIN_K_TILES = 36
+PINGPONG_SPLIT_MIN_RUN = 8
+PINGPONG_SPLIT_MIN_WAVE = 0.75
 PINGPONG_MIN_OUT_CHANNELS = 128
 PINGPONG_MIN_IN_CHANNELS = 64
 PINGPONG_MIN_TILES = 64
@@ -466,8 +480,8 @@ def _pingpong_refusal(problem: ConvProblem, channels_padded: int, index: str, sp
         return f"its x is read in place and its output stored in 8-channel vectors (got {p.c} -> {p.k} channels)"
     if index != "int":
         return f"it takes 32-bit indices ({p.x_shape} -> {p.out_shape} needs 64-bit ones)"
-    if (splits not in (None, 1)) or stream_k:
-        return f"it finishes its tiles itself: no split-K or stream-K (got splits={splits}, stream_k={stream_k})"
+    if stream_k:
+        return f"it shares no tiles between blocks: no stream-K (got stream_k={stream_k})"
     return ""
 
 
@@ -499,6 +513,27 @@ def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
     return True
 
 
+def pingpong_split_runs(problem: ConvProblem, compute_capability: int) -> int:
+    """Split-K's runs the fixed rules give the ping-pong tile for ``problem`` (PINGPONG_SPLIT_* above; 1:
+    the rule does not take it)."""
+    if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.dtype not in ("float16", "bfloat16") or \
+            problem.k < PINGPONG_MIN_OUT_CHANNELS or problem.c < PINGPONG_MIN_IN_CHANNELS:
+        return 1
+    (_, channels_padded), why_not = _pieces(problem)
+    cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
+    if why_not or _pingpong_refusal(problem, channels_padded, _index(problem, cfg, channels_padded), None, None):
+        return 1
+    grid = gemm_grid(problem, cfg)
+    tiles, k_tiles = math.prod(grid), _k_tiles(problem, cfg, channels_padded)
+    if tiles >= PINGPONG_MIN_TILES or k_tiles < PINGPONG_SPLIT_MIN_K_TILES:
+        return 1
+    runs = min(H100_SMS // tiles, SPLIT_K_MAX)
+    while runs > 1 and math.ceil(k_tiles / runs) < PINGPONG_SPLIT_MIN_RUN:
+        runs -= 1
+    runs = split_k_runs(problem, grid, k_tiles, runs, 1)  # the workspace's and offsets' limits
+    return runs if runs > 1 and tiles * runs >= PINGPONG_SPLIT_MIN_WAVE * H100_SMS else 1
+
+
 def _pingpong_cost(tiles: int) -> float:
     """The ping-pong tile's time on ``tiles`` tiles in 128-pixel producer blocks' (PRODUCER_BLOCK_COST)."""
     return PINGPONG_WAVE_COST * math.ceil(tiles / H100_SMS) + PINGPONG_FIRST_EPILOGUE_COST
@@ -510,8 +545,8 @@ def _deep(problem: ConvProblem) -> bool:
     return _pieces(problem)[0][0] == 16 and not _nchw_a_vec(problem) and problem.c // problem.groups * item >= 64
 
 
-def _choose_config(problem: ConvProblem, compute_capability: int = 0,
-                   pingpong: bool = True) -> tuple[GemmConfig, str]:
+def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: bool = True,
+                   pingpong_split: bool = True) -> tuple[GemmConfig, str]:
     """On compute capability 9.0, wherever 16-byte pieces are gathered from copies, the reduction spans
     MIN_DEEP_K_TILES k rows of 128 bytes or more, a group has 8 output channels or more and the layer is
     not one tile of few pixels and <= 64 channels (WGMMA_MIN_NARROW_PIXELS), the wgmma tiles (_choose_wgmma_config);
@@ -526,12 +561,18 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0,
     else of 64 bytes (narrower pieces make a deep tile many copies per thread; few channels per tap
     make it many taps; 1x1 problems read in place have short reductions).
 
-    Before all of these, where ``pingpong`` and pingpong_pays, the ping-pong tile."""
+    Before all of these, where ``pingpong`` and pingpong_pays, the ping-pong tile; where ``pingpong_split``
+    and pingpong_split_runs, the ping-pong tile with split-K (make_plan asks pingpong_split_runs for its runs)."""
     if pingpong and pingpong_pays(problem, compute_capability):
         cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
         return cfg, (f"wgmma; 1x1 of {problem.c} -> {problem.k} channels, {math.prod(gemm_grid(problem, cfg))} "
                      f"tiles of 128 x 128: the ping-pong tile (one consumer warpgroup's epilogue beside the "
                      f"other's MMAs)")
+    if pingpong_split and pingpong_split_runs(problem, compute_capability) > 1:
+        cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
+        return cfg, (f"wgmma; {math.prod(gemm_grid(problem, cfg))} tiles of 128 x 128 (< {PINGPONG_MIN_TILES}), "
+                     f"{_k_tiles(problem, cfg, problem.c)} k tiles (>= {PINGPONG_SPLIT_MIN_K_TILES}): the ping-pong "
+                     f"tile, split-K's runs its work items")
     kg = problem.k // problem.groups
     item = 4 if problem.dtype == "float32" else 2
     deep_k_tiles = math.ceil(problem.kh * problem.kw * _pieces(problem)[0][1] // problem.groups * item / 128)
@@ -745,7 +786,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         if why_not:
             raise ValueError(f"config {config!r} cannot run this problem: {why_not}")
     else:
-        cfg, why = _choose_config(problem, compute_capability, pingpong=splits in (None, 1) and not stream_k)
+        cfg, why = _choose_config(problem, compute_capability, pingpong=splits in (None, 1) and not stream_k,
+                                  pingpong_split=splits is None and not stream_k)
         if cfg.producer_warps and stream_k:  # forced onto the tile it runs on
             cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PIXEL_ROWS_CONFIG)
             why += f"; {cfg.name} instead: stream-K runs on it"
@@ -764,12 +806,21 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         why_not = _pingpong_refusal(problem, channels_padded, index, splits, stream_k)
         if why_not:
             raise ValueError(f"config {cfg.name!r} cannot run this problem: {why_not}")
-        blocks = min(math.prod(grid), H100_SMS)
-        why += f"; {math.prod(grid)} tiles on {blocks} persistent blocks, two consumer warpgroups taking turns"
+        tiles = math.prod(grid)
+        if splits is None:
+            splits = pingpong_split_runs(problem, compute_capability)
+            if splits > 1:
+                why += f"; split-K: {splits} runs of the reduction"
+        else:
+            check_splits(splits, grid, problem)
+            why += f"; split-K forced: {splits} runs, each its own work item"
+        blocks = min(tiles * splits, H100_SMS)
+        why += f"; {tiles * splits} work items on {blocks} persistent blocks, two consumer warpgroups taking turns"
         return LaunchPlan(
             kernel=KERNEL, dtype=problem.dtype, index_type=index, config=cfg, grid=(blocks, 1, 1),
             block=(cfg.threads, 1, 1), shared_bytes=_shared_bytes(cfg, problem.dtype, False),
-            reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded, arch=WGMMA_ARCH)
+            reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded, splits=splits,
+            arch=WGMMA_ARCH)
     if splits is None:  # stream-K finishes its tiles itself
         splits = 1 if stream_k else _splits(problem, cfg, grid, channels_padded, index)
         if splits > 1:
@@ -916,15 +967,18 @@ def tma_specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc_out: bool, 
             f"{cfg.stages},16,{cfg.wgmma},{flags}>")
 
 
-def pingpong_specialisation(dtype: str, cfg: GemmConfig, residual: bool) -> str:
-    """The C++ template instance of the ping-pong tile ``cfg``, for calls with a residual or without."""
-    return f"cupyconv::{PINGPONG_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bn},{cfg.stages},{str(residual).lower()}>"
+def pingpong_specialisation(dtype: str, cfg: GemmConfig, residual: bool, split_k: bool = False) -> str:
+    """The C++ template instance of the ping-pong tile ``cfg``, for calls with a residual or without, or for
+    split-K's runs."""
+    return (f"cupyconv::{PINGPONG_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bn},{cfg.stages},{str(residual).lower()},"
+            f"{str(split_k).lower()}>")
 
 
 def name_expression(plan: LaunchPlan) -> str:
     """The specialisation ``plan`` launches."""
     if plan.config.wgmma == WGMMA_PINGPONG:
-        return pingpong_specialisation(plan.dtype, plan.config, plan.has_residual)
+        return pingpong_specialisation(plan.dtype, plan.config, plan.has_residual and plan.splits == 1,
+                                       plan.splits > 1)
     if plan.config.producer_warps:
         return tma_specialisation(plan.dtype, plan.index_type, plan.config, plan.layout == "NHWC", plan.round_a,
                                   plan.splits > 1)
@@ -948,8 +1002,8 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
          for nhwc_out, round_a in ((False, False), (True, False))
          + (((True, True),) if dtype == "float32" and _float32_rounding(cfg) != "copy" else ())
          for split_k in ((False, True) if index == "int" else (False,))] + \
-        [pingpong_specialisation(dtype, cfg, residual) for dtype in GEMM_DTYPES for cfg in NHWC_CONFIGS[dtype]
-         if wgmma and cfg.wgmma == WGMMA_PINGPONG for residual in (False, True)]
+        [pingpong_specialisation(dtype, cfg, residual, split_k) for dtype in GEMM_DTYPES for cfg in NHWC_CONFIGS[dtype]
+         if wgmma and cfg.wgmma == WGMMA_PINGPONG for residual, split_k in ((False, False), (True, False), (False, True))]
 
 
 def _gemm_flags(wgmma: bool, cfg: GemmConfig, dtype: str, vec: int) -> tuple[tuple[int, bool, bool], ...]:
