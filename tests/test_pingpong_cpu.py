@@ -146,7 +146,10 @@ def test_rules_on_layers_with_taps_and_strides(n, c, k, h, kernel, stride, taken
 def test_rules_take_it_where_measured_faster(n, c, k, h, w, taken):
     p = make_problem((n, h, w, c), (k, 1, 1, c), None, "float16", layout="NHWC", weight_layout="KHWC")
     plan = planner.make_plan(p, compute_capability=90)
-    assert (plan.config.name == PINGPONG) == taken, str(plan)
+    # The 64 x 128 tile goes first where it makes a wave of short reductions (SMALL_WIDE_*: 512 -> 2048 on 7^2 at
+    # batch 8 5.8 -> 5.3 us).
+    taken_here = taken and not implicit_gemm_nhwc._small_wide_tile(p, 90)
+    assert (plan.config.name == PINGPONG) == taken_here, str(plan)
     assert implicit_gemm_nhwc.pingpong_pays(p, 90) == taken
     assert not implicit_gemm_nhwc.pingpong_pays(p, 80) and planner.make_plan(p).config.name != PINGPONG
 

@@ -48,10 +48,13 @@ def test_resnet50_batch_1_layers_take_it(dtype, layout):
 @pytest.mark.parametrize("batch", [8, 32])
 def test_resnet50_batch_8_and_32_layers_keep_the_larger_tiles(batch, dtype):
     """At batch 8 the 64 x 64 tile would make fewer blocks than the split plans of the 3x3 layers of 256
-    and 512 channels (which ran 0.87-0.93x on it): no layer of these batches takes it."""
+    and 512 channels (which ran 0.87-0.93x on it): none of those takes it -- only, in 16 bits, the 1x1 layers
+    on 14^2 and 7^2 whose reductions the larger tiles split (SMALL_TILE_FEWER_BLOCKS: 1024 -> 256 8.0 -> 6.8 us)."""
+    fewer = {(1024, 256, 14, 1, 1), (2048, 512, 7, 1, 1)} if batch == 8 and dtype != "float32" else set()
     for c, k, h, kh, s in RESNET50:
         plan = planner.make_plan(problem(batch, c, k, h, kh, s, dtype), allow_tf32=True, compute_capability=90)
-        assert plan.config.name != implicit_gemm_nhwc.SMALL_TILE_CONFIG, (c, k, h, kh, s, str(plan))
+        assert (plan.config.name == implicit_gemm_nhwc.SMALL_TILE_CONFIG) == ((c, k, h, kh, s) in fewer), \
+            (c, k, h, kh, s, str(plan))
 
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
@@ -60,19 +63,25 @@ def test_resnet50_batch_8_and_32_layers_keep_the_larger_tiles(batch, dtype):
 def test_the_rule_as_documented(batch, dtype, layout):
     """On ResNet-50's and VGG-16's layers: the 64 x 64 tile exactly where the larger wgmma tile's plan is
     not a producer tile's, makes fewer than a wave of blocks, and the 64 x 64 tile makes at most a wave
-    of tiles and no fewer blocks (split-K's runs counted on both sides)."""
+    of tiles and no fewer blocks (split-K's runs counted on both sides; 16-bit 1x1 channels-last layers with
+    fewer blocks too); the 64 x 128 tile's rule goes first."""
     vgg = [(c, c, h, 3, 1) for c, h in ((64, 224), (128, 112), (256, 56), (512, 28), (512, 14))]
     most = implicit_gemm_nhwc.SMALL_TILE_MAX_BLOCKS
     for shape in RESNET50 + vgg:
+        kh = shape[3]
         p = problem(batch, *shape, dtype, layout)
         plan = planner.make_plan(p, allow_tf32=True, compute_capability=90)
         if plan.kernel != planner.NHWC_KERNEL or not plan.config.wgmma or plan.a_from_nchw:
             continue
+        if plan.config.name == implicit_gemm_nhwc.SMALL_WIDE_CONFIG:  # the 64 x 128 tile's rule, first
+            assert implicit_gemm_nhwc._small_wide_tile(p, 90) == plan.config
+            continue
         larger, _ = implicit_gemm_nhwc._larger_wgmma_config(p)
         small = next(c for c in implicit_gemm_nhwc.NHWC_CONFIGS[dtype] if c.name == implicit_gemm_nhwc.SMALL_TILE_CONFIG)
         blocks, small_blocks = implicit_gemm_nhwc._blocks(p, larger), implicit_gemm_nhwc._blocks(p, small)
+        fewer_pay = kh == 1 and dtype != "float32" and layout == "NHWC"
         takes = not larger.producer_warps and blocks < most and math.prod(gemm_grid(p, small)) <= most and \
-            small_blocks >= blocks
+            (small_blocks >= blocks or fewer_pay)
         assert (plan.config == small) == takes, (batch, shape, str(plan))
         if plan.config == small:
             assert math.prod(plan.grid) == small_blocks
@@ -97,3 +106,30 @@ def test_the_new_tiles_are_compiled_for_sm90a_alone():
                 expression = implicit_gemm_nhwc.specialisation(dtype, "int", cfg, 16, 0, True, False, split_k)
                 assert expression in wgmma and expression not in anywhere
             assert implicit_gemm_nhwc.stream_k_specialisation(dtype, cfg, True, False) in wgmma
+
+
+#: (batch, input channels, output channels, plane, kernel, stride, taken): the 64 x 128 tile's rule (SMALL_WIDE_*)
+#: on ResNet-50's layers, H200 fp16 channels_last graph times (the rules' plan before -> it).
+SMALL_WIDE_CASES = [
+    (8, 128, 128, 56, 3, 2, True),     # 98 tiles, 18 k tiles: 9.8 -> 9.0 us
+    (8, 128, 128, 28, 3, 1, True),     # 9.6 -> 9.1
+    (8, 1024, 512, 14, 1, 1, True),    # 100 tiles, 16 k tiles: 8.1 -> 7.9
+    (8, 512, 2048, 7, 1, 1, True),     # 112 tiles, 8 k tiles: 5.8 (ping-pong) -> 5.3
+    (8, 1024, 2048, 14, 1, 2, True),   # 9.3 -> 8.7
+    (32, 512, 512, 7, 3, 1, False),    # 72 k tiles: not among the three fastest
+    (32, 2048, 512, 7, 1, 1, False),   # 32 k tiles: likewise
+    (8, 1024, 256, 14, 1, 1, False),   # 256 output channels, 50 tiles: the 64 x 64 tile (6.8 us)
+    (32, 256, 1024, 14, 1, 1, False),  # 200 tiles: more than a wave
+]
+
+
+@pytest.mark.parametrize("n,c,k,h,kh,s,taken", SMALL_WIDE_CASES, ids=lambda v: str(v))
+def test_the_64_by_128_tile_where_measured_faster(n, c, k, h, kh, s, taken):
+    for dtype in ("float16", "bfloat16"):
+        plan = planner.make_plan(problem(n, c, k, h, kh, s, dtype), compute_capability=90)
+        assert (plan.config.name == implicit_gemm_nhwc.SMALL_WIDE_CONFIG) == taken, str(plan)
+        if taken:
+            assert plan.splits == 1 and "one warpgroup's 64 x 128 tile" in plan.reason
+    for dtype, layout in (("float32", "NHWC"), ("float16", "NCHW")):  # measured in 16-bit channels-last alone
+        assert not implicit_gemm_nhwc._small_wide_tile(problem(n, c, k, h, kh, s, dtype, layout), 90)
+    assert not implicit_gemm_nhwc._small_wide_tile(problem(n, c, k, h, kh, s, "float16"), 80)

@@ -173,13 +173,26 @@ for _dtype in ("float32", "float16"):
 #: 0.994, TF32 NCHW 0.899 -> 0.868; MobileNetV2 and EfficientNet-B0 within 1.5 %. Not in place of a
 #: producer tile's plan: VGG-16's 3x3 of 512 on 14^2 at batch 1 in TF32 ran 12.1 us on the producer tile
 #: split 16 ways, 14.8 on the 64 x 64 tile split 4 ways.
-#: The 64 x 128 tile is the tuner's alone (512 -> 2048 on 7^2 at batch 8: 10.2 -> 9.2 us, events).
+#: 16-bit 1x1 channels-last layers take it with fewer blocks too (SMALL_TILE_FEWER_BLOCKS): ResNet-50's 1024 ->
+#: 256 on 14^2 at batch 8, 100 tiles against 52 in 2 runs, 8.0 -> 6.8 us (torch 4.7); MobileNetV2's 960 -> 160 and
+#: -> 320 on 7^2 at batch 32 10.7 -> 10.0 and 12.1 -> 10.1 (events; torch 7.2, 7.9) (benchmarks/NOTES.md, "Small
+#: tiles at batch 8").
 SMALL_TILE_CONFIG = "nhwc_wgmma_m64n64"
 SMALL_TILE_MAX_BLOCKS = H100_SMS
+#: The 64 x 128 tile: the rules take it (_small_wide_tile), ahead of the ping-pong tile, for 16-bit channels-last
+#: layers of output channels a multiple of 128, reductions of at most SMALL_WIDE_MAX_K_TILES k tiles and
+#: SMALL_WIDE_MIN_TILES to H100_SMS of its tiles (one wave, nearly full). H200, fp16 channels_last, CUDA graphs,
+#: ResNet-50 at batch 8 (98-112 tiles, 8-18 k tiles), the rules' plans before: 3x3 of 128 on 28^2 9.6 -> 9.1 us,
+#: its s2 on 56^2 9.8 -> 9.0, 1024 -> 512 on 14^2 8.1 -> 7.9, 512 -> 2048 on 7^2 5.8 -> 5.3 (ping-pong before), 1024
+#: -> 2048 s2 on 14^2 9.3 -> 8.7; at batch 32 (100 tiles) it was not among the fastest three on the 3x3 of 512
+#: on 7^2 (72 k tiles) nor on 2048 -> 512 (32).
+SMALL_WIDE_CONFIG = "nhwc_wgmma_m64n128"
+SMALL_WIDE_MAX_K_TILES = 18
+SMALL_WIDE_MIN_TILES = 92
 for _dtype, _item in (("float32", 4), ("float16", 2)):
     NHWC_CONFIGS[_dtype] += (
         GemmConfig(SMALL_TILE_CONFIG, 64, 64, 128 // _item, 4, 1, 6, wgmma=WGMMA_PIXEL_ROWS),
-        GemmConfig("nhwc_wgmma_m64n128", 64, 128, 128 // _item, 4, 1, 4, wgmma=WGMMA_PIXEL_ROWS))
+        GemmConfig(SMALL_WIDE_CONFIG, 64, 128, 128 // _item, 4, 1, 4, wgmma=WGMMA_PIXEL_ROWS))
 #: The ping-pong tile (PINGPONG_KERNEL, kernels/implicit_gemm_nhwc.cu): persistent blocks, at most one per
 #: SM, of a producer warpgroup copying by TMA into one ring of PINGPONG_STAGES stages and two consumer
 #: warpgroups each taking every other tile of the block, a whole 128 x 128 one: one multiplies while the
@@ -561,8 +574,14 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
     else of 64 bytes (narrower pieces make a deep tile many copies per thread; few channels per tap
     make it many taps; 1x1 problems read in place have short reductions).
 
-    Before all of these, where ``pingpong`` and pingpong_pays, the ping-pong tile; where ``pingpong_split``
-    and pingpong_split_runs, the ping-pong tile with split-K (make_plan asks pingpong_split_runs for its runs)."""
+    Before all of these, the 64 x 128 tile where _small_wide_tile takes it; then, where ``pingpong`` and
+    pingpong_pays, the ping-pong tile; where ``pingpong_split`` and pingpong_split_runs, the ping-pong tile with
+    split-K (make_plan asks pingpong_split_runs for its runs)."""
+    small_wide = _small_wide_tile(problem, compute_capability)
+    if small_wide:
+        return small_wide, (f"wgmma; {math.prod(gemm_grid(problem, small_wide))} tiles of 64 x 128 (a wave, >= "
+                            f"{SMALL_WIDE_MIN_TILES}), {_k_tiles(problem, small_wide, problem.c)} k tiles (<= "
+                            f"{SMALL_WIDE_MAX_K_TILES}): one warpgroup's 64 x 128 tile")
     if pingpong and pingpong_pays(problem, compute_capability):
         cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
         return cfg, (f"wgmma; 1x1 of {problem.c} -> {problem.k} channels, {math.prod(gemm_grid(problem, cfg))} "
@@ -608,17 +627,32 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
     return by_width[64], f"{kg} output channels per group: one 64-channel tile; {depth}"
 
 
+def _small_wide_tile(problem: ConvProblem, compute_capability: int) -> GemmConfig | None:
+    """SMALL_WIDE_CONFIG where the rules take it for ``problem`` (SMALL_WIDE_* above), else None."""
+    if problem.dtype not in ("float16", "bfloat16") or problem.layout != "NHWC" or problem.groups != 1 or \
+            problem.k % 128 or _nchw_a_vec(problem):
+        return None
+    cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == SMALL_WIDE_CONFIG)
+    (vec, channels_padded), why_not = _pieces(problem)
+    if why_not or vec != 16 or _wgmma_refusal(problem, compute_capability, cfg):
+        return None
+    k_tiles, tiles = _k_tiles(problem, cfg, channels_padded), math.prod(gemm_grid(problem, cfg))
+    return cfg if k_tiles <= SMALL_WIDE_MAX_K_TILES and SMALL_WIDE_MIN_TILES <= tiles <= H100_SMS else None
+
+
 def _choose_wgmma_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
     """The wgmma tile (see _choose_config for where): _larger_wgmma_config's, or where that is not a
     producer tile and its blocks (split-K's runs counted) are fewer than SMALL_TILE_MAX_BLOCKS, one
     warpgroup's 64 x 64 tile where it makes at most SMALL_TILE_MAX_BLOCKS tiles and, its own runs
-    counted, no fewer blocks (with fewer, the larger tiles' runs are shorter per MMA: slower)."""
+    counted, no fewer blocks (with fewer, the larger tiles' runs are shorter per MMA: slower) -- but for
+    16-bit 1x1 channels-last layers, which ran faster on it with fewer blocks too."""
     cfg, why = _larger_wgmma_config(problem)
     if cfg.producer_warps:
         return cfg, why
     small = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == SMALL_TILE_CONFIG)
     blocks, tiles, small_blocks = _blocks(problem, cfg), math.prod(gemm_grid(problem, small)), _blocks(problem, small)
-    if blocks < SMALL_TILE_MAX_BLOCKS and tiles <= SMALL_TILE_MAX_BLOCKS and small_blocks >= blocks:
+    fewer_pay = problem.kh * problem.kw == 1 and problem.dtype != "float32" and problem.layout == "NHWC"
+    if blocks < SMALL_TILE_MAX_BLOCKS and tiles <= SMALL_TILE_MAX_BLOCKS and (small_blocks >= blocks or fewer_pay):
         return small, (f"wgmma; {cfg.name} would make {blocks} blocks (< {SMALL_TILE_MAX_BLOCKS}); one warpgroup's "
                        f"64 pixels x 64 channels make {tiles} tiles (<= {SMALL_TILE_MAX_BLOCKS}), {small_blocks} "
                        f"blocks with split-K's runs")
