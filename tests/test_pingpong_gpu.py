@@ -44,13 +44,20 @@ EPILOGUES = [("none", False), ("relu", True), ("silu", True), ("relu", False)]
 def test_pingpong_against_float64(case, dtype, epilogue, blocks):
     """Every output written and within 16-bit tolerance, on the plan's grid and on grids of 1-3 persistent
     blocks (each consumer then takes every other of many tiles); a second run gives the same bits."""
+    check_forced(case, dtype, epilogue, blocks, None, seed=case.c + case.k + len(epilogue[0]))
+
+
+def check_forced(case, dtype, epilogue, blocks, splits, seed):
+    """The ping-pong tile forced (``splits`` runs; None: as the rules would split it), on ``blocks`` persistent
+    blocks (None: the plan's grid): every output written, within 16-bit tolerance, the same bits twice."""
     activation, residual = epilogue
     problem = problem_of(case, dtype, "NHWC", "KHWC", activation, residual)
     plan = planner.make_plan(problem, config=implicit_gemm_nhwc.PINGPONG_CONFIG, kernel=planner.NHWC_KERNEL,
-                             compute_capability=90)
+                             compute_capability=90, splits=splits)
+    assert splits is None or plan.splits == splits
     if blocks is not None:
         plan = dataclasses.replace(plan, grid=(blocks, 1, 1))
-    x, weight, bias, r = tensors(case, problem, dtype, seed=case.c + case.k + len(activation))
+    x, weight, bias, r = tensors(case, problem, dtype, seed=seed)
     r = r if residual else None
     out = run(plan, problem, x, weight, bias, r)
     assert not out.isnan().any(), f"an output element was never written: {plan}"
@@ -84,17 +91,4 @@ def test_pingpong_split_k_against_float64(case, dtype, epilogue, splits, blocks)
     """Split-K's runs as work items: runs of unequal length, and empty ones (5 runs of 8 k tiles: 2, 2, 2,
     2, 0; 12 runs of 9), on one to three blocks and the plan's grid, bias, residual and activation added by
     the reduction; the same bits on a second run."""
-    activation, residual = epilogue
-    problem = problem_of(case, dtype, "NHWC", "KHWC", activation, residual)
-    plan = planner.make_plan(problem, config=implicit_gemm_nhwc.PINGPONG_CONFIG, kernel=planner.NHWC_KERNEL,
-                             compute_capability=90, splits=splits)
-    assert plan.splits == splits
-    if blocks is not None:
-        plan = dataclasses.replace(plan, grid=(blocks, 1, 1))
-    x, weight, bias, r = tensors(case, problem, dtype, seed=case.c + splits + len(activation))
-    r = r if residual else None
-    out = run(plan, problem, x, weight, bias, r)
-    assert not out.isnan().any(), f"an output element was never written: {plan}"
-    assert relative_error(out, reference(case, x, weight, bias, r, activation)) < 1e-2, str(plan)
-    again = run(plan, problem, x, weight, bias, r)
-    assert torch.equal(out, again), "two runs gave different bits"
+    check_forced(case, dtype, epilogue, blocks, splits, seed=case.c + splits + len(epilogue[0]))
