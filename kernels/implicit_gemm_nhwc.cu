@@ -885,9 +885,10 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
 }
 #endif
 
-// PINGPONG (implicit_gemm_nhwc_pingpong; 16-bit 1x1, stride-1, unpadded layers of one group, NHWC in and
-// out): the GEMM y [M][K] = x [M][C] w [K][C]^T on persistent blocks (gridDim.x, at most one per SM) of a
-// producer warpgroup and two consumer warpgroups. Block b's tiles are b, b + gridDim.x, .. (channel tiles
+// PINGPONG (implicit_gemm_nhwc_pingpong; 16-bit layers of one group, NHWC in and out; x read as the matrix
+// [N H W][C] for 1x1, stride-1, unpadded layers (x_is_matrix), elsewhere by the im2col map in whole k tiles of
+// one tap): the GEMM y [M][K] = x [M][kh kw C] w [K][kh kw C]^T on persistent blocks (gridDim.x, at most one per
+// SM) of a producer warpgroup and two consumer warpgroups. Block b's tiles are b, b + gridDim.x, .. (channel tiles
 // fastest, so that the blocks on one pixel tile read its pixels from L2), and consumer c takes every other
 // one of them (c, c + 2, ..), each a whole BM x BN tile: while one multiplies, the other runs its
 // epilogue, which on one warpgroup's tiles (the producer tiles) left the tensor cores idle for a third of
