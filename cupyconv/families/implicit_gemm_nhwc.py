@@ -498,22 +498,29 @@ def _pingpong_refusal(problem: ConvProblem, channels_padded: int, index: str, sp
     return ""
 
 
+def _pingpong_shape(problem: ConvProblem, compute_capability: int) -> tuple[tuple[int, int, int], int] | None:
+    """The ping-pong tile's grid and k tiles for ``problem`` where its rules may take it (compute capability
+    9.0, 16 bits, PINGPONG_MIN_OUT_CHANNELS and PINGPONG_MIN_IN_CHANNELS, a tile that runs it), else None."""
+    if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.dtype not in ("float16", "bfloat16") or \
+            problem.k < PINGPONG_MIN_OUT_CHANNELS or problem.c < PINGPONG_MIN_IN_CHANNELS:
+        return None
+    (_, channels_padded), why_not = _pieces(problem)
+    cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
+    if why_not or _pingpong_refusal(problem, channels_padded, _index(problem, cfg, channels_padded), None, None):
+        return None
+    return gemm_grid(problem, cfg), _k_tiles(problem, cfg, channels_padded)
+
+
 def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
     """Whether the fixed rules take the ping-pong tile for ``problem`` on a GPU of ``compute_capability``
     (PINGPONG_* above: wide enough, enough tiles, cheaper than the producer tile the rules would take
     instead, no bias, activation or residual). The planner asks it before the pointwise kernel's rule."""
-    if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.dtype not in ("float16", "bfloat16") or \
-            problem.has_bias or problem.activation != "none" or problem.has_residual:
+    shape = None if problem.has_bias or problem.activation != "none" or problem.has_residual else \
+        _pingpong_shape(problem, compute_capability)
+    if shape is None:
         return False
-    (_, channels_padded), why_not = _pieces(problem)
-    if why_not:
-        return False
-    cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
-    if _pingpong_refusal(problem, channels_padded, _index(problem, cfg, channels_padded), None, None):
-        return False
-    tiles, k_tiles = math.prod(gemm_grid(problem, cfg)), _k_tiles(problem, cfg, channels_padded)
-    if problem.k < PINGPONG_MIN_OUT_CHANNELS or problem.c < PINGPONG_MIN_IN_CHANNELS or tiles < PINGPONG_MIN_TILES \
-            or (k_tiles < PINGPONG_SHORT_K_TILES and tiles < H100_SMS):
+    tiles, k_tiles = math.prod(shape[0]), shape[1]
+    if tiles < PINGPONG_MIN_TILES or (k_tiles < PINGPONG_SHORT_K_TILES and tiles < H100_SMS):
         return False
     if _deep(problem) and problem.k // problem.groups > 64:  # the rules' other wgmma tile for it
         other = _larger_wgmma_config(problem)[0]
@@ -529,15 +536,11 @@ def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
 def pingpong_split_runs(problem: ConvProblem, compute_capability: int) -> int:
     """Split-K's runs the fixed rules give the ping-pong tile for ``problem`` (PINGPONG_SPLIT_* above; 1:
     the rule does not take it)."""
-    if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.dtype not in ("float16", "bfloat16") or \
-            problem.k < PINGPONG_MIN_OUT_CHANNELS or problem.c < PINGPONG_MIN_IN_CHANNELS:
+    shape = _pingpong_shape(problem, compute_capability)
+    if shape is None:
         return 1
-    (_, channels_padded), why_not = _pieces(problem)
-    cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
-    if why_not or _pingpong_refusal(problem, channels_padded, _index(problem, cfg, channels_padded), None, None):
-        return 1
-    grid = gemm_grid(problem, cfg)
-    tiles, k_tiles = math.prod(grid), _k_tiles(problem, cfg, channels_padded)
+    grid, k_tiles = shape
+    tiles = math.prod(grid)
     if tiles >= PINGPONG_MIN_TILES or k_tiles < PINGPONG_SPLIT_MIN_K_TILES:
         return 1
     runs = min(H100_SMS // tiles, SPLIT_K_MAX)
