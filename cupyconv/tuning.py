@@ -25,7 +25,8 @@ planned again under the new mode.
 * the channels-last GEMM's wgmma tiles with stream-K forced on and off, where their tiles make
   more than half a wave (fewer are split-K's) and at most STREAM_K_MAX_WAVES waves;
 * its ping-pong tile whole and with each of PINGPONG_SPLIT_CHOICES runs whose work items (tiles x runs)
-  make at most two a block on one wave of blocks, each run of at least SPLIT_K_MIN_TILES k tiles;
+  make at most two a block on one wave of blocks, each run of at least SPLIT_K_MIN_TILES k tiles; and in
+  clusters of 2, 4 or 8 blocks adding their runs' sums (implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG), likewise;
 * the channels-last GEMM without space-to-depth where the rules block a strided layer's pixels
   (implicit_gemm_nhwc.space_to_depth_block).
 
@@ -252,6 +253,9 @@ def _pingpong_split_choices(problem: ConvProblem, sm_count: int):
     for splits in PINGPONG_SPLIT_CHOICES:
         if splits == 1 or (tiles * splits <= 2 * sm_count and k_tiles // splits >= SPLIT_K_MIN_TILES):
             yield Choice(NHWC_KERNEL, cfg.name, (("splits", splits),))
+    for splits in implicit_gemm_nhwc.PINGPONG_CLUSTER_SPLITS:  # the runs' sums added in clusters
+        if tiles * splits <= 2 * sm_count and k_tiles // splits >= SPLIT_K_MIN_TILES:
+            yield Choice(NHWC_KERNEL, implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG, (("splits", splits),))
 
 
 def _choices(problem: ConvProblem, allow_tf32: bool, default: LaunchPlan, compute_capability: int, sm_count: int):

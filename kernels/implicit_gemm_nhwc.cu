@@ -502,15 +502,26 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             // n0 .., columns kt BK ..
             const int chunks = Cg / BK;  // k tiles per tap (the planner asks Cg % BK == 0)
             const Index m_first = m0 + rank * A_ROWS;
-            const int image = static_cast<int>(m_first / HoWo), p = static_cast<int>(m_first - static_cast<Index>(image) * HoWo);
-            const int h0 = (p / Wo) * sh - pt, w0 = (p % Wo) * sw - pl;
+            // The first window corner, and k tile kt0's tap (r, s) and channel c counted along from there:
+            // integer divisions delay a block's first copy (the ping-pong tile's producer, above).
+            int image = 0, h0 = 0, w0 = 0, r = 0, s = 0, c = g * Cg;
+            if (!(CLUSTER == 1 && a_map_is_matrix)) {
+                image = static_cast<int>(m_first / HoWo);
+                const int p = static_cast<int>(m_first - static_cast<Index>(image) * HoWo);
+                h0 = (p / Wo) * sh - pt;
+                w0 = (p % Wo) * sw - pl;
+            }
+            if (kt0 > 0) {
+                const int tap = kt0 / chunks;
+                r = tap / kw;
+                s = tap - r * kw;
+                c += (kt0 - tap * chunks) * BK;
+            }
             T* const a_share = a_smem + rank * A_ROWS * STRIDE;
 #pragma unroll 1
             for (int t = 0; t < k_tiles; ++t) {
                 const int stage = t % STAGES, kt = kt0 + t;
                 if (t >= STAGES) mbarrier_wait(empty + stage, (t / STAGES - 1) & 1);
-                const int tap = kt / chunks, r = tap / kw, s = tap - r * kw;
-                const int c = g * Cg + (kt - tap * chunks) * BK;
                 mbarrier_arrive_expect_tx(full + stage, (BM + BN) * BK * static_cast<int>(sizeof(T)));
                 if (CLUSTER == 1 && a_map_is_matrix)  // a 1x1 layer's x as the matrix [N H W][C]
                     tma_load_2d(a_share + stage * A_STAGE, a_map, c, static_cast<int>(m_first), full + stage);
@@ -520,6 +531,13 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 else
                     tma_load_im2col_4d(a_share + stage * A_STAGE, a_map, c, w0, h0, image, s * dw, r * dh, full + stage);
                 tma_load_2d(b_smem + stage * B_STAGE, b_map, kt * BK, g * Kg + n0, full + stage);
+                if ((c += BK) == g * Cg + chunks * BK) {
+                    c = g * Cg;
+                    if (++s == kw) {
+                        s = 0;
+                        ++r;
+                    }
+                }
             }
         } else if (warp < NWARPS) {
             auto release = [&](int stage) {  // the MMAs reading `stage` retired: every producer may refill it
@@ -906,16 +924,26 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
 // tiles for two a block): the block's work items are (run, tile) pairs, runs outermost, run r taking k tiles
 // [r ceil(k_tiles / splits), ..) of its tile, its float32 sums written from the fragments, without bias, to
 // y + r split_elements ([M][K]; kernels/split_k_reduce.cu adds the runs in order: the same bits every run).
-template <typename T, int BM, int BN, int STAGES, bool RESIDUAL, bool SPLIT_K>
-__global__ void __launch_bounds__(384, 1)
-implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
-                            void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
-                            int activation, int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
-                            int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
-                            const __grid_constant__ TensorMap weight_map, const __grid_constant__ TensorMap x_map,
-                            int x_is_matrix) {
+// CLUSTER > 1 (implicit_gemm_nhwc_pingpong_cluster): split-K without the workspace and the reduction's launch.
+// The grid is tiles x CLUSTER blocks, one work item each, in clusters of CLUSTER: block rank r of a cluster
+// takes run r of the cluster's tile and stores its float32 sums of rows [q BM / CLUSTER, ..) into block q's
+// staging (distributed shared memory; the staging is free, one item a block); once every block's stores are
+// there (each consumer thread's arrival on every block's `ready`, released at cluster scope), block r
+// finishes its rows: the runs' sums read from its own shared memory and added in run order (the same bits
+// every run), bias, residual and activation, 16-byte stores. No block reads another's shared memory, so
+// none waits for the others to leave.
+template <typename T, int BM, int BN, int STAGES, bool RESIDUAL, bool SPLIT_K, int CLUSTER>
+__device__ __forceinline__ void
+pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+               void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
+               int activation, int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
+               int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
+               const TensorMap& weight_map, const TensorMap& x_map, int x_is_matrix) {
     static_assert(sizeof(T) == 2 && BM % 64 == 0 && (BN == 64 || BN == 128), "16-bit; 64-row wgmma halves");
     static_assert(!(SPLIT_K && RESIDUAL), "split runs' sums are finished by the reduction");
+    constexpr bool CLUSTER_SUMS = CLUSTER > 1;
+    static_assert(!(CLUSTER_SUMS && (SPLIT_K || RESIDUAL)) && BM % (8 * CLUSTER) == 0,
+                  "a cluster's runs finish their tile themselves, in whole passes of rows");
     constexpr int BK = 128 / sizeof(T), INST_K = mma_op<T>::k;   // a k tile: 128-byte rows
     constexpr int A_STAGE = BM * 128, B_STAGE = BN * 128;        // bytes
     constexpr int HALVES = BM / 64, H_STRIDE = BN + 8;
@@ -927,15 +955,17 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
     T* staging = reinterpret_cast<T*>(b_smem + STAGES * B_STAGE);                    // [2][BM][H_STRIDE]
     unsigned long long* full = reinterpret_cast<unsigned long long*>(staging + 2 * BM * H_STRIDE);
     unsigned long long* empty = full + STAGES;
+    unsigned long long* ready = empty + STAGES;  // CLUSTER_SUMS: every run's sums of this block's rows here
 
     const int HoWo = Ho * Wo, M = N * HoWo;
     const int tiles_n = (K + BN - 1) / BN, tiles = (M + BM - 1) / BM * tiles_n;
     const int chunks = (C + BK - 1) / BK, k_tiles = kh * kw * chunks;  // k tiles per tap (whole ones past 1x1)
-    const int items = SPLIT_K ? tiles * splits : tiles, run_tiles = SPLIT_K ? (k_tiles + splits - 1) / splits : k_tiles;
-    // Work item -> its tile, its run and the run's k tiles [kt0, kt1).
+    const int runs = SPLIT_K ? splits : CLUSTER, items = tiles * runs, run_tiles = (k_tiles + runs - 1) / runs;
+    // Work item -> its tile, its run and the run's k tiles [kt0, kt1): runs outermost, or (CLUSTER_SUMS)
+    // innermost, a cluster's blocks on one tile.
     auto item_of = [&](int item, int& tile, int& run, int& kt0, int& kt1) {
-        run = SPLIT_K ? item / tiles : 0;
-        tile = item - run * tiles;
+        run = SPLIT_K ? item / tiles : (CLUSTER_SUMS ? item % CLUSTER : 0);
+        tile = CLUSTER_SUMS ? item / CLUSTER : item - run * tiles;
         kt0 = min(run * run_tiles, k_tiles);
         kt1 = min(kt0 + run_tiles, k_tiles);
     };
@@ -945,8 +975,17 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
             mbarrier_init(full + s, 1);   // the copying thread's expect-tx arrival
             mbarrier_init(empty + s, 4);  // the lane 0s of the consumer warpgroup that read it
         }
+        if constexpr (CLUSTER_SUMS) {
+            mbarrier_init(ready, 128 * CLUSTER);  // each consumer thread of each block, once
+            mbarrier_init_fence();
+        }
     }
-    __syncthreads();
+    if constexpr (CLUSTER_SUMS) {
+        if (gridDim.x != items) __trap();  // the host launches one block a work item
+        cluster_sync();  // no block arrives on another's barriers before they exist
+    } else {
+        __syncthreads();
+    }
     // Registers moved from the producer (copies and counters alone) to the consumers (128 accumulators
     // a thread): 384 threads x 168 at launch, 128 x 40 + 256 x 232 after.
     if (warpgroup == 0) {
@@ -958,14 +997,26 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
                 int tile, run, kt0, kt1;
                 item_of(item, tile, run, kt0, kt1);
                 const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
-                // im2col: the tile's first window corner (image, h0, w0); the map walks the others.
-                const int image = m0 / HoWo, p = m0 - image * HoWo;
-                const int h0 = p / Wo * sh - pt, w0 = p % Wo * sw - pl;
+                // im2col: the tile's first window corner (image, h0, w0); the map walks the others. Then k tile
+                // kt0's tap (r, s) and channel c, counted along from there: the integer divisions before a
+                // block's first copy took ~0.4 us of its ~7 (H200, a 1x1 layer at batch 8).
+                int image = 0, h0 = 0, w0 = 0, r = 0, s = 0, c = 0;
+                if (!x_is_matrix) {
+                    image = m0 / HoWo;
+                    const int p = m0 - image * HoWo;
+                    h0 = p / Wo * sh - pt;
+                    w0 = p % Wo * sw - pl;
+                }
+                if (kt0 > 0) {
+                    const int tap = kt0 / chunks;
+                    r = tap / kw;
+                    s = tap - r * kw;
+                    c = (kt0 - tap * chunks) * BK;
+                }
 #pragma unroll 1
                 for (int kt = kt0; kt < kt1; ++kt, ++seq) {
                     const int stage = seq % STAGES;
                     if (seq >= STAGES) mbarrier_wait(empty + stage, (seq / STAGES - 1) & 1);
-                    const int tap = kt / chunks, r = tap / kw, s = tap - r * kw, c = (kt - tap * chunks) * BK;
                     mbarrier_arrive_expect_tx(full + stage, A_STAGE + B_STAGE);
                     if (x_is_matrix)
                         tma_load_2d(a_smem + stage * A_STAGE, &x_map, c, m0, full + stage);
@@ -973,6 +1024,13 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
                         tma_load_im2col_4d(a_smem + stage * A_STAGE, &x_map, c, w0, h0, image, s * dw, r * dh,
                                            full + stage);
                     tma_load_2d(b_smem + stage * B_STAGE, &weight_map, kt * BK, n0, full + stage);
+                    if ((c += BK) == chunks * BK) {
+                        c = 0;
+                        if (++s == kw) {
+                            s = 0;
+                            ++r;
+                        }
+                    }
                 }
             }
         }
@@ -1031,7 +1089,73 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
         constexpr int VECTORS = BN / 8, ROW_STEP = 128 / VECTORS;  // 16-byte vectors of a row
         struct alignas(16) Vec { T v[8]; };
         const int n = ctid % VECTORS * 8, row0 = ctid / VECTORS;  // this thread's 8 channels, first row
-        if constexpr (SPLIT_K) {  // a quad's 4 float2s make a 32-byte sector of a row
+        if constexpr (CLUSTER_SUMS) {
+            // Block r of the cluster finishes rows [r ROWS, (r + 1) ROWS) of the tile. Each run's sums of them
+            // are stored into block r's staging at [run][row - r ROWS] (remote stores: no round trip; the
+            // staging is unused here, one item a block), then block r reads its rows' runs from its own
+            // shared memory once every block's stores are there (`ready`), in run order: the same bits every run.
+            constexpr int F_STRIDE = BN + 8, ROWS = BM / CLUSTER;
+            static_assert(BM * F_STRIDE * 4 == 2 * BM * H_STRIDE * 2, "every run's sums of a block's rows fill its staging");
+            float* sums = reinterpret_cast<float*>(staging);
+            // A lane pair swaps values so that each stores 4 columns of one row (the even lane row quad's, the
+            // odd one row quad + 8's): half the stores, and a block's own rows stored locally.
+            const int odd = tq & 1;
+#pragma unroll
+            for (int h = 0; h < HALVES; ++h) {
+                const int row = h * 64 + warp * 16 + quad + odd * 8, owner = row / ROWS;  // one owner a warp
+                float* to = sums + (run * ROWS + row - owner * ROWS) * F_STRIDE + (tq >> 1) * 4;
+                const unsigned remote = cluster_address(to, owner);
+#pragma unroll
+                for (int nb = 0; nb < BN / 8; ++nb) {
+                    const float a0 = acc[h][4 * nb], a1 = acc[h][4 * nb + 1];      // row quad
+                    const float b0 = acc[h][4 * nb + 2], b1 = acc[h][4 * nb + 3];  // row quad + 8
+                    const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
+                    const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
+                    const float4 v = odd ? make_float4(r0, r1, b0, b1) : make_float4(a0, a1, r0, r1);
+                    if (owner == run)
+                        *reinterpret_cast<float4*>(to + nb * 8) = v;
+                    else
+                        store_cluster_float4(remote + nb * 8 * 4, v);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < CLUSTER; ++r) mbarrier_arrive_release_cluster(ready, r);
+            mbarrier_wait_acquire_cluster(ready, 0);
+            if (n0 + n < K) {
+                float b[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) b[j] = has_bias ? to_acc<float>(bias[n0 + n + j]) : 0.0f;
+                with_epilogue<T, true>(residual, has_residual, activation, [&](auto finish) {
+                    constexpr bool VECTOR_RESIDUAL = decltype(finish)::MAY_READ_RESIDUAL;
+#pragma unroll
+                    for (int row = row0; row < ROWS; row += ROW_STEP) {
+                        const int m = m0 + run * ROWS + row;
+                        if (m >= M) break;
+                        const int at = m * K + n0 + n;
+                        Vec res;
+                        if constexpr (VECTOR_RESIDUAL) res = load_vector_here<Vec>(residual + at);
+                        float v[8] = {};
+#pragma unroll
+                        for (int q = 0; q < CLUSTER; ++q) {
+                            const float4* from = reinterpret_cast<const float4*>(sums + (q * ROWS + row) * F_STRIDE + n);
+                            const float4 lo = from[0], hi = from[1];
+                            const float add[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+                            for (int j = 0; j < 8; ++j) v[j] += add[j];
+                        }
+                        Vec out;
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) {
+                            if constexpr (VECTOR_RESIDUAL)
+                                out.v[j] = finish.with_residual(v[j] + b[j], res.v[j]);
+                            else
+                                out.v[j] = finish(v[j] + b[j], at + j);
+                        }
+                        *reinterpret_cast<Vec*>(y + at) = out;
+                    }
+                });
+            }
+        } else if constexpr (SPLIT_K) {  // a quad's 4 float2s make a 32-byte sector of a row
             float* sums = static_cast<float*>(y_out) + run * split_elements;
 #pragma unroll
             for (int nb = 0; nb < BN / 8; ++nb) {
@@ -1136,6 +1260,35 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
         }
     }
 }
+
+template <typename T, int BM, int BN, int STAGES, bool RESIDUAL, bool SPLIT_K>
+__global__ void __launch_bounds__(384, 1)
+implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                            void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
+                            int activation, int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
+                            int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
+                            const __grid_constant__ TensorMap weight_map, const __grid_constant__ TensorMap x_map,
+                            int x_is_matrix) {
+    pingpong_tiles<T, BM, BN, STAGES, RESIDUAL, SPLIT_K, 1>(
+        x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho, Wo, kh, kw, sh, sw, pt, pl,
+        dh, dw, groups, splits, split_elements, weight_map, x_map, x_is_matrix);
+}
+
+// Clusters exist from sm_90 on (as implicit_gemm_nhwc_tma_pair's).
+#if __CUDA_ARCH__ >= 900
+template <typename T, int BM, int BN, int STAGES, int CLUSTER>
+__global__ void __launch_bounds__(384, 1) __cluster_dims__(CLUSTER, 1, 1)
+implicit_gemm_nhwc_pingpong_cluster(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                                    void* __restrict__ y_out, int has_bias, const T* __restrict__ residual,
+                                    int has_residual, int activation, int N, int C, int H, int W, int K, int Ho, int Wo,
+                                    int kh, int kw, int sh, int sw, int pt, int pl, int dh, int dw, int groups,
+                                    int splits, int split_elements, const __grid_constant__ TensorMap weight_map,
+                                    const __grid_constant__ TensorMap x_map, int x_is_matrix) {
+    pingpong_tiles<T, BM, BN, STAGES, false, false, CLUSTER>(
+        x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho, Wo, kh, kw, sh, sw, pt, pl,
+        dh, dw, groups, splits, split_elements, weight_map, x_map, x_is_matrix);
+}
+#endif
 
 // Stream-K (stream_k.cuh): gridDim.x persistent blocks share the tiles_m x tiles_n x groups tiles'
 // k_tiles k tiles each; block b takes units [stream_k_start(b), stream_k_start(b + 1)) in tile order

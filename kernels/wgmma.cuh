@@ -120,6 +120,36 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(void* barrier, unsigned 
                  "}\n" :: "r"(shared_address(barrier)), "r"(rank) : "memory");
 }
 
+// Distributed shared memory (sm_90 clusters). An arrival on the mbarrier at `barrier`'s offset in cluster block
+// `rank`, released at cluster scope: this thread's shared-memory writes and reads before it happen before
+// whatever follows a wait on that barrier's phase (mbarrier_wait_acquire_cluster) anywhere in the cluster.
+__device__ __forceinline__ void mbarrier_arrive_release_cluster(void* barrier, unsigned rank) {
+    asm volatile("{\n"
+                 ".reg .b32 remote;\n"
+                 "mapa.shared::cluster.u32 remote, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+                 "}\n" :: "r"(shared_address(barrier)), "r"(rank) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait_acquire_cluster(void* barrier, int parity) {
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT:\n"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n"
+                 "}\n" :: "r"(shared_address(barrier)), "r"(parity) : "memory");
+}
+// The shared::cluster address of `p` (this block's shared memory) in cluster block `rank`, and a store of
+// four floats there.
+__device__ __forceinline__ unsigned cluster_address(const void* p, unsigned rank) {
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(shared_address(p)), "r"(rank));
+    return remote;
+}
+__device__ __forceinline__ void store_cluster_float4(unsigned address, float4 v) {
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                 :: "r"(address), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+
 // d (64 x N, float32) += A (64 x k) B (k x N) for one instruction's k: 16 of half_t / bfloat16_t,
 // 8 of TF32 (float storage), i.e. 32 bytes of each row. a and b are wgmma_descriptor()s.
 // MN_MAJOR: both operands MN-major (wgmma_descriptor_mn), transposed by the tensor cores.

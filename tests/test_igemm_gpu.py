@@ -168,7 +168,7 @@ STREAM_K_CONFIGS = [i for i in WGMMA_CONFIGS if not NHWC_CONFIGS["float16"][i].p
 #: (dtype name, index of a wgmma tile of that dtype): the 256-pixel producer tile is 16-bit only. The ping-pong
 #: tile runs 1x1 NHWC problems alone, not this file's NCHW ones (tests/test_pingpong_*.py).
 WGMMA_TILES = [(name, i) for name in DTYPES for i, c in enumerate(NHWC_CONFIGS[DTYPES[name][0]])
-               if c.wgmma and c.name != implicit_gemm_nhwc.PINGPONG_CONFIG]
+               if c.wgmma and c.wgmma != implicit_gemm_nhwc.WGMMA_PINGPONG]  # the ping-pong tiles: test_pingpong_gpu
 
 
 @pytest.mark.parametrize("family,config_index", FAMILY_CONFIGS, ids=lambda v: str(v))

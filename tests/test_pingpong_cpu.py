@@ -67,6 +67,35 @@ def test_split_k_runs_are_work_items(splits):
     assert gemm.args[4] == 0 and program.workspace_bytes >= 4 * splits * 32 * 7 * 7 * 512  # no bias in the runs
 
 
+@pytest.mark.parametrize("splits", implicit_gemm_nhwc.PINGPONG_CLUSTER_SPLITS)
+def test_split_k_in_clusters(splits):
+    """Clusters of 2, 4 or 8 blocks a tile, one a run: one launch of the cluster instance, tiles x splits blocks,
+    no workspace and no reduction; the bias and epilogue are the kernel's own."""
+    p = problem(n=32, c=512, k=512, h=7, kernel=3, padding=1)
+    plan = planner.make_plan(p, config=implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG, kernel=planner.NHWC_KERNEL,
+                             compute_capability=90, splits=splits)
+    tiles = gemm_grid(p, plan.config)[0] * gemm_grid(p, plan.config)[1]
+    assert plan.splits == splits and plan.grid == (tiles * splits, 1, 1) and "distributed shared memory" in str(plan)
+    expression = implicit_gemm_nhwc.name_expression(plan)
+    assert expression.endswith(f",{splits}>") and expression in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
+    program = implicit_gemm_nhwc.program(plan, p)
+    (launch,) = program.launches
+    assert launch.kernel == implicit_gemm_nhwc.PINGPONG_CLUSTER_KERNEL and program.workspace_bytes == 0
+    assert launch.args[4] == 1  # the bias added by the kernel
+    assert planner.make_plan(p, config=implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG, kernel=planner.NHWC_KERNEL,
+                             compute_capability=90).splits == implicit_gemm_nhwc.PINGPONG_CLUSTER_SPLITS[0]
+
+
+@pytest.mark.parametrize("splits", [1, 3, 16])
+def test_split_k_in_clusters_refusals(splits):
+    with pytest.raises(ValueError, match="runs clusters of"):
+        planner.make_plan(problem(n=8, c=64, k=256, h=14), config=implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG,
+                          kernel=planner.NHWC_KERNEL, compute_capability=90, splits=splits)
+    with pytest.raises(ValueError, match="at most one a k tile"):  # 1 k tile
+        planner.make_plan(problem(n=8, c=64, k=256, h=14), config=implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG,
+                          kernel=planner.NHWC_KERNEL, compute_capability=90, splits=2)
+
+
 def test_channels_past_the_last_k_tile():
     """Input channels need not fill whole k tiles: TMA fills the last one's columns past C with zeros, in
     x and w alike."""
@@ -97,6 +126,10 @@ def test_tuner_tries_it():
     splits = [plan.splits for _, plan in candidates(problem(n=32, c=512, k=512, h=7, kernel=3, padding=1),
                                                     compute_capability=90) if plan.config.name == PINGPONG]
     assert sorted(splits) == [1, 2, 3, 4, 5]  # whole, and 52 tiles in runs of at most two work items a block
+    clusters = [plan.splits for _, plan in candidates(problem(n=32, c=512, k=512, h=7, kernel=3, padding=1),
+                                                      compute_capability=90)
+                if plan.config.name == implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG]
+    assert sorted(clusters) == [2, 4]  # 8 a tile would make 416 blocks
 
 
 #: (batch, input channels, output channels, plane height, width, whether the rules take the ping-pong tile):
@@ -173,26 +206,33 @@ def test_rules_leave_it_to_forced_splits():
     assert plan.config.name != PINGPONG and plan.splits == 2
 
 
-SPLIT_RULE_CASES = [  # (n, c, k, h, kernel, stride, runs the rules take; 1: not split on the ping-pong tile)
-    (32, 512, 512, 7, 3, 1, 2),     # 52 tiles of 72 k tiles: 104 items
-    (32, 512, 512, 14, 3, 2, 2),
-    (8, 256, 256, 14, 3, 1, 5),     # 26 tiles of 36 k tiles: 130 items, runs of 8 (the last 4)
-    (8, 512, 512, 7, 3, 1, 8),      # 16 tiles: 128 items of 9 k tiles
-    (8, 1024, 256, 14, 1, 1, 1),    # 16 k tiles: the 1x1 reductions lost
-    (8, 2048, 512, 7, 1, 1, 1),     # 32 k tiles
-    (1, 512, 512, 7, 3, 1, 1),      # 4 tiles: 9 runs of 8 make 36 items, under three quarters of a wave
-    (32, 256, 256, 14, 3, 1, 1),    # 98 tiles: the ping-pong tile whole
+SPLIT_RULE_CASES = [  # (n, c, k, h, kernel, stride, split-K's runs, the clusters' runs; 1: the rule does not take it)
+    (32, 512, 512, 7, 3, 1, 2, 2),     # 52 tiles of 72 k tiles: two runs a tile fill 104 SMs, in clusters
+    (32, 512, 512, 14, 3, 2, 2, 2),
+    (32, 2048, 512, 7, 1, 1, 1, 2),    # 52 tiles of 32 k tiles: runs of 16 in clusters, too short for split-K
+    (16, 512, 512, 7, 3, 1, 4, 1),     # 28 tiles: 112 items of 18 k tiles; two runs fill under 3/4 of a wave
+    (8, 256, 256, 14, 3, 1, 5, 1),     # 26 tiles of 36 k tiles: 130 items, runs of 8 (the last 4)
+    (8, 512, 512, 7, 3, 1, 8, 1),      # 16 tiles: 128 items of 9 k tiles
+    (8, 1024, 256, 14, 1, 1, 1, 1),    # 16 k tiles: the 1x1 reductions lost
+    (8, 2048, 512, 7, 1, 1, 1, 1),     # 32 k tiles
+    (1, 512, 512, 7, 3, 1, 1, 1),      # 4 tiles: 9 runs of 8 make 36 items, under three quarters of a wave
+    (32, 256, 256, 14, 3, 1, 1, 1),    # 98 tiles: the ping-pong tile whole
 ]
 
 
-@pytest.mark.parametrize("n,c,k,h,kernel,stride,runs", SPLIT_RULE_CASES, ids=lambda v: str(v))
-def test_rules_split_it_where_measured_faster(n, c, k, h, kernel, stride, runs):
+@pytest.mark.parametrize("n,c,k,h,kernel,stride,runs,cluster", SPLIT_RULE_CASES, ids=lambda v: str(v))
+def test_rules_split_it_where_measured_faster(n, c, k, h, kernel, stride, runs, cluster):
     p = problem(n=n, c=c, k=k, h=h, kernel=kernel, stride=stride, padding=kernel // 2)
     assert implicit_gemm_nhwc.pingpong_split_runs(p, 90) == runs
+    assert implicit_gemm_nhwc.pingpong_cluster_runs(p, 90) == cluster
     plan = planner.make_plan(p, compute_capability=90)
-    if runs > 1:  # fused calls too (the bias here): the reduction runs the epilogue
+    tiles = gemm_grid(p, plan.config)[0] * gemm_grid(p, plan.config)[1]
+    if cluster > 1:  # fused calls too (the bias here): the clusters' blocks run the epilogue
+        assert plan.config.name == implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG and plan.splits == cluster, str(plan)
+        assert plan.grid == (tiles * cluster, 1, 1) and "in a cluster of two blocks" in plan.reason
+    elif runs > 1:  # the reduction runs the epilogue
         assert plan.config.name == PINGPONG and plan.splits == runs and "split-K: " in plan.reason, str(plan)
-        tiles = gemm_grid(p, plan.config)[0] * gemm_grid(p, plan.config)[1]
         assert plan.grid == (tiles * runs, 1, 1)
-    assert implicit_gemm_nhwc.pingpong_split_runs(p, 80) == 1
-    assert planner.make_plan(p, compute_capability=90, kernel=planner.NHWC_KERNEL, splits=1).splits == 1
+    assert implicit_gemm_nhwc.pingpong_split_runs(p, 80) == 1 and implicit_gemm_nhwc.pingpong_cluster_runs(p, 80) == 1
+    unsplit = planner.make_plan(p, compute_capability=90, kernel=planner.NHWC_KERNEL, splits=1)
+    assert unsplit.splits == 1 and unsplit.config.name != implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG

@@ -47,13 +47,12 @@ def test_pingpong_against_float64(case, dtype, epilogue, blocks):
     check_forced(case, dtype, epilogue, blocks, None, seed=case.c + case.k + len(epilogue[0]))
 
 
-def check_forced(case, dtype, epilogue, blocks, splits, seed):
+def check_forced(case, dtype, epilogue, blocks, splits, seed, config=implicit_gemm_nhwc.PINGPONG_CONFIG):
     """The ping-pong tile forced (``splits`` runs; None: as the rules would split it), on ``blocks`` persistent
     blocks (None: the plan's grid): every output written, within 16-bit tolerance, the same bits twice."""
     activation, residual = epilogue
     problem = problem_of(case, dtype, "NHWC", "KHWC", activation, residual)
-    plan = planner.make_plan(problem, config=implicit_gemm_nhwc.PINGPONG_CONFIG, kernel=planner.NHWC_KERNEL,
-                             compute_capability=90, splits=splits)
+    plan = planner.make_plan(problem, config=config, kernel=planner.NHWC_KERNEL, compute_capability=90, splits=splits)
     assert splits is None or plan.splits == splits
     if blocks is not None:
         plan = dataclasses.replace(plan, grid=(blocks, 1, 1))
@@ -92,3 +91,14 @@ def test_pingpong_split_k_against_float64(case, dtype, epilogue, splits, blocks)
     2, 0; 12 runs of 9), on one to three blocks and the plan's grid, bias, residual and activation added by
     the reduction; the same bits on a second run."""
     check_forced(case, dtype, epilogue, blocks, splits, seed=case.c + splits + len(epilogue[0]))
+
+
+@pytest.mark.parametrize("splits", implicit_gemm_nhwc.PINGPONG_CLUSTER_SPLITS)
+@pytest.mark.parametrize("epilogue", EPILOGUES, ids=[f"{a}-{'residual' if r else 'no_residual'}" for a, r in EPILOGUES])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: c.id)
+def test_pingpong_split_k_in_clusters_against_float64(case, dtype, epilogue, splits):
+    """Clusters of 2-8 blocks adding their runs' sums through distributed shared memory (runs of one k tile
+    at 8 of 8; partial pixel tiles; bias, residual and activation in the kernel); the same bits twice."""
+    check_forced(case, dtype, epilogue, None, splits, seed=case.k + splits + len(epilogue[0]),
+                 config=implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG)

@@ -53,8 +53,8 @@ def test_the_rule_takes_stream_k_where_whole_tiles_leave_sms_idle(layer, dtype):
 
 
 #: (layer, x NHWC, weight KHWC, padding) -> (splits on the producer tile, 0: the 64-channel tile, None: the
-#: ping-pong tile's split-K, which 16-bit layers take first (test_pingpong_cpu.SPLIT_RULE_CASES), or the name of
-#: the tile another rule takes first).
+#: ping-pong tile's split-K, in clusters or not, which 16-bit layers take first (test_pingpong_cpu.SPLIT_RULE_CASES),
+#: or the name of the tile another rule takes first).
 PRODUCER_SPLITS = {
     "r50_l4_3x3_512": (((32, 7, 7, 512), (512, 3, 3, 512), 1), {"float16": None, "float32": 2}),
     "r50_b8_l4_3x3_512": (((8, 7, 7, 512), (512, 3, 3, 512), 1), {"float16": None, "float32": 8}),
@@ -76,7 +76,8 @@ def test_the_rule_splits_the_producer_tile_of_few_tiles(layer, dtype):
     if isinstance(expected[dtype], str):
         assert plan.config.name == expected[dtype], str(plan)
     elif expected[dtype] is None:
-        assert plan.config.name == implicit_gemm_nhwc.PINGPONG_CONFIG and plan.splits > 1, str(plan)
+        pingpong = (implicit_gemm_nhwc.PINGPONG_CONFIG, implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG)
+        assert plan.config.name in pingpong and plan.splits > 1, str(plan)
     elif expected[dtype]:
         assert plan.config.producer_warps and plan.splits == expected[dtype] and not plan.stream_k_blocks, str(plan)
         assert "each reduction split" in plan.reason

@@ -253,8 +253,23 @@ PINGPONG_SHORT_K_TILES = 3
 PINGPONG_WAVE_COST = 0.6
 PINGPONG_FIRST_EPILOGUE_COST = 0.3
 PINGPONG_LONG_K_TILES = 16
-NHWC_CONFIGS["float16"] += (GemmConfig(PINGPONG_CONFIG, 128, 128, 64, 8, 1, PINGPONG_STAGES, wgmma=WGMMA_PINGPONG,
-                                       producer_warps=4),)
+#: The ping-pong tile's split-K in clusters (PINGPONG_CLUSTER_KERNEL): a cluster of S blocks (plan.splits, one of
+#: PINGPONG_CLUSTER_SPLITS) takes one tile, block r its run r; each block stores its sums of block q's rows into
+#: block q's shared memory (distributed shared memory), and block q adds the runs in order and finishes its BM / S
+#: rows: no workspace, no reduction launch. Distributed shared memory is slow for this: a block's 64 KB of sums
+#: took ~2 us to store (H200), about what split_k_reduce's launch costs, so the rules take it
+#: (pingpong_cluster_runs) only in clusters of 2 for fewer than PINGPONG_MIN_TILES tiles whose two runs make
+#: PINGPONG_SPLIT_MIN_WAVE of a wave or more, each of PINGPONG_CLUSTER_MIN_RUN k tiles or more. H200, fp16
+#: channels_last, CUDA graphs (benchmarks/NOTES.md, "Split-K in clusters"): ResNet-50's 3x3 of 512 on 7^2 at
+#: batch 32 (52 tiles, 72 k tiles) 21.7 us in 2 runs of split-K -> 20.1 (torch 16.7), 2048 -> 512 on 7^2 (52
+#: tiles, 32 k tiles) 13.2 on the 64-channel tile -> 11.9 (7.4); with 26 tiles at batch 8 clusters of 4 lost to
+#: split-K's 5 runs (3x3 of 256 on 14^2: 11.5 against 10.8) and to the 64 x 64 tile (1024 -> 256: 9.5 against 6.8).
+PINGPONG_CLUSTER_CONFIG = "nhwc_wgmma_pingpong_m128n128_cluster"
+PINGPONG_CLUSTER_KERNEL = "implicit_gemm_nhwc_pingpong_cluster"
+PINGPONG_CLUSTER_SPLITS = (2, 4, 8)
+PINGPONG_CLUSTER_MIN_RUN = 16
+NHWC_CONFIGS["float16"] += tuple(GemmConfig(name, 128, 128, 64, 8, 1, PINGPONG_STAGES, wgmma=WGMMA_PINGPONG,
+                                            producer_warps=4) for name in (PINGPONG_CONFIG, PINGPONG_CLUSTER_CONFIG))
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 #: 1x1 NCHW layers read in place (NCHW_A) on wgmma's 3-stage pixel-row tile: each warp's A fragments
@@ -338,7 +353,8 @@ def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
     or (a_from_nchw) [bk][bm + 8]. wgmma: rows of 128 bytes, unpadded, and 1 KB to align the tiles."""
     item = 4 if dtype == "float32" else 2
     if cfg.wgmma == WGMMA_PINGPONG:  # the ring, each consumer's 16-bit staging, the mbarriers, 1 KB to align
-        return cfg.stages * (cfg.bm + cfg.bn) * 128 + 2 * cfg.bm * (cfg.bn + 8) * item + 16 * cfg.stages + 1024
+        # (and the clusters' `ready` mbarrier)
+        return cfg.stages * (cfg.bm + cfg.bn) * 128 + 2 * cfg.bm * (cfg.bn + 8) * item + 16 * cfg.stages + 8 + 1024
     a_stage = cfg.bk * (cfg.bm + 8) * item if a_from_nchw else cfg.bm * (cfg.bk * item + (0 if cfg.wgmma else 16))
     if cfg.wgmma:  # and the producer's full and empty mbarriers, 8 bytes each per stage
         return cfg.stages * (a_stage + cfg.bn * 128) + 1024 + (16 * cfg.stages if cfg.producer_warps else 0)
@@ -550,6 +566,18 @@ def pingpong_split_runs(problem: ConvProblem, compute_capability: int) -> int:
     return runs if runs > 1 and tiles * runs >= PINGPONG_SPLIT_MIN_WAVE * H100_SMS else 1
 
 
+def pingpong_cluster_runs(problem: ConvProblem, compute_capability: int) -> int:
+    """The runs (cluster blocks) the fixed rules give the ping-pong tile's split-K in clusters for ``problem``
+    (PINGPONG_CLUSTER_* above; 1: the rule does not take it)."""
+    shape = _pingpong_shape(problem, compute_capability)
+    if shape is None:
+        return 1
+    grid, k_tiles = shape
+    tiles, runs = math.prod(grid), PINGPONG_CLUSTER_SPLITS[0]
+    fills_a_wave = PINGPONG_SPLIT_MIN_WAVE * H100_SMS <= tiles * runs <= H100_SMS
+    return runs if tiles < PINGPONG_MIN_TILES and fills_a_wave and k_tiles >= runs * PINGPONG_CLUSTER_MIN_RUN else 1
+
+
 def _pingpong_cost(tiles: int) -> float:
     """The ping-pong tile's time on ``tiles`` tiles in 128-pixel producer blocks' (PRODUCER_BLOCK_COST)."""
     return PINGPONG_WAVE_COST * math.ceil(tiles / H100_SMS) + PINGPONG_FIRST_EPILOGUE_COST
@@ -579,7 +607,8 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
 
     Before all of these, the 64 x 128 tile where _small_wide_tile takes it; then, where ``pingpong`` and
     pingpong_pays, the ping-pong tile; where ``pingpong_split`` and pingpong_split_runs, the ping-pong tile with
-    split-K (make_plan asks pingpong_split_runs for its runs)."""
+    split-K in clusters where pingpong_cluster_runs takes it, else with split-K's runs (make_plan asks
+    pingpong_split_runs for them)."""
     small_wide = _small_wide_tile(problem, compute_capability)
     if small_wide:
         return small_wide, (f"wgmma; {math.prod(gemm_grid(problem, small_wide))} tiles of 64 x 128 (a wave, >= "
@@ -590,6 +619,11 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
         return cfg, (f"wgmma; 1x1 of {problem.c} -> {problem.k} channels, {math.prod(gemm_grid(problem, cfg))} "
                      f"tiles of 128 x 128: the ping-pong tile (one consumer warpgroup's epilogue beside the "
                      f"other's MMAs)")
+    if pingpong_split and pingpong_cluster_runs(problem, compute_capability) > 1:
+        cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PINGPONG_CLUSTER_CONFIG)
+        return cfg, (f"wgmma; {math.prod(gemm_grid(problem, cfg))} tiles of 128 x 128 (< {PINGPONG_MIN_TILES}), "
+                     f"{_k_tiles(problem, cfg, problem.c)} k tiles (>= {2 * PINGPONG_CLUSTER_MIN_RUN}): the ping-pong "
+                     f"tile, two runs of each tile in a cluster of two blocks")
     if pingpong_split and pingpong_split_runs(problem, compute_capability) > 1:
         cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
         return cfg, (f"wgmma; {math.prod(gemm_grid(problem, cfg))} tiles of 128 x 128 (< {PINGPONG_MIN_TILES}), "
@@ -844,6 +878,19 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         if why_not:
             raise ValueError(f"config {cfg.name!r} cannot run this problem: {why_not}")
         tiles = math.prod(grid)
+        if cfg.name == PINGPONG_CLUSTER_CONFIG:
+            splits = PINGPONG_CLUSTER_SPLITS[0] if splits is None else splits
+            k_tiles = _k_tiles(problem, cfg, channels_padded)
+            if splits not in PINGPONG_CLUSTER_SPLITS or splits > k_tiles:
+                raise ValueError(f"config {cfg.name!r} runs clusters of {PINGPONG_CLUSTER_SPLITS} blocks, at most one a "
+                                 f"k tile ({k_tiles}); got splits={splits!r}")
+            why += (f"; split-K in clusters of {splits} blocks, one a run of a tile, their sums added through "
+                    f"distributed shared memory: {tiles * splits} blocks")
+            return LaunchPlan(
+                kernel=KERNEL, dtype=problem.dtype, index_type=index, config=cfg, grid=(tiles * splits, 1, 1),
+                block=(cfg.threads, 1, 1), shared_bytes=_shared_bytes(cfg, problem.dtype, False),
+                reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded,
+                splits=splits, arch=WGMMA_ARCH)
         if splits is None:
             splits = pingpong_split_runs(problem, compute_capability)
             if splits > 1:
@@ -900,7 +947,10 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
 def describe(plan: LaunchPlan) -> str:
     """The printed plan: tile, warps (or wgmma warpgroups), launch shape, the copies it reads and why."""
     c = plan.config
-    warps = ("persistent blocks of 2 warpgroups each multiplying every other tile with wgmma while the other "
+    warps = (f"one run of a tile a block, multiplied by one of its 2 warpgroups with wgmma ({plan.arch}; the "
+             f"ping-pong tile in clusters of {plan.splits}), a producer warpgroup copying both operands by TMA"
+             if c.name == PINGPONG_CLUSTER_CONFIG else
+             "persistent blocks of 2 warpgroups each multiplying every other tile with wgmma while the other "
              f"stores its last ({plan.arch}; ping-pong), a producer warpgroup copying both operands by TMA"
              if c.wgmma == WGMMA_PINGPONG else
              f"{c.warps_m // 4} warpgroups of {'64 ch' if c.wgmma == WGMMA_CHANNEL_ROWS else '64 px'} with wgmma "
@@ -918,7 +968,10 @@ def describe(plan: LaunchPlan) -> str:
                  f"pixels one pixel of {plan.channels_padded} channels, [N][Ho + kh' - 1][Wo + kw' - 1]"
                  f"[{plan.channels_padded}], the weight [K][kh'][kw'][{plan.channels_padded}] (kh' = ceil(kh / {bh}), "
                  f"kw' = ceil(kw / {bw})), a stride-1 convolution in {plan.vec}-byte pieces\n")
-    if plan.splits > 1:
+    if plan.splits > 1 and c.name == PINGPONG_CLUSTER_CONFIG:
+        reads += (f"  split-K: clusters of {plan.splits} blocks, one a run of a tile, add their float32 sums in run "
+                  f"order through distributed shared memory (the same bits on every run)\n")
+    elif plan.splits > 1:
         reads += (f"  split-K: {plan.splits} runs of the reduction write float32 partial sums to the workspace, "
                   f"added in order by {REDUCE_KERNEL} (the same bits on every run)\n")
     if plan.stream_k_blocks:
@@ -1011,8 +1064,15 @@ def pingpong_specialisation(dtype: str, cfg: GemmConfig, residual: bool, split_k
             f"{str(split_k).lower()}>")
 
 
+def pingpong_cluster_specialisation(dtype: str, cfg: GemmConfig, splits: int) -> str:
+    """The C++ template instance of the ping-pong tile's split-K in clusters of ``splits`` blocks."""
+    return f"cupyconv::{PINGPONG_CLUSTER_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bn},{cfg.stages},{splits}>"
+
+
 def name_expression(plan: LaunchPlan) -> str:
     """The specialisation ``plan`` launches."""
+    if plan.config.name == PINGPONG_CLUSTER_CONFIG:
+        return pingpong_cluster_specialisation(plan.dtype, plan.config, plan.splits)
     if plan.config.wgmma == WGMMA_PINGPONG:
         return pingpong_specialisation(plan.dtype, plan.config, plan.has_residual and plan.splits == 1,
                                        plan.splits > 1)
@@ -1040,7 +1100,10 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
          + (((True, True),) if dtype == "float32" and _float32_rounding(cfg) != "copy" else ())
          for split_k in ((False, True) if index == "int" else (False,))] + \
         [pingpong_specialisation(dtype, cfg, residual, split_k) for dtype in GEMM_DTYPES for cfg in NHWC_CONFIGS[dtype]
-         if wgmma and cfg.wgmma == WGMMA_PINGPONG for residual, split_k in ((False, False), (True, False), (False, True))]
+         if wgmma and cfg.name == PINGPONG_CONFIG
+         for residual, split_k in ((False, False), (True, False), (False, True))] + \
+        [pingpong_cluster_specialisation(dtype, cfg, splits) for dtype in GEMM_DTYPES for cfg in NHWC_CONFIGS[dtype]
+         if wgmma and cfg.name == PINGPONG_CLUSTER_CONFIG for splits in PINGPONG_CLUSTER_SPLITS]
 
 
 def _gemm_flags(wgmma: bool, cfg: GemmConfig, dtype: str, vec: int) -> tuple[tuple[int, bool, bool], ...]:
@@ -1171,8 +1234,8 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
         launches.append(dataclasses.replace(launch, kernel=STREAM_K_KERNEL, grid=(plan.stream_k_blocks, 1, 1)))
         slots = 4 * plan.stream_k_blocks * plan.config.bm * plan.config.bn
         return CallProgram(tuple(launches), workspace + slots, weight)
-    if plan.splits == 1:
-        launches.append(_with_tensor_maps(plan, p, conv_launch(plan, p, 1, 0, x=x, weight=weight_pointer,
+    if plan.splits == 1 or plan.config.name == PINGPONG_CLUSTER_CONFIG:  # the clusters finish their tiles
+        launches.append(_with_tensor_maps(plan, p, conv_launch(plan, p, plan.splits, 0, x=x, weight=weight_pointer,
                                                                channels=plan.channels_padded), x, weight_pointer))
         return CallProgram(tuple(launches), workspace, weight)
     partial = Pointer(WORKSPACE, workspace)
@@ -1210,7 +1273,8 @@ def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Point
                           p.stride, cfg.bk, cfg.bm // cfg.cluster)
     if cfg.cluster > 1:
         return dataclasses.replace(launch, kernel=PAIR_KERNEL, args=(*launch.args, weight_map, x_map))
-    kernel = PINGPONG_KERNEL if cfg.wgmma == WGMMA_PINGPONG else TMA_KERNEL
+    kernel = PINGPONG_CLUSTER_KERNEL if cfg.name == PINGPONG_CLUSTER_CONFIG else \
+        PINGPONG_KERNEL if cfg.wgmma == WGMMA_PINGPONG else TMA_KERNEL
     return dataclasses.replace(launch, kernel=kernel, args=(*launch.args, weight_map, x_map, int(matrix)))
 
 
