@@ -110,6 +110,31 @@ struct PhaseTable {
     int dh[MAX_PHASES], dw[MAX_PHASES], weight_offset[MAX_PHASES], out_offset[MAX_PHASES];
 };
 
+// The TMA producers' walk over the k tiles of a run from k tile kt0 on, k tiles of BK channels of one tap at a
+// time: tap (r, s) and channel c (from `first`, a group's first channel). Counted along: divisions a k tile held
+// back the copies of 3x3 layers (benchmarks/NOTES.md, "The ping-pong tile's fixed cost; split-K in clusters run;
+// the producers count taps").
+struct TapWalk {
+    int r = 0, s = 0, c;
+    __device__ __forceinline__ TapWalk(int kt0, int chunks, int kw, int bk, int first) : c(first) {
+        if (kt0 > 0) {
+            const int tap = kt0 / chunks;
+            r = tap / kw;
+            s = tap - r * kw;
+            c += (kt0 - tap * chunks) * bk;
+        }
+    }
+    __device__ __forceinline__ void next(int chunks, int kw, int bk, int first) {
+        if ((c += bk) == first + chunks * bk) {
+            c = first;
+            if (++s == kw) {
+                s = 0;
+                ++r;
+            }
+        }
+    }
+};
+
 #define NHWC_GEMM_LAUNCH_BOUNDS                                                                        \
     __launch_bounds__(nhwc_threads(WARPS_M * WARPS_N, WGMMA_ROWS),                                     \
                       nhwc_min_blocks(nhwc_threads(WARPS_M * WARPS_N, WGMMA_ROWS),                     \
@@ -502,21 +527,15 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             // n0 .., columns kt BK ..
             const int chunks = Cg / BK;  // k tiles per tap (the planner asks Cg % BK == 0)
             const Index m_first = m0 + rank * A_ROWS;
-            // The first window corner, and k tile kt0's tap (r, s) and channel c counted along from there:
-            // integer divisions delay a block's first copy (the ping-pong tile's producer, above).
-            int image = 0, h0 = 0, w0 = 0, r = 0, s = 0, c = g * Cg;
+            // The first window corner (not for a matrix), and the k tiles' taps counted along (TapWalk).
+            int image = 0, h0 = 0, w0 = 0;
             if (!(CLUSTER == 1 && a_map_is_matrix)) {
                 image = static_cast<int>(m_first / HoWo);
                 const int p = static_cast<int>(m_first - static_cast<Index>(image) * HoWo);
                 h0 = (p / Wo) * sh - pt;
                 w0 = (p % Wo) * sw - pl;
             }
-            if (kt0 > 0) {
-                const int tap = kt0 / chunks;
-                r = tap / kw;
-                s = tap - r * kw;
-                c += (kt0 - tap * chunks) * BK;
-            }
+            TapWalk tap(kt0, chunks, kw, BK, g * Cg);
             T* const a_share = a_smem + rank * A_ROWS * STRIDE;
 #pragma unroll 1
             for (int t = 0; t < k_tiles; ++t) {
@@ -524,20 +543,15 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 if (t >= STAGES) mbarrier_wait(empty + stage, (t / STAGES - 1) & 1);
                 mbarrier_arrive_expect_tx(full + stage, (BM + BN) * BK * static_cast<int>(sizeof(T)));
                 if (CLUSTER == 1 && a_map_is_matrix)  // a 1x1 layer's x as the matrix [N H W][C]
-                    tma_load_2d(a_share + stage * A_STAGE, a_map, c, static_cast<int>(m_first), full + stage);
+                    tma_load_2d(a_share + stage * A_STAGE, a_map, tap.c, static_cast<int>(m_first), full + stage);
                 else if constexpr (CLUSTER > 1)
-                    tma_load_im2col_4d_multicast(a_share + stage * A_STAGE, a_map, c, w0, h0, image, s * dw, r * dh,
-                                                 full + stage, (1 << CLUSTER) - 1);
+                    tma_load_im2col_4d_multicast(a_share + stage * A_STAGE, a_map, tap.c, w0, h0, image, tap.s * dw,
+                                                 tap.r * dh, full + stage, (1 << CLUSTER) - 1);
                 else
-                    tma_load_im2col_4d(a_share + stage * A_STAGE, a_map, c, w0, h0, image, s * dw, r * dh, full + stage);
+                    tma_load_im2col_4d(a_share + stage * A_STAGE, a_map, tap.c, w0, h0, image, tap.s * dw, tap.r * dh,
+                                       full + stage);
                 tma_load_2d(b_smem + stage * B_STAGE, b_map, kt * BK, g * Kg + n0, full + stage);
-                if ((c += BK) == g * Cg + chunks * BK) {
-                    c = g * Cg;
-                    if (++s == kw) {
-                        s = 0;
-                        ++r;
-                    }
-                }
+                tap.next(chunks, kw, BK, g * Cg);
             }
         } else if (warp < NWARPS) {
             auto release = [&](int stage) {  // the MMAs reading `stage` retired: every producer may refill it
@@ -997,40 +1011,29 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 int tile, run, kt0, kt1;
                 item_of(item, tile, run, kt0, kt1);
                 const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
-                // im2col: the tile's first window corner (image, h0, w0); the map walks the others. Then k tile
-                // kt0's tap (r, s) and channel c, counted along from there: the integer divisions before a
-                // block's first copy took ~0.4 us of its ~7 (H200, a 1x1 layer at batch 8).
-                int image = 0, h0 = 0, w0 = 0, r = 0, s = 0, c = 0;
+                // im2col: the tile's first window corner (image, h0, w0); the map walks the others. The k tiles'
+                // taps counted along (TapWalk): the integer divisions before a block's first copy took ~0.4 us
+                // of its ~7 (H200, a 1x1 layer at batch 8).
+                int image = 0, h0 = 0, w0 = 0;
                 if (!x_is_matrix) {
                     image = m0 / HoWo;
                     const int p = m0 - image * HoWo;
                     h0 = p / Wo * sh - pt;
                     w0 = p % Wo * sw - pl;
                 }
-                if (kt0 > 0) {
-                    const int tap = kt0 / chunks;
-                    r = tap / kw;
-                    s = tap - r * kw;
-                    c = (kt0 - tap * chunks) * BK;
-                }
+                TapWalk tap(kt0, chunks, kw, BK, 0);
 #pragma unroll 1
                 for (int kt = kt0; kt < kt1; ++kt, ++seq) {
                     const int stage = seq % STAGES;
                     if (seq >= STAGES) mbarrier_wait(empty + stage, (seq / STAGES - 1) & 1);
                     mbarrier_arrive_expect_tx(full + stage, A_STAGE + B_STAGE);
                     if (x_is_matrix)
-                        tma_load_2d(a_smem + stage * A_STAGE, &x_map, c, m0, full + stage);
+                        tma_load_2d(a_smem + stage * A_STAGE, &x_map, tap.c, m0, full + stage);
                     else
-                        tma_load_im2col_4d(a_smem + stage * A_STAGE, &x_map, c, w0, h0, image, s * dw, r * dh,
-                                           full + stage);
+                        tma_load_im2col_4d(a_smem + stage * A_STAGE, &x_map, tap.c, w0, h0, image, tap.s * dw,
+                                           tap.r * dh, full + stage);
                     tma_load_2d(b_smem + stage * B_STAGE, &weight_map, kt * BK, n0, full + stage);
-                    if ((c += BK) == chunks * BK) {
-                        c = 0;
-                        if (++s == kw) {
-                            s = 0;
-                            ++r;
-                        }
-                    }
+                    tap.next(chunks, kw, BK, 0);
                 }
             }
         }
@@ -1095,7 +1098,8 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             // staging is unused here, one item a block), then block r reads its rows' runs from its own
             // shared memory once every block's stores are there (`ready`), in run order: the same bits every run.
             constexpr int F_STRIDE = BN + 8, ROWS = BM / CLUSTER;
-            static_assert(BM * F_STRIDE * 4 == 2 * BM * H_STRIDE * 2, "every run's sums of a block's rows fill its staging");
+            static_assert(BM * F_STRIDE * 4 == 2 * BM * H_STRIDE * 2,
+                          "every run's sums of a block's rows fill its staging");
             float* sums = reinterpret_cast<float*>(staging);
             // A lane pair swaps values so that each stores 4 columns of one row (the even lane row quad's, the
             // odd one row quad + 8's): half the stores, and a block's own rows stored locally.
@@ -1137,7 +1141,8 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                         float v[8] = {};
 #pragma unroll
                         for (int q = 0; q < CLUSTER; ++q) {
-                            const float4* from = reinterpret_cast<const float4*>(sums + (q * ROWS + row) * F_STRIDE + n);
+                            const float4* from =
+                                reinterpret_cast<const float4*>(sums + (q * ROWS + row) * F_STRIDE + n);
                             const float4 lo = from[0], hi = from[1];
                             const float add[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll

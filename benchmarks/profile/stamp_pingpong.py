@@ -28,7 +28,7 @@ STAMPS = [
     ("                    const int stage = seq % STAGES;\n", "                    if (seq == 0) TL(14);\n"),
     ("                    if (seq >= STAGES) mbarrier_wait(empty + stage, (seq / STAGES - 1) & 1);\n",
      "                    if (seq == 0) TL(9);\n"),
-    ("                                           full + stage);\n", "                    if (seq == 0) TL(10);\n"),
+    ("                                           tap.r * dh, full + stage);\n", "                    if (seq == 0) TL(10);\n"),
     ("                    tma_load_2d(b_smem + stage * B_STAGE, &weight_map, kt * BK, n0, full + stage);\n",
      "                    if (seq == 0) TL(2);\n"),
     ("            mbarrier_wait(full + stage, (seq / STAGES) & 1);\n", "            if (seq == 0 && ctid == 0) TL(3);\n"),
