@@ -878,28 +878,25 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         if why_not:
             raise ValueError(f"config {cfg.name!r} cannot run this problem: {why_not}")
         tiles = math.prod(grid)
-        if cfg.name == PINGPONG_CLUSTER_CONFIG:
+        if cfg.name == PINGPONG_CLUSTER_CONFIG:  # one block a work item, the clusters finishing their tiles
             splits = PINGPONG_CLUSTER_SPLITS[0] if splits is None else splits
             k_tiles = _k_tiles(problem, cfg, channels_padded)
             if splits not in PINGPONG_CLUSTER_SPLITS or splits > k_tiles:
                 raise ValueError(f"config {cfg.name!r} runs clusters of {PINGPONG_CLUSTER_SPLITS} blocks, at most one a "
                                  f"k tile ({k_tiles}); got splits={splits!r}")
+            blocks = tiles * splits
             why += (f"; split-K in clusters of {splits} blocks, one a run of a tile, their sums added through "
-                    f"distributed shared memory: {tiles * splits} blocks")
-            return LaunchPlan(
-                kernel=KERNEL, dtype=problem.dtype, index_type=index, config=cfg, grid=(tiles * splits, 1, 1),
-                block=(cfg.threads, 1, 1), shared_bytes=_shared_bytes(cfg, problem.dtype, False),
-                reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded,
-                splits=splits, arch=WGMMA_ARCH)
-        if splits is None:
-            splits = pingpong_split_runs(problem, compute_capability)
-            if splits > 1:
-                why += f"; split-K: {splits} runs of the reduction"
+                    f"distributed shared memory: {blocks} blocks")
         else:
-            check_splits(splits, grid, problem)
-            why += f"; split-K forced: {splits} runs, each its own work item"
-        blocks = min(tiles * splits, H100_SMS)
-        why += f"; {tiles * splits} work items on {blocks} persistent blocks, two consumer warpgroups taking turns"
+            if splits is None:
+                splits = pingpong_split_runs(problem, compute_capability)
+                if splits > 1:
+                    why += f"; split-K: {splits} runs of the reduction"
+            else:
+                check_splits(splits, grid, problem)
+                why += f"; split-K forced: {splits} runs, each its own work item"
+            blocks = min(tiles * splits, H100_SMS)
+            why += f"; {tiles * splits} work items on {blocks} persistent blocks, two consumer warpgroups taking turns"
         return LaunchPlan(
             kernel=KERNEL, dtype=problem.dtype, index_type=index, config=cfg, grid=(blocks, 1, 1),
             block=(cfg.threads, 1, 1), shared_bytes=_shared_bytes(cfg, problem.dtype, False),
