@@ -37,14 +37,19 @@ CASES = [
 EPILOGUES = [("none", False), ("relu", True), ("silu", True), ("relu", False)]
 
 
+#: The 128- and 64-channel ping-pong tiles (4 and 7 stages: the rings' phases wrap at other k tiles).
+WHOLE_TILES = [implicit_gemm_nhwc.PINGPONG_CONFIG, implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG]
+
+
+@pytest.mark.parametrize("config", WHOLE_TILES)
 @pytest.mark.parametrize("blocks", [None, 1, 2, 3], ids=lambda b: "rules_grid" if b is None else f"{b}_blocks")
 @pytest.mark.parametrize("epilogue", EPILOGUES, ids=[f"{a}-{'residual' if r else 'no_residual'}" for a, r in EPILOGUES])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_pingpong_against_float64(case, dtype, epilogue, blocks):
+def test_pingpong_against_float64(case, dtype, epilogue, blocks, config):
     """Every output written and within 16-bit tolerance, on the plan's grid and on grids of 1-3 persistent
     blocks (each consumer then takes every other of many tiles); a second run gives the same bits."""
-    check_forced(case, dtype, epilogue, blocks, None, seed=case.c + case.k + len(epilogue[0]))
+    check_forced(case, dtype, epilogue, blocks, None, seed=case.c + case.k + len(epilogue[0]), config=config)
 
 
 def check_forced(case, dtype, epilogue, blocks, splits, seed, config=implicit_gemm_nhwc.PINGPONG_CONFIG):
@@ -91,6 +96,15 @@ def test_pingpong_split_k_against_float64(case, dtype, epilogue, splits, blocks)
     2, 0; 12 runs of 9), on one to three blocks and the plan's grid, bias, residual and activation added by
     the reduction; the same bits on a second run."""
     check_forced(case, dtype, epilogue, blocks, splits, seed=case.c + splits + len(epilogue[0]))
+
+
+@pytest.mark.parametrize("splits", [2, 5])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: c.id)
+def test_pingpong_narrow_split_k_against_float64(case, dtype, splits):
+    """The 64-channel tile's split-K instance: its runs' sums added by the reduction with bias and ReLU."""
+    check_forced(case, dtype, ("relu", False), None, splits, seed=case.k + splits,
+                 config=implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG)
 
 
 @pytest.mark.parametrize("splits", implicit_gemm_nhwc.PINGPONG_CLUSTER_SPLITS)

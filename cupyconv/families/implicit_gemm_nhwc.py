@@ -268,8 +268,16 @@ PINGPONG_CLUSTER_CONFIG = "nhwc_wgmma_pingpong_m128n128_cluster"
 PINGPONG_CLUSTER_KERNEL = "implicit_gemm_nhwc_pingpong_cluster"
 PINGPONG_CLUSTER_SPLITS = (2, 4, 8)
 PINGPONG_CLUSTER_MIN_RUN = 16
+#: The ping-pong tile 64 channels wide (the same kernel, BN 64): its stages are 24 KB, not 32, so the ring holds
+#: PINGPONG_NARROW_STAGES of them, 112 KB of x in flight a block where the 128-channel tile's 4 hold 64 KB
+#: (memory-bound layers: 256 -> 64 1x1 on 56^2 read x once), and a layer makes twice the tiles (few-tile
+#: layers at batch 8). The tuner tries it; the fixed rules do not take it.
+PINGPONG_NARROW_CONFIG = "nhwc_wgmma_pingpong_m128n64"
+PINGPONG_NARROW_STAGES = 7
 NHWC_CONFIGS["float16"] += tuple(GemmConfig(name, 128, 128, 64, 8, 1, PINGPONG_STAGES, wgmma=WGMMA_PINGPONG,
                                             producer_warps=4) for name in (PINGPONG_CONFIG, PINGPONG_CLUSTER_CONFIG))
+NHWC_CONFIGS["float16"] += (GemmConfig(PINGPONG_NARROW_CONFIG, 128, 64, 64, 8, 1, PINGPONG_NARROW_STAGES,
+                                       wgmma=WGMMA_PINGPONG, producer_warps=4),)
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 #: 1x1 NCHW layers read in place (NCHW_A) on wgmma's 3-stage pixel-row tile: each warp's A fragments
@@ -888,8 +896,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
             why += (f"; split-K in clusters of {splits} blocks, one a run of a tile, their sums added through "
                     f"distributed shared memory: {blocks} blocks")
         else:
-            if splits is None:
-                splits = pingpong_split_runs(problem, compute_capability)
+            if splits is None:  # the rules' runs are the 128-channel tile's
+                splits = pingpong_split_runs(problem, compute_capability) if cfg.name == PINGPONG_CONFIG else 1
                 if splits > 1:
                     why += f"; split-K: {splits} runs of the reduction"
             else:
@@ -1097,7 +1105,7 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
          + (((True, True),) if dtype == "float32" and _float32_rounding(cfg) != "copy" else ())
          for split_k in ((False, True) if index == "int" else (False,))] + \
         [pingpong_specialisation(dtype, cfg, residual, split_k) for dtype in GEMM_DTYPES for cfg in NHWC_CONFIGS[dtype]
-         if wgmma and cfg.name == PINGPONG_CONFIG
+         if wgmma and cfg.name in (PINGPONG_CONFIG, PINGPONG_NARROW_CONFIG)
          for residual, split_k in ((False, False), (True, False), (False, True))] + \
         [pingpong_cluster_specialisation(dtype, cfg, splits) for dtype in GEMM_DTYPES for cfg in NHWC_CONFIGS[dtype]
          if wgmma and cfg.name == PINGPONG_CLUSTER_CONFIG for splits in PINGPONG_CLUSTER_SPLITS]
