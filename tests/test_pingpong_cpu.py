@@ -236,3 +236,35 @@ def test_rules_split_it_where_measured_faster(n, c, k, h, kernel, stride, runs, 
     assert implicit_gemm_nhwc.pingpong_split_runs(p, 80) == 1 and implicit_gemm_nhwc.pingpong_cluster_runs(p, 80) == 1
     unsplit = planner.make_plan(p, compute_capability=90, kernel=planner.NHWC_KERNEL, splits=1)
     assert unsplit.splits == 1 and unsplit.config.name != implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG
+
+
+#: (batch, input channels, output channels, plane, kernel, stride, taken): where the rules take the 64-channel
+#: ping-pong tile, as ResNet-50's layers measured on the H200 (benchmarks/results/pingpong_narrow_layers_h200.txt;
+#: us before -> on it).
+NARROW_RULE_CASES = [
+    (32, 64, 64, 56, 3, 1, True),       # 26.1 -> 19.8
+    (32, 256, 64, 56, 1, 1, True),      # 22.1 -> 18.9
+    (32, 64, 64, 56, 1, 1, True),       # one k tile, 784 tiles: 7.8 -> 6.9
+    (8, 64, 64, 56, 1, 1, False),       # one k tile, 196 tiles: 3.5 against 3.8
+    (32, 2048, 512, 7, 1, 1, True),     # 104 tiles, 32 k tiles: 12.4 -> 10.9
+    (8, 128, 128, 28, 3, 1, True),      # 98 tiles: 9.1 -> 7.6
+    (8, 1024, 512, 14, 1, 1, True),     # 104 tiles: 7.9 -> 6.9
+    (8, 512, 256, 28, 1, 1, False),     # two waves where the 128-channel tile makes one: 5.8 against 7.1
+    (32, 512, 512, 7, 3, 1, False),     # 72 k tiles: split-K's 18.8 against 21.6
+    (8, 1024, 2048, 14, 1, 2, False),   # 64 tiles of 128 x 128: 8.5 against 9.2
+    (8, 2048, 512, 7, 1, 1, False),     # 32 tiles: 7.9 against 10.9
+    (1, 64, 256, 56, 1, 1, False),      # one k tile: untimed
+]
+
+
+@pytest.mark.parametrize("n,c,k,h,kernel,stride,taken", NARROW_RULE_CASES, ids=lambda v: str(v))
+def test_rules_take_the_narrow_tile_where_measured_faster(n, c, k, h, kernel, stride, taken):
+    p = make_problem((n, h, h, c), (k, kernel, kernel, c), None, "float16", stride=stride, padding=kernel // 2,
+                     layout="NHWC", weight_layout="KHWC")
+    plan = planner.make_plan(p, compute_capability=90)
+    assert implicit_gemm_nhwc.pingpong_narrow_pays(p, 90) == taken
+    assert (plan.config.name == implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG and plan.splits == 1) == taken, str(plan)
+    assert not implicit_gemm_nhwc.pingpong_narrow_pays(p, 80)
+    fused = make_problem((n, h, h, c), (k, kernel, kernel, c), (k,), "float16", stride=stride, padding=kernel // 2,
+                         layout="NHWC", weight_layout="KHWC", activation="relu")
+    assert not implicit_gemm_nhwc.pingpong_narrow_pays(fused, 90)

@@ -269,11 +269,28 @@ PINGPONG_CLUSTER_KERNEL = "implicit_gemm_nhwc_pingpong_cluster"
 PINGPONG_CLUSTER_SPLITS = (2, 4, 8)
 PINGPONG_CLUSTER_MIN_RUN = 16
 #: The ping-pong tile 64 channels wide (the same kernel, BN 64): its stages are 24 KB, not 32, so the ring holds
-#: PINGPONG_NARROW_STAGES of them, 112 KB of x in flight a block where the 128-channel tile's 4 hold 64 KB
-#: (memory-bound layers: 256 -> 64 1x1 on 56^2 read x once), and a layer makes twice the tiles (few-tile
-#: layers at batch 8). The tuner tries it; the fixed rules do not take it.
+#: PINGPONG_NARROW_STAGES of them, 112 KB of x in flight a block where the 128-channel tile's 4 hold 64 KB,
+#: and a layer makes twice the tiles. The fixed rules take it (pingpong_narrow_pays; the planner asks before the
+#: pointwise kernel's rule) for unfused calls, as pingpong_pays, of PINGPONG_MIN_IN_CHANNELS input channels or more:
+#: - of 64 output channels, a wave of tiles or more, and more than one k tile or PINGPONG_NARROW_SHORT_WAVES waves
+#:   of tiles (one k tile a tile leaves its epilogue the whole of its time);
+#: - of fewer than PINGPONG_MIN_TILES tiles of 128 x 128 but PINGPONG_NARROW_MIN_WAVE to one wave of its own, over
+#:   PINGPONG_NARROW_K_TILES k tiles (longer reductions spread further by split-K's runs; shorter ones untimed).
+#: H200, fp16 channels_last, CUDA graphs, each against the rules' plan before (benchmarks/NOTES.md, "The
+#: ping-pong tile 64 channels wide"): ResNet-50 at batch 32, 3x3 of 64 on 56^2 26.1 -> 19.8 us (torch 24.9), 256
+#: -> 64 on 56^2 22.1 -> 18.9 (18.3), 64 -> 64 1x1 7.8 -> 6.9 (6.5), 2048 -> 512 on 7^2 (104 of its tiles, 32 k
+#: tiles) 12.4 -> 10.9 (7.4); at batch 8 the 3x3 of 128 on 28^2 and its s2 on 56^2 (98 tiles) 9.1 -> 7.6 and
+#: 7.7 (9.4, 8.2), 1024 -> 512 on 14^2 7.9 -> 6.9 (5.2), 512 -> 128 on 28^2 5.3 -> 4.9 (4.1), 256 -> 64 5.9 ->
+#: 5.5 (5.2), 3x3 of 64 9.8 -> 8.4 (10.3). Slower: 64 -> 64 1x1 at batch 8 (196 tiles of one k tile) 3.5 -> 3.8;
+#: two waves of its tiles where the 128-channel tile makes one (512 -> 256 on 28^2 at batch 8 5.8 -> 7.1) and
+#: every layer of 64 tiles of 128 x 128 or more at batch 32 (0.7-0.8x); 1024 -> 2048 1x1 s2 on 14^2 at batch 8
+#: (64 of those tiles, 128 of its own) 8.5 -> 9.2; the 3x3 of 512 on 7^2 at batch 32 (72 k tiles) 18.8 in 2
+#: runs of split-K -> 21.6. Outputs of other widths than 64 were not timed on it.
 PINGPONG_NARROW_CONFIG = "nhwc_wgmma_pingpong_m128n64"
 PINGPONG_NARROW_STAGES = 7
+PINGPONG_NARROW_SHORT_WAVES = 4
+PINGPONG_NARROW_K_TILES = (8, 32)
+PINGPONG_NARROW_MIN_WAVE = 0.7
 NHWC_CONFIGS["float16"] += tuple(GemmConfig(name, 128, 128, 64, 8, 1, PINGPONG_STAGES, wgmma=WGMMA_PINGPONG,
                                             producer_warps=4) for name in (PINGPONG_CONFIG, PINGPONG_CLUSTER_CONFIG))
 NHWC_CONFIGS["float16"] += (GemmConfig(PINGPONG_NARROW_CONFIG, 128, 64, 64, 8, 1, PINGPONG_NARROW_STAGES,
@@ -557,6 +574,26 @@ def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
     return True
 
 
+def pingpong_narrow_pays(problem: ConvProblem, compute_capability: int) -> bool:
+    """Whether the fixed rules take the 64-channel ping-pong tile (PINGPONG_NARROW_CONFIG) for ``problem``
+    (PINGPONG_NARROW_* above). The planner asks it before any other tile's rule."""
+    if problem.has_bias or problem.activation != "none" or problem.has_residual or \
+            compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.dtype not in ("float16", "bfloat16") or \
+            problem.c < PINGPONG_MIN_IN_CHANNELS or problem.layout != "NHWC":
+        return False
+    (_, channels_padded), why_not = _pieces(problem)
+    cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PINGPONG_NARROW_CONFIG)
+    if why_not or _pingpong_refusal(problem, channels_padded, _index(problem, cfg, channels_padded), None, None):
+        return False
+    tiles, k_tiles = math.prod(gemm_grid(problem, cfg)), _k_tiles(problem, cfg, channels_padded)
+    if problem.k == 64:
+        return tiles >= H100_SMS and (k_tiles > 1 or tiles >= PINGPONG_NARROW_SHORT_WAVES * H100_SMS)
+    wide = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PINGPONG_CONFIG)
+    fewest_k_tiles, most_k_tiles = PINGPONG_NARROW_K_TILES
+    return (math.prod(gemm_grid(problem, wide)) < PINGPONG_MIN_TILES and fewest_k_tiles <= k_tiles <= most_k_tiles
+            and PINGPONG_NARROW_MIN_WAVE * H100_SMS <= tiles <= H100_SMS)
+
+
 def pingpong_split_runs(problem: ConvProblem, compute_capability: int) -> int:
     """Split-K's runs the fixed rules give the ping-pong tile for ``problem`` (PINGPONG_SPLIT_* above; 1:
     the rule does not take it)."""
@@ -613,10 +650,15 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
     else of 64 bytes (narrower pieces make a deep tile many copies per thread; few channels per tap
     make it many taps; 1x1 problems read in place have short reductions).
 
-    Before all of these, the 64 x 128 tile where _small_wide_tile takes it; then, where ``pingpong`` and
+    Before all of these, where ``pingpong`` and pingpong_narrow_pays, the 64-channel ping-pong tile; then the 64 x
+    128 tile where _small_wide_tile takes it; then, where ``pingpong`` and
     pingpong_pays, the ping-pong tile; where ``pingpong_split`` and pingpong_split_runs, the ping-pong tile with
     split-K in clusters where pingpong_cluster_runs takes it, else with split-K's runs (make_plan asks
     pingpong_split_runs for them)."""
+    if pingpong and pingpong_narrow_pays(problem, compute_capability):
+        cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PINGPONG_NARROW_CONFIG)
+        return cfg, (f"wgmma; {problem.c} -> {problem.k} channels, {math.prod(gemm_grid(problem, cfg))} tiles of "
+                     f"128 x 64: the ping-pong tile 64 channels wide, {cfg.stages} stages")
     small_wide = _small_wide_tile(problem, compute_capability)
     if small_wide:
         return small_wide, (f"wgmma; {math.prod(gemm_grid(problem, small_wide))} tiles of 64 x 128 (a wave, >= "
