@@ -249,7 +249,7 @@ def _pingpong_split_choices(problem: ConvProblem, sm_count: int):
     if cfg is None or problem.layout != "NHWC":
         return
     tiles = math.prod(gemm_grid(problem, cfg))
-    k_tiles = math.ceil(problem.kh * problem.kw * problem.c / cfg.bk)
+    k_tiles = implicit_gemm_nhwc.reduction_tiles(problem, cfg, problem.c)
     for splits in PINGPONG_SPLIT_CHOICES:
         if splits == 1 or (tiles * splits <= 2 * sm_count and k_tiles // splits >= SPLIT_K_MIN_TILES):
             yield Choice(NHWC_KERNEL, cfg.name, (("splits", splits),))

@@ -110,26 +110,21 @@ __device__ __forceinline__ void mbarrier_init_fence() {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
-// An arrival on the mbarrier at `barrier`'s offset in the shared memory of cluster block `rank`
-// (this one's included), ordered after this thread's earlier reads of shared memory.
-__device__ __forceinline__ void mbarrier_arrive_cluster(void* barrier, unsigned rank) {
-    asm volatile("{\n"
-                 ".reg .b32 remote;\n"
-                 "mapa.shared::cluster.u32 remote, %0, %1;\n"
-                 "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
-                 "}\n" :: "r"(shared_address(barrier)), "r"(rank) : "memory");
-}
-
-// Distributed shared memory (sm_90 clusters). An arrival on the mbarrier at `barrier`'s offset in cluster block
-// `rank`, released at cluster scope: this thread's shared-memory writes and reads before it happen before
-// whatever follows a wait on that barrier's phase (mbarrier_wait_acquire_cluster) anywhere in the cluster.
-__device__ __forceinline__ void mbarrier_arrive_release_cluster(void* barrier, unsigned rank) {
-    asm volatile("{\n"
-                 ".reg .b32 remote;\n"
-                 "mapa.shared::cluster.u32 remote, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
-                 "}\n" :: "r"(shared_address(barrier)), "r"(rank) : "memory");
-}
+// Distributed shared memory (sm_90 clusters). An arrival on the mbarrier at `barrier`'s offset in the shared memory
+// of cluster block `rank` (this one's included), with the PTX default semantics (release at CTA scope: ordered
+// after this thread's earlier reads of shared memory) or, `_release_cluster`, released at cluster scope: this
+// thread's shared-memory writes and reads before it happen before whatever follows a wait on that barrier's
+// phase (mbarrier_wait_acquire_cluster) anywhere in the cluster.
+#define CUPYCONV_MBARRIER_ARRIVE_CLUSTER(NAME, SEMANTICS)                                    \
+    __device__ __forceinline__ void NAME(void* barrier, unsigned rank) {                     \
+        asm volatile("{\n"                                                                   \
+                     ".reg .b32 remote;\n"                                                   \
+                     "mapa.shared::cluster.u32 remote, %0, %1;\n"                            \
+                     "mbarrier.arrive" SEMANTICS ".shared::cluster.b64 _, [remote];\n"       \
+                     "}\n" :: "r"(shared_address(barrier)), "r"(rank) : "memory");          \
+    }
+CUPYCONV_MBARRIER_ARRIVE_CLUSTER(mbarrier_arrive_cluster, "")
+CUPYCONV_MBARRIER_ARRIVE_CLUSTER(mbarrier_arrive_release_cluster, ".release.cluster")
 __device__ __forceinline__ void mbarrier_wait_acquire_cluster(void* barrier, int parity) {
     asm volatile("{\n"
                  ".reg .pred done;\n"

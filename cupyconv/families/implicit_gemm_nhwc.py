@@ -549,7 +549,7 @@ def _pingpong_shape(problem: ConvProblem, compute_capability: int) -> tuple[tupl
     cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
     if why_not or _pingpong_refusal(problem, channels_padded, _index(problem, cfg, channels_padded), None, None):
         return None
-    return gemm_grid(problem, cfg), _k_tiles(problem, cfg, channels_padded)
+    return gemm_grid(problem, cfg), reduction_tiles(problem, cfg, channels_padded)
 
 
 def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
@@ -585,7 +585,7 @@ def pingpong_narrow_pays(problem: ConvProblem, compute_capability: int) -> bool:
     cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PINGPONG_NARROW_CONFIG)
     if why_not or _pingpong_refusal(problem, channels_padded, _index(problem, cfg, channels_padded), None, None):
         return False
-    tiles, k_tiles = math.prod(gemm_grid(problem, cfg)), _k_tiles(problem, cfg, channels_padded)
+    tiles, k_tiles = math.prod(gemm_grid(problem, cfg)), reduction_tiles(problem, cfg, channels_padded)
     if problem.k == 64:
         return tiles >= H100_SMS and (k_tiles > 1 or tiles >= PINGPONG_NARROW_SHORT_WAVES * H100_SMS)
     wide = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PINGPONG_CONFIG)
@@ -662,7 +662,7 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
     small_wide = _small_wide_tile(problem, compute_capability)
     if small_wide:
         return small_wide, (f"wgmma; {math.prod(gemm_grid(problem, small_wide))} tiles of 64 x 128 (a wave, >= "
-                            f"{SMALL_WIDE_MIN_TILES}), {_k_tiles(problem, small_wide, problem.c)} k tiles (<= "
+                            f"{SMALL_WIDE_MIN_TILES}), {reduction_tiles(problem, small_wide, problem.c)} k tiles (<= "
                             f"{SMALL_WIDE_MAX_K_TILES}): one warpgroup's 64 x 128 tile")
     if pingpong and pingpong_pays(problem, compute_capability):
         cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
@@ -672,12 +672,12 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
     if pingpong_split and pingpong_cluster_runs(problem, compute_capability) > 1:
         cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PINGPONG_CLUSTER_CONFIG)
         return cfg, (f"wgmma; {math.prod(gemm_grid(problem, cfg))} tiles of 128 x 128 (< {PINGPONG_MIN_TILES}), "
-                     f"{_k_tiles(problem, cfg, problem.c)} k tiles (>= {2 * PINGPONG_CLUSTER_MIN_RUN}): the ping-pong "
+                     f"{reduction_tiles(problem, cfg, problem.c)} k tiles (>= {2 * PINGPONG_CLUSTER_MIN_RUN}): the ping-pong "
                      f"tile, two runs of each tile in a cluster of two blocks")
     if pingpong_split and pingpong_split_runs(problem, compute_capability) > 1:
         cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
         return cfg, (f"wgmma; {math.prod(gemm_grid(problem, cfg))} tiles of 128 x 128 (< {PINGPONG_MIN_TILES}), "
-                     f"{_k_tiles(problem, cfg, problem.c)} k tiles (>= {PINGPONG_SPLIT_MIN_K_TILES}): the ping-pong "
+                     f"{reduction_tiles(problem, cfg, problem.c)} k tiles (>= {PINGPONG_SPLIT_MIN_K_TILES}): the ping-pong "
                      f"tile, split-K's runs its work items")
     kg = problem.k // problem.groups
     item = 4 if problem.dtype == "float32" else 2
@@ -723,7 +723,7 @@ def _small_wide_tile(problem: ConvProblem, compute_capability: int) -> GemmConfi
     (vec, channels_padded), why_not = _pieces(problem)
     if why_not or vec != 16 or _wgmma_refusal(problem, compute_capability, cfg):
         return None
-    k_tiles, tiles = _k_tiles(problem, cfg, channels_padded), math.prod(gemm_grid(problem, cfg))
+    k_tiles, tiles = reduction_tiles(problem, cfg, channels_padded), math.prod(gemm_grid(problem, cfg))
     return cfg if k_tiles <= SMALL_WIDE_MAX_K_TILES and SMALL_WIDE_MIN_TILES <= tiles <= H100_SMS else None
 
 
@@ -761,7 +761,7 @@ def _larger_wgmma_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
     by_pixels = {c.bm: c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_CHANNEL_ROWS}
     producer = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PIXEL_ROWS_PRODUCER and c.cluster == 1)
     channels_padded = _pieces(problem)[0][1]
-    k_tiles = _k_tiles(problem, producer, channels_padded)
+    k_tiles = reduction_tiles(problem, producer, channels_padded)
     producer_runs = (problem.kh * problem.kw > 1 or k_tiles >= PRODUCER_MIN_ONE_TAP_K_TILES) and \
         problem.groups == 1 and channels_padded % producer.bk == 0
     if kg <= 64:
@@ -819,7 +819,7 @@ def _fewest_waves(problem: ConvProblem, producer: GemmConfig, channels_padded: i
                   f"128-pixel blocks' time, the fewest of the producer tiles), copied by TMA (a producer warpgroup)")
 
 
-def _k_tiles(problem: ConvProblem, cfg: GemmConfig, channels_padded: int) -> int:
+def reduction_tiles(problem: ConvProblem, cfg: GemmConfig, channels_padded: int) -> int:
     """k tiles of ``cfg``'s reduction: kh kw taps of the (padded) channels per group, bk at a time."""
     return math.ceil(problem.kh * problem.kw * (channels_padded // problem.groups) / cfg.bk)
 
@@ -834,7 +834,7 @@ def _splits(problem: ConvProblem, cfg: GemmConfig, grid: tuple[int, int, int], c
     """Runs of the reduction for split-K (1: none): up to SPLIT_K_TARGET_BLOCKS blocks for grids of
     at most SPLIT_K_MAX_BLOCKS tiles and reductions of SPLIT_K_MIN_REDUCTION k tiles or more, with
     32-bit indices (the split instances are compiled for those). ``grid``: cfg's gemm_grid."""
-    k_tiles = _k_tiles(problem, cfg, channels_padded)
+    k_tiles = reduction_tiles(problem, cfg, channels_padded)
     if math.prod(grid) > SPLIT_K_MAX_BLOCKS or k_tiles < SPLIT_K_MIN_REDUCTION or index != "int":
         return 1
     return split_k_runs(problem, grid, k_tiles, SPLIT_K_TARGET_BLOCKS // math.prod(grid), SPLIT_K_MIN_TILES)
@@ -930,7 +930,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         tiles = math.prod(grid)
         if cfg.name == PINGPONG_CLUSTER_CONFIG:  # one block a work item, the clusters finishing their tiles
             splits = PINGPONG_CLUSTER_SPLITS[0] if splits is None else splits
-            k_tiles = _k_tiles(problem, cfg, channels_padded)
+            k_tiles = reduction_tiles(problem, cfg, channels_padded)
             if splits not in PINGPONG_CLUSTER_SPLITS or splits > k_tiles:
                 raise ValueError(f"config {cfg.name!r} runs clusters of {PINGPONG_CLUSTER_SPLITS} blocks, at most one a "
                                  f"k tile ({k_tiles}); got splits={splits!r}")
@@ -980,7 +980,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
                          f"indices)")
     if cfg.wgmma and not cfg.producer_warps and splits == 1 and index == "int" and not a_from_nchw:
         stream_k_blocks, stream_k_why = _stream_k_blocks(problem, cfg, grid,
-                                                         _k_tiles(problem, cfg, channels_padded), stream_k)
+                                                         reduction_tiles(problem, cfg, channels_padded), stream_k)
         why += stream_k_why
     return LaunchPlan(
         kernel=KERNEL, dtype=problem.dtype, index_type=index,
@@ -1276,7 +1276,7 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
         # The blocks' float32 slots in the workspace (after x's copy); the flags are the FLAGS operand.
         partials = Pointer(WORKSPACE, workspace)
         tiles_m, tiles_n, _ = plan.grid
-        launch = conv_launch(plan, p, tiles_m, tiles_n, _k_tiles(p, plan.config, plan.channels_padded), partials,
+        launch = conv_launch(plan, p, tiles_m, tiles_n, reduction_tiles(p, plan.config, plan.channels_padded), partials,
                              Pointer(FLAGS), x=x, weight=weight_pointer, channels=plan.channels_padded)
         launches.append(dataclasses.replace(launch, kernel=STREAM_K_KERNEL, grid=(plan.stream_k_blocks, 1, 1)))
         slots = 4 * plan.stream_k_blocks * plan.config.bm * plan.config.bn
