@@ -241,9 +241,10 @@ def test_layout_programs(case, dtype, layouts):
         one_tap = problem.kh * problem.kw == 1  # a 1x1 KCHW weight is KHWC memory: read in place too
         if plan.kernel == planner.NHWC_KERNEL and layouts in (("NHWC", "KHWC"), ("NHWC", "KCHW") if one_tap else ()) \
                 and plan.channels_padded == problem.c:
+            cluster = plan.config.name == implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG
             gemm = implicit_gemm_nhwc.STREAM_K_KERNEL if plan.stream_k_blocks else \
-                implicit_gemm_nhwc.PINGPONG_CLUSTER_KERNEL if plan.config.name == implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG \
-                else implicit_gemm_nhwc.PINGPONG_KERNEL if plan.config.wgmma == implicit_gemm_nhwc.WGMMA_PINGPONG else \
+                implicit_gemm_nhwc.PINGPONG_CLUSTER_KERNEL if cluster else \
+                implicit_gemm_nhwc.PINGPONG_KERNEL if plan.config.wgmma == implicit_gemm_nhwc.WGMMA_PINGPONG else \
                 implicit_gemm_nhwc.PAIR_KERNEL if plan.config.cluster > 1 else \
                 implicit_gemm_nhwc.TMA_KERNEL if plan.config.producer_warps else planner.NHWC_KERNEL
             in_place = [gemm] + ([REDUCE_KERNEL] if plan.splits > 1 else [])

@@ -156,7 +156,8 @@ def test_candidates_cover_tiles_split_k_and_winograd():
     narrow = {c.name for c in planner.implicit_gemm_nhwc.NHWC_CONFIGS["float16"] if c.bn == 32}
     pairs = {c.name for c in planner.implicit_gemm_nhwc.NHWC_CONFIGS["float16"] if c.cluster > 1}
     # wgmma too on sm_90; the 32-channel tiles only for outputs of at most 32 channels, the pairs of
-    # producer tiles for an even number of channel tiles, the ping-pong tiles for NHWC layers (tests/test_pingpong_cpu.py)
+    # producer tiles for an even number of channel tiles, the ping-pong tiles for NHWC layers
+    # (tests/test_pingpong_cpu.py)
     pingpong = {c.name for c in planner.implicit_gemm_nhwc.NHWC_CONFIGS["float16"]
                 if c.wgmma == planner.implicit_gemm_nhwc.WGMMA_PINGPONG}
     assert nhwc == {c.name for c in planner.implicit_gemm_nhwc.NHWC_CONFIGS["float16"]} - narrow - pairs - pingpong

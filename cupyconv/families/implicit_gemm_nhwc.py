@@ -672,13 +672,13 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
     if pingpong_split and pingpong_cluster_runs(problem, compute_capability) > 1:
         cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PINGPONG_CLUSTER_CONFIG)
         return cfg, (f"wgmma; {math.prod(gemm_grid(problem, cfg))} tiles of 128 x 128 (< {PINGPONG_MIN_TILES}), "
-                     f"{reduction_tiles(problem, cfg, problem.c)} k tiles (>= {2 * PINGPONG_CLUSTER_MIN_RUN}): the ping-pong "
-                     f"tile, two runs of each tile in a cluster of two blocks")
+                     f"{reduction_tiles(problem, cfg, problem.c)} k tiles (>= {2 * PINGPONG_CLUSTER_MIN_RUN}): the "
+                     f"ping-pong tile, two runs of each tile in a cluster of two blocks")
     if pingpong_split and pingpong_split_runs(problem, compute_capability) > 1:
         cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
         return cfg, (f"wgmma; {math.prod(gemm_grid(problem, cfg))} tiles of 128 x 128 (< {PINGPONG_MIN_TILES}), "
-                     f"{reduction_tiles(problem, cfg, problem.c)} k tiles (>= {PINGPONG_SPLIT_MIN_K_TILES}): the ping-pong "
-                     f"tile, split-K's runs its work items")
+                     f"{reduction_tiles(problem, cfg, problem.c)} k tiles (>= {PINGPONG_SPLIT_MIN_K_TILES}): the "
+                     f"ping-pong tile, split-K's runs its work items")
     kg = problem.k // problem.groups
     item = 4 if problem.dtype == "float32" else 2
     deep_k_tiles = math.ceil(problem.kh * problem.kw * _pieces(problem)[0][1] // problem.groups * item / 128)
