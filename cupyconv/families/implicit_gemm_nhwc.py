@@ -539,14 +539,15 @@ def _pingpong_refusal(problem: ConvProblem, channels_padded: int, index: str, sp
     return ""
 
 
-def _pingpong_shape(problem: ConvProblem, compute_capability: int) -> tuple[tuple[int, int, int], int] | None:
-    """The ping-pong tile's grid and k tiles for ``problem`` where its rules may take it (compute capability
-    9.0, 16 bits, PINGPONG_MIN_OUT_CHANNELS and PINGPONG_MIN_IN_CHANNELS, a tile that runs it), else None."""
+def _pingpong_shape(problem: ConvProblem, compute_capability: int, config: str = PINGPONG_CONFIG,
+                    min_out_channels: int = PINGPONG_MIN_OUT_CHANNELS) -> tuple[tuple[int, int, int], int] | None:
+    """The grid and k tiles of the ping-pong tile ``config`` for ``problem`` where its rules may take it (compute
+    capability 9.0, 16 bits, ``min_out_channels`` and PINGPONG_MIN_IN_CHANNELS, a tile that runs it), else None."""
     if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.dtype not in ("float16", "bfloat16") or \
-            problem.k < PINGPONG_MIN_OUT_CHANNELS or problem.c < PINGPONG_MIN_IN_CHANNELS:
+            problem.k < min_out_channels or problem.c < PINGPONG_MIN_IN_CHANNELS:
         return None
     (_, channels_padded), why_not = _pieces(problem)
-    cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
+    cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == config)
     if why_not or _pingpong_refusal(problem, channels_padded, _index(problem, cfg, channels_padded), None, None):
         return None
     return gemm_grid(problem, cfg), reduction_tiles(problem, cfg, channels_padded)
@@ -556,8 +557,7 @@ def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
     """Whether the fixed rules take the ping-pong tile for ``problem`` on a GPU of ``compute_capability``
     (PINGPONG_* above: wide enough, enough tiles, cheaper than the producer tile the rules would take
     instead, no bias, activation or residual). The planner asks it before the pointwise kernel's rule."""
-    shape = None if problem.has_bias or problem.activation != "none" or problem.has_residual else \
-        _pingpong_shape(problem, compute_capability)
+    shape = None if _fused(problem) else _pingpong_shape(problem, compute_capability)
     if shape is None:
         return False
     tiles, k_tiles = math.prod(shape[0]), shape[1]
@@ -577,16 +577,12 @@ def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
 def pingpong_narrow_pays(problem: ConvProblem, compute_capability: int) -> bool:
     """Whether the fixed rules take the 64-channel ping-pong tile (PINGPONG_NARROW_CONFIG) for ``problem``
     (PINGPONG_NARROW_* above). The planner asks it before any other tile's rule."""
-    if problem.has_bias or problem.activation != "none" or problem.has_residual or \
-            compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.dtype not in ("float16", "bfloat16") or \
-            problem.c < PINGPONG_MIN_IN_CHANNELS or problem.layout != "NHWC":
+    width = next(c for c in NHWC_CONFIGS["float16"] if c.name == PINGPONG_NARROW_CONFIG).bn
+    shape = None if _fused(problem) else _pingpong_shape(problem, compute_capability, PINGPONG_NARROW_CONFIG, width)
+    if shape is None:
         return False
-    (_, channels_padded), why_not = _pieces(problem)
-    cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PINGPONG_NARROW_CONFIG)
-    if why_not or _pingpong_refusal(problem, channels_padded, _index(problem, cfg, channels_padded), None, None):
-        return False
-    tiles, k_tiles = math.prod(gemm_grid(problem, cfg)), reduction_tiles(problem, cfg, channels_padded)
-    if problem.k == 64:
+    tiles, k_tiles = math.prod(shape[0]), shape[1]
+    if problem.k == width:
         return tiles >= H100_SMS and (k_tiles > 1 or tiles >= PINGPONG_NARROW_SHORT_WAVES * H100_SMS)
     wide = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PINGPONG_CONFIG)
     fewest_k_tiles, most_k_tiles = PINGPONG_NARROW_K_TILES
@@ -621,6 +617,12 @@ def pingpong_cluster_runs(problem: ConvProblem, compute_capability: int) -> int:
     tiles, runs = math.prod(grid), PINGPONG_CLUSTER_SPLITS[0]
     fills_a_wave = PINGPONG_SPLIT_MIN_WAVE * H100_SMS <= tiles * runs <= H100_SMS
     return runs if tiles < PINGPONG_MIN_TILES and fills_a_wave and k_tiles >= runs * PINGPONG_CLUSTER_MIN_RUN else 1
+
+
+def _fused(problem: ConvProblem) -> bool:
+    """Whether ``problem`` has a bias, an activation or a residual in its epilogue (the ping-pong tiles' rules
+    leave such calls to the other tiles)."""
+    return problem.has_bias or problem.activation != "none" or problem.has_residual
 
 
 def _pingpong_cost(tiles: int) -> float:
