@@ -940,12 +940,13 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
 // y + r split_elements ([M][K]; kernels/split_k_reduce.cu adds the runs in order: the same bits every run).
 // CLUSTER > 1 (implicit_gemm_nhwc_pingpong_cluster): split-K without the workspace and the reduction's launch.
 // The grid is tiles x CLUSTER blocks, one work item each, in clusters of CLUSTER: block rank r of a cluster
-// takes run r of the cluster's tile and stores its float32 sums of rows [q BM / CLUSTER, ..) into block q's
-// staging (distributed shared memory; the staging is free, one item a block); once every block's stores are
-// there (each consumer thread's arrival on every block's `ready`, released at cluster scope), block r
-// finishes its rows: the runs' sums read from its own shared memory and added in run order (the same bits
-// every run), bias, residual and activation, 16-byte stores. No block reads another's shared memory, so
-// none waits for the others to leave.
+// takes run r of the cluster's tile and stages its float32 sums of rows [q BM / CLUSTER, ..) in its own shared
+// memory (its staging for its own rows, the idle ring for block q's); one thread copies each of block q's
+// regions into block q's staging by the TMA unit (cp.async.bulk, distributed shared memory; the staging is
+// free, one item a block), the bytes counted on q's `ready`. Once every run's sums are there, block r finishes
+// its rows: the runs' sums read from its own shared memory and added in run order (the same bits every run),
+// bias, residual and activation, 16-byte stores. A block leaves only after every block has its rows (the
+// cluster barrier), as its copies out read its shared memory until then.
 template <typename T, int BM, int BN, int STAGES, bool RESIDUAL, bool SPLIT_K, int CLUSTER>
 __device__ __forceinline__ void
 pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
@@ -990,7 +991,7 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             mbarrier_init(empty + s, 4);  // the lane 0s of the consumer warpgroup that read it
         }
         if constexpr (CLUSTER_SUMS) {
-            mbarrier_init(ready, 128 * CLUSTER);  // each consumer thread of each block, once
+            mbarrier_init(ready, 128);  // this block's consumer threads, once; the other runs' copies as bytes
             mbarrier_init_fence();
         }
     }
@@ -1093,38 +1094,50 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         struct alignas(16) Vec { T v[8]; };
         const int n = ctid % VECTORS * 8, row0 = ctid / VECTORS;  // this thread's 8 channels, first row
         if constexpr (CLUSTER_SUMS) {
-            // Block r of the cluster finishes rows [r ROWS, (r + 1) ROWS) of the tile. Each run's sums of them
-            // are stored into block r's staging at [run][row - r ROWS] (remote stores: no round trip; the
-            // staging is unused here, one item a block), then block r reads its rows' runs from its own
-            // shared memory once every block's stores are there (`ready`), in run order: the same bits every run.
-            constexpr int F_STRIDE = BN + 8, ROWS = BM / CLUSTER;
+            // Block r of the cluster finishes rows [r ROWS, (r + 1) ROWS) of the tile. Each block stages its run's
+            // sums of its own rows in its staging at [run], and of block q's rows in the idle ring at [q], each
+            // [ROWS][F_STRIDE] as block q's staging holds them; one thread then copies each such region by the TMA
+            // unit into block q's staging at [run], the bytes counted on q's `ready`. Block r reads its rows' runs
+            // from its own shared memory in run order once they are all there: the same bits every run.
+            constexpr int F_STRIDE = BN + 8, ROWS = BM / CLUSTER, REGION = ROWS * F_STRIDE;  // floats
             static_assert(BM * F_STRIDE * 4 == 2 * BM * H_STRIDE * 2,
                           "every run's sums of a block's rows fill its staging");
-            float* sums = reinterpret_cast<float*>(staging);
+            static_assert(CLUSTER * REGION * 4 <= STAGES * (A_STAGE + B_STAGE), "the outgoing sums fit the ring");
+            float* sums = reinterpret_cast<float*>(staging);     // [run][ROWS][F_STRIDE]: this block's rows
+            float* outgoing = reinterpret_cast<float*>(a_smem);  // [owner][ROWS][F_STRIDE]: this run's, theirs
             // A lane pair swaps values so that each stores 4 columns of one row (the even lane row quad's, the
-            // odd one row quad + 8's): half the stores, and a block's own rows stored locally.
+            // odd one row quad + 8's): float4 stores.
             const int odd = tq & 1;
 #pragma unroll
             for (int h = 0; h < HALVES; ++h) {
                 const int row = h * 64 + warp * 16 + quad + odd * 8, owner = row / ROWS;  // one owner a warp
-                float* to = sums + (run * ROWS + row - owner * ROWS) * F_STRIDE + (tq >> 1) * 4;
-                const unsigned remote = cluster_address(to, owner);
+                float* to = (owner == run ? sums + run * REGION : outgoing + owner * REGION) +
+                            (row - owner * ROWS) * F_STRIDE + (tq >> 1) * 4;
 #pragma unroll
                 for (int nb = 0; nb < BN / 8; ++nb) {
                     const float a0 = acc[h][4 * nb], a1 = acc[h][4 * nb + 1];      // row quad
                     const float b0 = acc[h][4 * nb + 2], b1 = acc[h][4 * nb + 3];  // row quad + 8
                     const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
                     const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
-                    const float4 v = odd ? make_float4(r0, r1, b0, b1) : make_float4(a0, a1, r0, r1);
-                    if (owner == run)
-                        *reinterpret_cast<float4*>(to + nb * 8) = v;
-                    else
-                        store_cluster_float4(remote + nb * 8 * 4, v);
+                    *reinterpret_cast<float4*>(to + nb * 8) =
+                        odd ? make_float4(r0, r1, b0, b1) : make_float4(a0, a1, r0, r1);
                 }
             }
-#pragma unroll
-            for (int r = 0; r < CLUSTER; ++r) mbarrier_arrive_release_cluster(ready, r);
-            mbarrier_wait_acquire_cluster(ready, 0);
+            fence_proxy_async_shared();  // the outgoing sums, to the TMA unit
+            asm volatile("bar.sync %0, 128;\n" :: "r"(STAGING + consumer) : "memory");
+            if (ctid == 0) {
+#pragma unroll 1
+                for (int q = 0; q < CLUSTER; ++q)
+                    if (q != run) bulk_copy_to_cluster(sums + run * REGION, outgoing + q * REGION, REGION * 4, ready, q);
+                mbarrier_arrive_expect_tx(ready, (CLUSTER - 1) * REGION * 4);
+            } else {
+                mbarrier_arrive(ready);  // this thread's own rows stored
+            }
+            mbarrier_wait(ready, 0);
+            // This block's rows are all here, so every copy into it is done; once every block has arrived here,
+            // every copy out of this block is too, and it may exit (cluster_wait below).
+            __syncwarp();
+            cluster_arrive_relaxed();
             if (n0 + n < K) {
                 float b[8];
 #pragma unroll
@@ -1160,6 +1173,8 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                     }
                 });
             }
+            __syncwarp();
+            cluster_wait();
         } else if constexpr (SPLIT_K) {  // a quad's 4 float2s make a 32-byte sector of a row
             float* sums = static_cast<float*>(y_out) + run * split_elements;
 #pragma unroll

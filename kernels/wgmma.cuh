@@ -111,38 +111,36 @@ __device__ __forceinline__ void mbarrier_init_fence() {
 }
 
 // Distributed shared memory (sm_90 clusters). An arrival on the mbarrier at `barrier`'s offset in the shared memory
-// of cluster block `rank` (this one's included), with the PTX default semantics (release at CTA scope: ordered
-// after this thread's earlier reads of shared memory) or, `_release_cluster`, released at cluster scope: this
-// thread's shared-memory writes and reads before it happen before whatever follows a wait on that barrier's
-// phase (mbarrier_wait_acquire_cluster) anywhere in the cluster.
-#define CUPYCONV_MBARRIER_ARRIVE_CLUSTER(NAME, SEMANTICS)                                    \
-    __device__ __forceinline__ void NAME(void* barrier, unsigned rank) {                     \
-        asm volatile("{\n"                                                                   \
-                     ".reg .b32 remote;\n"                                                   \
-                     "mapa.shared::cluster.u32 remote, %0, %1;\n"                            \
-                     "mbarrier.arrive" SEMANTICS ".shared::cluster.b64 _, [remote];\n"       \
-                     "}\n" :: "r"(shared_address(barrier)), "r"(rank) : "memory");          \
-    }
-CUPYCONV_MBARRIER_ARRIVE_CLUSTER(mbarrier_arrive_cluster, "")
-CUPYCONV_MBARRIER_ARRIVE_CLUSTER(mbarrier_arrive_release_cluster, ".release.cluster")
-__device__ __forceinline__ void mbarrier_wait_acquire_cluster(void* barrier, int parity) {
+// of cluster block `rank` (this one's included), ordered after this thread's earlier reads of shared memory.
+__device__ __forceinline__ void mbarrier_arrive_cluster(void* barrier, unsigned rank) {
     asm volatile("{\n"
-                 ".reg .pred done;\n"
-                 "WAIT:\n"
-                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra WAIT;\n"
-                 "}\n" :: "r"(shared_address(barrier)), "r"(parity) : "memory");
+                 ".reg .b32 remote;\n"
+                 "mapa.shared::cluster.u32 remote, %0, %1;\n"
+                 "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+                 "}\n" :: "r"(shared_address(barrier)), "r"(rank) : "memory");
 }
-// The shared::cluster address of `p` (this block's shared memory) in cluster block `rank`, and a store of
-// four floats there.
-__device__ __forceinline__ unsigned cluster_address(const void* p, unsigned rank) {
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(shared_address(p)), "r"(rank));
-    return remote;
+// The cluster barrier in two halves: each thread's arrival (relaxed: nothing ordered by it), and its wait until
+// every thread of the cluster that has not exited arrived.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void store_cluster_float4(unsigned address, float4 v) {
-    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n"
-                 :: "r"(address), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
+// This thread's writes to shared memory made visible to the async proxy (the TMA unit's copies out of it).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// `bytes` (a multiple of 16) of this block's shared memory at `src` copied by the TMA unit to cluster block
+// `rank`'s at `dst`'s offset, counted there as transaction bytes on the mbarrier at `barrier`'s offset. Only that
+// barrier says when the copy is done: this block must not exit before (cluster_wait after the owner's arrival).
+__device__ __forceinline__ void bulk_copy_to_cluster(void* dst, const void* src, unsigned bytes, void* barrier,
+                                                     unsigned rank) {
+    asm volatile("{\n"
+                 ".reg .b32 to, at;\n"
+                 "mapa.shared::cluster.u32 to, %0, %3;\n"
+                 "mapa.shared::cluster.u32 at, %2, %3;\n"
+                 "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [to], [%1], %4, [at];\n"
+                 "}\n" :: "r"(shared_address(dst)), "r"(shared_address(src)), "r"(shared_address(barrier)), "r"(rank),
+                 "r"(bytes) : "memory");
 }
 
 // d (64 x N, float32) += A (64 x k) B (k x N) for one instruction's k: 16 of half_t / bfloat16_t,
