@@ -5,8 +5,8 @@ SHAPE: the two seeds (alexnet, wide), MobileNetV2's 14 x 14 depthwise layer (dw3
 256 channels on 14 x 14 (r50_l3) at batch 32; EfficientNet-B0's stem (stem: 3 -> 32 3x3 s2 on 224^2,
 batch 32); wav2vec 2.0's first layer (w2v: 1 -> 512, k10 s5, batch 8) and a Conformer depthwise layer
 (conformer_dw: 512 channels, k31, batch 16) as conv1d runs them; ResNet-50's 1x1 layers of 1024 -> 256 on 14 x 14
-and 256 -> 128 on 56 x 56 and 256 -> 1024 on 14 x 14 at batch 32 (r50_1x1_1024to256, r50_1x1_256to128,
-r50_1x1_256to1024). fp32 is strict float32, tf32 float32 on the tensor cores; nhwc runs on NHWC arrays
+and 256 -> 128 on 56 x 56 and 256 -> 1024 on 14 x 14 and 2048 -> 512 on 7 x 7 at batch 32 (r50_1x1_1024to256,
+r50_1x1_256to128, r50_1x1_256to1024, r50_1x1_2048to512). fp32 is strict float32, tf32 float32 on the tensor cores; nhwc runs on NHWC arrays
 (default nchw); CONFIG forces a tile of the channels-last GEMM (implicit_gemm_nhwc's config names)."""
 import sys
 
@@ -21,7 +21,8 @@ SHAPES = {"alexnet": ((256, 3, 224, 224), (96, 3, 11, 11), 4, 2), "wide": ((8, 3
           "conformer_dw": ((16, 512, 1, 1000), (512, 1, 1, 31), 1, (0, 15)),
           "r50_1x1_1024to256": ((32, 1024, 14, 14), (256, 1024, 1, 1), 1, 0),
           "r50_1x1_256to128": ((32, 256, 56, 56), (128, 256, 1, 1), 1, 0),
-          "r50_1x1_256to1024": ((32, 256, 14, 14), (1024, 256, 1, 1), 1, 0)}
+          "r50_1x1_256to1024": ((32, 256, 14, 14), (1024, 256, 1, 1), 1, 0),
+          "r50_1x1_2048to512": ((32, 2048, 7, 7), (512, 2048, 1, 1), 1, 0)}
 shape, mode = sys.argv[1], sys.argv[2]
 layout = sys.argv[3].upper() if len(sys.argv) > 3 else "NCHW"
 xs, ws, stride, padding = SHAPES[shape]

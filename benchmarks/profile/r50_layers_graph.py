@@ -4,7 +4,8 @@ F.conv2d timed the same way, and each output checked against torch's. For A/B, r
 each from outside the trees (the script's directory first on sys.path, then PYTHONPATH):
     PYTHONPATH=TREE:benchmarks/profile python benchmarks/profile/r50_layers_graph.py LABEL [BATCH ...]
 (default batches 1 and 8). With --candidates TOP, every plan the tuner would try is timed so too, and the
-TOP fastest are listed under the rules' plan; --im2col keeps the layers with taps or strides alone."""
+TOP fastest are listed under the rules' plan; --im2col keeps the layers with taps or strides alone, --only
+C,K,H,KH,S (repeatable) the layers named."""
 import argparse
 import dataclasses
 
@@ -43,10 +44,10 @@ def time_plan(plan, problem, x, w, reference) -> float:
     return ms
 
 
-def main(tag: str, batches: list[int], top: int, im2col: bool) -> None:
+def main(tag: str, batches: list[int], top: int, im2col: bool, only: list[tuple[int, ...]]) -> None:
     for n in batches:
         for c, k, h, kh, s in LAYERS:
-            if im2col and (kh, s) == (1, 1):
+            if (im2col and (kh, s) == (1, 1)) or (only and (c, k, h, kh, s) not in only):
                 continue
             problem = make_problem((n, h, h, c), (k, kh, kh, c), None, "float16", stride=s, padding=kh // 2,
                                    layout="NHWC", weight_layout="KHWC")
@@ -77,5 +78,11 @@ if __name__ == "__main__":
                         help="time every plan the tuner would try, and show the TOP fastest")
     parser.add_argument("--im2col", action="store_true",
                         help="only the layers with taps or strides (x read through an im2col copy or map)")
+    parser.add_argument("--only", action="append", default=[], metavar="C,K,H,KH,S",
+                        type=lambda text: tuple(int(v) for v in text.split(",")),
+                        help="time only this layer of LAYERS (repeatable), e.g. 512,512,7,3,1")
     args = parser.parse_args()
-    main(args.tag, args.batches, args.candidates, args.im2col)
+    unknown = [layer for layer in args.only if layer not in LAYERS]
+    if unknown:
+        parser.error(f"--only {unknown}: not among ResNet-50's layers {LAYERS}")
+    main(args.tag, args.batches, args.candidates, args.im2col, args.only)
