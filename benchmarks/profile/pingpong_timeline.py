@@ -18,16 +18,17 @@ from cupyconv.tuning import candidates, label
 
 CLUSTER = "pingpong_m128n128_cluster split-K "
 #: ((batch, in channels, out channels, plane, kernel, stride), the plans timed: labels after "nhwc_wgmma_").
-CASES = [((8, 1024, 256, 14, 1, 1), ["pingpong_m128n128", "pingpong_m128n128 split-K 4"]),
+CASES = [((8, 1024, 256, 14, 1, 1), ["pingpong_m128n128", "pingpong_m128n64", "pingpong_m128n128 split-K 4",
+                                     CLUSTER + "2"]),
          ((8, 256, 256, 14, 3, 1), ["pingpong_m128n128 split-K 5", CLUSTER + "2", CLUSTER + "4"]),
          ((32, 512, 512, 7, 3, 1), ["pingpong_m128n128 split-K 2", CLUSTER + "2"]),
-         ((32, 2048, 512, 7, 1, 1), ["pingpong_m128n128", CLUSTER + "2"])]
+         ((32, 2048, 512, 7, 1, 1), ["pingpong_m128n128", "pingpong_m128n64", CLUSTER + "2"])]
 SLOTS = 16
 #: (slot order, phase names): the producer thread's stamps, then consumer 0's (clusters: three epilogue parts).
 PHASES = ([0, 1, 8, 13, 14, 9, 10, 2, 3, 4], ["init + sync", "setmaxnreg.dec", "item_of, m0 n0", "corner, first tap",
                                             "empty wait", "expect_tx + A copy", "B copy", "first stage landed",
                                             "mainloop"])
-ENDS = {False: ([5], ["epilogue"]), True: ([11, 12, 5], ["remote stores", "ready wait", "finish"])}
+ENDS = {False: ([5], ["epilogue"]), True: ([11, 12, 5], ["sums staged", "copied, ready", "finish"])}
 
 
 def stamps(module) -> cupy.ndarray:

@@ -33,9 +33,9 @@ STAMPS = [
      "                    if (seq == 0) TL(2);\n"),
     ("            mbarrier_wait(full + stage, (seq / STAGES) & 1);\n", "            if (seq == 0 && ctid == 0) TL(3);\n"),
     ("        wgmma_wait<0>();\n", "        if (i == 0 && ctid == 0) TL(4);\n"),
-    ("                        store_cluster_float4(remote + nb * 8 * 4, v);\n                }\n            }\n",
+    ("            fence_proxy_async_shared();  // the outgoing sums, to the TMA unit\n",
      "            if (ctid == 0) TL(11);\n"),
-    ("            mbarrier_wait_acquire_cluster(ready, 0);\n", "            if (ctid == 0) TL(12);\n"),
+    ("            mbarrier_wait(ready, 0);\n", "            if (ctid == 0) TL(12);\n"),
 ]
 #: The consumers' last stamp (slot 5, and the globaltimer in 7), before pingpong_tiles' closing brace.
 END = "template <typename T, int BM, int BN, int STAGES, bool RESIDUAL, bool SPLIT_K>\n__global__"
