@@ -4,8 +4,8 @@ F.conv2d timed the same way, and each output checked against torch's. For A/B, r
 each from outside the trees (the script's directory first on sys.path, then PYTHONPATH):
     PYTHONPATH=TREE:benchmarks/profile python benchmarks/profile/r50_layers_graph.py LABEL [BATCH ...]
 (default batches 1 and 8). With --candidates TOP, every plan the tuner would try is timed so too, and the
-TOP fastest are listed under the rules' plan; --im2col keeps the layers with taps or strides alone, --only
-C,K,H,KH,S (repeatable) the layers named."""
+TOP fastest are listed under the rules' plan (--match TEXT: only those whose label holds TEXT); --im2col keeps
+the layers with taps or strides alone, --only C,K,H,KH,S (repeatable) the layers named."""
 import argparse
 import dataclasses
 
@@ -44,7 +44,7 @@ def time_plan(plan, problem, x, w, reference) -> float:
     return ms
 
 
-def main(tag: str, batches: list[int], top: int, im2col: bool, only: list[tuple[int, ...]]) -> None:
+def main(tag: str, batches: list[int], top: int, im2col: bool, only: list[tuple[int, ...]], match: list[str]) -> None:
     for n in batches:
         for c, k, h, kh, s in LAYERS:
             if (im2col and (kh, s) == (1, 1)) or (only and (c, k, h, kh, s) not in only):
@@ -52,6 +52,7 @@ def main(tag: str, batches: list[int], top: int, im2col: bool, only: list[tuple[
             problem = make_problem((n, h, h, c), (k, kh, kh, c), None, "float16", stride=s, padding=kh // 2,
                                    layout="NHWC", weight_layout="KHWC")
             plans = [plan for _, plan in candidates(problem, compute_capability=90)][:None if top else 1]
+            plans = plans[:1] + [plan for plan in plans[1:] if not match or any(m in label(plan) for m in match)]
             x = torch.randn(n, c, h, h, device="cuda", dtype=torch.half).to(memory_format=torch.channels_last)
             w = torch.randn(k, c, kh, kh, device="cuda", dtype=torch.half).to(memory_format=torch.channels_last)
             reference = torch.nn.functional.conv2d(x, w, None, s, kh // 2)
@@ -81,8 +82,11 @@ if __name__ == "__main__":
     parser.add_argument("--only", action="append", default=[], metavar="C,K,H,KH,S",
                         type=lambda text: tuple(int(v) for v in text.split(",")),
                         help="time only this layer of LAYERS (repeatable), e.g. 512,512,7,3,1")
+    parser.add_argument("--match", action="append", default=[], metavar="TEXT",
+                        help="with --candidates, time only the rules' plan and the candidates whose label holds TEXT "
+                             "(repeatable), e.g. pingpong_m64n128")
     args = parser.parse_args()
     unknown = [layer for layer in args.only if layer not in LAYERS]
     if unknown:
         parser.error(f"--only {unknown}: not among ResNet-50's layers {LAYERS}")
-    main(args.tag, args.batches, args.candidates, args.im2col, args.only)
+    main(args.tag, args.batches, args.candidates, args.im2col, args.only, args.match)
