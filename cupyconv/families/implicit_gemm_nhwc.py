@@ -520,6 +520,11 @@ def _wgmma_refusal(problem: ConvProblem, compute_capability: int, cfg: GemmConfi
     return ""
 
 
+def config_named(dtype: str, name: str) -> GemmConfig:
+    """The tile of NHWC_CONFIGS[dtype] called ``name``."""
+    return next(c for c in NHWC_CONFIGS[dtype] if c.name == name)
+
+
 def _pingpong_refusal(problem: ConvProblem, channels_padded: int, index: str, splits, stream_k) -> str:
     """Why the ping-pong tile (PINGPONG_CONFIG) cannot run ``problem`` ("" where it can)."""
     p = problem
@@ -547,7 +552,7 @@ def _pingpong_shape(problem: ConvProblem, compute_capability: int, config: str =
             problem.k < min_out_channels or problem.c < PINGPONG_MIN_IN_CHANNELS:
         return None
     (_, channels_padded), why_not = _pieces(problem)
-    cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == config)
+    cfg = config_named(problem.dtype, config)
     if why_not or _pingpong_refusal(problem, channels_padded, _index(problem, cfg, channels_padded), None, None):
         return None
     return gemm_grid(problem, cfg), reduction_tiles(problem, cfg, channels_padded)
@@ -577,14 +582,14 @@ def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
 def pingpong_narrow_pays(problem: ConvProblem, compute_capability: int) -> bool:
     """Whether the fixed rules take the 64-channel ping-pong tile (PINGPONG_NARROW_CONFIG) for ``problem``
     (PINGPONG_NARROW_* above). The planner asks it before any other tile's rule."""
-    width = next(c for c in NHWC_CONFIGS["float16"] if c.name == PINGPONG_NARROW_CONFIG).bn
+    width = config_named("float16", PINGPONG_NARROW_CONFIG).bn
     shape = None if _fused(problem) else _pingpong_shape(problem, compute_capability, PINGPONG_NARROW_CONFIG, width)
     if shape is None:
         return False
     tiles, k_tiles = math.prod(shape[0]), shape[1]
     if problem.k == width:
         return tiles >= H100_SMS and (k_tiles > 1 or tiles >= PINGPONG_NARROW_SHORT_WAVES * H100_SMS)
-    wide = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PINGPONG_CONFIG)
+    wide = config_named(problem.dtype, PINGPONG_CONFIG)
     fewest_k_tiles, most_k_tiles = PINGPONG_NARROW_K_TILES
     return (math.prod(gemm_grid(problem, wide)) < PINGPONG_MIN_TILES and fewest_k_tiles <= k_tiles <= most_k_tiles
             and PINGPONG_NARROW_MIN_WAVE * H100_SMS <= tiles <= H100_SMS)
@@ -658,7 +663,7 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
     split-K in clusters where pingpong_cluster_runs takes it, else with split-K's runs (make_plan asks
     pingpong_split_runs for them)."""
     if pingpong and pingpong_narrow_pays(problem, compute_capability):
-        cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PINGPONG_NARROW_CONFIG)
+        cfg = config_named(problem.dtype, PINGPONG_NARROW_CONFIG)
         return cfg, (f"wgmma; {problem.c} -> {problem.k} channels, {math.prod(gemm_grid(problem, cfg))} tiles of "
                      f"128 x 64: the ping-pong tile 64 channels wide, {cfg.stages} stages")
     small_wide = _small_wide_tile(problem, compute_capability)
@@ -667,17 +672,17 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
                             f"{SMALL_WIDE_MIN_TILES}), {reduction_tiles(problem, small_wide, problem.c)} k tiles (<= "
                             f"{SMALL_WIDE_MAX_K_TILES}): one warpgroup's 64 x 128 tile")
     if pingpong and pingpong_pays(problem, compute_capability):
-        cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
+        cfg = config_named(problem.dtype, PINGPONG_CONFIG)
         return cfg, (f"wgmma; 1x1 of {problem.c} -> {problem.k} channels, {math.prod(gemm_grid(problem, cfg))} "
                      f"tiles of 128 x 128: the ping-pong tile (one consumer warpgroup's epilogue beside the "
                      f"other's MMAs)")
     if pingpong_split and pingpong_cluster_runs(problem, compute_capability) > 1:
-        cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PINGPONG_CLUSTER_CONFIG)
+        cfg = config_named(problem.dtype, PINGPONG_CLUSTER_CONFIG)
         return cfg, (f"wgmma; {math.prod(gemm_grid(problem, cfg))} tiles of 128 x 128 (< {PINGPONG_MIN_TILES}), "
                      f"{reduction_tiles(problem, cfg, problem.c)} k tiles (>= {2 * PINGPONG_CLUSTER_MIN_RUN}): the "
                      f"ping-pong tile, two runs of each tile in a cluster of two blocks")
     if pingpong_split and pingpong_split_runs(problem, compute_capability) > 1:
-        cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PINGPONG)
+        cfg = config_named(problem.dtype, PINGPONG_CONFIG)
         return cfg, (f"wgmma; {math.prod(gemm_grid(problem, cfg))} tiles of 128 x 128 (< {PINGPONG_MIN_TILES}), "
                      f"{reduction_tiles(problem, cfg, problem.c)} k tiles (>= {PINGPONG_SPLIT_MIN_K_TILES}): the "
                      f"ping-pong tile, split-K's runs its work items")
@@ -686,7 +691,7 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
     deep_k_tiles = math.ceil(problem.kh * problem.kw * _pieces(problem)[0][1] // problem.groups * item / 128)
     few_pixels = problem.n * problem.ho * problem.wo < WGMMA_MIN_NARROW_PIXELS and kg <= 64
     if _nchw_a_vec(problem):
-        pixel_rows = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PIXEL_ROWS_CONFIG)
+        pixel_rows = config_named(problem.dtype, PIXEL_ROWS_CONFIG)
         min_channels, min_k_tiles = NCHW_A_WGMMA_MIN_CHANNELS[item], NCHW_A_WGMMA_MIN_K_TILES[item]
         min_blocks = NCHW_A_WGMMA_MIN_BLOCKS[item]
         whole_rows = problem.c // problem.groups * item % 128 == 0 or not NCHW_A_WGMMA_WHOLE_K_ROWS[item]
@@ -721,7 +726,7 @@ def _small_wide_tile(problem: ConvProblem, compute_capability: int) -> GemmConfi
     if problem.dtype not in ("float16", "bfloat16") or problem.layout != "NHWC" or problem.groups != 1 or \
             problem.k % 128 or _nchw_a_vec(problem):
         return None
-    cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == SMALL_WIDE_CONFIG)
+    cfg = config_named(problem.dtype, SMALL_WIDE_CONFIG)
     (vec, channels_padded), why_not = _pieces(problem)
     if why_not or vec != 16 or _wgmma_refusal(problem, compute_capability, cfg):
         return None
@@ -738,7 +743,7 @@ def _choose_wgmma_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
     cfg, why = _larger_wgmma_config(problem)
     if cfg.producer_warps:
         return cfg, why
-    small = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == SMALL_TILE_CONFIG)
+    small = config_named(problem.dtype, SMALL_TILE_CONFIG)
     blocks, tiles, small_blocks = _blocks(problem, cfg), math.prod(gemm_grid(problem, small)), _blocks(problem, small)
     fewer_pay = problem.kh * problem.kw == 1 and problem.dtype != "float32" and problem.layout == "NHWC"
     if blocks < SMALL_TILE_MAX_BLOCKS and tiles <= SMALL_TILE_MAX_BLOCKS and (small_blocks >= blocks or fewer_pay):
@@ -767,7 +772,7 @@ def _larger_wgmma_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
     producer_runs = (problem.kh * problem.kw > 1 or k_tiles >= PRODUCER_MIN_ONE_TAP_K_TILES) and \
         problem.groups == 1 and channels_padded % producer.bk == 0
     if kg <= 64:
-        narrow = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == NARROW_PRODUCER_CONFIG)
+        narrow = config_named(problem.dtype, NARROW_PRODUCER_CONFIG)
         if producer_runs and k_tiles <= NARROW_PRODUCER_MAX_K_TILES and \
                 _x_copied(problem, channels_padded, by_pixels[256]) and not _x_copied(problem, channels_padded, narrow):
             return narrow, (f"wgmma; {kg} output channels per group: one 64-channel tile of 256 pixels copied "
@@ -912,7 +917,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         cfg, why = _choose_config(problem, compute_capability, pingpong=splits in (None, 1) and not stream_k,
                                   pingpong_split=splits is None and not stream_k)
         if cfg.producer_warps and stream_k:  # forced onto the tile it runs on
-            cfg = next(c for c in NHWC_CONFIGS[problem.dtype] if c.name == PIXEL_ROWS_CONFIG)
+            cfg = config_named(problem.dtype, PIXEL_ROWS_CONFIG)
             why += f"; {cfg.name} instead: stream-K runs on it"
     a_from_nchw = _nchw_a_mode(problem)
     if a_from_nchw:
