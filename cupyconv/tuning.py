@@ -24,9 +24,10 @@ planned again under the new mode.
   SPLIT_K_MIN_TILES k tiles (common.split_k_runs' other limits too);
 * the channels-last GEMM's wgmma tiles with stream-K forced on and off, where their tiles make
   more than half a wave (fewer are split-K's) and at most STREAM_K_MAX_WAVES waves;
-* its ping-pong tile whole and with each of PINGPONG_SPLIT_CHOICES runs whose work items (tiles x runs)
-  make at most two a block on one wave of blocks, each run of at least SPLIT_K_MIN_TILES k tiles; and in
-  clusters of 2, 4 or 8 blocks adding their runs' sums (implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG), likewise;
+* its ping-pong tiles (128 x 128, 64 x 128) whole and with each of PINGPONG_SPLIT_CHOICES runs whose work items
+  (tiles x runs) make at most two a block on one wave of blocks, each run of at least SPLIT_K_MIN_TILES k tiles;
+  and in clusters of 2, 4 or 8 blocks adding their runs' sums (implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG),
+  likewise;
 * the channels-last GEMM without space-to-depth where the rules block a strided layer's pixels
   (implicit_gemm_nhwc.space_to_depth_block).
 
@@ -243,17 +244,18 @@ def _stream_k_choices(problem: ConvProblem, sm_count: int):
 
 
 def _pingpong_split_choices(problem: ConvProblem, sm_count: int):
-    """The ping-pong tile with each of PINGPONG_SPLIT_CHOICES runs (module docstring)."""
-    cfg = next((c for c in implicit_gemm_nhwc.NHWC_CONFIGS[problem.dtype]
-                if c.name == implicit_gemm_nhwc.PINGPONG_CONFIG), None)
-    if cfg is None or problem.layout != "NHWC":
+    """The ping-pong tiles (128 x 128 and 64 x 128) with each of PINGPONG_SPLIT_CHOICES runs (module docstring)."""
+    configs = {c.name: c for c in implicit_gemm_nhwc.NHWC_CONFIGS[problem.dtype]}
+    if implicit_gemm_nhwc.PINGPONG_CONFIG not in configs or problem.layout != "NHWC":
         return
-    tiles = math.prod(gemm_grid(problem, cfg))
-    k_tiles = implicit_gemm_nhwc.reduction_tiles(problem, cfg, problem.c)
-    for splits in PINGPONG_SPLIT_CHOICES:
-        if splits == 1 or (tiles * splits <= 2 * sm_count and k_tiles // splits >= SPLIT_K_MIN_TILES):
-            yield Choice(NHWC_KERNEL, cfg.name, (("splits", splits),))
-    for splits in implicit_gemm_nhwc.PINGPONG_CLUSTER_SPLITS:  # the runs' sums added in clusters
+    for name in (implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG, implicit_gemm_nhwc.PINGPONG_CONFIG):
+        cfg = configs[name]
+        tiles = math.prod(gemm_grid(problem, cfg))
+        k_tiles = implicit_gemm_nhwc.reduction_tiles(problem, cfg, problem.c)
+        for splits in PINGPONG_SPLIT_CHOICES:
+            if splits == 1 or (tiles * splits <= 2 * sm_count and k_tiles // splits >= SPLIT_K_MIN_TILES):
+                yield Choice(NHWC_KERNEL, cfg.name, (("splits", splits),))
+    for splits in implicit_gemm_nhwc.PINGPONG_CLUSTER_SPLITS:  # the runs' sums added in clusters, 128 x 128
         if tiles * splits <= 2 * sm_count and k_tiles // splits >= SPLIT_K_MIN_TILES:
             yield Choice(NHWC_KERNEL, implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG, (("splits", splits),))
 

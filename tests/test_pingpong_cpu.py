@@ -1,5 +1,8 @@
 """The ping-pong tile (families/implicit_gemm_nhwc.py PINGPONG_CONFIG) without a GPU: its plan (persistent
 blocks, at most one per SM), the problems it refuses with a reason, and its instances."""
+import dataclasses
+import math
+
 import pytest
 
 from cupyconv import planner
@@ -7,7 +10,7 @@ from cupyconv.arguments import make_problem
 from cupyconv.families import implicit_gemm_nhwc
 from cupyconv.families.common import BLOCK_RESERVED_SHARED_BYTES, H100_SMS, gemm_grid
 from cupyconv.program import Im2colMap
-from cupyconv.tuning import candidates
+from cupyconv.tuning import candidates, label
 
 PINGPONG = implicit_gemm_nhwc.PINGPONG_CONFIG
 
@@ -84,6 +87,34 @@ def test_split_k_in_clusters(splits):
     assert launch.args[4] == 1  # the bias added by the kernel
     assert planner.make_plan(p, config=implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG, kernel=planner.NHWC_KERNEL,
                              compute_capability=90).splits == implicit_gemm_nhwc.PINGPONG_CLUSTER_SPLITS[0]
+
+
+def test_64_pixel_tile():
+    """The tile 64 pixels tall: twice the 128-pixel tile's pixel tiles, persistent blocks, 7 stages of 24 KB, a
+    residual only through split-K's reduction (refused whole, with the reason), its whole and split-K instances
+    for sm_90a, and the tuner's whole and split candidates."""
+    p = problem(n=8, c=1024, k=256, h=14)
+    plan = planner.make_plan(p, config=implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG, kernel=planner.NHWC_KERNEL,
+                             compute_capability=90)
+    tiles = gemm_grid(p, plan.config)[0] * gemm_grid(p, plan.config)[1]
+    assert (plan.config.bm, plan.config.bn, plan.config.stages) == (64, 128, 7) and tiles == 25 * 2
+    assert plan.grid == (tiles, 1, 1) and plan.splits == 1
+    assert plan.shared_bytes + BLOCK_RESERVED_SHARED_BYTES <= 228 * 1024
+    instances = implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
+    assert implicit_gemm_nhwc.name_expression(plan) in instances
+    split = planner.make_plan(p, config=implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG, kernel=planner.NHWC_KERNEL,
+                              compute_capability=90, splits=2)
+    assert implicit_gemm_nhwc.name_expression(split).endswith(",false,true>") and \
+        implicit_gemm_nhwc.name_expression(split) in instances
+    with_residual = dataclasses.replace(p, has_residual=True)
+    with pytest.raises(ValueError, match="adds a residual only through split-K"):
+        planner.make_plan(with_residual, config=implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG, kernel=planner.NHWC_KERNEL,
+                          compute_capability=90)
+    assert planner.make_plan(with_residual, config=implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG,
+                             kernel=planner.NHWC_KERNEL, compute_capability=90, splits=2).splits == 2
+    labels = [label(c) for _, c in candidates(p, compute_capability=90)]
+    assert "implicit_gemm_nhwc nhwc_wgmma_pingpong_m64n128" in labels
+    assert "implicit_gemm_nhwc nhwc_wgmma_pingpong_m64n128 split-K 2" in labels
 
 
 @pytest.mark.parametrize("splits", [1, 3, 16])
@@ -230,12 +261,52 @@ def test_rules_split_it_where_measured_faster(n, c, k, h, kernel, stride, runs, 
     if cluster > 1:  # fused calls too (the bias here): the clusters' blocks run the epilogue
         assert plan.config.name == implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG and plan.splits == cluster, str(plan)
         assert plan.grid == (tiles * cluster, 1, 1) and "in a cluster of two blocks" in plan.reason
-    elif runs > 1:  # the reduction runs the epilogue
+    elif runs > 1 and not implicit_gemm_nhwc.pingpong_64_pixel_runs(p, 90):  # the reduction runs the epilogue
         assert plan.config.name == PINGPONG and plan.splits == runs and "split-K: " in plan.reason, str(plan)
         assert plan.grid == (tiles * runs, 1, 1)
     assert implicit_gemm_nhwc.pingpong_split_runs(p, 80) == 1 and implicit_gemm_nhwc.pingpong_cluster_runs(p, 80) == 1
     unsplit = planner.make_plan(p, compute_capability=90, kernel=planner.NHWC_KERNEL, splits=1)
     assert unsplit.splits == 1 and unsplit.config.name != implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG
+
+
+#: (batch, input channels, output channels, plane, kernel, stride, split-K's runs; 0: not taken): where the rules take
+#: the 64-pixel ping-pong tile, as ResNet-50's layers measured on the H200 (benchmarks/results/
+#: pingpong_64_pixel_sweep_h200.txt; us before -> on it).
+PIXEL_64_RULE_CASES = [
+    (8, 1024, 256, 14, 1, 1, 1),    # 50 tiles, 16 k tiles: 6.8 -> 6.3 whole (2 runs of 8: 7.3)
+    (8, 256, 256, 14, 3, 1, 2),     # 36 k tiles: 10.4 -> 9.9 in 2 runs
+    (8, 2048, 512, 7, 1, 1, 3),     # 28 tiles, 32 k tiles: 7.9 -> 7.1 in 3 runs of 11 (4 of 8: 7.3)
+    (8, 512, 512, 7, 3, 1, 4),      # 72 k tiles: 10.3 -> 9.8 in 4
+    (8, 128, 128, 28, 3, 1, 1),     # 98 tiles: 7.7 -> 7.2
+    (32, 2048, 512, 7, 1, 1, 1),    # 100 tiles: 11.0 -> 10.1
+    (1, 256, 128, 56, 1, 1, 1),     # 49 tiles, 4 k tiles: 4.2 -> 3.6
+    (32, 512, 512, 7, 3, 1, 0),     # 72 k tiles whole: 19.1 against the clusters' 18.6
+    (32, 1024, 256, 14, 1, 1, 0),   # 98 tiles of 128 x 128: 8.2 against 10.3
+    (8, 256, 1024, 14, 1, 1, 0),    # 104 of them: 4.7 against 5.0
+    (1, 1024, 256, 14, 1, 1, 0),    # 8 tiles: 4.8 against 6.1
+    (1, 128, 512, 28, 1, 1, 0),     # 2 k tiles: 2.8 against 3.2
+    (1, 256, 64, 56, 1, 1, 0),      # half a tile of output channels: other widths untimed
+]
+
+
+@pytest.mark.parametrize("n,c,k,h,kernel,stride,runs", PIXEL_64_RULE_CASES, ids=lambda v: str(v))
+def test_rules_take_the_64_pixel_tile_where_measured_faster(n, c, k, h, kernel, stride, runs):
+    p = make_problem((n, h, h, c), (k, kernel, kernel, c), None, "float16", stride=stride, padding=kernel // 2,
+                     layout="NHWC", weight_layout="KHWC")
+    assert implicit_gemm_nhwc.pingpong_64_pixel_runs(p, 90) == runs
+    plan = planner.make_plan(p, compute_capability=90)
+    taken = plan.config.name == implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG
+    assert taken == bool(runs) and (not taken or plan.splits == runs), str(plan)
+    if taken:
+        assert "64 pixels tall" in plan.reason and plan.grid == (min(plan.splits * math.prod(gemm_grid(
+            p, plan.config)), H100_SMS), 1, 1)
+        unsplit = planner.make_plan(p, compute_capability=90, kernel=planner.NHWC_KERNEL, splits=1)
+        assert (unsplit.config.name == implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG) == (runs == 1)
+    assert not implicit_gemm_nhwc.pingpong_64_pixel_runs(p, 80)
+    fused = make_problem((n, h, h, c), (k, kernel, kernel, c), (k,), "float16", stride=stride, padding=kernel // 2,
+                         layout="NHWC", weight_layout="KHWC", activation="relu")
+    assert not implicit_gemm_nhwc.pingpong_64_pixel_runs(fused, 90)
+    assert planner.make_plan(fused, compute_capability=90).config.name != implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG
 
 
 #: (batch, input channels, output channels, plane, kernel, stride, taken): where the rules take the 64-channel
@@ -263,7 +334,8 @@ def test_rules_take_the_narrow_tile_where_measured_faster(n, c, k, h, kernel, st
                      layout="NHWC", weight_layout="KHWC")
     plan = planner.make_plan(p, compute_capability=90)
     assert implicit_gemm_nhwc.pingpong_narrow_pays(p, 90) == taken
-    assert (plan.config.name == implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG and plan.splits == 1) == taken, str(plan)
+    if not implicit_gemm_nhwc.pingpong_64_pixel_runs(p, 90):  # the 64-pixel tile's rule is asked first
+        assert (plan.config.name == implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG and plan.splits == 1) == taken, str(plan)
     assert not implicit_gemm_nhwc.pingpong_narrow_pays(p, 80)
     fused = make_problem((n, h, h, c), (k, kernel, kernel, c), (k,), "float16", stride=stride, padding=kernel // 2,
                          layout="NHWC", weight_layout="KHWC", activation="relu")

@@ -52,6 +52,17 @@ def test_pingpong_against_float64(case, dtype, epilogue, blocks, config):
     check_forced(case, dtype, epilogue, blocks, None, seed=case.c + case.k + len(epilogue[0]), config=config)
 
 
+@pytest.mark.parametrize("blocks", [None, 1, 3], ids=lambda b: "rules_grid" if b is None else f"{b}_blocks")
+@pytest.mark.parametrize("epilogue", [e for e in EPILOGUES if not e[1]], ids=lambda e: e[0])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_pingpong_64_pixels_against_float64(case, dtype, epilogue, blocks):
+    """The tile 64 pixels tall (one 64-row half a consumer, a 7-stage ring of 8 KB input boxes; no residual
+    instance): every output written, within 16-bit tolerance, the same bits twice, on its grid and on 1-3 blocks."""
+    check_forced(case, dtype, epilogue, blocks, None, seed=case.c + case.k + 7,
+                 config=implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG)
+
+
 def check_forced(case, dtype, epilogue, blocks, splits, seed, config=implicit_gemm_nhwc.PINGPONG_CONFIG):
     """The ping-pong tile forced (``splits`` runs; None: as the rules would split it), on ``blocks`` persistent
     blocks (None: the plan's grid): every output written, within 16-bit tolerance, the same bits twice."""
@@ -101,10 +112,13 @@ def test_pingpong_split_k_against_float64(case, dtype, epilogue, splits, blocks)
 @pytest.mark.parametrize("splits", [2, 5])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: c.id)
-def test_pingpong_narrow_split_k_against_float64(case, dtype, splits):
-    """The 64-channel tile's split-K instance: its runs' sums added by the reduction with bias and ReLU."""
-    check_forced(case, dtype, ("relu", False), None, splits, seed=case.k + splits,
-                 config=implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG)
+@pytest.mark.parametrize("config", [implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG, implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG])
+def test_pingpong_narrow_split_k_against_float64(case, dtype, splits, config):
+    """The 64-channel and 64-pixel tiles' split-K instances: their runs' sums added by the reduction with bias
+    and ReLU, and with a residual (the 64-pixel tile's only way to one)."""
+    check_forced(case, dtype, ("relu", False), None, splits, seed=case.k + splits, config=config)
+    if config == implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG:
+        check_forced(case, dtype, ("relu", True), None, splits, seed=case.k + splits + 1, config=config)
 
 
 @pytest.mark.parametrize("splits", implicit_gemm_nhwc.PINGPONG_CLUSTER_SPLITS)

@@ -295,6 +295,35 @@ NHWC_CONFIGS["float16"] += tuple(GemmConfig(name, 128, 128, 64, 8, 1, PINGPONG_S
                                             producer_warps=4) for name in (PINGPONG_CONFIG, PINGPONG_CLUSTER_CONFIG))
 NHWC_CONFIGS["float16"] += (GemmConfig(PINGPONG_NARROW_CONFIG, 128, 64, 64, 8, 1, PINGPONG_NARROW_STAGES,
                                        wgmma=WGMMA_PINGPONG, producer_warps=4),)
+#: The ping-pong tile 64 pixels tall (the same kernel, BM 64): a k tile's MMAs read 24 KB of shared memory for
+#: 64 x 128 x 64 multiply-adds, where the 64-channel tile's read 32 KB (its weight tile once for each 64-row half)
+#: for as many, a wgmma's whole shared-memory bandwidth. Its stages are 24 KB, 7 of them. No residual instance: a
+#: 64-row half's float sums need twice a consumer's staging of 64 rows (split-K's reduction adds it). The fixed
+#: rules take it (pingpong_64_pixel_runs; the planner asks before any other tile's rule) for unfused calls of
+#: whole tiles of 128 output channels where the 128 x 128 tile makes fewer than PINGPONG_MIN_TILES tiles and the reduction has PINGPONG_64_PIXEL_MIN_K_TILES
+#: k tiles or more: in as many runs of split-K as keep one work item a block on one wave, each of at least
+#: PINGPONG_64_PIXEL_MIN_RUN k tiles, where the work items make PINGPONG_64_PIXEL_MIN_WAVE of a wave or more, and
+#: whole only for reductions of PINGPONG_64_PIXEL_WHOLE_K_TILES k tiles or fewer. H200, fp16 channels_last, CUDA
+#: graphs, ResNet-50's layers against the rules' plan before (benchmarks/NOTES.md, "The ping-pong tile 64 pixels
+#: tall"; results/pingpong_64_pixel_sweep_h200.txt), us: batch 8, 1024 -> 256 on 14^2 (50 tiles, 16 k tiles)
+#: 6.8 -> 6.3 (torch 4.7), the 3x3 of 256 on 14^2 (36 k tiles) 10.4 -> 9.9 in 2 runs (9.0), 2048 -> 512 on 7^2
+#: (28 tiles) 7.9 -> 7.1 in 3 (6.5), the 3x3 of 512 on 7^2 10.3 -> 9.8 in 4, 1024 -> 512 7.1 -> 6.7, the 3x3 of
+#: 128 on 28^2 7.7 -> 7.2, 512 -> 128 4.9 -> 4.7; batch 32, 2048 -> 512 (100 tiles) 11.0 -> 10.1 (7.4); batch 1,
+#: 256 -> 128 on 56^2 (49 tiles, 4 k tiles) 4.2 -> 3.6. Slower: where the 128 x 128 tile makes 64 tiles or more
+#: (1024 -> 256 at batch 32 8.2 -> 10.3, 256 -> 1024 at batch 8 4.7 -> 5.0), long reductions whole (the 3x3 of 512
+#: on 7^2 at batch 32, 72 k tiles: 19.1 against the clusters' 18.6), short runs (1024 -> 256 at batch 8 in 2 runs
+#: of 8: 7.3), few work items (1024 -> 256 at batch 1, 8 tiles: 6.1 against 4.8), and 2 k tiles (128 -> 512 on
+#: 28^2 at batch 1: 3.2 against 2.8). Outputs of 64 channels (half a tile) won at batch 1 (256 -> 64 on 56^2 4.2 ->
+#: 3.7) but other widths, MobileNetV2's and EfficientNet's, were not timed on it.
+PINGPONG_64_PIXEL_CONFIG = "nhwc_wgmma_pingpong_m64n128"
+PINGPONG_64_PIXEL_MIN_K_TILES = 4
+PINGPONG_64_PIXEL_MIN_RUN = 10
+PINGPONG_64_PIXEL_MIN_WAVE = 0.35
+PINGPONG_64_PIXEL_WHOLE_K_TILES = 32
+NHWC_CONFIGS["float16"] += (GemmConfig(PINGPONG_64_PIXEL_CONFIG, 64, 128, 64, 8, 1, PINGPONG_NARROW_STAGES,
+                                       wgmma=WGMMA_PINGPONG, producer_warps=4),)
+#: The ping-pong tiles that run whole or split by split_k_reduce (the cluster config aside).
+PINGPONG_WHOLE_CONFIGS = (PINGPONG_CONFIG, PINGPONG_NARROW_CONFIG, PINGPONG_64_PIXEL_CONFIG)
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 #: 1x1 NCHW layers read in place (NCHW_A) on wgmma's 3-stage pixel-row tile: each warp's A fragments
@@ -525,8 +554,9 @@ def config_named(dtype: str, name: str) -> GemmConfig:
     return next(c for c in NHWC_CONFIGS[dtype] if c.name == name)
 
 
-def _pingpong_refusal(problem: ConvProblem, channels_padded: int, index: str, splits, stream_k) -> str:
-    """Why the ping-pong tile (PINGPONG_CONFIG) cannot run ``problem`` ("" where it can)."""
+def _pingpong_refusal(problem: ConvProblem, cfg: GemmConfig, channels_padded: int, index: str, splits,
+                      stream_k) -> str:
+    """Why the ping-pong tile ``cfg`` cannot run ``problem`` ("" where it can)."""
     p = problem
     if p.dtype not in ("float16", "bfloat16") or p.layout != "NHWC":
         return f"it runs 16-bit NHWC layers (got {p.dtype}, {p.layout})"
@@ -541,6 +571,9 @@ def _pingpong_refusal(problem: ConvProblem, channels_padded: int, index: str, sp
         return f"it takes 32-bit indices ({p.x_shape} -> {p.out_shape} needs 64-bit ones)"
     if stream_k:
         return f"it shares no tiles between blocks: no stream-K (got stream_k={stream_k})"
+    if cfg.bm < 128 and p.has_residual and (splits or 1) == 1:
+        return (f"its {cfg.bm}-row tile adds a residual only through split-K's reduction (a 64-row half's float sums "
+                f"need twice its staging); got a residual of {p.out_shape} and splits={splits!r}")
     return ""
 
 
@@ -553,7 +586,7 @@ def _pingpong_shape(problem: ConvProblem, compute_capability: int, config: str =
         return None
     (_, channels_padded), why_not = _pieces(problem)
     cfg = config_named(problem.dtype, config)
-    if why_not or _pingpong_refusal(problem, channels_padded, _index(problem, cfg, channels_padded), None, None):
+    if why_not or _pingpong_refusal(problem, cfg, channels_padded, _index(problem, cfg, channels_padded), None, None):
         return None
     return gemm_grid(problem, cfg), reduction_tiles(problem, cfg, channels_padded)
 
@@ -593,6 +626,27 @@ def pingpong_narrow_pays(problem: ConvProblem, compute_capability: int) -> bool:
     fewest_k_tiles, most_k_tiles = PINGPONG_NARROW_K_TILES
     return (math.prod(gemm_grid(problem, wide)) < PINGPONG_MIN_TILES and fewest_k_tiles <= k_tiles <= most_k_tiles
             and PINGPONG_NARROW_MIN_WAVE * H100_SMS <= tiles <= H100_SMS)
+
+
+def pingpong_64_pixel_runs(problem: ConvProblem, compute_capability: int) -> int:
+    """Split-K's runs with which the fixed rules take the 64-pixel ping-pong tile (PINGPONG_64_PIXEL_CONFIG) for
+    ``problem`` (PINGPONG_64_PIXEL_* above; 1: whole; 0: the rule does not take it)."""
+    width = config_named("float16", PINGPONG_64_PIXEL_CONFIG).bn
+    shape = None if _fused(problem) or problem.k % width else _pingpong_shape(problem, compute_capability,
+                                                                              PINGPONG_64_PIXEL_CONFIG)
+    if shape is None or math.prod(gemm_grid(problem, config_named(problem.dtype, PINGPONG_CONFIG))) >= PINGPONG_MIN_TILES:
+        return 0
+    grid, k_tiles = shape
+    tiles = math.prod(grid)
+    if k_tiles < PINGPONG_64_PIXEL_MIN_K_TILES:
+        return 0
+    runs = min(H100_SMS // tiles, SPLIT_K_MAX)
+    while runs > 1 and math.ceil(k_tiles / runs) < PINGPONG_64_PIXEL_MIN_RUN:
+        runs -= 1
+    runs = split_k_runs(problem, grid, k_tiles, runs, 1)  # the workspace's and offsets' limits
+    if tiles * runs < PINGPONG_64_PIXEL_MIN_WAVE * H100_SMS or (runs == 1 and k_tiles > PINGPONG_64_PIXEL_WHOLE_K_TILES):
+        return 0
+    return runs
 
 
 def pingpong_split_runs(problem: ConvProblem, compute_capability: int) -> int:
@@ -657,11 +711,19 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
     else of 64 bytes (narrower pieces make a deep tile many copies per thread; few channels per tap
     make it many taps; 1x1 problems read in place have short reductions).
 
-    Before all of these, where ``pingpong`` and pingpong_narrow_pays, the 64-channel ping-pong tile; then the 64 x
+    Before all of these, the 64-pixel ping-pong tile where pingpong_64_pixel_runs takes it (whole where
+    ``pingpong``, in runs of split-K where ``pingpong_split``); then, where ``pingpong`` and pingpong_narrow_pays,
+    the 64-channel ping-pong tile; then the 64 x
     128 tile where _small_wide_tile takes it; then, where ``pingpong`` and
     pingpong_pays, the ping-pong tile; where ``pingpong_split`` and pingpong_split_runs, the ping-pong tile with
     split-K in clusters where pingpong_cluster_runs takes it, else with split-K's runs (make_plan asks
     pingpong_split_runs for them)."""
+    runs = pingpong_64_pixel_runs(problem, compute_capability)
+    if (pingpong and runs == 1) or (pingpong_split and runs > 1):
+        cfg = config_named(problem.dtype, PINGPONG_64_PIXEL_CONFIG)
+        return cfg, (f"wgmma; {math.prod(gemm_grid(problem, config_named(problem.dtype, PINGPONG_CONFIG)))} tiles of "
+                     f"128 x 128 (< {PINGPONG_MIN_TILES}), {math.prod(gemm_grid(problem, cfg))} of 64 x 128, "
+                     f"{reduction_tiles(problem, cfg, problem.c)} k tiles: the ping-pong tile 64 pixels tall")
     if pingpong and pingpong_narrow_pays(problem, compute_capability):
         cfg = config_named(problem.dtype, PINGPONG_NARROW_CONFIG)
         return cfg, (f"wgmma; {problem.c} -> {problem.k} channels, {math.prod(gemm_grid(problem, cfg))} tiles of "
@@ -931,7 +993,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     index = _index(problem, cfg, channels_padded)
     grid = gemm_grid(problem, cfg)
     if cfg.wgmma == WGMMA_PINGPONG:
-        why_not = _pingpong_refusal(problem, channels_padded, index, splits, stream_k)
+        why_not = _pingpong_refusal(problem, cfg, channels_padded, index, splits, stream_k)
         if why_not:
             raise ValueError(f"config {cfg.name!r} cannot run this problem: {why_not}")
         tiles = math.prod(grid)
@@ -945,8 +1007,10 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
             why += (f"; split-K in clusters of {splits} blocks, one a run of a tile, their sums added through "
                     f"distributed shared memory: {blocks} blocks")
         else:
-            if splits is None:  # the rules' runs are the 128-channel tile's
-                splits = pingpong_split_runs(problem, compute_capability) if cfg.name == PINGPONG_CONFIG else 1
+            if splits is None:  # the rules' runs, for the 128 x 128 and 64-pixel tiles
+                splits = pingpong_split_runs(problem, compute_capability) if cfg.name == PINGPONG_CONFIG else \
+                    max(pingpong_64_pixel_runs(problem, compute_capability), 1) \
+                    if cfg.name == PINGPONG_64_PIXEL_CONFIG else 1
                 if splits > 1:
                     why += f"; split-K: {splits} runs of the reduction"
             else:
@@ -1154,8 +1218,8 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
          + (((True, True),) if dtype == "float32" and _float32_rounding(cfg) != "copy" else ())
          for split_k in ((False, True) if index == "int" else (False,))] + \
         [pingpong_specialisation(dtype, cfg, residual, split_k) for dtype in GEMM_DTYPES for cfg in NHWC_CONFIGS[dtype]
-         if wgmma and cfg.name in (PINGPONG_CONFIG, PINGPONG_NARROW_CONFIG)
-         for residual, split_k in ((False, False), (True, False), (False, True))] + \
+         if wgmma and cfg.name in PINGPONG_WHOLE_CONFIGS
+         for residual, split_k in ((False, False), (True, False), (False, True)) if cfg.bm == 128 or not residual] + \
         [pingpong_cluster_specialisation(dtype, cfg, splits) for dtype in GEMM_DTYPES for cfg in NHWC_CONFIGS[dtype]
          if wgmma and cfg.name == PINGPONG_CLUSTER_CONFIG for splits in PINGPONG_CLUSTER_SPLITS]
 
