@@ -115,8 +115,7 @@ struct PhaseTable {
 // back the copies of 3x3 layers (benchmarks/NOTES.md, "The ping-pong tile's fixed cost; split-K in clusters run;
 // the producers count taps").
 struct TapWalk {
-    int r = 0, s = 0, c = 0;
-    TapWalk() = default;
+    int r = 0, s = 0, c;
     __device__ __forceinline__ TapWalk(int kt0, int chunks, int kw, int bk, int first) : c(first) {
         if (kt0 > 0) {
             const int tap = kt0 / chunks;
@@ -985,34 +984,8 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         kt0 = min(run * run_tiles, k_tiles);
         kt1 = min(kt0 + run_tiles, k_tiles);
     };
-    // A work item's copies: its tile's first output pixel and channel, k tiles [kt0, kt1) from the first one's
-    // tap on, and for im2col its first window corner (image, h0, w0); the map walks the others.
-    struct Copies {
-        int m0, n0, kt0, kt1, image, h0, w0;
-        TapWalk tap;
-    };
-    auto copies_of = [&](int item) {
-        int tile, run, kt0, kt1;
-        item_of(item, tile, run, kt0, kt1);
-        const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
-        int image = 0, h0 = 0, w0 = 0;
-        if (!x_is_matrix) {
-            image = m0 / HoWo;
-            const int p = m0 - image * HoWo;
-            h0 = p / Wo * sh - pt;
-            w0 = p % Wo * sw - pl;
-        }
-        return Copies{m0, n0, kt0, kt1, image, h0, w0, TapWalk(kt0, chunks, kw, BK, 0)};
-    };
     const int tid = threadIdx.x, warpgroup = tid >> 7;
-    // The copying thread's first item and both tensor maps, before the barrier: their integer divisions and
-    // the maps' fetch from global memory delayed the first copy by ~0.5 us of a ~7 us launch (H200, 1024 -> 256
-    // on 14^2 at batch 8; benchmarks/profile/pingpong_timeline.py).
-    Copies first{};
     if (tid == 0) {
-        tma_prefetch_map(&weight_map);
-        tma_prefetch_map(&x_map);
-        first = copies_of(blockIdx.x);
         for (int s = 0; s < STAGES; ++s) {
             mbarrier_init(full + s, 1);   // the copying thread's expect-tx arrival
             mbarrier_init(empty + s, 4);  // the lane 0s of the consumer warpgroup that read it
@@ -1036,11 +1009,22 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             int seq = 0;  // k tiles copied so far, over the block's items
 #pragma unroll 1
             for (int item = blockIdx.x; item < items; item += gridDim.x) {
-                Copies at = item == blockIdx.x ? first : copies_of(item);  // the taps counted along (TapWalk)
-                const int m0 = at.m0, n0 = at.n0, image = at.image, h0 = at.h0, w0 = at.w0;
-                TapWalk& tap = at.tap;
+                int tile, run, kt0, kt1;
+                item_of(item, tile, run, kt0, kt1);
+                const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
+                // im2col: the tile's first window corner (image, h0, w0); the map walks the others. The k tiles'
+                // taps counted along (TapWalk): the integer divisions before a block's first copy took ~0.4 us
+                // of its ~7 (H200, a 1x1 layer at batch 8).
+                int image = 0, h0 = 0, w0 = 0;
+                if (!x_is_matrix) {
+                    image = m0 / HoWo;
+                    const int p = m0 - image * HoWo;
+                    h0 = p / Wo * sh - pt;
+                    w0 = p % Wo * sw - pl;
+                }
+                TapWalk tap(kt0, chunks, kw, BK, 0);
 #pragma unroll 1
-                for (int kt = at.kt0; kt < at.kt1; ++kt, ++seq) {
+                for (int kt = kt0; kt < kt1; ++kt, ++seq) {
                     const int stage = seq % STAGES;
                     if (seq >= STAGES) mbarrier_wait(empty + stage, (seq / STAGES - 1) & 1);
                     mbarrier_arrive_expect_tx(full + stage, A_STAGE + B_STAGE);

@@ -66,11 +66,6 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(void* barrier, int byt
 
 // The box of `map` at (column c0, row c1) into shared memory at `dst` (1024-byte aligned for the
 // 128-byte swizzle) by the TMA unit, its bytes counted on `barrier` as they land.
-// Fetch `map`'s 128 bytes ahead of its first copy, which would otherwise wait for them.
-__device__ __forceinline__ void tma_prefetch_map(const TensorMap* map) {
-    asm volatile("prefetch.tensormap [%0];\n" :: "l"(reinterpret_cast<unsigned long long>(map)) : "memory");
-}
-
 __device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap* map, int c0, int c1, void* barrier) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(shared_address(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1),

@@ -25,7 +25,7 @@ CASES = [((8, 1024, 256, 14, 1, 1), ["pingpong_m128n128", "pingpong_m128n64", "p
          ((32, 2048, 512, 7, 1, 1), ["pingpong_m128n128", "pingpong_m128n64", CLUSTER + "2"])]
 SLOTS = 16
 #: (slot order, phase names): the producer thread's stamps, then consumer 0's (clusters: three epilogue parts).
-PHASES = ([0, 1, 8, 13, 14, 9, 10, 2, 3, 4], ["init + sync", "setmaxnreg.dec", "item's copies", "first stage picked",
+PHASES = ([0, 1, 8, 13, 14, 9, 10, 2, 3, 4], ["init + sync", "setmaxnreg.dec", "item_of, m0 n0", "corner, first tap",
                                             "empty wait", "expect_tx + A copy", "B copy", "first stage landed",
                                             "mainloop"])
 ENDS = {False: ([5], ["epilogue"]), True: ([11, 12, 5], ["sums staged", "copied, ready", "finish"])}
