@@ -24,7 +24,7 @@ planned again under the new mode.
   SPLIT_K_MIN_TILES k tiles (common.split_k_runs' other limits too);
 * the channels-last GEMM's wgmma tiles with stream-K forced on and off, where their tiles make
   more than half a wave (fewer are split-K's) and at most STREAM_K_MAX_WAVES waves;
-* its ping-pong tiles (128 x 128, 64 x 128) whole and with each of PINGPONG_SPLIT_CHOICES runs whose work items
+* its ping-pong tiles (128 x 128, 64 x 128, 64 x 64) whole and with each of PINGPONG_SPLIT_CHOICES runs whose work items
   (tiles x runs) make at most two a block on one wave of blocks, each run of at least SPLIT_K_MIN_TILES k tiles;
   and in clusters of 2, 4 or 8 blocks adding their runs' sums (implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG),
   likewise;
@@ -244,11 +244,12 @@ def _stream_k_choices(problem: ConvProblem, sm_count: int):
 
 
 def _pingpong_split_choices(problem: ConvProblem, sm_count: int):
-    """The ping-pong tiles (128 x 128 and 64 x 128) with each of PINGPONG_SPLIT_CHOICES runs (module docstring)."""
+    """The ping-pong tiles (128 x 128, 64 x 128 and 64 x 64) with each of PINGPONG_SPLIT_CHOICES runs (module docstring)."""
     configs = {c.name: c for c in implicit_gemm_nhwc.NHWC_CONFIGS[problem.dtype]}
     if implicit_gemm_nhwc.PINGPONG_CONFIG not in configs or problem.layout != "NHWC":
         return
-    for name in (implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG, implicit_gemm_nhwc.PINGPONG_CONFIG):
+    for name in (implicit_gemm_nhwc.PINGPONG_SMALL_CONFIG, implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG,
+                 implicit_gemm_nhwc.PINGPONG_CONFIG):
         cfg = configs[name]
         tiles = math.prod(gemm_grid(problem, cfg))
         k_tiles = implicit_gemm_nhwc.reduction_tiles(problem, cfg, problem.c)

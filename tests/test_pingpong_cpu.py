@@ -261,12 +261,45 @@ def test_rules_split_it_where_measured_faster(n, c, k, h, kernel, stride, runs, 
     if cluster > 1:  # fused calls too (the bias here): the clusters' blocks run the epilogue
         assert plan.config.name == implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG and plan.splits == cluster, str(plan)
         assert plan.grid == (tiles * cluster, 1, 1) and "in a cluster of two blocks" in plan.reason
-    elif runs > 1 and not implicit_gemm_nhwc.pingpong_64_pixel_runs(p, 90):  # the reduction runs the epilogue
+    elif runs > 1 and not implicit_gemm_nhwc.pingpong_64_pixel_runs(p, 90) and \
+            not implicit_gemm_nhwc.pingpong_small_pays(p, 90):  # the reduction runs the epilogue
         assert plan.config.name == PINGPONG and plan.splits == runs and "split-K: " in plan.reason, str(plan)
         assert plan.grid == (tiles * runs, 1, 1)
     assert implicit_gemm_nhwc.pingpong_split_runs(p, 80) == 1 and implicit_gemm_nhwc.pingpong_cluster_runs(p, 80) == 1
     unsplit = planner.make_plan(p, compute_capability=90, kernel=planner.NHWC_KERNEL, splits=1)
     assert unsplit.splits == 1 and unsplit.config.name != implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG
+
+
+#: (batch, input channels, output channels, plane, kernel, stride, taken): where the rules take the 64 x 64 ping-pong
+#: tile, as ResNet-50's layers measured on the H200 (benchmarks/results/pingpong_small_sweep_h200.txt; us before -> on it).
+SMALL_RULE_CASES = [
+    (8, 1024, 256, 14, 1, 1, True),    # 100 tiles, 16 k tiles: 6.5 -> 5.7
+    (8, 256, 256, 14, 3, 1, True),     # 36 k tiles on 100 tiles: 10.1 -> 9.6
+    (1, 64, 64, 56, 3, 1, True),       # 49 tiles, 9 k tiles: 5.2 -> 4.3
+    (1, 512, 128, 28, 1, 1, True),     # 26 tiles, 8 k tiles: 4.4 -> 4.0
+    (8, 2048, 512, 7, 1, 1, False),    # 56 tiles of 32 k tiles: 8.3 against split-K's 7.4
+    (1, 1024, 256, 14, 1, 1, False),   # 16 tiles: 5.4 against 5.0
+    (8, 1024, 512, 14, 1, 1, False),   # 200 tiles: 8.7 against 6.8
+    (1, 128, 512, 28, 1, 1, False),    # 2 k tiles: 3.1 against 2.9
+    (32, 2048, 512, 7, 1, 1, False),   # 200 tiles: 14.4 against 10.2
+]
+
+
+@pytest.mark.parametrize("n,c,k,h,kernel,stride,taken", SMALL_RULE_CASES, ids=lambda v: str(v))
+def test_rules_take_the_small_tile_where_measured_faster(n, c, k, h, kernel, stride, taken):
+    p = make_problem((n, h, h, c), (k, kernel, kernel, c), None, "float16", stride=stride, padding=kernel // 2,
+                     layout="NHWC", weight_layout="KHWC")
+    assert implicit_gemm_nhwc.pingpong_small_pays(p, 90) == taken
+    plan = planner.make_plan(p, compute_capability=90)
+    assert (plan.config.name == implicit_gemm_nhwc.PINGPONG_SMALL_CONFIG) == taken, str(plan)
+    if taken:
+        assert plan.splits == 1 and "64 x 64" in plan.reason and plan.grid[0] == math.prod(gemm_grid(p, plan.config))
+        assert plan.shared_bytes + BLOCK_RESERVED_SHARED_BYTES <= 227 * 1024
+        assert implicit_gemm_nhwc.name_expression(plan) in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
+    assert not implicit_gemm_nhwc.pingpong_small_pays(p, 80)
+    fused = make_problem((n, h, h, c), (k, kernel, kernel, c), (k,), "float16", stride=stride, padding=kernel // 2,
+                         layout="NHWC", weight_layout="KHWC", activation="relu")
+    assert not implicit_gemm_nhwc.pingpong_small_pays(fused, 90)
 
 
 #: (batch, input channels, output channels, plane, kernel, stride, split-K's runs; 0: not taken): where the rules take
@@ -296,6 +329,9 @@ def test_rules_take_the_64_pixel_tile_where_measured_faster(n, c, k, h, kernel, 
     assert implicit_gemm_nhwc.pingpong_64_pixel_runs(p, 90) == runs
     plan = planner.make_plan(p, compute_capability=90)
     taken = plan.config.name == implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG
+    if implicit_gemm_nhwc.pingpong_small_pays(p, 90):  # the 64 x 64 tile's rule is asked first
+        assert plan.config.name == implicit_gemm_nhwc.PINGPONG_SMALL_CONFIG, str(plan)
+        return
     assert taken == bool(runs) and (not taken or plan.splits == runs), str(plan)
     if taken:
         assert "64 pixels tall" in plan.reason and plan.grid == (min(plan.splits * math.prod(gemm_grid(
@@ -334,7 +370,8 @@ def test_rules_take_the_narrow_tile_where_measured_faster(n, c, k, h, kernel, st
                      layout="NHWC", weight_layout="KHWC")
     plan = planner.make_plan(p, compute_capability=90)
     assert implicit_gemm_nhwc.pingpong_narrow_pays(p, 90) == taken
-    if not implicit_gemm_nhwc.pingpong_64_pixel_runs(p, 90):  # the 64-pixel tile's rule is asked first
+    if not implicit_gemm_nhwc.pingpong_64_pixel_runs(p, 90) and not implicit_gemm_nhwc.pingpong_small_pays(p, 90):
+        # the 64-pixel tiles' rules are asked first
         assert (plan.config.name == implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG and plan.splits == 1) == taken, str(plan)
     assert not implicit_gemm_nhwc.pingpong_narrow_pays(p, 80)
     fused = make_problem((n, h, h, c), (k, kernel, kernel, c), (k,), "float16", stride=stride, padding=kernel // 2,

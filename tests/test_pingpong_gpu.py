@@ -52,15 +52,19 @@ def test_pingpong_against_float64(case, dtype, epilogue, blocks, config):
     check_forced(case, dtype, epilogue, blocks, None, seed=case.c + case.k + len(epilogue[0]), config=config)
 
 
+#: The ping-pong tiles 64 pixels tall: 128 channels (7 stages) and 64 (12 stages); no residual instance.
+PIXEL_64_TILES = [implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG, implicit_gemm_nhwc.PINGPONG_SMALL_CONFIG]
+
+
+@pytest.mark.parametrize("config", PIXEL_64_TILES)
 @pytest.mark.parametrize("blocks", [None, 1, 3], ids=lambda b: "rules_grid" if b is None else f"{b}_blocks")
 @pytest.mark.parametrize("epilogue", [e for e in EPILOGUES if not e[1]], ids=lambda e: e[0])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_pingpong_64_pixels_against_float64(case, dtype, epilogue, blocks):
-    """The tile 64 pixels tall (one 64-row half a consumer, a 7-stage ring of 8 KB input boxes; no residual
-    instance): every output written, within 16-bit tolerance, the same bits twice, on its grid and on 1-3 blocks."""
-    check_forced(case, dtype, epilogue, blocks, None, seed=case.c + case.k + 7,
-                 config=implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG)
+def test_pingpong_64_pixels_against_float64(case, dtype, epilogue, blocks, config):
+    """The tiles 64 pixels tall (one 64-row half a consumer, rings of 8 KB input boxes): every output written,
+    within 16-bit tolerance, the same bits twice, on their grid and on 1-3 blocks."""
+    check_forced(case, dtype, epilogue, blocks, None, seed=case.c + case.k + 7, config=config)
 
 
 def check_forced(case, dtype, epilogue, blocks, splits, seed, config=implicit_gemm_nhwc.PINGPONG_CONFIG):
@@ -112,12 +116,12 @@ def test_pingpong_split_k_against_float64(case, dtype, epilogue, splits, blocks)
 @pytest.mark.parametrize("splits", [2, 5])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: c.id)
-@pytest.mark.parametrize("config", [implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG, implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG])
+@pytest.mark.parametrize("config", [implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG, *PIXEL_64_TILES])
 def test_pingpong_narrow_split_k_against_float64(case, dtype, splits, config):
     """The 64-channel and 64-pixel tiles' split-K instances: their runs' sums added by the reduction with bias
-    and ReLU, and with a residual (the 64-pixel tile's only way to one)."""
+    and ReLU, and with a residual (the 64-pixel tiles' only way to one)."""
     check_forced(case, dtype, ("relu", False), None, splits, seed=case.k + splits, config=config)
-    if config == implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG:
+    if config in PIXEL_64_TILES:
         check_forced(case, dtype, ("relu", True), None, splits, seed=case.k + splits + 1, config=config)
 
 

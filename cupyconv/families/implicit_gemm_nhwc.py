@@ -322,8 +322,34 @@ PINGPONG_64_PIXEL_MIN_WAVE = 0.35
 PINGPONG_64_PIXEL_WHOLE_K_TILES = 32
 NHWC_CONFIGS["float16"] += (GemmConfig(PINGPONG_64_PIXEL_CONFIG, 64, 128, 64, 8, 1, PINGPONG_NARROW_STAGES,
                                        wgmma=WGMMA_PINGPONG, producer_warps=4),)
+#: The ping-pong tile 64 x 64 (the same kernel): its k tiles copy 16 KB, two thirds of the 64-pixel tile's 24, and a
+#: block's copies bound these tiles at ~115 GB/s an SM (H200: the 64-pixel tile's k tiles took ~0.23 us, the 128 x
+#: 128 tile's ~0.29), so a layer of few 128 x 128 tiles spreads over twice the 64-pixel tile's blocks with a third
+#: less to copy each. PINGPONG_SMALL_STAGES of them hold as much in flight as the 64-pixel tile's 7. The fixed
+#: rules take it whole (pingpong_small_pays; asked before the 64-pixel tile's rule) for unfused calls of whole
+#: 64-channel tiles where its tiles make at most one wave (H100_SMS) and the reduction has
+#: PINGPONG_SMALL_MIN_K_TILES k tiles or more: up to PINGPONG_SMALL_SHORT_K_TILES on PINGPONG_SMALL_MIN_TILES tiles
+#: or more, up to PINGPONG_SMALL_LONG_K_TILES on PINGPONG_SMALL_MIN_WAVE of a wave or more. H200, fp16 channels_last,
+#: CUDA graphs, ResNet-50's layers against the rules' plans before (benchmarks/NOTES.md, "The ping-pong tile 64
+#: x 64"; results/pingpong_small_sweep_h200.txt), us: batch 8, 1024 -> 256 on 14^2 (100 tiles, 16 k tiles) 6.5
+#: -> 5.7 (torch 4.9), the 3x3 of 256 on 14^2 (36 k tiles) 10.1 -> 9.6 (9.2) and its s2 on 28^2 10.2 -> 9.6; batch
+#: 1, the 3x3 of 64 on 56^2 (49 tiles, 9 k tiles) 5.2 -> 4.3, 256 -> 64 on 56^2 4.5 -> 3.3, 512 -> 1024 1x1 s2
+#: 5.0 -> 4.3, 512 -> 2048 on 7^2 (32 tiles) 4.4 -> 4.0, 512 -> 128 on 28^2 (26 tiles) 4.4 -> 4.0. Slower: more
+#: than a wave of tiles (every batch-32 layer, 0.5-0.9x; batch 8 1024 -> 512, 200 tiles, 6.8 -> 8.7), long
+#: reductions on few tiles (2048 -> 512 on 7^2 at batch 8, 56 tiles of 32 k tiles: 8.3 against 7.4 in split-K's
+#: runs; 1024 -> 256 at batch 1, 16 tiles: 5.4 against 5.0), 2 k tiles (128 -> 512 on 28^2 at batch 1: 3.1
+#: against 2.9); 256 -> 1024 on 14^2 at batch 1 (64 tiles, 4 k tiles) 3.2 -> 3.4 is taken.
+PINGPONG_SMALL_CONFIG = "nhwc_wgmma_pingpong_m64n64"
+PINGPONG_SMALL_STAGES = 12
+PINGPONG_SMALL_MIN_K_TILES = 4
+PINGPONG_SMALL_SHORT_K_TILES = 16
+PINGPONG_SMALL_MIN_TILES = 26
+PINGPONG_SMALL_LONG_K_TILES = 36
+PINGPONG_SMALL_MIN_WAVE = 0.75
+NHWC_CONFIGS["float16"] += (GemmConfig(PINGPONG_SMALL_CONFIG, 64, 64, 64, 8, 1, PINGPONG_SMALL_STAGES,
+                                       wgmma=WGMMA_PINGPONG, producer_warps=4),)
 #: The ping-pong tiles that run whole or split by split_k_reduce (the cluster config aside).
-PINGPONG_WHOLE_CONFIGS = (PINGPONG_CONFIG, PINGPONG_NARROW_CONFIG, PINGPONG_64_PIXEL_CONFIG)
+PINGPONG_WHOLE_CONFIGS = (PINGPONG_CONFIG, PINGPONG_NARROW_CONFIG, PINGPONG_64_PIXEL_CONFIG, PINGPONG_SMALL_CONFIG)
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 #: 1x1 NCHW layers read in place (NCHW_A) on wgmma's 3-stage pixel-row tile: each warp's A fragments
@@ -628,6 +654,21 @@ def pingpong_narrow_pays(problem: ConvProblem, compute_capability: int) -> bool:
             and PINGPONG_NARROW_MIN_WAVE * H100_SMS <= tiles <= H100_SMS)
 
 
+def pingpong_small_pays(problem: ConvProblem, compute_capability: int) -> bool:
+    """Whether the fixed rules take the 64 x 64 ping-pong tile (PINGPONG_SMALL_CONFIG) whole for ``problem``
+    (PINGPONG_SMALL_* above)."""
+    width = config_named("float16", PINGPONG_SMALL_CONFIG).bn
+    shape = None if _fused(problem) or problem.k % width else _pingpong_shape(problem, compute_capability,
+                                                                              PINGPONG_SMALL_CONFIG, width)
+    if shape is None:
+        return False
+    tiles, k_tiles = math.prod(shape[0]), shape[1]
+    if not PINGPONG_SMALL_MIN_K_TILES <= k_tiles <= PINGPONG_SMALL_LONG_K_TILES or tiles > H100_SMS:
+        return False
+    return tiles >= (PINGPONG_SMALL_MIN_TILES if k_tiles <= PINGPONG_SMALL_SHORT_K_TILES
+                     else PINGPONG_SMALL_MIN_WAVE * H100_SMS)
+
+
 def pingpong_64_pixel_runs(problem: ConvProblem, compute_capability: int) -> int:
     """Split-K's runs with which the fixed rules take the 64-pixel ping-pong tile (PINGPONG_64_PIXEL_CONFIG) for
     ``problem`` (PINGPONG_64_PIXEL_* above; 1: whole; 0: the rule does not take it)."""
@@ -711,13 +752,17 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
     else of 64 bytes (narrower pieces make a deep tile many copies per thread; few channels per tap
     make it many taps; 1x1 problems read in place have short reductions).
 
-    Before all of these, the 64-pixel ping-pong tile where pingpong_64_pixel_runs takes it (whole where
-    ``pingpong``, in runs of split-K where ``pingpong_split``); then, where ``pingpong`` and pingpong_narrow_pays,
-    the 64-channel ping-pong tile; then the 64 x
-    128 tile where _small_wide_tile takes it; then, where ``pingpong`` and
-    pingpong_pays, the ping-pong tile; where ``pingpong_split`` and pingpong_split_runs, the ping-pong tile with
-    split-K in clusters where pingpong_cluster_runs takes it, else with split-K's runs (make_plan asks
+    Before all of these, where ``pingpong`` and pingpong_small_pays, the 64 x 64 ping-pong tile; then the 64-pixel
+    ping-pong tile where pingpong_64_pixel_runs takes it (whole where ``pingpong``, in runs of split-K where
+    ``pingpong_split``); then, where ``pingpong`` and pingpong_narrow_pays, the 64-channel ping-pong tile; then the
+    64 x 128 tile where _small_wide_tile takes it; then, where ``pingpong`` and pingpong_pays, the ping-pong tile;
+    where ``pingpong_split`` and pingpong_split_runs, the ping-pong tile with split-K in clusters where
+    pingpong_cluster_runs takes it, else with split-K's runs (make_plan asks
     pingpong_split_runs for them)."""
+    if pingpong and pingpong_small_pays(problem, compute_capability):
+        cfg = config_named(problem.dtype, PINGPONG_SMALL_CONFIG)
+        return cfg, (f"wgmma; {math.prod(gemm_grid(problem, cfg))} tiles of 64 x 64 (<= {H100_SMS}), "
+                     f"{reduction_tiles(problem, cfg, problem.c)} k tiles: the ping-pong tile 64 x 64")
     runs = pingpong_64_pixel_runs(problem, compute_capability)
     if (pingpong and runs == 1) or (pingpong_split and runs > 1):
         cfg = config_named(problem.dtype, PINGPONG_64_PIXEL_CONFIG)
