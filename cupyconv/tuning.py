@@ -244,7 +244,8 @@ def _stream_k_choices(problem: ConvProblem, sm_count: int):
 
 
 def _pingpong_split_choices(problem: ConvProblem, sm_count: int):
-    """The ping-pong tiles (128 x 128, 64 x 128 and 64 x 64) with each of PINGPONG_SPLIT_CHOICES runs (module docstring)."""
+    """The ping-pong tiles (128 x 128, 64 x 128 and 64 x 64) with each of PINGPONG_SPLIT_CHOICES runs (module
+    docstring)."""
     configs = {c.name: c for c in implicit_gemm_nhwc.NHWC_CONFIGS[problem.dtype]}
     if implicit_gemm_nhwc.PINGPONG_CONFIG not in configs or problem.layout != "NHWC":
         return

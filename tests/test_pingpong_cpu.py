@@ -22,6 +22,13 @@ def problem(n=32, c=256, k=1024, h=14, dtype="float16", kernel=1, stride=1, padd
                         weight_layout="KHWC" if layout == "NHWC" else "KCHW")
 
 
+def layer(n, c, k, h, kernel, stride, fused=False):
+    """A ResNet-like 16-bit NHWC layer, padded to keep its plane; ``fused``: with a bias and ReLU."""
+    return make_problem((n, h, h, c), (k, kernel, kernel, c), (k,) if fused else None, "float16", stride=stride,
+                        padding=kernel // 2, layout="NHWC", weight_layout="KHWC",
+                        **({"activation": "relu"} if fused else {}))
+
+
 def plan_of(p, **options):
     return planner.make_plan(p, config=PINGPONG, kernel=planner.NHWC_KERNEL, compute_capability=90, **options)
 
@@ -199,8 +206,7 @@ IM2COL_RULE_CASES = [
 
 @pytest.mark.parametrize("n,c,k,h,kernel,stride,taken", IM2COL_RULE_CASES, ids=lambda v: str(v))
 def test_rules_on_layers_with_taps_and_strides(n, c, k, h, kernel, stride, taken):
-    p = make_problem((n, h, h, c), (k, kernel, kernel, c), None, "float16", stride=stride, padding=kernel // 2,
-                     layout="NHWC", weight_layout="KHWC")
+    p = layer(n, c, k, h, kernel, stride)
     plan = planner.make_plan(p, compute_capability=90)
     assert (plan.config.name == PINGPONG and plan.splits == 1) == taken
     assert implicit_gemm_nhwc.pingpong_pays(p, 90) == taken
@@ -271,7 +277,8 @@ def test_rules_split_it_where_measured_faster(n, c, k, h, kernel, stride, runs, 
 
 
 #: (batch, input channels, output channels, plane, kernel, stride, taken): where the rules take the 64 x 64 ping-pong
-#: tile, as ResNet-50's layers measured on the H200 (benchmarks/results/pingpong_small_sweep_h200.txt; us before -> on it).
+#: tile, as ResNet-50's layers measured on the H200 (benchmarks/results/pingpong_small_sweep_h200.txt; us before ->
+#: on it).
 SMALL_RULE_CASES = [
     (8, 1024, 256, 14, 1, 1, True),    # 100 tiles, 16 k tiles: 6.5 -> 5.7
     (8, 256, 256, 14, 3, 1, True),     # 36 k tiles on 100 tiles: 10.1 -> 9.6
@@ -287,8 +294,7 @@ SMALL_RULE_CASES = [
 
 @pytest.mark.parametrize("n,c,k,h,kernel,stride,taken", SMALL_RULE_CASES, ids=lambda v: str(v))
 def test_rules_take_the_small_tile_where_measured_faster(n, c, k, h, kernel, stride, taken):
-    p = make_problem((n, h, h, c), (k, kernel, kernel, c), None, "float16", stride=stride, padding=kernel // 2,
-                     layout="NHWC", weight_layout="KHWC")
+    p = layer(n, c, k, h, kernel, stride)
     assert implicit_gemm_nhwc.pingpong_small_pays(p, 90) == taken
     plan = planner.make_plan(p, compute_capability=90)
     assert (plan.config.name == implicit_gemm_nhwc.PINGPONG_SMALL_CONFIG) == taken, str(plan)
@@ -297,8 +303,7 @@ def test_rules_take_the_small_tile_where_measured_faster(n, c, k, h, kernel, str
         assert plan.shared_bytes + BLOCK_RESERVED_SHARED_BYTES <= 227 * 1024
         assert implicit_gemm_nhwc.name_expression(plan) in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
     assert not implicit_gemm_nhwc.pingpong_small_pays(p, 80)
-    fused = make_problem((n, h, h, c), (k, kernel, kernel, c), (k,), "float16", stride=stride, padding=kernel // 2,
-                         layout="NHWC", weight_layout="KHWC", activation="relu")
+    fused = layer(n, c, k, h, kernel, stride, fused=True)
     assert not implicit_gemm_nhwc.pingpong_small_pays(fused, 90)
 
 
@@ -324,8 +329,7 @@ PIXEL_64_RULE_CASES = [
 
 @pytest.mark.parametrize("n,c,k,h,kernel,stride,runs", PIXEL_64_RULE_CASES, ids=lambda v: str(v))
 def test_rules_take_the_64_pixel_tile_where_measured_faster(n, c, k, h, kernel, stride, runs):
-    p = make_problem((n, h, h, c), (k, kernel, kernel, c), None, "float16", stride=stride, padding=kernel // 2,
-                     layout="NHWC", weight_layout="KHWC")
+    p = layer(n, c, k, h, kernel, stride)
     assert implicit_gemm_nhwc.pingpong_64_pixel_runs(p, 90) == runs
     plan = planner.make_plan(p, compute_capability=90)
     taken = plan.config.name == implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG
@@ -339,8 +343,7 @@ def test_rules_take_the_64_pixel_tile_where_measured_faster(n, c, k, h, kernel, 
         unsplit = planner.make_plan(p, compute_capability=90, kernel=planner.NHWC_KERNEL, splits=1)
         assert (unsplit.config.name == implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG) == (runs == 1)
     assert not implicit_gemm_nhwc.pingpong_64_pixel_runs(p, 80)
-    fused = make_problem((n, h, h, c), (k, kernel, kernel, c), (k,), "float16", stride=stride, padding=kernel // 2,
-                         layout="NHWC", weight_layout="KHWC", activation="relu")
+    fused = layer(n, c, k, h, kernel, stride, fused=True)
     assert not implicit_gemm_nhwc.pingpong_64_pixel_runs(fused, 90)
     assert planner.make_plan(fused, compute_capability=90).config.name != implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG
 
@@ -366,14 +369,12 @@ NARROW_RULE_CASES = [
 
 @pytest.mark.parametrize("n,c,k,h,kernel,stride,taken", NARROW_RULE_CASES, ids=lambda v: str(v))
 def test_rules_take_the_narrow_tile_where_measured_faster(n, c, k, h, kernel, stride, taken):
-    p = make_problem((n, h, h, c), (k, kernel, kernel, c), None, "float16", stride=stride, padding=kernel // 2,
-                     layout="NHWC", weight_layout="KHWC")
+    p = layer(n, c, k, h, kernel, stride)
     plan = planner.make_plan(p, compute_capability=90)
     assert implicit_gemm_nhwc.pingpong_narrow_pays(p, 90) == taken
     if not implicit_gemm_nhwc.pingpong_64_pixel_runs(p, 90) and not implicit_gemm_nhwc.pingpong_small_pays(p, 90):
         # the 64-pixel tiles' rules are asked first
         assert (plan.config.name == implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG and plan.splits == 1) == taken, str(plan)
     assert not implicit_gemm_nhwc.pingpong_narrow_pays(p, 80)
-    fused = make_problem((n, h, h, c), (k, kernel, kernel, c), (k,), "float16", stride=stride, padding=kernel // 2,
-                         layout="NHWC", weight_layout="KHWC", activation="relu")
+    fused = layer(n, c, k, h, kernel, stride, fused=True)
     assert not implicit_gemm_nhwc.pingpong_narrow_pays(fused, 90)

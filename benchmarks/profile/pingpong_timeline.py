@@ -18,8 +18,8 @@ from cupyconv.tuning import candidates, label
 
 CLUSTER = "pingpong_m128n128_cluster split-K "
 #: ((batch, in channels, out channels, plane, kernel, stride), the plans timed: labels after "nhwc_wgmma_").
-CASES = [((8, 1024, 256, 14, 1, 1), ["pingpong_m128n128", "pingpong_m128n64", "pingpong_m128n128 split-K 4",
-                                     CLUSTER + "2"]),
+CASES = [((8, 1024, 256, 14, 1, 1), ["pingpong_m128n128", "pingpong_m128n64", "pingpong_m64n128", "pingpong_m64n64",
+                                     "pingpong_m128n128 split-K 4", CLUSTER + "2"]),
          ((8, 256, 256, 14, 3, 1), ["pingpong_m128n128 split-K 5", CLUSTER + "2", CLUSTER + "4"]),
          ((32, 512, 512, 7, 3, 1), ["pingpong_m128n128 split-K 2", CLUSTER + "2"]),
          ((32, 2048, 512, 7, 1, 1), ["pingpong_m128n128", "pingpong_m128n64", CLUSTER + "2"])]

@@ -291,37 +291,43 @@ PINGPONG_NARROW_STAGES = 7
 PINGPONG_NARROW_SHORT_WAVES = 4
 PINGPONG_NARROW_K_TILES = (8, 32)
 PINGPONG_NARROW_MIN_WAVE = 0.7
-NHWC_CONFIGS["float16"] += tuple(GemmConfig(name, 128, 128, 64, 8, 1, PINGPONG_STAGES, wgmma=WGMMA_PINGPONG,
-                                            producer_warps=4) for name in (PINGPONG_CONFIG, PINGPONG_CLUSTER_CONFIG))
-NHWC_CONFIGS["float16"] += (GemmConfig(PINGPONG_NARROW_CONFIG, 128, 64, 64, 8, 1, PINGPONG_NARROW_STAGES,
-                                       wgmma=WGMMA_PINGPONG, producer_warps=4),)
-#: The ping-pong tile 64 pixels tall (the same kernel, BM 64): a k tile's MMAs read 24 KB of shared memory for
-#: 64 x 128 x 64 multiply-adds, where the 64-channel tile's read 32 KB (its weight tile once for each 64-row half)
-#: for as many, a wgmma's whole shared-memory bandwidth. Its stages are 24 KB, 7 of them. No residual instance: a
-#: 64-row half's float sums need twice a consumer's staging of 64 rows (split-K's reduction adds it). The fixed
-#: rules take it (pingpong_64_pixel_runs; the planner asks before any other tile's rule) for unfused calls of
-#: whole tiles of 128 output channels where the 128 x 128 tile makes fewer than PINGPONG_MIN_TILES tiles and the reduction has PINGPONG_64_PIXEL_MIN_K_TILES
-#: k tiles or more: in as many runs of split-K as keep one work item a block on one wave, each of at least
+
+
+def _pingpong_tile(name: str, bm: int, bn: int, stages: int) -> GemmConfig:
+    """A ping-pong tile of ``bm`` pixels and ``bn`` channels: k tiles of 64 16-bit channels (128-byte rows),
+    ``stages`` of them in the ring, a producer warpgroup copying by TMA."""
+    return GemmConfig(name, bm, bn, 64, 8, 1, stages, wgmma=WGMMA_PINGPONG, producer_warps=4)
+
+
+NHWC_CONFIGS["float16"] += (_pingpong_tile(PINGPONG_CONFIG, 128, 128, PINGPONG_STAGES),
+                            _pingpong_tile(PINGPONG_CLUSTER_CONFIG, 128, 128, PINGPONG_STAGES),
+                            _pingpong_tile(PINGPONG_NARROW_CONFIG, 128, 64, PINGPONG_NARROW_STAGES))
+#: The ping-pong tile 64 pixels tall (the same kernel, BM 64): layers of few 128 x 128 tiles spread over twice the
+#: blocks, each copying 24 KB a k tile, not 32 (a k tile took ~0.23 us, against the 128 x 128 tile's ~0.29; H200).
+#: Its stages are 24 KB, 7 of them. No residual instance: a 64-row half's float sums need twice a consumer's staging
+#: of 64 rows (split-K's reduction adds it). The fixed rules take it (pingpong_64_pixel_runs; the planner asks after
+#: pingpong_small_pays, before any other tile's rule) for unfused calls of whole tiles of 128 output channels where
+#: the 128 x 128 tile makes fewer than PINGPONG_MIN_TILES tiles and the reduction has PINGPONG_64_PIXEL_MIN_K_TILES k
+#: tiles or more: in as many runs of split-K as keep one work item a block on one wave, each of at least
 #: PINGPONG_64_PIXEL_MIN_RUN k tiles, where the work items make PINGPONG_64_PIXEL_MIN_WAVE of a wave or more, and
 #: whole only for reductions of PINGPONG_64_PIXEL_WHOLE_K_TILES k tiles or fewer. H200, fp16 channels_last, CUDA
 #: graphs, ResNet-50's layers against the rules' plan before (benchmarks/NOTES.md, "The ping-pong tile 64 pixels
-#: tall"; results/pingpong_64_pixel_sweep_h200.txt), us: batch 8, 1024 -> 256 on 14^2 (50 tiles, 16 k tiles)
-#: 6.8 -> 6.3 (torch 4.7), the 3x3 of 256 on 14^2 (36 k tiles) 10.4 -> 9.9 in 2 runs (9.0), 2048 -> 512 on 7^2
-#: (28 tiles) 7.9 -> 7.1 in 3 (6.5), the 3x3 of 512 on 7^2 10.3 -> 9.8 in 4, 1024 -> 512 7.1 -> 6.7, the 3x3 of
-#: 128 on 28^2 7.7 -> 7.2, 512 -> 128 4.9 -> 4.7; batch 32, 2048 -> 512 (100 tiles) 11.0 -> 10.1 (7.4); batch 1,
-#: 256 -> 128 on 56^2 (49 tiles, 4 k tiles) 4.2 -> 3.6. Slower: where the 128 x 128 tile makes 64 tiles or more
-#: (1024 -> 256 at batch 32 8.2 -> 10.3, 256 -> 1024 at batch 8 4.7 -> 5.0), long reductions whole (the 3x3 of 512
-#: on 7^2 at batch 32, 72 k tiles: 19.1 against the clusters' 18.6), short runs (1024 -> 256 at batch 8 in 2 runs
-#: of 8: 7.3), few work items (1024 -> 256 at batch 1, 8 tiles: 6.1 against 4.8), and 2 k tiles (128 -> 512 on
-#: 28^2 at batch 1: 3.2 against 2.8). Outputs of 64 channels (half a tile) won at batch 1 (256 -> 64 on 56^2 4.2 ->
-#: 3.7) but other widths, MobileNetV2's and EfficientNet's, were not timed on it.
+#: tall"; results/pingpong_64_pixel_sweep_h200.txt), us: batch 8, 1024 -> 256 on 14^2 (50 tiles, 16 k tiles) 6.8 ->
+#: 6.3 (torch 4.7), the 3x3 of 256 on 14^2 (36 k tiles) 10.4 -> 9.9 in 2 runs (9.0), 2048 -> 512 on 7^2 (28 tiles)
+#: 7.9 -> 7.1 in 3 (6.5), the 3x3 of 512 on 7^2 10.3 -> 9.8 in 4, 1024 -> 512 7.1 -> 6.7, the 3x3 of 128 on 28^2 7.7
+#: -> 7.2, 512 -> 128 4.9 -> 4.7; batch 32, 2048 -> 512 (100 tiles) 11.0 -> 10.1 (7.4); batch 1, 256 -> 128 on 56^2
+#: (49 tiles, 4 k tiles) 4.2 -> 3.6. Slower: where the 128 x 128 tile makes 64 tiles or more (1024 -> 256 at batch 32
+#: 8.2 -> 10.3, 256 -> 1024 at batch 8 4.7 -> 5.0), long reductions whole (the 3x3 of 512 on 7^2 at batch 32, 72 k
+#: tiles: 19.1 against the clusters' 18.6), short runs (1024 -> 256 at batch 8 in 2 runs of 8: 7.3), few work items
+#: (1024 -> 256 at batch 1, 8 tiles: 6.1 against 4.8), and 2 k tiles (128 -> 512 on 28^2 at batch 1: 3.2 against
+#: 2.8). Outputs of 64 channels (half a tile) won at batch 1 (256 -> 64 on 56^2 4.2 -> 3.7) but other widths,
+#: MobileNetV2's and EfficientNet's, were not timed on it.
 PINGPONG_64_PIXEL_CONFIG = "nhwc_wgmma_pingpong_m64n128"
 PINGPONG_64_PIXEL_MIN_K_TILES = 4
 PINGPONG_64_PIXEL_MIN_RUN = 10
 PINGPONG_64_PIXEL_MIN_WAVE = 0.35
 PINGPONG_64_PIXEL_WHOLE_K_TILES = 32
-NHWC_CONFIGS["float16"] += (GemmConfig(PINGPONG_64_PIXEL_CONFIG, 64, 128, 64, 8, 1, PINGPONG_NARROW_STAGES,
-                                       wgmma=WGMMA_PINGPONG, producer_warps=4),)
+NHWC_CONFIGS["float16"] += (_pingpong_tile(PINGPONG_64_PIXEL_CONFIG, 64, 128, PINGPONG_NARROW_STAGES),)
 #: The ping-pong tile 64 x 64 (the same kernel): its k tiles copy 16 KB, two thirds of the 64-pixel tile's 24, and a
 #: block's copies bound these tiles at ~115 GB/s an SM (H200: the 64-pixel tile's k tiles took ~0.23 us, the 128 x
 #: 128 tile's ~0.29), so a layer of few 128 x 128 tiles spreads over twice the 64-pixel tile's blocks with a third
@@ -346,8 +352,7 @@ PINGPONG_SMALL_SHORT_K_TILES = 16
 PINGPONG_SMALL_MIN_TILES = 26
 PINGPONG_SMALL_LONG_K_TILES = 36
 PINGPONG_SMALL_MIN_WAVE = 0.75
-NHWC_CONFIGS["float16"] += (GemmConfig(PINGPONG_SMALL_CONFIG, 64, 64, 64, 8, 1, PINGPONG_SMALL_STAGES,
-                                       wgmma=WGMMA_PINGPONG, producer_warps=4),)
+NHWC_CONFIGS["float16"] += (_pingpong_tile(PINGPONG_SMALL_CONFIG, 64, 64, PINGPONG_SMALL_STAGES),)
 #: The ping-pong tiles that run whole or split by split_k_reduce (the cluster config aside).
 PINGPONG_WHOLE_CONFIGS = (PINGPONG_CONFIG, PINGPONG_NARROW_CONFIG, PINGPONG_64_PIXEL_CONFIG, PINGPONG_SMALL_CONFIG)
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
@@ -675,7 +680,8 @@ def pingpong_64_pixel_runs(problem: ConvProblem, compute_capability: int) -> int
     width = config_named("float16", PINGPONG_64_PIXEL_CONFIG).bn
     shape = None if _fused(problem) or problem.k % width else _pingpong_shape(problem, compute_capability,
                                                                               PINGPONG_64_PIXEL_CONFIG)
-    if shape is None or math.prod(gemm_grid(problem, config_named(problem.dtype, PINGPONG_CONFIG))) >= PINGPONG_MIN_TILES:
+    if shape is None or math.prod(gemm_grid(problem, config_named(problem.dtype, PINGPONG_CONFIG))) >= \
+            PINGPONG_MIN_TILES:
         return 0
     grid, k_tiles = shape
     tiles = math.prod(grid)
@@ -685,7 +691,8 @@ def pingpong_64_pixel_runs(problem: ConvProblem, compute_capability: int) -> int
     while runs > 1 and math.ceil(k_tiles / runs) < PINGPONG_64_PIXEL_MIN_RUN:
         runs -= 1
     runs = split_k_runs(problem, grid, k_tiles, runs, 1)  # the workspace's and offsets' limits
-    if tiles * runs < PINGPONG_64_PIXEL_MIN_WAVE * H100_SMS or (runs == 1 and k_tiles > PINGPONG_64_PIXEL_WHOLE_K_TILES):
+    too_long = runs == 1 and k_tiles > PINGPONG_64_PIXEL_WHOLE_K_TILES
+    if tiles * runs < PINGPONG_64_PIXEL_MIN_WAVE * H100_SMS or too_long:
         return 0
     return runs
 
