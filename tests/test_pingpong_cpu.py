@@ -122,6 +122,8 @@ def test_64_pixel_tile():
     labels = [label(c) for _, c in candidates(p, compute_capability=90)]
     assert "implicit_gemm_nhwc nhwc_wgmma_pingpong_m64n128" in labels
     assert "implicit_gemm_nhwc nhwc_wgmma_pingpong_m64n128 split-K 2" in labels
+    small = "implicit_gemm_nhwc nhwc_wgmma_pingpong_m64n64"  # 100 tiles: at most two items a block in 2 runs
+    assert small in labels and f"{small} split-K 2" in labels and f"{small} split-K 3" not in labels
 
 
 @pytest.mark.parametrize("splits", [1, 3, 16])
