@@ -251,10 +251,7 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
         return DIRECT_KERNEL, f"strict float32 (allow_tf32=False); no FMA implicit GEMM: {why_not}"
     precision = "TF32 (allow_tf32=True)" if problem.dtype == "float32" else problem.dtype
     if not pointwise_nhwc.refusal(problem) and pointwise_nhwc.pays(problem, compute_capability) and \
-            not implicit_gemm_nhwc.pingpong_pays(problem, compute_capability) and \
-            not implicit_gemm_nhwc.pingpong_narrow_pays(problem, compute_capability) and \
-            not implicit_gemm_nhwc.pingpong_64_pixel_runs(problem, compute_capability) and \
-            not implicit_gemm_nhwc.pingpong_small_pays(problem, compute_capability):
+            not implicit_gemm_nhwc.pingpong_rules_take(problem, compute_capability):
         return POINTWISE_KERNEL, (f"tensor cores in {precision}; 1x1 NHWC of {problem.c} -> {problem.k} channels, "
                                   f"{pointwise_nhwc.flop_per_byte(problem):.0f} FLOP per byte (<= "
                                   f"{pointwise_nhwc.MAX_FLOP_PER_BYTE[problem.dtype]}): streamed over the pixels by "

@@ -687,14 +687,27 @@ def pingpong_64_pixel_runs(problem: ConvProblem, compute_capability: int) -> int
     tiles = math.prod(grid)
     if k_tiles < PINGPONG_64_PIXEL_MIN_K_TILES:
         return 0
-    runs = min(H100_SMS // tiles, SPLIT_K_MAX)
-    while runs > 1 and math.ceil(k_tiles / runs) < PINGPONG_64_PIXEL_MIN_RUN:
-        runs -= 1
-    runs = split_k_runs(problem, grid, k_tiles, runs, 1)  # the workspace's and offsets' limits
+    runs = _one_wave_runs(problem, grid, k_tiles, PINGPONG_64_PIXEL_MIN_RUN)
     too_long = runs == 1 and k_tiles > PINGPONG_64_PIXEL_WHOLE_K_TILES
     if tiles * runs < PINGPONG_64_PIXEL_MIN_WAVE * H100_SMS or too_long:
         return 0
     return runs
+
+
+def _one_wave_runs(problem: ConvProblem, grid: tuple[int, int, int], k_tiles: int, min_run: int) -> int:
+    """Split-K's runs that keep one work item a block on one wave of ``grid``'s tiles, each of at least ``min_run``
+    k tiles, within split_k_runs' limits (the workspace, 32-bit offsets)."""
+    runs = min(H100_SMS // math.prod(grid), SPLIT_K_MAX)
+    while runs > 1 and math.ceil(k_tiles / runs) < min_run:
+        runs -= 1
+    return split_k_runs(problem, grid, k_tiles, runs, 1)
+
+
+def pingpong_rules_take(problem: ConvProblem, compute_capability: int) -> bool:
+    """Whether a ping-pong tile's rule takes ``problem`` whole or in the 64-pixel tile's runs (the planner leaves
+    such 1x1 layers to this family rather than to the pointwise kernel)."""
+    return (pingpong_small_pays(problem, compute_capability) or pingpong_64_pixel_runs(problem, compute_capability)
+            > 0 or pingpong_narrow_pays(problem, compute_capability) or pingpong_pays(problem, compute_capability))
 
 
 def pingpong_split_runs(problem: ConvProblem, compute_capability: int) -> int:
@@ -707,10 +720,7 @@ def pingpong_split_runs(problem: ConvProblem, compute_capability: int) -> int:
     tiles = math.prod(grid)
     if tiles >= PINGPONG_MIN_TILES or k_tiles < PINGPONG_SPLIT_MIN_K_TILES:
         return 1
-    runs = min(H100_SMS // tiles, SPLIT_K_MAX)
-    while runs > 1 and math.ceil(k_tiles / runs) < PINGPONG_SPLIT_MIN_RUN:
-        runs -= 1
-    runs = split_k_runs(problem, grid, k_tiles, runs, 1)  # the workspace's and offsets' limits
+    runs = _one_wave_runs(problem, grid, k_tiles, PINGPONG_SPLIT_MIN_RUN)
     return runs if runs > 1 and tiles * runs >= PINGPONG_SPLIT_MIN_WAVE * H100_SMS else 1
 
 
