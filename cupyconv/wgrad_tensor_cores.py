@@ -25,9 +25,10 @@ from . import wgrad
 from .arguments import ConvProblem
 from .families.common import CTYPES, INDEX_TYPES, MAX_GRID_Y, STORAGE_BYTES, forced_config
 from .families.implicit_gemm_nhwc import channels_last_copy, pad_channels
-from .program import GRAD_OUTPUT, OUT, WORKSPACE, X, CallProgram, Launch, Pointer, align
+from .program import GRAD_OUTPUT, OUT, WORKSPACE, X, CallProgram, Im2colMap, Launch, Pointer, TensorMap, align
 
 KERNEL = "wgrad_tensor_cores"
+TMA_KERNEL = "wgrad_tensor_cores_tma"
 DTYPES = ("float16", "bfloat16", "float32")
 
 
@@ -35,8 +36,9 @@ DTYPES = ("float16", "bfloat16", "float32")
 class TileConfig:
     """Thread-block tile: bm output channels x bj (tap, channel) columns, l tiles of bl pixels through
     ``stages`` buffers, warps_m x warps_j warps, multiplying with mma.sync or (``wgmma``, sm_90a, 16-bit
-    types) wgmma. ``blocks_per_sm``: how many fit an SM (shared memory); ``sm_tflops``: the rate an SM
-    full of them reaches on a long reduction (H100 timings), for the choice's timing model."""
+    types) wgmma; ``tma``: wgmma fed by a copying warp's TMA copies (bm / 64 warpgroups multiply).
+    ``blocks_per_sm``: how many fit an SM (shared memory); ``sm_tflops``: the rate an SM full of them
+    reaches on a long reduction (H100 timings), for the choice's timing model."""
 
     name: str
     bm: int
@@ -48,14 +50,17 @@ class TileConfig:
     blocks_per_sm: int
     sm_tflops: float
     wgmma: bool = False
+    tma: bool = False
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps_m * self.warps_j
+        return 2 * self.bm + 32 if self.tma else 32 * self.warps_m * self.warps_j
 
     def shared_bytes(self, itemsize: int) -> int:
         """Pipeline buffers: per stage, bl rows of bm + 8 (dy) and bj + 8 (x) elements; wgmma: unpadded
-        rows and 1 KB to align the tiles."""
+        rows and 1 KB to align the tiles; TMA: and two 8-byte mbarriers a stage."""
+        if self.tma:
+            return self.stages * self.bl * (self.bm + self.bj) * itemsize + 1024 + 16 * self.stages
         if self.wgmma:
             return self.stages * self.bl * (self.bm + self.bj) * itemsize + 1024
         return self.stages * self.bl * (self.bm + 8 + self.bj + 8) * itemsize
@@ -81,7 +86,20 @@ WGMMA_ARCH = "sm_90a"
 WGMMA_COMPUTE_CAPABILITY = 90
 WGMMA_CONFIGS = tuple(TileConfig(f"tc_wgmma_m{bm}j128", bm, 128, 64, bm // 16, 1, stages, blocks, rate, wgmma=True)
                       for bm, stages, blocks, rate in ((128, 3, 2, 2.5), (64, 4, 2, 1.8), (256, 4, 1, 2.6)))
-CONFIG_NAMES = frozenset(c.name for configs in (*CONFIGS.values(), WGMMA_CONFIGS) for c in configs)
+#: Hopper tiles fed by TMA (wgrad_tensor_cores_tma; _tma_applies): bm / 64 warpgroups of 64 output
+#: channels x bj columns, l tiles of 64 pixels, as many stages as blocks_per_sm of them leave room for.
+#: Where they apply, the choice is among them alone: on every ungrouped 16-bit layer of bench.LAYERS
+#: each was faster than the cp.async wgmma tiles at their best run counts (H200, fp16 channels-last,
+#: benchmarks/results/wgrad_tiles_tma_h200.txt). The rates: fitted to that sweep, so that the timing
+#: model's choice of tile and runs is within 1.17x of the fastest on each layer (mostly the fastest).
+TMA_CONFIGS = tuple(TileConfig(f"tc_tma_m{bm}j{bj}", bm, bj, 64, bm // 16, 1, stages, blocks, rate, wgmma=True, tma=True)
+                    for bm, bj, stages, blocks, rate in ((128, 128, 3, 2, 2.6), (128, 256, 4, 1, 3.0),
+                                                         (64, 128, 4, 2, 2.4), (64, 256, 4, 1, 2.6)))
+#: The im2col map's bounds (cuTensorMapEncodeIm2col, 4-D tensors): window corners within
+#: [-IM2COL_LIMIT, IM2COL_LIMIT) of the plane's edges, taps' offsets below IM2COL_LIMIT, strides up to 8.
+IM2COL_LIMIT = 128
+IM2COL_MAX_STRIDE = 8
+CONFIG_NAMES = frozenset(c.name for configs in (*CONFIGS.values(), WGMMA_CONFIGS, TMA_CONFIGS) for c in configs)
 #: The timing model's machine: the H100's SMs, the bandwidth the partial sums move at, and the k
 #: tiles' worth of time a block spends filling and draining its pipeline. A fixed machine, not the
 #: device's, so that the runs, and so the result's bits, depend on the problem alone.
@@ -127,7 +145,8 @@ class TensorCorePlan:
     def __str__(self) -> str:
         c = self.config
         return (f"{KERNEL} [{c.name}: {c.bm} out channels x {c.bj} (tap, channel) columns, l tiles of {c.bl}, "
-                f"{c.stages} stages, {c.threads} threads, {'wgmma (' + self.arch + ')' if c.wgmma else 'mma.sync'}]\n"
+                f"{c.stages} stages, {c.threads} threads, "
+                f"{('wgmma fed by TMA (' if c.tma else 'wgmma (') + self.arch + ')' if c.wgmma else 'mma.sync'}]\n"
                 f"  {self.dtype} (float32 accumulators), {self.layout} -> {self.weight_layout}, {self.index_type} "
                 f"indices; x as {self.channels} channels in {self.x_vec}-byte pieces "
                 f"({self.x_copy or 'in place'}), dy as {self.out_channels} ({self.dy_copy or 'in place'})\n"
@@ -166,10 +185,24 @@ def _wgmma_applies(problem: ConvProblem, compute_capability: int) -> bool:
         _channels(problem)[2] == 16
 
 
+def _tma_applies(problem: ConvProblem, compute_capability: int) -> bool:
+    """The TMA tiles run wgmma's problems whose x panels of 64 channels each lie in one tap (Cp % 64 ==
+    0, or one tap: the map gives zeros past Cp) and whose windows the im2col map can walk
+    (IM2COL_LIMIT, IM2COL_MAX_STRIDE), with 32-bit pixel coordinates."""
+    p = problem
+    reach_h, reach_w = (p.kh - 1) * p.dilation[0], (p.kw - 1) * p.dilation[1]
+    one_tap_panels = _channels(p)[0] % 64 == 0 or p.kh * p.kw == 1
+    return _wgmma_applies(p, compute_capability) and one_tap_panels and p.n * p.ho * p.wo < 2**31 and \
+        max(p.stride) <= IM2COL_MAX_STRIDE and max(reach_h, reach_w) < IM2COL_LIMIT and \
+        all(-IM2COL_LIMIT <= bound < IM2COL_LIMIT for bound in (
+            -p.pad_top, -p.pad_left, p.pad_bottom - reach_h, p.pad_right - reach_w))
+
+
 def configs(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, ...]:
-    """The tiles that can run ``problem``: mma.sync's, and wgmma's where they apply."""
+    """The tiles that can run ``problem``: mma.sync's, and wgmma's and TMA's where they apply."""
     item = STORAGE_BYTES[problem.dtype]
-    return CONFIGS[item] + (WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else ())
+    return CONFIGS[item] + (WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else ()) + \
+        (TMA_CONFIGS if _tma_applies(problem, compute_capability) else ())
 
 
 def _model_us(problem: ConvProblem, cfg: TileConfig, splits: int) -> float:
@@ -194,9 +227,11 @@ def _split_choices(problem: ConvProblem, cfg: TileConfig) -> range:
 
 
 def _choose(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, int, str]:
-    """The tile and run count of least modelled time (_model_us), among wgmma's tiles where they
-    apply, else mma.sync's; the first on ties (the larger tile, the fewer runs)."""
-    configs = WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else CONFIGS[STORAGE_BYTES[problem.dtype]]
+    """The tile and run count of least modelled time (_model_us), among the TMA tiles where they
+    apply, else wgmma's where they apply, else mma.sync's; the first on ties (the larger tile, the
+    fewer runs)."""
+    configs = TMA_CONFIGS if _tma_applies(problem, compute_capability) else \
+        WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else CONFIGS[STORAGE_BYTES[problem.dtype]]
     best = {cfg: min(_split_choices(problem, cfg), key=lambda s, c=cfg: _model_us(problem, c, s)) for cfg in configs}
     cfg = min(configs, key=lambda c: _model_us(problem, c, best[c]))
     return cfg, best[cfg], (f"{cfg.name} in {best[cfg]} run(s) has the least modelled time, "
@@ -234,7 +269,9 @@ def _copy(problem: ConvProblem, channels: int, padded: int) -> str:
 
 
 def expression(dtype: str, index: str, cfg: TileConfig, x_vec: int) -> str:
-    """The C++ template instance of the GEMM."""
+    """The C++ template instance of the GEMM (the TMA tiles': no index type or piece, TMA addresses)."""
+    if cfg.tma:
+        return f"cupyconv::{TMA_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bj},{cfg.stages},{cfg.blocks_per_sm}>"
     return (f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bj},{cfg.bl},{cfg.warps_m},{cfg.warps_j},"
             f"{cfg.stages},{x_vec},{'true' if cfg.wgmma else 'false'}>")
 
@@ -305,7 +342,8 @@ def specialisations() -> list[str]:
 def arch_specialisations() -> dict[str, list[str]]:
     """The GEMM name expressions that need an architecture-specific target: wgmma's, for sm_90a."""
     return {WGMMA_ARCH: [expression(dtype, index, cfg, 16) for dtype in ("float16", "bfloat16")
-                         for index in INDEX_TYPES for cfg in WGMMA_CONFIGS]}
+                         for index in INDEX_TYPES for cfg in WGMMA_CONFIGS] +
+            [expression(dtype, "", cfg, 16) for dtype in ("float16", "bfloat16") for cfg in TMA_CONFIGS]}
 
 
 def _copy_launch(dtype: str, how: str, n: int, plane: int, channels: int, padded: int, source: Pointer,
@@ -335,9 +373,20 @@ def program(plan: TensorCorePlan, problem: ConvProblem) -> CallProgram:
         launches.append(_copy_launch(p.dtype, how, p.n, plane, channels, padded, Pointer(source), operands[-1]))
         used += align(p.n * plane * padded * item)
     partial = Pointer(WORKSPACE, used)
-    launches.append(Launch(KERNEL, plan.expression, plan.grid, plan.block, plan.shared_bytes, (
-        *operands, partial, p.n, cp, p.h, p.w, kp, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1], p.pad_top,
-        p.pad_left, p.dilation[0], p.dilation[1]), plan.arch))
+    if plan.config.tma:
+        x_operand, dy_operand = operands
+        length = p.n * p.ho * p.wo
+        reach_h, reach_w = (p.kh - 1) * p.dilation[0], (p.kw - 1) * p.dilation[1]
+        dy_map = TensorMap(dy_operand, p.dtype, length, kp, kp * item, plan.config.bl, 64)
+        x_map = Im2colMap(x_operand, p.dtype, (p.n, p.h, p.w, cp), (-p.pad_top, -p.pad_left),
+                          (p.pad_bottom - reach_h, p.pad_right - reach_w), p.stride, 64, plan.config.bl)
+        launches.append(Launch(TMA_KERNEL, plan.expression, plan.grid, plan.block, plan.shared_bytes, (
+            partial, length, cp, p.kh * p.kw * cp, kp, p.ho, p.wo, p.kw, p.stride[0], p.stride[1], p.pad_top,
+            p.pad_left, p.dilation[0], p.dilation[1], dy_map, x_map), plan.arch))
+    else:
+        launches.append(Launch(KERNEL, plan.expression, plan.grid, plan.block, plan.shared_bytes, (
+            *operands, partial, p.n, cp, p.h, p.w, kp, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1], p.pad_top,
+            p.pad_left, p.dilation[0], p.dilation[1]), plan.arch))
     taps = p.kh * p.kw
     launches.append(wgrad.reduce_launch(p.dtype, plan.splits, p.k * taps * p.c, p.c, taps, True,
                                         p.weight_layout == "KHWC", partial, Pointer(OUT), cp, kp * taps * cp))

@@ -155,11 +155,18 @@ template <typename T, int N, bool MN_MAJOR = false> struct wgmma_op;
 #define CUPYCONV_WGMMA_D64 \
     CUPYCONV_WGMMA_D32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define CUPYCONV_WGMMA_D128 \
+    CUPYCONV_WGMMA_D64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 #define CUPYCONV_ACC8(i) \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
         "+f"(d[i + 7])
 #define CUPYCONV_ACC32 CUPYCONV_ACC8(0), CUPYCONV_ACC8(8), CUPYCONV_ACC8(16), CUPYCONV_ACC8(24)
 #define CUPYCONV_ACC64 CUPYCONV_ACC32, CUPYCONV_ACC8(32), CUPYCONV_ACC8(40), CUPYCONV_ACC8(48), CUPYCONV_ACC8(56)
+#define CUPYCONV_ACC128 CUPYCONV_ACC64, CUPYCONV_ACC8(64), CUPYCONV_ACC8(72), CUPYCONV_ACC8(80), CUPYCONV_ACC8(88), \
+    CUPYCONV_ACC8(96), CUPYCONV_ACC8(104), CUPYCONV_ACC8(112), CUPYCONV_ACC8(120)
 
 // One specialisation per (type, N, majorness): the PTX names the shape and types, and the operand
 // list is as long as the accumulators. Scale-d is 1 (accumulate); A and B are not scaled, and
@@ -175,6 +182,7 @@ template <typename T, int N, bool MN_MAJOR = false> struct wgmma_op;
     };
 #define CUPYCONV_NEXT_32 "33"
 #define CUPYCONV_NEXT_64 "65"
+#define CUPYCONV_NEXT_128 "129"
 #define CUPYCONV_WGMMA_ALL_N(TYPE, SHAPE_TYPES_K, MN_MAJOR, MODIFIERS) \
     CUPYCONV_WGMMA(TYPE, 64, 32, SHAPE_TYPES_K, MN_MAJOR, MODIFIERS)   \
     CUPYCONV_WGMMA(TYPE, 128, 64, SHAPE_TYPES_K, MN_MAJOR, MODIFIERS)
@@ -184,6 +192,9 @@ CUPYCONV_WGMMA_ALL_N(bfloat16_t, "k16.f32.bf16.bf16", false, ", 0, 0")
 CUPYCONV_WGMMA_ALL_N(half_t, "k16.f32.f16.f16", true, ", 1, 1")
 CUPYCONV_WGMMA_ALL_N(bfloat16_t, "k16.f32.bf16.bf16", true, ", 1, 1")
 CUPYCONV_WGMMA_ALL_N(float, "k8.f32.tf32.tf32", false, "")
+// 256 columns (the weight gradient's 64 x 256 warpgroup tiles): transposed 16-bit operands only.
+CUPYCONV_WGMMA(half_t, 256, 128, "k16.f32.f16.f16", true, ", 1, 1")
+CUPYCONV_WGMMA(bfloat16_t, 256, 128, "k16.f32.bf16.bf16", true, ", 1, 1")
 
 // d (64 x N, float32) += A (64 x k) B (k x N) with A in registers, for one instruction's k (8 of TF32,
 // 16 of half_t / bfloat16_t): a thread's four 32-bit registers, each warp's 16 rows in mma.sync's A

@@ -224,4 +224,119 @@ wgrad_tensor_cores(const T* __restrict__ x, const T* __restrict__ dy, float* __r
             }
 }
 
+// TMA (Hopper, sm_90a; 16-bit types, channels-last x whose channels fill 64-wide panels, C % 64 == 0):
+// the same GEMM with both tiles of every l tile copied by the TMA unit, one thread of an extra warp
+// issuing them, while BM / 64 warpgroups only multiply. Each side waits for the other on per-stage
+// mbarriers ("full": the copies' bytes landed; "empty": the MMAs reading the stage retired) instead of
+// every thread meeting at a barrier between its cp.async copies and its MMAs. dy is read as the matrix
+// [L][Kp] in boxes of BL pixels x 64 channels; X, for a panel of 64 columns (one tap (r, s), channels
+// c..c + 63), through x's im2col map: BL window corners from the l tile's first pixel on, the tap's
+// offset from each, zeros outside x (and past L, where dy's rows are zeros as well). Both land as the
+// MN-major panels the cp.async wgmma tile builds. Warpgroup g multiplies output channels o0 + 64 g..
+// by all BJ columns; a run's float32 sums go to ws[z][Kp][J] as the other instances' do. BLOCKS:
+// the blocks an SM is to hold (registers asked of the allocator accordingly).
+template <typename T, int BM, int BJ, int STAGES, int BLOCKS>
+__global__ void __launch_bounds__(BM / 64 * 128 + 32, BLOCKS)
+wgrad_tensor_cores_tma(float* __restrict__ ws, int L, int C, int J, int K, int Ho, int Wo, int kw, int sh, int sw,
+                       int pt, int pl, int dh, int dw, const __grid_constant__ TensorMap dy_map,
+                       const __grid_constant__ TensorMap x_map) {
+    constexpr int BL = 64, PANEL = BL * 128;  // bytes of one l tile's 64-wide panel
+    constexpr int A_PANELS = BM / 64, B_PANELS = BJ / 64, A_STAGE = A_PANELS * PANEL, B_STAGE = B_PANELS * PANEL;
+    constexpr int INST_L = mma_op<T>::k;
+    static_assert(sizeof(T) == 2 && BM % 64 == 0 && (BJ == 64 || BJ == 128 || BJ == 256), "16-bit, whole panels");
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
+    unsigned char* a_smem = smem;
+    unsigned char* b_smem = smem + STAGES * A_STAGE;
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(b_smem + STAGES * B_STAGE);
+    unsigned long long* empty = full + STAGES;
+
+    const int tid = threadIdx.x, warpgroup = tid >> 7;
+    const int j0 = blockIdx.x * BJ, o0 = blockIdx.y * BM;
+    const int all_tiles = (L + BL - 1) / BL, run_tiles = (all_tiles + gridDim.z - 1) / gridDim.z;
+    const int kt0 = blockIdx.z * run_tiles, k_tiles = max(0, min(all_tiles - kt0, run_tiles));
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbarrier_init(full + s, 1);              // the copying thread's expect-tx arrival
+            mbarrier_init(empty + s, 4 * A_PANELS);  // the lane 0s of the multiplying warps
+        }
+    }
+    __syncthreads();
+
+    if (warpgroup == A_PANELS) {  // the copying warp
+        if (tid != 128 * A_PANELS) return;
+        // Each X panel's tap offset and channels, fixed for the block; panels past J are not copied (their
+        // columns' sums are not written).
+        int channel[B_PANELS], offset_w[B_PANELS], offset_h[B_PANELS], bytes = A_STAGE;
+#pragma unroll
+        for (int b = 0; b < B_PANELS; ++b) {
+            const int jp = j0 + 64 * b, tap = jp / C;
+            channel[b] = jp - tap * C;
+            offset_h[b] = tap / kw * dh;
+            offset_w[b] = tap % kw * dw;
+            bytes += jp < J ? PANEL : 0;
+        }
+        // The l tile's first pixel (image, p, q), counted along BL pixels a tile.
+        const int HoWo = Ho * Wo, first = kt0 * BL;
+        int image = first / HoWo, p = (first - image * HoWo) / Wo, q = first % Wo;
+        const int step_n = BL / HoWo, step_p = BL / Wo % Ho, step_q = BL % Wo;
+#pragma unroll 1
+        for (int t = 0; t < k_tiles; ++t) {
+            const int stage = t % STAGES;
+            if (t >= STAGES) mbarrier_wait(empty + stage, (t / STAGES - 1) & 1);
+            mbarrier_arrive_expect_tx(full + stage, bytes);
+#pragma unroll
+            for (int a = 0; a < A_PANELS; ++a)
+                tma_load_2d(a_smem + stage * A_STAGE + a * PANEL, &dy_map, o0 + 64 * a, first + t * BL, full + stage);
+#pragma unroll
+            for (int b = 0; b < B_PANELS; ++b)
+                if (j0 + 64 * b < J)
+                    tma_load_im2col_4d(b_smem + stage * B_STAGE + b * PANEL, &x_map, channel[b], q * sw - pl,
+                                       p * sh - pt, image, offset_w[b], offset_h[b], full + stage);
+            q += step_q;
+            p += step_p;
+            image += step_n;
+            if (q >= Wo) { q -= Wo; ++p; }
+            if (p >= Ho) { p -= Ho; ++image; }
+        }
+        return;
+    }
+
+    const int warp = (tid >> 5) & 3, lane = tid & 31;
+    float acc[BJ / 2];
+#pragma unroll
+    for (int j = 0; j < BJ / 2; ++j) acc[j] = 0.0f;
+#pragma unroll 1
+    for (int t = 0; t < k_tiles; ++t) {
+        const int stage = t % STAGES;
+        mbarrier_wait(full + stage, (t / STAGES) & 1);
+        const unsigned a_tile = shared_address(a_smem + stage * A_STAGE + warpgroup * PANEL);
+        const unsigned b_tile = shared_address(b_smem + stage * B_STAGE);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BL / INST_L; ++kk)  // + 16 l rows of 128 bytes per instruction
+            wgmma_op<T, BJ, true>::run(acc, wgmma_descriptor_mn(a_tile + kk * 2048, PANEL),
+                                       wgmma_descriptor_mn(b_tile + kk * 2048, PANEL));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs retired: its stage may be refilled
+        if (t > 0 && lane == 0) mbarrier_arrive(empty + (t - 1) % STAGES);
+    }
+    wgmma_wait<0>();
+
+    // Partial sums straight from the fragments: a quad's four float2s make a 32-byte sector of a row.
+    float* out = ws + static_cast<long long>(blockIdx.z) * K * J;
+    const int quad = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int jb = 0; jb < BJ / 8; ++jb) {
+        const int j = j0 + jb * 8 + 2 * tq;  // and j + 1 (J is a multiple of 64)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int o = o0 + warpgroup * 64 + warp * 16 + quad + half * 8;
+            if (o < K && j < J)
+                *reinterpret_cast<float2*>(out + static_cast<long long>(o) * J + j) =
+                    make_float2(acc[4 * jb + 2 * half], acc[4 * jb + 2 * half + 1]);
+        }
+    }
+}
+
 }  // namespace cupyconv

@@ -13,6 +13,7 @@ from checks import relative_error
 from cupyconv.arguments import make_problem
 from cupyconv.compiler import compute_capability
 from cupyconv.conv_transpose import make_transpose_problem, transpose_plan, transposed
+from cupyconv.wgrad_tensor_cores import TMA_CONFIGS
 from devices import gpu_count
 
 pytestmark = pytest.mark.gpu
@@ -296,6 +297,43 @@ def test_tensor_core_weight_gradient_every_tile(case, config, mode, splits, nhwc
         return wgrad_tensor_cores.conv2d_weight_cupy(x, dy, problem, out, plan)
 
     _weight_gradient_case(WGRAD_TC_CASES[case], mode, nhwc, compute)
+
+
+#: Problems the TMA tiles take (x's channels in whole 64-channel panels, or one tap).
+WGRAD_TMA_CASES = [
+    Case(9, 64, 64, 28, 28, 3, 3, padding=1),                      # images across l tiles, a partial last one
+    Case(3, 128, 72, 13, 11, 3, 3, stride=2, padding=1),           # dy panels past K; column tiles past J
+    Case(2, 192, 40, 9, 7, 2, 3, padding=(1, 0), dilation=(2, 1)),  # panels of one tile in two taps
+    Case(4, 64, 128, 14, 14, 1, 1, stride=2),                      # a strided 1x1 projection
+    Case(2, 64, 21, 10, 10, 3, 3, padding=1),                      # K = 21: dy through a padded copy
+    Case(2, 64, 32, 10, 9, 4, 2, padding="same"),                  # asymmetric padding
+    Case(1, 128, 64, 4, 4, 3, 3, padding=1),                       # several images in one l tile
+    Case(3, 96, 40, 9, 9, 1, 1),                                   # 1x1: a panel past C reads zeros
+    Case(2, 144, 24, 12, 10, 1, 1, stride=2),                      # 1x1, strided, channels past two panels
+]
+
+
+@pytest.mark.parametrize("nhwc", [False, True], ids=["NCHW", "NHWC"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("mode", ["float16", "bfloat16"])
+@pytest.mark.parametrize("config", [c.name for c in TMA_CONFIGS])
+@pytest.mark.parametrize("case", WGRAD_TMA_CASES, ids=lambda c: c.id)
+def test_tensor_core_weight_gradient_tma_tiles(case, config, mode, splits, nhwc):
+    """The TMA-fed tiles (wgrad_tensor_cores_tma, sm_90a), whole and in forced runs, against torch in
+    float64, the same bits every run."""
+    from cupyconv import wgrad_tensor_cores
+    from cupyconv.compiler import compute_capability
+
+    if compute_capability() != wgrad_tensor_cores.WGMMA_COMPUTE_CAPABILITY:
+        pytest.skip(f"TMA and wgmma need sm_90a; this GPU is sm_{compute_capability()}")
+
+    def compute(problem, x, dy):
+        plan = wgrad_tensor_cores.make_plan(problem, True, config, splits, compute_capability())
+        assert plan.config.tma
+        out = cupy.empty(problem.weight_array_shape, dtype=x.dtype)
+        return wgrad_tensor_cores.conv2d_weight_cupy(x, dy, problem, out, plan)
+
+    _weight_gradient_case(case, mode, nhwc, compute)
 
 
 DEPTHWISE_CASES = [

@@ -115,11 +115,37 @@ def test_printed_plan_says_what_runs():
 
 def test_hopper_takes_wgmma_where_it_applies():
     listed = set(tc.arch_specialisations()[tc.WGMMA_ARCH])
-    plan = tc.make_plan(_problem(32, 256, 256, 56, 3), True, None, None, 90)
-    assert plan.config.wgmma and plan.arch == "sm_90a" and plan.expression in listed
+    plan = tc.make_plan(_problem(32, 96, 256, 56, 3), True, None, None, 90)  # 96 channels: panels across taps
+    assert plan.config.wgmma and not plan.config.tma and plan.arch == "sm_90a" and plan.expression in listed
     assert plan.config.name == "tc_wgmma_m256j128" and plan.shared_bytes == 4 * 64 * 384 * 2 + 1024
     for problem in (_problem(8, 12, 64, 14, 3), _problem(8, 64, 64, 14, 3, "float32")):  # 8-byte pieces; TF32
         assert not tc.make_plan(problem, True, None, None, 90).config.wgmma
     assert not tc.make_plan(_problem(8, 256, 256, 14, 3), True, None, None, 80).config.wgmma
     with pytest.raises(ValueError, match="tc_wgmma_m128j128"):
         tc.make_plan(_problem(8, 256, 256, 14, 3), True, "tc_wgmma_m128j128", None, 80)
+
+
+def test_hopper_takes_the_tma_tiles_where_they_apply():
+    """16-bit layers whose x panels lie in one tap and whose windows the im2col map walks take the TMA
+    tiles on sm_90a: a launch with dy's 2-D map and x's im2col map, its expression listed."""
+    from cupyconv.program import Im2colMap, TensorMap
+
+    listed = set(tc.arch_specialisations()[tc.WGMMA_ARCH])
+    problem = _problem(32, 256, 256, 56, 3, padding=1)
+    plan = tc.make_plan(problem, True, None, None, 90)
+    assert plan.config.tma and plan.arch == "sm_90a" and plan.expression in listed and "fed by TMA" in str(plan)
+    assert plan.config.name == "tc_tma_m128j256" and plan.shared_bytes == 4 * 64 * 384 * 2 + 1024 + 64
+    launch = next(launch for launch in tc.program(plan, problem).launches if launch.kernel == tc.TMA_KERNEL)
+    dy_map, x_map = launch.args[-2:]
+    assert isinstance(dy_map, TensorMap) and (dy_map.rows, dy_map.columns) == (32 * 56 * 56, 256)
+    assert isinstance(x_map, Im2colMap) and x_map.shape == (32, 56, 56, 256) and x_map.lower == (-1, -1)
+    assert x_map.upper == (-1, -1) and x_map.pixels_per_column == 64
+    for applies, case in ((True, _problem(8, 96, 64, 14, 1)),                # one tap: a panel past C reads zeros
+                          (True, _problem(8, 64, 64, 14, 1, stride=8)),
+                          (False, _problem(8, 64, 64, 40, 1, stride=9)),      # past the im2col map's strides
+                          (False, _problem(8, 64, 64, 40, 3, padding=130)),   # corners past its bounds
+                          (False, _problem(8, 96, 64, 14, 3))):               # 96 channels: panels across taps
+        assert tc.make_plan(case, True, None, None, 90).config.tma == applies, case
+    assert not tc.make_plan(problem, True, None, None, 80).config.wgmma
+    with pytest.raises(ValueError, match="tc_tma_m128j128"):
+        tc.make_plan(problem, True, "tc_tma_m128j128", None, 80)

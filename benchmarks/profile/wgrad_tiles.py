@@ -1,0 +1,90 @@
+"""Every tensor-core weight-gradient tile on every ungrouped layer of bench.LAYERS, in 16 bits on
+channels-last arrays, over a range of run counts (wgrad_tensor_cores.py):
+    PYTHONPATH=$repo python benchmarks/profile/wgrad_tiles.py [--mode fp16] [--layer NAME ...] [--tile NAME ...]
+Per layer: torch.nn.grad.conv2d_weight in its faster layout, the rules' plan, then per tile the run count
+the rules' timing model gives it and the fastest of SPLITS, each a whole call (copies, GEMM, reduction)
+timed as bench.py times rows (CUDA events behind a spin, alternating, medians), and the tile's relative
+error against float64 at both counts (a wrong tile says WRONG)."""
+import argparse
+
+import cupy
+import torch
+
+from cupyconv import wgrad_tensor_cores as tc
+from cupyconv.bench import LAYERS, MODE_DTYPE, MODE_FLOOR, alternating_ms, relative_error
+from cupyconv.compiler import compute_capability
+from cupyconv.executor import program_executable
+from cupyconv.launch import run_program
+
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+REPEATS = 15
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", action="append", choices=("fp16", "bf16"))
+    parser.add_argument("--layer", action="append")
+    parser.add_argument("--tile", action="append")
+    args = parser.parse_args()
+    capability = compute_capability()
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    for mode in args.mode or ["fp16"]:
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[mode]
+        for shape in LAYERS:
+            if shape.groups != 1 or (args.layer and shape.name not in args.layer):
+                continue
+            problem = shape.problem(MODE_DTYPE[mode], "channels_last")
+            make = lambda s: torch.randn(*s, device="cuda").to(dtype).contiguous(memory_format=torch.channels_last)
+            x, dy = make(problem.x_shape), make(problem.out_shape)
+            xv, dyv = (cupy.from_dlpack((t.view(torch.int16) if mode == "bf16" else t).permute(0, 2, 3, 1))
+                       for t in (x, dy))
+            out = cupy.empty(problem.weight_array_shape, dtype=xv.dtype)
+            args_ = (shape.stride, shape.padding, shape.dilation)
+            with torch.no_grad():
+                ref = torch.nn.grad.conv2d_weight(x.double(), problem.weight_shape, dy.double(), *args_)
+                bound = max(MODE_FLOOR[mode], 2 * relative_error(
+                    torch.nn.grad.conv2d_weight(x, problem.weight_shape, dy, *args_), ref))
+
+            def call(plan):
+                exe = program_executable(tc.program, plan, problem, cupy.cuda.Device().id)
+
+                def run():
+                    with stream:
+                        run_program(exe, x=xv, grad_output=dyv, out=out)
+                return run
+
+            def error(plan) -> float:
+                out.fill(cupy.nan)
+                call(plan)()
+                torch.cuda.synchronize()
+                got = torch.from_dlpack(out)
+                got = (got.view(torch.bfloat16) if mode == "bf16" else got).permute(0, 3, 1, 2)
+                return relative_error(got, ref)
+
+            rules = tc.make_plan(problem, True, None, None, capability)
+            fns = {"rules": call(rules)}
+            fns.update({f"torch {f}": (lambda f=f: torch.nn.grad.conv2d_weight(
+                x.contiguous(memory_format=f), problem.weight_shape, dy.contiguous(memory_format=f), *args_))
+                for f in (torch.contiguous_format, torch.channels_last)})
+            times = alternating_ms(fns, REPEATS)
+            torch_ms = min(times[f"torch {f}"][0] for f in (torch.contiguous_format, torch.channels_last))
+            print(f"{shape.name} {mode}: torch {torch_ms:.4f}  rules {rules.config.name}/{rules.splits} "
+                  f"{times['rules'][0]:.4f} (err {error(rules):.1e}, bound {bound:.1e})", flush=True)
+            for cfg in tc.configs(problem, capability):
+                if not cfg.wgmma or (args.tile and cfg.name not in args.tile):
+                    continue
+                modelled = tc.make_plan(problem, True, cfg.name, None, capability)
+                choices = set(tc._split_choices(problem, cfg))
+                plans = {s: tc.make_plan(problem, True, cfg.name, s, capability)
+                         for s in sorted(choices & set(SPLITS) | {modelled.splits})}
+                tile_times = alternating_ms({s: call(p) for s, p in plans.items()}, REPEATS)
+                best = min(tile_times, key=lambda s: tile_times[s][0])
+                errors = {s: error(plans[s]) for s in {best, modelled.splits}}
+                flag = "" if max(errors.values()) <= bound else "  WRONG"
+                print(f"  {cfg.name:18s} model {modelled.splits:4d} runs {tile_times[modelled.splits][0]:.4f}  "
+                      f"best {best:4d} runs {tile_times[best][0]:.4f}  err {max(errors.values()):.1e}{flag}  "
+                      + " ".join(f"{s}:{t[0]:.4f}" for s, t in sorted(tile_times.items())), flush=True)
+
+
+if __name__ == "__main__":
+    main()
