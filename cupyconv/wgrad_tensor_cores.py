@@ -99,6 +99,9 @@ TMA_CONFIGS = tuple(TileConfig(f"tc_tma_m{bm}j{bj}", bm, bj, 64, bm // 16, 1, st
 #: [-IM2COL_LIMIT, IM2COL_LIMIT) of the plane's edges, taps' offsets below IM2COL_LIMIT, strides up to 8.
 IM2COL_LIMIT = 128
 IM2COL_MAX_STRIDE = 8
+#: The timing model's cost of the reduction's launch, which a TMA tile's one run writing the weight
+#: itself saves (`direct`).
+REDUCE_LAUNCH_US = 2.0
 CONFIG_NAMES = frozenset(c.name for configs in (*CONFIGS.values(), WGMMA_CONFIGS, TMA_CONFIGS) for c in configs)
 #: The timing model's machine: the H100's SMs, the bandwidth the partial sums move at, and the k
 #: tiles' worth of time a block spends filling and draining its pipeline. A fixed machine, not the
@@ -137,6 +140,7 @@ class TensorCorePlan:
     block: tuple[int, int, int]
     shared_bytes: int
     splits: int
+    direct: bool         # the GEMM writes the weight itself: no partial sums, no reduction
     workspace_bytes: int
     expression: str
     reduce_expression: str
@@ -151,8 +155,9 @@ class TensorCorePlan:
                 f"indices; x as {self.channels} channels in {self.x_vec}-byte pieces "
                 f"({self.x_copy or 'in place'}), dy as {self.out_channels} ({self.dy_copy or 'in place'})\n"
                 f"  grid {self.grid} ((j tiles, o tiles, runs)), block {self.block}, {self.shared_bytes} B shared; "
-                f"workspace {self.workspace_bytes} B\n"
-                f"  {self.expression}\n  {self.reduce_expression}\n  why: {self.reason}")
+                f"workspace {self.workspace_bytes} B" + ("; the weight written by the GEMM itself\n" if self.direct else "\n")
+                + f"  {self.expression}\n" + ("" if self.direct else f"  {self.reduce_expression}\n")
+                + f"  why: {self.reason}")
 
 
 def _channels(problem: ConvProblem) -> tuple[int, int, int]:
@@ -205,17 +210,28 @@ def configs(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, 
         (TMA_CONFIGS if _tma_applies(problem, compute_capability) else ())
 
 
+def _direct(problem: ConvProblem, cfg: TileConfig, splits: int) -> bool:
+    """Whether the TMA tile writes the weight itself: one run, and the weight is the GEMM's [K][kh kw C]
+    (KHWC, no zero channels in x or dy)."""
+    cp, kp, _ = _channels(problem)
+    return cfg.tma and splits == 1 and problem.weight_layout == "KHWC" and (cp, kp) == (problem.c, problem.k)
+
+
 def _model_us(problem: ConvProblem, cfg: TileConfig, splits: int) -> float:
     """Estimated µs of the GEMM in ``splits`` runs and of its partial sums' round trip: waves of
     blocks (blocks_per_sm on each of MODEL_SMS), each running its l tiles plus FILL_TILES at its share
-    of the SM's rate; then the float32 partial sums written and read back once each."""
+    of the SM's rate; then, unless the weight is written in place, the float32 partial sums written
+    and read back once each and the reduction's launch."""
     kp, j, length = _sizes(problem)
     j_tiles, o_tiles = _tiles(problem, cfg)
     blocks = j_tiles * o_tiles * splits
     waves = math.ceil(blocks / (cfg.blocks_per_sm * MODEL_SMS))
     tiles_per_run = math.ceil(math.ceil(length / cfg.bl) / splits)
     tile_us = 2 * cfg.bm * cfg.bj * cfg.bl / (cfg.sm_tflops * 1e6 / cfg.blocks_per_sm)
-    return waves * (tiles_per_run + FILL_TILES) * tile_us + 2 * splits * kp * j * 4 / MODEL_BANDWIDTH * 1e6
+    gemm_us = waves * (tiles_per_run + FILL_TILES) * tile_us
+    if _direct(problem, cfg, splits):
+        return gemm_us
+    return gemm_us + 2 * splits * kp * j * 4 / MODEL_BANDWIDTH * 1e6 + REDUCE_LAUNCH_US
 
 
 def _split_choices(problem: ConvProblem, cfg: TileConfig) -> range:
@@ -323,13 +339,14 @@ def make_plan(problem: ConvProblem, allow_tf32: bool = True, config: str | None 
         why += f"; splits forced by the caller: {splits}"
     largest = max(problem.n * problem.h * problem.w * cp, length * kp)
     index = "int" if largest < 2**31 else "long long"
+    direct = _direct(problem, cfg, splits)
     return TensorCorePlan(
         config=cfg, dtype=problem.dtype, layout=problem.layout, weight_layout=problem.weight_layout,
         index_type=index, arch=WGMMA_ARCH if cfg.wgmma else "", channels=cp, out_channels=kp, x_vec=x_vec,
         x_copy=_copy(problem, problem.c, cp),
         dy_copy=_copy(problem, problem.k, kp), grid=(j_tiles, o_tiles, splits), block=(cfg.threads, 1, 1),
-        shared_bytes=cfg.shared_bytes(item), splits=splits, workspace_bytes=splits * run_bytes,
-        expression=expression(problem.dtype, index, cfg, x_vec),
+        shared_bytes=cfg.shared_bytes(item), splits=splits, direct=direct,
+        workspace_bytes=0 if direct else splits * run_bytes, expression=expression(problem.dtype, index, cfg, x_vec),
         reduce_expression=wgrad.reduce_specialisation(problem.dtype), reason=why)
 
 
@@ -358,7 +375,8 @@ def _copy_launch(dtype: str, how: str, n: int, plane: int, channels: int, padded
 
 def program(plan: TensorCorePlan, problem: ConvProblem) -> CallProgram:
     """The copies x and dy need (into the workspace), the GEMM into the runs' partial sums (after them),
-    and wgrad.py's reduction into OUT, which skips the zero channels and rows of the copies."""
+    and wgrad.py's reduction into OUT, which skips the zero channels and rows of the copies; or, where
+    the plan is direct, the GEMM into OUT alone."""
     p = problem
     item = STORAGE_BYTES[p.dtype]
     cp, kp = plan.channels, plan.out_channels
@@ -380,9 +398,11 @@ def program(plan: TensorCorePlan, problem: ConvProblem) -> CallProgram:
         dy_map = TensorMap(dy_operand, p.dtype, length, kp, kp * item, plan.config.bl, 64)
         x_map = Im2colMap(x_operand, p.dtype, (p.n, p.h, p.w, cp), (-p.pad_top, -p.pad_left),
                           (p.pad_bottom - reach_h, p.pad_right - reach_w), p.stride, 64, plan.config.bl)
-        launches.append(Launch(TMA_KERNEL, plan.expression, plan.grid, plan.block, plan.shared_bytes, (
-            partial, length, cp, p.kh * p.kw * cp, kp, p.ho, p.wo, p.kw, p.stride[0], p.stride[1], p.pad_top,
-            p.pad_left, p.dilation[0], p.dilation[1], dy_map, x_map), plan.arch))
+        args = (partial, Pointer(OUT), int(plan.direct), length, cp, p.kh * p.kw * cp, kp, p.ho, p.wo, p.kw,
+                p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], dy_map, x_map)
+        launches.append(Launch(TMA_KERNEL, plan.expression, plan.grid, plan.block, plan.shared_bytes, args, plan.arch))
+        if plan.direct:
+            return CallProgram(tuple(launches), used)
     else:
         launches.append(Launch(KERNEL, plan.expression, plan.grid, plan.block, plan.shared_bytes, (
             *operands, partial, p.n, cp, p.h, p.w, kp, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1], p.pad_top,

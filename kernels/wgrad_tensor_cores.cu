@@ -224,22 +224,24 @@ wgrad_tensor_cores(const T* __restrict__ x, const T* __restrict__ dy, float* __r
             }
 }
 
-// TMA (Hopper, sm_90a; 16-bit types, channels-last x whose channels fill 64-wide panels, C % 64 == 0):
-// the same GEMM with both tiles of every l tile copied by the TMA unit, one thread of an extra warp
-// issuing them, while BM / 64 warpgroups only multiply. Each side waits for the other on per-stage
-// mbarriers ("full": the copies' bytes landed; "empty": the MMAs reading the stage retired) instead of
-// every thread meeting at a barrier between its cp.async copies and its MMAs. dy is read as the matrix
-// [L][Kp] in boxes of BL pixels x 64 channels; X, for a panel of 64 columns (one tap (r, s), channels
-// c..c + 63), through x's im2col map: BL window corners from the l tile's first pixel on, the tap's
-// offset from each, zeros outside x (and past L, where dy's rows are zeros as well). Both land as the
-// MN-major panels the cp.async wgmma tile builds. Warpgroup g multiplies output channels o0 + 64 g..
-// by all BJ columns; a run's float32 sums go to ws[z][Kp][J] as the other instances' do. BLOCKS:
-// the blocks an SM is to hold (registers asked of the allocator accordingly).
+// TMA (Hopper, sm_90a; 16-bit types, channels-last x whose 64-channel panels lie in one tap): the same
+// GEMM with both tiles of every l tile copied by the TMA unit, one thread of an extra warp issuing them,
+// while BM / 64 warpgroups only multiply. Each side waits for the other on per-stage mbarriers ("full":
+// the copies' bytes landed; "empty": the MMAs reading the stage retired) instead of every thread meeting
+// at a barrier between its cp.async copies and its MMAs. dy is read as the matrix [L][Kp] in boxes of BL
+// pixels x 64 channels; X, for a panel of 64 columns (one tap (r, s), channels c..c + 63), through x's
+// im2col map: BL window corners from the l tile's first pixel on, the tap's offset from each, zeros
+// outside x (and past L, where dy's rows are zeros as well). Both land as the MN-major panels the
+// cp.async wgmma tile builds. Warpgroup g multiplies output channels o0 + 64 g.. by all BJ columns.
+// Run z writes its float32 sums to ws[z][Kp][J] (the other instances' layout) or, where `direct` (one
+// run, and the weight is [K][J] itself: KHWC, no zero channels), the 16-bit weight into `out`: no partial
+// sums through memory and no reduction launch. BLOCKS: the blocks an SM is to hold (registers asked of
+// the allocator accordingly).
 template <typename T, int BM, int BJ, int STAGES, int BLOCKS>
 __global__ void __launch_bounds__(BM / 64 * 128 + 32, BLOCKS)
-wgrad_tensor_cores_tma(float* __restrict__ ws, int L, int C, int J, int K, int Ho, int Wo, int kw, int sh, int sw,
-                       int pt, int pl, int dh, int dw, const __grid_constant__ TensorMap dy_map,
-                       const __grid_constant__ TensorMap x_map) {
+wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, int L, int C, int J, int K, int Ho,
+                       int Wo, int kw, int sh, int sw, int pt, int pl, int dh, int dw,
+                       const __grid_constant__ TensorMap dy_map, const __grid_constant__ TensorMap x_map) {
     constexpr int BL = 64, PANEL = BL * 128;  // bytes of one l tile's 64-wide panel
     constexpr int A_PANELS = BM / 64, B_PANELS = BJ / 64, A_STAGE = A_PANELS * PANEL, B_STAGE = B_PANELS * PANEL;
     constexpr int INST_L = mma_op<T>::k;
@@ -302,7 +304,7 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, int L, int C, int J, int K, int H
         return;
     }
 
-    const int warp = (tid >> 5) & 3, lane = tid & 31;
+    const int warp = (tid >> 5) & 3, lane = tid & 31, quad = lane >> 2, tq = lane & 3;
     float acc[BJ / 2];
 #pragma unroll
     for (int j = 0; j < BJ / 2; ++j) acc[j] = 0.0f;
@@ -323,18 +325,23 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, int L, int C, int J, int K, int H
     }
     wgmma_wait<0>();
 
-    // Partial sums straight from the fragments: a quad's four float2s make a 32-byte sector of a row.
-    float* out = ws + static_cast<long long>(blockIdx.z) * K * J;
-    const int quad = lane >> 2, tq = lane & 3;
+    // Straight from the fragments: a quad's four pairs make a 32-byte sector (16 bytes direct) of a row.
+    float* sums = ws + static_cast<long long>(blockIdx.z) * K * J;
 #pragma unroll
     for (int jb = 0; jb < BJ / 8; ++jb) {
-        const int j = j0 + jb * 8 + 2 * tq;  // and j + 1 (J is a multiple of 64)
+        const int j = j0 + jb * 8 + 2 * tq;  // and j + 1 (J is even)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int o = o0 + warpgroup * 64 + warp * 16 + quad + half * 8;
-            if (o < K && j < J)
-                *reinterpret_cast<float2*>(out + static_cast<long long>(o) * J + j) =
-                    make_float2(acc[4 * jb + 2 * half], acc[4 * jb + 2 * half + 1]);
+            if (o >= K || j >= J) continue;
+            const float lo = acc[4 * jb + 2 * half], hi = acc[4 * jb + 2 * half + 1];
+            const long long at = static_cast<long long>(o) * J + j;
+            if (direct) {
+                struct alignas(4) Pair { T lo, hi; };
+                *reinterpret_cast<Pair*>(out + at) = Pair{from_acc<T>(lo), from_acc<T>(hi)};
+            } else {
+                *reinterpret_cast<float2*>(sums + at) = make_float2(lo, hi);
+            }
         }
     }
 }

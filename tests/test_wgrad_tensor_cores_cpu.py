@@ -149,3 +149,17 @@ def test_hopper_takes_the_tma_tiles_where_they_apply():
     assert not tc.make_plan(problem, True, None, None, 80).config.wgmma
     with pytest.raises(ValueError, match="tc_tma_m128j128"):
         tc.make_plan(problem, True, "tc_tma_m128j128", None, 80)
+
+
+def test_one_tma_run_writes_the_weight_itself():
+    """A TMA tile's single run writes a KHWC weight of unpadded channels in place: no partial sums, no
+    reduction launch; NCHW arrays (a KCHW weight) and padded channels keep the reduction."""
+    problem = _problem(32, 512, 512, 7, 3, padding=1)
+    plan = tc.make_plan(problem, True, None, 1, 90)
+    launches = tc.program(plan, problem).launches
+    assert plan.direct and plan.workspace_bytes == 0 and [launch.kernel for launch in launches] == [tc.TMA_KERNEL]
+    assert "written by the GEMM itself" in str(plan) and launches[0].args[2] == 1
+    for other, splits in ((problem, 2), (_problem(32, 512, 512, 7, 3, padding=1, layout="NCHW"), 1),
+                          (_problem(32, 512, 500, 7, 3, padding=1), 1)):  # 500 channels of dy padded to 504
+        plan = tc.make_plan(other, True, "tc_tma_m128j256", splits, 90)
+        assert not plan.direct and tc.program(plan, other).launches[-1].kernel == "wgrad_reduce"
