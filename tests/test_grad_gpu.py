@@ -309,6 +309,7 @@ WGRAD_TMA_CASES = [
     Case(2, 64, 32, 10, 9, 4, 2, padding="same"),                  # asymmetric padding
     Case(1, 128, 64, 4, 4, 3, 3, padding=1),                       # several images in one l tile
     Case(3, 96, 40, 9, 9, 1, 1),                                   # 1x1: a panel past C reads zeros
+    Case(4, 128, 64, 7, 9, 1, 1),                                  # 1x1, a partial last l tile
     Case(2, 144, 24, 12, 10, 1, 1, stride=2),                      # 1x1, strided, channels past two panels
 ]
 
