@@ -279,13 +279,15 @@ def test_rules_split_it_where_measured_faster(n, c, k, h, kernel, stride, runs, 
 
 
 #: (batch, input channels, output channels, plane, kernel, stride, taken): where the rules take the 64 x 64 ping-pong
-#: tile, as ResNet-50's layers measured on the H200 (benchmarks/results/pingpong_small_sweep_h200.txt; us before ->
-#: on it).
+#: tile, as ResNet-50's layers measured on the H200 (benchmarks/results/pingpong_small_sweep_h200.txt, and
+#: pointwise_small_rule_candidates_h200.txt for MobileNetV2's and EfficientNet-B0's; us before -> on it).
 SMALL_RULE_CASES = [
     (8, 1024, 256, 14, 1, 1, True),    # 100 tiles, 16 k tiles: 6.5 -> 5.7
     (8, 256, 256, 14, 3, 1, True),     # 36 k tiles on 100 tiles: 10.1 -> 9.6
     (1, 64, 64, 56, 3, 1, True),       # 49 tiles, 9 k tiles: 5.2 -> 4.3
     (1, 512, 128, 28, 1, 1, True),     # 26 tiles, 8 k tiles: 4.4 -> 4.0
+    (8, 384, 64, 14, 1, 1, True),      # MobileNetV2's, 25 tiles, 6 k tiles: 4.3 -> 3.7
+    (8, 672, 192, 7, 1, 1, True),      # EfficientNet-B0's, 21 tiles, 11 k tiles: 5.5 -> 4.6
     (8, 2048, 512, 7, 1, 1, False),    # 56 tiles of 32 k tiles: 8.3 against split-K's 7.4
     (1, 1024, 256, 14, 1, 1, False),   # 16 tiles: 5.4 against 5.0
     (8, 1024, 512, 14, 1, 1, False),   # 200 tiles: 8.7 against 6.8
