@@ -13,6 +13,10 @@ whose float32 partial sums wgrad_reduce adds in order and rounds once into the w
 result is bitwise the same on every run. Ungrouped convolutions only; the rest take wgrad.py's FMA
 kernel (wgrad_depthwise.py for depthwise layers).
 
+On the H100 (sm_90a), 16-bit problems whose 64-channel panels of x lie in one tap take tiles fed by TMA
+(wgrad_tensor_cores_tma: dy through a 2-D tensor map, x through an im2col map); where such a plan is one
+run and the weight is the GEMM's own [K][kh kw C], the tile writes the weight and no reduction runs.
+
 This module holds the family's tile table, its choice and refusal, the plan and the launch.
 """
 from __future__ import annotations
@@ -92,7 +96,8 @@ WGMMA_CONFIGS = tuple(TileConfig(f"tc_wgmma_m{bm}j128", bm, 128, 64, bm // 16, 1
 #: each was faster than the cp.async wgmma tiles at their best run counts (H200, fp16 channels-last,
 #: benchmarks/results/wgrad_tiles_tma_h200.txt). The rates: fitted to that sweep, so that the timing
 #: model's choice of tile and runs is within 1.17x of the fastest on each layer (mostly the fastest).
-TMA_CONFIGS = tuple(TileConfig(f"tc_tma_m{bm}j{bj}", bm, bj, 64, bm // 16, 1, stages, blocks, rate, wgmma=True, tma=True)
+TMA_CONFIGS = tuple(TileConfig(f"tc_tma_m{bm}j{bj}", bm, bj, 64, bm // 16, 1, stages, blocks, rate, wgmma=True,
+                               tma=True)
                     for bm, bj, stages, blocks, rate in ((128, 128, 3, 2, 2.6), (128, 256, 4, 1, 3.0),
                                                          (64, 128, 4, 2, 2.4), (64, 256, 4, 1, 2.6)))
 #: The im2col map's bounds (cuTensorMapEncodeIm2col, 4-D tensors): window corners within
@@ -155,9 +160,9 @@ class TensorCorePlan:
                 f"indices; x as {self.channels} channels in {self.x_vec}-byte pieces "
                 f"({self.x_copy or 'in place'}), dy as {self.out_channels} ({self.dy_copy or 'in place'})\n"
                 f"  grid {self.grid} ((j tiles, o tiles, runs)), block {self.block}, {self.shared_bytes} B shared; "
-                f"workspace {self.workspace_bytes} B" + ("; the weight written by the GEMM itself\n" if self.direct else "\n")
-                + f"  {self.expression}\n" + ("" if self.direct else f"  {self.reduce_expression}\n")
-                + f"  why: {self.reason}")
+                f"workspace {self.workspace_bytes} B{'; the GEMM writes the weight' if self.direct else ''}\n"
+                f"  {self.expression}\n" + ("" if self.direct else f"  {self.reduce_expression}\n") +
+                f"  why: {self.reason}")
 
 
 def _channels(problem: ConvProblem) -> tuple[int, int, int]:
