@@ -1,0 +1,81 @@
+"""Fit the TMA weight-gradient tiles' rates (wgrad_tensor_cores.TMA_CONFIGS' sm_tflops) and the timing model's
+FILL_TILES and REDUCE_LAUNCH_US to sweeps of profile/wgrad_tiles.py, on the CPU:
+    python benchmarks/profile/wgrad_fit.py benchmarks/results/wgrad_tiles_tma_h200.txt [MORE.txt ...]
+A later file's times replace an earlier one's for the same layer, tile and run count. For every combination on
+the grid below, the model (wgrad_tensor_cores._model_us) picks each layer's tile and run count as make_plan
+would; the score is the sum over layers of log(measured time of the pick / fastest time measured), the pick's
+time taken at the nearest run count measured. Prints the current constants' score and picks, then the best
+combination's. FILL_TILES is every tile's (the cp.async tiles' choices move with it too). Feed it sweeps of the
+code as it is: benchmarks/results/wgrad_tiles_tma_clusters_h200.txt timed runs added in clusters, since
+removed, at every even run count."""
+import argparse
+import dataclasses
+import itertools
+import math
+import re
+
+from cupyconv import wgrad_tensor_cores as tc
+from cupyconv.bench import LAYERS
+
+RATES = (2.2, 2.4, 2.6, 3.0, 3.4)
+FILLS = (1, 2, 3)
+REDUCE_LAUNCHES = (0.0, 2.0)
+
+
+def sweeps(paths) -> dict:
+    """{layer: {tile: {runs: ms}}} from wgrad_tiles.py's output, later files first."""
+    times: dict = {}
+    for path in paths:
+        layer = None
+        for line in open(path):
+            if m := re.match(r"(\S+) (?:fp16|bf16): torch", line):
+                layer = m.group(1)
+            elif (m := re.match(r"  (tc_tma_\S+)\s+model.*err \S+\s+(.*)", line)) and layer:
+                runs = times.setdefault(layer, {}).setdefault(m.group(1), {})
+                runs.update({int(s): float(ms) for s, ms in (t.split(":") for t in m.group(2).split())})
+    return times
+
+
+def score(times: dict, rates: dict, verbose: bool = False) -> float:
+    """The sum over layers of log(pick / fastest) with ``rates`` ({tile name: sm_tflops})."""
+    shapes = {shape.name: shape for shape in LAYERS}
+    configs = {cfg.name: dataclasses.replace(cfg, sm_tflops=rates[cfg.name]) for cfg in tc.TMA_CONFIGS}
+    total = 0.0
+    for layer, per_tile in times.items():
+        problem = shapes[layer].problem("float16", "channels_last")
+        fastest = min(min(runs.values()) for runs in per_tile.values())
+        picks = []
+        for name, runs in per_tile.items():
+            cfg = configs[name]
+            splits = min(tc._split_choices(problem, cfg), key=lambda s: tc._model_us(problem, cfg, s))
+            nearest = min(runs, key=lambda s: abs(math.log(s / splits)))
+            picks.append((tc._model_us(problem, cfg, splits), runs[nearest], name, splits))
+        modelled, measured, name, splits = min(picks)
+        total += math.log(measured / fastest)
+        if verbose:
+            print(f"  {layer:22s} {name}/{splits}: {measured:.4f} ms (fastest {fastest:.4f}, {measured / fastest:.2f}x)")
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweeps", nargs="+")
+    times = sweeps(parser.parse_args().sweeps)
+    names = [cfg.name for cfg in tc.TMA_CONFIGS]
+    current = {cfg.name: cfg.sm_tflops for cfg in tc.TMA_CONFIGS}
+    print(f"current: rates {current}, FILL_TILES {tc.FILL_TILES}, REDUCE_LAUNCH_US {tc.REDUCE_LAUNCH_US}: "
+          f"{score(times, current, True):.3f}")
+    best = (score(times, current), current, tc.FILL_TILES, tc.REDUCE_LAUNCH_US)  # kept unless beaten
+    for fill, launch in itertools.product(FILLS, REDUCE_LAUNCHES):
+        tc.FILL_TILES, tc.REDUCE_LAUNCH_US = fill, launch  # read by _model_us at each call
+        for rates in itertools.product(RATES, repeat=len(names)):
+            value = score(times, dict(zip(names, rates)))
+            if value < best[0] - 1e-9:
+                best = (value, dict(zip(names, rates)), fill, launch)
+    value, rates, tc.FILL_TILES, tc.REDUCE_LAUNCH_US = best
+    print(f"best: rates {rates}, FILL_TILES {tc.FILL_TILES}, REDUCE_LAUNCH_US {tc.REDUCE_LAUNCH_US}: "
+          f"{score(times, rates, True):.3f}")
+
+
+if __name__ == "__main__":
+    main()
