@@ -28,8 +28,8 @@ import math
 from . import wgrad
 from .arguments import ConvProblem
 from .families.common import CTYPES, INDEX_TYPES, MAX_GRID_Y, STORAGE_BYTES, forced_config
-from .families.implicit_gemm_nhwc import channels_last_copy, pad_channels
-from .program import GRAD_OUTPUT, OUT, WORKSPACE, X, CallProgram, Im2colMap, Launch, Pointer, TensorMap, align
+from .families.implicit_gemm_nhwc import channels_last_copy, im2col_map_fits, input_im2col_map, pad_channels
+from .program import GRAD_OUTPUT, OUT, WORKSPACE, X, CallProgram, Launch, Pointer, TensorMap, align
 
 KERNEL = "wgrad_tensor_cores"
 TMA_KERNEL = "wgrad_tensor_cores_tma"
@@ -100,10 +100,6 @@ TMA_CONFIGS = tuple(TileConfig(f"tc_tma_m{bm}j{bj}", bm, bj, 64, bm // 16, 1, st
                                tma=True)
                     for bm, bj, stages, blocks, rate in ((128, 128, 3, 2, 2.6), (128, 256, 4, 1, 3.0),
                                                          (64, 128, 4, 2, 2.4), (64, 256, 4, 1, 2.6)))
-#: The im2col map's bounds (cuTensorMapEncodeIm2col, 4-D tensors): window corners within
-#: [-IM2COL_LIMIT, IM2COL_LIMIT) of the plane's edges, taps' offsets below IM2COL_LIMIT, strides up to 8.
-IM2COL_LIMIT = 128
-IM2COL_MAX_STRIDE = 8
 #: The timing model's cost of the reduction's launch, which a TMA tile's one run writing the weight
 #: itself saves (`direct`).
 REDUCE_LAUNCH_US = 2.0
@@ -198,14 +194,11 @@ def _wgmma_applies(problem: ConvProblem, compute_capability: int) -> bool:
 def _tma_applies(problem: ConvProblem, compute_capability: int) -> bool:
     """The TMA tiles run wgmma's problems whose x panels of 64 channels each lie in one tap (Cp % 64 ==
     0, or one tap: the map gives zeros past Cp) and whose windows the im2col map can walk
-    (IM2COL_LIMIT, IM2COL_MAX_STRIDE), with 32-bit pixel coordinates."""
+    (im2col_map_fits), with 32-bit pixel coordinates."""
     p = problem
-    reach_h, reach_w = (p.kh - 1) * p.dilation[0], (p.kw - 1) * p.dilation[1]
     one_tap_panels = _channels(p)[0] % 64 == 0 or p.kh * p.kw == 1
     return _wgmma_applies(p, compute_capability) and one_tap_panels and p.n * p.ho * p.wo < 2**31 and \
-        max(p.stride) <= IM2COL_MAX_STRIDE and max(reach_h, reach_w) < IM2COL_LIMIT and \
-        all(-IM2COL_LIMIT <= bound < IM2COL_LIMIT for bound in (
-            -p.pad_top, -p.pad_left, p.pad_bottom - reach_h, p.pad_right - reach_w))
+        im2col_map_fits(p)
 
 
 def configs(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, ...]:
@@ -399,10 +392,8 @@ def program(plan: TensorCorePlan, problem: ConvProblem) -> CallProgram:
     if plan.config.tma:
         x_operand, dy_operand = operands
         length = p.n * p.ho * p.wo
-        reach_h, reach_w = (p.kh - 1) * p.dilation[0], (p.kw - 1) * p.dilation[1]
         dy_map = TensorMap(dy_operand, p.dtype, length, kp, kp * item, plan.config.bl, 64)
-        x_map = Im2colMap(x_operand, p.dtype, (p.n, p.h, p.w, cp), (-p.pad_top, -p.pad_left),
-                          (p.pad_bottom - reach_h, p.pad_right - reach_w), p.stride, 64, plan.config.bl)
+        x_map = input_im2col_map(p, x_operand, cp, 64, plan.config.bl)
         args = (partial, Pointer(OUT), int(plan.direct), length, cp, p.kh * p.kw * cp, kp, p.ho, p.wo, p.kw,
                 p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], dy_map, x_map)
         launches.append(Launch(TMA_KERNEL, plan.expression, plan.grid, plan.block, plan.shared_bytes, args, plan.arch))

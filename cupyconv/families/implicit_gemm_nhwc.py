@@ -1437,6 +1437,34 @@ def _copies_matrix(p: ConvProblem, cfg: GemmConfig) -> bool:
     return _is_matrix(p) and cfg.cluster == 1 and cfg.bm <= MATRIX_MAP_MAX_PIXELS
 
 
+#: The im2col map's bounds (cuTensorMapEncodeIm2col, 4-D tensors): window corners within [-IM2COL_LIMIT,
+#: IM2COL_LIMIT) of the plane's edges, taps' offsets below IM2COL_LIMIT, strides up to IM2COL_MAX_STRIDE.
+IM2COL_LIMIT = 128
+IM2COL_MAX_STRIDE = 8
+
+
+def _im2col_reach(p: ConvProblem) -> tuple[int, int]:
+    """The last tap's offset from a window's corner, (h, w)."""
+    return (p.kh - 1) * p.dilation[0], (p.kw - 1) * p.dilation[1]
+
+
+def im2col_map_fits(p: ConvProblem) -> bool:
+    """Whether an im2col map (input_im2col_map) can walk ``p``'s windows: IM2COL_LIMIT and IM2COL_MAX_STRIDE."""
+    reach_h, reach_w = _im2col_reach(p)
+    return max(p.stride) <= IM2COL_MAX_STRIDE and max(reach_h, reach_w) < IM2COL_LIMIT and \
+        all(-IM2COL_LIMIT <= bound < IM2COL_LIMIT for bound in (
+            -p.pad_top, -p.pad_left, p.pad_bottom - reach_h, p.pad_right - reach_w))
+
+
+def input_im2col_map(p: ConvProblem, x: Pointer, channels: int, channels_per_pixel: int,
+                     pixels_per_column: int) -> Im2colMap:
+    """The im2col map of ``p``'s NHWC input at ``x`` (``channels`` a pixel): ``pixels_per_column`` window corners
+    a copy, the padding's bounds, the convolution's strides, ``channels_per_pixel`` channels of each."""
+    reach_h, reach_w = _im2col_reach(p)
+    return Im2colMap(x, p.dtype, (p.n, p.h, p.w, channels), (-p.pad_top, -p.pad_left),
+                     (p.pad_bottom - reach_h, p.pad_right - reach_w), p.stride, channels_per_pixel, pixels_per_column)
+
+
 def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Pointer, weight: Pointer) -> Launch:
     """``launch`` as the producer warpgroup's tile launches it, where ``plan`` takes that tile: by TMA,
     the weight as K rows of kh kw C columns, x in im2col mode or (_copies_matrix) as the matrix [N H W][C]
@@ -1450,9 +1478,7 @@ def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Point
         x_map = TensorMap(x, p.dtype, p.n * p.h * p.w, plan.channels_padded,
                           plan.channels_padded * STORAGE_BYTES[p.dtype], cfg.bm, cfg.bk)
     else:
-        x_map = Im2colMap(x, p.dtype, (p.n, p.h, p.w, plan.channels_padded), (-p.pad_top, -p.pad_left),
-                          (p.pad_bottom - (p.kh - 1) * p.dilation[0], p.pad_right - (p.kw - 1) * p.dilation[1]),
-                          p.stride, cfg.bk, cfg.bm // cfg.cluster)
+        x_map = input_im2col_map(p, x, plan.channels_padded, cfg.bk, cfg.bm // cfg.cluster)
     if cfg.cluster > 1:
         return dataclasses.replace(launch, kernel=PAIR_KERNEL, args=(*launch.args, weight_map, x_map))
     kernel = PINGPONG_CLUSTER_KERNEL if cfg.name == PINGPONG_CLUSTER_CONFIG else \
