@@ -9,6 +9,7 @@ import argparse
 
 import cupy
 import torch
+from wgrad_parts import grad_operands  # this folder: the scripts run as files
 
 from cupyconv import wgrad_tensor_cores as tc
 from cupyconv.bench import LAYERS, MODE_DTYPE, MODE_FLOOR, alternating_ms, relative_error
@@ -34,10 +35,7 @@ def main() -> None:
             if shape.groups != 1 or (args.layer and shape.name not in args.layer):
                 continue
             problem = shape.problem(MODE_DTYPE[mode], "channels_last")
-            make = lambda s: torch.randn(*s, device="cuda").to(dtype).contiguous(memory_format=torch.channels_last)
-            x, dy = make(problem.x_shape), make(problem.out_shape)
-            xv, dyv = (cupy.from_dlpack((t.view(torch.int16) if mode == "bf16" else t).permute(0, 2, 3, 1))
-                       for t in (x, dy))
+            x, dy, xv, dyv = grad_operands(problem, dtype, True)
             out = cupy.empty(problem.weight_array_shape, dtype=xv.dtype)
             args_ = (shape.stride, shape.padding, shape.dilation)
             with torch.no_grad():
