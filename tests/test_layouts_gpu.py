@@ -468,3 +468,28 @@ def test_space_to_depth_every_tile(case, tile, dtype, layout):
         out = run(plan, problem, x, weight, bias)
         assert not out.isnan().any(), f"an output element was never written: {plan}"
         assert relative_error(out, wanted) < tolerance(dtype, planner.NHWC_KERNEL), str(plan)
+
+
+#: Layers whose windows an im2col map cannot walk (strides past 8, corners more than 128 pixels outside the
+#: plane), which the TMA-fed tiles' rules took before they asked implicit_gemm_nhwc.im2col_map_fits.
+PAST_THE_IM2COL_MAP = [
+    Case(8, 64, 64, 200, 200, 3, 3, stride=9),
+    Case(2, 64, 128, 16, 16, 3, 3, padding=130),
+    Case(8, 128, 128, 200, 60, 3, 3, stride=(10, 1), padding=1),
+    Case(1, 256, 256, 300, 300, 3, 3, stride=9, padding=1),
+    Case(4, 64, 256, 40, 40, 1, 1, padding=130),
+]
+
+
+@pytest.mark.parametrize("layouts", [("NHWC", "KHWC"), ("NCHW", "KCHW")], ids="-".join)
+@pytest.mark.parametrize("mode", ["float16", "bfloat16", "tf32"])
+@pytest.mark.parametrize("case", PAST_THE_IM2COL_MAP, ids=lambda c: c.id)
+def test_windows_past_the_im2col_map(case, mode, layouts):
+    """The rules' plan of such a layer runs (no tile whose im2col map the driver refuses) and is right."""
+    dtype = "float32" if mode == "tf32" else mode
+    problem = problem_of(case, dtype, *layouts)
+    plan = planner.make_plan(problem, allow_tf32=mode == "tf32", compute_capability=compute_capability())
+    x, weight, bias = inputs(case, dtype, seed=case.k + case.h)
+    out = run(plan, problem, x, weight, bias)
+    assert not out.isnan().any(), "an output element was never written"
+    assert relative_error(out, reference(x, weight, bias, case)) < tolerance(dtype, planner.NHWC_KERNEL)

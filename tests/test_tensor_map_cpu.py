@@ -193,3 +193,31 @@ def test_map_slot_encodes_each_address_once(monkeypatch):
     assert [call(w) for w in (12288, 16384, 4096, 8192)] == [12544, 16640, 4352, 8448]
     # Three kept: 16640 dropped 4352 (the oldest), whose return dropped 8448.
     assert encoded == [4352, 8448, 12544, 16640, 4352, 8448]
+
+
+#: Strides past 8 and windows more than 128 pixels outside the plane, which an im2col map cannot walk.
+PAST_THE_IM2COL_MAP = [Case(8, 64, 64, 200, 200, 3, 3, stride=9), Case(2, 64, 128, 16, 16, 3, 3, padding=130),
+                       Case(8, 128, 128, 200, 60, 3, 3, stride=(10, 1), padding=1),
+                       Case(1, 256, 256, 300, 300, 3, 3, stride=9, padding=1),
+                       Case(4, 64, 256, 40, 40, 1, 1, padding=130),
+                       Case(2, 64, 64, 300, 20, 1, 1, stride=(1, 16))]
+TMA_TILES = [c for c in implicit_gemm_nhwc.NHWC_CONFIGS["float16"] if c.producer_warps]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("layouts", [("NHWC", "KHWC"), ("NCHW", "KCHW")])
+@pytest.mark.parametrize("case", PAST_THE_IM2COL_MAP, ids=lambda c: c.id)
+def test_tiles_fed_by_tma_refuse_windows_past_the_im2col_map(case, layouts, dtype):
+    """cuTensorMapEncodeIm2col takes element strides up to 8 and (4-D tensors) window corners within
+    [-128, 128): the rules' plans on sm_90a build no im2col map past those bounds, and each tile fed by
+    TMA, forced, says why it cannot run the layer before anything is launched."""
+    problem = problem_of(case, dtype, *layouts)
+    assert not implicit_gemm_nhwc.im2col_map_fits(problem)
+    plan = make_plan(problem, None, None, True, 90)
+    assert not any(isinstance(arg, Im2colMap) for launch in program(plan, problem).launches for arg in launch.args)
+    for cfg in TMA_TILES:
+        if cfg.wgmma == implicit_gemm_nhwc.WGMMA_PINGPONG and (dtype, layouts[0]) not in (("float16", "NHWC"),
+                                                                                         ("bfloat16", "NHWC")):
+            continue  # the ping-pong tiles run 16-bit NHWC layers alone
+        with pytest.raises(ValueError, match="im2col copies take strides up to 8"):
+            make_plan(problem, cfg.name, NHWC_KERNEL, True, 90)

@@ -602,6 +602,8 @@ def _pingpong_refusal(problem: ConvProblem, cfg: GemmConfig, channels_padded: in
         return f"its x is read in place and its output stored in 8-channel vectors (got {p.c} -> {p.k} channels)"
     if index != "int":
         return f"it takes 32-bit indices ({p.x_shape} -> {p.out_shape} needs 64-bit ones)"
+    if not im2col_map_fits(p):
+        return _im2col_refusal(p)
     if stream_k:
         return f"it shares no tiles between blocks: no stream-K (got stream_k={stream_k})"
     if cfg.bm < 128 and p.has_residual and (splits or 1) == 1:
@@ -889,14 +891,15 @@ def _larger_wgmma_config(problem: ConvProblem) -> tuple[GemmConfig, str]:
     (PRODUCER_SPLIT_*), else one warpgroup of 64 channels x 128 pixels per block (twice the blocks).
 
     The producer tiles run layers of one group whose channels fill whole k tiles, of more than one tap
-    or (1x1) at least PRODUCER_MIN_ONE_TAP_K_TILES k tiles."""
+    or (1x1) at least PRODUCER_MIN_ONE_TAP_K_TILES k tiles, and whose windows their im2col map walks
+    (im2col_map_fits)."""
     kg = problem.k // problem.groups
     by_pixels = {c.bm: c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_CHANNEL_ROWS}
     producer = next(c for c in NHWC_CONFIGS[problem.dtype] if c.wgmma == WGMMA_PIXEL_ROWS_PRODUCER and c.cluster == 1)
     channels_padded = _pieces(problem)[0][1]
     k_tiles = reduction_tiles(problem, producer, channels_padded)
     producer_runs = (problem.kh * problem.kw > 1 or k_tiles >= PRODUCER_MIN_ONE_TAP_K_TILES) and \
-        problem.groups == 1 and channels_padded % producer.bk == 0
+        problem.groups == 1 and channels_padded % producer.bk == 0 and im2col_map_fits(problem)
     if kg <= 64:
         narrow = config_named(problem.dtype, NARROW_PRODUCER_CONFIG)
         if producer_runs and k_tiles <= NARROW_PRODUCER_MAX_K_TILES and \
@@ -1109,6 +1112,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         raise ValueError(f"config {cfg.name!r} cannot run this problem: its producer warpgroup copies whole k tiles "
                          f"of one tap by TMA, one group, channels a multiple of {cfg.bk} (got {problem.groups} "
                          f"group(s), {channels_padded} channels)")
+    if cfg.producer_warps and not im2col_map_fits(problem):
+        raise ValueError(f"config {cfg.name!r} cannot run this problem: {_im2col_refusal(problem)}")
     if cfg.cluster > 1 and (grid[1] % cfg.cluster or index != "int"):
         raise ValueError(f"config {cfg.name!r} cannot run this problem: its blocks run in clusters of {cfg.cluster} "
                          f"channel tiles, with 32-bit indices (got {grid[1]} channel tiles of {cfg.bn}, {index} "
@@ -1454,6 +1459,13 @@ def im2col_map_fits(p: ConvProblem) -> bool:
     return max(p.stride) <= IM2COL_MAX_STRIDE and max(reach_h, reach_w) < IM2COL_LIMIT and \
         all(-IM2COL_LIMIT <= bound < IM2COL_LIMIT for bound in (
             -p.pad_top, -p.pad_left, p.pad_bottom - reach_h, p.pad_right - reach_w))
+
+
+def _im2col_refusal(p: ConvProblem) -> str:
+    """Why a tile copying x by TMA cannot run ``p`` where im2col_map_fits says no."""
+    return (f"its im2col copies take strides up to {IM2COL_MAX_STRIDE} and windows within {IM2COL_LIMIT} pixels of the "
+            f"plane's edges (got stride {p.stride}, padding {(p.pad_top, p.pad_bottom, p.pad_left, p.pad_right)} and "
+            f"taps reaching {_im2col_reach(p)} on {p.x_shape})")
 
 
 def input_im2col_map(p: ConvProblem, x: Pointer, channels: int, channels_per_pixel: int,
