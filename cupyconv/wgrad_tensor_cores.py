@@ -16,6 +16,9 @@ kernel (wgrad_depthwise.py for depthwise layers).
 On the H100 (sm_90a), 16-bit problems whose 64-channel panels of x lie in one tap take tiles fed by TMA
 (wgrad_tensor_cores_tma: dy through a 2-D tensor map, x through an im2col map); where such a plan is one
 run and the weight is the GEMM's own [K][kh kw C], the tile writes the weight and no reduction runs.
+Where a run's tiles are too few for the SMs, those tiles run stream-K instead: a wave of blocks shares
+the tiles x l tiles equally, the holder of a tile's first l tile adding the others' sums in block order
+(kernels/stream_k.cuh), again the same bits on every run.
 
 This module holds the family's tile table, its choice and refusal, the plan and the launch.
 """
@@ -29,7 +32,7 @@ from . import wgrad
 from .arguments import ConvProblem
 from .families.common import CTYPES, INDEX_TYPES, MAX_GRID_Y, STORAGE_BYTES, forced_config
 from .families.implicit_gemm_nhwc import channels_last_copy, im2col_map_fits, input_im2col_map, pad_channels
-from .program import GRAD_OUTPUT, OUT, WORKSPACE, X, CallProgram, Launch, Pointer, TensorMap, align
+from .program import FLAG_COUNT, FLAGS, GRAD_OUTPUT, OUT, WORKSPACE, X, CallProgram, Launch, Pointer, TensorMap, align
 
 KERNEL = "wgrad_tensor_cores"
 TMA_KERNEL = "wgrad_tensor_cores_tma"
@@ -103,6 +106,16 @@ TMA_CONFIGS = tuple(TileConfig(f"tc_tma_m{bm}j{bj}", bm, bj, 64, bm // 16, 1, st
 #: The timing model's cost of the reduction's launch, which a TMA tile's one run writing the weight
 #: itself saves (`direct`).
 REDUCE_LAUNCH_US = 2.0
+#: The timing model's bytes a second at which one stream-K block writes its float32 sums to its slot, or
+#: reads another block's (one block's loads from L2).
+STREAM_K_BLOCK_BANDWIDTH = 100e9
+#: What stream-K's modelled time is multiplied by before the choice weighs it. On an H200 sweep of the
+#: ResNet-50 and VGG layers (benchmarks/results/wgrad_tiles_stream_k_h200.txt) it ran 1.1-2x slower against
+#: the runs than modelled (a cost the model does not hold and that is not located: the owner copying the
+#: slots into its idle ring by bulk copies instead of loading them changed nothing). 1.4 keeps it where it won there, a half-idle wave over a long reduction (vgg_conv5_2:
+#: 72 tiles of 128 x 256, 98 l tiles; 1.3x faster than its runs), and nowhere else on that sweep; 1.35 also
+#: took ResNet-50's last 3x3 (6 % slower), 1.45 nothing.
+STREAM_K_MARGIN = 1.4
 CONFIG_NAMES = frozenset(c.name for configs in (*CONFIGS.values(), WGMMA_CONFIGS, TMA_CONFIGS) for c in configs)
 #: The timing model's machine: the H100's SMs, the bandwidth the partial sums move at, and the k
 #: tiles' worth of time a block spends filling and draining its pipeline. A fixed machine, not the
@@ -142,6 +155,7 @@ class TensorCorePlan:
     shared_bytes: int
     splits: int
     direct: bool         # the GEMM writes the weight itself: no partial sums, no reduction
+    stream_k_blocks: int  # > 0: the TMA tile's stream-K, on a grid of that many blocks (splits is 1)
     workspace_bytes: int
     expression: str
     reduce_expression: str
@@ -155,7 +169,8 @@ class TensorCorePlan:
                 f"  {self.dtype} (float32 accumulators), {self.layout} -> {self.weight_layout}, {self.index_type} "
                 f"indices; x as {self.channels} channels in {self.x_vec}-byte pieces "
                 f"({self.x_copy or 'in place'}), dy as {self.out_channels} ({self.dy_copy or 'in place'})\n"
-                f"  grid {self.grid} ((j tiles, o tiles, runs)), block {self.block}, {self.shared_bytes} B shared; "
+                f"  grid {self.grid} ({'stream-K blocks' if self.stream_k_blocks else '(j tiles, o tiles, runs)'}), "
+                f"block {self.block}, {self.shared_bytes} B shared; "
                 f"workspace {self.workspace_bytes} B{'; the GEMM writes the weight' if self.direct else ''}\n"
                 f"  {self.expression}\n" + ("" if self.direct else f"  {self.reduce_expression}\n") +
                 f"  why: {self.reason}")
@@ -232,6 +247,31 @@ def _model_us(problem: ConvProblem, cfg: TileConfig, splits: int) -> float:
     return gemm_us + 2 * splits * kp * j * 4 / MODEL_BANDWIDTH * 1e6 + REDUCE_LAUNCH_US
 
 
+def _stream_k_blocks(problem: ConvProblem, cfg: TileConfig) -> int:
+    """Stream-K's blocks for the TMA tile ``cfg``: one wave (blocks_per_sm on each of MODEL_SMS), at most
+    one a unit (tile x l tile) and FLAG_COUNT."""
+    j_tiles, o_tiles = _tiles(problem, cfg)
+    units = j_tiles * o_tiles * math.ceil(_sizes(problem)[2] / cfg.bl)
+    return min(cfg.blocks_per_sm * MODEL_SMS, units, FLAG_COUNT)
+
+
+def _stream_k_model_us(problem: ConvProblem, cfg: TileConfig) -> float:
+    """Estimated µs of the TMA tile ``cfg`` in stream-K: one wave of _stream_k_blocks, each running its
+    share of the units plus FILL_TILES for each of its (at most two) segments, writing its sums to its slot
+    and reading the slots of the blocks that share its tile (STREAM_K_BLOCK_BANDWIDTH); then, unless the
+    weight is written in place, one run's float32 sums written and read back and the reduction's launch."""
+    kp, j, length = _sizes(problem)
+    j_tiles, o_tiles = _tiles(problem, cfg)
+    l_tiles = math.ceil(length / cfg.bl)
+    share = math.ceil(j_tiles * o_tiles * l_tiles / _stream_k_blocks(problem, cfg))
+    tile_us = 2 * cfg.bm * cfg.bj * cfg.bl / (cfg.sm_tflops * 1e6 / cfg.blocks_per_sm)
+    slot_us = cfg.bm * cfg.bj * 4 / STREAM_K_BLOCK_BANDWIDTH * 1e6
+    gemm_us = (share + 2 * FILL_TILES) * tile_us + (1 + math.ceil(l_tiles / share)) * slot_us
+    if _direct(problem, cfg, 1):
+        return gemm_us
+    return gemm_us + 2 * kp * j * 4 / MODEL_BANDWIDTH * 1e6 + REDUCE_LAUNCH_US
+
+
 def _split_choices(problem: ConvProblem, cfg: TileConfig) -> range:
     """Run counts the choice weighs: each run at least MIN_RUN_TILES l tiles, at most MAX_SPLITS runs,
     the partial sums within wgrad.py's workspace cap (one run always)."""
@@ -240,17 +280,38 @@ def _split_choices(problem: ConvProblem, cfg: TileConfig) -> range:
     return range(1, max(1, min(MAX_SPLITS, by_length, wgrad.MAX_WORKSPACE_BYTES // (kp * j * 4))) + 1)
 
 
-def _choose(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, int, str]:
-    """The tile and run count of least modelled time (_model_us), among the TMA tiles where they
-    apply, else wgmma's where they apply, else mma.sync's; the first on ties (the larger tile, the
-    fewer runs)."""
+#: A way to run a tile: a run count, or STREAM_K.
+STREAM_K = "stream-K"
+
+
+def _schedule_us(problem: ConvProblem, cfg: TileConfig, schedule: int | str) -> float:
+    return STREAM_K_MARGIN * _stream_k_model_us(problem, cfg) if schedule == STREAM_K else \
+        _model_us(problem, cfg, schedule)
+
+
+def _schedules(problem: ConvProblem, cfg: TileConfig, stream_k: bool | None) -> list[int | str]:
+    """The run counts (_split_choices) and, for TMA tiles, STREAM_K, as ``stream_k`` allows (True: it
+    alone, False: the runs alone, None: both)."""
+    runs = [] if stream_k else list(_split_choices(problem, cfg))
+    return runs + ([STREAM_K] if cfg.tma and stream_k is not False else [])
+
+
+def _best_schedule(problem: ConvProblem, cfg: TileConfig, stream_k: bool | None) -> int | str:
+    """The schedule of least modelled time; the first on ties (the fewer runs, runs before stream-K)."""
+    return min(_schedules(problem, cfg, stream_k), key=lambda s: _schedule_us(problem, cfg, s))
+
+
+def _choose(problem: ConvProblem, compute_capability: int, stream_k: bool | None) -> tuple[TileConfig, int | str, str]:
+    """The tile and schedule of least modelled time (_model_us, _stream_k_model_us), among the TMA tiles
+    where they apply, else wgmma's where they apply, else mma.sync's; the first on ties (the larger tile,
+    the fewer runs)."""
     configs = TMA_CONFIGS if _tma_applies(problem, compute_capability) else \
         WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else CONFIGS[STORAGE_BYTES[problem.dtype]]
-    best = {cfg: min(_split_choices(problem, cfg), key=lambda s, c=cfg: _model_us(problem, c, s)) for cfg in configs}
-    cfg = min(configs, key=lambda c: _model_us(problem, c, best[c]))
-    return cfg, best[cfg], (f"{cfg.name} in {best[cfg]} run(s) has the least modelled time, "
-                            f"{_model_us(problem, cfg, best[cfg]):.1f} us (against "
-                            f"{', '.join(f'{c.name} in {best[c]} {_model_us(problem, c, best[c]):.1f}' for c in configs if c is not cfg)})")
+    best = {cfg: _best_schedule(problem, cfg, stream_k) for cfg in configs}
+    cfg = min(configs, key=lambda c: _schedule_us(problem, c, best[c]))
+    said = {c: f"{c.name} in {best[c] if best[c] == STREAM_K else f'{best[c]} run(s)'}" for c in configs}
+    return cfg, best[cfg], (f"{said[cfg]} has the least modelled time, {_schedule_us(problem, cfg, best[cfg]):.1f} us "
+                            f"(against {', '.join(f'{said[c]} {_schedule_us(problem, c, best[c]):.1f}' for c in configs if c is not cfg)})")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -282,10 +343,12 @@ def _copy(problem: ConvProblem, channels: int, padded: int) -> str:
     return "pad" if padded != channels else ""
 
 
-def expression(dtype: str, index: str, cfg: TileConfig, x_vec: int) -> str:
-    """The C++ template instance of the GEMM (the TMA tiles': no index type or piece, TMA addresses)."""
+def expression(dtype: str, index: str, cfg: TileConfig, x_vec: int, stream_k: bool = False) -> str:
+    """The C++ template instance of the GEMM (the TMA tiles': no index type or piece, TMA addresses, and
+    whether it runs stream-K)."""
     if cfg.tma:
-        return f"cupyconv::{TMA_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bj},{cfg.stages},{cfg.blocks_per_sm}>"
+        return (f"cupyconv::{TMA_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bj},{cfg.stages},{cfg.blocks_per_sm},"
+                f"{'true' if stream_k else 'false'}>")
     return (f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bj},{cfg.bl},{cfg.warps_m},{cfg.warps_j},"
             f"{cfg.stages},{x_vec},{'true' if cfg.wgmma else 'false'}>")
 
@@ -293,7 +356,7 @@ def expression(dtype: str, index: str, cfg: TileConfig, x_vec: int) -> str:
 # typed: splits=True or 2.0 must reach the checks, not the plan cached for 1 or 2.
 @functools.lru_cache(maxsize=1024, typed=True)
 def make_plan(problem: ConvProblem, allow_tf32: bool = True, config: str | None = None,
-              splits: int | None = None, compute_capability: int = 0) -> TensorCorePlan:
+              splits: int | None = None, compute_capability: int = 0, stream_k: bool | None = None) -> TensorCorePlan:
     """The launch plan of ``problem``'s weight gradient on the tensor cores.
 
     Args:
@@ -306,6 +369,8 @@ def make_plan(problem: ConvProblem, allow_tf32: bool = True, config: str | None 
             a timing model of waves of blocks and the partial sums' traffic).
         compute_capability: the device's (compiler.compute_capability(); 90 takes wgmma's tiles
             where they apply), 0 for none.
+        stream_k: True forces the TMA tiles' stream-K schedule, False forbids it (tests), None lets
+            the timing model weigh it against the run counts.
 
     Raises:
         ValueError: naming why, for a problem the kernel cannot run, an unknown config, or splits out
@@ -317,17 +382,32 @@ def make_plan(problem: ConvProblem, allow_tf32: bool = True, config: str | None 
     item = STORAGE_BYTES[problem.dtype]
     cp, kp, x_vec = _channels(problem)
     _, j, length = _sizes(problem)
+    if stream_k not in (None, True, False):
+        raise ValueError(f"stream_k must be None, True or False, got {stream_k!r}")
+    if stream_k and splits is not None:
+        raise ValueError(f"stream_k=True runs no fixed runs; got splits={splits!r} as well")
+    allowed = False if splits is not None else stream_k
     if config is not None:
         cfg = forced_config(configs(problem, compute_capability), config,
                             f"config for {KERNEL} in {problem.dtype} on compute capability {compute_capability}")
-        chosen_splits = min(_split_choices(problem, cfg), key=lambda s: _model_us(problem, cfg, s))
+        if stream_k and not cfg.tma:
+            raise ValueError(f"stream_k=True needs a tile fed by TMA ({', '.join(c.name for c in TMA_CONFIGS)}), "
+                             f"got {cfg.name}")
+        schedule = _best_schedule(problem, cfg, allowed)
         why = "config forced by the caller"
     else:
-        cfg, chosen_splits, why = _choose(problem, compute_capability)
+        if stream_k and not _tma_applies(problem, compute_capability):
+            raise ValueError(f"stream_k=True needs the tiles fed by TMA, which cannot run {problem} on compute "
+                             f"capability {compute_capability}")
+        cfg, schedule, why = _choose(problem, compute_capability, allowed)
     j_tiles, o_tiles = _tiles(problem, cfg)
     run_bytes = kp * j * 4
-    if splits is None:
-        splits = chosen_splits
+    stream_k_blocks = _stream_k_blocks(problem, cfg) if schedule == STREAM_K else 0
+    if stream_k_blocks:
+        splits = 1
+        why += f"; stream-K: {stream_k_blocks} blocks share the tiles x l tiles"
+    elif splits is None:
+        splits = schedule
     else:
         if isinstance(splits, bool) or not isinstance(splits, int) or not 1 <= splits <= MAX_GRID_Y:
             raise ValueError(f"splits must be an int from 1 to {MAX_GRID_Y} (CUDA's grid z limit), got {splits!r}")
@@ -338,13 +418,16 @@ def make_plan(problem: ConvProblem, allow_tf32: bool = True, config: str | None 
     largest = max(problem.n * problem.h * problem.w * cp, length * kp)
     index = "int" if largest < 2**31 else "long long"
     direct = _direct(problem, cfg, splits)
+    grid = (stream_k_blocks, 1, 1) if stream_k_blocks else (j_tiles, o_tiles, splits)
+    slots = align(stream_k_blocks * cfg.bm * cfg.bj * 4)
     return TensorCorePlan(
         config=cfg, dtype=problem.dtype, layout=problem.layout, weight_layout=problem.weight_layout,
         index_type=index, arch=WGMMA_ARCH if cfg.wgmma else "", channels=cp, out_channels=kp, x_vec=x_vec,
         x_copy=_copy(problem, problem.c, cp),
-        dy_copy=_copy(problem, problem.k, kp), grid=(j_tiles, o_tiles, splits), block=(cfg.threads, 1, 1),
-        shared_bytes=cfg.shared_bytes(item), splits=splits, direct=direct,
-        workspace_bytes=0 if direct else splits * run_bytes, expression=expression(problem.dtype, index, cfg, x_vec),
+        dy_copy=_copy(problem, problem.k, kp), grid=grid, block=(cfg.threads, 1, 1),
+        shared_bytes=cfg.shared_bytes(item), splits=splits, direct=direct, stream_k_blocks=stream_k_blocks,
+        workspace_bytes=slots + (0 if direct else splits * run_bytes),
+        expression=expression(problem.dtype, index, cfg, x_vec, bool(stream_k_blocks)),
         reduce_expression=wgrad.reduce_specialisation(problem.dtype), reason=why)
 
 
@@ -358,7 +441,8 @@ def arch_specialisations() -> dict[str, list[str]]:
     """The GEMM name expressions that need an architecture-specific target: wgmma's, for sm_90a."""
     return {WGMMA_ARCH: [expression(dtype, index, cfg, 16) for dtype in ("float16", "bfloat16")
                          for index in INDEX_TYPES for cfg in WGMMA_CONFIGS] +
-            [expression(dtype, "", cfg, 16) for dtype in ("float16", "bfloat16") for cfg in TMA_CONFIGS]}
+            [expression(dtype, "", cfg, 16, stream_k) for dtype in ("float16", "bfloat16") for cfg in TMA_CONFIGS
+             for stream_k in (False, True)]}
 
 
 def _copy_launch(dtype: str, how: str, n: int, plane: int, channels: int, padded: int, source: Pointer,
@@ -388,25 +472,30 @@ def program(plan: TensorCorePlan, problem: ConvProblem) -> CallProgram:
         operands.append(Pointer(WORKSPACE, used))
         launches.append(_copy_launch(p.dtype, how, p.n, plane, channels, padded, Pointer(source), operands[-1]))
         used += align(p.n * plane * padded * item)
-    partial = Pointer(WORKSPACE, used)
     if plan.config.tma:
+        # Stream-K's slots first, then the runs' partial sums.
+        slots = Pointer(WORKSPACE, used)
+        used += align(plan.stream_k_blocks * plan.config.bm * plan.config.bj * 4)
+        partial = Pointer(WORKSPACE, used)
         x_operand, dy_operand = operands
         length = p.n * p.ho * p.wo
         dy_map = TensorMap(dy_operand, p.dtype, length, kp, kp * item, plan.config.bl, 64)
         x_map = input_im2col_map(p, x_operand, cp, 64, plan.config.bl)
-        args = (partial, Pointer(OUT), int(plan.direct), length, cp, p.kh * p.kw * cp, kp, p.ho, p.wo, p.kw,
-                p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], dy_map, x_map)
+        args = (partial, Pointer(OUT), int(plan.direct), plan.stream_k_blocks, slots, Pointer(FLAGS), length, cp,
+                p.kh * p.kw * cp, kp, p.ho, p.wo, p.kw, p.stride[0], p.stride[1], p.pad_top, p.pad_left,
+                p.dilation[0], p.dilation[1], dy_map, x_map)
         launches.append(Launch(TMA_KERNEL, plan.expression, plan.grid, plan.block, plan.shared_bytes, args, plan.arch))
         if plan.direct:
             return CallProgram(tuple(launches), used)
     else:
+        partial = Pointer(WORKSPACE, used)
         launches.append(Launch(KERNEL, plan.expression, plan.grid, plan.block, plan.shared_bytes, (
             *operands, partial, p.n, cp, p.h, p.w, kp, p.ho, p.wo, p.kh, p.kw, p.stride[0], p.stride[1], p.pad_top,
             p.pad_left, p.dilation[0], p.dilation[1]), plan.arch))
     taps = p.kh * p.kw
     launches.append(wgrad.reduce_launch(p.dtype, plan.splits, p.k * taps * p.c, p.c, taps, True,
                                         p.weight_layout == "KHWC", partial, Pointer(OUT), cp, kp * taps * cp))
-    return CallProgram(tuple(launches), used + plan.workspace_bytes)
+    return CallProgram(tuple(launches), used + plan.splits * kp * p.kh * p.kw * cp * 4)
 
 
 def conv2d_weight_cupy(x, grad_output, problem: ConvProblem, out, plan: TensorCorePlan | None = None):

@@ -28,8 +28,18 @@ struct StreamKSegment {
     int* flags;
 };
 
+// The THREADS threads that hold the sums meet: the whole block (BARRIER 0), or those of named barrier
+// BARRIER alone (a block whose other warps copy and may have exited).
+template <int THREADS, int BARRIER>
+__device__ __forceinline__ void stream_k_sync() {
+    if constexpr (BARRIER == 0)
+        __syncthreads();
+    else
+        asm volatile("bar.sync %0, %1;\n" ::"n"(BARRIER), "n"(THREADS) : "memory");
+}
+
 // The block's ACC accumulators per thread as [ACC / 4][THREADS] float4s at `partial`, then its flag raised.
-template <int THREADS, int ACC>
+template <int THREADS, int ACC, int BARRIER = 0>
 __device__ __forceinline__ void stream_k_publish(const float (&acc)[ACC], float* partial, int* flag) {
     static_assert(ACC % 4 == 0, "accumulators in float4s");
     float4* out = reinterpret_cast<float4*>(partial);
@@ -38,13 +48,13 @@ __device__ __forceinline__ void stream_k_publish(const float (&acc)[ACC], float*
         __stcg(out + i * THREADS + threadIdx.x,
                make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
     __threadfence();
-    __syncthreads();
+    stream_k_sync<THREADS, BARRIER>();
     if (threadIdx.x == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(flag), "r"(1) : "memory");
 }
 
 // Once `flag` is raised, the partial sums at `partial` (stream_k_publish's layout) added to acc; the
 // flag is lowered for the next launch.
-template <int THREADS, int ACC>
+template <int THREADS, int ACC, int BARRIER = 0>
 __device__ __forceinline__ void stream_k_add(float (&acc)[ACC], const float* partial, int* flag) {
     if (threadIdx.x == 0) {
         int raised = 0;
@@ -55,7 +65,7 @@ __device__ __forceinline__ void stream_k_add(float (&acc)[ACC], const float* par
         }
         *flag = 0;
     }
-    __syncthreads();
+    stream_k_sync<THREADS, BARRIER>();
     const float4* in = reinterpret_cast<const float4*>(partial);
 #pragma unroll
     for (int i = 0; i < ACC / 4; ++i) {

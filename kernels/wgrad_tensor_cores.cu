@@ -35,6 +35,7 @@
 // 16-row instruction tile per warp (WARPS_M = BM / 16, WARPS_J = 1), and share its epilogue.
 #include "dtypes.cuh"
 #include "mma.cuh"
+#include "stream_k.cuh"
 #include "wgmma.cuh"
 
 namespace cupyconv {
@@ -237,14 +238,26 @@ wgrad_tensor_cores(const T* __restrict__ x, const T* __restrict__ dy, float* __r
 // run, and the weight is [K][J] itself: KHWC, no zero channels), the 16-bit weight into `out`: no partial
 // sums through memory and no reduction launch. BLOCKS: the blocks an SM is to hold (registers asked of
 // the allocator accordingly).
-template <typename T, int BM, int BJ, int STAGES, int BLOCKS>
+//
+// Stream-K (STREAM_K, with `stream_k` blocks, a grid of that many; kernels/stream_k.cuh; the other
+// instances keep their registers without its code): the tiles x l tiles are
+// cut into equal contiguous shares, one a block, so that a GEMM of fewer tiles than the SMs hold still
+// fills them without runs of partial sums and their reduction. The block holding a tile's first l tile
+// writes it (to `out` where direct, else as the one run ws[0]) after adding, in block order, the float32
+// sums the blocks holding the rest of its l tiles left in their `slots` (BM x BJ floats a block): the
+// same bits on every run. The copying thread and the warpgroups walk the same segments (tile, l tiles)
+// through one ring of stages.
+template <typename T, int BM, int BJ, int STAGES, int BLOCKS, bool STREAM_K>
 __global__ void __launch_bounds__(BM / 64 * 128 + 32, BLOCKS)
-wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, int L, int C, int J, int K, int Ho,
-                       int Wo, int kw, int sh, int sw, int pt, int pl, int dh, int dw,
-                       const __grid_constant__ TensorMap dy_map, const __grid_constant__ TensorMap x_map) {
+wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, int stream_k, float* __restrict__ slots,
+                       int* __restrict__ flags, int L, int C, int J, int K, int Ho, int Wo, int kw, int sh, int sw,
+                       int pt, int pl, int dh, int dw, const __grid_constant__ TensorMap dy_map,
+                       const __grid_constant__ TensorMap x_map) {
     constexpr int BL = 64, PANEL = BL * 128;  // bytes of one l tile's 64-wide panel
     constexpr int A_PANELS = BM / 64, B_PANELS = BJ / 64, A_STAGE = A_PANELS * PANEL, B_STAGE = B_PANELS * PANEL;
-    constexpr int INST_L = mma_op<T>::k;
+    constexpr int INST_L = mma_op<T>::k, CONSUMERS = 128 * A_PANELS, ACC = BJ / 2;
+    // The warpgroups' own barrier: the copying warp's idle lanes have returned.
+    constexpr int CONSUMER_BARRIER = 1;
     static_assert(sizeof(T) == 2 && BM % 64 == 0 && (BJ == 64 || BJ == 128 || BJ == 256), "16-bit, whole panels");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
@@ -254,9 +267,27 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
     unsigned long long* empty = full + STAGES;
 
     const int tid = threadIdx.x, warpgroup = tid >> 7;
-    const int j0 = blockIdx.x * BJ, o0 = blockIdx.y * BM;
-    const int all_tiles = (L + BL - 1) / BL, run_tiles = (all_tiles + gridDim.z - 1) / gridDim.z;
-    const int kt0 = blockIdx.z * run_tiles, k_tiles = max(0, min(all_tiles - kt0, run_tiles));
+    const int all_tiles = (L + BL - 1) / BL, j_tiles = (J + BJ - 1) / BJ;
+    // The block's share: [begin, end) of the units (tile t = o tile x j_tiles + j tile, l tile) in
+    // stream-K; else its tile and its run's l tiles.
+    const long long units = static_cast<long long>(j_tiles) * ((K + BM - 1) / BM) * all_tiles;
+    const long long begin = STREAM_K ? stream_k_start(units, blockIdx.x, stream_k) : 0;
+    const long long end = STREAM_K ? stream_k_start(units, blockIdx.x + 1, stream_k) : 0;
+    const int run_tiles = (all_tiles + gridDim.z - 1) / gridDim.z, kt0 = blockIdx.z * run_tiles;
+    // body(tile, j0, o0, first l tile, end l tile) for each of the block's segments, in order.
+    auto segments = [&](auto&& body) {
+        if constexpr (!STREAM_K) {
+            body(0, blockIdx.x * BJ, blockIdx.y * BM, kt0, kt0 + max(0, min(all_tiles - kt0, run_tiles)));
+        } else {
+            for (long long u = begin; u < end;) {
+                const int tile = static_cast<int>(u / all_tiles);
+                const int k_begin = static_cast<int>(u - tile * static_cast<long long>(all_tiles));
+                const int k_end = static_cast<int>(min(static_cast<long long>(all_tiles), k_begin + (end - u)));
+                body(tile, tile % j_tiles * BJ, tile / j_tiles * BM, k_begin, k_end);
+                u += k_end - k_begin;
+            }
+        }
+    };
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbarrier_init(full + s, 1);              // the copying thread's expect-tx arrival
@@ -266,84 +297,103 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
     __syncthreads();
 
     if (warpgroup == A_PANELS) {  // the copying warp
-        if (tid != 128 * A_PANELS) return;
-        // Each X panel's tap offset and channels, fixed for the block; panels past J are not copied (their
-        // columns' sums are not written).
-        int channel[B_PANELS], offset_w[B_PANELS], offset_h[B_PANELS], bytes = A_STAGE;
+        if (tid != CONSUMERS) return;
+        int it = 0;  // l tiles copied so far, over all segments: the ring's position
+        segments([&](int, int j0, int o0, int k_begin, int k_end) {
+            // Each X panel's tap offset and channels, fixed for the segment; panels past J are not copied
+            // (their columns' sums are not written).
+            int channel[B_PANELS], offset_w[B_PANELS], offset_h[B_PANELS], bytes = A_STAGE;
 #pragma unroll
-        for (int b = 0; b < B_PANELS; ++b) {
-            const int jp = j0 + 64 * b, tap = jp / C;
-            channel[b] = jp - tap * C;
-            offset_h[b] = tap / kw * dh;
-            offset_w[b] = tap % kw * dw;
-            bytes += jp < J ? PANEL : 0;
-        }
-        // The l tile's first pixel (image, p, q), counted along BL pixels a tile.
-        const int HoWo = Ho * Wo, first = kt0 * BL;
-        int image = first / HoWo, p = (first - image * HoWo) / Wo, q = first % Wo;
-        const int step_n = BL / HoWo, step_p = BL / Wo % Ho, step_q = BL % Wo;
+            for (int b = 0; b < B_PANELS; ++b) {
+                const int jp = j0 + 64 * b, tap = jp / C;
+                channel[b] = jp - tap * C;
+                offset_h[b] = tap / kw * dh;
+                offset_w[b] = tap % kw * dw;
+                bytes += jp < J ? PANEL : 0;
+            }
+            // The l tile's first pixel (image, p, q), counted along BL pixels a tile.
+            const int HoWo = Ho * Wo, first = k_begin * BL;
+            int image = first / HoWo, p = (first - image * HoWo) / Wo, q = first % Wo;
+            const int step_n = BL / HoWo, step_p = BL / Wo % Ho, step_q = BL % Wo;
 #pragma unroll 1
-        for (int t = 0; t < k_tiles; ++t) {
-            const int stage = t % STAGES;
-            if (t >= STAGES) mbarrier_wait(empty + stage, (t / STAGES - 1) & 1);
-            mbarrier_arrive_expect_tx(full + stage, bytes);
+            for (int t = k_begin; t < k_end; ++t, ++it) {
+                const int stage = it % STAGES;
+                if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
+                mbarrier_arrive_expect_tx(full + stage, bytes);
 #pragma unroll
-            for (int a = 0; a < A_PANELS; ++a)
-                tma_load_2d(a_smem + stage * A_STAGE + a * PANEL, &dy_map, o0 + 64 * a, first + t * BL, full + stage);
+                for (int a = 0; a < A_PANELS; ++a)
+                    tma_load_2d(a_smem + stage * A_STAGE + a * PANEL, &dy_map, o0 + 64 * a, t * BL, full + stage);
 #pragma unroll
-            for (int b = 0; b < B_PANELS; ++b)
-                if (j0 + 64 * b < J)
-                    tma_load_im2col_4d(b_smem + stage * B_STAGE + b * PANEL, &x_map, channel[b], q * sw - pl,
-                                       p * sh - pt, image, offset_w[b], offset_h[b], full + stage);
-            q += step_q;
-            p += step_p;
-            image += step_n;
-            if (q >= Wo) { q -= Wo; ++p; }
-            if (p >= Ho) { p -= Ho; ++image; }
-        }
+                for (int b = 0; b < B_PANELS; ++b)
+                    if (j0 + 64 * b < J)
+                        tma_load_im2col_4d(b_smem + stage * B_STAGE + b * PANEL, &x_map, channel[b], q * sw - pl,
+                                           p * sh - pt, image, offset_w[b], offset_h[b], full + stage);
+                q += step_q;
+                p += step_p;
+                image += step_n;
+                if (q >= Wo) { q -= Wo; ++p; }
+                if (p >= Ho) { p -= Ho; ++image; }
+            }
+        });
         return;
     }
 
     const int warp = (tid >> 5) & 3, lane = tid & 31, quad = lane >> 2, tq = lane & 3;
-    float acc[BJ / 2];
+    int it = 0;
+    segments([&](int tile, int j0, int o0, int k_begin, int k_end) {
+        float acc[ACC];
 #pragma unroll
-    for (int j = 0; j < BJ / 2; ++j) acc[j] = 0.0f;
+        for (int j = 0; j < ACC; ++j) acc[j] = 0.0f;
 #pragma unroll 1
-    for (int t = 0; t < k_tiles; ++t) {
-        const int stage = t % STAGES;
-        mbarrier_wait(full + stage, (t / STAGES) & 1);
-        const unsigned a_tile = shared_address(a_smem + stage * A_STAGE + warpgroup * PANEL);
-        const unsigned b_tile = shared_address(b_smem + stage * B_STAGE);
-        wgmma_fence();
+        for (int t = k_begin; t < k_end; ++t, ++it) {
+            const int stage = it % STAGES;
+            mbarrier_wait(full + stage, (it / STAGES) & 1);
+            const unsigned a_tile = shared_address(a_smem + stage * A_STAGE + warpgroup * PANEL);
+            const unsigned b_tile = shared_address(b_smem + stage * B_STAGE);
+            wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BL / INST_L; ++kk)  // + 16 l rows of 128 bytes per instruction
-            wgmma_op<T, BJ, true>::run(acc, wgmma_descriptor_mn(a_tile + kk * 2048, PANEL),
-                                       wgmma_descriptor_mn(b_tile + kk * 2048, PANEL));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs retired: its stage may be refilled
-        if (t > 0 && lane == 0) mbarrier_arrive(empty + (t - 1) % STAGES);
-    }
-    wgmma_wait<0>();
+            for (int kk = 0; kk < BL / INST_L; ++kk)  // + 16 l rows of 128 bytes per instruction
+                wgmma_op<T, BJ, true>::run(acc, wgmma_descriptor_mn(a_tile + kk * 2048, PANEL),
+                                           wgmma_descriptor_mn(b_tile + kk * 2048, PANEL));
+            wgmma_commit();
+            wgmma_wait<1>();  // l tile t - 1's MMAs retired: its stage may be refilled
+            if (t > k_begin && lane == 0) mbarrier_arrive(empty + (it - 1) % STAGES);
+        }
+        wgmma_wait<0>();
+        if (k_end > k_begin && lane == 0) mbarrier_arrive(empty + (it - 1) % STAGES);
 
-    // Straight from the fragments: a quad's four pairs make a 32-byte sector (16 bytes direct) of a row.
-    float* sums = ws + static_cast<long long>(blockIdx.z) * K * J;
+        if constexpr (STREAM_K) {
+            if (k_begin > 0) {  // the tile's owner adds these sums: the block's slot, then its flag
+                stream_k_publish<CONSUMERS, ACC, CONSUMER_BARRIER>(
+                    acc, slots + static_cast<long long>(blockIdx.x) * ACC * CONSUMERS, flags + blockIdx.x);
+                return;
+            }
+            // The owner: the blocks holding the tile's later l tiles, in block order.
+            const long long tile_end = (tile + 1) * static_cast<long long>(all_tiles);
+            for (int b = blockIdx.x + 1; b < stream_k && stream_k_start(units, b, stream_k) < tile_end; ++b)
+                stream_k_add<CONSUMERS, ACC, CONSUMER_BARRIER>(acc, slots + static_cast<long long>(b) * ACC * CONSUMERS,
+                                                               flags + b);
+        }
+        // Straight from the fragments: a quad's four pairs make a 32-byte sector (16 bytes direct) of a row.
+        float* sums = ws + static_cast<long long>(blockIdx.z) * K * J;
 #pragma unroll
-    for (int jb = 0; jb < BJ / 8; ++jb) {
-        const int j = j0 + jb * 8 + 2 * tq;  // and j + 1 (J is even)
+        for (int jb = 0; jb < BJ / 8; ++jb) {
+            const int j = j0 + jb * 8 + 2 * tq;  // and j + 1 (J is even)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int o = o0 + warpgroup * 64 + warp * 16 + quad + half * 8;
-            if (o >= K || j >= J) continue;
-            const float lo = acc[4 * jb + 2 * half], hi = acc[4 * jb + 2 * half + 1];
-            const long long at = static_cast<long long>(o) * J + j;
-            if (direct) {
-                struct alignas(4) Pair { T lo, hi; };
-                *reinterpret_cast<Pair*>(out + at) = Pair{from_acc<T>(lo), from_acc<T>(hi)};
-            } else {
-                *reinterpret_cast<float2*>(sums + at) = make_float2(lo, hi);
+            for (int half = 0; half < 2; ++half) {
+                const int o = o0 + warpgroup * 64 + warp * 16 + quad + half * 8;
+                if (o >= K || j >= J) continue;
+                const float lo = acc[4 * jb + 2 * half], hi = acc[4 * jb + 2 * half + 1];
+                const long long at = static_cast<long long>(o) * J + j;
+                if (direct) {
+                    struct alignas(4) Pair { T lo, hi; };
+                    *reinterpret_cast<Pair*>(out + at) = Pair{from_acc<T>(lo), from_acc<T>(hi)};
+                } else {
+                    *reinterpret_cast<float2*>(sums + at) = make_float2(lo, hi);
+                }
             }
         }
-    }
+    });
 }
 
 }  // namespace cupyconv

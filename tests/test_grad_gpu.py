@@ -315,13 +315,15 @@ WGRAD_TMA_CASES = [
 
 
 @pytest.mark.parametrize("nhwc", [False, True], ids=["NCHW", "NHWC"])
-@pytest.mark.parametrize("splits", [1, 3])  # one run (the weight written in place where it may be), runs
+# one run (the weight written in place where it may be), runs, stream-K's wave of blocks
+@pytest.mark.parametrize("schedule", [1, 3, "stream_k"])
 @pytest.mark.parametrize("mode", ["float16", "bfloat16"])
 @pytest.mark.parametrize("config", [c.name for c in TMA_CONFIGS])
 @pytest.mark.parametrize("case", WGRAD_TMA_CASES, ids=lambda c: c.id)
-def test_tensor_core_weight_gradient_tma_tiles(case, config, mode, splits, nhwc):
+def test_tensor_core_weight_gradient_tma_tiles(case, config, mode, schedule, nhwc):
     """The TMA-fed tiles (wgrad_tensor_cores_tma, sm_90a), whole (the weight written in place where the
-    layouts allow) and in forced runs, against torch in float64, the same bits every run."""
+    layouts allow), in forced runs and in stream-K (tiles shared by up to dozens of blocks, or each
+    block's own), against torch in float64, the same bits every run."""
     from cupyconv import wgrad_tensor_cores
     from cupyconv.compiler import compute_capability
 
@@ -329,8 +331,10 @@ def test_tensor_core_weight_gradient_tma_tiles(case, config, mode, splits, nhwc)
         pytest.skip(f"TMA and wgmma need sm_90a; this GPU is sm_{compute_capability()}")
 
     def compute(problem, x, dy):
-        plan = wgrad_tensor_cores.make_plan(problem, True, config, splits, compute_capability())
-        assert plan.config.tma and plan.direct == (splits == 1 and nhwc and problem.k % 8 == 0)
+        splits, stream_k = (None, True) if schedule == "stream_k" else (schedule, None)
+        plan = wgrad_tensor_cores.make_plan(problem, True, config, splits, compute_capability(), stream_k)
+        assert plan.config.tma and plan.direct == (plan.splits == 1 and nhwc and problem.k % 8 == 0)
+        assert bool(plan.stream_k_blocks) == bool(stream_k)
         out = cupy.empty(problem.weight_array_shape, dtype=x.dtype)
         return wgrad_tensor_cores.conv2d_weight_cupy(x, dy, problem, out, plan)
 

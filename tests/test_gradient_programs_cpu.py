@@ -22,7 +22,7 @@ from cupyconv.arguments import make_problem
 from cupyconv.compiler import kernel_source
 from cupyconv.families.common import STORAGE_BYTES
 from cupyconv.families.implicit_gemm_nhwc import MAX_PHASES, PHASES_KERNEL, channels_last_specialisations
-from cupyconv.program import (BIAS, GRAD_OUTPUT, INPUT_SCALE, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE,
+from cupyconv.program import (BIAS, FLAGS, GRAD_OUTPUT, INPUT_SCALE, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE,
                               WORKSPACE_ALIGNMENT, X, Pointer)
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -53,8 +53,9 @@ def test_weight_gradient_programs(case, dtype):
         problem = problem_of(case, dtype, layout, weight_layout)
         family, plan = grad.weight_gradient_plan(problem, tf32, cc)
         call = family.program(plan, problem)
-        check_launches(call, {X, GRAD_OUTPUT, WORKSPACE}, {OUT, WORKSPACE})
-        assert call.weight is None and call.launches[-1].kernel == wgrad.REDUCE_KERNEL
+        check_launches(call, {X, GRAD_OUTPUT, WORKSPACE}, {OUT, WORKSPACE, FLAGS})
+        assert call.weight is None and call.launches[-1].kernel == (
+            wgrad_tensor_cores.TMA_KERNEL if getattr(plan, "direct", False) else wgrad.REDUCE_KERNEL)
 
 
 def replay_reduce(args, partial: np.ndarray) -> np.ndarray:

@@ -163,3 +163,53 @@ def test_one_tma_run_writes_the_weight_itself():
                           (_problem(32, 512, 500, 7, 3, padding=1), 1)):  # 500 channels of dy padded to 504
         plan = tc.make_plan(other, True, "tc_tma_m128j256", splits, 90)
         assert not plan.direct and tc.program(plan, other).launches[-1].kernel == "wgrad_reduce"
+
+
+def test_stream_k_shares_a_wave_of_blocks():
+    """Stream-K (TMA tiles): one wave of blocks, at most one a unit (tile x l tile), passed with its slots
+    (after the copies, one tile of float32 sums a block) and the FLAGS operand; one run, so a KHWC weight of
+    unpadded channels is written in place. Forcing it where it cannot run says why."""
+    from cupyconv.program import FLAGS, Pointer
+
+    problem = _problem(32, 512, 512, 7, 3, padding=1)  # ResNet-50's last 3x3: 4 x 18 tiles of 128 x 256
+    plan = tc.make_plan(problem, True, "tc_tma_m128j256", None, 90, True)
+    units = 4 * 18 * math.ceil(32 * 7 * 7 / 64)
+    assert plan.stream_k_blocks == min(tc.MODEL_SMS, units) == plan.grid[0] and plan.grid[1:] == (1, 1)
+    assert plan.splits == 1 and plan.direct and "stream-K" in str(plan) and "stream-K" in plan.reason
+    slots = plan.stream_k_blocks * 128 * 256 * 4
+    assert plan.workspace_bytes == slots
+    call = tc.program(plan, problem)
+    (launch,) = call.launches
+    assert launch.grid == plan.grid and call.workspace_bytes == slots
+    direct, blocks, slot_pointer, flags = launch.args[2:6]
+    assert (direct, blocks) == (1, plan.stream_k_blocks)
+    assert slot_pointer == Pointer("workspace", 0) and flags == Pointer(FLAGS)
+    few = _problem(1, 128, 64, 4, 3, padding=1)  # one l tile: a block a tile, no shared tiles
+    assert tc.make_plan(few, True, "tc_tma_m64j128", None, 90, True).stream_k_blocks == \
+        math.prod(tc._tiles(few, tc.TMA_CONFIGS[2]))
+    nchw = tc.make_plan(_problem(32, 512, 512, 7, 3, padding=1, layout="NCHW"), True, None, None, 90, True)
+    assert nchw.stream_k_blocks and not nchw.direct  # the reduction turns the one run into KCHW
+    assert not tc.make_plan(problem, True, None, None, 90, False).stream_k_blocks
+    for kwargs, match in (({"splits": 2, "stream_k": True}, "splits=2"),
+                          ({"config": "tc_wgmma_m128j128", "stream_k": True}, "fed by TMA"),
+                          ({"stream_k": "yes"}, "stream_k must be")):
+        with pytest.raises(ValueError, match=match):
+            tc.make_plan(problem, True, compute_capability=90, **kwargs)
+    with pytest.raises(ValueError, match="fed by TMA"):
+        tc.make_plan(problem, True, None, None, 80, True)
+
+
+def test_the_model_weighs_stream_k_against_runs():
+    """Stream-K's one wave costs each block its share of the units, two segments' fill and its slots, times
+    STREAM_K_MARGIN; it is taken where one run of whole tiles leaves half the SMs idle over a long reduction
+    (VGG's 14^2 3x3: 72 tiles of 128 x 256, 98 l tiles), not on a short one (ResNet-50's 7^2 3x3: 25 l
+    tiles) nor where runs fill the SMs; the cp.async tiles have runs alone."""
+    cfg = tc.TMA_CONFIGS[1]  # 128 x 256, one block an SM
+    vgg = _problem(32, 512, 512, 14, 3, padding=1)
+    assert tc._stream_k_model_us(vgg, cfg) < min(tc._model_us(vgg, cfg, s) for s in tc._split_choices(vgg, cfg))
+    assert tc._best_schedule(vgg, cfg, None) == tc.STREAM_K and tc._best_schedule(vgg, cfg, False) != tc.STREAM_K
+    plan = tc.make_plan(vgg, True, None, None, 90)
+    assert plan.stream_k_blocks and plan.config is cfg and plan.direct
+    assert not tc.make_plan(_problem(32, 512, 512, 7, 3, padding=1), True, None, None, 90).stream_k_blocks
+    assert not tc.make_plan(_problem(32, 256, 256, 56, 3, padding=1), True, None, None, 90).stream_k_blocks
+    assert tc._best_schedule(vgg, tc.WGMMA_CONFIGS[0], None) != tc.STREAM_K  # cp.async tiles: runs alone

@@ -2,7 +2,8 @@
 channels-last arrays, over a range of run counts (wgrad_tensor_cores.py):
     PYTHONPATH=$repo python benchmarks/profile/wgrad_tiles.py [--mode fp16] [--layer NAME ...] [--tile NAME ...]
 Per layer: torch.nn.grad.conv2d_weight in its faster layout, the rules' plan, then per tile the run count
-the rules' timing model gives it and the fastest of SPLITS, each a whole call (copies, GEMM, reduction)
+the rules' timing model gives it and the fastest of SPLITS (and, for the TMA tiles, stream-K: "sk"), each a
+whole call (copies, GEMM, reduction)
 timed as bench.py times rows (CUDA events behind a spin, alternating, medians), and the tile's relative
 error against float64 at both counts (a wrong tile says WRONG)."""
 import argparse
@@ -66,22 +67,26 @@ def main() -> None:
                 for f in (torch.contiguous_format, torch.channels_last)})
             times = alternating_ms(fns, REPEATS)
             torch_ms = min(times[f"torch {f}"][0] for f in (torch.contiguous_format, torch.channels_last))
-            print(f"{shape.name} {mode}: torch {torch_ms:.4f}  rules {rules.config.name}/{rules.splits} "
+            schedule = "sk" if rules.stream_k_blocks else rules.splits
+            print(f"{shape.name} {mode}: torch {torch_ms:.4f}  rules {rules.config.name}/{schedule} "
                   f"{times['rules'][0]:.4f} (err {error(rules):.1e}, bound {bound:.1e})", flush=True)
             for cfg in tc.configs(problem, capability):
                 if not cfg.wgmma or (args.tile and cfg.name not in args.tile):
                     continue
                 modelled = tc.make_plan(problem, True, cfg.name, None, capability)
+                modelled_key = "sk" if modelled.stream_k_blocks else modelled.splits
                 choices = set(tc._split_choices(problem, cfg))
                 plans = {s: tc.make_plan(problem, True, cfg.name, s, capability)
                          for s in sorted(choices & set(SPLITS) | {modelled.splits})}
+                if cfg.tma:
+                    plans["sk"] = tc.make_plan(problem, True, cfg.name, None, capability, True)
                 tile_times = alternating_ms({s: call(p) for s, p in plans.items()}, REPEATS)
                 best = min(tile_times, key=lambda s: tile_times[s][0])
-                errors = {s: error(plans[s]) for s in {best, modelled.splits}}
+                errors = {s: error(plans[s]) for s in {best, modelled_key} | ({"sk"} if cfg.tma else set())}
                 flag = "" if max(errors.values()) <= bound else "  WRONG"
-                print(f"  {cfg.name:18s} model {modelled.splits:4d} runs {tile_times[modelled.splits][0]:.4f}  "
-                      f"best {best:4d} runs {tile_times[best][0]:.4f}  err {max(errors.values()):.1e}{flag}  "
-                      + " ".join(f"{s}:{t[0]:.4f}" for s, t in sorted(tile_times.items())), flush=True)
+                print(f"  {cfg.name:18s} model {modelled_key!s:>4} runs {tile_times[modelled_key][0]:.4f}  "
+                      f"best {best!s:>4} runs {tile_times[best][0]:.4f}  err {max(errors.values()):.1e}{flag}  "
+                      + " ".join(f"{s}:{t[0]:.4f}" for s, t in tile_times.items()), flush=True)
 
 
 if __name__ == "__main__":
