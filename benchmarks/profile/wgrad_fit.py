@@ -23,7 +23,8 @@ REDUCE_LAUNCHES = (0.0, 2.0)
 
 
 def sweeps(paths) -> dict:
-    """{layer: {tile: {runs: ms}}} from wgrad_tiles.py's output, later files first."""
+    """{layer: {tile: {runs: ms}}} from wgrad_tiles.py's output (stream-K's time under tc.STREAM_K), later
+    files first."""
     times: dict = {}
     for path in paths:
         layer = None
@@ -32,12 +33,14 @@ def sweeps(paths) -> dict:
                 layer = m.group(1)
             elif (m := re.match(r"  (tc_tma_\S+)\s+model.*err \S+\s+(.*)", line)) and layer:
                 runs = times.setdefault(layer, {}).setdefault(m.group(1), {})
-                runs.update({int(s): float(ms) for s, ms in (t.split(":") for t in m.group(2).split())})
+                runs.update({tc.STREAM_K if s == "sk" else int(s): float(ms)
+                             for s, ms in (t.split(":") for t in m.group(2).split())})
     return times
 
 
 def score(times: dict, rates: dict, verbose: bool = False) -> float:
-    """The sum over layers of log(pick / fastest) with ``rates`` ({tile name: sm_tflops})."""
+    """The sum over layers of log(pick / fastest) with ``rates`` ({tile name: sm_tflops}); a tile whose
+    schedule the model makes stream-K counts its stream-K time where the sweep has one."""
     shapes = {shape.name: shape for shape in LAYERS}
     configs = {cfg.name: dataclasses.replace(cfg, sm_tflops=rates[cfg.name]) for cfg in tc.TMA_CONFIGS}
     total = 0.0
@@ -47,10 +50,11 @@ def score(times: dict, rates: dict, verbose: bool = False) -> float:
         picks = []
         for name, runs in per_tile.items():
             cfg = configs[name]
-            splits = min(tc._split_choices(problem, cfg), key=lambda s: tc._model_us(problem, cfg, s))
-            nearest = min(runs, key=lambda s: abs(math.log(s / splits)))
-            picks.append((tc._model_us(problem, cfg, splits), runs[nearest], name, splits))
-        modelled, measured, name, splits = min(picks)
+            splits = tc._best_schedule(problem, cfg, None if tc.STREAM_K in runs else False)
+            counts = [s for s in runs if s != tc.STREAM_K]
+            nearest = splits if splits == tc.STREAM_K else min(counts, key=lambda s: abs(math.log(s / splits)))
+            picks.append((tc._schedule_us(problem, cfg, splits), runs[nearest], name, splits))
+        modelled, measured, name, splits = min(picks, key=lambda pick: pick[0])  # ties as _choose: the first
         total += math.log(measured / fastest)
         if verbose:
             print(f"  {layer:22s} {name}/{splits}: {measured:.4f} ms (fastest {fastest:.4f}, {measured / fastest:.2f}x)")
