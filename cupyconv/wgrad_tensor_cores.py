@@ -111,10 +111,10 @@ REDUCE_LAUNCH_US = 2.0
 STREAM_K_BLOCK_BANDWIDTH = 100e9
 #: What stream-K's modelled time is multiplied by before the choice weighs it. On an H200 sweep of the
 #: ResNet-50 and VGG layers (benchmarks/results/wgrad_tiles_stream_k_h200.txt) it ran 1.1-2x slower against
-#: the runs than modelled (a cost the model does not hold and that is not located: the owner copying the
-#: slots into its idle ring by bulk copies instead of loading them changed nothing). 1.4 keeps it where it won there, a half-idle wave over a long reduction (vgg_conv5_2:
-#: 72 tiles of 128 x 256, 98 l tiles; 1.3x faster than its runs), and nowhere else on that sweep; 1.35 also
-#: took ResNet-50's last 3x3 (6 % slower), 1.45 nothing.
+#: the runs than modelled: its fix-up (slots stored and fenced, flags awaited, slots read) sits on each
+#: owner's critical path (benchmarks/NOTES.md, ncu). 1.4 keeps it where it won there, a half-idle wave over
+#: a long reduction (vgg_conv5_2: 72 tiles of 128 x 256, 98 l tiles; 1.3x faster than its runs), and nowhere
+#: else on that sweep; 1.35 also took ResNet-50's last 3x3 (6 % slower), 1.45 nothing.
 STREAM_K_MARGIN = 1.4
 CONFIG_NAMES = frozenset(c.name for configs in (*CONFIGS.values(), WGMMA_CONFIGS, TMA_CONFIGS) for c in configs)
 #: The timing model's machine: the H100's SMs, the bandwidth the partial sums move at, and the k
@@ -285,6 +285,7 @@ STREAM_K = "stream-K"
 
 
 def _schedule_us(problem: ConvProblem, cfg: TileConfig, schedule: int | str) -> float:
+    """The modelled µs the choice weighs for ``cfg`` run in ``schedule`` (stream-K's times STREAM_K_MARGIN)."""
     return STREAM_K_MARGIN * _stream_k_model_us(problem, cfg) if schedule == STREAM_K else \
         _model_us(problem, cfg, schedule)
 
@@ -309,9 +310,10 @@ def _choose(problem: ConvProblem, compute_capability: int, stream_k: bool | None
         WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else CONFIGS[STORAGE_BYTES[problem.dtype]]
     best = {cfg: _best_schedule(problem, cfg, stream_k) for cfg in configs}
     cfg = min(configs, key=lambda c: _schedule_us(problem, c, best[c]))
-    said = {c: f"{c.name} in {best[c] if best[c] == STREAM_K else f'{best[c]} run(s)'}" for c in configs}
-    return cfg, best[cfg], (f"{said[cfg]} has the least modelled time, {_schedule_us(problem, cfg, best[cfg]):.1f} us "
-                            f"(against {', '.join(f'{said[c]} {_schedule_us(problem, c, best[c]):.1f}' for c in configs if c is not cfg)})")
+    said = {c: f"{c.name} in {best[c] if best[c] == STREAM_K else f'{best[c]} run(s)'} "
+               f"{_schedule_us(problem, c, best[c]):.1f}" for c in configs}
+    others = ", ".join(said[c] for c in configs if c is not cfg)
+    return cfg, best[cfg], f"{said[cfg]} us has the least modelled time (against {others})"
 
 
 @functools.lru_cache(maxsize=1024)
