@@ -45,7 +45,8 @@ class TileConfig:
     ``stages`` buffers, warps_m x warps_j warps, multiplying with mma.sync or (``wgmma``, sm_90a, 16-bit
     types) wgmma; ``tma``: wgmma fed by a copying warp's TMA copies (bm / 64 warpgroups multiply).
     ``blocks_per_sm``: how many fit an SM (shared memory); ``sm_tflops``: the rate an SM full of them
-    reaches on a long reduction (H100 timings), for the choice's timing model."""
+    reaches on a long reduction (H100 timings), for the choice's timing model; ``stream_k``: a TMA tile
+    with a stream-K instance."""
 
     name: str
     bm: int
@@ -58,6 +59,7 @@ class TileConfig:
     sm_tflops: float
     wgmma: bool = False
     tma: bool = False
+    stream_k: bool = False
 
     @property
     def threads(self) -> int:
@@ -99,8 +101,10 @@ WGMMA_CONFIGS = tuple(TileConfig(f"tc_wgmma_m{bm}j128", bm, 128, 64, bm // 16, 1
 #: each was faster than the cp.async wgmma tiles at their best run counts (H200, fp16 channels-last,
 #: benchmarks/results/wgrad_tiles_tma_h200.txt). The rates: fitted to that sweep, so that the timing
 #: model's choice of tile and runs is within 1.17x of the fastest on each layer (mostly the fastest).
+#: Stream-K: all but 128 x 128, whose instance spills under two blocks' launch bounds (its 64 accumulators and
+#: a slot's 64 loaded floats a thread in 112 registers); on the sweep that measured it, it never won there.
 TMA_CONFIGS = tuple(TileConfig(f"tc_tma_m{bm}j{bj}", bm, bj, 64, bm // 16, 1, stages, blocks, rate, wgmma=True,
-                               tma=True)
+                               tma=True, stream_k=(bm, bj) != (128, 128))
                     for bm, bj, stages, blocks, rate in ((128, 128, 3, 2, 2.6), (128, 256, 4, 1, 3.0),
                                                          (64, 128, 4, 2, 2.4), (64, 256, 4, 1, 2.6)))
 #: The timing model's cost of the reduction's launch, which a TMA tile's one run writing the weight
@@ -291,10 +295,10 @@ def _schedule_us(problem: ConvProblem, cfg: TileConfig, schedule: int | str) -> 
 
 
 def _schedules(problem: ConvProblem, cfg: TileConfig, stream_k: bool | None) -> list[int | str]:
-    """The run counts (_split_choices) and, for TMA tiles, STREAM_K, as ``stream_k`` allows (True: it
-    alone, False: the runs alone, None: both)."""
+    """The run counts (_split_choices) and, for tiles with a stream-K instance, STREAM_K, as ``stream_k``
+    allows (True: it alone, False: the runs alone, None: both)."""
     runs = [] if stream_k else list(_split_choices(problem, cfg))
-    return runs + ([STREAM_K] if cfg.tma and stream_k is not False else [])
+    return runs + ([STREAM_K] if cfg.stream_k and stream_k is not False else [])
 
 
 def _best_schedule(problem: ConvProblem, cfg: TileConfig, stream_k: bool | None) -> int | str:
@@ -308,6 +312,7 @@ def _choose(problem: ConvProblem, compute_capability: int, stream_k: bool | None
     the fewer runs)."""
     configs = TMA_CONFIGS if _tma_applies(problem, compute_capability) else \
         WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else CONFIGS[STORAGE_BYTES[problem.dtype]]
+    configs = [cfg for cfg in configs if _schedules(problem, cfg, stream_k)]  # stream_k=True: its tiles alone
     best = {cfg: _best_schedule(problem, cfg, stream_k) for cfg in configs}
     cfg = min(configs, key=lambda c: _schedule_us(problem, c, best[c]))
     said = {c: f"{c.name} in {best[c] if best[c] == STREAM_K else f'{best[c]} run(s)'} "
@@ -392,9 +397,9 @@ def make_plan(problem: ConvProblem, allow_tf32: bool = True, config: str | None 
     if config is not None:
         cfg = forced_config(configs(problem, compute_capability), config,
                             f"config for {KERNEL} in {problem.dtype} on compute capability {compute_capability}")
-        if stream_k and not cfg.tma:
-            raise ValueError(f"stream_k=True needs a tile fed by TMA ({', '.join(c.name for c in TMA_CONFIGS)}), "
-                             f"got {cfg.name}")
+        if stream_k and not cfg.stream_k:
+            raise ValueError(f"stream_k=True needs a tile fed by TMA with a stream-K instance "
+                             f"({', '.join(c.name for c in TMA_CONFIGS if c.stream_k)}), got {cfg.name}")
         schedule = _best_schedule(problem, cfg, allowed)
         why = "config forced by the caller"
     else:
@@ -444,7 +449,7 @@ def arch_specialisations() -> dict[str, list[str]]:
     return {WGMMA_ARCH: [expression(dtype, index, cfg, 16) for dtype in ("float16", "bfloat16")
                          for index in INDEX_TYPES for cfg in WGMMA_CONFIGS] +
             [expression(dtype, "", cfg, 16, stream_k) for dtype in ("float16", "bfloat16") for cfg in TMA_CONFIGS
-             for stream_k in (False, True)]}
+             for stream_k in (False, True) if cfg.stream_k or not stream_k]}
 
 
 def _copy_launch(dtype: str, how: str, n: int, plane: int, channels: int, padded: int, source: Pointer,

@@ -330,8 +330,17 @@ def test_tensor_core_weight_gradient_tma_tiles(case, config, mode, schedule, nhw
     if compute_capability() != wgrad_tensor_cores.WGMMA_COMPUTE_CAPABILITY:
         pytest.skip(f"TMA and wgmma need sm_90a; this GPU is sm_{compute_capability()}")
 
+    splits, stream_k = (None, True) if schedule == "stream_k" else (schedule, None)
+    if stream_k and not next(c for c in TMA_CONFIGS if c.name == config).stream_k:
+        layout = ("NHWC", "KHWC") if nhwc else ("NCHW", "KCHW")
+        x_shape = (case.n, case.h, case.w, case.c) if nhwc else (case.n, case.c, case.h, case.w)
+        w_shape = (case.k, case.kh, case.kw, case.c) if nhwc else (case.k, case.c, case.kh, case.kw)
+        problem = make_problem(x_shape, w_shape, None, mode, case.stride, case.padding, case.dilation, 1, *layout)
+        with pytest.raises(ValueError, match="stream-K instance"):  # a tile without one says so
+            wgrad_tensor_cores.make_plan(problem, True, config, None, compute_capability(), True)
+        return
+
     def compute(problem, x, dy):
-        splits, stream_k = (None, True) if schedule == "stream_k" else (schedule, None)
         plan = wgrad_tensor_cores.make_plan(problem, True, config, splits, compute_capability(), stream_k)
         assert plan.config.tma and plan.direct == (plan.splits == 1 and nhwc and problem.k % 8 == 0)
         assert bool(plan.stream_k_blocks) == bool(stream_k)

@@ -192,6 +192,7 @@ def test_stream_k_shares_a_wave_of_blocks():
     assert not tc.make_plan(problem, True, None, None, 90, False).stream_k_blocks
     for kwargs, match in (({"splits": 2, "stream_k": True}, "splits=2"),
                           ({"config": "tc_wgmma_m128j128", "stream_k": True}, "fed by TMA"),
+                          ({"config": "tc_tma_m128j128", "stream_k": True}, "stream-K instance"),
                           ({"stream_k": "yes"}, "stream_k must be")):
         with pytest.raises(ValueError, match=match):
             tc.make_plan(problem, True, compute_capability=90, **kwargs)
