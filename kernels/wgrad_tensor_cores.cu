@@ -240,9 +240,9 @@ wgrad_tensor_cores(const T* __restrict__ x, const T* __restrict__ dy, float* __r
 // the allocator accordingly).
 //
 // Stream-K (STREAM_K, with `stream_k` blocks, a grid of that many; kernels/stream_k.cuh; the other
-// instances keep their registers without its code): the tiles x l tiles are
-// cut into equal contiguous shares, one a block, so that a GEMM of fewer tiles than the SMs hold still
-// fills them without runs of partial sums and their reduction. The block holding a tile's first l tile
+// instances keep their registers without its code): the tiles x l tiles are cut into equal contiguous
+// shares, one a block, so that a GEMM of fewer tiles than the SMs hold still fills them without runs of
+// partial sums and their reduction. The block holding a tile's first l tile
 // writes it (to `out` where direct, else as the one run ws[0]) after adding, in block order, the float32
 // sums the blocks holding the rest of its l tiles left in their `slots` (BM x BJ floats a block): the
 // same bits on every run. The copying thread and the warpgroups walk the same segments (tile, l tiles)
