@@ -2,7 +2,7 @@
 channels-last arrays, over a range of run counts (wgrad_tensor_cores.py):
     PYTHONPATH=$repo python benchmarks/profile/wgrad_tiles.py [--mode fp16] [--layer NAME ...] [--tile NAME ...]
 Per layer: torch.nn.grad.conv2d_weight in its faster layout, the rules' plan, then per tile the run count
-the rules' timing model gives it and the fastest of SPLITS (and, for the TMA tiles, stream-K: "sk"), each a
+the rules' timing model gives it and the fastest of SPLITS (and, for the TMA tiles with a stream-K instance, stream-K: "sk"), each a
 whole call (copies, GEMM, reduction)
 timed as bench.py times rows (CUDA events behind a spin, alternating, medians), and the tile's relative
 error against float64 at both counts (a wrong tile says WRONG)."""
@@ -78,11 +78,11 @@ def main() -> None:
                 choices = set(tc._split_choices(problem, cfg))
                 plans = {s: tc.make_plan(problem, True, cfg.name, s, capability)
                          for s in sorted(choices & set(SPLITS) | {modelled.splits})}
-                if cfg.tma:
+                if cfg.stream_k:
                     plans["sk"] = tc.make_plan(problem, True, cfg.name, None, capability, True)
                 tile_times = alternating_ms({s: call(p) for s, p in plans.items()}, REPEATS)
                 best = min(tile_times, key=lambda s: tile_times[s][0])
-                errors = {s: error(plans[s]) for s in {best, modelled_key} | ({"sk"} if cfg.tma else set())}
+                errors = {s: error(plans[s]) for s in {best, modelled_key} | ({"sk"} if cfg.stream_k else set())}
                 flag = "" if max(errors.values()) <= bound else "  WRONG"
                 print(f"  {cfg.name:18s} model {modelled_key!s:>4} runs {tile_times[modelled_key][0]:.4f}  "
                       f"best {best!s:>4} runs {tile_times[best][0]:.4f}  err {max(errors.values()):.1e}{flag}  "
