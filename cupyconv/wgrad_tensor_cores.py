@@ -234,21 +234,28 @@ def _direct(problem: ConvProblem, cfg: TileConfig, splits: int) -> bool:
     return cfg.tma and splits == 1 and problem.weight_layout == "KHWC" and (cp, kp) == (problem.c, problem.k)
 
 
+def _tile_us(cfg: TileConfig) -> float:
+    """The timing model's µs for one block of ``cfg`` to multiply one l tile, at its share of the SM's rate."""
+    return 2 * cfg.bm * cfg.bj * cfg.bl / (cfg.sm_tflops * 1e6 / cfg.blocks_per_sm)
+
+
+def _partial_sums_us(problem: ConvProblem, cfg: TileConfig, splits: int) -> float:
+    """The timing model's µs for ``splits`` runs' float32 partial sums, written and read back once each, and the
+    reduction's launch; none where the tile writes the weight itself (_direct)."""
+    if _direct(problem, cfg, splits):
+        return 0.0
+    kp, j, _ = _sizes(problem)
+    return 2 * splits * kp * j * 4 / MODEL_BANDWIDTH * 1e6 + REDUCE_LAUNCH_US
+
+
 def _model_us(problem: ConvProblem, cfg: TileConfig, splits: int) -> float:
     """Estimated µs of the GEMM in ``splits`` runs and of its partial sums' round trip: waves of
     blocks (blocks_per_sm on each of MODEL_SMS), each running its l tiles plus FILL_TILES at its share
-    of the SM's rate; then, unless the weight is written in place, the float32 partial sums written
-    and read back once each and the reduction's launch."""
-    kp, j, length = _sizes(problem)
+    of the SM's rate; then _partial_sums_us."""
     j_tiles, o_tiles = _tiles(problem, cfg)
-    blocks = j_tiles * o_tiles * splits
-    waves = math.ceil(blocks / (cfg.blocks_per_sm * MODEL_SMS))
-    tiles_per_run = math.ceil(math.ceil(length / cfg.bl) / splits)
-    tile_us = 2 * cfg.bm * cfg.bj * cfg.bl / (cfg.sm_tflops * 1e6 / cfg.blocks_per_sm)
-    gemm_us = waves * (tiles_per_run + FILL_TILES) * tile_us
-    if _direct(problem, cfg, splits):
-        return gemm_us
-    return gemm_us + 2 * splits * kp * j * 4 / MODEL_BANDWIDTH * 1e6 + REDUCE_LAUNCH_US
+    waves = math.ceil(j_tiles * o_tiles * splits / (cfg.blocks_per_sm * MODEL_SMS))
+    tiles_per_run = math.ceil(math.ceil(_sizes(problem)[2] / cfg.bl) / splits)
+    return waves * (tiles_per_run + FILL_TILES) * _tile_us(cfg) + _partial_sums_us(problem, cfg, splits)
 
 
 def _stream_k_blocks(problem: ConvProblem, cfg: TileConfig) -> int:
@@ -262,18 +269,14 @@ def _stream_k_blocks(problem: ConvProblem, cfg: TileConfig) -> int:
 def _stream_k_model_us(problem: ConvProblem, cfg: TileConfig) -> float:
     """Estimated µs of the TMA tile ``cfg`` in stream-K: one wave of _stream_k_blocks, each running its
     share of the units plus FILL_TILES for each of its (at most two) segments, writing its sums to its slot
-    and reading the slots of the blocks that share its tile (STREAM_K_BLOCK_BANDWIDTH); then, unless the
-    weight is written in place, one run's float32 sums written and read back and the reduction's launch."""
-    kp, j, length = _sizes(problem)
+    and reading the slots of the blocks that share its tile (STREAM_K_BLOCK_BANDWIDTH); then one run's
+    _partial_sums_us."""
     j_tiles, o_tiles = _tiles(problem, cfg)
-    l_tiles = math.ceil(length / cfg.bl)
+    l_tiles = math.ceil(_sizes(problem)[2] / cfg.bl)
     share = math.ceil(j_tiles * o_tiles * l_tiles / _stream_k_blocks(problem, cfg))
-    tile_us = 2 * cfg.bm * cfg.bj * cfg.bl / (cfg.sm_tflops * 1e6 / cfg.blocks_per_sm)
     slot_us = cfg.bm * cfg.bj * 4 / STREAM_K_BLOCK_BANDWIDTH * 1e6
-    gemm_us = (share + 2 * FILL_TILES) * tile_us + (1 + math.ceil(l_tiles / share)) * slot_us
-    if _direct(problem, cfg, 1):
-        return gemm_us
-    return gemm_us + 2 * kp * j * 4 / MODEL_BANDWIDTH * 1e6 + REDUCE_LAUNCH_US
+    return (share + 2 * FILL_TILES) * _tile_us(cfg) + (1 + math.ceil(l_tiles / share)) * slot_us + \
+        _partial_sums_us(problem, cfg, 1)
 
 
 def _split_choices(problem: ConvProblem, cfg: TileConfig) -> range:
