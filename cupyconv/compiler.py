@@ -49,6 +49,7 @@ def kernel_source(filename: str) -> str:
 _SOURCE_FILES = {"nchw_to_nhwc_tiled": "nchw_to_nhwc.cu", "nchw_to_nhwc_narrow": "nchw_to_nhwc.cu",
                  "pad_channels": "nchw_to_nhwc.cu", "wgrad_reduce": "wgrad_gemm.cu",
                  "wgrad_tensor_cores_tma": "wgrad_tensor_cores.cu",
+                 "wgrad_tensor_cores_tma_tf32": "wgrad_tensor_cores.cu",
                  "wgrad_depthwise_nhwc": "wgrad_depthwise.cu",
                  "strided_fill": "strided_copy.cu", "implicit_gemm_nhwc_phases": "implicit_gemm_nhwc.cu",
                  "implicit_gemm_nhwc_stream_k": "implicit_gemm_nhwc.cu",

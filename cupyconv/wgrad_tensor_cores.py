@@ -13,9 +13,12 @@ whose float32 partial sums wgrad_reduce adds in order and rounds once into the w
 result is bitwise the same on every run. Ungrouped convolutions only; the rest take wgrad.py's FMA
 kernel (wgrad_depthwise.py for depthwise layers).
 
-On the H100 (sm_90a), 16-bit problems whose 64-channel panels of x lie in one tap take tiles fed by TMA
-(wgrad_tensor_cores_tma: dy through a 2-D tensor map, x through an im2col map); where such a plan is one
-run and the weight is the GEMM's own [K][kh kw C], the tile writes the weight and no reduction runs.
+On the H100 (sm_90a), problems whose 128-byte panels of x (64 16-bit channels, 32 float32 ones) lie in one
+tap take tiles fed by TMA (dy through a 2-D tensor map, x through an im2col map): wgrad_tensor_cores_tma in
+16 bits, whose wgmma reads both operands transposed; in TF32, whose wgmma reads K-major operands only,
+wgrad_tensor_cores_tma_tf32, where a warpgroup transposes each landed l tile into K-major rows rounded to
+TF32. Where such a plan is one run and the weight is the GEMM's own [K][kh kw C], the tile writes the
+weight and no reduction runs.
 Where a run's tiles are too few for the SMs, those tiles run stream-K instead: a wave of blocks shares
 the tiles x l tiles equally, the holder of a tile's first l tile adding the others' sums in block order
 (kernels/stream_k.cuh), again the same bits on every run.
@@ -36,6 +39,7 @@ from .program import FLAG_COUNT, FLAGS, GRAD_OUTPUT, OUT, WORKSPACE, X, CallProg
 
 KERNEL = "wgrad_tensor_cores"
 TMA_KERNEL = "wgrad_tensor_cores_tma"
+TF32_TMA_KERNEL = "wgrad_tensor_cores_tma_tf32"
 DTYPES = ("float16", "bfloat16", "float32")
 
 
@@ -43,7 +47,8 @@ DTYPES = ("float16", "bfloat16", "float32")
 class TileConfig:
     """Thread-block tile: bm output channels x bj (tap, channel) columns, l tiles of bl pixels through
     ``stages`` buffers, warps_m x warps_j warps, multiplying with mma.sync or (``wgmma``, sm_90a, 16-bit
-    types) wgmma; ``tma``: wgmma fed by a copying warp's TMA copies (bm / 64 warpgroups multiply).
+    types) wgmma; ``tma``: wgmma fed by a copying warp's TMA copies (bm / 64 warpgroups multiply), and,
+    ``landing`` > 0 (TF32), through a ring of that many landing stages that a warpgroup transposes.
     ``blocks_per_sm``: how many fit an SM (shared memory); ``sm_tflops``: the rate an SM full of them
     reaches on a long reduction (H100 timings), for the choice's timing model; ``stream_k``: a TMA tile
     with a stream-K instance."""
@@ -60,16 +65,19 @@ class TileConfig:
     wgmma: bool = False
     tma: bool = False
     stream_k: bool = False
+    landing: int = 0
 
     @property
     def threads(self) -> int:
-        return 2 * self.bm + 32 if self.tma else 32 * self.warps_m * self.warps_j
+        return 2 * self.bm + 32 + (128 if self.landing else 0) if self.tma else 32 * self.warps_m * self.warps_j
 
     def shared_bytes(self, itemsize: int) -> int:
         """Pipeline buffers: per stage, bl rows of bm + 8 (dy) and bj + 8 (x) elements; wgmma: unpadded
-        rows and 1 KB to align the tiles; TMA: and two 8-byte mbarriers a stage."""
+        rows and 1 KB to align the tiles; TMA: and two 8-byte mbarriers a stage (and of each landing stage
+        as much as of a stage, and its two mbarriers)."""
         if self.tma:
-            return self.stages * self.bl * (self.bm + self.bj) * itemsize + 1024 + 16 * self.stages
+            stages = self.stages + self.landing
+            return stages * self.bl * (self.bm + self.bj) * itemsize + 1024 + 16 * stages
         if self.wgmma:
             return self.stages * self.bl * (self.bm + self.bj) * itemsize + 1024
         return self.stages * self.bl * (self.bm + 8 + self.bj + 8) * itemsize
@@ -107,6 +115,15 @@ TMA_CONFIGS = tuple(TileConfig(f"tc_tma_m{bm}j{bj}", bm, bj, 64, bm // 16, 1, st
                                tma=True, stream_k=(bm, bj) != (128, 128))
                     for bm, bj, stages, blocks, rate in ((128, 128, 3, 2, 2.6), (128, 256, 4, 1, 3.0),
                                                          (64, 128, 4, 2, 2.4), (64, 256, 4, 1, 2.6)))
+#: Hopper TF32 tiles fed by TMA (wgrad_tensor_cores_tma_tf32; _tma_applies): bm / 64 warpgroups of 64 output
+#: channels x bj columns, l tiles of 32 pixels (128 bytes of float32 a row), as many landing stages as stages,
+#: one block an SM (shared memory). Where they apply, the choice is among them alone: on every TF32 layer of
+#: bench.LAYERS they ran 1.3-2.2x faster than the mma.sync tiles' plan (H200, channels-last,
+#: benchmarks/results/wgrad_tiles_tma_tf32_h200.txt). The rates: fitted to that sweep (profile/wgrad_fit.py --mode
+#: tf32), the model's pick the fastest measured on 12 of 15 layers and within 1.09x on the rest.
+TF32_TMA_CONFIGS = tuple(TileConfig(f"tc_tma_tf32_m{bm}j{bj}", bm, bj, 32, bm // 16, 1, stages, 1, rate, wgmma=True,
+                                    tma=True, landing=stages)
+                         for bm, bj, stages, rate in ((128, 128, 3, 1.4), (64, 128, 4, 1.0), (128, 64, 4, 1.0)))
 #: The timing model's cost of the reduction's launch, which a TMA tile's one run writing the weight
 #: itself saves (`direct`).
 REDUCE_LAUNCH_US = 2.0
@@ -120,7 +137,8 @@ STREAM_K_BLOCK_BANDWIDTH = 100e9
 #: a long reduction (vgg_conv5_2: 72 tiles of 128 x 256, 98 l tiles; 1.3x faster than its runs), and nowhere
 #: else on that sweep; 1.35 also took ResNet-50's last 3x3 (6 % slower), 1.45 nothing.
 STREAM_K_MARGIN = 1.4
-CONFIG_NAMES = frozenset(c.name for configs in (*CONFIGS.values(), WGMMA_CONFIGS, TMA_CONFIGS) for c in configs)
+CONFIG_NAMES = frozenset(c.name for configs in (*CONFIGS.values(), WGMMA_CONFIGS, TMA_CONFIGS, TF32_TMA_CONFIGS)
+                         for c in configs)
 #: The timing model's machine: the H100's SMs, the bandwidth the partial sums move at, and the k
 #: tiles' worth of time a block spends filling and draining its pipeline. A fixed machine, not the
 #: device's, so that the runs, and so the result's bits, depend on the problem alone.
@@ -210,21 +228,30 @@ def _wgmma_applies(problem: ConvProblem, compute_capability: int) -> bool:
         _channels(problem)[2] == 16
 
 
+def _panel_channels(problem: ConvProblem) -> int:
+    """The channels of a TMA tile's 128-byte panel: 64 in 16 bits, 32 in float32."""
+    return 128 // STORAGE_BYTES[problem.dtype]
+
+
 def _tma_applies(problem: ConvProblem, compute_capability: int) -> bool:
-    """The TMA tiles run wgmma's problems whose x panels of 64 channels each lie in one tap (Cp % 64 ==
-    0, or one tap: the map gives zeros past Cp) and whose windows the im2col map can walk
-    (im2col_map_fits), with 32-bit pixel coordinates."""
+    """The TMA tiles run problems on sm_90a read in 16-byte pieces whose x panels (_panel_channels) each lie
+    in one tap (Cp a multiple of them, or one tap: the map gives zeros past Cp) and whose windows the im2col
+    map can walk (im2col_map_fits), with 32-bit pixel coordinates."""
     p = problem
-    one_tap_panels = _channels(p)[0] % 64 == 0 or p.kh * p.kw == 1
-    return _wgmma_applies(p, compute_capability) and one_tap_panels and p.n * p.ho * p.wo < 2**31 and \
-        im2col_map_fits(p)
+    one_tap_panels = _channels(p)[0] % _panel_channels(p) == 0 or p.kh * p.kw == 1
+    return compute_capability == WGMMA_COMPUTE_CAPABILITY and _channels(p)[2] == 16 and one_tap_panels and \
+        p.n * p.ho * p.wo < 2**31 and im2col_map_fits(p)
+
+
+def _tma_configs(problem: ConvProblem) -> tuple[TileConfig, ...]:
+    return TMA_CONFIGS if STORAGE_BYTES[problem.dtype] == 2 else TF32_TMA_CONFIGS
 
 
 def configs(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, ...]:
     """The tiles that can run ``problem``: mma.sync's, and wgmma's and TMA's where they apply."""
     item = STORAGE_BYTES[problem.dtype]
     return CONFIGS[item] + (WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else ()) + \
-        (TMA_CONFIGS if _tma_applies(problem, compute_capability) else ())
+        (_tma_configs(problem) if _tma_applies(problem, compute_capability) else ())
 
 
 def _direct(problem: ConvProblem, cfg: TileConfig, splits: int) -> bool:
@@ -313,7 +340,7 @@ def _choose(problem: ConvProblem, compute_capability: int, stream_k: bool | None
     """The tile and schedule of least modelled time (_model_us, _stream_k_model_us), among the TMA tiles
     where they apply, else wgmma's where they apply, else mma.sync's; the first on ties (the larger tile,
     the fewer runs)."""
-    configs = TMA_CONFIGS if _tma_applies(problem, compute_capability) else \
+    configs = _tma_configs(problem) if _tma_applies(problem, compute_capability) else \
         WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else CONFIGS[STORAGE_BYTES[problem.dtype]]
     configs = [cfg for cfg in configs if _schedules(problem, cfg, stream_k)]  # stream_k=True: its tiles alone
     best = {cfg: _best_schedule(problem, cfg, stream_k) for cfg in configs}
@@ -355,7 +382,9 @@ def _copy(problem: ConvProblem, channels: int, padded: int) -> str:
 
 def expression(dtype: str, index: str, cfg: TileConfig, x_vec: int, stream_k: bool = False) -> str:
     """The C++ template instance of the GEMM (the TMA tiles': no index type or piece, TMA addresses, and
-    whether it runs stream-K)."""
+    whether it runs stream-K; TF32's: its landing stages)."""
+    if cfg.landing:
+        return f"cupyconv::{TF32_TMA_KERNEL}<{cfg.bm},{cfg.bj},{cfg.landing},{cfg.stages}>"
     if cfg.tma:
         return (f"cupyconv::{TMA_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bj},{cfg.stages},{cfg.blocks_per_sm},"
                 f"{'true' if stream_k else 'false'}>")
@@ -452,7 +481,8 @@ def arch_specialisations() -> dict[str, list[str]]:
     return {WGMMA_ARCH: [expression(dtype, index, cfg, 16) for dtype in ("float16", "bfloat16")
                          for index in INDEX_TYPES for cfg in WGMMA_CONFIGS] +
             [expression(dtype, "", cfg, 16, stream_k) for dtype in ("float16", "bfloat16") for cfg in TMA_CONFIGS
-             for stream_k in (False, True) if cfg.stream_k or not stream_k]}
+             for stream_k in (False, True) if cfg.stream_k or not stream_k] +
+            [expression("float32", "", cfg, 16) for cfg in TF32_TMA_CONFIGS]}
 
 
 def _copy_launch(dtype: str, how: str, n: int, plane: int, channels: int, padded: int, source: Pointer,
@@ -483,18 +513,21 @@ def program(plan: TensorCorePlan, problem: ConvProblem) -> CallProgram:
         launches.append(_copy_launch(p.dtype, how, p.n, plane, channels, padded, Pointer(source), operands[-1]))
         used += align(p.n * plane * padded * item)
     if plan.config.tma:
-        # Stream-K's slots first, then the runs' partial sums.
-        slots = Pointer(WORKSPACE, used)
+        # Stream-K's slots first, then the runs' partial sums; OUT (any valid pointer) for what the kernel does not
+        # touch: the slots without stream-K, the sums where it writes the weight itself.
+        slots = Pointer(WORKSPACE, used) if plan.stream_k_blocks else Pointer(OUT)
         used += align(plan.stream_k_blocks * plan.config.bm * plan.config.bj * 4)
-        partial = Pointer(WORKSPACE, used)
+        partial = Pointer(OUT) if plan.direct else Pointer(WORKSPACE, used)
         x_operand, dy_operand = operands
         length = p.n * p.ho * p.wo
-        dy_map = TensorMap(dy_operand, p.dtype, length, kp, kp * item, plan.config.bl, 64)
-        x_map = input_im2col_map(p, x_operand, cp, 64, plan.config.bl)
-        args = (partial, Pointer(OUT), int(plan.direct), plan.stream_k_blocks, slots, Pointer(FLAGS), length, cp,
-                p.kh * p.kw * cp, kp, p.ho, p.wo, p.kw, p.stride[0], p.stride[1], p.pad_top, p.pad_left,
-                p.dilation[0], p.dilation[1], dy_map, x_map)
-        launches.append(Launch(TMA_KERNEL, plan.expression, plan.grid, plan.block, plan.shared_bytes, args, plan.arch))
+        width = _panel_channels(p)
+        dy_map = TensorMap(dy_operand, p.dtype, length, kp, kp * item, plan.config.bl, width)
+        x_map = input_im2col_map(p, x_operand, cp, width, plan.config.bl)
+        stream_k = () if plan.config.landing else (plan.stream_k_blocks, slots, Pointer(FLAGS))
+        args = (partial, Pointer(OUT), int(plan.direct), *stream_k, length, cp, p.kh * p.kw * cp, kp, p.ho, p.wo,
+                p.kw, p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], dy_map, x_map)
+        launches.append(Launch(TF32_TMA_KERNEL if plan.config.landing else TMA_KERNEL, plan.expression, plan.grid,
+                               plan.block, plan.shared_bytes, args, plan.arch))
         if plan.direct:
             return CallProgram(tuple(launches), used)
     else:

@@ -225,19 +225,102 @@ wgrad_tensor_cores(const T* __restrict__ x, const T* __restrict__ dy, float* __r
             }
 }
 
-// TMA (Hopper, sm_90a; 16-bit types, channels-last x whose 64-channel panels lie in one tap): the same
-// GEMM with both tiles of every l tile copied by the TMA unit, one thread of an extra warp issuing them,
-// while BM / 64 warpgroups only multiply. Each side waits for the other on per-stage mbarriers ("full":
-// the copies' bytes landed; "empty": the MMAs reading the stage retired) instead of every thread meeting
-// at a barrier between its cp.async copies and its MMAs. dy is read as the matrix [L][Kp] in boxes of BL
-// pixels x 64 channels; X, for a panel of 64 columns (one tap (r, s), channels c..c + 63), through x's
-// im2col map: BL window corners from the l tile's first pixel on, the tap's offset from each, zeros
-// outside x (and past L, where dy's rows are zeros as well). Both land as the MN-major panels the
-// cp.async wgmma tile builds. Warpgroup g multiplies output channels o0 + 64 g.. by all BJ columns.
-// Run z writes its float32 sums to ws[z][Kp][J] (the other instances' layout) or, where `direct` (one
-// run, and the weight is [K][J] itself: KHWC, no zero channels), the 16-bit weight into `out`: no partial
-// sums through memory and no reduction launch. BLOCKS: the blocks an SM is to hold (registers asked of
-// the allocator accordingly).
+// --- The tiles fed by TMA (Hopper, sm_90a): helpers of both kernels below.
+
+// The x panels of a column tile: panel b (columns j0 + WIDTH b .., one tap (r, s)) read through the im2col map
+// from channel `channel[b]` at the tap's offsets; `bytes`: those inside J (the others are not copied, and their
+// columns' sums not written).
+template <int PANELS, int WIDTH> struct XPanels {
+    int channel[PANELS], offset_w[PANELS], offset_h[PANELS], bytes;
+
+    __device__ __forceinline__ XPanels(int j0, int J, int C, int kw, int dh, int dw, int panel_bytes) : bytes(0) {
+#pragma unroll
+        for (int b = 0; b < PANELS; ++b) {
+            const int jp = j0 + WIDTH * b, tap = jp / C;
+            channel[b] = jp - tap * C;
+            offset_h[b] = tap / kw * dh;
+            offset_w[b] = tap % kw * dw;
+            bytes += jp < J ? panel_bytes : 0;
+        }
+    }
+};
+
+// An l tile's first output pixel (image, p, q): where its window corners start. Counted along BL pixels a tile
+// (no division a tile).
+template <int BL> struct LTileCorner {
+    int image, p, q;
+
+    __device__ __forceinline__ LTileCorner(int tile, int Ho, int Wo) {
+        const int first = tile * BL;
+        image = first / (Ho * Wo);
+        p = (first - image * Ho * Wo) / Wo;
+        q = first % Wo;
+    }
+    __device__ __forceinline__ void next(int Ho, int Wo) {
+        q += BL % Wo;
+        p += BL / Wo % Ho;
+        image += BL / (Ho * Wo);
+        if (q >= Wo) { q -= Wo; ++p; }
+        if (p >= Ho) { p -= Ho; ++image; }
+    }
+};
+
+// One l tile's copies, their bytes counted on `landed`: dy's A_PANELS boxes [BL pixels][WIDTH channels] (channels
+// o0 + WIDTH a .. of pixels tile BL ..) to a_dst + a PANEL, and x's panels inside J through the im2col map to
+// b_dst + b PANEL.
+template <int A_PANELS, int B_PANELS, int WIDTH, int PANEL, int BL>
+__device__ __forceinline__ void copy_l_tile(unsigned char* a_dst, unsigned char* b_dst, unsigned long long* landed,
+                                            const TensorMap* dy_map, const TensorMap* x_map, int o0, int j0, int J,
+                                            int tile, const XPanels<B_PANELS, WIDTH>& panels,
+                                            const LTileCorner<BL>& corner, int sh, int sw, int pt, int pl) {
+    mbarrier_arrive_expect_tx(landed, A_PANELS * PANEL + panels.bytes);
+#pragma unroll
+    for (int a = 0; a < A_PANELS; ++a) tma_load_2d(a_dst + a * PANEL, dy_map, o0 + WIDTH * a, tile * BL, landed);
+#pragma unroll
+    for (int b = 0; b < B_PANELS; ++b)
+        if (j0 + WIDTH * b < J)
+            tma_load_im2col_4d(b_dst + b * PANEL, x_map, panels.channel[b], corner.q * sw - pl, corner.p * sh - pt,
+                               corner.image, panels.offset_w[b], panels.offset_h[b], landed);
+}
+
+// A warpgroup's 64 x BJ sums (output channels o_first .., columns j0 ..) written straight from its fragments: a
+// quad's four pairs make a 32-byte sector (16 bytes in T) of a row. Into `sums` (a run's float32 [K][J]), or,
+// where `direct`, rounded into the weight `out` itself.
+template <typename T, int BJ>
+__device__ __forceinline__ void store_warpgroup_sums(const float (&acc)[BJ / 2], float* sums, T* out, int direct,
+                                                     int o_first, int j0, int K, int J) {
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, quad = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int jb = 0; jb < BJ / 8; ++jb) {
+        const int j = j0 + jb * 8 + 2 * tq;  // and j + 1 (J is even)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int o = o_first + warp * 16 + quad + half * 8;
+            if (o >= K || j >= J) continue;
+            const float lo = acc[4 * jb + 2 * half], hi = acc[4 * jb + 2 * half + 1];
+            const long long at = static_cast<long long>(o) * J + j;
+            if (direct) {
+                struct alignas(2 * sizeof(T)) Pair { T lo, hi; };
+                *reinterpret_cast<Pair*>(out + at) = Pair{from_acc<T>(lo), from_acc<T>(hi)};
+            } else {
+                *reinterpret_cast<float2*>(sums + at) = make_float2(lo, hi);
+            }
+        }
+    }
+}
+
+// 16-bit types, channels-last x whose 64-channel panels lie in one tap: the same GEMM with both tiles of every
+// l tile copied by the TMA unit, one thread of an extra warp issuing them, while BM / 64 warpgroups only
+// multiply. Each side waits for the other on per-stage mbarriers ("full": the copies' bytes landed; "empty":
+// the MMAs reading the stage retired) instead of every thread meeting at a barrier between its cp.async copies
+// and its MMAs. dy is read as the matrix [L][Kp] in boxes of BL pixels x 64 channels; X, for a panel of 64
+// columns (one tap (r, s), channels c..c + 63), through x's im2col map: BL window corners from the l tile's
+// first pixel on, the tap's offset from each, zeros outside x (and past L, where dy's rows are zeros as well).
+// Both land as the MN-major panels the cp.async wgmma tile builds. Warpgroup g multiplies output channels
+// o0 + 64 g.. by all BJ columns. Run z writes its float32 sums to ws[z][Kp][J] (the other instances' layout)
+// or, where `direct` (one run, and the weight is [K][J] itself: KHWC, no zero channels), the 16-bit weight
+// into `out`: no partial sums through memory and no reduction launch. BLOCKS: the blocks an SM is to hold
+// (registers asked of the allocator accordingly).
 //
 // Stream-K (STREAM_K, with `stream_k` blocks, a grid of that many; kernels/stream_k.cuh; the other
 // instances keep their registers without its code): the tiles x l tiles are cut into equal contiguous
@@ -300,45 +383,22 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
         if (tid != CONSUMERS) return;
         int it = 0;  // l tiles copied so far, over all segments: the ring's position
         segments([&](int, int j0, int o0, int k_begin, int k_end) {
-            // Each X panel's tap offset and channels, fixed for the segment; panels past J are not copied
-            // (their columns' sums are not written).
-            int channel[B_PANELS], offset_w[B_PANELS], offset_h[B_PANELS], bytes = A_STAGE;
-#pragma unroll
-            for (int b = 0; b < B_PANELS; ++b) {
-                const int jp = j0 + 64 * b, tap = jp / C;
-                channel[b] = jp - tap * C;
-                offset_h[b] = tap / kw * dh;
-                offset_w[b] = tap % kw * dw;
-                bytes += jp < J ? PANEL : 0;
-            }
-            // The l tile's first pixel (image, p, q), counted along BL pixels a tile.
-            const int HoWo = Ho * Wo, first = k_begin * BL;
-            int image = first / HoWo, p = (first - image * HoWo) / Wo, q = first % Wo;
-            const int step_n = BL / HoWo, step_p = BL / Wo % Ho, step_q = BL % Wo;
+            const XPanels<B_PANELS, 64> panels(j0, J, C, kw, dh, dw, PANEL);
+            LTileCorner<BL> corner(k_begin, Ho, Wo);
 #pragma unroll 1
             for (int t = k_begin; t < k_end; ++t, ++it) {
                 const int stage = it % STAGES;
                 if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
-                mbarrier_arrive_expect_tx(full + stage, bytes);
-#pragma unroll
-                for (int a = 0; a < A_PANELS; ++a)
-                    tma_load_2d(a_smem + stage * A_STAGE + a * PANEL, &dy_map, o0 + 64 * a, t * BL, full + stage);
-#pragma unroll
-                for (int b = 0; b < B_PANELS; ++b)
-                    if (j0 + 64 * b < J)
-                        tma_load_im2col_4d(b_smem + stage * B_STAGE + b * PANEL, &x_map, channel[b], q * sw - pl,
-                                           p * sh - pt, image, offset_w[b], offset_h[b], full + stage);
-                q += step_q;
-                p += step_p;
-                image += step_n;
-                if (q >= Wo) { q -= Wo; ++p; }
-                if (p >= Ho) { p -= Ho; ++image; }
+                copy_l_tile<A_PANELS, B_PANELS, 64, PANEL>(a_smem + stage * A_STAGE, b_smem + stage * B_STAGE,
+                                                           full + stage, &dy_map, &x_map, o0, j0, J, t, panels, corner,
+                                                           sh, sw, pt, pl);
+                corner.next(Ho, Wo);
             }
         });
         return;
     }
 
-    const int warp = (tid >> 5) & 3, lane = tid & 31, quad = lane >> 2, tq = lane & 3;
+    const int lane = tid & 31;
     int it = 0;
     segments([&](int tile, int j0, int o0, int k_begin, int k_end) {
         float acc[ACC];
@@ -374,26 +434,137 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
                 stream_k_add<CONSUMERS, ACC, CONSUMER_BARRIER>(acc, slots + static_cast<long long>(b) * ACC * CONSUMERS,
                                                                flags + b);
         }
-        // Straight from the fragments: a quad's four pairs make a 32-byte sector (16 bytes direct) of a row.
-        float* sums = ws + static_cast<long long>(blockIdx.z) * K * J;
+        store_warpgroup_sums<T, BJ>(acc, ws + static_cast<long long>(blockIdx.z) * K * J, out, direct,
+                                    o0 + warpgroup * 64, j0, K, J);
+    });
+}
+
+// TF32 (float storage): TF32's wgmma reads K-major operands only (no transposed 32-bit operands), and in NHWC
+// both of the weight gradient's are l-major. So the TMA copies land in a ring of their own, LANDING stages
+// deep, as panels [BL = 32 pixels][32 channels] (128-byte rows, swizzled), copied as above (dy as the
+// matrix [L][Kp], x's panels of one tap each through the im2col map); a transposing warpgroup rewrites each
+// panel as 32 K-major rows [channel][32 pixels], rounded to TF32 (cvt.rna) on the way, into the STAGES-deep
+// ring the warpgroups' wgmma reads (the forward's operand layout: a row of 128 bytes a channel, 16-byte
+// piece i of row r in slot i ^ (r % 8)). Barriers: "landed" (the copies' bytes) and "taken" (the
+// transposers are done reading a landing stage) between the copying thread and the transposers; "full" and
+// "empty" between the transposers and the warpgroups. Runs and `direct` as above; no stream-K.
+// A quarter warp (t = lane % 8) moves, per step, the 4 x 4 blocks (pixels 4 t.., channels 4 ((t + d) % 8)..)
+// of a panel's diagonal d, each thread by four 16-byte loads (its 4 pixels' rows) and four 16-byte stores
+// (its 4 channels' rows): the 8 loads of an instruction land in slots (t + d) % 8 ^ (4 t + k) % 8 of their
+// rows and the stores in slots t ^ (4 (t + d) + e) % 8, both a permutation of 0..7 over t, so neither
+// conflicts.
+template <int BM, int BJ, int LANDING, int STAGES>
+__global__ void __launch_bounds__(BM / 64 * 128 + 160, 1)
+wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int direct, int L, int C, int J, int K,
+                            int Ho, int Wo, int kw, int sh, int sw, int pt, int pl, int dh, int dw,
+                            const __grid_constant__ TensorMap dy_map, const __grid_constant__ TensorMap x_map) {
+    constexpr int BL = 32, PANEL = BL * 128;  // a landed panel: BL pixels x 32 channels; 32 rows of BL pixels
+    constexpr int A_PANELS = BM / 32, B_PANELS = BJ / 32, PANELS = A_PANELS + B_PANELS;
+    constexpr int LAND_STAGE = PANELS * PANEL, A_STAGE = A_PANELS * PANEL, B_STAGE = B_PANELS * PANEL;
+    constexpr int CONSUMERS = BM / 64 * 128, ACC = BJ / 2, INST_L = 8, QUARTERS = 16;
+    static_assert(BM % 64 == 0 && (BJ == 64 || BJ == 128) && PANELS * 8 % QUARTERS == 0,
+                  "64-row warpgroups, wgmma's widths, whole diagonals for the transposers");
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
+    unsigned char* landing = smem;                                 // [LANDING][PANELS][BL][32]: dy's, then x's
+    unsigned char* a_smem = landing + LANDING * LAND_STAGE;        // [STAGES][BM][BL]
+    unsigned char* b_smem = a_smem + STAGES * A_STAGE;             // [STAGES][BJ][BL]
+    unsigned long long* landed = reinterpret_cast<unsigned long long*>(b_smem + STAGES * B_STAGE);
+    unsigned long long* taken = landed + LANDING;
+    unsigned long long* full = taken + LANDING;
+    unsigned long long* empty = full + STAGES;
+
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int all_tiles = (L + BL - 1) / BL, run_tiles = (all_tiles + gridDim.z - 1) / gridDim.z;
+    const int k_begin = blockIdx.z * run_tiles, k_end = min(all_tiles, k_begin + run_tiles);
+    const int j0 = blockIdx.x * BJ, o0 = blockIdx.y * BM;
+    if (tid == 0) {
+        for (int s = 0; s < LANDING; ++s) {
+            mbarrier_init(landed + s, 1);  // the copying thread's expect-tx arrival
+            mbarrier_init(taken + s, 4);   // the transposing warps' lane 0s
+        }
+        for (int s = 0; s < STAGES; ++s) {
+            mbarrier_init(full + s, 4);                // the transposing warps' lane 0s
+            mbarrier_init(empty + s, CONSUMERS / 32);  // the lane 0s of the multiplying warps
+        }
+    }
+    __syncthreads();
+
+    if (tid >= CONSUMERS + 128) {  // the copying warp
+        if (tid != CONSUMERS + 128) return;
+        const XPanels<B_PANELS, 32> panels(j0, J, C, kw, dh, dw, PANEL);
+        LTileCorner<BL> corner(k_begin, Ho, Wo);
+#pragma unroll 1
+        for (int t = k_begin, it = 0; t < k_end; ++t, ++it) {
+            const int stage = it % LANDING;
+            if (it >= LANDING) mbarrier_wait(taken + stage, (it / LANDING - 1) & 1);
+            unsigned char* to = landing + stage * LAND_STAGE;
+            copy_l_tile<A_PANELS, B_PANELS, 32, PANEL>(to, to + A_STAGE, landed + stage, &dy_map, &x_map, o0, j0, J,
+                                                       t, panels, corner, sh, sw, pt, pl);
+            corner.next(Ho, Wo);
+        }
+        return;
+    }
+
+    if (tid >= CONSUMERS) {  // the transposing warpgroup
+        const int t = lane & 7, quarter = (tid - CONSUMERS) >> 3;
+#pragma unroll 1
+        for (int l_tile = k_begin, it = 0; l_tile < k_end; ++l_tile, ++it) {
+            const int from_stage = it % LANDING, stage = it % STAGES;
+            mbarrier_wait(landed + from_stage, (it / LANDING) & 1);
+            if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
+            const unsigned char* from = landing + from_stage * LAND_STAGE;
 #pragma unroll
-        for (int jb = 0; jb < BJ / 8; ++jb) {
-            const int j = j0 + jb * 8 + 2 * tq;  // and j + 1 (J is even)
+            for (int step = 0; step < PANELS * 8 / QUARTERS; ++step) {
+                const int unit = quarter + QUARTERS * step, panel = unit >> 3, c = (t + unit) & 7;
+                if (panel >= A_PANELS && j0 + 32 * (panel - A_PANELS) >= J) continue;  // not copied
+                unsigned char* to = panel < A_PANELS ? a_smem + stage * A_STAGE + panel * PANEL
+                                                     : b_smem + stage * B_STAGE + (panel - A_PANELS) * PANEL;
+                float4 v[4];  // pixels 4 t + k, channels 4 c ..
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int o = o0 + warpgroup * 64 + warp * 16 + quad + half * 8;
-                if (o >= K || j >= J) continue;
-                const float lo = acc[4 * jb + 2 * half], hi = acc[4 * jb + 2 * half + 1];
-                const long long at = static_cast<long long>(o) * J + j;
-                if (direct) {
-                    struct alignas(4) Pair { T lo, hi; };
-                    *reinterpret_cast<Pair*>(out + at) = Pair{from_acc<T>(lo), from_acc<T>(hi)};
-                } else {
-                    *reinterpret_cast<float2*>(sums + at) = make_float2(lo, hi);
+                for (int k = 0; k < 4; ++k) {
+                    const int row = 4 * t + k;
+                    v[k] = *reinterpret_cast<const float4*>(from + panel * PANEL + row * 128 + (swizzle128_slot(c, row) << 4));
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {  // channel 4 c + e: pixels 4 t ..
+                    const int row = 4 * c + e;
+                    const float* f[4] = {&v[0].x, &v[1].x, &v[2].x, &v[3].x};
+                    *reinterpret_cast<uint4*>(to + row * 128 + (swizzle128_slot(t, row) << 4)) =
+                        make_uint4(to_tf32(f[0][e]), to_tf32(f[1][e]), to_tf32(f[2][e]), to_tf32(f[3][e]));
                 }
             }
+            fence_proxy_async_shared();  // the rows written, to wgmma
+            __syncwarp();
+            if (lane == 0) {
+                mbarrier_arrive(taken + from_stage);
+                mbarrier_arrive(full + stage);
+            }
         }
-    });
+        return;
+    }
+
+    const int warpgroup = tid >> 7;
+    float acc[ACC];
+#pragma unroll
+    for (int j = 0; j < ACC; ++j) acc[j] = 0.0f;
+#pragma unroll 1
+    for (int t = k_begin, it = 0; t < k_end; ++t, ++it) {
+        const int stage = it % STAGES;
+        mbarrier_wait(full + stage, (it / STAGES) & 1);
+        const unsigned long long a = wgmma_descriptor(shared_address(a_smem + stage * A_STAGE + warpgroup * 64 * 128));
+        const unsigned long long b = wgmma_descriptor(shared_address(b_smem + stage * B_STAGE));
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BL / INST_L; ++kk)  // + 32 bytes of k per instruction
+            wgmma_op<float, BJ>::run(acc, a + kk * 2, b + kk * 2);
+        wgmma_commit();
+        wgmma_wait<1>();  // l tile t - 1's MMAs retired: its stage may be refilled
+        if (it > 0 && lane == 0) mbarrier_arrive(empty + (it - 1) % STAGES);
+    }
+    wgmma_wait<0>();
+    store_warpgroup_sums<float, BJ>(acc, ws + static_cast<long long>(blockIdx.z) * K * J, out, direct,
+                                    o0 + warpgroup * 64, j0, K, J);
 }
 
 }  // namespace cupyconv

@@ -13,7 +13,7 @@ from checks import relative_error
 from cupyconv.arguments import make_problem
 from cupyconv.compiler import compute_capability
 from cupyconv.conv_transpose import make_transpose_problem, transpose_plan, transposed
-from cupyconv.wgrad_tensor_cores import TMA_CONFIGS
+from cupyconv.wgrad_tensor_cores import TF32_TMA_CONFIGS, TMA_CONFIGS
 from devices import gpu_count
 
 pytestmark = pytest.mark.gpu
@@ -314,20 +314,21 @@ WGRAD_TMA_CASES = [
 ]
 
 
-#: (tile, schedule): one run (the weight written in place where it may be), runs, and stream-K's wave of blocks
-#: on the tiles that have a stream-K instance (test_wgrad_tensor_cores_cpu checks the others refuse it).
-TMA_SCHEDULES = [(c.name, schedule) for c in TMA_CONFIGS for schedule in (1, 3, "stream_k")
-                 if c.stream_k or schedule != "stream_k"]
+#: (tile, schedule, mode): one run (the weight written in place where it may be), runs, and stream-K's wave of
+#: blocks on the 16-bit tiles that have a stream-K instance (test_wgrad_tensor_cores_cpu checks the others refuse
+#: it); TF32's transposing tiles in one run and in runs.
+TMA_SCHEDULES = [(c.name, schedule, mode) for c in TMA_CONFIGS for schedule in (1, 3, "stream_k")
+                 for mode in ("float16", "bfloat16") if c.stream_k or schedule != "stream_k"] + \
+                [(c.name, schedule, "tf32") for c in TF32_TMA_CONFIGS for schedule in (1, 3)]
 
 
 @pytest.mark.parametrize("nhwc", [False, True], ids=["NCHW", "NHWC"])
-@pytest.mark.parametrize("mode", ["float16", "bfloat16"])
-@pytest.mark.parametrize("config,schedule", TMA_SCHEDULES, ids=str)
+@pytest.mark.parametrize("config,schedule,mode", TMA_SCHEDULES, ids=str)
 @pytest.mark.parametrize("case", WGRAD_TMA_CASES, ids=lambda c: c.id)
 def test_tensor_core_weight_gradient_tma_tiles(case, config, mode, schedule, nhwc):
-    """The TMA-fed tiles (wgrad_tensor_cores_tma, sm_90a), whole (the weight written in place where the
-    layouts allow), in forced runs and in stream-K (tiles shared by up to dozens of blocks, or each
-    block's own), against torch in float64, the same bits every run."""
+    """The TMA-fed tiles (wgrad_tensor_cores_tma and, in TF32, wgrad_tensor_cores_tma_tf32, sm_90a), whole
+    (the weight written in place where the layouts allow), in forced runs and in stream-K (tiles shared by up
+    to dozens of blocks, or each block's own), against torch in float64, the same bits every run."""
     from cupyconv import wgrad_tensor_cores
     from cupyconv.compiler import compute_capability
 
@@ -338,7 +339,8 @@ def test_tensor_core_weight_gradient_tma_tiles(case, config, mode, schedule, nhw
 
     def compute(problem, x, dy):
         plan = wgrad_tensor_cores.make_plan(problem, True, config, splits, compute_capability(), stream_k)
-        assert plan.config.tma and plan.direct == (plan.splits == 1 and nhwc and problem.k % 8 == 0)
+        whole_pieces = problem.k % (4 if mode == "tf32" else 8) == 0  # dy read in place, no zero channels
+        assert plan.config.tma and plan.direct == (plan.splits == 1 and nhwc and whole_pieces)
         assert bool(plan.stream_k_blocks) == bool(stream_k)
         out = cupy.empty(problem.weight_array_shape, dtype=x.dtype)
         return wgrad_tensor_cores.conv2d_weight_cupy(x, dy, problem, out, plan)

@@ -55,7 +55,8 @@ def test_weight_gradient_programs(case, dtype):
         call = family.program(plan, problem)
         check_launches(call, {X, GRAD_OUTPUT, WORKSPACE}, {OUT, WORKSPACE, FLAGS})
         assert call.weight is None and call.launches[-1].kernel == (
-            wgrad_tensor_cores.TMA_KERNEL if getattr(plan, "direct", False) else wgrad.REDUCE_KERNEL)
+            (wgrad_tensor_cores.TF32_TMA_KERNEL if plan.config.landing else wgrad_tensor_cores.TMA_KERNEL)
+            if getattr(plan, "direct", False) else wgrad.REDUCE_KERNEL)
 
 
 def replay_reduce(args, partial: np.ndarray) -> np.ndarray:

@@ -118,8 +118,9 @@ def test_hopper_takes_wgmma_where_it_applies():
     plan = tc.make_plan(_problem(32, 96, 256, 56, 3), True, None, None, 90)  # 96 channels: panels across taps
     assert plan.config.wgmma and not plan.config.tma and plan.arch == "sm_90a" and plan.expression in listed
     assert plan.config.name == "tc_wgmma_m256j128" and plan.shared_bytes == 4 * 64 * 384 * 2 + 1024
-    for problem in (_problem(8, 12, 64, 14, 3), _problem(8, 64, 64, 14, 3, "float32")):  # 8-byte pieces; TF32
-        assert not tc.make_plan(problem, True, None, None, 90).config.wgmma
+    assert not tc.make_plan(_problem(8, 12, 64, 14, 3), True, None, None, 90).config.wgmma  # 8-byte pieces
+    tf32 = tc.make_plan(_problem(8, 40, 64, 14, 3, "float32"), True, None, None, 90)  # panels across taps
+    assert not tf32.config.wgmma and tf32.arch == ""
     assert not tc.make_plan(_problem(8, 256, 256, 14, 3), True, None, None, 80).config.wgmma
     with pytest.raises(ValueError, match="tc_wgmma_m128j128"):
         tc.make_plan(_problem(8, 256, 256, 14, 3), True, "tc_wgmma_m128j128", None, 80)
@@ -149,6 +150,36 @@ def test_hopper_takes_the_tma_tiles_where_they_apply():
     assert not tc.make_plan(problem, True, None, None, 80).config.wgmma
     with pytest.raises(ValueError, match="tc_tma_m128j128"):
         tc.make_plan(problem, True, "tc_tma_m128j128", None, 80)
+
+
+def test_tf32_takes_the_transposing_tma_tiles_where_they_apply():
+    """float32 (TF32) layers whose 32-channel x panels lie in one tap take wgrad_tensor_cores_tma_tf32 on sm_90a:
+    l tiles of 32 pixels, boxes of 32 channels, a transposing warpgroup (its threads, its landing stages in the
+    shared memory); one run writes a KHWC weight in place. Elsewhere mma.sync's tiles, as before."""
+    from cupyconv.program import Im2colMap, TensorMap
+
+    listed = set(tc.arch_specialisations()[tc.WGMMA_ARCH])
+    problem = _problem(32, 256, 256, 14, 3, "float32", padding=1)
+    for cfg in tc.TF32_TMA_CONFIGS:
+        plan = tc.make_plan(problem, True, cfg.name, 1, 90)
+        assert plan.expression in listed and plan.direct and plan.workspace_bytes == 0
+        assert plan.block == (2 * cfg.bm + 160, 1, 1) and plan.grid == (256 * 9 // cfg.bj, 256 // cfg.bm, 1)
+        assert plan.shared_bytes == 2 * cfg.stages * 32 * (cfg.bm + cfg.bj) * 4 + 1024 + 32 * cfg.stages <= 227 * 1024
+        (launch,) = tc.program(plan, problem).launches
+        assert launch.kernel == tc.TF32_TMA_KERNEL and len(launch.args) == 18 and launch.args[2] == 1
+        dy_map, x_map = launch.args[-2:]
+        assert isinstance(dy_map, TensorMap) and (dy_map.box_rows, dy_map.box_columns) == (32, 32)
+        assert isinstance(x_map, Im2colMap) and (x_map.channels_per_pixel, x_map.pixels_per_column) == (32, 32)
+    chosen = tc.make_plan(problem, True, None, None, 90)
+    assert chosen.config in tc.TF32_TMA_CONFIGS and "fed by TMA" in str(chosen)
+    for applies, case in ((True, _problem(8, 96, 64, 14, 3, "float32")),   # 96 = 3 panels of 32
+                          (True, _problem(8, 40, 64, 14, 1, "float32")),   # one tap: a panel past C reads zeros
+                          (False, _problem(8, 48, 64, 14, 3, "float32")),  # 48: panels across taps
+                          (False, _problem(8, 64, 64, 40, 1, "float32", stride=9))):
+        assert (tc.make_plan(case, True, None, None, 90).config in tc.TF32_TMA_CONFIGS) == applies, case
+    assert tc.make_plan(problem, True, None, None, 80).config in tc.CONFIGS[4]
+    padded = tc.make_plan(_problem(8, 64, 30, 14, 3, "float32"), True, "tc_tma_tf32_m64j128", 1, 90)
+    assert not padded.direct  # 30 output channels: dy through a copy of 32
 
 
 def test_one_tma_run_writes_the_weight_itself():

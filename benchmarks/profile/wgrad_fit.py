@@ -1,11 +1,13 @@
-"""Fit the TMA weight-gradient tiles' rates (wgrad_tensor_cores.TMA_CONFIGS' sm_tflops) and the timing model's
-FILL_TILES and REDUCE_LAUNCH_US to sweeps of profile/wgrad_tiles.py, on the CPU:
-    python benchmarks/profile/wgrad_fit.py benchmarks/results/wgrad_tiles_tma_h200.txt [MORE.txt ...]
+"""Fit the TMA weight-gradient tiles' rates (wgrad_tensor_cores.TMA_CONFIGS' sm_tflops, or with --mode tf32
+TF32_TMA_CONFIGS') and the timing model's FILL_TILES and REDUCE_LAUNCH_US to sweeps of profile/wgrad_tiles.py,
+on the CPU:
+    python benchmarks/profile/wgrad_fit.py [--mode tf32] benchmarks/results/wgrad_tiles_tma_h200.txt [MORE.txt ...]
 A later file's times replace an earlier one's for the same layer, tile and run count. For every combination on
 the grid below, the model (wgrad_tensor_cores._model_us) picks each layer's tile and run count as make_plan
 would; the score is the sum over layers of log(measured time of the pick / fastest time measured), the pick's
 time taken at the nearest run count measured. Prints the current constants' score and picks, then the best
-combination's. FILL_TILES is every tile's (the cp.async tiles' choices move with it too). Feed it sweeps of the
+combination's. FILL_TILES is every tile's (the cp.async tiles' choices move with it too): TF32's fit holds it and
+REDUCE_LAUNCH_US, fitting its tiles' rates alone. Feed it sweeps of the
 code as it is: benchmarks/results/wgrad_tiles_tma_clusters_h200.txt timed runs added in clusters, since
 removed, at every even run count."""
 import argparse
@@ -17,20 +19,22 @@ import re
 from cupyconv import wgrad_tensor_cores as tc
 from cupyconv.bench import LAYERS
 
-RATES = (2.2, 2.4, 2.6, 3.0, 3.4)
+RATES = {"16-bit": (2.2, 2.4, 2.6, 3.0, 3.4), "tf32": (1.0, 1.2, 1.3, 1.4, 1.6, 1.8, 2.0)}
+#: Each fit's modes (as wgrad_tiles.py names them), tiles and problem dtype.
+FITS = {"16-bit": (("fp16", "bf16"), tc.TMA_CONFIGS, "float16"), "tf32": (("tf32",), tc.TF32_TMA_CONFIGS, "float32")}
 FILLS = (1, 2, 3)
 REDUCE_LAUNCHES = (0.0, 2.0)
 
 
-def sweeps(paths) -> dict:
-    """{layer: {tile: {runs: ms}}} from wgrad_tiles.py's output (stream-K's time under tc.STREAM_K), later
-    files first."""
+def sweeps(paths, modes) -> dict:
+    """{layer: {tile: {runs: ms}}} from wgrad_tiles.py's output in ``modes`` (stream-K's time under tc.STREAM_K),
+    later files first."""
     times: dict = {}
     for path in paths:
         layer = None
         for line in open(path):
-            if m := re.match(r"(\S+) (?:fp16|bf16): torch", line):
-                layer = m.group(1)
+            if m := re.match(r"(\S+) (\S+): torch", line):
+                layer = m.group(1) if m.group(2) in modes else None
             elif (m := re.match(r"  (tc_tma_\S+)\s+model.*err \S+\s+(.*)", line)) and layer:
                 runs = times.setdefault(layer, {}).setdefault(m.group(1), {})
                 runs.update({tc.STREAM_K if s == "sk" else int(s): float(ms)
@@ -38,14 +42,15 @@ def sweeps(paths) -> dict:
     return times
 
 
-def score(times: dict, rates: dict, verbose: bool = False) -> float:
+def score(times: dict, rates: dict, fit: str, verbose: bool = False) -> float:
     """The sum over layers of log(pick / fastest) with ``rates`` ({tile name: sm_tflops}); a tile whose
     schedule the model makes stream-K counts its stream-K time where the sweep has one."""
     shapes = {shape.name: shape for shape in LAYERS}
-    configs = {cfg.name: dataclasses.replace(cfg, sm_tflops=rates[cfg.name]) for cfg in tc.TMA_CONFIGS}
+    _, tiles, dtype = FITS[fit]
+    configs = {cfg.name: dataclasses.replace(cfg, sm_tflops=rates[cfg.name]) for cfg in tiles}
     total = 0.0
     for layer, per_tile in times.items():
-        problem = shapes[layer].problem("float16", "channels_last")
+        problem = shapes[layer].problem(dtype, "channels_last")
         fastest = min(min(runs.values()) for runs in per_tile.values())
         picks = []
         for name, runs in per_tile.items():
@@ -63,22 +68,29 @@ def score(times: dict, rates: dict, verbose: bool = False) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=("fp16", "tf32"), default="fp16", help="fp16: the 16-bit tiles (fp16 and "
+                        "bf16 sweeps); tf32: TF32's")
     parser.add_argument("sweeps", nargs="+")
-    times = sweeps(parser.parse_args().sweeps)
-    names = [cfg.name for cfg in tc.TMA_CONFIGS]
-    current = {cfg.name: cfg.sm_tflops for cfg in tc.TMA_CONFIGS}
+    args = parser.parse_args()
+    fit = "tf32" if args.mode == "tf32" else "16-bit"
+    modes, tiles, _ = FITS[fit]
+    times = sweeps(args.sweeps, modes)
+    names = [cfg.name for cfg in tiles]
+    current = {cfg.name: cfg.sm_tflops for cfg in tiles}
     print(f"current: rates {current}, FILL_TILES {tc.FILL_TILES}, REDUCE_LAUNCH_US {tc.REDUCE_LAUNCH_US}: "
-          f"{score(times, current, True):.3f}")
-    best = (score(times, current), current, tc.FILL_TILES, tc.REDUCE_LAUNCH_US)  # kept unless beaten
-    for fill, launch in itertools.product(FILLS, REDUCE_LAUNCHES):
+          f"{score(times, current, fit, True):.3f}")
+    best = (score(times, current, fit), current, tc.FILL_TILES, tc.REDUCE_LAUNCH_US)  # kept unless beaten
+    held = fit == "tf32"
+    for fill, launch in itertools.product((tc.FILL_TILES,) if held else FILLS,
+                                          (tc.REDUCE_LAUNCH_US,) if held else REDUCE_LAUNCHES):
         tc.FILL_TILES, tc.REDUCE_LAUNCH_US = fill, launch  # read by _model_us at each call
-        for rates in itertools.product(RATES, repeat=len(names)):
-            value = score(times, dict(zip(names, rates)))
+        for rates in itertools.product(RATES[fit], repeat=len(names)):
+            value = score(times, dict(zip(names, rates)), fit)
             if value < best[0] - 1e-9:
                 best = (value, dict(zip(names, rates)), fill, launch)
     value, rates, tc.FILL_TILES, tc.REDUCE_LAUNCH_US = best
     print(f"best: rates {rates}, FILL_TILES {tc.FILL_TILES}, REDUCE_LAUNCH_US {tc.REDUCE_LAUNCH_US}: "
-          f"{score(times, rates, True):.3f}")
+          f"{score(times, rates, fit, True):.3f}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""Every tensor-core weight-gradient tile on every ungrouped layer of bench.LAYERS, in 16 bits on
+"""Every tensor-core weight-gradient tile on every ungrouped layer of bench.LAYERS, in 16 bits or TF32 on
 channels-last arrays, over a range of run counts (wgrad_tensor_cores.py):
-    PYTHONPATH=$repo python benchmarks/profile/wgrad_tiles.py [--mode fp16] [--layer NAME ...] [--tile NAME ...]
-Per layer: torch.nn.grad.conv2d_weight in its faster layout, the rules' plan, then per tile the run count
+    PYTHONPATH=$repo python benchmarks/profile/wgrad_tiles.py [--mode fp16|bf16|tf32] [--layer NAME ...] [--tile NAME ...]
+Per layer: torch.nn.grad.conv2d_weight in its faster layout, the rules' plan, the rules' plan without Hopper's
+tiles (mma.sync: "sm80"), then per tile the run count
 the rules' timing model gives it and the fastest of SPLITS (and, for the TMA tiles with a stream-K instance, stream-K: "sk"), each a
 whole call (copies, GEMM, reduction)
 timed as bench.py times rows (CUDA events behind a spin, alternating, medians), and the tile's relative
@@ -24,14 +25,14 @@ REPEATS = 15
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", action="append", choices=("fp16", "bf16"))
+    parser.add_argument("--mode", action="append", choices=("fp16", "bf16", "tf32"))
     parser.add_argument("--layer", action="append")
     parser.add_argument("--tile", action="append")
     args = parser.parse_args()
     capability = compute_capability()
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     for mode in args.mode or ["fp16"]:
-        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[mode]
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32}[mode]
         for shape in LAYERS:
             if shape.groups != 1 or (args.layer and shape.name not in args.layer):
                 continue
@@ -61,7 +62,8 @@ def main() -> None:
                 return relative_error(got, ref)
 
             rules = tc.make_plan(problem, True, None, None, capability)
-            fns = {"rules": call(rules)}
+            sm80 = tc.make_plan(problem, True, None, None, 80)
+            fns = {"rules": call(rules), "sm80": call(sm80)}
             fns.update({f"torch {f}": (lambda f=f: torch.nn.grad.conv2d_weight(
                 x.contiguous(memory_format=f), problem.weight_shape, dy.contiguous(memory_format=f), *args_))
                 for f in (torch.contiguous_format, torch.channels_last)})
@@ -69,7 +71,8 @@ def main() -> None:
             torch_ms = min(times[f"torch {f}"][0] for f in (torch.contiguous_format, torch.channels_last))
             schedule = "sk" if rules.stream_k_blocks else rules.splits
             print(f"{shape.name} {mode}: torch {torch_ms:.4f}  rules {rules.config.name}/{schedule} "
-                  f"{times['rules'][0]:.4f} (err {error(rules):.1e}, bound {bound:.1e})", flush=True)
+                  f"{times['rules'][0]:.4f} (err {error(rules):.1e}, bound {bound:.1e})  sm80 {sm80.config.name}/"
+                  f"{sm80.splits} {times['sm80'][0]:.4f}", flush=True)
             for cfg in tc.configs(problem, capability):
                 if not cfg.wgmma or (args.tile and cfg.name not in args.tile):
                     continue
