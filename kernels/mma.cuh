@@ -123,6 +123,15 @@ __device__ __forceinline__ unsigned to_tf32(float v) {
     return r;
 }
 
+// The same TF32 value as to_tf32 for the tensor cores alone, in two instructions instead of cvt.rna's three:
+// half a TF32 unit in the last place added to a finite float's bits (to its magnitude: ties away from zero),
+// its 13 low bits left, which the tensor cores do not read (sm_90's mma.sync and wgmma take a TF32 operand's
+// top 19 bits; benchmarks/profile/tf32_bits.py checked the products bit for bit against cvt.rna's).
+__device__ __forceinline__ unsigned to_tf32_for_mma(float v) {
+    const unsigned bits = __float_as_uint(v);
+    return isfinite(v) ? bits + 0x1000u : bits;
+}
+
 // The float32 accumulators of a warp's MT x NT instruction tiles, zeroed.
 template <int MT, int NT> __device__ __forceinline__ void zero_accumulators(float (&acc)[MT][NT][4]) {
 #pragma unroll

@@ -442,28 +442,33 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
 // TF32 (float storage): TF32's wgmma reads K-major operands only (no transposed 32-bit operands), and in NHWC
 // both of the weight gradient's are l-major. So the TMA copies land in a ring of their own, LANDING stages
 // deep, as panels [BL = 32 pixels][32 channels] (128-byte rows, swizzled), copied as above (dy as the
-// matrix [L][Kp], x's panels of one tap each through the im2col map); a transposing warpgroup rewrites each
-// panel as 32 K-major rows [channel][32 pixels], rounded to TF32 (cvt.rna) on the way, into the STAGES-deep
-// ring the warpgroups' wgmma reads (the forward's operand layout: a row of 128 bytes a channel, 16-byte
-// piece i of row r in slot i ^ (r % 8)). Barriers: "landed" (the copies' bytes) and "taken" (the
-// transposers are done reading a landing stage) between the copying thread and the transposers; "full" and
-// "empty" between the transposers and the warpgroups. Runs and `direct` as above; no stream-K.
+// matrix [L][Kp], x's panels of one tap each through the im2col map) by one thread of the last warp; the
+// TRANSPOSERS warps before it rewrite each panel as 32 K-major rows [channel][32 pixels], rounded to TF32 on the
+// way (to_tf32_for_mma), into the STAGES-deep ring the warpgroups' wgmma reads (the forward's operand
+// layout: a row of 128 bytes a channel, 16-byte piece i of row r in slot i ^ (r % 8)). Barriers: "landed"
+// (the copies' bytes) and "taken" (the transposers are done reading a landing stage) between the copying
+// thread and the transposers; "full" and "empty" between the transposers and the warpgroups. Runs and
+// `direct` as above; no stream-K. The copying thread has a warp of its own: issued by a transposing warp, the
+// copies waited on every transposer and held up the next tile's transposes (tiles up to 2x slower, H200).
+// Four transposing warps, or three beside four warpgroups (BM = 256): 21 warps would leave 80 registers a
+// thread, too few for a warpgroup's 64 x 128 accumulators and its wgmma (three ran the 128 x 128 tile up to
+// 1.15x slower than four).
 // A quarter warp (t = lane % 8) moves, per step, the 4 x 4 blocks (pixels 4 t.., channels 4 ((t + d) % 8)..)
 // of a panel's diagonal d, each thread by four 16-byte loads (its 4 pixels' rows) and four 16-byte stores
 // (its 4 channels' rows): the 8 loads of an instruction land in slots (t + d) % 8 ^ (4 t + k) % 8 of their
 // rows and the stores in slots t ^ (4 (t + d) + e) % 8, both a permutation of 0..7 over t, so neither
 // conflicts.
 template <int BM, int BJ, int LANDING, int STAGES>
-__global__ void __launch_bounds__(BM / 64 * 128 + 160, 1)
+__global__ void __launch_bounds__(BM / 64 * 128 + (BM >= 256 ? 128 : 160), 1)
 wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int direct, int L, int C, int J, int K,
                             int Ho, int Wo, int kw, int sh, int sw, int pt, int pl, int dh, int dw,
                             const __grid_constant__ TensorMap dy_map, const __grid_constant__ TensorMap x_map) {
     constexpr int BL = 32, PANEL = BL * 128;  // a landed panel: BL pixels x 32 channels; 32 rows of BL pixels
     constexpr int A_PANELS = BM / 32, B_PANELS = BJ / 32, PANELS = A_PANELS + B_PANELS;
     constexpr int LAND_STAGE = PANELS * PANEL, A_STAGE = A_PANELS * PANEL, B_STAGE = B_PANELS * PANEL;
-    constexpr int CONSUMERS = BM / 64 * 128, ACC = BJ / 2, INST_L = 8, QUARTERS = 16;
-    static_assert(BM % 64 == 0 && (BJ == 64 || BJ == 128) && PANELS * 8 % QUARTERS == 0,
-                  "64-row warpgroups, wgmma's widths, whole diagonals for the transposers");
+    constexpr int CONSUMERS = BM / 64 * 128, ACC = BJ / 2, INST_L = 8;
+    constexpr int TRANSPOSERS = BM >= 256 ? 3 : 4, QUARTERS = 4 * TRANSPOSERS;  // warps, and their quarters
+    static_assert(BM % 64 == 0 && (BJ == 64 || BJ == 128 || BJ == 256), "64-row warpgroups, wgmma's widths");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
     unsigned char* landing = smem;                                 // [LANDING][PANELS][BL][32]: dy's, then x's
@@ -480,18 +485,18 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     const int j0 = blockIdx.x * BJ, o0 = blockIdx.y * BM;
     if (tid == 0) {
         for (int s = 0; s < LANDING; ++s) {
-            mbarrier_init(landed + s, 1);  // the copying thread's expect-tx arrival
-            mbarrier_init(taken + s, 4);   // the transposing warps' lane 0s
+            mbarrier_init(landed + s, 1);            // the copying thread's expect-tx arrival
+            mbarrier_init(taken + s, TRANSPOSERS);   // the transposing warps' lane 0s
         }
         for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(full + s, 4);                // the transposing warps' lane 0s
+            mbarrier_init(full + s, TRANSPOSERS);      // the transposing warps' lane 0s
             mbarrier_init(empty + s, CONSUMERS / 32);  // the lane 0s of the multiplying warps
         }
     }
     __syncthreads();
 
-    if (tid >= CONSUMERS + 128) {  // the copying warp
-        if (tid != CONSUMERS + 128) return;
+    if (tid >= CONSUMERS + 32 * TRANSPOSERS) {  // the copying warp
+        if (tid != CONSUMERS + 32 * TRANSPOSERS) return;
         const XPanels<B_PANELS, 32> panels(j0, J, C, kw, dh, dw, PANEL);
         LTileCorner<BL> corner(k_begin, Ho, Wo);
 #pragma unroll 1
@@ -506,7 +511,7 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
         return;
     }
 
-    if (tid >= CONSUMERS) {  // the transposing warpgroup
+    if (tid >= CONSUMERS) {  // the transposing warps
         const int t = lane & 7, quarter = (tid - CONSUMERS) >> 3;
 #pragma unroll 1
         for (int l_tile = k_begin, it = 0; l_tile < k_end; ++l_tile, ++it) {
@@ -515,9 +520,10 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
             if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
             const unsigned char* from = landing + from_stage * LAND_STAGE;
 #pragma unroll
-            for (int step = 0; step < PANELS * 8 / QUARTERS; ++step) {
+            for (int step = 0; step < (PANELS * 8 + QUARTERS - 1) / QUARTERS; ++step) {
                 const int unit = quarter + QUARTERS * step, panel = unit >> 3, c = (t + unit) & 7;
-                if (panel >= A_PANELS && j0 + 32 * (panel - A_PANELS) >= J) continue;  // not copied
+                if (unit >= PANELS * 8 || (panel >= A_PANELS && j0 + 32 * (panel - A_PANELS) >= J))
+                    continue;  // past the panels, or a panel not copied
                 unsigned char* to = panel < A_PANELS ? a_smem + stage * A_STAGE + panel * PANEL
                                                      : b_smem + stage * B_STAGE + (panel - A_PANELS) * PANEL;
                 float4 v[4];  // pixels 4 t + k, channels 4 c ..
@@ -531,7 +537,8 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
                     const int row = 4 * c + e;
                     const float* f[4] = {&v[0].x, &v[1].x, &v[2].x, &v[3].x};
                     *reinterpret_cast<uint4*>(to + row * 128 + (swizzle128_slot(t, row) << 4)) =
-                        make_uint4(to_tf32(f[0][e]), to_tf32(f[1][e]), to_tf32(f[2][e]), to_tf32(f[3][e]));
+                        make_uint4(to_tf32_for_mma(f[0][e]), to_tf32_for_mma(f[1][e]), to_tf32_for_mma(f[2][e]),
+                                   to_tf32_for_mma(f[3][e]));
                 }
             }
             fence_proxy_async_shared();  // the rows written, to wgmma

@@ -19,7 +19,7 @@ import re
 from cupyconv import wgrad_tensor_cores as tc
 from cupyconv.bench import LAYERS
 
-RATES = {"16-bit": (2.2, 2.4, 2.6, 3.0, 3.4), "tf32": (1.0, 1.2, 1.3, 1.4, 1.6, 1.8, 2.0)}
+RATES = {"16-bit": (2.2, 2.4, 2.6, 3.0, 3.4), "tf32": (1.0, 1.2, 1.4, 1.6, 1.8, 2.0)}
 #: Each fit's modes (as wgrad_tiles.py names them), tiles and problem dtype.
 FITS = {"16-bit": (("fp16", "bf16"), tc.TMA_CONFIGS, "float16"), "tf32": (("tf32",), tc.TF32_TMA_CONFIGS, "float32")}
 FILLS = (1, 2, 3)
