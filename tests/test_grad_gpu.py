@@ -348,6 +348,38 @@ def test_tensor_core_weight_gradient_tma_tiles(case, config, mode, schedule, nhw
     _weight_gradient_case(case, mode, nhwc, compute)
 
 
+def _rounded_to_tf32(a):
+    """float32 ``a`` rounded to TF32 as cvt.rna does (to nearest, ties away from zero; finite values)."""
+    bits = a.view(cupy.uint32)
+    return cupy.where(cupy.isfinite(a), (bits + 0x1000) & 0xFFFFE000, bits).view(cupy.float32)
+
+
+@pytest.mark.parametrize("config", [c.name for c in TF32_TMA_CONFIGS])
+def test_tf32_tma_tiles_round_as_cvt_rna(config):
+    """wgrad_tensor_cores_tma_tf32 rounds its operands in two instructions (to_tf32_for_mma), leaving their 13 low
+    bits for the tensor cores to drop: operands rounded beforehand as cvt.rna does give the same bits. A third of
+    the values lie exactly halfway between two TF32 values."""
+    from cupyconv import wgrad_tensor_cores
+
+    if compute_capability() != wgrad_tensor_cores.WGMMA_COMPUTE_CAPABILITY:
+        pytest.skip(f"TMA and wgmma need sm_90a; this GPU is sm_{compute_capability()}")
+    problem = make_problem((2, 14, 14, 64), (64, 3, 3, 64), None, "float32", 1, 1, 1, 1, "NHWC", "KHWC")
+    plan = wgrad_tensor_cores.make_plan(problem, True, config, 1, compute_capability())
+    rng = cupy.random.default_rng(7)
+
+    def operand(shape):
+        a = rng.standard_normal(shape, dtype=cupy.float32)
+        ties = (a.view(cupy.uint32) & 0xFFFFE000) | 0x1000
+        return cupy.where(rng.random(shape) < 1 / 3, ties.view(cupy.float32), a)
+
+    x, dy = operand(problem.x_shape), operand(problem.out_shape)
+    outs = []
+    for xs, dys in ((x, dy), (_rounded_to_tf32(x), _rounded_to_tf32(dy))):
+        out = cupy.full(problem.weight_array_shape, cupy.nan, dtype=cupy.float32)
+        outs.append(wgrad_tensor_cores.conv2d_weight_cupy(xs, dys, problem, out, plan))
+    assert not cupy.isnan(outs[0]).any() and bool((outs[0] == outs[1]).all())
+
+
 DEPTHWISE_CASES = [
     Case(2, 16, 16, 14, 15, 3, 3, padding=1, groups=16),
     Case(3, 24, 24, 28, 28, 3, 3, stride=2, padding=1, groups=24),
