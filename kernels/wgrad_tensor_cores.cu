@@ -245,21 +245,22 @@ template <int PANELS, int WIDTH> struct XPanels {
     }
 };
 
-// An l tile's first output pixel (image, p, q): where its window corners start. Counted along BL pixels a tile
-// (no division a tile).
+// An l tile's first output pixel (image, p, q): where its window corners start. Counted along BL pixels a tile,
+// by steps divided out once (a division a tile on the copying thread made the 16-bit tiles 10-20 % slower).
 template <int BL> struct LTileCorner {
-    int image, p, q;
+    int image, p, q, step_n, step_p, step_q;
 
-    __device__ __forceinline__ LTileCorner(int tile, int Ho, int Wo) {
+    __device__ __forceinline__ LTileCorner(int tile, int Ho, int Wo)
+        : step_n(BL / (Ho * Wo)), step_p(BL / Wo % Ho), step_q(BL % Wo) {
         const int first = tile * BL;
         image = first / (Ho * Wo);
         p = (first - image * Ho * Wo) / Wo;
         q = first % Wo;
     }
     __device__ __forceinline__ void next(int Ho, int Wo) {
-        q += BL % Wo;
-        p += BL / Wo % Ho;
-        image += BL / (Ho * Wo);
+        q += step_q;
+        p += step_p;
+        image += step_n;
         if (q >= Wo) { q -= Wo; ++p; }
         if (p >= Ho) { p -= Ho; ++image; }
     }
