@@ -69,15 +69,9 @@ class TileConfig:
 
     @property
     def threads(self) -> int:
-        if self.tma:  # the multiplying warpgroups, a copying warp and (TF32) the transposing warps
-            return 2 * self.bm + 32 + 32 * self.transposing_warps
+        if self.tma:  # the multiplying warpgroups, a copying warp and (TF32) four transposing warps
+            return 2 * self.bm + 32 + (128 if self.landing else 0)
         return 32 * self.warps_m * self.warps_j
-
-    @property
-    def transposing_warps(self) -> int:
-        """TF32's TMA tiles: warps transposing the landed l tiles (three beside four warpgroups, whose registers
-        a fourth would cut below their accumulators' needs); none elsewhere."""
-        return (3 if self.bm >= 256 else 4) if self.landing else 0
 
     def shared_bytes(self, itemsize: int) -> int:
         """Pipeline buffers: per stage, bl rows of bm + 8 (dy) and bj + 8 (x) elements; wgmma: unpadded
@@ -126,13 +120,13 @@ TMA_CONFIGS = tuple(TileConfig(f"tc_tma_m{bm}j{bj}", bm, bj, 64, bm // 16, 1, st
 #: Hopper TF32 tiles fed by TMA (wgrad_tensor_cores_tma_tf32; _tma_applies): bm / 64 warpgroups of 64 output
 #: channels x bj columns, l tiles of 32 pixels (128 bytes of float32 a row), `landing` stages landed and `stages`
 #: transposed, one block an SM (shared memory). Where they apply, the choice is among them alone: on every TF32 layer of
-#: bench.LAYERS they ran 1.3-2.2x faster than the mma.sync tiles' plan (H200, channels-last,
+#: bench.LAYERS they ran 1.1-2.4x faster than the mma.sync tiles' plan (H200, channels-last,
 #: benchmarks/results/wgrad_tiles_tma_tf32_h200.txt). The rates: fitted to that sweep (profile/wgrad_fit.py --mode
-#: tf32), the model's pick the fastest measured on 12 of 15 layers and within 1.09x on the rest.
+#: tf32), the model's pick the fastest measured on 14 of 15 layers and within 1.03x on the last.
 TF32_TMA_CONFIGS = tuple(TileConfig(f"tc_tma_tf32_m{bm}j{bj}", bm, bj, 32, bm // 16, 1, stages, 1, rate, wgmma=True,
                                     tma=True, landing=landing)
                          for bm, bj, landing, stages, rate in ((128, 128, 3, 3, 1.4), (64, 128, 4, 4, 1.0),
-                                                               (128, 64, 4, 4, 1.0), (256, 128, 2, 2, 1.6)))
+                                                               (128, 64, 4, 4, 1.0)))
 #: The timing model's cost of the reduction's launch, which a TMA tile's one run writing the weight
 #: itself saves (`direct`).
 REDUCE_LAUNCH_US = 2.0

@@ -451,16 +451,16 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
 // thread and the transposers; "full" and "empty" between the transposers and the warpgroups. Runs and
 // `direct` as above; no stream-K. The copying thread has a warp of its own: issued by a transposing warp, the
 // copies waited on every transposer and held up the next tile's transposes (tiles up to 2x slower, H200).
-// Four transposing warps, or three beside four warpgroups (BM = 256): 21 warps would leave 80 registers a
-// thread, too few for a warpgroup's 64 x 128 accumulators and its wgmma (three ran the 128 x 128 tile up to
-// 1.15x slower than four).
+// Four transposing warps (three ran the 128 x 128 tile up to 1.15x slower), beside at most two warpgroups: a
+// 256 x 128 tile's 21 warps would leave 80 registers a thread, too few for a warpgroup's accumulators and its
+// wgmma, and with three transposers it lost to 128 x 128 once the transposes' loads were batched.
 // A quarter warp (t = lane % 8) moves, per step, the 4 x 4 blocks (pixels 4 t.., channels 4 ((t + d) % 8)..)
 // of a panel's diagonal d, each thread by four 16-byte loads (its 4 pixels' rows) and four 16-byte stores
 // (its 4 channels' rows): the 8 loads of an instruction land in slots (t + d) % 8 ^ (4 t + k) % 8 of their
 // rows and the stores in slots t ^ (4 (t + d) + e) % 8, both a permutation of 0..7 over t, so neither
 // conflicts.
 template <int BM, int BJ, int LANDING, int STAGES>
-__global__ void __launch_bounds__(BM / 64 * 128 + (BM >= 256 ? 128 : 160), 1)
+__global__ void __launch_bounds__(BM / 64 * 128 + 160, 1)
 wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int direct, int L, int C, int J, int K,
                             int Ho, int Wo, int kw, int sh, int sw, int pt, int pl, int dh, int dw,
                             const __grid_constant__ TensorMap dy_map, const __grid_constant__ TensorMap x_map) {
@@ -468,8 +468,8 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     constexpr int A_PANELS = BM / 32, B_PANELS = BJ / 32, PANELS = A_PANELS + B_PANELS;
     constexpr int LAND_STAGE = PANELS * PANEL, A_STAGE = A_PANELS * PANEL, B_STAGE = B_PANELS * PANEL;
     constexpr int CONSUMERS = BM / 64 * 128, ACC = BJ / 2, INST_L = 8;
-    constexpr int TRANSPOSERS = BM >= 256 ? 3 : 4, QUARTERS = 4 * TRANSPOSERS;  // warps, and their quarters
-    static_assert(BM % 64 == 0 && (BJ == 64 || BJ == 128 || BJ == 256), "64-row warpgroups, wgmma's widths");
+    constexpr int TRANSPOSERS = 4, QUARTERS = 4 * TRANSPOSERS;  // warps, and their quarters
+    static_assert((BM == 64 || BM == 128) && (BJ == 64 || BJ == 128), "one or two warpgroups, wgmma's widths");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
     unsigned char* landing = smem;                                 // [LANDING][PANELS][BL][32]: dy's, then x's
@@ -513,6 +513,9 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     }
 
     if (tid >= CONSUMERS) {  // the transposing warps
+        // Steps of a quarter's units (panel, diagonal) per l tile, taken BATCH at a time (16 floats a unit in
+        // registers, within the 128 a thread of four warps a scheduler).
+        constexpr int STEPS = (PANELS * 8 + QUARTERS - 1) / QUARTERS, BATCH = 4;
         const int t = lane & 7, quarter = (tid - CONSUMERS) >> 3;
 #pragma unroll 1
         for (int l_tile = k_begin, it = 0; l_tile < k_end; ++l_tile, ++it) {
@@ -520,26 +523,40 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
             mbarrier_wait(landed + from_stage, (it / LANDING) & 1);
             if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
             const unsigned char* from = landing + from_stage * LAND_STAGE;
+            // BATCH units' loads issued before any of their stores: the compiler may not move a load from shared
+            // memory above a store to it, so one unit at a time waited out every load's latency (ncu: the
+            // transposers stalled on shared-memory loads for 2/3 of their cycles).
 #pragma unroll
-            for (int step = 0; step < (PANELS * 8 + QUARTERS - 1) / QUARTERS; ++step) {
-                const int unit = quarter + QUARTERS * step, panel = unit >> 3, c = (t + unit) & 7;
-                if (unit >= PANELS * 8 || (panel >= A_PANELS && j0 + 32 * (panel - A_PANELS) >= J))
-                    continue;  // past the panels, or a panel not copied
-                unsigned char* to = panel < A_PANELS ? a_smem + stage * A_STAGE + panel * PANEL
-                                                     : b_smem + stage * B_STAGE + (panel - A_PANELS) * PANEL;
-                float4 v[4];  // pixels 4 t + k, channels 4 c ..
+            for (int first = 0; first < STEPS; first += BATCH) {
+                float4 v[BATCH][4];  // unit b: pixels 4 t + k, channels 4 c ..
+                bool copied[BATCH];
 #pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    const int row = 4 * t + k;
-                    v[k] = *reinterpret_cast<const float4*>(from + panel * PANEL + row * 128 + (swizzle128_slot(c, row) << 4));
+                for (int b = 0; b < BATCH; ++b) {
+                    const int unit = quarter + QUARTERS * (first + b), panel = unit >> 3, c = (t + unit) & 7;
+                    // past the panels, or a panel not copied
+                    copied[b] = first + b < STEPS && unit < PANELS * 8 && (panel < A_PANELS || j0 + 32 * (panel - A_PANELS) < J);
+                    if (!copied[b]) continue;
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        const int row = 4 * t + k;
+                        v[b][k] = *reinterpret_cast<const float4*>(from + panel * PANEL + row * 128 +
+                                                                   (swizzle128_slot(c, row) << 4));
+                    }
                 }
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {  // channel 4 c + e: pixels 4 t ..
-                    const int row = 4 * c + e;
-                    const float* f[4] = {&v[0].x, &v[1].x, &v[2].x, &v[3].x};
-                    *reinterpret_cast<uint4*>(to + row * 128 + (swizzle128_slot(t, row) << 4)) =
-                        make_uint4(to_tf32_for_mma(f[0][e]), to_tf32_for_mma(f[1][e]), to_tf32_for_mma(f[2][e]),
-                                   to_tf32_for_mma(f[3][e]));
+                for (int b = 0; b < BATCH; ++b) {
+                    if (!copied[b]) continue;
+                    const int unit = quarter + QUARTERS * (first + b), panel = unit >> 3, c = (t + unit) & 7;
+                    unsigned char* to = panel < A_PANELS ? a_smem + stage * A_STAGE + panel * PANEL
+                                                         : b_smem + stage * B_STAGE + (panel - A_PANELS) * PANEL;
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {  // channel 4 c + e: pixels 4 t ..
+                        const int row = 4 * c + e;
+                        const float* f[4] = {&v[b][0].x, &v[b][1].x, &v[b][2].x, &v[b][3].x};
+                        *reinterpret_cast<uint4*>(to + row * 128 + (swizzle128_slot(t, row) << 4)) =
+                            make_uint4(to_tf32_for_mma(f[0][e]), to_tf32_for_mma(f[1][e]), to_tf32_for_mma(f[2][e]),
+                                       to_tf32_for_mma(f[3][e]));
+                    }
                 }
             }
             fence_proxy_async_shared();  // the rows written, to wgmma
