@@ -16,7 +16,7 @@ kernel (wgrad_depthwise.py for depthwise layers).
 On the H100 (sm_90a), problems whose 128-byte panels of x (64 16-bit channels, 32 float32 ones) lie in one
 tap take tiles fed by TMA (dy through a 2-D tensor map, x through an im2col map): wgrad_tensor_cores_tma in
 16 bits, whose wgmma reads both operands transposed; in TF32, whose wgmma reads K-major operands only,
-wgrad_tensor_cores_tma_tf32, where a warpgroup transposes each landed l tile into K-major rows rounded to
+wgrad_tensor_cores_tma_tf32, where four warps transpose each landed l tile into K-major rows rounded to
 TF32. Where such a plan is one run and the weight is the GEMM's own [K][kh kw C], the tile writes the
 weight and no reduction runs.
 Where a run's tiles are too few for the SMs, those tiles run stream-K instead: a wave of blocks shares
@@ -48,7 +48,7 @@ class TileConfig:
     """Thread-block tile: bm output channels x bj (tap, channel) columns, l tiles of bl pixels through
     ``stages`` buffers, warps_m x warps_j warps, multiplying with mma.sync or (``wgmma``, sm_90a, 16-bit
     types) wgmma; ``tma``: wgmma fed by a copying warp's TMA copies (bm / 64 warpgroups multiply), and,
-    ``landing`` > 0 (TF32), through a ring of that many landing stages that a warpgroup transposes.
+    ``landing`` > 0 (TF32), through a ring of that many landing stages that four warps transpose.
     ``blocks_per_sm``: how many fit an SM (shared memory); ``sm_tflops``: the rate an SM full of them
     reaches on a long reduction (H100 timings), for the choice's timing model; ``stream_k``: a TMA tile
     with a stream-K instance."""

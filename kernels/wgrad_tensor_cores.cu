@@ -534,7 +534,8 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
                 for (int b = 0; b < BATCH; ++b) {
                     const int unit = quarter + QUARTERS * (first + b), panel = unit >> 3, c = (t + unit) & 7;
                     // past the panels, or a panel not copied
-                    copied[b] = first + b < STEPS && unit < PANELS * 8 && (panel < A_PANELS || j0 + 32 * (panel - A_PANELS) < J);
+                    copied[b] = first + b < STEPS && unit < PANELS * 8 &&
+                                (panel < A_PANELS || j0 + 32 * (panel - A_PANELS) < J);
                     if (!copied[b]) continue;
 #pragma unroll
                     for (int k = 0; k < 4; ++k) {

@@ -1,6 +1,7 @@
 """Every tensor-core weight-gradient tile on every ungrouped layer of bench.LAYERS, in 16 bits or TF32 on
 channels-last arrays, over a range of run counts (wgrad_tensor_cores.py):
-    PYTHONPATH=$repo python benchmarks/profile/wgrad_tiles.py [--mode fp16|bf16|tf32] [--layer NAME ...] [--tile NAME ...]
+    PYTHONPATH=$repo python benchmarks/profile/wgrad_tiles.py [--mode fp16|bf16|tf32] [--layer NAME ...]
+        [--tile NAME ...]
 Per layer: torch.nn.grad.conv2d_weight in its faster layout, the rules' plan, the rules' plan without Hopper's
 tiles (mma.sync: "sm80"), then per tile the run count
 the rules' timing model gives it and the fastest of SPLITS (and, for the TMA tiles with a stream-K instance, stream-K: "sk"), each a
