@@ -513,9 +513,10 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     }
 
     if (tid >= CONSUMERS) {  // the transposing warps
-        // Steps of a quarter's units (panel, diagonal) per l tile, taken BATCH at a time (16 floats a unit in
-        // registers, within the 128 a thread of four warps a scheduler).
-        constexpr int STEPS = (PANELS * 8 + QUARTERS - 1) / QUARTERS, BATCH = 4;
+        // A quarter's units (panel, diagonal) per l tile, all in registers at once (16 floats a unit, within the
+        // 128 a thread of four warps a scheduler).
+        constexpr int UNITS = PANELS * 8 / QUARTERS;
+        static_assert(PANELS * 8 % QUARTERS == 0 && UNITS <= 4, "whole diagonals, a quarter's units in registers");
         const int t = lane & 7, quarter = (tid - CONSUMERS) >> 3;
 #pragma unroll 1
         for (int l_tile = k_begin, it = 0; l_tile < k_end; ++l_tile, ++it) {
@@ -523,41 +524,34 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
             mbarrier_wait(landed + from_stage, (it / LANDING) & 1);
             if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
             const unsigned char* from = landing + from_stage * LAND_STAGE;
-            // BATCH units' loads issued before any of their stores: the compiler may not move a load from shared
-            // memory above a store to it, so one unit at a time waited out every load's latency (ncu: the
-            // transposers stalled on shared-memory loads for 2/3 of their cycles).
+            // Every unit's loads issued before any of its stores: the compiler may not move a load from shared memory
+            // above a store to it, so one unit at a time waited out every load's latency (ncu: the transposers
+            // stalled on shared-memory loads for 2/3 of their cycles).
+            float4 v[UNITS][4];  // unit u: pixels 4 t + k, channels 4 c ..
 #pragma unroll
-            for (int first = 0; first < STEPS; first += BATCH) {
-                float4 v[BATCH][4];  // unit b: pixels 4 t + k, channels 4 c ..
-                bool copied[BATCH];
+            for (int u = 0; u < UNITS; ++u) {
+                const int unit = quarter + QUARTERS * u, panel = unit >> 3, c = (t + unit) & 7;
+                if (panel >= A_PANELS && j0 + 32 * (panel - A_PANELS) >= J) continue;  // a panel not copied
 #pragma unroll
-                for (int b = 0; b < BATCH; ++b) {
-                    const int unit = quarter + QUARTERS * (first + b), panel = unit >> 3, c = (t + unit) & 7;
-                    // past the panels, or a panel not copied
-                    copied[b] = first + b < STEPS && unit < PANELS * 8 &&
-                                (panel < A_PANELS || j0 + 32 * (panel - A_PANELS) < J);
-                    if (!copied[b]) continue;
-#pragma unroll
-                    for (int k = 0; k < 4; ++k) {
-                        const int row = 4 * t + k;
-                        v[b][k] = *reinterpret_cast<const float4*>(from + panel * PANEL + row * 128 +
-                                                                   (swizzle128_slot(c, row) << 4));
-                    }
+                for (int k = 0; k < 4; ++k) {
+                    const int row = 4 * t + k;
+                    v[u][k] = *reinterpret_cast<const float4*>(from + panel * PANEL + row * 128 +
+                                                               (swizzle128_slot(c, row) << 4));
                 }
+            }
 #pragma unroll
-                for (int b = 0; b < BATCH; ++b) {
-                    if (!copied[b]) continue;
-                    const int unit = quarter + QUARTERS * (first + b), panel = unit >> 3, c = (t + unit) & 7;
-                    unsigned char* to = panel < A_PANELS ? a_smem + stage * A_STAGE + panel * PANEL
-                                                         : b_smem + stage * B_STAGE + (panel - A_PANELS) * PANEL;
+            for (int u = 0; u < UNITS; ++u) {
+                const int unit = quarter + QUARTERS * u, panel = unit >> 3, c = (t + unit) & 7;
+                if (panel >= A_PANELS && j0 + 32 * (panel - A_PANELS) >= J) continue;
+                unsigned char* to = panel < A_PANELS ? a_smem + stage * A_STAGE + panel * PANEL
+                                                     : b_smem + stage * B_STAGE + (panel - A_PANELS) * PANEL;
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {  // channel 4 c + e: pixels 4 t ..
-                        const int row = 4 * c + e;
-                        const float* f[4] = {&v[b][0].x, &v[b][1].x, &v[b][2].x, &v[b][3].x};
-                        *reinterpret_cast<uint4*>(to + row * 128 + (swizzle128_slot(t, row) << 4)) =
-                            make_uint4(to_tf32_for_mma(f[0][e]), to_tf32_for_mma(f[1][e]), to_tf32_for_mma(f[2][e]),
-                                       to_tf32_for_mma(f[3][e]));
-                    }
+                for (int e = 0; e < 4; ++e) {  // channel 4 c + e: pixels 4 t ..
+                    const int row = 4 * c + e;
+                    const float* f[4] = {&v[u][0].x, &v[u][1].x, &v[u][2].x, &v[u][3].x};
+                    *reinterpret_cast<uint4*>(to + row * 128 + (swizzle128_slot(t, row) << 4)) =
+                        make_uint4(to_tf32_for_mma(f[0][e]), to_tf32_for_mma(f[1][e]), to_tf32_for_mma(f[2][e]),
+                                   to_tf32_for_mma(f[3][e]));
                 }
             }
             fence_proxy_async_shared();  // the rows written, to wgmma
