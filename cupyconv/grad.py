@@ -148,14 +148,17 @@ def weight_gradient(problem: ConvProblem, x, grad_output, backend: str, allow_tf
 def weight_gradient_plan(problem: ConvProblem, allow_tf32: bool, compute_capability: int = 0):
     """(family module, plan) of ``problem``'s weight gradient on a GPU of ``compute_capability``: the
     tensor cores where wgrad_tensor_cores takes the problem, depthwise layers of 3x3, 5x5 and 7x7
-    taps on wgrad_depthwise's kernel, the rest on wgrad.py's FMA GEMM. Each family's ``program(plan,
+    taps on wgrad_depthwise's kernel, strict-float32 3x3 stride-1 layers of enough channels by
+    Winograd (wgrad_winograd), the rest on wgrad.py's FMA GEMM. Each family's ``program(plan,
     problem)`` reads X and GRAD_OUTPUT and writes OUT."""
-    from . import wgrad, wgrad_depthwise, wgrad_tensor_cores
+    from . import wgrad, wgrad_depthwise, wgrad_tensor_cores, wgrad_winograd
 
     if not wgrad_tensor_cores.refusal(problem, allow_tf32):
         return wgrad_tensor_cores, wgrad_tensor_cores.make_plan(problem, True, None, None, compute_capability)
     if not wgrad_depthwise.refusal(problem):
         return wgrad_depthwise, wgrad_depthwise.make_plan(problem)
+    if not wgrad_winograd.refusal(problem) and wgrad_winograd.pays(problem):
+        return wgrad_winograd, wgrad_winograd.make_plan(problem)
     return wgrad, wgrad.make_wgrad_plan(problem)
 
 

@@ -42,9 +42,9 @@ ACC_CTYPES = {"float16": "float", "bfloat16": "float", "float32": "float", "floa
 @dataclasses.dataclass(frozen=True)
 class WgradConfig:
     """Thread-block tile: bm output channels x bj columns (c, r, s), l tiles of bl, ``slices`` groups of
-    threads each taking bl / slices of a tile's l (added in order at the end); 4 x 4 outputs a thread.
-    ``speed``: the FMA rate relative to the 64 x 64 tile that the choice assumes (smaller tiles load
-    more per FMA: 64 x 64 loads 1 element per 32 FMAs, 16 x 64 per 12.8, 16 x 16 per 8)."""
+    threads each taking bl / slices of a tile's l (added in order at the end); ``thread_tile`` squared
+    outputs a thread (4 or 8; 8 only for float accumulators). ``speed``: the FMA rate relative to the
+    64 x 64 tile that the choice assumes."""
 
     name: str
     bm: int
@@ -52,16 +52,28 @@ class WgradConfig:
     bl: int
     slices: int
     speed: float
+    thread_tile: int = 4
 
     @property
     def threads(self) -> int:
-        return (self.bm // 4) * (self.bj // 4) * self.slices
+        return (self.bm // self.thread_tile) * (self.bj // self.thread_tile) * self.slices
+
+    def resident_blocks(self, dtype: str) -> int:
+        """Blocks an SM holds (kernels/wgrad_gemm.cu's wgrad_min_blocks, for 32-bit indices)."""
+        return 2 if self.thread_tile == 4 and ACC_BYTES[dtype] == 4 else 1
+
+    def takes(self, dtype: str) -> bool:
+        """Whether the tile has an instance for ``dtype`` (8 x 8 thread tiles: float accumulators only)."""
+        return self.thread_tile == 4 or ACC_BYTES[dtype] == 4
 
 
-#: The tiles, 256 threads each. The speeds are estimates from the loads per FMA, not timings (no GPU
-#: was at hand when they were set): 64 x 64 for large Kg and J; 16 x 64 and 64 x 16 where one side is
-#: small (Kg or J <= 32); 16 x 16 for depthwise and other tiny GEMMs (Kg = 1, J = 9: 28 x less waste).
+#: The tiles, 256 threads each. 128 x 128 (8 x 8 outputs a thread, one block an SM) runs 1.1-1.4x faster
+#: than 64 x 64 where both fill their tiles (H200 sweep of the layers suite, profile/wgrad_fma_tiles.py;
+#: 128 x 128 with l tiles of 8, 128 x 64 and 64 x 128 of 128 threads lost to it everywhere). The other
+#: speeds are estimates from the loads per FMA: 16 x 64 and 64 x 16 where one side is small (Kg or J <=
+#: 32); 16 x 16 for depthwise and other tiny GEMMs (Kg = 1, J = 9: 28 x less waste).
 WGRAD_CONFIGS = (
+    WgradConfig("wgrad_m128j128", 128, 128, 16, 1, 1.4, 8),
     WgradConfig("wgrad_m64j64", 64, 64, 16, 1, 1.0),
     WgradConfig("wgrad_m16j64", 16, 64, 32, 4, 0.6),
     WgradConfig("wgrad_m64j16", 64, 16, 32, 4, 0.6),
@@ -69,10 +81,16 @@ WGRAD_CONFIGS = (
 )
 CONFIG_NAMES = frozenset(c.name for c in WGRAD_CONFIGS)
 
-#: SMs of an H100: the splits aim at WAVES_WANTED waves of blocks (the rule is fixed, not the device's,
-#: so that the result's bits depend on the problem alone).
+#: SMs of an H100: the runs' timing model counts waves of WAVE_BLOCKS SMs (the rule is fixed, not the
+#: device's, so that the result's bits depend on the problem alone).
 WAVE_BLOCKS = 132
-WAVES_WANTED = 2
+#: The runs' timing model (_run_time), in iterations of a 128 x 128 x 16 tile at one block an SM: a
+#: block's fixed cost (its setup and the write of its partial sums), and the reduction's per run and
+#: million partial sums. Fitted to an H200 sweep of 144 (layer, tile) pairs at 3-4 run counts each
+#: (profile/wgrad_fma_tiles.py; the direct GEMM and Winograd's): the model's pick is 0.2 % slower than
+#: the fastest measured on average, at most 9 %.
+BLOCK_FIXED_ITERATIONS = 1.0
+REDUCE_ITERATIONS_PER_MILLION = 4.0
 #: Each run of the reduction covers at least this many l (two chunks of the kernel's blocked sum).
 MIN_RUN_L = 512
 #: At most this many runs (the reduction adds them one after another).
@@ -106,7 +124,7 @@ class WgradPlan:
     def __str__(self) -> str:
         c = self.config
         return (f"{KERNEL} [{c.name}: {c.bm} out channels x {c.bj} (c, r, s) columns, l tiles of {c.bl}, "
-                f"{c.slices} slice(s), {c.threads} threads]\n"
+                f"{c.slices} slice(s), {c.threads} threads of {c.thread_tile} x {c.thread_tile}]\n"
                 f"  {self.dtype} ({ACC_CTYPES[self.dtype]} accumulators), {self.layout} -> {self.weight_layout}, "
                 f"{self.index_type} indices\n"
                 f"  grid {self.grid} ((j tiles x m tiles x groups), runs), block {self.block}; "
@@ -134,9 +152,10 @@ def _choose_config(problem: ConvProblem) -> tuple[WgradConfig, str]:
     def cost(cfg: WgradConfig) -> float:
         return math.ceil(kg / cfg.bm) * cfg.bm * math.ceil(j / cfg.bj) * cfg.bj / cfg.speed
 
-    cfg = min(WGRAD_CONFIGS, key=cost)
+    candidates = [c for c in WGRAD_CONFIGS if c.takes(problem.dtype)]
+    cfg = min(candidates, key=cost)
     return cfg, (f"Kg={kg} x J={j} per group: {cfg.name} wastes least (padded area / estimated speed "
-                 f"{cost(cfg):.0f}, against {', '.join(f'{c.name} {cost(c):.0f}' for c in WGRAD_CONFIGS if c is not cfg)})")
+                 f"{cost(cfg):.0f}, against {', '.join(f'{c.name} {cost(c):.0f}' for c in candidates if c is not cfg)})")
 
 
 def refusal(problem: ConvProblem) -> str:
@@ -157,19 +176,31 @@ def refusal(problem: ConvProblem) -> str:
     return ""
 
 
+def _run_time(problem: ConvProblem, cfg: WgradConfig, splits: int) -> float:
+    """The time of ``splits`` runs in the model's units: whole waves of the resident blocks, each the
+    blocks' iterations over their run's l tiles plus a fixed cost, and the reduction reading every run."""
+    kg, j, length = _gemm_sizes(problem)
+    slots = WAVE_BLOCKS * cfg.resident_blocks(problem.dtype)
+    iteration = cfg.bm * cfg.bj * cfg.bl / (128 * 128 * 16) * cfg.resident_blocks(problem.dtype)
+    waves = math.ceil(_tiles(problem, cfg) * splits / slots)
+    runs_l_tiles = math.ceil(math.ceil(length / cfg.bl) / splits)
+    return (waves * (runs_l_tiles * iteration + BLOCK_FIXED_ITERATIONS)
+            + REDUCE_ITERATIONS_PER_MILLION * splits * problem.k * j / 1e6)
+
+
 def _auto_splits(problem: ConvProblem, cfg: WgradConfig) -> tuple[int, str]:
-    """Runs of the reduction, from the problem alone: enough blocks for WAVES_WANTED waves of WAVE_BLOCKS,
-    each run at least MIN_RUN_L of l, at most MAX_SPLITS runs, the workspace within MAX_WORKSPACE_BYTES
-    and the grid's y within CUDA's limit."""
+    """Runs of the reduction, from the problem alone: the count _run_time models fastest, each run at least
+    MIN_RUN_L of l, at most MAX_SPLITS runs, the workspace within MAX_WORKSPACE_BYTES and the grid's y
+    within CUDA's limit."""
     _, j, length = _gemm_sizes(problem)
-    tiles = _tiles(problem, cfg)
     l_tiles = math.ceil(length / cfg.bl)
-    wanted = math.ceil(WAVES_WANTED * WAVE_BLOCKS / tiles)
     by_length = l_tiles // math.ceil(MIN_RUN_L / cfg.bl)
     by_workspace = MAX_WORKSPACE_BYTES // (problem.k * j * ACC_BYTES[problem.dtype])
-    splits = max(1, min(wanted, by_length, by_workspace, MAX_SPLITS, MAX_GRID_Y))
-    return splits, (f"{splits} run(s) of the {length} l: {tiles} tiles want {wanted} for {WAVES_WANTED} waves of "
-                    f"{WAVE_BLOCKS}; runs of >= {MIN_RUN_L} l allow {by_length}, the workspace cap {by_workspace}")
+    most = max(1, min(by_length, by_workspace, MAX_SPLITS, MAX_GRID_Y))
+    splits = min(range(1, most + 1), key=lambda s: _run_time(problem, cfg, s))
+    return splits, (f"{splits} run(s) of the {length} l, the fastest of 1-{most} in the runs' timing model "
+                    f"({_tiles(problem, cfg)} tiles, {cfg.resident_blocks(problem.dtype)} block(s) an SM; runs of "
+                    f">= {MIN_RUN_L} l allow {by_length}, the workspace cap {by_workspace})")
 
 
 def _check_splits(splits, problem: ConvProblem) -> None:
@@ -191,7 +222,7 @@ def _workspace_bytes(problem: ConvProblem, splits: int) -> int:
 def gemm_specialisation(dtype: str, channels_last: bool, index: str, cfg: WgradConfig) -> str:
     """The C++ template instance of the GEMM for ``dtype``, x and dy NHWC where ``channels_last``."""
     return (f"cupyconv::{KERNEL}<{CTYPES[dtype]},{'true' if channels_last else 'false'},{index},"
-            f"{cfg.bm},{cfg.bj},{cfg.bl},{cfg.slices}>")
+            f"{cfg.bm},{cfg.bj},{cfg.bl},{cfg.slices},{cfg.thread_tile}>")
 
 
 def reduce_specialisation(dtype: str) -> str:
@@ -220,6 +251,9 @@ def make_wgrad_plan(problem: ConvProblem, config: str | None = None, splits: int
         raise ValueError(f"{KERNEL} cannot run {problem}: {why_not}")
     if config is not None:
         cfg, why = forced_config(WGRAD_CONFIGS, config, f"config for {KERNEL}"), "config forced by the caller"
+        if not cfg.takes(problem.dtype):
+            raise ValueError(f"config {config!r} ({cfg.thread_tile} x {cfg.thread_tile} outputs a thread) has no "
+                             f"instance for {problem.dtype} ({ACC_CTYPES[problem.dtype]} accumulators)")
     else:
         cfg, why = _choose_config(problem)
     if splits is None:
@@ -248,7 +282,7 @@ def wgrad_specialisations() -> list[str]:
     """Every name expression a plan can use: the GEMM for each dtype, layout, index width and tile, and
     the reduction for each dtype."""
     return [gemm_specialisation(dtype, channels_last, index, cfg) for dtype in CTYPES for channels_last in (False, True)
-            for index in INDEX_TYPES for cfg in WGRAD_CONFIGS] + [reduce_specialisation(dtype) for dtype in CTYPES]
+            for index in INDEX_TYPES for cfg in WGRAD_CONFIGS if cfg.takes(dtype)] + [reduce_specialisation(dtype) for dtype in CTYPES]
 
 
 def reduce_launch(dtype: str, splits: int, elements: int, cg: int, taps: int, ws_channels_last: bool,
@@ -273,14 +307,21 @@ def reduce_shape(elements: int, splits: int) -> tuple[tuple[int, int, int], tupl
     return (math.ceil(elements / width), 1, 1), (width, slices, 1)
 
 
+def gemm_launch(plan: WgradPlan, problem: ConvProblem, x: Pointer, dy: Pointer, partial: Pointer) -> Launch:
+    """The GEMM of ``plan`` reading ``problem``'s x and dy at ``x`` and ``dy``, writing its runs' partial
+    sums at ``partial`` (plan.workspace_bytes of them)."""
+    p = problem
+    return Launch(KERNEL, plan.gemm_expression, plan.grid, plan.block, 0, (
+        x, dy, partial, p.n, p.c, p.h, p.w, p.k, p.ho, p.wo, p.kh, p.kw, p.stride[0],
+        p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], p.groups, plan.splits))
+
+
 def program(plan: WgradPlan, problem: ConvProblem) -> CallProgram:
     """The GEMM from X and GRAD_OUTPUT into the runs' partial sums (the workspace), and their
     reduction into OUT."""
     p = problem
     partial = Pointer(WORKSPACE)
-    gemm = Launch(KERNEL, plan.gemm_expression, plan.grid, plan.block, 0, (
-        Pointer(X), Pointer(GRAD_OUTPUT), partial, p.n, p.c, p.h, p.w, p.k, p.ho, p.wo, p.kh, p.kw, p.stride[0],
-        p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], p.groups, plan.splits))
+    gemm = gemm_launch(plan, p, Pointer(X), Pointer(GRAD_OUTPUT), partial)
     reduce = reduce_launch(p.dtype, plan.splits, p.k * _gemm_sizes(p)[1], p.c // p.groups, p.kh * p.kw,
                            p.layout == "NHWC", p.weight_layout == "KHWC", partial, Pointer(OUT))
     return CallProgram((gemm, reduce), plan.workspace_bytes)

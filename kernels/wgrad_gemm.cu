@@ -19,8 +19,12 @@
 //   block   BM x BJ outputs, l tiles of BL through two shared-memory buffers (registers prefetch the
 //           next tile during the FMAs of this one; T is converted to Acc on the way to shared memory);
 //           LS slices of threads each take BL / LS of a tile's l, and their sums are added in slice
-//           order at the end (small tiles have too few outputs to give every thread its own 4 x 4).
-//   thread  4 x 4 outputs.
+//           order at the end (small tiles have too few outputs to give every thread its own TT x TT).
+//   thread  TT x TT outputs, TT = 4 or 8: runs of 4 rows BM / (TT / 4) apart times runs of 4 columns
+//           BJ / (TT / 4) apart, so each l costs TT / 2 float4 shared loads that a warp serves without
+//           conflicts. 8 x 8 does 64 FMAs for 4 loads (4 x 4: 16 for 2), which the FMA rate needs:
+//           at 4 x 4 the shared-memory loads and the global loads' arithmetic held the tile near a
+//           third of it.
 // Precision: each thread sums WGRAD_CHUNK products (a whole number of tiles) into an inner accumulator
 // and then adds it to an outer one (blocked summation), so the rounding error grows with the chunk's
 // length plus the number of chunks, slices and runs, not with L as a serial sum's does.
@@ -49,30 +53,41 @@ __device__ __forceinline__ float wgrad_fma(float a, float b, float c) { return f
 __device__ __forceinline__ double wgrad_fma(double a, double b, double c) { return fma(a, b, c); }
 
 // Four consecutive accumulators from shared memory as 16-byte loads.
-__device__ __forceinline__ void wgrad_load4(const float* p, float (&v)[4]) {
+__device__ __forceinline__ void wgrad_load4(const float* p, float* v) {
     const float4 t = *reinterpret_cast<const float4*>(p);
     v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
 }
-__device__ __forceinline__ void wgrad_load4(const double* p, double (&v)[4]) {
+__device__ __forceinline__ void wgrad_load4(const double* p, double* v) {
     const double2 t = *reinterpret_cast<const double2*>(p), u = *reinterpret_cast<const double2*>(p + 2);
     v[0] = t.x; v[1] = t.y; v[2] = u.x; v[3] = u.y;
 }
 
-// Blocks per SM asked of the register allocator: 2 (at most 128 registers a thread) for float
-// accumulators and 32-bit indices; 1 for double's (32 accumulators of two registers) and for 64-bit
-// indices (the NCHW 16 x 64 tile spilled at 128). Without an explicit minimum, ptxas gave some 64-bit
-// tiles 80 registers and spilled.
-template <typename T, typename Index> __host__ __device__ constexpr int wgrad_min_blocks() {
-    return sizeof(typename accumulator<T>::type) == 4 && sizeof(Index) == 4 ? 2 : 1;
+// Four consecutive sums to global memory as 16-byte stores (p 16-byte aligned).
+__device__ __forceinline__ void wgrad_store4(float* p, const float* v) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void wgrad_store4(double* p, const double* v) {
+    *reinterpret_cast<double2*>(p) = make_double2(v[0], v[1]);
+    *reinterpret_cast<double2*>(p + 2) = make_double2(v[2], v[3]);
 }
 
-template <typename T, bool CHANNELS_LAST, typename Index, int BM, int BJ, int BL, int LS>
-__global__ void __launch_bounds__((BM / 4) * (BJ / 4) * LS, wgrad_min_blocks<T, Index>())
+// Blocks per SM asked of the register allocator: 2 (at most 128 registers a thread) for 4 x 4 thread
+// tiles of float accumulators and 32-bit indices; 1 for double's (32 accumulators of two registers),
+// for 64-bit indices (the NCHW 16 x 64 tile spilled at 128) and for 8 x 8 thread tiles (128
+// accumulators: the inner and outer sums). Without an explicit minimum, ptxas gave some 64-bit tiles 80
+// registers and spilled.
+template <typename T, typename Index, int TT> __host__ __device__ constexpr int wgrad_min_blocks() {
+    return sizeof(typename accumulator<T>::type) == 4 && sizeof(Index) == 4 && TT == 4 ? 2 : 1;
+}
+
+template <typename T, bool CHANNELS_LAST, typename Index, int BM, int BJ, int BL, int LS, int TT>
+__global__ void __launch_bounds__((BM / TT) * (BJ / TT) * LS, wgrad_min_blocks<T, Index, TT>())
 wgrad_gemm(const T* __restrict__ x, const T* __restrict__ dy, typename accumulator<T>::type* __restrict__ ws,
            int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw, int sh, int sw, int pt, int pl,
            int dh, int dw, int groups, int splits) {
     using Acc = typename accumulator<T>::type;
-    constexpr int TM = BM / 4, TJ = BJ / 4, NT = TM * TJ * LS;
+    constexpr int TM = BM / TT, TJ = BJ / TT, NT = TM * TJ * LS;
+    constexpr int RUNS = TT / 4, RUN_M = BM / RUNS, RUN_J = BJ / RUNS;  // a thread's runs of 4 and their spacing
     constexpr int LPS = BL / LS;                       // l of a tile per slice
     constexpr int CHUNK_TILES = WGRAD_CHUNK / LPS > 0 ? WGRAD_CHUNK / LPS : 1;
     constexpr int SA = BM + WGRAD_PAD, SB = BJ + WGRAD_PAD;  // shared row strides of A [BL][BM], B [BL][BJ]
@@ -81,8 +96,10 @@ wgrad_gemm(const T* __restrict__ x, const T* __restrict__ dy, typename accumulat
     // NCHW: a thread keeps one l (tid % BL) and A_PER / B_PER rows; NHWC: one row (tid % BM or BJ) and
     // A_PER / B_PER l. Either way the per-row offsets are computed once, before the loop.
     constexpr int A_ROWS = CHANNELS_LAST ? 1 : A_PER, B_ROWS = CHANNELS_LAST ? 1 : B_PER;
-    constexpr int SLICE_SUMS = LS * BM * BJ;
-    static_assert(BM % 4 == 0 && BJ % 4 == 0 && BL % LS == 0, "4 x 4 thread tiles, whole slices");
+    constexpr int SLICE_SUMS = LS > 1 ? LS * BM * BJ : 0;  // one slice writes from its registers
+    static_assert((TT == 4 || TT == 8) && BM % TT == 0 && BJ % TT == 0 && BL % LS == 0,
+                  "4 x 4 or 8 x 8 thread tiles, whole slices");
+    static_assert(TT == 4 || sizeof(Acc) == 4, "8 x 8 tiles of double accumulators would not fit in registers");
     static_assert(NT % BL == 0 && NT % BM == 0 && NT % BJ == 0, "a thread keeps its l or its row");
     static_assert(A_PER >= 1 && B_PER >= 1 && A_PER * NT == BM * BL && B_PER * NT == BJ * BL, "whole tiles");
 
@@ -173,33 +190,39 @@ wgrad_gemm(const T* __restrict__ x, const T* __restrict__ dy, typename accumulat
     };
 
     // --- Thread tile: slice `slice` takes l [slice LPS, (slice + 1) LPS) of each tile; outputs
-    // m0 + tm 4 + {0..3} x j0 + tj 4 + {0..3} (tm fastest: a warp's A loads are distinct vectors).
+    // m0 + tm 4 + RUN_M u + {0..3} x j0 + tj 4 + RUN_J v + {0..3} for runs u, v < RUNS (tm fastest: a
+    // warp's A loads are distinct vectors).
     const int slice = tid / (TM * TJ), tm = tid % TM, tj = tid / TM % TJ;
-    Acc outer[4][4], inner[4][4];
+    auto row_of = [&](int i) { return i / 4 * RUN_M + tm * 4 + i % 4; };  // of the tile, for output row i < TT
+    auto col_of = [&](int j) { return j / 4 * RUN_J + tj * 4 + j % 4; };
+    Acc outer[TT][TT], inner[TT][TT];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < TT; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) outer[i][j] = inner[i][j] = Acc(0);
+        for (int j = 0; j < TT; ++j) outer[i][j] = inner[i][j] = Acc(0);
 
     auto compute = [&](int stage) {
         const Acc* a_smem = smem + stage * STAGE + slice * LPS * SA + tm * 4;
         const Acc* b_smem = smem + stage * STAGE + BL * SA + slice * LPS * SB + tj * 4;
 #pragma unroll
         for (int l = 0; l < LPS; ++l) {
-            Acc a[4], b[4];
-            wgrad_load4(a_smem + l * SA, a);
-            wgrad_load4(b_smem + l * SB, b);
+            Acc a[TT], b[TT];
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
+            for (int u = 0; u < RUNS; ++u) {
+                wgrad_load4(a_smem + l * SA + u * RUN_M, a + 4 * u);
+                wgrad_load4(b_smem + l * SB + u * RUN_J, b + 4 * u);
+            }
 #pragma unroll
-                for (int j = 0; j < 4; ++j) inner[i][j] = wgrad_fma(a[i], b[j], inner[i][j]);
+            for (int i = 0; i < TT; ++i)
+#pragma unroll
+                for (int j = 0; j < TT; ++j) inner[i][j] = wgrad_fma(a[i], b[j], inner[i][j]);
         }
     };
     auto fold = [&]() {
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < TT; ++i)
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
+            for (int j = 0; j < TT; ++j) {
                 outer[i][j] += inner[i][j];
                 inner[i][j] = Acc(0);
             }
@@ -235,15 +258,37 @@ wgrad_gemm(const T* __restrict__ x, const T* __restrict__ dy, typename accumulat
     }
     fold();
 
+    Acc* ws_run = ws + (static_cast<Index>(split) * K + g * Kg) * J;  // [Kg][J] of run `split`, group g
+    if constexpr (LS == 1) {  // no slices to add: straight from the registers, 4 columns a store where
+                              // rows are whole 16-byte pieces
+        const bool vector = J % 4 == 0;
+#pragma unroll
+        for (int i = 0; i < TT; ++i) {
+            const int m = m0 + row_of(i);
+            if (m >= Kg) continue;
+            Acc* row = ws_run + static_cast<Index>(m) * J;
+#pragma unroll
+            for (int u = 0; u < RUNS; ++u) {
+                const int col = j0 + col_of(4 * u);
+                if (vector && col < J) {
+                    wgrad_store4(row + col, outer[i] + 4 * u);
+                    continue;
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (col + j < J) row[col + j] = outer[i][4 * u + j];
+            }
+        }
+        return;
+    }
     // --- The slices' sums, added in slice order through shared memory (the stages are free after the
     // last barrier), then written to this run's workspace tile row by row (coalesced along j).
     Acc* sums = smem;  // [LS][BM][BJ]
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < TT; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) sums[(slice * BM + tm * 4 + i) * BJ + tj * 4 + j] = outer[i][j];
+        for (int j = 0; j < TT; ++j) sums[(slice * BM + row_of(i)) * BJ + col_of(j)] = outer[i][j];
     __syncthreads();
-    Acc* ws_run = ws + (static_cast<Index>(split) * K + g * Kg) * J;  // [Kg][J] of run `split`, group g
     for (int e = tid; e < BM * BJ; e += NT) {
         const int m = m0 + e / BJ, j = j0 + e % BJ;
         if (m >= Kg || j >= J) continue;

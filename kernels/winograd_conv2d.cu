@@ -27,6 +27,16 @@
 // contiguous bytes) and each transform reads and writes along tiles, coalesced. They are a^2 / m^2
 // times the phases and the output (4x for m = 2, 2.25x for m = 4) and cross memory twice each: the
 // planner takes this path only where the multiplies saved outweigh that.
+// The weight gradient (cupyconv/wgrad_winograd.py) runs the same algebra backwards. The forward's
+// per-tile M = U .* V and Y = A^T M A give dL/dM = A dY A^T and dL/dU = sum over tiles of dL/dM .* V,
+// so per position xi a GEMM reduces over the T tiles: dU[xi][k][c'] = sum_t dM[xi][k][t] V[xi][c'][t],
+// and the filter's gradient is dg = G^T dU G:
+//   winograd_input_transform            x  -> V  (as above; CHANNELS_LAST: x NHWC, V [T][a^2][C'])
+//   winograd_output_gradient_transform  dy -> dM [a^2][K][T] (A dY A^T; CHANNELS_LAST: dy NHWC, dM
+//                                       [T][a^2][K])
+//   wgrad_gemm                          the a^2-group weight gradient of a 1x1 convolution of one image
+//                                       of 1 x T pixels, in runs of the reduction -> dU's partial sums
+//   winograd_weight_gradient_transform  the runs added in run order, G^T dU G -> dW (KCHW or KHWC)
 // Rounding: m = 2's coefficients (0, +-1, 1/2) are exact; m = 4's (1/6, 1/24, 8, ...) are not, and its
 // error on random data is ~10x the direct sum's (2-3e-6 relative up to 512 channels, against 2e-7),
 // still well inside strict float32's 1e-5; the planner keeps m = 4 to at most 512 channels C'.
@@ -52,6 +62,21 @@ template <> struct winograd<4> {
                                       {1.0f / 24, -1.0f / 12, 1.0f / 6},
                                       {0, 0, 1}};
     static constexpr float AT[4][6] = {{1, 1, 1, 1, 1, 0}, {0, 1, -1, 2, -2, 0}, {0, 1, 1, 4, 4, 0}, {0, 1, -1, 8, -8, 1}};
+};
+
+// The transposes the weight gradient's transforms need: A (a x M) and G^T (3 x a).
+template <int R, int C> struct Matrix {
+    float v[R][C];
+};
+template <int R, int C> constexpr Matrix<C, R> transposed(const float (&m)[R][C]) {
+    Matrix<C, R> t{};
+    for (int i = 0; i < R; ++i)
+        for (int j = 0; j < C; ++j) t.v[j][i] = m[i][j];
+    return t;
+}
+template <int M> struct winograd_transposes {
+    static constexpr Matrix<M + 2, M> A = transposed(winograd<M>::AT);
+    static constexpr Matrix<3, M + 2> GT = transposed(winograd<M>::G);
 };
 
 // out = L in R^T for constant matrices L and R, as two products with the zero terms left out at
@@ -164,28 +189,45 @@ winograd_weight_transform(const float* __restrict__ w, float* __restrict__ u, in
     store_planes(out, u, static_cast<Index>(C) * phases * Kp, i);
 }
 
-// One block of 256 tiles (a row of tiles are neighbours, so a warp's reads overlap in L1) for one phase
-// channel c' = (c, phase): V[xi][c'][t] = (B^T d B)[xi], d the a x a patch of that phase at (M th, M tw),
-// that is of x from (sh M th + phase.row - pt, sw M tw + phase.col - pl) with rows sh and columns sw
-// apart, zeros outside. Blocks run phase-fastest, so the bh bw sh sw blocks that read one stretch of x
-// run together and share it in L2 (channel-major, each phase would read all N images of c again).
-template <int M, typename Index>
+// V[xi][c'][t] = (B^T d B)[xi] for phase channel c' = (c, phase) and tile t, d the a x a patch of that
+// phase at (M th, M tw), that is of x from (sh M th + phase.row - pt, sw M tw + phase.col - pl) with rows
+// sh and columns sw apart, zeros outside.
+// NCHW: one block of 256 tiles (a row of tiles are neighbours, so a warp's reads overlap in L1) for one
+// phase channel. Blocks run phase-fastest, so the bh bw sh sw blocks that read one stretch of x run
+// together and share it in L2 (channel-major, each phase would read all N images of c again).
+// CHANNELS_LAST (x NHWC, V as [T][a^2][C']): one thread per (t, c'), c' fastest, so that a warp reads
+// and writes consecutive channels.
+template <int M, typename Index, bool CHANNELS_LAST>
 __global__ void __launch_bounds__(256)
 winograd_input_transform(const float* __restrict__ x, float* __restrict__ v, int N, int C, int H, int W,
                          int pt, int pl, int sh, int sw, int bh, int bw, int tiles_h, int tiles_w) {
     constexpr int A = M + 2;
     const Index T = static_cast<Index>(N) * tiles_h * tiles_w;
     const int phases = bh * bw * sh * sw;
-    const Index chunks = (T + blockDim.x - 1) / blockDim.x;
-    const Index block = blockIdx.x;
-    const int ph = static_cast<int>(block % phases);
-    const Index c_chunk = block / phases;
-    const Index c = c_chunk / chunks;
-    const Index t = (c_chunk - c * chunks) * blockDim.x + threadIdx.x;
-    if (t >= T) return;
+    Index c, t;
+    int ph;
+    if constexpr (CHANNELS_LAST) {
+        const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
+        const Index channels = static_cast<Index>(C) * phases;
+        t = i / channels;
+        if (t >= T) return;
+        const int cp = static_cast<int>(i - t * channels);
+        c = cp / phases;
+        ph = cp - static_cast<int>(c) * phases;
+    } else {
+        const Index chunks = (T + blockDim.x - 1) / blockDim.x;
+        const Index block = blockIdx.x;
+        ph = static_cast<int>(block % phases);
+        const Index c_chunk = block / phases;
+        c = c_chunk / chunks;
+        t = (c_chunk - c * chunks) * blockDim.x + threadIdx.x;
+        if (t >= T) return;
+    }
     const Phase phase(ph, sh, sw, bw);
     const Tile<Index> tile(t, tiles_h, tiles_w);
-    const float* plane = x + (tile.image * C + c) * H * W;
+    // Element (ih, iw) of channel c of the tile's image is at image + ih row + iw col.
+    const float* image = x + (CHANNELS_LAST ? tile.image * H * W * C + c : (tile.image * C + c) * H * W);
+    const Index row = CHANNELS_LAST ? static_cast<Index>(W) * C : W, col = CHANNELS_LAST ? C : 1;
     const int ih0 = sh * M * tile.th + phase.row - pt, iw0 = sw * M * tile.tw + phase.col - pl;
     float d[A][A], out[A][A];
 #pragma unroll
@@ -194,10 +236,14 @@ winograd_input_transform(const float* __restrict__ x, float* __restrict__ v, int
         for (int s = 0; s < A; ++s) {
             const int ih = ih0 + sh * r, iw = iw0 + sw * s;
             d[r][s] = static_cast<unsigned>(ih) < static_cast<unsigned>(H) && static_cast<unsigned>(iw) < static_cast<unsigned>(W)
-                          ? plane[static_cast<Index>(ih) * W + iw] : 0.0f;
+                          ? image[ih * row + iw * col] : 0.0f;
         }
     sandwich(winograd<M>::BT, d, winograd<M>::BT, out);
-    store_planes(out, v, T * C * phases, (c * phases + ph) * T + t);
+    const Index channels = static_cast<Index>(C) * phases, cp = c * phases + ph;
+    if constexpr (CHANNELS_LAST)
+        store_planes(out, v, channels, t * A * A * channels + cp);
+    else
+        store_planes(out, v, T * channels, cp * T + t);
 }
 
 // One thread per (k, tile), tile fastest: the M x M outputs A^T m A (+ bias, through the epilogue) of
@@ -233,6 +279,56 @@ winograd_output_transform(const float* __restrict__ m, const float* __restrict__
                 if (oh < Ho && ow < Wo) y[o] = finish(out[r][q] + b, o);
             }
     });
+}
+
+// One thread per (k, tile): dM[xi] = (A e A^T)[xi], e the M x M block of dy at (M th, M tw) (zeros past
+// Ho x Wo). NCHW: tile fastest, dM [a^2][K][T]; CHANNELS_LAST (dy NHWC): k fastest, dM [T][a^2][K].
+template <int M, typename Index, bool CHANNELS_LAST>
+__global__ void __launch_bounds__(256)
+winograd_output_gradient_transform(const float* __restrict__ dy, float* __restrict__ dm, int N, int K, int Ho,
+                                   int Wo, int tiles_h, int tiles_w) {
+    constexpr int A = M + 2;
+    const Index T = static_cast<Index>(N) * tiles_h * tiles_w;
+    const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= T * K) return;
+    const Index k = CHANNELS_LAST ? i % K : i / T, t = CHANNELS_LAST ? i / K : i - k * T;
+    const Tile<Index> tile(t, tiles_h, tiles_w);
+    const float* image = dy + (CHANNELS_LAST ? tile.image * Ho * Wo * K + k : (tile.image * K + k) * Ho * Wo);
+    const Index row = CHANNELS_LAST ? static_cast<Index>(Wo) * K : Wo, col = CHANNELS_LAST ? K : 1;
+    float e[M][M], out[A][A];
+#pragma unroll
+    for (int r = 0; r < M; ++r)
+#pragma unroll
+        for (int q = 0; q < M; ++q) {
+            const int oh = M * tile.th + r, ow = M * tile.tw + q;
+            e[r][q] = oh < Ho && ow < Wo ? image[oh * row + ow * col] : 0.0f;
+        }
+    sandwich(winograd_transposes<M>::A.v, e, winograd_transposes<M>::A.v, out);
+    if constexpr (CHANNELS_LAST)
+        store_planes(out, dm, static_cast<Index>(K), t * A * A * K + k);
+    else
+        store_planes(out, dm, T * K, i);
+}
+
+// One thread per (k, c), c fastest: dW[k][c] = G^T dU G (3 x 3) with dU[xi][k][c] the sum of ``splits``
+// runs of the GEMM's partial sums (each a^2 K C floats), added in run order; written KCHW, or KHWC where
+// weight_khwc.
+template <int M, typename Index>
+__global__ void __launch_bounds__(256)
+winograd_weight_gradient_transform(const float* __restrict__ du, float* __restrict__ dw, int K, int C,
+                                   int splits, int weight_khwc) {
+    constexpr int A = M + 2;
+    const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const Index KC = static_cast<Index>(K) * C;
+    if (i >= KC) return;
+    float u[A][A], g[3][3];
+    load_split_planes(u, du, KC, i, splits, static_cast<int>(KC * A * A));
+    sandwich(winograd_transposes<M>::GT.v, u, winograd_transposes<M>::GT.v, g);
+    const Index k = i / C, c = i - k * C;
+#pragma unroll
+    for (int r = 0; r < 3; ++r)
+#pragma unroll
+        for (int s = 0; s < 3; ++s) dw[weight_khwc ? ((k * 3 + r) * 3 + s) * C + c : i * 9 + r * 3 + s] = g[r][s];
 }
 
 }  // namespace cupyconv

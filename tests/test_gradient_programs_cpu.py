@@ -17,7 +17,7 @@ import pytest
 
 from cases import GRID, PHASE_CASES
 from test_programs import check_arguments, parameters, problem_of
-from cupyconv import conv_transpose, grad, planner, wgrad, wgrad_depthwise, wgrad_tensor_cores
+from cupyconv import conv_transpose, grad, planner, wgrad, wgrad_depthwise, wgrad_tensor_cores, wgrad_winograd
 from cupyconv.arguments import make_problem
 from cupyconv.compiler import kernel_source
 from cupyconv.families.common import STORAGE_BYTES
@@ -29,7 +29,7 @@ DTYPES = ("float16", "bfloat16", "float32", "float64")
 LAYOUTS = list(itertools.product(("NCHW", "NHWC"), ("KCHW", "KHWC")))
 ANY_GPU = set(wgrad.wgrad_specialisations() + wgrad_depthwise.specialisations() + wgrad_tensor_cores.specialisations()
               + channels_last_specialisations() + conv_transpose.phase_weight_specialisations()
-              + planner.kernel_specialisations())
+              + wgrad_winograd.specialisations() + planner.kernel_specialisations())
 ONE_ARCH = {arch: set(a) | set(wgrad_tensor_cores.arch_specialisations().get(arch, ()))
             for arch, a in planner.arch_specialisations().items()}
 
@@ -54,9 +54,13 @@ def test_weight_gradient_programs(case, dtype):
         family, plan = grad.weight_gradient_plan(problem, tf32, cc)
         call = family.program(plan, problem)
         check_launches(call, {X, GRAD_OUTPUT, WORKSPACE}, {OUT, WORKSPACE, FLAGS})
-        assert call.weight is None and call.launches[-1].kernel == (
-            (wgrad_tensor_cores.TF32_TMA_KERNEL if plan.config.landing else wgrad_tensor_cores.TMA_KERNEL)
-            if getattr(plan, "direct", False) else wgrad.REDUCE_KERNEL)
+        if family is wgrad_winograd:
+            last = wgrad_winograd.WEIGHT_GRADIENT_TRANSFORM
+        elif getattr(plan, "direct", False):
+            last = wgrad_tensor_cores.TF32_TMA_KERNEL if plan.config.landing else wgrad_tensor_cores.TMA_KERNEL
+        else:
+            last = wgrad.REDUCE_KERNEL
+        assert call.weight is None and call.launches[-1].kernel == last
 
 
 def replay_reduce(args, partial: np.ndarray) -> np.ndarray:

@@ -32,7 +32,8 @@ def sweep():
 
 
 @pytest.mark.parametrize("shape,expected", [
-    ((32, 256, 14, 14, 256, 3, 3, 1), "wgrad_m64j64"),   # large Kg and J
+    ((32, 256, 14, 14, 256, 3, 3, 1), "wgrad_m128j128"),  # large Kg and J
+    ((32, 64, 56, 56, 64, 3, 3, 1), "wgrad_m64j64"),      # Kg 64: half of a 128-row tile empty
     ((16, 32, 56, 56, 32, 3, 3, 32), "wgrad_m16j16"),    # depthwise: Kg 1, J 9
     ((8, 64, 28, 28, 8, 3, 3, 1), "wgrad_m16j64"),       # Kg 8, J 576
     ((8, 3, 64, 64, 128, 3, 3, 1), "wgrad_m64j16"),      # Kg 128, J 27
@@ -42,14 +43,29 @@ def test_config_by_shape(shape, expected):
     plan = make_wgrad_plan(problem(n, c, h, w, k, kh, kw, groups=groups, padding=1))
     assert plan.config.name == expected
     assert plan.block == (plan.config.threads, 1, 1) == (256, 1, 1)
+    assert f"threads of {plan.config.thread_tile} x {plan.config.thread_tile}" in str(plan)
     assert expected in str(plan) and plan.reason in str(plan)
 
 
 def test_every_config_is_a_256_thread_block_of_whole_tiles():
     for cfg in WGRAD_CONFIGS:
-        assert cfg.threads == 256
+        assert cfg.threads == 256 and cfg.thread_tile in (4, 8)
         assert cfg.bl % cfg.slices == 0 and 256 % cfg.bl == 0 and 256 % cfg.bm == 0 and 256 % cfg.bj == 0
         assert cfg.bm * cfg.bl % 256 == 0 and cfg.bj * cfg.bl % 256 == 0
+
+
+def test_8_by_8_thread_tiles_take_float_accumulators_only():
+    """float64's 8 x 8 tiles would need 256 registers of accumulators: the choice skips them, forcing one
+    raises, and no instance is compiled."""
+    p = problem(32, 256, 14, 14, 256)
+    wide = [c.name for c in WGRAD_CONFIGS if c.thread_tile == 8]
+    assert wide and make_wgrad_plan(p).config.name in wide
+    double = dataclasses.replace(p, dtype="float64")
+    assert make_wgrad_plan(double).config.thread_tile == 4
+    for name in wide:
+        with pytest.raises(ValueError, match="no instance for float64"):
+            make_wgrad_plan(double, config=name)
+    assert not any("double" in e and ",8>" in e for e in wgrad_specialisations())
 
 
 @pytest.mark.parametrize("p", list(sweep()), ids=str)
@@ -62,10 +78,11 @@ def test_plan_rules(p):
     assert plan.grid[0] < 2**31 and plan.grid[1] <= MAX_GRID_Y
     assert plan.workspace_bytes == plan.splits * p.k * j * (8 if p.dtype == "float64" else 4)
     assert plan.splits == 1 or plan.workspace_bytes <= MAX_WORKSPACE_BYTES
-    # Each run of at least MIN_RUN_L of l (whole tiles), and no more runs than two waves want.
+    # Each run of at least MIN_RUN_L of l (whole tiles), the count the runs' model times fastest.
     l_tiles = math.ceil(length / cfg.bl)
     assert plan.splits == 1 or l_tiles // plan.splits >= math.ceil(MIN_RUN_L / cfg.bl)
-    assert plan.splits == 1 or (plan.splits - 1) * tiles < 2 * 132
+    assert all(wgrad._run_time(p, cfg, plan.splits) <= wgrad._run_time(p, cfg, s) for s in (1, plan.splits + 1)
+               if s == 1 or l_tiles // s >= math.ceil(MIN_RUN_L / cfg.bl))
     width = 256 // (8 if plan.splits >= 16 and p.k * j < 65536 else 1)  # 8 slices: many runs of few sums
     assert plan.reduce_grid == (math.ceil(p.k * j / width), 1, 1)
     assert plan.gemm_expression in wgrad_specialisations() and plan.reduce_expression in wgrad_specialisations()
@@ -84,7 +101,7 @@ def test_splits_fixed_by_the_problem_alone():
     assert make_wgrad_plan(problem(1, 16, 4, 4, 16, padding=1)).splits == 1
     assert make_wgrad_plan(problem(0, 16, 4, 4, 16, padding=1)).splits == 1
     # Many tiles already fill the GPU: one run.
-    assert make_wgrad_plan(problem(64, 512, 14, 14, 512, padding=1)).splits == 1
+    assert make_wgrad_plan(problem(16, 8448, 14, 14, 1024, 1, 1)).splits == 1  # 528 tiles: 4 whole waves
 
 
 def test_workspace_cap(monkeypatch):
@@ -151,7 +168,8 @@ def test_plan_is_frozen_and_printable():
 
 def test_specialisations_are_unique_and_complete():
     names = wgrad_specialisations()
-    assert len(names) == len(set(names)) == 4 * 2 * 2 * len(WGRAD_CONFIGS) + 4
+    wide = sum(c.thread_tile == 8 for c in WGRAD_CONFIGS)  # no float64 instances
+    assert len(names) == len(set(names)) == 4 * 2 * 2 * len(WGRAD_CONFIGS) - 2 * 2 * wide + 4
     assert sum("wgrad_reduce" in n for n in names) == 4
 
 

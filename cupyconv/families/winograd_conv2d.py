@@ -179,11 +179,14 @@ def describe(plan: LaunchPlan) -> str:
 
 def specialisation(kernel: str, tile: int, index: str, split_k: bool = False) -> str:
     """The C++ template instance of transform ``kernel`` (one of WINOGRAD_TRANSFORMS) for F(tile x tile);
-    the output transform's with ``split_k`` adds the GEMM's runs of partial sums."""
+    the output transform's with ``split_k`` adds the GEMM's runs of partial sums. The input transform's
+    reads NCHW (its NHWC instance is the weight gradient's: cupyconv/wgrad_winograd.py)."""
     if kernel == "winograd_output_transform":
         return f"cupyconv::{kernel}<{tile},{index},{str(split_k).lower()}>"
     if split_k:
         raise ValueError(f"only winograd_output_transform adds split-K's partial sums, not {kernel}")
+    if kernel == "winograd_input_transform":
+        return f"cupyconv::{kernel}<{tile},{index},false>"
     return f"cupyconv::{kernel}<{tile},{index}>"
 
 
