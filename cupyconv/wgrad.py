@@ -91,8 +91,9 @@ WAVE_BLOCKS = 132
 #: the fastest measured on average, at most 9 %.
 BLOCK_FIXED_ITERATIONS = 1.0
 REDUCE_ITERATIONS_PER_MILLION = 4.0
-#: Each run of the reduction covers at least this many l (two chunks of the kernel's blocked sum).
-MIN_RUN_L = 512
+#: Each run of the reduction covers at least this many l (a chunk of the kernel's blocked sum). 512 had
+#: left short reductions too few blocks (mbv2_pw_1x1_96to576's 6272 l: 60 blocks of 128 x 128).
+MIN_RUN_L = 256
 #: At most this many runs (the reduction adds them one after another).
 MAX_SPLITS = 1024
 #: Workspace cap for splits > 1 (one run, the size of the weight in the accumulator type, is always allowed).
