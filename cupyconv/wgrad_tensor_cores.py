@@ -48,7 +48,8 @@ class TileConfig:
     """Thread-block tile: bm output channels x bj (tap, channel) columns, l tiles of bl pixels through
     ``stages`` buffers, warps_m x warps_j warps, multiplying with mma.sync or (``wgmma``, sm_90a, 16-bit
     types) wgmma; ``tma``: wgmma fed by a copying warp's TMA copies (bm / 64 warpgroups multiply), and,
-    ``landing`` > 0 (TF32), through a ring of that many landing stages that four warps transpose.
+    ``landing`` > 0 (TF32), through a ring of that many landing stages that four warps transpose, or,
+    ``k_major`` (TF32 on NCHW 1x1 layers), straight into the stages, which four warps round in place.
     ``blocks_per_sm``: how many fit an SM (shared memory); ``sm_tflops``: the rate an SM full of them
     reaches on a long reduction (H100 timings), for the choice's timing model; ``stream_k``: a TMA tile
     with a stream-K instance."""
@@ -66,20 +67,26 @@ class TileConfig:
     tma: bool = False
     stream_k: bool = False
     landing: int = 0
+    k_major: bool = False
+
+    @property
+    def tf32(self) -> bool:
+        """A tile of wgrad_tensor_cores_tma_tf32."""
+        return bool(self.landing) or self.k_major
 
     @property
     def threads(self) -> int:
-        if self.tma:  # the multiplying warpgroups, a copying warp and (TF32) four transposing warps
-            return 2 * self.bm + 32 + (128 if self.landing else 0)
+        if self.tma:  # the multiplying warpgroups, a copying warp and (TF32) four transposing or rounding warps
+            return 2 * self.bm + 32 + (128 if self.tf32 else 0)
         return 32 * self.warps_m * self.warps_j
 
     def shared_bytes(self, itemsize: int) -> int:
         """Pipeline buffers: per stage, bl rows of bm + 8 (dy) and bj + 8 (x) elements; wgmma: unpadded
         rows and 1 KB to align the tiles; TMA: and two 8-byte mbarriers a stage (and of each landing stage
-        as much as of a stage, and its two mbarriers)."""
+        as much as of a stage, and its two mbarriers; k_major: three a stage)."""
         if self.tma:
             stages = self.stages + self.landing
-            return stages * self.bl * (self.bm + self.bj) * itemsize + 1024 + 16 * stages
+            return stages * self.bl * (self.bm + self.bj) * itemsize + 1024 + 16 * stages + 8 * self.k_major * stages
         if self.wgmma:
             return self.stages * self.bl * (self.bm + self.bj) * itemsize + 1024
         return self.stages * self.bl * (self.bm + 8 + self.bj + 8) * itemsize
@@ -127,6 +134,14 @@ TF32_TMA_CONFIGS = tuple(TileConfig(f"tc_tma_tf32_m{bm}j{bj}", bm, bj, 32, bm //
                                     tma=True, landing=landing)
                          for bm, bj, landing, stages, rate in ((128, 128, 3, 3, 1.4), (64, 128, 4, 4, 1.0),
                                                                (128, 64, 4, 4, 1.0)))
+#: Hopper TF32 tiles for NCHW 1x1 stride-1 unpadded layers (_k_major_applies): there x [N][C][H W] and dy
+#: [N][K][Ho Wo] are K-major already (a channel's pixels contiguous), so 2-D TMA copies of dy as [N K][Ho Wo]
+#: and x as [N C][H W] land in wgmma's layout and four warps only round them to TF32 in place: no channels-last
+#: copies and no transposes. The stages the TF32 tiles above split between landing and transposing. Rates:
+#: estimates (the transposes' share of shared memory's traffic gone), not yet fitted to a sweep.
+TF32_K_MAJOR_CONFIGS = tuple(TileConfig(f"tc_tma_tf32_nchw_m{bm}j{bj}", bm, bj, 32, bm // 16, 1, stages, 1, rate,
+                                        wgmma=True, tma=True, k_major=True)
+                             for bm, bj, stages, rate in ((128, 128, 6, 1.8), (64, 128, 8, 1.3), (128, 64, 8, 1.3)))
 #: The timing model's cost of the reduction's launch, which a TMA tile's one run writing the weight
 #: itself saves (`direct`).
 REDUCE_LAUNCH_US = 2.0
@@ -140,8 +155,8 @@ STREAM_K_BLOCK_BANDWIDTH = 100e9
 #: a long reduction (vgg_conv5_2: 72 tiles of 128 x 256, 98 l tiles; 1.3x faster than its runs), and nowhere
 #: else on that sweep; 1.35 also took ResNet-50's last 3x3 (6 % slower), 1.45 nothing.
 STREAM_K_MARGIN = 1.4
-CONFIG_NAMES = frozenset(c.name for configs in (*CONFIGS.values(), WGMMA_CONFIGS, TMA_CONFIGS, TF32_TMA_CONFIGS)
-                         for c in configs)
+CONFIG_NAMES = frozenset(c.name for configs in (*CONFIGS.values(), WGMMA_CONFIGS, TMA_CONFIGS, TF32_TMA_CONFIGS,
+                                                TF32_K_MAJOR_CONFIGS) for c in configs)
 #: The timing model's machine: the H100's SMs, the bandwidth the partial sums move at, and the k
 #: tiles' worth of time a block spends filling and draining its pipeline. A fixed machine, not the
 #: device's, so that the runs, and so the result's bits, depend on the problem alone.
@@ -246,7 +261,19 @@ def _tma_applies(problem: ConvProblem, compute_capability: int) -> bool:
         p.n * p.ho * p.wo < 2**31 and im2col_map_fits(p)
 
 
-def _tma_configs(problem: ConvProblem) -> tuple[TileConfig, ...]:
+def _k_major_applies(problem: ConvProblem, compute_capability: int) -> bool:
+    """The K-major TF32 tiles run float32 NCHW 1x1 layers at stride 1 without padding on sm_90a, whose planes
+    are whole 16-byte rows (TMA's strides) and whose channels are even (the sums are stored in pairs),
+    with 32-bit row coordinates."""
+    p = problem
+    return compute_capability == WGMMA_COMPUTE_CAPABILITY and p.dtype == "float32" and p.layout == "NCHW" and \
+        (p.kh, p.kw, p.stride) == (1, 1, (1, 1)) and (p.ho, p.wo) == (p.h, p.w) and p.h * p.w % 4 == 0 and \
+        p.c % 2 == 0 and p.n * max(p.c, p.k) < 2**31
+
+
+def _tma_configs(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, ...]:
+    if _k_major_applies(problem, compute_capability):
+        return TF32_K_MAJOR_CONFIGS
     return TMA_CONFIGS if STORAGE_BYTES[problem.dtype] == 2 else TF32_TMA_CONFIGS
 
 
@@ -254,14 +281,15 @@ def configs(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, 
     """The tiles that can run ``problem``: mma.sync's, and wgmma's and TMA's where they apply."""
     item = STORAGE_BYTES[problem.dtype]
     return CONFIGS[item] + (WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else ()) + \
-        (_tma_configs(problem) if _tma_applies(problem, compute_capability) else ())
+        (_tma_configs(problem, compute_capability) if _tma_applies(problem, compute_capability) else ())
 
 
 def _direct(problem: ConvProblem, cfg: TileConfig, splits: int) -> bool:
     """Whether the TMA tile writes the weight itself: one run, and the weight is the GEMM's [K][kh kw C]
-    (KHWC, no zero channels in x or dy)."""
+    (KHWC, or any layout of a 1x1 kernel; no zero channels in x or dy)."""
     cp, kp, _ = _channels(problem)
-    return cfg.tma and splits == 1 and problem.weight_layout == "KHWC" and (cp, kp) == (problem.c, problem.k)
+    khwc = problem.weight_layout == "KHWC" or problem.kh * problem.kw == 1
+    return cfg.tma and splits == 1 and khwc and (cp, kp) == (problem.c, problem.k)
 
 
 def _tile_us(cfg: TileConfig) -> float:
@@ -343,7 +371,7 @@ def _choose(problem: ConvProblem, compute_capability: int, stream_k: bool | None
     """The tile and schedule of least modelled time (_model_us, _stream_k_model_us), among the TMA tiles
     where they apply, else wgmma's where they apply, else mma.sync's; the first on ties (the larger tile,
     the fewer runs)."""
-    configs = _tma_configs(problem) if _tma_applies(problem, compute_capability) else \
+    configs = _tma_configs(problem, compute_capability) if _tma_applies(problem, compute_capability) else \
         WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else CONFIGS[STORAGE_BYTES[problem.dtype]]
     configs = [cfg for cfg in configs if _schedules(problem, cfg, stream_k)]  # stream_k=True: its tiles alone
     best = {cfg: _best_schedule(problem, cfg, stream_k) for cfg in configs}
@@ -386,7 +414,7 @@ def _copy(problem: ConvProblem, channels: int, padded: int) -> str:
 def expression(dtype: str, index: str, cfg: TileConfig, x_vec: int, stream_k: bool = False) -> str:
     """The C++ template instance of the GEMM (the TMA tiles': no index type or piece, TMA addresses, and
     whether it runs stream-K; TF32's: its landing stages)."""
-    if cfg.landing:
+    if cfg.tf32:
         return f"cupyconv::{TF32_TMA_KERNEL}<{cfg.bm},{cfg.bj},{cfg.landing},{cfg.stages}>"
     if cfg.tma:
         return (f"cupyconv::{TMA_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bj},{cfg.stages},{cfg.blocks_per_sm},"
@@ -443,6 +471,8 @@ def make_plan(problem: ConvProblem, allow_tf32: bool = True, config: str | None 
                              f"capability {compute_capability}")
         cfg, schedule, why = _choose(problem, compute_capability, allowed)
     j_tiles, o_tiles = _tiles(problem, cfg)
+    if cfg.k_major:  # dy read in place: its own channels, the partial sums' rows
+        kp = problem.k
     run_bytes = kp * j * 4
     stream_k_blocks = _stream_k_blocks(problem, cfg) if schedule == STREAM_K else 0
     if stream_k_blocks:
@@ -465,8 +495,8 @@ def make_plan(problem: ConvProblem, allow_tf32: bool = True, config: str | None 
     return TensorCorePlan(
         config=cfg, dtype=problem.dtype, layout=problem.layout, weight_layout=problem.weight_layout,
         index_type=index, arch=WGMMA_ARCH if cfg.wgmma else "", channels=cp, out_channels=kp, x_vec=x_vec,
-        x_copy=_copy(problem, problem.c, cp),
-        dy_copy=_copy(problem, problem.k, kp), grid=grid, block=(cfg.threads, 1, 1),
+        x_copy="" if cfg.k_major else _copy(problem, problem.c, cp),
+        dy_copy="" if cfg.k_major else _copy(problem, problem.k, kp), grid=grid, block=(cfg.threads, 1, 1),
         shared_bytes=cfg.shared_bytes(item), splits=splits, direct=direct, stream_k_blocks=stream_k_blocks,
         workspace_bytes=slots + (0 if direct else splits * run_bytes),
         expression=expression(problem.dtype, index, cfg, x_vec, bool(stream_k_blocks)),
@@ -485,7 +515,7 @@ def arch_specialisations() -> dict[str, list[str]]:
                          for index in INDEX_TYPES for cfg in WGMMA_CONFIGS] +
             [expression(dtype, "", cfg, 16, stream_k) for dtype in ("float16", "bfloat16") for cfg in TMA_CONFIGS
              for stream_k in (False, True) if cfg.stream_k or not stream_k] +
-            [expression("float32", "", cfg, 16) for cfg in TF32_TMA_CONFIGS]}
+            [expression("float32", "", cfg, 16) for cfg in TF32_TMA_CONFIGS + TF32_K_MAJOR_CONFIGS]}
 
 
 def _copy_launch(dtype: str, how: str, n: int, plane: int, channels: int, padded: int, source: Pointer,
@@ -524,12 +554,21 @@ def program(plan: TensorCorePlan, problem: ConvProblem) -> CallProgram:
         x_operand, dy_operand = operands
         length = p.n * p.ho * p.wo
         width = _panel_channels(p)
-        dy_map = TensorMap(dy_operand, p.dtype, length, kp, kp * item, plan.config.bl, width)
-        x_map = input_im2col_map(p, x_operand, cp, width, plan.config.bl)
-        stream_k = () if plan.config.landing else (plan.stream_k_blocks, slots, Pointer(FLAGS))
-        args = (partial, Pointer(OUT), int(plan.direct), *stream_k, length, cp, p.kh * p.kw * cp, kp, p.ho, p.wo,
-                p.kw, p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], dy_map, x_map)
-        launches.append(Launch(TF32_TMA_KERNEL if plan.config.landing else TMA_KERNEL, plan.expression, plan.grid,
+        cfg = plan.config
+        if cfg.k_major:  # NCHW as [N K][Ho Wo] and [N C][H W]: an image's channels are its rows
+            plane = p.ho * p.wo
+            dy_map = TensorMap(dy_operand, p.dtype, p.n * p.k, plane, plane * item, cfg.bm, cfg.bl)
+            x_map = TensorMap(x_operand, p.dtype, p.n * p.c, plane, plane * item, cfg.bj, cfg.bl)
+            x_rows = p.c
+        else:
+            dy_map = TensorMap(dy_operand, p.dtype, length, kp, kp * item, cfg.bl, width)
+            x_map = input_im2col_map(p, x_operand, cp, width, cfg.bl)
+            x_rows = cp
+        stream_k = () if cfg.tf32 else (plan.stream_k_blocks, slots, Pointer(FLAGS))
+        args = (partial, Pointer(OUT), int(plan.direct), *stream_k, length, x_rows, p.kh * p.kw * cp, kp, p.ho,
+                p.wo, p.kw, p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], dy_map,
+                x_map)
+        launches.append(Launch(TF32_TMA_KERNEL if cfg.tf32 else TMA_KERNEL, plan.expression, plan.grid,
                                plan.block, plan.shared_bytes, args, plan.arch))
         if plan.direct:
             return CallProgram(tuple(launches), used)

@@ -459,16 +459,24 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
 // (its 4 channels' rows): the 8 loads of an instruction land in slots (t + d) % 8 ^ (4 t + k) % 8 of their
 // rows and the stores in slots t ^ (4 (t + d) + e) % 8, both a permutation of 0..7 over t, so neither
 // conflicts.
+// LANDING == 0: NCHW x and dy of a 1x1 stride-1 unpadded layer, whose rows (a channel's pixels) are already
+// K-major: dy as the matrix [N K][Ho Wo], x as [N C][Ho Wo] (the argument C: x's channels an image; K: dy's, and
+// the partial sums' rows), an l tile 32 pixels of one image (an image's last tile zero-filled past Ho Wo). Each
+// copy lands as its stage's rows in wgmma's layout, and the four middle warps only round it to TF32 in place:
+// no landing ring, no transposes. Rows of a box past an image's channels hold the next image's, which only reach
+// sums past K or J, never written or cut by the reduction.
 template <int BM, int BJ, int LANDING, int STAGES>
 __global__ void __launch_bounds__(BM / 64 * 128 + 160, 1)
 wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int direct, int L, int C, int J, int K,
                             int Ho, int Wo, int kw, int sh, int sw, int pt, int pl, int dh, int dw,
                             const __grid_constant__ TensorMap dy_map, const __grid_constant__ TensorMap x_map) {
+    constexpr bool K_MAJOR = LANDING == 0;
     constexpr int BL = 32, PANEL = BL * 128;  // a landed panel: BL pixels x 32 channels; 32 rows of BL pixels
     constexpr int A_PANELS = BM / 32, B_PANELS = BJ / 32, PANELS = A_PANELS + B_PANELS;
     constexpr int LAND_STAGE = PANELS * PANEL, A_STAGE = A_PANELS * PANEL, B_STAGE = B_PANELS * PANEL;
     constexpr int CONSUMERS = BM / 64 * 128, ACC = BJ / 2, INST_L = 8;
-    constexpr int TRANSPOSERS = 4, QUARTERS = 4 * TRANSPOSERS;  // warps, and their quarters
+    constexpr int TRANSPOSERS = 4, QUARTERS = 4 * TRANSPOSERS;  // warps (K_MAJOR: rounding), and their quarters
+    constexpr int LANDED = K_MAJOR ? STAGES : LANDING;          // the ring the copies land in
     static_assert((BM == 64 || BM == 128) && (BJ == 64 || BJ == 128), "one or two warpgroups, wgmma's widths");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
@@ -476,21 +484,21 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     unsigned char* a_smem = landing + LANDING * LAND_STAGE;        // [STAGES][BM][BL]
     unsigned char* b_smem = a_smem + STAGES * A_STAGE;             // [STAGES][BJ][BL]
     unsigned long long* landed = reinterpret_cast<unsigned long long*>(b_smem + STAGES * B_STAGE);
-    unsigned long long* taken = landed + LANDING;
+    unsigned long long* taken = landed + LANDED;
     unsigned long long* full = taken + LANDING;
     unsigned long long* empty = full + STAGES;
 
     const int tid = threadIdx.x, lane = tid & 31;
-    const int all_tiles = (L + BL - 1) / BL, run_tiles = (all_tiles + gridDim.z - 1) / gridDim.z;
+    const int plane_tiles = (Ho * Wo + BL - 1) / BL;  // K_MAJOR: an image's l tiles
+    const int all_tiles = K_MAJOR ? L / (Ho * Wo) * plane_tiles : (L + BL - 1) / BL;
+    const int run_tiles = (all_tiles + gridDim.z - 1) / gridDim.z;
     const int k_begin = blockIdx.z * run_tiles, k_end = min(all_tiles, k_begin + run_tiles);
     const int j0 = blockIdx.x * BJ, o0 = blockIdx.y * BM;
     if (tid == 0) {
-        for (int s = 0; s < LANDING; ++s) {
-            mbarrier_init(landed + s, 1);            // the copying thread's expect-tx arrival
-            mbarrier_init(taken + s, TRANSPOSERS);   // the transposing warps' lane 0s
-        }
+        for (int s = 0; s < LANDED; ++s) mbarrier_init(landed + s, 1);  // the copying thread's expect-tx arrival
+        for (int s = 0; s < LANDING; ++s) mbarrier_init(taken + s, TRANSPOSERS);  // the transposing warps' lane 0s
         for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(full + s, TRANSPOSERS);      // the transposing warps' lane 0s
+            mbarrier_init(full + s, TRANSPOSERS);      // the transposing (rounding) warps' lane 0s
             mbarrier_init(empty + s, CONSUMERS / 32);  // the lane 0s of the multiplying warps
         }
     }
@@ -498,67 +506,107 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
 
     if (tid >= CONSUMERS + 32 * TRANSPOSERS) {  // the copying warp
         if (tid != CONSUMERS + 32 * TRANSPOSERS) return;
-        const XPanels<B_PANELS, 32> panels(j0, J, C, kw, dh, dw, PANEL);
-        LTileCorner<BL> corner(k_begin, Ho, Wo);
+        if constexpr (K_MAJOR) {
+            int image = k_begin / plane_tiles, pixel = (k_begin - image * plane_tiles) * BL;
 #pragma unroll 1
-        for (int t = k_begin, it = 0; t < k_end; ++t, ++it) {
-            const int stage = it % LANDING;
-            if (it >= LANDING) mbarrier_wait(taken + stage, (it / LANDING - 1) & 1);
-            unsigned char* to = landing + stage * LAND_STAGE;
-            copy_l_tile<A_PANELS, B_PANELS, 32, PANEL>(to, to + A_STAGE, landed + stage, &dy_map, &x_map, o0, j0, J,
-                                                       t, panels, corner, sh, sw, pt, pl);
-            corner.next(Ho, Wo);
+            for (int it = 0; it < k_end - k_begin; ++it) {
+                const int stage = it % STAGES;
+                if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
+                mbarrier_arrive_expect_tx(landed + stage, A_STAGE + B_STAGE);
+                tma_load_2d(a_smem + stage * A_STAGE, &dy_map, pixel, image * K + o0, landed + stage);
+                tma_load_2d(b_smem + stage * B_STAGE, &x_map, pixel, image * C + j0, landed + stage);
+                pixel += BL;
+                if (pixel >= Ho * Wo) { pixel = 0; ++image; }
+            }
+        } else {
+            const XPanels<B_PANELS, 32> panels(j0, J, C, kw, dh, dw, PANEL);
+            LTileCorner<BL> corner(k_begin, Ho, Wo);
+#pragma unroll 1
+            for (int t = k_begin, it = 0; t < k_end; ++t, ++it) {
+                const int stage = it % LANDING;
+                if (it >= LANDING) mbarrier_wait(taken + stage, (it / LANDING - 1) & 1);
+                unsigned char* to = landing + stage * LAND_STAGE;
+                copy_l_tile<A_PANELS, B_PANELS, 32, PANEL>(to, to + A_STAGE, landed + stage, &dy_map, &x_map, o0, j0, J,
+                                                           t, panels, corner, sh, sw, pt, pl);
+                corner.next(Ho, Wo);
+            }
         }
         return;
     }
 
-    if (tid >= CONSUMERS) {  // the transposing warps
-        // A quarter's units (panel, diagonal) per l tile, all in registers at once (16 floats a unit, within the
-        // 128 a thread of four warps a scheduler).
-        constexpr int UNITS = PANELS * 8 / QUARTERS;
-        static_assert(PANELS * 8 % QUARTERS == 0 && UNITS <= 4, "whole diagonals, a quarter's units in registers");
-        const int t = lane & 7, quarter = (tid - CONSUMERS) >> 3;
+    if (tid >= CONSUMERS) {  // the transposing warps (K_MAJOR: rounding in place)
+        if constexpr (K_MAJOR) {  // each thread every 128th 16-byte piece of a stage
+            constexpr int PIECES = (A_STAGE + B_STAGE) / 16 / (32 * TRANSPOSERS);
+            static_assert(A_STAGE % (16 * 32 * TRANSPOSERS) == 0 && PIECES * 16 * 32 * TRANSPOSERS == A_STAGE + B_STAGE,
+                          "whole pieces a thread, none across dy's and x's rows");
+            auto piece = [&](int stage, int i) {  // the thread's i-th piece: dy's rows, then x's
+                const int at = 16 * (tid - CONSUMERS + 32 * TRANSPOSERS * i);
+                return at < A_STAGE ? a_smem + stage * A_STAGE + at : b_smem + stage * B_STAGE + at - A_STAGE;
+            };
 #pragma unroll 1
-        for (int l_tile = k_begin, it = 0; l_tile < k_end; ++l_tile, ++it) {
-            const int from_stage = it % LANDING, stage = it % STAGES;
-            mbarrier_wait(landed + from_stage, (it / LANDING) & 1);
-            if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
-            const unsigned char* from = landing + from_stage * LAND_STAGE;
-            // Every unit's loads issued before any of its stores: the compiler may not move a load from shared memory
-            // above a store to it, so one unit at a time waited out every load's latency (ncu: the transposers
-            // stalled on shared-memory loads for 2/3 of their cycles).
-            float4 v[UNITS][4];  // unit u: pixels 4 t + k, channels 4 c ..
+            for (int it = 0; it < k_end - k_begin; ++it) {
+                const int stage = it % STAGES;
+                mbarrier_wait(landed + stage, (it / STAGES) & 1);
+                float4 v[PIECES];  // every load before any store, as the transposers' (a store holds up later loads)
 #pragma unroll
-            for (int u = 0; u < UNITS; ++u) {
-                const int unit = quarter + QUARTERS * u, panel = unit >> 3, c = (t + unit) & 7;
-                if (panel >= A_PANELS && j0 + 32 * (panel - A_PANELS) >= J) continue;  // a panel not copied
+                for (int i = 0; i < PIECES; ++i) v[i] = *reinterpret_cast<const float4*>(piece(stage, i));
 #pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    const int row = 4 * t + k;
-                    v[u][k] = *reinterpret_cast<const float4*>(from + panel * PANEL + row * 128 +
-                                                               (swizzle128_slot(c, row) << 4));
-                }
+                for (int i = 0; i < PIECES; ++i)
+                    *reinterpret_cast<uint4*>(piece(stage, i)) = make_uint4(
+                        to_tf32_for_mma(v[i].x), to_tf32_for_mma(v[i].y), to_tf32_for_mma(v[i].z),
+                        to_tf32_for_mma(v[i].w));
+                fence_proxy_async_shared();  // the rounded rows, to wgmma
+                __syncwarp();
+                if (lane == 0) mbarrier_arrive(full + stage);
             }
+        } else {
+            // A quarter's units (panel, diagonal) per l tile, all in registers at once (16 floats a unit, within the
+            // 128 a thread of four warps a scheduler).
+            constexpr int UNITS = PANELS * 8 / QUARTERS;
+            static_assert(PANELS * 8 % QUARTERS == 0 && UNITS <= 4, "whole diagonals, a quarter's units in registers");
+            const int t = lane & 7, quarter = (tid - CONSUMERS) >> 3;
+#pragma unroll 1
+            for (int l_tile = k_begin, it = 0; l_tile < k_end; ++l_tile, ++it) {
+                const int from_stage = it % LANDING, stage = it % STAGES;
+                mbarrier_wait(landed + from_stage, (it / LANDING) & 1);
+                if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
+                const unsigned char* from = landing + from_stage * LAND_STAGE;
+                // Every unit's loads issued before any of its stores: the compiler may not move a load from shared
+                // memory above a store to it, so one unit at a time waited out every load's latency (ncu: the
+                // transposers stalled on shared-memory loads for 2/3 of their cycles).
+                float4 v[UNITS][4];  // unit u: pixels 4 t + k, channels 4 c ..
 #pragma unroll
-            for (int u = 0; u < UNITS; ++u) {
-                const int unit = quarter + QUARTERS * u, panel = unit >> 3, c = (t + unit) & 7;
-                if (panel >= A_PANELS && j0 + 32 * (panel - A_PANELS) >= J) continue;
-                unsigned char* to = panel < A_PANELS ? a_smem + stage * A_STAGE + panel * PANEL
-                                                     : b_smem + stage * B_STAGE + (panel - A_PANELS) * PANEL;
+                for (int u = 0; u < UNITS; ++u) {
+                    const int unit = quarter + QUARTERS * u, panel = unit >> 3, c = (t + unit) & 7;
+                    if (panel >= A_PANELS && j0 + 32 * (panel - A_PANELS) >= J) continue;  // a panel not copied
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {  // channel 4 c + e: pixels 4 t ..
-                    const int row = 4 * c + e;
-                    const float* f[4] = {&v[u][0].x, &v[u][1].x, &v[u][2].x, &v[u][3].x};
-                    *reinterpret_cast<uint4*>(to + row * 128 + (swizzle128_slot(t, row) << 4)) =
-                        make_uint4(to_tf32_for_mma(f[0][e]), to_tf32_for_mma(f[1][e]), to_tf32_for_mma(f[2][e]),
-                                   to_tf32_for_mma(f[3][e]));
+                    for (int k = 0; k < 4; ++k) {
+                        const int row = 4 * t + k;
+                        v[u][k] = *reinterpret_cast<const float4*>(from + panel * PANEL + row * 128 +
+                                                                   (swizzle128_slot(c, row) << 4));
+                    }
                 }
-            }
-            fence_proxy_async_shared();  // the rows written, to wgmma
-            __syncwarp();
-            if (lane == 0) {
-                mbarrier_arrive(taken + from_stage);
-                mbarrier_arrive(full + stage);
+#pragma unroll
+                for (int u = 0; u < UNITS; ++u) {
+                    const int unit = quarter + QUARTERS * u, panel = unit >> 3, c = (t + unit) & 7;
+                    if (panel >= A_PANELS && j0 + 32 * (panel - A_PANELS) >= J) continue;
+                    unsigned char* to = panel < A_PANELS ? a_smem + stage * A_STAGE + panel * PANEL
+                                                         : b_smem + stage * B_STAGE + (panel - A_PANELS) * PANEL;
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {  // channel 4 c + e: pixels 4 t ..
+                        const int row = 4 * c + e;
+                        const float* f[4] = {&v[u][0].x, &v[u][1].x, &v[u][2].x, &v[u][3].x};
+                        *reinterpret_cast<uint4*>(to + row * 128 + (swizzle128_slot(t, row) << 4)) =
+                            make_uint4(to_tf32_for_mma(f[0][e]), to_tf32_for_mma(f[1][e]), to_tf32_for_mma(f[2][e]),
+                                       to_tf32_for_mma(f[3][e]));
+                    }
+                }
+                fence_proxy_async_shared();  // the rows written, to wgmma
+                __syncwarp();
+                if (lane == 0) {
+                    mbarrier_arrive(taken + from_stage);
+                    mbarrier_arrive(full + stage);
+                }
             }
         }
         return;

@@ -13,7 +13,7 @@ from checks import relative_error
 from cupyconv.arguments import make_problem
 from cupyconv.compiler import compute_capability
 from cupyconv.conv_transpose import make_transpose_problem, transpose_plan, transposed
-from cupyconv.wgrad_tensor_cores import TF32_TMA_CONFIGS, TMA_CONFIGS
+from cupyconv.wgrad_tensor_cores import TF32_K_MAJOR_CONFIGS, TF32_TMA_CONFIGS, TMA_CONFIGS
 from devices import gpu_count
 
 pytestmark = pytest.mark.gpu
@@ -348,22 +348,57 @@ def test_tensor_core_weight_gradient_tma_tiles(case, config, mode, schedule, nhw
     _weight_gradient_case(case, mode, nhwc, compute)
 
 
+#: NCHW 1x1 stride-1 layers the K-major TF32 tiles take (planes of whole 16-byte rows, even channels).
+K_MAJOR_CASES = [
+    Case(3, 96, 40, 8, 8, 1, 1),      # two whole l tiles an image; boxes past C and K read the next image's rows
+    Case(4, 128, 64, 7, 12, 1, 1),    # 84 pixels: a partial last l tile an image
+    Case(2, 130, 72, 6, 6, 1, 1),     # 130 channels: x's columns as 132, the last two cut by the reduction
+    Case(5, 64, 136, 10, 10, 1, 1),   # two output-channel tiles, the second past K
+    Case(1, 256, 256, 4, 4, 1, 1),    # 16 pixels: one partial l tile, one image
+]
+
+
+@pytest.mark.parametrize("schedule", [1, 3, 7])
+@pytest.mark.parametrize("config", [c.name for c in TF32_K_MAJOR_CONFIGS])
+@pytest.mark.parametrize("case", K_MAJOR_CASES, ids=lambda c: c.id)
+def test_tf32_k_major_tiles(case, config, schedule):
+    """wgrad_tensor_cores_tma_tf32 on NCHW arrays in place (LANDING 0: rows rounded, not transposed), whole (the
+    weight written in place where the channels allow), in runs and in more runs than an image has l tiles,
+    against torch in float64, the same bits every run."""
+    from cupyconv import wgrad_tensor_cores
+
+    if compute_capability() != wgrad_tensor_cores.WGMMA_COMPUTE_CAPABILITY:
+        pytest.skip(f"TMA and wgmma need sm_90a; this GPU is sm_{compute_capability()}")
+
+    def compute(problem, x, dy):
+        plan = wgrad_tensor_cores.make_plan(problem, True, config, schedule, compute_capability())
+        assert (plan.x_copy, plan.dy_copy) == ("", "") and plan.config.k_major
+        assert plan.direct == (schedule == 1 and problem.c % 4 == 0 and problem.k % 4 == 0)
+        out = cupy.empty(problem.weight_array_shape, dtype=x.dtype)
+        return wgrad_tensor_cores.conv2d_weight_cupy(x, dy, problem, out, plan)
+
+    _weight_gradient_case(case, "tf32", False, compute)
+
+
 def _rounded_to_tf32(a):
     """float32 ``a`` rounded to TF32 as cvt.rna does (to nearest, ties away from zero; finite values)."""
     bits = a.view(cupy.uint32)
     return cupy.where(cupy.isfinite(a), (bits + 0x1000) & 0xFFFFE000, bits).view(cupy.float32)
 
 
-@pytest.mark.parametrize("config", [c.name for c in TF32_TMA_CONFIGS])
+@pytest.mark.parametrize("config", [c.name for c in TF32_TMA_CONFIGS + TF32_K_MAJOR_CONFIGS])
 def test_tf32_tma_tiles_round_as_cvt_rna(config):
     """wgrad_tensor_cores_tma_tf32 rounds its operands in two instructions (to_tf32_for_mma), leaving their 13 low
     bits for the tensor cores to drop: operands rounded beforehand as cvt.rna does give the same bits. A third of
-    the values lie exactly halfway between two TF32 values."""
+    the values lie exactly halfway between two TF32 values. The K-major tiles on an NCHW 1x1 layer."""
     from cupyconv import wgrad_tensor_cores
 
     if compute_capability() != wgrad_tensor_cores.WGMMA_COMPUTE_CAPABILITY:
         pytest.skip(f"TMA and wgmma need sm_90a; this GPU is sm_{compute_capability()}")
-    problem = make_problem((2, 14, 14, 64), (64, 3, 3, 64), None, "float32", 1, 1, 1, 1, "NHWC", "KHWC")
+    if config in {c.name for c in TF32_K_MAJOR_CONFIGS}:
+        problem = make_problem((2, 64, 16, 16), (64, 64, 1, 1), None, "float32")
+    else:
+        problem = make_problem((2, 14, 14, 64), (64, 3, 3, 64), None, "float32", 1, 1, 1, 1, "NHWC", "KHWC")
     plan = wgrad_tensor_cores.make_plan(problem, True, config, 1, compute_capability())
     rng = cupy.random.default_rng(7)
 

@@ -57,7 +57,7 @@ def test_weight_gradient_programs(case, dtype):
         if family is wgrad_winograd:
             last = wgrad_winograd.WEIGHT_GRADIENT_TRANSFORM
         elif getattr(plan, "direct", False):
-            last = wgrad_tensor_cores.TF32_TMA_KERNEL if plan.config.landing else wgrad_tensor_cores.TMA_KERNEL
+            last = wgrad_tensor_cores.TF32_TMA_KERNEL if plan.config.tf32 else wgrad_tensor_cores.TMA_KERNEL
         else:
             last = wgrad.REDUCE_KERNEL
         assert call.weight is None and call.launches[-1].kernel == last

@@ -7,6 +7,7 @@ import pytest
 
 from cupyconv import wgrad, wgrad_tensor_cores as tc
 from cupyconv.arguments import make_problem
+from cupyconv.program import GRAD_OUTPUT, OUT, X, Pointer
 
 
 def _problem(n, c, k, hw, kernel, dtype="float16", stride=1, padding=0, layout="NHWC", groups=1):
@@ -182,6 +183,39 @@ def test_tf32_takes_the_transposing_tma_tiles_where_they_apply():
     assert tc.make_plan(problem, True, None, None, 80).config in tc.CONFIGS[4]
     padded = tc.make_plan(_problem(8, 64, 30, 14, 3, "float32"), True, "tc_tma_tf32_m64j128", 1, 90)
     assert not padded.direct  # 30 output channels: dy through a copy of 32
+
+
+def test_tf32_nchw_1x1_layers_take_the_k_major_tiles():
+    """float32 (TF32) NCHW 1x1 layers at stride 1 without padding, on sm_90a: x and dy read in place as [N C][H W]
+    and [N K][H W] through 2-D maps (boxes of bm or bj rows of 32 pixels), no copies, four rounding warps; one
+    run writes a weight of unpadded channels in place in either weight layout. Elsewhere, as before."""
+    from cupyconv.program import TensorMap
+
+    listed = set(tc.arch_specialisations()[tc.WGMMA_ARCH])
+    problem = _problem(32, 256, 64, 56, 1, "float32", layout="NCHW")
+    for cfg in tc.TF32_K_MAJOR_CONFIGS:
+        plan = tc.make_plan(problem, True, cfg.name, 1, 90)
+        assert plan.expression in listed and plan.expression.endswith(f"<{cfg.bm},{cfg.bj},0,{cfg.stages}>")
+        assert (plan.x_copy, plan.dy_copy, plan.direct, plan.workspace_bytes) == ("", "", True, 0)
+        assert plan.block == (2 * cfg.bm + 160, 1, 1) and plan.shared_bytes <= 227 * 1024
+        (launch,) = tc.program(plan, problem).launches
+        assert launch.kernel == tc.TF32_TMA_KERNEL and launch.args[:4] == (Pointer(OUT), Pointer(OUT), 1, 32 * 56 * 56)
+        assert launch.args[4:7] == (256, 256, 64)  # x's rows an image, J, dy's rows an image
+        dy_map, x_map = launch.args[-2:]
+        assert dy_map == TensorMap(Pointer(GRAD_OUTPUT), "float32", 32 * 64, 3136, 3136 * 4, cfg.bm, 32)
+        assert x_map == TensorMap(Pointer(X), "float32", 32 * 256, 3136, 3136 * 4, cfg.bj, 32)
+    assert tc.make_plan(problem, True, None, None, 90).config in tc.TF32_K_MAJOR_CONFIGS
+    split = tc.make_plan(_problem(8, 96, 30, 28, 1, "float32", layout="NCHW"), True, "tc_tma_tf32_nchw_m64j128", 3, 90)
+    assert (split.out_channels, split.channels, split.x_copy, split.dy_copy) == (30, 96, "", "") and not split.direct
+    for applies, case in ((False, _problem(8, 64, 64, 7, 1, "float32", layout="NCHW")),   # 49 pixels: rows of 196 B
+                          (False, _problem(8, 63, 64, 14, 1, "float32", layout="NCHW")),  # odd channels
+                          (False, _problem(8, 64, 64, 14, 1, "float32", stride=2, layout="NCHW")),
+                          (False, _problem(8, 64, 64, 14, 1, "float32", padding=1, layout="NCHW")),
+                          (False, _problem(8, 64, 64, 14, 3, "float32", padding=1, layout="NCHW")),
+                          (False, _problem(8, 64, 64, 14, 1, "float32")),                 # NHWC
+                          (True, _problem(8, 64, 64, 14, 1, "float32", layout="NCHW"))):
+        assert (tc.make_plan(case, True, None, None, 90).config in tc.TF32_K_MAJOR_CONFIGS) == applies, case
+    assert tc.make_plan(problem, True, None, None, 80).config in tc.CONFIGS[4]
 
 
 def test_one_tma_run_writes_the_weight_itself():
