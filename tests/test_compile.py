@@ -26,6 +26,7 @@ from cupyconv.wgrad import wgrad_specialisations
 from cupyconv.wgrad_depthwise import specialisations as depthwise_wgrad_specialisations
 from cupyconv.wgrad_tensor_cores import arch_specialisations as tensor_core_wgrad_arch_specialisations
 from cupyconv.wgrad_tensor_cores import specialisations as tensor_core_wgrad_specialisations
+from cupyconv.wgrad_winograd import specialisations as winograd_wgrad_specialisations
 
 CHUNK = 48
 PORTABLE_ARCHS = ("sm_80", "sm_90")
@@ -98,9 +99,10 @@ def _forward(every=COMPILE_ALL):
 def _gradients(every=COMPILE_ALL):
     """The weight gradient's FMA GEMM (every dtype, layout, index width and tile), its reduction, the
     depthwise kernel (every dtype, layout and kernel size), the tensor-core GEMM (every dtype, index
-    width, tile and piece; its wgmma instances for sm_90a) and the input gradient's phase weight."""
+    width, tile and piece; its wgmma instances for sm_90a), Winograd's transforms for the weight gradient
+    and the input gradient's phase weight."""
     portable = (wgrad_specialisations() + depthwise_wgrad_specialisations() + tensor_core_wgrad_specialisations()
-                + phase_weight_specialisations())
+                + winograd_wgrad_specialisations() + phase_weight_specialisations())
     return _programs(portable, PORTABLE_ARCHS, every) + \
         [param for arch, expressions in tensor_core_wgrad_arch_specialisations().items()
          for param in _programs(expressions, (arch,), every)]
@@ -122,7 +124,8 @@ def test_pieces_cover_every_specialisation_once():
             for expression in expressions]
     assert len(seen) == len(set(seen))
     portable = kernel_specialisations() + pooling_specialisations() + wgrad_specialisations() + \
-        depthwise_wgrad_specialisations() + tensor_core_wgrad_specialisations() + phase_weight_specialisations()
+        depthwise_wgrad_specialisations() + tensor_core_wgrad_specialisations() + winograd_wgrad_specialisations() + \
+        phase_weight_specialisations()
     specific = {**arch_specialisations()}
     for arch, expressions in tensor_core_wgrad_arch_specialisations().items():
         specific[arch] = specific.get(arch, []) + expressions
