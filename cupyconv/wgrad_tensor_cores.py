@@ -254,8 +254,11 @@ def _panel_channels(problem: ConvProblem) -> int:
 def _tma_applies(problem: ConvProblem, compute_capability: int) -> bool:
     """The TMA tiles run problems on sm_90a read in 16-byte pieces whose x panels (_panel_channels) each lie
     in one tap (Cp a multiple of them, or one tap: the map gives zeros past Cp) and whose windows the im2col
-    map can walk (im2col_map_fits), with 32-bit pixel coordinates."""
+    map can walk (im2col_map_fits), with 32-bit pixel coordinates; and the layers the K-major tiles take
+    (_k_major_applies: no pieces, no panels, no im2col map)."""
     p = problem
+    if _k_major_applies(p, compute_capability):
+        return True
     one_tap_panels = _channels(p)[0] % _panel_channels(p) == 0 or p.kh * p.kw == 1
     return compute_capability == WGMMA_COMPUTE_CAPABILITY and _channels(p)[2] == 16 and one_tap_panels and \
         p.n * p.ho * p.wo < 2**31 and im2col_map_fits(p)
