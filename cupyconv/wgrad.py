@@ -87,8 +87,8 @@ WAVE_BLOCKS = 132
 #: The runs' timing model (_run_time), in iterations of a 128 x 128 x 16 tile at one block an SM: a
 #: block's fixed cost (its setup and the write of its partial sums), and the reduction's per run and
 #: million partial sums. Fitted to an H200 sweep of 144 (layer, tile) pairs at 3-4 run counts each
-#: (profile/wgrad_fma_tiles.py; the direct GEMM and Winograd's): the model's pick is 0.2 % slower than
-#: the fastest measured on average, at most 9 %.
+#: (profile/wgrad_fma_tiles.py; the direct GEMM and Winograd's; profile/wgrad_fma_fit.py): the model's pick
+#: is 0.2 % slower than the fastest measured on average, at most 9 %.
 BLOCK_FIXED_ITERATIONS = 1.0
 REDUCE_ITERATIONS_PER_MILLION = 4.0
 #: Each run of the reduction covers at least this many l (a chunk of the kernel's blocked sum). 512 had
