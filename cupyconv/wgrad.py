@@ -155,8 +155,9 @@ def _choose_config(problem: ConvProblem) -> tuple[WgradConfig, str]:
 
     candidates = [c for c in WGRAD_CONFIGS if c.takes(problem.dtype)]
     cfg = min(candidates, key=cost)
+    others = ", ".join(f"{c.name} {cost(c):.0f}" for c in candidates if c is not cfg)
     return cfg, (f"Kg={kg} x J={j} per group: {cfg.name} wastes least (padded area / estimated speed "
-                 f"{cost(cfg):.0f}, against {', '.join(f'{c.name} {cost(c):.0f}' for c in candidates if c is not cfg)})")
+                 f"{cost(cfg):.0f}, against {others})")
 
 
 def refusal(problem: ConvProblem) -> str:

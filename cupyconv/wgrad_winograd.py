@@ -47,32 +47,40 @@ _FLOAT = 4
 
 
 @dataclasses.dataclass(frozen=True)
+class WinogradPasses:
+    """Passes of ``images`` images (``count`` of them, the last with ``gemm_last``), whose GEMMs write ``runs``
+    runs of partial sums in all; ``workspace_bytes`` hold V and dM (a pass's) and the runs."""
+
+    images: int
+    count: int
+    gemm: wgrad.WgradPlan
+    gemm_last: wgrad.WgradPlan
+    runs: int
+    workspace_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
 class WinogradWgradPlan:
-    """F(tile x tile, 3x3) in passes of ``images`` images (``passes`` of them, the last with
-    ``gemm_last``), the GEMMs writing ``runs`` runs of partial sums in all; ``workspace_bytes`` hold V,
-    dM (a pass's) and the runs."""
+    """F(tile x tile, 3x3) in ``passes``."""
 
     tile: int
     dtype: str
     layout: str
     weight_layout: str
     index_type: str
-    images: int
-    passes: int
-    gemm: wgrad.WgradPlan
-    gemm_last: wgrad.WgradPlan
-    runs: int
-    workspace_bytes: int
+    passes: WinogradPasses
     reason: str
 
     def __str__(self) -> str:
-        m = self.tile
-        gemm = "\n".join("    " + line for line in str(self.gemm).splitlines())
+        m, passes = self.tile, self.passes
+        gemm = "\n".join("    " + line for line in str(passes.gemm).splitlines()  # not its reduction: not run
+                         if wgrad.REDUCE_KERNEL not in line and not line.lstrip().startswith("why:"))
         return (f"winograd weight gradient [F({m}x{m}, 3x3): transforms of the input and the output gradient, "
-                f"{(m + 2) ** 2} GEMMs over the tiles, the filter gradient's transform adding {self.runs} run(s)]\n"
+                f"{(m + 2) ** 2} GEMMs over the tiles, the filter gradient's transform adding {passes.runs} run(s)]\n"
                 f"  float32 (IEEE arithmetic, no TF32), {self.layout} -> {self.weight_layout}, {self.index_type} "
-                f"indices, {self.passes} pass(es) of {self.images} image(s); workspace {self.workspace_bytes} B\n"
+                f"indices, {passes.count} pass(es) of {passes.images} image(s); workspace {passes.workspace_bytes} B\n"
                 f"  the GEMMs of a pass:\n{gemm}\n"
+                f"    why: {passes.gemm.reason}\n"
                 f"  why: {self.reason}")
 
 
@@ -109,18 +117,8 @@ def _images(problem: ConvProblem, tile: int) -> int:
     return fit and math.ceil(n / math.ceil(n / fit))
 
 
-@dataclasses.dataclass(frozen=True)
-class _Passes:
-    images: int
-    passes: int
-    gemm: wgrad.WgradPlan
-    gemm_last: wgrad.WgradPlan
-    runs: int
-    workspace_bytes: int
-
-
 @functools.lru_cache(maxsize=4096)
-def _passes(problem: ConvProblem, tile: int, config: str | None, splits: int | None) -> _Passes | str:
+def _passes(problem: ConvProblem, tile: int, config: str | None, splits: int | None) -> WinogradPasses | str:
     """The passes and their GEMMs' plans, or why there are none."""
     p = problem
     images = _images(p, tile)
@@ -139,7 +137,7 @@ def _passes(problem: ConvProblem, tile: int, config: str | None, splits: int | N
     workspace = _transformed_bytes(p, tile, images) + runs * run_bytes
     if workspace > WINOGRAD_WGRAD_MAX_WORKSPACE_BYTES:
         return f"V, dM and {runs} runs of partial sums need {workspace} B, past {WINOGRAD_WGRAD_MAX_WORKSPACE_BYTES} B"
-    return _Passes(images, passes, gemm, gemm_last, runs, workspace)
+    return WinogradPasses(images, passes, gemm, gemm_last, runs, workspace)
 
 
 def refusal(problem: ConvProblem, tile: int = WINOGRAD_WGRAD_TILE) -> str:
@@ -183,12 +181,10 @@ def make_plan(problem: ConvProblem, tile: int | None = None, config: str | None 
     why = (f"F({tile}x{tile}, 3x3) for a 3x3 stride-1 layer of C K / (C + K) = {p.c * p.k / (p.c + p.k):.0f} "
            f"(Winograd from {WINOGRAD_WGRAD_MIN_CHANNEL_RATIO}): {(tile + 2) ** 2 / (tile * tile) / 9:.2f}x the "
            f"direct sum's multiplies")
-    if passes.passes > 1:
-        why += f"; {passes.passes} passes of {passes.images} image(s) keep V and dM within the workspace cap"
+    if passes.count > 1:
+        why += f"; {passes.count} passes of {passes.images} image(s) keep V and dM within the workspace cap"
     return WinogradWgradPlan(tile=tile, dtype=p.dtype, layout=p.layout, weight_layout=p.weight_layout,
-                             index_type=index, images=passes.images, passes=passes.passes, gemm=passes.gemm,
-                             gemm_last=passes.gemm_last, runs=passes.runs, workspace_bytes=passes.workspace_bytes,
-                             reason=why)
+                             index_type=index, passes=passes, reason=why)
 
 
 def specialisation(kernel: str, tile: int, index: str, channels_last: bool = False) -> str:
@@ -215,21 +211,21 @@ def _transform(kernel: str, plan: WinogradWgradPlan, threads: int, *args) -> Lau
 
 
 def program(plan: WinogradWgradPlan, problem: ConvProblem) -> CallProgram:
-    """Per pass of plan.images images: the input's and the output gradient's transforms into V and dM,
+    """Per pass of plan.passes.images images: the input's and the output gradient's transforms into V and dM,
     then the GEMMs into that pass's runs of partial sums of dU; last the filter gradient's transform,
     adding every run in order, into OUT. The workspace holds V, dM and the runs; a pass's images are
     contiguous in x and grad_output in either layout."""
-    p, m, channels_last = problem, plan.tile, plan.layout == "NHWC"
+    p, m, channels_last, passes = problem, plan.tile, plan.layout == "NHWC", plan.passes
     tiles_h, tiles_w = _tiles(p, m)
     positions = (m + 2) ** 2
     v = Pointer(WORKSPACE)
-    dm = Pointer(WORKSPACE, align(_FLOAT * positions * p.c * plan.images * tiles_h * tiles_w))
-    runs_offset = _transformed_bytes(p, m, plan.images)
+    dm = Pointer(WORKSPACE, align(_FLOAT * positions * p.c * passes.images * tiles_h * tiles_w))
+    runs_offset = _transformed_bytes(p, m, passes.images)
     image_in, image_out = _FLOAT * p.c * p.h * p.w, _FLOAT * p.k * p.ho * p.wo
     launches, written = [], 0
-    for first in range(0, p.n, plan.images):
-        count = min(plan.images, p.n - first)
-        gemm = plan.gemm if count == plan.images else plan.gemm_last
+    for first in range(0, p.n, passes.images):
+        count = min(passes.images, p.n - first)
+        gemm = passes.gemm if count == passes.images else passes.gemm_last
         t = count * tiles_h * tiles_w
         # NCHW: a block per 256 tiles of one channel; NHWC: a thread per (tile, channel), channels fastest.
         input_threads = p.c * math.ceil(t / BLOCK) * BLOCK if not channels_last else p.c * t
@@ -241,5 +237,5 @@ def program(plan: WinogradWgradPlan, problem: ConvProblem) -> CallProgram:
             wgrad.gemm_launch(gemm, gemm_problem(p, m, count), v, dm, Pointer(WORKSPACE, runs_offset + written))]
         written += gemm.workspace_bytes
     launches.append(_transform(WEIGHT_GRADIENT_TRANSFORM, plan, p.k * p.c, Pointer(WORKSPACE, runs_offset),
-                               Pointer(OUT), p.k, p.c, plan.runs, int(p.weight_layout == "KHWC")))
-    return CallProgram(tuple(launches), plan.workspace_bytes)
+                               Pointer(OUT), p.k, p.c, passes.runs, int(p.weight_layout == "KHWC")))
+    return CallProgram(tuple(launches), passes.workspace_bytes)

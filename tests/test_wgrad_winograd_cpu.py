@@ -62,8 +62,8 @@ def test_programs(shape, tile, layout, weight_layout):
     assert call.weight is None and [launch.kernel for launch in call.launches] == [
         ww.INPUT_TRANSFORM, ww.OUTPUT_GRADIENT_TRANSFORM, wgrad.KERNEL, ww.WEIGHT_GRADIENT_TRANSFORM]
     assert call.launches[-1].args[:2] == (Pointer(WORKSPACE, call.launches[2].args[2].offset), Pointer(OUT))
-    assert call.launches[-1].args[4:] == (plan.runs, int(weight_layout == "KHWC"))
-    assert plan.runs == plan.gemm.splits and plan.passes == 1
+    assert call.launches[-1].args[4:] == (plan.passes.runs, int(weight_layout == "KHWC"))
+    assert plan.passes.runs == plan.passes.gemm.splits and plan.passes.count == 1
     tiles = n * -(-h // tile) * -(-w // tile)
     gemm = ww.gemm_problem(p, tile, n)
     assert (gemm.groups, gemm.n * gemm.ho * gemm.wo, gemm.c, gemm.k) == ((tile + 2) ** 2, tiles,
@@ -83,7 +83,7 @@ def test_passes_write_their_runs_one_after_another(layout, weight_layout, monkey
         call = ww.program(plan, p)
     finally:
         ww._passes.cache_clear()
-    assert (plan.images, plan.passes, plan.runs) == (2, 3, 6)
+    assert (plan.passes.images, plan.passes.count, plan.passes.runs) == (2, 3, 6)
     check_launches(call, {X, GRAD_OUTPUT, WORKSPACE}, {OUT, WORKSPACE})
     run_bytes = 4 * 36 * p.k * p.c
     gemms = [launch for launch in call.launches if launch.kernel == wgrad.KERNEL]

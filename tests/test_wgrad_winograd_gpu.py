@@ -74,7 +74,7 @@ def test_every_gemm_tile(config, layout, weight_layout):
 @pytest.mark.parametrize("layout,weight_layout", LAYOUTS)
 @pytest.mark.parametrize("splits", [1, 3, 8])
 def test_forced_runs(splits, layout, weight_layout):
-    assert check(CASES[6], layout, weight_layout, seed=splits, splits=splits).runs == splits
+    assert check(CASES[6], layout, weight_layout, seed=splits, splits=splits).passes.runs == splits
 
 
 @pytest.mark.parametrize("layout,weight_layout", LAYOUTS)
@@ -91,16 +91,17 @@ def test_passes(tile, layout, weight_layout, monkeypatch):
         plan = check(case, layout, weight_layout, seed=tile, tile=tile, splits=2)
     finally:
         ww._passes.cache_clear()
-    assert (plan.images, plan.passes, plan.runs) == (2, 3, 6)
+    assert (plan.passes.images, plan.passes.count, plan.passes.runs) == (2, 3, 6)
 
 
 @pytest.mark.parametrize("layout,weight_layout", LAYOUTS)
 def test_64_bit_index_specialisation(layout, weight_layout):
     problem = problem_of(CASES[1], "float32", layout, weight_layout)
     plan = ww.make_plan(problem)
-    gemm = dataclasses.replace(plan.gemm, index_type="long long", gemm_expression=wgrad.gemm_specialisation(
-        "float32", layout == "NHWC", "long long", plan.gemm.config))
-    plan = dataclasses.replace(plan, index_type="long long", gemm=gemm, gemm_last=gemm)
+    gemm = dataclasses.replace(plan.passes.gemm, index_type="long long", gemm_expression=wgrad.gemm_specialisation(
+        "float32", layout == "NHWC", "long long", plan.passes.gemm.config))
+    plan = dataclasses.replace(plan, index_type="long long",
+                               passes=dataclasses.replace(plan.passes, gemm=gemm, gemm_last=gemm))
     x, dy = random_inputs(problem, seed=13)
     _, out = run(problem, x, dy, plan)
     assert relative_error(out, torch_wgrad(problem, x.double(), dy.double())) <= BOUND

@@ -12,13 +12,11 @@ import argparse
 
 import cupy
 import torch
-from wgrad_parts import grad_operands  # this folder: the scripts run as files
+from wgrad_parts import grad_operands, program_runner  # this folder: the scripts run as files
 
 from cupyconv import wgrad, wgrad_winograd
 from cupyconv.bench import LAYERS, MODE_FLOOR, alternating_ms, relative_error
-from cupyconv.executor import program_executable
 from cupyconv.grad import weight_gradient_plan
-from cupyconv.launch import run_program
 
 REPEATS = 15
 
@@ -51,12 +49,7 @@ def main() -> None:
 
         def call(plan):
             module = wgrad if isinstance(plan, wgrad.WgradPlan) else wgrad_winograd
-            exe = program_executable(module.program, plan, problem, cupy.cuda.Device().id)
-
-            def run():
-                with stream:
-                    run_program(exe, x=xv, grad_output=dyv, out=out)
-            return run
+            return program_runner(module.program, plan, problem, stream, xv, dyv, out)
 
         def error(plan) -> float:
             out.fill(cupy.nan)
@@ -71,8 +64,11 @@ def main() -> None:
             for f in (torch.contiguous_format, torch.channels_last)})
         times = alternating_ms(fns, REPEATS)
         torch_ms = min(times[f"torch {f}"][0] for f in (torch.contiguous_format, torch.channels_last))
-        name = rules.config.name if family is wgrad else f"winograd F({rules.tile}) {rules.gemm.config.name}"
-        print(f"{shape.name} fp32 {args.layout}: torch {torch_ms:.4f}  rules {name}/{getattr(rules, 'runs', None) or rules.splits} "
+        if family is wgrad:
+            name, runs = rules.config.name, rules.splits
+        else:
+            name, runs = f"winograd F({rules.tile}) {rules.passes.gemm.config.name}", rules.passes.runs
+        print(f"{shape.name} fp32 {args.layout}: torch {torch_ms:.4f}  rules {name}/{runs} "
               f"{times['rules'][0]:.4f} ({torch_ms / times['rules'][0]:.2f}x, err {error(rules):.1e}, "
               f"bound {bound:.1e})", flush=True)
         ways = [("w4", lambda c, s: wgrad_winograd.make_plan(problem, 4, c, s)),
@@ -84,7 +80,7 @@ def main() -> None:
                 if args.tile and cfg.name not in args.tile:
                     continue
                 auto = make(cfg.name, None)
-                auto_splits = auto.splits if way == "d" else auto.gemm.splits
+                auto_splits = auto.splits if way == "d" else auto.passes.gemm.splits
                 plans = {}
                 for s in sorted({max(1, auto_splits // 2), auto_splits, auto_splits * 2, auto_splits * 4}):
                     try:

@@ -35,6 +35,20 @@ def grad_operands(problem, dtype, nhwc: bool):
     return x, dy, view(x), view(dy)
 
 
+def program_runner(program, plan, problem, stream, x, dy, out):
+    """A function launching ``program(plan, problem)`` (a weight-gradient family's) on ``stream``, from CuPy ``x``
+    and ``dy`` into ``out``."""
+    from cupyconv.executor import program_executable
+    from cupyconv.launch import run_program
+
+    exe = program_executable(program, plan, problem, cupy.cuda.Device().id)
+
+    def run():
+        with stream:
+            run_program(exe, x=x, grad_output=dy, out=out)
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", action="append", choices=sorted(LAYOUT))

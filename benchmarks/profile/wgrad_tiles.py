@@ -12,13 +12,11 @@ import argparse
 
 import cupy
 import torch
-from wgrad_parts import grad_operands  # this folder: the scripts run as files
+from wgrad_parts import grad_operands, program_runner  # this folder: the scripts run as files
 
 from cupyconv import wgrad_tensor_cores as tc
 from cupyconv.bench import LAYERS, MODE_DTYPE, MODE_FLOOR, alternating_ms, relative_error
 from cupyconv.compiler import compute_capability
-from cupyconv.executor import program_executable
-from cupyconv.launch import run_program
 
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 REPEATS = 15
@@ -47,12 +45,7 @@ def main() -> None:
                     torch.nn.grad.conv2d_weight(x, problem.weight_shape, dy, *args_), ref))
 
             def call(plan):
-                exe = program_executable(tc.program, plan, problem, cupy.cuda.Device().id)
-
-                def run():
-                    with stream:
-                        run_program(exe, x=xv, grad_output=dyv, out=out)
-                return run
+                return program_runner(tc.program, plan, problem, stream, xv, dyv, out)
 
             def error(plan) -> float:
                 out.fill(cupy.nan)
