@@ -138,7 +138,9 @@ TF32_TMA_CONFIGS = tuple(TileConfig(f"tc_tma_tf32_m{bm}j{bj}", bm, bj, 32, bm //
 #: [N][K][Ho Wo] are K-major already (a channel's pixels contiguous), so 2-D TMA copies of dy as [N K][Ho Wo]
 #: and x as [N C][H W] land in wgmma's layout and four warps only round them to TF32 in place: no channels-last
 #: copies and no transposes. The stages the TF32 tiles above split between landing and transposing. Rates:
-#: estimates (the transposes' share of shared memory's traffic gone), not yet fitted to a sweep.
+#: estimates (the transposes' share of shared memory's traffic gone), which a sweep of the layers suite's NCHW
+#: 1x1 rows confirmed (H200, benchmarks/results/wgrad_tiles_k_major_tf32_nchw_h200.txt; profile/wgrad_fit.py
+#: --mode tf32-nchw): the model's pick within 1.03x of the fastest tile and run count measured on each.
 TF32_K_MAJOR_CONFIGS = tuple(TileConfig(f"tc_tma_tf32_nchw_m{bm}j{bj}", bm, bj, 32, bm // 16, 1, stages, 1, rate,
                                         wgmma=True, tma=True, k_major=True)
                              for bm, bj, stages, rate in ((128, 128, 6, 1.8), (64, 128, 8, 1.3), (128, 64, 8, 1.3)))

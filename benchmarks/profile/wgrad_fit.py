@@ -1,7 +1,8 @@
 """Fit the TMA weight-gradient tiles' rates (wgrad_tensor_cores.TMA_CONFIGS' sm_tflops, or with --mode tf32
 TF32_TMA_CONFIGS') and the timing model's FILL_TILES and REDUCE_LAUNCH_US to sweeps of profile/wgrad_tiles.py,
 on the CPU:
-    python benchmarks/profile/wgrad_fit.py [--mode tf32] benchmarks/results/wgrad_tiles_tma_h200.txt [MORE.txt ...]
+    python benchmarks/profile/wgrad_fit.py [--mode tf32|tf32-nchw] benchmarks/results/wgrad_tiles_tma_h200.txt [MORE.txt ...]
+(tf32-nchw: the K-major tiles, TF32_K_MAJOR_CONFIGS, from a sweep of wgrad_tiles.py --layout nchw.)
 A later file's times replace an earlier one's for the same layer, tile and run count. For every combination on
 the grid below, the model (wgrad_tensor_cores._model_us) picks each layer's tile and run count as make_plan
 would; the score is the sum over layers of log(measured time of the pick / fastest time measured), the pick's
@@ -19,9 +20,12 @@ import re
 from cupyconv import wgrad_tensor_cores as tc
 from cupyconv.bench import LAYERS
 
-RATES = {"16-bit": (2.2, 2.4, 2.6, 3.0, 3.4), "tf32": (1.0, 1.2, 1.4, 1.6, 1.8, 2.0)}
-#: Each fit's modes (as wgrad_tiles.py names them), tiles and problem dtype.
-FITS = {"16-bit": (("fp16", "bf16"), tc.TMA_CONFIGS, "float16"), "tf32": (("tf32",), tc.TF32_TMA_CONFIGS, "float32")}
+RATES = {"16-bit": (2.2, 2.4, 2.6, 3.0, 3.4), "tf32": (1.0, 1.2, 1.4, 1.6, 1.8, 2.0),
+         "tf32-nchw": (1.0, 1.3, 1.6, 1.8, 2.0, 2.4, 2.8)}
+#: Each fit's modes (as wgrad_tiles.py names them), tiles, problem dtype and layout.
+FITS = {"16-bit": (("fp16", "bf16"), tc.TMA_CONFIGS, "float16", "channels_last"),
+        "tf32": (("tf32",), tc.TF32_TMA_CONFIGS, "float32", "channels_last"),
+        "tf32-nchw": (("tf32",), tc.TF32_K_MAJOR_CONFIGS, "float32", "nchw")}
 FILLS = (1, 2, 3)
 REDUCE_LAUNCHES = (0.0, 2.0)
 
@@ -46,11 +50,14 @@ def score(times: dict, rates: dict, fit: str, verbose: bool = False) -> float:
     """The sum over layers of log(pick / fastest) with ``rates`` ({tile name: sm_tflops}); a tile whose
     schedule the model makes stream-K counts its stream-K time where the sweep has one."""
     shapes = {shape.name: shape for shape in LAYERS}
-    _, tiles, dtype = FITS[fit]
+    _, tiles, dtype, layout = FITS[fit]
     configs = {cfg.name: dataclasses.replace(cfg, sm_tflops=rates[cfg.name]) for cfg in tiles}
     total = 0.0
     for layer, per_tile in times.items():
-        problem = shapes[layer].problem(dtype, "channels_last")
+        per_tile = {name: runs for name, runs in per_tile.items() if name in configs}  # not other families' tiles
+        if not per_tile:
+            continue
+        problem = shapes[layer].problem(dtype, layout)
         fastest = min(min(runs.values()) for runs in per_tile.values())
         picks = []
         for name, runs in per_tile.items():
@@ -68,19 +75,19 @@ def score(times: dict, rates: dict, fit: str, verbose: bool = False) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("fp16", "tf32"), default="fp16", help="fp16: the 16-bit tiles (fp16 and "
-                        "bf16 sweeps); tf32: TF32's")
+    parser.add_argument("--mode", choices=("fp16", "tf32", "tf32-nchw"), default="fp16",
+                        help="fp16: the 16-bit tiles (fp16 and bf16 sweeps); tf32: TF32's; tf32-nchw: the K-major ones")
     parser.add_argument("sweeps", nargs="+")
     args = parser.parse_args()
-    fit = "tf32" if args.mode == "tf32" else "16-bit"
-    modes, tiles, _ = FITS[fit]
+    fit = "16-bit" if args.mode == "fp16" else args.mode
+    modes, tiles, _, _ = FITS[fit]
     times = sweeps(args.sweeps, modes)
     names = [cfg.name for cfg in tiles]
     current = {cfg.name: cfg.sm_tflops for cfg in tiles}
     print(f"current: rates {current}, FILL_TILES {tc.FILL_TILES}, REDUCE_LAUNCH_US {tc.REDUCE_LAUNCH_US}: "
           f"{score(times, current, fit, True):.3f}")
     best = (score(times, current, fit), current, tc.FILL_TILES, tc.REDUCE_LAUNCH_US)  # kept unless beaten
-    held = fit == "tf32"
+    held = fit != "16-bit"
     for fill, launch in itertools.product((tc.FILL_TILES,) if held else FILLS,
                                           (tc.REDUCE_LAUNCH_US,) if held else REDUCE_LAUNCHES):
         tc.FILL_TILES, tc.REDUCE_LAUNCH_US = fill, launch  # read by _model_us at each call

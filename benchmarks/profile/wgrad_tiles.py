@@ -1,7 +1,9 @@
 """Every tensor-core weight-gradient tile on every ungrouped layer of bench.LAYERS, in 16 bits or TF32 on
 channels-last arrays, over a range of run counts (wgrad_tensor_cores.py):
     PYTHONPATH=$repo python benchmarks/profile/wgrad_tiles.py [--mode fp16|bf16|tf32] [--layer NAME ...]
-        [--tile NAME ...]
+        [--tile NAME ...] [--layout nchw]
+(--layout nchw: NCHW arrays, whose TF32 1x1 layers take the K-major tiles; the other layers' copies are timed
+with the GEMM.)
 Per layer: torch.nn.grad.conv2d_weight in its faster layout, the rules' plan, the rules' plan without Hopper's
 tiles (mma.sync: "sm80"), then per tile the run count
 the rules' timing model gives it and the fastest of SPLITS (and, for the TMA tiles with a stream-K instance, stream-K: "sk"), each a
@@ -27,6 +29,7 @@ def main() -> None:
     parser.add_argument("--mode", action="append", choices=("fp16", "bf16", "tf32"))
     parser.add_argument("--layer", action="append")
     parser.add_argument("--tile", action="append")
+    parser.add_argument("--layout", choices=("channels_last", "nchw"), default="channels_last")
     args = parser.parse_args()
     capability = compute_capability()
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
@@ -35,8 +38,9 @@ def main() -> None:
         for shape in LAYERS:
             if shape.groups != 1 or (args.layer and shape.name not in args.layer):
                 continue
-            problem = shape.problem(MODE_DTYPE[mode], "channels_last")
-            x, dy, xv, dyv = grad_operands(problem, dtype, True)
+            problem = shape.problem(MODE_DTYPE[mode], args.layout)
+            nhwc = args.layout == "channels_last"
+            x, dy, xv, dyv = grad_operands(problem, dtype, nhwc)
             out = cupy.empty(problem.weight_array_shape, dtype=xv.dtype)
             args_ = (shape.stride, shape.padding, shape.dilation)
             with torch.no_grad():
@@ -52,7 +56,8 @@ def main() -> None:
                 call(plan)()
                 torch.cuda.synchronize()
                 got = torch.from_dlpack(out)
-                got = (got.view(torch.bfloat16) if mode == "bf16" else got).permute(0, 3, 1, 2)
+                got = got.view(torch.bfloat16) if mode == "bf16" else got
+                got = got.permute(0, 3, 1, 2) if nhwc else got
                 return relative_error(got, ref)
 
             rules = tc.make_plan(problem, True, None, None, capability)
