@@ -43,7 +43,7 @@ ACC_CTYPES = {"float16": "float", "bfloat16": "float", "float32": "float", "floa
 class WgradConfig:
     """Thread-block tile: bm output channels x bj columns (c, r, s), l tiles of bl, ``slices`` groups of
     threads each taking bl / slices of a tile's l (added in order at the end); ``thread_tile`` squared
-    outputs a thread (4 or 8; 8 only for float accumulators). ``speed``: the FMA rate relative to the
+    outputs a thread (4 or 8: float32 only, in NHWC 4 channels a load). ``speed``: the FMA rate relative to the
     64 x 64 tile that the choice assumes."""
 
     name: str
@@ -63,8 +63,20 @@ class WgradConfig:
         return 2 if self.thread_tile == 4 and ACC_BYTES[dtype] == 4 else 1
 
     def takes(self, dtype: str) -> bool:
-        """Whether the tile has an instance for ``dtype`` (8 x 8 thread tiles: float accumulators only)."""
-        return self.thread_tile == 4 or ACC_BYTES[dtype] == 4
+        """Whether the tile has an instance for ``dtype`` (8 x 8 thread tiles: float32 only)."""
+        return self.thread_tile == 4 or dtype == "float32"
+
+    def refusal(self, problem: ConvProblem) -> str:
+        """Why the tile cannot run ``problem`` ("" when it can): 8 x 8 thread tiles take float32, and in NHWC
+        read 4 channels a load, so output and input channels per group in fours."""
+        if not self.takes(problem.dtype):
+            return (f"{self.name} ({self.thread_tile} x {self.thread_tile} outputs a thread) takes float32 only, "
+                    f"got {problem.dtype}")
+        kg, cg = problem.k // problem.groups, problem.c // problem.groups
+        if self.thread_tile == 8 and problem.layout == "NHWC" and (kg % 4 or cg % 4):
+            return (f"{self.name} reads NHWC 4 channels a load: channels per group must be multiples of 4, got "
+                    f"{kg} output and {cg} input channels")
+        return ""
 
 
 #: The tiles, 256 threads each. 128 x 128 (8 x 8 outputs a thread, one block an SM) runs 1.1-1.4x faster
@@ -153,7 +165,7 @@ def _choose_config(problem: ConvProblem) -> tuple[WgradConfig, str]:
     def cost(cfg: WgradConfig) -> float:
         return math.ceil(kg / cfg.bm) * cfg.bm * math.ceil(j / cfg.bj) * cfg.bj / cfg.speed
 
-    candidates = [c for c in WGRAD_CONFIGS if c.takes(problem.dtype)]
+    candidates = [c for c in WGRAD_CONFIGS if not c.refusal(problem)]
     cfg = min(candidates, key=cost)
     others = ", ".join(f"{c.name} {cost(c):.0f}" for c in candidates if c is not cfg)
     return cfg, (f"Kg={kg} x J={j} per group: {cfg.name} wastes least (padded area / estimated speed "
@@ -253,9 +265,8 @@ def make_wgrad_plan(problem: ConvProblem, config: str | None = None, splits: int
         raise ValueError(f"{KERNEL} cannot run {problem}: {why_not}")
     if config is not None:
         cfg, why = forced_config(WGRAD_CONFIGS, config, f"config for {KERNEL}"), "config forced by the caller"
-        if not cfg.takes(problem.dtype):
-            raise ValueError(f"config {config!r} ({cfg.thread_tile} x {cfg.thread_tile} outputs a thread) has no "
-                             f"instance for {problem.dtype} ({ACC_CTYPES[problem.dtype]} accumulators)")
+        if cfg.refusal(problem):
+            raise ValueError(f"config {config!r} cannot run {problem}: {cfg.refusal(problem)}")
     else:
         cfg, why = _choose_config(problem)
     if splits is None:
@@ -284,7 +295,8 @@ def wgrad_specialisations() -> list[str]:
     """Every name expression a plan can use: the GEMM for each dtype, layout, index width and tile, and
     the reduction for each dtype."""
     return [gemm_specialisation(dtype, channels_last, index, cfg) for dtype in CTYPES for channels_last in (False, True)
-            for index in INDEX_TYPES for cfg in WGRAD_CONFIGS if cfg.takes(dtype)] + [reduce_specialisation(dtype) for dtype in CTYPES]
+            for index in INDEX_TYPES for cfg in WGRAD_CONFIGS if cfg.takes(dtype)] + \
+        [reduce_specialisation(dtype) for dtype in CTYPES]
 
 
 def reduce_launch(dtype: str, splits: int, elements: int, cg: int, taps: int, ws_channels_last: bool,

@@ -92,7 +92,10 @@ wgrad_gemm(const T* __restrict__ x, const T* __restrict__ dy, typename accumulat
     constexpr int CHUNK_TILES = WGRAD_CHUNK / LPS > 0 ? WGRAD_CHUNK / LPS : 1;
     constexpr int SA = BM + WGRAD_PAD, SB = BJ + WGRAD_PAD;  // shared row strides of A [BL][BM], B [BL][BJ]
     constexpr int STAGE = BL * (SA + SB);
-    constexpr int A_PER = BM * BL / NT, B_PER = BJ * BL / NT;  // elements each thread loads per tile
+    // VEC: channels a load. The 8 x 8 NHWC tile (float32; Kg and Cg multiples of 4, which the planner checks)
+    // reads 4 consecutive channels of a pixel as one 16-byte load and stores them as one.
+    constexpr int VEC = TT == 8 && CHANNELS_LAST ? 4 : 1;
+    constexpr int A_PER = BM * BL / (NT * VEC), B_PER = BJ * BL / (NT * VEC);  // loads each thread makes per tile
     // NCHW: a thread keeps one l (tid % BL) and A_PER / B_PER rows; NHWC: one row (tid % BM or BJ) and
     // A_PER / B_PER l. Either way the per-row offsets are computed once, before the loop.
     constexpr int A_ROWS = CHANNELS_LAST ? 1 : A_PER, B_ROWS = CHANNELS_LAST ? 1 : B_PER;
@@ -100,8 +103,9 @@ wgrad_gemm(const T* __restrict__ x, const T* __restrict__ dy, typename accumulat
     static_assert((TT == 4 || TT == 8) && BM % TT == 0 && BJ % TT == 0 && BL % LS == 0,
                   "4 x 4 or 8 x 8 thread tiles, whole slices");
     static_assert(TT == 4 || sizeof(Acc) == 4, "8 x 8 tiles of double accumulators would not fit in registers");
-    static_assert(NT % BL == 0 && NT % BM == 0 && NT % BJ == 0, "a thread keeps its l or its row");
-    static_assert(A_PER >= 1 && B_PER >= 1 && A_PER * NT == BM * BL && B_PER * NT == BJ * BL, "whole tiles");
+    static_assert(NT % BL == 0 && NT % (BM / VEC) == 0 && NT % (BJ / VEC) == 0, "a thread keeps its l or its row");
+    static_assert(A_PER >= 1 && B_PER >= 1 && A_PER * NT * VEC == BM * BL && B_PER * NT * VEC == BJ * BL, "whole tiles");
+    static_assert(VEC == 1 || sizeof(T) == 4, "16-byte loads of float32");
 
     __shared__ __align__(16) Acc smem[2 * STAGE > SLICE_SUMS ? 2 * STAGE : SLICE_SUMS];
     __shared__ WgradPixel<Index> pixels[2][BL];
@@ -138,23 +142,24 @@ wgrad_gemm(const T* __restrict__ x, const T* __restrict__ dy, typename accumulat
         return px;
     };
 
-    // --- Loader: row and l of each element a thread loads (rows within the tile, l within the tile).
-    auto a_row = [&](int i) { return CHANNELS_LAST ? tid % BM : tid / BL + (NT / BL) * i; };
-    auto a_l = [&](int i) { return CHANNELS_LAST ? tid / BM + (NT / BM) * i : tid % BL; };
-    auto b_row = [&](int i) { return CHANNELS_LAST ? tid % BJ : tid / BL + (NT / BL) * i; };
-    auto b_l = [&](int i) { return CHANNELS_LAST ? tid / BJ + (NT / BJ) * i : tid % BL; };
-    // Rows past Kg or J read row Kg - 1 or J - 1 (a legal address); their outputs are never written.
+    // --- Loader: (first) row and l of each load a thread makes (rows within the tile, l within the tile).
+    constexpr int A_LINE = BM / VEC, B_LINE = BJ / VEC;  // NHWC: the threads along a tile's row
+    auto a_row = [&](int i) { return CHANNELS_LAST ? tid % A_LINE * VEC : tid / BL + (NT / BL) * i; };
+    auto a_l = [&](int i) { return CHANNELS_LAST ? tid / A_LINE + (NT / A_LINE) * i : tid % BL; };
+    auto b_row = [&](int i) { return CHANNELS_LAST ? tid % B_LINE * VEC : tid / BL + (NT / BL) * i; };
+    auto b_l = [&](int i) { return CHANNELS_LAST ? tid / B_LINE + (NT / B_LINE) * i : tid % BL; };
+    // Rows past Kg or J read rows Kg - VEC or J - VEC on (a legal address); their outputs are never written.
     Index a_off[A_ROWS];              // dy offset of channel g Kg + m, less the pixel's
     int b_chan[B_ROWS];               // channel g Cg + c of x (an int: 8 NCHW rows of 64-bit offsets spilled)
     int b_r[B_ROWS], b_s[B_ROWS];     // r dh, s dw
 #pragma unroll
     for (int i = 0; i < A_ROWS; ++i) {
-        const int m = g * Kg + min(m0 + a_row(i), Kg - 1);
+        const int m = g * Kg + min(m0 + a_row(i), Kg - VEC);
         a_off[i] = CHANNELS_LAST ? static_cast<Index>(m) : m * HoWo;
     }
 #pragma unroll
     for (int i = 0; i < B_ROWS; ++i) {
-        const int j = min(j0 + b_row(i), J - 1);
+        const int j = min(j0 + b_row(i), J - VEC);
         const int c = CHANNELS_LAST ? j % Cg : j / taps, tap = CHANNELS_LAST ? j / Cg : j % taps;
         const int r = tap / kw, s = tap - r * kw;
         b_chan[i] = g * Cg + c;
@@ -162,12 +167,20 @@ wgrad_gemm(const T* __restrict__ x, const T* __restrict__ dy, typename accumulat
         b_s[i] = s * dw;
     }
 
-    Acc a_reg[A_PER], b_reg[B_PER];
+    Acc a_reg[A_PER][VEC], b_reg[B_PER][VEC];
+    auto fetch = [&](const T* src, bool ok, Acc (&v)[VEC]) {  // VEC channels from src, zeros where not ok
+        if constexpr (VEC == 4) {
+            const float4 f = ok ? *reinterpret_cast<const float4*>(src) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+        } else {
+            v[0] = ok ? to_acc<Acc>(*src) : Acc(0);
+        }
+    };
     auto load = [&](int buf) {  // the tile pixels[buf] describes, into registers
 #pragma unroll
         for (int i = 0; i < A_PER; ++i) {
             const Index base = pixels[buf][a_l(i)].dy_base;
-            a_reg[i] = base >= 0 ? to_acc<Acc>(dy[base + a_off[CHANNELS_LAST ? 0 : i]]) : Acc(0);
+            fetch(dy + (base >= 0 ? base + a_off[CHANNELS_LAST ? 0 : i] : Index(0)), base >= 0, a_reg[i]);
         }
 #pragma unroll
         for (int i = 0; i < B_PER; ++i) {
@@ -177,16 +190,22 @@ wgrad_gemm(const T* __restrict__ x, const T* __restrict__ dy, typename accumulat
             const bool ok = static_cast<unsigned>(ih) < static_cast<unsigned>(H) &&
                             static_cast<unsigned>(iw) < static_cast<unsigned>(W);
             const Index pixel = ok ? static_cast<Index>(ih * W + iw) : Index(0), chan = b_chan[ri];
-            b_reg[i] = ok ? to_acc<Acc>(x[px.x_base + (CHANNELS_LAST ? pixel * C + chan : chan * HW + pixel)]) : Acc(0);
+            fetch(x + (ok ? px.x_base + (CHANNELS_LAST ? pixel * C + chan : chan * HW + pixel) : Index(0)), ok, b_reg[i]);
         }
+    };
+    auto put = [&](Acc* dst, const Acc (&v)[VEC]) {
+        if constexpr (VEC == 4)
+            *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+        else
+            *dst = v[0];
     };
     auto store = [&](int stage) {
         Acc* a_smem = smem + stage * STAGE;
         Acc* b_smem = a_smem + BL * SA;
 #pragma unroll
-        for (int i = 0; i < A_PER; ++i) a_smem[a_l(i) * SA + a_row(i)] = a_reg[i];
+        for (int i = 0; i < A_PER; ++i) put(a_smem + a_l(i) * SA + a_row(i), a_reg[i]);
 #pragma unroll
-        for (int i = 0; i < B_PER; ++i) b_smem[b_l(i) * SB + b_row(i)] = b_reg[i];
+        for (int i = 0; i < B_PER; ++i) put(b_smem + b_l(i) * SB + b_row(i), b_reg[i]);
     };
 
     // --- Thread tile: slice `slice` takes l [slice LPS, (slice + 1) LPS) of each tile; outputs

@@ -54,18 +54,23 @@ def test_every_config_is_a_256_thread_block_of_whole_tiles():
         assert cfg.bm * cfg.bl % 256 == 0 and cfg.bj * cfg.bl % 256 == 0
 
 
-def test_8_by_8_thread_tiles_take_float_accumulators_only():
-    """float64's 8 x 8 tiles would need 256 registers of accumulators: the choice skips them, forcing one
-    raises, and no instance is compiled."""
+def test_8_by_8_thread_tiles_take_float32_in_fours():
+    """8 x 8 tiles take float32 only (float64's accumulators would not fit, 16 bits would need converting
+    loads), and in NHWC read 4 channels a load: other dtypes and NHWC channels not in fours get other tiles,
+    forcing one raises, and no other instance is compiled."""
     p = problem(32, 256, 14, 14, 256)
     wide = [c.name for c in WGRAD_CONFIGS if c.thread_tile == 8]
     assert wide and make_wgrad_plan(p).config.name in wide
-    double = dataclasses.replace(p, dtype="float64")
-    assert make_wgrad_plan(double).config.thread_tile == 4
-    for name in wide:
-        with pytest.raises(ValueError, match="no instance for float64"):
-            make_wgrad_plan(double, config=name)
-    assert not any("double" in e and ",8>" in e for e in wgrad_specialisations())
+    for other, why in ((dataclasses.replace(p, dtype="float64"), "float32 only"),
+                       (dataclasses.replace(p, dtype="float16"), "float32 only"),
+                       (problem(32, 254, 14, 14, 256, layout="NHWC", weight_layout="KHWC"), "multiples of 4"),
+                       (problem(32, 256, 14, 14, 250, layout="NHWC", weight_layout="KHWC"), "multiples of 4")):
+        assert make_wgrad_plan(other).config.thread_tile == 4
+        for name in wide:
+            with pytest.raises(ValueError, match=why):
+                make_wgrad_plan(other, config=name)
+    assert make_wgrad_plan(problem(32, 254, 14, 14, 250)).config.name in wide  # NCHW: a channel a load
+    assert all(e.startswith("cupyconv::wgrad_gemm<float,") for e in wgrad_specialisations() if e.endswith(",8>"))
 
 
 @pytest.mark.parametrize("p", list(sweep()), ids=str)
@@ -168,8 +173,8 @@ def test_plan_is_frozen_and_printable():
 
 def test_specialisations_are_unique_and_complete():
     names = wgrad_specialisations()
-    wide = sum(c.thread_tile == 8 for c in WGRAD_CONFIGS)  # no float64 instances
-    assert len(names) == len(set(names)) == 4 * 2 * 2 * len(WGRAD_CONFIGS) - 2 * 2 * wide + 4
+    wide = sum(c.thread_tile == 8 for c in WGRAD_CONFIGS)  # float32 instances only
+    assert len(names) == len(set(names)) == 4 * 2 * 2 * len(WGRAD_CONFIGS) - 3 * 2 * 2 * wide + 4
     assert sum("wgrad_reduce" in n for n in names) == 4
 
 
