@@ -12,7 +12,7 @@ import argparse
 
 import cupy
 import torch
-from wgrad_parts import grad_operands, program_runner  # this folder: the scripts run as files
+from wgrad_parts import grad_operands, program_runner, run_error  # this folder: the scripts run as files
 
 from cupyconv import wgrad, wgrad_winograd
 from cupyconv.bench import LAYERS, MODE_FLOOR, alternating_ms, relative_error
@@ -52,11 +52,7 @@ def main() -> None:
             return program_runner(module.program, plan, problem, stream, xv, dyv, out)
 
         def error(plan) -> float:
-            out.fill(cupy.nan)
-            call(plan)()
-            torch.cuda.synchronize()
-            got = torch.from_dlpack(out)
-            return relative_error(got.permute(0, 3, 1, 2) if nhwc else got, ref)
+            return run_error(call(plan), out, ref, nhwc)
 
         fns = {"rules": call(rules)}
         fns.update({f"torch {f}": (lambda f=f: torch.nn.grad.conv2d_weight(

@@ -13,7 +13,7 @@ import torch
 from ab_layers import event_median_ms  # this folder: the scripts run as files
 
 from cupyconv import wgrad_tensor_cores as tc
-from cupyconv.bench import LAYERS, MODE_DTYPE
+from cupyconv.bench import LAYERS, MODE_DTYPE, relative_error
 from cupyconv.compiler import compute_capability, get_kernel
 from cupyconv.grad import weight_gradient
 
@@ -47,6 +47,17 @@ def program_runner(program, plan, problem, stream, x, dy, out):
         with stream:
             run_program(exe, x=x, grad_output=dy, out=out)
     return run
+
+
+def run_error(run, out, ref, nhwc: bool, bf16: bool = False) -> float:
+    """``run()``'s weight gradient in ``out`` (NaN-poisoned first; KHWC where ``nhwc``; int16 bits where ``bf16``)
+    against ``ref`` (float64, KCHW): the relative error."""
+    out.fill(cupy.nan)
+    run()
+    torch.cuda.synchronize()
+    got = torch.from_dlpack(out)
+    got = got.view(torch.bfloat16) if bf16 else got
+    return relative_error(got.permute(0, 3, 1, 2) if nhwc else got, ref)
 
 
 def main() -> None:

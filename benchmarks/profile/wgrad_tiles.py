@@ -14,7 +14,7 @@ import argparse
 
 import cupy
 import torch
-from wgrad_parts import grad_operands, program_runner  # this folder: the scripts run as files
+from wgrad_parts import grad_operands, program_runner, run_error  # this folder: the scripts run as files
 
 from cupyconv import wgrad_tensor_cores as tc
 from cupyconv.bench import LAYERS, MODE_DTYPE, MODE_FLOOR, alternating_ms, relative_error
@@ -52,13 +52,7 @@ def main() -> None:
                 return program_runner(tc.program, plan, problem, stream, xv, dyv, out)
 
             def error(plan) -> float:
-                out.fill(cupy.nan)
-                call(plan)()
-                torch.cuda.synchronize()
-                got = torch.from_dlpack(out)
-                got = got.view(torch.bfloat16) if mode == "bf16" else got
-                got = got.permute(0, 3, 1, 2) if nhwc else got
-                return relative_error(got, ref)
+                return run_error(call(plan), out, ref, nhwc, mode == "bf16")
 
             rules = tc.make_plan(problem, True, None, None, capability)
             sm80 = tc.make_plan(problem, True, None, None, 80)
