@@ -104,7 +104,8 @@ wgrad_gemm(const T* __restrict__ x, const T* __restrict__ dy, typename accumulat
                   "4 x 4 or 8 x 8 thread tiles, whole slices");
     static_assert(TT == 4 || sizeof(Acc) == 4, "8 x 8 tiles of double accumulators would not fit in registers");
     static_assert(NT % BL == 0 && NT % (BM / VEC) == 0 && NT % (BJ / VEC) == 0, "a thread keeps its l or its row");
-    static_assert(A_PER >= 1 && B_PER >= 1 && A_PER * NT * VEC == BM * BL && B_PER * NT * VEC == BJ * BL, "whole tiles");
+    static_assert(A_PER >= 1 && B_PER >= 1 && A_PER * NT * VEC == BM * BL && B_PER * NT * VEC == BJ * BL,
+                  "whole tiles");
     static_assert(VEC == 1 || sizeof(T) == 4, "16-byte loads of float32");
 
     __shared__ __align__(16) Acc smem[2 * STAGE > SLICE_SUMS ? 2 * STAGE : SLICE_SUMS];
@@ -190,7 +191,8 @@ wgrad_gemm(const T* __restrict__ x, const T* __restrict__ dy, typename accumulat
             const bool ok = static_cast<unsigned>(ih) < static_cast<unsigned>(H) &&
                             static_cast<unsigned>(iw) < static_cast<unsigned>(W);
             const Index pixel = ok ? static_cast<Index>(ih * W + iw) : Index(0), chan = b_chan[ri];
-            fetch(x + (ok ? px.x_base + (CHANNELS_LAST ? pixel * C + chan : chan * HW + pixel) : Index(0)), ok, b_reg[i]);
+            const Index at = ok ? px.x_base + (CHANNELS_LAST ? pixel * C + chan : chan * HW + pixel) : Index(0);
+            fetch(x + at, ok, b_reg[i]);
         }
     };
     auto put = [&](Acc* dst, const Acc (&v)[VEC]) {
