@@ -10,8 +10,8 @@ image of 1 x T pixels (NCHW arrays: V [a^2][C][T] and dM [a^2][K][T]; NHWC: [T][
 so that every transform reads and writes along channels), in runs of the reduction fixed by the problem
 alone. The filter gradient's transform adds the runs in run order, so the result is the same bits on
 every run, and the GEMM's blocked sums keep the error from growing with the tiles. Batches whose V and
-dM would pass WINOGRAD_WGRAD_MAX_WORKSPACE_BYTES run in passes of as many images as fit, each pass's GEMM
-writing runs of its own.
+dM would pass half of WINOGRAD_WGRAD_MAX_WORKSPACE_BYTES run in passes of as many images as fit, each pass's
+GEMM writing runs of its own.
 
 Rounding (a float32 NumPy emulation on random data, 64-512 channels): F(4x4) 1-4e-6 relative error,
 F(2x2) 3-7e-7, the direct sum ~3e-7; strict float32's bound is 1e-5.
