@@ -193,7 +193,7 @@ def refusal(problem: ConvProblem) -> str:
 def _run_time(problem: ConvProblem, cfg: WgradConfig, splits: int) -> float:
     """The time of ``splits`` runs in the model's units: whole waves of the resident blocks, each the
     blocks' iterations over their run's l tiles plus a fixed cost, and the reduction reading every run."""
-    kg, j, length = _gemm_sizes(problem)
+    _, j, length = _gemm_sizes(problem)
     slots = WAVE_BLOCKS * cfg.resident_blocks(problem.dtype)
     iteration = cfg.bm * cfg.bj * cfg.bl / (128 * 128 * 16) * cfg.resident_blocks(problem.dtype)
     waves = math.ceil(_tiles(problem, cfg) * splits / slots)
