@@ -135,6 +135,10 @@ class WgradPlan:
     reason: str
 
     def __str__(self) -> str:
+        return self.describe(reduction=True)
+
+    def describe(self, reduction: bool) -> str:
+        """The printed plan; without its reduction where another launch adds the runs (Winograd's)."""
         c = self.config
         return (f"{KERNEL} [{c.name}: {c.bm} out channels x {c.bj} (c, r, s) columns, l tiles of {c.bl}, "
                 f"{c.slices} slice(s), {c.threads} threads of {c.thread_tile} x {c.thread_tile}]\n"
@@ -142,7 +146,8 @@ class WgradPlan:
                 f"{self.index_type} indices\n"
                 f"  grid {self.grid} ((j tiles x m tiles x groups), runs), block {self.block}; "
                 f"workspace {self.workspace_bytes} B\n"
-                f"  {self.gemm_expression}\n  {self.reduce_expression} grid {self.reduce_grid}\n"
+                f"  {self.gemm_expression}\n" +
+                (f"  {self.reduce_expression} grid {self.reduce_grid}\n" if reduction else "") +
                 f"  why: {self.reason}")
 
 

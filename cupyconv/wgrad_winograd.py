@@ -73,14 +73,12 @@ class WinogradWgradPlan:
 
     def __str__(self) -> str:
         m, passes = self.tile, self.passes
-        gemm = "\n".join("    " + line for line in str(passes.gemm).splitlines()  # not its reduction: not run
-                         if wgrad.REDUCE_KERNEL not in line and not line.lstrip().startswith("why:"))
+        gemm = "\n".join("    " + line for line in passes.gemm.describe(reduction=False).splitlines())
         return (f"winograd weight gradient [F({m}x{m}, 3x3): transforms of the input and the output gradient, "
                 f"{(m + 2) ** 2} GEMMs over the tiles, the filter gradient's transform adding {passes.runs} run(s)]\n"
                 f"  float32 (IEEE arithmetic, no TF32), {self.layout} -> {self.weight_layout}, {self.index_type} "
                 f"indices, {passes.count} pass(es) of {passes.images} image(s); workspace {passes.workspace_bytes} B\n"
                 f"  the GEMMs of a pass:\n{gemm}\n"
-                f"    why: {passes.gemm.reason}\n"
                 f"  why: {self.reason}")
 
 
