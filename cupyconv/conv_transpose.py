@@ -38,6 +38,7 @@ import numbers
 
 import numpy as np
 
+from . import transpose_few_channels
 from .arguments import ConvProblem, _pair, check_arrays, check_layouts, check_x_dims, dtype_name
 from .families.common import CTYPES, STORAGE_BYTES
 from .program import (BIAS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, Table, align,
@@ -221,11 +222,13 @@ class TransposePlan:
     (``channels``: the problem's, or more where an ungrouped output has fewer than the GEMMs take:
     zeros, cut on the way out) and each phase's forward plan (phase_plan; None for a phase no tap
     reaches), in phases()' order for that many channels; or, where ``gemm`` is set, every phase with
-    taps in that one launch (implicit_gemm_nhwc.phases_plan) instead of the phases' own plans."""
+    taps in that one launch (implicit_gemm_nhwc.phases_plan) instead of the phases' own plans; or,
+    where ``few`` is set, the whole of it in transpose_few_channels' one launch."""
 
     channels: int
     phases: tuple
     gemm: object = None
+    few: object = None
 
 
 def program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
@@ -238,6 +241,8 @@ def program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
     The forward programs' prepared weights and temporaries are relocated into the workspace too."""
     from .planner import program as forward_program
 
+    if plan.few is not None:
+        return transpose_few_channels.program(plan.few, tp)
     if plan.gemm is not None:
         return _phases_program(plan, tp)
     item = STORAGE_BYTES[tp.dtype]
@@ -375,7 +380,7 @@ def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int
     from .compiler import compute_capability
     from .executor import program_executable
 
-    channels = max(tp.c, min_channels) if tp.groups == 1 else tp.c
+    channels = max(tp.c, min_channels) if tp.groups == 1 and transpose_few_channels.refusal(tp) else tp.c
     elements = max(tp.n * tp.k * tp.hy * tp.wy, tp.n * channels * tp.h * tp.w,
                    tp.k * channels // tp.groups * tp.kh * tp.kw)
     if tp.n == 0 or elements >= 2**31:
@@ -385,11 +390,14 @@ def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int
 
 
 def transpose_plan(tp: TransposeProblem, allow_tf32: bool, compute_capability: int, channels: int) -> TransposePlan:
-    """How ``tp`` runs with ``channels`` output channels: where it has several stride phases (up to 16,
-    of up to MAX_PHASE_TAPS taps a side) and is NHWC, every phase with taps in one launch if
+    """How ``tp`` runs with ``channels`` output channels: an output of few channels (``channels`` ==
+    tp.c) in transpose_few_channels' one launch where it runs; where it has several stride phases (up
+    to 16, of up to MAX_PHASE_TAPS taps a side) and is NHWC, every phase with taps in one launch if
     implicit_gemm_nhwc.phases_plan takes them; else each phase on the planner's fixed rules."""
     from .families.implicit_gemm_nhwc import MAX_PHASES, phases_plan
 
+    if channels == tp.c and not transpose_few_channels.refusal(tp):
+        return TransposePlan(channels, (), few=transpose_few_channels.make_plan(tp))
     every = phases(dataclasses.replace(tp, c=channels))
     tapped = tuple(dataclasses.replace(phase.problem, weight_layout="KHWC") for phase in every if phase.problem)
     if 1 < len(every) <= min(MAX_PHASES, MAX_WEIGHT_PHASES) and max(tp.kh, tp.kw) <= MAX_PHASE_TAPS \
