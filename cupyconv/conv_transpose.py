@@ -380,7 +380,8 @@ def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int
     from .compiler import compute_capability
     from .executor import program_executable
 
-    channels = max(tp.c, min_channels) if tp.groups == 1 and transpose_few_channels.refusal(tp) else tp.c
+    few = transpose_few_channels.pays(tp, allow_tf32)
+    channels = max(tp.c, min_channels) if tp.groups == 1 and not few else tp.c
     elements = max(tp.n * tp.k * tp.hy * tp.wy, tp.n * channels * tp.h * tp.w,
                    tp.k * channels // tp.groups * tp.kh * tp.kw)
     if tp.n == 0 or elements >= 2**31:
@@ -391,12 +392,12 @@ def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int
 
 def transpose_plan(tp: TransposeProblem, allow_tf32: bool, compute_capability: int, channels: int) -> TransposePlan:
     """How ``tp`` runs with ``channels`` output channels: an output of few channels (``channels`` ==
-    tp.c) in transpose_few_channels' one launch where it runs; where it has several stride phases (up
+    tp.c) in transpose_few_channels' one launch where it pays; where it has several stride phases (up
     to 16, of up to MAX_PHASE_TAPS taps a side) and is NHWC, every phase with taps in one launch if
     implicit_gemm_nhwc.phases_plan takes them; else each phase on the planner's fixed rules."""
     from .families.implicit_gemm_nhwc import MAX_PHASES, phases_plan
 
-    if channels == tp.c and not transpose_few_channels.refusal(tp):
+    if channels == tp.c and transpose_few_channels.pays(tp, allow_tf32):
         return TransposePlan(channels, (), few=transpose_few_channels.make_plan(tp))
     every = phases(dataclasses.replace(tp, c=channels))
     tapped = tuple(dataclasses.replace(phase.problem, weight_layout="KHWC") for phase in every if phase.problem)

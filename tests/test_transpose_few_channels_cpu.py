@@ -129,3 +129,19 @@ def test_refusals_name_the_reason(change, why):
     with pytest.raises(ValueError, match="cannot run"):
         few.make_plan(changed)
     assert transpose_plan(changed, False, 90, changed.c).few is None
+
+
+@pytest.mark.parametrize("dtype,tf32,k,stride,taken", [
+    ("float32", False, 4, 2, True),     # strict float32: wherever it runs
+    ("float32", False, 3, 1, True),
+    ("float32", True, 4, 2, False),     # TF32 and 16-bit: the tensor cores below 12 taps a phase
+    ("float16", False, 3, 1, False),
+    ("bfloat16", False, 4, 2, False),
+    ("float16", False, 7, 2, True),     # 3.5 x 3.5 taps a phase
+    ("float32", True, 7, 2, True),
+])
+def test_the_rule_sends_few_taps_of_tensor_core_dtypes_to_the_phase_route(dtype, tf32, k, stride, taken):
+    tp = make_transpose_problem((8, 64, 20, 20), (64, 3, k, k), None, dtype, stride, k // 2, stride - 1, 1, 1)
+    plan = transpose_plan(tp, tf32, 90, tp.c)
+    assert (plan.few is not None) == taken == few.pays(tp, tf32)
+    assert few.refusal(tp) == ""

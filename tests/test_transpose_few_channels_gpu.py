@@ -7,6 +7,8 @@ import pytest
 import cupyconv
 from cases import Case
 from checks import relative_error
+from cupyconv import conv_transpose
+from cupyconv import transpose_few_channels as few
 from cupyconv.arguments import make_problem
 from cupyconv.compiler import compute_capability
 from cupyconv.conv_transpose import input_gradient_problem, make_transpose_problem, transpose_plan, transposed
@@ -16,6 +18,18 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 MODES = ["float32", "tf32", "float16", "bfloat16"]
+
+
+@pytest.fixture(autouse=True)
+def taken_wherever_it_runs(monkeypatch):
+    """The rules send 16-bit and TF32 problems of few taps a phase to the tensor cores: here the kernel takes
+    every problem it can run, in every dtype."""
+    monkeypatch.setattr(conv_transpose.transpose_few_channels, "pays", lambda tp, tf32: not few.refusal(tp))
+    conv_transpose.transposed_executable.cache_clear()
+    cupyconv.grad.input_gradient_executable.cache_clear()
+    yield
+    conv_transpose.transposed_executable.cache_clear()
+    cupyconv.grad.input_gradient_executable.cache_clear()
 
 DGRAD_CASES = [
     Case(2, 3, 64, 30, 34, 7, 7, stride=2, padding=3),                    # ResNet's stem: taps 4 and 3
