@@ -30,7 +30,7 @@ MAX_AXIS_PHASES = 8
 THREADS = 64
 
 
-#: 16-bit and TF32 problems go to the tensor cores' phase route below this many taps a phase: fp16 NHWC on the
+#: 16-bit problems go to the tensor cores' phase route below this many taps a phase: fp16 NHWC on the
 #: H200 (benchmarks/profile/transpose_few.py), this kernel against the phase route: 7x7 stride 2 (12.25 taps a
 #: phase) 0.50 against 0.60 ms at 64 channels of y, 2.25 against 3.98 at 512; 3x3 stride 1 (9) 0.39 against 0.26;
 #: 4x4 stride 2 (4) 0.13 against 0.10.
@@ -133,12 +133,13 @@ def mean_taps(tp) -> float:
 
 
 def pays(tp, allow_tf32: bool) -> bool:
-    """Whether the rules take it over the phase route: strict float32 wherever it runs (the phase route's FMA
-    GEMMs do 8 / C times the work, 3-6x slower, H200); 16-bit and TF32, which the phase route runs on tensor
-    cores, where a phase has at least MIN_TENSOR_CORE_TAPS taps on average."""
+    """Whether the rules take it over the phase route: float32 wherever it runs, TF32 allowed or not (the phase
+    route's FMA GEMMs do 8 / C times the work, 3-6x slower; its TF32 tensor cores, with the copies, 1.0-2.4x
+    slower, H200); 16-bit where a phase has at least MIN_TENSOR_CORE_TAPS taps on average. ``allow_tf32`` is
+    taken for the rules' signature: the kernel computes float32 either way."""
     if refusal(tp):
         return False
-    return (tp.dtype == "float32" and not allow_tf32) or mean_taps(tp) >= MIN_TENSOR_CORE_TAPS
+    return tp.dtype == "float32" or mean_taps(tp) >= MIN_TENSOR_CORE_TAPS
 
 
 def describe(plan: FewPlan, tp) -> str:

@@ -51,6 +51,80 @@ struct FewPhases {
 // Values of y the 4 pixels of a thread's row reach through TAPS taps, rounded up to whole float4s.
 template <int TAPS> constexpr int few_segment() { return (4 + TAPS - 1 + 3) / 4 * 4; }
 
+// SEG values of a row of the tile, as float4s (16-byte aligned: pitch and the thread's column are multiples of 4).
+template <int SEG> __device__ __forceinline__ void few_row(float (&seg)[SEG], const float* at) {
+#pragma unroll
+    for (int s = 0; s < SEG; s += 4) {
+        const float4 four = *reinterpret_cast<const float4*>(at + s);
+        seg[s] = four.x;
+        seg[s + 1] = four.y;
+        seg[s + 2] = four.z;
+        seg[s + 3] = four.w;
+    }
+}
+
+// A pixel row's 4 x CP sums through a tap row's S taps: acc[j][c] += seg[j + v] tap[v].c.
+template <int CP, int TAPS, int SEG>
+__device__ __forceinline__ void few_row_taps(float (&acc)[4][CP], const float (&seg)[SEG], const float4 (&tap)[TAPS],
+                                             int S) {
+#pragma unroll
+    for (int v = 0; v < TAPS; ++v) {
+        if (v >= S) break;
+        const float wv[4] = {tap[v].x, tap[v].y, tap[v].z, tap[v].w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int c = 0; c < CP; ++c) acc[j][c] = fmaf(seg[j + v], wv[c], acc[j][c]);
+    }
+}
+
+// A thread's sums for one channel of y: acc[i][j][c] += y[i + u][j + v] w[u][v][c] over the phase's R x S
+// taps, y its rows of the tile (yk, `pitch` apart), w the taps (wk, float4s of channels, TAPS a row).
+
+// Every tap in registers (TAPS x TAPS float4s), each of the 4 + R - 1 rows of y read once and used by every
+// (pixel row, tap row) pair it meets: 2 float4 reads a row where reading a row a pair took 2 x R.
+template <int CP, int TAPS, int SEG>
+__device__ __forceinline__ void few_taps_by_rows_of_y(float (&acc)[4][4][CP], const float* yk, const float4* wk,
+                                                      int pitch, int R, int S) {
+    float4 tap[TAPS][TAPS];
+#pragma unroll
+    for (int u = 0; u < TAPS; ++u)
+#pragma unroll
+        for (int v = 0; v < TAPS; ++v) tap[u][v] = wk[u * TAPS + v];
+#pragma unroll
+    for (int row = 0; row < 4 + TAPS - 1; ++row) {
+        if (row >= 4 + R - 1) break;
+        float seg[SEG];
+        few_row<SEG>(seg, yk + row * pitch);
+#pragma unroll
+        for (int u = 0; u < TAPS; ++u) {
+            const int i = row - u;
+            if (i < 0 || i >= 4 || u >= R) continue;
+            few_row_taps<CP, TAPS, SEG>(acc[i], seg, tap[u], S);
+        }
+    }
+}
+
+// One tap row in registers at a time (TAPS float4s), y's rows read for each (pixel row, tap row) pair: the
+// registers of TAPS 8's 64 taps would not fit beside the sums.
+template <int CP, int TAPS, int SEG>
+__device__ __forceinline__ void few_taps_by_rows_of_taps(float (&acc)[4][4][CP], const float* yk, const float4* wk,
+                                                         int pitch, int R, int S) {
+#pragma unroll
+    for (int u = 0; u < TAPS; ++u) {
+        if (u >= R) break;
+        float4 tap[TAPS];
+#pragma unroll
+        for (int v = 0; v < TAPS; ++v) tap[v] = wk[u * TAPS + v];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float seg[SEG];
+            few_row<SEG>(seg, yk + (i + u) * pitch);
+            few_row_taps<CP, TAPS, SEG>(acc[i], seg, tap, S);
+        }
+    }
+}
+
 // Blocks an SM the shared memory allows: five of TAPS 4 (~43 KB), three of TAPS 8 (~61 KB).
 template <typename T, int CP, int TAPS, bool NHWC>
 __global__ void __launch_bounds__(FEW_THREADS, TAPS == 4 ? 5 : 3)
@@ -85,45 +159,63 @@ transpose_few_channels(const T* __restrict__ y, const T* __restrict__ w, const T
         // 16-bit by loads widened to float and stored.
         auto copy_chunk = [&](int stage, int k0) {
             float* const ys = few_shared + stage * stage_floats;
-            int row = tid / pitch, col = tid % pitch;
-            // Positions in flight a thread: cp.async's cost no registers; 16-bit loads 8 each (more spill beside
-            // 4 x 4 x 4 sums and 8 taps).
+            if constexpr (ASYNC && NHWC) {
+                // KC lanes side by side take a pixel's KC channels (16 contiguous bytes), FEW_THREADS / KC pixels
+                // a step: a warp's copies touch 8 sectors, where a pixel a lane touched 32.
+                constexpr int STEP = FEW_THREADS / KC;
+                const int kk = tid % KC;
+                const bool k_inside = k0 + kk < K;
+                int row = tid / KC / pitch, col = tid / KC % pitch;
+#pragma unroll 4
+                for (int e = tid / KC; e < plane; e += STEP) {
+                    const int p = y_row0 + row, q = y_col0 + col;
+                    const bool valid = k_inside && p >= 0 && p < Hy && q >= 0 && q < Wy;
+                    const T* const at = valid ? y + ((n * Hy + p) * Wy + q) * K + k0 + kk : y;
+                    cp_async<4>(ys + kk * plane + row * pitch + col, at, valid);
+                    col += STEP;  // STEP < pitch: at most a row on
+                    if (col >= pitch) col -= pitch, ++row;
+                }
+            } else {
+                int row = tid / pitch, col = tid % pitch;
+                // Positions in flight a thread: cp.async's cost no registers; 16-bit loads 8 each (more spill beside
+                // 4 x 4 x 4 sums and 8 taps).
 #pragma unroll(ASYNC ? 4 : 2)
-            for (int e = tid; e < plane; e += FEW_THREADS) {
-                const int p = y_row0 + row, q = y_col0 + col;
-                const bool inside = p >= 0 && p < Hy && q >= 0 && q < Wy;
-                const T* const at = y + (NHWC ? ((n * Hy + p) * Wy + q) * K + k0 : ((n * K + k0) * Hy + p) * Wy + q);
-                float* const to = ys + row * pitch + col;
-                if constexpr (ASYNC) {
+                for (int e = tid; e < plane; e += FEW_THREADS) {
+                    const int p = y_row0 + row, q = y_col0 + col;
+                    const bool inside = p >= 0 && p < Hy && q >= 0 && q < Wy;
+                    const T* const at = y + (NHWC ? ((n * Hy + p) * Wy + q) * K + k0 : ((n * K + k0) * Hy + p) * Wy + q);
+                    float* const to = ys + row * pitch + col;
+                    if constexpr (ASYNC) {
 #pragma unroll
-                    for (int kk = 0; kk < KC; ++kk) {
-                        const bool valid = inside && k0 + kk < K;
-                        cp_async<4>(to + kk * plane, valid ? at + kk * k_stride : y, valid);
-                    }
-                } else {
-                    float v[KC];
-                    if (NHWC && vector_k && k0 + KC <= K) {
-                        // 16-byte loads of 8 channels (K a whole number of 16-byte vectors)
-                        constexpr int PER = 16 / sizeof(T);
-                        struct alignas(16) Vec { T e[PER]; };
-#pragma unroll
-                        for (int part = 0; part < KC; part += PER) {
-                            const Vec got = load_or_zero(reinterpret_cast<const Vec*>(at + part), inside);
-#pragma unroll
-                            for (int x = 0; x < PER; ++x) v[part + x] = to_acc<float>(got.e[x]);
+                        for (int kk = 0; kk < KC; ++kk) {
+                            const bool valid = inside && k0 + kk < K;
+                            cp_async<4>(to + kk * plane, valid ? at + kk * k_stride : y, valid);
                         }
                     } else {
+                        float v[KC];
+                        if (NHWC && vector_k && k0 + KC <= K) {
+                            // 16-byte loads of 8 channels (K a whole number of 16-byte vectors)
+                            constexpr int PER = 16 / sizeof(T);
+                            struct alignas(16) Vec { T e[PER]; };
 #pragma unroll
-                        for (int kk = 0; kk < KC; ++kk)
-                            v[kk] = inside && k0 + kk < K ? to_acc<float>(at[kk * k_stride]) : 0.0f;
+                            for (int part = 0; part < KC; part += PER) {
+                                const Vec got = load_or_zero(reinterpret_cast<const Vec*>(at + part), inside);
+#pragma unroll
+                                for (int x = 0; x < PER; ++x) v[part + x] = to_acc<float>(got.e[x]);
+                            }
+                        } else {
+#pragma unroll
+                            for (int kk = 0; kk < KC; ++kk)
+                                v[kk] = inside && k0 + kk < K ? to_acc<float>(at[kk * k_stride]) : 0.0f;
+                        }
+#pragma unroll
+                        for (int kk = 0; kk < KC; ++kk) to[kk * plane] = v[kk];
                     }
-#pragma unroll
-                    for (int kk = 0; kk < KC; ++kk) to[kk * plane] = v[kk];
+                    // The next position, FEW_THREADS on: pitch > FEW_THREADS / 2, so at most two rows on.
+                    col += FEW_THREADS;
+                    if (col >= pitch) col -= pitch, ++row;
+                    if (col >= pitch) col -= pitch, ++row;
                 }
-                // The next position, FEW_THREADS on: pitch > FEW_THREADS / 2, so at most two rows on.
-                col += FEW_THREADS;
-                if (col >= pitch) col -= pitch, ++row;
-                if (col >= pitch) col -= pitch, ++row;
             }
             // The taps of this phase: (kk, u, v) a float4 of channels, zeros past K, R, S and C.
             float* const ws = ys + KC * plane;
@@ -166,33 +258,10 @@ transpose_few_channels(const T* __restrict__ y, const T* __restrict__ w, const T
             for (int kk = 0; kk < KC; ++kk) {
                 const float* const yk = ys + kk * plane + ty * 4 * pitch + tx * 4;
                 const float4* const wk = ws + kk * TAPS * TAPS;
-#pragma unroll
-                for (int u = 0; u < TAPS; ++u) {
-                    if (u >= R) break;
-                    float4 tap[TAPS];
-#pragma unroll
-                    for (int v = 0; v < TAPS; ++v) tap[v] = wk[u * TAPS + v];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        float seg[SEG];
-#pragma unroll
-                        for (int s = 0; s < SEG; s += 4) {
-                            const float4 four = *reinterpret_cast<const float4*>(yk + (i + u) * pitch + s);
-                            seg[s] = four.x;
-                            seg[s + 1] = four.y;
-                            seg[s + 2] = four.z;
-                            seg[s + 3] = four.w;
-                        }
-#pragma unroll
-                        for (int v = 0; v < TAPS; ++v) {
-                            if (v >= S) break;
-                            const float wv[4] = {tap[v].x, tap[v].y, tap[v].z, tap[v].w};
-#pragma unroll
-                            for (int j = 0; j < 4; ++j)
-#pragma unroll
-                                for (int c = 0; c < CP; ++c) acc[i][j][c] = fmaf(seg[j + v], wv[c], acc[i][j][c]);
-                        }
-                    }
+                if constexpr (TAPS == 4) {
+                    few_taps_by_rows_of_y<CP, TAPS, SEG>(acc, yk, wk, pitch, R, S);
+                } else {
+                    few_taps_by_rows_of_taps<CP, TAPS, SEG>(acc, yk, wk, pitch, R, S);
                 }
             }
             __syncthreads();  // this stage is read before it is copied into again

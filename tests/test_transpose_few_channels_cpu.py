@@ -134,13 +134,13 @@ def test_refusals_name_the_reason(change, why):
 @pytest.mark.parametrize("dtype,tf32,k,stride,taken", [
     ("float32", False, 4, 2, True),     # strict float32: wherever it runs
     ("float32", False, 3, 1, True),
-    ("float32", True, 4, 2, False),     # TF32 and 16-bit: the tensor cores below 12 taps a phase
-    ("float16", False, 3, 1, False),
+    ("float32", True, 4, 2, True),      # TF32 too
+    ("float16", False, 3, 1, False),    # 16-bit: the tensor cores below 12 taps a phase
     ("bfloat16", False, 4, 2, False),
     ("float16", False, 7, 2, True),     # 3.5 x 3.5 taps a phase
     ("float32", True, 7, 2, True),
 ])
-def test_the_rule_sends_few_taps_of_tensor_core_dtypes_to_the_phase_route(dtype, tf32, k, stride, taken):
+def test_the_rule_sends_16_bit_problems_of_few_taps_to_the_phase_route(dtype, tf32, k, stride, taken):
     tp = make_transpose_problem((8, 64, 20, 20), (64, 3, k, k), None, dtype, stride, k // 2, stride - 1, 1, 1)
     plan = transpose_plan(tp, tf32, 90, tp.c)
     assert (plan.few is not None) == taken == few.pays(tp, tf32)
