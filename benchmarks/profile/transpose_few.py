@@ -1,6 +1,6 @@
 """Transposed convolutions of few output channels: transpose_few_channels' one launch against the phase route
 (channels widened to 8, a GEMM a phase; --tf32: on the tensor cores), GPU time by CUDA events (median of --repeats after a warm-up), for the
-rule that picks between them; ``--only few`` runs the kernel alone a few times (for ncu).
+rule that picks between them; ``--only few --repeats 1`` runs the kernel alone a few times (for ncu).
 
     PYTHONPATH=$repo python benchmarks/profile/transpose_few.py --dtype float16 --layout NHWC [--only few]
 """
@@ -82,7 +82,7 @@ def main():
                 continue
             transpose_few_channels.pays = (lambda tp, tf32: route == "few")
             conv_transpose.transposed_executable.cache_clear()
-            ms = timed(lambda: transposed(y, w, b, tp, "cupy", allow_tf32=args.tf32), 3 if args.only else args.repeats)
+            ms = timed(lambda: transposed(y, w, b, tp, "cupy", allow_tf32=args.tf32), args.repeats)
             row.append(f"{route} {ms:.3f} ms")
         transpose_few_channels.pays = pays
         print(" | ".join(row), flush=True)
