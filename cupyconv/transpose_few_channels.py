@@ -25,24 +25,18 @@ DTYPES = ("float32", "float16", "bfloat16")
 MAX_CHANNELS = 4
 #: TAPS in the kernel: a phase's taps along an axis, at most (the shared tile's halo, a thread's tap row).
 TAP_WIDTHS = (4, 8)
-#: FEW_MAX_AXIS_PHASES and FEW_THREADS in the kernel.
+#: FEW_MAX_AXIS_PHASES, FEW_THREADS and FEW_KC in the kernel.
 MAX_AXIS_PHASES = 8
 THREADS = 64
-
-
+CHUNK = 8
+#: Block widths in threads (bx; the block is bx x THREADS / bx threads of 4 x 4 outputs): the one whose tiles
+#: cover the phases' outputs with the least waste is taken.
+BLOCK_WIDTHS = (16, 8, 32)
 #: 16-bit problems go to the tensor cores' phase route below this many taps a phase: fp16 NHWC on the
 #: H200 (benchmarks/profile/transpose_few.py), this kernel against the phase route: 7x7 stride 2 (12.25 taps a
 #: phase) 0.50 against 0.60 ms at 64 channels of y, 2.25 against 3.98 at 512; 3x3 stride 1 (9) 0.39 against 0.26;
 #: 4x4 stride 2 (4) 0.13 against 0.10.
 MIN_TENSOR_CORE_TAPS = 12
-
-
-def chunk_and_stages(dtype: str) -> tuple[int, int]:
-    """few_chunk and few_stages in the kernel: channels of y a stage, stages in the ring."""
-    return (4, 2) if dtype == "float32" else (8, 1)
-#: Block widths in threads (bx; the block is bx x THREADS / bx threads of 4 x 4 outputs): the one whose tiles
-#: cover the phases' outputs with the least waste is taken.
-BLOCK_WIDTHS = (16, 8, 32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,8 +107,7 @@ def make_plan(tp) -> FewPlan:
             min(tp.n, MAX_GRID_Y))
     segment = -(-(4 + taps - 1) // 4) * 4
     plane = (tile_h + taps - 1) * (tile_w + segment - 4)
-    chunk, stages = chunk_and_stages(tp.dtype)
-    shared = 4 * stages * chunk * (plane + taps * taps * 4)
+    shared = 4 * CHUNK * (plane + taps * taps * 4)
     vector_k = tp.layout == "NHWC" and tp.k * (4 if tp.dtype == "float32" else 2) % 16 == 0
     table = []
     for axis in (rows, cols):
@@ -144,9 +137,8 @@ def pays(tp, allow_tf32: bool) -> bool:
 
 def describe(plan: FewPlan, tp) -> str:
     tile_h, tile_w = plan.tile
-    chunk, stages = chunk_and_stages(tp.dtype)
     return (f"{KERNEL} [{tile_h}x{tile_w} outputs of a stride phase a block, {THREADS} threads of 4x4 x {tp.c} "
-            f"channels, taps up to {plan.taps}x{plan.taps}, {chunk} channels of y a step, {stages} stage(s)]\n"
+            f"channels, taps up to {plan.taps}x{plan.taps}, {CHUNK} channels of y a step]\n"
             f"  {tp.dtype} (float32 sums), {tp.layout}; {plan.shared_bytes} B shared memory\n"
             f"  grid {plan.grid}, block ({THREADS}, 1, 1)\n"
             f"  why: {plan.reason}")
