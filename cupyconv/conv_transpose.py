@@ -23,8 +23,10 @@ than the GEMMs take is computed with zero channels added and cut on the way out.
 problems of several phases run every phase in one launch of the channels-last GEMM instead
 (implicit_gemm_nhwc_phases): it reads the whole of y, a window as negative padding, and writes each
 phase's rows and columns of the output in place, so the phases' tiles fill the GPU together and no
-window or phase output is copied. Arrays past 32-bit offsets go phase by phase on CuPy arrays
-(run_phases).
+window or phase output is copied. An ungrouped output of 1-4 channels (a stem's input gradient, a
+generator's RGB layer) runs every phase in one launch on the FMA units instead, y read in place
+(transpose_few_channels; 16-bit ones only where a phase has enough taps to beat the tensor cores'
+widened phases). Arrays past 32-bit offsets go phase by phase on CuPy arrays (run_phases).
 
 The NumPy path runs the same phases on the NumPy convolution, so the CPU tests check the
 decomposition itself against torch.

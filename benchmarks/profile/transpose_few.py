@@ -1,14 +1,13 @@
 """Transposed convolutions of few output channels: transpose_few_channels' one launch against the phase route
-(channels widened to 8, a GEMM a phase; --tf32: on the tensor cores), GPU time by CUDA events (median of --repeats after a warm-up), for the
+(channels widened to 8, a GEMM a phase; --tf32: on the tensor cores), GPU time by CUDA events (median of --repeats after 3 warm-up runs), for the
 rule that picks between them; ``--only few --repeats 1`` runs the kernel alone a few times (for ncu).
 
     PYTHONPATH=$repo python benchmarks/profile/transpose_few.py --dtype float16 --layout NHWC [--only few]
 """
 import argparse
-import statistics
-
 import cupy
 
+from ab_layers import event_median_ms  # this folder: the scripts run as files
 from cupyconv import conv_transpose, transpose_few_channels
 from cupyconv.arguments import make_problem
 from cupyconv.conv_transpose import input_gradient_problem, make_transpose_problem, transposed
@@ -47,20 +46,6 @@ def random(shape, dtype):
     return values.astype(dtype)
 
 
-def timed(run, repeats):
-    for _ in range(3):
-        run()
-    times = []
-    for _ in range(repeats):
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        run()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
-    return statistics.median(times)
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="float32")
@@ -82,7 +67,7 @@ def main():
                 continue
             transpose_few_channels.pays = (lambda tp, tf32: route == "few")
             conv_transpose.transposed_executable.cache_clear()
-            ms = timed(lambda: transposed(y, w, b, tp, "cupy", allow_tf32=args.tf32), args.repeats)
+            ms = event_median_ms(lambda: transposed(y, w, b, tp, "cupy", allow_tf32=args.tf32), args.repeats, 3)
             row.append(f"{route} {ms:.3f} ms")
         transpose_few_channels.pays = pays
         print(" | ".join(row), flush=True)
