@@ -32,10 +32,10 @@ CHUNK = 8
 #: Block widths in threads (bx; the block is bx x THREADS / bx threads of 4 x 4 outputs): the one whose tiles
 #: cover the phases' outputs with the least waste is taken.
 BLOCK_WIDTHS = (16, 8, 32)
-#: 16-bit problems go to the tensor cores' phase route below this many taps a phase: fp16 NHWC on the
-#: H200 (benchmarks/profile/transpose_few.py), this kernel against the phase route: 7x7 stride 2 (12.25 taps a
-#: phase) 0.50 against 0.60 ms at 64 channels of y, 2.25 against 3.98 at 512; 3x3 stride 1 (9) 0.39 against 0.26;
-#: 4x4 stride 2 (4) 0.13 against 0.10.
+#: 16-bit problems go to the tensor cores' phase route below this many taps a phase. fp16 NHWC on the H200, this
+#: kernel against the phase route (benchmarks/results/transpose_few_routes_h200.txt, 067b866): 7x7 stride 2 (12.25
+#: taps a phase) 0.45 against 0.58 ms at 64 channels of y, 2.04 against 3.96 at 512; 3x3 stride 1 (9 taps) 0.30
+#: against 0.25; 4x4 stride 2 (4) 0.11 against 0.09; 3x3 stride 2 (2.25) 0.16 against 0.13.
 MIN_TENSOR_CORE_TAPS = 12
 
 
@@ -127,9 +127,9 @@ def mean_taps(tp) -> float:
 
 def pays(tp, allow_tf32: bool) -> bool:
     """Whether the rules take it over the phase route: float32 wherever it runs, TF32 allowed or not (the phase
-    route's FMA GEMMs do 8 / C times the work, 3-6x slower; its TF32 tensor cores, with the copies, 1.0-2.4x
-    slower, H200); 16-bit where a phase has at least MIN_TENSOR_CORE_TAPS taps on average. ``allow_tf32`` is
-    taken for the rules' signature: the kernel computes float32 either way."""
+    route's FMA GEMMs do 8 / C times the work, 3-7x slower; its TF32 tensor cores, with the copies, 1.2-2.9x
+    slower on every problem of benchmarks/results/transpose_few_routes_h200.txt); 16-bit where a phase has at
+    least MIN_TENSOR_CORE_TAPS taps on average. The kernel computes float32 whatever ``allow_tf32`` says."""
     if refusal(tp):
         return False
     return tp.dtype == "float32" or mean_taps(tp) >= MIN_TENSOR_CORE_TAPS
