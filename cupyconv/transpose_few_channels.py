@@ -28,7 +28,7 @@ TAP_WIDTHS = (4, 8)
 #: FEW_MAX_AXIS_PHASES, FEW_THREADS and FEW_KC in the kernel.
 MAX_AXIS_PHASES = 8
 THREADS = 64
-CHUNK = 4
+CHUNK = 8
 #: Block widths in threads (bx; the block is bx x THREADS / bx threads of 4 x 4 outputs): the one whose tiles
 #: cover the phases' outputs with the least waste is taken.
 BLOCK_WIDTHS = (16, 8, 32)
@@ -42,7 +42,7 @@ MIN_TENSOR_CORE_TAPS = 12
 @dataclasses.dataclass(frozen=True)
 class FewPlan:
     """One launch: the kernel's TAPS, block width ``bx``, its grid and shared memory, whether NHWC y is
-    read CHUNK channels at once (``vector_k``) and the phases' table (FewPhases)."""
+    read 8 channels at once (``vector_k``) and the phases' table (FewPhases)."""
 
     taps: int
     bx: int
@@ -108,7 +108,7 @@ def make_plan(tp) -> FewPlan:
     segment = -(-(4 + taps - 1) // 4) * 4
     plane = (tile_h + taps - 1) * (tile_w + segment - 4)
     shared = 4 * CHUNK * (plane + taps * taps * 4)
-    vector_k = tp.layout == "NHWC" and tp.k % CHUNK == 0
+    vector_k = tp.layout == "NHWC" and tp.k * (4 if tp.dtype == "float32" else 2) % 16 == 0
     table = []
     for axis in (rows, cols):
         fields = [(p.start, p.count, len(p.taps), p.taps[0] if p.taps else 0, p.read_start - p.pad_before)

@@ -12,8 +12,8 @@
 // apart, and reads y from offsets (o_a, o_b) on (FewPhases; y outside its plane reads as zero).
 //
 // A block computes a TH x TW tile of one phase of one image: 64 threads as BX x (64 / BX), each 4 x 4
-// output pixels x CP channels in float32 registers (every storage type). K goes in chunks of 4 channels:
-// the chunk's y tile (TH + TAPS - 1 rows, its taps' reach; NHWC pixels as one load of the 4 channels)
+// output pixels x CP channels in float32 registers (every storage type). K goes in chunks of 8 channels:
+// the chunk's y tile (TH + TAPS - 1 rows, its taps' reach; NHWC pixels as 16-byte loads of 8 channels)
 // and its phase's taps (a float4 of channels each, zeros past C) are loaded, widened to float and stored
 // in shared memory, one plane of the tile a channel. Then, for each tap row u (a runtime loop), a thread
 // holds the row's S taps and reads, for each of its pixel rows, the 4 + S - 1 values of y its 4 pixels'
@@ -29,7 +29,7 @@
 namespace cupyconv {
 
 constexpr int FEW_THREADS = 64;
-constexpr int FEW_KC = 4;
+constexpr int FEW_KC = 8;
 constexpr int FEW_MAX_AXIS_PHASES = 8;
 
 // One axis's stride phases: phase p starts at output start[p], has size[p] outputs, taps[p] taps from
@@ -89,7 +89,7 @@ __device__ __forceinline__ void few_taps_of_width(float (&acc)[4][4][CP], const 
     }
 }
 
-// Registers for five blocks an SM of TAPS 4, three of TAPS 8 (the shared memory allows ten and six).
+// Blocks an SM the shared memory allows: five of TAPS 4 (~43 KB), three of TAPS 8 (~61 KB).
 template <typename T, int CP, int TAPS, bool NHWC>
 __global__ void __launch_bounds__(FEW_THREADS, TAPS == 4 ? 5 : 3)
 transpose_few_channels(const T* __restrict__ y, const T* __restrict__ w, const T* __restrict__ bias,
@@ -136,11 +136,15 @@ transpose_few_channels(const T* __restrict__ y, const T* __restrict__ w, const T
                 const T* const at = y + (NHWC ? ((n * Hy + p) * Wy + q) * K + k0 : ((n * K + k0) * Hy + p) * Wy + q);
                 float v[FEW_KC];
                 if (NHWC && vector_k && k0 + FEW_KC <= K) {
-                    // One load of the chunk's channels (K a multiple of FEW_KC: 16 bytes of float32, 8 of 16-bit)
-                    struct alignas(FEW_KC * sizeof(T)) Vec { T e[FEW_KC]; };
-                    const Vec got = load_or_zero(reinterpret_cast<const Vec*>(at), inside);
+                    // 16-byte loads of 8 channels (K a whole number of 16-byte vectors)
+                    constexpr int PER = 16 / sizeof(T);
+                    struct alignas(16) Vec { T e[PER]; };
 #pragma unroll
-                    for (int kk = 0; kk < FEW_KC; ++kk) v[kk] = to_acc<float>(got.e[kk]);
+                    for (int part = 0; part < FEW_KC; part += PER) {
+                        const Vec got = load_or_zero(reinterpret_cast<const Vec*>(at + part), inside);
+#pragma unroll
+                        for (int x = 0; x < PER; ++x) v[part + x] = to_acc<float>(got.e[x]);
+                    }
                 } else {
 #pragma unroll
                     for (int kk = 0; kk < FEW_KC; ++kk)
