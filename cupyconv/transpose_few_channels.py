@@ -5,7 +5,8 @@ are transposed convolutions of 1-4 output channels. The phase route (conv_transp
 the GEMMs' 8 channels and copies every stride phase's window of y and output: ResNet-50's stem input gradient
 ran at 0.15x cuDNN in strict fp32 and 0.43x in TF32 (H200, channels_last). Here every phase runs in one
 launch reading y in place, each thread 4 x 4 outputs of one phase x every channel, in float32 for every
-storage type (TF32 calls get strict float32 sums, at least as exact as they ask).
+storage type (TF32 calls get strict float32 sums, at least as exact as they ask): the stem's input gradient at
+1.10x cuDNN's faster layout in fp32 and TF32, 1.3x in fp16 and bf16 (benchmarks/RESULTS.md).
 
 It takes ungrouped float32, float16 and bfloat16 problems of at most MAX_CHANNELS output channels whose
 dilation divides the stride along each axis (a phase's taps then read consecutive rows of y), of strides up
@@ -46,7 +47,6 @@ class FewPlan:
 
     taps: int
     bx: int
-    col_tiles: int
     grid: tuple[int, int, int]
     shared_bytes: int
     vector_k: bool
@@ -117,7 +117,7 @@ def make_plan(tp) -> FewPlan:
         table += [len(axis), *(column for field in zip(*fields) for column in field)]
     reason = (f"{tp.c} output channel{'s' if tp.c > 1 else ''}: every stride phase in one launch on the FMA units, "
               f"no channels added")
-    return FewPlan(taps, bx, col_tiles, grid, shared, vector_k, Table(tuple(table)), reason)
+    return FewPlan(taps, bx, grid, shared, vector_k, Table(tuple(table)), reason)
 
 
 def mean_taps(tp) -> float:

@@ -19,7 +19,8 @@
 // holds the row's S taps and reads, for each of its pixel rows, the 4 + S - 1 values of y its 4 pixels'
 // taps reach as float4s (lanes 16 bytes apart: no bank conflicts), for 4 x S x CP FMAs. S is a template
 // (a switch on the phase's S): with the tap loops unrolled to TAPS and cut by a runtime S, every FMA of
-// TAPS x TAPS taps was issued, predicated off past R and S (+30 % on a 7x7 stride-2 stem's phases).
+// TAPS x TAPS taps was issued, predicated off past R and S (768 a channel where a 7x7 stride-2 stem's
+// phases need 588 on average).
 //
 // Grid: x = column tiles x phases (phases fastest, so the blocks of a tile's phases, which read the
 // same y, run together), y = row tiles, z = images (looped past gridDim.z). 32-bit offsets: the
