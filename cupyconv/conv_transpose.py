@@ -382,7 +382,7 @@ def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int
     from .compiler import compute_capability
     from .executor import program_executable
 
-    few = transpose_few_channels.pays(tp, allow_tf32)
+    few = transpose_few_channels.pays(tp)
     channels = max(tp.c, min_channels) if tp.groups == 1 and not few else tp.c
     elements = max(tp.n * tp.k * tp.hy * tp.wy, tp.n * channels * tp.h * tp.w,
                    tp.k * channels // tp.groups * tp.kh * tp.kw)
@@ -399,7 +399,7 @@ def transpose_plan(tp: TransposeProblem, allow_tf32: bool, compute_capability: i
     implicit_gemm_nhwc.phases_plan takes them; else each phase on the planner's fixed rules."""
     from .families.implicit_gemm_nhwc import MAX_PHASES, phases_plan
 
-    if channels == tp.c and transpose_few_channels.pays(tp, allow_tf32):
+    if channels == tp.c and transpose_few_channels.pays(tp):
         return TransposePlan(channels, (), few=transpose_few_channels.make_plan(tp))
     every = phases(dataclasses.replace(tp, c=channels))
     tapped = tuple(dataclasses.replace(phase.problem, weight_layout="KHWC") for phase in every if phase.problem)

@@ -125,11 +125,11 @@ def mean_taps(tp) -> float:
     return tp.kh * tp.dilation[0] / tp.stride[0] * tp.kw * tp.dilation[1] / tp.stride[1]
 
 
-def pays(tp, allow_tf32: bool) -> bool:
+def pays(tp) -> bool:
     """Whether the rules take it over the phase route: float32 wherever it runs, TF32 allowed or not (the phase
     route's FMA GEMMs do 8 / C times the work, 3-7x slower; its TF32 tensor cores, with the copies, 1.2-2.9x
     slower on every problem of benchmarks/results/transpose_few_routes_h200.txt); 16-bit where a phase has at
-    least MIN_TENSOR_CORE_TAPS taps on average. The kernel computes float32 whatever ``allow_tf32`` says."""
+    least MIN_TENSOR_CORE_TAPS taps on average. It computes float32 whether or not the call allows TF32."""
     if refusal(tp):
         return False
     return tp.dtype == "float32" or mean_taps(tp) >= MIN_TENSOR_CORE_TAPS

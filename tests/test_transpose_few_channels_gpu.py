@@ -21,7 +21,7 @@ MODES = ["float32", "tf32", "float16", "bfloat16"]
 def taken_wherever_it_runs(monkeypatch):
     """The rules send 16-bit problems of few taps a phase to the tensor cores: here the kernel takes every
     problem it can run, in every dtype."""
-    monkeypatch.setattr(conv_transpose.transpose_few_channels, "pays", lambda tp, tf32: not few.refusal(tp))
+    monkeypatch.setattr(conv_transpose.transpose_few_channels, "pays", lambda tp: not few.refusal(tp))
     conv_transpose.transposed_executable.cache_clear()
     cupyconv.grad.input_gradient_executable.cache_clear()
     yield

@@ -65,7 +65,7 @@ def main():
         for route in ("few", "phases"):
             if args.only and route != args.only:
                 continue
-            transpose_few_channels.pays = (lambda tp, tf32: route == "few")
+            transpose_few_channels.pays = (lambda tp: route == "few")
             conv_transpose.transposed_executable.cache_clear()
             ms = event_median_ms(lambda: transposed(y, w, b, tp, "cupy", allow_tf32=args.tf32), args.repeats, 3)
             row.append(f"{route} {ms:.3f} ms")
