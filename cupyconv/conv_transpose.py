@@ -177,7 +177,12 @@ def phase_weight_specialisations() -> list[str]:
     from .families.implicit_gemm_nhwc import PHASES_DTYPES
 
     return [f"cupyconv::{kernel}<{ctype}>" for kernel in phase_weight_kernels() for ctype in CTYPES.values()] + \
-        [f"cupyconv::{PHASE_WEIGHTS}<{CTYPES[dtype]}>" for dtype in PHASES_DTYPES]
+        [_phase_weights_specialisation(dtype) for dtype in PHASES_DTYPES]
+
+
+def _phase_weights_specialisation(dtype: str) -> str:
+    """phase_weights' instance: float32 rounded to TF32, the one-launch route running it on TF32 alone."""
+    return f"cupyconv::{PHASE_WEIGHTS}<{CTYPES[dtype]},{str(dtype == 'float32').lower()}>"
 
 
 def _weight_strides(tp: TransposeProblem) -> tuple[int, int, int, int]:
@@ -330,7 +335,7 @@ def _phase_weights_launch(tp: TransposeProblem, offsets: dict[int, int], target:
                    *(offsets.get(p, 0) for p in range(len(every))), *blank))
     cg = tp.c // tp.groups
     grid = (math.ceil(cg * tp.kh * tp.kw / 32), math.ceil(tp.k / 32), 1)
-    return Launch(PHASE_WEIGHTS, f"cupyconv::{PHASE_WEIGHTS}<{CTYPES[tp.dtype]}>", grid, (32, 8, 1), 0,
+    return Launch(PHASE_WEIGHTS, _phase_weights_specialisation(tp.dtype), grid, (32, 8, 1), 0,
                   (Pointer(WEIGHT), target, tp.k, tp.k // tp.groups, cg, tp.kh, tp.kw, *_weight_strides(tp),
                    int(tp.weight_layout == "KHWC"), table))
 
@@ -405,7 +410,7 @@ def transpose_plan(tp: TransposeProblem, allow_tf32: bool, compute_capability: i
     tapped = tuple(dataclasses.replace(phase.problem, weight_layout="KHWC") for phase in every if phase.problem)
     if 1 < len(every) <= min(MAX_PHASES, MAX_WEIGHT_PHASES) and max(tp.kh, tp.kw) <= MAX_PHASE_TAPS \
             and tp.layout == "NHWC" and tapped:
-        gemm = phases_plan(tapped, compute_capability)
+        gemm = phases_plan(tapped, compute_capability, allow_tf32=allow_tf32)
         if gemm is not None:
             return TransposePlan(channels, (), gemm)
     return TransposePlan(channels, tuple(None if phase.problem is None else

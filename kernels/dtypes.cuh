@@ -28,6 +28,18 @@ template <> __device__ __forceinline__ float to_acc<float, bfloat16_t>(bfloat16_
     return __uint_as_float(static_cast<unsigned>(v.bits) << 16);
 }
 
+// v rounded to TF32 (cvt.rna) where ROUND_TF32, else v: float32 operands of the TF32 tensor cores
+// rounded once where they are copied, so that the GEMM feeds their words to the mma unchanged.
+template <bool ROUND_TF32, typename T> __device__ __forceinline__ T tf32_rounded_if(T v) {
+    if constexpr (ROUND_TF32) {
+        unsigned r;
+        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+        return __uint_as_float(r);
+    } else {
+        return v;
+    }
+}
+
 // The vector at `at`, or zeros where `inside` is false, as one predicated load of whole words: a
 // select of 16-bit fields costs a PRMT apiece. Vec is at most 16 bytes, aligned to its size.
 template <int BYTES> struct alignas(BYTES) storage_words { unsigned w[BYTES / 4]; };

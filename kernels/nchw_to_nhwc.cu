@@ -15,16 +15,6 @@
 
 namespace cupyconv {
 
-template <typename T, bool ROUND_TF32> __device__ __forceinline__ T channels_last_value(T v) {
-    if constexpr (ROUND_TF32) {
-        unsigned r;
-        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
-        return __uint_as_float(r);
-    } else {
-        return v;
-    }
-}
-
 // Many channels: a 32 x 32 (channel, position) tile through shared memory, so that both the reads
 // (along p) and the writes (along c) are coalesced. Block (32, 8), grid (ceil(P / 32), ceil(Cp / 32), N).
 template <typename T, bool ROUND_TF32>
@@ -40,7 +30,7 @@ nchw_to_nhwc_tiled(const T* __restrict__ x, T* __restrict__ y, int C, int P, int
     for (int j = 0; j < 32; j += 8) {
         const int c = c0 + ty + j, p = p0 + tx;
         T v{};
-        if (c < C && p < P) v = channels_last_value<T, ROUND_TF32>(src[static_cast<long long>(c) * P + p]);
+        if (c < C && p < P) v = tf32_rounded_if<ROUND_TF32>(src[static_cast<long long>(c) * P + p]);
         tile[ty + j][tx] = v;
     }
     __syncthreads();
@@ -66,7 +56,7 @@ nchw_to_nhwc_narrow(const T* __restrict__ x, T* __restrict__ y, int C, int P, in
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
         values[c] = T{};
-        if (c < C) values[c] = channels_last_value<T, ROUND_TF32>(src[static_cast<long long>(c) * P]);
+        if (c < C) values[c] = tf32_rounded_if<ROUND_TF32>(src[static_cast<long long>(c) * P]);
     }
     const int bytes = Cp * static_cast<int>(sizeof(T));  // dst is aligned to it: it is p times that
     if (bytes == 16) {
@@ -95,7 +85,7 @@ pad_channels(const T* __restrict__ x, T* __restrict__ y, int C, int P, int Cp) {
         p = i / Cp;
     }
     const int c = static_cast<int>(i - p * Cp);
-    y[i] = c < C ? channels_last_value<T, ROUND_TF32>(x[p * C + c]) : T{};
+    y[i] = c < C ? tf32_rounded_if<ROUND_TF32>(x[p * C + c]) : T{};
 }
 
 }  // namespace cupyconv

@@ -48,8 +48,9 @@ phase_weight(const T* __restrict__ w, T* __restrict__ out, int C, int c_read, in
 // with p = row_phase[r] cols + col_phase[s], and i, j the positions of taps r and s in their phases
 // (PhaseTaps; a tap no phase reads has phase -1). A 32 x 32 tile through shared memory, so that the
 // reads run along w's columns and the writes along Kg: one pass at copy speed where phase_weight,
-// a phase at a time, read w with a stride of Cg kh kw elements. Block (32, 8); grid (ceil(columns /
-// 32), ceil(K / 32)).
+// a phase at a time, read w with a stride of Cg kh kw elements. ROUND_TF32: float32 rounded to TF32
+// (cvt.rna) on the way, as the forward's weight preparation rounds its copies, for the TF32 phase
+// launch (which rounds y in registers). Block (32, 8); grid (ceil(columns / 32), ceil(K / 32)).
 constexpr int MAX_PHASE_TAPS = 32;
 constexpr int MAX_WEIGHT_PHASES = 16;
 struct PhaseTaps {
@@ -58,7 +59,7 @@ struct PhaseTaps {
     int th[MAX_WEIGHT_PHASES], tw[MAX_WEIGHT_PHASES], offset[MAX_WEIGHT_PHASES];
 };
 
-template <typename T>
+template <typename T, bool ROUND_TF32>
 __global__ void __launch_bounds__(256)
 phase_weights(const T* __restrict__ w, T* __restrict__ out, int K, int Kg, int Cg, int kh, int kw, int stride_k,
               int stride_c, int stride_r, int stride_s, int w_khwc, const __grid_constant__ PhaseTaps taps) {
@@ -103,7 +104,8 @@ phase_weights(const T* __restrict__ w, T* __restrict__ out, int K, int Kg, int C
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int k = k0 + threadIdx.y + 8 * i;
-                if (k < K) tile[threadIdx.y + 8 * i][threadIdx.x] = source[k * stride_k];
+                if (k < K)
+                    tile[threadIdx.y + 8 * i][threadIdx.x] = tf32_rounded_if<ROUND_TF32>(source[k * stride_k]);
             }
         }
     }

@@ -178,11 +178,11 @@ def test_conv_transpose2d(case, mode, nhwc):
     check_conv_transpose2d(case, mode, nhwc)
 
 
-@pytest.mark.parametrize("mode", ["float16", "bfloat16"])
+@pytest.mark.parametrize("mode", ["float16", "bfloat16", "tf32"])
 @pytest.mark.parametrize("case", PHASE_CASES, ids=str)
 def test_conv_transpose2d_phases_in_one_launch(case, mode, monkeypatch):
-    """NHWC 16-bit transposed convolutions whose stride phases run in one launch (windows of y read
-    through negative padding, phases of different taps, groups, dilation, split-K, phases no tap
+    """NHWC 16-bit and TF32 transposed convolutions whose stride phases run in one launch (windows of y
+    read through negative padding, phases of different taps, groups, dilation, split-K, phases no tap
     reaches, outputs of 3 channels widened to 8 with transpose_few_channels turned away): against
     torch in float64, NaN-poisoned."""
     monkeypatch.setattr(conv_transpose.transpose_few_channels, "refusal", lambda tp: "turned away by the test")
@@ -195,15 +195,39 @@ def test_conv_transpose2d_phases_in_one_launch(case, mode, monkeypatch):
     b = torch.randn(w_shape[1] * groups, device="cuda", dtype=torch.float64, generator=gen)
     args = (stride, padding, output_padding, groups, dilation)
     ref = F.conv_transpose2d(x, w, b, *args)
-    tp = make_transpose_problem(y_shape, w_shape, tuple(b.shape), mode, *args, "NHWC", "KCHW")
-    assert transpose_plan(tp, False, compute_capability(), tp.c).gemm is not None
-    with nan_poisoned_memory():
-        out = transposed(to_cupy(x.to(dtype), True), to_cupy(w.to(dtype)), to_cupy(b.to(dtype)), tp, "cupy")
+    tf32 = mode == "tf32"
+    tp = make_transpose_problem(y_shape, w_shape, tuple(b.shape), "float32" if tf32 else mode, *args, "NHWC", "KCHW")
+    assert transpose_plan(tp, tf32, compute_capability(), tp.c).gemm is not None
+    with nan_poisoned_memory(), precision(mode):
+        out = transposed(to_cupy(x.to(dtype), True), to_cupy(w.to(dtype)), to_cupy(b.to(dtype)), tp, "cupy",
+                         allow_tf32=tf32)
         got = from_cupy(out, dtype, True)
         own = F.conv_transpose2d(x.to(dtype), w.to(dtype), b.to(dtype), *args)
     conv_transpose.transposed_executable.cache_clear()  # no program made with the family turned away is kept
     assert got.shape == ref.shape and not got.isnan().any()
     assert relative_error(got, ref) <= bound(mode, own, ref)
+
+
+@pytest.mark.parametrize("case", [PHASE_CASES[0], PHASE_CASES[7]], ids=["one_run", "split_k"])
+def test_tf32_phases_in_one_launch_round_as_cvt_rna(case):
+    """The TF32 phase launch rounds y in registers and phase_weights rounds the phase weights, both as
+    cvt.rna does: operands rounded beforehand give the same bits (the tensor cores alone would drop
+    the low bits, truncating). A third of the values lie exactly halfway between two TF32 values."""
+    y_shape, w_shape, stride, padding, output_padding, groups, dilation = case
+    tp = make_transpose_problem(y_shape, w_shape, (w_shape[1] * groups,), "float32", stride, padding, output_padding,
+                                groups, dilation, "NHWC", "KCHW")
+    assert transpose_plan(tp, True, compute_capability(), tp.c).gemm is not None
+    rng = cupy.random.default_rng(5)
+
+    def operand(shape):
+        a = rng.standard_normal(shape, dtype=cupy.float32)
+        ties = (a.view(cupy.uint32) & 0xFFFFE000) | 0x1000
+        return cupy.where(rng.random(shape) < 1 / 3, ties.view(cupy.float32), a)
+
+    y, w, b = operand(y_shape), operand(w_shape), operand(w_shape[1] * groups)
+    outs = [transposed(ys, ws, b, tp, "cupy", allow_tf32=True)
+            for ys, ws in ((y, w), (_rounded_to_tf32(y), _rounded_to_tf32(w)))]
+    assert not cupy.isnan(outs[0]).any() and bool((outs[0] == outs[1]).all())
 
 
 def test_public_conv_transpose2d_and_conv1d_on_cupy():

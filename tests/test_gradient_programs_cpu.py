@@ -225,20 +225,28 @@ def phases_written(launch) -> dict[int, tuple]:
     return written
 
 
+@pytest.mark.parametrize("dtype", ("float16", "float32"))
 @pytest.mark.parametrize("cc", (0, 90))
 @pytest.mark.parametrize("y_shape,weight_shape,stride,padding,output_padding,groups,dilation", PHASE_CASES)
-def test_phases_launch_replayed(y_shape, weight_shape, stride, padding, output_padding, groups, dilation, cc):
-    """An NHWC 16-bit transposed convolution of several stride phases runs them in one launch
+def test_phases_launch_replayed(y_shape, weight_shape, stride, padding, output_padding, groups, dilation, cc, dtype):
+    """An NHWC 16-bit or TF32 transposed convolution of several stride phases runs them in one launch
     (implicit_gemm_nhwc_phases): replayed in NumPy from the launches' own arguments (the phase weights,
     the PhaseTable's pixels, taps, padding and placements, split-K's ordered sum, the fills), it gives
     the NumPy conv_transpose2d, and every output element is written once. Outputs of fewer than 8
-    channels are computed widened to 8 (as transposed_executable asks), the rest never stored."""
-    tp = conv_transpose.make_transpose_problem(y_shape, weight_shape, (weight_shape[1] * groups,), "float16", stride,
+    channels are computed widened to 8 (as transposed_executable asks), the rest never stored. TF32's
+    instances round y and the phase weights; strict float32 never takes the route."""
+    tp = conv_transpose.make_transpose_problem(y_shape, weight_shape, (weight_shape[1] * groups,), dtype, stride,
                                                padding, output_padding, groups, dilation, "NHWC")
     channels = max(tp.c, 8) if groups == 1 else tp.c
-    plan = conv_transpose.transpose_plan(tp, False, cc, channels)
+    tf32 = dtype == "float32"
+    if tf32:
+        assert conv_transpose.transpose_plan(tp, False, cc, channels).gemm is None
+    plan = conv_transpose.transpose_plan(tp, tf32, cc, channels)
     assert plan.gemm is not None and plan.phases == () and plan.channels == channels
     call = conv_transpose.program(plan, tp)
+    rounded = [launch.name_expression.split(",")[-2 if launch.kernel == PHASES_KERNEL else -1].rstrip(">")
+               for launch in call.launches if launch.kernel in (PHASES_KERNEL, conv_transpose.PHASE_WEIGHTS)]
+    assert rounded == [str(tf32).lower()] * 2
     check_launches(call, {X, WEIGHT, BIAS, WORKSPACE, RESIDUAL, INPUT_SCALE}, {OUT, WORKSPACE})
     kernels = [launch.kernel for launch in call.launches]
     tapped = [ph for ph in conv_transpose.phases(tp) if ph.problem is not None]
@@ -247,7 +255,7 @@ def test_phases_launch_replayed(y_shape, weight_shape, stride, padding, output_p
     assert conv_transpose.STRIDED_COPY not in kernels  # no window of y cut, no phase output moved
     rng = np.random.default_rng(7)
     y, weight, bias = (rng.standard_normal(shape) for shape in (y_shape, weight_shape, (tp.c,)))
-    item = 2
+    item = STORAGE_BYTES[dtype]
     workspace = np.full(call.workspace_bytes // item, np.nan)
     (launch,) = [launch for launch in call.launches if launch.kernel == PHASES_KERNEL]
     values = launch.args[-1].values

@@ -1,6 +1,6 @@
 """GPU time of every channels-last GEMM tile on the one-launch route of the transposed suite's rows
 (implicit_gemm_nhwc_phases), in channels_last, to choose the route's tile rule:
-    python benchmarks/profile/phases.py [fp16 bf16]
+    python benchmarks/profile/phases.py [fp16 bf16 tf32]
 Median of 200 CUDA-event timings per tile after warm-up; * marks the fixed rule's tile. The route's
 phase_weights launch is in every time, as in a call."""
 import dataclasses
@@ -28,19 +28,20 @@ def main(modes: list[str]) -> None:
             tp = make_transpose_problem((n, h, w, c_in), (c_in, k, k, c_out), (c_out,), dtype, stride, padding,
                                         output_padding, 1, 1, "NHWC", "KHWC")
             channels = max(tp.c, 8)
-            fixed = transpose_plan(tp, False, cc, channels)
+            fixed = transpose_plan(tp, mode == "tf32", cc, channels)
             if fixed.gemm is None:
                 continue
-            storage = cupy.float16 if dtype == "float16" else cupy.int16
-            y = cupy.random.standard_normal((n, h, w, c_in), dtype=cupy.float32).astype(cupy.float16).view(storage)
-            weight = cupy.random.standard_normal((c_in, k, k, c_out), dtype=cupy.float32).astype(cupy.float16).view(storage)
+            storage = {"float32": cupy.float32, "float16": cupy.float16, "bfloat16": cupy.int16}[dtype]
+            y, weight = (cupy.random.standard_normal(shape, dtype=cupy.float32).astype(
+                cupy.float32 if dtype == "float32" else cupy.float16).view(storage)
+                for shape in ((n, h, w, c_in), (c_in, k, k, c_out)))
             bias = cupy.zeros(c_out, dtype=storage)
             out = cupy.empty(tp.out_array_shape, dtype=storage)
             tapped = tuple(dataclasses.replace(ph.problem, weight_layout="KHWC")
                            for ph in phases(dataclasses.replace(tp, c=channels)) if ph.problem)
             for cfg in NHWC_CONFIGS[dtype]:
                 try:
-                    gemm = phases_plan(tapped, cc, cfg.name)
+                    gemm = phases_plan(tapped, cc, cfg.name, allow_tf32=True)
                 except ValueError:
                     continue
                 if gemm is None:

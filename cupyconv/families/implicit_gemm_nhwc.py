@@ -1504,8 +1504,9 @@ def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Point
 PHASES_KERNEL = "implicit_gemm_nhwc_phases"
 #: PhaseTable's capacity in kernels/implicit_gemm_nhwc.cu (a CPU test reads it there).
 MAX_PHASES = 16
-#: 16-bit operands read in place in 16-byte pieces: float32 would need its operands rounded to TF32.
-PHASES_DTYPES = ("float16", "bfloat16")
+#: Operands read in place in 16-byte pieces. float32 runs as TF32 alone: y rounded in registers (ROUND_A),
+#: the phase weights rounded where phase_weights writes them.
+PHASES_DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1523,10 +1524,11 @@ class PhaseGemm:
 
 
 def phases_plan(problems: tuple[ConvProblem, ...], compute_capability: int = 0,
-                config: str | None = None) -> LaunchPlan | None:
+                config: str | None = None, allow_tf32: bool = False) -> LaunchPlan | None:
     """The plan of one launch computing the stride phases ``problems`` (stride-1 NHWC problems of one
-    transposed convolution, with their taps), or None where it cannot: more than MAX_PHASES, not 16-bit,
-    channels that need copies or pieces narrower than 16 bytes, or 64-bit offsets. The tile is the
+    transposed convolution, with their taps), or None where it cannot: more than MAX_PHASES, not 16-bit
+    or float32 under ``allow_tf32``, channels that need copies or pieces narrower than 16 bytes, or
+    64-bit offsets. The tile is the
     one make_plan picks for the phase of fewest taps at the phases' pixels all together; its grid x
     counts every phase's pixel tiles (phases_tiles); outputs of at most NARROW_TILE_CHANNELS channels per
     group take the 32-channel tile. ``config`` forces a tile (make_plan's)."""
@@ -1535,13 +1537,15 @@ def phases_plan(problems: tuple[ConvProblem, ...], compute_capability: int = 0,
     # and 4 taps of 64 channels, 0.209 ms on wgmma, 0.185 on mma.sync; benchmarks/NOTES.md).
     fewest = min(problems, key=lambda p: p.kh * p.kw)
     if not 1 <= len(problems) <= MAX_PHASES or fewest.layout != "NHWC" or fewest.dtype not in PHASES_DTYPES \
-            or any(refusal(p) for p in problems):
+            or (fewest.dtype == "float32" and not allow_tf32) or any(refusal(p) for p in problems):
         return None
     together = dataclasses.replace(fewest, n=fewest.n * len(problems))
     if refusal(together):
         return None
     if config is None and fewest.k // fewest.groups <= NARROW_TILE_CHANNELS:
         config = next(c.name for c in NHWC_CONFIGS[fewest.dtype] if c.bn == NARROW_TILE_CHANNELS and c.stages == 4)
+    if fewest.dtype == "float32" and config is None:  # TF32: mma.sync's tiles round y in their fragments, wgmma's in shared memory
+        compute_capability = 0
     plan = make_plan(together, config, compute_capability=compute_capability, stream_k=False)
     if plan.config.producer_warps:  # no phase-launch instances: the same tile fed by all its threads
         plan = make_plan(together, PIXEL_ROWS_CONFIG, compute_capability=compute_capability, stream_k=False)
@@ -1563,9 +1567,9 @@ def phases_tiles(problems, cfg: GemmConfig) -> tuple[int, ...]:
 
 def phases_specialisation(dtype: str, cfg: GemmConfig, split_k: bool) -> str:
     """The C++ template instance of the phase launch with ``cfg``'s tile, 16-byte pieces, 32-bit
-    offsets."""
+    offsets; float32's y rounded to TF32 in registers (ROUND_A), as it is read in place."""
     return (f"cupyconv::{PHASES_KERNEL}<{CTYPES[dtype]},int,{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
-            f"{cfg.stages},16,{cfg.wgmma},false,{str(split_k).lower()}>")
+            f"{cfg.stages},16,{cfg.wgmma},{str(dtype == 'float32').lower()},{str(split_k).lower()}>")
 
 
 def _phases_specialisations(wgmma: bool) -> list[str]:
