@@ -320,6 +320,30 @@ def struct_ints(filename: str, struct: str, constants: dict[str, int]) -> int:
     return sum(eval(size, dict(constants)) if size else 1 for size in sizes)
 
 
+@pytest.mark.parametrize("dtype", ("float16", "float32"))
+@pytest.mark.parametrize("cc", (0, 90))
+def test_phase_launch_plans_name_instances_that_are_compiled(dtype, cc):
+    """On the transposed suite's layers and the phase cases, the one-launch route runs only instances the
+    compile test covers (no producer tile; in TF32 not the 3-stage pixel-row tile, which spills there)."""
+    from cupyconv.bench_grad import TRANSPOSED
+    from cupyconv.families import implicit_gemm_nhwc
+
+    compiled = set(implicit_gemm_nhwc.specialisations()) | set(implicit_gemm_nhwc.arch_specialisations()[
+        implicit_gemm_nhwc.WGMMA_ARCH])
+    cases = [((n, h, w, c_in), (c_in, c_out, k, k), stride, padding, output_padding, 1, 1)
+             for _, n, c_in, c_out, h, w, k, stride, padding, output_padding in TRANSPOSED] + PHASE_CASES
+    planned = 0
+    for y_shape, weight_shape, stride, padding, output_padding, groups, dilation in cases:
+        tp = conv_transpose.make_transpose_problem(y_shape, weight_shape, None, dtype, stride, padding, output_padding,
+                                                   groups, dilation, "NHWC")
+        plan = conv_transpose.transpose_plan(tp, True, cc, max(tp.c, 8) if groups == 1 else tp.c)
+        for launch in conv_transpose.program(plan, tp).launches if plan.gemm else ():
+            if launch.kernel == PHASES_KERNEL:
+                assert launch.name_expression in compiled, (y_shape, weight_shape, launch.name_expression)
+                planned += 1
+    assert planned >= len(cases) - 2  # all but the suite's 1x1-input layer and its RGB layer in TF32
+
+
 def test_tables_have_the_kernel_structs_fields():
     """The Tables the one-launch route passes are PhaseTable (kernels/implicit_gemm_nhwc.cu) and PhaseTaps
     (kernels/phase_weight.cu), int for int."""

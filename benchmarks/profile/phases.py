@@ -44,7 +44,7 @@ def main(modes: list[str]) -> None:
                     gemm = phases_plan(tapped, cc, cfg.name, allow_tf32=True)
                 except ValueError:
                     continue
-                if gemm is None:
+                if gemm is None or gemm.config != cfg:  # a tile the launch has no instance of: another's
                     continue
                 exe = program_executable(program, TransposePlan(channels, (), gemm), tp, device)
                 ms = event_median_ms(lambda: run_program(exe, x=y, weight=weight, bias=bias, out=out))

@@ -395,6 +395,9 @@ CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in co
 #: layers) take the 32-channel tile with k rows of 64 bytes on the phase launch: the 64-wide ones
 #: compute 2-8 times the columns they store. The tuner tries the 32-channel tiles on such outputs alone.
 NARROW_TILE_CHANNELS = 32
+#: Their stages: 16 bits' 4-stage tile (k rows of 64 bytes); float32's 3-stage one, k rows of 128 bytes
+#: (H200, TF32 decoder_3x3s2_op1_64to32: 0.184 ms against 0.220 on 64-byte rows).
+NARROW_TILE_STAGES = {"float32": 3, "float16": 4, "bfloat16": 4}
 NARROW_CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs
                                 if c.bn == NARROW_TILE_CHANNELS)
 NHWC_VECS = (16, 8, 4)
@@ -1504,9 +1507,17 @@ def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Point
 PHASES_KERNEL = "implicit_gemm_nhwc_phases"
 #: PhaseTable's capacity in kernels/implicit_gemm_nhwc.cu (a CPU test reads it there).
 MAX_PHASES = 16
-#: Operands read in place in 16-byte pieces. float32 runs as TF32 alone: y rounded in registers (ROUND_A),
+#: Operands read in place in 16-byte pieces. float32 runs as TF32 alone: y rounded by the kernel (ROUND_A),
 #: the phase weights rounded where phase_weights writes them.
 PHASES_DTYPES = ("float32", "float16", "bfloat16")
+#: TF32's phase tiles where make_plan's rule chooses one the phase launch has no float32 instance of, by
+#: that tile's channels: the producer tiles (TMA-fed: none in any dtype) and the 3-stage pixel-row tile
+#: (y rounded in its A registers spills 32 bytes at the 128 registers two blocks an SM leave; phase
+#: table reads hold the registers the forward's parameters do not). The 5-stage tile and the 256 x 64
+#: channel-row tile round y in shared memory. H200, TF32 transposed suite (benchmarks/NOTES.md, "TF32
+#: transposed convolutions"): on its five rows of 128-512 output channels the 5-stage tile took 0.078-0.552
+#: ms, mma.sync's best tiles 0.089-0.563 (the spilling 3-stage tile 0.069-0.483); 256 x 64 0.104 ms on 64.
+TF32_PHASE_TILES = {128: "nhwc_wgmma_m128n128s5", 64: "nhwc_wgmma_ch_m256n64"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1543,11 +1554,13 @@ def phases_plan(problems: tuple[ConvProblem, ...], compute_capability: int = 0,
     if refusal(together):
         return None
     if config is None and fewest.k // fewest.groups <= NARROW_TILE_CHANNELS:
-        config = next(c.name for c in NHWC_CONFIGS[fewest.dtype] if c.bn == NARROW_TILE_CHANNELS and c.stages == 4)
-    if fewest.dtype == "float32" and config is None:  # TF32: mma.sync's tiles round y in their fragments, wgmma's in shared memory
-        compute_capability = 0
+        config = next(c.name for c in NHWC_CONFIGS[fewest.dtype] if c.bn == NARROW_TILE_CHANNELS
+                      and c.stages == NARROW_TILE_STAGES[fewest.dtype])
     plan = make_plan(together, config, compute_capability=compute_capability, stream_k=False)
-    if plan.config.producer_warps:  # no phase-launch instances: the same tile fed by all its threads
+    if fewest.dtype == "float32" and (plan.config.producer_warps or plan.config.name == PIXEL_ROWS_CONFIG):
+        plan = make_plan(together, TF32_PHASE_TILES[plan.config.bn], compute_capability=compute_capability,
+                         stream_k=False)
+    elif plan.config.producer_warps:  # no phase-launch instances: the same tile fed by all its threads
         plan = make_plan(together, PIXEL_ROWS_CONFIG, compute_capability=compute_capability, stream_k=False)
     if plan.vec != 16 or plan.channels_padded != fewest.c or plan.a_from_nchw or plan.index_type != "int" \
             or index_type(together) != "int":
@@ -1574,7 +1587,8 @@ def phases_specialisation(dtype: str, cfg: GemmConfig, split_k: bool) -> str:
 
 def _phases_specialisations(wgmma: bool) -> list[str]:
     return [phases_specialisation(dtype, cfg, split_k) for dtype in PHASES_DTYPES for cfg in NHWC_CONFIGS[dtype]
-            if bool(cfg.wgmma) == wgmma and not cfg.producer_warps for split_k in (False, True)]
+            if bool(cfg.wgmma) == wgmma and not cfg.producer_warps
+            and not (dtype == "float32" and cfg.name == PIXEL_ROWS_CONFIG) for split_k in (False, True)]
 
 
 def phases_launch(plan: LaunchPlan, phases: tuple[PhaseGemm, ...], y_size: tuple[int, int],
