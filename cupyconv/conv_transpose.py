@@ -251,7 +251,7 @@ def program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
     if plan.few is not None:
         return transpose_few_channels.program(plan.few, tp)
     if plan.gemm is not None:
-        return _phases_program(plan, tp)
+        return _phases_program(plan, tp) if tp.layout == "NHWC" else _through_nhwc(_phases_program(plan, _nhwc(tp)), tp)
     item = STORAGE_BYTES[tp.dtype]
     channels = plan.channels
     every = phases(dataclasses.replace(tp, c=channels))
@@ -378,6 +378,27 @@ def _phases_program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
     return CallProgram(tuple(launches), used)
 
 
+def _nhwc(tp: TransposeProblem) -> TransposeProblem:
+    """``tp`` on NHWC arrays (its weight as it is: phase_weights reads either layout)."""
+    return dataclasses.replace(tp, layout="NHWC")
+
+
+def _through_nhwc(call: CallProgram, tp: TransposeProblem) -> CallProgram:
+    """``call``, the one-launch program of _nhwc(tp), run on tp's NCHW arrays: y transposed to NHWC into
+    the workspace after call's own, the NHWC output written there and transposed into OUT. Two passes
+    over the arrays, where each phase on its own copied its window of y, the forward's channels-last
+    copies of it, and its output into place (H200, TF32 dgrad of r50_down_3x3s2: benchmarks/NOTES.md)."""
+    from .layouts import transpose_launch
+
+    item = STORAGE_BYTES[tp.dtype]
+    y_nhwc = Pointer(WORKSPACE, align(call.workspace_bytes))
+    out_nhwc = Pointer(WORKSPACE, align(y_nhwc.offset + tp.n * tp.k * tp.hy * tp.wy * item))
+    launches = (transpose_launch(tp.dtype, tp.n, tp.k, tp.hy * tp.wy, Pointer(X), y_nhwc),
+                *relocated(call.launches, {X: y_nhwc, OUT: out_nhwc}),
+                transpose_launch(tp.dtype, tp.n, tp.h * tp.w, tp.c, out_nhwc, Pointer(OUT)))
+    return CallProgram(launches, out_nhwc.offset + math.prod(tp.out_array_shape) * item, call.weight)
+
+
 @functools.lru_cache(maxsize=1024)
 def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int, min_channels: int = 0):
     """``program`` ready to launch on device ``device_id`` (transpose_plan's; an ungrouped output of
@@ -400,19 +421,20 @@ def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int
 def transpose_plan(tp: TransposeProblem, allow_tf32: bool, compute_capability: int, channels: int) -> TransposePlan:
     """How ``tp`` runs with ``channels`` output channels: an output of few channels (``channels`` ==
     tp.c) in transpose_few_channels' one launch where it pays; where it has several stride phases (up
-    to 16, of up to MAX_PHASE_TAPS taps a side) and is NHWC, every phase with taps in one launch if
-    implicit_gemm_nhwc.phases_plan takes them; else each phase on the planner's fixed rules."""
+    to 16, of up to MAX_PHASE_TAPS taps a side), every phase with taps in one launch if
+    implicit_gemm_nhwc.phases_plan takes them (on NHWC arrays: NCHW ones are transposed around it,
+    _through_nhwc); else each phase on the planner's fixed rules."""
     from .families.implicit_gemm_nhwc import MAX_PHASES, phases_plan
 
     if channels == tp.c and transpose_few_channels.pays(tp):
         return TransposePlan(channels, (), few=transpose_few_channels.make_plan(tp))
-    every = phases(dataclasses.replace(tp, c=channels))
+    every = phases(dataclasses.replace(_nhwc(tp), c=channels))
     tapped = tuple(dataclasses.replace(phase.problem, weight_layout="KHWC") for phase in every if phase.problem)
-    if 1 < len(every) <= min(MAX_PHASES, MAX_WEIGHT_PHASES) and max(tp.kh, tp.kw) <= MAX_PHASE_TAPS \
-            and tp.layout == "NHWC" and tapped:
+    if 1 < len(every) <= min(MAX_PHASES, MAX_WEIGHT_PHASES) and max(tp.kh, tp.kw) <= MAX_PHASE_TAPS and tapped:
         gemm = phases_plan(tapped, compute_capability, allow_tf32=allow_tf32)
         if gemm is not None:
             return TransposePlan(channels, (), gemm)
+    every = phases(dataclasses.replace(tp, c=channels))
     return TransposePlan(channels, tuple(None if phase.problem is None else
                                          phase_plan(phase.problem, allow_tf32, compute_capability) for phase in every))
 

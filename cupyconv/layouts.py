@@ -55,7 +55,7 @@ def describe(plan) -> str:
     return "".join(f"{line}\n" for line in lines)
 
 
-def _transpose(dtype: str, batch: int, rows: int, columns: int, source: Pointer, target: Pointer) -> Launch:
+def transpose_launch(dtype: str, batch: int, rows: int, columns: int, source: Pointer, target: Pointer) -> Launch:
     """[batch][rows][columns] at ``source`` -> [batch][columns][rows] at ``target``."""
     from .families.implicit_gemm_nhwc import channels_last_copy
 
@@ -78,23 +78,23 @@ def transposed(call: CallProgram, plan, problem: ConvProblem) -> CallProgram:
     if p.layout not in array_layouts and p.h * p.w > 1:
         x_nchw = Pointer(WORKSPACE, align(workspace))
         workspace = x_nchw.offset + p.n * p.c * p.h * p.w * item
-        before.append(_transpose(p.dtype, p.n, p.h * p.w, p.c, Pointer(X), x_nchw))
+        before.append(transpose_launch(p.dtype, p.n, p.h * p.w, p.c, Pointer(X), x_nchw))
         moves[X] = x_nchw
     if p.layout not in array_layouts and p.ho * p.wo > 1:
         out_nchw = Pointer(WORKSPACE, align(workspace))
         workspace = out_nchw.offset + p.n * p.k * p.ho * p.wo * item
-        after.append(_transpose(p.dtype, p.n, p.k, p.ho * p.wo, out_nchw, Pointer(OUT)))
+        after.append(transpose_launch(p.dtype, p.n, p.k, p.ho * p.wo, out_nchw, Pointer(OUT)))
         moves[OUT] = out_nchw
         if p.has_residual:  # read before anything is written: the residual may be the output itself
             residual_nchw = Pointer(WORKSPACE, align(workspace))
             workspace = residual_nchw.offset + p.n * p.k * p.ho * p.wo * item
-            before.append(_transpose(p.dtype, p.n, p.ho * p.wo, p.k, Pointer(RESIDUAL), residual_nchw))
+            before.append(transpose_launch(p.dtype, p.n, p.ho * p.wo, p.k, Pointer(RESIDUAL), residual_nchw))
             moves[RESIDUAL] = residual_nchw
     weight = call.weight
     if p.weight_layout not in weight_layouts and p.kh * p.kw > 1:
         kept = align(weight.nbytes) if weight else 0
         kchw = Pointer(PREPARED, kept)
-        transpose = _transpose(p.dtype, p.k, p.kh * p.kw, p.c // p.groups, Pointer(WEIGHT), kchw)
+        transpose = transpose_launch(p.dtype, p.k, p.kh * p.kw, p.c // p.groups, Pointer(WEIGHT), kchw)
         own = relocated(weight.launches, {WEIGHT: kchw}) if weight else ()
         key = (weight.key if weight else (plan.kernel, p.dtype, p.weight_shape)) + (KHWC,)
         weight = WeightPreparation(key, kept + p.k * (p.c // p.groups) * p.kh * p.kw * item, (transpose, *own))

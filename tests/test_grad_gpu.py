@@ -178,13 +178,14 @@ def test_conv_transpose2d(case, mode, nhwc):
     check_conv_transpose2d(case, mode, nhwc)
 
 
+@pytest.mark.parametrize("nhwc", [True, False], ids=["NHWC", "NCHW"])
 @pytest.mark.parametrize("mode", ["float16", "bfloat16", "tf32"])
 @pytest.mark.parametrize("case", PHASE_CASES, ids=str)
-def test_conv_transpose2d_phases_in_one_launch(case, mode, monkeypatch):
-    """NHWC 16-bit and TF32 transposed convolutions whose stride phases run in one launch (windows of y
-    read through negative padding, phases of different taps, groups, dilation, split-K, phases no tap
-    reaches, outputs of 3 channels widened to 8 with transpose_few_channels turned away): against
-    torch in float64, NaN-poisoned."""
+def test_conv_transpose2d_phases_in_one_launch(case, mode, nhwc, monkeypatch):
+    """16-bit and TF32 transposed convolutions whose stride phases run in one launch (windows of y read
+    through negative padding, phases of different taps, groups, dilation, split-K, phases no tap
+    reaches, outputs of 3 channels widened to 8 with transpose_few_channels turned away), NHWC, and
+    NCHW transposed around it: against torch in float64, NaN-poisoned."""
     monkeypatch.setattr(conv_transpose.transpose_few_channels, "refusal", lambda tp: "turned away by the test")
     conv_transpose.transposed_executable.cache_clear()
     y_shape, w_shape, stride, padding, output_padding, groups, dilation = case
@@ -196,12 +197,13 @@ def test_conv_transpose2d_phases_in_one_launch(case, mode, monkeypatch):
     args = (stride, padding, output_padding, groups, dilation)
     ref = F.conv_transpose2d(x, w, b, *args)
     tf32 = mode == "tf32"
-    tp = make_transpose_problem(y_shape, w_shape, tuple(b.shape), "float32" if tf32 else mode, *args, "NHWC", "KCHW")
+    tp = make_transpose_problem(y_shape if nhwc else tuple(x.shape), w_shape, tuple(b.shape),
+                                "float32" if tf32 else mode, *args, "NHWC" if nhwc else "NCHW", "KCHW")
     assert transpose_plan(tp, tf32, compute_capability(), tp.c).gemm is not None
     with nan_poisoned_memory(), precision(mode):
-        out = transposed(to_cupy(x.to(dtype), True), to_cupy(w.to(dtype)), to_cupy(b.to(dtype)), tp, "cupy",
+        out = transposed(to_cupy(x.to(dtype), nhwc), to_cupy(w.to(dtype)), to_cupy(b.to(dtype)), tp, "cupy",
                          allow_tf32=tf32)
-        got = from_cupy(out, dtype, True)
+        got = from_cupy(out, dtype, nhwc)
         own = F.conv_transpose2d(x.to(dtype), w.to(dtype), b.to(dtype), *args)
     conv_transpose.transposed_executable.cache_clear()  # no program made with the family turned away is kept
     assert got.shape == ref.shape and not got.isnan().any()

@@ -23,7 +23,7 @@ from cupyconv.compiler import kernel_source
 from cupyconv.families.common import STORAGE_BYTES
 from cupyconv.families.implicit_gemm_nhwc import MAX_PHASES, PHASES_KERNEL, channels_last_specialisations
 from cupyconv.program import (BIAS, FLAGS, GRAD_OUTPUT, INPUT_SCALE, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE,
-                              WORKSPACE_ALIGNMENT, X, Pointer)
+                              WORKSPACE_ALIGNMENT, X, Pointer, relocated)
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 LAYOUTS = list(itertools.product(("NCHW", "NHWC"), ("KCHW", "KHWC")))
@@ -342,6 +342,32 @@ def test_phase_launch_plans_name_instances_that_are_compiled(dtype, cc):
                 assert launch.name_expression in compiled, (y_shape, weight_shape, launch.name_expression)
                 planned += 1
     assert planned >= len(cases) - 2  # all but the suite's 1x1-input layer and its RGB layer in TF32
+
+
+@pytest.mark.parametrize("dtype", ("float16", "float32"))
+@pytest.mark.parametrize("case", [PHASE_CASES[i] for i in (0, 1, 4, 5, 7, 8)], ids=str)
+def test_nchw_phases_launch_runs_between_transposes(case, dtype):
+    """An NCHW transposed convolution that the one-launch route takes runs the NHWC problem's program
+    (replayed above) between two transposes: y to NHWC in the workspace past that program's own, and
+    the NHWC output there to OUT; every launch of the NHWC program reads and writes those instead."""
+    y_shape, weight_shape, stride, padding, output_padding, groups, dilation = case
+    n, hy, wy, k = y_shape
+    tp = conv_transpose.make_transpose_problem((n, k, hy, wy), weight_shape, None, dtype, stride, padding,
+                                               output_padding, groups, dilation, "NCHW")
+    nhwc = dataclasses.replace(tp, layout="NHWC")
+    plan = conv_transpose.transpose_plan(tp, True, 90, max(tp.c, 8) if groups == 1 else tp.c)
+    assert plan.gemm is not None and plan == conv_transpose.transpose_plan(nhwc, True, 90, plan.channels)
+    inner, call = conv_transpose.program(plan, nhwc), conv_transpose.program(plan, tp)
+    # (check_launches' alignment does not hold: the fills' element offsets into OUT move with it)
+    first, *middle, last = call.launches
+    item = STORAGE_BYTES[dtype]
+    y_nhwc, out_nhwc = first.args[1], last.args[0]
+    assert first.args == (Pointer(X), y_nhwc, tp.k, hy * wy, tp.k) and "false" in first.name_expression
+    assert last.args == (out_nhwc, Pointer(OUT), tp.h * tp.w, tp.c, tp.h * tp.w)
+    assert y_nhwc.operand == out_nhwc.operand == WORKSPACE and y_nhwc.offset >= inner.workspace_bytes
+    assert out_nhwc.offset >= y_nhwc.offset + math.prod(y_shape) * item
+    assert call.workspace_bytes == out_nhwc.offset + math.prod(tp.out_array_shape) * item
+    assert tuple(middle) == relocated(inner.launches, {X: y_nhwc, OUT: out_nhwc})
 
 
 def test_tables_have_the_kernel_structs_fields():
