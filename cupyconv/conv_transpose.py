@@ -19,14 +19,16 @@ On CUDA the phases make one program (``program``), made once per problem and lau
 forward call: each phase's weight by kernels/phase_weight.cu into the workspace, its forward
 program reading it, and kernels/strided_copy.cu's copies and fills for windows of y, the phases'
 rows and columns of the output and the phases no tap reaches; an ungrouped output of fewer channels
-than the GEMMs take is computed with zero channels added and cut on the way out. NHWC 16-bit
+than the GEMMs take is computed with zero channels added and cut on the way out. 16-bit and TF32
 problems of several phases run every phase in one launch of the channels-last GEMM instead
 (implicit_gemm_nhwc_phases): it reads the whole of y, a window as negative padding, and writes each
 phase's rows and columns of the output in place, so the phases' tiles fill the GPU together and no
-window or phase output is copied. An ungrouped output of 1-4 channels (a stem's input gradient, a
-generator's RGB layer) runs every phase in one launch on the FMA units instead, y read in place
-(transpose_few_channels; 16-bit ones only where a phase has enough taps to beat the tensor cores'
-widened phases). Arrays past 32-bit offsets go phase by phase on CuPy arrays (run_phases).
+window or phase output is copied (NCHW arrays are transposed to NHWC around it). An ungrouped output
+of 1-4 channels (a stem's input gradient, a generator's RGB layer) runs every phase in one launch on
+the FMA units instead, y read in place (transpose_few_channels; 16-bit ones only where a phase has
+enough taps to beat the tensor cores' widened phases), and so does a strided depthwise one, one
+output channel a group (transpose_depthwise). Arrays past 32-bit offsets go phase by phase on CuPy
+arrays (run_phases).
 
 The NumPy path runs the same phases on the NumPy convolution, so the CPU tests check the
 decomposition itself against torch.
@@ -40,7 +42,7 @@ import numbers
 
 import numpy as np
 
-from . import transpose_few_channels
+from . import transpose_depthwise, transpose_few_channels
 from .arguments import ConvProblem, _pair, check_arrays, check_layouts, check_x_dims, dtype_name
 from .families.common import CTYPES, STORAGE_BYTES
 from .program import (BIAS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Launch, Pointer, Table, align,
@@ -230,12 +232,14 @@ class TransposePlan:
     zeros, cut on the way out) and each phase's forward plan (phase_plan; None for a phase no tap
     reaches), in phases()' order for that many channels; or, where ``gemm`` is set, every phase with
     taps in that one launch (implicit_gemm_nhwc.phases_plan) instead of the phases' own plans; or,
-    where ``few`` is set, the whole of it in transpose_few_channels' one launch."""
+    where ``few`` is set, the whole of it in transpose_few_channels' one launch, or where ``depthwise`` is,
+    in transpose_depthwise's."""
 
     channels: int
     phases: tuple
     gemm: object = None
     few: object = None
+    depthwise: object = None
 
 
 def program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
@@ -250,6 +254,8 @@ def program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
 
     if plan.few is not None:
         return transpose_few_channels.program(plan.few, tp)
+    if plan.depthwise is not None:
+        return transpose_depthwise.program(plan.depthwise, tp)
     if plan.gemm is not None:
         return _phases_program(plan, tp) if tp.layout == "NHWC" else _through_nhwc(_phases_program(plan, _nhwc(tp)), tp)
     item = STORAGE_BYTES[tp.dtype]
@@ -420,7 +426,8 @@ def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int
 
 def transpose_plan(tp: TransposeProblem, allow_tf32: bool, compute_capability: int, channels: int) -> TransposePlan:
     """How ``tp`` runs with ``channels`` output channels: an output of few channels (``channels`` ==
-    tp.c) in transpose_few_channels' one launch where it pays; where it has several stride phases (up
+    tp.c) in transpose_few_channels' one launch where it pays, a strided depthwise one in
+    transpose_depthwise's; where it has several stride phases (up
     to 16, of up to MAX_PHASE_TAPS taps a side), every phase with taps in one launch if
     implicit_gemm_nhwc.phases_plan takes them (on NHWC arrays: NCHW ones are transposed around it,
     _through_nhwc); else each phase on the planner's fixed rules."""
@@ -428,6 +435,8 @@ def transpose_plan(tp: TransposeProblem, allow_tf32: bool, compute_capability: i
 
     if channels == tp.c and transpose_few_channels.pays(tp):
         return TransposePlan(channels, (), few=transpose_few_channels.make_plan(tp))
+    if transpose_depthwise.pays(tp):
+        return TransposePlan(channels, (), depthwise=transpose_depthwise.make_plan(tp))
     every = phases(dataclasses.replace(_nhwc(tp), c=channels))
     tapped = tuple(dataclasses.replace(phase.problem, weight_layout="KHWC") for phase in every if phase.problem)
     if 1 < len(every) <= min(MAX_PHASES, MAX_WEIGHT_PHASES) and max(tp.kh, tp.kw) <= MAX_PHASE_TAPS and tapped:

@@ -22,6 +22,7 @@ from cupyconv.compiler import compile_offline
 from cupyconv.conv_transpose import phase_weight_specialisations
 from cupyconv.planner import arch_specialisations, kernel_specialisations
 from cupyconv.pooling import specialisations as pooling_specialisations
+from cupyconv.transpose_depthwise import specialisations as depthwise_transpose_specialisations
 from cupyconv.transpose_few_channels import specialisations as few_channel_transpose_specialisations
 from cupyconv.wgrad import wgrad_specialisations
 from cupyconv.wgrad_depthwise import specialisations as depthwise_wgrad_specialisations
@@ -101,10 +102,11 @@ def _gradients(every=COMPILE_ALL):
     """The weight gradient's FMA GEMM (every dtype, layout, index width and tile), its reduction, the
     depthwise kernel (every dtype, layout and kernel size), the tensor-core GEMM (every dtype, index
     width, tile and piece; its wgmma instances for sm_90a), Winograd's transforms for the weight gradient,
-    the input gradient's phase weight and the transposed convolution of few output channels."""
+    the input gradient's phase weight and the transposed convolutions of few output channels and of
+    depthwise layers."""
     portable = (wgrad_specialisations() + depthwise_wgrad_specialisations() + tensor_core_wgrad_specialisations()
                 + winograd_wgrad_specialisations() + phase_weight_specialisations()
-                + few_channel_transpose_specialisations())
+                + few_channel_transpose_specialisations() + depthwise_transpose_specialisations())
     return _programs(portable, PORTABLE_ARCHS, every) + \
         [param for arch, expressions in tensor_core_wgrad_arch_specialisations().items()
          for param in _programs(expressions, (arch,), every)]
@@ -127,7 +129,7 @@ def test_pieces_cover_every_specialisation_once():
     assert len(seen) == len(set(seen))
     portable = kernel_specialisations() + pooling_specialisations() + wgrad_specialisations() + \
         depthwise_wgrad_specialisations() + tensor_core_wgrad_specialisations() + winograd_wgrad_specialisations() + \
-        phase_weight_specialisations() + few_channel_transpose_specialisations()
+        phase_weight_specialisations() + few_channel_transpose_specialisations() + depthwise_transpose_specialisations()
     specific = {**arch_specialisations()}
     for arch, expressions in tensor_core_wgrad_arch_specialisations().items():
         specific[arch] = specific.get(arch, []) + expressions
