@@ -21,7 +21,7 @@ from .program import BIAS, OUT, WEIGHT, X, CallProgram, Launch, Pointer
 KERNEL = "transpose_depthwise"
 #: Every dtype conv2d computes in.
 DTYPES = ("float32", "float16", "bfloat16", "float64")
-#: DEPTHWISE_T_ROWS in the kernel: consecutive output rows a thread computes.
+#: DEPTHWISE_T_ROWS in the kernel: output rows a thread computes, of one stride phase (stride rows apart).
 ROWS = 4
 #: Threads a block; NCHW blocks are 32 columns x 8 row groups of one channel.
 THREADS = 256
@@ -45,6 +45,8 @@ def refusal(tp) -> str:
         return f"groups={tp.groups} with {tp.c} output channels (it takes one output channel a group)"
     if tp.layout == "NCHW" and tp.c > MAX_GRID_Y:
         return f"{tp.c} channels of NCHW arrays (at most {MAX_GRID_Y}: a grid row each)"
+    if tp.layout == "NHWC" and _row_groups(tp) > MAX_GRID_Y:
+        return f"{tp.h} rows of NHWC arrays at stride {tp.stride[0]} (a grid row for every {ROWS} of a phase)"
     if max(tp.n * tp.k * tp.hy * tp.wy, tp.n * tp.c * tp.h * tp.w, tp.k * tp.kh * tp.kw) >= 2**31:
         return "arrays of 2^31 elements or more"
     return ""
@@ -54,6 +56,11 @@ def pays(tp) -> bool:
     """Whether the rules take it over the phase route: wherever it runs and the stride makes several phases
     (a stride-1 problem is one depthwise convolution, which the forward's depthwise kernels run)."""
     return not refusal(tp) and tp.stride != (1, 1)
+
+
+def _row_groups(tp) -> int:
+    """The kernel's row groups: ROWS rows of one stride phase each."""
+    return tp.stride[0] * math.ceil(math.ceil(tp.h / tp.stride[0]) / ROWS)
 
 
 def _vec(tp) -> int:
@@ -66,13 +73,13 @@ def make_plan(tp) -> DepthwisePlan:
     why_not = refusal(tp)
     if why_not:
         raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
-    vec, row_tiles = _vec(tp), math.ceil(tp.h / ROWS)
+    vec, groups = _vec(tp), _row_groups(tp)
     if tp.layout == "NHWC":
         column_tiles = 0
-        grid = (math.ceil(tp.w * tp.c // vec / THREADS), row_tiles, min(tp.n, MAX_GRID_Y))
+        grid = (math.ceil(tp.w * tp.c // vec / THREADS), groups, min(tp.n, MAX_GRID_Y))
     else:
         column_tiles = math.ceil(tp.w / COLUMNS)
-        grid = (column_tiles * math.ceil(row_tiles / (THREADS // COLUMNS)), tp.c, min(tp.n, MAX_GRID_Y))
+        grid = (column_tiles * math.ceil(groups / (THREADS // COLUMNS)), tp.c, min(tp.n, MAX_GRID_Y))
     multiplier = tp.k // tp.c
     reason = (f"one output channel a group ({multiplier} channel{'s' if multiplier > 1 else ''} of y each): every "
               f"stride phase in one direct launch, y read in place")

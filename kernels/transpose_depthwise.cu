@@ -5,16 +5,19 @@
 //                     (iy, ix inside y) of y[n][g M + j][iy][ix] w[g M + j][0][r][s]
 //
 // for G = C groups of one output channel each and M = K / C channels of y a group (the forward's channel
-// multiplier). It is bound by memory: each output reads about (kh / sh) (kw / sw) M values of y, which
-// neighbouring outputs share through the caches. A thread owns one output column (NCHW) or one column's
-// VEC channels (NHWC) and DEPTHWISE_T_ROWS consecutive rows of it, so the column's taps are found once:
-// the first tap whose residue fits, then steps of sw / gcd(sw, dw) taps and dw / gcd(sw, dw) columns of y
-// (col_tap_step, col_y_step; likewise along rows, found again for each row). Sums in float32 (double for
-// double).
+// multiplier). Each output reads about (kh / sh) (kw / sw) M values of y, which neighbouring outputs share
+// through the caches; the bytes are few, and what bounds the kernel is its integer work per output. So a
+// thread owns one output column (NCHW) or one column's VEC channels (NHWC), and DEPTHWISE_T_ROWS rows of
+// it sh apart -- rows of one stride phase, whose taps are the same and whose rows of y follow each other:
+// the first reaching tap (its residue (at + pad - tap dilation) mod stride zero) is found once a thread
+// along each axis, then steps of sh / gcd(sh, dh) taps and dh / gcd(sh, dh) rows of y (row_tap_step,
+// row_y_step; likewise along columns). Sums in float32 (double for double).
 //
-// NCHW: block (32, 8), a tile of 32 columns x 8 DEPTHWISE_T_ROWS rows of one channel; grid (column tiles x row
-// tiles, C, min(N, 65535)). NHWC: block 256, each thread VEC channels of one pixel column: grid
-// (ceil(W C / VEC / 256), row tiles, min(N, 65535)). The weight is read through element strides
+// A row group g holds rows a + (i0 + t) sh, t < DEPTHWISE_T_ROWS, for phase a = g mod sh and i0 =
+// (g / sh) DEPTHWISE_T_ROWS; there are sh ceil(ceil(H / sh) / DEPTHWISE_T_ROWS) of them (row_groups).
+// NCHW: block (32, 8), 32 columns x 8 row groups of one channel; grid (column tiles x ceil(row_groups /
+// 8), C, min(N, 65535)). NHWC: block 256, each thread VEC channels of one pixel column: grid
+// (ceil(W C / VEC / 256), row_groups, min(N, 65535)). The weight is read through element strides
 // (stride_k, stride_r, stride_s), so KCHW and KHWC are read in place.
 #include "dtypes.cuh"
 
@@ -37,8 +40,8 @@ __device__ __forceinline__ FirstTap first_tap(int at, int pad, int dilation, int
     return {taps, 0};
 }
 
-// Four blocks an SM (64 registers): without a minimum ptxas held the float32 instances at 32 registers and
-// spilled.
+// At most 64 registers (four blocks an SM), the tap loops not unrolled: unrolled, the instances took all 64
+// and the NHWC float32 one spilled on sm_80; rolled, the scalar ones take 31-40.
 template <typename T, bool NHWC, int VEC>
 __global__ void __launch_bounds__(256, 4)
 transpose_depthwise(const T* __restrict__ y, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ out,
@@ -47,51 +50,52 @@ transpose_depthwise(const T* __restrict__ y, const T* __restrict__ w, const T* _
                     int stride_r, int stride_s, int has_bias, int column_tiles) {
     using Acc = typename accumulator<T>::type;
     static_assert(NHWC || VEC == 1, "NCHW: one channel a block");
-    int column, channel, row0;
+    int column, channel, group;
     if constexpr (NHWC) {
         const int vector = blockIdx.x * 256 + threadIdx.x, vectors = C / VEC;
         column = vector / vectors;
         channel = (vector - column * vectors) * VEC;
-        row0 = blockIdx.y * DEPTHWISE_T_ROWS;
-        if (column >= W) return;
+        group = blockIdx.y;
     } else {
         const int tile_row = blockIdx.x / column_tiles;
         column = (blockIdx.x - tile_row * column_tiles) * 32 + threadIdx.x;
         channel = blockIdx.y;
-        row0 = (tile_row * 8 + threadIdx.y) * DEPTHWISE_T_ROWS;
-        if (column >= W) return;
+        group = tile_row * 8 + threadIdx.y;
     }
+    const int phase = group % sh, row0 = phase + (group / sh) * DEPTHWISE_T_ROWS * sh;
+    if (column >= W || row0 >= H) return;
     const int K = C * M;
     const FirstTap first_col = first_tap(column, pl, dw, sw, col_tap_step, kw);
+    const FirstTap first_row = first_tap(row0, pt, dh, sh, row_tap_step, kh);
     Acc b[VEC];
 #pragma unroll
     for (int v = 0; v < VEC; ++v) b[v] = has_bias ? to_acc<Acc>(bias[channel + v]) : Acc(0);
+    // 32-bit offsets: the rules take arrays of fewer than 2^31 elements. y's and the weight's first
+    // channel of this thread's group; the group's j-th channel of y is j (NHWC) or j planes further.
+    const int plane = Hy * Wy, y_pixel = NHWC ? K : 1, y_channel = NHWC ? 1 : plane;
+    const T* w_group = w + channel * M * stride_k;
     for (int n = blockIdx.z; n < N; n += gridDim.z) {
-        for (int row = row0; row < row0 + DEPTHWISE_T_ROWS && row < H; ++row) {
+        const T* y_group = y + n * plane * K + channel * M * y_channel;
+        for (int t = 0, row = row0; t < DEPTHWISE_T_ROWS && row < H; ++t, row += sh) {
             Acc acc[VEC];
 #pragma unroll
             for (int v = 0; v < VEC; ++v) acc[v] = b[v];
-            const FirstTap first_row = first_tap(row, pt, dh, sh, row_tap_step, kh);
-            for (int r = first_row.tap, iy = first_row.in; r < kh; r += row_tap_step, iy -= row_y_step) {
+#pragma unroll 1
+            for (int r = first_row.tap, iy = first_row.in + t; r < kh; r += row_tap_step, iy -= row_y_step) {
                 if (static_cast<unsigned>(iy) >= static_cast<unsigned>(Hy)) continue;
+#pragma unroll 1
                 for (int s = first_col.tap, ix = first_col.in; s < kw; s += col_tap_step, ix -= col_y_step) {
                     if (static_cast<unsigned>(ix) >= static_cast<unsigned>(Wy)) continue;
+                    const T* y_at = y_group + (iy * Wy + ix) * y_pixel;
+                    const T* w_at = w_group + r * stride_r + s * stride_s;
+#pragma unroll 1
                     for (int j = 0; j < M; ++j) {
-                        if constexpr (NHWC) {
-                            // VEC > 1 only where M == 1: the group's channels of y are the vector's
-                            struct alignas(sizeof(T) * VEC) Vec { T v[VEC]; };
-                            const long long pixel = (static_cast<long long>(n) * Hy + iy) * Wy + ix;
-                            const Vec yv = *reinterpret_cast<const Vec*>(y + pixel * K + channel * M + j);
+                        // VEC > 1 only where M == 1 (NHWC): the group's channels of y are the vector's
+                        struct alignas(sizeof(T) * VEC) Vec { T v[VEC]; };
+                        const Vec yv = *reinterpret_cast<const Vec*>(y_at + j * y_channel);
 #pragma unroll
-                            for (int v = 0; v < VEC; ++v) {
-                                const int k = (channel + v) * M + j;
-                                acc[v] += to_acc<Acc>(yv.v[v]) * to_acc<Acc>(w[k * stride_k + r * stride_r + s * stride_s]);
-                            }
-                        } else {
-                            const int k = channel * M + j;
-                            const T yv = y[((static_cast<long long>(n) * K + k) * Hy + iy) * Wy + ix];
-                            acc[0] += to_acc<Acc>(yv) * to_acc<Acc>(w[k * stride_k + r * stride_r + s * stride_s]);
-                        }
+                        for (int v = 0; v < VEC; ++v)
+                            acc[v] += to_acc<Acc>(yv.v[v]) * to_acc<Acc>(w_at[(v * M + j) * stride_k]);
                     }
                 }
             }
@@ -100,9 +104,9 @@ transpose_depthwise(const T* __restrict__ y, const T* __restrict__ w, const T* _
                 Vec result;
 #pragma unroll
                 for (int v = 0; v < VEC; ++v) result.v[v] = from_acc<T>(acc[v]);
-                *reinterpret_cast<Vec*>(out + ((static_cast<long long>(n) * H + row) * W + column) * C + channel) = result;
+                *reinterpret_cast<Vec*>(out + ((n * H + row) * W + column) * C + channel) = result;
             } else {
-                out[((static_cast<long long>(n) * C + channel) * H + row) * W + column] = from_acc<T>(acc[0]);
+                out[((n * C + channel) * H + row) * W + column] = from_acc<T>(acc[0]);
             }
         }
     }

@@ -41,17 +41,19 @@ def replay(launch, y, weight, bias, out_shape):
         if nhwc:
             vector = bx * dw.THREADS + tx
             column, channel = vector // (c // vec), vector % (c // vec) * vec
-            row0 = by * dw.ROWS
+            group = by
         else:
             tile_row = bx // column_tiles
             column, channel = (bx % column_tiles) * dw.COLUMNS + tx, by
-            row0 = (tile_row * (dw.THREADS // dw.COLUMNS) + ty) * dw.ROWS
-        if column >= w:
+            group = tile_row * (dw.THREADS // dw.COLUMNS) + ty
+        row0 = group % sh + group // sh * dw.ROWS * sh  # ROWS rows of one stride phase
+        if column >= w or row0 >= h:
             return
         col_tap, col_in = first_tap(column, pl, dw_, sw, cts, kw)
+        first_row_tap, first_row_in = first_tap(row0, pt, dh, sh, rts, kh)
         for image in range(n):  # grid z covers the batch
-            for row in range(row0, min(row0 + dw.ROWS, h)):
-                row_tap, row_in = first_tap(row, pt, dh, sh, rts, kh)
+            for t, row in enumerate(range(row0, min(row0 + dw.ROWS * sh, h), sh)):
+                row_tap, row_in = first_row_tap, first_row_in + t
                 for v in range(vec):
                     g = channel + v
                     acc = bias[g] if has_bias else 0.0
