@@ -11,7 +11,8 @@
 // it sh apart -- rows of one stride phase, whose taps are the same and whose rows of y follow each other:
 // the first reaching tap (its residue (at + pad - tap dilation) mod stride zero) is found once a thread
 // along each axis, then steps of sh / gcd(sh, dh) taps and dh / gcd(sh, dh) rows of y (row_tap_step,
-// row_y_step; likewise along columns). Sums in float32 (double for double).
+// row_y_step; likewise along columns), and for each tap the thread's rows of y are loaded together.
+// Sums in float32 (double for double).
 //
 // A row group g holds rows a + (i0 + t) sh, t < DEPTHWISE_T_ROWS, for phase a = g mod sh and i0 =
 // (g / sh) DEPTHWISE_T_ROWS; there are sh ceil(ceil(H / sh) / DEPTHWISE_T_ROWS) of them (row_groups).
@@ -40,10 +41,11 @@ __device__ __forceinline__ FirstTap first_tap(int at, int pad, int dilation, int
     return {taps, 0};
 }
 
-// At most 64 registers (four blocks an SM), the tap loops not unrolled: unrolled, the instances took all 64
-// and the NHWC float32 one spilled on sm_80; rolled, the scalar ones take 31-40.
+// At most 85 registers (three blocks an SM): the 16-byte-vector instances hold 4 rows x VEC sums and 4 rows of
+// y (80 registers; at 64 the 16-bit ones spilled), the scalar ones take 45-56. The tap loops are not unrolled
+// (unrolled, the instances took every register allowed).
 template <typename T, bool NHWC, int VEC>
-__global__ void __launch_bounds__(256, 4)
+__global__ void __launch_bounds__(256, 3)
 transpose_depthwise(const T* __restrict__ y, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ out,
                     int N, int C, int M, int Hy, int Wy, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw,
                     int row_tap_step, int row_y_step, int col_tap_step, int col_y_step, int pt, int pl, int stride_k,
@@ -74,39 +76,55 @@ transpose_depthwise(const T* __restrict__ y, const T* __restrict__ w, const T* _
     // channel of this thread's group; the group's j-th channel of y is j (NHWC) or j planes further.
     const int plane = Hy * Wy, y_pixel = NHWC ? K : 1, y_channel = NHWC ? 1 : plane;
     const T* w_group = w + channel * M * stride_k;
+    struct alignas(sizeof(T) * VEC) Vec { T v[VEC]; };
     for (int n = blockIdx.z; n < N; n += gridDim.z) {
         const T* y_group = y + n * plane * K + channel * M * y_channel;
-        for (int t = 0, row = row0; t < DEPTHWISE_T_ROWS && row < H; ++t, row += sh) {
-            Acc acc[VEC];
+        // Every row's sums at once, each tap's weights loaded once for them and its rows of y loaded
+        // together: one thread's loads in flight at a time left the kernel waiting on latency.
+        Acc acc[DEPTHWISE_T_ROWS][VEC];
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) acc[v] = b[v];
-#pragma unroll 1
-            for (int r = first_row.tap, iy = first_row.in + t; r < kh; r += row_tap_step, iy -= row_y_step) {
-                if (static_cast<unsigned>(iy) >= static_cast<unsigned>(Hy)) continue;
-#pragma unroll 1
-                for (int s = first_col.tap, ix = first_col.in; s < kw; s += col_tap_step, ix -= col_y_step) {
-                    if (static_cast<unsigned>(ix) >= static_cast<unsigned>(Wy)) continue;
-                    const T* y_at = y_group + (iy * Wy + ix) * y_pixel;
-                    const T* w_at = w_group + r * stride_r + s * stride_s;
-#pragma unroll 1
-                    for (int j = 0; j < M; ++j) {
-                        // VEC > 1 only where M == 1 (NHWC): the group's channels of y are the vector's
-                        struct alignas(sizeof(T) * VEC) Vec { T v[VEC]; };
-                        const Vec yv = *reinterpret_cast<const Vec*>(y_at + j * y_channel);
+        for (int t = 0; t < DEPTHWISE_T_ROWS; ++t)
 #pragma unroll
-                        for (int v = 0; v < VEC; ++v)
-                            acc[v] += to_acc<Acc>(yv.v[v]) * to_acc<Acc>(w_at[(v * M + j) * stride_k]);
+            for (int v = 0; v < VEC; ++v) acc[t][v] = b[v];
+#pragma unroll 1
+        for (int r = first_row.tap, iy = first_row.in; r < kh; r += row_tap_step, iy -= row_y_step) {
+#pragma unroll 1
+            for (int s = first_col.tap, ix = first_col.in; s < kw; s += col_tap_step, ix -= col_y_step) {
+                if (static_cast<unsigned>(ix) >= static_cast<unsigned>(Wy)) continue;
+                const T* w_at = w_group + r * stride_r + s * stride_s;
+#pragma unroll 1
+                for (int j = 0; j < M; ++j) {
+                    // VEC > 1 only where M == 1 (NHWC): the group's channels of y are the vector's
+                    Acc wv[VEC];
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) wv[v] = to_acc<Acc>(w_at[(v * M + j) * stride_k]);
+                    Vec yv[DEPTHWISE_T_ROWS];
+#pragma unroll
+                    for (int t = 0; t < DEPTHWISE_T_ROWS; ++t) {
+                        const bool inside = static_cast<unsigned>(iy + t) < static_cast<unsigned>(Hy) &&
+                                            row0 + t * sh < H;
+                        yv[t] = load_or_zero(
+                            reinterpret_cast<const Vec*>(y_group + ((iy + t) * Wy + ix) * y_pixel + j * y_channel),
+                            inside);
                     }
+#pragma unroll
+                    for (int t = 0; t < DEPTHWISE_T_ROWS; ++t)
+#pragma unroll
+                        for (int v = 0; v < VEC; ++v) acc[t][v] += to_acc<Acc>(yv[t].v[v]) * wv[v];
                 }
             }
+        }
+#pragma unroll
+        for (int t = 0; t < DEPTHWISE_T_ROWS; ++t) {
+            const int row = row0 + t * sh;
+            if (row >= H) break;
             if constexpr (NHWC) {
-                struct alignas(sizeof(T) * VEC) Vec { T v[VEC]; };
                 Vec result;
 #pragma unroll
-                for (int v = 0; v < VEC; ++v) result.v[v] = from_acc<T>(acc[v]);
+                for (int v = 0; v < VEC; ++v) result.v[v] = from_acc<T>(acc[t][v]);
                 *reinterpret_cast<Vec*>(out + ((n * H + row) * W + column) * C + channel) = result;
             } else {
-                out[((n * C + channel) * H + row) * W + column] = from_acc<T>(acc[0]);
+                out[((n * C + channel) * H + row) * W + column] = from_acc<T>(acc[t][0]);
             }
         }
     }
