@@ -427,10 +427,10 @@ def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int
 def transpose_plan(tp: TransposeProblem, allow_tf32: bool, compute_capability: int, channels: int) -> TransposePlan:
     """How ``tp`` runs with ``channels`` output channels: an output of few channels (``channels`` ==
     tp.c) in transpose_few_channels' one launch where it pays, a strided depthwise one in
-    transpose_depthwise's; where it has several stride phases (up
-    to 16, of up to MAX_PHASE_TAPS taps a side), every phase with taps in one launch if
-    implicit_gemm_nhwc.phases_plan takes them (on NHWC arrays: NCHW ones are transposed around it,
-    _through_nhwc); else each phase on the planner's fixed rules."""
+    transpose_depthwise's; where it has several stride phases (up to 16, of up to MAX_PHASE_TAPS taps a
+    side), every phase with taps in one launch if implicit_gemm_nhwc.phases_plan takes them (on NHWC
+    arrays: NCHW ones are transposed around it, _through_nhwc); else each phase on the planner's fixed
+    rules."""
     from .families.implicit_gemm_nhwc import MAX_PHASES, phases_plan
 
     if channels == tp.c and transpose_few_channels.pays(tp):

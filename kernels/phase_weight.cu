@@ -50,7 +50,7 @@ phase_weight(const T* __restrict__ w, T* __restrict__ out, int C, int c_read, in
 // reads run along w's columns and the writes along Kg: one pass at copy speed where phase_weight,
 // a phase at a time, read w with a stride of Cg kh kw elements. ROUND_TF32: float32 rounded to TF32
 // (cvt.rna) on the way, as the forward's weight preparation rounds its copies, for the TF32 phase
-// launch (which rounds y in registers). Block (32, 8); grid (ceil(columns / 32), ceil(K / 32)).
+// launch (which rounds y itself). Block (32, 8); grid (ceil(columns / 32), ceil(K / 32)).
 constexpr int MAX_PHASE_TAPS = 32;
 constexpr int MAX_WEIGHT_PHASES = 16;
 struct PhaseTaps {

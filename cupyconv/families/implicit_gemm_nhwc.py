@@ -1537,12 +1537,12 @@ class PhaseGemm:
 def phases_plan(problems: tuple[ConvProblem, ...], compute_capability: int = 0,
                 config: str | None = None, allow_tf32: bool = False) -> LaunchPlan | None:
     """The plan of one launch computing the stride phases ``problems`` (stride-1 NHWC problems of one
-    transposed convolution, with their taps), or None where it cannot: more than MAX_PHASES, not 16-bit
-    or float32 under ``allow_tf32``, channels that need copies or pieces narrower than 16 bytes, or
-    64-bit offsets. The tile is the
-    one make_plan picks for the phase of fewest taps at the phases' pixels all together; its grid x
-    counts every phase's pixel tiles (phases_tiles); outputs of at most NARROW_TILE_CHANNELS channels per
-    group take the 32-channel tile. ``config`` forces a tile (make_plan's)."""
+    transposed convolution, with their taps), or None where it cannot: more than MAX_PHASES, neither
+    16-bit nor float32 under ``allow_tf32``, channels that need copies or pieces narrower than 16 bytes,
+    or 64-bit offsets. The tile is the one make_plan picks for the phase of fewest taps at the phases'
+    pixels all together (in TF32 by TF32_PHASE_TILES where that has no instance); its grid x counts
+    every phase's pixel tiles (phases_tiles); outputs of at most NARROW_TILE_CHANNELS channels per group
+    take the 32-channel tile. ``config`` forces a tile (make_plan's)."""
     # The tile is chosen for the phase of fewest taps: one whose reduction is too short for wgmma
     # makes the whole launch take mma.sync (H100, decoder_3x3s2_op1_64to32 fp16: phases of 1, 2, 2
     # and 4 taps of 64 channels, 0.209 ms on wgmma, 0.185 on mma.sync; benchmarks/NOTES.md).
@@ -1580,7 +1580,8 @@ def phases_tiles(problems, cfg: GemmConfig) -> tuple[int, ...]:
 
 def phases_specialisation(dtype: str, cfg: GemmConfig, split_k: bool) -> str:
     """The C++ template instance of the phase launch with ``cfg``'s tile, 16-byte pieces, 32-bit
-    offsets; float32's y rounded to TF32 in registers (ROUND_A), as it is read in place."""
+    offsets; float32's y, read in place, rounded to TF32 by the kernel (ROUND_A: in the fragments on
+    mma.sync, in shared memory on the wgmma tiles TF32_PHASE_TILES names)."""
     return (f"cupyconv::{PHASES_KERNEL}<{CTYPES[dtype]},int,{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
             f"{cfg.stages},16,{cfg.wgmma},{str(dtype == 'float32').lower()},{str(split_k).lower()}>")
 
