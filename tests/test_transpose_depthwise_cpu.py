@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from cupyconv import transpose_depthwise as dw
-from cupyconv.conv_transpose import input_gradient_problem, make_transpose_problem, transpose_plan
 from cupyconv.arguments import make_problem
+from cupyconv.conv_transpose import input_gradient_problem, make_transpose_problem, transpose_plan
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
