@@ -23,11 +23,11 @@ than the GEMMs take is computed with zero channels added and cut on the way out.
 problems of several phases run every phase in one launch of the channels-last GEMM instead
 (implicit_gemm_nhwc_phases): it reads the whole of y, a window as negative padding, and writes each
 phase's rows and columns of the output in place, so the phases' tiles fill the GPU together and no
-window or phase output is copied (NCHW arrays are transposed to NHWC around it). An ungrouped output
-of 1-4 channels (a stem's input gradient, a generator's RGB layer) runs every phase in one launch on
-the FMA units instead, y read in place (transpose_few_channels; 16-bit ones only where a phase has
-enough taps to beat the tensor cores' widened phases), and so does a strided depthwise one, one
-output channel a group (transpose_depthwise). Arrays past 32-bit offsets go phase by phase on CuPy
+window or phase output is copied (an NCHW y is transposed to NHWC for it; the NCHW output is written
+in place). An ungrouped output of 1-4 channels (a stem's input gradient, a generator's RGB layer)
+runs every phase in one launch on the FMA units instead, y read in place (transpose_few_channels;
+16-bit ones only where a phase has enough taps to beat the tensor cores' widened phases), and so
+does a strided depthwise one, one output channel a group (transpose_depthwise). Arrays past 32-bit offsets go phase by phase on CuPy
 arrays (run_phases).
 
 The NumPy path runs the same phases on the NumPy convolution, so the CPU tests check the
@@ -257,7 +257,7 @@ def program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
     if plan.depthwise is not None:
         return transpose_depthwise.program(plan.depthwise, tp)
     if plan.gemm is not None:
-        return _phases_program(plan, tp) if tp.layout == "NHWC" else _through_nhwc(_phases_program(plan, _nhwc(tp)), tp)
+        return _phases_program(plan, tp)
     item = STORAGE_BYTES[tp.dtype]
     channels = plan.channels
     every = phases(dataclasses.replace(tp, c=channels))
@@ -347,39 +347,48 @@ def _phase_weights_launch(tp: TransposeProblem, offsets: dict[int, int], target:
 
 
 def _phases_program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
-    """``tp`` (NHWC) with its phases in one launch of ``plan.gemm`` (implicit_gemm_nhwc.phases_plan):
-    every phase's weight, KHWC, into the workspace (phase_weights), then the launch, reading the whole
-    of y and writing each phase's rows and columns of OUT (with split-K, float32 runs of the whole
-    output in the workspace and their ordered sum into OUT), then the phases no tap reaches filled.
-    A widened output (``plan.channels`` > tp.c) is computed with the phase weights' rows past tp.c
-    unwritten: the launch stores none of the channels they make."""
+    """``tp`` with its phases in one launch of ``plan.gemm`` (implicit_gemm_nhwc.phases_plan): every
+    phase's weight, KHWC, into the workspace (phase_weights), then the launch, reading the whole of y
+    and writing each phase's rows and columns of OUT (with split-K, float32 runs of the whole output
+    in the workspace and their ordered sum into OUT), then the phases no tap reaches filled. The
+    launch reads y NHWC: an NCHW y is transposed into the workspace first, and the launch writes the
+    NCHW output in place (a transpose of the output, the larger array, cost about as much again:
+    H200, benchmarks/NOTES.md). A widened output (``plan.channels`` > tp.c) is computed with the
+    phase weights' rows past tp.c unwritten: the launch stores none of the channels they make."""
     from .families.common import split_k_reduce
     from .families.implicit_gemm_nhwc import PhaseGemm, phases_launch
+    from .layouts import transpose_launch
 
     gemm, item = plan.gemm, STORAGE_BYTES[tp.dtype]
+    channel_step = tp.c if tp.layout == "NHWC" else 1  # output elements between a pixel and the next
     tapped, offsets, used = [], {}, 0
     for index, phase in enumerate(phases(dataclasses.replace(tp, c=plan.channels))):
         if phase.problem is None:
             continue
-        p = dataclasses.replace(phase.problem, weight_layout="KHWC")
+        p = dataclasses.replace(phase.problem, layout="NHWC", weight_layout="KHWC")
         offsets[index] = used // item
         # The phase reads the whole of y: its window's start becomes negative padding.
         tapped.append(PhaseGemm(p, phase.rows.pad_before - phase.rows.read_start,
                                 phase.cols.pad_before - phase.cols.read_start, used // item,
-                                (phase.rows.start * tp.w + phase.cols.start) * tp.c))
+                                (phase.rows.start * tp.w + phase.cols.start) * channel_step))
         used += align(math.prod(p.weight_shape) * item)
     launches = [_phase_weights_launch(tp, offsets, Pointer(WORKSPACE))]
+    y = Pointer(X)
+    if tp.layout == "NCHW":
+        y, used = Pointer(WORKSPACE, used), used + align(tp.n * tp.k * tp.hy * tp.wy * item)
+        launches.append(transpose_launch(tp.dtype, tp.n, tp.k, tp.hy * tp.wy, Pointer(X), y))
     arguments = (gemm, tuple(tapped), (tp.hy, tp.wy), tp.out_array_shape, tp.stride, Pointer(WORKSPACE))
     if gemm.splits == 1:
-        launches.append(phases_launch(*arguments))
+        launches.append(phases_launch(*arguments, out_layout=tp.layout, y=y))
     else:
         partial = Pointer(WORKSPACE, used)
         used += align(4 * gemm.splits * math.prod(tp.out_array_shape))
         # The reduction's problem: any whose output is the whole of tp's (a 1x1 convolution of y's size).
         whole = dataclasses.replace(tapped[0].problem, k=tp.c, h=tp.h, w=tp.w, kh=1, kw=1, dilation=(1, 1),
                                     pad_top=0, pad_left=0, pad_bottom=0, pad_right=0)
-        launches += [phases_launch(*arguments, out=partial, partial=True),
-                     split_k_reduce(tp.dtype, "int", whole, gemm.splits, partial, Pointer(OUT), True)]
+        launches += [phases_launch(*arguments, out=partial, partial=True, out_layout=tp.layout, y=y),
+                     split_k_reduce(tp.dtype, "int", whole, gemm.splits, partial, Pointer(OUT),
+                                    tp.layout == "NHWC")]
     launches += [_fill(tp, phase) for phase in phases(tp) if phase.problem is None]
     return CallProgram(tuple(launches), used)
 
@@ -387,22 +396,6 @@ def _phases_program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
 def _nhwc(tp: TransposeProblem) -> TransposeProblem:
     """``tp`` on NHWC arrays (its weight as it is: phase_weights reads either layout)."""
     return dataclasses.replace(tp, layout="NHWC")
-
-
-def _through_nhwc(call: CallProgram, tp: TransposeProblem) -> CallProgram:
-    """``call``, the one-launch program of _nhwc(tp), run on tp's NCHW arrays: y transposed to NHWC into
-    the workspace after call's own, the NHWC output written there and transposed into OUT. Two passes
-    over the arrays, where each phase on its own copied its window of y, the forward's channels-last
-    copies of it, and its output into place (H200, TF32 dgrad of r50_down_3x3s2: benchmarks/NOTES.md)."""
-    from .layouts import transpose_launch
-
-    item = STORAGE_BYTES[tp.dtype]
-    y_nhwc = Pointer(WORKSPACE, align(call.workspace_bytes))
-    out_nhwc = Pointer(WORKSPACE, align(y_nhwc.offset + tp.n * tp.k * tp.hy * tp.wy * item))
-    launches = (transpose_launch(tp.dtype, tp.n, tp.k, tp.hy * tp.wy, Pointer(X), y_nhwc),
-                *relocated(call.launches, {X: y_nhwc, OUT: out_nhwc}),
-                transpose_launch(tp.dtype, tp.n, tp.h * tp.w, tp.c, out_nhwc, Pointer(OUT)))
-    return CallProgram(launches, out_nhwc.offset + math.prod(tp.out_array_shape) * item, call.weight)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -428,8 +421,8 @@ def transpose_plan(tp: TransposeProblem, allow_tf32: bool, compute_capability: i
     """How ``tp`` runs with ``channels`` output channels: an output of few channels (``channels`` ==
     tp.c) in transpose_few_channels' one launch where it pays, a strided depthwise one in
     transpose_depthwise's; where it has several stride phases (up to 16, of up to MAX_PHASE_TAPS taps a
-    side), every phase with taps in one launch if implicit_gemm_nhwc.phases_plan takes them (on NHWC
-    arrays: NCHW ones are transposed around it, _through_nhwc); else each phase on the planner's fixed
+    side), every phase with taps in one launch if implicit_gemm_nhwc.phases_plan takes them (planned on
+    NHWC arrays: an NCHW y is transposed for it, _phases_program); else each phase on the planner's fixed
     rules."""
     from .families.implicit_gemm_nhwc import MAX_PHASES, phases_plan
 

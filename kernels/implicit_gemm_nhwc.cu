@@ -23,7 +23,8 @@
 // (nchw_to_nhwc's ROUND_TF32), so no per-fragment conversion is needed; an NHWC input read in place
 // is rounded in its fragments (ROUND_A; in shared memory where wgmma reads it from there).
 // Epilogue: accumulators -> shared memory (float) -> + bias, storage type -> y. NCHW output: staged
-// [BN][BM + pad], a warp stores 32 consecutive pixels of one channel; NHWC_OUT (the NHWC layout,
+// [BN][BM + pad], a warp stores 32 consecutive pixels of one channel (of one stride phase: strided);
+// NHWC_OUT (the NHWC layout,
 // x read in place or from a padded copy): staged [BM][BN + pad], each thread stores vectors of 4
 // consecutive channels of a pixel, a warp runs of whole pixel rows.
 //
@@ -99,12 +100,15 @@ __host__ __device__ constexpr int nhwc_min_blocks(int threads, int accumulators,
 // The stride phases of a transposed convolution (cupyconv/conv_transpose.py) as one launch: phase p is a
 // stride-1 convolution of the whole of y with kh[p] x kw[p] taps dh[p], dw[p] apart, padding pt[p],
 // pl[p] (negative where it starts inside y), writing ho[p] x wo[p] pixels per image placed at
-// y + out_offset[p] + image image_stride + oh row_stride + ow column_stride of an output of `channels`
-// channels (the GEMM's first ones: K may have zero channels added), its weight at w +
-// weight_offset[p]. Its pixel tiles are blocks first_tile[p] to first_tile[p + 1] - 1 along x.
+// y + out_offset[p] + image image_stride + oh row_stride + ow column_stride + channel channel_stride
+// of an output of `channels` channels (the GEMM's first ones: K may have zero channels added; NHWC's
+// channel_stride is 1, NCHW's a plane), its weight at w + weight_offset[p]. Its pixel tiles are
+// blocks first_tile[p] to first_tile[p + 1] - 1 along x; or, where every phase has as many
+// (`interleaved`), blocks p, p + count, p + 2 count, ...: the phases' tiles over the same rows of y run
+// together, so that y comes from memory once rather than once a phase.
 constexpr int MAX_PHASES = 16;
 struct PhaseTable {
-    int count, channels, image_stride, row_stride, column_stride;
+    int count, channels, image_stride, row_stride, column_stride, channel_stride, interleaved;
     int first_tile[MAX_PHASES + 1];
     int ho[MAX_PHASES], wo[MAX_PHASES], kh[MAX_PHASES], kw[MAX_PHASES], pt[MAX_PHASES], pl[MAX_PHASES];
     int dh[MAX_PHASES], dw[MAX_PHASES], weight_offset[MAX_PHASES], out_offset[MAX_PHASES];
@@ -205,7 +209,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // rounded to TF32 on its way to the tensor cores (below). Rounding in shared memory, between the
     // wait and the barrier, stalls every k tile and costs a many-tap reduction more than the copy
     // does; in registers it costs a conversion per value (benchmarks/NOTES.md).
-    static_assert(!ROUND_A || (NHWC_OUT && sizeof(T) == 4), "ROUND_A: float32 NHWC inputs read in place");
+    static_assert(!ROUND_A || (!NCHW_A && sizeof(T) == 4), "ROUND_A: float32 NHWC inputs read in place");
     // wgmma tiles left running while the next barrier is reached and the next loads are issued: one,
     // where four stages leave two tiles of loads ahead.
     constexpr int WGMMA_LAG = WGMMA && STAGES >= 4 && !PRODUCER ? 1 : 0;
@@ -242,7 +246,6 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                   "epilogue staging fits in the pipeline buffers");
     static_assert(!(NHWC_OUT && NCHW_A), "NCHW_A reads an NCHW input, whose output is NCHW");
     static_assert(NCHW_A != NCHW_A_ROW_TAPS || !WGMMA, "1-D rows read in place run on mma.sync's tiles");
-    static_assert(!PHASED || NHWC_OUT, "stride phases write NHWC outputs");
     static_assert(!STREAM_K || !(SPLIT_K || PHASED), "stream-K finishes its tiles itself, one convolution");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -676,22 +679,26 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         asm volatile("bar.sync 1, %0;\n" :: "n"(NT) : "memory");
     else
         __syncthreads();
+    // Where output pixel m's channel 0 is, and how far apart its channels are.
+    auto pixel_offset = [&](Index m) -> Index {
+        if constexpr (PHASED) {
+            const Index image = m / HoWo, p = m - image * HoWo;
+            const Index oh = p / Wo, ow = p - oh * Wo;
+            return phases->out_offset[phase] + image * phases->image_stride + oh * phases->row_stride +
+                   ow * phases->column_stride;
+        } else if constexpr (NHWC_OUT) {
+            return m * K;
+        } else {
+            const Index image = m / HoWo;
+            return image * K * HoWo + (m - image * HoWo);
+        }
+    };
     if constexpr (NHWC_OUT) {
         // Vectors of 4 consecutive channels per thread (8 bytes in 16 bits, 16 in float), the block's
         // threads over the tile's pixels x BN / 4 vectors, so that a warp stores whole runs of a
         // pixel row (and of the next: NHWC rows of K channels follow each other) where a lane per
         // channel stored 2 bytes per instruction. Where the output's channels or address do not
         // allow a vector (K or K / groups not a multiple of 4), a channel per thread as before.
-        auto pixel_offset = [&](Index m) -> Index {
-            if constexpr (PHASED) {
-                const Index image = m / HoWo, p = m - image * HoWo;
-                const Index oh = p / Wo, ow = p - oh * Wo;
-                return phases->out_offset[phase] + image * phases->image_stride + oh * phases->row_stride +
-                       ow * phases->column_stride;
-            } else {
-                return m * K;
-            }
-        };
         // 16-byte vectors (WIDE): each thread's bias and bounds are read once, and the rows' iterations
         // are unrolled. A memory-bound 1x1 layer spent a third of its issue slots in the loop below,
         // with a division, bounds checks and four bias loads for each 8 bytes stored, one shared-memory
@@ -830,19 +837,20 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         return;
     }
     constexpr int PIXELS = BM / 32;                         // pixels per lane
-    Index y_pixel[PIXELS];                                  // image K HoWo + p, or -1 past M
+    Index y_pixel[PIXELS];                                  // pixel_offset, or -1 past M
 #pragma unroll
     for (int i = 0; i < PIXELS; ++i) {
         const Index m = m0 + lane + 32 * i;
-        const Index image = m / HoWo;
-        y_pixel[i] = m < M ? image * K * HoWo + (m - image * HoWo) : Index(-1);
+        y_pixel[i] = m < M ? pixel_offset(m) : Index(-1);
     }
+    // A phase launch's output is the whole transposed convolution's: its planes, not the phase's.
+    const Index plane = PHASED ? static_cast<Index>(phases->channel_stride) : HoWo;
     with_epilogue<Y>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll 1
-        for (int n = warp; n < BN && n0 + n < Kg; n += NWARPS) {
+        for (int n = warp; n < BN && n0 + n < Kg && (!PHASED || g * Kg + n0 + n < out_channels); n += NWARPS) {
             const int channel = g * Kg + n0 + n;
             const float b = has_bias ? to_acc<float>(bias[channel]) : 0.0f;
-            const Index channel_offset = static_cast<Index>(channel) * HoWo;
+            const Index channel_offset = static_cast<Index>(channel) * plane;
 #pragma unroll
             for (int i = 0; i < PIXELS; ++i)
                 if (y_pixel[i] >= 0)
@@ -1353,23 +1361,30 @@ implicit_gemm_nhwc_stream_k(const T* __restrict__ x, const T* __restrict__ w, co
     }
 }
 
-// Every stride phase of a transposed convolution with taps (PhaseTable), NHWC in and out, in one
-// launch: the phases' tiles fill the GPU together, and each writes its rows and columns of the output
-// in place (no temporary per phase, no window of y cut first). split_elements: the whole output's.
+// Every stride phase of a transposed convolution with taps (PhaseTable), y NHWC, in one launch: the
+// phases' tiles fill the GPU together, and each writes its rows and columns of the output (NHWC, or
+// NCHW unless NHWC_OUT) in place (no temporary per phase, no window of y cut first). split_elements:
+// the whole output's.
 template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
-          int WGMMA_ROWS, bool ROUND_A, bool SPLIT_K>
+          int WGMMA_ROWS, bool NHWC_OUT, bool ROUND_A, bool SPLIT_K>
 __global__ void NHWC_GEMM_LAUNCH_BOUNDS
 implicit_gemm_nhwc_phases(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                           void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
                           int activation, int N, int C, int H, int W, int K, int groups, int splits, int split_elements,
                           const __grid_constant__ PhaseTable phases) {
-    int p = 0;
-    while (p + 1 < phases.count && static_cast<int>(blockIdx.x) >= phases.first_tile[p + 1]) ++p;
-    nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, false, WGMMA_ROWS, true, ROUND_A, SPLIT_K,
-                   true>(x, w + phases.weight_offset[p], bias, y_out, has_bias, residual, has_residual, activation,
-                         N, C, H, W, K, phases.ho[p], phases.wo[p], phases.kh[p], phases.kw[p], 1, 1, phases.pt[p],
-                         phases.pl[p], phases.dh[p], phases.dw[p], groups, splits, split_elements,
-                         blockIdx.x - phases.first_tile[p], blockIdx.y, &phases, p);
+    int p = 0, tile;
+    if (phases.interleaved) {
+        p = blockIdx.x % phases.count;
+        tile = blockIdx.x / phases.count;
+    } else {
+        while (p + 1 < phases.count && static_cast<int>(blockIdx.x) >= phases.first_tile[p + 1]) ++p;
+        tile = blockIdx.x - phases.first_tile[p];
+    }
+    nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, false, WGMMA_ROWS, NHWC_OUT, ROUND_A,
+                   SPLIT_K, true>(x, w + phases.weight_offset[p], bias, y_out, has_bias, residual, has_residual,
+                                  activation, N, C, H, W, K, phases.ho[p], phases.wo[p], phases.kh[p], phases.kw[p], 1,
+                                  1, phases.pt[p], phases.pl[p], phases.dh[p], phases.dw[p], groups, splits,
+                                  split_elements, tile, blockIdx.y, &phases, p);
 }
 
 }  // namespace cupyconv

@@ -59,4 +59,5 @@ PHASE_CASES = [  # y (n, hy, wy, k), weight (k, c / groups, kh, kw), stride, pad
     ((3, 9, 9, 512), (512, 64, 4, 4), 2, 1, 0, 1, 1),   # a long reduction of few tiles: split-K
     ((2, 8, 8, 16), (16, 3, 4, 4), 2, 1, 0, 1, 1),      # an RGB output: 3 of the GEMM's 8 channels stored
     ((2, 5, 5, 512), (512, 3, 4, 4), 2, 1, 0, 1, 1),    # ... with split-K
+    ((2, 20, 20, 16), (16, 8, 3, 3), 2, 1, 0, 1, 1),    # an odd output: phases of unequal tiles, not in turns
 ]

@@ -185,7 +185,8 @@ def test_conv_transpose2d_phases_in_one_launch(case, mode, nhwc, monkeypatch):
     """16-bit and TF32 transposed convolutions whose stride phases run in one launch (windows of y read
     through negative padding, phases of different taps, groups, dilation, split-K, phases no tap
     reaches, outputs of 3 channels widened to 8 with transpose_few_channels turned away), NHWC, and
-    NCHW transposed around it: against torch in float64, NaN-poisoned."""
+    NCHW (y transposed for the launch, the output written NCHW by it): against torch in float64,
+    NaN-poisoned."""
     monkeypatch.setattr(conv_transpose.transpose_few_channels, "refusal", lambda tp: "turned away by the test")
     conv_transpose.transposed_executable.cache_clear()
     y_shape, w_shape, stride, padding, output_padding, groups, dilation = case

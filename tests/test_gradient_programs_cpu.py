@@ -23,7 +23,7 @@ from cupyconv.compiler import kernel_source
 from cupyconv.families.common import STORAGE_BYTES
 from cupyconv.families.implicit_gemm_nhwc import MAX_PHASES, PHASES_KERNEL, channels_last_specialisations
 from cupyconv.program import (BIAS, FLAGS, GRAD_OUTPUT, INPUT_SCALE, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE,
-                              WORKSPACE_ALIGNMENT, X, Pointer, relocated)
+                              WORKSPACE_ALIGNMENT, X, Pointer)
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 LAYOUTS = list(itertools.product(("NCHW", "NHWC"), ("KCHW", "KHWC")))
@@ -209,12 +209,25 @@ def replay_phase_weights(args, weight: np.ndarray, out: np.ndarray) -> None:
         out[at] = flat[k * strides[0] + c * strides[1] + r * strides[2] + s_ * strides[3]]
 
 
+#: PhaseTable's ints before first_tile: count, channels, the output's strides and interleaved.
+TABLE_HEAD = 7
+
+
+def phase_tiles_of_blocks(values) -> list[tuple[int, int]]:
+    """The (phase, pixel tile) each block along the phase launch's grid x takes, as the kernel maps them
+    from its PhaseTable ``values``."""
+    count, interleaved, firsts = values[0], values[TABLE_HEAD - 1], values[TABLE_HEAD:TABLE_HEAD + 1 + values[0]]
+    if interleaved:
+        return [(b % count, b // count) for b in range(firsts[-1])]
+    return [(p, b - firsts[p]) for p in range(count) for b in range(firsts[p], firsts[p + 1])]
+
+
 def phases_written(launch) -> dict[int, tuple]:
     """The phase launch's output pixels, replayed from its PhaseTable: phase -> (element offset of
     channel 0 of each pixel in OUT, image, row and column of the pixel in the phase)."""
     values = launch.args[-1].values
-    count, _, image_stride, row_stride, column_stride = values[:5]
-    rest = values[5 + MAX_PHASES + 1:]  # after first_tile
+    count, _, image_stride, row_stride, column_stride, _, _ = values[:TABLE_HEAD]
+    rest = values[TABLE_HEAD + MAX_PHASES + 1:]  # after first_tile
     ho, wo = rest[:MAX_PHASES], rest[MAX_PHASES:2 * MAX_PHASES]
     out_offset = rest[9 * MAX_PHASES:10 * MAX_PHASES]
     n = launch.args[8]
@@ -225,18 +238,23 @@ def phases_written(launch) -> dict[int, tuple]:
     return written
 
 
+@pytest.mark.parametrize("layout", ("NHWC", "NCHW"))
 @pytest.mark.parametrize("dtype", ("float16", "float32"))
 @pytest.mark.parametrize("cc", (0, 90))
 @pytest.mark.parametrize("y_shape,weight_shape,stride,padding,output_padding,groups,dilation", PHASE_CASES)
-def test_phases_launch_replayed(y_shape, weight_shape, stride, padding, output_padding, groups, dilation, cc, dtype):
-    """An NHWC 16-bit or TF32 transposed convolution of several stride phases runs them in one launch
+def test_phases_launch_replayed(y_shape, weight_shape, stride, padding, output_padding, groups, dilation, cc, dtype,
+                                layout):
+    """A 16-bit or TF32 transposed convolution of several stride phases runs them in one launch
     (implicit_gemm_nhwc_phases): replayed in NumPy from the launches' own arguments (the phase weights,
     the PhaseTable's pixels, taps, padding and placements, split-K's ordered sum, the fills), it gives
     the NumPy conv_transpose2d, and every output element is written once. Outputs of fewer than 8
     channels are computed widened to 8 (as transposed_executable asks), the rest never stored. TF32's
-    instances round y and the phase weights; strict float32 never takes the route."""
-    tp = conv_transpose.make_transpose_problem(y_shape, weight_shape, (weight_shape[1] * groups,), dtype, stride,
-                                               padding, output_padding, groups, dilation, "NHWC")
+    instances round y and the phase weights; strict float32 never takes the route. An NCHW y is
+    transposed to NHWC in the workspace first, which the launch reads; its output is written NCHW in place."""
+    n, hy, wy, k = y_shape
+    shape = y_shape if layout == "NHWC" else (n, k, hy, wy)
+    tp = conv_transpose.make_transpose_problem(shape, weight_shape, (weight_shape[1] * groups,), dtype, stride,
+                                               padding, output_padding, groups, dilation, layout)
     channels = max(tp.c, 8) if groups == 1 else tp.c
     tf32 = dtype == "float32"
     if tf32:
@@ -244,10 +262,13 @@ def test_phases_launch_replayed(y_shape, weight_shape, stride, padding, output_p
     plan = conv_transpose.transpose_plan(tp, tf32, cc, channels)
     assert plan.gemm is not None and plan.phases == () and plan.channels == channels
     call = conv_transpose.program(plan, tp)
-    rounded = [launch.name_expression.split(",")[-2 if launch.kernel == PHASES_KERNEL else -1].rstrip(">")
-               for launch in call.launches if launch.kernel in (PHASES_KERNEL, conv_transpose.PHASE_WEIGHTS)]
-    assert rounded == [str(tf32).lower()] * 2
-    check_launches(call, {X, WEIGHT, BIAS, WORKSPACE, RESIDUAL, INPUT_SCALE}, {OUT, WORKSPACE})
+    (launch,) = [launch for launch in call.launches if launch.kernel == PHASES_KERNEL]
+    flags = launch.name_expression.rstrip(">").split(",")[-3:]
+    (pw,) = [launch for launch in call.launches if launch.kernel == conv_transpose.PHASE_WEIGHTS]
+    assert flags[0] == str(layout == "NHWC").lower()  # NHWC_OUT
+    assert flags[1] == pw.name_expression.rstrip(">").split(",")[-1] == str(tf32).lower()  # both rounded
+    if layout == "NHWC":
+        check_launches(call, {X, WEIGHT, BIAS, WORKSPACE, RESIDUAL, INPUT_SCALE}, {OUT, WORKSPACE})
     kernels = [launch.kernel for launch in call.launches]
     tapped = [ph for ph in conv_transpose.phases(tp) if ph.problem is not None]
     assert kernels.count(conv_transpose.PHASE_WEIGHTS) == 1 and kernels.count(PHASES_KERNEL) == 1
@@ -257,17 +278,30 @@ def test_phases_launch_replayed(y_shape, weight_shape, stride, padding, output_p
     y, weight, bias = (rng.standard_normal(shape) for shape in (y_shape, weight_shape, (tp.c,)))
     item = STORAGE_BYTES[dtype]
     workspace = np.full(call.workspace_bytes // item, np.nan)
-    (launch,) = [launch for launch in call.launches if launch.kernel == PHASES_KERNEL]
+    if layout == "NHWC":
+        assert launch.args[0] == Pointer(X)
+    else:  # one transpose of y (N, K, HW -> N, HW, K) into the workspace, which the launch reads
+        (transpose,) = [each for each in call.launches if each.args[:1] == (Pointer(X),)]
+        assert transpose.args == (Pointer(X), launch.args[0], tp.k, hy * wy, tp.k)
+        assert "false" in transpose.name_expression  # not rounded: the launch rounds y itself
+        at = launch.args[0].offset
+        assert launch.args[0].operand == WORKSPACE and at + y.size * item <= call.workspace_bytes
+        assert np.isnan(workspace[at // item:at // item + y.size]).all()
+        workspace[at // item:at // item + y.size] = np.nan  # (the replay below reads y itself)
     values = launch.args[-1].values
-    count, stored, rest = values[0], values[1], values[5 + MAX_PHASES + 1:]
+    count, stored, rest = values[0], values[1], values[TABLE_HEAD + MAX_PHASES + 1:]
     kh, kw, pt, pl, dh, dw, weight_offset = (rest[i * MAX_PHASES:(i + 1) * MAX_PHASES] for i in range(2, 9))
-    assert count == len(tapped) and values[5 + count] == launch.grid[0] and stored == tp.c
-    firsts = values[5:6 + count]
-    assert [b - a for a, b in zip(firsts, firsts[1:])] == [
-        math.ceil(ph.problem.n * ph.problem.ho * ph.problem.wo / plan.gemm.config.bm) for ph in tapped]
+    assert count == len(tapped) and values[TABLE_HEAD + count] == launch.grid[0] and stored == tp.c
+    channel_stride, interleaved = values[TABLE_HEAD - 2:TABLE_HEAD]
+    assert channel_stride == (1 if layout == "NHWC" else tp.h * tp.w)
+    firsts = values[TABLE_HEAD:TABLE_HEAD + 1 + count]
+    tiles = [math.ceil(ph.problem.n * ph.problem.ho * ph.problem.wo / plan.gemm.config.bm) for ph in tapped]
+    assert [b - a for a, b in zip(firsts, firsts[1:])] == tiles
+    # Phases of as many tiles take turns along the grid; every (phase, tile) is one block's.
+    assert interleaved == (len(set(tiles)) == 1)
+    assert sorted(phase_tiles_of_blocks(values)) == [(p, t) for p in range(count) for t in range(tiles[p])]
     assert launch.args[9:13] == (tp.k, tp.hy, tp.wy, channels) and launch.args[-3] == plan.gemm.splits
     reduced, per_group, gemm_per_group = tp.k // groups, tp.c // groups, channels // groups
-    (pw,) = [launch for launch in call.launches if launch.kernel == conv_transpose.PHASE_WEIGHTS]
     assert pw.args[0] == Pointer(WEIGHT) and pw.args[1].operand == WORKSPACE
     replay_phase_weights(pw.args[2:], weight, workspace[pw.args[1].offset // item:])
     for p, ph in enumerate(tapped):  # each phase's weight as run_phases slices it, KHWC; widened rows unwritten
@@ -289,22 +323,25 @@ def test_phases_launch_replayed(y_shape, weight_shape, stride, padding, output_p
             for g in range(groups):
                 acc[:, g * gemm_per_group:(g + 1) * gemm_per_group] += \
                     taps[:, g * reduced:(g + 1) * reduced] @ w_p[g * gemm_per_group:(g + 1) * gemm_per_group, r, s_].T
-        index = offsets[:, None] + np.arange(stored)  # the channels the epilogue stores
+        index = offsets[:, None] + np.arange(stored) * channel_stride  # the channels the epilogue stores
         assert np.isnan(sums[index]).all(), "a pixel written twice"
         sums[index] = acc[:, :stored]
     assert per_group * groups == stored
     if plan.gemm.splits > 1:  # the reduction adds the bias to every element, the fills overwrite theirs
         reduce = kernels.index(PHASES_KERNEL) + 1
         assert target.operand == WORKSPACE and launch.args[4] == 0 and kernels[reduce] == "split_k_reduce"
-        assert call.launches[reduce].args[-3:-1] == (math.prod(tp.out_array_shape), tp.c)
+        assert call.launches[reduce].args[-3:] == (math.prod(tp.out_array_shape), tp.c, channel_stride)
     else:
         assert target == Pointer(OUT) and launch.args[4] == 1
-    out = sums + np.tile(bias, sums.size // tp.c)
+    channel_of = np.arange(sums.size) // channel_stride % tp.c  # each output element's channel
+    out = sums + bias[channel_of]
     for fill in call.launches:
         if fill.kernel == conv_transpose.STRIDED_FILL:
             offsets = fill.args[1].offset // item + box_offsets(fill)
             assert np.isnan(sums[offsets]).all()
-            out[offsets] = np.tile(bias, len(offsets) // tp.c) if fill.args[2] else 0.0
+            out[offsets] = bias[channel_of[offsets]] if fill.args[2] else 0.0
+    if layout == "NCHW":
+        y = y.transpose(0, 3, 1, 2)
     expected = conv_transpose.transposed(y, weight, bias, dataclasses.replace(tp, dtype="float64"), "numpy")
     np.testing.assert_allclose(out.reshape(tp.out_array_shape), expected, rtol=1e-10, atol=1e-10)
 
@@ -320,9 +357,10 @@ def struct_ints(filename: str, struct: str, constants: dict[str, int]) -> int:
     return sum(eval(size, dict(constants)) if size else 1 for size in sizes)
 
 
+@pytest.mark.parametrize("layout", ("NHWC", "NCHW"))
 @pytest.mark.parametrize("dtype", ("float16", "float32"))
 @pytest.mark.parametrize("cc", (0, 90))
-def test_phase_launch_plans_name_instances_that_are_compiled(dtype, cc):
+def test_phase_launch_plans_name_instances_that_are_compiled(dtype, cc, layout):
     """On the transposed suite's layers and the phase cases, the one-launch route runs only instances the
     compile test covers (no producer tile; in TF32 not the 3-stage pixel-row tile, which spills there)."""
     from cupyconv.bench_grad import TRANSPOSED
@@ -333,41 +371,16 @@ def test_phase_launch_plans_name_instances_that_are_compiled(dtype, cc):
     cases = [((n, h, w, c_in), (c_in, c_out, k, k), stride, padding, output_padding, 1, 1)
              for _, n, c_in, c_out, h, w, k, stride, padding, output_padding in TRANSPOSED] + PHASE_CASES
     planned = 0
-    for y_shape, weight_shape, stride, padding, output_padding, groups, dilation in cases:
+    for (n, hy, wy, k), weight_shape, stride, padding, output_padding, groups, dilation in cases:
+        y_shape = (n, hy, wy, k) if layout == "NHWC" else (n, k, hy, wy)
         tp = conv_transpose.make_transpose_problem(y_shape, weight_shape, None, dtype, stride, padding, output_padding,
-                                                   groups, dilation, "NHWC")
+                                                   groups, dilation, layout)
         plan = conv_transpose.transpose_plan(tp, True, cc, max(tp.c, 8) if groups == 1 else tp.c)
         for launch in conv_transpose.program(plan, tp).launches if plan.gemm else ():
             if launch.kernel == PHASES_KERNEL:
                 assert launch.name_expression in compiled, (y_shape, weight_shape, launch.name_expression)
                 planned += 1
     assert planned >= len(cases) - 2  # all but the suite's 1x1-input layer and its RGB layer in TF32
-
-
-@pytest.mark.parametrize("dtype", ("float16", "float32"))
-@pytest.mark.parametrize("case", [PHASE_CASES[i] for i in (0, 1, 4, 5, 7, 8)], ids=str)
-def test_nchw_phases_launch_runs_between_transposes(case, dtype):
-    """An NCHW transposed convolution that the one-launch route takes runs the NHWC problem's program
-    (replayed above) between two transposes: y to NHWC in the workspace past that program's own, and
-    the NHWC output there to OUT; every launch of the NHWC program reads and writes those instead."""
-    y_shape, weight_shape, stride, padding, output_padding, groups, dilation = case
-    n, hy, wy, k = y_shape
-    tp = conv_transpose.make_transpose_problem((n, k, hy, wy), weight_shape, None, dtype, stride, padding,
-                                               output_padding, groups, dilation, "NCHW")
-    nhwc = dataclasses.replace(tp, layout="NHWC")
-    plan = conv_transpose.transpose_plan(tp, True, 90, max(tp.c, 8) if groups == 1 else tp.c)
-    assert plan.gemm is not None and plan == conv_transpose.transpose_plan(nhwc, True, 90, plan.channels)
-    inner, call = conv_transpose.program(plan, nhwc), conv_transpose.program(plan, tp)
-    # (check_launches' alignment does not hold: the fills' element offsets into OUT move with it)
-    first, *middle, last = call.launches
-    item = STORAGE_BYTES[dtype]
-    y_nhwc, out_nhwc = first.args[1], last.args[0]
-    assert first.args == (Pointer(X), y_nhwc, tp.k, hy * wy, tp.k) and "false" in first.name_expression
-    assert last.args == (out_nhwc, Pointer(OUT), tp.h * tp.w, tp.c, tp.h * tp.w)
-    assert y_nhwc.operand == out_nhwc.operand == WORKSPACE and y_nhwc.offset >= inner.workspace_bytes
-    assert out_nhwc.offset >= y_nhwc.offset + math.prod(y_shape) * item
-    assert call.workspace_bytes == out_nhwc.offset + math.prod(tp.out_array_shape) * item
-    assert tuple(middle) == relocated(inner.launches, {X: y_nhwc, OUT: out_nhwc})
 
 
 def test_tables_have_the_kernel_structs_fields():

@@ -1578,37 +1578,49 @@ def phases_tiles(problems, cfg: GemmConfig) -> tuple[int, ...]:
     return tuple(firsts)
 
 
-def phases_specialisation(dtype: str, cfg: GemmConfig, split_k: bool) -> str:
+def phases_specialisation(dtype: str, cfg: GemmConfig, split_k: bool, nhwc_out: bool = True) -> str:
     """The C++ template instance of the phase launch with ``cfg``'s tile, 16-byte pieces, 32-bit
-    offsets; float32's y, read in place, rounded to TF32 by the kernel (ROUND_A: in the fragments on
-    mma.sync, in shared memory on the wgmma tiles TF32_PHASE_TILES names)."""
+    offsets, writing an NHWC output (or NCHW); float32's y, read in place, rounded to TF32 by the
+    kernel (ROUND_A: in the fragments on mma.sync, in shared memory on the wgmma tiles
+    TF32_PHASE_TILES names)."""
     return (f"cupyconv::{PHASES_KERNEL}<{CTYPES[dtype]},int,{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
-            f"{cfg.stages},16,{cfg.wgmma},{str(dtype == 'float32').lower()},{str(split_k).lower()}>")
+            f"{cfg.stages},16,{cfg.wgmma},{str(nhwc_out).lower()},{str(dtype == 'float32').lower()},"
+            f"{str(split_k).lower()}>")
 
 
 def _phases_specialisations(wgmma: bool) -> list[str]:
-    return [phases_specialisation(dtype, cfg, split_k) for dtype in PHASES_DTYPES for cfg in NHWC_CONFIGS[dtype]
-            if bool(cfg.wgmma) == wgmma and not cfg.producer_warps
-            and not (dtype == "float32" and cfg.name == PIXEL_ROWS_CONFIG) for split_k in (False, True)]
+    return [phases_specialisation(dtype, cfg, split_k, nhwc_out) for dtype in PHASES_DTYPES
+            for cfg in NHWC_CONFIGS[dtype] if bool(cfg.wgmma) == wgmma and not cfg.producer_warps
+            and not (dtype == "float32" and cfg.name == PIXEL_ROWS_CONFIG)
+            for nhwc_out in (True, False) for split_k in (False, True)]
 
 
 def phases_launch(plan: LaunchPlan, phases: tuple[PhaseGemm, ...], y_size: tuple[int, int],
                   out_shape: tuple[int, int, int, int], stride: tuple[int, int], weight: Pointer,
-                  out: Pointer = Pointer(OUT), partial: bool = False) -> Launch:
-    """The launch of ``plan`` (phases_plan) over ``phases``, reading y (the X operand: the phases'
+                  out: Pointer = Pointer(OUT), partial: bool = False, out_layout: str = "NHWC",
+                  y: Pointer = Pointer(X)) -> Launch:
+    """The launch of ``plan`` (phases_plan) over ``phases``, reading y (at ``y``, NHWC: the phases'
     images and channels, ``y_size`` rows and columns) and the phases' weights (KHWC, at ``weight`` plus each
-    weight_offset), writing every phase's pixels of the NHWC output ``out_shape`` (n, h, w, c; c may
-    be fewer than the phases' output channels, whose zero channels are then left out), whose
-    phases are ``stride`` rows and columns apart, at ``out`` (``partial``: split-K's float32 runs,
-    each the whole output, no bias or epilogue)."""
+    weight_offset), writing every phase's pixels of the output ``out_shape`` (its array shape in
+    ``out_layout``: (n, h, w, c) or (n, c, h, w); c may be fewer than the phases' output channels, whose
+    zero channels are then left out), whose phases are ``stride`` rows and columns apart, at ``out``
+    (``partial``: split-K's float32 runs, each the whole output, no bias or epilogue)."""
     first = phases[0].problem
-    _, h, w, c = out_shape
+    nhwc_out = out_layout == "NHWC"
+    _, h, w, c = out_shape if nhwc_out else (out_shape[0], *out_shape[2:], out_shape[1])
+    # Element strides of an image, a phase's row and column, and a channel.
+    strides = (h * w * c, stride[0] * w * c, stride[1] * c, 1) if nhwc_out else \
+        (c * h * w, stride[0] * w, stride[1], h * w)
     firsts = phases_tiles([ph.problem for ph in phases], plan.config)
+    # Phases of as many tiles each take turns along the grid, so that their tiles reading the same rows
+    # of y run together: one pass over y from memory rather than one a phase, and the stride-phase
+    # columns of an NCHW output's sectors written together.
+    interleaved = len({b - a for a, b in zip(firsts, firsts[1:])}) == 1
 
     def column(values):
         return (*values, *(0,) * (MAX_PHASES - len(values)))
 
-    table = Table((len(phases), c, h * w * c, stride[0] * w * c, stride[1] * c, *firsts,
+    table = Table((len(phases), c, *strides, int(interleaved), *firsts,
                    *(0,) * (MAX_PHASES + 1 - len(firsts)),
                    *column([ph.problem.ho for ph in phases]), *column([ph.problem.wo for ph in phases]),
                    *column([ph.problem.kh for ph in phases]), *column([ph.problem.kw for ph in phases]),
@@ -1617,8 +1629,8 @@ def phases_launch(plan: LaunchPlan, phases: tuple[PhaseGemm, ...], y_size: tuple
                    *column([ph.problem.dilation[1] for ph in phases]),
                    *column([ph.weight_offset for ph in phases]), *column([ph.out_offset for ph in phases])))
     splits = plan.splits
-    args = (Pointer(X), weight, Pointer(BIAS), out, int(first.has_bias and not partial),
+    args = (y, weight, Pointer(BIAS), out, int(first.has_bias and not partial),
             *epilogue_args(first, partial=partial), first.n, first.c, *y_size, first.k, first.groups, splits,
             math.prod(out_shape), table)
-    return Launch(PHASES_KERNEL, phases_specialisation(plan.dtype, plan.config, splits > 1), plan.grid, plan.block,
-                  plan.shared_bytes, args, plan.arch)
+    return Launch(PHASES_KERNEL, phases_specialisation(plan.dtype, plan.config, splits > 1, nhwc_out), plan.grid,
+                  plan.block, plan.shared_bytes, args, plan.arch)
