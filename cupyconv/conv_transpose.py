@@ -351,12 +351,13 @@ def _phases_program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
     phase's weight, KHWC, into the workspace (phase_weights), then the launch, reading the whole of y
     and writing each phase's rows and columns of OUT (with split-K, float32 runs of the whole output
     in the workspace and their ordered sum into OUT), then the phases no tap reaches filled. The
-    launch reads y NHWC: an NCHW y is transposed into the workspace first, and the launch writes the
-    NCHW output in place (a transpose of the output, the larger array, cost about as much again:
-    H200, benchmarks/NOTES.md). A widened output (``plan.channels`` > tp.c) is computed with the
+    launch reads y NHWC: an NCHW y is transposed into the workspace first (rounded to TF32 on the way
+    in float32), and the launch writes the NCHW output in place (a transpose of the output, the larger
+    array, cost about as much again: H200, benchmarks/NOTES.md). A float32 NHWC y that the launch does
+    not round (``plan.gemm.round_a``) is rounded by a copy into the workspace. A widened output (``plan.channels`` > tp.c) is computed with the
     phase weights' rows past tp.c unwritten: the launch stores none of the channels they make."""
     from .families.common import split_k_reduce
-    from .families.implicit_gemm_nhwc import PhaseGemm, phases_launch
+    from .families.implicit_gemm_nhwc import PhaseGemm, pad_channels, phases_launch
     from .layouts import transpose_launch
 
     gemm, item = plan.gemm, STORAGE_BYTES[tp.dtype]
@@ -373,10 +374,12 @@ def _phases_program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
                                 (phase.rows.start * tp.w + phase.cols.start) * channel_step))
         used += align(math.prod(p.weight_shape) * item)
     launches = [_phase_weights_launch(tp, offsets, Pointer(WORKSPACE))]
-    y = Pointer(X)
-    if tp.layout == "NCHW":
+    y, rounding = Pointer(X), tp.dtype == "float32" and not gemm.round_a
+    if tp.layout == "NCHW" or rounding:
         y, used = Pointer(WORKSPACE, used), used + align(tp.n * tp.k * tp.hy * tp.wy * item)
-        launches.append(transpose_launch(tp.dtype, tp.n, tp.k, tp.hy * tp.wy, Pointer(X), y))
+        rows = tp.n * tp.hy * tp.wy
+        launches.append(transpose_launch(tp.dtype, tp.n, tp.k, tp.hy * tp.wy, Pointer(X), y, rounding)
+                        if tp.layout == "NCHW" else pad_channels(tp.dtype, rows, tp.k, tp.k, Pointer(X), y))
     arguments = (gemm, tuple(tapped), (tp.hy, tp.wy), tp.out_array_shape, tp.stride, Pointer(WORKSPACE))
     if gemm.splits == 1:
         launches.append(phases_launch(*arguments, out_layout=tp.layout, y=y))
@@ -433,7 +436,7 @@ def transpose_plan(tp: TransposeProblem, allow_tf32: bool, compute_capability: i
     every = phases(dataclasses.replace(_nhwc(tp), c=channels))
     tapped = tuple(dataclasses.replace(phase.problem, weight_layout="KHWC") for phase in every if phase.problem)
     if 1 < len(every) <= min(MAX_PHASES, MAX_WEIGHT_PHASES) and max(tp.kh, tp.kw) <= MAX_PHASE_TAPS and tapped:
-        gemm = phases_plan(tapped, compute_capability, allow_tf32=allow_tf32)
+        gemm = phases_plan(tapped, compute_capability, allow_tf32=allow_tf32, y_rounded=tp.layout == "NCHW")
         if gemm is not None:
             return TransposePlan(channels, (), gemm)
     every = phases(dataclasses.replace(tp, c=channels))

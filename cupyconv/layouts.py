@@ -55,11 +55,13 @@ def describe(plan) -> str:
     return "".join(f"{line}\n" for line in lines)
 
 
-def transpose_launch(dtype: str, batch: int, rows: int, columns: int, source: Pointer, target: Pointer) -> Launch:
-    """[batch][rows][columns] at ``source`` -> [batch][columns][rows] at ``target``."""
+def transpose_launch(dtype: str, batch: int, rows: int, columns: int, source: Pointer, target: Pointer,
+                     round_tf32: bool = False) -> Launch:
+    """[batch][rows][columns] at ``source`` -> [batch][columns][rows] at ``target`` (float32 rounded to
+    TF32 on the way where ``round_tf32``)."""
     from .families.implicit_gemm_nhwc import channels_last_copy
 
-    return channels_last_copy(dtype, batch, rows, columns, rows, False, source, target)
+    return channels_last_copy(dtype, batch, rows, columns, rows, round_tf32, source, target)
 
 
 def transposed(call: CallProgram, plan, problem: ConvProblem) -> CallProgram:

@@ -142,6 +142,7 @@ TRANSPOSED = [
     (1, 8, 12, 5, 6, 3, 3, 0, 2, 2, 1),        # stride past the kernel, output_padding 2
     (1, 8, 8, 6, 5, 3, 2, 2, 2, 1, 3),         # output_padding past the stride (below the dilation)
     (8, 100, 64, 1, 1, 4, 1, 0, 0, 1, 1),      # DCGAN's first layer: 1x1 input
+    (64, 256, 128, 8, 8, 4, 2, 1, 0, 1, 1),    # TF32 on the 3-stage pixel-row phase tile, y rounded first
 ]
 
 
@@ -211,14 +212,19 @@ def test_conv_transpose2d_phases_in_one_launch(case, mode, nhwc, monkeypatch):
     assert relative_error(got, ref) <= bound(mode, own, ref)
 
 
-@pytest.mark.parametrize("case", [PHASE_CASES[0], PHASE_CASES[7]], ids=["one_run", "split_k"])
-def test_tf32_phases_in_one_launch_round_as_cvt_rna(case):
-    """The TF32 phase launch rounds y in registers and phase_weights rounds the phase weights, both as
-    cvt.rna does: operands rounded beforehand give the same bits (the tensor cores alone would drop
-    the low bits, truncating). A third of the values lie exactly halfway between two TF32 values."""
+@pytest.mark.parametrize("nhwc", [True, False], ids=["NHWC", "NCHW"])
+@pytest.mark.parametrize("case", [PHASE_CASES[0], PHASE_CASES[7], ((64, 8, 8, 256), (256, 128, 4, 4), 2, 1, 0, 1, 1)],
+                         ids=["one_run", "split_k", "pixel_rows"])
+def test_tf32_phases_in_one_launch_round_as_cvt_rna(case, nhwc):
+    """The TF32 phase launch rounds y (in registers or shared memory; or a copy or NCHW's transpose
+    rounds it first) and phase_weights rounds the phase weights, all as cvt.rna does: operands rounded
+    beforehand give the same bits (the tensor cores alone would drop the low bits, truncating). A third
+    of the values lie exactly halfway between two TF32 values."""
     y_shape, w_shape, stride, padding, output_padding, groups, dilation = case
+    if not nhwc:
+        y_shape = (y_shape[0], y_shape[3], *y_shape[1:3])
     tp = make_transpose_problem(y_shape, w_shape, (w_shape[1] * groups,), "float32", stride, padding, output_padding,
-                                groups, dilation, "NHWC", "KCHW")
+                                groups, dilation, "NHWC" if nhwc else "NCHW", "KCHW")
     assert transpose_plan(tp, True, compute_capability(), tp.c).gemm is not None
     rng = cupy.random.default_rng(5)
 

@@ -266,8 +266,9 @@ def test_phases_launch_replayed(y_shape, weight_shape, stride, padding, output_p
     flags = launch.name_expression.rstrip(">").split(",")[-3:]
     (pw,) = [launch for launch in call.launches if launch.kernel == conv_transpose.PHASE_WEIGHTS]
     assert flags[0] == str(layout == "NHWC").lower()  # NHWC_OUT
-    assert flags[1] == pw.name_expression.rstrip(">").split(",")[-1] == str(tf32).lower()  # both rounded
-    if layout == "NHWC":
+    assert pw.name_expression.rstrip(">").split(",")[-1] == str(tf32).lower()  # the phase weights rounded
+    assert flags[1] == str(plan.gemm.round_a).lower() and (tf32 or not plan.gemm.round_a)  # ROUND_A
+    if layout == "NHWC" and not (tf32 and not plan.gemm.round_a):
         check_launches(call, {X, WEIGHT, BIAS, WORKSPACE, RESIDUAL, INPUT_SCALE}, {OUT, WORKSPACE})
     kernels = [launch.kernel for launch in call.launches]
     tapped = [ph for ph in conv_transpose.phases(tp) if ph.problem is not None]
@@ -278,12 +279,15 @@ def test_phases_launch_replayed(y_shape, weight_shape, stride, padding, output_p
     y, weight, bias = (rng.standard_normal(shape) for shape in (y_shape, weight_shape, (tp.c,)))
     item = STORAGE_BYTES[dtype]
     workspace = np.full(call.workspace_bytes // item, np.nan)
-    if layout == "NHWC":
-        assert launch.args[0] == Pointer(X)
-    else:  # one transpose of y (N, K, HW -> N, HW, K) into the workspace, which the launch reads
-        (transpose,) = [each for each in call.launches if each.args[:1] == (Pointer(X),)]
-        assert transpose.args == (Pointer(X), launch.args[0], tp.k, hy * wy, tp.k)
-        assert "false" in transpose.name_expression  # not rounded: the launch rounds y itself
+    copies = [each for each in call.launches if each.args[:1] == (Pointer(X),) and each.kernel != PHASES_KERNEL]
+    if layout == "NHWC" and not (tf32 and not plan.gemm.round_a):
+        assert launch.args[0] == Pointer(X) and not copies
+    else:  # one copy of y into the workspace, which the launch reads: NCHW's transpose (N, K, HW -> N, HW, K),
+        # or TF32's y rounded where the launch does not round it
+        (copy,) = copies
+        assert copy.args == ((Pointer(X), launch.args[0], tp.k, hy * wy, tp.k) if layout == "NCHW" else
+                             (Pointer(X), launch.args[0], tp.k, n * hy * wy, tp.k))
+        assert copy.name_expression.endswith(f"{str(tf32 and not plan.gemm.round_a).lower()}>")  # rounded
         at = launch.args[0].offset
         assert launch.args[0].operand == WORKSPACE and at + y.size * item <= call.workspace_bytes
         assert np.isnan(workspace[at // item:at // item + y.size]).all()

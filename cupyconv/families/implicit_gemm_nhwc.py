@@ -1507,13 +1507,20 @@ def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Point
 PHASES_KERNEL = "implicit_gemm_nhwc_phases"
 #: PhaseTable's capacity in kernels/implicit_gemm_nhwc.cu (a CPU test reads it there).
 MAX_PHASES = 16
-#: Operands read in place in 16-byte pieces. float32 runs as TF32 alone: y rounded by the kernel (ROUND_A),
-#: the phase weights rounded where phase_weights writes them.
+#: Operands read in place in 16-byte pieces. float32 runs as TF32 alone: y rounded by the kernel (ROUND_A)
+#: or by a copy (ROUNDING_COPY_MACS), the phase weights rounded where phase_weights writes them.
 PHASES_DTYPES = ("float32", "float16", "bfloat16")
+#: Multiply-adds per element of y (every phase's taps x the output channels) past which a float32 NHWC y
+#: is rounded to TF32 by a copy (a read and a write of y) rather than by a tile that rounds it in shared
+#: memory at every k tile. H200, TF32 transposed suite in channels_last (benchmarks/NOTES.md, "TF32's y
+#: rounded by a copy"): that rounding made the 5-stage and 256 x 64 tiles 1.22-1.40x slower; the copy of
+#: unet_up_256to128's 205 MB y (512 multiply-adds an element) cost about what it saved.
+ROUNDING_COPY_MACS = 512
 #: TF32's phase tiles where make_plan's rule chooses one the phase launch has no float32 instance of, by
-#: that tile's channels: the producer tiles (TMA-fed: none in any dtype) and the 3-stage pixel-row tile
-#: (y rounded in its A registers spills 32 bytes at the 128 registers two blocks an SM leave; phase
-#: table reads hold the registers the forward's parameters do not). The 5-stage tile and the 256 x 64
+#: that tile's channels: the producer tiles (TMA-fed: none in any dtype; where y comes rounded, the 3-stage
+#: pixel-row tile instead) and the 3-stage pixel-row tile where the kernel rounds y (in its A registers it
+#: spills 32 bytes at the 128 registers two blocks an SM leave; phase table reads hold the registers the
+#: forward's parameters do not; unrounded, 128 registers and no spills). The 5-stage tile and the 256 x 64
 #: channel-row tile round y in shared memory. H200, TF32 transposed suite (benchmarks/NOTES.md, "TF32
 #: transposed convolutions"): on its five rows of 128-512 output channels the 5-stage tile took 0.078-0.552
 #: ms, mma.sync's best tiles 0.089-0.563 (the spilling 3-stage tile 0.069-0.483); 256 x 64 0.104 ms on 64.
@@ -1535,14 +1542,17 @@ class PhaseGemm:
 
 
 def phases_plan(problems: tuple[ConvProblem, ...], compute_capability: int = 0,
-                config: str | None = None, allow_tf32: bool = False) -> LaunchPlan | None:
+                config: str | None = None, allow_tf32: bool = False, y_rounded: bool = False) -> LaunchPlan | None:
     """The plan of one launch computing the stride phases ``problems`` (stride-1 NHWC problems of one
     transposed convolution, with their taps), or None where it cannot: more than MAX_PHASES, neither
     16-bit nor float32 under ``allow_tf32``, channels that need copies or pieces narrower than 16 bytes,
     or 64-bit offsets. The tile is the one make_plan picks for the phase of fewest taps at the phases'
     pixels all together (in TF32 by TF32_PHASE_TILES where that has no instance); its grid x counts
     every phase's pixel tiles (phases_tiles); outputs of at most NARROW_TILE_CHANNELS channels per group
-    take the 32-channel tile. ``config`` forces a tile (make_plan's)."""
+    take the 32-channel tile. ``config`` forces a tile (make_plan's). In float32 its ``round_a`` says
+    whether the kernel rounds y to TF32; where not, y comes rounded: by a copy where the tile would round
+    it in shared memory and the phases make more than ROUNDING_COPY_MACS multiply-adds of each element,
+    or by the transpose that ``y_rounded`` says makes it (an NCHW y's)."""
     # The tile is chosen for the phase of fewest taps: one whose reduction is too short for wgmma
     # makes the whole launch take mma.sync (H100, decoder_3x3s2_op1_64to32 fp16: phases of 1, 2, 2
     # and 4 taps of 64 channels, 0.209 ms on wgmma, 0.185 on mma.sync; benchmarks/NOTES.md).
@@ -1557,17 +1567,29 @@ def phases_plan(problems: tuple[ConvProblem, ...], compute_capability: int = 0,
         config = next(c.name for c in NHWC_CONFIGS[fewest.dtype] if c.bn == NARROW_TILE_CHANNELS
                       and c.stages == NARROW_TILE_STAGES[fewest.dtype])
     plan = make_plan(together, config, compute_capability=compute_capability, stream_k=False)
+    macs = sum(p.kh * p.kw for p in problems) * fewest.k
+    # float32: y comes rounded (by its transpose, or by a copy where the phases multiply each element often)
+    # to the tiles that would round it in shared memory, and to the 3-stage pixel-row tile, whose instance
+    # rounding it in its registers spills.
+    rounded = fewest.dtype == "float32" and (y_rounded or macs > ROUNDING_COPY_MACS)
     if fewest.dtype == "float32" and (plan.config.producer_warps or plan.config.name == PIXEL_ROWS_CONFIG):
-        plan = make_plan(together, TF32_PHASE_TILES[plan.config.bn], compute_capability=compute_capability,
-                         stream_k=False)
+        tile = PIXEL_ROWS_CONFIG if rounded and plan.config.bn == 128 else TF32_PHASE_TILES[plan.config.bn]
+        plan = make_plan(together, tile, compute_capability=compute_capability, stream_k=False)
     elif plan.config.producer_warps:  # no phase-launch instances: the same tile fed by all its threads
         plan = make_plan(together, PIXEL_ROWS_CONFIG, compute_capability=compute_capability, stream_k=False)
     if plan.vec != 16 or plan.channels_padded != fewest.c or plan.a_from_nchw or plan.index_type != "int" \
             or index_type(together) != "int":
         return None
     grid = (phases_tiles(problems, plan.config)[-1], plan.grid[1], plan.grid[2])
+    rounding = ""
+    if fewest.dtype == "float32":
+        copied = rounded and not y_rounded and _float32_rounding(plan.config) == "shared"
+        rounding = ("; y rounded to TF32 by its transpose" if y_rounded else
+                    f"; y rounded to TF32 by a copy ({macs} > {ROUNDING_COPY_MACS} multiply-adds an element)"
+                    if copied else "; y rounded to TF32 by the kernel")
+        plan = dataclasses.replace(plan, round_a=not (y_rounded or copied))
     return dataclasses.replace(plan, kernel=PHASES_KERNEL, grid=grid,
-                               reason=f"{len(problems)} stride phases in one launch; {plan.reason}")
+                               reason=f"{len(problems)} stride phases in one launch; {plan.reason}{rounding}")
 
 
 def phases_tiles(problems, cfg: GemmConfig) -> tuple[int, ...]:
@@ -1578,21 +1600,21 @@ def phases_tiles(problems, cfg: GemmConfig) -> tuple[int, ...]:
     return tuple(firsts)
 
 
-def phases_specialisation(dtype: str, cfg: GemmConfig, split_k: bool, nhwc_out: bool = True) -> str:
+def phases_specialisation(dtype: str, cfg: GemmConfig, split_k: bool, nhwc_out: bool = True,
+                          round_a: bool = False) -> str:
     """The C++ template instance of the phase launch with ``cfg``'s tile, 16-byte pieces, 32-bit
-    offsets, writing an NHWC output (or NCHW); float32's y, read in place, rounded to TF32 by the
-    kernel (ROUND_A: in the fragments on mma.sync, in shared memory on the wgmma tiles
+    offsets, writing an NHWC output (or NCHW); ``round_a``: float32's y, read in place, rounded to TF32
+    by the kernel (ROUND_A: in the fragments on mma.sync, in shared memory on the wgmma tiles
     TF32_PHASE_TILES names)."""
     return (f"cupyconv::{PHASES_KERNEL}<{CTYPES[dtype]},int,{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
-            f"{cfg.stages},16,{cfg.wgmma},{str(nhwc_out).lower()},{str(dtype == 'float32').lower()},"
-            f"{str(split_k).lower()}>")
+            f"{cfg.stages},16,{cfg.wgmma},{str(nhwc_out).lower()},{str(round_a).lower()},{str(split_k).lower()}>")
 
 
 def _phases_specialisations(wgmma: bool) -> list[str]:
-    return [phases_specialisation(dtype, cfg, split_k, nhwc_out) for dtype in PHASES_DTYPES
+    return [phases_specialisation(dtype, cfg, split_k, nhwc_out, round_a) for dtype in PHASES_DTYPES
             for cfg in NHWC_CONFIGS[dtype] if bool(cfg.wgmma) == wgmma and not cfg.producer_warps
-            and not (dtype == "float32" and cfg.name == PIXEL_ROWS_CONFIG)
-            for nhwc_out in (True, False) for split_k in (False, True)]
+            for nhwc_out in (True, False) for split_k in (False, True)
+            for round_a in ((True, False) if dtype == "float32" and cfg.name != PIXEL_ROWS_CONFIG else (False,))]
 
 
 def phases_launch(plan: LaunchPlan, phases: tuple[PhaseGemm, ...], y_size: tuple[int, int],
@@ -1632,5 +1654,5 @@ def phases_launch(plan: LaunchPlan, phases: tuple[PhaseGemm, ...], y_size: tuple
     args = (y, weight, Pointer(BIAS), out, int(first.has_bias and not partial),
             *epilogue_args(first, partial=partial), first.n, first.c, *y_size, first.k, first.groups, splits,
             math.prod(out_shape), table)
-    return Launch(PHASES_KERNEL, phases_specialisation(plan.dtype, plan.config, splits > 1, nhwc_out), plan.grid,
-                  plan.block, plan.shared_bytes, args, plan.arch)
+    return Launch(PHASES_KERNEL, phases_specialisation(plan.dtype, plan.config, splits > 1, nhwc_out, plan.round_a),
+                  plan.grid, plan.block, plan.shared_bytes, args, plan.arch)
