@@ -837,14 +837,51 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         return;
     }
     constexpr int PIXELS = BM / 32;                         // pixels per lane
+    // A phase launch's output is the whole transposed convolution's: its planes, not the phase's.
+    const Index plane = PHASED ? static_cast<Index>(phases->channel_stride) : HoWo;
+    // Where planes hold whole runs of RUN pixels (and the output is aligned to them), each lane stores runs
+    // of RUN consecutive pixels of a channel as one vector, a warp 32 runs in a row; a lane's pixels 32
+    // apart took an element store each, most of a short reduction's NCHW epilogue (benchmarks/NOTES.md,
+    // "Runs of pixels in the NCHW epilogue"). A phase's pixels lie stride columns apart: elements.
+    constexpr int RUN = PIXELS < 4 ? PIXELS : 4, RUNS = PIXELS / RUN;
+    if constexpr (!PHASED) {
+        if (HoWo % RUN == 0 && reinterpret_cast<unsigned long long>(y) % (RUN * sizeof(Y)) == 0) {
+            struct alignas(RUN * sizeof(Y)) YRun { Y v[RUN]; };
+            struct alignas(RUN * sizeof(float)) Staged { float v[RUN]; };
+            Index y_run[RUNS];                              // pixel_offset of a run's first pixel, or -1 past M
+#pragma unroll
+            for (int q = 0; q < RUNS; ++q) {
+                const Index m = m0 + (q * 32 + lane) * RUN;
+                y_run[q] = m < M ? pixel_offset(m) : Index(-1);
+            }
+            with_epilogue<Y>(residual, has_residual, activation, [&](auto finish) {
+#pragma unroll 1
+                for (int n = warp; n < BN && n0 + n < Kg; n += NWARPS) {
+                    const int channel = g * Kg + n0 + n;
+                    const float b = has_bias ? to_acc<float>(bias[channel]) : 0.0f;
+                    const Index channel_offset = static_cast<Index>(channel) * plane;
+#pragma unroll
+                    for (int q = 0; q < RUNS; ++q) {
+                        if (y_run[q] < 0) continue;
+                        const Staged staged =
+                            *reinterpret_cast<const Staged*>(c_smem + n * C_STRIDE + (q * 32 + lane) * RUN);
+                        const Index at = y_run[q] + channel_offset;
+                        YRun out;
+#pragma unroll
+                        for (int j = 0; j < RUN; ++j) out.v[j] = finish(staged.v[j] + b, at + j);
+                        *reinterpret_cast<YRun*>(y + at) = out;
+                    }
+                }
+            });
+            return;
+        }
+    }
     Index y_pixel[PIXELS];                                  // pixel_offset, or -1 past M
 #pragma unroll
     for (int i = 0; i < PIXELS; ++i) {
         const Index m = m0 + lane + 32 * i;
         y_pixel[i] = m < M ? pixel_offset(m) : Index(-1);
     }
-    // A phase launch's output is the whole transposed convolution's: its planes, not the phase's.
-    const Index plane = PHASED ? static_cast<Index>(phases->channel_stride) : HoWo;
     with_epilogue<Y>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll 1
         for (int n = warp; n < BN && n0 + n < Kg && (!PHASED || g * Kg + n0 + n < out_channels); n += NWARPS) {
