@@ -839,11 +839,11 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     constexpr int PIXELS = BM / 32;                         // pixels per lane
     // A phase launch's output is the whole transposed convolution's: its planes, not the phase's.
     const Index plane = PHASED ? static_cast<Index>(phases->channel_stride) : HoWo;
-    // Where planes hold whole runs of RUN pixels (and the output is aligned to them), each lane stores runs
-    // of RUN consecutive pixels of a channel as one vector, a warp 32 runs in a row; a lane's pixels 32
+    // Where planes hold whole runs of RUN pixels (and the output is aligned to them), each lane stores RUNS
+    // runs of RUN consecutive pixels of a channel, each as one vector, a warp 32 runs in a row; a lane's pixels 32
     // apart took an element store each, most of a short reduction's NCHW epilogue (benchmarks/NOTES.md,
     // "Runs of pixels in the NCHW epilogue"). A phase's pixels lie stride columns apart: elements.
-    constexpr int RUN = PIXELS < 4 ? PIXELS : 4, RUNS = PIXELS / RUN;
+    constexpr int RUN = PIXELS % 4 == 0 ? 4 : (PIXELS % 2 == 0 ? 2 : 1), RUNS = PIXELS / RUN;  // 192: runs of 2
     if constexpr (!PHASED) {
         if (HoWo % RUN == 0 && reinterpret_cast<unsigned long long>(y) % (RUN * sizeof(Y)) == 0) {
             struct alignas(RUN * sizeof(Y)) YRun { Y v[RUN]; };
