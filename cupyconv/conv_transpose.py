@@ -27,8 +27,8 @@ window or phase output is copied (an NCHW y is transposed to NHWC for it; the NC
 in place). An ungrouped output of 1-4 channels (a stem's input gradient, a generator's RGB layer)
 runs every phase in one launch on the FMA units instead, y read in place (transpose_few_channels;
 16-bit ones only where a phase has enough taps to beat the tensor cores' widened phases), and so
-does a strided depthwise one, one output channel a group (transpose_depthwise). Arrays past 32-bit offsets go phase by phase on CuPy
-arrays (run_phases).
+does a strided depthwise one, one output channel a group (transpose_depthwise). Arrays past 32-bit
+offsets go phase by phase on CuPy arrays (run_phases).
 
 The NumPy path runs the same phases on the NumPy convolution, so the CPU tests check the
 decomposition itself against torch.
@@ -354,8 +354,9 @@ def _phases_program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
     launch reads y NHWC: an NCHW y is transposed into the workspace first (rounded to TF32 on the way
     in float32), and the launch writes the NCHW output in place (a transpose of the output, the larger
     array, cost about as much again: H200, benchmarks/NOTES.md). A float32 NHWC y that the launch does
-    not round (``plan.gemm.round_a``) is rounded by a copy into the workspace. A widened output (``plan.channels`` > tp.c) is computed with the
-    phase weights' rows past tp.c unwritten: the launch stores none of the channels they make."""
+    not round (``plan.gemm.round_a``) is rounded by a copy into the workspace. A widened output
+    (``plan.channels`` > tp.c) is computed with the phase weights' rows past tp.c unwritten: the launch
+    stores none of the channels they make."""
     from .families.common import split_k_reduce
     from .families.implicit_gemm_nhwc import PhaseGemm, pad_channels, phases_launch
     from .layouts import transpose_launch

@@ -23,10 +23,10 @@
 // (nchw_to_nhwc's ROUND_TF32), so no per-fragment conversion is needed; an NHWC input read in place
 // is rounded in its fragments (ROUND_A; in shared memory where wgmma reads it from there).
 // Epilogue: accumulators -> shared memory (float) -> + bias, storage type -> y. NCHW output: staged
-// [BN][BM + pad], a warp stores 32 consecutive pixels of one channel (of one stride phase: strided);
-// NHWC_OUT (the NHWC layout,
-// x read in place or from a padded copy): staged [BM][BN + pad], each thread stores vectors of 4
-// consecutive channels of a pixel, a warp runs of whole pixel rows.
+// [BN][BM + pad], a warp stores consecutive pixels of one channel (runs of them per lane where planes
+// allow; a stride phase's pixels: strided); NHWC_OUT (the NHWC layout, x read in place or from a
+// padded copy): staged [BM][BN + pad], each thread stores vectors of 4 consecutive channels of a
+// pixel, a warp runs of whole pixel rows.
 //
 // WGMMA (Hopper, sm_90a only: see wgmma.cuh): the warpgroups multiply with wgmma, the tensor cores
 // reading A and B straight from shared memory, where rows are 128 bytes of k, 128-byte swizzled
@@ -679,7 +679,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         asm volatile("bar.sync 1, %0;\n" :: "n"(NT) : "memory");
     else
         __syncthreads();
-    // Where output pixel m's channel 0 is, and how far apart its channels are.
+    // Where output pixel m's channel 0 is (its channels 1 apart in NHWC, a plane apart in NCHW).
     auto pixel_offset = [&](Index m) -> Index {
         if constexpr (PHASED) {
             const Index image = m / HoWo, p = m - image * HoWo;
