@@ -54,6 +54,7 @@ _SOURCE_FILES = {"nchw_to_nhwc_tiled": "nchw_to_nhwc.cu", "nchw_to_nhwc_narrow":
                  "strided_fill": "strided_copy.cu", "implicit_gemm_nhwc_phases": "implicit_gemm_nhwc.cu",
                  "implicit_gemm_nhwc_stream_k": "implicit_gemm_nhwc.cu",
                  "implicit_gemm_nhwc_tma": "implicit_gemm_nhwc.cu", "implicit_gemm_nhwc_tma_pair": "implicit_gemm_nhwc.cu",
+                 "implicit_gemm_nhwc_tma_stacked": "implicit_gemm_nhwc.cu",
                  "implicit_gemm_nhwc_pingpong": "implicit_gemm_nhwc.cu",
                  "implicit_gemm_nhwc_pingpong_cluster": "implicit_gemm_nhwc.cu",
                  "phase_weights": "phase_weight.cu", "mean_pixels_partial": "mean_pixels.cu",

@@ -24,7 +24,9 @@ problems of several phases run every phase in one launch of the channels-last GE
 (implicit_gemm_nhwc_phases): it reads the whole of y, a window as negative padding, and writes each
 phase's rows and columns of the output in place, so the phases' tiles fill the GPU together and no
 window or phase output is copied (an NCHW y is transposed to NHWC for it; the NCHW output is written
-in place). An ungrouped output of 1-4 channels (a stem's input gradient, a generator's RGB layer)
+in place). Where the kernel is the stride (U-Net's 2x2 up-sampling: each phase one tap), the phases
+are one GEMM of y and their weights stacked, on the producer tile's launch (implicit_gemm_nhwc_tma_stacked),
+NHWC. An ungrouped output of 1-4 channels (a stem's input gradient, a generator's RGB layer)
 runs every phase in one launch on the FMA units instead, y read in place (transpose_few_channels;
 16-bit ones only where a phase has enough taps to beat the tensor cores' widened phases), and so
 does a strided depthwise one, one output channel a group (transpose_depthwise). Arrays past 32-bit
@@ -233,13 +235,15 @@ class TransposePlan:
     reaches), in phases()' order for that many channels; or, where ``gemm`` is set, every phase with
     taps in that one launch (implicit_gemm_nhwc.phases_plan) instead of the phases' own plans; or,
     where ``few`` is set, the whole of it in transpose_few_channels' one launch, or where ``depthwise`` is,
-    in transpose_depthwise's."""
+    in transpose_depthwise's, or where ``stacked`` is, every phase (each one tap) as one GEMM of their
+    weights stacked (implicit_gemm_nhwc.stacked_plan)."""
 
     channels: int
     phases: tuple
     gemm: object = None
     few: object = None
     depthwise: object = None
+    stacked: object = None
 
 
 def program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
@@ -258,6 +262,8 @@ def program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
         return transpose_depthwise.program(plan.depthwise, tp)
     if plan.gemm is not None:
         return _phases_program(plan, tp)
+    if plan.stacked is not None:
+        return _stacked_program(plan, tp)
     item = STORAGE_BYTES[tp.dtype]
     channels = plan.channels
     every = phases(dataclasses.replace(tp, c=channels))
@@ -397,6 +403,50 @@ def _phases_program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
     return CallProgram(tuple(launches), used)
 
 
+def stacked_problem(tp: TransposeProblem) -> ConvProblem | None:
+    """Where ``tp``'s kernel is its stride (NHWC, ungrouped, undilated, unpadded, its output exactly
+    sh sw times y's pixels; several phases): the 1x1 convolution of y to sh sw C channels its phases make
+    together, phase p's channels p C to p C + C-1 (phases()' order); else None."""
+    from .families.implicit_gemm_nhwc import MAX_PHASES
+
+    sh, sw = tp.stride
+    if tp.layout != "NHWC" or tp.groups != 1 or (tp.kh, tp.kw) != (sh, sw) or tp.dilation != (1, 1) or \
+            (tp.pad_top, tp.pad_left) != (0, 0) or (tp.h, tp.w) != (tp.hy * sh, tp.wy * sw) or \
+            not 1 < sh * sw <= MAX_PHASES:
+        return None
+    return ConvProblem(n=tp.n, c=tp.k, h=tp.hy, w=tp.wy, k=sh * sw * tp.c, kh=1, kw=1, stride=(1, 1), dilation=(1, 1),
+                       pad_top=0, pad_left=0, pad_bottom=0, pad_right=0, groups=1, dtype=tp.dtype,
+                       has_bias=tp.has_bias, layout="NHWC", weight_layout="KHWC")
+
+
+def _stacked_program(plan: TransposePlan, tp: TransposeProblem) -> CallProgram:
+    """``tp`` as its stacked phases' GEMM (``plan.stacked``): every phase's weight (KHWC, C x K) into the
+    workspace one after another by phase_weights, making the [sh sw C][K] weight (rounded to TF32 in
+    float32); the bias repeated once a phase where there is one; then the family's program for
+    stacked_problem(tp), its launch placing each phase's channel tiles (implicit_gemm_nhwc.stacked_launch)."""
+    from .families.implicit_gemm_nhwc import KERNEL, STACKED_KERNEL, TMA_KERNEL, program as gemm_program, stacked_launch
+
+    gemm, problem, item = plan.stacked, stacked_problem(tp), STORAGE_BYTES[tp.dtype]
+    every = phases(tp)
+    launches = [_phase_weights_launch(tp, {p: p * tp.c * tp.k for p in range(len(every))}, Pointer(WORKSPACE))]
+    used, bias = align(problem.k * tp.k * item), Pointer(BIAS)
+    if tp.has_bias:
+        bias, used = Pointer(WORKSPACE, used), used + align(problem.k * item)
+        launches.append(_box(tp, STRIDED_COPY, (len(every), tp.c, 1, 1), ((0, 1, 1, 1), (tp.c, 1, 1, 1)),
+                             (Pointer(BIAS), bias)))
+    call = gemm_program(dataclasses.replace(gemm, kernel=KERNEL), problem)  # the family's launches, then ours
+    # The family's prepared weight (float32's, rounded to TF32, in the same layout) is what phase_weights
+    # wrote: the stacked weights stand for it, and its preparation is left out.
+    moves = {WEIGHT: Pointer(WORKSPACE), PREPARED: Pointer(WORKSPACE), BIAS: bias, WORKSPACE: Pointer(WORKSPACE, used)}
+    # Phase p's first pixel, less p C: the GEMM's channel p C + c is the phase's channel c.
+    offsets = tuple((phase.rows.start * tp.w + phase.cols.start) * tp.c - p * tp.c for p, phase in enumerate(every))
+    for launch in relocated(call.launches, moves):
+        launches.append(stacked_launch(gemm, problem, launch, tp.out_array_shape, tp.stride, offsets)
+                        if launch.kernel == TMA_KERNEL else launch)
+    assert sum(launch.kernel == STACKED_KERNEL for launch in launches) == 1
+    return CallProgram(tuple(launches), used + call.workspace_bytes)
+
+
 def _nhwc(tp: TransposeProblem) -> TransposeProblem:
     """``tp`` on NHWC arrays (its weight as it is: phase_weights reads either layout)."""
     return dataclasses.replace(tp, layout="NHWC")
@@ -424,16 +474,24 @@ def transposed_executable(tp: TransposeProblem, allow_tf32: bool, device_id: int
 def transpose_plan(tp: TransposeProblem, allow_tf32: bool, compute_capability: int, channels: int) -> TransposePlan:
     """How ``tp`` runs with ``channels`` output channels: an output of few channels (``channels`` ==
     tp.c) in transpose_few_channels' one launch where it pays, a strided depthwise one in
-    transpose_depthwise's; where it has several stride phases (up to 16, of up to MAX_PHASE_TAPS taps a
-    side), every phase with taps in one launch if implicit_gemm_nhwc.phases_plan takes them (planned on
-    NHWC arrays: an NCHW y is transposed for it, _phases_program); else each phase on the planner's fixed
-    rules."""
+    transpose_depthwise's; one whose kernel is its stride (stacked_problem) as one GEMM on a producer tile
+    where implicit_gemm_nhwc.stacked_plan takes it; where it has several stride phases (up to 16, of up to
+    MAX_PHASE_TAPS taps a side), every phase with taps in one launch if implicit_gemm_nhwc.phases_plan
+    takes them (planned on NHWC arrays: an NCHW y is transposed for it, _phases_program); else each phase
+    on the planner's fixed rules."""
     from .families.implicit_gemm_nhwc import MAX_PHASES, phases_plan
 
     if channels == tp.c and transpose_few_channels.pays(tp):
         return TransposePlan(channels, (), few=transpose_few_channels.make_plan(tp))
     if transpose_depthwise.pays(tp):
         return TransposePlan(channels, (), depthwise=transpose_depthwise.make_plan(tp))
+    stacked = stacked_problem(tp) if channels == tp.c else None
+    if stacked is not None and (tp.dtype != "float32" or allow_tf32):
+        from .families.implicit_gemm_nhwc import stacked_plan
+
+        gemm = stacked_plan(stacked, tp.stride[0] * tp.stride[1], compute_capability)
+        if gemm is not None:
+            return TransposePlan(channels, (), stacked=gemm)
     every = phases(dataclasses.replace(_nhwc(tp), c=channels))
     tapped = tuple(dataclasses.replace(phase.problem, weight_layout="KHWC") for phase in every if phase.problem)
     if 1 < len(every) <= min(MAX_PHASES, MAX_WEIGHT_PHASES) and max(tp.kh, tp.kw) <= MAX_PHASE_TAPS and tapped:

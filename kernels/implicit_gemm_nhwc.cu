@@ -236,8 +236,9 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     static_assert(VEC == 4 || VEC == 8 || VEC == 16, "cp.async moves 4, 8 or 16 bytes");
     static_assert(NT % A_PIECES == 0 && (NCHW_A ? BK : BM) % A_ROWS_PER_PASS == 0, "the A loader covers the tile");
     static_assert(NT % B_PIECES == 0, "the B loader covers whole rows");
-    static_assert(!PRODUCER || !(PHASED || STREAM_K || NCHW_A),
-                  "the producer warpgroup's tile: one convolution of channels-last operands copied by TMA");
+    static_assert(!PRODUCER || !(STREAM_K || NCHW_A || (PHASED && (SPLIT_K || CLUSTER > 1))),
+                  "the producer warpgroup's tile: one convolution of channels-last operands copied by TMA (phases "
+                  "only as one GEMM: implicit_gemm_nhwc_tma_stacked)");
     static_assert(CLUSTER == 1 || (PRODUCER && CLUSTER == 2 && (BM / CLUSTER) % 8 == 0),
                   "clusters: pairs of producer tiles, each copying whole 8-row swizzle groups of the input tile");
     static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tiles of 16 x 16 multiples (x4 ldmatrix for B)");
@@ -940,6 +941,29 @@ implicit_gemm_nhwc_tma(const T* __restrict__ x, const T* __restrict__ w, const T
                    false, false>(x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho,
                                  Wo, kh, kw, sh, sw, pt, pl, dh, dw, groups, splits, split_elements, blockIdx.x,
                                  blockIdx.y, nullptr, 0, nullptr, &weight_map, &x_map, x_is_matrix != 0);
+}
+
+// The stride phases of a transposed convolution whose kernel is its stride (every phase one tap, a 1x1
+// convolution of the whole of y) as one GEMM of the producer warpgroup's tile, launched as
+// implicit_gemm_nhwc_tma is for the 1x1 problem y [N Hy Wy][C] times the phases' weights stacked
+// [count K / count][C]^T, with a PhaseTable more. Channel tile blockIdx.y lies in one phase (K / count a
+// multiple of BN), which places its pixels as implicit_gemm_nhwc_phases does (out_offset less the phase's
+// first GEMM channel, so that the GEMM's channel n lands on channel n - p K / count of phase p).
+template <typename T, typename Index, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VEC,
+          int WGMMA_ROWS, bool ROUND_A>
+__global__ void NHWC_GEMM_LAUNCH_BOUNDS
+implicit_gemm_nhwc_tma_stacked(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                               void* __restrict__ y_out, int has_bias, const T* __restrict__ residual,
+                               int has_residual, int activation, int N, int C, int H, int W, int K, int Ho, int Wo,
+                               int kh, int kw, int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits,
+                               int split_elements, const __grid_constant__ TensorMap weight_map,
+                               const __grid_constant__ TensorMap x_map, int x_is_matrix,
+                               const __grid_constant__ PhaseTable phases) {
+    const int phase = static_cast<int>(blockIdx.y) * BN / (K / phases.count);
+    nhwc_gemm_tile<T, Index, BM, BN, BK, WARPS_M, WARPS_N, STAGES, VEC, false, WGMMA_ROWS, true, ROUND_A, false,
+                   true>(x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho, Wo, kh,
+                         kw, sh, sw, pt, pl, dh, dw, groups, 1, 0, blockIdx.x, blockIdx.y, &phases, phase, nullptr,
+                         &weight_map, &x_map, x_is_matrix != 0);
 }
 
 // Pairs of the producer warpgroup's tiles: the clusters of two blocks along y (channel tiles n0 and n0 +

@@ -212,6 +212,44 @@ def test_conv_transpose2d_phases_in_one_launch(case, mode, nhwc, monkeypatch):
     assert relative_error(got, ref) <= bound(mode, own, ref)
 
 
+@pytest.mark.skipif(gpu_count() == 0 or compute_capability() != 90,
+                    reason="the producer warpgroup's tile runs on compute capability 9.0 (sm_90a) alone")
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("mode", ["float16", "bfloat16", "tf32"])
+@pytest.mark.parametrize("config", ["nhwc_wgmma_producer_m128n128", "nhwc_wgmma_producer_m192n128",
+                                    "nhwc_wgmma_producer_m256n128", "nhwc_wgmma_producer_m256n64"])
+@pytest.mark.parametrize("case", [((2, 9, 7, 64), (64, 128, 2, 2)), ((3, 6, 5, 64), (64, 256, 3, 2))], ids=str)
+def test_conv_transpose2d_stacked_phases(case, config, mode, bias, monkeypatch):
+    """Transposed convolutions whose kernel is their stride, as one GEMM of the phases' weights stacked on
+    each producer tile (implicit_gemm_nhwc_tma_stacked; TF32's y rounded by the kernel, or by a copy on the
+    256 x 128 tile), NHWC, with and without a bias: against torch in float64, NaN-poisoned."""
+    from cupyconv.families import implicit_gemm_nhwc
+
+    stacked_plan = implicit_gemm_nhwc.stacked_plan
+    monkeypatch.setattr(implicit_gemm_nhwc, "stacked_plan",
+                        lambda problem, count, cc: stacked_plan(problem, count, cc, config))
+    conv_transpose.transposed_executable.cache_clear()
+    y_shape, w_shape = case
+    stride, dtype, tf32 = w_shape[2:], TORCH_DTYPES[mode], mode == "tf32"
+    gen = torch.Generator(device="cuda").manual_seed(len(config) + w_shape[1])
+    x = torch.randn(y_shape[0], y_shape[3], *y_shape[1:3], device="cuda", dtype=torch.float64, generator=gen)
+    w = torch.randn(*w_shape, device="cuda", dtype=torch.float64, generator=gen)
+    b = torch.randn(w_shape[1], device="cuda", dtype=torch.float64, generator=gen) if bias else None
+    ref = F.conv_transpose2d(x, w, b, stride)
+    tp = make_transpose_problem(y_shape, w_shape, (w_shape[1],) if bias else None, "float32" if tf32 else mode,
+                                stride, 0, 0, 1, 1, "NHWC", "KCHW")
+    plan = transpose_plan(tp, tf32, compute_capability(), tp.c)
+    assert plan.stacked is not None and plan.stacked.config.name == config
+    with nan_poisoned_memory(), precision(mode):
+        out = transposed(to_cupy(x.to(dtype), True), to_cupy(w.to(dtype)), to_cupy(b.to(dtype)) if bias else None,
+                         tp, "cupy", allow_tf32=tf32)
+        got = from_cupy(out, dtype, True)
+        own = F.conv_transpose2d(x.to(dtype), w.to(dtype), b.to(dtype) if bias else None, stride)
+    conv_transpose.transposed_executable.cache_clear()  # no program made with the forced tile is kept
+    assert got.shape == ref.shape and not got.isnan().any()
+    assert relative_error(got, ref) <= bound(mode, own, ref)
+
+
 @pytest.mark.parametrize("nhwc", [True, False], ids=["NHWC", "NCHW"])
 @pytest.mark.parametrize("case", [PHASE_CASES[0], PHASE_CASES[7], ((64, 8, 8, 256), (256, 128, 4, 4), 2, 1, 0, 1, 1)],
                          ids=["one_run", "split_k", "pixel_rows"])

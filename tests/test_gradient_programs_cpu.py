@@ -350,6 +350,95 @@ def test_phases_launch_replayed(y_shape, weight_shape, stride, padding, output_p
     np.testing.assert_allclose(out.reshape(tp.out_array_shape), expected, rtol=1e-10, atol=1e-10)
 
 
+#: Transposed convolutions whose kernel is their stride (NHWC): y (n, hy, wy, k), weight (k, c, sh, sw).
+STACKED_CASES = [((2, 9, 7, 64), (64, 128, 2, 2)), ((1, 6, 5, 64), (64, 256, 3, 2))]
+
+
+@pytest.mark.parametrize("bias", (False, True))
+@pytest.mark.parametrize("dtype", ("float16", "float32"))
+@pytest.mark.parametrize("config", ("nhwc_wgmma_producer_m128n128", "nhwc_wgmma_producer_m256n128",
+                                    "nhwc_wgmma_producer_m256n64"))
+@pytest.mark.parametrize("y_shape,weight_shape", STACKED_CASES, ids=str)
+def test_stacked_phases_replayed(y_shape, weight_shape, config, dtype, bias):
+    """A transposed convolution whose kernel is its stride runs as one GEMM of y and its phases' weights
+    stacked, on a producer tile (implicit_gemm_nhwc_tma_stacked): replayed in NumPy from the launches' own
+    arguments (phase_weights' stacked weights, the bias repeated a phase, the PhaseTable's placements by
+    channel tile), it gives the NumPy conv_transpose2d and writes every output element once."""
+    from cupyconv.families import implicit_gemm_nhwc
+
+    n, hy, wy, k = y_shape
+    c, stride = weight_shape[1], weight_shape[2:]
+    tp = conv_transpose.make_transpose_problem(y_shape, weight_shape, (c,) if bias else None, dtype, stride, 0, 0,
+                                               1, 1, "NHWC")
+    problem = conv_transpose.stacked_problem(tp)
+    count = stride[0] * stride[1]
+    assert (problem.c, problem.h, problem.w, problem.k, problem.kh) == (k, hy, wy, count * c, 1)
+    gemm = implicit_gemm_nhwc.stacked_plan(problem, count, 90, config)
+    assert gemm.config.name == config and gemm.kernel == implicit_gemm_nhwc.STACKED_KERNEL
+    call = conv_transpose.program(conv_transpose.TransposePlan(c, (), stacked=gemm), tp)
+    check_launches(call, {X, WEIGHT, BIAS, WORKSPACE, RESIDUAL, INPUT_SCALE}, {OUT, WORKSPACE})
+    (launch,) = [each for each in call.launches if each.kernel == implicit_gemm_nhwc.STACKED_KERNEL]
+    (pw,) = [each for each in call.launches if each.kernel == conv_transpose.PHASE_WEIGHTS]
+    item = STORAGE_BYTES[dtype]
+    rng = np.random.default_rng(3)
+    y, weight, b = rng.standard_normal(y_shape), rng.standard_normal(weight_shape), rng.standard_normal(c)
+    workspace = np.full(call.workspace_bytes // item, np.nan)
+    assert pw.args[1] == Pointer(WORKSPACE)
+    replay_phase_weights(pw.args[2:], weight, workspace)
+    stacked = workspace[:count * c * k].reshape(count * c, k)  # [phases C][K], no element left unwritten
+    assert not np.isnan(stacked).any()
+    weight_map = launch.args[-4]
+    assert weight_map.pointer == Pointer(WORKSPACE) and (weight_map.rows, weight_map.columns) == (count * c, k)
+    assert launch.args[0] == Pointer(X) or launch.args[0].operand == WORKSPACE  # y, or its rounded copy
+    repeated = np.zeros(count * c)
+    if bias:  # the bias read once a phase (a stride of 0 along the phases) into [phases][C]
+        (copy,) = [each for each in call.launches if each.kernel == conv_transpose.STRIDED_COPY]
+        assert copy.args[0] == Pointer(BIAS) and launch.args[2] == copy.args[1]
+        assert copy.args[2:] == (count, 1, 1, c, 0, 1, 1, 1, c, 1, 1, 1)
+        at = copy.args[1].offset // item + box_offsets(copy)
+        assert np.isnan(workspace[at]).all() and sorted(at - at.min()) == list(range(count * c))
+        repeated = np.tile(b, count)
+    assert launch.args[4] == int(bias)
+    values = launch.args[-1].values
+    assert values[0] == count and values[1] == count * c and values[TABLE_HEAD - 1] == 0  # channel tiles place
+    _, h, w, _ = tp.out_array_shape
+    image_stride, row_stride, column_stride, channel_stride = values[2:6]
+    assert (image_stride, row_stride, column_stride, channel_stride) == (h * w * c, stride[0] * w * c,
+                                                                         stride[1] * c, 1)
+    out_offset = values[TABLE_HEAD + MAX_PHASES + 1 + 9 * MAX_PHASES:][:count]
+    assert c % gemm.config.bn == 0  # a channel tile lies in one phase
+    image, i, j = (a.ravel() for a in np.meshgrid(np.arange(n), np.arange(hy), np.arange(wy), indexing="ij"))
+    pixel = image * image_stride + i * row_stride + j * column_stride
+    channel = np.arange(count * c)
+    at = np.asarray(out_offset)[channel // c][None, :] + pixel[:, None] + channel[None, :]
+    out = np.full(math.prod(tp.out_array_shape), np.nan)
+    assert at.min() >= 0 and len(np.unique(at)) == at.size == out.size  # every element written once
+    out[at] = y.reshape(-1, k) @ stacked.T + repeated
+    expected = conv_transpose.transposed(y, weight, b if bias else None, dataclasses.replace(tp, dtype="float64"),
+                                         "numpy")
+    np.testing.assert_allclose(out.reshape(tp.out_array_shape), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_stacked_phases_take_the_suites_up_sampling():
+    """The transposed suite's 2x2 up-sampling layers run as stacked phases in every tensor-core dtype on
+    sm_90 (instances the compile test covers); kernels unlike their strides and NCHW arrays do not."""
+    from cupyconv.bench_grad import TRANSPOSED
+    from cupyconv.families import implicit_gemm_nhwc
+
+    compiled = set(implicit_gemm_nhwc.arch_specialisations()[implicit_gemm_nhwc.WGMMA_ARCH])
+    for name, n, c_in, c_out, hy, wy, k, stride, padding, output_padding in TRANSPOSED:
+        for dtype, layout in itertools.product(("float16", "bfloat16", "float32"), ("NHWC", "NCHW")):
+            y_shape = (n, hy, wy, c_in) if layout == "NHWC" else (n, c_in, hy, wy)
+            tp = conv_transpose.make_transpose_problem(y_shape, (c_in, c_out, k, k), (c_out,), dtype, stride, padding,
+                                                       output_padding, 1, 1, layout)
+            plan = conv_transpose.transpose_plan(tp, True, 90, max(tp.c, 8))
+            assert (plan.stacked is not None) == (name.startswith("unet_up") and layout == "NHWC"), (name, dtype)
+            if plan.stacked is not None:
+                (launch,) = [each for each in conv_transpose.program(plan, tp).launches
+                             if each.kernel == implicit_gemm_nhwc.STACKED_KERNEL]
+                assert launch.name_expression in compiled
+
+
 def struct_ints(filename: str, struct: str, constants: dict[str, int]) -> int:
     """The number of ints in ``struct`` of kernels/``filename``, after checking that the .cu defines
     ``constants`` (name -> value) as the Python side does."""
@@ -365,8 +454,9 @@ def struct_ints(filename: str, struct: str, constants: dict[str, int]) -> int:
 @pytest.mark.parametrize("dtype", ("float16", "float32"))
 @pytest.mark.parametrize("cc", (0, 90))
 def test_phase_launch_plans_name_instances_that_are_compiled(dtype, cc, layout):
-    """On the transposed suite's layers and the phase cases, the one-launch route runs only instances the
-    compile test covers (no producer tile; in TF32 not the 3-stage pixel-row tile, which spills there)."""
+    """On the transposed suite's layers and the phase cases, the one-launch route (and the stacked phases'
+    GEMM) runs only instances the compile test covers (no producer tile in the phase launch; in TF32 not
+    the 3-stage pixel-row tile where the kernel rounds y, which spills there)."""
     from cupyconv.bench_grad import TRANSPOSED
     from cupyconv.families import implicit_gemm_nhwc
 
@@ -380,8 +470,8 @@ def test_phase_launch_plans_name_instances_that_are_compiled(dtype, cc, layout):
         tp = conv_transpose.make_transpose_problem(y_shape, weight_shape, None, dtype, stride, padding, output_padding,
                                                    groups, dilation, layout)
         plan = conv_transpose.transpose_plan(tp, True, cc, max(tp.c, 8) if groups == 1 else tp.c)
-        for launch in conv_transpose.program(plan, tp).launches if plan.gemm else ():
-            if launch.kernel == PHASES_KERNEL:
+        for launch in conv_transpose.program(plan, tp).launches if plan.gemm or plan.stacked else ():
+            if launch.kernel in (PHASES_KERNEL, implicit_gemm_nhwc.STACKED_KERNEL):
                 assert launch.name_expression in compiled, (y_shape, weight_shape, launch.name_expression)
                 planned += 1
     assert planned >= len(cases) - 2  # all but the suite's 1x1-input layer and its RGB layer in TF32

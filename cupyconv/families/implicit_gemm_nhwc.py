@@ -1343,7 +1343,7 @@ def _stream_k_specialisations() -> list[str]:
 def arch_specialisations() -> dict[str, list[str]]:
     """NVRTC target -> the name expressions that compile for it alone (the wgmma tiles, stream-K's too)."""
     return {WGMMA_ARCH: _gemm_specialisations(wgmma=True) + _phases_specialisations(wgmma=True)
-            + _stream_k_specialisations()}
+            + _stream_k_specialisations() + _stacked_specialisations()}
 
 
 def channels_last_copy(dtype: str, n: int, c: int, positions: int, channels_padded: int, round_tf32: bool,
@@ -1592,6 +1592,21 @@ def phases_plan(problems: tuple[ConvProblem, ...], compute_capability: int = 0,
                                reason=f"{len(problems)} stride phases in one launch; {plan.reason}{rounding}")
 
 
+def _phase_table(channels: int, strides: tuple[int, int, int, int], interleaved: bool, firsts: tuple[int, ...],
+                 phases: tuple[PhaseGemm, ...]) -> Table:
+    """kernels/implicit_gemm_nhwc.cu's PhaseTable: ``channels`` stored, the output's element ``strides`` of an
+    image, a phase's row and column, and a channel, and each phase's tiles, pixels, taps and offsets."""
+    def column(values):
+        return (*values, *(0,) * (MAX_PHASES - len(values)))
+
+    return Table((len(phases), channels, *strides, int(interleaved), *firsts, *(0,) * (MAX_PHASES + 1 - len(firsts)),
+                  *column([ph.problem.ho for ph in phases]), *column([ph.problem.wo for ph in phases]),
+                  *column([ph.problem.kh for ph in phases]), *column([ph.problem.kw for ph in phases]),
+                  *column([ph.pad_top for ph in phases]), *column([ph.pad_left for ph in phases]),
+                  *column([ph.problem.dilation[0] for ph in phases]), *column([ph.problem.dilation[1] for ph in phases]),
+                  *column([ph.weight_offset for ph in phases]), *column([ph.out_offset for ph in phases])))
+
+
 def phases_tiles(problems, cfg: GemmConfig) -> tuple[int, ...]:
     """The first pixel tile of each phase along the grid's x, and the total: PhaseTable.first_tile."""
     firsts = [0]
@@ -1638,21 +1653,72 @@ def phases_launch(plan: LaunchPlan, phases: tuple[PhaseGemm, ...], y_size: tuple
     # of y run together: one pass over y from memory rather than one a phase, and the stride-phase
     # columns of an NCHW output's sectors written together.
     interleaved = len({b - a for a, b in zip(firsts, firsts[1:])}) == 1
-
-    def column(values):
-        return (*values, *(0,) * (MAX_PHASES - len(values)))
-
-    table = Table((len(phases), c, *strides, int(interleaved), *firsts,
-                   *(0,) * (MAX_PHASES + 1 - len(firsts)),
-                   *column([ph.problem.ho for ph in phases]), *column([ph.problem.wo for ph in phases]),
-                   *column([ph.problem.kh for ph in phases]), *column([ph.problem.kw for ph in phases]),
-                   *column([ph.pad_top for ph in phases]), *column([ph.pad_left for ph in phases]),
-                   *column([ph.problem.dilation[0] for ph in phases]),
-                   *column([ph.problem.dilation[1] for ph in phases]),
-                   *column([ph.weight_offset for ph in phases]), *column([ph.out_offset for ph in phases])))
+    table = _phase_table(c, strides, interleaved, firsts, phases)
     splits = plan.splits
     args = (y, weight, Pointer(BIAS), out, int(first.has_bias and not partial),
             *epilogue_args(first, partial=partial), first.n, first.c, *y_size, first.k, first.groups, splits,
             math.prod(out_shape), table)
     return Launch(PHASES_KERNEL, phases_specialisation(plan.dtype, plan.config, splits > 1, nhwc_out, plan.round_a),
                   plan.grid, plan.block, plan.shared_bytes, args, plan.arch)
+
+
+# --- Transposed convolutions whose kernel is their stride (U-Net's 2x2 up-sampling): every phase one tap,
+# a 1x1 convolution of the whole of y, so the phases make one GEMM of y and their weights stacked, which
+# the producer warpgroup's tile runs (implicit_gemm_nhwc_tma_stacked; cupyconv/conv_transpose.py builds it).
+# H200, same run: the forward 1x1 of y to sh sw C channels took 0.215 ms in TF32 channels_last on
+# unet_up_1024to512 where the phase launch took 0.303 (benchmarks/NOTES.md, "Stacked phases").
+
+STACKED_KERNEL = "implicit_gemm_nhwc_tma_stacked"
+
+
+def stacked_specialisation(dtype: str, cfg: GemmConfig, round_a: bool) -> str:
+    """The C++ template instance of the stacked phases' GEMM on the producer tile ``cfg`` (``round_a``:
+    float32's y read in place, rounded to TF32 by the kernel)."""
+    return (f"cupyconv::{STACKED_KERNEL}<{CTYPES[dtype]},int,{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps_m},{cfg.warps_n},"
+            f"{cfg.stages},16,{cfg.wgmma},{str(round_a).lower()}>")
+
+
+def _stacked_specialisations() -> list[str]:
+    return [stacked_specialisation(dtype, cfg, round_a) for dtype in PHASES_DTYPES for cfg in NHWC_CONFIGS[dtype]
+            if cfg.wgmma == WGMMA_PIXEL_ROWS_PRODUCER and cfg.cluster == 1
+            for round_a in ((True, False) if dtype == "float32" and _float32_rounding(cfg) != "copy" else (False,))]
+
+
+def stacked_plan(problem: ConvProblem, phases: int, compute_capability: int,
+                 config: str | None = None) -> LaunchPlan | None:
+    """The plan of the stacked phases' GEMM ``problem`` (the 1x1, NHWC convolution of y to ``phases``
+    times C output channels, KHWC weight), or None where it does not run on a producer tile of one block
+    a tile and one run (make_plan's choice, or the producer twin of the ping-pong or 3-stage pixel-row
+    tile it chooses; ``config`` forces a tile) or where a channel tile would straddle two phases (C % BN)."""
+    if problem.dtype not in PHASES_DTYPES or problem.layout != "NHWC" or refusal(problem) or \
+            _wgmma_refusal(problem, compute_capability):
+        return None
+    plan = make_plan(problem, config, compute_capability=compute_capability, splits=1, stream_k=False)
+    twin = f"nhwc_wgmma_producer_m{plan.config.bm}n{plan.config.bn}"
+    if (plan.config.wgmma == WGMMA_PINGPONG or plan.config.name == PIXEL_ROWS_CONFIG) and \
+            any(c.name == twin for c in NHWC_CONFIGS[problem.dtype]):
+        try:
+            plan = make_plan(problem, twin, compute_capability=compute_capability, splits=1, stream_k=False)
+        except ValueError:  # y's channels are not whole k tiles of the twin's TMA copies
+            return None
+    cfg = plan.config
+    if cfg.wgmma != WGMMA_PIXEL_ROWS_PRODUCER or cfg.cluster != 1 or plan.splits != 1 or plan.stream_k_blocks \
+            or plan.index_type != "int" or (problem.k // phases) % cfg.bn or plan.channels_padded != problem.c:
+        return None
+    return dataclasses.replace(plan, kernel=STACKED_KERNEL, reason=(
+        f"{phases} stride phases of one tap each as one GEMM of their weights stacked; {plan.reason}"))
+
+
+def stacked_launch(plan: LaunchPlan, problem: ConvProblem, launch: Launch, out_shape: tuple[int, int, int, int],
+                   stride: tuple[int, int], out_offsets: tuple[int, ...]) -> Launch:
+    """``launch``, the producer tile's launch of ``plan``'s stacked GEMM ``problem`` (program's), as
+    implicit_gemm_nhwc_tma_stacked: phase p's channel tile writes the NHWC output ``out_shape`` (n, h, w, c)
+    at image, row and column strides h w c, stride[0] w c and stride[1] c from out_offsets[p] (its first
+    pixel's offset less p c)."""
+    _, h, w, c = out_shape
+    phase = PhaseGemm(problem, 0, 0, 0, 0)
+    table = _phase_table(problem.k, (h * w * c, stride[0] * w * c, stride[1] * c, 1), False, (0,),
+                         tuple(dataclasses.replace(phase, out_offset=offset) for offset in out_offsets))
+    return dataclasses.replace(launch, kernel=STACKED_KERNEL, args=(*launch.args, table),
+                               name_expression=stacked_specialisation(plan.dtype, plan.config, plan.round_a))
+
