@@ -1687,20 +1687,16 @@ def _stacked_specialisations() -> list[str]:
 def stacked_plan(problem: ConvProblem, phases: int, compute_capability: int,
                  config: str | None = None) -> LaunchPlan | None:
     """The plan of the stacked phases' GEMM ``problem`` (the 1x1, NHWC convolution of y to ``phases``
-    times C output channels, KHWC weight), or None where it does not run on a producer tile of one block
-    a tile and one run (make_plan's choice, or the producer twin of the ping-pong or 3-stage pixel-row
-    tile it chooses; ``config`` forces a tile) or where a channel tile would straddle two phases (C % BN)."""
+    times C output channels, KHWC weight), or None where make_plan's choice (``config`` forces a tile)
+    is not a producer tile of one block a tile and one run, or where a channel tile would straddle two
+    phases (C % BN)."""
     if problem.dtype not in PHASES_DTYPES or problem.layout != "NHWC" or refusal(problem) or \
             _wgmma_refusal(problem, compute_capability):
         return None
+    # Where make_plan picks the ping-pong or the 3-stage pixel-row tile (short reductions), the producer
+    # tile of the same size is slower than the phase launch: H200, fp16 unet_up_256to128 (256 channels of
+    # y) 0.276 ms stacked on it against 0.220 (benchmarks/NOTES.md, "Stacked phases").
     plan = make_plan(problem, config, compute_capability=compute_capability, splits=1, stream_k=False)
-    twin = f"nhwc_wgmma_producer_m{plan.config.bm}n{plan.config.bn}"
-    if (plan.config.wgmma == WGMMA_PINGPONG or plan.config.name == PIXEL_ROWS_CONFIG) and \
-            any(c.name == twin for c in NHWC_CONFIGS[problem.dtype]):
-        try:
-            plan = make_plan(problem, twin, compute_capability=compute_capability, splits=1, stream_k=False)
-        except ValueError:  # y's channels are not whole k tiles of the twin's TMA copies
-            return None
     cfg = plan.config
     if cfg.wgmma != WGMMA_PIXEL_ROWS_PRODUCER or cfg.cluster != 1 or plan.splits != 1 or plan.stream_k_blocks \
             or plan.index_type != "int" or (problem.k // phases) % cfg.bn or plan.channels_padded != problem.c:
