@@ -25,12 +25,12 @@ problems of several phases run every phase in one launch of the channels-last GE
 phase's rows and columns of the output in place, so the phases' tiles fill the GPU together and no
 window or phase output is copied (an NCHW y is transposed to NHWC for it; the NCHW output is written
 in place). Where the kernel is the stride (U-Net's 2x2 up-sampling: each phase one tap), the phases
-are one GEMM of y and their weights stacked, on the producer tile's launch (implicit_gemm_nhwc_tma_stacked),
-NHWC. An ungrouped output of 1-4 channels (a stem's input gradient, a generator's RGB layer)
-runs every phase in one launch on the FMA units instead, y read in place (transpose_few_channels;
-16-bit ones only where a phase has enough taps to beat the tensor cores' widened phases), and so
-does a strided depthwise one, one output channel a group (transpose_depthwise). Arrays past 32-bit
-offsets go phase by phase on CuPy arrays (run_phases).
+are one GEMM of y and their weights stacked, on the producer tile's launch
+(implicit_gemm_nhwc_tma_stacked), NHWC. An ungrouped output of 1-4 channels (a stem's input
+gradient, a generator's RGB layer) runs every phase in one launch on the FMA units instead, y read
+in place (transpose_few_channels; 16-bit ones only where a phase has enough taps to beat the tensor
+cores' widened phases), and so does a strided depthwise one, one output channel a group
+(transpose_depthwise). Arrays past 32-bit offsets go phase by phase on CuPy arrays (run_phases).
 
 The NumPy path runs the same phases on the NumPy convolution, so the CPU tests check the
 decomposition itself against torch.

@@ -1603,7 +1603,8 @@ def _phase_table(channels: int, strides: tuple[int, int, int, int], interleaved:
                   *column([ph.problem.ho for ph in phases]), *column([ph.problem.wo for ph in phases]),
                   *column([ph.problem.kh for ph in phases]), *column([ph.problem.kw for ph in phases]),
                   *column([ph.pad_top for ph in phases]), *column([ph.pad_left for ph in phases]),
-                  *column([ph.problem.dilation[0] for ph in phases]), *column([ph.problem.dilation[1] for ph in phases]),
+                  *column([ph.problem.dilation[0] for ph in phases]),
+                  *column([ph.problem.dilation[1] for ph in phases]),
                   *column([ph.weight_offset for ph in phases]), *column([ph.out_offset for ph in phases])))
 
 
