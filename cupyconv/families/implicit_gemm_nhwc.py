@@ -1666,8 +1666,8 @@ def phases_launch(plan: LaunchPlan, phases: tuple[PhaseGemm, ...], y_size: tuple
 # --- Transposed convolutions whose kernel is their stride (U-Net's 2x2 up-sampling): every phase one tap,
 # a 1x1 convolution of the whole of y, so the phases make one GEMM of y and their weights stacked, which
 # the producer warpgroup's tile runs (implicit_gemm_nhwc_tma_stacked; cupyconv/conv_transpose.py builds it).
-# H200, same run: the forward 1x1 of y to sh sw C channels took 0.215 ms in TF32 channels_last on
-# unet_up_1024to512 where the phase launch took 0.303 (benchmarks/NOTES.md, "Stacked phases").
+# H200, same run: TF32 channels_last unet_up_1024to512 0.226 ms stacked, 0.300 on the phase launch
+# (benchmarks/NOTES.md, "Stacked phases").
 
 STACKED_KERNEL = "implicit_gemm_nhwc_tma_stacked"
 
