@@ -49,7 +49,7 @@ class TileConfig:
     ``stages`` buffers, warps_m x warps_j warps, multiplying with mma.sync or (``wgmma``, sm_90a, 16-bit
     types) wgmma; ``tma``: wgmma fed by a copying warp's TMA copies (bm / 64 warpgroups multiply), and,
     ``landing`` > 0 (TF32), through a ring of that many landing stages that four warps transpose, or,
-    ``k_major`` (TF32 on NCHW 1x1 layers), straight into the stages, which four warps round in place.
+    ``k_major`` (TF32 on NCHW stride-1 layers, Wo == W), straight into the stages, which four warps round in place.
     ``blocks_per_sm``: how many fit an SM (shared memory); ``sm_tflops``: the rate an SM full of them
     reaches on a long reduction (H100 timings), for the choice's timing model; ``stream_k``: a TMA tile
     with a stream-K instance."""
@@ -134,9 +134,10 @@ TF32_TMA_CONFIGS = tuple(TileConfig(f"tc_tma_tf32_m{bm}j{bj}", bm, bj, 32, bm //
                                     tma=True, landing=landing)
                          for bm, bj, landing, stages, rate in ((128, 128, 3, 3, 1.4), (64, 128, 4, 4, 1.0),
                                                                (128, 64, 4, 4, 1.0)))
-#: Hopper TF32 tiles for NCHW 1x1 stride-1 unpadded layers (_k_major_applies): there x [N][C][H W] and dy
-#: [N][K][Ho Wo] are K-major already (a channel's pixels contiguous), so 2-D TMA copies of dy as [N K][Ho Wo]
-#: and x as [N C][H W] land in wgmma's layout and four warps only round them to TF32 in place: no channels-last
+#: Hopper TF32 tiles for NCHW stride-1 layers whose output rows are as wide as the input's (_k_major_applies):
+#: there x [N][C][H W] and dy [N][K][Ho Wo] are K-major already (a channel's pixels contiguous), so 2-D TMA copies
+#: of dy as [N K][Ho Wo] and of x as [N C][H W], each x panel shifted by its tap, land in wgmma's layout and four
+#: warps only round them to TF32 in place (zeroing the pixels a tap's column leaves the row at): no channels-last
 #: copies and no transposes. The stages the TF32 tiles above split between landing and transposing. Rates:
 #: estimates (the transposes' share of shared memory's traffic gone), which a sweep of the layers suite's NCHW
 #: 1x1 rows confirmed (H200, benchmarks/results/wgrad_tiles_k_major_tf32_nchw_h200.txt; profile/wgrad_fit.py
@@ -267,13 +268,15 @@ def _tma_applies(problem: ConvProblem, compute_capability: int) -> bool:
 
 
 def _k_major_applies(problem: ConvProblem, compute_capability: int) -> bool:
-    """The K-major TF32 tiles run float32 NCHW 1x1 layers at stride 1 without padding on sm_90a, whose planes
-    are whole 16-byte rows (TMA's strides) and whose channels are even (the sums are stored in pairs),
-    with 32-bit row coordinates."""
+    """The K-major TF32 tiles run float32 NCHW layers at stride 1 on sm_90a whose output rows are as wide as the
+    input's (Wo == W: a tap shifts x's plane by a constant), whose planes (x's and dy's) are whole 16-byte rows
+    (TMA's strides), whose x panels of 32 channels lie in one tap (C a multiple of 32, or a 1x1 kernel) and whose
+    channels are even (the sums are stored in pairs), with 32-bit row and pixel coordinates."""
     p = problem
     return compute_capability == WGMMA_COMPUTE_CAPABILITY and p.dtype == "float32" and p.layout == "NCHW" and \
-        (p.kh, p.kw, p.stride) == (1, 1, (1, 1)) and (p.ho, p.wo) == (p.h, p.w) and p.h * p.w % 4 == 0 and \
-        p.c % 2 == 0 and p.n * max(p.c, p.k) < 2**31
+        p.stride == (1, 1) and p.wo == p.w and p.h * p.w % 4 == 0 and p.ho * p.wo % 4 == 0 and p.c % 2 == 0 and \
+        (p.kh * p.kw == 1 or p.c % 32 == 0) and p.n * max(p.c, p.k) < 2**31 and \
+        (p.ho + p.pad_top + (p.kh - 1) * p.dilation[0] + 2) * p.w < 2**31  # a panel's shifted pixels
 
 
 def _tma_configs(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, ...]:
@@ -560,10 +563,9 @@ def program(plan: TensorCorePlan, problem: ConvProblem) -> CallProgram:
         length = p.n * p.ho * p.wo
         width = _panel_channels(p)
         cfg = plan.config
-        if cfg.k_major:  # NCHW as [N K][Ho Wo] and [N C][H W]: an image's channels are its rows
-            plane = p.ho * p.wo
-            dy_map = TensorMap(dy_operand, p.dtype, p.n * p.k, plane, plane * item, cfg.bm, cfg.bl)
-            x_map = TensorMap(x_operand, p.dtype, p.n * p.c, plane, plane * item, cfg.bj, cfg.bl)
+        if cfg.k_major:  # NCHW as [N K][Ho Wo] and [N C][H W]: an image's channels are its rows; x in panels
+            dy_map = TensorMap(dy_operand, p.dtype, p.n * p.k, p.ho * p.wo, p.ho * p.wo * item, cfg.bm, cfg.bl)
+            x_map = TensorMap(x_operand, p.dtype, p.n * p.c, p.h * p.w, p.h * p.w * item, width, cfg.bl)
             x_rows = p.c
         else:
             dy_map = TensorMap(dy_operand, p.dtype, length, kp, kp * item, cfg.bl, width)

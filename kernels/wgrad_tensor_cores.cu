@@ -459,12 +459,17 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
 // (its 4 channels' rows): the 8 loads of an instruction land in slots (t + d) % 8 ^ (4 t + k) % 8 of their
 // rows and the stores in slots t ^ (4 (t + d) + e) % 8, both a permutation of 0..7 over t, so neither
 // conflicts.
-// LANDING == 0: NCHW x and dy of a 1x1 stride-1 unpadded layer, whose rows (a channel's pixels) are already
-// K-major: dy as the matrix [N K][Ho Wo], x as [N C][Ho Wo] (the argument C: x's channels an image; K: dy's, and
-// the partial sums' rows), an l tile 32 pixels of one image (an image's last tile zero-filled past Ho Wo). Each
-// copy lands as its stage's rows in wgmma's layout, and the four middle warps only round it to TF32 in place:
-// no landing ring, no transposes. Rows of a box past an image's channels hold the next image's, which only reach
-// sums past K or J, never written or cut by the reduction.
+// LANDING == 0: NCHW x and dy of a stride-1 layer whose output rows are as wide as the input's (Wo == W), whose
+// rows (a channel's pixels) are already K-major: dy as the matrix [N K][Ho Wo], x as [N C][H W] (the argument C:
+// x's channels an image; K: dy's, and the partial sums' rows), an l tile 32 pixels of one image (an image's last
+// tile zero-filled past Ho Wo). With Wo == W a tap (r, s) moves every pixel of x's plane by the same amount, so
+// x's panel of a tap is a box of the same 32 pixels shifted by (r dh - pt) W + s dw - pl: rows of x's plane
+// above or below it fall outside [0, H W) and the map gives zeros; a column outside the row instead wraps to the
+// row next to it, and the rounding warps zero those pixels (and those past the plane, whose dy is zero). Each
+// copy lands as its stage's rows in wgmma's layout, and the four middle warps only round (and mask) it in place:
+// no landing ring, no transposes. x's panels lie in one tap (C a multiple of 32, or a 1x1 kernel); a 1x1 layer's
+// rows of a panel past an image's channels hold the next image's, which only reach sums past K or J, never
+// written or cut by the reduction.
 template <int BM, int BJ, int LANDING, int STAGES>
 __global__ void __launch_bounds__(BM / 64 * 128 + 160, 1)
 wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int direct, int L, int C, int J, int K,
@@ -507,14 +512,22 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     if (tid >= CONSUMERS + 32 * TRANSPOSERS) {  // the copying warp
         if (tid != CONSUMERS + 32 * TRANSPOSERS) return;
         if constexpr (K_MAJOR) {
+            const XPanels<B_PANELS, 32> panels(j0, J, C, kw, dh, dw, PANEL);
+            int shift[B_PANELS];  // a panel's tap: how far x's pixels lie from dy's
+#pragma unroll
+            for (int b = 0; b < B_PANELS; ++b) shift[b] = (panels.offset_h[b] - pt) * Wo + panels.offset_w[b] - pl;
             int image = k_begin / plane_tiles, pixel = (k_begin - image * plane_tiles) * BL;
 #pragma unroll 1
             for (int it = 0; it < k_end - k_begin; ++it) {
                 const int stage = it % STAGES;
                 if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
-                mbarrier_arrive_expect_tx(landed + stage, A_STAGE + B_STAGE);
+                mbarrier_arrive_expect_tx(landed + stage, A_STAGE + panels.bytes);
                 tma_load_2d(a_smem + stage * A_STAGE, &dy_map, pixel, image * K + o0, landed + stage);
-                tma_load_2d(b_smem + stage * B_STAGE, &x_map, pixel, image * C + j0, landed + stage);
+#pragma unroll
+                for (int b = 0; b < B_PANELS; ++b)
+                    if (j0 + 32 * b < J)
+                        tma_load_2d(b_smem + stage * B_STAGE + b * PANEL, &x_map, pixel + shift[b],
+                                    image * C + panels.channel[b], landed + stage);
                 pixel += BL;
                 if (pixel >= Ho * Wo) { pixel = 0; ++image; }
             }
@@ -536,28 +549,57 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
 
     if (tid >= CONSUMERS) {  // the transposing warps (K_MAJOR: rounding in place)
         if constexpr (K_MAJOR) {  // each thread every 128th 16-byte piece of a stage
-            constexpr int PIECES = (A_STAGE + B_STAGE) / 16 / (32 * TRANSPOSERS);
-            static_assert(A_STAGE % (16 * 32 * TRANSPOSERS) == 0 && PIECES * 16 * 32 * TRANSPOSERS == A_STAGE + B_STAGE,
-                          "whole pieces a thread, none across dy's and x's rows");
+            constexpr int PIECES = (A_STAGE + B_STAGE) / 16 / (32 * TRANSPOSERS), PANEL_PIECES = PANEL / 16;
+            static_assert(A_STAGE % (16 * 32 * TRANSPOSERS) == 0 && PIECES * 16 * 32 * TRANSPOSERS == A_STAGE + B_STAGE &&
+                              PANEL_PIECES % (32 * TRANSPOSERS) == 0,
+                          "whole pieces a thread, none across dy's and x's rows or across panels");
+            const int unit = tid - CONSUMERS;
             auto piece = [&](int stage, int i) {  // the thread's i-th piece: dy's rows, then x's
-                const int at = 16 * (tid - CONSUMERS + 32 * TRANSPOSERS * i);
+                const int at = 16 * (unit + 32 * TRANSPOSERS * i);
                 return at < A_STAGE ? a_smem + stage * A_STAGE + at : b_smem + stage * B_STAGE + at - A_STAGE;
             };
+            // A thread's pieces are 128 rows apart, so all hold the same 4 pixels of the tile: slot unit % 8 of rows
+            // whose swizzle is (unit / 8) % 8. Which a tap's column keeps (0 <= q + s dw - pl < Wo), with q counted
+            // along the tiles without a division.
+            const int first = 4 * ((unit & 7) ^ ((unit >> 3) & 7)), plane = Ho * Wo, step = BL % Wo;
+            const XPanels<B_PANELS, 32> panels(j0, J, C, kw, dh, dw, PANEL);
+            int pixel = k_begin % plane_tiles * BL, q = (pixel + first) % Wo;
+            const int first_q = first % Wo;
 #pragma unroll 1
             for (int it = 0; it < k_end - k_begin; ++it) {
                 const int stage = it % STAGES;
+                int column[4];  // the thread's pixels' columns
+                bool inside[4];  // and whether they lie in the plane (dy is zero past it)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    column[e] = q + e;
+                    while (column[e] >= Wo) column[e] -= Wo;
+                    inside[e] = pixel + first + e < plane;
+                }
                 mbarrier_wait(landed + stage, (it / STAGES) & 1);
                 float4 v[PIECES];  // every load before any store, as the transposers' (a store holds up later loads)
 #pragma unroll
                 for (int i = 0; i < PIECES; ++i) v[i] = *reinterpret_cast<const float4*>(piece(stage, i));
 #pragma unroll
-                for (int i = 0; i < PIECES; ++i)
-                    *reinterpret_cast<uint4*>(piece(stage, i)) = make_uint4(
-                        to_tf32_for_mma(v[i].x), to_tf32_for_mma(v[i].y), to_tf32_for_mma(v[i].z),
-                        to_tf32_for_mma(v[i].w));
+                for (int i = 0; i < PIECES; ++i) {
+                    const int panel = i * 32 * TRANSPOSERS / PANEL_PIECES - A_PANELS;  // < 0: dy's
+                    const int s_off = panel < 0 ? 0 : panels.offset_w[panel] - pl;
+                    const float* f = &v[i].x;
+                    unsigned r[4];
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        r[e] = panel >= 0 && (!inside[e] || static_cast<unsigned>(column[e] + s_off) >=
+                                                                  static_cast<unsigned>(Wo))
+                                   ? 0u : to_tf32_for_mma(f[e]);
+                    *reinterpret_cast<uint4*>(piece(stage, i)) = make_uint4(r[0], r[1], r[2], r[3]);
+                }
                 fence_proxy_async_shared();  // the rounded rows, to wgmma
                 __syncwarp();
                 if (lane == 0) mbarrier_arrive(full + stage);
+                pixel += BL;
+                q += step;
+                if (q >= Wo) q -= Wo;
+                if (pixel >= plane) { pixel = 0; q = first_q; }
             }
         } else {
             // A quarter's units (panel, diagonal) per l tile, all in registers at once (16 floats a unit, within the

@@ -441,13 +441,21 @@ def test_tensor_core_weight_gradient_tma_tiles(case, config, mode, schedule, nhw
     _weight_gradient_case(case, mode, nhwc, compute)
 
 
-#: NCHW 1x1 stride-1 layers the K-major TF32 tiles take (planes of whole 16-byte rows, even channels).
+#: NCHW stride-1 layers with Wo == W the K-major TF32 tiles take (planes of whole 16-byte rows, even channels, x's
+#: panels in one tap).
 K_MAJOR_CASES = [
     Case(3, 96, 40, 8, 8, 1, 1),      # two whole l tiles an image; boxes past C and K read the next image's rows
     Case(4, 128, 64, 7, 12, 1, 1),    # 84 pixels: a partial last l tile an image
     Case(2, 130, 72, 6, 6, 1, 1),     # 130 channels: column tiles past C, x's last box two rows of its image
     Case(5, 64, 136, 10, 10, 1, 1),   # two output-channel tiles, the second past K
     Case(1, 256, 256, 4, 4, 1, 1),    # 16 pixels: one partial l tile, one image
+    Case(2, 40, 24, 8, 8, 1, 1, padding=(2, 0)),  # rows of zeros above and below: x's boxes shifted up by two rows
+    Case(2, 64, 64, 14, 14, 3, 3, padding=1),     # taps: columns wrapping at both edges, two taps a 128-column tile
+    Case(3, 32, 40, 12, 8, 3, 3, padding=1),      # rows of 8: an l tile of four rows; a tap a panel
+    Case(2, 32, 32, 8, 3, 3, 3, padding=1),       # rows of 3: pixels a thread past two rows' ends
+    Case(2, 96, 72, 10, 12, 5, 5, padding=(1, 2)),  # 5x5, Ho 8 < H 10: x's last rows never read
+    Case(1, 64, 64, 16, 16, 3, 3, padding="same", dilation=2),
+    Case(2, 32, 48, 10, 10, 4, 2, padding="same"),  # even kernel: asymmetric padding
 ]
 
 
@@ -455,9 +463,10 @@ K_MAJOR_CASES = [
 @pytest.mark.parametrize("config", [c.name for c in TF32_K_MAJOR_CONFIGS])
 @pytest.mark.parametrize("case", K_MAJOR_CASES, ids=lambda c: c.id)
 def test_tf32_k_major_tiles(case, config, schedule):
-    """wgrad_tensor_cores_tma_tf32 on NCHW arrays in place (LANDING 0: rows rounded, not transposed), whole (the
-    weight written in place where the channels allow), in runs and in more runs than an image has l tiles,
-    against torch in float64, the same bits every run."""
+    """wgrad_tensor_cores_tma_tf32 on NCHW arrays in place (LANDING 0: rows rounded, not transposed; a tap's x
+    panels shifted, the columns it leaves the row at zeroed), whole (the weight written in place where it is the
+    GEMM's), in runs and in more runs than an image has l tiles, against torch in float64, the same bits every
+    run."""
     from cupyconv import wgrad_tensor_cores
 
     if compute_capability() != wgrad_tensor_cores.WGMMA_COMPUTE_CAPABILITY:
@@ -466,7 +475,7 @@ def test_tf32_k_major_tiles(case, config, schedule):
     def compute(problem, x, dy):
         plan = wgrad_tensor_cores.make_plan(problem, True, config, schedule, compute_capability())
         assert (plan.x_copy, plan.dy_copy) == ("", "") and plan.config.k_major
-        assert plan.direct == (schedule == 1 and problem.k % 4 == 0)
+        assert plan.direct == (schedule == 1 and problem.k % 4 == 0 and problem.kh * problem.kw == 1)
         out = cupy.empty(problem.weight_array_shape, dtype=x.dtype)
         return wgrad_tensor_cores.conv2d_weight_cupy(x, dy, problem, out, plan)
 

@@ -185,10 +185,11 @@ def test_tf32_takes_the_transposing_tma_tiles_where_they_apply():
     assert not padded.direct  # 30 output channels: dy through a copy of 32
 
 
-def test_tf32_nchw_1x1_layers_take_the_k_major_tiles():
-    """float32 (TF32) NCHW 1x1 layers at stride 1 without padding, on sm_90a: x and dy read in place as [N C][H W]
-    and [N K][H W] through 2-D maps (boxes of bm or bj rows of 32 pixels), no copies, four rounding warps; one
-    run writes a weight of unpadded channels in place in either weight layout. Elsewhere, as before."""
+def test_tf32_nchw_stride_1_layers_take_the_k_major_tiles():
+    """float32 (TF32) NCHW layers at stride 1 with Wo == W, on sm_90a: x and dy read in place as [N C][H W] and
+    [N K][Ho Wo] through 2-D maps (boxes of bm rows of dy, 32 of x, of 32 pixels), no copies, four rounding warps;
+    one run writes a 1x1 layer's weight of unpadded channels in place in either weight layout. Elsewhere, as
+    before."""
     from cupyconv.program import TensorMap
 
     listed = set(tc.arch_specialisations()[tc.WGMMA_ARCH])
@@ -203,7 +204,7 @@ def test_tf32_nchw_1x1_layers_take_the_k_major_tiles():
         assert launch.args[4:7] == (256, 256, 64)  # x's rows an image, J, dy's rows an image
         dy_map, x_map = launch.args[-2:]
         assert dy_map == TensorMap(Pointer(GRAD_OUTPUT), "float32", 32 * 64, 3136, 3136 * 4, cfg.bm, 32)
-        assert x_map == TensorMap(Pointer(X), "float32", 32 * 256, 3136, 3136 * 4, cfg.bj, 32)
+        assert x_map == TensorMap(Pointer(X), "float32", 32 * 256, 3136, 3136 * 4, 32, 32)
     assert tc.make_plan(problem, True, None, None, 90).config in tc.TF32_K_MAJOR_CONFIGS
     split = tc.make_plan(_problem(8, 96, 30, 28, 1, "float32", layout="NCHW"), True, "tc_tma_tf32_nchw_m64j128", 3, 90)
     assert (split.out_channels, split.channels, split.x_copy, split.dy_copy) == (30, 96, "", "") and not split.direct
@@ -211,10 +212,18 @@ def test_tf32_nchw_1x1_layers_take_the_k_major_tiles():
                           (False, _problem(8, 63, 64, 14, 1, "float32", layout="NCHW")),  # odd channels
                           (False, _problem(8, 64, 64, 14, 1, "float32", stride=2, layout="NCHW")),
                           (False, _problem(8, 64, 64, 14, 1, "float32", padding=1, layout="NCHW")),
-                          (False, _problem(8, 64, 64, 14, 3, "float32", padding=1, layout="NCHW")),
+                          (False, _problem(8, 48, 64, 14, 3, "float32", padding=1, layout="NCHW")),  # 48: panels
+                          (False, _problem(8, 64, 64, 14, 3, "float32", layout="NCHW")),  # Wo 12 < W 14
+                          (False, _problem(8, 64, 64, 7, 3, "float32", padding=1, layout="NCHW")),  # 49 pixels
                           (False, _problem(8, 64, 64, 14, 1, "float32")),                 # NHWC
+                          (True, _problem(8, 64, 64, 14, 3, "float32", padding=1, layout="NCHW")),
                           (True, _problem(8, 64, 64, 14, 1, "float32", layout="NCHW"))):
         assert (tc.make_plan(case, True, None, None, 90).config in tc.TF32_K_MAJOR_CONFIGS) == applies, case
+    taps = tc.make_plan(_problem(4, 64, 128, 28, 3, "float32", padding=1, layout="NCHW"), True, None, 1, 90)
+    assert (taps.x_copy, taps.dy_copy, taps.direct) == ("", "", False)  # a KCHW weight: the reduction permutes
+    dy_map, x_map = tc.program(taps, _problem(4, 64, 128, 28, 3, "float32", padding=1, layout="NCHW")).launches[0].args[-2:]
+    assert x_map == TensorMap(Pointer(X), "float32", 4 * 64, 784, 784 * 4, 32, 32)
+    assert dy_map == TensorMap(Pointer(GRAD_OUTPUT), "float32", 4 * 128, 784, 784 * 4, taps.config.bm, 32)
     assert tc.make_plan(problem, True, None, None, 80).config in tc.CONFIGS[4]
 
 
