@@ -13,6 +13,7 @@ from .program import Im2colMap
 
 #: CUtensorMapDataType values (cuda.h) of the storage dtypes.
 DATA_TYPES = {"float16": 6, "float32": 7, "bfloat16": 9}
+SWIZZLE_NONE = 0
 SWIZZLE_128B = 3
 L2_PROMOTION_128B = 2
 MAP_BYTES = 128
@@ -58,7 +59,7 @@ def encode(arg, destination: int, address: int) -> None:
                       arg.channels_per_pixel, arg.pixels_per_column)
     else:
         encode_2d(destination, arg.dtype, address, arg.rows, arg.columns, arg.row_bytes, arg.box_rows,
-                  arg.box_columns)
+                  arg.box_columns, arg.swizzled)
 
 
 def encode_im2col(destination: int, dtype: str, address: int, shape: tuple[int, int, int, int],
@@ -89,10 +90,12 @@ def encode_im2col(destination: int, dtype: str, address: int, shape: tuple[int, 
 
 
 def encode_2d(destination: int, dtype: str, address: int, rows: int, columns: int, row_bytes: int,
-              box_rows: int, box_columns: int) -> None:
+              box_rows: int, box_columns: int, swizzled: bool = True) -> None:
     """Write at ``destination`` (MAP_BYTES, MAP_ALIGNMENT-aligned host memory) the map of the row-major
     ``rows`` x ``columns`` matrix of ``dtype`` at device ``address``, rows ``row_bytes`` apart, read in
-    ``box_rows`` x ``box_columns`` boxes with the 128-byte swizzle; reads outside it give zeros."""
+    ``box_rows`` x ``box_columns`` boxes with the 128-byte swizzle, or (``swizzled`` False) none, which
+    lets a box start at any column (a swizzled box starting between 16-byte pieces stops the kernel with
+    an illegal instruction, H200); reads outside it give zeros."""
     if destination % MAP_ALIGNMENT or address % 16 or row_bytes % 16:
         raise ValueError(f"a tensor map needs a {MAP_ALIGNMENT}-byte aligned map and 16-byte aligned rows; got map "
                          f"{destination:#x}, address {address:#x}, rows {row_bytes} bytes apart")
@@ -101,7 +104,7 @@ def encode_2d(destination: int, dtype: str, address: int, rows: int, columns: in
     box = (ctypes.c_uint32 * 2)(box_columns, box_rows)
     element_strides = (ctypes.c_uint32 * 2)(1, 1)
     result = _encode_tiled()(destination, DATA_TYPES[dtype], 2, address, dims, strides, box, element_strides, 0,
-                             SWIZZLE_128B, L2_PROMOTION_128B, 0)
+                             SWIZZLE_128B if swizzled else SWIZZLE_NONE, L2_PROMOTION_128B, 0)
     if result != 0:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {result}) for a {rows} x {columns} {dtype} "
                            f"matrix at {address:#x}, rows {row_bytes} bytes apart, boxes {box_rows} x {box_columns}")

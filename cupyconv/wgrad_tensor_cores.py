@@ -49,7 +49,7 @@ class TileConfig:
     ``stages`` buffers, warps_m x warps_j warps, multiplying with mma.sync or (``wgmma``, sm_90a, 16-bit
     types) wgmma; ``tma``: wgmma fed by a copying warp's TMA copies (bm / 64 warpgroups multiply), and,
     ``landing`` > 0 (TF32), through a ring of that many landing stages that four warps transpose, or,
-    ``k_major`` (TF32 on NCHW stride-1 layers, Wo == W), straight into the stages, which four warps round in place.
+    ``k_major`` (TF32 on NCHW stride-1 layers, Wo == W), straight into the stages, which eight warps round in place.
     ``blocks_per_sm``: how many fit an SM (shared memory); ``sm_tflops``: the rate an SM full of them
     reaches on a long reduction (H100 timings), for the choice's timing model; ``stream_k``: a TMA tile
     with a stream-K instance."""
@@ -76,17 +76,19 @@ class TileConfig:
 
     @property
     def threads(self) -> int:
-        if self.tma:  # the multiplying warpgroups, a copying warp and (TF32) four transposing or rounding warps
-            return 2 * self.bm + 32 + (128 if self.tf32 else 0)
+        if self.tma:  # the multiplying warpgroups, a copying warp and (TF32) four transposing or eight rounding warps
+            return 2 * self.bm + 32 + (256 if self.k_major else 128 if self.tf32 else 0)
         return 32 * self.warps_m * self.warps_j
 
     def shared_bytes(self, itemsize: int) -> int:
         """Pipeline buffers: per stage, bl rows of bm + 8 (dy) and bj + 8 (x) elements; wgmma: unpadded
         rows and 1 KB to align the tiles; TMA: and two 8-byte mbarriers a stage (and of each landing stage
-        as much as of a stage, and its two mbarriers; k_major: three a stage)."""
+        as much as of a stage, and its two mbarriers; k_major: three a stage, and x's tail boxes, 16 bytes a
+        column)."""
         if self.tma:
             stages = self.stages + self.landing
-            return stages * self.bl * (self.bm + self.bj) * itemsize + 1024 + 16 * stages + 8 * self.k_major * stages
+            return stages * self.bl * (self.bm + self.bj) * itemsize + 1024 + 16 * stages + \
+                self.k_major * self.stages * (8 + 16 * self.bj)
         if self.wgmma:
             return self.stages * self.bl * (self.bm + self.bj) * itemsize + 1024
         return self.stages * self.bl * (self.bm + 8 + self.bj + 8) * itemsize
@@ -259,9 +261,12 @@ def _tma_applies(problem: ConvProblem, compute_capability: int) -> bool:
     in one tap (Cp a multiple of them, or one tap: the map gives zeros past Cp) and whose windows the im2col
     map can walk (im2col_map_fits), with 32-bit pixel coordinates; and the layers the K-major tiles take
     (_k_major_applies: no pieces, no panels, no im2col map)."""
+    return _k_major_applies(problem, compute_capability) or _im2col_tiles_apply(problem, compute_capability)
+
+
+def _im2col_tiles_apply(problem: ConvProblem, compute_capability: int) -> bool:
+    """The TMA tiles reading x through the im2col map (TMA_CONFIGS, TF32_TMA_CONFIGS) run it (_tma_applies)."""
     p = problem
-    if _k_major_applies(p, compute_capability):
-        return True
     one_tap_panels = _channels(p)[0] % _panel_channels(p) == 0 or p.kh * p.kw == 1
     return compute_capability == WGMMA_COMPUTE_CAPABILITY and _channels(p)[2] == 16 and one_tap_panels and \
         p.n * p.ho * p.wo < 2**31 and im2col_map_fits(p)
@@ -286,10 +291,13 @@ def _tma_configs(problem: ConvProblem, compute_capability: int) -> tuple[TileCon
 
 
 def configs(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, ...]:
-    """The tiles that can run ``problem``: mma.sync's, and wgmma's and TMA's where they apply."""
+    """The tiles that can run ``problem``: mma.sync's, and wgmma's and TMA's where they apply (the K-major ones and,
+    where the im2col map can read the channels-last copies, the transposing ones too)."""
     item = STORAGE_BYTES[problem.dtype]
+    im2col = TMA_CONFIGS if item == 2 else TF32_TMA_CONFIGS
     return CONFIGS[item] + (WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else ()) + \
-        (_tma_configs(problem, compute_capability) if _tma_applies(problem, compute_capability) else ())
+        (TF32_K_MAJOR_CONFIGS if _k_major_applies(problem, compute_capability) else ()) + \
+        (im2col if _im2col_tiles_apply(problem, compute_capability) else ())
 
 
 def _direct(problem: ConvProblem, cfg: TileConfig, splits: int) -> bool:
@@ -298,6 +306,13 @@ def _direct(problem: ConvProblem, cfg: TileConfig, splits: int) -> bool:
     cp, kp, _ = _channels(problem)
     khwc = problem.weight_layout == "KHWC" or problem.kh * problem.kw == 1
     return cfg.tma and splits == 1 and khwc and (cp, kp) == (problem.c, problem.k)
+
+
+def _l_tiles(problem: ConvProblem, cfg: TileConfig) -> int:
+    """The reduction's l tiles: of bl pixels, or (k_major) of bl pixels of one image, its last zero-filled past it."""
+    if cfg.k_major:
+        return problem.n * math.ceil(problem.ho * problem.wo / cfg.bl)
+    return math.ceil(_sizes(problem)[2] / cfg.bl)
 
 
 def _tile_us(cfg: TileConfig) -> float:
@@ -320,7 +335,7 @@ def _model_us(problem: ConvProblem, cfg: TileConfig, splits: int) -> float:
     of the SM's rate; then _partial_sums_us."""
     j_tiles, o_tiles = _tiles(problem, cfg)
     waves = math.ceil(j_tiles * o_tiles * splits / (cfg.blocks_per_sm * MODEL_SMS))
-    tiles_per_run = math.ceil(math.ceil(_sizes(problem)[2] / cfg.bl) / splits)
+    tiles_per_run = math.ceil(_l_tiles(problem, cfg) / splits)
     return waves * (tiles_per_run + FILL_TILES) * _tile_us(cfg) + _partial_sums_us(problem, cfg, splits)
 
 
@@ -328,7 +343,7 @@ def _stream_k_blocks(problem: ConvProblem, cfg: TileConfig) -> int:
     """Stream-K's blocks for the TMA tile ``cfg``: one wave (blocks_per_sm on each of MODEL_SMS), at most
     one a unit (tile x l tile) and FLAG_COUNT."""
     j_tiles, o_tiles = _tiles(problem, cfg)
-    units = j_tiles * o_tiles * math.ceil(_sizes(problem)[2] / cfg.bl)
+    units = j_tiles * o_tiles * _l_tiles(problem, cfg)
     return min(cfg.blocks_per_sm * MODEL_SMS, units, FLAG_COUNT)
 
 
@@ -338,7 +353,7 @@ def _stream_k_model_us(problem: ConvProblem, cfg: TileConfig) -> float:
     and reading the slots of the blocks that share its tile (STREAM_K_BLOCK_BANDWIDTH); then one run's
     _partial_sums_us."""
     j_tiles, o_tiles = _tiles(problem, cfg)
-    l_tiles = math.ceil(_sizes(problem)[2] / cfg.bl)
+    l_tiles = _l_tiles(problem, cfg)
     share = math.ceil(j_tiles * o_tiles * l_tiles / _stream_k_blocks(problem, cfg))
     slot_us = cfg.bm * cfg.bj * 4 / STREAM_K_BLOCK_BANDWIDTH * 1e6
     return (share + 2 * FILL_TILES) * _tile_us(cfg) + (1 + math.ceil(l_tiles / share)) * slot_us + \
@@ -348,8 +363,8 @@ def _stream_k_model_us(problem: ConvProblem, cfg: TileConfig) -> float:
 def _split_choices(problem: ConvProblem, cfg: TileConfig) -> range:
     """Run counts the choice weighs: each run at least MIN_RUN_TILES l tiles, at most MAX_SPLITS runs,
     the partial sums within wgrad.py's workspace cap (one run always)."""
-    kp, j, length = _sizes(problem)
-    by_length = math.ceil(length / cfg.bl) // MIN_RUN_TILES
+    kp, j, _ = _sizes(problem)
+    by_length = _l_tiles(problem, cfg) // MIN_RUN_TILES
     return range(1, max(1, min(MAX_SPLITS, by_length, wgrad.MAX_WORKSPACE_BYTES // (kp * j * 4))) + 1)
 
 
@@ -566,15 +581,18 @@ def program(plan: TensorCorePlan, problem: ConvProblem) -> CallProgram:
         if cfg.k_major:  # NCHW as [N K][Ho Wo] and [N C][H W]: an image's channels are its rows; x in panels
             dy_map = TensorMap(dy_operand, p.dtype, p.n * p.k, p.ho * p.wo, p.ho * p.wo * item, cfg.bm, cfg.bl)
             x_map = TensorMap(x_operand, p.dtype, p.n * p.c, p.h * p.w, p.h * p.w * item, width, cfg.bl)
+            x_tail_map = TensorMap(x_operand, p.dtype, p.n * p.c, p.h * p.w, p.h * p.w * item, width, 16 // item,
+                                   False)
             x_rows = p.c
         else:
             dy_map = TensorMap(dy_operand, p.dtype, length, kp, kp * item, cfg.bl, width)
             x_map = input_im2col_map(p, x_operand, cp, width, cfg.bl)
+            x_tail_map = x_map  # read by the K-major tiles alone
             x_rows = cp
         stream_k = () if cfg.tf32 else (plan.stream_k_blocks, slots, Pointer(FLAGS))
         args = (partial, Pointer(OUT), int(plan.direct), *stream_k, length, x_rows, p.kh * p.kw * cp, kp, p.ho,
                 p.wo, p.kw, p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], dy_map,
-                x_map)
+                x_map, *((x_tail_map,) if cfg.tf32 else ()))
         launches.append(Launch(TF32_TMA_KERNEL if cfg.tf32 else TMA_KERNEL, plan.expression, plan.grid,
                                plan.block, plan.shared_bytes, args, plan.arch))
         if plan.direct:

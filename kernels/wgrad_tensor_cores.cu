@@ -440,6 +440,25 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
     });
 }
 
+// The K-major weight gradient's x row of a tile (wgrad_tensor_cores_tma_tf32, LANDING 0): the 128-byte row at
+// `row_at` (row `row` of its swizzled panel) holds the tile's pixels SKEW places on, `tail` the 4 pixels past it.
+// Written back in place: pixel p = x[p + SKEW] rounded to TF32 where bit p of `keep` is set, else zero.
+template <int SKEW>
+__device__ __forceinline__ void take_skewed_row(unsigned char* row_at, const float* tail, unsigned keep, int row) {
+    float w[36];
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+        *reinterpret_cast<float4*>(w + 4 * c) = *reinterpret_cast<const float4*>(row_at + (swizzle128_slot(c, row) << 4));
+    if constexpr (SKEW > 0) *reinterpret_cast<float4*>(w + 32) = *reinterpret_cast<const float4*>(tail);
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+        unsigned r[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) r[e] = keep >> (4 * c + e) & 1 ? to_tf32_for_mma(w[4 * c + e + SKEW]) : 0u;
+        *reinterpret_cast<uint4*>(row_at + (swizzle128_slot(c, row) << 4)) = make_uint4(r[0], r[1], r[2], r[3]);
+    }
+}
+
 // TF32 (float storage): TF32's wgmma reads K-major operands only (no transposed 32-bit operands), and in NHWC
 // both of the weight gradient's are l-major. So the TMA copies land in a ring of their own, LANDING stages
 // deep, as panels [BL = 32 pixels][32 channels] (128-byte rows, swizzled), copied as above (dy as the
@@ -465,22 +484,28 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
 // tile zero-filled past Ho Wo). With Wo == W a tap (r, s) moves every pixel of x's plane by the same amount, so
 // x's panel of a tap is a box of the same 32 pixels shifted by (r dh - pt) W + s dw - pl: rows of x's plane
 // above or below it fall outside [0, H W) and the map gives zeros; a column outside the row instead wraps to the
-// row next to it, and the rounding warps zero those pixels (and those past the plane, whose dy is zero). Each
-// copy lands as its stage's rows in wgmma's layout, and the four middle warps only round (and mask) it in place:
-// no landing ring, no transposes. x's panels lie in one tap (C a multiple of 32, or a 1x1 kernel); a 1x1 layer's
+// row next to it, and the rounding warps zero those pixels (and those past the plane, whose dy is zero). A box
+// must start on a 16-byte piece (elsewhere the copy stops the kernel with an illegal instruction, H200), so x's
+// box starts at the piece holding the shifted pixel, and where the shift is not a whole piece a tail box of the
+// 4 pixels past it lands beside the stage. Each copy lands as its stage's rows in wgmma's layout; eight middle
+// warps, in two groups taking turns by l tile, round dy's in place and move x's pixels back by their skew,
+// rounded and masked: no landing ring, no transposes. x's panels lie in one tap (C a multiple of 32, or a 1x1 kernel); a 1x1 layer's
 // rows of a panel past an image's channels hold the next image's, which only reach sums past K or J, never
 // written or cut by the reduction.
 template <int BM, int BJ, int LANDING, int STAGES>
-__global__ void __launch_bounds__(BM / 64 * 128 + 160, 1)
+__global__ void __launch_bounds__(BM / 64 * 128 + 32 + (LANDING == 0 ? 256 : 128), 1)
 wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int direct, int L, int C, int J, int K,
                             int Ho, int Wo, int kw, int sh, int sw, int pt, int pl, int dh, int dw,
-                            const __grid_constant__ TensorMap dy_map, const __grid_constant__ TensorMap x_map) {
+                            const __grid_constant__ TensorMap dy_map, const __grid_constant__ TensorMap x_map,
+                            const __grid_constant__ TensorMap x_tail_map) {
     constexpr bool K_MAJOR = LANDING == 0;
     constexpr int BL = 32, PANEL = BL * 128;  // a landed panel: BL pixels x 32 channels; 32 rows of BL pixels
     constexpr int A_PANELS = BM / 32, B_PANELS = BJ / 32, PANELS = A_PANELS + B_PANELS;
     constexpr int LAND_STAGE = PANELS * PANEL, A_STAGE = A_PANELS * PANEL, B_STAGE = B_PANELS * PANEL;
+    constexpr int TAIL = 32 * 16, TAIL_STAGE = B_PANELS * TAIL;  // K_MAJOR: a panel's 4 pixels past its box
     constexpr int CONSUMERS = BM / 64 * 128, ACC = BJ / 2, INST_L = 8;
     constexpr int TRANSPOSERS = 4, QUARTERS = 4 * TRANSPOSERS;  // warps (K_MAJOR: rounding), and their quarters
+    constexpr int GROUPS = K_MAJOR ? 2 : 1;  // K_MAJOR: two groups of rounding warps, taking turns by l tile
     constexpr int LANDED = K_MAJOR ? STAGES : LANDING;          // the ring the copies land in
     static_assert((BM == 64 || BM == 128) && (BJ == 64 || BJ == 128), "one or two warpgroups, wgmma's widths");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -488,7 +513,8 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     unsigned char* landing = smem;                                 // [LANDING][PANELS][BL][32]: dy's, then x's
     unsigned char* a_smem = landing + LANDING * LAND_STAGE;        // [STAGES][BM][BL]
     unsigned char* b_smem = a_smem + STAGES * A_STAGE;             // [STAGES][BJ][BL]
-    unsigned long long* landed = reinterpret_cast<unsigned long long*>(b_smem + STAGES * B_STAGE);
+    unsigned char* tails = b_smem + STAGES * B_STAGE;              // K_MAJOR: [STAGES][B_PANELS][32 channels][4]
+    unsigned long long* landed = reinterpret_cast<unsigned long long*>(tails + (K_MAJOR ? STAGES * TAIL_STAGE : 0));
     unsigned long long* taken = landed + LANDED;
     unsigned long long* full = taken + LANDING;
     unsigned long long* empty = full + STAGES;
@@ -509,25 +535,33 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     }
     __syncthreads();
 
-    if (tid >= CONSUMERS + 32 * TRANSPOSERS) {  // the copying warp
-        if (tid != CONSUMERS + 32 * TRANSPOSERS) return;
+    if (tid >= CONSUMERS + 32 * TRANSPOSERS * GROUPS) {  // the copying warp
+        if (tid != CONSUMERS + 32 * TRANSPOSERS * GROUPS) return;
         if constexpr (K_MAJOR) {
             const XPanels<B_PANELS, 32> panels(j0, J, C, kw, dh, dw, PANEL);
-            int shift[B_PANELS];  // a panel's tap: how far x's pixels lie from dy's
+            int shift[B_PANELS], bytes = A_STAGE + panels.bytes;  // a panel's tap: how far x's pixels lie from dy's
 #pragma unroll
-            for (int b = 0; b < B_PANELS; ++b) shift[b] = (panels.offset_h[b] - pt) * Wo + panels.offset_w[b] - pl;
+            for (int b = 0; b < B_PANELS; ++b) {
+                shift[b] = (panels.offset_h[b] - pt) * Wo + panels.offset_w[b] - pl;
+                bytes += j0 + 32 * b < J && (shift[b] & 3) ? TAIL : 0;
+            }
             int image = k_begin / plane_tiles, pixel = (k_begin - image * plane_tiles) * BL;
 #pragma unroll 1
             for (int it = 0; it < k_end - k_begin; ++it) {
                 const int stage = it % STAGES;
                 if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
-                mbarrier_arrive_expect_tx(landed + stage, A_STAGE + panels.bytes);
+                mbarrier_arrive_expect_tx(landed + stage, bytes);
                 tma_load_2d(a_smem + stage * A_STAGE, &dy_map, pixel, image * K + o0, landed + stage);
 #pragma unroll
-                for (int b = 0; b < B_PANELS; ++b)
-                    if (j0 + 32 * b < J)
-                        tma_load_2d(b_smem + stage * B_STAGE + b * PANEL, &x_map, pixel + shift[b],
-                                    image * C + panels.channel[b], landed + stage);
+                for (int b = 0; b < B_PANELS; ++b) {
+                    if (j0 + 32 * b >= J) continue;
+                    // A box starts on a 16-byte piece: from the shifted pixel's piece, and the 4 pixels past it
+                    // where the shift leaves the piece.
+                    const int from = pixel + (shift[b] & ~3), row = image * C + panels.channel[b];
+                    tma_load_2d(b_smem + stage * B_STAGE + b * PANEL, &x_map, from, row, landed + stage);
+                    if (shift[b] & 3)
+                        tma_load_2d(tails + stage * TAIL_STAGE + b * TAIL, &x_tail_map, from + BL, row, landed + stage);
+                }
                 pixel += BL;
                 if (pixel >= Ho * Wo) { pixel = 0; ++image; }
             }
@@ -548,58 +582,65 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     }
 
     if (tid >= CONSUMERS) {  // the transposing warps (K_MAJOR: rounding in place)
-        if constexpr (K_MAJOR) {  // each thread every 128th 16-byte piece of a stage
-            constexpr int PIECES = (A_STAGE + B_STAGE) / 16 / (32 * TRANSPOSERS), PANEL_PIECES = PANEL / 16;
-            static_assert(A_STAGE % (16 * 32 * TRANSPOSERS) == 0 && PIECES * 16 * 32 * TRANSPOSERS == A_STAGE + B_STAGE &&
-                              PANEL_PIECES % (32 * TRANSPOSERS) == 0,
-                          "whole pieces a thread, none across dy's and x's rows or across panels");
-            const int unit = tid - CONSUMERS;
-            auto piece = [&](int stage, int i) {  // the thread's i-th piece: dy's rows, then x's
-                const int at = 16 * (unit + 32 * TRANSPOSERS * i);
-                return at < A_STAGE ? a_smem + stage * A_STAGE + at : b_smem + stage * B_STAGE + at - A_STAGE;
-            };
-            // A thread's pieces are 128 rows apart, so all hold the same 4 pixels of the tile: slot unit % 8 of rows
-            // whose swizzle is (unit / 8) % 8. Which a tap's column keeps (0 <= q + s dw - pl < Wo), with q counted
-            // along the tiles without a division.
-            const int first = 4 * ((unit & 7) ^ ((unit >> 3) & 7)), plane = Ho * Wo, step = BL % Wo;
-            const XPanels<B_PANELS, 32> panels(j0, J, C, kw, dh, dw, PANEL);
-            int pixel = k_begin % plane_tiles * BL, q = (pixel + first) % Wo;
-            const int first_q = first % Wo;
-#pragma unroll 1
-            for (int it = 0; it < k_end - k_begin; ++it) {
-                const int stage = it % STAGES;
-                int column[4];  // the thread's pixels' columns
-                bool inside[4];  // and whether they lie in the plane (dy is zero past it)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    column[e] = q + e;
-                    while (column[e] >= Wo) column[e] -= Wo;
-                    inside[e] = pixel + first + e < plane;
-                }
-                mbarrier_wait(landed + stage, (it / STAGES) & 1);
-                float4 v[PIECES];  // every load before any store, as the transposers' (a store holds up later loads)
-#pragma unroll
-                for (int i = 0; i < PIECES; ++i) v[i] = *reinterpret_cast<const float4*>(piece(stage, i));
-#pragma unroll
-                for (int i = 0; i < PIECES; ++i) {
-                    const int panel = i * 32 * TRANSPOSERS / PANEL_PIECES - A_PANELS;  // < 0: dy's
-                    const int s_off = panel < 0 ? 0 : panels.offset_w[panel] - pl;
-                    const float* f = &v[i].x;
-                    unsigned r[4];
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        r[e] = panel >= 0 && (!inside[e] || static_cast<unsigned>(column[e] + s_off) >=
-                                                                  static_cast<unsigned>(Wo))
-                                   ? 0u : to_tf32_for_mma(f[e]);
-                    *reinterpret_cast<uint4*>(piece(stage, i)) = make_uint4(r[0], r[1], r[2], r[3]);
-                }
-                fence_proxy_async_shared();  // the rounded rows, to wgmma
-                __syncwarp();
-                if (lane == 0) mbarrier_arrive(full + stage);
+        if constexpr (K_MAJOR) {
+            constexpr int UNITS = 32 * TRANSPOSERS, A_PIECES = A_STAGE / 16 / UNITS;
+            static_assert(A_PIECES * 16 * UNITS == A_STAGE && B_PANELS <= TRANSPOSERS, "whole pieces a thread, a warp a panel");
+            const int unit = (tid - CONSUMERS) % UNITS, group = (tid - CONSUMERS) / UNITS, panel = unit / 32;
+            // dy: each thread every 128th 16-byte piece of the stage's rows (landed swizzled), rounded in place.
+            // x: warp w takes panel w, each lane one of its rows (a channel), whose box (from the 16-byte piece
+            // holding the tap's first pixel; landed swizzled) holds the tile's pixels `skew` places on, the last ones
+            // in the tail box: its 8 pieces and the tail in registers, then the 8 pieces of pixels skew .. written
+            // back, rounded, where the tap's column leaves the row (or the pixel the plane) zero. The warp's skew is
+            // one (a branch taken alike by all lanes); the zeros are a mask of the tile's 32 pixels, lane l's bit
+            // from pixel l's column (q, counted along the tiles without a division), by a ballot.
+            const int plane = Ho * Wo, step = BL % Wo;
+            const bool x_panel = panel < B_PANELS && j0 + 32 * panel < J;
+            const int tap = (j0 + 32 * panel) / C;  // the warp's panel's
+            const int s_off = tap % kw * dw - pl, skew = ((tap / kw * dh - pt) * Wo + s_off) & 3;
+            const int first_q = lane % Wo;
+            int pixel = 0, q = first_q;
+            auto next_tile = [&] {
                 pixel += BL;
                 q += step;
                 if (q >= Wo) q -= Wo;
                 if (pixel >= plane) { pixel = 0; q = first_q; }
+            };
+            if (group < k_end - k_begin) {  // the group's first l tile
+                pixel = (k_begin + group) % plane_tiles * BL;
+                q = (pixel + lane) % Wo;
+            }
+#pragma unroll 1
+            for (int it = group; it < k_end - k_begin; it += GROUPS) {
+                const int stage = it % STAGES;
+                const unsigned keep = __ballot_sync(0xffffffffu, pixel + lane < plane &&
+                                                                     static_cast<unsigned>(q + s_off) < static_cast<unsigned>(Wo));
+                mbarrier_wait(landed + stage, (it / STAGES) & 1);
+                {
+                    unsigned char* a = a_smem + stage * A_STAGE + 16 * unit;
+                    float4 v[A_PIECES];  // every load before any store (a store holds up later loads)
+#pragma unroll
+                    for (int i = 0; i < A_PIECES; ++i) v[i] = *reinterpret_cast<const float4*>(a + 16 * UNITS * i);
+#pragma unroll
+                    for (int i = 0; i < A_PIECES; ++i)
+                        *reinterpret_cast<uint4*>(a + 16 * UNITS * i) = make_uint4(
+                            to_tf32_for_mma(v[i].x), to_tf32_for_mma(v[i].y), to_tf32_for_mma(v[i].z),
+                            to_tf32_for_mma(v[i].w));
+                }
+                if (x_panel) {
+                    unsigned char* row_at = b_smem + stage * B_STAGE + panel * PANEL + lane * 128;
+                    const float* tail = reinterpret_cast<const float*>(tails + stage * TAIL_STAGE + panel * TAIL) + 4 * lane;
+                    switch (skew) {
+                        case 0: take_skewed_row<0>(row_at, tail, keep, lane); break;
+                        case 1: take_skewed_row<1>(row_at, tail, keep, lane); break;
+                        case 2: take_skewed_row<2>(row_at, tail, keep, lane); break;
+                        default: take_skewed_row<3>(row_at, tail, keep, lane); break;
+                    }
+                }
+                fence_proxy_async_shared();  // the rounded rows, to wgmma
+                __syncwarp();
+                if (lane == 0) mbarrier_arrive(full + stage);
+#pragma unroll
+                for (int g = 0; g < GROUPS; ++g) next_tile();
             }
         } else {
             // A quarter's units (panel, diagonal) per l tile, all in registers at once (16 floats a unit, within the

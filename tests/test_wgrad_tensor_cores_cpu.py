@@ -169,8 +169,9 @@ def test_tf32_takes_the_transposing_tma_tiles_where_they_apply():
         stages = cfg.stages + cfg.landing
         assert plan.shared_bytes == stages * 32 * (cfg.bm + cfg.bj) * 4 + 1024 + 16 * stages <= 227 * 1024
         (launch,) = tc.program(plan, problem).launches
-        assert launch.kernel == tc.TF32_TMA_KERNEL and len(launch.args) == 18 and launch.args[2] == 1
-        dy_map, x_map = launch.args[-2:]
+        assert launch.kernel == tc.TF32_TMA_KERNEL and len(launch.args) == 19 and launch.args[2] == 1
+        dy_map, x_map, x_tail_map = launch.args[-3:]
+        assert x_tail_map == x_map  # the K-major tiles' parameter, unread here
         assert isinstance(dy_map, TensorMap) and (dy_map.box_rows, dy_map.box_columns) == (32, 32)
         assert isinstance(x_map, Im2colMap) and (x_map.channels_per_pixel, x_map.pixels_per_column) == (32, 32)
     chosen = tc.make_plan(problem, True, None, None, 90)
@@ -198,13 +199,14 @@ def test_tf32_nchw_stride_1_layers_take_the_k_major_tiles():
         plan = tc.make_plan(problem, True, cfg.name, 1, 90)
         assert plan.expression in listed and plan.expression.endswith(f"<{cfg.bm},{cfg.bj},0,{cfg.stages}>")
         assert (plan.x_copy, plan.dy_copy, plan.direct, plan.workspace_bytes) == ("", "", True, 0)
-        assert plan.block == (2 * cfg.bm + 160, 1, 1) and plan.shared_bytes <= 227 * 1024
+        assert plan.block == (2 * cfg.bm + 288, 1, 1) and plan.shared_bytes <= 227 * 1024
         (launch,) = tc.program(plan, problem).launches
         assert launch.kernel == tc.TF32_TMA_KERNEL and launch.args[:4] == (Pointer(OUT), Pointer(OUT), 1, 32 * 56 * 56)
         assert launch.args[4:7] == (256, 256, 64)  # x's rows an image, J, dy's rows an image
-        dy_map, x_map = launch.args[-2:]
+        dy_map, x_map, x_tail_map = launch.args[-3:]
         assert dy_map == TensorMap(Pointer(GRAD_OUTPUT), "float32", 32 * 64, 3136, 3136 * 4, cfg.bm, 32)
         assert x_map == TensorMap(Pointer(X), "float32", 32 * 256, 3136, 3136 * 4, 32, 32)
+        assert x_tail_map == TensorMap(Pointer(X), "float32", 32 * 256, 3136, 3136 * 4, 32, 4, False)
     assert tc.make_plan(problem, True, None, None, 90).config in tc.TF32_K_MAJOR_CONFIGS
     split = tc.make_plan(_problem(8, 96, 30, 28, 1, "float32", layout="NCHW"), True, "tc_tma_tf32_nchw_m64j128", 3, 90)
     assert (split.out_channels, split.channels, split.x_copy, split.dy_copy) == (30, 96, "", "") and not split.direct
@@ -221,7 +223,7 @@ def test_tf32_nchw_stride_1_layers_take_the_k_major_tiles():
         assert (tc.make_plan(case, True, None, None, 90).config in tc.TF32_K_MAJOR_CONFIGS) == applies, case
     taps = tc.make_plan(_problem(4, 64, 128, 28, 3, "float32", padding=1, layout="NCHW"), True, None, 1, 90)
     assert (taps.x_copy, taps.dy_copy, taps.direct) == ("", "", False)  # a KCHW weight: the reduction permutes
-    dy_map, x_map = tc.program(taps, _problem(4, 64, 128, 28, 3, "float32", padding=1, layout="NCHW")).launches[0].args[-2:]
+    dy_map, x_map, _ = tc.program(taps, _problem(4, 64, 128, 28, 3, "float32", padding=1, layout="NCHW")).launches[0].args[-3:]
     assert x_map == TensorMap(Pointer(X), "float32", 4 * 64, 784, 784 * 4, 32, 32)
     assert dy_map == TensorMap(Pointer(GRAD_OUTPUT), "float32", 4 * 128, 784, 784 * 4, taps.config.bm, 32)
     assert tc.make_plan(problem, True, None, None, 80).config in tc.CONFIGS[4]
