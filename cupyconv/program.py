@@ -58,9 +58,8 @@ class Table:
 class TensorMap:
     """A TMA tensor map parameter (a CUtensorMap by value, kernels' __grid_constant__ TensorMap) of the
     row-major ``rows`` x ``columns`` matrix of ``dtype`` at ``pointer``, rows ``row_bytes`` apart, read
-    in ``box_rows`` x ``box_columns`` boxes, landing 128-byte swizzled or (``swizzled`` False: boxes
-    at any column, not only at whole 16-byte pieces) as plain rows (cupyconv/tensor_map.py); the
-    executor makes it for the pointer's address at the call."""
+    in ``box_rows`` x ``box_columns`` boxes, landing 128-byte swizzled or (``swizzled`` False) as
+    plain rows (cupyconv/tensor_map.py); the executor makes it for the pointer's address at the call."""
 
     pointer: Pointer
     dtype: str

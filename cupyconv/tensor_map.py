@@ -93,9 +93,9 @@ def encode_2d(destination: int, dtype: str, address: int, rows: int, columns: in
               box_rows: int, box_columns: int, swizzled: bool = True) -> None:
     """Write at ``destination`` (MAP_BYTES, MAP_ALIGNMENT-aligned host memory) the map of the row-major
     ``rows`` x ``columns`` matrix of ``dtype`` at device ``address``, rows ``row_bytes`` apart, read in
-    ``box_rows`` x ``box_columns`` boxes with the 128-byte swizzle, or (``swizzled`` False) none, which
-    lets a box start at any column (a swizzled box starting between 16-byte pieces stops the kernel with
-    an illegal instruction, H200); reads outside it give zeros."""
+    ``box_rows`` x ``box_columns`` boxes with the 128-byte swizzle, or (``swizzled`` False) as plain
+    rows; reads outside it give zeros. A copy's box must start on a 16-byte piece of its row either way
+    (elsewhere the kernel stops with an illegal instruction, H200)."""
     if destination % MAP_ALIGNMENT or address % 16 or row_bytes % 16:
         raise ValueError(f"a tensor map needs a {MAP_ALIGNMENT}-byte aligned map and 16-byte aligned rows; got map "
                          f"{destination:#x}, address {address:#x}, rows {row_bytes} bytes apart")
