@@ -488,8 +488,8 @@ __device__ __forceinline__ void take_skewed_row(unsigned char* row_at, const flo
 // must start on a 16-byte piece (elsewhere the copy stops the kernel with an illegal instruction, H200), so x's
 // box starts at the piece holding the shifted pixel, and where the shift is not a whole piece a tail box of the
 // 4 pixels past it lands beside the stage. Each copy lands as its stage's rows in wgmma's layout; eight middle
-// warps, in two groups taking turns by l tile, round dy's in place and move x's pixels back by their skew,
-// rounded and masked: no landing ring, no transposes. x's panels lie in one tap (C a multiple of 32, or a 1x1 kernel); a 1x1 layer's
+// warps, in two groups taking turns by l tile, move x's pixels back by their skew, rounded and masked, and the
+// warpgroups take dy's fragments into registers, rounded there: no landing ring, no transposes, no pass over dy. x's panels lie in one tap (C a multiple of 32, or a 1x1 kernel); a 1x1 layer's
 // rows of a panel past an image's channels hold the next image's, which only reach sums past K or J, never
 // written or cut by the reduction.
 template <int BM, int BJ, int LANDING, int STAGES>
@@ -583,11 +583,11 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
 
     if (tid >= CONSUMERS) {  // the transposing warps (K_MAJOR: rounding in place)
         if constexpr (K_MAJOR) {
-            constexpr int UNITS = 32 * TRANSPOSERS, A_PIECES = A_STAGE / 16 / UNITS;
-            static_assert(A_PIECES * 16 * UNITS == A_STAGE && B_PANELS <= TRANSPOSERS, "whole pieces a thread, a warp a panel");
+            constexpr int UNITS = 32 * TRANSPOSERS;
+            static_assert(B_PANELS <= TRANSPOSERS, "a warp a panel");
             const int unit = (tid - CONSUMERS) % UNITS, group = (tid - CONSUMERS) / UNITS, panel = unit / 32;
-            // dy: each thread every 128th 16-byte piece of the stage's rows (landed swizzled), rounded in place.
-            // x: warp w takes panel w, each lane one of its rows (a channel), whose box (from the 16-byte piece
+            // x only (the warpgroups take dy's fragments in registers): warp w takes panel w, each lane one of its
+            // rows (a channel), whose box (from the 16-byte piece
             // holding the tap's first pixel; landed swizzled) holds the tile's pixels `skew` places on, the last ones
             // in the tail box: its 8 pieces and the tail in registers, then the 8 pieces of pixels skew .. written
             // back, rounded, where the tap's column leaves the row (or the pixel the plane) zero. The warp's skew is
@@ -615,17 +615,6 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
                 const unsigned keep = __ballot_sync(0xffffffffu, pixel + lane < plane &&
                                                                      static_cast<unsigned>(q + s_off) < static_cast<unsigned>(Wo));
                 mbarrier_wait(landed + stage, (it / STAGES) & 1);
-                {
-                    unsigned char* a = a_smem + stage * A_STAGE + 16 * unit;
-                    float4 v[A_PIECES];  // every load before any store (a store holds up later loads)
-#pragma unroll
-                    for (int i = 0; i < A_PIECES; ++i) v[i] = *reinterpret_cast<const float4*>(a + 16 * UNITS * i);
-#pragma unroll
-                    for (int i = 0; i < A_PIECES; ++i)
-                        *reinterpret_cast<uint4*>(a + 16 * UNITS * i) = make_uint4(
-                            to_tf32_for_mma(v[i].x), to_tf32_for_mma(v[i].y), to_tf32_for_mma(v[i].z),
-                            to_tf32_for_mma(v[i].w));
-                }
                 if (x_panel) {
                     unsigned char* row_at = b_smem + stage * B_STAGE + panel * PANEL + lane * 128;
                     const float* tail = reinterpret_cast<const float*>(tails + stage * TAIL_STAGE + panel * TAIL) + 4 * lane;
@@ -699,19 +688,55 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     float acc[ACC];
 #pragma unroll
     for (int j = 0; j < ACC; ++j) acc[j] = 0.0f;
-#pragma unroll 1
-    for (int t = k_begin, it = 0; t < k_end; ++t, ++it) {
-        const int stage = it % STAGES;
-        mbarrier_wait(full + stage, (it / STAGES) & 1);
-        const unsigned long long a = wgmma_descriptor(shared_address(a_smem + stage * A_STAGE + warpgroup * 64 * 128));
-        const unsigned long long b = wgmma_descriptor(shared_address(b_smem + stage * B_STAGE));
-        wgmma_fence();
+    if constexpr (K_MAJOR) {
+        // dy's fragments from the landed (unrounded) rows into registers, rounded there: mma.sync's m16n8k8 A layout,
+        // the warp's 16 rows (a0: row quad, pixel tq; a1: row + 8; a2, a3: pixel + 4), a scalar load each, the 8
+        // quads' rows in 8 swizzle slots (no bank conflicts). Two sets, taken by l tile in turn: the tensor cores
+        // read a set until the wait after the next tile's MMAs are issued.
+        constexpr int KK = BL / INST_L;
+        const int row = warpgroup * 64 + ((tid >> 5) & 3) * 16 + (lane >> 2), tq = lane & 3;
+        auto tile = [&](unsigned (&a)[KK][4], int it) {
+            const int stage = it % STAGES;
+            mbarrier_wait(landed + stage, (it / STAGES) & 1);  // dy's copy, read here (x's, by the rounding warps)
+            mbarrier_wait(full + stage, (it / STAGES) & 1);
+            const unsigned char* rows = a_smem + stage * A_STAGE;
 #pragma unroll
-        for (int kk = 0; kk < BL / INST_L; ++kk)  // + 32 bytes of k per instruction
-            wgmma_op<float, BJ>::run(acc, a + kk * 2, b + kk * 2);
-        wgmma_commit();
-        wgmma_wait<1>();  // l tile t - 1's MMAs retired: its stage may be refilled
-        if (it > 0 && lane == 0) mbarrier_arrive(empty + (it - 1) % STAGES);
+            for (int kk = 0; kk < KK; ++kk)
+#pragma unroll
+                for (int f = 0; f < 4; ++f) {
+                    const int r = row + 8 * (f & 1), piece = 2 * kk + (f >> 1);
+                    a[kk][f] = to_tf32_for_mma(
+                        *reinterpret_cast<const float*>(rows + r * 128 + (swizzle128_slot(piece, r) << 4) + 4 * tq));
+                }
+            const unsigned long long b = wgmma_descriptor(shared_address(b_smem + stage * B_STAGE));
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < KK; ++kk) wgmma_rs<float, BJ>::run(acc, a[kk], b + kk * 2);
+            wgmma_commit();
+            wgmma_wait<1>();  // l tile it - 1's MMAs retired: its stage and register set may be reused
+            if (it > 0 && lane == 0) mbarrier_arrive(empty + (it - 1) % STAGES);
+        };
+        unsigned a0[KK][4], a1[KK][4];
+#pragma unroll 1
+        for (int it = 0; it < k_end - k_begin; it += 2) {
+            tile(a0, it);
+            if (it + 1 < k_end - k_begin) tile(a1, it + 1);
+        }
+    } else {
+#pragma unroll 1
+        for (int t = k_begin, it = 0; t < k_end; ++t, ++it) {
+            const int stage = it % STAGES;
+            mbarrier_wait(full + stage, (it / STAGES) & 1);
+            const unsigned long long a = wgmma_descriptor(shared_address(a_smem + stage * A_STAGE + warpgroup * 64 * 128));
+            const unsigned long long b = wgmma_descriptor(shared_address(b_smem + stage * B_STAGE));
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BL / INST_L; ++kk)  // + 32 bytes of k per instruction
+                wgmma_op<float, BJ>::run(acc, a + kk * 2, b + kk * 2);
+            wgmma_commit();
+            wgmma_wait<1>();  // l tile t - 1's MMAs retired: its stage may be refilled
+            if (it > 0 && lane == 0) mbarrier_arrive(empty + (it - 1) % STAGES);
+        }
     }
     wgmma_wait<0>();
     store_warpgroup_sums<float, BJ>(acc, ws + static_cast<long long>(blockIdx.z) * K * J, out, direct,
