@@ -82,13 +82,14 @@ class TileConfig:
 
     def shared_bytes(self, itemsize: int) -> int:
         """Pipeline buffers: per stage, bl rows of bm + 8 (dy) and bj + 8 (x) elements; wgmma: unpadded
-        rows and 1 KB to align the tiles; TMA: and two 8-byte mbarriers a stage (and of each landing stage
-        as much as of a stage, and its two mbarriers; k_major: three a stage, and x's tail boxes, 16 bytes a
-        column)."""
+        rows and 1 KB to align the tiles; TMA: and two 8-byte mbarriers a stage (TF32 with landing stages:
+        each as much as a stage and two mbarriers, and the stages x's alone, the warpgroups reading dy where
+        it landed; k_major: three mbarriers a stage, and x's tail boxes, 16 bytes a column)."""
         if self.tma:
             stages = self.stages + self.landing
-            return stages * self.bl * (self.bm + self.bj) * itemsize + 1024 + 16 * stages + \
-                self.k_major * self.stages * (8 + 16 * self.bj)
+            dy_stages = self.landing if self.landing else self.stages
+            return (self.stages * self.bj + dy_stages * self.bm + self.landing * self.bj) * self.bl * itemsize + \
+                1024 + 16 * stages + self.k_major * self.stages * (8 + 16 * self.bj)
         if self.wgmma:
             return self.stages * self.bl * (self.bm + self.bj) * itemsize + 1024
         return self.stages * self.bl * (self.bm + 8 + self.bj + 8) * itemsize

@@ -463,11 +463,13 @@ __device__ __forceinline__ void take_skewed_row(unsigned char* row_at, const flo
 // both of the weight gradient's are l-major. So the TMA copies land in a ring of their own, LANDING stages
 // deep, as panels [BL = 32 pixels][32 channels] (128-byte rows, swizzled), copied as above (dy as the
 // matrix [L][Kp], x's panels of one tap each through the im2col map) by one thread of the last warp; the
-// TRANSPOSERS warps before it rewrite each panel as 32 K-major rows [channel][32 pixels], rounded to TF32 on the
-// way (to_tf32_for_mma), into the STAGES-deep ring the warpgroups' wgmma reads (the forward's operand
-// layout: a row of 128 bytes a channel, 16-byte piece i of row r in slot i ^ (r % 8)). Barriers: "landed"
-// (the copies' bytes) and "taken" (the transposers are done reading a landing stage) between the copying
-// thread and the transposers; "full" and "empty" between the transposers and the warpgroups. Runs and
+// TRANSPOSERS warps before it rewrite each of x's panels as 32 K-major rows [channel][32 pixels], rounded to TF32
+// on the way (to_tf32_for_mma), into the STAGES-deep ring the warpgroups' wgmma reads as B (the forward's operand
+// layout: a row of 128 bytes a channel, 16-byte piece i of row r in slot i ^ (r % 8)); the warpgroups take dy's
+// fragments (A) from its landed panels into registers, rounded there (wgmma_rs: a pass over shared memory fewer
+// than transposing dy too; H200, TF32 channels_last wgrad 1.03x -> 1.06x). Barriers: "landed" (the copies'
+// bytes) and "taken" (the transposers and the warpgroups are done reading a landing stage) between the copying
+// thread and the rest; "full" and "empty" between the transposers and the warpgroups. Runs and
 // `direct` as above; no stream-K. The copying thread has a warp of its own: issued by a transposing warp, the
 // copies waited on every transposer and held up the next tile's transposes (tiles up to 2x slower, H200).
 // Four transposing warps (three ran the 128 x 128 tile up to 1.15x slower), beside at most two warpgroups: a
@@ -489,9 +491,9 @@ __device__ __forceinline__ void take_skewed_row(unsigned char* row_at, const flo
 // box starts at the piece holding the shifted pixel, and where the shift is not a whole piece a tail box of the
 // 4 pixels past it lands beside the stage. Each copy lands as its stage's rows in wgmma's layout; eight middle
 // warps, in two groups taking turns by l tile, move x's pixels back by their skew, rounded and masked, and the
-// warpgroups take dy's fragments into registers, rounded there: no landing ring, no transposes, no pass over dy. x's panels lie in one tap (C a multiple of 32, or a 1x1 kernel); a 1x1 layer's
-// rows of a panel past an image's channels hold the next image's, which only reach sums past K or J, never
-// written or cut by the reduction.
+// warpgroups take dy's fragments into registers, rounded there: no landing ring, no transposes, no pass over dy.
+// x's panels lie in one tap (C a multiple of 32, or a 1x1 kernel); a 1x1 layer's rows of a panel past an image's
+// channels hold the next image's, which only reach sums past K or J, never written or cut by the reduction.
 template <int BM, int BJ, int LANDING, int STAGES>
 __global__ void __launch_bounds__(BM / 64 * 128 + 32 + (LANDING == 0 ? 256 : 128), 1)
 wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int direct, int L, int C, int J, int K,
@@ -511,8 +513,8 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
     unsigned char* landing = smem;                                 // [LANDING][PANELS][BL][32]: dy's, then x's
-    unsigned char* a_smem = landing + LANDING * LAND_STAGE;        // [STAGES][BM][BL]
-    unsigned char* b_smem = a_smem + STAGES * A_STAGE;             // [STAGES][BJ][BL]
+    unsigned char* a_smem = landing + LANDING * LAND_STAGE;        // K_MAJOR: [STAGES][BM][BL] (else dy stays landed)
+    unsigned char* b_smem = a_smem + (K_MAJOR ? STAGES * A_STAGE : 0);  // [STAGES][BJ][BL]
     unsigned char* tails = b_smem + STAGES * B_STAGE;              // K_MAJOR: [STAGES][B_PANELS][32 channels][4]
     unsigned long long* landed = reinterpret_cast<unsigned long long*>(tails + (K_MAJOR ? STAGES * TAIL_STAGE : 0));
     unsigned long long* taken = landed + LANDED;
@@ -527,7 +529,8 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     const int j0 = blockIdx.x * BJ, o0 = blockIdx.y * BM;
     if (tid == 0) {
         for (int s = 0; s < LANDED; ++s) mbarrier_init(landed + s, 1);  // the copying thread's expect-tx arrival
-        for (int s = 0; s < LANDING; ++s) mbarrier_init(taken + s, TRANSPOSERS);  // the transposing warps' lane 0s
+        for (int s = 0; s < LANDING; ++s)  // the lane 0s of the transposing warps (x's) and multiplying warps (dy's)
+            mbarrier_init(taken + s, TRANSPOSERS + CONSUMERS / 32);
         for (int s = 0; s < STAGES; ++s) {
             mbarrier_init(full + s, TRANSPOSERS);      // the transposing (rounding) warps' lane 0s
             mbarrier_init(empty + s, CONSUMERS / 32);  // the lane 0s of the multiplying warps
@@ -634,8 +637,8 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
         } else {
             // A quarter's units (panel, diagonal) per l tile, all in registers at once (16 floats a unit, within the
             // 128 a thread of four warps a scheduler).
-            constexpr int UNITS = PANELS * 8 / QUARTERS;
-            static_assert(PANELS * 8 % QUARTERS == 0 && UNITS <= 4, "whole diagonals, a quarter's units in registers");
+            constexpr int UNITS = B_PANELS * 8 / QUARTERS;  // x's panels (the warpgroups take dy's)
+            static_assert(B_PANELS * 8 % QUARTERS == 0 && UNITS <= 4, "whole diagonals, a quarter's units in registers");
             const int t = lane & 7, quarter = (tid - CONSUMERS) >> 3;
 #pragma unroll 1
             for (int l_tile = k_begin, it = 0; l_tile < k_end; ++l_tile, ++it) {
@@ -649,8 +652,8 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
                 float4 v[UNITS][4];  // unit u: pixels 4 t + k, channels 4 c ..
 #pragma unroll
                 for (int u = 0; u < UNITS; ++u) {
-                    const int unit = quarter + QUARTERS * u, panel = unit >> 3, c = (t + unit) & 7;
-                    if (panel >= A_PANELS && j0 + 32 * (panel - A_PANELS) >= J) continue;  // a panel not copied
+                    const int unit = quarter + QUARTERS * u, panel = A_PANELS + (unit >> 3), c = (t + unit) & 7;
+                    if (j0 + 32 * (panel - A_PANELS) >= J) continue;  // a panel not copied
 #pragma unroll
                     for (int k = 0; k < 4; ++k) {
                         const int row = 4 * t + k;
@@ -660,10 +663,9 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
                 }
 #pragma unroll
                 for (int u = 0; u < UNITS; ++u) {
-                    const int unit = quarter + QUARTERS * u, panel = unit >> 3, c = (t + unit) & 7;
-                    if (panel >= A_PANELS && j0 + 32 * (panel - A_PANELS) >= J) continue;
-                    unsigned char* to = panel < A_PANELS ? a_smem + stage * A_STAGE + panel * PANEL
-                                                         : b_smem + stage * B_STAGE + (panel - A_PANELS) * PANEL;
+                    const int unit = quarter + QUARTERS * u, panel = A_PANELS + (unit >> 3), c = (t + unit) & 7;
+                    if (j0 + 32 * (panel - A_PANELS) >= J) continue;
+                    unsigned char* to = b_smem + stage * B_STAGE + (panel - A_PANELS) * PANEL;
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {  // channel 4 c + e: pixels 4 t ..
                         const int row = 4 * c + e;
@@ -688,55 +690,46 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     float acc[ACC];
 #pragma unroll
     for (int j = 0; j < ACC; ++j) acc[j] = 0.0f;
-    if constexpr (K_MAJOR) {
-        // dy's fragments from the landed (unrounded) rows into registers, rounded there: mma.sync's m16n8k8 A layout,
-        // the warp's 16 rows (a0: row quad, pixel tq; a1: row + 8; a2, a3: pixel + 4), a scalar load each, the 8
-        // quads' rows in 8 swizzle slots (no bank conflicts). Two sets, taken by l tile in turn: the tensor cores
-        // read a set until the wait after the next tile's MMAs are issued.
-        constexpr int KK = BL / INST_L;
-        const int row = warpgroup * 64 + ((tid >> 5) & 3) * 16 + (lane >> 2), tq = lane & 3;
-        auto tile = [&](unsigned (&a)[KK][4], int it) {
-            const int stage = it % STAGES;
-            mbarrier_wait(landed + stage, (it / STAGES) & 1);  // dy's copy, read here (x's, by the rounding warps)
-            mbarrier_wait(full + stage, (it / STAGES) & 1);
-            const unsigned char* rows = a_smem + stage * A_STAGE;
+    // dy's fragments from its landed (unrounded) copy into registers, rounded there: mma.sync's m16n8k8 A layout, the
+    // warp's 16 rows (a0: output channel `row`, pixel tq; a1: row + 8; a2, a3: pixel + 4), a scalar load each. K_MAJOR:
+    // from the stage's K-major rows (the 8 quads' rows in 8 swizzle slots: no bank conflicts); else from the landing
+    // stage's l-major panels, which are then free to the copies once the transposers have taken x's (`taken`).
+    // Two register sets, taken by l tile in turn: the tensor cores read a set until the wait after the next tile's
+    // MMAs are issued.
+    constexpr int KK = BL / INST_L;
+    const int row = warpgroup * 64 + ((tid >> 5) & 3) * 16 + (lane >> 2), tq = lane & 3;
+    auto tile = [&](unsigned (&a)[KK][4], int it) {
+        const int stage = it % STAGES, from_stage = K_MAJOR ? stage : it % LANDING;
+        mbarrier_wait(landed + from_stage, (it / LANDED) & 1);  // dy's copy, read here
+        mbarrier_wait(full + stage, (it / STAGES) & 1);
 #pragma unroll
-            for (int kk = 0; kk < KK; ++kk)
+        for (int kk = 0; kk < KK; ++kk)
 #pragma unroll
-                for (int f = 0; f < 4; ++f) {
-                    const int r = row + 8 * (f & 1), piece = 2 * kk + (f >> 1);
-                    a[kk][f] = to_tf32_for_mma(
-                        *reinterpret_cast<const float*>(rows + r * 128 + (swizzle128_slot(piece, r) << 4) + 4 * tq));
-                }
-            const unsigned long long b = wgmma_descriptor(shared_address(b_smem + stage * B_STAGE));
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < KK; ++kk) wgmma_rs<float, BJ>::run(acc, a[kk], b + kk * 2);
-            wgmma_commit();
-            wgmma_wait<1>();  // l tile it - 1's MMAs retired: its stage and register set may be reused
-            if (it > 0 && lane == 0) mbarrier_arrive(empty + (it - 1) % STAGES);
-        };
-        unsigned a0[KK][4], a1[KK][4];
-#pragma unroll 1
-        for (int it = 0; it < k_end - k_begin; it += 2) {
-            tile(a0, it);
-            if (it + 1 < k_end - k_begin) tile(a1, it + 1);
+            for (int f = 0; f < 4; ++f) {
+                const int o = row + 8 * (f & 1), l = 8 * kk + tq + 4 * (f >> 1);
+                const unsigned char* at =
+                    K_MAJOR ? a_smem + stage * A_STAGE + o * 128 + (swizzle128_slot(l >> 2, o) << 4) + 4 * (l & 3)
+                            : landing + from_stage * LAND_STAGE + (o >> 5) * PANEL + l * 128 +
+                                  (swizzle128_slot((o & 31) >> 2, l) << 4) + 4 * (o & 3);
+                a[kk][f] = to_tf32_for_mma(*reinterpret_cast<const float*>(at));
+            }
+        if constexpr (!K_MAJOR) {
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(taken + from_stage);
         }
-    } else {
-#pragma unroll 1
-        for (int t = k_begin, it = 0; t < k_end; ++t, ++it) {
-            const int stage = it % STAGES;
-            mbarrier_wait(full + stage, (it / STAGES) & 1);
-            const unsigned long long a = wgmma_descriptor(shared_address(a_smem + stage * A_STAGE + warpgroup * 64 * 128));
-            const unsigned long long b = wgmma_descriptor(shared_address(b_smem + stage * B_STAGE));
-            wgmma_fence();
+        const unsigned long long b = wgmma_descriptor(shared_address(b_smem + stage * B_STAGE));
+        wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < BL / INST_L; ++kk)  // + 32 bytes of k per instruction
-                wgmma_op<float, BJ>::run(acc, a + kk * 2, b + kk * 2);
-            wgmma_commit();
-            wgmma_wait<1>();  // l tile t - 1's MMAs retired: its stage may be refilled
-            if (it > 0 && lane == 0) mbarrier_arrive(empty + (it - 1) % STAGES);
-        }
+        for (int kk = 0; kk < KK; ++kk) wgmma_rs<float, BJ>::run(acc, a[kk], b + kk * 2);
+        wgmma_commit();
+        wgmma_wait<1>();  // l tile it - 1's MMAs retired: its stage and register set may be reused
+        if (it > 0 && lane == 0) mbarrier_arrive(empty + (it - 1) % STAGES);
+    };
+    unsigned a0[KK][4], a1[KK][4];
+#pragma unroll 1
+    for (int it = 0; it < k_end - k_begin; it += 2) {
+        tile(a0, it);
+        if (it + 1 < k_end - k_begin) tile(a1, it + 1);
     }
     wgmma_wait<0>();
     store_warpgroup_sums<float, BJ>(acc, ws + static_cast<long long>(blockIdx.z) * K * J, out, direct,

@@ -167,7 +167,9 @@ def test_tf32_takes_the_transposing_tma_tiles_where_they_apply():
         assert plan.block == (2 * cfg.bm + 160, 1, 1)
         assert plan.grid == (256 * 9 // cfg.bj, 256 // cfg.bm, 1)
         stages = cfg.stages + cfg.landing
-        assert plan.shared_bytes == stages * 32 * (cfg.bm + cfg.bj) * 4 + 1024 + 16 * stages <= 227 * 1024
+        # x's stages, and the landing stages of both (the warpgroups read dy where it landed)
+        assert plan.shared_bytes == (cfg.stages * cfg.bj + cfg.landing * (cfg.bm + cfg.bj)) * 32 * 4 + 1024 + \
+            16 * stages <= 227 * 1024
         (launch,) = tc.program(plan, problem).launches
         assert launch.kernel == tc.TF32_TMA_KERNEL and len(launch.args) == 19 and launch.args[2] == 1
         dy_map, x_map, x_tail_map = launch.args[-3:]
