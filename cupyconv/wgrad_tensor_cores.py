@@ -6,9 +6,9 @@ reduction of its runs.
 
 is a GEMM of K rows, J = kh kw C columns and a reduction over the L = N Ho Wo output pixels. Both
 operands are read l-major (a pixel's channels are contiguous in NHWC) and transposed by ldmatrix on
-their way to the tensor cores. NCHW inputs, and channel counts that no whole 16-byte piece of dy (or
-4-byte piece of x) divides, are first copied channels-last with zero channels (nchw_to_nhwc.cu); the
-zero rows and columns of the result are cut. The reduction runs in splits fixed by the problem alone,
+their way to the tensor cores. NCHW inputs (but the K-major TF32 tiles' below), and channel counts that
+no whole 16-byte piece of dy (or 4-byte piece of x) divides, are first copied channels-last with zero
+channels (nchw_to_nhwc.cu); the zero rows and columns of the result are cut. The reduction runs in splits fixed by the problem alone,
 whose float32 partial sums wgrad_reduce adds in order and rounds once into the weight's layout: the
 result is bitwise the same on every run. Ungrouped convolutions only; the rest take wgrad.py's FMA
 kernel (wgrad_depthwise.py for depthwise layers).
@@ -16,9 +16,11 @@ kernel (wgrad_depthwise.py for depthwise layers).
 On the H100 (sm_90a), problems whose 128-byte panels of x (64 16-bit channels, 32 float32 ones) lie in one
 tap take tiles fed by TMA (dy through a 2-D tensor map, x through an im2col map): wgrad_tensor_cores_tma in
 16 bits, whose wgmma reads both operands transposed; in TF32, whose wgmma reads K-major operands only,
-wgrad_tensor_cores_tma_tf32, where four warps transpose each landed l tile into K-major rows rounded to
-TF32. Where such a plan is one run and the weight is the GEMM's own [K][kh kw C], the tile writes the
-weight and no reduction runs.
+wgrad_tensor_cores_tma_tf32, where four warps transpose each landed l tile of x into K-major rows rounded to
+TF32 and the warpgroups take dy's fragments into registers. NCHW float32 layers at stride 1 with Wo == W are
+K-major already: there the TF32 tile reads x and dy in place (x's box of a tap shifted along the flattened
+plane, moved back and masked by eight rounding warps): no copies, no transposes. Where such a plan is one
+run and the weight is the GEMM's own [K][kh kw C], the tile writes the weight and no reduction runs.
 Where a run's tiles are too few for the SMs, those tiles run stream-K instead: a wave of blocks shares
 the tiles x l tiles equally, the holder of a tile's first l tile adding the others' sums in block order
 (kernels/stream_k.cuh), again the same bits on every run.
@@ -48,7 +50,7 @@ class TileConfig:
     """Thread-block tile: bm output channels x bj (tap, channel) columns, l tiles of bl pixels through
     ``stages`` buffers, warps_m x warps_j warps, multiplying with mma.sync or (``wgmma``, sm_90a, 16-bit
     types) wgmma; ``tma``: wgmma fed by a copying warp's TMA copies (bm / 64 warpgroups multiply), and,
-    ``landing`` > 0 (TF32), through a ring of that many landing stages that four warps transpose, or,
+    ``landing`` > 0 (TF32), through a ring of that many landing stages whose x four warps transpose, or,
     ``k_major`` (TF32 on NCHW stride-1 layers, Wo == W), straight into the stages, which eight warps round in place.
     ``blocks_per_sm``: how many fit an SM (shared memory); ``sm_tflops``: the rate an SM full of them
     reaches on a long reduction (H100 timings), for the choice's timing model; ``stream_k``: a TMA tile

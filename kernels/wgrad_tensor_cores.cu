@@ -590,12 +590,13 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
             static_assert(B_PANELS <= TRANSPOSERS, "a warp a panel");
             const int unit = (tid - CONSUMERS) % UNITS, group = (tid - CONSUMERS) / UNITS, panel = unit / 32;
             // x only (the warpgroups take dy's fragments in registers): warp w takes panel w, each lane one of its
-            // rows (a channel), whose box (from the 16-byte piece
-            // holding the tap's first pixel; landed swizzled) holds the tile's pixels `skew` places on, the last ones
-            // in the tail box: its 8 pieces and the tail in registers, then the 8 pieces of pixels skew .. written
-            // back, rounded, where the tap's column leaves the row (or the pixel the plane) zero. The warp's skew is
-            // one (a branch taken alike by all lanes); the zeros are a mask of the tile's 32 pixels, lane l's bit
-            // from pixel l's column (q, counted along the tiles without a division), by a ballot.
+            // rows (a channel), whose box (from the 16-byte piece holding the tap's first pixel; landed swizzled)
+            // holds the tile's pixels `skew` places on, the last ones in the tail box: its 8 pieces and the tail in
+            // registers, then the 8 pieces of pixels skew .. written back, rounded, where the tap's column leaves
+            // the row (or the pixel the plane) zero. The warp's skew is one (a branch taken alike by all lanes); the
+            // zeros are a mask of the tile's 32 pixels, lane l's bit from pixel l's column (q, counted along the
+            // tiles without a division), by a ballot. One lane a row: x's reads are 9 pieces for 8 written, none
+            // across lanes (two pieces a thread across lanes and selects by the skew ran 2.8x slower, H200).
             const int plane = Ho * Wo, step = BL % Wo;
             const bool x_panel = panel < B_PANELS && j0 + 32 * panel < J;
             const int tap = (j0 + 32 * panel) / C;  // the warp's panel's
