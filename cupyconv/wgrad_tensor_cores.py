@@ -134,10 +134,9 @@ TMA_CONFIGS = tuple(TileConfig(f"tc_tma_m{bm}j{bj}", bm, bj, 64, bm // 16, 1, st
 #: transposed, one block an SM (shared memory). Where they apply, the choice is among them alone: on every TF32 layer of
 #: bench.LAYERS they ran 1.1-2.4x faster than the mma.sync tiles' plan (H200, channels-last,
 #: benchmarks/results/wgrad_tiles_tma_tf32_h200.txt). The rates: fitted to that sweep (profile/wgrad_fit.py --mode
-#: tf32), the model's pick the fastest measured on 14 of 15 layers and within 1.03x on the last. Each has a stream-K
-#: instance (the K-major tiles' spill: their segments' taps and masks beside a slot's loads).
+#: tf32), the model's pick the fastest measured on 14 of 15 layers and within 1.03x on the last.
 TF32_TMA_CONFIGS = tuple(TileConfig(f"tc_tma_tf32_m{bm}j{bj}", bm, bj, 32, bm // 16, 1, stages, 1, rate, wgmma=True,
-                                    tma=True, stream_k=True, landing=landing)
+                                    tma=True, landing=landing)
                          for bm, bj, landing, stages, rate in ((128, 128, 3, 3, 1.4), (64, 128, 4, 4, 1.0),
                                                                (128, 64, 4, 4, 1.0)))
 #: Hopper TF32 tiles for NCHW stride-1 layers whose output rows are as wide as the input's (_k_major_applies):
@@ -288,11 +287,8 @@ def _k_major_applies(problem: ConvProblem, compute_capability: int) -> bool:
         (p.ho + p.pad_top + (p.kh - 1) * p.dilation[0] + 2) * p.w < 2**31  # a panel's shifted pixels
 
 
-def _tma_configs(problem: ConvProblem, compute_capability: int, stream_k: bool | None) -> tuple[TileConfig, ...]:
-    """The TMA tiles the choice weighs: the K-major ones where they apply (unless stream_k=True: they have no
-    stream-K instance), else those reading x through the im2col map."""
-    if _k_major_applies(problem, compute_capability) and not (stream_k and _im2col_tiles_apply(problem,
-                                                                                              compute_capability)):
+def _tma_configs(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, ...]:
+    if _k_major_applies(problem, compute_capability):
         return TF32_K_MAJOR_CONFIGS
     return TMA_CONFIGS if STORAGE_BYTES[problem.dtype] == 2 else TF32_TMA_CONFIGS
 
@@ -401,11 +397,9 @@ def _choose(problem: ConvProblem, compute_capability: int, stream_k: bool | None
     """The tile and schedule of least modelled time (_model_us, _stream_k_model_us), among the TMA tiles
     where they apply, else wgmma's where they apply, else mma.sync's; the first on ties (the larger tile,
     the fewer runs)."""
-    configs = _tma_configs(problem, compute_capability, stream_k) if _tma_applies(problem, compute_capability) else \
+    configs = _tma_configs(problem, compute_capability) if _tma_applies(problem, compute_capability) else \
         WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else CONFIGS[STORAGE_BYTES[problem.dtype]]
     configs = [cfg for cfg in configs if _schedules(problem, cfg, stream_k)]  # stream_k=True: its tiles alone
-    if not configs:
-        raise ValueError(f"stream_k=True needs a tile fed by TMA with a stream-K instance; none can run {problem}")
     best = {cfg: _best_schedule(problem, cfg, stream_k) for cfg in configs}
     cfg = min(configs, key=lambda c: _schedule_us(problem, c, best[c]))
     said = {c: f"{c.name} in {best[c] if best[c] == STREAM_K else f'{best[c]} run(s)'} "
@@ -445,10 +439,9 @@ def _copy(problem: ConvProblem, channels: int, padded: int) -> str:
 
 def expression(dtype: str, index: str, cfg: TileConfig, x_vec: int, stream_k: bool = False) -> str:
     """The C++ template instance of the GEMM (the TMA tiles': no index type or piece, TMA addresses, and
-    whether it runs stream-K; TF32's: its landing stages too)."""
+    whether it runs stream-K; TF32's: its landing stages)."""
     if cfg.tf32:
-        return (f"cupyconv::{TF32_TMA_KERNEL}<{cfg.bm},{cfg.bj},{cfg.landing},{cfg.stages},"
-                f"{'true' if stream_k else 'false'}>")
+        return f"cupyconv::{TF32_TMA_KERNEL}<{cfg.bm},{cfg.bj},{cfg.landing},{cfg.stages}>"
     if cfg.tma:
         return (f"cupyconv::{TMA_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bj},{cfg.stages},{cfg.blocks_per_sm},"
                 f"{'true' if stream_k else 'false'}>")
@@ -548,8 +541,7 @@ def arch_specialisations() -> dict[str, list[str]]:
                          for index in INDEX_TYPES for cfg in WGMMA_CONFIGS] +
             [expression(dtype, "", cfg, 16, stream_k) for dtype in ("float16", "bfloat16") for cfg in TMA_CONFIGS
              for stream_k in (False, True) if cfg.stream_k or not stream_k] +
-            [expression("float32", "", cfg, 16, stream_k) for cfg in TF32_TMA_CONFIGS + TF32_K_MAJOR_CONFIGS
-             for stream_k in (False, True) if cfg.stream_k or not stream_k]}
+            [expression("float32", "", cfg, 16) for cfg in TF32_TMA_CONFIGS + TF32_K_MAJOR_CONFIGS]}
 
 
 def _copy_launch(dtype: str, how: str, n: int, plane: int, channels: int, padded: int, source: Pointer,
@@ -600,9 +592,10 @@ def program(plan: TensorCorePlan, problem: ConvProblem) -> CallProgram:
             x_map = input_im2col_map(p, x_operand, cp, width, cfg.bl)
             x_tail_map = x_map  # read by the K-major tiles alone
             x_rows = cp
-        args = (partial, Pointer(OUT), int(plan.direct), plan.stream_k_blocks, slots, Pointer(FLAGS), length, x_rows,
-                p.kh * p.kw * cp, kp, p.ho, p.wo, p.kw, p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0],
-                p.dilation[1], dy_map, x_map, *((x_tail_map,) if cfg.tf32 else ()))
+        stream_k = () if cfg.tf32 else (plan.stream_k_blocks, slots, Pointer(FLAGS))
+        args = (partial, Pointer(OUT), int(plan.direct), *stream_k, length, x_rows, p.kh * p.kw * cp, kp, p.ho,
+                p.wo, p.kw, p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], dy_map,
+                x_map, *((x_tail_map,) if cfg.tf32 else ()))
         launches.append(Launch(TF32_TMA_KERNEL if cfg.tf32 else TMA_KERNEL, plan.expression, plan.grid,
                                plan.block, plan.shared_bytes, args, plan.arch))
         if plan.direct:

@@ -171,7 +171,7 @@ def test_tf32_takes_the_transposing_tma_tiles_where_they_apply():
         assert plan.shared_bytes == (cfg.stages * cfg.bj + cfg.landing * (cfg.bm + cfg.bj)) * 32 * 4 + 1024 + \
             16 * stages <= 227 * 1024
         (launch,) = tc.program(plan, problem).launches
-        assert launch.kernel == tc.TF32_TMA_KERNEL and len(launch.args) == 22 and launch.args[2:4] == (1, 0)
+        assert launch.kernel == tc.TF32_TMA_KERNEL and len(launch.args) == 19 and launch.args[2] == 1
         dy_map, x_map, x_tail_map = launch.args[-3:]
         assert x_tail_map == x_map  # the K-major tiles' parameter, unread here
         assert isinstance(dy_map, TensorMap) and (dy_map.box_rows, dy_map.box_columns) == (32, 32)
@@ -199,12 +199,12 @@ def test_tf32_nchw_stride_1_layers_take_the_k_major_tiles():
     problem = _problem(32, 256, 64, 56, 1, "float32", layout="NCHW")
     for cfg in tc.TF32_K_MAJOR_CONFIGS:
         plan = tc.make_plan(problem, True, cfg.name, 1, 90)
-        assert plan.expression in listed and plan.expression.endswith(f"<{cfg.bm},{cfg.bj},0,{cfg.stages},false>")
+        assert plan.expression in listed and plan.expression.endswith(f"<{cfg.bm},{cfg.bj},0,{cfg.stages}>")
         assert (plan.x_copy, plan.dy_copy, plan.direct, plan.workspace_bytes) == ("", "", True, 0)
         assert plan.block == (2 * cfg.bm + 288, 1, 1) and plan.shared_bytes <= 227 * 1024
         (launch,) = tc.program(plan, problem).launches
-        assert launch.kernel == tc.TF32_TMA_KERNEL and launch.args[:4] == (Pointer(OUT), Pointer(OUT), 1, 0)
-        assert launch.args[6:10] == (32 * 56 * 56, 256, 256, 64)  # L, x's rows an image, J, dy's rows an image
+        assert launch.kernel == tc.TF32_TMA_KERNEL and launch.args[:4] == (Pointer(OUT), Pointer(OUT), 1, 32 * 56 * 56)
+        assert launch.args[4:7] == (256, 256, 64)  # x's rows an image, J, dy's rows an image
         dy_map, x_map, x_tail_map = launch.args[-3:]
         assert dy_map == TensorMap(Pointer(GRAD_OUTPUT), "float32", 32 * 64, 3136, 3136 * 4, cfg.bm, 32)
         assert x_map == TensorMap(Pointer(X), "float32", 32 * 256, 3136, 3136 * 4, 32, 32)
@@ -278,30 +278,6 @@ def test_stream_k_shares_a_wave_of_blocks():
             tc.make_plan(problem, True, compute_capability=90, **kwargs)
     with pytest.raises(ValueError, match="fed by TMA"):
         tc.make_plan(problem, True, None, None, 80, True)
-
-
-def test_tf32_stream_k_on_the_transposing_tiles():
-    """TF32's transposing tiles have stream-K instances (the same arguments: slots after the copies, FLAGS); the
-    K-major tiles have none (theirs spill), so forcing it there says so. ResNet-50's last 3x3 (144 tiles of 128 x
-    128 over 49 l tiles: runs of two leave the second wave a sixth full) takes it in TF32 in either layout."""
-    from cupyconv.program import FLAGS, Pointer
-
-    listed = set(tc.arch_specialisations()[tc.WGMMA_ARCH])
-    last = _problem(32, 512, 512, 7, 3, "float32", padding=1)
-    for cfg in tc.TF32_TMA_CONFIGS:
-        plan = tc.make_plan(last, True, cfg.name, None, 90, True)
-        assert plan.expression in listed and plan.expression.endswith(",true>") and plan.stream_k_blocks
-        (launch,) = tc.program(plan, last).launches
-        assert launch.args[3:6] == (plan.stream_k_blocks, Pointer("workspace", 0), Pointer(FLAGS))
-    for layout in ("NHWC", "NCHW"):
-        plan = tc.make_plan(_problem(32, 512, 512, 7, 3, "float32", padding=1, layout=layout), True, None, None, 90)
-        assert plan.config in tc.TF32_TMA_CONFIGS and plan.stream_k_blocks, layout
-    k_major = _problem(8, 64, 64, 14, 3, "float32", padding=1, layout="NCHW")
-    assert not any(cfg.stream_k for cfg in tc.TF32_K_MAJOR_CONFIGS)
-    with pytest.raises(ValueError, match="stream-K instance"):
-        tc.make_plan(k_major, True, tc.TF32_K_MAJOR_CONFIGS[0].name, None, 90, True)
-    forced = tc.make_plan(k_major, True, None, None, 90, True)  # the transposing tiles, on copies
-    assert forced.stream_k_blocks and forced.config in tc.TF32_TMA_CONFIGS and forced.x_copy == "transpose"
 
 
 def test_the_model_weighs_stream_k_against_runs():
