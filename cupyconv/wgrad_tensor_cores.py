@@ -8,10 +8,10 @@ is a GEMM of K rows, J = kh kw C columns and a reduction over the L = N Ho Wo ou
 operands are read l-major (a pixel's channels are contiguous in NHWC) and transposed by ldmatrix on
 their way to the tensor cores. NCHW inputs (but the K-major TF32 tiles' below), and channel counts that
 no whole 16-byte piece of dy (or 4-byte piece of x) divides, are first copied channels-last with zero
-channels (nchw_to_nhwc.cu); the zero rows and columns of the result are cut. The reduction runs in splits fixed by the problem alone,
-whose float32 partial sums wgrad_reduce adds in order and rounds once into the weight's layout: the
-result is bitwise the same on every run. Ungrouped convolutions only; the rest take wgrad.py's FMA
-kernel (wgrad_depthwise.py for depthwise layers).
+channels (nchw_to_nhwc.cu); the zero rows and columns of the result are cut. The reduction runs in
+splits fixed by the problem alone, whose float32 partial sums wgrad_reduce adds in order and rounds once
+into the weight's layout: the result is bitwise the same on every run. Ungrouped convolutions only; the
+rest take wgrad.py's FMA kernel (wgrad_depthwise.py for depthwise layers).
 
 On the H100 (sm_90a), problems whose 128-byte panels of x (64 16-bit channels, 32 float32 ones) lie in one
 tap take tiles fed by TMA (dy through a 2-D tensor map, x through an im2col map): wgrad_tensor_cores_tma in
@@ -51,7 +51,8 @@ class TileConfig:
     ``stages`` buffers, warps_m x warps_j warps, multiplying with mma.sync or (``wgmma``, sm_90a, 16-bit
     types) wgmma; ``tma``: wgmma fed by a copying warp's TMA copies (bm / 64 warpgroups multiply), and,
     ``landing`` > 0 (TF32), through a ring of that many landing stages whose x four warps transpose, or,
-    ``k_major`` (TF32 on NCHW stride-1 layers, Wo == W), straight into the stages, which eight warps round in place.
+    ``k_major`` (TF32 on NCHW stride-1 layers, Wo == W), straight into the stages, which eight warps round
+    in place.
     ``blocks_per_sm``: how many fit an SM (shared memory); ``sm_tflops``: the rate an SM full of them
     reaches on a long reduction (H100 timings), for the choice's timing model; ``stream_k``: a TMA tile
     with a stream-K instance."""
@@ -141,8 +142,9 @@ TF32_TMA_CONFIGS = tuple(TileConfig(f"tc_tma_tf32_m{bm}j{bj}", bm, bj, 32, bm //
                                                                (128, 64, 4, 4, 1.0)))
 #: Hopper TF32 tiles for NCHW stride-1 layers whose output rows are as wide as the input's (_k_major_applies):
 #: there x [N][C][H W] and dy [N][K][Ho Wo] are K-major already (a channel's pixels contiguous), so 2-D TMA copies
-#: of dy as [N K][Ho Wo] and of x as [N C][H W], each x panel shifted by its tap, land in wgmma's layout and four
-#: warps only round them to TF32 in place (zeroing the pixels a tap's column leaves the row at): no channels-last
+#: of dy as [N K][Ho Wo] and of x as [N C][H W], each x panel shifted by its tap, land in wgmma's layout; eight
+#: warps round x's in place (moving each row back by its shift's last pixels, zeroing those a tap's column leaves
+#: the row at) and the warpgroups take dy's fragments in registers: no channels-last
 #: copies and no transposes. The stages the TF32 tiles above split between landing and transposing. Rates:
 #: estimates (the transposes' share of shared memory's traffic gone), which a sweep of the layers suite's NCHW
 #: 1x1 rows confirmed (H200, benchmarks/results/wgrad_tiles_k_major_tf32_nchw_h200.txt; profile/wgrad_fit.py
