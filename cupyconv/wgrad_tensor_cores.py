@@ -135,9 +135,10 @@ TMA_CONFIGS = tuple(TileConfig(f"tc_tma_m{bm}j{bj}", bm, bj, 64, bm // 16, 1, st
 #: transposed, one block an SM (shared memory). Where they apply, the choice is among them alone: on every TF32 layer of
 #: bench.LAYERS they ran 1.1-2.4x faster than the mma.sync tiles' plan (H200, channels-last,
 #: benchmarks/results/wgrad_tiles_tma_tf32_h200.txt). The rates: fitted to that sweep (profile/wgrad_fit.py --mode
-#: tf32), the model's pick the fastest measured on 14 of 15 layers and within 1.03x on the last.
+#: tf32), the model's pick the fastest measured on 14 of 15 layers and within 1.03x on the last. Each has a stream-K
+#: instance (the K-major tiles' spill: their segments' taps and masks beside a slot's loads).
 TF32_TMA_CONFIGS = tuple(TileConfig(f"tc_tma_tf32_m{bm}j{bj}", bm, bj, 32, bm // 16, 1, stages, 1, rate, wgmma=True,
-                                    tma=True, landing=landing)
+                                    tma=True, stream_k=True, landing=landing)
                          for bm, bj, landing, stages, rate in ((128, 128, 3, 3, 1.4), (64, 128, 4, 4, 1.0),
                                                                (128, 64, 4, 4, 1.0)))
 #: Hopper TF32 tiles for NCHW stride-1 layers whose output rows are as wide as the input's (_k_major_applies):
@@ -158,13 +159,20 @@ REDUCE_LAUNCH_US = 2.0
 #: The timing model's bytes a second at which one stream-K block writes its float32 sums to its slot, or
 #: reads another block's (one block's loads from L2).
 STREAM_K_BLOCK_BANDWIDTH = 100e9
-#: What stream-K's modelled time is multiplied by before the choice weighs it. On an H200 sweep of the
-#: ResNet-50 and VGG layers (benchmarks/results/wgrad_tiles_stream_k_h200.txt) it ran 1.1-2x slower against
-#: the runs than modelled: its fix-up (slots stored and fenced, flags awaited, slots read) sits on each
-#: owner's critical path (benchmarks/NOTES.md, ncu). 1.4 keeps it where it won there, a half-idle wave over
-#: a long reduction (vgg_conv5_2: 72 tiles of 128 x 256, 98 l tiles; 1.3x faster than its runs), and nowhere
-#: else on that sweep; 1.35 also took ResNet-50's last 3x3 (6 % slower), 1.45 nothing.
-STREAM_K_MARGIN = 1.4
+#: What stream-K's modelled time is multiplied by before the choice weighs it, by element size. On an H200
+#: sweep of the ResNet-50 and VGG layers (benchmarks/results/wgrad_tiles_stream_k_h200.txt) it ran 1.1-2x slower
+#: against the runs than modelled: its fix-up (slots stored and fenced, flags awaited, slots read) sits on each
+#: owner's critical path (benchmarks/NOTES.md, ncu). In 16 bits 1.4 keeps it where it won there, a half-idle
+#: wave over a long reduction (vgg_conv5_2: 72 tiles of 128 x 256, 98 l tiles; 1.3x faster than its runs), and
+#: nowhere else on that sweep; 1.35 also took ResNet-50's last 3x3 (6 % slower), 1.45 nothing. TF32's slower
+#: l tiles bear the same fix-up better: on the 128 x 128 tile the model put stream-K 1.36x, 1.71x and 1.25x ahead
+#: of the best runs on vgg_conv5_2, r50_l4_3x3_512 and r50_l3_3x3_256, measured 1.15x, 1.39x and 1.0x (H200,
+#: benchmarks/results/wgrad_tiles_stream_k_tf32_h200.txt); 1.3 takes the first two alone.
+STREAM_K_MARGIN = {2: 1.4, 4: 1.3}
+#: The bytes a second (read and written) at which the channels-last copies of NCHW x and dy move, for the timing
+#: model: the transposing TF32 tiles ran vgg_conv5_2 and r50_l3_3x3_256 0.042 and 0.018 ms slower on NCHW arrays
+#: than on channels-last ones, 51 and 26 MB moved (H200, benchmarks/results/wgrad_tiles_k_major_taps_tf32_nchw_h200.txt).
+COPY_BANDWIDTH = 1.3e12
 CONFIG_NAMES = frozenset(c.name for configs in (*CONFIGS.values(), WGMMA_CONFIGS, TMA_CONFIGS, TF32_TMA_CONFIGS,
                                                 TF32_K_MAJOR_CONFIGS) for c in configs)
 #: The timing model's machine: the H100's SMs, the bandwidth the partial sums move at, and the k
@@ -290,19 +298,19 @@ def _k_major_applies(problem: ConvProblem, compute_capability: int) -> bool:
 
 
 def _tma_configs(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, ...]:
-    if _k_major_applies(problem, compute_capability):
-        return TF32_K_MAJOR_CONFIGS
-    return TMA_CONFIGS if STORAGE_BYTES[problem.dtype] == 2 else TF32_TMA_CONFIGS
+    """The TMA tiles the choice weighs: the K-major ones where they apply, and those reading x through the im2col map
+    where it does (on NCHW arrays at the price of their copies, _copies_us)."""
+    im2col = TMA_CONFIGS if STORAGE_BYTES[problem.dtype] == 2 else TF32_TMA_CONFIGS
+    return (TF32_K_MAJOR_CONFIGS if _k_major_applies(problem, compute_capability) else ()) + \
+        (im2col if _im2col_tiles_apply(problem, compute_capability) else ())
 
 
 def configs(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, ...]:
     """The tiles that can run ``problem``: mma.sync's, and wgmma's and TMA's where they apply (the K-major ones and,
     where the im2col map can read the channels-last copies, the transposing ones too)."""
-    item = STORAGE_BYTES[problem.dtype]
-    im2col = TMA_CONFIGS if item == 2 else TF32_TMA_CONFIGS
-    return CONFIGS[item] + (WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else ()) + \
-        (TF32_K_MAJOR_CONFIGS if _k_major_applies(problem, compute_capability) else ()) + \
-        (im2col if _im2col_tiles_apply(problem, compute_capability) else ())
+    return CONFIGS[STORAGE_BYTES[problem.dtype]] + \
+        (WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else ()) + \
+        _tma_configs(problem, compute_capability)
 
 
 def _direct(problem: ConvProblem, cfg: TileConfig, splits: int) -> bool:
@@ -332,6 +340,17 @@ def _partial_sums_us(problem: ConvProblem, cfg: TileConfig, splits: int) -> floa
         return 0.0
     kp, j, _ = _sizes(problem)
     return 2 * splits * kp * j * 4 / MODEL_BANDWIDTH * 1e6 + REDUCE_LAUNCH_US
+
+
+def _copies_us(problem: ConvProblem, cfg: TileConfig) -> float:
+    """The timing model's µs for the channels-last copies of NCHW x and dy, read and written once each at
+    COPY_BANDWIDTH; none for the K-major tiles (they read both in place) or channels-last arrays (whose pads of few
+    channels every tile needs alike)."""
+    if cfg.k_major or problem.layout != "NCHW":
+        return 0.0
+    p = problem
+    moved = 2 * p.n * (p.c * p.h * p.w + p.k * p.ho * p.wo) * STORAGE_BYTES[p.dtype]
+    return moved / COPY_BANDWIDTH * 1e6
 
 
 def _model_us(problem: ConvProblem, cfg: TileConfig, splits: int) -> float:
@@ -378,9 +397,11 @@ STREAM_K = "stream-K"
 
 
 def _schedule_us(problem: ConvProblem, cfg: TileConfig, schedule: int | str) -> float:
-    """The modelled µs the choice weighs for ``cfg`` run in ``schedule`` (stream-K's times STREAM_K_MARGIN)."""
-    return STREAM_K_MARGIN * _stream_k_model_us(problem, cfg) if schedule == STREAM_K else \
-        _model_us(problem, cfg, schedule)
+    """The modelled µs the choice weighs for ``cfg`` run in ``schedule`` (stream-K's times its STREAM_K_MARGIN),
+    and its copies (_copies_us)."""
+    gemm = STREAM_K_MARGIN[STORAGE_BYTES[problem.dtype]] * _stream_k_model_us(problem, cfg) \
+        if schedule == STREAM_K else _model_us(problem, cfg, schedule)
+    return gemm + _copies_us(problem, cfg)
 
 
 def _schedules(problem: ConvProblem, cfg: TileConfig, stream_k: bool | None) -> list[int | str]:
@@ -402,6 +423,8 @@ def _choose(problem: ConvProblem, compute_capability: int, stream_k: bool | None
     configs = _tma_configs(problem, compute_capability) if _tma_applies(problem, compute_capability) else \
         WGMMA_CONFIGS if _wgmma_applies(problem, compute_capability) else CONFIGS[STORAGE_BYTES[problem.dtype]]
     configs = [cfg for cfg in configs if _schedules(problem, cfg, stream_k)]  # stream_k=True: its tiles alone
+    if not configs:
+        raise ValueError(f"stream_k=True needs a tile fed by TMA with a stream-K instance; none can run {problem}")
     best = {cfg: _best_schedule(problem, cfg, stream_k) for cfg in configs}
     cfg = min(configs, key=lambda c: _schedule_us(problem, c, best[c]))
     said = {c: f"{c.name} in {best[c] if best[c] == STREAM_K else f'{best[c]} run(s)'} "
@@ -441,9 +464,10 @@ def _copy(problem: ConvProblem, channels: int, padded: int) -> str:
 
 def expression(dtype: str, index: str, cfg: TileConfig, x_vec: int, stream_k: bool = False) -> str:
     """The C++ template instance of the GEMM (the TMA tiles': no index type or piece, TMA addresses, and
-    whether it runs stream-K; TF32's: its landing stages)."""
+    whether it runs stream-K; TF32's: its landing stages too)."""
     if cfg.tf32:
-        return f"cupyconv::{TF32_TMA_KERNEL}<{cfg.bm},{cfg.bj},{cfg.landing},{cfg.stages}>"
+        return (f"cupyconv::{TF32_TMA_KERNEL}<{cfg.bm},{cfg.bj},{cfg.landing},{cfg.stages},"
+                f"{'true' if stream_k else 'false'}>")
     if cfg.tma:
         return (f"cupyconv::{TMA_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bj},{cfg.stages},{cfg.blocks_per_sm},"
                 f"{'true' if stream_k else 'false'}>")
@@ -543,7 +567,8 @@ def arch_specialisations() -> dict[str, list[str]]:
                          for index in INDEX_TYPES for cfg in WGMMA_CONFIGS] +
             [expression(dtype, "", cfg, 16, stream_k) for dtype in ("float16", "bfloat16") for cfg in TMA_CONFIGS
              for stream_k in (False, True) if cfg.stream_k or not stream_k] +
-            [expression("float32", "", cfg, 16) for cfg in TF32_TMA_CONFIGS + TF32_K_MAJOR_CONFIGS]}
+            [expression("float32", "", cfg, 16, stream_k) for cfg in TF32_TMA_CONFIGS + TF32_K_MAJOR_CONFIGS
+             for stream_k in (False, True) if cfg.stream_k or not stream_k]}
 
 
 def _copy_launch(dtype: str, how: str, n: int, plane: int, channels: int, padded: int, source: Pointer,
@@ -594,10 +619,9 @@ def program(plan: TensorCorePlan, problem: ConvProblem) -> CallProgram:
             x_map = input_im2col_map(p, x_operand, cp, width, cfg.bl)
             x_tail_map = x_map  # read by the K-major tiles alone
             x_rows = cp
-        stream_k = () if cfg.tf32 else (plan.stream_k_blocks, slots, Pointer(FLAGS))
-        args = (partial, Pointer(OUT), int(plan.direct), *stream_k, length, x_rows, p.kh * p.kw * cp, kp, p.ho,
-                p.wo, p.kw, p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], dy_map,
-                x_map, *((x_tail_map,) if cfg.tf32 else ()))
+        args = (partial, Pointer(OUT), int(plan.direct), plan.stream_k_blocks, slots, Pointer(FLAGS), length, x_rows,
+                p.kh * p.kw * cp, kp, p.ho, p.wo, p.kw, p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0],
+                p.dilation[1], dy_map, x_map, *((x_tail_map,) if cfg.tf32 else ()))
         launches.append(Launch(TF32_TMA_KERNEL if cfg.tf32 else TMA_KERNEL, plan.expression, plan.grid,
                                plan.block, plan.shared_bytes, args, plan.arch))
         if plan.direct:

@@ -266,6 +266,52 @@ template <int BL> struct LTileCorner {
     }
 };
 
+// A TMA tile's share of the weight gradient's units (tile t = o tile x j_tiles + j tile, l tile; all_tiles l tiles
+// a tile): in stream-K (kernels/stream_k.cuh) units [begin, end) of `blocks` blocks' wave; else the block's tile
+// (blockIdx.x, blockIdx.y) and run blockIdx.z's l tiles.
+template <bool STREAM_K, int BM, int BJ> struct WgradShare {
+    int all_tiles, j_tiles, blocks;
+    long long units, begin, end;
+
+    __device__ __forceinline__ WgradShare(int all_tiles_, int J, int K, int blocks_)
+        : all_tiles(all_tiles_), j_tiles((J + BJ - 1) / BJ), blocks(blocks_),
+          units(static_cast<long long>(j_tiles) * ((K + BM - 1) / BM) * all_tiles_),
+          begin(STREAM_K ? stream_k_start(units, blockIdx.x, blocks_) : 0),
+          end(STREAM_K ? stream_k_start(units, blockIdx.x + 1, blocks_) : 0) {}
+
+    // body(tile, j0, o0, first l tile, end l tile) for each of the block's segments, in order.
+    template <typename Body> __device__ __forceinline__ void segments(Body&& body) const {
+        if constexpr (!STREAM_K) {
+            const int run_tiles = (all_tiles + gridDim.z - 1) / gridDim.z, kt0 = blockIdx.z * run_tiles;
+            body(0, blockIdx.x * BJ, blockIdx.y * BM, kt0, kt0 + max(0, min(all_tiles - kt0, run_tiles)));
+        } else {
+            for (long long u = begin; u < end;) {
+                const int tile = static_cast<int>(u / all_tiles);
+                const int k_begin = static_cast<int>(u - tile * static_cast<long long>(all_tiles));
+                const int k_end = static_cast<int>(min(static_cast<long long>(all_tiles), k_begin + (end - u)));
+                body(tile, tile % j_tiles * BJ, tile / j_tiles * BM, k_begin, k_end);
+                u += k_end - k_begin;
+            }
+        }
+    }
+
+    // After a segment's MMAs (stream-K): a block that does not hold the tile's first l tile publishes its sums to
+    // its slot and returns false; the owner adds the slots of the blocks holding the tile's later l tiles, in block
+    // order, and returns true (it writes the tile). THREADS: the warpgroups', meeting at named barrier BARRIER.
+    template <int THREADS, int ACC, int BARRIER>
+    __device__ __forceinline__ bool settle(float (&acc)[ACC], int tile, int k_begin, float* slots, int* flags) const {
+        if (k_begin > 0) {
+            stream_k_publish<THREADS, ACC, BARRIER>(acc, slots + static_cast<long long>(blockIdx.x) * ACC * THREADS,
+                                                    flags + blockIdx.x);
+            return false;
+        }
+        const long long tile_end = (tile + 1) * static_cast<long long>(all_tiles);
+        for (int b = blockIdx.x + 1; b < blocks && stream_k_start(units, b, blocks) < tile_end; ++b)
+            stream_k_add<THREADS, ACC, BARRIER>(acc, slots + static_cast<long long>(b) * ACC * THREADS, flags + b);
+        return true;
+    }
+};
+
 // One l tile's copies, their bytes counted on `landed`: dy's A_PANELS boxes [BL pixels][WIDTH channels] (channels
 // o0 + WIDTH a .. of pixels tile BL ..) to a_dst + a PANEL, and x's panels inside J through the im2col map to
 // b_dst + b PANEL.
@@ -351,27 +397,7 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
     unsigned long long* empty = full + STAGES;
 
     const int tid = threadIdx.x, warpgroup = tid >> 7;
-    const int all_tiles = (L + BL - 1) / BL, j_tiles = (J + BJ - 1) / BJ;
-    // The block's share: [begin, end) of the units (tile t = o tile x j_tiles + j tile, l tile) in
-    // stream-K; else its tile and its run's l tiles.
-    const long long units = static_cast<long long>(j_tiles) * ((K + BM - 1) / BM) * all_tiles;
-    const long long begin = STREAM_K ? stream_k_start(units, blockIdx.x, stream_k) : 0;
-    const long long end = STREAM_K ? stream_k_start(units, blockIdx.x + 1, stream_k) : 0;
-    const int run_tiles = (all_tiles + gridDim.z - 1) / gridDim.z, kt0 = blockIdx.z * run_tiles;
-    // body(tile, j0, o0, first l tile, end l tile) for each of the block's segments, in order.
-    auto segments = [&](auto&& body) {
-        if constexpr (!STREAM_K) {
-            body(0, blockIdx.x * BJ, blockIdx.y * BM, kt0, kt0 + max(0, min(all_tiles - kt0, run_tiles)));
-        } else {
-            for (long long u = begin; u < end;) {
-                const int tile = static_cast<int>(u / all_tiles);
-                const int k_begin = static_cast<int>(u - tile * static_cast<long long>(all_tiles));
-                const int k_end = static_cast<int>(min(static_cast<long long>(all_tiles), k_begin + (end - u)));
-                body(tile, tile % j_tiles * BJ, tile / j_tiles * BM, k_begin, k_end);
-                u += k_end - k_begin;
-            }
-        }
-    };
+    const WgradShare<STREAM_K, BM, BJ> share((L + BL - 1) / BL, J, K, stream_k);
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbarrier_init(full + s, 1);              // the copying thread's expect-tx arrival
@@ -383,7 +409,7 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
     if (warpgroup == A_PANELS) {  // the copying warp
         if (tid != CONSUMERS) return;
         int it = 0;  // l tiles copied so far, over all segments: the ring's position
-        segments([&](int, int j0, int o0, int k_begin, int k_end) {
+        share.segments([&](int, int j0, int o0, int k_begin, int k_end) {
             const XPanels<B_PANELS, 64> panels(j0, J, C, kw, dh, dw, PANEL);
             LTileCorner<BL> corner(k_begin, Ho, Wo);
 #pragma unroll 1
@@ -401,7 +427,7 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
 
     const int lane = tid & 31;
     int it = 0;
-    segments([&](int tile, int j0, int o0, int k_begin, int k_end) {
+    share.segments([&](int tile, int j0, int o0, int k_begin, int k_end) {
         float acc[ACC];
 #pragma unroll
         for (int j = 0; j < ACC; ++j) acc[j] = 0.0f;
@@ -424,16 +450,7 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
         if (k_end > k_begin && lane == 0) mbarrier_arrive(empty + (it - 1) % STAGES);
 
         if constexpr (STREAM_K) {
-            if (k_begin > 0) {  // the tile's owner adds these sums: the block's slot, then its flag
-                stream_k_publish<CONSUMERS, ACC, CONSUMER_BARRIER>(
-                    acc, slots + static_cast<long long>(blockIdx.x) * ACC * CONSUMERS, flags + blockIdx.x);
-                return;
-            }
-            // The owner: the blocks holding the tile's later l tiles, in block order.
-            const long long tile_end = (tile + 1) * static_cast<long long>(all_tiles);
-            for (int b = blockIdx.x + 1; b < stream_k && stream_k_start(units, b, stream_k) < tile_end; ++b)
-                stream_k_add<CONSUMERS, ACC, CONSUMER_BARRIER>(acc, slots + static_cast<long long>(b) * ACC * CONSUMERS,
-                                                               flags + b);
+            if (!share.template settle<CONSUMERS, ACC, CONSUMER_BARRIER>(acc, tile, k_begin, slots, flags)) return;
         }
         store_warpgroup_sums<T, BJ>(acc, ws + static_cast<long long>(blockIdx.z) * K * J, out, direct,
                                     o0 + warpgroup * 64, j0, K, J);
@@ -469,9 +486,11 @@ __device__ __forceinline__ void take_skewed_row(unsigned char* row_at, const flo
 // fragments (A) from its landed panels into registers, rounded there (wgmma_rs: a pass over shared memory fewer
 // than transposing dy too; H200, TF32 channels_last wgrad 1.03x -> 1.06x). Barriers: "landed" (the copies'
 // bytes) and "taken" (the transposers and the warpgroups are done reading a landing stage) between the copying
-// thread and the rest; "full" and "empty" between the transposers and the warpgroups. Runs and
-// `direct` as above; no stream-K. The copying thread has a warp of its own: issued by a transposing warp, the
-// copies waited on every transposer and held up the next tile's transposes (tiles up to 2x slower, H200).
+// thread and the rest; "full" and "empty" between the transposers and the warpgroups. Runs, `direct`
+// and STREAM_K as above: every role walks the block's segments with one `it` across them (the rings' positions);
+// the K-major tiles (LANDING 0) have runs alone (stream-K's segments beside their rounders' state spilled). The
+// copying thread has a warp of its own: issued by a transposing warp, the copies waited on every transposer and
+// held up the next tile's transposes (tiles up to 2x slower, H200).
 // Four transposing warps (three ran the 128 x 128 tile up to 1.15x slower), beside at most two warpgroups: a
 // 256 x 128 tile's 21 warps would leave 80 registers a thread, too few for a warpgroup's accumulators and its
 // wgmma, and with three transposers it lost to 128 x 128 once the transposes' loads were batched.
@@ -494,9 +513,10 @@ __device__ __forceinline__ void take_skewed_row(unsigned char* row_at, const flo
 // warpgroups take dy's fragments into registers, rounded there: no landing ring, no transposes, no pass over dy.
 // x's panels lie in one tap (C a multiple of 32, or a 1x1 kernel); a 1x1 layer's rows of a panel past an image's
 // channels hold the next image's, which only reach sums past K or J, never written or cut by the reduction.
-template <int BM, int BJ, int LANDING, int STAGES>
+template <int BM, int BJ, int LANDING, int STAGES, bool STREAM_K>
 __global__ void __launch_bounds__(BM / 64 * 128 + 32 + (LANDING == 0 ? 256 : 128), 1)
-wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int direct, int L, int C, int J, int K,
+wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int direct, int stream_k,
+                            float* __restrict__ slots, int* __restrict__ flags, int L, int C, int J, int K,
                             int Ho, int Wo, int kw, int sh, int sw, int pt, int pl, int dh, int dw,
                             const __grid_constant__ TensorMap dy_map, const __grid_constant__ TensorMap x_map,
                             const __grid_constant__ TensorMap x_tail_map) {
@@ -506,10 +526,12 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     constexpr int LAND_STAGE = PANELS * PANEL, A_STAGE = A_PANELS * PANEL, B_STAGE = B_PANELS * PANEL;
     constexpr int TAIL = 32 * 16, TAIL_STAGE = B_PANELS * TAIL;  // K_MAJOR: a panel's 4 pixels past its box
     constexpr int CONSUMERS = BM / 64 * 128, ACC = BJ / 2, INST_L = 8;
+    constexpr int CONSUMER_BARRIER = 1;  // the warpgroups' own (stream-K's fix-up)
     constexpr int TRANSPOSERS = 4, QUARTERS = 4 * TRANSPOSERS;  // warps (K_MAJOR: rounding), and their quarters
     constexpr int GROUPS = K_MAJOR ? 2 : 1;  // K_MAJOR: two groups of rounding warps, taking turns by l tile
     constexpr int LANDED = K_MAJOR ? STAGES : LANDING;          // the ring the copies land in
     static_assert((BM == 64 || BM == 128) && (BJ == 64 || BJ == 128), "one or two warpgroups, wgmma's widths");
+    static_assert(!(K_MAJOR && STREAM_K), "the K-major tiles run in runs: their rounders take one segment");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
     unsigned char* landing = smem;                                 // [LANDING][PANELS][BL][32]: dy's, then x's
@@ -523,10 +545,9 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
 
     const int tid = threadIdx.x, lane = tid & 31;
     const int plane_tiles = (Ho * Wo + BL - 1) / BL;  // K_MAJOR: an image's l tiles
-    const int all_tiles = K_MAJOR ? L / (Ho * Wo) * plane_tiles : (L + BL - 1) / BL;
-    const int run_tiles = (all_tiles + gridDim.z - 1) / gridDim.z;
-    const int k_begin = blockIdx.z * run_tiles, k_end = min(all_tiles, k_begin + run_tiles);
-    const int j0 = blockIdx.x * BJ, o0 = blockIdx.y * BM;
+    // The block's segments: (tile, j0, o0, l tiles [k_begin, k_end)); `it` counts l tiles over all of them (the
+    // rings' positions).
+    const WgradShare<STREAM_K, BM, BJ> share(K_MAJOR ? L / (Ho * Wo) * plane_tiles : (L + BL - 1) / BL, J, K, stream_k);
     if (tid == 0) {
         for (int s = 0; s < LANDED; ++s) mbarrier_init(landed + s, 1);  // the copying thread's expect-tx arrival
         for (int s = 0; s < LANDING; ++s)  // the lane 0s of the transposing warps (x's) and multiplying warps (dy's)
@@ -540,46 +561,52 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
 
     if (tid >= CONSUMERS + 32 * TRANSPOSERS * GROUPS) {  // the copying warp
         if (tid != CONSUMERS + 32 * TRANSPOSERS * GROUPS) return;
+        int it = 0;
         if constexpr (K_MAJOR) {
-            const XPanels<B_PANELS, 32> panels(j0, J, C, kw, dh, dw, PANEL);
-            int shift[B_PANELS], bytes = A_STAGE + panels.bytes;  // a panel's tap: how far x's pixels lie from dy's
-#pragma unroll
-            for (int b = 0; b < B_PANELS; ++b) {
-                shift[b] = (panels.offset_h[b] - pt) * Wo + panels.offset_w[b] - pl;
-                bytes += j0 + 32 * b < J && (shift[b] & 3) ? TAIL : 0;
-            }
-            int image = k_begin / plane_tiles, pixel = (k_begin - image * plane_tiles) * BL;
-#pragma unroll 1
-            for (int it = 0; it < k_end - k_begin; ++it) {
-                const int stage = it % STAGES;
-                if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
-                mbarrier_arrive_expect_tx(landed + stage, bytes);
-                tma_load_2d(a_smem + stage * A_STAGE, &dy_map, pixel, image * K + o0, landed + stage);
+            share.segments([&](int, int j0, int o0, int k_begin, int k_end) {
+                const XPanels<B_PANELS, 32> panels(j0, J, C, kw, dh, dw, PANEL);
+                int shift[B_PANELS], bytes = A_STAGE + panels.bytes;  // a panel's tap: how far x's pixels lie from dy's
 #pragma unroll
                 for (int b = 0; b < B_PANELS; ++b) {
-                    if (j0 + 32 * b >= J) continue;
-                    // A box starts on a 16-byte piece: from the shifted pixel's piece, and the 4 pixels past it
-                    // where the shift leaves the piece.
-                    const int from = pixel + (shift[b] & ~3), row = image * C + panels.channel[b];
-                    tma_load_2d(b_smem + stage * B_STAGE + b * PANEL, &x_map, from, row, landed + stage);
-                    if (shift[b] & 3)
-                        tma_load_2d(tails + stage * TAIL_STAGE + b * TAIL, &x_tail_map, from + BL, row, landed + stage);
+                    shift[b] = (panels.offset_h[b] - pt) * Wo + panels.offset_w[b] - pl;
+                    bytes += j0 + 32 * b < J && (shift[b] & 3) ? TAIL : 0;
                 }
-                pixel += BL;
-                if (pixel >= Ho * Wo) { pixel = 0; ++image; }
-            }
-        } else {
-            const XPanels<B_PANELS, 32> panels(j0, J, C, kw, dh, dw, PANEL);
-            LTileCorner<BL> corner(k_begin, Ho, Wo);
+                int image = k_begin / plane_tiles, pixel = (k_begin - image * plane_tiles) * BL;
 #pragma unroll 1
-            for (int t = k_begin, it = 0; t < k_end; ++t, ++it) {
-                const int stage = it % LANDING;
-                if (it >= LANDING) mbarrier_wait(taken + stage, (it / LANDING - 1) & 1);
-                unsigned char* to = landing + stage * LAND_STAGE;
-                copy_l_tile<A_PANELS, B_PANELS, 32, PANEL>(to, to + A_STAGE, landed + stage, &dy_map, &x_map, o0, j0, J,
-                                                           t, panels, corner, sh, sw, pt, pl);
-                corner.next(Ho, Wo);
-            }
+                for (int t = k_begin; t < k_end; ++t, ++it) {
+                    const int stage = it % STAGES;
+                    if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
+                    mbarrier_arrive_expect_tx(landed + stage, bytes);
+                    tma_load_2d(a_smem + stage * A_STAGE, &dy_map, pixel, image * K + o0, landed + stage);
+#pragma unroll
+                    for (int b = 0; b < B_PANELS; ++b) {
+                        if (j0 + 32 * b >= J) continue;
+                        // A box starts on a 16-byte piece: from the shifted pixel's piece, and the 4 pixels past it
+                        // where the shift leaves the piece.
+                        const int from = pixel + (shift[b] & ~3), row = image * C + panels.channel[b];
+                        tma_load_2d(b_smem + stage * B_STAGE + b * PANEL, &x_map, from, row, landed + stage);
+                        if (shift[b] & 3)
+                            tma_load_2d(tails + stage * TAIL_STAGE + b * TAIL, &x_tail_map, from + BL, row,
+                                        landed + stage);
+                    }
+                    pixel += BL;
+                    if (pixel >= Ho * Wo) { pixel = 0; ++image; }
+                }
+            });
+        } else {
+            share.segments([&](int, int j0, int o0, int k_begin, int k_end) {
+                const XPanels<B_PANELS, 32> panels(j0, J, C, kw, dh, dw, PANEL);
+                LTileCorner<BL> corner(k_begin, Ho, Wo);
+#pragma unroll 1
+                for (int t = k_begin; t < k_end; ++t, ++it) {
+                    const int stage = it % LANDING;
+                    if (it >= LANDING) mbarrier_wait(taken + stage, (it / LANDING - 1) & 1);
+                    unsigned char* to = landing + stage * LAND_STAGE;
+                    copy_l_tile<A_PANELS, B_PANELS, 32, PANEL>(to, to + A_STAGE, landed + stage, &dy_map, &x_map, o0,
+                                                               j0, J, t, panels, corner, sh, sw, pt, pl);
+                    corner.next(Ho, Wo);
+                }
+            });
         }
         return;
     }
@@ -597,100 +624,105 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
             // zeros are a mask of the tile's 32 pixels, lane l's bit from pixel l's column (q, counted along the
             // tiles without a division), by a ballot. One lane a row: x's reads are 9 pieces for 8 written, none
             // across lanes (two pieces a thread across lanes and selects by the skew ran 2.8x slower, H200).
-            const int plane = Ho * Wo, step = BL % Wo;
-            const bool x_panel = panel < B_PANELS && j0 + 32 * panel < J;
-            const int tap = (j0 + 32 * panel) / C;  // the warp's panel's
-            const int s_off = tap % kw * dw - pl, skew = ((tap / kw * dh - pt) * Wo + s_off) & 3;
-            const int first_q = lane % Wo;
-            int pixel = 0, q = first_q;
-            auto next_tile = [&] {
-                pixel += BL;
-                q += step;
-                if (q >= Wo) q -= Wo;
-                if (pixel >= plane) { pixel = 0; q = first_q; }
-            };
-            if (group < k_end - k_begin) {  // the group's first l tile
-                pixel = (k_begin + group) % plane_tiles * BL;
-                q = (pixel + lane) % Wo;
-            }
-#pragma unroll 1
-            for (int it = group; it < k_end - k_begin; it += GROUPS) {
-                const int stage = it % STAGES;
-                const unsigned keep = __ballot_sync(0xffffffffu, pixel + lane < plane &&
-                                                                     static_cast<unsigned>(q + s_off) < static_cast<unsigned>(Wo));
-                mbarrier_wait(landed + stage, (it / STAGES) & 1);
-                if (x_panel) {
-                    unsigned char* row_at = b_smem + stage * B_STAGE + panel * PANEL + lane * 128;
-                    const float* tail = reinterpret_cast<const float*>(tails + stage * TAIL_STAGE + panel * TAIL) + 4 * lane;
-                    switch (skew) {
-                        case 0: take_skewed_row<0>(row_at, tail, keep, lane); break;
-                        case 1: take_skewed_row<1>(row_at, tail, keep, lane); break;
-                        case 2: take_skewed_row<2>(row_at, tail, keep, lane); break;
-                        default: take_skewed_row<3>(row_at, tail, keep, lane); break;
-                    }
+            // One segment: the K-major tiles run in runs alone (see the kernel's note).
+            share.segments([&](int, int j0, int, int k_begin, int k_end) {
+                const int plane = Ho * Wo, step = BL % Wo;
+                const bool x_panel = panel < B_PANELS && j0 + 32 * panel < J;
+                const int tap = (j0 + 32 * panel) / C;  // the warp's panel's
+                const int s_off = tap % kw * dw - pl, skew = ((tap / kw * dh - pt) * Wo + s_off) & 3;
+                const int first_q = lane % Wo;
+                int pixel = 0, q = first_q;
+                auto next_tile = [&] {
+                    pixel += BL;
+                    q += step;
+                    if (q >= Wo) q -= Wo;
+                    if (pixel >= plane) { pixel = 0; q = first_q; }
+                };
+                if (group < k_end - k_begin) {  // the group's first l tile
+                    pixel = (k_begin + group) % plane_tiles * BL;
+                    q = (pixel + lane) % Wo;
                 }
-                fence_proxy_async_shared();  // the rounded rows, to wgmma
-                __syncwarp();
-                if (lane == 0) mbarrier_arrive(full + stage);
+#pragma unroll 1
+                for (int it = group; it < k_end - k_begin; it += GROUPS) {
+                    const int stage = it % STAGES;
+                    const bool kept =
+                        pixel + lane < plane && static_cast<unsigned>(q + s_off) < static_cast<unsigned>(Wo);
+                    const unsigned keep = __ballot_sync(0xffffffffu, kept);
+                    mbarrier_wait(landed + stage, (it / STAGES) & 1);
+                    if (x_panel) {
+                        unsigned char* row_at = b_smem + stage * B_STAGE + panel * PANEL + lane * 128;
+                        const float* tail =
+                            reinterpret_cast<const float*>(tails + stage * TAIL_STAGE + panel * TAIL) + 4 * lane;
+                        switch (skew) {
+                            case 0: take_skewed_row<0>(row_at, tail, keep, lane); break;
+                            case 1: take_skewed_row<1>(row_at, tail, keep, lane); break;
+                            case 2: take_skewed_row<2>(row_at, tail, keep, lane); break;
+                            default: take_skewed_row<3>(row_at, tail, keep, lane); break;
+                        }
+                    }
+                    fence_proxy_async_shared();  // the rounded rows, to wgmma
+                    __syncwarp();
+                    if (lane == 0) mbarrier_arrive(full + stage);
 #pragma unroll
-                for (int g = 0; g < GROUPS; ++g) next_tile();
-            }
+                    for (int g = 0; g < GROUPS; ++g) next_tile();
+                }
+            });
         } else {
             // A quarter's units (panel, diagonal) per l tile, all in registers at once (16 floats a unit, within the
             // 128 a thread of four warps a scheduler).
             constexpr int UNITS = B_PANELS * 8 / QUARTERS;  // x's panels (the warpgroups take dy's)
             static_assert(B_PANELS * 8 % QUARTERS == 0 && UNITS <= 4, "whole diagonals, a quarter's units in registers");
             const int t = lane & 7, quarter = (tid - CONSUMERS) >> 3;
+            int it = 0;
+            share.segments([&](int, int j0, int, int k_begin, int k_end) {
 #pragma unroll 1
-            for (int l_tile = k_begin, it = 0; l_tile < k_end; ++l_tile, ++it) {
-                const int from_stage = it % LANDING, stage = it % STAGES;
-                mbarrier_wait(landed + from_stage, (it / LANDING) & 1);
-                if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
-                const unsigned char* from = landing + from_stage * LAND_STAGE;
-                // Every unit's loads issued before any of its stores: the compiler may not move a load from shared
-                // memory above a store to it, so one unit at a time waited out every load's latency (ncu: the
-                // transposers stalled on shared-memory loads for 2/3 of their cycles).
-                float4 v[UNITS][4];  // unit u: pixels 4 t + k, channels 4 c ..
+                for (int l_tile = k_begin; l_tile < k_end; ++l_tile, ++it) {
+                    const int from_stage = it % LANDING, stage = it % STAGES;
+                    mbarrier_wait(landed + from_stage, (it / LANDING) & 1);
+                    if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
+                    const unsigned char* from = landing + from_stage * LAND_STAGE;
+                    // Every unit's loads issued before any of its stores: the compiler may not move a load from shared
+                    // memory above a store to it, so one unit at a time waited out every load's latency (ncu: the
+                    // transposers stalled on shared-memory loads for 2/3 of their cycles).
+                    float4 v[UNITS][4];  // unit u: pixels 4 t + k, channels 4 c ..
 #pragma unroll
-                for (int u = 0; u < UNITS; ++u) {
-                    const int unit = quarter + QUARTERS * u, panel = A_PANELS + (unit >> 3), c = (t + unit) & 7;
-                    if (j0 + 32 * (panel - A_PANELS) >= J) continue;  // a panel not copied
+                    for (int u = 0; u < UNITS; ++u) {
+                        const int unit = quarter + QUARTERS * u, panel = A_PANELS + (unit >> 3), c = (t + unit) & 7;
+                        if (j0 + 32 * (panel - A_PANELS) >= J) continue;  // a panel not copied
 #pragma unroll
-                    for (int k = 0; k < 4; ++k) {
-                        const int row = 4 * t + k;
-                        v[u][k] = *reinterpret_cast<const float4*>(from + panel * PANEL + row * 128 +
-                                                                   (swizzle128_slot(c, row) << 4));
+                        for (int k = 0; k < 4; ++k) {
+                            const int row = 4 * t + k;
+                            v[u][k] = *reinterpret_cast<const float4*>(from + panel * PANEL + row * 128 +
+                                                                       (swizzle128_slot(c, row) << 4));
+                        }
+                    }
+#pragma unroll
+                    for (int u = 0; u < UNITS; ++u) {
+                        const int unit = quarter + QUARTERS * u, panel = A_PANELS + (unit >> 3), c = (t + unit) & 7;
+                        if (j0 + 32 * (panel - A_PANELS) >= J) continue;
+                        unsigned char* to = b_smem + stage * B_STAGE + (panel - A_PANELS) * PANEL;
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {  // channel 4 c + e: pixels 4 t ..
+                            const int row = 4 * c + e;
+                            const float* f[4] = {&v[u][0].x, &v[u][1].x, &v[u][2].x, &v[u][3].x};
+                            *reinterpret_cast<uint4*>(to + row * 128 + (swizzle128_slot(t, row) << 4)) =
+                                make_uint4(to_tf32_for_mma(f[0][e]), to_tf32_for_mma(f[1][e]), to_tf32_for_mma(f[2][e]),
+                                           to_tf32_for_mma(f[3][e]));
+                        }
+                    }
+                    fence_proxy_async_shared();  // the rows written, to wgmma
+                    __syncwarp();
+                    if (lane == 0) {
+                        mbarrier_arrive(taken + from_stage);
+                        mbarrier_arrive(full + stage);
                     }
                 }
-#pragma unroll
-                for (int u = 0; u < UNITS; ++u) {
-                    const int unit = quarter + QUARTERS * u, panel = A_PANELS + (unit >> 3), c = (t + unit) & 7;
-                    if (j0 + 32 * (panel - A_PANELS) >= J) continue;
-                    unsigned char* to = b_smem + stage * B_STAGE + (panel - A_PANELS) * PANEL;
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {  // channel 4 c + e: pixels 4 t ..
-                        const int row = 4 * c + e;
-                        const float* f[4] = {&v[u][0].x, &v[u][1].x, &v[u][2].x, &v[u][3].x};
-                        *reinterpret_cast<uint4*>(to + row * 128 + (swizzle128_slot(t, row) << 4)) =
-                            make_uint4(to_tf32_for_mma(f[0][e]), to_tf32_for_mma(f[1][e]), to_tf32_for_mma(f[2][e]),
-                                       to_tf32_for_mma(f[3][e]));
-                    }
-                }
-                fence_proxy_async_shared();  // the rows written, to wgmma
-                __syncwarp();
-                if (lane == 0) {
-                    mbarrier_arrive(taken + from_stage);
-                    mbarrier_arrive(full + stage);
-                }
-            }
+            });
         }
         return;
     }
 
     const int warpgroup = tid >> 7;
-    float acc[ACC];
-#pragma unroll
-    for (int j = 0; j < ACC; ++j) acc[j] = 0.0f;
     // dy's fragments from its landed (unrounded) copy into registers, rounded there: mma.sync's m16n8k8 A layout, the
     // warp's 16 rows (a0: output channel `row`, pixel tq; a1: row + 8; a2, a3: pixel + 4), a scalar load each. K_MAJOR:
     // from the stage's K-major rows (the 8 quads' rows in 8 swizzle slots: no bank conflicts); else from the landing
@@ -699,6 +731,7 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     // MMAs are issued.
     constexpr int KK = BL / INST_L;
     const int row = warpgroup * 64 + ((tid >> 5) & 3) * 16 + (lane >> 2), tq = lane & 3;
+    float acc[ACC];
     auto tile = [&](unsigned (&a)[KK][4], int it) {
         const int stage = it % STAGES, from_stage = K_MAJOR ? stage : it % LANDING;
         mbarrier_wait(landed + from_stage, (it / LANDED) & 1);  // dy's copy, read here
@@ -727,14 +760,26 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
         if (it > 0 && lane == 0) mbarrier_arrive(empty + (it - 1) % STAGES);
     };
     unsigned a0[KK][4], a1[KK][4];
+    int it = 0;  // l tiles taken so far, over all segments: the rings' positions
+    share.segments([&](int tile_index, int j0, int o0, int k_begin, int k_end) {
+#pragma unroll
+        for (int j = 0; j < ACC; ++j) acc[j] = 0.0f;
+        // Two l tiles a step, a register set each by position (a branch on `it` choosing the set cost the runs ~7 %).
+        const int first = it, tiles = k_end - k_begin;
 #pragma unroll 1
-    for (int it = 0; it < k_end - k_begin; it += 2) {
-        tile(a0, it);
-        if (it + 1 < k_end - k_begin) tile(a1, it + 1);
-    }
-    wgmma_wait<0>();
-    store_warpgroup_sums<float, BJ>(acc, ws + static_cast<long long>(blockIdx.z) * K * J, out, direct,
-                                    o0 + warpgroup * 64, j0, K, J);
+        for (int t = 0; t < tiles; t += 2) {
+            tile(a0, first + t);
+            if (t + 1 < tiles) tile(a1, first + t + 1);
+        }
+        it += tiles;
+        wgmma_wait<0>();
+        if constexpr (STREAM_K) {
+            if (!share.template settle<CONSUMERS, ACC, CONSUMER_BARRIER>(acc, tile_index, k_begin, slots, flags))
+                return;  // published: the tile's owner writes it
+        }
+        store_warpgroup_sums<float, BJ>(acc, ws + static_cast<long long>(blockIdx.z) * K * J, out, direct,
+                                        o0 + warpgroup * 64, j0, K, J);
+    });
 }
 
 }  // namespace cupyconv

@@ -407,11 +407,11 @@ WGRAD_TMA_CASES = [
 
 
 #: (tile, schedule, mode): one run (the weight written in place where it may be), runs, and stream-K's wave of
-#: blocks on the 16-bit tiles that have a stream-K instance (test_wgrad_tensor_cores_cpu checks the others refuse
-#: it); TF32's transposing tiles in one run and in runs.
+#: blocks on the tiles that have a stream-K instance (test_wgrad_tensor_cores_cpu checks the others refuse it), in
+#: 16 bits and on TF32's transposing tiles.
 TMA_SCHEDULES = [(c.name, schedule, mode) for c in TMA_CONFIGS for schedule in (1, 3, "stream_k")
                  for mode in ("float16", "bfloat16") if c.stream_k or schedule != "stream_k"] + \
-                [(c.name, schedule, "tf32") for c in TF32_TMA_CONFIGS for schedule in (1, 3)]
+                [(c.name, schedule, "tf32") for c in TF32_TMA_CONFIGS for schedule in (1, 3, "stream_k")]
 
 
 @pytest.mark.parametrize("nhwc", [False, True], ids=["NCHW", "NHWC"])

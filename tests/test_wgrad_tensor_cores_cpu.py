@@ -171,7 +171,7 @@ def test_tf32_takes_the_transposing_tma_tiles_where_they_apply():
         assert plan.shared_bytes == (cfg.stages * cfg.bj + cfg.landing * (cfg.bm + cfg.bj)) * 32 * 4 + 1024 + \
             16 * stages <= 227 * 1024
         (launch,) = tc.program(plan, problem).launches
-        assert launch.kernel == tc.TF32_TMA_KERNEL and len(launch.args) == 19 and launch.args[2] == 1
+        assert launch.kernel == tc.TF32_TMA_KERNEL and len(launch.args) == 22 and launch.args[2:4] == (1, 0)
         dy_map, x_map, x_tail_map = launch.args[-3:]
         assert x_tail_map == x_map  # the K-major tiles' parameter, unread here
         assert isinstance(dy_map, TensorMap) and (dy_map.box_rows, dy_map.box_columns) == (32, 32)
@@ -199,12 +199,12 @@ def test_tf32_nchw_stride_1_layers_take_the_k_major_tiles():
     problem = _problem(32, 256, 64, 56, 1, "float32", layout="NCHW")
     for cfg in tc.TF32_K_MAJOR_CONFIGS:
         plan = tc.make_plan(problem, True, cfg.name, 1, 90)
-        assert plan.expression in listed and plan.expression.endswith(f"<{cfg.bm},{cfg.bj},0,{cfg.stages}>")
+        assert plan.expression in listed and plan.expression.endswith(f"<{cfg.bm},{cfg.bj},0,{cfg.stages},false>")
         assert (plan.x_copy, plan.dy_copy, plan.direct, plan.workspace_bytes) == ("", "", True, 0)
         assert plan.block == (2 * cfg.bm + 288, 1, 1) and plan.shared_bytes <= 227 * 1024
         (launch,) = tc.program(plan, problem).launches
-        assert launch.kernel == tc.TF32_TMA_KERNEL and launch.args[:4] == (Pointer(OUT), Pointer(OUT), 1, 32 * 56 * 56)
-        assert launch.args[4:7] == (256, 256, 64)  # x's rows an image, J, dy's rows an image
+        assert launch.kernel == tc.TF32_TMA_KERNEL and launch.args[:4] == (Pointer(OUT), Pointer(OUT), 1, 0)
+        assert launch.args[6:10] == (32 * 56 * 56, 256, 256, 64)  # L, x's rows an image, J, dy's rows an image
         dy_map, x_map, x_tail_map = launch.args[-3:]
         assert dy_map == TensorMap(Pointer(GRAD_OUTPUT), "float32", 32 * 64, 3136, 3136 * 4, cfg.bm, 32)
         assert x_map == TensorMap(Pointer(X), "float32", 32 * 256, 3136, 3136 * 4, 32, 32)
@@ -229,6 +229,23 @@ def test_tf32_nchw_stride_1_layers_take_the_k_major_tiles():
     assert x_map == TensorMap(Pointer(X), "float32", 4 * 64, 784, 784 * 4, 32, 32)
     assert dy_map == TensorMap(Pointer(GRAD_OUTPUT), "float32", 4 * 128, 784, 784 * 4, taps.config.bm, 32)
     assert tc.make_plan(problem, True, None, None, 80).config in tc.CONFIGS[4]
+
+
+def test_tf32_nchw_choice_weighs_both_tma_families_with_the_copies():
+    """Where the K-major tiles and the transposing ones both apply (NCHW, stride 1, Wo == W), the choice weighs
+    both, the transposing tiles at the price of x's and dy's channels-last copies (read and written once each at
+    COPY_BANDWIDTH); the K-major tiles and channels-last arrays pay none."""
+    nchw = _problem(32, 512, 512, 14, 3, "float32", padding=1, layout="NCHW")
+    nhwc = _problem(32, 512, 512, 14, 3, "float32", padding=1)
+    assert set(tc.configs(nchw, 90)) >= set(tc.TF32_K_MAJOR_CONFIGS + tc.TF32_TMA_CONFIGS)
+    moved = 2 * 32 * (512 * 14 * 14 + 512 * 14 * 14) * 4
+    transposing, k_major = tc.TF32_TMA_CONFIGS[0], tc.TF32_K_MAJOR_CONFIGS[0]
+    assert tc._copies_us(nchw, transposing) == pytest.approx(moved / tc.COPY_BANDWIDTH * 1e6)
+    assert tc._copies_us(nchw, k_major) == 0 and tc._copies_us(nhwc, transposing) == 0
+    assert tc._schedule_us(nchw, transposing, 4) == pytest.approx(tc._model_us(nchw, transposing, 4) +
+                                                                  tc._copies_us(nchw, transposing))
+    reason = tc.make_plan(nchw, True, None, None, 90).reason
+    assert all(cfg.name in reason for cfg in tc.TF32_K_MAJOR_CONFIGS + tc.TF32_TMA_CONFIGS), reason
 
 
 def test_one_tma_run_writes_the_weight_itself():
@@ -280,9 +297,36 @@ def test_stream_k_shares_a_wave_of_blocks():
         tc.make_plan(problem, True, None, None, 80, True)
 
 
+def test_tf32_stream_k_on_the_transposing_tiles():
+    """TF32's transposing tiles have stream-K instances (the same arguments: slots after the copies, FLAGS); the
+    K-major tiles have none (theirs spill), so forcing it there says so. ResNet-50's last 3x3 (144 tiles of 128 x
+    128 over 49 l tiles: runs of two leave the second wave a sixth full) takes it in TF32 in either layout, VGG's
+    14^2 3x3 in channels-last (STREAM_K_MARGIN's TF32 entry); VGG's 56^2 3x3, whose runs fill the SMs, does not."""
+    from cupyconv.program import FLAGS, Pointer
+
+    listed = set(tc.arch_specialisations()[tc.WGMMA_ARCH])
+    last = _problem(32, 512, 512, 7, 3, "float32", padding=1)
+    for cfg in tc.TF32_TMA_CONFIGS:
+        plan = tc.make_plan(last, True, cfg.name, None, 90, True)
+        assert plan.expression in listed and plan.expression.endswith(",true>") and plan.stream_k_blocks
+        (launch,) = tc.program(plan, last).launches
+        assert launch.args[3:6] == (plan.stream_k_blocks, Pointer("workspace", 0), Pointer(FLAGS))
+    for layout in ("NHWC", "NCHW"):
+        plan = tc.make_plan(_problem(32, 512, 512, 7, 3, "float32", padding=1, layout=layout), True, None, None, 90)
+        assert plan.config in tc.TF32_TMA_CONFIGS and plan.stream_k_blocks, layout
+    assert tc.make_plan(_problem(32, 512, 512, 14, 3, "float32", padding=1), True, None, None, 90).stream_k_blocks
+    assert not tc.make_plan(_problem(32, 256, 256, 56, 3, "float32", padding=1), True, None, None, 90).stream_k_blocks
+    k_major = _problem(8, 64, 64, 14, 3, "float32", padding=1, layout="NCHW")
+    assert not any(cfg.stream_k for cfg in tc.TF32_K_MAJOR_CONFIGS)
+    with pytest.raises(ValueError, match="stream-K instance"):
+        tc.make_plan(k_major, True, tc.TF32_K_MAJOR_CONFIGS[0].name, None, 90, True)
+    forced = tc.make_plan(k_major, True, None, None, 90, True)  # the transposing tiles, on copies
+    assert forced.stream_k_blocks and forced.config in tc.TF32_TMA_CONFIGS and forced.x_copy == "transpose"
+
+
 def test_the_model_weighs_stream_k_against_runs():
     """Stream-K's one wave costs each block its share of the units, two segments' fill and its slots, times
-    STREAM_K_MARGIN; it is taken where one run of whole tiles leaves half the SMs idle over a long reduction
+    STREAM_K_MARGIN (16 bits: 1.4); it is taken where one run of whole tiles leaves half the SMs idle over a long reduction
     (VGG's 14^2 3x3: 72 tiles of 128 x 256, 98 l tiles), not on a short one (ResNet-50's 7^2 3x3: 25 l
     tiles) nor where runs fill the SMs; the cp.async tiles have runs alone."""
     cfg = tc.TMA_CONFIGS[1]  # 128 x 256, one block an SM
