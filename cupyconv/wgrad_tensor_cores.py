@@ -153,6 +153,12 @@ TF32_TMA_CONFIGS = tuple(TileConfig(f"tc_tma_tf32_m{bm}j{bj}", bm, bj, 32, bm //
 TF32_K_MAJOR_CONFIGS = tuple(TileConfig(f"tc_tma_tf32_nchw_m{bm}j{bj}", bm, bj, 32, bm // 16, 1, stages, 1, rate,
                                         wgmma=True, tma=True, k_major=True)
                              for bm, bj, stages, rate in ((128, 128, 6, 1.8), (64, 128, 8, 1.3), (128, 64, 8, 1.3)))
+#: How much longer the K-major tiles take an l tile of a layer with taps than their rates (fitted on 1x1 layers)
+#: say: the rounders move each of x's rows back by its tap's skew, and a 14^2 or 28^2 plane's last l tile of an
+#: image is partly zeros. Measured against the model on the 3x3 rows of the layers suite (H200, 6bb3140:
+#: vgg_conv5_2 1.27x, r50_l3_3x3_256 1.33x, vgg_conv3_2 1.20x; benchmarks/results/wgrad_tiles_stream_k_tf32_nchw_h200.txt,
+#: layers_wgrad_tf32_nchw_6bb3140_h200.md).
+K_MAJOR_TAPS = 1.3
 #: The timing model's cost of the reduction's launch, which a TMA tile's one run writing the weight
 #: itself saves (`direct`).
 REDUCE_LAUNCH_US = 2.0
@@ -165,14 +171,16 @@ STREAM_K_BLOCK_BANDWIDTH = 100e9
 #: owner's critical path (benchmarks/NOTES.md, ncu). In 16 bits 1.4 keeps it where it won there, a half-idle
 #: wave over a long reduction (vgg_conv5_2: 72 tiles of 128 x 256, 98 l tiles; 1.3x faster than its runs), and
 #: nowhere else on that sweep; 1.35 also took ResNet-50's last 3x3 (6 % slower), 1.45 nothing. TF32's slower
-#: l tiles bear the same fix-up better: on the 128 x 128 tile the model put stream-K 1.36x, 1.71x and 1.25x ahead
-#: of the best runs on vgg_conv5_2, r50_l4_3x3_512 and r50_l3_3x3_256, measured 1.15x, 1.39x and 1.0x (H200,
-#: benchmarks/results/wgrad_tiles_stream_k_tf32_h200.txt); 1.3 takes the first two alone.
-STREAM_K_MARGIN = {2: 1.4, 4: 1.3}
+#: l tiles bear the same fix-up better: on the 128 x 128 tile the model put stream-K's wave 1.36x, 1.71x and 1.25x
+#: ahead of the best runs on vgg_conv5_2, r50_l4_3x3_512 and r50_l3_3x3_256, measured 1.15x, 1.39x and 1.0x (H200,
+#: benchmarks/results/wgrad_tiles_stream_k_tf32_h200.txt): 1.25 takes all three (the last a tie), and vgg_conv5_2
+#: on NCHW arrays, where stream-K on the copies ran 0.204 ms against 0.226 in runs and 0.255 on the K-major tile.
+STREAM_K_MARGIN = {2: 1.4, 4: 1.25}
 #: The bytes a second (read and written) at which the channels-last copies of NCHW x and dy move, for the timing
-#: model: the transposing TF32 tiles ran vgg_conv5_2 and r50_l3_3x3_256 0.042 and 0.018 ms slower on NCHW arrays
-#: than on channels-last ones, 51 and 26 MB moved (H200, benchmarks/results/wgrad_tiles_k_major_taps_tf32_nchw_h200.txt).
-COPY_BANDWIDTH = 1.3e12
+#: model: the transposing TF32 tiles ran vgg_conv5_2 and r50_l3_3x3_256 0.024 and 0.011 ms slower on NCHW arrays
+#: than on channels-last ones, 51 and 26 MB moved (H200, 6bb3140; benchmarks/results/wgrad_tiles_stream_k_tf32_h200.txt
+#: and wgrad_tiles_stream_k_tf32_nchw_h200.txt).
+COPY_BANDWIDTH = 2.2e12
 CONFIG_NAMES = frozenset(c.name for configs in (*CONFIGS.values(), WGMMA_CONFIGS, TMA_CONFIGS, TF32_TMA_CONFIGS,
                                                 TF32_K_MAJOR_CONFIGS) for c in configs)
 #: The timing model's machine: the H100's SMs, the bandwidth the partial sums move at, and the k
@@ -328,9 +336,11 @@ def _l_tiles(problem: ConvProblem, cfg: TileConfig) -> int:
     return math.ceil(_sizes(problem)[2] / cfg.bl)
 
 
-def _tile_us(cfg: TileConfig) -> float:
-    """The timing model's µs for one block of ``cfg`` to multiply one l tile, at its share of the SM's rate."""
-    return 2 * cfg.bm * cfg.bj * cfg.bl / (cfg.sm_tflops * 1e6 / cfg.blocks_per_sm)
+def _tile_us(problem: ConvProblem, cfg: TileConfig) -> float:
+    """The timing model's µs for one block of ``cfg`` to multiply one l tile, at its share of the SM's rate (the
+    K-major tiles' times K_MAJOR_TAPS where their rounders shift x's rows by a tap)."""
+    taps = K_MAJOR_TAPS if cfg.k_major and problem.kh * problem.kw > 1 else 1.0
+    return taps * 2 * cfg.bm * cfg.bj * cfg.bl / (cfg.sm_tflops * 1e6 / cfg.blocks_per_sm)
 
 
 def _partial_sums_us(problem: ConvProblem, cfg: TileConfig, splits: int) -> float:
@@ -360,7 +370,7 @@ def _model_us(problem: ConvProblem, cfg: TileConfig, splits: int) -> float:
     j_tiles, o_tiles = _tiles(problem, cfg)
     waves = math.ceil(j_tiles * o_tiles * splits / (cfg.blocks_per_sm * MODEL_SMS))
     tiles_per_run = math.ceil(_l_tiles(problem, cfg) / splits)
-    return waves * (tiles_per_run + FILL_TILES) * _tile_us(cfg) + _partial_sums_us(problem, cfg, splits)
+    return waves * (tiles_per_run + FILL_TILES) * _tile_us(problem, cfg) + _partial_sums_us(problem, cfg, splits)
 
 
 def _stream_k_blocks(problem: ConvProblem, cfg: TileConfig) -> int:
@@ -371,17 +381,21 @@ def _stream_k_blocks(problem: ConvProblem, cfg: TileConfig) -> int:
     return min(cfg.blocks_per_sm * MODEL_SMS, units, FLAG_COUNT)
 
 
-def _stream_k_model_us(problem: ConvProblem, cfg: TileConfig) -> float:
-    """Estimated µs of the TMA tile ``cfg`` in stream-K: one wave of _stream_k_blocks, each running its
-    share of the units plus FILL_TILES for each of its (at most two) segments, writing its sums to its slot
-    and reading the slots of the blocks that share its tile (STREAM_K_BLOCK_BANDWIDTH); then one run's
-    _partial_sums_us."""
+def _stream_k_wave_us(problem: ConvProblem, cfg: TileConfig) -> float:
+    """Estimated µs of the TMA tile ``cfg``'s wave in stream-K: _stream_k_blocks, each running its share of the
+    units plus FILL_TILES for each of its (at most two) segments, writing its sums to its slot and reading the
+    slots of the blocks that share its tile (STREAM_K_BLOCK_BANDWIDTH)."""
     j_tiles, o_tiles = _tiles(problem, cfg)
     l_tiles = _l_tiles(problem, cfg)
     share = math.ceil(j_tiles * o_tiles * l_tiles / _stream_k_blocks(problem, cfg))
     slot_us = cfg.bm * cfg.bj * 4 / STREAM_K_BLOCK_BANDWIDTH * 1e6
-    return (share + 2 * FILL_TILES) * _tile_us(cfg) + (1 + math.ceil(l_tiles / share)) * slot_us + \
-        _partial_sums_us(problem, cfg, 1)
+    return (share + 2 * FILL_TILES) * _tile_us(problem, cfg) + (1 + math.ceil(l_tiles / share)) * slot_us
+
+
+def _stream_k_model_us(problem: ConvProblem, cfg: TileConfig) -> float:
+    """Estimated µs of the TMA tile ``cfg`` in stream-K: its wave (_stream_k_wave_us), then one run's
+    _partial_sums_us."""
+    return _stream_k_wave_us(problem, cfg) + _partial_sums_us(problem, cfg, 1)
 
 
 def _split_choices(problem: ConvProblem, cfg: TileConfig) -> range:
@@ -397,9 +411,10 @@ STREAM_K = "stream-K"
 
 
 def _schedule_us(problem: ConvProblem, cfg: TileConfig, schedule: int | str) -> float:
-    """The modelled µs the choice weighs for ``cfg`` run in ``schedule`` (stream-K's times its STREAM_K_MARGIN),
-    and its copies (_copies_us)."""
-    gemm = STREAM_K_MARGIN[STORAGE_BYTES[problem.dtype]] * _stream_k_model_us(problem, cfg) \
+    """The modelled µs the choice weighs for ``cfg`` run in ``schedule`` (stream-K's wave times its STREAM_K_MARGIN,
+    not its partial sums' round trip), and its copies (_copies_us)."""
+    margin = STREAM_K_MARGIN[STORAGE_BYTES[problem.dtype]]
+    gemm = margin * _stream_k_wave_us(problem, cfg) + _partial_sums_us(problem, cfg, 1) \
         if schedule == STREAM_K else _model_us(problem, cfg, schedule)
     return gemm + _copies_us(problem, cfg)
 

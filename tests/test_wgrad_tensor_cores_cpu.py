@@ -234,7 +234,8 @@ def test_tf32_nchw_stride_1_layers_take_the_k_major_tiles():
 def test_tf32_nchw_choice_weighs_both_tma_families_with_the_copies():
     """Where the K-major tiles and the transposing ones both apply (NCHW, stride 1, Wo == W), the choice weighs
     both, the transposing tiles at the price of x's and dy's channels-last copies (read and written once each at
-    COPY_BANDWIDTH); the K-major tiles and channels-last arrays pay none."""
+    COPY_BANDWIDTH; the K-major tiles and channels-last arrays pay none), the K-major tiles' l tiles K_MAJOR_TAPS
+    longer where the rounders shift x by a tap."""
     nchw = _problem(32, 512, 512, 14, 3, "float32", padding=1, layout="NCHW")
     nhwc = _problem(32, 512, 512, 14, 3, "float32", padding=1)
     assert set(tc.configs(nchw, 90)) >= set(tc.TF32_K_MAJOR_CONFIGS + tc.TF32_TMA_CONFIGS)
@@ -244,6 +245,9 @@ def test_tf32_nchw_choice_weighs_both_tma_families_with_the_copies():
     assert tc._copies_us(nchw, k_major) == 0 and tc._copies_us(nhwc, transposing) == 0
     assert tc._schedule_us(nchw, transposing, 4) == pytest.approx(tc._model_us(nchw, transposing, 4) +
                                                                   tc._copies_us(nchw, transposing))
+    one_by_one = _problem(32, 512, 512, 14, 1, "float32", layout="NCHW")
+    assert tc._tile_us(nchw, k_major) == pytest.approx(tc.K_MAJOR_TAPS * tc._tile_us(one_by_one, k_major))
+    assert tc._tile_us(nchw, transposing) == tc._tile_us(one_by_one, transposing)
     reason = tc.make_plan(nchw, True, None, None, 90).reason
     assert all(cfg.name in reason for cfg in tc.TF32_K_MAJOR_CONFIGS + tc.TF32_TMA_CONFIGS), reason
 
@@ -301,7 +305,8 @@ def test_tf32_stream_k_on_the_transposing_tiles():
     """TF32's transposing tiles have stream-K instances (the same arguments: slots after the copies, FLAGS); the
     K-major tiles have none (theirs spill), so forcing it there says so. ResNet-50's last 3x3 (144 tiles of 128 x
     128 over 49 l tiles: runs of two leave the second wave a sixth full) takes it in TF32 in either layout, VGG's
-    14^2 3x3 in channels-last (STREAM_K_MARGIN's TF32 entry); VGG's 56^2 3x3, whose runs fill the SMs, does not."""
+    14^2 3x3 in either (STREAM_K_MARGIN's TF32 entry; on NCHW arrays over the K-major tiles, on copies); VGG's 56^2
+    3x3, whose runs fill the SMs, does not."""
     from cupyconv.program import FLAGS, Pointer
 
     listed = set(tc.arch_specialisations()[tc.WGMMA_ARCH])
@@ -314,7 +319,9 @@ def test_tf32_stream_k_on_the_transposing_tiles():
     for layout in ("NHWC", "NCHW"):
         plan = tc.make_plan(_problem(32, 512, 512, 7, 3, "float32", padding=1, layout=layout), True, None, None, 90)
         assert plan.config in tc.TF32_TMA_CONFIGS and plan.stream_k_blocks, layout
-    assert tc.make_plan(_problem(32, 512, 512, 14, 3, "float32", padding=1), True, None, None, 90).stream_k_blocks
+    for layout in ("NHWC", "NCHW"):
+        plan = tc.make_plan(_problem(32, 512, 512, 14, 3, "float32", padding=1, layout=layout), True, None, None, 90)
+        assert plan.config is tc.TF32_TMA_CONFIGS[0] and plan.stream_k_blocks, layout
     assert not tc.make_plan(_problem(32, 256, 256, 56, 3, "float32", padding=1), True, None, None, 90).stream_k_blocks
     k_major = _problem(8, 64, 64, 14, 3, "float32", padding=1, layout="NCHW")
     assert not any(cfg.stream_k for cfg in tc.TF32_K_MAJOR_CONFIGS)
