@@ -50,9 +50,9 @@ class TileConfig:
     """Thread-block tile: bm output channels x bj (tap, channel) columns, l tiles of bl pixels through
     ``stages`` buffers, warps_m x warps_j warps, multiplying with mma.sync or (``wgmma``, sm_90a, 16-bit
     types) wgmma; ``tma``: wgmma fed by a copying warp's TMA copies (bm / 64 warpgroups multiply), and,
-    ``landing`` > 0 (TF32), through a ring of that many landing stages whose x four warps transpose, or,
-    ``k_major`` (TF32 on NCHW stride-1 layers, Wo == W), straight into the stages, which eight warps round
-    in place.
+    ``tf32``, ``landing`` > 0, through a ring of that many landing stages whose x four warps transpose;
+    ``k_major``: NCHW x and dy read in place (TF32 on stride-1 layers with Wo == W, straight into the stages,
+    which eight warps round in place; 16 bits on 1x1 layers, the K-major rows wgmma reads untransposed).
     ``blocks_per_sm``: how many fit an SM (shared memory); ``sm_tflops``: the rate an SM full of them
     reaches on a long reduction (H100 timings), for the choice's timing model; ``stream_k``: a TMA tile
     with a stream-K instance."""
@@ -71,28 +71,24 @@ class TileConfig:
     stream_k: bool = False
     landing: int = 0
     k_major: bool = False
-
-    @property
-    def tf32(self) -> bool:
-        """A tile of wgrad_tensor_cores_tma_tf32."""
-        return bool(self.landing) or self.k_major
+    tf32: bool = False  # a tile of wgrad_tensor_cores_tma_tf32
 
     @property
     def threads(self) -> int:
         if self.tma:  # the multiplying warpgroups, a copying warp and (TF32) four transposing or eight rounding warps
-            return 2 * self.bm + 32 + (256 if self.k_major else 128 if self.tf32 else 0)
+            return 2 * self.bm + 32 + ((256 if self.k_major else 128) if self.tf32 else 0)
         return 32 * self.warps_m * self.warps_j
 
     def shared_bytes(self, itemsize: int) -> int:
         """Pipeline buffers: per stage, bl rows of bm + 8 (dy) and bj + 8 (x) elements; wgmma: unpadded
         rows and 1 KB to align the tiles; TMA: and two 8-byte mbarriers a stage (TF32 with landing stages:
         each as much as a stage and two mbarriers, and the stages x's alone, the warpgroups reading dy where
-        it landed; k_major: three mbarriers a stage, and x's tail boxes, 16 bytes a column)."""
+        it landed; TF32's k_major: three mbarriers a stage, and x's tail boxes, 16 bytes a column)."""
         if self.tma:
             stages = self.stages + self.landing
             dy_stages = self.landing if self.landing else self.stages
             return (self.stages * self.bj + dy_stages * self.bm + self.landing * self.bj) * self.bl * itemsize + \
-                1024 + 16 * stages + self.k_major * self.stages * (8 + 16 * self.bj)
+                1024 + 16 * stages + (self.k_major and self.tf32) * self.stages * (8 + 16 * self.bj)
         if self.wgmma:
             return self.stages * self.bl * (self.bm + self.bj) * itemsize + 1024
         return self.stages * self.bl * (self.bm + 8 + self.bj + 8) * itemsize
@@ -138,7 +134,7 @@ TMA_CONFIGS = tuple(TileConfig(f"tc_tma_m{bm}j{bj}", bm, bj, 64, bm // 16, 1, st
 #: tf32), the model's pick the fastest measured on 14 of 15 layers and within 1.03x on the last. Each has a stream-K
 #: instance (the K-major tiles' spill: their segments' taps and masks beside a slot's loads).
 TF32_TMA_CONFIGS = tuple(TileConfig(f"tc_tma_tf32_m{bm}j{bj}", bm, bj, 32, bm // 16, 1, stages, 1, rate, wgmma=True,
-                                    tma=True, stream_k=True, landing=landing)
+                                    tma=True, stream_k=True, landing=landing, tf32=True)
                          for bm, bj, landing, stages, rate in ((128, 128, 3, 3, 1.4), (64, 128, 4, 4, 1.0),
                                                                (128, 64, 4, 4, 1.0)))
 #: Hopper TF32 tiles for NCHW stride-1 layers whose output rows are as wide as the input's (_k_major_applies):
@@ -151,8 +147,17 @@ TF32_TMA_CONFIGS = tuple(TileConfig(f"tc_tma_tf32_m{bm}j{bj}", bm, bj, 32, bm //
 #: 1x1 rows confirmed (H200, benchmarks/results/wgrad_tiles_k_major_tf32_nchw_h200.txt; profile/wgrad_fit.py
 #: --mode tf32-nchw): the model's pick within 1.03x of the fastest tile and run count measured on each.
 TF32_K_MAJOR_CONFIGS = tuple(TileConfig(f"tc_tma_tf32_nchw_m{bm}j{bj}", bm, bj, 32, bm // 16, 1, stages, 1, rate,
-                                        wgmma=True, tma=True, k_major=True)
+                                        wgmma=True, tma=True, k_major=True, tf32=True)
                              for bm, bj, stages, rate in ((128, 128, 6, 1.8), (64, 128, 8, 1.3), (128, 64, 8, 1.3)))
+#: Hopper 16-bit tiles for NCHW 1x1 layers at stride 1 without padding (_k_major_applies): TMA_CONFIGS' tiles with
+#: dy copied as [N K][Ho Wo] and x as [N C][H W], an image's channel rows, which land as the K-major rows wgmma
+#: reads untransposed (wgrad_tensor_cores_tma, K_MAJOR): no channels-last copies. Rates: TMA_CONFIGS' (the same
+#: copies and multiplies, the operands' majorness swapped).
+K_MAJOR_CONFIGS = {
+    2: tuple(TileConfig(f"tc_tma_nchw_m{c.bm}j{c.bj}", c.bm, c.bj, c.bl, c.warps_m, 1, c.stages, c.blocks_per_sm,
+                        c.sm_tflops, wgmma=True, tma=True, stream_k=c.stream_k, k_major=True) for c in TMA_CONFIGS),
+    4: TF32_K_MAJOR_CONFIGS,
+}
 #: How much longer the K-major tiles take an l tile of a layer with taps than their rates (fitted on 1x1 layers)
 #: say: the rounders move each of x's rows back by its tap's skew, and a 14^2 or 28^2 plane's last l tile of an
 #: image is partly zeros. Measured against the model on the 3x3 rows of the layers suite (H200, 6bb3140:
@@ -182,7 +187,7 @@ STREAM_K_MARGIN = {2: 1.4, 4: 1.25}
 #: and wgrad_tiles_stream_k_tf32_nchw_h200.txt).
 COPY_BANDWIDTH = 2.2e12
 CONFIG_NAMES = frozenset(c.name for configs in (*CONFIGS.values(), WGMMA_CONFIGS, TMA_CONFIGS, TF32_TMA_CONFIGS,
-                                                TF32_K_MAJOR_CONFIGS) for c in configs)
+                                                *K_MAJOR_CONFIGS.values()) for c in configs)
 #: The timing model's machine: the H100's SMs, the bandwidth the partial sums move at, and the k
 #: tiles' worth of time a block spends filling and draining its pipeline. A fixed machine, not the
 #: device's, so that the runs, and so the result's bits, depend on the problem alone.
@@ -294,22 +299,29 @@ def _im2col_tiles_apply(problem: ConvProblem, compute_capability: int) -> bool:
 
 
 def _k_major_applies(problem: ConvProblem, compute_capability: int) -> bool:
-    """The K-major TF32 tiles run float32 NCHW layers at stride 1 on sm_90a whose output rows are as wide as the
-    input's (Wo == W: a tap shifts x's plane by a constant), whose planes (x's and dy's) are whole 16-byte rows
-    (TMA's strides), whose x panels of 32 channels lie in one tap (C a multiple of 32, or a 1x1 kernel) and whose
-    channels are even (the sums are stored in pairs), with 32-bit row and pixel coordinates."""
+    """The K-major tiles (K_MAJOR_CONFIGS) run NCHW layers at stride 1 on sm_90a whose planes (x's and dy's) are
+    whole 16-byte rows (TMA's strides) and whose channels are even (the sums are stored in pairs), with 32-bit row
+    and pixel coordinates: in TF32 those whose output rows are as wide as the input's (Wo == W: a tap shifts x's
+    plane by a constant) and whose x panels of 32 channels lie in one tap (C a multiple of 32, or a 1x1 kernel);
+    in 16 bits 1x1 layers without padding (no shifts: the rounding warps that make them are TF32's)."""
     p = problem
-    return compute_capability == WGMMA_COMPUTE_CAPABILITY and p.dtype == "float32" and p.layout == "NCHW" and \
-        p.stride == (1, 1) and p.wo == p.w and p.h * p.w % 4 == 0 and p.ho * p.wo % 4 == 0 and p.c % 2 == 0 and \
-        (p.kh * p.kw == 1 or p.c % 32 == 0) and p.n * max(p.c, p.k) < 2**31 and \
+    item = STORAGE_BYTES[p.dtype]
+    if compute_capability != WGMMA_COMPUTE_CAPABILITY or p.dtype not in DTYPES or p.layout != "NCHW" or \
+            p.stride != (1, 1) or p.h * p.w * item % 16 or p.ho * p.wo * item % 16 or p.c % 2 or \
+            p.n * max(p.c, p.k) >= 2**31:
+        return False
+    if item == 2:
+        return p.kh * p.kw == 1 and (p.ho, p.wo) == (p.h, p.w)
+    return p.wo == p.w and (p.kh * p.kw == 1 or p.c % 32 == 0) and \
         (p.ho + p.pad_top + (p.kh - 1) * p.dilation[0] + 2) * p.w < 2**31  # a panel's shifted pixels
 
 
 def _tma_configs(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, ...]:
     """The TMA tiles the choice weighs: the K-major ones where they apply, and those reading x through the im2col map
     where it does (on NCHW arrays at the price of their copies, _copies_us)."""
-    im2col = TMA_CONFIGS if STORAGE_BYTES[problem.dtype] == 2 else TF32_TMA_CONFIGS
-    return (TF32_K_MAJOR_CONFIGS if _k_major_applies(problem, compute_capability) else ()) + \
+    item = STORAGE_BYTES[problem.dtype]
+    im2col = TMA_CONFIGS if item == 2 else TF32_TMA_CONFIGS
+    return (K_MAJOR_CONFIGS[item] if _k_major_applies(problem, compute_capability) else ()) + \
         (im2col if _im2col_tiles_apply(problem, compute_capability) else ())
 
 
@@ -485,7 +497,7 @@ def expression(dtype: str, index: str, cfg: TileConfig, x_vec: int, stream_k: bo
                 f"{'true' if stream_k else 'false'}>")
     if cfg.tma:
         return (f"cupyconv::{TMA_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bj},{cfg.stages},{cfg.blocks_per_sm},"
-                f"{'true' if stream_k else 'false'}>")
+                f"{'true' if stream_k else 'false'},{'true' if cfg.k_major else 'false'}>")
     return (f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bj},{cfg.bl},{cfg.warps_m},{cfg.warps_j},"
             f"{cfg.stages},{x_vec},{'true' if cfg.wgmma else 'false'}>")
 
@@ -580,9 +592,9 @@ def arch_specialisations() -> dict[str, list[str]]:
     """The GEMM name expressions that need an architecture-specific target: wgmma's, for sm_90a."""
     return {WGMMA_ARCH: [expression(dtype, index, cfg, 16) for dtype in ("float16", "bfloat16")
                          for index in INDEX_TYPES for cfg in WGMMA_CONFIGS] +
-            [expression(dtype, "", cfg, 16, stream_k) for dtype in ("float16", "bfloat16") for cfg in TMA_CONFIGS
-             for stream_k in (False, True) if cfg.stream_k or not stream_k] +
-            [expression("float32", "", cfg, 16, stream_k) for cfg in TF32_TMA_CONFIGS + TF32_K_MAJOR_CONFIGS
+            [expression(dtype, "", cfg, 16, stream_k) for dtype in ("float16", "bfloat16")
+             for cfg in TMA_CONFIGS + K_MAJOR_CONFIGS[2] for stream_k in (False, True) if cfg.stream_k or not stream_k] +
+            [expression("float32", "", cfg, 16, stream_k) for cfg in TF32_TMA_CONFIGS + K_MAJOR_CONFIGS[4]
              for stream_k in (False, True) if cfg.stream_k or not stream_k]}
 
 
@@ -627,7 +639,7 @@ def program(plan: TensorCorePlan, problem: ConvProblem) -> CallProgram:
             dy_map = TensorMap(dy_operand, p.dtype, p.n * p.k, p.ho * p.wo, p.ho * p.wo * item, cfg.bm, cfg.bl)
             x_map = TensorMap(x_operand, p.dtype, p.n * p.c, p.h * p.w, p.h * p.w * item, width, cfg.bl)
             x_tail_map = TensorMap(x_operand, p.dtype, p.n * p.c, p.h * p.w, p.h * p.w * item, width, 16 // item,
-                                   False)
+                                   False) if cfg.tf32 else x_map  # TF32's: the 4 pixels past a shifted box
             x_rows = p.c
         else:
             dy_map = TensorMap(dy_operand, p.dtype, length, kp, kp * item, cfg.bl, width)

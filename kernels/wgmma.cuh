@@ -192,9 +192,12 @@ CUPYCONV_WGMMA_ALL_N(bfloat16_t, "k16.f32.bf16.bf16", false, ", 0, 0")
 CUPYCONV_WGMMA_ALL_N(half_t, "k16.f32.f16.f16", true, ", 1, 1")
 CUPYCONV_WGMMA_ALL_N(bfloat16_t, "k16.f32.bf16.bf16", true, ", 1, 1")
 CUPYCONV_WGMMA_ALL_N(float, "k8.f32.tf32.tf32", false, "")
-// 256 columns (the weight gradient's 64 x 256 warpgroup tiles): transposed 16-bit operands only.
+// 256 columns (the weight gradient's 64 x 256 warpgroup tiles): 16-bit operands, transposed (channels-last x
+// and dy) or not (NCHW's, read in place).
 CUPYCONV_WGMMA(half_t, 256, 128, "k16.f32.f16.f16", true, ", 1, 1")
 CUPYCONV_WGMMA(bfloat16_t, 256, 128, "k16.f32.bf16.bf16", true, ", 1, 1")
+CUPYCONV_WGMMA(half_t, 256, 128, "k16.f32.f16.f16", false, ", 0, 0")
+CUPYCONV_WGMMA(bfloat16_t, 256, 128, "k16.f32.bf16.bf16", false, ", 0, 0")
 
 // d (64 x N, float32) += A (64 x k) B (k x N) with A in registers, for one instruction's k (8 of TF32,
 // 16 of half_t / bfloat16_t): a thread's four 32-bit registers, each warp's 16 rows in mma.sync's A

@@ -377,7 +377,15 @@ __device__ __forceinline__ void store_warpgroup_sums(const float (&acc)[BJ / 2],
 // sums the blocks holding the rest of its l tiles left in their `slots` (BM x BJ floats a block): the
 // same bits on every run. The copying thread and the warpgroups walk the same segments (tile, l tiles)
 // through one ring of stages.
-template <typename T, int BM, int BJ, int STAGES, int BLOCKS, bool STREAM_K>
+//
+// K_MAJOR: NCHW x and dy of a 1x1 layer at stride 1 without padding, whose planes are whole 16-byte rows: an
+// image's channel rows are K-major already (a channel's pixels contiguous), so dy is read as the matrix
+// [N K][Ho Wo] in boxes of BM channels x BL pixels and x as [N C][H W] in boxes of 64 channels (the argument C:
+// x's channels an image; K: dy's), an l tile BL pixels of one image (its last zero-filled past Ho Wo by the
+// maps). They land as the K-major 128-byte-swizzled rows wgmma reads untransposed: no channels-last copies. Rows
+// of a box past an image's channels hold the next image's, which reach only sums past K or J, never written or
+// cut by the reduction.
+template <typename T, int BM, int BJ, int STAGES, int BLOCKS, bool STREAM_K, bool K_MAJOR>
 __global__ void __launch_bounds__(BM / 64 * 128 + 32, BLOCKS)
 wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, int stream_k, float* __restrict__ slots,
                        int* __restrict__ flags, int L, int C, int J, int K, int Ho, int Wo, int kw, int sh, int sw,
@@ -397,7 +405,8 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
     unsigned long long* empty = full + STAGES;
 
     const int tid = threadIdx.x, warpgroup = tid >> 7;
-    const WgradShare<STREAM_K, BM, BJ> share((L + BL - 1) / BL, J, K, stream_k);
+    const int plane = Ho * Wo, plane_tiles = (plane + BL - 1) / BL;  // K_MAJOR: an image's pixels and l tiles
+    const WgradShare<STREAM_K, BM, BJ> share(K_MAJOR ? L / plane * plane_tiles : (L + BL - 1) / BL, J, K, stream_k);
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbarrier_init(full + s, 1);              // the copying thread's expect-tx arrival
@@ -411,15 +420,33 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
         int it = 0;  // l tiles copied so far, over all segments: the ring's position
         share.segments([&](int, int j0, int o0, int k_begin, int k_end) {
             const XPanels<B_PANELS, 64> panels(j0, J, C, kw, dh, dw, PANEL);
-            LTileCorner<BL> corner(k_begin, Ho, Wo);
+            if constexpr (K_MAJOR) {
+                int image = k_begin / plane_tiles, pixel = (k_begin - image * plane_tiles) * BL;
 #pragma unroll 1
-            for (int t = k_begin; t < k_end; ++t, ++it) {
-                const int stage = it % STAGES;
-                if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
-                copy_l_tile<A_PANELS, B_PANELS, 64, PANEL>(a_smem + stage * A_STAGE, b_smem + stage * B_STAGE,
-                                                           full + stage, &dy_map, &x_map, o0, j0, J, t, panels, corner,
-                                                           sh, sw, pt, pl);
-                corner.next(Ho, Wo);
+                for (int t = k_begin; t < k_end; ++t, ++it) {
+                    const int stage = it % STAGES;
+                    if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
+                    mbarrier_arrive_expect_tx(full + stage, A_STAGE + panels.bytes);
+                    tma_load_2d(a_smem + stage * A_STAGE, &dy_map, pixel, image * K + o0, full + stage);
+#pragma unroll
+                    for (int b = 0; b < B_PANELS; ++b)
+                        if (j0 + 64 * b < J)
+                            tma_load_2d(b_smem + stage * B_STAGE + b * PANEL, &x_map, pixel, image * C + j0 + 64 * b,
+                                        full + stage);
+                    pixel += BL;
+                    if (pixel >= plane) { pixel = 0; ++image; }
+                }
+            } else {
+                LTileCorner<BL> corner(k_begin, Ho, Wo);
+#pragma unroll 1
+                for (int t = k_begin; t < k_end; ++t, ++it) {
+                    const int stage = it % STAGES;
+                    if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
+                    copy_l_tile<A_PANELS, B_PANELS, 64, PANEL>(a_smem + stage * A_STAGE, b_smem + stage * B_STAGE,
+                                                               full + stage, &dy_map, &x_map, o0, j0, J, t, panels,
+                                                               corner, sh, sw, pt, pl);
+                    corner.next(Ho, Wo);
+                }
             }
         });
         return;
@@ -439,9 +466,14 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
             const unsigned b_tile = shared_address(b_smem + stage * B_STAGE);
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < BL / INST_L; ++kk)  // + 16 l rows of 128 bytes per instruction
-                wgmma_op<T, BJ, true>::run(acc, wgmma_descriptor_mn(a_tile + kk * 2048, PANEL),
-                                           wgmma_descriptor_mn(b_tile + kk * 2048, PANEL));
+            for (int kk = 0; kk < BL / INST_L; ++kk) {
+                if constexpr (K_MAJOR)  // + 32 bytes (16 l) of each K-major row per instruction
+                    wgmma_op<T, BJ, false>::run(acc, wgmma_descriptor(a_tile) + 2 * kk,
+                                                wgmma_descriptor(b_tile) + 2 * kk);
+                else  // + 16 l rows of 128 bytes per instruction
+                    wgmma_op<T, BJ, true>::run(acc, wgmma_descriptor_mn(a_tile + kk * 2048, PANEL),
+                                               wgmma_descriptor_mn(b_tile + kk * 2048, PANEL));
+            }
             wgmma_commit();
             wgmma_wait<1>();  // l tile t - 1's MMAs retired: its stage may be refilled
             if (t > k_begin && lane == 0) mbarrier_arrive(empty + (it - 1) % STAGES);

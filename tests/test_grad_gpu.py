@@ -14,7 +14,7 @@ from cupyconv import conv_transpose
 from cupyconv.arguments import make_problem
 from cupyconv.compiler import compute_capability
 from cupyconv.conv_transpose import make_transpose_problem, transpose_plan, transposed
-from cupyconv.wgrad_tensor_cores import TF32_K_MAJOR_CONFIGS, TF32_TMA_CONFIGS, TMA_CONFIGS
+from cupyconv.wgrad_tensor_cores import K_MAJOR_CONFIGS, TF32_K_MAJOR_CONFIGS, TF32_TMA_CONFIGS, TMA_CONFIGS
 from devices import gpu_count
 
 pytestmark = pytest.mark.gpu
@@ -480,6 +480,45 @@ def test_tf32_k_major_tiles(case, config, schedule):
         return wgrad_tensor_cores.conv2d_weight_cupy(x, dy, problem, out, plan)
 
     _weight_gradient_case(case, "tf32", False, compute)
+
+
+#: NCHW 1x1 layers at stride 1 the K-major 16-bit tiles take (planes of whole 16-byte rows, even channels).
+K_MAJOR_16_BIT_CASES = [
+    Case(3, 96, 40, 8, 8, 1, 1),      # one whole l tile an image; boxes past C and K read the next image's rows
+    Case(4, 128, 64, 10, 12, 1, 1),   # 120 pixels: a partial last l tile an image
+    Case(2, 130, 72, 6, 4, 1, 1),     # 130 channels: column tiles past C, x's last box two rows of its image
+    Case(5, 64, 136, 10, 8, 1, 1),    # two output-channel tiles of 128, the second past K
+    Case(1, 256, 256, 4, 4, 1, 1),    # 16 pixels: one partial l tile, one image
+    Case(2, 64, 24, 16, 16, 1, 1),    # K = 24: dy's boxes mostly the next image's rows
+]
+
+#: (tile, schedule): one run, runs (more than an image has l tiles), and stream-K where the tile has it.
+K_MAJOR_16_BIT_SCHEDULES = [(c.name, schedule) for c in K_MAJOR_CONFIGS[2] for schedule in (1, 3, 7, "stream_k")
+                            if c.stream_k or schedule != "stream_k"]
+
+
+@pytest.mark.parametrize("mode", ["float16", "bfloat16"])
+@pytest.mark.parametrize("config,schedule", K_MAJOR_16_BIT_SCHEDULES, ids=str)
+@pytest.mark.parametrize("case", K_MAJOR_16_BIT_CASES, ids=lambda c: c.id)
+def test_16_bit_k_major_tiles(case, config, schedule, mode):
+    """wgrad_tensor_cores_tma on NCHW 1x1 arrays in place (K_MAJOR: an image's channel rows land as wgmma's
+    untransposed operands), whole (the weight written in place where its channels are the GEMM's), in runs and in
+    stream-K, against torch in float64, the same bits every run."""
+    from cupyconv import wgrad_tensor_cores
+
+    if compute_capability() != wgrad_tensor_cores.WGMMA_COMPUTE_CAPABILITY:
+        pytest.skip(f"TMA and wgmma need sm_90a; this GPU is sm_{compute_capability()}")
+    splits, stream_k = (None, True) if schedule == "stream_k" else (schedule, None)
+
+    def compute(problem, x, dy):
+        plan = wgrad_tensor_cores.make_plan(problem, True, config, splits, compute_capability(), stream_k)
+        assert (plan.x_copy, plan.dy_copy) == ("", "") and plan.config.k_major and not plan.config.tf32
+        assert plan.direct == (plan.splits == 1 and plan.channels == problem.c)
+        assert bool(plan.stream_k_blocks) == bool(stream_k)
+        out = cupy.empty(problem.weight_array_shape, dtype=x.dtype)
+        return wgrad_tensor_cores.conv2d_weight_cupy(x, dy, problem, out, plan)
+
+    _weight_gradient_case(case, mode, False, compute)
 
 
 def _rounded_to_tf32(a):

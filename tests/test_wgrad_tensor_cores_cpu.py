@@ -231,6 +231,38 @@ def test_tf32_nchw_stride_1_layers_take_the_k_major_tiles():
     assert tc.make_plan(problem, True, None, None, 80).config in tc.CONFIGS[4]
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16_bit_nchw_1x1_layers_take_the_k_major_tiles(dtype):
+    """16-bit NCHW 1x1 layers at stride 1 without padding, on sm_90a: x and dy read in place as [N C][H W] and
+    [N K][Ho Wo] (boxes of bm rows of dy, 64 of x, of 64 pixels) by wgrad_tensor_cores_tma's K_MAJOR instances, no
+    copies; one run writes the weight in place. Other layers keep the channels-last copies."""
+    from cupyconv.program import TensorMap
+
+    listed = set(tc.arch_specialisations()[tc.WGMMA_ARCH])
+    problem = _problem(32, 256, 64, 56, 1, dtype, layout="NCHW")
+    for cfg in tc.K_MAJOR_CONFIGS[2]:
+        plan = tc.make_plan(problem, True, cfg.name, 1, 90)
+        assert plan.expression in listed and plan.expression.endswith(",false,true>") and not cfg.tf32
+        assert (plan.x_copy, plan.dy_copy, plan.direct, plan.workspace_bytes) == ("", "", True, 0)
+        assert plan.block == (2 * cfg.bm + 32, 1, 1) and plan.shared_bytes <= 227 * 1024
+        (launch,) = tc.program(plan, problem).launches
+        assert launch.kernel == tc.TMA_KERNEL and len(launch.args) == 21
+        assert launch.args[6:10] == (32 * 56 * 56, 256, 256, 64)  # L, x's rows an image, J, dy's rows an image
+        dy_map, x_map = launch.args[-2:]
+        assert dy_map == TensorMap(Pointer(GRAD_OUTPUT), dtype, 32 * 64, 3136, 3136 * 2, cfg.bm, 64)
+        assert x_map == TensorMap(Pointer(X), dtype, 32 * 256, 3136, 3136 * 2, 64, 64)
+    assert tc.make_plan(problem, True, None, None, 90).config in tc.K_MAJOR_CONFIGS[2]
+    streamed = tc.make_plan(problem, True, "tc_tma_nchw_m64j256", None, 90, True)
+    assert streamed.stream_k_blocks and streamed.expression.endswith(",true,true>") and streamed.expression in listed
+    for case in (_problem(8, 64, 64, 14, 1, dtype, layout="NCHW"),              # 196 pixels: rows of 392 bytes
+                 _problem(8, 63, 64, 16, 1, dtype, layout="NCHW"),              # odd channels
+                 _problem(8, 64, 64, 16, 1, dtype, stride=2, layout="NCHW"),
+                 _problem(8, 64, 64, 16, 1, dtype, padding=1, layout="NCHW"),
+                 _problem(8, 64, 64, 16, 3, dtype, padding=1, layout="NCHW"),   # taps: TF32's alone
+                 _problem(8, 64, 64, 16, 1, dtype)):                            # NHWC
+        assert not tc.make_plan(case, True, None, None, 90).config.k_major, case
+
+
 def test_tf32_nchw_choice_weighs_both_tma_families_with_the_copies():
     """Where the K-major tiles and the transposing ones both apply (NCHW, stride 1, Wo == W), the choice weighs
     both, the transposing tiles at the price of x's and dy's channels-last copies (read and written once each at
