@@ -132,7 +132,7 @@ TMA_CONFIGS = tuple(TileConfig(f"tc_tma_m{bm}j{bj}", bm, bj, 64, bm // 16, 1, st
 #: bench.LAYERS they ran 1.1-2.4x faster than the mma.sync tiles' plan (H200, channels-last,
 #: benchmarks/results/wgrad_tiles_tma_tf32_h200.txt). The rates: fitted to that sweep (profile/wgrad_fit.py --mode
 #: tf32), the model's pick the fastest measured on 14 of 15 layers and within 1.03x on the last. Each has a stream-K
-#: instance (the K-major tiles' spill: their segments' taps and masks beside a slot's loads).
+#: instance (the K-major TF32 tiles have none: theirs spilled, the rounders' taps and masks beside a slot's loads).
 TF32_TMA_CONFIGS = tuple(TileConfig(f"tc_tma_tf32_m{bm}j{bj}", bm, bj, 32, bm // 16, 1, stages, 1, rate, wgmma=True,
                                     tma=True, stream_k=True, landing=landing, tf32=True)
                          for bm, bj, landing, stages, rate in ((128, 128, 3, 3, 1.4), (64, 128, 4, 4, 1.0),
@@ -150,9 +150,10 @@ TF32_K_MAJOR_CONFIGS = tuple(TileConfig(f"tc_tma_tf32_nchw_m{bm}j{bj}", bm, bj, 
                                         wgmma=True, tma=True, k_major=True, tf32=True)
                              for bm, bj, stages, rate in ((128, 128, 6, 1.8), (64, 128, 8, 1.3), (128, 64, 8, 1.3)))
 #: Hopper 16-bit tiles for NCHW 1x1 layers at stride 1 without padding (_k_major_applies): TMA_CONFIGS' tiles with
-#: dy copied as [N K][Ho Wo] and x as [N C][H W], an image's channel rows, which land as the K-major rows wgmma
-#: reads untransposed (wgrad_tensor_cores_tma, K_MAJOR): no channels-last copies. Rates: TMA_CONFIGS' (the same
-#: copies and multiplies, the operands' majorness swapped).
+#: dy read by TMA as [N K][Ho Wo] and x as [N C][H W], an image's channel rows, which land as the K-major rows
+#: wgmma reads untransposed (wgrad_tensor_cores_tma, K_MAJOR): no channels-last copies. Rates: TMA_CONFIGS' (the
+#: same boxes and multiplies, the operands' majorness swapped; H200, fp16: the 1x1 rows of the layers suite ran as
+#: fast as their channels-last twins, benchmarks/results/layers_wgrad_fp16_nchw_923b151_h200.md).
 K_MAJOR_CONFIGS = {
     2: tuple(TileConfig(f"tc_tma_nchw_m{c.bm}j{c.bj}", c.bm, c.bj, c.bl, c.warps_m, 1, c.stages, c.blocks_per_sm,
                         c.sm_tflops, wgmma=True, tma=True, stream_k=c.stream_k, k_major=True) for c in TMA_CONFIGS),
@@ -161,8 +162,8 @@ K_MAJOR_CONFIGS = {
 #: How much longer the K-major tiles take an l tile of a layer with taps than their rates (fitted on 1x1 layers)
 #: say: the rounders move each of x's rows back by its tap's skew, and a 14^2 or 28^2 plane's last l tile of an
 #: image is partly zeros. Measured against the model on the 3x3 rows of the layers suite (H200, 6bb3140:
-#: vgg_conv5_2 1.27x, r50_l3_3x3_256 1.33x, vgg_conv3_2 1.20x; benchmarks/results/wgrad_tiles_stream_k_tf32_nchw_h200.txt,
-#: layers_wgrad_tf32_nchw_6bb3140_h200.md).
+#: vgg_conv5_2 1.27x, r50_l3_3x3_256 1.33x, vgg_conv3_2 1.20x; benchmarks/results/
+#: wgrad_tiles_stream_k_tf32_nchw_h200.txt, layers_wgrad_tf32_nchw_6bb3140_h200.md).
 K_MAJOR_TAPS = 1.3
 #: The timing model's cost of the reduction's launch, which a TMA tile's one run writing the weight
 #: itself saves (`direct`).
@@ -183,8 +184,8 @@ STREAM_K_BLOCK_BANDWIDTH = 100e9
 STREAM_K_MARGIN = {2: 1.4, 4: 1.25}
 #: The bytes a second (read and written) at which the channels-last copies of NCHW x and dy move, for the timing
 #: model: the transposing TF32 tiles ran vgg_conv5_2 and r50_l3_3x3_256 0.024 and 0.011 ms slower on NCHW arrays
-#: than on channels-last ones, 51 and 26 MB moved (H200, 6bb3140; benchmarks/results/wgrad_tiles_stream_k_tf32_h200.txt
-#: and wgrad_tiles_stream_k_tf32_nchw_h200.txt).
+#: than on channels-last ones, 51 and 26 MB moved (H200, 6bb3140; benchmarks/results/
+#: wgrad_tiles_stream_k_tf32_h200.txt and wgrad_tiles_stream_k_tf32_nchw_h200.txt).
 COPY_BANDWIDTH = 2.2e12
 CONFIG_NAMES = frozenset(c.name for configs in (*CONFIGS.values(), WGMMA_CONFIGS, TMA_CONFIGS, TF32_TMA_CONFIGS,
                                                 *K_MAJOR_CONFIGS.values()) for c in configs)
@@ -540,8 +541,9 @@ def make_plan(problem: ConvProblem, allow_tf32: bool = True, config: str | None 
         cfg = forced_config(configs(problem, compute_capability), config,
                             f"config for {KERNEL} in {problem.dtype} on compute capability {compute_capability}")
         if stream_k and not cfg.stream_k:
-            raise ValueError(f"stream_k=True needs a tile fed by TMA with a stream-K instance "
-                             f"({', '.join(c.name for c in TMA_CONFIGS if c.stream_k)}), got {cfg.name}")
+            streamed = ", ".join(c.name for c in configs(problem, compute_capability) if c.stream_k)
+            raise ValueError(f"stream_k=True needs a tile fed by TMA with a stream-K instance ({streamed or 'none'} "
+                             f"for {problem}), got {cfg.name}")
         schedule = _best_schedule(problem, cfg, allowed)
         why = "config forced by the caller"
     else:
@@ -593,7 +595,8 @@ def arch_specialisations() -> dict[str, list[str]]:
     return {WGMMA_ARCH: [expression(dtype, index, cfg, 16) for dtype in ("float16", "bfloat16")
                          for index in INDEX_TYPES for cfg in WGMMA_CONFIGS] +
             [expression(dtype, "", cfg, 16, stream_k) for dtype in ("float16", "bfloat16")
-             for cfg in TMA_CONFIGS + K_MAJOR_CONFIGS[2] for stream_k in (False, True) if cfg.stream_k or not stream_k] +
+             for cfg in TMA_CONFIGS + K_MAJOR_CONFIGS[2]
+             for stream_k in (False, True) if cfg.stream_k or not stream_k] +
             [expression("float32", "", cfg, 16, stream_k) for cfg in TF32_TMA_CONFIGS + K_MAJOR_CONFIGS[4]
              for stream_k in (False, True) if cfg.stream_k or not stream_k]}
 

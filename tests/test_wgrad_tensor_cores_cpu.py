@@ -365,8 +365,8 @@ def test_tf32_stream_k_on_the_transposing_tiles():
 
 def test_the_model_weighs_stream_k_against_runs():
     """Stream-K's one wave costs each block its share of the units, two segments' fill and its slots, times
-    STREAM_K_MARGIN (16 bits: 1.4); it is taken where one run of whole tiles leaves half the SMs idle over a long reduction
-    (VGG's 14^2 3x3: 72 tiles of 128 x 256, 98 l tiles), not on a short one (ResNet-50's 7^2 3x3: 25 l
+    STREAM_K_MARGIN (16 bits: 1.4); it is taken where one run of whole tiles leaves half the SMs idle over a long
+    reduction (VGG's 14^2 3x3: 72 tiles of 128 x 256, 98 l tiles), not on a short one (ResNet-50's 7^2 3x3: 25 l
     tiles) nor where runs fill the SMs; the cp.async tiles have runs alone."""
     cfg = tc.TMA_CONFIGS[1]  # 128 x 256, one block an SM
     vgg = _problem(32, 512, 512, 14, 3, padding=1)
