@@ -47,6 +47,7 @@ def kernel_source(filename: str) -> str:
 
 #: Kernels defined in a file of another name.
 _SOURCE_FILES = {"nchw_to_nhwc_tiled": "nchw_to_nhwc.cu", "nchw_to_nhwc_narrow": "nchw_to_nhwc.cu",
+                 "nchw_to_nhwc_pairs": "nchw_to_nhwc.cu",
                  "pad_channels": "nchw_to_nhwc.cu", "wgrad_reduce": "wgrad_gemm.cu",
                  "wgrad_tensor_cores_tma": "wgrad_tensor_cores.cu",
                  "wgrad_tensor_cores_tma_tf32": "wgrad_tensor_cores.cu",

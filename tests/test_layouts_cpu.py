@@ -219,3 +219,23 @@ def test_one_pixel_planes_and_1x1_kernels_are_not_transposed():
     assert launches[0] and not any(launches[1:]) and weight == 1
     launches, weight = transposes((8, 16, 5, 5), (24, 16, 1, 1))  # planes of 25 pixels: x and the output
     assert launches[0] and launches[-1] and weight == 0
+
+
+def test_channels_last_copy_takes_pairs_for_16_bit_types():
+    """16-bit copies of even positions and padded channels move pairs in 64 x 64 tiles (nchw_to_nhwc_pairs);
+    others keep the element-wise 32 x 32 tile, and few channels the one-thread-a-position kernel."""
+    from cupyconv.families import implicit_gemm_nhwc as f
+    from cupyconv.program import OUT, X, Pointer
+
+    def launch(dtype, c, positions, padded):
+        return f.channels_last_copy(dtype, 2, c, positions, padded, False, Pointer(X), Pointer(OUT))
+
+    for dtype in ("float16", "bfloat16"):
+        pairs = launch(dtype, 130, 3136, 136)
+        assert (pairs.kernel, pairs.grid, pairs.block) == (f.CHANNELS_LAST_PAIRS, (49, 3, 2), (32, 8, 1))
+        assert pairs.name_expression in f.channels_last_specialisations()
+        assert pairs.args[2:] == (130, 3136, 136)
+        assert launch(dtype, 64, 49, 64).kernel == f.CHANNELS_LAST_TILED  # odd positions
+        assert launch(dtype, 72, 30, 75).kernel == f.CHANNELS_LAST_TILED  # odd padded channels
+        assert launch(dtype, 3, 50, 4).kernel == f.CHANNELS_LAST_NARROW
+    assert launch("float32", 64, 3136, 64).kernel == f.CHANNELS_LAST_TILED

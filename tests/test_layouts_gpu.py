@@ -493,3 +493,31 @@ def test_windows_past_the_im2col_map(case, mode, layouts):
     out = run(plan, problem, x, weight, bias)
     assert not out.isnan().any(), "an output element was never written"
     assert relative_error(out, reference(x, weight, bias, case)) < tolerance(dtype, planner.NHWC_KERNEL)
+
+
+#: (N, C, P, Cp): the channels-last copy's shapes: few channels (nchw_to_nhwc_narrow), whole and partial 64 x 64
+#: tiles of pairs (16 bits, P and Cp even), odd P or odd Cp (the element-wise tile), zero channels past C.
+COPY_SHAPES = [(2, 3, 50, 4), (2, 3, 49, 8), (3, 64, 3136, 64), (2, 130, 196, 136), (2, 129, 50, 130),
+               (1, 96, 49, 96), (2, 72, 30, 75), (3, 33, 2, 34), (1, 512, 4, 512)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("n,c,positions,padded", COPY_SHAPES, ids=str)
+def test_channels_last_copy(n, c, positions, padded, dtype):
+    """implicit_gemm_nhwc.channels_last_copy's launch (whichever kernel it takes) writes [n][positions][padded]
+    from [n][c][positions]: every value in place, bit for bit, and zeros past c, over a NaN-poisoned output."""
+    from cupyconv.executor import program_executable
+    from cupyconv.launch import run_program
+    from cupyconv.program import OUT, X, CallProgram, Pointer
+
+    launch = implicit_gemm_nhwc.channels_last_copy(dtype, n, c, positions, padded, False, Pointer(X), Pointer(OUT))
+    problem = make_problem((n, c, 1, positions), (c, c, 1, 1), None, dtype)  # the operands' names only
+    exe = program_executable(lambda plan, p: CallProgram((launch,)), None, problem, cupy.cuda.Device().id)
+    storage = cupy.int16 if dtype == "bfloat16" else dtype  # raw 16-bit patterns: bit for bit is the point
+    x = cupy.random.default_rng(3).integers(-30000, 30000, (n, c, positions)).astype(storage) \
+        if cupy.dtype(storage).itemsize == 2 else cupy.random.default_rng(3).standard_normal((n, c, positions), dtype)
+    y = cupy.full((n, positions, padded), cupy.nan if storage != cupy.int16 else -1, dtype=storage)
+    run_program(exe, x=x, out=y)
+    cupy.cuda.get_current_stream().synchronize()
+    assert bool((y[..., :c] == x.transpose(0, 2, 1)).all())
+    assert bool((y[..., c:] == 0).all())

@@ -235,7 +235,8 @@ def test_layout_programs(case, dtype, layouts):
             assert names == [planner.GEMM_KERNEL] and call.launches[0].name_expression.endswith(",true>"), names
         elif not native(planner.FAMILIES[plan.kernel], problem) and layouts[0] == "NHWC":
             # x transposed first and the output last, where their planes are larger than one pixel
-            transposes = (implicit_gemm_nhwc.CHANNELS_LAST_TILED, implicit_gemm_nhwc.CHANNELS_LAST_NARROW)
+            transposes = (implicit_gemm_nhwc.CHANNELS_LAST_TILED, implicit_gemm_nhwc.CHANNELS_LAST_NARROW,
+                          implicit_gemm_nhwc.CHANNELS_LAST_PAIRS)
             assert (names[0] in transposes) == (problem.h * problem.w > 1), names
             assert (names[-1] in transposes) == (problem.ho * problem.wo > 1), names
         one_tap = problem.kh * problem.kw == 1  # a 1x1 KCHW weight is KHWC memory: read in place too

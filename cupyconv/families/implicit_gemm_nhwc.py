@@ -31,6 +31,7 @@ LAYOUTS = ("NCHW", "NHWC")
 WEIGHT_LAYOUTS = ("KCHW", "KHWC")
 CHANNELS_LAST_TILED = "nchw_to_nhwc_tiled"
 CHANNELS_LAST_NARROW = "nchw_to_nhwc_narrow"
+CHANNELS_LAST_PAIRS = "nchw_to_nhwc_pairs"
 PAD_CHANNELS = "pad_channels"
 #: Up to this many channels the copy runs one thread per position (nchw_to_nhwc_narrow).
 NARROW_CHANNELS = 8
@@ -1315,12 +1316,17 @@ def _copy_specialisation(kernel: str, dtype: str, round_tf32: bool) -> str:
     return f"cupyconv::{kernel}<{CTYPES[dtype]},{'true' if round_tf32 and dtype == 'float32' else 'false'}>"
 
 
+def _pairs_specialisation(dtype: str) -> str:
+    return f"cupyconv::{CHANNELS_LAST_PAIRS}<{CTYPES[dtype]}>"
+
+
 def channels_last_specialisations() -> list[str]:
     """The copies of this family's operands (float32 rounded to TF32), the exact ones of every dtype
     (simt_gemm_conv2d's transposed weight; layouts.py's transposes) and the NHWC operands' padding."""
     roundings = [(dtype, True) for dtype in GEMM_DTYPES] + [("float32", False), ("float64", False)]
     return [_copy_specialisation(kernel, dtype, round_tf32)
             for kernel in (CHANNELS_LAST_TILED, CHANNELS_LAST_NARROW) for dtype, round_tf32 in roundings] + \
+        [_pairs_specialisation(dtype) for dtype in GEMM_DTYPES if STORAGE_BYTES[dtype] == 2] + \
         [_copy_specialisation(PAD_CHANNELS, dtype, round_tf32) for dtype, round_tf32 in roundings
          if dtype != "float64"]
 
@@ -1354,6 +1360,10 @@ def channels_last_copy(dtype: str, n: int, c: int, positions: int, channels_padd
     transposed weight)."""
     if channels_padded <= NARROW_CHANNELS:
         kernel, grid, block = CHANNELS_LAST_NARROW, (math.ceil(positions / 256), n, 1), (256, 1, 1)
+    elif STORAGE_BYTES[dtype] == 2 and positions % 2 == 0 and channels_padded % 2 == 0:  # whole 4-byte pairs
+        return Launch(CHANNELS_LAST_PAIRS, _pairs_specialisation(dtype),
+                      (math.ceil(positions / 64), math.ceil(channels_padded / 64), n), (32, 8, 1), 0,
+                      (source, copy, c, positions, channels_padded))
     else:
         kernel, grid, block = (CHANNELS_LAST_TILED, (math.ceil(positions / 32), math.ceil(channels_padded / 32), n),
                                (32, 8, 1))
