@@ -21,7 +21,8 @@ from cupyconv import conv_transpose, grad, planner, wgrad, wgrad_depthwise, wgra
 from cupyconv.arguments import make_problem
 from cupyconv.compiler import kernel_source
 from cupyconv.families.common import STORAGE_BYTES
-from cupyconv.families.implicit_gemm_nhwc import MAX_PHASES, PHASES_KERNEL, channels_last_specialisations
+from cupyconv.families.implicit_gemm_nhwc import (CHANNELS_LAST_PAIRS, MAX_PHASES, PHASES_KERNEL,
+                                                  channels_last_specialisations)
 from cupyconv.program import (BIAS, FLAGS, GRAD_OUTPUT, INPUT_SCALE, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE,
                               WORKSPACE_ALIGNMENT, X, Pointer)
 
@@ -287,7 +288,8 @@ def test_phases_launch_replayed(y_shape, weight_shape, stride, padding, output_p
         (copy,) = copies
         assert copy.args == ((Pointer(X), launch.args[0], tp.k, hy * wy, tp.k) if layout == "NCHW" else
                              (Pointer(X), launch.args[0], tp.k, n * hy * wy, tp.k))
-        assert copy.name_expression.endswith(f"{str(tf32 and not plan.gemm.round_a).lower()}>")  # rounded
+        rounded = copy.kernel != CHANNELS_LAST_PAIRS and copy.name_expression.endswith("true>")  # pairs: 16 bits
+        assert rounded == (tf32 and not plan.gemm.round_a)
         at = launch.args[0].offset
         assert launch.args[0].operand == WORKSPACE and at + y.size * item <= call.workspace_bytes
         assert np.isnan(workspace[at // item:at // item + y.size]).all()
