@@ -2,7 +2,8 @@
 reduction, lanes, segments of the walk), specialisations and program. Lanes keep their channels' tap
 sums in registers and walk segments of output pixels, loading each step's span of input positions
 once: NHWC lanes hold up to 32 vectors of channels a block and walk along output rows; NCHW lanes
-hold a block's channel and output columns and walk down the columns. wgrad.py's ordered reduction
+hold a block's channel and one output column or two (loaded as pairs where rows have even lengths) and
+walk down the columns. wgrad.py's ordered reduction
 adds the runs (a weight of one input channel per group has the same memory in KCHW and KHWC)."""
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ TARGET_BLOCKS = 264
 MIN_SEGMENT = 2 * ROW_STEP
 #: NHWC: channel vectors a block takes at most, so that it has at least 8 row lanes.
 MAX_VECTORS = 32
-#: NCHW: output columns a block takes at most (its 256 threads).
+#: NCHW: lanes across a block at most (its 256 threads), each of one output column or two.
 MAX_COLUMNS = 256
 #: NHWC: sums a thread keeps at most (taps x channels, in 4-byte registers), and the widest load:
 #: 3x3 16-bit layers at four channels (8 bytes), with a step's dy and input columns, fit two blocks of
@@ -42,13 +43,16 @@ MAX_COLUMNS = 256
 MAX_SUM_REGISTERS = 72
 MAX_VECTOR_BYTES = 8
 VECTOR_CHANNELS = (4, 2, 1)
+#: NCHW: element types whose lanes take two output columns, loading pairs (where column_pairs allows).
+PAIR_DTYPES = ("float16", "bfloat16", "float32")
 
 
 class DepthwisePlan(NamedTuple):
     grid: tuple[int, int, int]
     splits: int  # runs of the reduction (grid y)
-    across: int  # a block's channel vectors (NHWC) or output columns (NCHW); 256 // across lanes each
+    across: int  # a block's channel vectors (NHWC) or lanes of output columns (NCHW); 256 // across lanes each
     segment: int  # output pixels of a lane's item along the walk
+    columns: int = 1  # NCHW: output columns a lane (2: loaded as pairs)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -97,9 +101,17 @@ def walk(problem: ConvProblem) -> tuple[int, int]:
     return pair if pair in COMPILED_WALKS else (0, 0)
 
 
-def specialisation(dtype: str, kh: int, kw: int, walk: tuple[int, int]) -> str:
-    """The NCHW kernel's."""
-    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{kh},{kw},{walk[0]},{walk[1]}>"
+def column_pairs(problem: ConvProblem) -> bool:
+    """Whether NCHW lanes can take two output columns, loading pairs: a PAIR_DTYPES element, rows of
+    even lengths (pairs aligned), and the walk compiled and the same along the columns."""
+    p = problem
+    return (p.layout == "NCHW" and p.dtype in PAIR_DTYPES and p.w % 2 == 0 and p.wo % 2 == 0 and
+            walk(p) != (0, 0) and (p.stride[1], p.dilation[1]) == walk(p))
+
+
+def specialisation(dtype: str, kh: int, kw: int, walk: tuple[int, int], pair_odd: int = -1) -> str:
+    """The NCHW kernel's: ``pair_odd`` -1 for a column a lane, else the left padding's parity."""
+    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{kh},{kw},{walk[0]},{walk[1]},{pair_odd}>"
 
 
 def nhwc_specialisation(dtype: str, kh: int, kw: int, vector: int, walk: tuple[int, int]) -> str:
@@ -109,42 +121,52 @@ def nhwc_specialisation(dtype: str, kh: int, kw: int, vector: int, walk: tuple[i
 def specialisations() -> list[str]:
     walks = COMPILED_WALKS + ((0, 0),)
     return [specialisation(dtype, kh, kw, pair) for dtype in CTYPES for kh, kw in KERNEL_SIZES for pair in walks] + \
+        [specialisation(dtype, kh, kw, pair, odd) for dtype in PAIR_DTYPES for kh, kw in KERNEL_SIZES
+         for pair in COMPILED_WALKS for odd in (0, 1)] + \
         [nhwc_specialisation(dtype, kh, kw, v, pair) for dtype in CTYPES for kh, kw in KERNEL_SIZES
          for v in VECTOR_CHANNELS if v <= _widest_vector(dtype, kh, kw) for pair in walks]
 
 
 def _runs(wanted: int, blocks: int, items: int, per_run: int) -> int:
-    """Runs giving about ``wanted`` blocks in all, of at least ``per_run`` items each."""
-    return max(1, min(math.ceil(wanted / blocks), items // per_run, MAX_GRID_Y))
+    """Runs giving at most ``wanted`` blocks in all (one wave: a block past it waits for a second), of at
+    least ``per_run`` items each; one at least."""
+    return max(1, min(wanted // blocks, items // per_run, MAX_GRID_Y))
 
 
 @functools.lru_cache(maxsize=1024)
-def make_plan(problem: ConvProblem) -> DepthwisePlan:
+def make_plan(problem: ConvProblem, columns: int | None = None) -> DepthwisePlan:
     """Lanes and runs. NHWC: all the layer's channel vectors, up to MAX_VECTORS a block, in as few
-    blocks as evenly filled; NCHW: a block per channel and tile of up to MAX_COLUMNS output columns.
-    256 // across lanes a block, and as many runs as give about TARGET_BLOCKS blocks with an item for
-    every lane. The segment is the one whose busiest lane walks the fewest pixels (a block's items
-    dealt to its lanes in turn), the longest among equals (fewer positions loaded twice where
-    segments meet)."""
+    blocks as evenly filled; NCHW: a block per channel and tile of up to MAX_COLUMNS lanes of
+    ``columns`` output columns (default: 2 where column_pairs allows, else 1).
+    256 // across lanes a block, and as many runs as give at most TARGET_BLOCKS blocks with an item for
+    every lane. The segment is the one whose busiest lane loads the fewest input positions along the
+    walk (a block's items dealt to its lanes in turn; a segment loads its windows' overlap, kernel
+    taps less one, besides its pixels), the longest among equals."""
     p = problem
     if p.layout == "NHWC":
         wanted = p.k // vector_channels(p)
         blocks = math.ceil(wanted / MAX_VECTORS)
         across = math.ceil(wanted / blocks)
         lines, extent = p.n * p.ho, p.wo  # rows to walk along, and their length
+        stride, overlap = p.stride[1], (p.kw - 1) * p.dilation[1]
     else:
-        across = min(p.wo, MAX_COLUMNS)
-        blocks = p.k * math.ceil(p.wo / across)
+        if columns == 2 and not column_pairs(p):
+            raise ValueError(f"pairs of output columns need NCHW rows of even lengths and the same compiled walk "
+                             f"along both axes; got {p.x_shape} -> {p.out_shape}, stride {p.stride}")
+        columns = columns or (2 if column_pairs(p) else 1)
+        across = min(math.ceil(p.wo / columns), MAX_COLUMNS)
+        blocks = p.k * math.ceil(p.wo / (across * columns))
         lines, extent = p.n, p.ho  # each lane's column, in every image
+        stride, overlap = p.stride[0], (p.kh - 1) * p.dilation[0]
     lanes = 256 // across
     best = None
     segment = math.ceil(extent / ROW_STEP) * ROW_STEP
     while True:
         items = lines * math.ceil(extent / segment)
         splits = _runs(TARGET_BLOCKS, blocks, items, lanes)
-        busiest = math.ceil(math.ceil(items / splits) / lanes) * min(segment, extent)
+        busiest = math.ceil(math.ceil(items / splits) / lanes) * (min(segment, extent) * stride + overlap)
         if best is None or busiest < best[0]:
-            best = (busiest, DepthwisePlan((blocks, splits, 1), splits, across, segment))
+            best = (busiest, DepthwisePlan((blocks, splits, 1), splits, across, segment, columns or 1))
         if segment <= MIN_SEGMENT:
             return best[1]
         segment = max(MIN_SEGMENT, math.ceil(segment / 2 / ROW_STEP) * ROW_STEP)
@@ -161,7 +183,8 @@ def program(plan: DepthwisePlan, problem: ConvProblem) -> CallProgram:
     if p.layout == "NHWC":
         expression, partials = nhwc_specialisation(p.dtype, p.kh, p.kw, vector_channels(p), walk(p)), plan.splits
     else:
-        expression, partials = specialisation(p.dtype, p.kh, p.kw, walk(p)), plan.splits * math.ceil(p.wo / plan.across)
+        expression = specialisation(p.dtype, p.kh, p.kw, walk(p), p.pad_left % 2 if plan.columns == 2 else -1)
+        partials = plan.splits * plan.grid[0] // p.k  # a run's sums per column tile
     kernel = Launch(NHWC_KERNEL if p.layout == "NHWC" else KERNEL, expression, plan.grid, (256, 1, 1), 0, args)
     reduce = reduce_launch(p.dtype, partials, p.k * taps, 1, taps, False, False, partial, Pointer(OUT))
     return CallProgram((kernel, reduce), partials * p.k * taps * ACC_BYTES[p.dtype])

@@ -570,6 +570,15 @@ DEPTHWISE_CASES = [
     Case(2, 48, 48, 17, 23, 3, 3, stride=3, padding=1, groups=48),  # NHWC: a column stride at run time
     Case(2, 40, 40, 19, 21, 5, 5, stride=2, padding=2, groups=40),  # NHWC: 5x5 at stride 2
     Case(1, 4, 4, 9, 300, 3, 3, stride=(2, 1), padding=1, groups=4),  # NCHW: two tiles of output columns
+    # NCHW pairs of output columns (even rows, the same walk along both axes), both paddings' parities
+    Case(2, 12, 12, 10, 20, 5, 5, padding=2, groups=12),          # even left padding
+    Case(2, 8, 8, 16, 16, 7, 7, padding=3, groups=8),             # ConvNeXt's 7x7
+    Case(1, 8, 8, 16, 16, 7, 7, stride=2, padding=3, groups=8),
+    Case(1, 6, 6, 12, 24, 5, 5, stride=2, padding=2, groups=6),
+    Case(2, 8, 8, 14, 14, 3, 3, stride=2, groups=8),              # stride 2, no padding
+    Case(2, 8, 8, 12, 12, 3, 3, padding=(2, 1), groups=8),        # the left padding odd, the top even
+    Case(1, 4, 4, 5, 1100, 3, 3, padding=1, groups=4),            # three tiles of 256 pairs, the last part-filled
+    Case(2, 4, 8, 10, 12, 3, 3, stride=2, padding=1, groups=4),   # channel multiplier 2
 ]
 
 

@@ -1,10 +1,9 @@
 """GPU time of the depthwise rows' weight gradient (cupyconv.wgrad_depthwise) beside torch's:
     python benchmarks/profile/wgrad_depthwise.py [--mode fp16 ...] [--layer mbv2_dw_3x3_144 ...] [--once] [--sweep]
-For the depthwise layers of bench.LAYERS: 16-bit modes on channels_last arrays, fp32 (strict) in both
-layouts; the whole call (kernel and ordered reduction) and torch.nn.grad.conv2d_weight in its faster
+For the depthwise layers of bench.LAYERS, in both layouts; the whole call (kernel and ordered reduction) and torch.nn.grad.conv2d_weight in its faster
 layout, GPU time (CUDA events behind a spin: bench.alternating_ms), median of 30 interleaved runs.
 --once runs each call once (for ncu); --sweep adds NHWC plans of other row segments, run counts and
-channel vectors a block."""
+channel vectors a block, and NCHW plans of one and two columns a lane, other segments and run counts."""
 import argparse
 import math
 
@@ -18,20 +17,21 @@ from cupyconv.families.common import H100_SMS
 from cupyconv.grad import weight_gradient
 
 REPEATS = 30
-LAYOUTS = {"fp16": ("channels_last",), "bf16": ("channels_last",), "fp32": ("channels_last", "nchw")}
+LAYOUTS = ("channels_last", "nchw")
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", action="append", choices=sorted(LAYOUTS))
+    parser.add_argument("--mode", action="append", choices=sorted(TORCH_DTYPES))
+    parser.add_argument("--layout", action="append", choices=LAYOUTS)
     parser.add_argument("--layer", action="append")
     parser.add_argument("--once", action="store_true")
     parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()
     torch.backends.cudnn.allow_tf32 = False
     for mode in args.mode or ["fp16", "bf16", "fp32"]:
-        for layout in LAYOUTS[mode]:
+        for layout in args.layout or LAYOUTS:
             for shape in LAYERS:
                 if shape.groups == 1 or (args.layer and shape.name not in args.layer):
                     continue
@@ -44,8 +44,8 @@ def main() -> None:
                     a, problem.weight_shape, b, shape.stride, shape.padding, shape.dilation, shape.groups)
                     for f, (a, b) in zip(("NCHW", "CL"), theirs.values())}
                 plans = [wgrad_depthwise.make_plan(problem)]
-                if args.sweep and nhwc:
-                    plans += _other_plans(problem, plans[0])
+                if args.sweep:
+                    plans += (_other_plans if nhwc else _other_nchw_plans)(problem, plans[0])
                 out = cupy.empty(problem.weight_array_shape, dtype=xv.dtype)
                 # the default through grad's entry point, as a user calls it
                 calls.update({plan: (lambda: weight_gradient(problem, xv, dyv, "cupy")) if i == 0 else
@@ -81,6 +81,23 @@ def _other_plans(problem, default):
             for per_sm in (1, 2, 4):
                 splits = max(1, min(math.ceil(H100_SMS * per_sm / blocks), items // (256 // vectors)))
                 plan = wgrad_depthwise.DepthwisePlan((blocks, splits, 1), splits, vectors, segment)
+                if plan != default and plan not in plans:
+                    plans.append(plan)
+    return plans
+
+
+def _other_nchw_plans(problem, default):
+    """NCHW plans beside ``default``: one column a lane and two (where allowed), each at its own rule's
+    segment and at segments of 8 to a whole column, runs giving 1-4 blocks an SM's worth."""
+    plans = []
+    for columns in (1, 2) if wgrad_depthwise.column_pairs(problem) else (1,):
+        rule = wgrad_depthwise.make_plan(problem, columns)
+        blocks, lanes = rule.grid[0], 256 // rule.across
+        for segment in sorted({rule.segment, 8, 16, 32, math.ceil(problem.ho / 4) * 4}):
+            items = problem.n * math.ceil(problem.ho / segment)
+            for per_sm in (1, 2, 4):
+                splits = max(1, min(math.ceil(H100_SMS * per_sm / blocks), items // lanes))
+                plan = rule._replace(grid=(blocks, splits, 1), splits=splits, segment=segment)
                 if plan != default and plan not in plans:
                     plans.append(plan)
     return plans
