@@ -174,18 +174,25 @@ def make_plan(problem: ConvProblem, columns: int | None = None) -> DepthwisePlan
 
 def program(plan: DepthwisePlan, problem: ConvProblem) -> CallProgram:
     """The kernel from X and GRAD_OUTPUT into the runs' sums (the workspace; NCHW: a run's per column
-    tile), wgrad.py's reduction into OUT; ``plan`` from make_plan."""
+    tile), wgrad.py's reduction into OUT; ``plan`` from make_plan. NCHW plans of one run and one column
+    tile are the kernel alone, writing OUT."""
     p = problem
     taps = p.kh * p.kw
     partial = Pointer(WORKSPACE)
-    args = (Pointer(X), Pointer(GRAD_OUTPUT), partial, p.n, p.c, p.h, p.w, p.k, p.ho, p.wo, p.stride[0], p.stride[1],
-            p.pad_top, p.pad_left, p.dilation[0], p.dilation[1], plan.across, plan.segment)
+    shape = (p.n, p.c, p.h, p.w, p.k, p.ho, p.wo, p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0],
+             p.dilation[1], plan.across, plan.segment)
     if p.layout == "NHWC":
         expression, partials = nhwc_specialisation(p.dtype, p.kh, p.kw, vector_channels(p), walk(p)), plan.splits
+        kernel = Launch(NHWC_KERNEL, expression, plan.grid, (256, 1, 1), 0,
+                        (Pointer(X), Pointer(GRAD_OUTPUT), partial, *shape))
     else:
         expression = specialisation(p.dtype, p.kh, p.kw, walk(p), p.pad_left % 2 if plan.columns == 2 else -1)
         partials = plan.splits * plan.grid[0] // p.k  # a run's sums per column tile
-    kernel = Launch(NHWC_KERNEL if p.layout == "NHWC" else KERNEL, expression, plan.grid, (256, 1, 1), 0, args)
+        if partials == 1:  # the blocks write the weight gradient themselves (ws unused: no workspace)
+            return CallProgram((Launch(KERNEL, expression, plan.grid, (256, 1, 1), 0,
+                                       (Pointer(X), Pointer(GRAD_OUTPUT), Pointer(OUT), Pointer(OUT), *shape)),))
+        kernel = Launch(KERNEL, expression, plan.grid, (256, 1, 1), 0,
+                        (Pointer(X), Pointer(GRAD_OUTPUT), partial, Pointer(OUT), *shape))
     reduce = reduce_launch(p.dtype, partials, p.k * taps, 1, taps, False, False, partial, Pointer(OUT))
     return CallProgram((kernel, reduce), partials * p.k * taps * ACC_BYTES[p.dtype])
 

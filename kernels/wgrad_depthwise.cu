@@ -20,7 +20,8 @@
 // Grid y: runs of the reduction (segments; a partition fixed by the problem). Each block adds its
 // lanes' sums in a fixed order (NCHW: a tree; NHWC: lane 0, 1, ...) and writes ws[run][k][tap]
 // (NCHW: ws[run][column tile][k][tap]) in the accumulator type; wgrad_reduce (wgrad_gemm.cu) adds the
-// runs in order and rounds once: the same bits on every run.
+// runs in order and rounds once: the same bits on every run. An NCHW grid of one run and one column
+// tile writes the weight gradient (dw_out) directly.
 #include "dtypes.cuh"
 
 namespace cupyconv {
@@ -172,7 +173,7 @@ template <int KW, int SC, int DC> struct NchwAcross<KW, SC, DC, -1> {
 template <typename T, int KH, int KW, int SH, int DH, int PAIR_ODD>
 __global__ void __launch_bounds__(256, wgrad_depthwise_min_blocks<T, KH * KW, true>())
 wgrad_depthwise(const T* __restrict__ x, const T* __restrict__ dy, typename accumulator<T>::type* __restrict__ ws,
-                int N, int C, int H, int W, int K, int Ho, int Wo, int sh, int sw, int pt, int pl, int dh, int dw,
+                T* __restrict__ dw_out, int N, int C, int H, int W, int K, int Ho, int Wo, int sh, int sw, int pt, int pl, int dh, int dw,
                 int across, int segment) {
     using Acc = typename accumulator<T>::type;
     using Across = typename NchwAcross<KW, SH, DH, PAIR_ODD>::type;
@@ -210,7 +211,10 @@ wgrad_depthwise(const T* __restrict__ x, const T* __restrict__ dy, typename accu
             wgrad_walk_step<T, KH, Across, SH, DH, false>(acc, dy_at, Wo, p1 - p, x_at, W, load_pitch, cols_inside,
                                                           ih0, H, sh, dh);
     }
-    // The 256 threads' sums, tap by tap, in a fixed tree order.
+    // The 256 threads' sums, tap by tap, in a fixed tree order. A block that is the whole reduction of
+    // its channel (one run, one column tile) writes the weight gradient itself, rounded once as
+    // wgrad_reduce would, and the call has no second launch.
+    const bool whole = gridDim.y == 1 && tiles == 1;
     Acc* out = ws + (static_cast<long long>(blockIdx.y) * tiles + tile) * K * TAPS;
 #pragma unroll
     for (int t = 0; t < TAPS; ++t) {
@@ -220,7 +224,10 @@ wgrad_depthwise(const T* __restrict__ x, const T* __restrict__ dy, typename accu
             if (tid < half) sums[tid] += sums[tid + half];
             __syncthreads();
         }
-        if (tid == 0) out[static_cast<long long>(k) * TAPS + t] = sums[0];
+        if (tid == 0) {
+            if (whole) dw_out[static_cast<long long>(k) * TAPS + t] = from_acc<T>(sums[0]);
+            else out[static_cast<long long>(k) * TAPS + t] = sums[0];
+        }
         __syncthreads();
     }
 }
