@@ -52,6 +52,7 @@ _SOURCE_FILES = {"nchw_to_nhwc_tiled": "nchw_to_nhwc.cu", "nchw_to_nhwc_narrow":
                  "wgrad_tensor_cores_tma": "wgrad_tensor_cores.cu",
                  "wgrad_tensor_cores_tma_tf32": "wgrad_tensor_cores.cu",
                  "wgrad_depthwise_nhwc": "wgrad_depthwise.cu",
+                 "transpose_depthwise_cells": "transpose_depthwise.cu",
                  "strided_fill": "strided_copy.cu", "implicit_gemm_nhwc_phases": "implicit_gemm_nhwc.cu",
                  "implicit_gemm_nhwc_stream_k": "implicit_gemm_nhwc.cu",
                  "implicit_gemm_nhwc_tma": "implicit_gemm_nhwc.cu", "implicit_gemm_nhwc_tma_pair": "implicit_gemm_nhwc.cu",

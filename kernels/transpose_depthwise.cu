@@ -130,4 +130,129 @@ transpose_depthwise(const T* __restrict__ y, const T* __restrict__ w, const T* _
     }
 }
 
+// transpose_depthwise_cells: NCHW, stride S on both axes, KS x KS taps, dilation 1 (MobileNet's and
+// EfficientNet's stride-2 3x3 and 5x5), compiled with the paddings' residues PT = pt mod S, PL = pl mod S.
+// A thread computes cells of S x S outputs, one output of every stride phase: cell (a, c) holds rows
+// S a .. S a + S - 1 and columns S c .. S c + S - 1. Output row S a + rho reads y rows a + qt + (rho + PT - r) / S
+// for its taps r = rho + PT (mod S) (qt = pt div S), so every cell of a thread reads y at the same offsets from
+// (a + qt, c + ql): a warp's lanes take one cell column each and the same taps, with no per-lane tap search and
+// no divergence between phases. A thread takes CELL_ROWS cells down a column; it loads the span of y rows and
+// columns they read once, multiplies from registers, and stores each output row's S columns together (a 4-byte
+// pair for 16-bit S = 2 where rows have even lengths).
+//
+// Block (32, 8): 32 cell columns x 8 groups of CELL_ROWS cell rows of one channel; grid (column tiles x
+// ceil(ceil(ceil(H / S) / CELL_ROWS) / 8), C, min(N, 65535)).
+constexpr int CELL_ROWS = 4;
+
+// Along an axis of padding residue P: the lowest and highest (o + P - t) / S over the cells' offsets o < S and
+// the taps t < KS that reach them ((o + P - t) a multiple of S): the span of y positions a cell reads.
+template <int S, int KS, int P> struct CellSpan {
+    static constexpr bool reaches(int o, int t) { return ((o + P - t) % S + S) % S == 0; }
+    static constexpr int lowest(int o = 0, int t = 0, int best = 1 << 20) {
+        return o == S ? best : t == KS ? lowest(o + 1, 0, best)
+               : lowest(o, t + 1, reaches(o, t) && (o + P - t) / S < best ? (o + P - t) / S : best);
+    }
+    static constexpr int highest(int o = 0, int t = 0, int best = -(1 << 20)) {
+        return o == S ? best : t == KS ? highest(o + 1, 0, best)
+               : highest(o, t + 1, reaches(o, t) && (o + P - t) / S > best ? (o + P - t) / S : best);
+    }
+    static constexpr int LO = lowest(), COUNT = highest() - LO + 1;
+};
+
+template <typename T, int KS, int S, int PT, int PL>
+__global__ void __launch_bounds__(256)
+transpose_depthwise_cells(const T* __restrict__ y, const T* __restrict__ w, const T* __restrict__ bias,
+                          T* __restrict__ out, int N, int C, int M, int Hy, int Wy, int H, int W, int qt, int ql,
+                          int stride_k, int stride_r, int stride_s, int has_bias, int column_tiles) {
+    using Acc = typename accumulator<T>::type;
+    using Rows = CellSpan<S, KS, PT>;
+    using Cols = CellSpan<S, KS, PL>;
+    constexpr int YR = Rows::COUNT + CELL_ROWS - 1, YC = Cols::COUNT;  // the y a thread loads
+    const int tile_row = blockIdx.x / column_tiles;
+    const int c = (blockIdx.x - tile_row * column_tiles) * 32 + threadIdx.x;  // cell column
+    const int a0 = (tile_row * 8 + threadIdx.y) * CELL_ROWS;                  // first cell row
+    const int channel = blockIdx.y;
+    if (c * S >= W || a0 * S >= H) return;
+    const int iy0 = a0 + qt + Rows::LO, ix0 = c + ql + Cols::LO;  // y's first row and column loaded
+    unsigned cols_inside = 0;  // bit e: y column ix0 + e lies in y
+#pragma unroll
+    for (int e = 0; e < YC; ++e)
+        cols_inside |= static_cast<unsigned>(static_cast<unsigned>(ix0 + e) < static_cast<unsigned>(Wy)) << e;
+    const Acc b = has_bias ? to_acc<Acc>(bias[channel]) : Acc(0);
+    // 32-bit offsets: the rules take arrays of fewer than 2^31 elements.
+    const int plane = Hy * Wy, K = C * M;
+    const T* w_group = w + channel * M * stride_k;
+    // Pairs stored as one word: S = 2, 16-bit or float, rows of even length (a cell's columns aligned).
+    constexpr bool PAIRS = S == 2 && sizeof(T) <= 4;
+    const bool pairs = PAIRS && W % 2 == 0;
+    for (int n = blockIdx.z; n < N; n += gridDim.z) {
+        Acc acc[CELL_ROWS][S][S];
+#pragma unroll
+        for (int i = 0; i < CELL_ROWS; ++i)
+#pragma unroll
+            for (int rho = 0; rho < S; ++rho)
+#pragma unroll
+                for (int sigma = 0; sigma < S; ++sigma) acc[i][rho][sigma] = b;
+#pragma unroll 1
+        for (int j = 0; j < M; ++j) {
+            const T* y_at = y + (n * K + channel * M + j) * plane + iy0 * Wy + ix0;
+            T yv[YR][YC];  // every load first, then the weights, then the multiplies
+#pragma unroll
+            for (int i = 0; i < YR; ++i)
+#pragma unroll
+                for (int e = 0; e < YC; ++e)
+                    yv[i][e] = load_or_zero(y_at + i * Wy + e,
+                                            (cols_inside >> e & 1u) &&
+                                                static_cast<unsigned>(iy0 + i) < static_cast<unsigned>(Hy));
+            Acc wv[KS * KS];
+            const T* w_at = w_group + j * stride_k;
+#pragma unroll
+            for (int r = 0; r < KS; ++r)
+#pragma unroll
+                for (int s = 0; s < KS; ++s) wv[r * KS + s] = to_acc<Acc>(w_at[r * stride_r + s * stride_s]);
+#pragma unroll
+            for (int i = 0; i < YR; ++i)
+#pragma unroll
+                for (int e = 0; e < YC; ++e) {
+                    const Acc v = to_acc<Acc>(yv[i][e]);
+                    // y at (row i, column e) of the window feeds cell i - row offset's outputs (rho, sigma)
+                    // through tap r = rho + PT - S (row offset), s = sigma + PL - S (column offset).
+#pragma unroll
+                    for (int rho = 0; rho < S; ++rho)
+#pragma unroll
+                        for (int r = 0; r < KS; ++r) {
+                            if (!Rows::reaches(rho, r)) continue;
+                            const int cell = i - ((rho + PT - r) / S - Rows::LO);
+                            if (cell < 0 || cell >= CELL_ROWS) continue;
+#pragma unroll
+                            for (int sigma = 0; sigma < S; ++sigma)
+#pragma unroll
+                                for (int s = 0; s < KS; ++s)
+                                    if (Cols::reaches(sigma, s) && (sigma + PL - s) / S - Cols::LO == e)
+                                        acc[cell][rho][sigma] += v * wv[r * KS + s];
+                        }
+                }
+        }
+        T* out_plane = out + (n * C + channel) * H * W;
+#pragma unroll
+        for (int i = 0; i < CELL_ROWS; ++i)
+#pragma unroll
+            for (int rho = 0; rho < S; ++rho) {
+                const int row = (a0 + i) * S + rho, column = c * S;
+                if (row >= H) continue;
+                T* o = out_plane + row * W + column;
+                if constexpr (PAIRS) {
+                    if (pairs) {  // W even: both columns inside, the pair 2-element aligned
+                        struct alignas(2 * sizeof(T)) Pair { T v[2]; } p{{from_acc<T>(acc[i][rho][0]), from_acc<T>(acc[i][rho][1])}};
+                        *reinterpret_cast<Pair*>(o) = p;
+                        continue;
+                    }
+                }
+#pragma unroll
+                for (int sigma = 0; sigma < S; ++sigma)
+                    if (column + sigma < W) o[sigma] = from_acc<T>(acc[i][rho][sigma]);
+            }
+    }
+}
+
 }  // namespace cupyconv

@@ -2,6 +2,7 @@
 mapping, first taps and tap steps, driven by the launch's arguments) against torch's conv_transpose2d, so the
 grid, the phases' taps and the weight strides are checked on every machine, and every output is written by
 exactly one thread; what it refuses and what the rules give it."""
+import itertools
 import math
 
 import numpy as np
@@ -76,6 +77,38 @@ def replay(launch, y, weight, bias, out_shape):
     return out, written
 
 
+def replay_cells(launch, y, weight, bias, out_shape):
+    """The cells kernel's output (float64) for flat NCHW y, weight and bias, thread by thread from ``launch``'s
+    grid, block and arguments: a thread's cells, their outputs' taps and y positions; and how many threads
+    wrote each output."""
+    n, c, m, hy, wy, h, w, qt, ql, sk, sr, ss, has_bias, column_tiles = launch.args[4:]
+    taps, stride, pt, pl = (int(v) for v in launch.name_expression.rstrip(">").split(",")[-4:])
+    k = c * m
+    out, written = np.full(math.prod(out_shape), np.nan), np.zeros(math.prod(out_shape), int)
+    block = (dw.COLUMNS, dw.THREADS // dw.COLUMNS)
+    assert launch.block == (*block, 1) and launch.grid[1] == c and launch.grid[2] == min(n, dw.MAX_GRID_Y)
+    for bx, ty, tx in itertools.product(range(launch.grid[0]), range(block[1]), range(block[0])):
+        tile_row = bx // column_tiles
+        cell_column = (bx % column_tiles) * dw.COLUMNS + tx
+        a0 = (tile_row * block[1] + ty) * dw.CELL_ROWS
+        for g, image, i, rho, sigma in itertools.product(range(c), range(n), range(dw.CELL_ROWS), range(stride),
+                                                         range(stride)):
+            row, column = (a0 + i) * stride + rho, cell_column * stride + sigma
+            if row >= h or column >= w:
+                continue
+            acc = bias[g] if has_bias else 0.0
+            for r, s_, j in itertools.product(range(taps), range(taps), range(m)):
+                if (rho + pt - r) % stride or (sigma + pl - s_) % stride:
+                    continue
+                iy, ix = a0 + i + qt + (rho + pt - r) // stride, cell_column + ql + (sigma + pl - s_) // stride
+                if 0 <= iy < hy and 0 <= ix < wy:
+                    acc += y[((image * k + g * m + j) * hy + iy) * wy + ix] * weight[(g * m + j) * sk + r * sr + s_ * ss]
+            at = ((image * c + g) * h + row) * w + column
+            out[at] = acc
+            written[at] += 1
+    return out, written
+
+
 CASES = [
     # y (n, k, hy, wy), channels c (groups), multiplier, kernel, stride, padding, output_padding, dilation
     ((2, 6, 7, 9), 6, 1, (3, 3), 2, 1, 1, 1),            # MobileNet's stride-2 3x3 input gradient
@@ -84,6 +117,12 @@ CASES = [
     ((1, 5, 6, 4), 5, 1, (3, 3), 2, 3, 1, 2),            # padding past the taps, dilation = stride
     ((3, 16, 3, 3), 16, 1, (2, 2), 2, 0, 0, 1),          # taps = stride: one tap a phase
     ((1, 3, 1, 1), 3, 1, (3, 3), 2, 0, 0, 1),            # a 1x1 y
+    # NCHW: the cells kernel (stride 2, 3x3 or 5x5, no dilation), every residue of the paddings
+    ((2, 4, 6, 7), 4, 1, (5, 5), 2, 2, 1, 1),            # EfficientNet's 5x5, even padding
+    ((1, 6, 5, 5), 2, 3, (3, 3), 2, (1, 0), (0, 1), 1),  # rows' padding odd, columns' even; multiplier 3
+    ((1, 3, 4, 9), 3, 1, (5, 5), 2, (2, 3), 0, 1),       # padding past the stride: residues and quotients
+    ((1, 2, 70, 3), 2, 1, (3, 3), 2, 1, 1, 1),           # two tiles of cell rows
+    ((1, 2, 3, 70), 2, 1, (3, 3), 2, 0, 1, 1),           # two tiles of cell columns, odd output rows
 ]
 
 
@@ -101,13 +140,16 @@ def test_launch_replayed_matches_torch(y_shape, c, m, kernel, stride, padding, o
     plan = transpose_plan(tp, False, 90, tp.c)
     assert plan.depthwise is not None and plan.phases == ()
     (launch,) = dw.program(plan.depthwise, tp).launches
+    assert (launch.kernel == dw.CELLS_KERNEL) == (layout == "NCHW" and stride == 2 and dilation == 1 and
+                                                  kernel[0] == kernel[1] and kernel[0] in (3, 5))
     rng = np.random.default_rng(sum(y_shape))
     y, weight, bias = rng.standard_normal(y_shape), rng.standard_normal(weight_shape), rng.standard_normal(c)
     ref = F.conv_transpose2d(torch.from_numpy(y), torch.from_numpy(weight), torch.from_numpy(bias), stride, padding,
                              output_padding, c, dilation).numpy()
     y_mem = y.transpose(0, 2, 3, 1) if layout == "NHWC" else y
     w_mem = weight.transpose(0, 2, 3, 1) if layout == "NHWC" else weight
-    out, written = replay(launch, y_mem.ravel(), w_mem.ravel(), bias, tp.out_array_shape)
+    out, written = (replay_cells if launch.kernel == dw.CELLS_KERNEL else replay)(
+        launch, y_mem.ravel(), w_mem.ravel(), bias, tp.out_array_shape)
     assert (written == 1).all()
     got = out.reshape(tp.out_array_shape)
     np.testing.assert_allclose(got.transpose(0, 3, 1, 2) if layout == "NHWC" else got, ref, rtol=1e-12, atol=1e-12)
