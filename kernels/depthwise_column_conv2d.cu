@@ -24,7 +24,11 @@
 
 namespace cupyconv {
 
-template <typename T, typename Index, int RPT, int KH, int KW, int SH>
+// PAIR_ODD 0 or 1 (the left padding's parity): a thread computes two adjacent output columns (2 threadIdx.x and the
+// next), the column stride that of the rows (SH) and dilation 1, rows and output rows of even lengths: it loads
+// each input row's aligned pairs of elements that cover both windows (a 16-bit thread one element at a time
+// had half a float thread's bytes in flight) and stores each output row's pair as one word. -1: one column.
+template <typename T, typename Index, int RPT, int KH, int KW, int SH, int PAIR_ODD = -1>
 __global__ void depthwise_column_conv2d(const T* __restrict__ x, const T* __restrict__ w,
                                         const T* __restrict__ bias, T* __restrict__ y, int has_bias,
                                         const T* __restrict__ residual, int has_residual, int activation,
@@ -33,25 +37,36 @@ __global__ void depthwise_column_conv2d(const T* __restrict__ x, const T* __rest
     using Acc = typename accumulator<T>::type;
     constexpr int TAPS = KH * KW;
     constexpr int ROWS = (RPT - 1) * SH + KH;  // input rows under the thread's RPT output rows
+    constexpr int COLUMNS = PAIR_ODD < 0 ? 1 : 2;  // output columns a thread
+    // Input elements a row loads: one a tap, or the pairs from iw_first covering both windows.
+    constexpr int LOADS = PAIR_ODD < 0 ? KW : (PAIR_ODD + SH + KW - 1) / 2 + 1, WIDTH = PAIR_ODD < 0 ? 1 : 2;
+    struct alignas(WIDTH * sizeof(T)) Load {
+        T v[WIDTH];
+    };
 
-    const int ow = threadIdx.x, k = blockIdx.x * blockDim.y + threadIdx.y, oh0 = blockIdx.y * RPT;
+    const int ow = threadIdx.x * COLUMNS, k = blockIdx.x * blockDim.y + threadIdx.y, oh0 = blockIdx.y * RPT;
     if (k >= K) return;
     const Index n = blockIdx.z;
     const int c = groups == K ? k : k / (K / groups);  // the input channel (a division only for multipliers)
     const T* xp = x + (n * C + c) * static_cast<Index>(H) * W;
 
-    Acc weights[TAPS], acc[RPT];
+    Acc weights[TAPS], acc[COLUMNS][RPT];
 #pragma unroll
     for (int i = 0; i < TAPS; ++i) weights[i] = to_acc<Acc>(w[static_cast<Index>(k) * TAPS + i]);
     const Acc b = has_bias ? to_acc<Acc>(bias[k]) : Acc(0);
 #pragma unroll
-    for (int j = 0; j < RPT; ++j) acc[j] = b;
-    int iw[KW];
-    bool column_valid[KW];
+    for (int o = 0; o < COLUMNS; ++o)
 #pragma unroll
-    for (int s = 0; s < KW; ++s) {
-        iw[s] = ow * sw - pl + s * dw;
-        column_valid[s] = static_cast<unsigned>(iw[s]) < static_cast<unsigned>(W);
+        for (int j = 0; j < RPT; ++j) acc[o][j] = b;
+    // Load l's first input column: tap column l (one column), or pair l from the even column at or before
+    // the first window's first tap.
+    const int iw_first = ow * (PAIR_ODD < 0 ? sw : SH) - pl - (PAIR_ODD < 0 ? 0 : PAIR_ODD);
+    int iw[LOADS];
+    bool column_valid[LOADS];  // a pair (W even, its column even) lies all inside or all outside
+#pragma unroll
+    for (int l = 0; l < LOADS; ++l) {
+        iw[l] = iw_first + l * (PAIR_ODD < 0 ? dw : 2);
+        column_valid[l] = static_cast<unsigned>(iw[l]) < static_cast<unsigned>(W);
     }
     // Slide down the column, reading each input row once.
     const int ih0 = oh0 * SH - pt;
@@ -59,18 +74,38 @@ __global__ void depthwise_column_conv2d(const T* __restrict__ x, const T* __rest
     for (int i = 0; i < ROWS; ++i) {
         const int ih = ih0 + i;
         const bool row_valid = static_cast<unsigned>(ih) < static_cast<unsigned>(H);
-        Acc v[KW];
+        Load raw[LOADS];
 #pragma unroll
-        for (int s = 0; s < KW; ++s)
-            v[s] = row_valid && column_valid[s] ? to_acc<Acc>(xp[static_cast<Index>(ih) * W + iw[s]]) : Acc(0);
-        accumulate_input_row<RPT, KH, KW, SH>(acc, weights, v, i);
+        for (int l = 0; l < LOADS; ++l)
+            raw[l] = load_or_zero(reinterpret_cast<const Load*>(xp + static_cast<Index>(ih) * W + iw[l]),
+                                  row_valid && column_valid[l]);
+        Acc e[LOADS * WIDTH];  // the row's loaded elements, widened once
+#pragma unroll
+        for (int l = 0; l < LOADS; ++l) {
+            Acc pair[WIDTH];
+            widen(pair, raw[l].v);
+#pragma unroll
+            for (int u = 0; u < WIDTH; ++u) e[l * WIDTH + u] = pair[u];
+        }
+#pragma unroll
+        for (int o = 0; o < COLUMNS; ++o) {
+            Acc v[KW];  // column o's window: element ODD + o SH + s of the pairs, or tap s's own load
+#pragma unroll
+            for (int s = 0; s < KW; ++s) v[s] = e[PAIR_ODD < 0 ? s : PAIR_ODD + o * SH + s];
+            accumulate_input_row<RPT, KH, KW, SH>(acc[o], weights, v, i);
+        }
     }
     const Index plane = (n * K + k) * static_cast<Index>(Ho) * Wo + ow;
     with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll
         for (int j = 0; j < RPT; ++j) {
             const Index o = plane + static_cast<Index>(oh0 + j) * Wo;
-            if (oh0 + j < Ho) y[o] = finish(acc[j], o);
+            if (oh0 + j < Ho) {
+                Load out;
+#pragma unroll
+                for (int u = 0; u < COLUMNS; ++u) out.v[u] = finish(acc[u][j], o + u);
+                *reinterpret_cast<Load*>(y + o) = out;  // pairs: Wo even, ow even
+            }
         }
     });
 }

@@ -89,10 +89,11 @@ def test_plan_layouts_fit_the_kernel(config):
 
 
 def test_mobilenet_layers_plan():
-    """The benchmark's MobileNetV2 layers: unrolled 3x3 taps, the widest pieces the rows allow, and the
-    channels per block that ran fastest on the H100 (results/depthwise_sweep.txt): 11-26 KB of input
-    patches per block; the 14 x 14 layer on the column kernel, 7 rows per thread (results/
-    depthwise_columns.txt), or with the tile kernel forced, 4 lanes of 16 x 16 tiles."""
+    """The benchmark's MobileNetV2 layers: all three on the column kernel, two columns a thread (pairs:
+    their rows are even), 8 rows a thread on the 56 x 56 outputs and 7 on the 14 x 14; with the tile
+    kernel forced, unrolled 3x3 taps, the widest pieces the rows allow, and the channels per block that
+    ran fastest on the H100 (results/depthwise_sweep.txt): 11-26 KB of input patches per block, 4 lanes
+    of 16 x 16 tiles on the 14 x 14 layer."""
     def problem(c, hw, stride, dtype):
         return make_problem((32, c, hw, hw), (c, 1, 3, 3), None, dtype, stride, 1, 1, c)
 
@@ -101,7 +102,14 @@ def test_mobilenet_layers_plan():
         "float16": ((8, 4, 2304), (2, 2, 6144), (16, 4, 768)),
     }
     for dtype in ("float32", "float16"):
-        s1, s2 = make_plan(problem(144, 56, 1, dtype)), make_plan(problem(96, 112, 2, dtype))
+        for c, hw, stride, rpt, block in ((144, 56, 1, 8, (28, 4, 1)), (96, 112, 2, 8, (28, 4, 1)),
+                                          (384, 14, 1, 7, (7, 18, 1))):
+            columns = make_plan(problem(c, hw, stride, dtype))
+            assert columns.kernel == DEPTHWISE_COLUMN_KERNEL and columns.config.rpt == rpt
+            assert columns.config.pair_odd == 1 and columns.block == block
+            assert "two output columns, loaded as pairs" in str(columns)
+        s1, s2 = (depthwise_conv2d.make_plan(problem(144, 56, 1, dtype)),
+                  depthwise_conv2d.make_plan(problem(96, 112, 2, dtype)))
         small = depthwise_conv2d.make_plan(problem(384, 14, 1, dtype))
         assert s2.config.taps == (3, 3, 2) and s1.config.taps == (3, 3, 1) and small.config.taps == (3, 3, 1)
         assert s2.vec == s1.vec == 16 and small.vec == (8 if dtype == "float32" else 4)
@@ -109,8 +117,8 @@ def test_mobilenet_layers_plan():
         assert [(p.channels_per_block, p.patch_buffers, math.prod(p.grid)) for p in (s1, s2, small)] == \
             list(expected[dtype])
         assert "3x3 taps at row stride 1 unrolled" in str(s1) and "a ring of 4 input patch(es)" in str(s1)
-        columns = make_plan(problem(384, 14, 1, dtype))
-        assert columns.kernel == DEPTHWISE_COLUMN_KERNEL and columns.config.name == "col_r7"
+        columns = depthwise_column_conv2d.make_plan(problem(384, 14, 1, dtype), pairs=False)
+        assert columns.config.name == "col_r7" and columns.config.pair_odd == -1
         assert columns.block == (14, 9, 1) and columns.grid == (43, 2, 32)  # 9 channels of 14-wide rows
 
 
@@ -156,8 +164,10 @@ def test_column_config_and_grid():
     wide = make_problem((1, 2, 3, 1500), (2, 1, 3, 3), None, "float32", 1, 1, 1, 2)
     with pytest.raises(ValueError, match="output 1500 wide: a block holds whole rows, at most 1024"):
         make_plan(wide, kernel=DEPTHWISE_COLUMN_KERNEL)
-    assert depthwise_column_conv2d.make_plan(make_problem((1, 300, 3, 1000), (300, 1, 3, 3), None, "float32", 1, 1, 1, 300)).block == \
-        (1000, 1, 1)  # a row wider than COLUMN_BLOCK: one channel a block
+    long_rows = make_problem((1, 300, 3, 1000), (300, 1, 3, 3), None, "float32", 1, 1, 1, 300)
+    # a row wider than COLUMN_BLOCK: one channel a block, a thread for each column or pair of columns
+    assert depthwise_column_conv2d.make_plan(long_rows, pairs=False).block == (1000, 1, 1)
+    assert depthwise_column_conv2d.make_plan(long_rows).block == (500, 1, 1)
 
 
 def test_channels_per_lane():
@@ -166,7 +176,7 @@ def test_channels_per_lane():
     forced count is taken as given, with as many buffers as it has channels up to four."""
     few = make_plan(make_problem((64, 3, 224, 224), (3, 1, 3, 3), None, "float32", 1, 1, 1, 3))
     assert few.channels_per_block == 3 and few.patch_buffers == 3 and math.prod(few.grid) >= DEPTHWISE_BLOCKS
-    one = make_plan(make_problem((1, 8, 20, 20), (8, 1, 3, 3), None, "float32", 1, 1, 1, 8))
+    one = depthwise_conv2d.make_plan(make_problem((1, 8, 20, 20), (8, 1, 3, 3), None, "float32", 1, 1, 1, 8))
     assert one.channels_per_block == 1 and one.patch_buffers == 1
     problem = make_problem((1, 10, 13, 13), (10, 1, 3, 3), None, "float16", 1, 1, 1, 10)
     for per_lane in range(1, 8):

@@ -274,12 +274,14 @@ COLUMN_CASES = [case for case in DEPTHWISE_CASES
     Case(2, 3, 6, 17, 5, 3, 3, stride=2, padding=(2, 1), groups=3),  # more padding than the taps reach
     Case(1, 130, 130, 3, 40, 3, 3, padding=1, groups=130),           # 3 channels a block: the last block's 2 idle
     Case(1, 3, 3, 5, 200, 3, 3, padding=1, groups=3),                # rows wider than a block of 128: one channel
+    Case(1, 4, 4, 10, 12, 3, 3, padding=(2, 0), groups=4),           # pairs: the left padding even, the top's 2
+    Case(2, 4, 4, 16, 18, 5, 5, stride=2, padding=(2, 1), groups=4),  # pairs of a 5 x 5 layer at stride 2
 ]
 
 
-def check_column(case: Case, dtype: str, seed: int, config=None, index_type=None):
-    """depthwise_column_conv2d with ``config`` (and ``index_type``) forced, into a NaN-poisoned output,
-    against torch in float64 as check() does. Returns the plan."""
+def check_column(case: Case, dtype: str, seed: int, config=None, index_type=None, pairs=None):
+    """depthwise_column_conv2d with ``config`` (and ``index_type``, ``pairs``) forced, into a NaN-poisoned
+    output, against torch in float64 as check() does. Returns the plan."""
     import dataclasses
 
     from cupyconv.arguments import make_problem
@@ -289,7 +291,7 @@ def check_column(case: Case, dtype: str, seed: int, config=None, index_type=None
     x, weight, bias = random_inputs(case, dtype, seed)
     problem = make_problem(x.shape, weight.shape, None if bias is None else bias.shape, dtype, case.stride,
                            case.padding, case.dilation, case.groups)
-    plan = depthwise_column_conv2d.make_plan(problem, config)
+    plan = depthwise_column_conv2d.make_plan(problem, config, pairs=pairs)
     if index_type:
         plan = dataclasses.replace(plan, index_type=index_type)
     out = torch.full(problem.out_shape, float("nan"), device=x.device, dtype=x.dtype)
@@ -307,6 +309,28 @@ def test_depthwise_column_kernel(case, dtype, config):
     channel multipliers, column stride and dilation, every unrolled tap set."""
     plan = check_column(case, dtype, seed=len(case.id) + 1, config=config)
     assert plan.kernel == "depthwise_column_conv2d" and plan.shared_bytes == 0
+
+
+PAIR_CASES = [case for case in COLUMN_CASES if case.w % 2 == 0 and case.stride in (1, 2) and case.dilation == 1]
+
+
+@pytest.mark.parametrize("pairs", [False, True], ids=["one_column", "pairs"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", PAIR_CASES, ids=lambda c: c.id)
+def test_depthwise_column_pairs(case, dtype, pairs):
+    """Where rows are even, threads of one column and of two (loaded as pairs) both match torch; double
+    has no pairs (a clear ValueError)."""
+    from cupyconv.arguments import make_problem
+    from cupyconv.families import depthwise_column_conv2d
+
+    problem = make_problem((case.n, case.c, case.h, case.w), (case.k, 1, case.kh, case.kw), None, dtype, case.stride,
+                           case.padding, case.dilation, case.groups)
+    if pairs and not depthwise_column_conv2d.column_pairs(problem):
+        with pytest.raises(ValueError, match="pairs of output columns"):
+            depthwise_column_conv2d.make_plan(problem, pairs=True)
+        return
+    plan = check_column(case, dtype, seed=len(case.id) + 2, pairs=pairs)
+    assert (plan.config.pair_odd >= 0) == pairs
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

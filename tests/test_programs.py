@@ -402,12 +402,16 @@ PRINTED = [
         "  why: tensor cores in float16, 8 output channels per group; NCHW gather: 3 channels per group is odd, with "
         "2 groups (no 4-byte pieces); 8 output channels per group fit one 32-channel tile"]),
     (((32, 384, 14, 14), (384, 1, 3, 3), "float32", 1, 1, 384, False, 0), [
-        "depthwise_column_conv2d [col_r7: 7 rows of one output column per thread, 3x3 taps at row stride 1 "
-        "unrolled]",
-        "  grid (43, 2, 32) (channel blocks, row segments, images), block (14, 9, 1)"]),
+        "depthwise_column_conv2d [col_r7: 7 rows of two output columns, loaded as pairs, per thread, 3x3 taps at "
+        "row stride 1 unrolled]",
+        "  grid (22, 2, 32) (channel blocks, row segments, images), block (7, 18, 1)"]),
     (((32, 144, 56, 56), (144, 1, 3, 3), "bfloat16", 1, 1, 144, False, 0), [
-        "  bfloat16, int indices; a ring of 4 input patch(es) per lane, rows of 48 elements copied in 16-byte "
-        "pieces, 13056 B shared memory",
+        "depthwise_column_conv2d [col_r8: 8 rows of two output columns, loaded as pairs, per thread, 3x3 taps at "
+        "row stride 1 unrolled]",
+        "  grid (36, 7, 32) (channel blocks, row segments, images), block (28, 4, 1)",
+        "  why: one input channel per group, output 56x56 (even rows, at most 64 wide): a thread per pair of output "
+        "columns, no shared memory; config col_r8, output 56 rows"]),
+    (((32, 144, 57, 57), (144, 1, 3, 3), "bfloat16", 1, 1, 144, False, 0), [
         "  grid (4, 18, 32) (tiles, channel blocks, images), block (32, 4, 1), 8 channels per block"]),
     (((32, 128, 56, 56), (128, 128, 3, 3), "float32", 2, 1, 1, False, 0), [
         "simt_gemm_conv2d [simt_m64n128k16: block 64 px x 128 ch, k 16 per stage, 3 stages, warps of 64 px x 32 ch, "

@@ -1,5 +1,6 @@
 """Depthwise convolution of small planes (kernels/depthwise_column_conv2d.cu): a thread per output
-column segment reading its input rows through L1, no shared memory and no barriers."""
+column segment (or pair of columns, loaded as pairs of elements) reading its input rows through L1, no
+shared memory and no barriers."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,11 +18,13 @@ KERNEL = "depthwise_column_conv2d"
 @dataclasses.dataclass(frozen=True)
 class ColumnConfig:
     """rpt consecutive output rows of one column per thread; ``taps`` as DepthwiseConfig's (one of
-    DEPTHWISE_TAPS: the kernel has unrolled instances only)."""
+    DEPTHWISE_TAPS: the kernel has unrolled instances only); ``pair_odd`` -1, or where a thread takes two
+    columns loaded as pairs, the left padding's parity."""
 
     name: str
     rpt: int
     taps: tuple[int, int, int] = (0, 0, 0)
+    pair_odd: int = -1
 
 
 #: Rows per thread: 7 divides MobileNet's and ResNet's 7 x 2^n planes, 4 and 8 the rest. The plan
@@ -31,8 +34,12 @@ CONFIG_NAMES = frozenset(c.name for c in COLUMN_CONFIGS)
 #: Threads per block at most (whole output rows of as many channels as fit): the kernel shares nothing
 #: between threads, so this only sets the scheduling grain (H100: 64 to 256 within 4 % at 7 rows a thread).
 COLUMN_BLOCK = 128
-#: Widest output the planner gives the column kernel (past it, depthwise_conv2d's tiles).
+#: Widest output the planner gives the column kernel (past it, depthwise_conv2d's tiles), and where its
+#: threads take pairs of columns (column_pairs).
 COLUMN_MAX_WIDTH = 16
+COLUMN_PAIRS_MAX_WIDTH = 64
+#: Element types whose threads take pairs of columns (double keeps one).
+PAIR_DTYPES = ("float16", "bfloat16", "float32")
 
 
 def refusal(problem: ConvProblem) -> str:
@@ -50,16 +57,26 @@ def refusal(problem: ConvProblem) -> str:
     return ""
 
 
+def column_pairs(problem: ConvProblem) -> bool:
+    """Whether a thread can take two output columns, loading pairs: a PAIR_DTYPES element, rows and output
+    rows of even lengths (pairs aligned), the column stride the row stride (compiled) and no column
+    dilation; the kernel's taps unrolled (refusal "")."""
+    p = problem
+    return (p.dtype in PAIR_DTYPES and p.w % 2 == 0 and p.wo % 2 == 0 and p.stride[1] == p.stride[0] and
+            p.dilation[1] == 1 and not refusal(p))
+
+
 def _choose_config(problem: ConvProblem) -> ColumnConfig:
     return min(COLUMN_CONFIGS, key=lambda c: (math.ceil(problem.ho / c.rpt) * c.rpt, -c.rpt))
 
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
-              rows_per_thread: int | None = None, block: int | None = None) -> LaunchPlan:
+              rows_per_thread: int | None = None, block: int | None = None, pairs: bool | None = None) -> LaunchPlan:
     """Grid (ceil(K / P), row segments, N), block (Wo, P): a thread computes rpt rows of one output
     column of one channel of one image, a block whole rows of P channels, as many as fit in
     COLUMN_BLOCK threads. ``config`` forces a ColumnConfig by name; ``rows_per_thread`` and ``block``
-    (threads at most) force other values (benchmarks/bench_depthwise.py sweeps them)."""
+    (threads at most) force other values (benchmarks/bench_depthwise.py sweeps them), ``pairs`` (default:
+    column_pairs) a thread's two columns loaded as pairs."""
     why_not = refusal(problem)
     if why_not:
         raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
@@ -67,18 +84,26 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         cfg = ColumnConfig(f"col_r{rows_per_thread}", rows_per_thread)
     else:
         cfg = forced_config(COLUMN_CONFIGS, config, f"config for {KERNEL}") if config else _choose_config(problem)
-    cfg = dataclasses.replace(cfg, taps=(problem.kh, problem.kw, problem.stride[0]))
-    channels = max(1, min(problem.k, (block or COLUMN_BLOCK) // problem.wo))
+    if pairs and not column_pairs(problem):
+        raise ValueError(f"pairs of output columns need {'/'.join(PAIR_DTYPES)}, rows of even lengths and the "
+                         f"column stride the row stride; got {problem.dtype} {problem.x_shape} -> {problem.out_shape}, "
+                         f"stride {problem.stride}, dilation {problem.dilation}")
+    pairs = column_pairs(problem) if pairs is None else pairs
+    cfg = dataclasses.replace(cfg, taps=(problem.kh, problem.kw, problem.stride[0]),
+                              pair_odd=problem.pad_left % 2 if pairs else -1)
+    threads = problem.wo // 2 if pairs else problem.wo  # a block's threads along a row
+    channels = max(1, min(problem.k, (block or COLUMN_BLOCK) // threads))
     why = f"config {cfg.name}" + (" (forced by the caller)" if config or rows_per_thread else f", output {problem.ho} rows")
     return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem), config=cfg,
                       grid=(math.ceil(problem.k / channels), math.ceil(problem.ho / cfg.rpt), problem.n),
-                      block=(problem.wo, channels, 1), shared_bytes=0, reason=f"{reason}; {why}" if reason else why)
+                      block=(threads, channels, 1), shared_bytes=0, reason=f"{reason}; {why}" if reason else why)
 
 
 def describe(plan: LaunchPlan) -> str:
     """The printed plan: rows per thread, taps, launch shape and why."""
     c = plan.config
-    return (f"{plan.kernel} [{c.name}: {c.rpt} rows of one output column per thread, {c.taps[0]}x{c.taps[1]} taps "
+    columns = "two output columns, loaded as pairs," if c.pair_odd >= 0 else "one output column"
+    return (f"{plan.kernel} [{c.name}: {c.rpt} rows of {columns} per thread, {c.taps[0]}x{c.taps[1]} taps "
             f"at row stride {c.taps[2]} unrolled]\n"
             f"  {plan.dtype}, {plan.index_type} indices; {plan.block[1]} channel(s) per block, no shared memory\n"
             f"  grid {plan.grid} (channel blocks, row segments, images), block {plan.block}\n"
@@ -88,7 +113,7 @@ def describe(plan: LaunchPlan) -> str:
 def specialisation(dtype: str, index: str, cfg: ColumnConfig) -> str:
     """The C++ template instance of ``cfg`` with its taps unrolled."""
     kh, kw, sh = cfg.taps
-    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.rpt},{kh},{kw},{sh}>"
+    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.rpt},{kh},{kw},{sh},{cfg.pair_odd}>"
 
 
 def name_expression(plan: LaunchPlan) -> str:
@@ -97,9 +122,11 @@ def name_expression(plan: LaunchPlan) -> str:
 
 
 def specialisations() -> list[str]:
-    """Every dtype, index width and rows per thread, with each of DEPTHWISE_TAPS unrolled."""
-    return [specialisation(dtype, index, dataclasses.replace(cfg, taps=taps))
-            for dtype in CTYPES for index in INDEX_TYPES for cfg in COLUMN_CONFIGS for taps in DEPTHWISE_TAPS]
+    """Every dtype, index width and rows per thread, with each of DEPTHWISE_TAPS unrolled; PAIR_DTYPES also
+    with pairs of columns, for either parity of the left padding."""
+    return [specialisation(dtype, index, dataclasses.replace(cfg, taps=taps, pair_odd=odd))
+            for dtype in CTYPES for index in INDEX_TYPES for cfg in COLUMN_CONFIGS for taps in DEPTHWISE_TAPS
+            for odd in ((-1, 0, 1) if dtype in PAIR_DTYPES else (-1,))]
 
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
