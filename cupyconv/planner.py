@@ -215,7 +215,6 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
     if not single_channel_gemm:
         if not depthwise_nhwc.refusal(problem):
             return DEPTHWISE_NHWC_KERNEL, "NHWC, one channel per group: vectors of channels per thread, in place"
-        # (H200, fp16 MobileNetV2 rows: 56 x 56 outputs 0.046-0.050 ms on the tiles, 0.025-0.033 in pairs)
         if depthwise_column_conv2d.column_pairs(problem) and \
                 problem.wo <= depthwise_column_conv2d.COLUMN_PAIRS_MAX_WIDTH:
             return DEPTHWISE_COLUMN_KERNEL, (f"one input channel per group, output {problem.ho}x{problem.wo} (even "

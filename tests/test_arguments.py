@@ -135,7 +135,8 @@ def test_strict_float32_dispatch():
     assert plan((2, 16, 9, 9), (32, 16, 3, 3), allow_tf32=True).kernel == NHWC_KERNEL
     assert plan((2, 16, 9, 9), (32, 4, 3, 3), groups=4).kernel == SIMT_KERNEL  # 8 output channels per group
     assert plan((2, 16, 9, 9), (16, 1, 3, 3), groups=16).kernel == DEPTHWISE_COLUMN_KERNEL
-    assert plan((2, 16, 40, 40), (16, 1, 3, 3), groups=16).kernel == DEPTHWISE_KERNEL
+    assert plan((2, 16, 40, 40), (16, 1, 3, 3), groups=16).kernel == DEPTHWISE_COLUMN_KERNEL  # pairs of columns
+    assert plan((2, 16, 41, 41), (16, 1, 3, 3), groups=16).kernel == DEPTHWISE_KERNEL  # odd rows: the tiles
     assert plan((2, 16, 9, 9), (32, 16, 3, 3), dtype="float64").kernel == DIRECT_KERNEL
     wide = plan((1, 2, 40, 1200), (16, 2, 1, 1025))  # more taps than the tap table holds
     assert wide.kernel == DIRECT_KERNEL and "1x1025 kernel taps" in wide.reason

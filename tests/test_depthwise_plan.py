@@ -137,6 +137,13 @@ def test_column_kernel_takes_small_planes_with_unrolled_taps(dtype):
     assert plan((14, 14), dilation=2).kernel == DEPTHWISE_KERNEL  # row dilation: run-time taps
     assert plan((14, 14), k=3, stride=3).kernel == DEPTHWISE_KERNEL  # no unrolled 3x3 at row stride 3
     assert plan((14, 14)).name_expression in depthwise_column_conv2d.specialisations()
+    # even outputs up to COLUMN_PAIRS_MAX_WIDTH wide: two columns a thread
+    pairs = plan((9, depthwise_column_conv2d.COLUMN_PAIRS_MAX_WIDTH))
+    if dtype == "float64":  # no pairs of doubles: the tiles
+        assert pairs.kernel == DEPTHWISE_KERNEL
+    else:
+        assert pairs.kernel == DEPTHWISE_COLUMN_KERNEL and pairs.config.pair_odd == 1
+    assert plan((9, depthwise_column_conv2d.COLUMN_PAIRS_MAX_WIDTH + 2)).kernel == DEPTHWISE_KERNEL
 
 
 def test_column_config_and_grid():
@@ -174,7 +181,7 @@ def test_channels_per_lane():
     """Channels per lane double while DEPTHWISE_BLOCKS blocks remain and a block's patches stay within
     DEPTHWISE_BLOCK_INPUT_BYTES, never past what a lane has; a
     forced count is taken as given, with as many buffers as it has channels up to four."""
-    few = make_plan(make_problem((64, 3, 224, 224), (3, 1, 3, 3), None, "float32", 1, 1, 1, 3))
+    few = depthwise_conv2d.make_plan(make_problem((64, 3, 224, 224), (3, 1, 3, 3), None, "float32", 1, 1, 1, 3))
     assert few.channels_per_block == 3 and few.patch_buffers == 3 and math.prod(few.grid) >= DEPTHWISE_BLOCKS
     one = depthwise_conv2d.make_plan(make_problem((1, 8, 20, 20), (8, 1, 3, 3), None, "float32", 1, 1, 1, 8))
     assert one.channels_per_block == 1 and one.patch_buffers == 1
@@ -185,11 +192,13 @@ def test_channels_per_lane():
 
 
 def test_every_ring_depth_is_planned():
-    """The planner itself picks each depth from 1 to DEPTHWISE_MAX_BUFFERS somewhere in the sweep (3
-    where a lane has 3 channels)."""
+    """The tile kernel's plan picks each depth from 1 to DEPTHWISE_MAX_BUFFERS somewhere in the sweep (3
+    where a lane has 3 channels; that 224 x 224 layer's rows are even, so the planner gives it the
+    column kernel's pairs)."""
     three = make_problem((64, 3, 224, 224), (3, 1, 3, 3), None, "float32", 1, 1, 1, 3)
-    assert {make_plan(p).patch_buffers for p in [*problems(), three] if make_plan(p).kernel == DEPTHWISE_KERNEL} == \
-        set(range(1, DEPTHWISE_MAX_BUFFERS + 1))
+    assert make_plan(three).kernel == DEPTHWISE_COLUMN_KERNEL
+    assert {make_plan(p).patch_buffers for p in problems() if make_plan(p).kernel == DEPTHWISE_KERNEL} | \
+        {depthwise_conv2d.make_plan(three).patch_buffers} == set(range(1, DEPTHWISE_MAX_BUFFERS + 1))
 
 
 def test_nhwc_rows_where_compiled_else_per_pixel():

@@ -10,7 +10,7 @@ import pytest
 from cupyconv.arguments import make_problem
 from cupyconv.families.depthwise_conv2d import ROW_CONFIG, ROW_RUNS_CONFIG
 from cupyconv.families.depthwise_nhwc import RUN_CONFIG
-from cupyconv.planner import (DEPTHWISE_KERNEL, DEPTHWISE_NHWC_KERNEL, GEMM_KERNEL,
+from cupyconv.planner import (DEPTHWISE_COLUMN_KERNEL, DEPTHWISE_KERNEL, DEPTHWISE_NHWC_KERNEL, GEMM_KERNEL,
                               ONE_CHANNEL_GEMM_MIN_TAPS, make_plan)
 
 #: (x NCHW, weight, stride, padding, groups)
@@ -43,7 +43,8 @@ def test_one_input_channel_of_many_taps_takes_the_tensor_cores(layer, dtype, lay
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_one_input_channel_of_few_taps_in_nhwc_takes_the_gemm_in_place(dtype):
     assert plan_of(GRAY_3X3, dtype, "NHWC").kernel == GEMM_KERNEL
-    assert plan_of(GRAY_3X3, dtype, "NCHW").kernel == DEPTHWISE_KERNEL
+    # NCHW: a depthwise kernel; 224-wide even rows take the column kernel's pairs
+    assert plan_of(GRAY_3X3, dtype, "NCHW").kernel == DEPTHWISE_COLUMN_KERNEL
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])

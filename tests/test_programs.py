@@ -409,7 +409,7 @@ PRINTED = [
         "depthwise_column_conv2d [col_r8: 8 rows of two output columns, loaded as pairs, per thread, 3x3 taps at "
         "row stride 1 unrolled]",
         "  grid (36, 7, 32) (channel blocks, row segments, images), block (28, 4, 1)",
-        "  why: one input channel per group, output 56x56 (even rows, at most 64 wide): a thread per pair of output "
+        "  why: one input channel per group, output 56x56 (even rows, at most 224 wide): a thread per pair of output "
         "columns, no shared memory; config col_r8, output 56 rows"]),
     (((32, 144, 57, 57), (144, 1, 3, 3), "bfloat16", 1, 1, 144, False, 0), [
         "  grid (4, 18, 32) (tiles, channel blocks, images), block (32, 4, 1), 8 channels per block"]),

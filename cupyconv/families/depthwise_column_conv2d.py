@@ -35,9 +35,10 @@ CONFIG_NAMES = frozenset(c.name for c in COLUMN_CONFIGS)
 #: between threads, so this only sets the scheduling grain (H100: 64 to 256 within 4 % at 7 rows a thread).
 COLUMN_BLOCK = 128
 #: Widest output the planner gives the column kernel (past it, depthwise_conv2d's tiles), and where its
-#: threads take pairs of columns (column_pairs).
+#: threads take pairs of columns (column_pairs): pairs beat the tiles on every NCHW plane timed, outputs 28
+#: to 224 wide, 3x3 to 7x7, strides 1 and 2 (H200: fp16 1.3-2.2x, float32 1.1-1.5x; benchmarks/NOTES.md).
 COLUMN_MAX_WIDTH = 16
-COLUMN_PAIRS_MAX_WIDTH = 64
+COLUMN_PAIRS_MAX_WIDTH = 224
 #: Element types whose threads take pairs of columns (double keeps one).
 PAIR_DTYPES = ("float16", "bfloat16", "float32")
 
