@@ -12,7 +12,7 @@ import math
 from typing import NamedTuple
 
 from .arguments import ConvProblem
-from .families.common import CTYPES, MAX_GRID_Y, STORAGE_BYTES
+from .families.common import CTYPES, MAX_GRID_Y, PAIR_DTYPES, STORAGE_BYTES
 from .program import GRAD_OUTPUT, OUT, WORKSPACE, X, CallProgram, Launch, Pointer
 from .wgrad import ACC_BYTES, reduce_launch
 
@@ -43,8 +43,6 @@ MAX_COLUMNS = 256
 MAX_SUM_REGISTERS = 72
 MAX_VECTOR_BYTES = 8
 VECTOR_CHANNELS = (4, 2, 1)
-#: NCHW: element types whose lanes take two output columns, loading pairs (where column_pairs allows).
-PAIR_DTYPES = ("float16", "bfloat16", "float32")
 
 
 class DepthwisePlan(NamedTuple):

@@ -41,9 +41,7 @@ __global__ void depthwise_column_conv2d(const T* __restrict__ x, const T* __rest
     constexpr int COLUMNS = PAIR_ODD < 0 ? 1 : 2;  // output columns a thread
     // Input elements a row loads: one a tap, or the pairs from iw_first covering both windows.
     constexpr int LOADS = PAIR_ODD < 0 ? KW : (PAIR_ODD + SH + KW - 1) / 2 + 1, WIDTH = PAIR_ODD < 0 ? 1 : 2;
-    struct alignas(WIDTH * sizeof(T)) Load {
-        T v[WIDTH];
-    };
+    using Load = Pack<T, WIDTH>;
 
     const int ow = threadIdx.x * COLUMNS, k = blockIdx.x * blockDim.y + threadIdx.y, oh0 = blockIdx.y * RPT;
     if (k >= K) return;

@@ -40,6 +40,11 @@ template <bool ROUND_TF32, typename T> __device__ __forceinline__ T tf32_rounded
     }
 }
 
+// N values of T loaded or stored as one vector (aligned to its N sizeof(T) bytes).
+template <typename T, int N> struct alignas(N * sizeof(T)) Pack {
+    T v[N];
+};
+
 // The vector at `at`, or zeros where `inside` is false, as one predicated load of whole words: a
 // select of 16-bit fields costs a PRMT apiece. Vec is at most 16 bytes, aligned to its size.
 template <int BYTES> struct alignas(BYTES) storage_words { unsigned w[BYTES / 4]; };

@@ -243,8 +243,8 @@ transpose_depthwise_cells(const T* __restrict__ y, const T* __restrict__ w, cons
                 T* o = out_plane + row * W + column;
                 if constexpr (PAIRS) {
                     if (pairs) {  // W even: both columns inside, the pair 2-element aligned
-                        struct alignas(2 * sizeof(T)) Pair { T v[2]; } p{{from_acc<T>(acc[i][rho][0]), from_acc<T>(acc[i][rho][1])}};
-                        *reinterpret_cast<Pair*>(o) = p;
+                        const Pack<T, 2> pair{{from_acc<T>(acc[i][rho][0]), from_acc<T>(acc[i][rho][1])}};
+                        *reinterpret_cast<Pack<T, 2>*>(o) = pair;
                         continue;
                     }
                 }

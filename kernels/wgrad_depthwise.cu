@@ -26,11 +26,6 @@
 
 namespace cupyconv {
 
-// V elements loaded as one vector.
-template <typename T, int V> struct alignas(V * sizeof(T)) WgradPack {
-    T v[V];
-};
-
 // Two blocks per SM asked of the register allocator (at most 128 registers a thread) for float sums:
 // without it ptxas gave the 7x7 instances 80 registers and spilled. One for double's 49 sums of two
 // registers each, and for the NCHW walk of 7x7 windows (its loop-invariant column taps let ptxas
@@ -104,14 +99,14 @@ __device__ __forceinline__ void wgrad_walk_step(typename accumulator<T>::type (&
     using Acc = typename accumulator<T>::type;
     using Step = WgradStep<T, KA, Across, SA, DA>;
     constexpr int KC = Across::TAPS, V = Across::WIDTH, LOADS = Across::LOADS;
-    using Pack = WgradPack<T, V>;
+    using Load = Pack<T, V>;
     constexpr int TQ = Step::TQ, SPAN = Step::SPAN, BATCH = Step::BATCH;
     // The step's loads first, BATCH loads across at a time, those outside the image predicated off load
     // by load rather than branched around, so that they are in flight at once; then the widening and
     // the FMAs.
-    Pack dy_raw[TQ];
+    Load dy_raw[TQ];
 #pragma unroll
-    for (int j = 0; j < TQ; ++j) dy_raw[j] = load_or_zero(reinterpret_cast<const Pack*>(dy_at + j * dy_pitch), j < valid);
+    for (int j = 0; j < TQ; ++j) dy_raw[j] = load_or_zero(reinterpret_cast<const Load*>(dy_at + j * dy_pitch), j < valid);
     Acc g[TQ][V];
     const T* batch_at = x_at;  // the batch's first load across
 #pragma unroll
@@ -123,7 +118,7 @@ __device__ __forceinline__ void wgrad_walk_step(typename accumulator<T>::type (&
         // A batch all outside the image is branched around: the branch also keeps the compiler from
         // hoisting the next batch's loads into this one's registers.
         if (!(cross_inside >> first & ((1u << BATCH) - 1u))) continue;
-        Pack x_raw[BATCH][SPAN];
+        Load x_raw[BATCH][SPAN];
         const T* load_at = batch_at;
 #pragma unroll
         for (int b = 0; b < BATCH && first + b < LOADS; ++b, load_at += cross_pitch) {
@@ -131,7 +126,7 @@ __device__ __forceinline__ void wgrad_walk_step(typename accumulator<T>::type (&
             for (int i = 0; i < SPAN; ++i) {
                 // Compiled walks: the span's position i; at run time: pixel i / KA's tap i % KA.
                 const int at = SA > 0 ? i : i / KA * sa + i % KA * da;
-                x_raw[b][i] = load_or_zero(reinterpret_cast<const Pack*>(load_at + at * walk_pitch),
+                x_raw[b][i] = load_or_zero(reinterpret_cast<const Load*>(load_at + at * walk_pitch),
                                            (cross_inside >> (first + b) & 1u) &&
                                                static_cast<unsigned>(a0 + at) < static_cast<unsigned>(walk_extent));
             }

@@ -266,6 +266,10 @@ template <int BL> struct LTileCorner {
     }
 };
 
+// The TMA tiles' named barrier of their warpgroups alone (stream-K's fix-up; the copying warp's idle lanes have
+// returned). 0 is __syncthreads'.
+constexpr int CONSUMER_BARRIER = 1;
+
 // A TMA tile's share of the weight gradient's units (tile t = o tile x j_tiles + j tile, l tile; all_tiles l tiles
 // a tile): in stream-K (kernels/stream_k.cuh) units [begin, end) of `blocks` blocks' wave; else the block's tile
 // (blockIdx.x, blockIdx.y) and run blockIdx.z's l tiles.
@@ -394,8 +398,6 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
     constexpr int BL = 64, PANEL = BL * 128;  // bytes of one l tile's 64-wide panel
     constexpr int A_PANELS = BM / 64, B_PANELS = BJ / 64, A_STAGE = A_PANELS * PANEL, B_STAGE = B_PANELS * PANEL;
     constexpr int INST_L = mma_op<T>::k, CONSUMERS = 128 * A_PANELS, ACC = BJ / 2;
-    // The warpgroups' own barrier: the copying warp's idle lanes have returned.
-    constexpr int CONSUMER_BARRIER = 1;
     static_assert(sizeof(T) == 2 && BM % 64 == 0 && (BJ == 64 || BJ == 128 || BJ == 256), "16-bit, whole panels");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
@@ -558,7 +560,6 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     constexpr int LAND_STAGE = PANELS * PANEL, A_STAGE = A_PANELS * PANEL, B_STAGE = B_PANELS * PANEL;
     constexpr int TAIL = 32 * 16, TAIL_STAGE = B_PANELS * TAIL;  // K_MAJOR: a panel's 4 pixels past its box
     constexpr int CONSUMERS = BM / 64 * 128, ACC = BJ / 2, INST_L = 8;
-    constexpr int CONSUMER_BARRIER = 1;  // the warpgroups' own (stream-K's fix-up)
     constexpr int TRANSPOSERS = 4, QUARTERS = 4 * TRANSPOSERS;  // warps (K_MAJOR: rounding), and their quarters
     constexpr int GROUPS = K_MAJOR ? 2 : 1;  // K_MAJOR: two groups of rounding warps, taking turns by l tile
     constexpr int LANDED = K_MAJOR ? STAGES : LANDING;          // the ring the copies land in

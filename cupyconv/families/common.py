@@ -24,6 +24,9 @@ BLOCK_RESERVED_SHARED_BYTES = 1024
 CTYPES = {"float16": "cupyconv::half_t", "bfloat16": "cupyconv::bfloat16_t", "float32": "float", "float64": "double"}
 STORAGE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 INDEX_TYPES = ("int", "long long")
+#: Element types that kernels taking two adjacent columns of a row load and store as pairs (one 4- or 8-byte
+#: word): depthwise_column_conv2d's threads and wgrad_depthwise's NCHW lanes; double keeps one column.
+PAIR_DTYPES = ("float16", "bfloat16", "float32")
 
 
 def forced_config(configs, name: str, what: str):

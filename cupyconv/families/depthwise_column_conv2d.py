@@ -9,7 +9,8 @@ import math
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
 from ..program import CallProgram
-from .common import CTYPES, INDEX_TYPES, MAX_BLOCK_THREADS, MAX_GRID_Y, conv_launch, forced_config, index_type
+from .common import (CTYPES, INDEX_TYPES, MAX_BLOCK_THREADS, MAX_GRID_Y, PAIR_DTYPES, conv_launch, forced_config,
+                     index_type)
 from .depthwise_conv2d import DEPTHWISE_TAPS
 
 KERNEL = "depthwise_column_conv2d"
@@ -39,8 +40,6 @@ COLUMN_BLOCK = 128
 #: to 224 wide, 3x3 to 7x7, strides 1 and 2 (H200: fp16 1.3-2.2x, float32 1.1-1.5x; benchmarks/NOTES.md).
 COLUMN_MAX_WIDTH = 16
 COLUMN_PAIRS_MAX_WIDTH = 224
-#: Element types whose threads take pairs of columns (double keeps one).
-PAIR_DTYPES = ("float16", "bfloat16", "float32")
 
 
 def refusal(problem: ConvProblem) -> str:
