@@ -16,12 +16,17 @@
 //   walks the (PIX-1)*SW + KW input columns the run covers, loading and widening each once and
 //   adding it to every pixel whose window holds it: for 3x3, stride 1 and 4 pixels, 6 + 3 loads per
 //   row instead of 24.
+//   With ROWS > 1 (a square kernel, row stride SW, no row dilation) the thread also walks down ROWS output
+//   rows: it loads and widens each of the (ROWS-1)*SW + KW input rows they cover once and adds it to
+//   every output row whose window holds it, so an input row is fetched from L2 by one thread of a
+//   column, not by KW threads of KW output rows. The sums keep the per-pixel order (kernel rows, then
+//   taps), and all ROWS rows are stored at the end.
 // - KW < 0 (a kernel of run-time width, column stride 1, no column dilation: conv1d's long kernels): a
 //   thread per run of PIX pixels, the PIX input columns a tap reads rotated through registers
 //   (depthwise_rows.cuh for_each_rotated_tap): each column loaded and widened once, each weight vector
 //   once per run.
 // Arguments as every convolution kernel's (families/common.py conv_launch; K and groups are C).
-// 1-D grid over N Ho ceil(Wo / PIX) C / VEC threads, 256 per block.
+// 1-D grid over N ceil(Ho / ROWS) ceil(Wo / PIX) C / VEC threads.
 #include "depthwise_rows.cuh"
 #include "dtypes.cuh"
 #include "epilogue.cuh"
@@ -31,7 +36,7 @@ namespace cupyconv {
 template <typename T, int VEC> struct alignas(sizeof(T) * VEC) vec_t { T v[VEC]; };
 
 // No __launch_bounds__: with one, ptxas spills a few bytes in some instances (as in depthwise_conv2d.cu).
-template <typename T, typename Index, int VEC, int KW, int SW, int PIX>
+template <typename T, typename Index, int VEC, int KW, int SW, int PIX, int ROWS>
 __global__ void
 depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
                int has_bias, const T* __restrict__ residual, int has_residual, int activation,
@@ -39,26 +44,31 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                int sh, int sw, int pt, int pl, int dh, int dw, int groups) {
     static_assert(KW != 0 || PIX == 1, "the per-pixel way computes one pixel per thread");
     static_assert(KW >= 0 || SW == 1, "run-time widths: column stride 1");
+    static_assert(ROWS == 1 || KW > 0, "walks down rows: compiled kernel widths");
     using Acc = typename accumulator<T>::type;
     using Vec = vec_t<T, VEC>;
     const int vectors = C / VEC;
     const int runs = (Wo + PIX - 1) / PIX;  // runs of PIX output pixels per row
     const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= static_cast<Index>(N) * Ho * runs * vectors) return;
+    if (i >= static_cast<Index>(N) * ((Ho + ROWS - 1) / ROWS) * runs * vectors) return;
     const Index run = i / vectors;
     const int c0 = static_cast<int>(i - run * vectors) * VEC;
     const int ow0 = static_cast<int>(run % runs) * PIX;
+    const int row_groups = (Ho + ROWS - 1) / ROWS;
     const Index nh = run / runs;
-    const int oh = static_cast<int>(nh % Ho);
-    const Index n = nh / Ho;
+    const int oh = static_cast<int>(nh % row_groups) * ROWS;
+    const Index n = nh / row_groups;
     const int ih0 = oh * sh - pt;
     const T* x_image = x + n * H * W * C + c0;
 
-    Acc acc[PIX][VEC];
+    Acc sums[ROWS][PIX][VEC];
 #pragma unroll
-    for (int p = 0; p < PIX; ++p)
+    for (int o = 0; o < ROWS; ++o)
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) acc[p][j] = Acc(0);
+        for (int p = 0; p < PIX; ++p)
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) sums[o][p][j] = Acc(0);
+    Acc (&acc)[PIX][VEC] = sums[0];  // the first (for ROWS 1 the only) output row
     if constexpr (KW == 0) {
         const int iw0 = ow0 * sw - pl;
 #pragma unroll 1
@@ -103,6 +113,40 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 if (s + 1 < kw) load_column(s + PIX, window[u]);
             });
         }
+    } else if constexpr (ROWS > 1) {
+        constexpr int COLS = (PIX - 1) * SW + KW;
+        const int iw0 = ow0 * SW - pl;
+#pragma unroll
+        for (int t = 0; t < (ROWS - 1) * SW + KW; ++t) {
+            const int ih = ih0 + t;
+            if (static_cast<unsigned>(ih) >= static_cast<unsigned>(H)) continue;
+            const T* x_row = x_image + static_cast<Index>(ih) * W * C;
+            Vec xs[COLS];
+#pragma unroll
+            for (int col = 0; col < COLS; ++col) {
+                const int iw = iw0 + col;
+                xs[col] = static_cast<unsigned>(iw) < static_cast<unsigned>(W)
+                              ? *reinterpret_cast<const Vec*>(x_row + static_cast<Index>(iw) * C) : Vec{};
+            }
+            Acc xf[COLS][VEC];
+#pragma unroll
+            for (int col = 0; col < COLS; ++col) widen(xf[col], xs[col].v);
+#pragma unroll
+            for (int o = 0; o < ROWS; ++o) {
+                const int r = t - o * SW;  // the kernel row input row t is for output row o (compile-time)
+                if (r < 0 || r >= KW) continue;
+#pragma unroll
+                for (int s = 0; s < KW; ++s) {
+                    const Vec wv = *reinterpret_cast<const Vec*>(w + (r * KW + s) * C + c0);
+                    Acc wf[VEC];
+                    widen(wf, wv.v);
+#pragma unroll
+                    for (int p = 0; p < PIX; ++p)
+#pragma unroll
+                        for (int j = 0; j < VEC; ++j) sums[o][p][j] += xf[p * SW + s][j] * wf[j];
+                }
+            }
+        }
     } else {
         const int iw0 = ow0 * SW - pl;
 #pragma unroll 1
@@ -146,20 +190,26 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         for (int j = 0; j < VEC; ++j) {
             const Acc b = to_acc<Acc>(bias[c0 + j]);
 #pragma unroll
-            for (int p = 0; p < PIX; ++p) acc[p][j] += b;
+            for (int o = 0; o < ROWS; ++o)
+#pragma unroll
+                for (int p = 0; p < PIX; ++p) sums[o][p][j] += b;
         }
     }
-    const Index o0 = ((n * Ho + oh) * Wo + ow0) * C + c0;
     const int pixels = Wo - ow0;  // of the run's PIX, those inside the row
     with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
 #pragma unroll
-        for (int p = 0; p < PIX; ++p) {
-            if (p >= pixels) continue;
-            Vec out;
-            const Index o = o0 + static_cast<Index>(p) * C;
+        for (int o = 0; o < ROWS; ++o) {
+            if (oh + o >= Ho) continue;
+            const Index o0 = ((n * Ho + oh + o) * Wo + ow0) * C + c0;
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) out.v[j] = finish(acc[p][j], o + j);
-            *reinterpret_cast<Vec*>(y + o) = out;
+            for (int p = 0; p < PIX; ++p) {
+                if (p >= pixels) continue;
+                Vec out;
+                const Index at = o0 + static_cast<Index>(p) * C;
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) out.v[j] = finish(sums[o][p][j], at + j);
+                *reinterpret_cast<Vec*>(y + at) = out;
+            }
         }
     });
 }

@@ -203,8 +203,10 @@ def test_every_ring_depth_is_planned():
 
 def test_nhwc_rows_where_compiled_else_per_pixel():
     """NHWC depthwise problems run as rows of pixels where a row instance exists (the kernel width,
-    column stride, no column dilation, 16-byte vectors, not float64), else a pixel per thread; the
-    launch covers every run and vector, and forcing rows elsewhere names why not."""
+    column stride, no column dilation, 16-byte vectors, not float64), walking down output rows where the
+    kernel is also square, the strides equal, the rows undilated and WALK_RULE names a walk, else a pixel
+    per thread;
+    the launch covers every run, walked rows and vector, and forcing rows or walks elsewhere names why not."""
     import dataclasses
 
     from cupyconv.families import depthwise_nhwc
@@ -218,20 +220,33 @@ def test_nhwc_rows_where_compiled_else_per_pixel():
         plan = make_plan(problem)
         cfg = plan.config
         rows = (dtype != "float64" and kw in (3, 5, 7) and problem.stride[1] in (1, 2) and problem.dilation[1] == 1)
-        assert (cfg.pixels in depthwise_nhwc.ROW_PIXELS) == rows, (problem, cfg)
-        if rows:
+        walks = rows and kh == kw and problem.stride[0] == problem.stride[1] and problem.dilation[0] == 1
+        walked = walks and (dtype, kw, problem.stride[1]) in depthwise_nhwc.WALK_RULE
+        assert (cfg.pixels > 1) == rows and (cfg.rows > 1) == walked, (problem, cfg)
+        if walked:
+            assert cfg.name == depthwise_nhwc.WALK_RULE[dtype, kw, problem.stride[1]]
+        elif rows:
             assert cfg.pixels == (2 if problem.stride[1] == 2 and ITEM[dtype] == 2 else 4)
+        if rows:
             assert plan.block[0] == depthwise_nhwc.ROW_BLOCK
             for pixels in depthwise_nhwc.ROW_PIXELS:
                 forced = make_plan(problem, f"dw_nhwc_v16_row{pixels}", "depthwise_nhwc")
                 assert (forced.config.kw, forced.config.sw, forced.config.pixels) == (kw, problem.stride[1], pixels)
-                assert f",{kw},{problem.stride[1]},{pixels}>" in depthwise_nhwc.name_expression(forced)
+                assert f",{kw},{problem.stride[1]},{pixels},1>" in depthwise_nhwc.name_expression(forced)
                 assert depthwise_nhwc.name_expression(forced) in depthwise_nhwc.specialisations()
         else:
-            assert depthwise_nhwc.name_expression(plan).endswith(",0,1,1>")
+            assert depthwise_nhwc.name_expression(plan).endswith(",0,1,1,1>")
             for pixels in depthwise_nhwc.ROW_PIXELS:
                 with pytest.raises(ValueError, match="rows are compiled for"):
                     make_plan(problem, f"dw_nhwc_v16_row{pixels}", "depthwise_nhwc")
-        vec = 16 // ITEM[dtype] if cfg.vec_bytes == 16 else cfg.vec_bytes // ITEM[dtype]
-        threads = problem.n * problem.ho * math.ceil(problem.wo / cfg.pixels) * problem.c // vec
+        for walk in depthwise_nhwc.WALK_CONFIGS:
+            if walks and dtype != "float64":
+                forced = make_plan(problem, walk.name, "depthwise_nhwc")
+                assert f",{kw},{problem.stride[1]},{walk.pixels},{walk.rows}>" in depthwise_nhwc.name_expression(forced)
+                assert depthwise_nhwc.name_expression(forced) in depthwise_nhwc.specialisations()
+            else:
+                with pytest.raises(ValueError, match="rows are compiled for|walks down rows need"):
+                    make_plan(problem, walk.name, "depthwise_nhwc")
+        vec = cfg.vec_bytes // ITEM[dtype]
+        threads = problem.n * math.ceil(problem.ho / cfg.rows) * math.ceil(problem.wo / cfg.pixels) * problem.c // vec
         assert plan.grid[0] * plan.block[0] >= threads > (plan.grid[0] - 1) * plan.block[0]

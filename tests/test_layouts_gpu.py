@@ -305,6 +305,35 @@ def test_depthwise_nhwc_rows(case, dtype):
         assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, rows.kernel), f"runs of {pixels}"
 
 
+# Runs that walk down output rows (depthwise_nhwc.WALK_CONFIGS, forced): square kernels of every compiled
+# width, equal strides 1 and 2, planes whose rows and columns are not whole walks and runs, asymmetric padding;
+# bit for bit the per-pixel sums, every output written, and the epilogue on every walked row.
+WALK_CASES = [Case(2, 24, 24, 11, 13, kw, kw, stride=(s, s), padding=(kw // 2, kw // 2 + s - 1), groups=24, bias=s == 1)
+              for kw in (3, 5, 7) for s in (1, 2)]
+
+
+@pytest.mark.parametrize("config", [c.name for c in depthwise_nhwc.WALK_CONFIGS])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("case", WALK_CASES, ids=lambda c: c.id)
+def test_depthwise_nhwc_walks_down_rows(case, dtype, config):
+    problem = problem_of(case, dtype, "NHWC", "KHWC")
+    walk = planner.make_plan(problem, config, planner.DEPTHWISE_NHWC_KERNEL)
+    per_pixel = planner.make_plan(problem, "dw_nhwc_v16", planner.DEPTHWISE_NHWC_KERNEL)
+    x, weight, bias = inputs(case, dtype, seed=case.kw * 10 + case.stride[1] + 3)
+    expected = run(per_pixel, problem, x, weight, bias)
+    out = run(walk, problem, x, weight, bias)
+    assert not out.isnan().any(), "an output element was never written"
+    assert torch.equal(out, expected)
+    assert relative_error(out, reference(x, weight, bias, case)) < tolerance(dtype, walk.kernel)
+    fused = dataclasses.replace(problem, activation="relu6", has_residual=True)
+    residual = torch.randn(expected.shape, device="cuda", dtype=torch.float64).to(expected.dtype)
+    y = nhwc_copy(residual)
+    conv2d_cupy(to_cupy(arranged(x, "NHWC")), to_cupy(arranged(weight, "KHWC")), to_cupy(bias), fused, to_cupy(y),
+                plan=planner.make_plan(fused, config, planner.DEPTHWISE_NHWC_KERNEL), residual=to_cupy(y))
+    wanted = F.relu6(reference(x, weight, bias, case) + residual.double())
+    assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, walk.kernel)
+
+
 # Runs of any kernel width (depthwise_nhwc.RUN_CONFIGS, forced here; RUN_CONFIG is the rule for kernels
 # wider than one column other than the row instances' widths): conv1d's long kernels (31 taps: runs of 4 taps and a
 # remainder of 3), a width of whole runs, widths below a run, rows that are not whole runs, several

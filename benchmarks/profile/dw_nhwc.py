@@ -1,7 +1,7 @@
 """GPU time of every depthwise_nhwc config on the depthwise rows of the layers and large suites, or
 (--effnet) on EfficientNet-B0's depthwise layers at batch 32, in channels_last (to choose the fixed
-rule's pixels per run):
-    python benchmarks/profile/dw_nhwc.py [--effnet] [fp16 fp32 ...]
+rule's pixels per run; --only TEXT: the fixed rule's config and those whose names hold TEXT):
+    python benchmarks/profile/dw_nhwc.py [--effnet] [--only down] [fp16 fp32 ...]
 Median of 200 CUDA-event timings per config after warm-up, with the copy bandwidth's time beside."""
 import pathlib
 import sys
@@ -23,7 +23,7 @@ EFFNET_ROWS = tuple(Shape(f"effnet_dw_{c}_{h}sq_k{k}s{s}", 32, c, c, h, h, k, k,
                                        (672, 14, 5, 1), (672, 14, 5, 2), (1152, 7, 5, 1), (1152, 7, 3, 1)))
 
 
-def main(modes: list[str], shapes) -> None:
+def main(modes: list[str], shapes, only: str = "") -> None:
     src = cupy.empty(2**28, dtype=cupy.float32)
     dst = cupy.empty_like(src)
     gbps = 2 * src.nbytes / event_median_ms(lambda: dst.__setitem__(Ellipsis, src), 20) / 1e6
@@ -41,6 +41,8 @@ def main(modes: list[str], shapes) -> None:
             floor_ms = bytes_moved(problem) / gbps / 1e6
             fixed = make_plan(problem).config.name
             for config in sorted(CONFIG_NAMES):
+                if only and only not in config and config != fixed:
+                    continue
                 try:
                     plan = make_plan(problem, config, DEPTHWISE_NHWC_KERNEL)
                 except ValueError:
@@ -51,5 +53,7 @@ def main(modes: list[str], shapes) -> None:
 
 
 if __name__ == "__main__":
-    modes = [a for a in sys.argv[1:] if a != "--effnet"] or ["fp16", "bf16", "fp32"]
-    main(modes, EFFNET_ROWS if "--effnet" in sys.argv else LAYERS + LARGE)
+    args = sys.argv[1:]
+    only = args.pop(args.index("--only") + 1) if "--only" in args else ""
+    modes = [a for a in args if a not in ("--effnet", "--only")] or ["fp16", "bf16", "fp32"]
+    main(modes, EFFNET_ROWS if "--effnet" in args else LAYERS + LARGE, only)

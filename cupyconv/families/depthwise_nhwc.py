@@ -7,7 +7,9 @@ A thread computes one output pixel (any kernel, stride and dilation), or, for ke
 wide with column strides ROW_STRIDES and no column dilation, a run of ROW_PIXELS pixels along a row
 that loads and widens each input column and weight once per kernel row (the per-pixel way does both
 per tap, which binds before HBM does: benchmarks/NOTES.md, "Depthwise NHWC rows"); other kernel widths
-of column stride 1 run runs with run-time taps (RUN_CONFIGS; the dtype's RUN_CONFIG)."""
+of column stride 1 run runs with run-time taps (RUN_CONFIGS; the dtype's RUN_CONFIG). Square row kernels of
+equal strides and no dilation may also walk down ``rows`` output rows a thread (WALK_CONFIGS), loading each
+input row once for all the output rows whose windows hold it."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,14 +31,16 @@ BLOCK = 256
 @dataclasses.dataclass(frozen=True)
 class VectorConfig:
     """``vec_bytes`` of consecutive channels per thread, for one output pixel (``pixels`` 1) or a run
-    of ``pixels`` along a row. A row plan's config carries the kernel width ``kw`` and column stride
-    ``sw`` its instance is compiled for (0 in the table: the problem's, filled in by make_plan)."""
+    of ``pixels`` along a row, in ``rows`` output rows down a column. A row plan's config carries the
+    kernel width ``kw`` and column stride ``sw`` its instance is compiled for (0 in the table: the
+    problem's, filled in by make_plan)."""
 
     name: str
     vec_bytes: int
     pixels: int = 1
     kw: int = 0
     sw: int = 0
+    rows: int = 1
 
 
 #: Row instances: kernel widths and column strides (MobileNet's and EfficientNet's 3x3 and 5x5,
@@ -66,7 +70,27 @@ NHWC_DEPTHWISE_CONFIGS = (*(VectorConfig(f"dw_nhwc_v{ROW_VEC_BYTES}_row{p}", ROW
 #: column to share.
 RUN_CONFIGS = tuple(VectorConfig(f"dw_nhwc_v{b}_run{p}", b, p, kw=-1, sw=1) for b, p in ((16, 4), (8, 8), (16, 8)))
 RUN_CONFIG = {"float16": RUN_CONFIGS[1], "bfloat16": RUN_CONFIGS[0], "float32": RUN_CONFIGS[2]}
-CONFIG_NAMES = frozenset(c.name for c in (*NHWC_DEPTHWISE_CONFIGS, *RUN_CONFIGS))
+#: Runs that also walk down output rows (kernels square, strides equal, no dilation: the row stride is
+#: the compiled column stride and a kernel row a compiled column): (vector bytes, pixels, rows). A column
+#: of a 3x3, stride-1 layer's output rows then fetches each input row from L2 once per (rows + 2) / rows
+#: output rows, not three times.
+WALK_SHAPES = ((16, 2, 2), (16, 2, 4), (16, 4, 2), (8, 2, 2), (8, 2, 4), (8, 4, 2), (8, 4, 4))
+WALK_CONFIGS = tuple(VectorConfig(f"dw_nhwc_v{b}_row{p}_down{r}", b, p, rows=r) for b, p, r in WALK_SHAPES)
+#: The fixed rule's walk by (dtype, kernel width, stride), where it fits (else the row rule). Float32 runs of
+#: 2 pixels down 4 rows at stride 1 and of 4 down 2 at stride 2 were 1.1-1.4x faster than the rows on every
+#: layer timed; 16 bits take 8-byte vectors (half the accumulators of 16-byte ones), 4 pixels down 2 rows at
+#: stride 1 and 2 down 2 at stride 2, but not where the rows were faster: fp16 5x5 stride 2 and bf16 7x7 (H200,
+#: 22 layers: benchmarks/NOTES.md, "NHWC depthwise runs that walk down output rows").
+WALK_RULE = {
+    **{("float32", kw, s): "dw_nhwc_v16_row2_down4" if s == 1 else "dw_nhwc_v16_row4_down2"
+       for kw in ROW_KERNEL_WIDTHS for s in ROW_STRIDES},
+    **{(dtype, kw, 1): "dw_nhwc_v8_row4_down2" for dtype in ("float16", "bfloat16") for kw in (3, 5)},
+    ("float16", 7, 1): "dw_nhwc_v8_row4_down2",
+    ("float16", 3, 2): "dw_nhwc_v8_row2_down2",
+    ("bfloat16", 3, 2): "dw_nhwc_v8_row2_down2",
+    ("bfloat16", 5, 2): "dw_nhwc_v8_row2_down2",
+}
+CONFIG_NAMES = frozenset(c.name for c in (*NHWC_DEPTHWISE_CONFIGS, *RUN_CONFIGS, *WALK_CONFIGS))
 
 
 def _row_refusal(problem: ConvProblem) -> str:
@@ -77,6 +101,15 @@ def _row_refusal(problem: ConvProblem) -> str:
         return (f"rows are compiled for kernel widths {ROW_KERNEL_WIDTHS}, column strides {ROW_STRIDES} and no "
                 f"column dilation; got width {problem.kw}, stride {problem.stride[1]}, dilation {problem.dilation[1]}")
     return ""
+
+
+def _walk_refusal(problem: ConvProblem) -> str:
+    """Why the walking instances cannot run ``problem`` ("" when they can)."""
+    why = _row_refusal(problem)
+    if not why and (problem.kh != problem.kw or problem.stride[0] != problem.stride[1] or problem.dilation[0] != 1):
+        why = (f"walks down rows need a square kernel, equal strides and no dilation; got {problem.kh}x{problem.kw}, "
+               f"stride {problem.stride}, dilation {problem.dilation}")
+    return why
 
 
 def _row_pixels(problem: ConvProblem) -> int:
@@ -91,7 +124,8 @@ def _fits(cfg: VectorConfig, problem: ConvProblem) -> bool:
     if cfg.kw < 0 and not (problem.dtype in ROW_DTYPES and problem.stride[1] == problem.dilation[1] == 1):
         return False
     return (cfg.vec_bytes >= item and problem.c % (cfg.vec_bytes // item) == 0
-            and (cfg.pixels == 1 or cfg.kw < 0 or not _row_refusal(problem)))
+            and (cfg.pixels == 1 or cfg.kw < 0 or not _row_refusal(problem))
+            and (cfg.rows == 1 or not _walk_refusal(problem)))
 
 
 def refusal(problem: ConvProblem) -> str:
@@ -112,11 +146,12 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
     if why_not:
         raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
     if config is not None:
-        cfg = forced_config(NHWC_DEPTHWISE_CONFIGS + RUN_CONFIGS, config, f"config for {KERNEL}")
+        cfg = forced_config(NHWC_DEPTHWISE_CONFIGS + RUN_CONFIGS + WALK_CONFIGS, config, f"config for {KERNEL}")
         if not _fits(cfg, problem):
             runs = (f"runs of any width need {ROW_DTYPES}, column stride 1 and no column dilation (got "
                     f"{problem.dtype}, stride {problem.stride[1]}, dilation {problem.dilation[1]})")
-            why_not = runs if cfg.kw < 0 else _row_refusal(problem) if cfg.pixels > 1 else ""
+            why_not = (runs if cfg.kw < 0 else _walk_refusal(problem) if cfg.rows > 1
+                       else _row_refusal(problem) if cfg.pixels > 1 else "")
             raise ValueError(f"config {config!r} cannot run this problem: {why_not}{'; or ' if why_not else ''}"
                              f"{problem.c} channels are not whole {cfg.vec_bytes}-byte vectors of {problem.dtype}")
         why = "config forced by the caller"
@@ -124,15 +159,22 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
         cfg = next(c for c in NHWC_DEPTHWISE_CONFIGS if (_fits(c, problem) and c.pixels in (1, _row_pixels(problem)))
                    or c.vec_bytes == STORAGE_BYTES[problem.dtype])
         runs = RUN_CONFIG.get(problem.dtype)
-        if cfg.pixels == 1 and problem.kw > 1 and runs and _fits(runs, problem):
+        walk = WALK_RULE.get((problem.dtype, problem.kw, problem.stride[1]))
+        walk = next((c for c in WALK_CONFIGS if c.name == walk and _fits(c, problem)), None)
+        if walk is not None:
+            cfg = walk
+        elif cfg.pixels == 1 and problem.kw > 1 and runs and _fits(runs, problem):
             cfg = runs
         why = f"{problem.c} channels in {cfg.vec_bytes}-byte vectors"
         if cfg.pixels > 1:
             why += (f", runs of {cfg.pixels} pixels along rows ({problem.kw} wide, column stride {problem.stride[1]}"
                     f"{', run-time taps' if cfg.kw < 0 else ''})")
+        if cfg.rows > 1:
+            why += f" walking down {cfg.rows} output rows"
     if cfg.pixels > 1 and cfg.kw >= 0:
         cfg = dataclasses.replace(cfg, kw=problem.kw, sw=problem.stride[1])
-    threads = problem.n * problem.ho * math.ceil(problem.wo / cfg.pixels) * problem.c // _vec(cfg, problem.dtype)
+    threads = (problem.n * math.ceil(problem.ho / cfg.rows) * math.ceil(problem.wo / cfg.pixels) * problem.c
+               // _vec(cfg, problem.dtype))
     block = ROW_BLOCK if cfg.pixels > 1 else BLOCK
     return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem, threads), config=cfg,
                       grid=(math.ceil(threads / block), 1, 1), block=(block, 1, 1), shared_bytes=0,
@@ -149,20 +191,24 @@ def describe(plan: LaunchPlan) -> str:
     width = "run-time width" if c.kw < 0 else f"{c.kw} wide"
     pixels = (f"a run of {c.pixels} output pixels along a row ({width}, column stride {c.sw})" if c.pixels > 1
               else "one output pixel")
+    if c.rows > 1:
+        pixels += f" in each of {c.rows} output rows"
     return (f"{plan.kernel} [{c.name}: {_vec(c, plan.dtype)} channels of {pixels} per thread]\n"
             f"  {plan.dtype}, {plan.index_type} indices; weight prepared as [kh kw][C]\n"
             f"  grid {plan.grid}, block {plan.block}\n"
             f"  why: {plan.reason}")
 
 
-def specialisation(dtype: str, index: str, vec: int, kw: int = 0, sw: int = 1, pixels: int = 1) -> str:
-    """An instance: per pixel (kw 0), or rows of ``pixels`` for a kernel ``kw`` wide (-1: any), column stride ``sw``."""
-    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{vec},{kw},{sw},{pixels}>"
+def specialisation(dtype: str, index: str, vec: int, kw: int = 0, sw: int = 1, pixels: int = 1, rows: int = 1) -> str:
+    """An instance: per pixel (kw 0), or rows of ``pixels`` for a kernel ``kw`` wide (-1: any), column stride ``sw``,
+    in ``rows`` output rows (a kernel ``kw`` tall, row stride ``sw``)."""
+    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{vec},{kw},{sw},{pixels},{rows}>"
 
 
 def name_expression(plan: LaunchPlan) -> str:
     c = plan.config
-    return specialisation(plan.dtype, plan.index_type, _vec(c, plan.dtype), *((c.kw, c.sw, c.pixels) if c.pixels > 1 else ()))
+    return specialisation(plan.dtype, plan.index_type, _vec(c, plan.dtype),
+                          *((c.kw, c.sw, c.pixels, c.rows) if c.pixels > 1 else ()))
 
 
 def specialisations() -> list[str]:
@@ -175,7 +221,10 @@ def specialisations() -> list[str]:
             for pixels in ROW_PIXELS]
     runs = [specialisation(dtype, index, cfg.vec_bytes // STORAGE_BYTES[dtype], cfg.kw, cfg.sw, cfg.pixels)
             for dtype in ROW_DTYPES for index in INDEX_TYPES for cfg in RUN_CONFIGS]
-    return list(dict.fromkeys(per_pixel + rows + runs))
+    walks = [specialisation(dtype, index, cfg.vec_bytes // STORAGE_BYTES[dtype], kw, sw, cfg.pixels, cfg.rows)
+             for dtype in ROW_DTYPES for index in INDEX_TYPES for kw in ROW_KERNEL_WIDTHS for sw in ROW_STRIDES
+             for cfg in WALK_CONFIGS if cfg.vec_bytes >= STORAGE_BYTES[dtype]]
+    return list(dict.fromkeys(per_pixel + rows + runs + walks))
 
 
 def _weight_preparation(problem: ConvProblem) -> WeightPreparation:
