@@ -69,6 +69,17 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll
             for (int j = 0; j < VEC; ++j) sums[o][p][j] = Acc(0);
     Acc (&acc)[PIX][VEC] = sums[0];  // the first (for ROWS 1 the only) output row
+    // A run's input columns in one row from column iw0 (compiled widths), loaded before any is used: COLS loads
+    // in flight at once (zeros where a column falls in the padding).
+    constexpr int COLS = KW > 0 ? (PIX - 1) * SW + KW : 1;
+    auto load_columns = [&](const T* x_row, int iw0, Vec (&xs)[COLS]) {
+#pragma unroll
+        for (int col = 0; col < COLS; ++col) {
+            const int iw = iw0 + col;
+            xs[col] = static_cast<unsigned>(iw) < static_cast<unsigned>(W)
+                          ? *reinterpret_cast<const Vec*>(x_row + static_cast<Index>(iw) * C) : Vec{};
+        }
+    };
     if constexpr (KW == 0) {
         const int iw0 = ow0 * sw - pl;
 #pragma unroll 1
@@ -114,20 +125,13 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             });
         }
     } else if constexpr (ROWS > 1) {
-        constexpr int COLS = (PIX - 1) * SW + KW;
         const int iw0 = ow0 * SW - pl;
 #pragma unroll
         for (int t = 0; t < (ROWS - 1) * SW + KW; ++t) {
             const int ih = ih0 + t;
             if (static_cast<unsigned>(ih) >= static_cast<unsigned>(H)) continue;
-            const T* x_row = x_image + static_cast<Index>(ih) * W * C;
             Vec xs[COLS];
-#pragma unroll
-            for (int col = 0; col < COLS; ++col) {
-                const int iw = iw0 + col;
-                xs[col] = static_cast<unsigned>(iw) < static_cast<unsigned>(W)
-                              ? *reinterpret_cast<const Vec*>(x_row + static_cast<Index>(iw) * C) : Vec{};
-            }
+            load_columns(x_image + static_cast<Index>(ih) * W * C, iw0, xs);
             Acc xf[COLS][VEC];
 #pragma unroll
             for (int col = 0; col < COLS; ++col) widen(xf[col], xs[col].v);
@@ -159,17 +163,8 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 const Vec wv = *reinterpret_cast<const Vec*>(w + (r * KW + s) * C + c0);
                 widen(wr[s], wv.v);
             }
-            // The run's input columns, loaded before any is used: COLS loads in flight at once
-            // (zeros where a column falls in the padding).
-            constexpr int COLS = (PIX - 1) * SW + KW;
-            const T* x_row = x_image + static_cast<Index>(ih) * W * C;
             Vec xs[COLS];
-#pragma unroll
-            for (int col = 0; col < COLS; ++col) {
-                const int iw = iw0 + col;
-                xs[col] = static_cast<unsigned>(iw) < static_cast<unsigned>(W)
-                              ? *reinterpret_cast<const Vec*>(x_row + static_cast<Index>(iw) * C) : Vec{};
-            }
+            load_columns(x_image + static_cast<Index>(ih) * W * C, iw0, xs);
 #pragma unroll
             for (int col = 0; col < COLS; ++col) {
                 Acc xf[VEC];

@@ -305,6 +305,27 @@ def test_depthwise_nhwc_rows(case, dtype):
         assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, rows.kernel), f"runs of {pixels}"
 
 
+def check_forced_against_per_pixel(case, dtype, config, seed, activation):
+    """``config`` forced on ``case`` in NHWC sums as the per-pixel way does, in the same order: bit for bit, within
+    tolerance of float64, every output written; and with activation(conv + bias + residual) in the epilogue."""
+    problem = problem_of(case, dtype, "NHWC", "KHWC")
+    forced = planner.make_plan(problem, config, planner.DEPTHWISE_NHWC_KERNEL)
+    per_pixel = planner.make_plan(problem, "dw_nhwc_v16", planner.DEPTHWISE_NHWC_KERNEL)
+    x, weight, bias = inputs(case, dtype, seed=seed)
+    expected = run(per_pixel, problem, x, weight, bias)
+    out = run(forced, problem, x, weight, bias)
+    assert not out.isnan().any(), "an output element was never written"
+    assert torch.equal(out, expected)
+    assert relative_error(out, reference(x, weight, bias, case)) < tolerance(dtype, forced.kernel)
+    fused = dataclasses.replace(problem, activation=activation, has_residual=True)
+    residual = torch.randn(expected.shape, device="cuda", dtype=torch.float64).to(expected.dtype)
+    y = nhwc_copy(residual)
+    conv2d_cupy(to_cupy(arranged(x, "NHWC")), to_cupy(arranged(weight, "KHWC")), to_cupy(bias), fused, to_cupy(y),
+                plan=planner.make_plan(fused, config, planner.DEPTHWISE_NHWC_KERNEL), residual=to_cupy(y))
+    wanted = getattr(F, activation)(reference(x, weight, bias, case) + residual.double())
+    assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, forced.kernel)
+
+
 # Runs that walk down output rows (depthwise_nhwc.WALK_CONFIGS, forced): square kernels of every compiled
 # width, equal strides 1 and 2, planes whose rows and columns are not whole walks and runs, asymmetric padding;
 # bit for bit the per-pixel sums, every output written, and the epilogue on every walked row.
@@ -316,22 +337,7 @@ WALK_CASES = [Case(2, 24, 24, 11, 13, kw, kw, stride=(s, s), padding=(kw // 2, k
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("case", WALK_CASES, ids=lambda c: c.id)
 def test_depthwise_nhwc_walks_down_rows(case, dtype, config):
-    problem = problem_of(case, dtype, "NHWC", "KHWC")
-    walk = planner.make_plan(problem, config, planner.DEPTHWISE_NHWC_KERNEL)
-    per_pixel = planner.make_plan(problem, "dw_nhwc_v16", planner.DEPTHWISE_NHWC_KERNEL)
-    x, weight, bias = inputs(case, dtype, seed=case.kw * 10 + case.stride[1] + 3)
-    expected = run(per_pixel, problem, x, weight, bias)
-    out = run(walk, problem, x, weight, bias)
-    assert not out.isnan().any(), "an output element was never written"
-    assert torch.equal(out, expected)
-    assert relative_error(out, reference(x, weight, bias, case)) < tolerance(dtype, walk.kernel)
-    fused = dataclasses.replace(problem, activation="relu6", has_residual=True)
-    residual = torch.randn(expected.shape, device="cuda", dtype=torch.float64).to(expected.dtype)
-    y = nhwc_copy(residual)
-    conv2d_cupy(to_cupy(arranged(x, "NHWC")), to_cupy(arranged(weight, "KHWC")), to_cupy(bias), fused, to_cupy(y),
-                plan=planner.make_plan(fused, config, planner.DEPTHWISE_NHWC_KERNEL), residual=to_cupy(y))
-    wanted = F.relu6(reference(x, weight, bias, case) + residual.double())
-    assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, walk.kernel)
+    check_forced_against_per_pixel(case, dtype, config, case.kw * 10 + case.stride[1] + 3, "relu6")
 
 
 # Runs of any kernel width (depthwise_nhwc.RUN_CONFIGS, forced here; RUN_CONFIG is the rule for kernels
@@ -349,25 +355,7 @@ RUN_CASES = [Case(2, 24, 24, 1, 203, 1, 31, padding=(0, 15), groups=24),
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("case", RUN_CASES, ids=lambda c: c.id)
 def test_depthwise_nhwc_runs_of_any_width(case, dtype, config):
-    """The runs' sums are the per-pixel way's, added in the same order: bit for bit, within tolerance of
-    float64, every output written; and with relu(conv + bias + residual) in the epilogue."""
-    problem = problem_of(case, dtype, "NHWC", "KHWC")
-    runs = planner.make_plan(problem, config, planner.DEPTHWISE_NHWC_KERNEL)
-    per_pixel = planner.make_plan(problem, "dw_nhwc_v16", planner.DEPTHWISE_NHWC_KERNEL)
-    x, weight, bias = inputs(case, dtype, seed=case.kw)
-    expected = run(per_pixel, problem, x, weight, bias)
-    out = run(runs, problem, x, weight, bias)
-    assert not out.isnan().any(), "an output element was never written"
-    assert torch.equal(out, expected)
-    assert relative_error(out, reference(x, weight, bias, case)) < tolerance(dtype, runs.kernel)
-    fused = dataclasses.replace(problem, activation="relu", has_residual=True)
-    residual = torch.randn(expected.shape, device="cuda", dtype=torch.float64).to(expected.dtype)
-    y = nhwc_copy(residual)
-    conv2d_cupy(to_cupy(arranged(x, "NHWC")), to_cupy(arranged(weight, "KHWC")), to_cupy(bias), fused, to_cupy(y),
-                plan=planner.make_plan(fused, config, planner.DEPTHWISE_NHWC_KERNEL),
-                residual=to_cupy(y))
-    wanted = F.relu(reference(x, weight, bias, case) + residual.double())
-    assert relative_error(y.permute(0, 3, 1, 2), wanted) < tolerance(dtype, runs.kernel)
+    check_forced_against_per_pixel(case, dtype, config, case.kw, "relu")
 
 
 # The NCHW-gather GEMM's NHWC instance, reading and writing NHWC arrays in place: every case its tiles
