@@ -141,7 +141,7 @@ def refusal(problem: ConvProblem) -> str:
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
     """A 1-D grid of BLOCK-thread blocks (ROW_BLOCK for rows), a thread per vector of channels and
-    output pixel (or run of a row's pixels)."""
+    output pixel (or run of a row's pixels, in each of a walk's output rows)."""
     why_not = refusal(problem)
     if why_not:
         raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
@@ -212,8 +212,9 @@ def name_expression(plan: LaunchPlan) -> str:
 
 
 def specialisations() -> list[str]:
-    """Every dtype, index width and vector width that dtype has, per pixel; and the row instances
-    (16-byte vectors) of every kernel width and column stride, and of run-time widths."""
+    """Every dtype, index width and vector width that dtype has, per pixel; the row instances (16-byte
+    vectors) of every kernel width and column stride, and of run-time widths; and every walk of every
+    kernel width and stride."""
     per_pixel = [specialisation(dtype, index, _vec(cfg, dtype)) for dtype in CTYPES for index in INDEX_TYPES
                  for cfg in NHWC_DEPTHWISE_CONFIGS if cfg.pixels == 1 and cfg.vec_bytes >= STORAGE_BYTES[dtype]]
     rows = [specialisation(dtype, index, ROW_VEC_BYTES // STORAGE_BYTES[dtype], kw, sw, pixels)
