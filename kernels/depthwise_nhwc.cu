@@ -33,8 +33,6 @@
 
 namespace cupyconv {
 
-template <typename T, int VEC> struct alignas(sizeof(T) * VEC) vec_t { T v[VEC]; };
-
 // No __launch_bounds__: with one, ptxas spills a few bytes in some instances (as in depthwise_conv2d.cu).
 template <typename T, typename Index, int VEC, int KW, int SW, int PIX, int ROWS>
 __global__ void
@@ -46,7 +44,7 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     static_assert(KW >= 0 || SW == 1, "run-time widths: column stride 1");
     static_assert(ROWS == 1 || KW > 0, "walks down rows: compiled kernel widths");
     using Acc = typename accumulator<T>::type;
-    using Vec = vec_t<T, VEC>;
+    using Vec = Pack<T, VEC>;
     const int vectors = C / VEC;
     const int runs = (Wo + PIX - 1) / PIX;  // runs of PIX output pixels per row
     const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;

@@ -17,7 +17,7 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(256)
 mean_pixels_partial(const T* __restrict__ x, float* __restrict__ partial, int N, int P, int C, int lanes_c,
                     int pixels_per_split) {
-    struct alignas(VEC * sizeof(T)) Vec { T v[VEC]; };
+    using Vec = Pack<T, VEC>;
     __shared__ float sums[256][VEC + 1];  // +1: the lanes' rows fall in different banks
     const int tid = threadIdx.x, lanes_p = 256 / lanes_c;
     const int lane_c = tid % lanes_c, lane_p = tid / lanes_c;

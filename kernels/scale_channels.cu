@@ -12,7 +12,7 @@ template <typename T, typename Index, bool NHWC, int VEC>
 __global__ void __launch_bounds__(256)
 scale_channels(const T* __restrict__ x, const T* __restrict__ scale, T* __restrict__ y, int N, int C, int HW) {
     using Acc = typename accumulator<T>::type;
-    struct alignas(VEC * sizeof(T)) Vec { T v[VEC]; };
+    using Vec = Pack<T, VEC>;
     const Index vectors = static_cast<Index>(N) * C * HW / VEC;
     for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < vectors;
          i += static_cast<Index>(gridDim.x) * blockDim.x) {

@@ -76,7 +76,7 @@ transpose_depthwise(const T* __restrict__ y, const T* __restrict__ w, const T* _
     // channel of this thread's group; the group's j-th channel of y is j (NHWC) or j planes further.
     const int plane = Hy * Wy, y_pixel = NHWC ? K : 1, y_channel = NHWC ? 1 : plane;
     const T* w_group = w + channel * M * stride_k;
-    struct alignas(sizeof(T) * VEC) Vec { T v[VEC]; };
+    using Vec = Pack<T, VEC>;
     for (int n = blockIdx.z; n < N; n += gridDim.z) {
         const T* y_group = y + n * plane * K + channel * M * y_channel;
         // Every row's sums at once, each tap's weights loaded once for them and its rows of y loaded
