@@ -269,7 +269,7 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             }
             // The epilogue in registers; pairs of adjacent channels staged as one 2-element store, over
             // the residual the same thread read there.
-            struct alignas(2 * sizeof(T)) Pair { T v[2]; };
+            using Pair = Pack<T, 2>;
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
