@@ -6,7 +6,7 @@ reduction of its runs.
 
 is a GEMM of K rows, J = kh kw C columns and a reduction over the L = N Ho Wo output pixels. Both
 operands are read l-major (a pixel's channels are contiguous in NHWC) and transposed by ldmatrix on
-their way to the tensor cores. NCHW inputs (but the K-major tiles' below), and channel counts that
+their way to the tensor cores. NCHW inputs (but the K-major TF32 tiles' below), and channel counts that
 no whole 16-byte piece of dy (or 4-byte piece of x) divides, are first copied channels-last with zero
 channels (nchw_to_nhwc.cu); the zero rows and columns of the result are cut. The reduction runs in
 splits fixed by the problem alone, whose float32 partial sums wgrad_reduce adds in order and rounds once
@@ -17,10 +17,9 @@ On the H100 (sm_90a), problems whose 128-byte panels of x (64 16-bit channels, 3
 tap take tiles fed by TMA (dy through a 2-D tensor map, x through an im2col map): wgrad_tensor_cores_tma in
 16 bits, whose wgmma reads both operands transposed; in TF32, whose wgmma reads K-major operands only,
 wgrad_tensor_cores_tma_tf32, where four warps transpose each landed l tile of x into K-major rows rounded to
-TF32 and the warpgroups take dy's fragments into registers. NCHW layers at stride 1 with Wo == W are K-major
-already: there the K-major tiles read x and dy in place (x's box of a tap shifted along the flattened plane,
-moved back and masked by eight warps: TF32's round it as well, 16 bits' only where a tap moves it): no copies,
-no transposes. Where such a plan is one
+TF32 and the warpgroups take dy's fragments into registers. NCHW float32 layers at stride 1 with Wo == W are
+K-major already: there the TF32 tile reads x and dy in place (x's box of a tap shifted along the flattened
+plane, moved back and masked by eight rounding warps): no copies, no transposes. Where such a plan is one
 run and the weight is the GEMM's own [K][kh kw C], the tile writes the weight and no reduction runs.
 Where a run's tiles are too few for the SMs, those tiles run stream-K instead: a wave of blocks shares
 the tiles x l tiles equally, the holder of a tile's first l tile adding the others' sums in block order
@@ -53,8 +52,7 @@ class TileConfig:
     types) wgmma; ``tma``: wgmma fed by a copying warp's TMA copies (bm / 64 warpgroups multiply), and,
     ``tf32``, ``landing`` > 0, through a ring of that many landing stages whose x four warps transpose;
     ``k_major``: NCHW x and dy read in place (TF32 on stride-1 layers with Wo == W, straight into the stages,
-    which eight warps round in place; 16 bits on 1x1 layers, the K-major rows wgmma reads untransposed, and,
-    ``taps``, on stride-1 layers with Wo == W, eight warps moving x's rows back by their tap's shift).
+    which eight warps round in place; 16 bits on 1x1 layers, the K-major rows wgmma reads untransposed).
     ``blocks_per_sm``: how many fit an SM (shared memory); ``sm_tflops``: the rate an SM full of them
     reaches on a long reduction (H100 timings), for the choice's timing model; ``stream_k``: a TMA tile
     with a stream-K instance."""
@@ -74,24 +72,23 @@ class TileConfig:
     landing: int = 0
     k_major: bool = False
     tf32: bool = False  # a tile of wgrad_tensor_cores_tma_tf32
-    taps: bool = False  # a 16-bit K-major tile whose skewing warps move x's rows by a tap
 
     @property
     def threads(self) -> int:
-        if self.tma:  # the multiplying warpgroups, a copying warp, and four transposing or eight rounding or skewing
-            return 2 * self.bm + 32 + ((256 if self.k_major else 128) if self.tf32 else 256 if self.taps else 0)
+        if self.tma:  # the multiplying warpgroups, a copying warp and (TF32) four transposing or eight rounding warps
+            return 2 * self.bm + 32 + ((256 if self.k_major else 128) if self.tf32 else 0)
         return 32 * self.warps_m * self.warps_j
 
     def shared_bytes(self, itemsize: int) -> int:
         """Pipeline buffers: per stage, bl rows of bm + 8 (dy) and bj + 8 (x) elements; wgmma: unpadded
         rows and 1 KB to align the tiles; TMA: and two 8-byte mbarriers a stage (TF32 with landing stages:
         each as much as a stage and two mbarriers, and the stages x's alone, the warpgroups reading dy where
-        it landed; TF32's k_major and taps: three mbarriers a stage, and x's tail boxes, 16 bytes a column)."""
+        it landed; TF32's k_major: three mbarriers a stage, and x's tail boxes, 16 bytes a column)."""
         if self.tma:
             stages = self.stages + self.landing
             dy_stages = self.landing if self.landing else self.stages
             return (self.stages * self.bj + dy_stages * self.bm + self.landing * self.bj) * self.bl * itemsize + \
-                1024 + 16 * stages + (self.k_major and (self.tf32 or self.taps)) * self.stages * (8 + 16 * self.bj)
+                1024 + 16 * stages + (self.k_major and self.tf32) * self.stages * (8 + 16 * self.bj)
         if self.wgmma:
             return self.stages * self.bl * (self.bm + self.bj) * itemsize + 1024
         return self.stages * self.bl * (self.bm + 8 + self.bj + 8) * itemsize
@@ -162,16 +159,6 @@ K_MAJOR_CONFIGS = {
                         c.sm_tflops, wgmma=True, tma=True, stream_k=c.stream_k, k_major=True) for c in TMA_CONFIGS),
     4: TF32_K_MAJOR_CONFIGS,
 }
-#: Hopper 16-bit tiles for NCHW layers with taps at stride 1 whose output rows are as wide as the input's
-#: (_k_major_applies): K_MAJOR_CONFIGS[2]'s boxes, each of x's shifted by its panel's tap (TAPS), eight skewing warps
-#: moving its rows back and zeroing the columns a tap leaves the row at, as TF32's rounding warps do. One block an SM
-#: (the skewing warps' registers), the stages shared memory holds; 128 columns (a 256-wide wgmma needs 154 registers
-#: a thread, more than a block of 416 threads or more is given). Rates: TMA_CONFIGS', the skews' cost in
-#: K_MAJOR_TAPS (estimates).
-K_MAJOR_TAPS_CONFIGS = tuple(
-    TileConfig(f"tc_tma_nchw_taps_m{bm}j128", bm, 128, 64, bm // 16, 1, stages, 1, rate, wgmma=True, tma=True,
-               k_major=True, taps=True)
-    for bm, stages, rate in ((128, 6, 2.6), (64, 8, 2.4)))
 #: How much longer the K-major tiles take an l tile of a layer with taps than their rates (fitted on 1x1 layers)
 #: say: the rounders move each of x's rows back by its tap's skew, and a 14^2 or 28^2 plane's last l tile of an
 #: image is partly zeros. Measured against the model on the 3x3 rows of the layers suite (H200, 6bb3140:
@@ -201,7 +188,7 @@ STREAM_K_MARGIN = {2: 1.4, 4: 1.25}
 #: wgrad_tiles_stream_k_tf32_h200.txt and wgrad_tiles_stream_k_tf32_nchw_h200.txt).
 COPY_BANDWIDTH = 2.2e12
 CONFIG_NAMES = frozenset(c.name for configs in (*CONFIGS.values(), WGMMA_CONFIGS, TMA_CONFIGS, TF32_TMA_CONFIGS,
-                                                *K_MAJOR_CONFIGS.values(), K_MAJOR_TAPS_CONFIGS) for c in configs)
+                                                *K_MAJOR_CONFIGS.values()) for c in configs)
 #: The timing model's machine: the H100's SMs, the bandwidth the partial sums move at, and the k
 #: tiles' worth of time a block spends filling and draining its pipeline. A fixed machine, not the
 #: device's, so that the runs, and so the result's bits, depend on the problem alone.
@@ -313,32 +300,21 @@ def _im2col_tiles_apply(problem: ConvProblem, compute_capability: int) -> bool:
 
 
 def _k_major_applies(problem: ConvProblem, compute_capability: int) -> bool:
-    """The K-major tiles (_k_major_configs) run NCHW layers at stride 1 on sm_90a whose planes (x's and dy's) are
+    """The K-major tiles (K_MAJOR_CONFIGS) run NCHW layers at stride 1 on sm_90a whose planes (x's and dy's) are
     whole 16-byte rows (TMA's strides) and whose channels are even (the sums are stored in pairs), with 32-bit row
-    and pixel coordinates: 1x1 layers without padding (no shifts), and those whose output rows are as wide as the
-    input's (Wo == W: a tap shifts x's plane by a constant) and whose x panels (_panel_channels) lie in one tap (C a
-    multiple of them, or a 1x1 kernel)."""
+    and pixel coordinates: in TF32 those whose output rows are as wide as the input's (Wo == W: a tap shifts x's
+    plane by a constant) and whose x panels of 32 channels lie in one tap (C a multiple of 32, or a 1x1 kernel);
+    in 16 bits 1x1 layers without padding (no shifts: the rounding warps that make them are TF32's)."""
     p = problem
     item = STORAGE_BYTES[p.dtype]
     if compute_capability != WGMMA_COMPUTE_CAPABILITY or p.dtype not in DTYPES or p.layout != "NCHW" or \
             p.stride != (1, 1) or p.h * p.w * item % 16 or p.ho * p.wo * item % 16 or p.c % 2 or \
             p.n * max(p.c, p.k) >= 2**31:
         return False
-    return not _shifted(p) or p.wo == p.w and (p.kh * p.kw == 1 or p.c % _panel_channels(p) == 0) and \
+    if item == 2:
+        return p.kh * p.kw == 1 and (p.ho, p.wo) == (p.h, p.w)
+    return p.wo == p.w and (p.kh * p.kw == 1 or p.c % 32 == 0) and \
         (p.ho + p.pad_top + (p.kh - 1) * p.dilation[0] + 2) * p.w < 2**31  # a panel's shifted pixels
-
-
-def _shifted(problem: ConvProblem) -> bool:
-    """Whether x's pixels lie elsewhere than dy's for some tap (a kernel past 1x1, or padding)."""
-    p = problem
-    return p.kh * p.kw > 1 or (p.ho, p.wo) != (p.h, p.w)
-
-
-def _k_major_configs(problem: ConvProblem) -> tuple[TileConfig, ...]:
-    """The K-major tiles of ``problem``'s dtype: TF32's serve every such layer; in 16 bits K_MAJOR_CONFIGS[2] those
-    without shifts (_shifted), K_MAJOR_TAPS_CONFIGS the rest."""
-    item = STORAGE_BYTES[problem.dtype]
-    return K_MAJOR_TAPS_CONFIGS if item == 2 and _shifted(problem) else K_MAJOR_CONFIGS[item]
 
 
 def _tma_configs(problem: ConvProblem, compute_capability: int) -> tuple[TileConfig, ...]:
@@ -346,7 +322,7 @@ def _tma_configs(problem: ConvProblem, compute_capability: int) -> tuple[TileCon
     where it does (on NCHW arrays at the price of their copies, _copies_us)."""
     item = STORAGE_BYTES[problem.dtype]
     im2col = TMA_CONFIGS if item == 2 else TF32_TMA_CONFIGS
-    return (_k_major_configs(problem) if _k_major_applies(problem, compute_capability) else ()) + \
+    return (K_MAJOR_CONFIGS[item] if _k_major_applies(problem, compute_capability) else ()) + \
         (im2col if _im2col_tiles_apply(problem, compute_capability) else ())
 
 
@@ -522,8 +498,7 @@ def expression(dtype: str, index: str, cfg: TileConfig, x_vec: int, stream_k: bo
                 f"{'true' if stream_k else 'false'}>")
     if cfg.tma:
         return (f"cupyconv::{TMA_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bj},{cfg.stages},{cfg.blocks_per_sm},"
-                f"{'true' if stream_k else 'false'},{'true' if cfg.k_major else 'false'},"
-                f"{'true' if cfg.taps else 'false'}>")
+                f"{'true' if stream_k else 'false'},{'true' if cfg.k_major else 'false'}>")
     return (f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bj},{cfg.bl},{cfg.warps_m},{cfg.warps_j},"
             f"{cfg.stages},{x_vec},{'true' if cfg.wgmma else 'false'}>")
 
@@ -620,7 +595,7 @@ def arch_specialisations() -> dict[str, list[str]]:
     return {WGMMA_ARCH: [expression(dtype, index, cfg, 16) for dtype in ("float16", "bfloat16")
                          for index in INDEX_TYPES for cfg in WGMMA_CONFIGS] +
             [expression(dtype, "", cfg, 16, stream_k) for dtype in ("float16", "bfloat16")
-             for cfg in TMA_CONFIGS + K_MAJOR_CONFIGS[2] + K_MAJOR_TAPS_CONFIGS
+             for cfg in TMA_CONFIGS + K_MAJOR_CONFIGS[2]
              for stream_k in (False, True) if cfg.stream_k or not stream_k] +
             [expression("float32", "", cfg, 16, stream_k) for cfg in TF32_TMA_CONFIGS + K_MAJOR_CONFIGS[4]
              for stream_k in (False, True) if cfg.stream_k or not stream_k]}
@@ -667,16 +642,16 @@ def program(plan: TensorCorePlan, problem: ConvProblem) -> CallProgram:
             dy_map = TensorMap(dy_operand, p.dtype, p.n * p.k, p.ho * p.wo, p.ho * p.wo * item, cfg.bm, cfg.bl)
             x_map = TensorMap(x_operand, p.dtype, p.n * p.c, p.h * p.w, p.h * p.w * item, width, cfg.bl)
             x_tail_map = TensorMap(x_operand, p.dtype, p.n * p.c, p.h * p.w, p.h * p.w * item, width, 16 // item,
-                                   False) if cfg.tf32 or cfg.taps else x_map  # the 16 bytes past a shifted box
+                                   False) if cfg.tf32 else x_map  # TF32's: the 4 pixels past a shifted box
             x_rows = p.c
         else:
             dy_map = TensorMap(dy_operand, p.dtype, length, kp, kp * item, cfg.bl, width)
             x_map = input_im2col_map(p, x_operand, cp, width, cfg.bl)
-            x_tail_map = x_map  # read by the K-major tiles with shifts alone
+            x_tail_map = x_map  # read by the K-major tiles alone
             x_rows = cp
         args = (partial, Pointer(OUT), int(plan.direct), plan.stream_k_blocks, slots, Pointer(FLAGS), length, x_rows,
                 p.kh * p.kw * cp, kp, p.ho, p.wo, p.kw, p.stride[0], p.stride[1], p.pad_top, p.pad_left, p.dilation[0],
-                p.dilation[1], dy_map, x_map, x_tail_map)
+                p.dilation[1], dy_map, x_map, *((x_tail_map,) if cfg.tf32 else ()))
         launches.append(Launch(TF32_TMA_KERNEL if cfg.tf32 else TMA_KERNEL, plan.expression, plan.grid,
                                plan.block, plan.shared_bytes, args, plan.arch))
         if plan.direct:

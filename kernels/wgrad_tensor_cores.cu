@@ -360,94 +360,6 @@ __device__ __forceinline__ void store_warpgroup_sums(const float (&acc)[BJ / 2],
     }
 }
 
-// TAPS: the warps that move x's rows back by their tap's skew, in two groups taking l tiles in turn.
-constexpr int SKEWING_WARPS = 8;
-
-// A 16-bit K-major x row of a tile (wgrad_tensor_cores_tma, TAPS): the 128-byte row at `row_at` (row `row` of its
-// swizzled panel) holds the tile's 64 pixels SKEW places on, `tail` the 8 pixels past them. Written back in place:
-// pixel p = x[p + SKEW] where bit p of `keep` is set, else zero. Words of two pixels: an odd skew takes the high
-// half of one word and the low half of the next.
-template <int SKEW>
-__device__ __forceinline__ void take_skewed_row_16(unsigned char* row_at, const unsigned char* tail,
-                                                   unsigned long long keep, int row) {
-    unsigned w[36];
-#pragma unroll
-    for (int c = 0; c < 8; ++c)
-        *reinterpret_cast<uint4*>(w + 4 * c) = *reinterpret_cast<const uint4*>(row_at + (swizzle128_slot(c, row) << 4));
-    if constexpr (SKEW > 0) *reinterpret_cast<uint4*>(w + 32) = *reinterpret_cast<const uint4*>(tail);
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-        unsigned r[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int k = 4 * c + e, from = k + SKEW / 2;  // the word of pixels 2 k, 2 k + 1
-            const unsigned v = SKEW % 2 ? __byte_perm(w[from], w[from + 1], 0x5432) : w[from];
-            const unsigned pair = static_cast<unsigned>(keep >> (2 * k)) & 3u;
-            r[e] = v & ((pair & 1u ? 0x0000FFFFu : 0u) | (pair & 2u ? 0xFFFF0000u : 0u));
-        }
-        *reinterpret_cast<uint4*>(row_at + (swizzle128_slot(c, row) << 4)) = make_uint4(r[0], r[1], r[2], r[3]);
-    }
-}
-
-// The skewing warps of wgrad_tensor_cores_tma's TAPS instances (`unit`: the thread's index among them). Group g of
-// SKEWING_WARPS / 2 warps takes l tiles g, g + 2, ..; its warp w the BJ / 4 rows of x's stage from row w BJ / 4 on
-// (one panel, one tap), a lane one row (two for BJ 256). A panel whose tap moves x's pixels within a 16-byte piece
-// (skew) or past a row's ends (a column offset) is written back from the piece holding its first pixel, and the
-// pixels whose tap's column leaves the row (or which lie past the plane) zeroed: their mask from two ballots, lane
-// l's bits from pixels l and l + 32. Other panels (the middle column of taps on rows of whole pieces) landed as
-// they are read. Either way the warp's lane 0 arrives on `full` once the stage's bytes have landed.
-template <int BJ, int STAGES, int BL, typename Share>
-__device__ __forceinline__ void skew_x_rows(unsigned char* b_smem, const unsigned char* tails,
-                                            unsigned long long* landed, unsigned long long* full, const Share& share,
-                                            int unit, int C, int kw, int dh, int dw, int pt, int pl, int J, int Wo,
-                                            int plane, int plane_tiles) {
-    constexpr int GROUP = SKEWING_WARPS / 2, ROWS = BJ / GROUP / 32;  // a group's warps; a lane's rows
-    constexpr int PANEL = BL * 128, B_STAGE = BJ / 64 * PANEL, TAIL = 64 * 16, TAIL_STAGE = BJ / 64 * TAIL;
-    static_assert(BL == 64 && ROWS >= 1 && BJ / GROUP <= 64, "a warp's rows in one panel");
-    const int lane = unit & 31, group = unit / (32 * GROUP), first_row = unit / 32 % GROUP * (BJ / GROUP);
-    const int panel = first_row / 64;
-    share.segments([&](int, int j0, int, int k_begin, int k_end) {
-        const int jp = j0 + 64 * panel, tap = jp / C;
-        const int s_off = tap % kw * dw - pl, skew = ((tap / kw * dh - pt) * Wo + s_off) & 7;
-        const bool moved = jp < J && (skew != 0 || s_off != 0);  // alike for the warp's lanes
-        auto kept = [&](int p) {
-            return p < plane && static_cast<unsigned>(p % Wo + s_off) < static_cast<unsigned>(Wo);
-        };
-#pragma unroll 1
-        for (int it = group; it < k_end - k_begin; it += 2) {
-            const int stage = it % STAGES;
-            unsigned long long keep = 0;
-            if (moved) {
-                const int pixel = (k_begin + it) % plane_tiles * BL;
-                keep = __ballot_sync(0xffffffffu, kept(pixel + lane)) |
-                       static_cast<unsigned long long>(__ballot_sync(0xffffffffu, kept(pixel + lane + 32))) << 32;
-            }
-            mbarrier_wait(landed + stage, (it / STAGES) & 1);
-            if (moved) {
-#pragma unroll
-                for (int i = 0; i < ROWS; ++i) {
-                    const int row = first_row % 64 + lane + 32 * i;
-                    unsigned char* row_at = b_smem + stage * B_STAGE + panel * PANEL + row * 128;
-                    const unsigned char* tail = tails + stage * TAIL_STAGE + panel * TAIL + row * 16;
-                    switch (skew) {
-                        case 0: take_skewed_row_16<0>(row_at, tail, keep, row); break;
-                        case 1: take_skewed_row_16<1>(row_at, tail, keep, row); break;
-                        case 2: take_skewed_row_16<2>(row_at, tail, keep, row); break;
-                        case 3: take_skewed_row_16<3>(row_at, tail, keep, row); break;
-                        case 4: take_skewed_row_16<4>(row_at, tail, keep, row); break;
-                        case 5: take_skewed_row_16<5>(row_at, tail, keep, row); break;
-                        case 6: take_skewed_row_16<6>(row_at, tail, keep, row); break;
-                        default: take_skewed_row_16<7>(row_at, tail, keep, row); break;
-                    }
-                }
-            }
-            fence_proxy_async_shared();  // the rows written back, to wgmma
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(full + stage);
-        }
-    });
-}
-
 // 16-bit types, channels-last x whose 64-channel panels lie in one tap: the same GEMM with both tiles of every
 // l tile copied by the TMA unit, one thread of an extra warp issuing them, while BM / 64 warpgroups only
 // multiply. Each side waits for the other on per-stage mbarriers ("full": the copies' bytes landed; "empty":
@@ -477,85 +389,52 @@ __device__ __forceinline__ void skew_x_rows(unsigned char* b_smem, const unsigne
 // maps). They land as the K-major 128-byte-swizzled rows wgmma reads untransposed: no channels-last copies. Rows
 // of a box past an image's channels hold the next image's, which reach only sums past K or J, never written or
 // cut by the reduction.
-// TAPS (with K_MAJOR): layers with taps at stride 1 whose output rows are as wide as the input's (Wo == W), x's
-// 64-channel panels in one tap (C a multiple of 64). A tap (r, s) moves every pixel of x's plane by the same
-// (r dh - pt) W + s dw - pl, so x's panel of a tap is a box of the l tile's pixels shifted by that much: rows above
-// or below the plane fall outside [0, H W) and the map gives zeros. A box starts on a 16-byte piece, so it starts at
-// the piece holding the shifted first pixel and, where the shift is not whole pieces, a tail box of the 8 pixels
-// past it lands beside the stage; SKEWING_WARPS warps move each row back by the shift's last pixels and zero those
-// whose tap's column leaves the row (skew_x_rows), between the copies ("landed") and the warpgroups ("full"). The
-// warpgroups read dy as it landed. One segment a block: no stream-K.
-template <typename T, int BM, int BJ, int STAGES, int BLOCKS, bool STREAM_K, bool K_MAJOR, bool TAPS>
-__global__ void __launch_bounds__(BM / 64 * 128 + 32 + (TAPS ? 32 * SKEWING_WARPS : 0), BLOCKS)
+template <typename T, int BM, int BJ, int STAGES, int BLOCKS, bool STREAM_K, bool K_MAJOR>
+__global__ void __launch_bounds__(BM / 64 * 128 + 32, BLOCKS)
 wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, int stream_k, float* __restrict__ slots,
                        int* __restrict__ flags, int L, int C, int J, int K, int Ho, int Wo, int kw, int sh, int sw,
                        int pt, int pl, int dh, int dw, const __grid_constant__ TensorMap dy_map,
-                       const __grid_constant__ TensorMap x_map, const __grid_constant__ TensorMap x_tail_map) {
+                       const __grid_constant__ TensorMap x_map) {
     constexpr int BL = 64, PANEL = BL * 128;  // bytes of one l tile's 64-wide panel
     constexpr int A_PANELS = BM / 64, B_PANELS = BJ / 64, A_STAGE = A_PANELS * PANEL, B_STAGE = B_PANELS * PANEL;
     constexpr int INST_L = mma_op<T>::k, CONSUMERS = 128 * A_PANELS, ACC = BJ / 2;
-    constexpr int TAIL = 64 * 16, TAIL_STAGE = TAPS ? B_PANELS * TAIL : 0;  // TAPS: a panel's 8 pixels past its box
     static_assert(sizeof(T) == 2 && BM % 64 == 0 && (BJ == 64 || BJ == 128 || BJ == 256), "16-bit, whole panels");
-    static_assert(!TAPS || (K_MAJOR && !STREAM_K), "TAPS: K-major tiles in runs (the skewing warps take one segment)");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
     unsigned char* a_smem = smem;
     unsigned char* b_smem = smem + STAGES * A_STAGE;
-    unsigned char* tails = b_smem + STAGES * B_STAGE;  // TAPS: [STAGES][B_PANELS][64 channels][8 pixels]
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(tails + STAGES * TAIL_STAGE);
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(b_smem + STAGES * B_STAGE);
     unsigned long long* empty = full + STAGES;
-    unsigned long long* landed = empty + STAGES;  // TAPS: the copies' bytes, before the skewing warps' "full"
 
     const int tid = threadIdx.x, warpgroup = tid >> 7;
     const int plane = Ho * Wo, plane_tiles = (plane + BL - 1) / BL;  // K_MAJOR: an image's pixels and l tiles
     const WgradShare<STREAM_K, BM, BJ> share(K_MAJOR ? L / plane * plane_tiles : (L + BL - 1) / BL, J, K, stream_k);
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(full + s, TAPS ? SKEWING_WARPS / 2 : 1);  // the group's skewing warps, or the copies' tx
-            mbarrier_init(empty + s, 4 * A_PANELS);                 // the lane 0s of the multiplying warps
-            if constexpr (TAPS) mbarrier_init(landed + s, 1);       // the copying thread's expect-tx arrival
+            mbarrier_init(full + s, 1);              // the copying thread's expect-tx arrival
+            mbarrier_init(empty + s, 4 * A_PANELS);  // the lane 0s of the multiplying warps
         }
     }
     __syncthreads();
 
-    if (tid >= CONSUMERS + 32) {  // TAPS: the skewing warps
-        if constexpr (TAPS)
-            skew_x_rows<BJ, STAGES, BL>(b_smem, tails, landed, full, share, tid - CONSUMERS - 32, C, kw, dh, dw, pt, pl,
-                                        J, Wo, plane, plane_tiles);
-        return;
-    }
-    if (tid >= CONSUMERS) {  // the copying warp
+    if (warpgroup == A_PANELS) {  // the copying warp
         if (tid != CONSUMERS) return;
-        unsigned long long* copied = TAPS ? landed : full;
         int it = 0;  // l tiles copied so far, over all segments: the ring's position
         share.segments([&](int, int j0, int o0, int k_begin, int k_end) {
             const XPanels<B_PANELS, 64> panels(j0, J, C, kw, dh, dw, PANEL);
             if constexpr (K_MAJOR) {
-                // TAPS: x's box of a panel starts at the 16-byte piece holding its tap's first pixel (boxes start on
-                // 16-byte pieces), and where that is not the pixel itself a tail box of the 8 pixels past it lands
-                // beside the stage.
-                int shift[B_PANELS], bytes = A_STAGE + panels.bytes;  // a panel's tap: how far x's pixels lie from dy's
-#pragma unroll
-                for (int b = 0; b < B_PANELS; ++b) {
-                    shift[b] = TAPS ? (panels.offset_h[b] - pt) * Wo + panels.offset_w[b] - pl : 0;
-                    bytes += j0 + 64 * b < J && (shift[b] & 7) ? TAIL : 0;
-                }
                 int image = k_begin / plane_tiles, pixel = (k_begin - image * plane_tiles) * BL;
 #pragma unroll 1
                 for (int t = k_begin; t < k_end; ++t, ++it) {
                     const int stage = it % STAGES;
                     if (it >= STAGES) mbarrier_wait(empty + stage, (it / STAGES - 1) & 1);
-                    mbarrier_arrive_expect_tx(copied + stage, bytes);
-                    tma_load_2d(a_smem + stage * A_STAGE, &dy_map, pixel, image * K + o0, copied + stage);
+                    mbarrier_arrive_expect_tx(full + stage, A_STAGE + panels.bytes);
+                    tma_load_2d(a_smem + stage * A_STAGE, &dy_map, pixel, image * K + o0, full + stage);
 #pragma unroll
-                    for (int b = 0; b < B_PANELS; ++b) {
-                        if (j0 + 64 * b >= J) continue;
-                        const int from = pixel + (shift[b] & ~7), row = image * C + (TAPS ? panels.channel[b] : j0 + 64 * b);
-                        tma_load_2d(b_smem + stage * B_STAGE + b * PANEL, &x_map, from, row, copied + stage);
-                        if (shift[b] & 7)
-                            tma_load_2d(tails + stage * TAIL_STAGE + b * TAIL, &x_tail_map, from + BL, row,
-                                        copied + stage);
-                    }
+                    for (int b = 0; b < B_PANELS; ++b)
+                        if (j0 + 64 * b < J)
+                            tma_load_2d(b_smem + stage * B_STAGE + b * PANEL, &x_map, pixel, image * C + j0 + 64 * b,
+                                        full + stage);
                     pixel += BL;
                     if (pixel >= plane) { pixel = 0; ++image; }
                 }
@@ -584,7 +463,6 @@ wgrad_tensor_cores_tma(float* __restrict__ ws, T* __restrict__ out, int direct, 
 #pragma unroll 1
         for (int t = k_begin; t < k_end; ++t, ++it) {
             const int stage = it % STAGES;
-            if constexpr (TAPS) mbarrier_wait(landed + stage, (it / STAGES) & 1);  // dy's copy, read as it landed
             mbarrier_wait(full + stage, (it / STAGES) & 1);
             const unsigned a_tile = shared_address(a_smem + stage * A_STAGE + warpgroup * PANEL);
             const unsigned b_tile = shared_address(b_smem + stage * B_STAGE);

@@ -14,8 +14,7 @@ from cupyconv import conv_transpose
 from cupyconv.arguments import make_problem
 from cupyconv.compiler import compute_capability
 from cupyconv.conv_transpose import make_transpose_problem, transpose_plan, transposed
-from cupyconv.wgrad_tensor_cores import (K_MAJOR_CONFIGS, K_MAJOR_TAPS_CONFIGS, TF32_K_MAJOR_CONFIGS, TF32_TMA_CONFIGS,
-                                         TMA_CONFIGS)
+from cupyconv.wgrad_tensor_cores import K_MAJOR_CONFIGS, TF32_K_MAJOR_CONFIGS, TF32_TMA_CONFIGS, TMA_CONFIGS
 from devices import gpu_count
 
 pytestmark = pytest.mark.gpu
@@ -516,42 +515,6 @@ def test_16_bit_k_major_tiles(case, config, schedule, mode):
         assert (plan.x_copy, plan.dy_copy) == ("", "") and plan.config.k_major and not plan.config.tf32
         assert plan.direct == (plan.splits == 1 and plan.channels == problem.c)
         assert bool(plan.stream_k_blocks) == bool(stream_k)
-        out = cupy.empty(problem.weight_array_shape, dtype=x.dtype)
-        return wgrad_tensor_cores.conv2d_weight_cupy(x, dy, problem, out, plan)
-
-    _weight_gradient_case(case, mode, False, compute)
-
-
-#: NCHW layers with taps (or padding) at stride 1 with Wo == W the 16-bit skewing tiles take (planes of whole 16-byte
-#: rows, x's 64-channel panels in one tap).
-K_MAJOR_TAPS_16_BIT_CASES = [
-    Case(2, 64, 64, 16, 16, 3, 3, padding=1),       # rows of whole pieces: the middle column's panels not moved
-    Case(3, 64, 40, 12, 8, 3, 3, padding=1),        # rows of 8: an l tile of eight rows; K = 40
-    Case(2, 64, 32, 8, 3, 3, 3, padding=1),         # rows of 3: a piece across several rows' ends
-    Case(2, 128, 72, 10, 12, 5, 5, padding=(1, 2)),  # 5x5, Ho 8 < H 10: every skew, x's last rows never read
-    Case(1, 64, 64, 16, 16, 3, 3, padding="same", dilation=2),
-    Case(2, 64, 48, 10, 12, 4, 2, padding="same"),  # even kernel: asymmetric padding
-    Case(2, 64, 24, 20, 16, 1, 1, padding=(2, 0)),  # 1x1, rows of zeros above and below
-    Case(2, 192, 136, 7, 8, 3, 3, padding=1),       # 56 pixels: a partial l tile an image; o tiles past K
-]
-
-
-@pytest.mark.parametrize("mode", ["float16", "bfloat16"])
-@pytest.mark.parametrize("schedule", [1, 3, 7])
-@pytest.mark.parametrize("config", [c.name for c in K_MAJOR_TAPS_CONFIGS])
-@pytest.mark.parametrize("case", K_MAJOR_TAPS_16_BIT_CASES, ids=lambda c: c.id)
-def test_16_bit_k_major_tiles_with_taps(case, config, schedule, mode):
-    """wgrad_tensor_cores_tma's TAPS instances on NCHW arrays in place (x's boxes shifted by their tap, moved back and
-    masked by the skewing warps), in one run and in more runs than an image has l tiles, against torch in float64,
-    the same bits every run."""
-    from cupyconv import wgrad_tensor_cores
-
-    if compute_capability() != wgrad_tensor_cores.WGMMA_COMPUTE_CAPABILITY:
-        pytest.skip(f"TMA and wgmma need sm_90a; this GPU is sm_{compute_capability()}")
-
-    def compute(problem, x, dy):
-        plan = wgrad_tensor_cores.make_plan(problem, True, config, schedule, compute_capability())
-        assert (plan.x_copy, plan.dy_copy) == ("", "") and plan.config.taps
         out = cupy.empty(problem.weight_array_shape, dtype=x.dtype)
         return wgrad_tensor_cores.conv2d_weight_cupy(x, dy, problem, out, plan)
 

@@ -138,8 +138,7 @@ def test_hopper_takes_the_tma_tiles_where_they_apply():
     assert plan.config.tma and plan.arch == "sm_90a" and plan.expression in listed and "fed by TMA" in str(plan)
     assert plan.config.name == "tc_tma_m128j256" and plan.shared_bytes == 4 * 64 * 384 * 2 + 1024 + 64
     launch = next(launch for launch in tc.program(plan, problem).launches if launch.kernel == tc.TMA_KERNEL)
-    dy_map, x_map, x_tail_map = launch.args[-3:]
-    assert x_tail_map == x_map  # read by the K-major tiles with shifts alone
+    dy_map, x_map = launch.args[-2:]
     assert isinstance(dy_map, TensorMap) and (dy_map.rows, dy_map.columns) == (32 * 56 * 56, 256)
     assert isinstance(x_map, Im2colMap) and x_map.shape == (32, 56, 56, 256) and x_map.lower == (-1, -1)
     assert x_map.upper == (-1, -1) and x_map.pixels_per_column == 64
@@ -243,62 +242,25 @@ def test_16_bit_nchw_1x1_layers_take_the_k_major_tiles(dtype):
     problem = _problem(32, 256, 64, 56, 1, dtype, layout="NCHW")
     for cfg in tc.K_MAJOR_CONFIGS[2]:
         plan = tc.make_plan(problem, True, cfg.name, 1, 90)
-        assert plan.expression in listed and plan.expression.endswith(",false,true,false>") and not cfg.tf32
+        assert plan.expression in listed and plan.expression.endswith(",false,true>") and not cfg.tf32
         assert (plan.x_copy, plan.dy_copy, plan.direct, plan.workspace_bytes) == ("", "", True, 0)
         assert plan.block == (2 * cfg.bm + 32, 1, 1) and plan.shared_bytes <= 227 * 1024
         (launch,) = tc.program(plan, problem).launches
-        assert launch.kernel == tc.TMA_KERNEL and len(launch.args) == 22
+        assert launch.kernel == tc.TMA_KERNEL and len(launch.args) == 21
         assert launch.args[6:10] == (32 * 56 * 56, 256, 256, 64)  # L, x's rows an image, J, dy's rows an image
-        dy_map, x_map, x_tail_map = launch.args[-3:]
-        assert x_tail_map == x_map
+        dy_map, x_map = launch.args[-2:]
         assert dy_map == TensorMap(Pointer(GRAD_OUTPUT), dtype, 32 * 64, 3136, 3136 * 2, cfg.bm, 64)
         assert x_map == TensorMap(Pointer(X), dtype, 32 * 256, 3136, 3136 * 2, 64, 64)
     assert tc.make_plan(problem, True, None, None, 90).config in tc.K_MAJOR_CONFIGS[2]
     streamed = tc.make_plan(problem, True, "tc_tma_nchw_m64j256", None, 90, True)
-    assert streamed.stream_k_blocks and streamed.expression.endswith(",true,true,false>") and streamed.expression in listed
+    assert streamed.stream_k_blocks and streamed.expression.endswith(",true,true>") and streamed.expression in listed
     for case in (_problem(8, 64, 64, 14, 1, dtype, layout="NCHW"),              # 196 pixels: rows of 392 bytes
                  _problem(8, 63, 64, 16, 1, dtype, layout="NCHW"),              # odd channels
                  _problem(8, 64, 64, 16, 1, dtype, stride=2, layout="NCHW"),
                  _problem(8, 64, 64, 16, 1, dtype, padding=1, layout="NCHW"),
+                 _problem(8, 64, 64, 16, 3, dtype, padding=1, layout="NCHW"),   # taps: TF32's alone
                  _problem(8, 64, 64, 16, 1, dtype)):                            # NHWC
         assert not tc.make_plan(case, True, None, None, 90).config.k_major, case
-
-
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_16_bit_nchw_layers_with_taps_take_the_skewing_tiles(dtype):
-    """16-bit NCHW layers at stride 1 with Wo == W whose 64-channel panels lie in one tap, on sm_90a: x and dy read in
-    place by wgrad_tensor_cores_tma's TAPS instances (x's boxes shifted by their tap, a tail map of the 8 pixels past
-    a box, eight skewing warps; one block an SM, no stream-K), listed; the choice weighs them against the copies.
-    1x1 layers without shifts keep K_MAJOR_CONFIGS[2]; other layers the channels-last copies."""
-    from cupyconv.program import TensorMap
-
-    listed = set(tc.arch_specialisations()[tc.WGMMA_ARCH])
-    problem = _problem(32, 64, 64, 56, 3, dtype, padding=1, layout="NCHW")
-    assert set(tc.configs(problem, 90)) >= set(tc.K_MAJOR_TAPS_CONFIGS) and \
-        not set(tc.configs(problem, 90)) & set(tc.K_MAJOR_CONFIGS[2])
-    for cfg in tc.K_MAJOR_TAPS_CONFIGS:
-        plan = tc.make_plan(problem, True, cfg.name, 1, 90)
-        assert plan.expression in listed and plan.expression.endswith(f",{cfg.stages},1,false,true,true>")
-        assert (plan.x_copy, plan.dy_copy, plan.direct) == ("", "", False)  # a KCHW weight: the reduction permutes
-        assert plan.block == (2 * cfg.bm + 32 + 256, 1, 1) and plan.shared_bytes <= 227 * 1024
-        gemm = tc.program(plan, problem).launches[0]
-        assert gemm.kernel == tc.TMA_KERNEL and gemm.args[6:10] == (32 * 56 * 56, 64, 576, 64)
-        assert gemm.args[-3:] == (TensorMap(Pointer(GRAD_OUTPUT), dtype, 32 * 64, 3136, 3136 * 2, cfg.bm, 64),
-                                  TensorMap(Pointer(X), dtype, 32 * 64, 3136, 3136 * 2, 64, 64),
-                                  TensorMap(Pointer(X), dtype, 32 * 64, 3136, 3136 * 2, 64, 8, False))
-        with pytest.raises(ValueError, match="stream-K instance"):
-            tc.make_plan(problem, True, cfg.name, None, 90, True)
-    chosen = tc.make_plan(problem, True, None, None, 90)
-    assert chosen.config in tc.K_MAJOR_TAPS_CONFIGS and all(c.name in chosen.reason for c in tc.TMA_CONFIGS)
-    unshifted = _problem(8, 64, 64, 16, 1, dtype, layout="NCHW")
-    assert not set(tc.configs(unshifted, 90)) & set(tc.K_MAJOR_TAPS_CONFIGS)
-    for applies, case in ((True, _problem(8, 128, 64, 28, 5, dtype, padding=2, layout="NCHW")),
-                          (True, make_problem((4, 64, 20, 16), (64, 64, 1, 1), None, dtype, 1, (2, 0), 1, 1, "NCHW")),
-                          (False, _problem(8, 96, 64, 28, 3, dtype, padding=1, layout="NCHW")),   # panels across taps
-                          (False, _problem(8, 64, 64, 14, 3, dtype, padding=1, layout="NCHW")),   # rows of 392 bytes
-                          (False, _problem(8, 64, 64, 28, 3, dtype, layout="NCHW")),              # Wo 26 < W 28
-                          (False, _problem(8, 64, 64, 28, 3, dtype, stride=2, padding=1, layout="NCHW"))):
-        assert (set(tc.configs(case, 90)) >= set(tc.K_MAJOR_TAPS_CONFIGS)) == applies, case
 
 
 def test_tf32_nchw_choice_weighs_both_tma_families_with_the_copies():
