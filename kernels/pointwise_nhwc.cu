@@ -27,13 +27,6 @@
 // The planner (families/pointwise_nhwc.py) asks: C bytes a multiple of 16 and at most CB, K bytes a
 // multiple of 16, operands 16-byte aligned (the fronts copy those that are not). Channels past C
 // (to the 32 bytes of an instruction's k) are zero-filled in both operands.
-//
-// NCHW (16-bit types): the same GEMM per image, y[n][k][p] = sum_c w[k][c] x[n][c][p], on NCHW arrays in
-// place. A pixel tile is BM pixels of one image (an image's last tile zero-filled past its plane, whose
-// length the planner asks to be whole 16-byte pieces); x lands as C rows of the tile's BM pixels (BM
-// elements + 16 bytes, an odd number of 16-byte units), read as the A operand by ldmatrix.trans; the
-// outputs are staged as BN rows of BM pixels and stored (like the residual loaded) in 16-byte vectors of a
-// channel's pixels. The input scale is one value a row (a channel of the tile's image).
 #include "dtypes.cuh"
 #include "epilogue.cuh"
 #include "mma.cuh"
@@ -70,8 +63,7 @@ __host__ __device__ constexpr int pointwise_min_blocks(int min_blocks, int index
     return index_bytes == 8 && min_blocks > 2 ? 2 : min_blocks;
 }
 
-template <typename T, typename Index, int BM, int BN, int CB, int STAGES, int WARPS_M, int WARPS_N, int MIN_BLOCKS,
-          bool NCHW = false>
+template <typename T, typename Index, int BM, int BN, int CB, int STAGES, int WARPS_M, int WARPS_N, int MIN_BLOCKS>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, pointwise_min_blocks(MIN_BLOCKS, sizeof(Index)))
 pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
                int has_bias, const T* __restrict__ residual, int has_residual, int activation,
@@ -83,18 +75,13 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     constexpr int PIECES = CB / 16;                            // 16-byte pieces per row
     constexpr int EPP = 16 / sizeof(T);                        // elements per piece
     constexpr int INST_BYTES = mma_op<T>::k * sizeof(T);       // 32 bytes of k per instruction
-    constexpr int OUT_ROW = (NCHW ? BM : BN) * sizeof(T) + 16;  // staged output row (a pixel's; NCHW a channel's)
-    constexpr int OUT_ROWS = NCHW ? BN : BM;
-    constexpr int VECTORS = (NCHW ? BM : BN) * sizeof(T) / 16;  // 16-byte vectors per staged row
-    constexpr int X_ROW = NCHW ? BM * sizeof(T) + 16 : ROW;     // bytes per x row in shared memory (NCHW: a channel's)
-    constexpr int X_PIECES = NCHW ? BM * sizeof(T) / 16 : PIECES;
-    constexpr int X_STAGE = NCHW ? CB / sizeof(T) * X_ROW : BM * ROW;
-    static_assert(!NCHW || (sizeof(T) == 2 && NT % X_PIECES == 0 && (CB / sizeof(T)) % (NT / X_PIECES) == 0),
-                  "NCHW: 16-bit types (ldmatrix.trans), the loaders cover the tile");
+    constexpr int OUT_ROW = BN * sizeof(T) + 16;               // staged output row, bytes
+    constexpr int VECTORS = BN * sizeof(T) / 16;               // 16-byte vectors per staged row
+    constexpr int X_STAGE = BM * ROW;
     static_assert(CB % INST_BYTES == 0 && (CB / 16) % 2 == 0, "whole instructions of k; rows of odd 16-byte units");
     static_assert(NT % PIECES == 0 && BM % (NT / PIECES) == 0 && BN % (NT / PIECES) == 0,
                   "the loaders cover the tiles");
-    static_assert(NT % VECTORS == 0 && OUT_ROWS % (NT / VECTORS) == 0, "the stores cover the tile");
+    static_assert(NT % VECTORS == 0 && BM % (NT / VECTORS) == 0, "the stores cover the tile");
     static_assert(WM % 16 == 0 && WN % 16 == 0 && STAGES >= 2, "x4 ldmatrix for A and B; a stage to load ahead");
     constexpr int K_STEPS = CB / INST_BYTES;
     // (32 registers at most, two blocks per SM at most, 32-bit indices: more spilled beside the
@@ -104,13 +91,11 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char* w_smem = smem;                              // [BN][ROW]
     unsigned char* x_smem = smem + BN * ROW;                   // [STAGES][BM][ROW]
-    unsigned char* out_smem = x_smem + STAGES * X_STAGE;       // [OUT_ROWS][OUT_ROW]
+    unsigned char* out_smem = x_smem + STAGES * X_STAGE;       // [BM][OUT_ROW]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const Index M = static_cast<Index>(N) * H * W;
-    const Index plane = static_cast<Index>(H) * W;
-    const int image_tiles = static_cast<int>((plane + BM - 1) / BM);  // NCHW: tiles of one image each
-    const int tiles = NCHW ? N * image_tiles : static_cast<int>((M + BM - 1) / BM);
+    const int tiles = static_cast<int>((M + BM - 1) / BM);
     const int n0 = blockIdx.y * BN;
     const int c_pieces = C * static_cast<int>(sizeof(T)) / 16;  // pieces of x's and w's rows that hold channels
     const int k_steps = (C * static_cast<int>(sizeof(T)) + INST_BYTES - 1) / INST_BYTES;
@@ -120,28 +105,8 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 
     const int piece = tid % PIECES, row0 = tid / PIECES;
     constexpr int ROWS_PER_PASS = NT / PIECES;
-    // NCHW: tile t's image and first pixel.
-    auto image_of = [&](int i) { return static_cast<Index>(blockIdx.x + gridDim.x * i) / image_tiles; };
-    auto first_pixel = [&](int i) {
-        return (static_cast<Index>(blockIdx.x + gridDim.x * i) % image_tiles) * BM;
-    };
-    const int x_piece = tid % X_PIECES, x_row0 = tid / X_PIECES;  // NCHW: a channel row's piece of pixels
-    constexpr int X_ROWS_PER_PASS = NT / X_PIECES;
-    const int used_rows = k_steps * mma_op<T>::k;  // NCHW: x's rows (channels) the instructions read
     auto load_x = [&](int i) {
-        if constexpr (NCHW) {
-            if (i < count) {
-                const Index n = image_of(i), p = first_pixel(i) + x_piece * EPP;
-                unsigned char* dst = x_smem + (i % STAGES) * X_STAGE + x_row0 * X_ROW + x_piece * 16;
-#pragma unroll
-                for (int r = 0; r < CB / static_cast<int>(sizeof(T)) / X_ROWS_PER_PASS; ++r) {
-                    const int c = x_row0 + r * X_ROWS_PER_PASS;
-                    if (c >= used_rows) break;
-                    const bool ok = c < C && p < plane;
-                    cp_async<16>(dst + r * X_ROWS_PER_PASS * X_ROW, ok ? x + ((n * C + c) * plane + p) : x, ok);
-                }
-            }
-        } else if (i < count && piece < used_pieces) {
+        if (i < count && piece < used_pieces) {
             const Index m_first = static_cast<Index>(blockIdx.x + gridDim.x * i) * BM;
             unsigned char* dst = x_smem + (i % STAGES) * X_STAGE + row0 * ROW + piece * 16;
 #pragma unroll
@@ -155,6 +120,7 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     };
     // The input scale of this thread's channels (its piece) for image n: 16 bytes from L2, as a tile's
     // rows are of one or two images, loaded per image (the first row's while the tile's copies land).
+    const Index plane = static_cast<Index>(H) * W;
     auto scale_of = [&](Index n) {
         return *reinterpret_cast<const uint4*>(input_scale + (n * C + piece * EPP));
     };
@@ -166,22 +132,6 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // plane's end passed, the next image), not a division a row: this runs between the tile's landing
     // and the block's barrier, where every instruction delays the tile.
     auto scale_x = [&](int i, Index n, uint4 packed) {
-        if constexpr (NCHW) {  // one image a tile, one channel a row: the row's scale in each element
-            if (i >= count) return;
-            const Index image = image_of(i);
-            unsigned char* at = x_smem + (i % STAGES) * X_STAGE + x_row0 * X_ROW + x_piece * 16;
-#pragma unroll
-            for (int r = 0; r < CB / static_cast<int>(sizeof(T)) / X_ROWS_PER_PASS; ++r) {
-                const int c = x_row0 + r * X_ROWS_PER_PASS;
-                if (c >= C) break;
-                Pack<T, EPP> scale;
-#pragma unroll
-                for (int e = 0; e < EPP; ++e) scale.v[e] = input_scale[image * C + c];
-                uint4* piece_x = reinterpret_cast<uint4*>(at + r * X_ROWS_PER_PASS * X_ROW);
-                *piece_x = scaled_piece<T>(*piece_x, *reinterpret_cast<const uint4*>(&scale));
-            }
-            return;
-        }
         if (i >= count || piece >= c_pieces) return;
         const Index m_first = static_cast<Index>(blockIdx.x + gridDim.x * i) * BM;
         unsigned char* at = x_smem + (i % STAGES) * X_STAGE + row0 * ROW + piece * 16;
@@ -221,10 +171,7 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // ldmatrix rows: A (x4 = a0..a3) lanes 0-15 pixel rows 0-15 at k, 16-31 the same 16 bytes on; B (x4
     // = b0, b1 of two 8-channel tiles) lanes 0-7 channels 0-7 at k, 8-15 the same 16 bytes on, 16-31
     // channels 8-15 likewise.
-    // NCHW (.trans from x's rows of pixels): lanes 0-7 k rows 0-7 at pixel 0, 8-15 the same rows 8 pixels on,
-    // 16-31 k rows 8-15 likewise (a0: pixels 0-7 x k 0-7, a1: pixels 8-15, a2 and a3: k 8-15).
-    const int a_lane = NCHW ? ((lane & 7) + ((lane >> 4) << 3)) * X_ROW + (wm + ((lane >> 3) & 1) * 8) * sizeof(T)
-                            : (wm + (lane & 15)) * ROW + (lane >> 4) * 16;
+    const int a_lane = (wm + (lane & 15)) * ROW + (lane >> 4) * 16;
     const int b_lane = (wn + (lane & 7) + ((lane >> 4) << 3)) * ROW + ((lane >> 3) & 1) * 16;
     float b[NTILES][2];                                        // this thread's columns' bias
 #pragma unroll
@@ -257,27 +204,18 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     }
     const int v_col = tid % VECTORS, v_row0 = tid / VECTORS;
     constexpr int V_ROWS_PER_PASS = NT / VECTORS;
-    const bool v_ok = NCHW || n0 + v_col * EPP < K;
-    // Where staged vector (row, v_col) of tile i lives in y (and the residual), or -1 outside it: NHWC pixel m0 +
-    // row's channels n0 + v_col EPP ..; NCHW channel n0 + row's pixels p0 + v_col EPP .. of the tile's image.
-    auto vector_at = [&](int i, int row) -> Index {
-        if constexpr (NCHW) {
-            const Index p = first_pixel(i) + v_col * EPP;
-            return n0 + row < K && p < plane ? (image_of(i) * K + n0 + row) * plane + p : Index(-1);
-        } else {
-            const Index m = static_cast<Index>(blockIdx.x + gridDim.x * i) * BM + row;
-            return v_ok && m < M ? m * K + n0 + v_col * EPP : Index(-1);
-        }
-    };
+    const bool v_ok = n0 + v_col * EPP < K;
     // The residual of tile i, copied into the staged output's rows (where the tile's outputs go) in
     // 16-byte vectors while the tile multiplies: read element by element after the multiply, its
     // latency was exposed (2-3x its bytes' time). Its own group, after the previous tile's stores.
     auto load_residual = [&](int i) {
+        const Index m0 = static_cast<Index>(blockIdx.x + gridDim.x * i) * BM;
 #pragma unroll
-        for (int r = 0; r < OUT_ROWS / V_ROWS_PER_PASS; ++r) {
+        for (int r = 0; r < BM / V_ROWS_PER_PASS; ++r) {
             const int row = v_row0 + r * V_ROWS_PER_PASS;
-            const Index at = vector_at(i, row);
-            cp_async<16>(out_smem + row * OUT_ROW + v_col * 16, at >= 0 ? residual + at : residual, at >= 0);
+            const bool ok = v_ok && m0 + row < M;
+            cp_async<16>(out_smem + row * OUT_ROW + v_col * 16,
+                         ok ? residual + ((m0 + row) * K + n0 + v_col * EPP) : residual, ok);
         }
         cp_async_commit();
     };
@@ -289,7 +227,7 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         for (int i = 0; i < count; ++i) {
             Index n_first = 0;
             uint4 first_scale{};
-            if (!NCHW && has_input_scale && piece < c_pieces && first_image(i) < N) {
+            if (has_input_scale && piece < c_pieces && first_image(i) < N) {
                 n_first = first_image(i);
                 first_scale = scale_of(n_first);
             }
@@ -298,9 +236,7 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             __syncthreads();              // ... everyone's; tile i - 1's buffer and staged outputs are free
             if (has_residual) load_residual(i);
             load_x(i + STAGES - 1);
-            // NHWC: the tile's first pixel m0 over all images; NCHW: its first pixel m0 in its image.
-            const Index m0 = NCHW ? first_pixel(i) : static_cast<Index>(blockIdx.x + gridDim.x * i) * BM;
-            const Index m_end = NCHW ? plane : M;
+            const Index m0 = static_cast<Index>(blockIdx.x + gridDim.x * i) * BM;
             const unsigned char* a_buf = x_smem + (i % STAGES) * X_STAGE + a_lane;
             float acc[MT][NTILES][4];
             zero_accumulators(acc);
@@ -310,10 +246,7 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 unsigned a[MT][4], bf[NTILES][2];
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    if constexpr (NCHW)  // 16 pixels on per instruction tile, 16 k rows per instruction
-                        ldmatrix_x4<true>(a[mt], a_buf + mt * 16 * sizeof(T) + kk * mma_op<T>::k * X_ROW);
-                    else
-                        ldmatrix_x4(a[mt], a_buf + mt * 16 * ROW + kk * INST_BYTES);
+                    ldmatrix_x4(a[mt], a_buf + mt * 16 * ROW + kk * INST_BYTES);
                     if constexpr (sizeof(T) == 4) {
 #pragma unroll
                         for (int e = 0; e < 4; ++e) a[mt][e] = to_tf32(__uint_as_float(a[mt][e]));
@@ -334,8 +267,8 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 cp_async_wait<1>();  // the residual landed (tile i + STAGES - 1's copies may not have) ...
                 __syncthreads();     // ... everyone's
             }
-            // The epilogue in registers; pairs of adjacent channels staged as one 2-element store (NCHW: each
-            // in its channel's row), over the residual the same thread read there.
+            // The epilogue in registers; pairs of adjacent channels staged as one 2-element store, over
+            // the residual the same thread read there.
             using Pair = Pack<T, 2>;
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -344,29 +277,19 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int row = wm + mt * 16 + quad + h * 8, col = wn + nt * 8 + 2 * tq;
-                        const bool ok = m0 + row < m_end && n0 + col < K;  // K is even: both channels or neither
-                        if constexpr (NCHW) {
-#pragma unroll
-                            for (int j = 0; j < 2; ++j) {
-                                const int at = (col + j) * OUT_ELEMENTS + row;
-                                reinterpret_cast<T*>(out_smem)[at] = ok ? finish(acc[mt][nt][2 * h + j] + b[nt][j], at)
-                                                                        : T{};
-                            }
-                        } else {
-                            const int at = row * OUT_ELEMENTS + col;
-                            Pair p;
-                            p.v[0] = ok ? finish(acc[mt][nt][2 * h] + b[nt][0], at) : T{};
-                            p.v[1] = ok ? finish(acc[mt][nt][2 * h + 1] + b[nt][1], at + 1) : T{};
-                            *reinterpret_cast<Pair*>(out_smem + row * OUT_ROW + col * sizeof(T)) = p;
-                        }
+                        const int at = row * OUT_ELEMENTS + col;
+                        const bool ok = m0 + row < M && n0 + col < K;  // K is even: both channels or neither
+                        Pair p;
+                        p.v[0] = ok ? finish(acc[mt][nt][2 * h] + b[nt][0], at) : T{};
+                        p.v[1] = ok ? finish(acc[mt][nt][2 * h + 1] + b[nt][1], at + 1) : T{};
+                        *reinterpret_cast<Pair*>(out_smem + row * OUT_ROW + col * sizeof(T)) = p;
                     }
             __syncthreads();
 #pragma unroll
-            for (int r = 0; r < OUT_ROWS / V_ROWS_PER_PASS; ++r) {
+            for (int r = 0; r < BM / V_ROWS_PER_PASS; ++r) {
                 const int row = v_row0 + r * V_ROWS_PER_PASS;
                 const uint4 v = *reinterpret_cast<const uint4*>(out_smem + row * OUT_ROW + v_col * 16);
-                const Index at = vector_at(i, row);
-                if (at >= 0) *reinterpret_cast<uint4*>(y + at) = v;
+                if (v_ok && m0 + row < M) *reinterpret_cast<uint4*>(y + ((m0 + row) * K + n0 + v_col * EPP)) = v;
             }
         }
     });

@@ -1,9 +1,8 @@
 """The streaming 1x1 kernel (pointwise_nhwc) against torch in float64, on the GPU: every tile of every
 dtype, forced, on channel counts that fill and that do not fill its widest instruction, pixel counts
 that leave a partial last tile and blocks with one, several or no pixel tiles, output channels past
-one channel tile; the same in 16 bits on NCHW arrays (tiles of one image each, an image's last one
-partial); the fused epilogue; float32 rounded to TF32 as the other kernels round it; and the planner's
-choice. Outputs are poisoned with NaN before each launch."""
+one channel tile; the fused epilogue; float32 rounded to TF32 as the other kernels round it; and the
+planner's choice. Outputs are poisoned with NaN before each launch."""
 import dataclasses
 
 import pytest
@@ -34,53 +33,38 @@ CASES = [
     Case(5, 32, 136, 50, 41, 1, 1),           # many pixel tiles a block
     Case(2, 320, 64, 9, 7, 1, 1),             # 640 bytes of 16-bit channels: the widest tile; float32 refused
 ]
-#: NCHW: planes of whole 16-byte pieces (8 pixels in 16 bits).
-NCHW_CASES = [
-    Case(2, 64, 256, 28, 28, 1, 1),           # 784 pixels: 13 tiles an image, the last of 16 pixels
-    Case(3, 24, 40, 6, 4, 1, 1),              # 24 pixels: one partial tile an image; half an instruction of k
-    Case(1, 8, 8, 4, 2, 1, 1),                # 8 pixels, one piece of channels; most blocks get no tile
-    Case(4, 144, 24, 16, 9, 1, 1),            # 144 pixels; MobileNetV2's 144 -> 24 channels
-    Case(2, 96, 200, 8, 17, 1, 1, bias=False),  # K 200: a partial channel tile
-    Case(5, 32, 136, 40, 32, 1, 1),           # many tiles a block
-    Case(2, 320, 64, 8, 7, 1, 1),             # 640 bytes of channels
-]
 
 
 def _fits(case: Case, dtype: str, cfg) -> bool:
     return case.c * (4 if dtype == "float32" else 2) <= cfg.channel_bytes
 
 
-def _problem(case: Case, dtype: str, activation=None, residual=False, layout="NHWC"):
-    x_shape = (case.n, case.h, case.w, case.c) if layout == "NHWC" else (case.n, case.c, case.h, case.w)
-    out_shape = (case.n, case.h, case.w, case.k) if layout == "NHWC" else (case.n, case.k, case.h, case.w)
-    return make_problem(x_shape, (case.k, case.c, 1, 1), (case.k,) if case.bias else None, dtype, 1, 0, 1, 1,
-                        layout=layout, activation=activation, residual_shape=out_shape if residual else None)
+def _problem(case: Case, dtype: str, activation=None, residual=False):
+    return make_problem((case.n, case.h, case.w, case.c), (case.k, case.c, 1, 1), (case.k,) if case.bias else None,
+                        dtype, 1, 0, 1, 1, layout="NHWC", activation=activation,
+                        residual_shape=(case.n, case.h, case.w, case.k) if residual else None)
 
 
-def _run(case: Case, name: str, config=None, seed=0, activation=None, residual=None, in_place=False, layout="NHWC"):
-    """The kernel, forced, on fresh random inputs in ``layout``; returns (output NCHW view, x, weight, bias).
-    ``residual``: NCHW-shaped. With ``in_place`` the output starts as a copy of ``residual`` and is passed as
-    the residual."""
+def _run(case: Case, name: str, config=None, seed=0, activation=None, residual=None, in_place=False):
+    """The kernel, forced, on fresh random NHWC inputs; returns (output NCHW view, x, weight, bias). With
+    ``in_place`` the output starts as a copy of ``residual`` and is passed as the residual."""
     dtype, torch_dtype = DTYPES[name]
     g = torch.Generator(device="cuda").manual_seed(seed)
     make = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.float64, generator=g).to(torch_dtype)
     x, weight, bias = make(case.n, case.c, case.h, case.w), make(case.k, case.c, 1, 1), make(case.k)
     bias = bias if case.bias else None
-    problem = _problem(case, dtype, activation, residual is not None, layout)
+    problem = _problem(case, dtype, activation, residual is not None)
     plan = make_plan(problem, config=config, kernel=POINTWISE_KERNEL, compute_capability=compute_capability())
     assert plan.kernel == POINTWISE_KERNEL
-    arranged = (lambda t: t.permute(0, 2, 3, 1)) if layout == "NHWC" else (lambda t: t)
-    out = arranged(torch.full((case.n, case.k, case.h, case.w), float("nan"), device="cuda", dtype=torch_dtype))
-    out = out.contiguous()
+    out = torch.full((case.n, case.h, case.w, case.k), float("nan"), device="cuda", dtype=torch_dtype)
     as_cupy = lambda t: None if t is None else cupy.asarray(t.contiguous())
     if in_place:
-        out.copy_(arranged(residual))
+        out.copy_(residual)
     out_array = as_cupy(out)
-    conv2d_cupy(as_cupy(arranged(x)), as_cupy(weight), as_cupy(bias), problem, out_array, plan=plan,
-                allow_tf32=True,
-                residual=out_array if in_place else None if residual is None else as_cupy(arranged(residual)))
+    conv2d_cupy(as_cupy(x.permute(0, 2, 3, 1)), as_cupy(weight), as_cupy(bias), problem, out_array, plan=plan,
+                allow_tf32=True, residual=out_array if in_place else as_cupy(residual))
     torch.cuda.synchronize()
-    return (out.permute(0, 3, 1, 2) if layout == "NHWC" else out), x, weight, bias
+    return out.permute(0, 3, 1, 2), x, weight, bias
 
 
 def _reference(x, weight, bias):
@@ -112,31 +96,10 @@ def test_every_tile(case, config_index, name, residual):
         assert relative_error(out, _reference(x, weight, bias)) < TOLERANCE[name]
         return
     g = torch.Generator(device="cuda").manual_seed(100 + config_index)
-    added = torch.randn(case.n, case.k, case.h, case.w, device="cuda", generator=g).to(DTYPES[name][1])
+    added = torch.randn(case.n, case.h, case.w, case.k, device="cuda", generator=g).to(DTYPES[name][1])
     out, x, weight, bias = _run(case, name, cfg.name, seed=config_index, activation="silu", residual=added)
     assert not out.isnan().any()
-    ref = F.silu(_reference(x, weight, bias) + added.double())
-    assert relative_error(out, ref) < TOLERANCE[name]
-
-
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-@pytest.mark.parametrize("name", ["float16", "bfloat16"])
-@pytest.mark.parametrize("config_index", range(len(POINTWISE_CONFIGS["float16"])))
-@pytest.mark.parametrize("case", NCHW_CASES, ids=lambda c: c.id)
-def test_every_tile_on_nchw_arrays(case, config_index, name, residual):
-    """Every 16-bit tile on NCHW arrays in place (pixel tiles of one image, x read by ldmatrix.trans, the output
-    and the residual in 16-byte runs of a channel's pixels); with a residual and an activation, or plain."""
-    cfg = POINTWISE_CONFIGS["float16"][config_index]
-    if not _fits(case, "float16", cfg):
-        return
-    g = torch.Generator(device="cuda").manual_seed(200 + config_index)
-    added = torch.randn(case.n, case.k, case.h, case.w, device="cuda", generator=g).to(DTYPES[name][1]) \
-        if residual else None
-    out, x, weight, bias = _run(case, name, cfg.name, seed=config_index, activation="silu" if residual else None,
-                                residual=added, layout="NCHW")
-    assert not out.isnan().any()
-    ref = _reference(x, weight, bias)
-    ref = F.silu(ref + added.double()) if residual else ref
+    ref = F.silu(_reference(x, weight, bias) + added.double().permute(0, 3, 1, 2))
     assert relative_error(out, ref) < TOLERANCE[name]
 
 
@@ -149,12 +112,10 @@ def test_residual_in_place(case, config_index):
     if not _fits(case, "float16", cfg):
         return
     g = torch.Generator(device="cuda").manual_seed(11)
-    added = torch.randn(case.n, case.k, case.h, case.w, device="cuda", generator=g).half()
-    for layout in ("NHWC", "NCHW"):
-        out, x, weight, bias = _run(case, "float16", cfg.name, seed=3, activation="relu", residual=added,
-                                    in_place=True, layout=layout)
-        ref = F.relu(_reference(x, weight, bias) + added.double())
-        assert relative_error(out, ref) < TOLERANCE["float16"], layout
+    added = torch.randn(case.n, case.h, case.w, case.k, device="cuda", generator=g).half()
+    out, x, weight, bias = _run(case, "float16", cfg.name, seed=3, activation="relu", residual=added, in_place=True)
+    ref = F.relu(_reference(x, weight, bias) + added.double().permute(0, 3, 1, 2))
+    assert relative_error(out, ref) < TOLERANCE["float16"]
 
 
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: c.id)
@@ -172,10 +133,10 @@ def test_epilogue_with_residual(activation, name):
     case = Case(4, 48, 40, 19, 17, 1, 1)
     dtype, torch_dtype = DTYPES[name]
     g = torch.Generator(device="cuda").manual_seed(7)
-    residual = torch.randn(case.n, case.k, case.h, case.w, device="cuda", generator=g).to(torch_dtype)
+    residual = torch.randn(case.n, case.h, case.w, case.k, device="cuda", generator=g).to(torch_dtype)
     out, x, weight, bias = _run(case, name, activation=activation, residual=residual)
     act = {"relu": F.relu, "silu": F.silu}[activation]
-    ref = act(_reference(x, weight, bias) + residual.double())
+    ref = act(_reference(x, weight, bias) + residual.double().permute(0, 3, 1, 2))
     assert relative_error(out, ref) < TOLERANCE[name]
 
 
@@ -196,16 +157,13 @@ def test_64_bit_indices():
 
 
 def test_planner_chooses_it_for_channels_last_1x1():
-    """A 16-bit 1x1 layer of few channels takes it by default, NHWC or NCHW (planes of whole 16-byte pieces);
-    TF32 NCHW, NCHW planes of 196 pixels, strided and compute-bound ones (ResNet-50's 256 -> 1024) do not."""
+    """A 16-bit NHWC 1x1 layer of few channels takes it by default; NCHW, strided and compute-bound ones
+    (ResNet-50's 256 -> 1024) do not."""
     case = CASES[0]
     assert make_plan(_problem(case, "float16"), compute_capability=compute_capability()).kernel == POINTWISE_KERNEL
     wide = make_problem((2, 14, 14, 256), (1024, 256, 1, 1), None, "float16", 1, 0, 1, 1, layout="NHWC")
     assert make_plan(wide, compute_capability=compute_capability()).kernel != POINTWISE_KERNEL
     nchw = make_problem((2, 64, 28, 28), (256, 64, 1, 1), None, "float16", 1, 0, 1, 1)
-    assert make_plan(nchw, compute_capability=compute_capability()).kernel == POINTWISE_KERNEL
-    for refused in (make_problem((2, 64, 28, 28), (256, 64, 1, 1), None, "float32", 1, 0, 1, 1),
-                    make_problem((2, 64, 14, 14), (256, 64, 1, 1), None, "float16", 1, 0, 1, 1)):
-        assert make_plan(refused, allow_tf32=True, compute_capability=compute_capability()).kernel != POINTWISE_KERNEL
+    assert make_plan(nchw, compute_capability=compute_capability()).kernel != POINTWISE_KERNEL
     strided = make_problem((2, 28, 28, 64), (256, 64, 1, 1), None, "float16", 2, 0, 1, 1, layout="NHWC")
     assert make_plan(strided, compute_capability=compute_capability()).kernel != POINTWISE_KERNEL

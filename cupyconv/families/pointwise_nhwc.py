@@ -1,8 +1,7 @@
 """1x1 convolutions of channels-last tensors of few input channels (kernels/pointwise_nhwc.cu): a
 GEMM whose whole reduction fits one shared-memory stage, streamed over the pixels by persistent
 blocks that keep their channels of the weight for the whole launch and load the next pixel tiles
-while they multiply and store this one. Float16, bfloat16, and float32 as TF32; in 16 bits NCHW
-arrays too (the same GEMM per image on channel rows of pixels, planes of whole 16-byte pieces).
+while they multiply and store this one. Float16, bfloat16, and float32 as TF32.
 
 Such layers (ResNet-50's 64 -> 256 and 64 -> 64, MobileNetV2's projections) are memory-bound: their
 time is reading x and writing y. The channels-last GEMM (implicit_gemm_nhwc) runs them as one or two
@@ -20,9 +19,9 @@ from .common import (BLOCK_RESERVED_SHARED_BYTES, CTYPES, H100_SMS, INDEX_TYPES,
                      epilogue_args, forced_config, grid_refusal, index_type)
 
 KERNEL = "pointwise_nhwc"
-#: NHWC arrays, and NCHW ones in 16 bits (refusal says which); a 1x1 weight is the same memory in either
-#: weight layout.
-LAYOUTS = ("NHWC", "NCHW")
+#: NHWC arrays alone (an NCHW 1x1 layer takes implicit_gemm_nhwc, which reads it in place); a 1x1
+#: weight is the same memory in either weight layout.
+LAYOUTS = ("NHWC",)
 WEIGHT_LAYOUTS = ("KCHW", "KHWC")
 DTYPES = ("float16", "bfloat16", "float32")
 #: The input scale (cupyconv/input_scale.py) is applied to each pixel tile in shared memory.
@@ -48,15 +47,11 @@ class PointwiseConfig:
     def threads(self) -> int:
         return 32 * self.warps_m * self.warps_n
 
-    def shared_bytes(self, dtype: str, layout: str = "NHWC") -> int:
+    def shared_bytes(self, dtype: str) -> int:
         """The weight's rows [bn] and ``stages`` pixel tiles [bm], each of channel_bytes + 16 bytes, and
-        the staged output [bm][bn elements + 16 bytes] (the kernel's layout); NCHW: the weight's rows, and
-        ``stages`` tiles of channel_bytes / item channel rows and the staged output's bn channel rows, each of
-        bm elements + 16 bytes."""
-        row, item = self.channel_bytes + 16, STORAGE_BYTES[dtype]
-        if layout == "NCHW":
-            return self.bn * row + (self.stages * self.channel_bytes // item + self.bn) * (self.bm * item + 16)
-        return (self.bn + self.stages * self.bm) * row + self.bm * (self.bn * item + 16)
+        the staged output [bm][bn elements + 16 bytes] (the kernel's layout)."""
+        row = self.channel_bytes + 16
+        return (self.bn + self.stages * self.bm) * row + self.bm * (self.bn * STORAGE_BYTES[dtype] + 16)
 
 
 #: Tiles per dtype, by the input channels' bytes they hold and then by output channels: _config takes,
@@ -123,16 +118,14 @@ WGMMA_MIN_PIXELS = 16384
 
 
 def refusal(problem: ConvProblem) -> str:
-    """Why this kernel cannot run ``problem`` ("" when it can): not 16-bit or float32 (NCHW: not 16-bit,
-    or planes not whole 16-byte pieces), not a 1x1 stride-1 unpadded convolution of one group, input
-    channels past its widest tile or output channels not whole 16-byte vectors."""
+    """Why this kernel cannot run ``problem`` ("" when it can): not NHWC, not 16-bit or float32, not
+    a 1x1 stride-1 unpadded convolution of one group, input channels past its widest tile or output
+    channels not whole 16-byte vectors."""
     p = problem
+    if p.layout != "NHWC":
+        return f"it computes NHWC arrays only (layout {p.layout})"
     if p.dtype not in DTYPES:
         return f"it runs {DTYPES} on the tensor cores, not {p.dtype}"
-    if p.layout == "NCHW" and STORAGE_BYTES[p.dtype] != 2:
-        return f"it computes NCHW arrays in 16-bit types only (ldmatrix.trans), not {p.dtype}"
-    if p.layout == "NCHW" and p.h * p.w * STORAGE_BYTES[p.dtype] % 16:
-        return f"NCHW planes of {p.h}x{p.w} {p.dtype} are not whole 16-byte pieces"
     if (p.kh, p.kw, p.stride, p.pad_top, p.pad_left, p.pad_bottom, p.pad_right, p.groups) != \
             (1, 1, (1, 1), 0, 0, 0, 0, 1):
         return (f"it runs 1x1, stride-1, unpadded convolutions of one group; got {p.kh}x{p.kw}, stride {p.stride}, "
@@ -175,29 +168,22 @@ def _config(problem: ConvProblem) -> PointwiseConfig:
     return next(c for c in holding if c.bn == bn)
 
 
-def blocks_per_sm(cfg: PointwiseConfig, dtype: str, index: str = "int", layout: str = "NHWC") -> int:
+def blocks_per_sm(cfg: PointwiseConfig, dtype: str, index: str = "int") -> int:
     """Blocks resident per SM: the launch bounds' ask (at most two with 64-bit indices: the kernel's
     pointwise_min_blocks), as far as shared memory holds them."""
     asked = min(cfg.min_blocks, 2) if index == "long long" else cfg.min_blocks
-    by_shared = SM_SHARED_BYTES // (cfg.shared_bytes(dtype, layout) + BLOCK_RESERVED_SHARED_BYTES)
+    by_shared = SM_SHARED_BYTES // (cfg.shared_bytes(dtype) + BLOCK_RESERVED_SHARED_BYTES)
     return max(1, min(asked, by_shared))
 
 
 def _grid(problem: ConvProblem, cfg: PointwiseConfig, index: str = "int") -> tuple[int, int, int]:
     """(persistent blocks per channel tile, channel tiles, 1): as many blocks as are resident on H100_SMS
     SMs, shared by the channel tiles, each taking an equal number of pixel tiles (within one)."""
-    tiles_m = _pixel_tiles(problem, cfg)
+    tiles_m = math.ceil(problem.n * problem.h * problem.w / cfg.bm)
     tiles_n = math.ceil(problem.k / cfg.bn)
-    resident = max(1, H100_SMS * blocks_per_sm(cfg, problem.dtype, index, problem.layout) // tiles_n)
+    resident = max(1, H100_SMS * blocks_per_sm(cfg, problem.dtype, index) // tiles_n)
     per_block = math.ceil(tiles_m / resident) if tiles_m else 1
     return (max(1, math.ceil(tiles_m / per_block)) if tiles_m else 1, tiles_n, 1)
-
-
-def _pixel_tiles(problem: ConvProblem, cfg: PointwiseConfig) -> int:
-    """Tiles of bm pixels: over all images (NHWC), or of one image each (NCHW)."""
-    if problem.layout == "NCHW":
-        return problem.n * math.ceil(problem.h * problem.w / cfg.bm)
-    return math.ceil(problem.n * problem.h * problem.w / cfg.bm)
 
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
@@ -218,19 +204,17 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
         why += f", {problem.k} output channels on its {cfg.bn}-channel tile"
     index = index_type(problem)
     grid = _grid(problem, cfg, index)
-    tiles_m = _pixel_tiles(problem, cfg)
+    tiles_m = math.ceil(problem.n * problem.h * problem.w / cfg.bm)
     why += f"; {grid[0] * grid[1]} persistent blocks over {tiles_m} pixel tiles x {grid[1]} channel tiles"
     return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index, config=cfg, grid=grid,
-                      block=(cfg.threads, 1, 1), shared_bytes=cfg.shared_bytes(problem.dtype, problem.layout),
-                      reason=f"{reason}; {why}" if reason else why, layout=problem.layout,
-                      weight_layout=problem.weight_layout)
+                      block=(cfg.threads, 1, 1), shared_bytes=cfg.shared_bytes(problem.dtype),
+                      reason=f"{reason}; {why}" if reason else why)
 
 
 def describe(plan: LaunchPlan) -> str:
     """The printed plan: tile, warps, launch shape and why."""
     c = plan.config
     rounding = "; float32 rounded to TF32 in its fragments" if plan.dtype == "float32" else ""
-    rounding += "; NCHW: each image's channel rows of pixels" if plan.layout == "NCHW" else ""
     return (f"{plan.kernel} [{c.name}: {c.bm} pixels x {c.bn} channels, input channels of up to {c.channel_bytes} "
             f"bytes in one stage, {c.stages} stages, {c.warps_m}x{c.warps_n} warps, mma.sync]\n"
             f"  {plan.dtype}, {plan.index_type} indices; x, the weight and the output read and written in place"
@@ -239,21 +223,20 @@ def describe(plan: LaunchPlan) -> str:
             f"  why: {plan.reason}")
 
 
-def specialisation(dtype: str, index: str, cfg: PointwiseConfig, layout: str = "NHWC") -> str:
-    """The C++ template instance of ``cfg`` for ``dtype``, ``index`` and ``layout``."""
+def specialisation(dtype: str, index: str, cfg: PointwiseConfig) -> str:
+    """The C++ template instance of ``cfg`` for ``dtype`` and ``index``."""
     return (f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{cfg.bm},{cfg.bn},{cfg.channel_bytes},{cfg.stages},"
-            f"{cfg.warps_m},{cfg.warps_n},{cfg.min_blocks}{',true' if layout == 'NCHW' else ''}>")
+            f"{cfg.warps_m},{cfg.warps_n},{cfg.min_blocks}>")
 
 
 def name_expression(plan: LaunchPlan) -> str:
-    return specialisation(plan.dtype, plan.index_type, plan.config, plan.layout)
+    return specialisation(plan.dtype, plan.index_type, plan.config)
 
 
 def specialisations() -> list[str]:
-    """Every tile of every dtype, with 32- and 64-bit indices, and in 16 bits on NCHW arrays too."""
-    return [specialisation(dtype, index, cfg, layout) for dtype in DTYPES for index in INDEX_TYPES
-            for cfg in POINTWISE_CONFIGS[dtype]
-            for layout in (("NHWC", "NCHW") if STORAGE_BYTES[dtype] == 2 else ("NHWC",))]
+    """Every tile of every dtype, with 32- and 64-bit indices."""
+    return [specialisation(dtype, index, cfg) for dtype in DTYPES for index in INDEX_TYPES
+            for cfg in POINTWISE_CONFIGS[dtype]]
 
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
