@@ -90,6 +90,7 @@ WALK_RULE = {
     ("bfloat16", 3, 2): "dw_nhwc_v8_row2_down2",
     ("bfloat16", 5, 2): "dw_nhwc_v8_row2_down2",
 }
+WALK_BY_NAME = {c.name: c for c in WALK_CONFIGS}
 CONFIG_NAMES = frozenset(c.name for c in (*NHWC_DEPTHWISE_CONFIGS, *RUN_CONFIGS, *WALK_CONFIGS))
 
 
@@ -159,9 +160,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
         cfg = next(c for c in NHWC_DEPTHWISE_CONFIGS if (_fits(c, problem) and c.pixels in (1, _row_pixels(problem)))
                    or c.vec_bytes == STORAGE_BYTES[problem.dtype])
         runs = RUN_CONFIG.get(problem.dtype)
-        walk = WALK_RULE.get((problem.dtype, problem.kw, problem.stride[1]))
-        walk = next((c for c in WALK_CONFIGS if c.name == walk and _fits(c, problem)), None)
-        if walk is not None:
+        walk = WALK_BY_NAME.get(WALK_RULE.get((problem.dtype, problem.kw, problem.stride[1])))
+        if walk is not None and _fits(walk, problem):
             cfg = walk
         elif cfg.pixels == 1 and problem.kw > 1 and runs and _fits(runs, problem):
             cfg = runs
