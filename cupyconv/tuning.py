@@ -251,6 +251,8 @@ def _pingpong_split_choices(problem: ConvProblem, sm_count: int):
         return
     for name in (implicit_gemm_nhwc.PINGPONG_SMALL_CONFIG, implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG,
                  implicit_gemm_nhwc.PINGPONG_CONFIG):
+        if name not in configs:  # float32's are the 128-pixel tiles alone
+            continue
         cfg = configs[name]
         tiles = math.prod(gemm_grid(problem, cfg))
         k_tiles = implicit_gemm_nhwc.reduction_tiles(problem, cfg, problem.c)

@@ -986,7 +986,7 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
 }
 #endif
 
-// PINGPONG (implicit_gemm_nhwc_pingpong; 16-bit layers of one group, NHWC in and out; x read as the matrix
+// PINGPONG (implicit_gemm_nhwc_pingpong; 16-bit or TF32 layers of one group, NHWC in and out; x read as the matrix
 // [N H W][C] for 1x1, stride-1, unpadded layers (x_is_matrix), elsewhere by the im2col map in whole k tiles of
 // one tap): the GEMM y [M][K] = x [M][kh kw C] w [K][kh kw C]^T on persistent blocks (gridDim.x, at most one per
 // SM) of a producer warpgroup and two consumer warpgroups. Block b's tiles are b, b + gridDim.x, .. (channel tiles
@@ -1000,13 +1000,19 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
 // MMAs once the other has waited for all of its own tile's copies (named barriers 1 and 2), so that no
 // consumer waits on a stage whose previous fill has not landed (a full barrier a phase behind its waiter
 // reads as complete: parities alternate). Each consumer stages its tile's outputs in its own shared
-// memory ([BM][BN + 8] 16-bit values: a warp's 8 rows x 4 column pairs hit 32 banks; RESIDUAL: float sums
-// of 64 rows at a time), rounded once after bias, residual and activation, and stores them as 16-byte
-// vectors along rows (K % 8 == 0). 32-bit indices. RESIDUAL: calls with a residual (has_residual), whose
-// epilogue is an instance of its own (one body with both spilled registers). SPLIT_K (layers of too few
-// tiles for two a block): the block's work items are (run, tile) pairs, runs outermost, run r taking k tiles
-// [r ceil(k_tiles / splits), ..) of its tile, its float32 sums written from the fragments, without bias, to
-// y + r split_elements ([M][K]; kernels/split_k_reduce.cu adds the runs in order: the same bits every run).
+// memory ([BM][BN + 8] 16-bit values: a warp's 8 rows x 4 column pairs hit 32 banks; RESIDUAL and float32:
+// float sums of 64 rows at a time), rounded once after bias, residual and activation, and stores them as 16-
+// or 32-byte vectors of 8 channels along rows (K % 8 == 0). 32-bit indices. float32 (TF32; BM 128): x, read in
+// place, is rounded to TF32 on its way to the tensor cores as the producer tiles round it: each warp's A rows
+// loaded from the stage into registers (ldmatrix), rounded, and multiplied from there (wgmma's A in
+// registers), a k tile's instructions in two groups, each group's registers loaded while the other group's
+// MMAs run; the weight comes rounded (the prepared weight). From registers the MMAs ran 1.2x longer than
+// from shared memory on 3x3 layers (H200; rounding in the ring by the producer's idle warps instead was 1.6x
+// slower still: benchmarks/NOTES.md). RESIDUAL: calls with a residual (has_residual), whose epilogue is an
+// instance of its own (one body with both spilled registers). SPLIT_K (layers of too few tiles for two a
+// block): the block's work items are (run, tile) pairs, runs outermost, run r taking k tiles [r ceil(k_tiles
+// / splits), ..) of its tile, its float32 sums written from the fragments, without bias, to y + r split_elements
+// ([M][K]; kernels/split_k_reduce.cu adds the runs in order: the same bits every run).
 // CLUSTER > 1 (implicit_gemm_nhwc_pingpong_cluster): split-K without the workspace and the reduction's launch.
 // The grid is tiles x CLUSTER blocks, one work item each, in clusters of CLUSTER: block rank r of a cluster
 // takes run r of the cluster's tile and stages its float32 sums of rows [q BM / CLUSTER, ..) in its own shared
@@ -1023,7 +1029,8 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                int activation, int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
                const TensorMap& weight_map, const TensorMap& x_map, int x_is_matrix) {
-    static_assert(sizeof(T) == 2 && BM % 64 == 0 && (BN == 64 || BN == 128), "16-bit; 64-row wgmma halves");
+    static_assert((sizeof(T) == 2 || BM == 128) && BM % 64 == 0 && (BN == 64 || BN == 128),
+                  "16 bits, or float32 on 128 rows (a consumer's staging holds 64 rows of float sums); 64-row halves");
     static_assert(!(SPLIT_K && RESIDUAL), "split runs' sums are finished by the reduction");
     constexpr bool CLUSTER_SUMS = CLUSTER > 1;
     static_assert(!(CLUSTER_SUMS && (SPLIT_K || RESIDUAL)) && BM % (8 * CLUSTER) == 0,
@@ -1036,8 +1043,9 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
     unsigned char* a_smem = smem;
     unsigned char* b_smem = smem + STAGES * A_STAGE;
-    T* staging = reinterpret_cast<T*>(b_smem + STAGES * B_STAGE);                    // [2][BM][H_STRIDE]
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(staging + 2 * BM * H_STRIDE);
+    constexpr int STAGING_BYTES = BM * H_STRIDE * 2;  // a consumer's: [BM][H_STRIDE] 16-bit values (64 floats' rows)
+    unsigned char* staging = b_smem + STAGES * B_STAGE;                             // [2][STAGING_BYTES]
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(staging + 2 * STAGING_BYTES);
     unsigned long long* empty = full + STAGES;
     unsigned long long* ready = empty + STAGES;  // CLUSTER_SUMS: every run's sums of this block's rows here
 
@@ -1111,8 +1119,10 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int consumer = warpgroup - 1, ctid = tid & 127, warp = ctid >> 5, lane = tid & 31;
-    T* out_stage = staging + consumer * BM * H_STRIDE;
+    unsigned char* out_stage = staging + consumer * STAGING_BYTES;
     T* y = static_cast<T*>(y_out);
+    // float32: this lane's ldmatrix row of a 64-row half (its warp's 16 rows), and its row's swizzle.
+    const int a_row_in_half = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
     int base = 0;  // k tiles of the block's items before item i, both consumers'
 #pragma unroll 1
     for (int i = 0, item = blockIdx.x; item < items; ++i, item += gridDim.x) {
@@ -1131,21 +1141,50 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         for (int h = 0; h < HALVES; ++h)
 #pragma unroll
             for (int j = 0; j < BN / 2; ++j) acc[h][j] = 0.0f;
+        constexpr int GROUP = BK / INST_K / 2;  // float32: a group's instructions' k, two groups a k tile
+        unsigned a[2][GROUP][HALVES][4];       // float32: A's rounded fragments, a set a group
 #pragma unroll 1
         for (int kt = 0; kt < length; ++kt) {
             const int seq = base + kt, stage = seq % STAGES;
             mbarrier_wait(full + stage, (seq / STAGES) & 1);
-            const unsigned long long pixels = wgmma_descriptor(shared_address(a_smem + stage * A_STAGE));
             const unsigned long long channels = wgmma_descriptor(shared_address(b_smem + stage * B_STAGE));
-            wgmma_fence();
+            if constexpr (sizeof(T) == 4) {
+                const unsigned char* a_stage = a_smem + stage * A_STAGE;
 #pragma unroll
-            for (int kk = 0; kk < BK / INST_K; ++kk)
+                for (int g = 0; g < 2; ++g) {
+                    // The group before last, which read set g, retired; at g 1 that is tile kt - 1's last.
+                    wgmma_wait<1>();
+                    if (g == 1 && kt > 0 && lane == 0) mbarrier_arrive(empty + (seq - 1) % STAGES);
 #pragma unroll
-                for (int h = 0; h < HALVES; ++h)  // + 64 rows of 128 bytes; + 32 bytes of k per instruction
-                    wgmma_op<T, BN>::run(acc[h], pixels + h * (64 * 128 / 16) + kk * 2, channels + kk * 2);
-            wgmma_commit();
-            wgmma_wait<1>();  // tile kt - 1's MMAs retired: its stage may be refilled
-            if (kt > 0 && lane == 0) mbarrier_arrive(empty + (seq - 1) % STAGES);
+                    for (int j = 0; j < GROUP; ++j)
+#pragma unroll
+                        for (int h = 0; h < HALVES; ++h) {
+                            const int row = h * 64 + a_row_in_half;  // 16-byte pieces of 4 channels, swizzled
+                            ldmatrix_x4(a[g][j][h], a_stage + row * 128 +
+                                                        swizzle128_slot(2 * (g * GROUP + j) + (lane >> 4), row) * 16);
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) a[g][j][h][e] = to_tf32_for_mma(__uint_as_float(a[g][j][h][e]));
+                        }
+                    wgmma_fence();
+#pragma unroll
+                    for (int j = 0; j < GROUP; ++j)
+#pragma unroll
+                        for (int h = 0; h < HALVES; ++h)
+                            wgmma_rs<T, BN>::run(acc[h], a[g][j][h], channels + (g * GROUP + j) * 2);
+                    wgmma_commit();
+                }
+            } else {
+                const unsigned long long pixels = wgmma_descriptor(shared_address(a_smem + stage * A_STAGE));
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BK / INST_K; ++kk)
+#pragma unroll
+                    for (int h = 0; h < HALVES; ++h)  // + 64 rows of 128 bytes; + 32 bytes of k per instruction
+                        wgmma_op<T, BN>::run(acc[h], pixels + h * (64 * 128 / 16) + kk * 2, channels + kk * 2);
+                wgmma_commit();
+                wgmma_wait<1>();  // tile kt - 1's MMAs retired: its stage may be refilled
+                if (kt > 0 && lane == 0) mbarrier_arrive(empty + (seq - 1) % STAGES);
+            }
         }
         if (item + gridDim.x < items)  // the other consumer's next item may start
             asm volatile("bar.arrive %0, 256;\n" :: "r"(consumer ? ORDER_1_TO_0 : ORDER_0_TO_1) : "memory");
@@ -1162,6 +1201,13 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         constexpr int VECTORS = BN / 8, ROW_STEP = 128 / VECTORS;  // 16-byte vectors of a row
         struct alignas(16) Vec { T v[8]; };
         const int n = ctid % VECTORS * 8, row0 = ctid / VECTORS;  // this thread's 8 channels, first row
+        auto load_vector = [](const T* p) {  // 8 channels of the residual in 16-byte pieces, loaded here
+            Vec v;
+#pragma unroll
+            for (int q = 0; q < static_cast<int>(sizeof(Vec)) / 16; ++q)
+                reinterpret_cast<uint4*>(&v)[q] = load_vector_here<uint4>(p + q * (16 / static_cast<int>(sizeof(T))));
+            return v;
+        };
         if constexpr (CLUSTER_SUMS) {
             // Block r of the cluster finishes rows [r ROWS, (r + 1) ROWS) of the tile. Each block stages its run's
             // sums of its own rows in its staging at [run], and of block q's rows in the idle ring at [q], each
@@ -1169,7 +1215,7 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             // unit into block q's staging at [run], the bytes counted on q's `ready`. Block r reads its rows' runs
             // from its own shared memory in run order once they are all there: the same bits every run.
             constexpr int F_STRIDE = BN + 8, ROWS = BM / CLUSTER, REGION = ROWS * F_STRIDE;  // floats
-            static_assert(BM * F_STRIDE * 4 == 2 * BM * H_STRIDE * 2,
+            static_assert(BM * F_STRIDE * 4 == 2 * STAGING_BYTES,
                           "every run's sums of a block's rows fill its staging");
             static_assert(CLUSTER * REGION * 4 <= STAGES * (A_STAGE + B_STAGE), "the outgoing sums fit the ring");
             float* sums = reinterpret_cast<float*>(staging);     // [run][ROWS][F_STRIDE]: this block's rows
@@ -1219,7 +1265,7 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                         if (m >= M) break;
                         const int at = m * K + n0 + n;
                         Vec res;
-                        if constexpr (VECTOR_RESIDUAL) res = load_vector_here<Vec>(residual + at);
+                        if constexpr (VECTOR_RESIDUAL) res = load_vector(residual + at);
                         float v[8] = {};
 #pragma unroll
                         for (int q = 0; q < CLUSTER; ++q) {
@@ -1259,7 +1305,8 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                                 make_float2(acc[h][4 * nb + 2 * half], acc[h][4 * nb + 2 * half + 1]);
                     }
             }
-        } else if constexpr (!RESIDUAL) {
+        } else if constexpr (!RESIDUAL && sizeof(T) == 2) {
+            T* staged = reinterpret_cast<T*>(out_stage);
             asm volatile("bar.sync %0, 128;\n" :: "r"(STAGING + consumer) : "memory");
             with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {  // has_residual: 0 here
 #pragma unroll
@@ -1274,7 +1321,7 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                         for (int half = 0; half < 2; ++half) {
                             const int row = h * 64 + warp * 16 + quad + half * 8;
                             struct alignas(4) Pair { T lo, hi; };
-                            *reinterpret_cast<Pair*>(out_stage + row * H_STRIDE + col) =
+                            *reinterpret_cast<Pair*>(staged + row * H_STRIDE + col) =
                                 Pair{finish(acc[h][4 * nb + 2 * half] + b0, 0), finish(acc[h][4 * nb + 2 * half + 1] + b1, 0)};
                         }
                 }
@@ -1285,13 +1332,13 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 for (int row = row0; row < BM; row += ROW_STEP) {
                     if (m0 + row >= M) break;
                     *reinterpret_cast<Vec*>(y + (m0 + row) * K + n0 + n) =
-                        *reinterpret_cast<const Vec*>(out_stage + row * H_STRIDE + n);
+                        *reinterpret_cast<const Vec*>(staged + row * H_STRIDE + n);
                 }
             }
         } else {
             // A half's sums [64][F_STRIDE]: channel pairs of a warp's 8 rows x 4 lanes hit 32 banks a half-warp.
             constexpr int F_STRIDE = BN + 8;
-            static_assert(64 * F_STRIDE * 4 <= BM * H_STRIDE * 2, "a half's float sums fit a consumer's staging");
+            static_assert(64 * F_STRIDE * 4 <= STAGING_BYTES, "a half's float sums fit a consumer's staging");
             float* sums = reinterpret_cast<float*>(out_stage);
             float b[8];
 #pragma unroll
@@ -1309,7 +1356,7 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                             make_float2(acc[h][4 * nb + 2 * half], acc[h][4 * nb + 2 * half + 1]);
                 asm volatile("bar.sync %0, 128;\n" :: "r"(STAGING + consumer) : "memory");
                 if (n0 + n >= K) continue;
-                with_epilogue<T, true>(residual, has_residual, activation, [&](auto finish) {
+                with_epilogue<T, RESIDUAL>(residual, has_residual, activation, [&](auto finish) {
                     constexpr bool VECTOR_RESIDUAL = decltype(finish)::MAY_READ_RESIDUAL;
                     // CHUNK rows' residual vectors loaded before their sums: one row's latency at a time made
                     // the stores of a fused expansion slower than its MMAs. Rows past M read the first row's.
@@ -1321,7 +1368,7 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll
                             for (int c = 0; c < CHUNK; ++c) {
                                 const int m = m0 + h * 64 + row0 + (r0 + c) * ROW_STEP;
-                                res[c] = load_vector_here<Vec>(residual + (m < M ? m * K + n0 + n : 0));
+                                res[c] = load_vector(residual + (m < M ? m * K + n0 + n : 0));
                             }
                         }
 #pragma unroll

@@ -365,8 +365,9 @@ def test_round_a_every_tile(case, config_index, stream_k):
         with pytest.raises(ValueError, match="cannot run this problem: its blocks run in clusters of 2"):
             make_plan(problem, config=cfg.name, kernel=NHWC_KERNEL, compute_capability=90, splits=1)
         return
+    clusters = cfg.name == implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG  # the ping-pong tile's runs, 2 at least
     plan = make_plan(problem, config=cfg.name, kernel=NHWC_KERNEL, compute_capability=compute_capability(),
-                     stream_k=stream_k, splits=1)
+                     stream_k=stream_k, splits=2 if clusters else 1)
     tall = implicit_gemm_nhwc._float32_rounding(cfg) == "copy"  # reads a rounded copy: in registers it spills
     in_place = not tall and (case.kh * case.kw == 1 or not cfg.wgmma or bool(cfg.producer_warps))
     assert plan.round_a == in_place and bool(plan.stream_k_blocks) == bool(stream_k)

@@ -29,12 +29,12 @@ def layer(n, c, k, h, kernel, stride, fused=False):
                         **({"activation": "relu"} if fused else {}))
 
 
-def plan_of(p, **options):
-    return planner.make_plan(p, config=PINGPONG, kernel=planner.NHWC_KERNEL, compute_capability=90, **options)
+def plan_of(p, config=PINGPONG, **options):
+    return planner.make_plan(p, config=config, kernel=planner.NHWC_KERNEL, compute_capability=90, **options)
 
 
 @pytest.mark.parametrize("n", [1, 8, 32])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_persistent_grid(n, dtype):
     """At most one block per SM, never more blocks than tiles; 384 threads; its shared memory fits."""
     p = problem(n=n, dtype=dtype)
@@ -47,15 +47,18 @@ def test_persistent_grid(n, dtype):
 
 
 @pytest.mark.parametrize("p,options,reason", [
-    (problem(dtype="float32"), {}, "config for implicit_gemm_nhwc in float32 must be one of"),
-    (problem(layout="NCHW"), {}, "wgmma's nhwc_wgmma_m128n128 tile alone|16-bit NHWC"),
+    (problem(dtype="float32"), {"config": implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG},
+     "config for implicit_gemm_nhwc in float32 must be one of"),
+    (problem(dtype="float64"), {}, "implicit_gemm_nhwc"),
+    (problem(layout="NCHW"), {}, "wgmma's nhwc_wgmma_m128n128 tile alone|16-bit and"),
     (problem(c=96, kernel=3, padding=1), {}, "whole k tiles of 64 channels of one tap"),
+    (problem(c=48, kernel=3, padding=1, dtype="float32"), {}, "whole k tiles of 32 channels of one tap"),
     (problem(c=96, stride=2), {}, "whole k tiles of 64 channels of one tap"),
     (problem(groups=2), {}, "one group"),
     (problem(k=100), {}, "8-channel vectors"),
     (problem(n=8), {"stream_k": True}, "no stream-K|stream_k needs"),
     (problem(n=8), {"splits": 0}, "splits must be"),
-], ids=["float32", "nchw", "3x3", "strided", "groups", "k", "stream_k", "splits"])
+], ids=["float32_64_pixels", "float64", "nchw", "3x3", "3x3_float32", "strided", "groups", "k", "stream_k", "splits"])
 def test_refusals(p, options, reason):
     with pytest.raises(ValueError, match=reason):
         plan_of(p, **options)

@@ -1,5 +1,5 @@
-"""The ping-pong tile (families/implicit_gemm_nhwc.py PINGPONG_CONFIG) on the GPU: 16-bit NHWC layers (1x1 ones
-read as matrices, the others by im2col copies)
+"""The ping-pong tile (families/implicit_gemm_nhwc.py PINGPONG_CONFIG) on the GPU: 16-bit and TF32 NHWC layers (1x1
+ones read as matrices, the others by im2col copies)
 against torch in float64 with NaN-poisoned outputs -- partial pixel and channel tiles, reductions of one
 to eight k tiles, bias, residual and activations, and grids of a few blocks whose two consumer
 warpgroups take many tiles in turns (the ring's phases wrap many times) -- and the same bits run after
@@ -35,6 +35,11 @@ CASES = [
     Case(2, 64, 256, 15, 15, 1, 1, stride=2),    # a strided 1x1: im2col, one tap
 ]
 EPILOGUES = [("none", False), ("relu", True), ("silu", True), ("relu", False)]
+#: The dtypes of the 128-pixel tiles (float32: TF32, x rounded in the consumers' registers), and of the 64-pixel ones.
+DTYPES = ["float32", "float16", "bfloat16"]
+DTYPES_16 = ["float16", "bfloat16"]
+#: Relative error against float64: TF32's operands keep 10 bits of mantissa, 16 bits' 7-10.
+TOLERANCE = {"float32": 2e-3, "float16": 1e-2, "bfloat16": 1e-2}
 
 
 #: The 128- and 64-channel ping-pong tiles (4 and 7 stages: the rings' phases wrap at other k tiles).
@@ -44,10 +49,10 @@ WHOLE_TILES = [implicit_gemm_nhwc.PINGPONG_CONFIG, implicit_gemm_nhwc.PINGPONG_N
 @pytest.mark.parametrize("config", WHOLE_TILES)
 @pytest.mark.parametrize("blocks", [None, 1, 2, 3], ids=lambda b: "rules_grid" if b is None else f"{b}_blocks")
 @pytest.mark.parametrize("epilogue", EPILOGUES, ids=[f"{a}-{'residual' if r else 'no_residual'}" for a, r in EPILOGUES])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_pingpong_against_float64(case, dtype, epilogue, blocks, config):
-    """Every output written and within 16-bit tolerance, on the plan's grid and on grids of 1-3 persistent
+    """Every output written and within the dtype's tolerance, on the plan's grid and on grids of 1-3 persistent
     blocks (each consumer then takes every other of many tiles); a second run gives the same bits."""
     check_forced(case, dtype, epilogue, blocks, None, seed=case.c + case.k + len(epilogue[0]), config=config)
 
@@ -59,7 +64,7 @@ PIXEL_64_TILES = [implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG, implicit_gemm_nhw
 @pytest.mark.parametrize("config", PIXEL_64_TILES)
 @pytest.mark.parametrize("blocks", [None, 1, 3], ids=lambda b: "rules_grid" if b is None else f"{b}_blocks")
 @pytest.mark.parametrize("epilogue", [e for e in EPILOGUES if not e[1]], ids=lambda e: e[0])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", DTYPES_16)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_pingpong_64_pixels_against_float64(case, dtype, epilogue, blocks, config):
     """The tiles 64 pixels tall (one 64-row half a consumer, rings of 8 KB input boxes): every output written,
@@ -69,7 +74,7 @@ def test_pingpong_64_pixels_against_float64(case, dtype, epilogue, blocks, confi
 
 def check_forced(case, dtype, epilogue, blocks, splits, seed, config=implicit_gemm_nhwc.PINGPONG_CONFIG):
     """The ping-pong tile forced (``splits`` runs; None: as the rules would split it), on ``blocks`` persistent
-    blocks (None: the plan's grid): every output written, within 16-bit tolerance, the same bits twice."""
+    blocks (None: the plan's grid): every output written, within the dtype's tolerance, the same bits twice."""
     activation, residual = epilogue
     problem = problem_of(case, dtype, "NHWC", "KHWC", activation, residual)
     plan = planner.make_plan(problem, config=config, kernel=planner.NHWC_KERNEL, compute_capability=90, splits=splits)
@@ -80,7 +85,7 @@ def check_forced(case, dtype, epilogue, blocks, splits, seed, config=implicit_ge
     r = r if residual else None
     out = run(plan, problem, x, weight, bias, r)
     assert not out.isnan().any(), f"an output element was never written: {plan}"
-    assert relative_error(out, reference(case, x, weight, bias, r, activation)) < 1e-2, str(plan)
+    assert relative_error(out, reference(case, x, weight, bias, r, activation)) < TOLERANCE[dtype], str(plan)
     again = run(plan, problem, x, weight, bias, r)
     assert torch.equal(out, again), "two runs gave different bits"
 
@@ -104,7 +109,7 @@ SPLIT_CASES = [CASES[3], CASES[5], CASES[6], Case(2, 512, 256, 7, 7, 3, 3, paddi
 @pytest.mark.parametrize("splits", [2, 3, 5, 12])
 @pytest.mark.parametrize("epilogue", EPILOGUES[:3], ids=[f"{a}-{'residual' if r else 'no_residual'}"
                                                           for a, r in EPILOGUES[:3]])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: c.id)
 def test_pingpong_split_k_against_float64(case, dtype, epilogue, splits, blocks):
     """Split-K's runs as work items: runs of unequal length, and empty ones (5 runs of 8 k tiles: 2, 2, 2,
@@ -114,9 +119,9 @@ def test_pingpong_split_k_against_float64(case, dtype, epilogue, splits, blocks)
 
 
 @pytest.mark.parametrize("splits", [2, 5])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: c.id)
-@pytest.mark.parametrize("config", [implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG, *PIXEL_64_TILES])
+@pytest.mark.parametrize("config,dtype", [(implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG, d) for d in DTYPES] +
+                         [(c, d) for c in PIXEL_64_TILES for d in DTYPES_16])
 def test_pingpong_narrow_split_k_against_float64(case, dtype, splits, config):
     """The 64-channel and 64-pixel tiles' split-K instances: their runs' sums added by the reduction with bias
     and ReLU, and with a residual (the 64-pixel tiles' only way to one)."""
@@ -127,7 +132,7 @@ def test_pingpong_narrow_split_k_against_float64(case, dtype, splits, config):
 
 @pytest.mark.parametrize("splits", implicit_gemm_nhwc.PINGPONG_CLUSTER_SPLITS)
 @pytest.mark.parametrize("epilogue", EPILOGUES, ids=[f"{a}-{'residual' if r else 'no_residual'}" for a, r in EPILOGUES])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: c.id)
 def test_pingpong_split_k_in_clusters_against_float64(case, dtype, epilogue, splits):
     """Clusters of 2-8 blocks adding their runs' sums through distributed shared memory (runs of one k tile

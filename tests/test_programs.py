@@ -114,9 +114,11 @@ def temporaries(plan, problem) -> list[int]:
     input V and GEMM output M of one pass (with split-K, its runs of partial sums in M's place); split-K's
     partial sums (after the input's copy); then, for an NHWC problem of a family that computes NCHW alone, the NCHW copies
     of x, of the output and (where there is one) of the residual, each where its planes are larger than
-    one pixel -- none for the NCHW-gather GEMM, which reads and writes them in place."""
+    one pixel -- none for the NCHW-gather GEMM, which reads and writes them in place. (The ping-pong tile's
+    split-K in clusters adds its runs in shared memory: no partial sums.)"""
     item = STORAGE_BYTES[problem.dtype]
-    partials = [4 * plan.splits * math.prod(problem.out_shape)] if plan.splits > 1 else []
+    clusters = plan.config is not None and plan.config.name == planner.implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG
+    partials = [4 * plan.splits * math.prod(problem.out_shape)] if plan.splits > 1 and not clusters else []
     if plan.stream_k_blocks:
         partials = [4 * plan.stream_k_blocks * plan.config.bm * plan.config.bn]
     if plan.kernel == planner.NHWC_KERNEL and plan.space_to_depth != (1, 1):  # always a copy, of blocked pixels
@@ -248,7 +250,7 @@ def test_layout_programs(case, dtype, layouts):
                 implicit_gemm_nhwc.PINGPONG_KERNEL if plan.config.wgmma == implicit_gemm_nhwc.WGMMA_PINGPONG else \
                 implicit_gemm_nhwc.PAIR_KERNEL if plan.config.cluster > 1 else \
                 implicit_gemm_nhwc.TMA_KERNEL if plan.config.producer_warps else planner.NHWC_KERNEL
-            in_place = [gemm] + ([REDUCE_KERNEL] if plan.splits > 1 else [])
+            in_place = [gemm] + ([REDUCE_KERNEL] if plan.splits > 1 and not cluster else [])
             # float32 several taps (and any on the 256-pixel producer tile) may read a rounded copy
             rounded_copy = dtype == "float32" and (problem.kh * problem.kw > 1 or (
                 plan.config.wgmma and implicit_gemm_nhwc._float32_rounding(plan.config) == "copy"))

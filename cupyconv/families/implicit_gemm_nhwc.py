@@ -197,12 +197,24 @@ for _dtype, _item in (("float32", 4), ("float16", 2)):
 #: The ping-pong tile (PINGPONG_KERNEL, kernels/implicit_gemm_nhwc.cu): persistent blocks, at most one per
 #: SM, of a producer warpgroup copying by TMA into one ring of PINGPONG_STAGES stages and two consumer
 #: warpgroups each taking every other tile of the block, a whole 128 x 128 one: one multiplies while the
-#: other runs its epilogue. 16-bit NHWC layers of one group, input and output channels multiples of 8,
+#: other runs its epilogue. 16-bit and TF32 NHWC layers of one group, input and output channels multiples of 8,
 #: 32-bit indices, no split-K. x and w are read in place: x as the matrix [N H W][C] for 1x1, stride-1,
 #: unpadded layers (TMA fills the last k tile's columns past C with zeros), elsewhere by the im2col map in
-#: whole k tiles of 64 channels of one tap (C a multiple of 64).
+#: whole k tiles of 128 bytes of channels of one tap (C a multiple of 64 16-bit or 32 float32 values). In TF32
+#: (the tiles of 128 pixels) x is rounded in the consumers' registers, A multiplied from there, and the weight is
+#: the prepared weight, rounded once. The rules take them for TF32 layers where they take them for 16-bit ones
+#: (PINGPONG_TF32 says where not). H200, TF32 channels_last, GPU time against the rules' plans before (benchmarks/
+#: NOTES.md, "The ping-pong tile in TF32"), us: ResNet-50 at batch 32, 256 -> 1024 on 14^2 25.5 -> 22.2 (torch 19.4),
+#: 2048 -> 512 on 7^2 31.5 -> 28.1 in clusters, 512 -> 2048 29.8 -> 26.5, 128 -> 512 on 28^2 35.5 -> 29.8, 3x3 of 256
+#: on 14^2 42.2 -> 40.2, of 512 on 7^2 51.7 -> 47.6 in clusters, of 64 on 56^2 (64 channels wide) 53.0 -> 50.2.
 WGMMA_PINGPONG = 4
 PINGPONG_CONFIG = "nhwc_wgmma_pingpong_m128n128"
+PINGPONG_DTYPES = ("float32", "float16", "bfloat16")
+#: In TF32 the ping-pong tile leaves (pingpong_pays) layers of more than one tap that a producer tile taller than
+#: 128 pixels would take (dilated_3x3_d2: 101 us on the 192-pixel one, 105 on it; its MMAs, A from registers,
+#: run 1.2x longer than from shared memory and its epilogue is a smaller share of a TF32 tile's time), and the
+#: planner leaves the pointwise kernel the 1x1 layers it takes (r50_l1_1x1_64: 20.8 us there, 22.3 on it).
+PINGPONG_TF32 = "float32"
 PINGPONG_KERNEL = "implicit_gemm_nhwc_pingpong"
 PINGPONG_STAGES = 4
 #: The fixed rules take it (pingpong_pays) for layers of at least PINGPONG_MIN_OUT_CHANNELS output and
@@ -294,15 +306,16 @@ PINGPONG_NARROW_K_TILES = (8, 32)
 PINGPONG_NARROW_MIN_WAVE = 0.7
 
 
-def _pingpong_tile(name: str, bm: int, bn: int, stages: int) -> GemmConfig:
-    """A ping-pong tile of ``bm`` pixels and ``bn`` channels: k tiles of 64 16-bit channels (128-byte rows),
+def _pingpong_tile(name: str, bm: int, bn: int, stages: int, item: int = 2) -> GemmConfig:
+    """A ping-pong tile of ``bm`` pixels and ``bn`` channels: k tiles of 128-byte rows of ``item``-byte values,
     ``stages`` of them in the ring, a producer warpgroup copying by TMA."""
-    return GemmConfig(name, bm, bn, 64, 8, 1, stages, wgmma=WGMMA_PINGPONG, producer_warps=4)
+    return GemmConfig(name, bm, bn, 128 // item, 8, 1, stages, wgmma=WGMMA_PINGPONG, producer_warps=4)
 
 
-NHWC_CONFIGS["float16"] += (_pingpong_tile(PINGPONG_CONFIG, 128, 128, PINGPONG_STAGES),
-                            _pingpong_tile(PINGPONG_CLUSTER_CONFIG, 128, 128, PINGPONG_STAGES),
-                            _pingpong_tile(PINGPONG_NARROW_CONFIG, 128, 64, PINGPONG_NARROW_STAGES))
+for _dtype, _item in (("float32", 4), ("float16", 2)):
+    NHWC_CONFIGS[_dtype] += (_pingpong_tile(PINGPONG_CONFIG, 128, 128, PINGPONG_STAGES, _item),
+                             _pingpong_tile(PINGPONG_CLUSTER_CONFIG, 128, 128, PINGPONG_STAGES, _item),
+                             _pingpong_tile(PINGPONG_NARROW_CONFIG, 128, 64, PINGPONG_NARROW_STAGES, _item))
 #: The ping-pong tile 64 pixels tall (the same kernel, BM 64): layers of few 128 x 128 tiles spread over twice the
 #: blocks, each copying 24 KB a k tile, not 32 (a k tile took ~0.23 us, against the 128 x 128 tile's ~0.29; H200).
 #: Its stages are 24 KB, 7 of them. No residual instance: a 64-row half's float sums need twice a consumer's staging
@@ -443,9 +456,9 @@ def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
     """STAGES x (A + B): B [bn][bk + pad], rows of bk elements + 16 bytes; A the same with bm rows,
     or (a_from_nchw) [bk][bm + 8]. wgmma: rows of 128 bytes, unpadded, and 1 KB to align the tiles."""
     item = 4 if dtype == "float32" else 2
-    if cfg.wgmma == WGMMA_PINGPONG:  # the ring, each consumer's 16-bit staging, the mbarriers, 1 KB to align
-        # (and the clusters' `ready` mbarrier)
-        return cfg.stages * (cfg.bm + cfg.bn) * 128 + 2 * cfg.bm * (cfg.bn + 8) * item + 16 * cfg.stages + 8 + 1024
+    if cfg.wgmma == WGMMA_PINGPONG:  # the ring, each consumer's staging of bm rows of 16-bit values (float32's of 64
+        # rows of floats), the mbarriers, 1 KB to align (and the clusters' `ready` mbarrier)
+        return cfg.stages * (cfg.bm + cfg.bn) * 128 + 2 * cfg.bm * (cfg.bn + 8) * 2 + 16 * cfg.stages + 8 + 1024
     a_stage = cfg.bk * (cfg.bm + 8) * item if a_from_nchw else cfg.bm * (cfg.bk * item + (0 if cfg.wgmma else 16))
     if cfg.wgmma:  # and the producer's full and empty mbarriers, 8 bytes each per stage
         return cfg.stages * (a_stage + cfg.bn * 128) + 1024 + (16 * cfg.stages if cfg.producer_warps else 0)
@@ -586,6 +599,11 @@ def _wgmma_refusal(problem: ConvProblem, compute_capability: int, cfg: GemmConfi
     return ""
 
 
+def _config_names(dtype: str) -> frozenset[str]:
+    """The names of NHWC_CONFIGS[dtype]."""
+    return frozenset(c.name for c in NHWC_CONFIGS[dtype])
+
+
 def config_named(dtype: str, name: str) -> GemmConfig:
     """The tile of NHWC_CONFIGS[dtype] called ``name``."""
     return next(c for c in NHWC_CONFIGS[dtype] if c.name == name)
@@ -595,12 +613,12 @@ def _pingpong_refusal(problem: ConvProblem, cfg: GemmConfig, channels_padded: in
                       stream_k) -> str:
     """Why the ping-pong tile ``cfg`` cannot run ``problem`` ("" where it can)."""
     p = problem
-    if p.dtype not in ("float16", "bfloat16") or p.layout != "NHWC":
-        return f"it runs 16-bit NHWC layers (got {p.dtype}, {p.layout})"
+    if p.dtype not in PINGPONG_DTYPES or p.layout != "NHWC":
+        return f"it runs 16-bit and (128-pixel tiles) TF32 NHWC layers (got {p.dtype}, {p.layout})"
     if p.groups != 1:
         return f"it runs layers of one group (got {p.groups})"
-    if not _is_matrix(p) and p.c % 64:
-        return (f"its im2col copies (layers other than 1x1, stride-1, unpadded ones) take whole k tiles of 64 "
+    if not _is_matrix(p) and p.c % cfg.bk:
+        return (f"its im2col copies (layers other than 1x1, stride-1, unpadded ones) take whole k tiles of {cfg.bk} "
                 f"channels of one tap (got {p.c} channels)")
     if channels_padded != p.c or p.k % 8:
         return f"its x is read in place and its output stored in 8-channel vectors (got {p.c} -> {p.k} channels)"
@@ -620,8 +638,9 @@ def _pingpong_shape(problem: ConvProblem, compute_capability: int, config: str =
                     min_out_channels: int = PINGPONG_MIN_OUT_CHANNELS) -> tuple[tuple[int, int, int], int] | None:
     """The grid and k tiles of the ping-pong tile ``config`` for ``problem`` where its rules may take it (compute
     capability 9.0, 16 bits, ``min_out_channels`` and PINGPONG_MIN_IN_CHANNELS, a tile that runs it), else None."""
-    if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.dtype not in ("float16", "bfloat16") or \
-            problem.k < min_out_channels or problem.c < PINGPONG_MIN_IN_CHANNELS:
+    if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.dtype not in PINGPONG_DTYPES or \
+            config not in _config_names(problem.dtype) or problem.k < min_out_channels or \
+            problem.c < PINGPONG_MIN_IN_CHANNELS:
         return None
     (_, channels_padded), why_not = _pieces(problem)
     cfg = config_named(problem.dtype, config)
@@ -643,6 +662,8 @@ def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
     if _deep(problem) and problem.k // problem.groups > 64:  # the rules' other wgmma tile for it
         other = _larger_wgmma_config(problem)[0]
         if other.wgmma == WGMMA_PIXEL_ROWS_PRODUCER:
+            if problem.dtype == PINGPONG_TF32 and problem.kh * problem.kw > 1 and other.bm > 128:
+                return False
             producer_tiles = math.prod(gemm_grid(problem, other))
             if other.bm == 256 and k_tiles >= PINGPONG_LONG_K_TILES and producer_tiles <= H100_SMS:
                 return False
@@ -713,7 +734,9 @@ def _one_wave_runs(problem: ConvProblem, grid: tuple[int, int, int], k_tiles: in
 
 def pingpong_rules_take(problem: ConvProblem, compute_capability: int) -> bool:
     """Whether a ping-pong tile's rule takes ``problem`` whole or in the 64-pixel tile's runs (the planner leaves
-    such 1x1 layers to this family rather than to the pointwise kernel)."""
+    such 1x1 layers to this family rather than to the pointwise kernel; not in TF32: PINGPONG_TF32)."""
+    if problem.dtype == PINGPONG_TF32:
+        return False
     return (pingpong_small_pays(problem, compute_capability) or pingpong_64_pixel_runs(problem, compute_capability)
             > 0 or pingpong_narrow_pays(problem, compute_capability) or pingpong_pays(problem, compute_capability))
 
@@ -1093,7 +1116,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
             kernel=KERNEL, dtype=problem.dtype, index_type=index, config=cfg, grid=(blocks, 1, 1),
             block=(cfg.threads, 1, 1), shared_bytes=_shared_bytes(cfg, problem.dtype, False),
             reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded, splits=splits,
-            arch=WGMMA_ARCH)
+            round_a=round_a, arch=WGMMA_ARCH)
     if splits is None:  # stream-K finishes its tiles itself
         splits = 1 if stream_k else _splits(problem, cfg, grid, channels_padded, index)
         if splits > 1:
