@@ -487,6 +487,23 @@ def test_space_to_depth_every_tile(case, tile, dtype, layout):
         assert relative_error(out, wanted) < tolerance(dtype, planner.NHWC_KERNEL), str(plan)
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_space_to_depth_output_layout_on_the_rules_tile(layout):
+    """A layer whose space-to-depth copies make 64 channels (4 at stride 4; unfused): its GEMM's output is
+    the caller's layout, so an NCHW one never takes the ping-pong tile, which writes NHWC alone (the rules
+    once gave it that tile); NHWC does."""
+    case = Case(32, 4, 256, 128, 128, 8, 8, stride=4, bias=False)
+    problem = problem_of(case, "float16", layout, "KCHW")
+    plan = planner.make_plan(problem, compute_capability=compute_capability())
+    assert plan.space_to_depth == (4, 4)
+    pingpong = plan.config.wgmma == implicit_gemm_nhwc.WGMMA_PINGPONG
+    assert pingpong == (layout == "NHWC" and compute_capability() == 90), str(plan)
+    x, weight, bias = inputs(case, "float16", seed=11)
+    out = run(plan, problem, x, weight, bias)
+    assert not out.isnan().any(), f"an output element was never written: {plan}"
+    assert relative_error(out, reference(x, weight, bias, case)) < tolerance("float16", planner.NHWC_KERNEL), str(plan)
+
+
 #: Layers whose windows an im2col map cannot walk (strides past 8, corners more than 128 pixels outside the
 #: plane), which the TMA-fed tiles' rules took before they asked implicit_gemm_nhwc.im2col_map_fits.
 PAST_THE_IM2COL_MAP = [

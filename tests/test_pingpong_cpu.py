@@ -385,3 +385,17 @@ def test_rules_take_the_narrow_tile_where_measured_faster(n, c, k, h, kernel, st
     assert not implicit_gemm_nhwc.pingpong_narrow_pays(p, 80)
     fused = layer(n, c, k, h, kernel, stride, fused=True)
     assert not implicit_gemm_nhwc.pingpong_narrow_pays(fused, 90)
+
+
+def test_space_to_depth_nchw_output_is_not_pingpong():
+    """The space-to-depth copies' GEMM writes the caller's layout: of an NCHW layer (4 channels at stride 4 make
+    64), never on the ping-pong tile, which writes NHWC alone -- forced, a ValueError names why; an NHWC one takes
+    it."""
+    nchw = make_problem((32, 4, 128, 128), (256, 4, 8, 8), None, "float16", stride=4)
+    nhwc = make_problem((32, 128, 128, 4), (256, 8, 8, 4), None, "float16", stride=4, layout="NHWC",
+                        weight_layout="KHWC")
+    plan = planner.make_plan(nchw, compute_capability=90)
+    assert plan.space_to_depth == (4, 4) and plan.config.wgmma != implicit_gemm_nhwc.WGMMA_PINGPONG, str(plan)
+    assert planner.make_plan(nhwc, compute_capability=90).config.name == PINGPONG
+    with pytest.raises(ValueError, match="writes NHWC outputs alone"):
+        plan_of(nchw)

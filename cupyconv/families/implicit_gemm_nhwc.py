@@ -1040,7 +1040,8 @@ def _stream_k_blocks(problem: ConvProblem, cfg: GemmConfig, grid: tuple[int, int
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
               compute_capability: int = 0, splits: int | None = None,
-              stream_k: bool | int | None = None, space_to_depth: bool | None = None) -> LaunchPlan:
+              stream_k: bool | int | None = None, space_to_depth: bool | None = None, *,
+              nhwc_out: bool = True) -> LaunchPlan:
     """The channels-last GEMM launch: grid (pixel tiles, channel tiles, groups x splits), one block
     per tile and run of the reduction -- or, with stream-K, plan.stream_k_blocks persistent blocks
     over that grid's tiles. ``compute_capability``: of the GPU that will run it (90: the wgmma tiles
@@ -1048,7 +1049,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     ``stream_k`` forces stream-K on (True, or an int: that many blocks; then no split-K unless
     ``splits`` says so, an error) or off (None: _stream_k_blocks' rule; wgmma tiles only);
     ``space_to_depth=False`` keeps the problem's own stride where space_to_depth_block would block it
-    (None or True: the rule; the tuner tries both)."""
+    (None or True: the rule; the tuner tries both); ``nhwc_out=False``: the output is NCHW though ``problem`` is
+    NHWC (a space-to-depth copy's problem), which the ping-pong tiles, writing NHWC alone, cannot run."""
     why_not = refusal(problem)
     if why_not:
         raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
@@ -1057,7 +1059,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     block = (1, 1) if space_to_depth is False else space_to_depth_block(problem)
     if block != (1, 1):  # the GEMM of the copies' problem; the copies round float32 to TF32
         blocked = space_to_depth_problem(problem, block)
-        plan = make_plan(blocked, config, reason, compute_capability, splits, stream_k)
+        plan = make_plan(blocked, config, reason, compute_capability, splits, stream_k,
+                         nhwc_out=problem.layout == "NHWC")
         return dataclasses.replace(plan, round_a=False, space_to_depth=block, reason=(
             f"{plan.reason}; space-to-depth: {problem.c} channels at stride {block} make no 16-byte pieces, so "
             f"each block of {block[0]} x {block[1]} input pixels is one pixel of {blocked.c} channels, a stride-1 "
@@ -1067,11 +1070,14 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         cfg = forced_config(NHWC_CONFIGS[problem.dtype], config, f"config for {KERNEL} in {problem.dtype}")
         why = "config forced by the caller"
         why_not = _wgmma_refusal(problem, compute_capability, cfg) if cfg.wgmma else ""
+        if cfg.wgmma == WGMMA_PINGPONG and not nhwc_out:
+            why_not = "it writes NHWC outputs alone (got an NCHW output of the space-to-depth copies' GEMM)"
         if why_not:
             raise ValueError(f"config {config!r} cannot run this problem: {why_not}")
     else:
-        cfg, why = _choose_config(problem, compute_capability, pingpong=splits in (None, 1) and not stream_k,
-                                  pingpong_split=splits is None and not stream_k)
+        cfg, why = _choose_config(problem, compute_capability,
+                                  pingpong=splits in (None, 1) and not stream_k and nhwc_out,
+                                  pingpong_split=splits is None and not stream_k and nhwc_out)
         if cfg.producer_warps and stream_k:  # forced onto the tile it runs on
             cfg = config_named(problem.dtype, PIXEL_ROWS_CONFIG)
             why += f"; {cfg.name} instead: stream-K runs on it"
