@@ -213,8 +213,11 @@ PINGPONG_DTYPES = ("float32", "float16", "bfloat16")
 #: In TF32 the ping-pong tile leaves (pingpong_pays) layers of more than one tap that a producer tile taller than
 #: 128 pixels would take (dilated_3x3_d2: 101 us on the 192-pixel one, 105 on it; its MMAs, A from registers,
 #: run 1.2x longer than from shared memory and its epilogue is a smaller share of a TF32 tile's time), and the
-#: planner leaves the pointwise kernel the 1x1 layers it takes (r50_l1_1x1_64: 20.8 us there, 22.3 on it).
+#: planner leaves the pointwise kernel the 1x1 layers it takes (r50_l1_1x1_64: 20.8 us there, 22.3 on it), and it
+#: leaves reductions of PINGPONG_TF32_SHORT_K_TILES k tiles or fewer (mbv2_pw_1x1_96to576, 3: 14.1 us on the 3-stage
+#: 128 x 128 tile, 16.0 on it in the layers suite).
 PINGPONG_TF32 = "float32"
+PINGPONG_TF32_SHORT_K_TILES = 3
 PINGPONG_KERNEL = "implicit_gemm_nhwc_pingpong"
 PINGPONG_STAGES = 4
 #: The fixed rules take it (pingpong_pays) for layers of at least PINGPONG_MIN_OUT_CHANNELS output and
@@ -658,6 +661,8 @@ def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
         return False
     tiles, k_tiles = math.prod(shape[0]), shape[1]
     if tiles < PINGPONG_MIN_TILES or (k_tiles < PINGPONG_SHORT_K_TILES and tiles < H100_SMS):
+        return False
+    if problem.dtype == PINGPONG_TF32 and k_tiles <= PINGPONG_TF32_SHORT_K_TILES:
         return False
     if _deep(problem) and problem.k // problem.groups > 64:  # the rules' other wgmma tile for it
         other = _larger_wgmma_config(problem)[0]
