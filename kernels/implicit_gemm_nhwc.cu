@@ -1002,13 +1002,14 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
 // reads as complete: parities alternate). Each consumer stages its tile's outputs in its own shared
 // memory ([BM][BN + 8] 16-bit values: a warp's 8 rows x 4 column pairs hit 32 banks; RESIDUAL and float32:
 // float sums of 64 rows at a time), rounded once after bias, residual and activation, and stores them as 16-
-// or 32-byte vectors of 8 channels along rows (K % 8 == 0). 32-bit indices. float32 (TF32; BM 128): x, read in
-// place, is rounded to TF32 on its way to the tensor cores as the producer tiles round it: each warp's A rows
-// loaded from the stage into registers (ldmatrix), rounded, and multiplied from there (wgmma's A in
-// registers), a k tile's instructions in two groups, each group's registers loaded while the other group's
-// MMAs run; the weight comes rounded (the prepared weight). From registers the MMAs ran 1.2x longer than
-// from shared memory on 3x3 layers (H200; rounding in the ring by the producer's idle warps instead was 1.6x
-// slower still: benchmarks/NOTES.md). RESIDUAL: calls with a residual (has_residual), whose epilogue is an
+// or 32-byte vectors of 8 channels along rows (K % 8 == 0). 32-bit indices. float32 (TF32; BM 128): the weight
+// comes rounded (the prepared weight), and x either as a copy rounded to TF32 (multiplied from shared memory, as
+// 16 bits are) or, ROUND_A, read in place and rounded on its way to the tensor cores as the producer tiles round
+// it: each warp's A rows loaded from the stage into registers (ldmatrix), rounded, and multiplied from there
+// (wgmma's A in registers), a k tile's instructions in two groups, each group's registers loaded while the
+// other group's MMAs run. From registers the MMAs ran 1.2x longer than from shared memory on
+// 3x3 layers (H200; rounding in the ring by the producer's idle warps instead was 1.6x slower still:
+// benchmarks/NOTES.md), so the planner copies x where a layer's taps make the copy's pass small beside them. RESIDUAL: calls with a residual (has_residual), whose epilogue is an
 // instance of its own (one body with both spilled registers). SPLIT_K (layers of too few tiles for two a
 // block): the block's work items are (run, tile) pairs, runs outermost, run r taking k tiles [r ceil(k_tiles
 // / splits), ..) of its tile, its float32 sums written from the fragments, without bias, to y + r split_elements
@@ -1022,7 +1023,7 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
 // its rows: the runs' sums read from its own shared memory and added in run order (the same bits every run),
 // bias, residual and activation, 16-byte stores. A block leaves only after every block has its rows (the
 // cluster barrier), as its copies out read its shared memory until then.
-template <typename T, int BM, int BN, int STAGES, bool RESIDUAL, bool SPLIT_K, int CLUSTER>
+template <typename T, int BM, int BN, int STAGES, bool RESIDUAL, bool SPLIT_K, int CLUSTER, bool ROUND_A>
 __device__ __forceinline__ void
 pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
@@ -1032,6 +1033,7 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     static_assert((sizeof(T) == 2 || BM == 128) && BM % 64 == 0 && (BN == 64 || BN == 128),
                   "16 bits, or float32 on 128 rows (a consumer's staging holds 64 rows of float sums); 64-row halves");
     static_assert(!(SPLIT_K && RESIDUAL), "split runs' sums are finished by the reduction");
+    static_assert(!ROUND_A || sizeof(T) == 4, "ROUND_A: a float32 x read in place, unrounded");
     constexpr bool CLUSTER_SUMS = CLUSTER > 1;
     static_assert(!(CLUSTER_SUMS && (SPLIT_K || RESIDUAL)) && BM % (8 * CLUSTER) == 0,
                   "a cluster's runs finish their tile themselves, in whole passes of rows");
@@ -1141,18 +1143,19 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         for (int h = 0; h < HALVES; ++h)
 #pragma unroll
             for (int j = 0; j < BN / 2; ++j) acc[h][j] = 0.0f;
-        constexpr int GROUP = BK / INST_K / 2;  // float32: a group's instructions' k, two groups a k tile
-        unsigned a[2][GROUP][HALVES][4];       // float32: A's rounded fragments, a set a group
+        constexpr int GROUP = BK / INST_K / 2;  // ROUND_A: a group's instructions' k, two groups a k tile
+        unsigned a[2][GROUP][HALVES][4];       // ROUND_A: A's rounded fragments, a set a group
 #pragma unroll 1
         for (int kt = 0; kt < length; ++kt) {
             const int seq = base + kt, stage = seq % STAGES;
             mbarrier_wait(full + stage, (seq / STAGES) & 1);
             const unsigned long long channels = wgmma_descriptor(shared_address(b_smem + stage * B_STAGE));
-            if constexpr (sizeof(T) == 4) {
+            if constexpr (ROUND_A) {
                 const unsigned char* a_stage = a_smem + stage * A_STAGE;
 #pragma unroll
                 for (int g = 0; g < 2; ++g) {
-                    // The group before last, which read set g, retired; at g 1 that is tile kt - 1's last.
+                    // The group before last, which read set g, retired; at g 1 that is tile kt - 1's last. (Four
+                    // groups of one instruction's k, three in flight, ran 1.1-1.2x slower: H200.)
                     wgmma_wait<1>();
                     if (g == 1 && kt > 0 && lane == 0) mbarrier_arrive(empty + (seq - 1) % STAGES);
 #pragma unroll
@@ -1397,7 +1400,7 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     }
 }
 
-template <typename T, int BM, int BN, int STAGES, bool RESIDUAL, bool SPLIT_K>
+template <typename T, int BM, int BN, int STAGES, bool RESIDUAL, bool SPLIT_K, bool ROUND_A>
 __global__ void __launch_bounds__(384, 1)
 implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                             void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
@@ -1405,14 +1408,14 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
                             int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
                             const __grid_constant__ TensorMap weight_map, const __grid_constant__ TensorMap x_map,
                             int x_is_matrix) {
-    pingpong_tiles<T, BM, BN, STAGES, RESIDUAL, SPLIT_K, 1>(
+    pingpong_tiles<T, BM, BN, STAGES, RESIDUAL, SPLIT_K, 1, ROUND_A>(
         x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho, Wo, kh, kw, sh, sw, pt, pl,
         dh, dw, groups, splits, split_elements, weight_map, x_map, x_is_matrix);
 }
 
 // Clusters exist from sm_90 on (as implicit_gemm_nhwc_tma_pair's).
 #if __CUDA_ARCH__ >= 900
-template <typename T, int BM, int BN, int STAGES, int CLUSTER>
+template <typename T, int BM, int BN, int STAGES, int CLUSTER, bool ROUND_A>
 __global__ void __launch_bounds__(384, 1) __cluster_dims__(CLUSTER, 1, 1)
 implicit_gemm_nhwc_pingpong_cluster(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                                     void* __restrict__ y_out, int has_bias, const T* __restrict__ residual,
@@ -1420,7 +1423,7 @@ implicit_gemm_nhwc_pingpong_cluster(const T* __restrict__ x, const T* __restrict
                                     int kh, int kw, int sh, int sw, int pt, int pl, int dh, int dw, int groups,
                                     int splits, int split_elements, const __grid_constant__ TensorMap weight_map,
                                     const __grid_constant__ TensorMap x_map, int x_is_matrix) {
-    pingpong_tiles<T, BM, BN, STAGES, false, false, CLUSTER>(
+    pingpong_tiles<T, BM, BN, STAGES, false, false, CLUSTER, ROUND_A>(
         x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho, Wo, kh, kw, sh, sw, pt, pl,
         dh, dw, groups, splits, split_elements, weight_map, x_map, x_is_matrix);
 }

@@ -8,6 +8,7 @@ specialisation and the dispatch rules. Outputs are poisoned
 with NaN before each launch; relative error below 2e-3 for TF32 and 1e-2 for float16/bfloat16.
 """
 import dataclasses
+import math
 
 import pytest
 
@@ -36,6 +37,7 @@ from cupyconv.compiler import compute_capability  # noqa: E402
 from cupyconv.launch import conv2d_cupy  # noqa: E402
 from cupyconv.families.implicit_gemm_conv2d import GEMM_CONFIGS  # noqa: E402
 from cupyconv.families import implicit_gemm_nhwc  # noqa: E402
+from cupyconv.families.common import gemm_grid  # noqa: E402
 from cupyconv.families.implicit_gemm_nhwc import NHWC_CONFIGS  # noqa: E402
 from cupyconv.planner import GEMM_KERNEL, NHWC_KERNEL, make_plan  # noqa: E402
 
@@ -369,7 +371,11 @@ def test_round_a_every_tile(case, config_index, stream_k):
     plan = make_plan(problem, config=cfg.name, kernel=NHWC_KERNEL, compute_capability=compute_capability(),
                      stream_k=stream_k, splits=2 if clusters else 1)
     tall = implicit_gemm_nhwc._float32_rounding(cfg) == "copy"  # reads a rounded copy: in registers it spills
-    in_place = not tall and (case.kh * case.kw == 1 or not cfg.wgmma or bool(cfg.producer_warps))
+    pingpong_copy = cfg.wgmma == implicit_gemm_nhwc.WGMMA_PINGPONG and \
+        cfg.bn >= implicit_gemm_nhwc.PINGPONG_TF32_COPY_CHANNELS and \
+        math.prod(gemm_grid(problem, cfg)) >= implicit_gemm_nhwc.PINGPONG_TF32_COPY_MIN_TILES  # many taps: a copy
+    in_place = not tall and (case.kh * case.kw == 1 or not cfg.wgmma or (bool(cfg.producer_warps) and
+                                                                         not pingpong_copy))
     assert plan.round_a == in_place and bool(plan.stream_k_blocks) == bool(stream_k)
     x, weight, _ = random_inputs(case, torch.float32, seed=config_index)
     out = torch.full(problem.out_array_shape, float("nan"), device="cuda")

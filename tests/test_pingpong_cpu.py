@@ -72,7 +72,7 @@ def test_split_k_runs_are_work_items(splits):
     plan = plan_of(p, splits=splits)
     tiles = gemm_grid(p, plan.config)[0] * gemm_grid(p, plan.config)[1]
     assert plan.splits == splits and plan.grid == (min(tiles * splits, H100_SMS), 1, 1)
-    assert implicit_gemm_nhwc.name_expression(plan).endswith(",false,true>")
+    assert implicit_gemm_nhwc.name_expression(plan).endswith(",false,true,false>")  # split, no ROUND_A
     assert implicit_gemm_nhwc.name_expression(plan) in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
     program = implicit_gemm_nhwc.program(plan, p)
     gemm, reduce = program.launches
@@ -90,7 +90,7 @@ def test_split_k_in_clusters(splits):
     tiles = gemm_grid(p, plan.config)[0] * gemm_grid(p, plan.config)[1]
     assert plan.splits == splits and plan.grid == (tiles * splits, 1, 1) and "distributed shared memory" in str(plan)
     expression = implicit_gemm_nhwc.name_expression(plan)
-    assert expression.endswith(f",{splits}>") and expression in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
+    assert expression.endswith(f",{splits},false>") and expression in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
     program = implicit_gemm_nhwc.program(plan, p)
     (launch,) = program.launches
     assert launch.kernel == implicit_gemm_nhwc.PINGPONG_CLUSTER_KERNEL and program.workspace_bytes == 0
@@ -114,7 +114,7 @@ def test_64_pixel_tile():
     assert implicit_gemm_nhwc.name_expression(plan) in instances
     split = planner.make_plan(p, config=implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG, kernel=planner.NHWC_KERNEL,
                               compute_capability=90, splits=2)
-    assert implicit_gemm_nhwc.name_expression(split).endswith(",false,true>") and \
+    assert implicit_gemm_nhwc.name_expression(split).endswith(",false,true,false>") and \
         implicit_gemm_nhwc.name_expression(split) in instances
     with_residual = dataclasses.replace(p, has_residual=True)
     with pytest.raises(ValueError, match="adds a residual only through split-K"):
@@ -239,7 +239,8 @@ def test_rules_leave_fused_calls_to_the_other_tiles(epilogue):
     assert not implicit_gemm_nhwc.pingpong_pays(p, 90)
     assert planner.make_plan(p, compute_capability=90).config.name != PINGPONG
     forced = plan_of(p)
-    assert implicit_gemm_nhwc.name_expression(forced).endswith(",true,false>" if p.has_residual else ",false,false>")
+    assert implicit_gemm_nhwc.name_expression(forced).endswith(",true,false,false>" if p.has_residual
+                                                              else ",false,false,false>")
 
 
 def test_rules_leave_it_to_forced_splits():
@@ -405,10 +406,11 @@ def test_space_to_depth_nchw_output_is_not_pingpong():
     (((32, 14, 14, 256), (1024, 1, 1, 256), 0, 1), PINGPONG),                                # 8 k tiles
     (((32, 14, 14, 256), (256, 3, 3, 256), 1, 1), PINGPONG),                                 # producer 128 else
     (((32, 7, 7, 512), (512, 3, 3, 512), 1, 1), implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG),  # 52 tiles
+    (((8, 14, 14, 256), (256, 3, 3, 256), 1, 1), PINGPONG),                                  # 26 tiles: in place
     (((32, 28, 28, 256), (256, 3, 3, 256), 2, 2), "nhwc_wgmma_producer_m192n128"),           # PINGPONG_TF32
     (((32, 14, 14, 96), (576, 1, 1, 96), 0, 1), "nhwc_wgmma_m128n128"),                      # 3 k tiles
     (((32, 56, 56, 64), (64, 1, 1, 64), 0, 1), "pw_c256_m64n64"),                            # the pointwise kernel's
-], ids=["1x1_256to1024", "3x3_256", "3x3_512_7sq", "dilated", "1x1_96to576", "1x1_64"])
+], ids=["1x1_256to1024", "3x3_256", "3x3_512_7sq", "3x3_256_b8", "dilated", "1x1_96to576", "1x1_64"])
 def test_the_tf32_rules(shapes, expected):
     """In TF32 the rules take the ping-pong tiles where they do in 16 bits, but for layers of more than one tap
     that a taller producer tile takes, reductions of PINGPONG_TF32_SHORT_K_TILES k tiles or fewer, and the
@@ -417,6 +419,10 @@ def test_the_tf32_rules(shapes, expected):
     p = make_problem(x, w, None, "float32", padding=padding, dilation=dilation, layout="NHWC", weight_layout="KHWC")
     plan = planner.make_plan(p, allow_tf32=True, compute_capability=90)
     assert plan.config.name == expected, str(plan)
-    if getattr(plan.config, "wgmma", 0) == implicit_gemm_nhwc.WGMMA_PINGPONG:
-        assert plan.round_a and implicit_gemm_nhwc.name_expression(plan).startswith(
-            f"cupyconv::{plan.kernel}_pingpong") and "<float," in implicit_gemm_nhwc.name_expression(plan)
+    if getattr(plan.config, "wgmma", 0) == implicit_gemm_nhwc.WGMMA_PINGPONG:  # PINGPONG_TF32_COPY
+        copied = p.kh * p.kw > 1 and plan.config.bn >= implicit_gemm_nhwc.PINGPONG_TF32_COPY_CHANNELS and \
+            math.prod(gemm_grid(p, plan.config)) >= implicit_gemm_nhwc.PINGPONG_TF32_COPY_MIN_TILES
+        assert plan.round_a != copied and "<float," in implicit_gemm_nhwc.name_expression(plan)
+        assert implicit_gemm_nhwc.name_expression(plan).endswith(f",{str(plan.round_a).lower()}>")
+        launches = [launch.kernel for launch in implicit_gemm_nhwc.program(plan, p).launches]
+        assert (implicit_gemm_nhwc.PAD_CHANNELS in launches) == copied, launches

@@ -20,7 +20,7 @@ from cupyconv.compiler import kernel_source, source_file
 from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, depthwise_nhwc, direct_conv2d, few_channel_nhwc,
                                implicit_gemm_conv2d, implicit_gemm_nhwc, pointwise_nhwc, simt_gemm_conv2d,
                                winograd_conv2d)
-from cupyconv.families.common import REDUCE_KERNEL, STORAGE_BYTES
+from cupyconv.families.common import REDUCE_KERNEL, STORAGE_BYTES, gemm_grid
 from cupyconv.program import (BIAS, FLAGS, INPUT_SCALE, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X,
                               Im2colMap, Pointer, Table, TensorMap, align, relocated)
 
@@ -108,7 +108,8 @@ def signature(kernel: str) -> tuple[tuple[str, str], ...]:
 def temporaries(plan, problem) -> list[int]:
     """Bytes of each per-call temporary, in workspace order: the channels-last GEMM's input copy (of an
     NCHW input, or of an NHWC one that needs zero channels or, float32 with several taps on a wgmma
-    tile but the 128-pixel producer's, or any float32 on the 256-pixel producer's, rounding; or its
+    tile but the 128-pixel producer's and the 64-channel ping-pong one, or any float32 on the 256-pixel
+    producer's, rounding; or its
     space-to-depth copy) and
     stream-K's float32 slots, one tile per block; Winograd's transformed
     input V and GEMM output M of one pass (with split-K, its runs of partial sums in M's place); split-K's
@@ -126,9 +127,12 @@ def temporaries(plan, problem) -> list[int]:
         return [math.prod(blocked.x_shape) * item] + partials
     if plan.kernel == planner.NHWC_KERNEL:
         tall = plan.config.wgmma and planner.implicit_gemm_nhwc._float32_rounding(plan.config) == "copy"
+        nhwc = planner.implicit_gemm_nhwc
+        pingpong_copy = plan.config.wgmma == nhwc.WGMMA_PINGPONG and plan.config.bn >= nhwc.PINGPONG_TF32_COPY_CHANNELS \
+            and math.prod(gemm_grid(problem, plan.config)) >= nhwc.PINGPONG_TF32_COPY_MIN_TILES
         copied = not plan.a_from_nchw if problem.layout == "NCHW" else plan.channels_padded != problem.c or (
             problem.dtype == "float32" and ((problem.kh * problem.kw != 1 and plan.config.wgmma and
-                                             not plan.config.producer_warps) or tall))
+                                             (not plan.config.producer_warps or pingpong_copy)) or tall))
         return ([problem.n * problem.h * problem.w * plan.channels_padded * item] if copied else []) + partials
     if plan.kernel == planner.GEMM_KERNEL:
         return []

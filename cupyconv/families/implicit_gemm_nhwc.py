@@ -218,6 +218,15 @@ PINGPONG_DTYPES = ("float32", "float16", "bfloat16")
 #: 128 x 128 tile, 16.0 on it in the layers suite).
 PINGPONG_TF32 = "float32"
 PINGPONG_TF32_SHORT_K_TILES = 3
+#: The TF32 ping-pong tiles of this many channels read layers of more than one tap and PINGPONG_TF32_COPY_MIN_TILES
+#: tiles or more from a copy of x rounded to TF32 (pad_channels) and multiply A from shared memory; where x is read
+#: in place they round it in registers and multiply it from there, 1.2x slower on 3x3 layers. A copy is a pass over
+#: x, which 128 output channels x 9 taps make a small share of the layer: H200, TF32 channels_last, ResNet-50 at
+#: batch 32, the 3x3 of 256 on 14^2 (98 tiles) 40.1 -> 38.4 us, of 512 on 7^2 (52) 47.4 -> 45.3; at batch 8 (26 and
+#: 16 tiles, split-K's runs) 21.0 -> 22.2 and 26.4 -> 27.4, so those read x in place. The 64-channel tile
+#: (r50_l1_3x3_64: a 26 MB x) reads it in place.
+PINGPONG_TF32_COPY_CHANNELS = 128
+PINGPONG_TF32_COPY_MIN_TILES = 48
 PINGPONG_KERNEL = "implicit_gemm_nhwc_pingpong"
 PINGPONG_STAGES = 4
 #: The fixed rules take it (pingpong_pays) for layers of at least PINGPONG_MIN_OUT_CHANNELS output and
@@ -1218,12 +1227,16 @@ def _x_copied(problem: ConvProblem, channels_padded: int, cfg: GemmConfig) -> bo
     ``cfg`` would round them in shared memory at every k tile (the kernel rounds float32 inputs it
     reads in place itself: LaunchPlan.round_a, its ROUND_A; mma.sync tiles and the 128-pixel
     producer's in registers, the other wgmma tiles in shared memory), and every float32 input of the
-    256-pixel producer tile."""
+    256-pixel producer tile; on the 128-channel ping-pong tiles, float32 inputs of more than one tap
+    and PINGPONG_TF32_COPY_MIN_TILES tiles (PINGPONG_TF32_COPY_CHANNELS)."""
     if problem.layout == "NCHW":
         return not _nchw_a_vec(problem)
     rounding = _float32_rounding(cfg)
+    many_taps = problem.kh * problem.kw != 1
+    pingpong_copy = cfg.wgmma == WGMMA_PINGPONG and cfg.bn >= PINGPONG_TF32_COPY_CHANNELS and \
+        math.prod(gemm_grid(problem, cfg)) >= PINGPONG_TF32_COPY_MIN_TILES
     return channels_padded != problem.c or (problem.dtype == "float32" and (
-        rounding == "copy" or (rounding == "shared" and problem.kh * problem.kw != 1)))
+        rounding == "copy" or (rounding == "shared" and many_taps) or (pingpong_copy and many_taps)))
 
 
 def _float32_rounding(cfg: GemmConfig) -> str:
@@ -1282,25 +1295,27 @@ def tma_specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc_out: bool, 
             f"{cfg.stages},16,{cfg.wgmma},{flags}>")
 
 
-def pingpong_specialisation(dtype: str, cfg: GemmConfig, residual: bool, split_k: bool = False) -> str:
+def pingpong_specialisation(dtype: str, cfg: GemmConfig, residual: bool, split_k: bool = False,
+                            round_a: bool = False) -> str:
     """The C++ template instance of the ping-pong tile ``cfg``, for calls with a residual or without, or for
-    split-K's runs."""
-    return (f"cupyconv::{PINGPONG_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bn},{cfg.stages},{str(residual).lower()},"
-            f"{str(split_k).lower()}>")
+    split-K's runs; ``round_a``: a float32 x read in place, rounded to TF32 in the consumers' registers."""
+    flags = ",".join(str(flag).lower() for flag in (residual, split_k, round_a))
+    return f"cupyconv::{PINGPONG_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bn},{cfg.stages},{flags}>"
 
 
-def pingpong_cluster_specialisation(dtype: str, cfg: GemmConfig, splits: int) -> str:
+def pingpong_cluster_specialisation(dtype: str, cfg: GemmConfig, splits: int, round_a: bool = False) -> str:
     """The C++ template instance of the ping-pong tile's split-K in clusters of ``splits`` blocks."""
-    return f"cupyconv::{PINGPONG_CLUSTER_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bn},{cfg.stages},{splits}>"
+    return (f"cupyconv::{PINGPONG_CLUSTER_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bn},{cfg.stages},{splits},"
+            f"{str(round_a).lower()}>")
 
 
 def name_expression(plan: LaunchPlan) -> str:
     """The specialisation ``plan`` launches."""
     if plan.config.name == PINGPONG_CLUSTER_CONFIG:
-        return pingpong_cluster_specialisation(plan.dtype, plan.config, plan.splits)
+        return pingpong_cluster_specialisation(plan.dtype, plan.config, plan.splits, plan.round_a)
     if plan.config.wgmma == WGMMA_PINGPONG:
         return pingpong_specialisation(plan.dtype, plan.config, plan.has_residual and plan.splits == 1,
-                                       plan.splits > 1)
+                                       plan.splits > 1, plan.round_a)
     if plan.config.producer_warps:
         return tma_specialisation(plan.dtype, plan.index_type, plan.config, plan.layout == "NHWC", plan.round_a,
                                   plan.splits > 1)
@@ -1324,11 +1339,13 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
          for nhwc_out, round_a in ((False, False), (True, False))
          + (((True, True),) if dtype == "float32" and _float32_rounding(cfg) != "copy" else ())
          for split_k in ((False, True) if index == "int" else (False,))] + \
-        [pingpong_specialisation(dtype, cfg, residual, split_k) for dtype in GEMM_DTYPES for cfg in NHWC_CONFIGS[dtype]
-         if wgmma and cfg.name in PINGPONG_WHOLE_CONFIGS
-         for residual, split_k in ((False, False), (True, False), (False, True)) if cfg.bm == 128 or not residual] + \
-        [pingpong_cluster_specialisation(dtype, cfg, splits) for dtype in GEMM_DTYPES for cfg in NHWC_CONFIGS[dtype]
-         if wgmma and cfg.name == PINGPONG_CLUSTER_CONFIG for splits in PINGPONG_CLUSTER_SPLITS]
+        [pingpong_specialisation(dtype, cfg, residual, split_k, round_a) for dtype in GEMM_DTYPES
+         for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.name in PINGPONG_WHOLE_CONFIGS
+         for residual, split_k in ((False, False), (True, False), (False, True)) if cfg.bm == 128 or not residual
+         for round_a in ((False, True) if dtype == "float32" else (False,))] + \
+        [pingpong_cluster_specialisation(dtype, cfg, splits, round_a) for dtype in GEMM_DTYPES
+         for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.name == PINGPONG_CLUSTER_CONFIG
+         for splits in PINGPONG_CLUSTER_SPLITS for round_a in ((False, True) if dtype == "float32" else (False,))]
 
 
 def _gemm_flags(wgmma: bool, cfg: GemmConfig, dtype: str, vec: int) -> tuple[tuple[int, bool, bool], ...]:
