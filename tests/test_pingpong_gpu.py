@@ -139,3 +139,22 @@ def test_pingpong_split_k_in_clusters_against_float64(case, dtype, epilogue, spl
     at 8 of 8; partial pixel tiles; bias, residual and activation in the kernel); the same bits twice."""
     check_forced(case, dtype, epilogue, None, splits, seed=case.k + splits + len(epilogue[0]),
                  config=implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG)
+
+
+#: A 3x3 layer of 98 tiles of 128 x 128, which the TF32 128-channel tiles read from a rounded copy of x (A from shared
+#: memory; implicit_gemm_nhwc.PINGPONG_TF32_COPY_MIN_TILES), whole and in clusters of 2.
+COPY_CASE = Case(8, 64, 256, 28, 28, 3, 3, padding=1)
+
+
+@pytest.mark.parametrize("config,splits", [(implicit_gemm_nhwc.PINGPONG_CONFIG, None),
+                                           (implicit_gemm_nhwc.PINGPONG_CONFIG, 3),
+                                           (implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG, 2)])
+@pytest.mark.parametrize("epilogue", EPILOGUES[:2], ids=["none", "relu-residual"])
+def test_pingpong_tf32_on_a_rounded_copy_against_float64(config, splits, epilogue):
+    """float32 x copied rounded to TF32 and multiplied from shared memory (no ROUND_A): within TF32's tolerance,
+    every output written, the same bits twice."""
+    problem = problem_of(COPY_CASE, "float32", "NHWC", "KHWC", *epilogue)
+    plan = planner.make_plan(problem, config=config, kernel=planner.NHWC_KERNEL, compute_capability=90, splits=splits)
+    assert not plan.round_a and implicit_gemm_nhwc.program(plan, problem).launches[0].kernel == \
+        implicit_gemm_nhwc.PAD_CHANNELS, str(plan)
+    check_forced(COPY_CASE, "float32", epilogue, None, splits, seed=17, config=config)
