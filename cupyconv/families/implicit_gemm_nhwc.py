@@ -201,8 +201,8 @@ for _dtype, _item in (("float32", 4), ("float16", 2)):
 #: 32-bit indices, no split-K. x and w are read in place: x as the matrix [N H W][C] for 1x1, stride-1,
 #: unpadded layers (TMA fills the last k tile's columns past C with zeros), elsewhere by the im2col map in
 #: whole k tiles of 128 bytes of channels of one tap (C a multiple of 64 16-bit or 32 float32 values). In TF32
-#: (the tiles of 128 pixels) x is rounded in the consumers' registers, A multiplied from there, and the weight is
-#: the prepared weight, rounded once. The rules take them for TF32 layers where they take them for 16-bit ones
+#: (the tiles of 128 pixels) x is rounded in the consumers' registers, A multiplied from there (or read from a
+#: rounded copy: PINGPONG_TF32_COPY_CHANNELS), and the weight is the prepared weight, rounded once. The rules take them for TF32 layers where they take them for 16-bit ones
 #: (PINGPONG_TF32 says where not). H200, TF32 channels_last, GPU time against the rules' plans before (benchmarks/
 #: NOTES.md, "The ping-pong tile in TF32"), us: ResNet-50 at batch 32, 256 -> 1024 on 14^2 25.5 -> 22.2 (torch 19.4),
 #: 2048 -> 512 on 7^2 31.5 -> 28.1 in clusters, 512 -> 2048 29.8 -> 26.5, 128 -> 512 on 28^2 35.5 -> 29.8, 3x3 of 256
@@ -649,7 +649,8 @@ def _pingpong_refusal(problem: ConvProblem, cfg: GemmConfig, channels_padded: in
 def _pingpong_shape(problem: ConvProblem, compute_capability: int, config: str = PINGPONG_CONFIG,
                     min_out_channels: int = PINGPONG_MIN_OUT_CHANNELS) -> tuple[tuple[int, int, int], int] | None:
     """The grid and k tiles of the ping-pong tile ``config`` for ``problem`` where its rules may take it (compute
-    capability 9.0, 16 bits, ``min_out_channels`` and PINGPONG_MIN_IN_CHANNELS, a tile that runs it), else None."""
+    capability 9.0, 16 bits or TF32 where the dtype has ``config``, ``min_out_channels`` and PINGPONG_MIN_IN_CHANNELS,
+    a tile that runs it), else None."""
     if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.dtype not in PINGPONG_DTYPES or \
             config not in _config_names(problem.dtype) or problem.k < min_out_channels or \
             problem.c < PINGPONG_MIN_IN_CHANNELS:
