@@ -407,14 +407,14 @@ def test_space_to_depth_nchw_output_is_not_pingpong():
     (((32, 14, 14, 256), (256, 3, 3, 256), 1, 1), PINGPONG),                                 # producer 128 else
     (((32, 7, 7, 512), (512, 3, 3, 512), 1, 1), implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG),  # 52 tiles
     (((8, 14, 14, 256), (256, 3, 3, 256), 1, 1), PINGPONG),                                  # 26 tiles: in place
-    (((32, 28, 28, 256), (256, 3, 3, 256), 2, 2), "nhwc_wgmma_producer_m192n128"),           # PINGPONG_TF32
+    (((32, 28, 28, 256), (256, 3, 3, 256), 2, 2), "nhwc_wgmma_producer_m192n128"),           # a taller producer
     (((32, 14, 14, 96), (576, 1, 1, 96), 0, 1), "nhwc_wgmma_m128n128"),                      # 3 k tiles
     (((32, 56, 56, 64), (64, 1, 1, 64), 0, 1), "pw_c256_m64n64"),                            # the pointwise kernel's
 ], ids=["1x1_256to1024", "3x3_256", "3x3_512_7sq", "3x3_256_b8", "dilated", "1x1_96to576", "1x1_64"])
 def test_the_tf32_rules(shapes, expected):
     """In TF32 the rules take the ping-pong tiles where they do in 16 bits, but for layers of more than one tap
     that a taller producer tile takes, reductions of PINGPONG_TF32_SHORT_K_TILES k tiles or fewer, and the
-    pointwise kernel's 1x1 layers (implicit_gemm_nhwc.PINGPONG_TF32)."""
+    pointwise kernel's 1x1 layers (implicit_gemm_nhwc.PINGPONG_TF32_SHORT_K_TILES' comment)."""
     (x, w, padding, dilation) = shapes
     p = make_problem(x, w, None, "float32", padding=padding, dilation=dilation, layout="NHWC", weight_layout="KHWC")
     plan = planner.make_plan(p, allow_tf32=True, compute_capability=90)

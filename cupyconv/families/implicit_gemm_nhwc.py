@@ -202,21 +202,21 @@ for _dtype, _item in (("float32", 4), ("float16", 2)):
 #: unpadded layers (TMA fills the last k tile's columns past C with zeros), elsewhere by the im2col map in
 #: whole k tiles of 128 bytes of channels of one tap (C a multiple of 64 16-bit or 32 float32 values). In TF32
 #: (the tiles of 128 pixels) x is rounded in the consumers' registers, A multiplied from there (or read from a
-#: rounded copy: PINGPONG_TF32_COPY_CHANNELS), and the weight is the prepared weight, rounded once. The rules take them for TF32 layers where they take them for 16-bit ones
-#: (PINGPONG_TF32 says where not). H200, TF32 channels_last, GPU time against the rules' plans before (benchmarks/
-#: NOTES.md, "The ping-pong tile in TF32"), us: ResNet-50 at batch 32, 256 -> 1024 on 14^2 25.5 -> 22.2 (torch 19.4),
-#: 2048 -> 512 on 7^2 31.5 -> 28.1 in clusters, 512 -> 2048 29.8 -> 26.5, 128 -> 512 on 28^2 35.5 -> 29.8, 3x3 of 256
-#: on 14^2 42.2 -> 40.2, of 512 on 7^2 51.7 -> 47.6 in clusters, of 64 on 56^2 (64 channels wide) 53.0 -> 50.2.
+#: rounded copy: PINGPONG_TF32_COPY_CHANNELS), and the weight is the prepared weight, rounded once. The rules take
+#: them for TF32 layers where they take them for 16-bit ones (PINGPONG_TF32_SHORT_K_TILES says where not). H200,
+#: TF32 channels_last, GPU time against the rules' plans before (benchmarks/NOTES.md, "The ping-pong tile in
+#: TF32"), us: ResNet-50 at batch 32, 256 -> 1024 on 14^2 25.5 -> 22.2 (torch 19.4), 2048 -> 512 on 7^2 31.5 ->
+#: 28.1 in clusters, 512 -> 2048 29.8 -> 26.5, 128 -> 512 on 28^2 35.5 -> 29.8, 3x3 of 256 on 14^2 42.2 -> 40.2,
+#: of 512 on 7^2 51.7 -> 47.6 in clusters, of 64 on 56^2 (64 channels wide) 53.0 -> 50.2.
 WGMMA_PINGPONG = 4
 PINGPONG_CONFIG = "nhwc_wgmma_pingpong_m128n128"
 PINGPONG_DTYPES = ("float32", "float16", "bfloat16")
-#: In TF32 the ping-pong tile leaves (pingpong_pays) layers of more than one tap that a producer tile taller than
-#: 128 pixels would take (dilated_3x3_d2: 101 us on the 192-pixel one, 105 on it; its MMAs, A from registers,
-#: run 1.2x longer than from shared memory and its epilogue is a smaller share of a TF32 tile's time), and the
-#: planner leaves the pointwise kernel the 1x1 layers it takes (r50_l1_1x1_64: 20.8 us there, 22.3 on it), and it
+#: In TF32 (float32) the ping-pong tile leaves (pingpong_pays) layers of more than one tap that a producer tile
+#: taller than 128 pixels would take (dilated_3x3_d2: 101 us on the 192-pixel one, 105 on it; its MMAs, A from
+#: registers, run 1.2x longer than from shared memory and its epilogue is a smaller share of a TF32 tile's time), and
+#: the planner leaves the pointwise kernel the 1x1 layers it takes (r50_l1_1x1_64: 20.8 us there, 22.3 on it), and it
 #: leaves reductions of PINGPONG_TF32_SHORT_K_TILES k tiles or fewer (mbv2_pw_1x1_96to576, 3: 14.1 us on the 3-stage
 #: 128 x 128 tile, 16.0 on it in the layers suite).
-PINGPONG_TF32 = "float32"
 PINGPONG_TF32_SHORT_K_TILES = 3
 #: The TF32 ping-pong tiles of this many channels read layers of more than one tap and PINGPONG_TF32_COPY_MIN_TILES
 #: tiles or more from a copy of x rounded to TF32 (pad_channels) and multiply A from shared memory; where x is read
@@ -417,6 +417,7 @@ NCHW_A_POINTWISE, NCHW_A_ROW_TAPS = 1, 2
 #: reading in place (0.6-0.9x; benchmarks/NOTES.md, "1-D convolutions read in place").
 NCHW_A_ROW_TAPS_MAX_CHANNELS = 64
 CONFIG_NAMES = frozenset(c.name for configs in NHWC_CONFIGS.values() for c in configs)
+CONFIG_NAMES_BY_DTYPE = {dtype: frozenset(c.name for c in configs) for dtype, configs in NHWC_CONFIGS.items()}
 #: Outputs of at most this many channels per group (an RGB layer widened to 8, a decoder's last
 #: layers) take the 32-channel tile with k rows of 64 bytes on the phase launch: the 64-wide ones
 #: compute 2-8 times the columns they store. The tuner tries the 32-channel tiles on such outputs alone.
@@ -611,11 +612,6 @@ def _wgmma_refusal(problem: ConvProblem, compute_capability: int, cfg: GemmConfi
     return ""
 
 
-def _config_names(dtype: str) -> frozenset[str]:
-    """The names of NHWC_CONFIGS[dtype]."""
-    return frozenset(c.name for c in NHWC_CONFIGS[dtype])
-
-
 def config_named(dtype: str, name: str) -> GemmConfig:
     """The tile of NHWC_CONFIGS[dtype] called ``name``."""
     return next(c for c in NHWC_CONFIGS[dtype] if c.name == name)
@@ -652,7 +648,7 @@ def _pingpong_shape(problem: ConvProblem, compute_capability: int, config: str =
     capability 9.0, 16 bits or TF32 where the dtype has ``config``, ``min_out_channels`` and PINGPONG_MIN_IN_CHANNELS,
     a tile that runs it), else None."""
     if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.dtype not in PINGPONG_DTYPES or \
-            config not in _config_names(problem.dtype) or problem.k < min_out_channels or \
+            config not in CONFIG_NAMES_BY_DTYPE[problem.dtype] or problem.k < min_out_channels or \
             problem.c < PINGPONG_MIN_IN_CHANNELS:
         return None
     (_, channels_padded), why_not = _pieces(problem)
@@ -672,12 +668,12 @@ def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
     tiles, k_tiles = math.prod(shape[0]), shape[1]
     if tiles < PINGPONG_MIN_TILES or (k_tiles < PINGPONG_SHORT_K_TILES and tiles < H100_SMS):
         return False
-    if problem.dtype == PINGPONG_TF32 and k_tiles <= PINGPONG_TF32_SHORT_K_TILES:
+    if problem.dtype == "float32" and k_tiles <= PINGPONG_TF32_SHORT_K_TILES:
         return False
     if _deep(problem) and problem.k // problem.groups > 64:  # the rules' other wgmma tile for it
         other = _larger_wgmma_config(problem)[0]
         if other.wgmma == WGMMA_PIXEL_ROWS_PRODUCER:
-            if problem.dtype == PINGPONG_TF32 and problem.kh * problem.kw > 1 and other.bm > 128:
+            if problem.dtype == "float32" and problem.kh * problem.kw > 1 and other.bm > 128:
                 return False
             producer_tiles = math.prod(gemm_grid(problem, other))
             if other.bm == 256 and k_tiles >= PINGPONG_LONG_K_TILES and producer_tiles <= H100_SMS:
@@ -749,8 +745,8 @@ def _one_wave_runs(problem: ConvProblem, grid: tuple[int, int, int], k_tiles: in
 
 def pingpong_rules_take(problem: ConvProblem, compute_capability: int) -> bool:
     """Whether a ping-pong tile's rule takes ``problem`` whole or in the 64-pixel tile's runs (the planner leaves
-    such 1x1 layers to this family rather than to the pointwise kernel; not in TF32: PINGPONG_TF32)."""
-    if problem.dtype == PINGPONG_TF32:
+    such 1x1 layers to this family rather than to the pointwise kernel; not in TF32: PINGPONG_TF32_SHORT_K_TILES)."""
+    if problem.dtype == "float32":
         return False
     return (pingpong_small_pays(problem, compute_capability) or pingpong_64_pixel_runs(problem, compute_capability)
             > 0 or pingpong_narrow_pays(problem, compute_capability) or pingpong_pays(problem, compute_capability))
