@@ -410,15 +410,28 @@ def test_space_to_depth_nchw_output_is_not_pingpong():
     (((32, 28, 28, 256), (256, 3, 3, 256), 2, 2), "nhwc_wgmma_producer_m192n128"),           # a taller producer
     (((32, 14, 14, 96), (576, 1, 1, 96), 0, 1), "nhwc_wgmma_m128n128"),                      # 3 k tiles
     (((32, 56, 56, 64), (64, 1, 1, 64), 0, 1), "pw_c256_m64n64"),                            # the pointwise kernel's
-], ids=["1x1_256to1024", "3x3_256", "3x3_512_7sq", "3x3_256_b8", "dilated", "1x1_96to576", "1x1_64"])
+    (((8, 14, 14, 1024), (256, 1, 1, 1024), 0, 1), PINGPONG),                                # 26 tiles, 32 k tiles
+    (((32, 56, 56, 64), (256, 1, 1, 64), 0, 1), implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),  # the pointwise kernel's
+    (((32, 56, 56, 144), (24, 1, 1, 144), 0, 1), implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),  # ones, more channels
+], ids=["1x1_256to1024", "3x3_256", "3x3_512_7sq", "3x3_256_b8", "dilated", "1x1_96to576", "1x1_64", "1x1_1024to256_b8",
+        "1x1_64to256", "1x1_144to24"])
 def test_the_tf32_rules(shapes, expected):
     """In TF32 the rules take the ping-pong tiles where they do in 16 bits, but for layers of more than one tap
     that a taller producer tile takes, reductions of PINGPONG_TF32_SHORT_K_TILES k tiles or fewer, and the
-    pointwise kernel's 1x1 layers (implicit_gemm_nhwc.PINGPONG_TF32_SHORT_K_TILES' comment)."""
+    pointwise kernel's 1x1 layers (implicit_gemm_nhwc.PINGPONG_TF32_SHORT_K_TILES' comment); split-K's runs from
+    fewer k tiles (PINGPONG_TF32_SPLIT_MIN_K_TILES), and the 64-channel tile for the pointwise kernel's layers of more
+    channels (PINGPONG_TF32_NARROW_CHANNELS), unfused alone."""
     (x, w, padding, dilation) = shapes
     p = make_problem(x, w, None, "float32", padding=padding, dilation=dilation, layout="NHWC", weight_layout="KHWC")
     plan = planner.make_plan(p, allow_tf32=True, compute_capability=90)
     assert plan.config.name == expected, str(plan)
+    if expected == implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG:  # a fused call stays on the pointwise kernel
+        fused = make_problem(x, w, (w[0],), "float32", layout="NHWC", weight_layout="KHWC", activation="relu")
+        assert planner.make_plan(fused, allow_tf32=True, compute_capability=90).kernel == planner.POINTWISE_KERNEL
+    if x[0] == 8 and p.kh == 1:  # split-K's runs from PINGPONG_TF32_SPLIT_MIN_K_TILES k tiles of 32 channels
+        assert plan.splits == implicit_gemm_nhwc.pingpong_split_runs(p, 90) == 4, str(plan)
+        sixteen = dataclasses.replace(p, dtype="float16")  # 16 k tiles of 64: the 64 x 64 tile's, unsplit
+        assert implicit_gemm_nhwc.pingpong_split_runs(sixteen, 90) == 1
     if getattr(plan.config, "wgmma", 0) == implicit_gemm_nhwc.WGMMA_PINGPONG:  # PINGPONG_TF32_COPY
         copied = p.kh * p.kw > 1 and plan.config.bn >= implicit_gemm_nhwc.PINGPONG_TF32_COPY_CHANNELS and \
             math.prod(gemm_grid(p, plan.config)) >= implicit_gemm_nhwc.PINGPONG_TF32_COPY_MIN_TILES

@@ -141,6 +141,15 @@ def test_pingpong_split_k_in_clusters_against_float64(case, dtype, epilogue, spl
                  config=implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG)
 
 
+@pytest.mark.parametrize("epilogue", EPILOGUES[:2], ids=["none", "relu-residual"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pingpong_narrow_few_output_channels_against_float64(dtype, epilogue):
+    """The 64-channel tile on a 1x1 layer of 24 output channels and 144 input channels (MobileNetV2's projection,
+    which the TF32 rules give it): the tile's columns past K never stored, TMA's zeros past C in the last k tile."""
+    check_forced(Case(2, 144, 24, 9, 11, 1, 1), dtype, epilogue, None, None, seed=23,
+                 config=implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG)
+
+
 #: A 3x3 layer of 98 tiles of 128 x 128, which the TF32 128-channel tiles read from a rounded copy of x (A from shared
 #: memory; implicit_gemm_nhwc.PINGPONG_TF32_COPY_MIN_TILES), whole and in clusters of 2.
 COPY_CASE = Case(8, 64, 256, 28, 28, 3, 3, padding=1)

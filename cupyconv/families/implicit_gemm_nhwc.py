@@ -23,6 +23,7 @@ from .common import (BLOCK_RESERVED_SHARED_BYTES, CTYPES, H100_SMS, INDEX_TYPES,
                      SM_SHARED_BYTES, STORAGE_BYTES, check_splits, conv_launch, epilogue_args, forced_config,
                      gemm_grid, grid_refusal, index_type, partial_bytes, reduce_specialisation, split_k_reduce,
                      split_k_runs)
+from . import pointwise_nhwc
 from .implicit_gemm_conv2d import GEMM_DTYPES, GEMM_MIN_GROUP_CHANNELS, GemmConfig, describe_tiles, dtype_refusal
 
 KERNEL = "implicit_gemm_nhwc"
@@ -218,6 +219,18 @@ PINGPONG_DTYPES = ("float32", "float16", "bfloat16")
 #: leaves reductions of PINGPONG_TF32_SHORT_K_TILES k tiles or fewer (mbv2_pw_1x1_96to576, 3: 14.1 us on the 3-stage
 #: 128 x 128 tile, 16.0 on it in the layers suite).
 PINGPONG_TF32_SHORT_K_TILES = 3
+#: TF32's split-K on the ping-pong tile (pingpong_split_runs) takes reductions from PINGPONG_TF32_SPLIT_MIN_K_TILES k
+#: tiles of 32 channels (16-bit ones from PINGPONG_SPLIT_MIN_K_TILES of 64): H200, TF32 channels_last, plan_timing,
+#: ResNet-50's 1024 -> 256 on 14^2 at batch 8 (26 tiles, 32 k tiles) 22.2 us on the 128 x 64 channel-row tile in 2
+#: runs, 17.5 on it in 4 (17.1 in 5); torch 10.6 (benchmarks/NOTES.md, "TF32 split-K on the ping-pong tile from 32 k
+#: tiles"). The 64-pixel tiles that take such 16-bit layers have no float32 instances.
+PINGPONG_TF32_SPLIT_MIN_K_TILES = 32
+#: In TF32 the 64-channel ping-pong tile takes from the pointwise kernel (pingpong_tf32_narrow_pays) the unfused 1x1
+#: layers of more than PINGPONG_TF32_NARROW_CHANNELS[0] output or more than PINGPONG_TF32_NARROW_CHANNELS[1] input
+#: channels that make a wave of its tiles or more. H200, TF32 channels_last, four input sets in turn (x from DRAM, as
+#: the layers suite reads it): r50_l1_1x1_256 (64 -> 256 on 56^2) 52.9 -> 48.9 us, mbv2_pw_1x1_144to24 34.1 -> 29.5;
+#: the pointwise kernel keeps 64 -> 64 (21.0 us there, 23.6 on it; benchmarks/NOTES.md, "TF32 1x1 layers").
+PINGPONG_TF32_NARROW_CHANNELS = (64, 128)
 #: The TF32 ping-pong tiles of this many channels read layers of more than one tap and PINGPONG_TF32_COPY_MIN_TILES
 #: tiles or more from a copy of x rounded to TF32 (pad_channels) and multiply A from shared memory; where x is read
 #: in place they round it in registers and multiply it from there, 1.2x slower on 3x3 layers. A copy is a pass over
@@ -699,6 +712,17 @@ def pingpong_narrow_pays(problem: ConvProblem, compute_capability: int) -> bool:
             and PINGPONG_NARROW_MIN_WAVE * H100_SMS <= tiles <= H100_SMS)
 
 
+def pingpong_tf32_narrow_pays(problem: ConvProblem, compute_capability: int) -> bool:
+    """Whether the fixed rules take the 64-channel ping-pong tile for a TF32 1x1 layer the pointwise kernel would
+    take (PINGPONG_TF32_NARROW_CHANNELS above)."""
+    if problem.dtype != "float32" or _fused(problem) or pointwise_nhwc.refusal(problem) or \
+            not pointwise_nhwc.pays(problem, compute_capability):
+        return False
+    most_out, most_in = PINGPONG_TF32_NARROW_CHANNELS
+    shape = _pingpong_shape(problem, compute_capability, PINGPONG_NARROW_CONFIG, min_out_channels=1)
+    return shape is not None and math.prod(shape[0]) >= H100_SMS and (problem.k > most_out or problem.c > most_in)
+
+
 def pingpong_small_pays(problem: ConvProblem, compute_capability: int) -> bool:
     """Whether the fixed rules take the 64 x 64 ping-pong tile (PINGPONG_SMALL_CONFIG) whole for ``problem``
     (PINGPONG_SMALL_* above)."""
@@ -745,9 +769,9 @@ def _one_wave_runs(problem: ConvProblem, grid: tuple[int, int, int], k_tiles: in
 
 def pingpong_rules_take(problem: ConvProblem, compute_capability: int) -> bool:
     """Whether a ping-pong tile's rule takes ``problem`` whole or in the 64-pixel tile's runs (the planner leaves
-    such 1x1 layers to this family rather than to the pointwise kernel; not in TF32: PINGPONG_TF32_SHORT_K_TILES)."""
+    such 1x1 layers to this family rather than to the pointwise kernel; in TF32 only where pingpong_tf32_narrow_pays)."""
     if problem.dtype == "float32":
-        return False
+        return pingpong_tf32_narrow_pays(problem, compute_capability)
     return (pingpong_small_pays(problem, compute_capability) or pingpong_64_pixel_runs(problem, compute_capability)
             > 0 or pingpong_narrow_pays(problem, compute_capability) or pingpong_pays(problem, compute_capability))
 
@@ -760,10 +784,15 @@ def pingpong_split_runs(problem: ConvProblem, compute_capability: int) -> int:
         return 1
     grid, k_tiles = shape
     tiles = math.prod(grid)
-    if tiles >= PINGPONG_MIN_TILES or k_tiles < PINGPONG_SPLIT_MIN_K_TILES:
+    if tiles >= PINGPONG_MIN_TILES or k_tiles < _split_min_k_tiles(problem):
         return 1
     runs = _one_wave_runs(problem, grid, k_tiles, PINGPONG_SPLIT_MIN_RUN)
     return runs if runs > 1 and tiles * runs >= PINGPONG_SPLIT_MIN_WAVE * H100_SMS else 1
+
+
+def _split_min_k_tiles(problem: ConvProblem) -> int:
+    """The fewest k tiles of a reduction the ping-pong tile's split-K rule takes in ``problem``'s dtype."""
+    return PINGPONG_TF32_SPLIT_MIN_K_TILES if problem.dtype == "float32" else PINGPONG_SPLIT_MIN_K_TILES
 
 
 def pingpong_cluster_runs(problem: ConvProblem, compute_capability: int) -> int:
@@ -828,7 +857,8 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
         return cfg, (f"wgmma; {math.prod(gemm_grid(problem, config_named(problem.dtype, PINGPONG_CONFIG)))} tiles of "
                      f"128 x 128 (< {PINGPONG_MIN_TILES}), {math.prod(gemm_grid(problem, cfg))} of 64 x 128, "
                      f"{reduction_tiles(problem, cfg, problem.c)} k tiles: the ping-pong tile 64 pixels tall")
-    if pingpong and pingpong_narrow_pays(problem, compute_capability):
+    if pingpong and (pingpong_narrow_pays(problem, compute_capability) or
+                     pingpong_tf32_narrow_pays(problem, compute_capability)):
         cfg = config_named(problem.dtype, PINGPONG_NARROW_CONFIG)
         return cfg, (f"wgmma; {problem.c} -> {problem.k} channels, {math.prod(gemm_grid(problem, cfg))} tiles of "
                      f"128 x 64: the ping-pong tile 64 channels wide, {cfg.stages} stages")
@@ -850,7 +880,7 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
     if pingpong_split and pingpong_split_runs(problem, compute_capability) > 1:
         cfg = config_named(problem.dtype, PINGPONG_CONFIG)
         return cfg, (f"wgmma; {math.prod(gemm_grid(problem, cfg))} tiles of 128 x 128 (< {PINGPONG_MIN_TILES}), "
-                     f"{reduction_tiles(problem, cfg, problem.c)} k tiles (>= {PINGPONG_SPLIT_MIN_K_TILES}): the "
+                     f"{reduction_tiles(problem, cfg, problem.c)} k tiles (>= {_split_min_k_tiles(problem)}): the "
                      f"ping-pong tile, split-K's runs its work items")
     kg = problem.k // problem.groups
     item = 4 if problem.dtype == "float32" else 2
