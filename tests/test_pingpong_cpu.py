@@ -420,14 +420,16 @@ def test_the_tf32_rules(shapes, expected):
     that a taller producer tile takes, reductions of PINGPONG_TF32_SHORT_K_TILES k tiles or fewer, and the
     pointwise kernel's 1x1 layers (implicit_gemm_nhwc.PINGPONG_TF32_SHORT_K_TILES' comment); split-K's runs from
     fewer k tiles (PINGPONG_TF32_SPLIT_MIN_K_TILES), and the 64-channel tile for the pointwise kernel's layers of more
-    channels (PINGPONG_TF32_NARROW_CHANNELS), unfused alone."""
+    channels (PINGPONG_TF32_NARROW_CHANNELS) and pixels (PINGPONG_TF32_NARROW_MIN_WAVES), unfused alone."""
     (x, w, padding, dilation) = shapes
     p = make_problem(x, w, None, "float32", padding=padding, dilation=dilation, layout="NHWC", weight_layout="KHWC")
     plan = planner.make_plan(p, allow_tf32=True, compute_capability=90)
     assert plan.config.name == expected, str(plan)
-    if expected == implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG:  # a fused call stays on the pointwise kernel
+    if expected == implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG:  # fused, or at batch 8, on the pointwise kernel
         fused = make_problem(x, w, (w[0],), "float32", layout="NHWC", weight_layout="KHWC", activation="relu")
-        assert planner.make_plan(fused, allow_tf32=True, compute_capability=90).kernel == planner.POINTWISE_KERNEL
+        batch_8 = make_problem((8, *x[1:]), w, None, "float32", layout="NHWC", weight_layout="KHWC")
+        for other in (fused, batch_8):
+            assert planner.make_plan(other, allow_tf32=True, compute_capability=90).kernel == planner.POINTWISE_KERNEL
     if x[0] == 8 and p.kh == 1:  # split-K's runs from PINGPONG_TF32_SPLIT_MIN_K_TILES k tiles of 32 channels
         assert plan.splits == implicit_gemm_nhwc.pingpong_split_runs(p, 90) == 4, str(plan)
         sixteen = dataclasses.replace(p, dtype="float16")  # 16 k tiles of 64: the 64 x 64 tile's, unsplit

@@ -227,10 +227,13 @@ PINGPONG_TF32_SHORT_K_TILES = 3
 PINGPONG_TF32_SPLIT_MIN_K_TILES = 32
 #: In TF32 the 64-channel ping-pong tile takes from the pointwise kernel (pingpong_tf32_narrow_pays) the unfused 1x1
 #: layers of more than PINGPONG_TF32_NARROW_CHANNELS[0] output or more than PINGPONG_TF32_NARROW_CHANNELS[1] input
-#: channels that make a wave of its tiles or more. H200, TF32 channels_last, four input sets in turn (x from DRAM, as
-#: the layers suite reads it): r50_l1_1x1_256 (64 -> 256 on 56^2) 52.9 -> 48.9 us, mbv2_pw_1x1_144to24 34.1 -> 29.5;
-#: the pointwise kernel keeps 64 -> 64 (21.0 us there, 23.6 on it; benchmarks/NOTES.md, "TF32 1x1 layers").
+#: channels and PINGPONG_TF32_NARROW_MIN_WAVES waves of 128-pixel tiles or more. H200, TF32 channels_last, four input
+#: sets in turn (x from DRAM, as the layers suite reads it), batch 32 (784 pixel tiles): r50_l1_1x1_256 (64 -> 256 on
+#: 56^2) 52.7 -> 48.1 us, mbv2_pw_1x1_144to24 33.1 -> 29.2; the pointwise kernel keeps 64 -> 64 (21.0 us there, 23.6
+#: on it) and the same layers at batch 8 (196 pixel tiles: 17.8 against 20.0, 13.7 against 15.9; benchmarks/NOTES.md,
+#: "TF32 1x1 layers").
 PINGPONG_TF32_NARROW_CHANNELS = (64, 128)
+PINGPONG_TF32_NARROW_MIN_WAVES = 4
 #: The TF32 ping-pong tiles of this many channels read layers of more than one tap and PINGPONG_TF32_COPY_MIN_TILES
 #: tiles or more from a copy of x rounded to TF32 (pad_channels) and multiply A from shared memory; where x is read
 #: in place they round it in registers and multiply it from there, 1.2x slower on 3x3 layers. A copy is a pass over
@@ -720,7 +723,8 @@ def pingpong_tf32_narrow_pays(problem: ConvProblem, compute_capability: int) -> 
         return False
     most_out, most_in = PINGPONG_TF32_NARROW_CHANNELS
     shape = _pingpong_shape(problem, compute_capability, PINGPONG_NARROW_CONFIG, min_out_channels=1)
-    return shape is not None and math.prod(shape[0]) >= H100_SMS and (problem.k > most_out or problem.c > most_in)
+    return shape is not None and shape[0][0] >= PINGPONG_TF32_NARROW_MIN_WAVES * H100_SMS and \
+        (problem.k > most_out or problem.c > most_in)
 
 
 def pingpong_small_pays(problem: ConvProblem, compute_capability: int) -> bool:
