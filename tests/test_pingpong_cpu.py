@@ -413,19 +413,21 @@ def test_space_to_depth_nchw_output_is_not_pingpong():
     (((8, 14, 14, 1024), (256, 1, 1, 1024), 0, 1), PINGPONG),                                # 26 tiles, 32 k tiles
     (((32, 56, 56, 64), (256, 1, 1, 64), 0, 1), implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),  # the pointwise kernel's
     (((32, 56, 56, 144), (24, 1, 1, 144), 0, 1), implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),  # ones, more channels
+    (((8, 28, 28, 128), (128, 3, 3, 128), 1, 1), implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),  # 36 k tiles, 98 tiles
 ], ids=["1x1_256to1024", "3x3_256", "3x3_512_7sq", "3x3_256_b8", "dilated", "1x1_96to576", "1x1_64", "1x1_1024to256_b8",
-        "1x1_64to256", "1x1_144to24"])
+        "1x1_64to256", "1x1_144to24", "3x3_128_b8"])
 def test_the_tf32_rules(shapes, expected):
     """In TF32 the rules take the ping-pong tiles where they do in 16 bits, but for layers of more than one tap
     that a taller producer tile takes, reductions of PINGPONG_TF32_SHORT_K_TILES k tiles or fewer, and the
     pointwise kernel's 1x1 layers (implicit_gemm_nhwc.PINGPONG_TF32_SHORT_K_TILES' comment); split-K's runs from
     fewer k tiles (PINGPONG_TF32_SPLIT_MIN_K_TILES), and the 64-channel tile for the pointwise kernel's layers of more
-    channels (PINGPONG_TF32_NARROW_CHANNELS) and pixels (PINGPONG_TF32_NARROW_MIN_WAVES), unfused alone."""
+    channels (PINGPONG_TF32_NARROW_CHANNELS) and pixels (PINGPONG_TF32_NARROW_MIN_WAVES), unfused alone, and for
+    reductions of PINGPONG_TF32_NARROW_K_TILES k tiles."""
     (x, w, padding, dilation) = shapes
     p = make_problem(x, w, None, "float32", padding=padding, dilation=dilation, layout="NHWC", weight_layout="KHWC")
     plan = planner.make_plan(p, allow_tf32=True, compute_capability=90)
     assert plan.config.name == expected, str(plan)
-    if expected == implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG:  # fused, or at batch 8, on the pointwise kernel
+    if expected == implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG and p.kh == 1:  # fused, or at batch 8, pointwise
         fused = make_problem(x, w, (w[0],), "float32", layout="NHWC", weight_layout="KHWC", activation="relu")
         batch_8 = make_problem((8, *x[1:]), w, None, "float32", layout="NHWC", weight_layout="KHWC")
         for other in (fused, batch_8):

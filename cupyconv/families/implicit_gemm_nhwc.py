@@ -331,6 +331,10 @@ PINGPONG_NARROW_CONFIG = "nhwc_wgmma_pingpong_m128n64"
 PINGPONG_NARROW_STAGES = 7
 PINGPONG_NARROW_SHORT_WAVES = 4
 PINGPONG_NARROW_K_TILES = (8, 32)
+#: The same range of TF32's k tiles of 32 channels: H200, TF32 channels_last, plan timings (candidates.py, one input
+#: set), ResNet-50's 3x3 of 128 on 28^2 at batch 8 (49 tiles of 128 x 128, 36 k tiles) 26.6 us on the 128 x 64
+#: channel-row tile, 23.5 on it (benchmarks/NOTES.md, "TF32 at batch 8").
+PINGPONG_TF32_NARROW_K_TILES = (16, 36)
 PINGPONG_NARROW_MIN_WAVE = 0.7
 
 
@@ -710,7 +714,7 @@ def pingpong_narrow_pays(problem: ConvProblem, compute_capability: int) -> bool:
     if problem.k == width:
         return tiles >= H100_SMS and (k_tiles > 1 or tiles >= PINGPONG_NARROW_SHORT_WAVES * H100_SMS)
     wide = config_named(problem.dtype, PINGPONG_CONFIG)
-    fewest_k_tiles, most_k_tiles = PINGPONG_NARROW_K_TILES
+    fewest_k_tiles, most_k_tiles = PINGPONG_TF32_NARROW_K_TILES if problem.dtype == "float32" else PINGPONG_NARROW_K_TILES
     return (math.prod(gemm_grid(problem, wide)) < PINGPONG_MIN_TILES and fewest_k_tiles <= k_tiles <= most_k_tiles
             and PINGPONG_NARROW_MIN_WAVE * H100_SMS <= tiles <= H100_SMS)
 
