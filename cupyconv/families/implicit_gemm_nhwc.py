@@ -220,10 +220,10 @@ PINGPONG_DTYPES = ("float32", "float16", "bfloat16")
 #: 128 x 128 tile, 16.0 on it in the layers suite).
 PINGPONG_TF32_SHORT_K_TILES = 3
 #: TF32's split-K on the ping-pong tile (pingpong_split_runs) takes reductions from PINGPONG_TF32_SPLIT_MIN_K_TILES k
-#: tiles of 32 channels (16-bit ones from PINGPONG_SPLIT_MIN_K_TILES of 64): H200, TF32 channels_last, plan_timing,
-#: ResNet-50's 1024 -> 256 on 14^2 at batch 8 (26 tiles, 32 k tiles) 22.2 us on the 128 x 64 channel-row tile in 2
-#: runs, 17.5 on it in 4 (17.1 in 5); torch 10.6 (benchmarks/NOTES.md, "TF32 split-K on the ping-pong tile from 32 k
-#: tiles"). The 64-pixel tiles that take such 16-bit layers have no float32 instances.
+#: tiles of 32 channels (16-bit ones from PINGPONG_SPLIT_MIN_K_TILES of 64): H200, TF32 channels_last, four input sets
+#: in turn, ResNet-50's 1024 -> 256 on 14^2 at batch 8 (26 tiles, 32 k tiles) 22.3 us on the 128 x 64 channel-row tile
+#: in 2 runs, 18.5 on it in 4; torch 10.9 (benchmarks/NOTES.md, "TF32 1x1 layers"). The 64-pixel tiles that take such
+#: 16-bit layers have no float32 instances.
 PINGPONG_TF32_SPLIT_MIN_K_TILES = 32
 #: In TF32 the 64-channel ping-pong tile takes from the pointwise kernel (pingpong_tf32_narrow_pays) the unfused 1x1
 #: layers of more than PINGPONG_TF32_NARROW_CHANNELS[0] output or more than PINGPONG_TF32_NARROW_CHANNELS[1] input
@@ -714,7 +714,8 @@ def pingpong_narrow_pays(problem: ConvProblem, compute_capability: int) -> bool:
     if problem.k == width:
         return tiles >= H100_SMS and (k_tiles > 1 or tiles >= PINGPONG_NARROW_SHORT_WAVES * H100_SMS)
     wide = config_named(problem.dtype, PINGPONG_CONFIG)
-    fewest_k_tiles, most_k_tiles = PINGPONG_TF32_NARROW_K_TILES if problem.dtype == "float32" else PINGPONG_NARROW_K_TILES
+    fewest_k_tiles, most_k_tiles = \
+        PINGPONG_TF32_NARROW_K_TILES if problem.dtype == "float32" else PINGPONG_NARROW_K_TILES
     return (math.prod(gemm_grid(problem, wide)) < PINGPONG_MIN_TILES and fewest_k_tiles <= k_tiles <= most_k_tiles
             and PINGPONG_NARROW_MIN_WAVE * H100_SMS <= tiles <= H100_SMS)
 
@@ -777,7 +778,7 @@ def _one_wave_runs(problem: ConvProblem, grid: tuple[int, int, int], k_tiles: in
 
 def pingpong_rules_take(problem: ConvProblem, compute_capability: int) -> bool:
     """Whether a ping-pong tile's rule takes ``problem`` whole or in the 64-pixel tile's runs (the planner leaves
-    such 1x1 layers to this family rather than to the pointwise kernel; in TF32 only where pingpong_tf32_narrow_pays)."""
+    such 1x1 layers to this family rather than to the pointwise kernel; in TF32 where pingpong_tf32_narrow_pays)."""
     if problem.dtype == "float32":
         return pingpong_tf32_narrow_pays(problem, compute_capability)
     return (pingpong_small_pays(problem, compute_capability) or pingpong_64_pixel_runs(problem, compute_capability)
