@@ -1002,7 +1002,7 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
 // reads as complete: parities alternate). Each consumer stages its tile's outputs in its own shared
 // memory ([BM][BN + 8] 16-bit values: a warp's 8 rows x 4 column pairs hit 32 banks; RESIDUAL and float32:
 // float sums of 64 rows at a time), rounded once after bias, residual and activation, and stores them as 16-
-// or 32-byte vectors of 8 channels along rows (K % 8 == 0). 32-bit indices. float32 (TF32; BM 128): the weight
+// or 32-byte vectors of 8 channels along rows (K % 8 == 0). 32-bit indices. float32 (TF32): the weight
 // comes rounded (the prepared weight), and x either as a copy rounded to TF32 (multiplied from shared memory, as
 // 16 bits are) or, ROUND_A, read in place and rounded on its way to the tensor cores as the producer tiles round
 // it: each warp's A rows loaded from the stage into registers (ldmatrix), rounded, and multiplied from there
@@ -1030,8 +1030,7 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                int activation, int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
                const TensorMap& weight_map, const TensorMap& x_map, int x_is_matrix) {
-    static_assert((sizeof(T) == 2 || BM == 128) && BM % 64 == 0 && (BN == 64 || BN == 128),
-                  "16 bits, or float32 on 128 rows (a consumer's staging holds 64 rows of float sums); 64-row halves");
+    static_assert((BM == 64 || BM == 128) && (BN == 64 || BN == 128), "one or two 64-row halves; 64 or 128 channels");
     static_assert(!(SPLIT_K && RESIDUAL), "split runs' sums are finished by the reduction");
     static_assert(!ROUND_A || sizeof(T) == 4, "ROUND_A: a float32 x read in place, unrounded");
     constexpr bool CLUSTER_SUMS = CLUSTER > 1;
@@ -1045,7 +1044,8 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
     unsigned char* a_smem = smem;
     unsigned char* b_smem = smem + STAGES * A_STAGE;
-    constexpr int STAGING_BYTES = BM * H_STRIDE * 2;  // a consumer's: [BM][H_STRIDE] 16-bit values (64 floats' rows)
+    // A consumer's: [BM][H_STRIDE] 16-bit values, or (float32) a 64-row half's float sums.
+    constexpr int STAGING_BYTES = (sizeof(T) == 4 ? 64 * 4 : BM * 2) * H_STRIDE;
     unsigned char* staging = b_smem + STAGES * B_STAGE;                             // [2][STAGING_BYTES]
     unsigned long long* full = reinterpret_cast<unsigned long long*>(staging + 2 * STAGING_BYTES);
     unsigned long long* empty = full + STAGES;

@@ -13,6 +13,7 @@ from cupyconv.program import Im2colMap
 from cupyconv.tuning import candidates, label
 
 PINGPONG = implicit_gemm_nhwc.PINGPONG_CONFIG
+PIXELS_64 = implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG
 
 
 def problem(n=32, c=256, k=1024, h=14, dtype="float16", kernel=1, stride=1, padding=0, groups=1, layout="NHWC"):
@@ -47,8 +48,8 @@ def test_persistent_grid(n, dtype):
 
 
 @pytest.mark.parametrize("p,options,reason", [
-    (problem(dtype="float32"), {"config": implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG},
-     "config for implicit_gemm_nhwc in float32 must be one of"),
+    (dataclasses.replace(problem(dtype="float32"), has_residual=True),
+     {"config": implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG, "splits": 1}, "adds a residual only through split-K"),
     (problem(dtype="float64"), {}, "implicit_gemm_nhwc"),
     (problem(layout="NCHW"), {}, "wgmma's nhwc_wgmma_m128n128 tile alone|16-bit and"),
     (problem(c=96, kernel=3, padding=1), {}, "whole k tiles of 64 channels of one tap"),
@@ -58,7 +59,7 @@ def test_persistent_grid(n, dtype):
     (problem(k=100), {}, "8-channel vectors"),
     (problem(n=8), {"stream_k": True}, "no stream-K|stream_k needs"),
     (problem(n=8), {"splits": 0}, "splits must be"),
-], ids=["float32_64_pixels", "float64", "nchw", "3x3", "3x3_float32", "strided", "groups", "k", "stream_k", "splits"])
+], ids=["float32_64_pixels_residual", "float64", "nchw", "3x3", "3x3_float32", "strided", "groups", "k", "stream_k", "splits"])
 def test_refusals(p, options, reason):
     with pytest.raises(ValueError, match=reason):
         plan_of(p, **options)
@@ -414,15 +415,23 @@ def test_space_to_depth_nchw_output_is_not_pingpong():
     (((32, 56, 56, 64), (256, 1, 1, 64), 0, 1), implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),  # the pointwise kernel's
     (((32, 56, 56, 144), (24, 1, 1, 144), 0, 1), implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),  # ones, more channels
     (((8, 28, 28, 128), (128, 3, 3, 128), 1, 1), implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),  # 36 k tiles, 98 tiles
+    (((8, 28, 28, 128), (512, 1, 1, 128), 0, 1), PIXELS_64),  # 196 tiles of 128 x 128 (2 waves), 392 of 64 x 128 (3)
+    (((8, 7, 7, 512), (2048, 1, 1, 512), 0, 1), PIXELS_64),   # 64 tiles (a wave), 112 of its own
+    (((8, 14, 14, 1024), (512, 1, 1, 1024), 0, 1), PIXELS_64),  # 52 tiles, 100 of its own: whole
+    (((8, 14, 14, 256), (1024, 1, 1, 256), 0, 1), PINGPONG),  # 104 tiles (a wave), 208 of its own (two)
+    (((1, 14, 14, 256), (256, 3, 3, 256), 1, 1), PIXELS_64),  # 8 of its tiles in 7 runs
+    (((1, 28, 28, 128), (512, 1, 1, 128), 0, 1), "nhwc_wgmma_m64n64"),  # 52 of its tiles, under half a wave
 ], ids=["1x1_256to1024", "3x3_256", "3x3_512_7sq", "3x3_256_b8", "dilated", "1x1_96to576", "1x1_64", "1x1_1024to256_b8",
-        "1x1_64to256", "1x1_144to24", "3x3_128_b8"])
+        "1x1_64to256", "1x1_144to24", "3x3_128_b8", "1x1_128to512_b8", "1x1_512to2048_b8", "1x1_1024to512_b8",
+        "1x1_256to1024_b8", "3x3_256_b1", "1x1_128to512_b1"])
 def test_the_tf32_rules(shapes, expected):
     """In TF32 the rules take the ping-pong tiles where they do in 16 bits, but for layers of more than one tap
     that a taller producer tile takes, reductions of PINGPONG_TF32_SHORT_K_TILES k tiles or fewer, and the
     pointwise kernel's 1x1 layers (implicit_gemm_nhwc.PINGPONG_TF32_SHORT_K_TILES' comment); split-K's runs from
     fewer k tiles (PINGPONG_TF32_SPLIT_MIN_K_TILES), and the 64-channel tile for the pointwise kernel's layers of more
     channels (PINGPONG_TF32_NARROW_CHANNELS) and pixels (PINGPONG_TF32_NARROW_MIN_WAVES), unfused alone, and for
-    reductions of PINGPONG_TF32_NARROW_K_TILES k tiles."""
+    reductions of PINGPONG_TF32_NARROW_K_TILES k tiles; the 64-pixel tile (PINGPONG_TF32_64_PIXEL_*) whole for 1x1
+    layers of half a wave of its tiles or a fuller last wave, in many runs of split-K for layers of more taps."""
     (x, w, padding, dilation) = shapes
     p = make_problem(x, w, None, "float32", padding=padding, dilation=dilation, layout="NHWC", weight_layout="KHWC")
     plan = planner.make_plan(p, allow_tf32=True, compute_capability=90)
@@ -432,7 +441,11 @@ def test_the_tf32_rules(shapes, expected):
         batch_8 = make_problem((8, *x[1:]), w, None, "float32", layout="NHWC", weight_layout="KHWC")
         for other in (fused, batch_8):
             assert planner.make_plan(other, allow_tf32=True, compute_capability=90).kernel == planner.POINTWISE_KERNEL
-    if x[0] == 8 and p.kh == 1:  # split-K's runs from PINGPONG_TF32_SPLIT_MIN_K_TILES k tiles of 32 channels
+    if expected == PIXELS_64:
+        assert plan.splits == max(implicit_gemm_nhwc.pingpong_64_pixel_runs(p, 90), 1)
+        assert (plan.splits >= implicit_gemm_nhwc.PINGPONG_TF32_64_PIXEL_MIN_RUNS) == (p.kh > 1), str(plan)
+        assert implicit_gemm_nhwc.name_expression(plan) in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
+    if (x, w) == ((8, 14, 14, 1024), (256, 1, 1, 1024)):  # split-K's runs from PINGPONG_TF32_SPLIT_MIN_K_TILES k tiles
         assert plan.splits == implicit_gemm_nhwc.pingpong_split_runs(p, 90) == 4, str(plan)
         sixteen = dataclasses.replace(p, dtype="float16")  # 16 k tiles of 64: the 64 x 64 tile's, unsplit
         assert implicit_gemm_nhwc.pingpong_split_runs(sixteen, 90) == 1

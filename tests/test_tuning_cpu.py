@@ -129,7 +129,7 @@ def test_candidates_are_valid_distinct_plans_the_fixed_rules_first(case, dtype, 
     (first_choice, first), *others = found
     assert first_choice == tuning.Choice() and first == planner.make_plan(problem, allow_tf32=tf32,
                                                                           compute_capability=cc)
-    assert 2 <= len(found) <= 60  # (TF32's 128-pixel ping-pong tiles and their runs: 57)
+    assert 2 <= len(found) <= 75  # (TF32's ping-pong tiles, 128 and 64 pixels tall, and their runs: 71)
     identities = [tuning._identity(plan) for _, plan in found]
     assert len(set(identities)) == len(identities), "a plan is timed twice"
     for choice, plan in found:

@@ -373,7 +373,31 @@ PINGPONG_64_PIXEL_MIN_K_TILES = 4
 PINGPONG_64_PIXEL_MIN_RUN = 10
 PINGPONG_64_PIXEL_MIN_WAVE = 0.35
 PINGPONG_64_PIXEL_WHOLE_K_TILES = 32
+#: float32 (TF32) has the 64-pixel tiles too, in fewer stages (a consumer stages a 64-row half's float sums, twice
+#: the 16-bit tile's staging). The fixed rules take the 64 x 128 one in TF32 (_tf32_64_pixel_runs) for 1x1 layers
+#: whole: of fewer than PINGPONG_MIN_TILES tiles of 128 x 128 where its own make PINGPONG_TF32_64_PIXEL_MIN_WAVE of a
+#: wave or more over at most PINGPONG_64_PIXEL_WHOLE_K_TILES k tiles; of more, in place of the 128 x 128 ping-pong
+#: tile (pingpong_pays) where PINGPONG_TF32_64_PIXEL_WAVE_COST times its waves of tiles are fewer than that tile's
+#: (a fuller last wave). Layers of more taps only in PINGPONG_TF32_64_PIXEL_MIN_RUNS or more runs of split-K (few
+#: tiles, x read in place). H200, TF32 channels_last, four input sets in turn (x from DRAM), each against the rules'
+#: plan before (benchmarks/NOTES.md, "TF32's 64-pixel ping-pong tiles"), us: ResNet-50 at batch 8, 128 -> 512 on
+#: 28^2 (196 tiles of 128 x 128, 392 of its own) 16.9 -> 13.6 (torch 12.9), 512 -> 2048 on 7^2 (64; 112) 19.7 ->
+#: 17.1 and 1024 -> 2048 s2 29.3 -> 25.6, 1024 -> 512 on 14^2 (100 of its tiles) 22.3 -> 20.5, 512 -> 128 on 28^2
+#: 15.2 -> 14.2; MobileNetV2's 320 -> 1280 on 7^2 14.7 -> 12.6; at batch 1 the 3x3 of 256 on 14^2 in 7 runs 16.3 ->
+#: 15.2, its s2 twin 16.8 -> 15.2, the 3x3 of 512 on 7^2 in 15 runs 23.4 -> 21.2, its s2 twin 23.6 -> 21.3. Left
+#: out, slower or at most 5 % faster: 3x3 layers at batch 8 (the 3x3 of 256 on 14^2 in 2 runs 22.3 -> 25.2 and its s2 twin 22.6 -> 29.7, both
+#: from a rounded copy of x; the 3x3 of 512 on 7^2 in 4 runs 28.0 -> 29.0; the 3x3 of 128 on 28^2 s2 23.1 -> 28.8,
+#: s1 22.7 -> 21.6), 1x1 layers at batch 1 (128 -> 512 on 28^2, 52 tiles: 8.6 -> 9.2; three others 0.98x) and
+#: split-K on 1x1 layers at batch 8 (1024 -> 256 on 14^2 in 2 runs 17.9 -> 17.2, 2048 -> 512 on 7^2 in 4 20.9 ->
+#: 20.5), where two waves of its tiles stand against one (256 -> 1024 on 14^2 at batch 8, 1024 -> 256 at batch 32;
+#: results/tf32_64_pixel_candidates_h200.txt). The 64 x 64 tile is tuning's alone in TF32 (one row timed: 256 -> 64
+#: on 56^2 at batch 8, 16.5 against the rules' 17.3).
+PINGPONG_TF32_64_PIXEL_STAGES = 6
+PINGPONG_TF32_64_PIXEL_MIN_WAVE = 0.5
+PINGPONG_TF32_64_PIXEL_WAVE_COST = 0.6
+PINGPONG_TF32_64_PIXEL_MIN_RUNS = 7
 NHWC_CONFIGS["float16"] += (_pingpong_tile(PINGPONG_64_PIXEL_CONFIG, 64, 128, PINGPONG_NARROW_STAGES),)
+NHWC_CONFIGS["float32"] += (_pingpong_tile(PINGPONG_64_PIXEL_CONFIG, 64, 128, PINGPONG_TF32_64_PIXEL_STAGES, 4),)
 #: The ping-pong tile 64 x 64 (the same kernel): its k tiles copy 16 KB, two thirds of the 64-pixel tile's 24, and a
 #: block's copies bound these tiles at ~115 GB/s an SM (H200: the 64-pixel tile's k tiles took ~0.23 us, the 128 x
 #: 128 tile's ~0.29), so a layer of few 128 x 128 tiles spreads over twice the 64-pixel tile's blocks with a third
@@ -400,7 +424,9 @@ PINGPONG_SMALL_SHORT_K_TILES = 16
 PINGPONG_SMALL_MIN_TILES = 21
 PINGPONG_SMALL_LONG_K_TILES = 36
 PINGPONG_SMALL_MIN_WAVE = 0.75
+PINGPONG_TF32_SMALL_STAGES = 11
 NHWC_CONFIGS["float16"] += (_pingpong_tile(PINGPONG_SMALL_CONFIG, 64, 64, PINGPONG_SMALL_STAGES),)
+NHWC_CONFIGS["float32"] += (_pingpong_tile(PINGPONG_SMALL_CONFIG, 64, 64, PINGPONG_TF32_SMALL_STAGES, 4),)
 #: The ping-pong tiles that run whole or split by split_k_reduce (the cluster config aside).
 PINGPONG_WHOLE_CONFIGS = (PINGPONG_CONFIG, PINGPONG_NARROW_CONFIG, PINGPONG_64_PIXEL_CONFIG, PINGPONG_SMALL_CONFIG)
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
@@ -491,7 +517,8 @@ def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
     item = 4 if dtype == "float32" else 2
     if cfg.wgmma == WGMMA_PINGPONG:  # the ring, each consumer's staging of bm rows of 16-bit values (float32's of 64
         # rows of floats), the mbarriers, 1 KB to align (and the clusters' `ready` mbarrier)
-        return cfg.stages * (cfg.bm + cfg.bn) * 128 + 2 * cfg.bm * (cfg.bn + 8) * 2 + 16 * cfg.stages + 8 + 1024
+        staging_rows_bytes = 64 * 4 if dtype == "float32" else cfg.bm * 2
+        return cfg.stages * (cfg.bm + cfg.bn) * 128 + 2 * staging_rows_bytes * (cfg.bn + 8) + 16 * cfg.stages + 8 + 1024
     a_stage = cfg.bk * (cfg.bm + 8) * item if a_from_nchw else cfg.bm * (cfg.bk * item + (0 if cfg.wgmma else 16))
     if cfg.wgmma:  # and the producer's full and empty mbarriers, 8 bytes each per stage
         return cfg.stages * (a_stage + cfg.bn * 128) + 1024 + (16 * cfg.stages if cfg.producer_warps else 0)
@@ -642,7 +669,7 @@ def _pingpong_refusal(problem: ConvProblem, cfg: GemmConfig, channels_padded: in
     """Why the ping-pong tile ``cfg`` cannot run ``problem`` ("" where it can)."""
     p = problem
     if p.dtype not in PINGPONG_DTYPES or p.layout != "NHWC":
-        return f"it runs 16-bit and (128-pixel tiles) TF32 NHWC layers (got {p.dtype}, {p.layout})"
+        return f"it runs 16-bit and TF32 NHWC layers (got {p.dtype}, {p.layout})"
     if p.groups != 1:
         return f"it runs layers of one group (got {p.groups})"
     if not _is_matrix(p) and p.c % cfg.bk:
@@ -736,7 +763,7 @@ def pingpong_small_pays(problem: ConvProblem, compute_capability: int) -> bool:
     """Whether the fixed rules take the 64 x 64 ping-pong tile (PINGPONG_SMALL_CONFIG) whole for ``problem``
     (PINGPONG_SMALL_* above)."""
     width = config_named("float16", PINGPONG_SMALL_CONFIG).bn
-    shape = None if _fused(problem) or problem.k % width else _pingpong_shape(problem, compute_capability,
+    shape = None if _fused(problem) or problem.k % width or problem.dtype == "float32" else _pingpong_shape(problem, compute_capability,
                                                                               PINGPONG_SMALL_CONFIG, width)
     if shape is None:
         return False
@@ -753,18 +780,33 @@ def pingpong_64_pixel_runs(problem: ConvProblem, compute_capability: int) -> int
     width = config_named("float16", PINGPONG_64_PIXEL_CONFIG).bn
     shape = None if _fused(problem) or problem.k % width else _pingpong_shape(problem, compute_capability,
                                                                               PINGPONG_64_PIXEL_CONFIG)
-    if shape is None or math.prod(gemm_grid(problem, config_named(problem.dtype, PINGPONG_CONFIG))) >= \
-            PINGPONG_MIN_TILES:
+    if shape is None:
         return 0
     grid, k_tiles = shape
-    tiles = math.prod(grid)
-    if k_tiles < PINGPONG_64_PIXEL_MIN_K_TILES:
+    wide_tiles = math.prod(gemm_grid(problem, config_named(problem.dtype, PINGPONG_CONFIG)))
+    if problem.dtype == "float32":
+        return _tf32_64_pixel_runs(problem, compute_capability, grid, k_tiles, wide_tiles)
+    if wide_tiles >= PINGPONG_MIN_TILES or k_tiles < PINGPONG_64_PIXEL_MIN_K_TILES:
         return 0
     runs = _one_wave_runs(problem, grid, k_tiles, PINGPONG_64_PIXEL_MIN_RUN)
     too_long = runs == 1 and k_tiles > PINGPONG_64_PIXEL_WHOLE_K_TILES
-    if tiles * runs < PINGPONG_64_PIXEL_MIN_WAVE * H100_SMS or too_long:
+    if math.prod(grid) * runs < PINGPONG_64_PIXEL_MIN_WAVE * H100_SMS or too_long:
         return 0
     return runs
+
+
+def _tf32_64_pixel_runs(problem: ConvProblem, compute_capability: int, grid: tuple[int, int, int], k_tiles: int,
+                        wide_tiles: int) -> int:
+    """pingpong_64_pixel_runs in TF32 (PINGPONG_TF32_64_PIXEL_* above), given the tile's ``grid`` and ``k_tiles`` and
+    the 128 x 128 tile's ``wide_tiles``."""
+    tiles = math.prod(grid)
+    if problem.kh * problem.kw > 1:
+        runs = _one_wave_runs(problem, grid, k_tiles, PINGPONG_64_PIXEL_MIN_RUN)
+        return runs if runs >= PINGPONG_TF32_64_PIXEL_MIN_RUNS else 0
+    if wide_tiles >= PINGPONG_MIN_TILES:  # in place of the 128 x 128 tile, where its last wave is fuller
+        fuller_waves = PINGPONG_TF32_64_PIXEL_WAVE_COST * math.ceil(tiles / H100_SMS) < math.ceil(wide_tiles / H100_SMS)
+        return int(fuller_waves and pingpong_pays(problem, compute_capability))
+    return int(tiles >= PINGPONG_TF32_64_PIXEL_MIN_WAVE * H100_SMS and k_tiles <= PINGPONG_64_PIXEL_WHOLE_K_TILES)
 
 
 def _one_wave_runs(problem: ConvProblem, grid: tuple[int, int, int], k_tiles: int, min_run: int) -> int:
