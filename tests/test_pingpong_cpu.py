@@ -414,24 +414,27 @@ def test_space_to_depth_nchw_output_is_not_pingpong():
     (((8, 14, 14, 1024), (256, 1, 1, 1024), 0, 1), PINGPONG),                                # 26 tiles, 32 k tiles
     (((32, 56, 56, 64), (256, 1, 1, 64), 0, 1), implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),  # the pointwise kernel's
     (((32, 56, 56, 144), (24, 1, 1, 144), 0, 1), implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),  # ones, more channels
-    (((8, 28, 28, 128), (128, 3, 3, 128), 1, 1), implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),  # 36 k tiles, 98 tiles
+    (((8, 28, 28, 128), (128, 3, 3, 128), 1, 1), PIXELS_64),  # 98 of its tiles, 36 k tiles, x in place
     (((8, 28, 28, 128), (512, 1, 1, 128), 0, 1), PIXELS_64),  # 196 tiles of 128 x 128 (2 waves), 392 of 64 x 128 (3)
     (((8, 7, 7, 512), (2048, 1, 1, 512), 0, 1), PIXELS_64),   # 64 tiles (a wave), 112 of its own
     (((8, 14, 14, 1024), (512, 1, 1, 1024), 0, 1), PIXELS_64),  # 52 tiles, 100 of its own: whole
     (((8, 14, 14, 256), (1024, 1, 1, 256), 0, 1), PINGPONG),  # 104 tiles (a wave), 208 of its own (two)
     (((1, 14, 14, 256), (256, 3, 3, 256), 1, 1), PIXELS_64),  # 8 of its tiles in 7 runs
     (((1, 28, 28, 128), (512, 1, 1, 128), 0, 1), "nhwc_wgmma_m64n64"),  # 52 of its tiles, under half a wave
+    (((8, 56, 56, 64), (64, 3, 3, 64), 1, 1), "nhwc_wgmma_producer_m256n64"),  # 196 64-channel tiles (< 4 waves)
+    (((32, 56, 56, 64), (64, 3, 3, 64), 1, 1), implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),  # 784 (4 waves or more)
 ], ids=["1x1_256to1024", "3x3_256", "3x3_512_7sq", "3x3_256_b8", "dilated", "1x1_96to576", "1x1_64", "1x1_1024to256_b8",
         "1x1_64to256", "1x1_144to24", "3x3_128_b8", "1x1_128to512_b8", "1x1_512to2048_b8", "1x1_1024to512_b8",
-        "1x1_256to1024_b8", "3x3_256_b1", "1x1_128to512_b1"])
+        "1x1_256to1024_b8", "3x3_256_b1", "1x1_128to512_b1", "3x3_64_b8", "3x3_64"])
 def test_the_tf32_rules(shapes, expected):
     """In TF32 the rules take the ping-pong tiles where they do in 16 bits, but for layers of more than one tap
     that a taller producer tile takes, reductions of PINGPONG_TF32_SHORT_K_TILES k tiles or fewer, and the
     pointwise kernel's 1x1 layers (implicit_gemm_nhwc.PINGPONG_TF32_SHORT_K_TILES' comment); split-K's runs from
     fewer k tiles (PINGPONG_TF32_SPLIT_MIN_K_TILES), and the 64-channel tile for the pointwise kernel's layers of more
     channels (PINGPONG_TF32_NARROW_CHANNELS) and pixels (PINGPONG_TF32_NARROW_MIN_WAVES), unfused alone, and for
-    reductions of PINGPONG_TF32_NARROW_K_TILES k tiles; the 64-pixel tile (PINGPONG_TF32_64_PIXEL_*) whole for 1x1
-    layers of half a wave of its tiles or a fuller last wave, in many runs of split-K for layers of more taps."""
+    reductions of PINGPONG_TF32_NARROW_K_TILES k tiles, layers of 64 output channels and more taps from
+    PINGPONG_TF32_NARROW_MIN_WAVES waves; the 64-pixel tile (PINGPONG_TF32_64_PIXEL_*) whole where its tiles make half
+    a wave, for 1x1 layers also a fuller last wave, for layers of more taps in many runs of split-K."""
     (x, w, padding, dilation) = shapes
     p = make_problem(x, w, None, "float32", padding=padding, dilation=dilation, layout="NHWC", weight_layout="KHWC")
     plan = planner.make_plan(p, allow_tf32=True, compute_capability=90)
@@ -443,7 +446,8 @@ def test_the_tf32_rules(shapes, expected):
             assert planner.make_plan(other, allow_tf32=True, compute_capability=90).kernel == planner.POINTWISE_KERNEL
     if expected == PIXELS_64:
         assert plan.splits == max(implicit_gemm_nhwc.pingpong_64_pixel_runs(p, 90), 1)
-        assert (plan.splits >= implicit_gemm_nhwc.PINGPONG_TF32_64_PIXEL_MIN_RUNS) == (p.kh > 1), str(plan)
+        assert plan.splits == 1 or (p.kh > 1 and plan.splits >= implicit_gemm_nhwc.PINGPONG_TF32_64_PIXEL_MIN_RUNS)
+        assert plan.round_a, "the 64-pixel tiles read float32 x in place"
         assert implicit_gemm_nhwc.name_expression(plan) in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
     if (x, w) == ((8, 14, 14, 1024), (256, 1, 1, 1024)):  # split-K's runs from PINGPONG_TF32_SPLIT_MIN_K_TILES k tiles
         assert plan.splits == implicit_gemm_nhwc.pingpong_split_runs(p, 90) == 4, str(plan)
@@ -451,6 +455,7 @@ def test_the_tf32_rules(shapes, expected):
         assert implicit_gemm_nhwc.pingpong_split_runs(sixteen, 90) == 1
     if getattr(plan.config, "wgmma", 0) == implicit_gemm_nhwc.WGMMA_PINGPONG:  # PINGPONG_TF32_COPY
         copied = p.kh * p.kw > 1 and plan.config.bn >= implicit_gemm_nhwc.PINGPONG_TF32_COPY_CHANNELS and \
+            plan.config.bm == 128 and \
             math.prod(gemm_grid(p, plan.config)) >= implicit_gemm_nhwc.PINGPONG_TF32_COPY_MIN_TILES
         assert plan.round_a != copied and "<float," in implicit_gemm_nhwc.name_expression(plan)
         assert implicit_gemm_nhwc.name_expression(plan).endswith(f",{str(plan.round_a).lower()}>")

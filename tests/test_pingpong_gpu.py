@@ -151,15 +151,13 @@ def test_pingpong_narrow_few_output_channels_against_float64(dtype, epilogue):
 
 
 #: A 3x3 layer of 98 tiles of 128 x 128, which the TF32 128-channel tiles read from a rounded copy of x (A from shared
-#: memory; implicit_gemm_nhwc.PINGPONG_TF32_COPY_MIN_TILES), whole, in clusters of 2 and 64 pixels tall (a residual
-#: through split-K's reduction alone).
+#: memory; implicit_gemm_nhwc.PINGPONG_TF32_COPY_MIN_TILES), whole and in clusters of 2.
 COPY_CASE = Case(8, 64, 256, 28, 28, 3, 3, padding=1)
 
 
 @pytest.mark.parametrize("config,splits", [(implicit_gemm_nhwc.PINGPONG_CONFIG, None),
                                            (implicit_gemm_nhwc.PINGPONG_CONFIG, 3),
-                                           (implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG, 2),
-                                           (implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG, 2)])
+                                           (implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG, 2)])
 @pytest.mark.parametrize("epilogue", EPILOGUES[:2], ids=["none", "relu-residual"])
 def test_pingpong_tf32_on_a_rounded_copy_against_float64(config, splits, epilogue):
     """float32 x copied rounded to TF32 and multiplied from shared memory (no ROUND_A): within TF32's tolerance,

@@ -314,7 +314,10 @@ PINGPONG_CLUSTER_MIN_RUN = 16
 #: and a layer makes twice the tiles. The fixed rules take it (pingpong_narrow_pays; the planner asks before the
 #: pointwise kernel's rule) for unfused calls, as pingpong_pays, of PINGPONG_MIN_IN_CHANNELS input channels or more:
 #: - of 64 output channels, a wave of tiles or more, and more than one k tile or PINGPONG_NARROW_SHORT_WAVES waves
-#:   of tiles (one k tile a tile leaves its epilogue the whole of its time);
+#:   of tiles (one k tile a tile leaves its epilogue the whole of its time); in TF32, layers of more than one tap from
+#:   PINGPONG_TF32_NARROW_MIN_WAVES waves (the 3x3 of 64 on 56^2 at batch 8, 196 tiles: 24.3 us on it, 21.9 on the
+#:   256 x 64 producer tile the rules take instead; at batch 32, 784 tiles, 51.0 against 53.2; H200, four input sets
+#:   in turn, results/tf32_64_pixel_candidates_h200.txt);
 #: - of fewer than PINGPONG_MIN_TILES tiles of 128 x 128 but PINGPONG_NARROW_MIN_WAVE to one wave of its own, over
 #:   PINGPONG_NARROW_K_TILES k tiles (longer reductions spread further by split-K's runs; shorter ones untimed).
 #: H200, fp16 channels_last, CUDA graphs, each against the rules' plan before (benchmarks/NOTES.md, "The
@@ -333,7 +336,8 @@ PINGPONG_NARROW_SHORT_WAVES = 4
 PINGPONG_NARROW_K_TILES = (8, 32)
 #: The same range of TF32's k tiles of 32 channels: H200, TF32 channels_last, plan timings (candidates.py, one input
 #: set), ResNet-50's 3x3 of 128 on 28^2 at batch 8 (49 tiles of 128 x 128, 36 k tiles) 26.6 us on the 128 x 64
-#: channel-row tile, 23.5 on it (benchmarks/NOTES.md, "TF32 at batch 8").
+#: channel-row tile, 23.5 on it (benchmarks/NOTES.md, "TF32 at batch 8"; since b2c0c46 the 64-pixel tile takes that
+#: layer, and the range MobileNetV2's 384 -> 96 on 14^2 at batch 32).
 PINGPONG_TF32_NARROW_K_TILES = (16, 36)
 PINGPONG_NARROW_MIN_WAVE = 0.7
 
@@ -374,26 +378,29 @@ PINGPONG_64_PIXEL_MIN_RUN = 10
 PINGPONG_64_PIXEL_MIN_WAVE = 0.35
 PINGPONG_64_PIXEL_WHOLE_K_TILES = 32
 #: float32 (TF32) has the 64-pixel tiles too, in fewer stages (a consumer stages a 64-row half's float sums, twice
-#: the 16-bit tile's staging). The fixed rules take the 64 x 128 one in TF32 (_tf32_64_pixel_runs) for 1x1 layers
-#: whole: of fewer than PINGPONG_MIN_TILES tiles of 128 x 128 where its own make PINGPONG_TF32_64_PIXEL_MIN_WAVE of a
-#: wave or more over at most PINGPONG_64_PIXEL_WHOLE_K_TILES k tiles; of more, in place of the 128 x 128 ping-pong
-#: tile (pingpong_pays) where PINGPONG_TF32_64_PIXEL_WAVE_COST times its waves of tiles are fewer than that tile's
-#: (a fuller last wave). Layers of more taps only in PINGPONG_TF32_64_PIXEL_MIN_RUNS or more runs of split-K (few
-#: tiles, x read in place). H200, TF32 channels_last, four input sets in turn (x from DRAM), each against the rules'
-#: plan before (benchmarks/NOTES.md, "TF32's 64-pixel ping-pong tiles"), us: ResNet-50 at batch 8, 128 -> 512 on
-#: 28^2 (196 tiles of 128 x 128, 392 of its own) 16.9 -> 13.6 (torch 12.9), 512 -> 2048 on 7^2 (64; 112) 19.7 ->
-#: 17.1 and 1024 -> 2048 s2 29.3 -> 25.6, 1024 -> 512 on 14^2 (100 of its tiles) 22.3 -> 20.5, 512 -> 128 on 28^2
-#: 15.2 -> 14.2; MobileNetV2's 320 -> 1280 on 7^2 14.7 -> 12.6; at batch 1 the 3x3 of 256 on 14^2 in 7 runs 16.3 ->
-#: 15.2, its s2 twin 16.8 -> 15.2, the 3x3 of 512 on 7^2 in 15 runs 23.4 -> 21.2, its s2 twin 23.6 -> 21.3. Left
-#: out, slower or at most 5 % faster: 3x3 layers at batch 8 (the 3x3 of 256 on 14^2 in 2 runs 22.3 -> 25.2 and its s2 twin 22.6 -> 29.7, both
-#: from a rounded copy of x; the 3x3 of 512 on 7^2 in 4 runs 28.0 -> 29.0; the 3x3 of 128 on 28^2 s2 23.1 -> 28.8,
-#: s1 22.7 -> 21.6), 1x1 layers at batch 1 (128 -> 512 on 28^2, 52 tiles: 8.6 -> 9.2; three others 0.98x) and
-#: split-K on 1x1 layers at batch 8 (1024 -> 256 on 14^2 in 2 runs 17.9 -> 17.2, 2048 -> 512 on 7^2 in 4 20.9 ->
-#: 20.5), where two waves of its tiles stand against one (256 -> 1024 on 14^2 at batch 8, 1024 -> 256 at batch 32;
-#: results/tf32_64_pixel_candidates_h200.txt). The 64 x 64 tile is tuning's alone in TF32 (one row timed: 256 -> 64
-#: on 56^2 at batch 8, 16.5 against the rules' 17.3).
+#: the 16-bit tile's staging), x always read in place and rounded in the consumers' registers. The fixed rules take
+#: the 64 x 128 one in TF32 (_tf32_64_pixel_runs) whole for layers of fewer than PINGPONG_MIN_TILES tiles of 128 x
+#: 128 where its own make PINGPONG_TF32_64_PIXEL_MIN_WAVE of a wave or more over at most
+#: PINGPONG_TF32_64_PIXEL_WHOLE_K_TILES k tiles; for fewer of its tiles, layers of more than one tap in
+#: PINGPONG_TF32_64_PIXEL_MIN_RUNS or more runs of split-K; and 1x1 layers of more 128 x 128 tiles in place of the
+#: 128 x 128 ping-pong tile (pingpong_pays) where PINGPONG_TF32_64_PIXEL_WAVE_COST times its waves of tiles are
+#: fewer than that tile's (a fuller last wave). H200, TF32 channels_last, four input sets in turn (x from DRAM), each
+#: against the rules' plan before (benchmarks/NOTES.md, "TF32's 64-pixel ping-pong tiles"), us: ResNet-50 at batch
+#: 8, 128 -> 512 on 28^2 (196 tiles of 128 x 128, 392 of its own) 16.9 -> 13.6 (torch 12.9), 512 -> 2048 on 7^2 (64;
+#: 112) 19.7 -> 17.1 and 1024 -> 2048 s2 29.3 -> 25.6, 1024 -> 512 on 14^2 (100 of its tiles) 22.3 -> 20.5, 512 ->
+#: 128 on 28^2 15.2 -> 14.2, the 3x3 of 128 on 28^2 (98, 36 k tiles) 23.4 -> 20.9 and its s2 twin on 56^2 23.5 ->
+#: 20.8 (28.8 from a rounded copy of x); MobileNetV2's 320 -> 1280 on 7^2 14.7 -> 12.6; at batch 1 the 3x3 of 256
+#: on 14^2 in 7 runs 16.3 -> 15.2, its s2 twin 16.8 -> 15.2, the 3x3 of 512 on 7^2 in 15 runs 23.4 -> 21.2, its s2
+#: twin 23.6 -> 21.3. Left out, slower or at most 5 % faster: other 3x3 layers at batch 8 (the 3x3 of 256 on 14^2
+#: in 2 runs 22.3 -> 25.2 and its s2 twin 22.6 -> 29.7 from a rounded copy, in place neither among the best five;
+#: the 3x3 of 512 on 7^2 in 4 runs 28.0 -> 29.0), 1x1 layers at batch 1 (128 -> 512 on 28^2, 52 tiles: 8.6 -> 9.2;
+#: three others 0.98x), split-K on 1x1 layers at batch 8 (1024 -> 256 on 14^2 in 2 runs 17.9 -> 17.2, 2048 -> 512
+#: on 7^2 in 4 20.9 -> 20.5), and two waves of its tiles against one (256 -> 1024 on 14^2 at batch 8, 1024 -> 256
+#: at batch 32; results/tf32_64_pixel_candidates_h200.txt). The 64 x 64 tile is tuning's alone in TF32 (one row
+#: timed: 256 -> 64 on 56^2 at batch 8, 16.5 against the rules' 17.3).
 PINGPONG_TF32_64_PIXEL_STAGES = 6
 PINGPONG_TF32_64_PIXEL_MIN_WAVE = 0.5
+PINGPONG_TF32_64_PIXEL_WHOLE_K_TILES = 36
 PINGPONG_TF32_64_PIXEL_WAVE_COST = 0.6
 PINGPONG_TF32_64_PIXEL_MIN_RUNS = 7
 NHWC_CONFIGS["float16"] += (_pingpong_tile(PINGPONG_64_PIXEL_CONFIG, 64, 128, PINGPONG_NARROW_STAGES),)
@@ -738,8 +745,9 @@ def pingpong_narrow_pays(problem: ConvProblem, compute_capability: int) -> bool:
     if shape is None:
         return False
     tiles, k_tiles = math.prod(shape[0]), shape[1]
-    if problem.k == width:
-        return tiles >= H100_SMS and (k_tiles > 1 or tiles >= PINGPONG_NARROW_SHORT_WAVES * H100_SMS)
+    if problem.k == width:  # in TF32, layers of more taps from PINGPONG_TF32_NARROW_MIN_WAVES waves of tiles
+        waves = PINGPONG_TF32_NARROW_MIN_WAVES if problem.dtype == "float32" and problem.kh * problem.kw > 1 else 1
+        return tiles >= waves * H100_SMS and (k_tiles > 1 or tiles >= PINGPONG_NARROW_SHORT_WAVES * H100_SMS)
     wide = config_named(problem.dtype, PINGPONG_CONFIG)
     fewest_k_tiles, most_k_tiles = \
         PINGPONG_TF32_NARROW_K_TILES if problem.dtype == "float32" else PINGPONG_NARROW_K_TILES
@@ -763,8 +771,9 @@ def pingpong_small_pays(problem: ConvProblem, compute_capability: int) -> bool:
     """Whether the fixed rules take the 64 x 64 ping-pong tile (PINGPONG_SMALL_CONFIG) whole for ``problem``
     (PINGPONG_SMALL_* above)."""
     width = config_named("float16", PINGPONG_SMALL_CONFIG).bn
-    shape = None if _fused(problem) or problem.k % width or problem.dtype == "float32" else _pingpong_shape(problem, compute_capability,
-                                                                              PINGPONG_SMALL_CONFIG, width)
+    if _fused(problem) or problem.k % width or problem.dtype == "float32":  # TF32: tuning's alone
+        return False
+    shape = _pingpong_shape(problem, compute_capability, PINGPONG_SMALL_CONFIG, width)
     if shape is None:
         return False
     tiles, k_tiles = math.prod(shape[0]), shape[1]
@@ -800,13 +809,13 @@ def _tf32_64_pixel_runs(problem: ConvProblem, compute_capability: int, grid: tup
     """pingpong_64_pixel_runs in TF32 (PINGPONG_TF32_64_PIXEL_* above), given the tile's ``grid`` and ``k_tiles`` and
     the 128 x 128 tile's ``wide_tiles``."""
     tiles = math.prod(grid)
-    if problem.kh * problem.kw > 1:
-        runs = _one_wave_runs(problem, grid, k_tiles, PINGPONG_64_PIXEL_MIN_RUN)
-        return runs if runs >= PINGPONG_TF32_64_PIXEL_MIN_RUNS else 0
     if wide_tiles >= PINGPONG_MIN_TILES:  # in place of the 128 x 128 tile, where its last wave is fuller
         fuller_waves = PINGPONG_TF32_64_PIXEL_WAVE_COST * math.ceil(tiles / H100_SMS) < math.ceil(wide_tiles / H100_SMS)
-        return int(fuller_waves and pingpong_pays(problem, compute_capability))
-    return int(tiles >= PINGPONG_TF32_64_PIXEL_MIN_WAVE * H100_SMS and k_tiles <= PINGPONG_64_PIXEL_WHOLE_K_TILES)
+        return int(problem.kh * problem.kw == 1 and fuller_waves and pingpong_pays(problem, compute_capability))
+    if tiles >= PINGPONG_TF32_64_PIXEL_MIN_WAVE * H100_SMS:
+        return int(k_tiles <= PINGPONG_TF32_64_PIXEL_WHOLE_K_TILES)
+    runs = _one_wave_runs(problem, grid, k_tiles, PINGPONG_64_PIXEL_MIN_RUN)
+    return runs if problem.kh * problem.kw > 1 and runs >= PINGPONG_TF32_64_PIXEL_MIN_RUNS else 0
 
 
 def _one_wave_runs(problem: ConvProblem, grid: tuple[int, int, int], k_tiles: int, min_run: int) -> int:
@@ -1305,16 +1314,21 @@ def _x_copied(problem: ConvProblem, channels_padded: int, cfg: GemmConfig) -> bo
     ``cfg`` would round them in shared memory at every k tile (the kernel rounds float32 inputs it
     reads in place itself: LaunchPlan.round_a, its ROUND_A; mma.sync tiles and the 128-pixel
     producer's in registers, the other wgmma tiles in shared memory), and every float32 input of the
-    256-pixel producer tile; on the 128-channel ping-pong tiles, float32 inputs of more than one tap
+    256-pixel producer tile; on the 128 x 128 ping-pong tiles, float32 inputs of more than one tap
     and PINGPONG_TF32_COPY_MIN_TILES tiles (PINGPONG_TF32_COPY_CHANNELS)."""
     if problem.layout == "NCHW":
         return not _nchw_a_vec(problem)
     rounding = _float32_rounding(cfg)
     many_taps = problem.kh * problem.kw != 1
-    pingpong_copy = cfg.wgmma == WGMMA_PINGPONG and cfg.bn >= PINGPONG_TF32_COPY_CHANNELS and \
-        math.prod(gemm_grid(problem, cfg)) >= PINGPONG_TF32_COPY_MIN_TILES
+    pingpong_copy = _pingpong_may_copy(cfg) and math.prod(gemm_grid(problem, cfg)) >= PINGPONG_TF32_COPY_MIN_TILES
     return channels_padded != problem.c or (problem.dtype == "float32" and (
         rounding == "copy" or (rounding == "shared" and many_taps) or (pingpong_copy and many_taps)))
+
+
+def _pingpong_may_copy(cfg: GemmConfig) -> bool:
+    """Whether the ping-pong tile ``cfg`` reads a float32 x of more than one tap from a rounded copy where it makes
+    enough tiles (PINGPONG_TF32_COPY_*): the 128 x 128 tiles; the 64-pixel ones always read it in place."""
+    return cfg.wgmma == WGMMA_PINGPONG and cfg.bn >= PINGPONG_TF32_COPY_CHANNELS and cfg.bm == 128
 
 
 def _float32_rounding(cfg: GemmConfig) -> str:
@@ -1420,10 +1434,18 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
         [pingpong_specialisation(dtype, cfg, residual, split_k, round_a) for dtype in GEMM_DTYPES
          for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.name in PINGPONG_WHOLE_CONFIGS
          for residual, split_k in ((False, False), (True, False), (False, True)) if cfg.bm == 128 or not residual
-         for round_a in ((False, True) if dtype == "float32" else (False,))] + \
+         for round_a in _pingpong_round_a(dtype, cfg)] + \
         [pingpong_cluster_specialisation(dtype, cfg, splits, round_a) for dtype in GEMM_DTYPES
          for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.name == PINGPONG_CLUSTER_CONFIG
-         for splits in PINGPONG_CLUSTER_SPLITS for round_a in ((False, True) if dtype == "float32" else (False,))]
+         for splits in PINGPONG_CLUSTER_SPLITS for round_a in _pingpong_round_a(dtype, cfg)]
+
+
+def _pingpong_round_a(dtype: str, cfg: GemmConfig) -> tuple[bool, ...]:
+    """The ROUND_A flags of the ping-pong tile ``cfg``'s instances: float32 read in place, and from a rounded copy
+    where the tile may read one (_pingpong_may_copy); 16 bits never round."""
+    if dtype != "float32":
+        return (False,)
+    return (False, True) if _pingpong_may_copy(cfg) else (True,)
 
 
 def _gemm_flags(wgmma: bool, cfg: GemmConfig, dtype: str, vec: int) -> tuple[tuple[int, bool, bool], ...]:
