@@ -14,6 +14,7 @@ from cupyconv.tuning import candidates, label
 
 PINGPONG = implicit_gemm_nhwc.PINGPONG_CONFIG
 PIXELS_64 = implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG
+COPY_AVOIDING = implicit_gemm_nhwc.TF32_COPY_AVOIDING_CONFIG
 
 
 def problem(n=32, c=256, k=1024, h=14, dtype="float16", kernel=1, stride=1, padding=0, groups=1, layout="NHWC"):
@@ -405,8 +406,9 @@ def test_space_to_depth_nchw_output_is_not_pingpong():
 
 @pytest.mark.parametrize("shapes,expected", [
     (((32, 14, 14, 256), (1024, 1, 1, 256), 0, 1), PINGPONG),                                # 8 k tiles
-    (((32, 14, 14, 256), (256, 3, 3, 256), 1, 1), PINGPONG),                                 # producer 128 else
-    (((32, 7, 7, 512), (512, 3, 3, 512), 1, 1), implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG),  # 52 tiles
+    (((32, 14, 14, 256), (256, 3, 3, 256), 1, 1), COPY_AVOIDING),  # 98 tiles from a copy: 66 of 192 pixels, 2 runs
+    (((32, 7, 7, 512), (512, 3, 3, 512), 1, 1), COPY_AVOIDING),    # 52 tiles (clusters) from a copy: 36, 3 runs
+    (((16, 14, 14, 512), (512, 3, 3, 512), 1, 1), PINGPONG),       # 100 from a copy; 68 of 192 pixels: too many
     (((8, 14, 14, 256), (256, 3, 3, 256), 1, 1), PINGPONG),                                  # 26 tiles: in place
     (((32, 28, 28, 256), (256, 3, 3, 256), 2, 2), "nhwc_wgmma_producer_m192n128"),           # a taller producer
     (((32, 14, 14, 96), (576, 1, 1, 96), 0, 1), "nhwc_wgmma_m128n128"),                      # 3 k tiles
@@ -423,7 +425,7 @@ def test_space_to_depth_nchw_output_is_not_pingpong():
     (((1, 28, 28, 128), (512, 1, 1, 128), 0, 1), "nhwc_wgmma_m64n64"),  # 52 of its tiles, under half a wave
     (((8, 56, 56, 64), (64, 3, 3, 64), 1, 1), "nhwc_wgmma_producer_m256n64"),  # 196 64-channel tiles (< 4 waves)
     (((32, 56, 56, 64), (64, 3, 3, 64), 1, 1), implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),  # 784 (4 waves or more)
-], ids=["1x1_256to1024", "3x3_256", "3x3_512_7sq", "3x3_256_b8", "dilated", "1x1_96to576", "1x1_64", "1x1_1024to256_b8",
+], ids=["1x1_256to1024", "3x3_256", "3x3_512_7sq", "3x3_512_b16", "3x3_256_b8", "dilated", "1x1_96to576", "1x1_64", "1x1_1024to256_b8",
         "1x1_64to256", "1x1_144to24", "3x3_128_b8", "1x1_128to512_b8", "1x1_512to2048_b8", "1x1_1024to512_b8",
         "1x1_256to1024_b8", "3x3_256_b1", "1x1_128to512_b1", "3x3_64_b8", "3x3_64"])
 def test_the_tf32_rules(shapes, expected):
@@ -434,7 +436,9 @@ def test_the_tf32_rules(shapes, expected):
     channels (PINGPONG_TF32_NARROW_CHANNELS) and pixels (PINGPONG_TF32_NARROW_MIN_WAVES), unfused alone, and for
     reductions of PINGPONG_TF32_NARROW_K_TILES k tiles, layers of 64 output channels and more taps from
     PINGPONG_TF32_NARROW_MIN_WAVES waves; the 64-pixel tile (PINGPONG_TF32_64_PIXEL_*) whole where its tiles make half
-    a wave, for 1x1 layers also a fuller last wave, for layers of more taps in many runs of split-K."""
+    a wave, for 1x1 layers also a fuller last wave, for layers of more taps in many runs of split-K; the 192-pixel
+    producer tile in split-K's runs where the 128 x 128 ping-pong tiles would read a rounded copy
+    (TF32_COPY_AVOIDING_CONFIG)."""
     (x, w, padding, dilation) = shapes
     p = make_problem(x, w, None, "float32", padding=padding, dilation=dilation, layout="NHWC", weight_layout="KHWC")
     plan = planner.make_plan(p, allow_tf32=True, compute_capability=90)
@@ -448,6 +452,9 @@ def test_the_tf32_rules(shapes, expected):
         assert plan.splits == max(implicit_gemm_nhwc.pingpong_64_pixel_runs(p, 90), 1)
         assert plan.splits == 1 or (p.kh > 1 and plan.splits >= implicit_gemm_nhwc.PINGPONG_TF32_64_PIXEL_MIN_RUNS)
         assert plan.round_a, "the 64-pixel tiles read float32 x in place"
+        assert implicit_gemm_nhwc.name_expression(plan) in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
+    if implicit_gemm_nhwc.tf32_copy_avoided(p, 90):  # x rounded in place, split-K's runs filling a wave
+        assert expected == COPY_AVOIDING and plan.round_a and plan.splits > 1 and math.prod(plan.grid) <= H100_SMS
         assert implicit_gemm_nhwc.name_expression(plan) in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
     if (x, w) == ((8, 14, 14, 1024), (256, 1, 1, 1024)):  # split-K's runs from PINGPONG_TF32_SPLIT_MIN_K_TILES k tiles
         assert plan.splits == implicit_gemm_nhwc.pingpong_split_runs(p, 90) == 4, str(plan)

@@ -243,6 +243,12 @@ PINGPONG_TF32_NARROW_MIN_WAVES = 4
 #: (r50_l1_3x3_64: a 26 MB x) reads it in place.
 PINGPONG_TF32_COPY_CHANNELS = 128
 PINGPONG_TF32_COPY_MIN_TILES = 48
+#: Where the ping-pong rules would take such a copy, the 192-pixel producer tile, which rounds x in its registers,
+#: runs the layer instead (tf32_copy_avoided) in split-K's runs (_splits) where its tiles make SPLIT_K_MAX_BLOCKS or
+#: fewer. H200, TF32 channels_last, four input sets in turn (benchmarks/NOTES.md, "TF32's 64-pixel ping-pong
+#: tiles"), ResNet-50 at batch 32, us: the 3x3 of 256 on 28^2 s2 (a 25.7 MB x) 64.9 -> 41.0 in 2 runs, of 512 on
+#: 14^2 s2 60.2 -> 51.3 in 3, the 3x3 of 256 on 14^2 42.3 -> 39.5 in 2; the 3x3 of 512 on 7^2 49.2 -> 49.7 in 3.
+TF32_COPY_AVOIDING_CONFIG = "nhwc_wgmma_producer_m192n128"
 PINGPONG_KERNEL = "implicit_gemm_nhwc_pingpong"
 PINGPONG_STAGES = 4
 #: The fixed rules take it (pingpong_pays) for layers of at least PINGPONG_MIN_OUT_CHANNELS output and
@@ -737,6 +743,18 @@ def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
     return True
 
 
+def tf32_copy_avoided(problem: ConvProblem, compute_capability: int) -> bool:
+    """Whether the fixed rules give a TF32 layer the 128 x 128 ping-pong tiles would read from a rounded copy of x
+    (PINGPONG_TF32_COPY_*) to the 192-pixel producer tile instead (TF32_COPY_AVOIDING_CONFIG above)."""
+    shape = None if problem.dtype != "float32" or _fused(problem) else _pingpong_shape(problem, compute_capability)
+    if shape is None or problem.kh * problem.kw == 1 or math.prod(shape[0]) < PINGPONG_TF32_COPY_MIN_TILES:
+        return False
+    producer = config_named(problem.dtype, TF32_COPY_AVOIDING_CONFIG)
+    taken = pingpong_pays(problem, compute_capability) or pingpong_cluster_runs(problem, compute_capability) > 1 or \
+        pingpong_split_runs(problem, compute_capability) > 1
+    return taken and math.prod(gemm_grid(problem, producer)) <= SPLIT_K_MAX_BLOCKS
+
+
 def pingpong_narrow_pays(problem: ConvProblem, compute_capability: int) -> bool:
     """Whether the fixed rules take the 64-channel ping-pong tile (PINGPONG_NARROW_CONFIG) for ``problem``
     (PINGPONG_NARROW_* above). The planner asks it before any other tile's rule."""
@@ -927,6 +945,11 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
         return small_wide, (f"wgmma; {math.prod(gemm_grid(problem, small_wide))} tiles of 64 x 128 (a wave, >= "
                             f"{SMALL_WIDE_MIN_TILES}), {reduction_tiles(problem, small_wide, problem.c)} k tiles (<= "
                             f"{SMALL_WIDE_MAX_K_TILES}): one warpgroup's 64 x 128 tile")
+    if pingpong_split and tf32_copy_avoided(problem, compute_capability):
+        cfg, wide = (config_named(problem.dtype, name) for name in (TF32_COPY_AVOIDING_CONFIG, PINGPONG_CONFIG))
+        return cfg, (f"wgmma; the ping-pong tile's {math.prod(gemm_grid(problem, wide))} tiles of 128 x 128 would "
+                     f"read a copy of x rounded to TF32: {math.prod(gemm_grid(problem, cfg))} tiles of 192 pixels x "
+                     f"128 channels rounding it in place, split-K's runs filling a wave")
     if pingpong and pingpong_pays(problem, compute_capability):
         cfg = config_named(problem.dtype, PINGPONG_CONFIG)
         return cfg, (f"wgmma; 1x1 of {problem.c} -> {problem.k} channels, {math.prod(gemm_grid(problem, cfg))} "
