@@ -432,7 +432,7 @@ def test_the_tf32_rules(shapes, expected):
     """In TF32 the rules take the ping-pong tiles where they do in 16 bits, but for layers of more than one tap
     that a taller producer tile takes, reductions of PINGPONG_TF32_SHORT_K_TILES k tiles or fewer, and the
     pointwise kernel's 1x1 layers (implicit_gemm_nhwc.PINGPONG_TF32_SHORT_K_TILES' comment); split-K's runs from
-    fewer k tiles (PINGPONG_TF32_SPLIT_MIN_K_TILES), and the 64-channel tile for the pointwise kernel's layers of more
+    fewer k tiles (PINGPONG_TF32_SPLIT_MIN_K_TILES) in shorter runs (PINGPONG_TF32_SPLIT_MIN_RUN), and the 64-channel tile for the pointwise kernel's layers of more
     channels (PINGPONG_TF32_NARROW_CHANNELS) and pixels (PINGPONG_TF32_NARROW_MIN_WAVES), unfused alone, and for
     reductions of PINGPONG_TF32_NARROW_K_TILES k tiles, layers of 64 output channels and more taps from
     PINGPONG_TF32_NARROW_MIN_WAVES waves; the 64-pixel tile (PINGPONG_TF32_64_PIXEL_*) whole where its tiles make half
@@ -456,8 +456,8 @@ def test_the_tf32_rules(shapes, expected):
     if implicit_gemm_nhwc.tf32_copy_avoided(p, 90):  # x rounded in place, split-K's runs filling a wave
         assert expected == COPY_AVOIDING and plan.round_a and plan.splits > 1 and math.prod(plan.grid) <= H100_SMS
         assert implicit_gemm_nhwc.name_expression(plan) in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
-    if (x, w) == ((8, 14, 14, 1024), (256, 1, 1, 1024)):  # split-K's runs from PINGPONG_TF32_SPLIT_MIN_K_TILES k tiles
-        assert plan.splits == implicit_gemm_nhwc.pingpong_split_runs(p, 90) == 4, str(plan)
+    if (x, w) == ((8, 14, 14, 1024), (256, 1, 1, 1024)):  # from PINGPONG_TF32_SPLIT_MIN_K_TILES, runs of _MIN_RUN
+        assert plan.splits == implicit_gemm_nhwc.pingpong_split_runs(p, 90) == 5, str(plan)  # runs of 7 k tiles
         sixteen = dataclasses.replace(p, dtype="float16")  # 16 k tiles of 64: the 64 x 64 tile's, unsplit
         assert implicit_gemm_nhwc.pingpong_split_runs(sixteen, 90) == 1
     if getattr(plan.config, "wgmma", 0) == implicit_gemm_nhwc.WGMMA_PINGPONG:  # PINGPONG_TF32_COPY

@@ -225,6 +225,10 @@ PINGPONG_TF32_SHORT_K_TILES = 3
 #: in 2 runs, 18.5 on it in 4; torch 10.9 (benchmarks/NOTES.md, "TF32 1x1 layers"). The 64-pixel tiles that take such
 #: 16-bit layers have no float32 instances.
 PINGPONG_TF32_SPLIT_MIN_K_TILES = 32
+#: Its runs in TF32 may be as short as PINGPONG_TF32_SPLIT_MIN_RUN k tiles of 32 channels (16 bits:
+#: PINGPONG_SPLIT_MIN_RUN of 64): 1024 -> 256 on 14^2 at batch 8 in 5 runs of 7, 17.0 us, against 4 runs' 19.0 (16.7
+#: against 18.5 in another call; H200, four input sets in turn, results/tf32_64_pixel_candidates_h200.txt).
+PINGPONG_TF32_SPLIT_MIN_RUN = 7
 #: In TF32 the 64-channel ping-pong tile takes from the pointwise kernel (pingpong_tf32_narrow_pays) the unfused 1x1
 #: layers of more than PINGPONG_TF32_NARROW_CHANNELS[0] output or more than PINGPONG_TF32_NARROW_CHANNELS[1] input
 #: channels and PINGPONG_TF32_NARROW_MIN_WAVES waves of 128-pixel tiles or more. H200, TF32 channels_last, four input
@@ -864,7 +868,8 @@ def pingpong_split_runs(problem: ConvProblem, compute_capability: int) -> int:
     tiles = math.prod(grid)
     if tiles >= PINGPONG_MIN_TILES or k_tiles < _split_min_k_tiles(problem):
         return 1
-    runs = _one_wave_runs(problem, grid, k_tiles, PINGPONG_SPLIT_MIN_RUN)
+    min_run = PINGPONG_TF32_SPLIT_MIN_RUN if problem.dtype == "float32" else PINGPONG_SPLIT_MIN_RUN
+    runs = _one_wave_runs(problem, grid, k_tiles, min_run)
     return runs if runs > 1 and tiles * runs >= PINGPONG_SPLIT_MIN_WAVE * H100_SMS else 1
 
 
