@@ -60,7 +60,8 @@ def test_persistent_grid(n, dtype):
     (problem(k=100), {}, "8-channel vectors"),
     (problem(n=8), {"stream_k": True}, "no stream-K|stream_k needs"),
     (problem(n=8), {"splits": 0}, "splits must be"),
-], ids=["float32_64_pixels_residual", "float64", "nchw", "3x3", "3x3_float32", "strided", "groups", "k", "stream_k", "splits"])
+], ids=["float32_64_pixels_residual", "float64", "nchw", "3x3", "3x3_float32", "strided", "groups", "k", "stream_k",
+        "splits"])
 def test_refusals(p, options, reason):
     with pytest.raises(ValueError, match=reason):
         plan_of(p, **options)
@@ -425,20 +426,20 @@ def test_space_to_depth_nchw_output_is_not_pingpong():
     (((1, 28, 28, 128), (512, 1, 1, 128), 0, 1), "nhwc_wgmma_m64n64"),  # 52 of its tiles, under half a wave
     (((8, 56, 56, 64), (64, 3, 3, 64), 1, 1), "nhwc_wgmma_producer_m256n64"),  # 196 64-channel tiles (< 4 waves)
     (((32, 56, 56, 64), (64, 3, 3, 64), 1, 1), implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),  # 784 (4 waves or more)
-], ids=["1x1_256to1024", "3x3_256", "3x3_512_7sq", "3x3_512_b16", "3x3_256_b8", "dilated", "1x1_96to576", "1x1_64", "1x1_1024to256_b8",
-        "1x1_64to256", "1x1_144to24", "3x3_128_b8", "1x1_128to512_b8", "1x1_512to2048_b8", "1x1_1024to512_b8",
-        "1x1_256to1024_b8", "3x3_256_b1", "1x1_128to512_b1", "3x3_64_b8", "3x3_64"])
+], ids=["1x1_256to1024", "3x3_256", "3x3_512_7sq", "3x3_512_b16", "3x3_256_b8", "dilated", "1x1_96to576", "1x1_64",
+        "1x1_1024to256_b8", "1x1_64to256", "1x1_144to24", "3x3_128_b8", "1x1_128to512_b8", "1x1_512to2048_b8",
+        "1x1_1024to512_b8", "1x1_256to1024_b8", "3x3_256_b1", "1x1_128to512_b1", "3x3_64_b8", "3x3_64"])
 def test_the_tf32_rules(shapes, expected):
     """In TF32 the rules take the ping-pong tiles where they do in 16 bits, but for layers of more than one tap
     that a taller producer tile takes, reductions of PINGPONG_TF32_SHORT_K_TILES k tiles or fewer, and the
     pointwise kernel's 1x1 layers (implicit_gemm_nhwc.PINGPONG_TF32_SHORT_K_TILES' comment); split-K's runs from
-    fewer k tiles (PINGPONG_TF32_SPLIT_MIN_K_TILES) in shorter runs (PINGPONG_TF32_SPLIT_MIN_RUN), and the 64-channel tile for the pointwise kernel's layers of more
-    channels (PINGPONG_TF32_NARROW_CHANNELS) and pixels (PINGPONG_TF32_NARROW_MIN_WAVES), unfused alone, and for
-    reductions of PINGPONG_TF32_NARROW_K_TILES k tiles, layers of 64 output channels and more taps from
-    PINGPONG_TF32_NARROW_MIN_WAVES waves; the 64-pixel tile (PINGPONG_TF32_64_PIXEL_*) whole where its tiles make half
-    a wave, for 1x1 layers also a fuller last wave, for layers of more taps in many runs of split-K; the 192-pixel
-    producer tile in split-K's runs where the 128 x 128 ping-pong tiles would read a rounded copy
-    (TF32_COPY_AVOIDING_CONFIG)."""
+    fewer k tiles (PINGPONG_TF32_SPLIT_MIN_K_TILES) in shorter runs (PINGPONG_TF32_SPLIT_MIN_RUN); the 64-channel tile
+    for the pointwise kernel's layers of more channels (PINGPONG_TF32_NARROW_CHANNELS) and pixels
+    (PINGPONG_TF32_NARROW_MIN_WAVES), unfused alone, for reductions of PINGPONG_TF32_NARROW_K_TILES k tiles, and for
+    layers of 64 output channels and more taps from PINGPONG_TF32_NARROW_MIN_WAVES waves; the 64-pixel tile
+    (PINGPONG_TF32_64_PIXEL_*) whole where its tiles make half a wave, for 1x1 layers also a fuller last wave, for
+    layers of more taps in many runs of split-K; the 192-pixel producer tile in split-K's runs where the 128 x 128
+    ping-pong tiles would read a rounded copy (TF32_COPY_AVOIDING_CONFIG)."""
     (x, w, padding, dilation) = shapes
     p = make_problem(x, w, None, "float32", padding=padding, dilation=dilation, layout="NHWC", weight_layout="KHWC")
     plan = planner.make_plan(p, allow_tf32=True, compute_capability=90)

@@ -226,8 +226,9 @@ PINGPONG_TF32_SHORT_K_TILES = 3
 #: 16-bit layers have no float32 instances.
 PINGPONG_TF32_SPLIT_MIN_K_TILES = 32
 #: Its runs in TF32 may be as short as PINGPONG_TF32_SPLIT_MIN_RUN k tiles of 32 channels (16 bits:
-#: PINGPONG_SPLIT_MIN_RUN of 64): 1024 -> 256 on 14^2 at batch 8 in 5 runs of 7, 17.0 us, against 4 runs' 19.0 (16.7
-#: against 18.5 in another call; H200, four input sets in turn, results/tf32_64_pixel_candidates_h200.txt).
+#: PINGPONG_SPLIT_MIN_RUN of 64): 1024 -> 256 on 14^2 at batch 8 in 5 runs of 7 against 4 runs, three calls (H200, four
+#: input sets in turn): 17.0 against 19.0 and 16.7 against 18.5 among the tuner's candidates, 17.7 against 18.1 alone
+#: (results/tf32_64_pixel_candidates_h200.txt, results/tf32_split_min_run_ab_98dd758_h200.txt).
 PINGPONG_TF32_SPLIT_MIN_RUN = 7
 #: In TF32 the 64-channel ping-pong tile takes from the pointwise kernel (pingpong_tf32_narrow_pays) the unfused 1x1
 #: layers of more than PINGPONG_TF32_NARROW_CHANNELS[0] output or more than PINGPONG_TF32_NARROW_CHANNELS[1] input
