@@ -202,7 +202,7 @@ for _dtype, _item in (("float32", 4), ("float16", 2)):
 #: 32-bit indices, no split-K. x and w are read in place: x as the matrix [N H W][C] for 1x1, stride-1,
 #: unpadded layers (TMA fills the last k tile's columns past C with zeros), elsewhere by the im2col map in
 #: whole k tiles of 128 bytes of channels of one tap (C a multiple of 64 16-bit or 32 float32 values). In TF32
-#: (the tiles of 128 pixels) x is rounded in the consumers' registers, A multiplied from there (or read from a
+#: x is rounded in the consumers' registers, A multiplied from there (or, on the 128 x 128 tiles, read from a
 #: rounded copy: PINGPONG_TF32_COPY_CHANNELS), and the weight is the prepared weight, rounded once. The rules take
 #: them for TF32 layers where they take them for 16-bit ones (PINGPONG_TF32_SHORT_K_TILES says where not). H200,
 #: TF32 channels_last, GPU time against the rules' plans before (benchmarks/NOTES.md, "The ping-pong tile in
@@ -223,7 +223,7 @@ PINGPONG_TF32_SHORT_K_TILES = 3
 #: tiles of 32 channels (16-bit ones from PINGPONG_SPLIT_MIN_K_TILES of 64): H200, TF32 channels_last, four input sets
 #: in turn, ResNet-50's 1024 -> 256 on 14^2 at batch 8 (26 tiles, 32 k tiles) 22.3 us on the 128 x 64 channel-row tile
 #: in 2 runs, 18.5 on it in 4; torch 10.9 (benchmarks/NOTES.md, "TF32 1x1 layers"). The 64-pixel tiles that take such
-#: 16-bit layers have no float32 instances.
+#: 16-bit layers in split-K's runs were slower on it in TF32 (PINGPONG_TF32_64_PIXEL_* below).
 PINGPONG_TF32_SPLIT_MIN_K_TILES = 32
 #: Its runs in TF32 may be as short as PINGPONG_TF32_SPLIT_MIN_RUN k tiles of 32 channels (16 bits:
 #: PINGPONG_SPLIT_MIN_RUN of 64): 1024 -> 256 on 14^2 at batch 8 in 5 runs of 7 against 4 runs, three calls (H200, four
@@ -252,7 +252,9 @@ PINGPONG_TF32_COPY_MIN_TILES = 48
 #: runs the layer instead (tf32_copy_avoided) in split-K's runs (_splits) where its tiles make SPLIT_K_MAX_BLOCKS or
 #: fewer. H200, TF32 channels_last, four input sets in turn (benchmarks/NOTES.md, "TF32's 64-pixel ping-pong
 #: tiles"), ResNet-50 at batch 32, us: the 3x3 of 256 on 28^2 s2 (a 25.7 MB x) 64.9 -> 41.0 in 2 runs, of 512 on
-#: 14^2 s2 60.2 -> 51.3 in 3, the 3x3 of 256 on 14^2 42.3 -> 39.5 in 2; the 3x3 of 512 on 7^2 49.2 -> 49.7 in 3.
+#: 14^2 s2 60.2 -> 51.3 in 3, the 3x3 of 256 on 14^2 42.3 -> 39.5 in 2; the 3x3 of 512 on 7^2 49.2 -> 49.7 in 3
+#: (again, the rules' plans before and after: 62.8 -> 42.5, 58.3 -> 50.7, 41.6 -> 39.9, 48.7 -> 49.5;
+#: results/tf32_copy_avoided_ab_3020599_h200.txt).
 TF32_COPY_AVOIDING_CONFIG = "nhwc_wgmma_producer_m192n128"
 PINGPONG_KERNEL = "implicit_gemm_nhwc_pingpong"
 PINGPONG_STAGES = 4
