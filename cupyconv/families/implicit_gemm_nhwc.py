@@ -869,16 +869,19 @@ def pingpong_split_runs(problem: ConvProblem, compute_capability: int) -> int:
         return 1
     grid, k_tiles = shape
     tiles = math.prod(grid)
-    if tiles >= PINGPONG_MIN_TILES or k_tiles < _split_min_k_tiles(problem):
+    min_k_tiles, min_run = _split_limits(problem)
+    if tiles >= PINGPONG_MIN_TILES or k_tiles < min_k_tiles:
         return 1
-    min_run = PINGPONG_TF32_SPLIT_MIN_RUN if problem.dtype == "float32" else PINGPONG_SPLIT_MIN_RUN
     runs = _one_wave_runs(problem, grid, k_tiles, min_run)
     return runs if runs > 1 and tiles * runs >= PINGPONG_SPLIT_MIN_WAVE * H100_SMS else 1
 
 
-def _split_min_k_tiles(problem: ConvProblem) -> int:
-    """The fewest k tiles of a reduction the ping-pong tile's split-K rule takes in ``problem``'s dtype."""
-    return PINGPONG_TF32_SPLIT_MIN_K_TILES if problem.dtype == "float32" else PINGPONG_SPLIT_MIN_K_TILES
+def _split_limits(problem: ConvProblem) -> tuple[int, int]:
+    """The ping-pong tile's split-K rule in ``problem``'s dtype, counted in its k tiles: the fewest k tiles of a
+    reduction it takes, and of a run."""
+    if problem.dtype == "float32":
+        return PINGPONG_TF32_SPLIT_MIN_K_TILES, PINGPONG_TF32_SPLIT_MIN_RUN
+    return PINGPONG_SPLIT_MIN_K_TILES, PINGPONG_SPLIT_MIN_RUN
 
 
 def pingpong_cluster_runs(problem: ConvProblem, compute_capability: int) -> int:
@@ -971,7 +974,7 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
     if pingpong_split and pingpong_split_runs(problem, compute_capability) > 1:
         cfg = config_named(problem.dtype, PINGPONG_CONFIG)
         return cfg, (f"wgmma; {math.prod(gemm_grid(problem, cfg))} tiles of 128 x 128 (< {PINGPONG_MIN_TILES}), "
-                     f"{reduction_tiles(problem, cfg, problem.c)} k tiles (>= {_split_min_k_tiles(problem)}): the "
+                     f"{reduction_tiles(problem, cfg, problem.c)} k tiles (>= {_split_limits(problem)[0]}): the "
                      f"ping-pong tile, split-K's runs its work items")
     kg = problem.k // problem.groups
     item = 4 if problem.dtype == "float32" else 2
