@@ -300,6 +300,13 @@ SMALL_RULE_CASES = [
     (8, 1024, 512, 14, 1, 1, False),   # 200 tiles: 8.7 against 6.8
     (1, 128, 512, 28, 1, 1, False),    # 2 k tiles: 3.1 against 2.9
     (32, 2048, 512, 7, 1, 1, False),   # 200 tiles: 14.4 against 10.2
+    # Outputs of part of a last 64-channel tile (pingpong_partial_tiles_candidates_h200.txt):
+    (8, 384, 96, 14, 1, 1, True),      # MobileNetV2's, 50 tiles, 6 k tiles: 4.9 -> 3.6
+    (8, 576, 160, 7, 1, 1, True),      # 21 tiles, 9 k tiles: 4.7 -> 4.1
+    (8, 240, 80, 14, 1, 1, True),      # EfficientNet-B0's, 4 k tiles: 4.2 -> 3.2
+    (32, 960, 160, 7, 1, 1, True),     # 75 tiles, 15 k tiles: 6.8 -> 5.2
+    (8, 960, 160, 7, 1, 1, False),     # 21 tiles of 15 k tiles: 5.1 against split-K's 4.8
+    (8, 80, 480, 14, 1, 1, False),     # 200 tiles: 3.6 against 3.3
 ]
 
 
@@ -375,6 +382,11 @@ NARROW_RULE_CASES = [
     (8, 1024, 2048, 14, 1, 2, False),   # 64 tiles of 128 x 128: 8.5 against 9.2
     (8, 2048, 512, 7, 1, 1, False),     # 32 tiles: 7.9 against 10.9
     (1, 64, 256, 56, 1, 1, False),      # one k tile: untimed
+    # Outputs of part of a last tile, short reductions (pingpong_partial_tiles_candidates_h200.txt):
+    (32, 384, 96, 14, 1, 1, True),      # MobileNetV2's, 98 tiles, 6 k tiles: 7.0 -> 4.7
+    (32, 240, 80, 14, 1, 1, True),      # EfficientNet-B0's, 4 k tiles: 4.7 -> 4.0
+    (32, 576, 96, 14, 1, 1, True),      # 9 k tiles: 5.4 (taken before)
+    (32, 80, 480, 14, 1, 1, False),     # 2 k tiles: untimed
 ]
 
 

@@ -150,6 +150,28 @@ def test_pingpong_narrow_few_output_channels_against_float64(dtype, epilogue):
                  config=implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG)
 
 
+#: Outputs that fill part of their last channel tile, on the ping-pong tiles the fixed rules give them (MobileNetV2's and
+#: EfficientNet-B0's projections; implicit_gemm_nhwc.pingpong_small_pays and PINGPONG_NARROW_K_TILES).
+PARTIAL_RULE_CASES = [(Case(8, 384, 96, 14, 14, 1, 1, bias=False), implicit_gemm_nhwc.PINGPONG_SMALL_CONFIG),
+                      (Case(32, 960, 160, 7, 7, 1, 1, bias=False), implicit_gemm_nhwc.PINGPONG_SMALL_CONFIG),
+                      (Case(8, 240, 80, 14, 14, 1, 1, bias=False), implicit_gemm_nhwc.PINGPONG_SMALL_CONFIG),
+                      (Case(32, 384, 96, 14, 14, 1, 1, bias=False), implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case,config", PARTIAL_RULE_CASES, ids=lambda v: getattr(v, "id", v))
+def test_pingpong_rules_partial_channel_tiles_against_float64(case, config, dtype):
+    """The rules' plan of a layer whose last channel tile is partly used (no bias: a model's convolution before batch
+    norm; a bias is an epilogue the rules give other tiles): that tile's unused columns never stored."""
+    problem = problem_of(case, dtype, "NHWC", "KHWC", "none", False)
+    plan = planner.make_plan(problem, compute_capability=90)
+    assert plan.config.name == config and plan.splits == 1, str(plan)
+    x, weight, bias, _ = tensors(case, problem, dtype, seed=case.c + case.k)
+    out = run(plan, problem, x, weight, bias, None)
+    assert not out.isnan().any(), f"an output element was never written: {plan}"
+    assert relative_error(out, reference(case, x, weight, bias, None, "none")) < TOLERANCE[dtype], str(plan)
+
+
 #: A 3x3 layer of 98 tiles of 128 x 128, which the TF32 128-channel tiles read from a rounded copy of x (A from shared
 #: memory; implicit_gemm_nhwc.PINGPONG_TF32_COPY_MIN_TILES), whole and in clusters of 2.
 COPY_CASE = Case(8, 64, 256, 28, 28, 3, 3, padding=1)

@@ -332,7 +332,10 @@ PINGPONG_CLUSTER_MIN_RUN = 16
 #:   256 x 64 producer tile the rules take instead; at batch 32, 784 tiles, 51.0 against 53.2; H200, four input sets
 #:   in turn, results/tf32_64_pixel_candidates_h200.txt);
 #: - of fewer than PINGPONG_MIN_TILES tiles of 128 x 128 but PINGPONG_NARROW_MIN_WAVE to one wave of its own, over
-#:   PINGPONG_NARROW_K_TILES k tiles (longer reductions spread further by split-K's runs; shorter ones untimed).
+#:   PINGPONG_NARROW_K_TILES k tiles (longer reductions spread further by split-K's runs). From 4 k tiles since
+#:   session #28 (H200, fp16 channels_last, CUDA graphs, results/pingpong_partial_tiles_candidates_h200.txt): at
+#:   batch 32 MobileNetV2's 384 -> 96 on 14^2 (98 tiles, 6 k tiles) 7.0 -> 4.7 us on it (torch 3.7) and
+#:   EfficientNet-B0's 240 -> 80 (4 k tiles) 4.7 -> 4.0 (3.4), both from the pointwise kernel.
 #: H200, fp16 channels_last, CUDA graphs, each against the rules' plan before (benchmarks/NOTES.md, "The
 #: ping-pong tile 64 channels wide"): ResNet-50 at batch 32, 3x3 of 64 on 56^2 26.1 -> 19.8 us (torch 24.9), 256
 #: -> 64 on 56^2 22.1 -> 18.9 (18.3), 64 -> 64 1x1 7.8 -> 6.9 (6.5), 2048 -> 512 on 7^2 (104 of its tiles, 32 k
@@ -342,11 +345,11 @@ PINGPONG_CLUSTER_MIN_RUN = 16
 #: two waves of its tiles where the 128-channel tile makes one (512 -> 256 on 28^2 at batch 8 5.8 -> 7.1) and
 #: every layer of 64 tiles of 128 x 128 or more at batch 32 (0.7-0.8x); 1024 -> 2048 1x1 s2 on 14^2 at batch 8
 #: (64 of those tiles, 128 of its own) 8.5 -> 9.2; the 3x3 of 512 on 7^2 at batch 32 (72 k tiles) 18.8 in 2
-#: runs of split-K -> 21.6. Outputs of other widths than 64 were not timed on it.
+#: runs of split-K -> 21.6.
 PINGPONG_NARROW_CONFIG = "nhwc_wgmma_pingpong_m128n64"
 PINGPONG_NARROW_STAGES = 7
 PINGPONG_NARROW_SHORT_WAVES = 4
-PINGPONG_NARROW_K_TILES = (8, 32)
+PINGPONG_NARROW_K_TILES = (4, 32)
 #: The same range of TF32's k tiles of 32 channels: H200, TF32 channels_last, plan timings (candidates.py, one input
 #: set), ResNet-50's 3x3 of 128 on 28^2 at batch 8 (49 tiles of 128 x 128, 36 k tiles) 26.6 us on the 128 x 64
 #: channel-row tile, 23.5 on it (benchmarks/NOTES.md, "TF32 at batch 8"; since b2c0c46 the 64-pixel tile takes that
@@ -422,8 +425,8 @@ NHWC_CONFIGS["float32"] += (_pingpong_tile(PINGPONG_64_PIXEL_CONFIG, 64, 128, PI
 #: block's copies bound these tiles at ~115 GB/s an SM (H200: the 64-pixel tile's k tiles took ~0.23 us, the 128 x
 #: 128 tile's ~0.29), so a layer of few 128 x 128 tiles spreads over twice the 64-pixel tile's blocks with a third
 #: less to copy each. PINGPONG_SMALL_STAGES of them hold as much in flight as the 64-pixel tile's 7. The fixed
-#: rules take it whole (pingpong_small_pays; asked before the 64-pixel tile's rule) for unfused calls of whole
-#: 64-channel tiles where its tiles make at most one wave (H100_SMS) and the reduction has
+#: rules take it whole (pingpong_small_pays; asked before the 64-pixel tile's rule) for unfused calls where its
+#: tiles make at most one wave (H100_SMS) and the reduction has
 #: PINGPONG_SMALL_MIN_K_TILES k tiles or more: up to PINGPONG_SMALL_SHORT_K_TILES on PINGPONG_SMALL_MIN_TILES tiles
 #: or more, up to PINGPONG_SMALL_LONG_K_TILES on PINGPONG_SMALL_MIN_WAVE of a wave or more. H200, fp16 channels_last,
 #: CUDA graphs, ResNet-50's layers against the rules' plans before (benchmarks/NOTES.md, "The ping-pong tile 64
@@ -437,6 +440,14 @@ NHWC_CONFIGS["float32"] += (_pingpong_tile(PINGPONG_64_PIXEL_CONFIG, 64, 128, PI
 #: against 2.9); 256 -> 1024 on 14^2 at batch 1 (64 tiles, 4 k tiles) 3.2 -> 3.4 is taken. From 21 tiles on
 #: (results/pointwise_small_rule_candidates_h200.txt, batch 8): MobileNetV2's 384 -> 64 on 14^2 (25 tiles, 6 k
 #: tiles) 4.3 -> 3.7 (torch 3.1), EfficientNet-B0's 672 -> 192 on 7^2 (21 tiles, 11 k tiles) 5.5 -> 4.6 (3.6).
+#: Outputs of any multiple of 8 channels since session #28 (the last tile's unused channels are multiplied and not
+#: stored), but on fewer than PINGPONG_SMALL_FEW_TILES tiles only up to PINGPONG_SMALL_FEW_TILES_K_TILES k tiles
+#: (results/pingpong_partial_tiles_candidates_h200.txt, against the rules' plan before, us): batch 8, MobileNetV2's
+#: 384 -> 96 on 14^2 4.9 -> 3.6 (torch 3.1), 576 -> 96 4.8 -> 4.2 (3.4), 576 -> 160 on 7^2 (21 tiles) 4.7 -> 4.1
+#: (3.3); EfficientNet-B0's 240 -> 80 on 14^2 4.2 -> 3.2 (2.9), 480 -> 80 5.0 -> 4.1 (3.4), 480 -> 112 5.0 -> 4.0
+#: (3.4), 672 -> 112 5.7 -> 4.5 (3.7); batch 32, 576 -> 160 on 7^2 (75 tiles) 4.8 -> 4.2 (3.5), 960 -> 160 6.8 ->
+#: 5.2 (4.1). Slower: 960 -> 160 on 7^2 at batch 8 (21 tiles, 15 k tiles) 5.1 against 4.8 in split-K's 5 runs of
+#: the one-warpgroup 64 x 64 tile.
 PINGPONG_SMALL_CONFIG = "nhwc_wgmma_pingpong_m64n64"
 PINGPONG_SMALL_STAGES = 12
 PINGPONG_SMALL_MIN_K_TILES = 4
@@ -444,6 +455,8 @@ PINGPONG_SMALL_SHORT_K_TILES = 16
 PINGPONG_SMALL_MIN_TILES = 21
 PINGPONG_SMALL_LONG_K_TILES = 36
 PINGPONG_SMALL_MIN_WAVE = 0.75
+PINGPONG_SMALL_FEW_TILES = 32
+PINGPONG_SMALL_FEW_TILES_K_TILES = 12
 PINGPONG_TF32_SMALL_STAGES = 11
 NHWC_CONFIGS["float16"] += (_pingpong_tile(PINGPONG_SMALL_CONFIG, 64, 64, PINGPONG_SMALL_STAGES),)
 NHWC_CONFIGS["float32"] += (_pingpong_tile(PINGPONG_SMALL_CONFIG, 64, 64, PINGPONG_TF32_SMALL_STAGES, 4),)
@@ -796,7 +809,7 @@ def pingpong_small_pays(problem: ConvProblem, compute_capability: int) -> bool:
     """Whether the fixed rules take the 64 x 64 ping-pong tile (PINGPONG_SMALL_CONFIG) whole for ``problem``
     (PINGPONG_SMALL_* above)."""
     width = config_named("float16", PINGPONG_SMALL_CONFIG).bn
-    if _fused(problem) or problem.k % width or problem.dtype == "float32":  # TF32: tuning's alone
+    if _fused(problem) or problem.dtype == "float32":  # TF32: tuning's alone
         return False
     shape = _pingpong_shape(problem, compute_capability, PINGPONG_SMALL_CONFIG, width)
     if shape is None:
@@ -804,6 +817,8 @@ def pingpong_small_pays(problem: ConvProblem, compute_capability: int) -> bool:
     tiles, k_tiles = math.prod(shape[0]), shape[1]
     if not PINGPONG_SMALL_MIN_K_TILES <= k_tiles <= PINGPONG_SMALL_LONG_K_TILES or tiles > H100_SMS:
         return False
+    if tiles < PINGPONG_SMALL_FEW_TILES and k_tiles > PINGPONG_SMALL_FEW_TILES_K_TILES:
+        return False  # a long reduction on few tiles: split-K's runs on another tile spread it further
     return tiles >= (PINGPONG_SMALL_MIN_TILES if k_tiles <= PINGPONG_SMALL_SHORT_K_TILES
                      else PINGPONG_SMALL_MIN_WAVE * H100_SMS)
 
