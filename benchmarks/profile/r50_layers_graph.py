@@ -1,4 +1,4 @@
-"""GPU time of the rules' plan on each of ResNet-50's convolutions (the stem aside), fp16 channels_last,
+"""GPU time of the rules' plan on each of ResNet-50's convolutions (the stem aside), fp16 (--dtype bf16: bf16) channels_last,
 as a converted model in graph mode runs them (graph_timing.graph_ms: 20 calls a CUDA graph), torch's
 F.conv2d timed the same way, and each output checked against torch's. For A/B, run it once per tree,
 each from outside the trees (the script's directory first on sys.path, then PYTHONPATH):
@@ -29,7 +29,7 @@ LAYERS = [(64, 64, 56, 1, 1), (64, 64, 56, 3, 1), (64, 256, 56, 1, 1), (256, 64,
 def time_plan(plan, problem, x, w, reference) -> float:
     """Graph-timed ms per call of ``plan`` on ``x`` and ``w`` (torch tensors), its output checked against
     ``reference``."""
-    out = torch.empty(problem.out_array_shape, device="cuda", dtype=torch.half)
+    out = torch.empty(problem.out_array_shape, device="cuda", dtype=x.dtype)
     exe = executable_for_plan(plan, problem, 0)
     workspace = torch.empty(max(1, exe.workspace_bytes_for(False)), device="cuda", dtype=torch.uint8)
     flags = torch.zeros(FLAG_COUNT, device="cuda", dtype=torch.int32)  # zero, as launches leave them
@@ -45,17 +45,19 @@ def time_plan(plan, problem, x, w, reference) -> float:
     return ms
 
 
-def main(tag: str, batches: list[int], top: int, im2col: bool, only: list[tuple[int, ...]], match: list[str]) -> None:
+def main(tag: str, batches: list[int], top: int, im2col: bool, only: list[tuple[int, ...]], match: list[str],
+         dtype: str = "float16") -> None:
+    torch_dtype = getattr(torch, dtype)
     for n in batches:
         for c, k, h, kh, s in only or LAYERS:
             if im2col and (kh, s) == (1, 1):
                 continue
-            problem = make_problem((n, h, h, c), (k, kh, kh, c), None, "float16", stride=s, padding=kh // 2,
+            problem = make_problem((n, h, h, c), (k, kh, kh, c), None, dtype, stride=s, padding=kh // 2,
                                    layout="NHWC", weight_layout="KHWC")
             plans = [plan for _, plan in candidates(problem, compute_capability=90)][:None if top else 1]
             plans = plans[:1] + [plan for plan in plans[1:] if not match or any(m in label(plan) for m in match)]
-            x = torch.randn(n, c, h, h, device="cuda", dtype=torch.half).to(memory_format=torch.channels_last)
-            w = torch.randn(k, c, kh, kh, device="cuda", dtype=torch.half).to(memory_format=torch.channels_last)
+            x = torch.randn(n, c, h, h, device="cuda", dtype=torch_dtype).to(memory_format=torch.channels_last)
+            w = torch.randn(k, c, kh, kh, device="cuda", dtype=torch_dtype).to(memory_format=torch.channels_last)
             reference = torch.nn.functional.conv2d(x, w, None, s, kh // 2)
             times = {}
             for plan in plans:
@@ -86,5 +88,7 @@ if __name__ == "__main__":
     parser.add_argument("--match", action="append", default=[], metavar="TEXT",
                         help="with --candidates, time only the rules' plan and the candidates whose label holds TEXT "
                              "(repeatable), e.g. pingpong_m64n128")
+    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
     args = parser.parse_args()
-    main(args.tag, args.batches, args.candidates, args.im2col, args.only, args.match)
+    main(args.tag, args.batches, args.candidates, args.im2col, args.only, args.match,
+         {"fp16": "float16", "bf16": "bfloat16"}[args.dtype])
