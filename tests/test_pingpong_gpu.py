@@ -150,8 +150,8 @@ def test_pingpong_narrow_few_output_channels_against_float64(dtype, epilogue):
                  config=implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG)
 
 
-#: Outputs that fill part of their last channel tile, on the ping-pong tiles the fixed rules give them (MobileNetV2's and
-#: EfficientNet-B0's projections; implicit_gemm_nhwc.pingpong_small_pays and PINGPONG_NARROW_K_TILES).
+#: Outputs that fill part of their last channel tile, on the ping-pong tiles the fixed rules give them (MobileNetV2's
+#: and EfficientNet-B0's projections; implicit_gemm_nhwc.pingpong_small_pays and PINGPONG_NARROW_K_TILES).
 PARTIAL_RULE_CASES = [(Case(8, 384, 96, 14, 14, 1, 1, bias=False), implicit_gemm_nhwc.PINGPONG_SMALL_CONFIG),
                       (Case(32, 960, 160, 7, 7, 1, 1, bias=False), implicit_gemm_nhwc.PINGPONG_SMALL_CONFIG),
                       (Case(8, 240, 80, 14, 14, 1, 1, bias=False), implicit_gemm_nhwc.PINGPONG_SMALL_CONFIG),

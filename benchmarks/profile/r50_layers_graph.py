@@ -1,5 +1,5 @@
-"""GPU time of the rules' plan on each of ResNet-50's convolutions (the stem aside), fp16 (--dtype bf16: bf16) channels_last,
-as a converted model in graph mode runs them (graph_timing.graph_ms: 20 calls a CUDA graph), torch's
+"""GPU time of the rules' plan on each of ResNet-50's convolutions (the stem aside), fp16 (or --dtype bf16)
+channels_last, as a converted model in graph mode runs them (graph_timing.graph_ms: 20 calls a CUDA graph), torch's
 F.conv2d timed the same way, and each output checked against torch's. For A/B, run it once per tree,
 each from outside the trees (the script's directory first on sys.path, then PYTHONPATH):
     PYTHONPATH=TREE:benchmarks/profile python benchmarks/profile/r50_layers_graph.py LABEL [BATCH ...]
