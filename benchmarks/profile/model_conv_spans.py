@@ -19,6 +19,7 @@ import torch
 import torchvision
 
 import cupyconv.torch as cc
+from model_kernels import profiled_kernels  # benchmarks/profile, the script's own directory
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32}
 REPLAYS = 20
@@ -52,13 +53,7 @@ def replay_kernels(model, x) -> list[tuple[str, float, float]]:
         model(x)
     for _ in range(5):
         graph.replay()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(REPLAYS):
-            graph.replay()
-            torch.cuda.synchronize()
-    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                    key=lambda e: e.time_range.start)
+    events = profiled_kernels(graph.replay, REPLAYS)
     replays = [[events[0]]]
     for before, event in zip(events, events[1:]):  # replays apart by the host's synchronize
         if event.time_range.start - before.time_range.end > REPLAY_GAP_US:

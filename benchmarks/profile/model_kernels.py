@@ -31,6 +31,18 @@ def wall_ms(run, times: int = 20) -> float:
     return 1e3 * (time.perf_counter() - began) / times
 
 
+def profiled_kernels(run, times: int) -> list:
+    """The GPU kernels (torch.profiler events) of ``times`` calls of ``run``, each followed by a synchronize,
+    in the order they started."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(times):
+            run()
+            torch.cuda.synchronize()
+    return sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                  key=lambda e: e.time_range.start)
+
+
 def kernel_times(model, x, graph: bool, run=None) -> tuple[list, list]:
     """[(kernel name, total µs per forward, launches per forward)] and [(kernel name, µs idle before
     it per forward, count)], largest first; ``run`` (a training step) in place of a forward."""
@@ -55,13 +67,7 @@ def kernel_times(model, x, graph: bool, run=None) -> tuple[list, list]:
             torch.cuda.synchronize()
             print(f"graph replay: {1e3 * (time.perf_counter() - began) / 50:.3f} ms per replay back to back, "
                   f"host {1e6 * sorted(host)[25]:.0f} us per replay() call (median)")
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(FORWARDS):
-                run()
-                torch.cuda.synchronize()
-    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                     key=lambda e: e.time_range.start)
+        kernels = profiled_kernels(run, FORWARDS)
     totals: dict[str, list] = {}
     gaps: dict[str, list] = {}
     for before, event in zip([None] + kernels[:-1], kernels):
