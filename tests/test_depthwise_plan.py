@@ -12,7 +12,7 @@ from cupyconv.families.common import SHARED_MEMORY_BYTES
 from cupyconv.families.depthwise_column_conv2d import COLUMN_CONFIGS, COLUMN_MAX_WIDTH
 from cupyconv.families.depthwise_conv2d import (DEPTHWISE_BLOCKS, DEPTHWISE_CONFIGS, DEPTHWISE_MAX_BUFFERS,
                                                 DEPTHWISE_MAX_CHANNELS_PER_LANE, DEPTHWISE_RING_BYTES, DEPTHWISE_TAPS)
-from cupyconv.planner import DEPTHWISE_COLUMN_KERNEL, DEPTHWISE_KERNEL, make_plan
+from cupyconv.planner import DEPTHWISE_COLUMN_KERNEL, DEPTHWISE_KERNEL, make_plan, program
 
 ITEM = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 GEOMETRIES = [  # (kh, kw, stride, dilation, padding)
@@ -232,17 +232,26 @@ def test_nhwc_rows_where_compiled_else_per_pixel():
             for pixels in depthwise_nhwc.ROW_PIXELS:
                 forced = make_plan(problem, f"dw_nhwc_v16_row{pixels}", "depthwise_nhwc")
                 assert (forced.config.kw, forced.config.sw, forced.config.pixels) == (kw, problem.stride[1], pixels)
-                assert f",{kw},{problem.stride[1]},{pixels},1>" in depthwise_nhwc.name_expression(forced)
+                assert f",{kw},{problem.stride[1]},{pixels},1,false>" in depthwise_nhwc.name_expression(forced)
                 assert depthwise_nhwc.name_expression(forced) in depthwise_nhwc.specialisations()
         else:
-            assert depthwise_nhwc.name_expression(plan).endswith(",0,1,1,1>")
+            assert depthwise_nhwc.name_expression(plan).endswith(",0,1,1,1,false>")
             for pixels in depthwise_nhwc.ROW_PIXELS:
                 with pytest.raises(ValueError, match="rows are compiled for"):
                     make_plan(problem, f"dw_nhwc_v16_row{pixels}", "depthwise_nhwc")
         for walk in depthwise_nhwc.WALK_CONFIGS:
             if walks and dtype != "float64":
                 forced = make_plan(problem, walk.name, "depthwise_nhwc")
-                assert f",{kw},{problem.stride[1]},{walk.pixels},{walk.rows}>" in depthwise_nhwc.name_expression(forced)
+                # 16-bit walks of 8-byte vectors read the caller's weight where the launch has few blocks, a block
+                # of 128 threads all 48 channels' rows of it (12 vectors) in shared memory; the others read a
+                # prepared weight.
+                staged = (walk.vec_bytes == depthwise_nhwc.STAGED_VEC_BYTES and ITEM[dtype] == 2
+                          and forced.grid[0] <= depthwise_nhwc.STAGED_MAX_BLOCKS)
+                assert forced.config.staged == staged
+                assert (f",{kw},{problem.stride[1]},{walk.pixels},{walk.rows},{str(staged).lower()}>"
+                        in depthwise_nhwc.name_expression(forced))
+                assert forced.shared_bytes == (48 * kh * kw * ITEM[dtype] if staged else 0)
+                assert (program(forced, problem).weight is None) == staged
                 assert depthwise_nhwc.name_expression(forced) in depthwise_nhwc.specialisations()
             else:
                 with pytest.raises(ValueError, match="rows are compiled for|walks down rows need"):
@@ -250,3 +259,23 @@ def test_nhwc_rows_where_compiled_else_per_pixel():
         vec = cfg.vec_bytes // ITEM[dtype]
         threads = problem.n * math.ceil(problem.ho / cfg.rows) * math.ceil(problem.wo / cfg.pixels) * problem.c // vec
         assert plan.grid[0] * plan.block[0] >= threads > (plan.grid[0] - 1) * plan.block[0]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_nhwc_walks_read_the_weight_in_place_up_to_a_grid_of_staged_max_blocks(dtype):
+    """The rules' 16-bit walk reads the caller's weight (no preparation) on a launch of up to
+    STAGED_MAX_BLOCKS blocks and the prepared weight on a larger one (each block's copy of the weight costs
+    it a round trip to L2): MobileNetV2's 3x3 of 384 on 14^2 at batch 8 and of 144 on 56^2 at batch 32."""
+    import dataclasses
+
+    from cupyconv.families import depthwise_nhwc
+
+    for (n, c, h), staged in (((8, 384, 14), True), ((32, 144, 56), False)):
+        problem = dataclasses.replace(make_problem((n, c, h, h), (c, 1, 3, 3), None, dtype, 1, 1, 1, c),
+                                      layout="NHWC", weight_layout="KHWC")
+        plan = make_plan(problem)
+        assert plan.config.name == depthwise_nhwc.WALK_RULE[dtype, 3, 1]
+        assert (plan.grid[0] <= depthwise_nhwc.STAGED_MAX_BLOCKS) == staged == plan.config.staged
+        assert (program(plan, problem).weight is None) == staged
+        assert ("read in place" in plan.reason) == staged
+        assert depthwise_nhwc.name_expression(plan) in depthwise_nhwc.specialisations()

@@ -340,6 +340,32 @@ def test_depthwise_nhwc_walks_down_rows(case, dtype, config):
     check_forced_against_per_pixel(case, dtype, config, case.kw * 10 + case.stride[1] + 3, "relu6")
 
 
+# Walks that read the weight in place (depthwise_nhwc.stages_weight: 16-bit, 8-byte vectors, few blocks), on
+# channels past a block's 128 vectors: 520 channels (130 vectors: a block's rows wrap past C in the weight) and
+# 1152 (288: whole blocks, as EfficientNet-B0's), and 40 (10 vectors: a block holds every channel); bit for bit
+# the per-pixel sums of the prepared weight and the same walk's on the prepared weight (its instance for
+# launches of many blocks), within tolerance of float64, every output written, and the epilogue.
+STAGED_CASES = [Case(3, c, c, 7, 9, kw, kw, stride=(s, s), padding=(kw // 2, kw // 2 + s - 1), groups=c, bias=s == 1)
+                for c in (40, 520, 1152) for kw in (3, 5) for s in (1, 2)]
+STAGED_CONFIGS = [c.name for c in depthwise_nhwc.WALK_CONFIGS if c.vec_bytes == depthwise_nhwc.STAGED_VEC_BYTES]
+
+
+@pytest.mark.parametrize("config", STAGED_CONFIGS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", STAGED_CASES, ids=lambda c: c.id)
+def test_depthwise_nhwc_walks_read_the_weight_in_place(case, dtype, config):
+    problem = problem_of(case, dtype, "NHWC", "KHWC")
+    plan = planner.make_plan(problem, config, planner.DEPTHWISE_NHWC_KERNEL)
+    assert plan.config.staged and plan.shared_bytes > 0
+    assert planner.program(plan, problem).weight is None, "no weight preparation"
+    seed = case.c + case.kw * 10 + case.stride[1]
+    check_forced_against_per_pixel(case, dtype, config, seed, "relu")
+    prepared = dataclasses.replace(plan, config=dataclasses.replace(plan.config, staged=False), shared_bytes=0)
+    assert planner.program(prepared, problem).weight is not None
+    x, weight, bias = inputs(case, dtype, seed=seed)
+    assert torch.equal(run(prepared, problem, x, weight, bias), run(plan, problem, x, weight, bias))
+
+
 # Runs of any kernel width (depthwise_nhwc.RUN_CONFIGS, forced here; RUN_CONFIG is the rule for kernels
 # wider than one column other than the row instances' widths): conv1d's long kernels (31 taps: runs of 4 taps and a
 # remainder of 3), a width of whole runs, widths below a run, rows that are not whole runs, several

@@ -419,6 +419,38 @@ def test_static_weights_graph_reads_forms_made_before_capture(launches, dtype):
     assert torch.equal(static_y, fresh())
 
 
+def test_graph_of_a_depthwise_layer_reads_the_weight_in_place(launches):
+    """A channels_last fp16 depthwise layer that the rules run on a staged walk: its CUDA graph prepares no
+    weight (the kernel reads the module's own), and a replay after the weight changed in place, with no
+    refresh, equals a fresh layer's output bit for bit."""
+    from cupyconv.families import depthwise_nhwc
+    from cupyconv.torch import convert
+
+    torch.manual_seed(17)
+    layer = nn.Conv2d(576, 576, 3, padding=1, groups=576, bias=False).cuda().half()
+    layer = convert(nn.Sequential(layer)).eval().to(memory_format=torch.channels_last)
+    static_x = torch.randn(4, 576, 14, 14, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+    graph, static_y = capture(layer, static_x)
+    in_capture = launches[-1]
+    assert in_capture["plan"].kernel == depthwise_nhwc.KERNEL and in_capture["plan"].config.staged
+    assert not in_capture["reads_prepared"] and not in_capture["prepares"]
+
+    def fresh():
+        with torch.no_grad():
+            return F.conv2d(static_x.double(), layer[0].weight.double(), None, 1, 1, 1, 576)
+
+    for seed in (3, 4):
+        with torch.no_grad():
+            layer[0].weight.copy_(torch.randn(layer[0].weight.shape, generator=torch.Generator().manual_seed(seed))
+                                  .to(layer[0].weight))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not static_y.isnan().any()
+        assert relative_error(static_y, fresh()) < 2e-3
+        with torch.no_grad():
+            assert torch.equal(static_y, copy.deepcopy(layer)(static_x))
+
+
 # --- whole models -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)

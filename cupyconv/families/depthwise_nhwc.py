@@ -9,7 +9,9 @@ that loads and widens each input column and weight once per kernel row (the per-
 per tap, which binds before HBM does: benchmarks/NOTES.md, "Depthwise NHWC rows"); other kernel widths
 of column stride 1 run runs with run-time taps (RUN_CONFIGS; the dtype's RUN_CONFIG). Square row kernels of
 equal strides and no dilation may also walk down ``rows`` output rows a thread (WALK_CONFIGS), loading each
-input row once for all the output rows whose windows hold it."""
+input row once for all the output rows whose windows hold it. The 16-bit walks of 8-byte vectors (the fixed
+rules' 16-bit walks) read the weight in place instead of prepared where the launch has few blocks
+(stages_weight)."""
 from __future__ import annotations
 
 import dataclasses
@@ -33,7 +35,8 @@ class VectorConfig:
     """``vec_bytes`` of consecutive channels per thread, for one output pixel (``pixels`` 1) or a run
     of ``pixels`` along a row, in ``rows`` output rows down a column. A row plan's config carries the
     kernel width ``kw`` and column stride ``sw`` its instance is compiled for (0 in the table: the
-    problem's, filled in by make_plan)."""
+    problem's, filled in by make_plan), and whether it reads the weight in place (``staged``: set by
+    make_plan, stages_weight)."""
 
     name: str
     vec_bytes: int
@@ -41,6 +44,7 @@ class VectorConfig:
     kw: int = 0
     sw: int = 0
     rows: int = 1
+    staged: bool = False
 
 
 #: Row instances: kernel widths and column strides (MobileNet's and EfficientNet's 3x3 and 5x5,
@@ -91,6 +95,18 @@ WALK_RULE = {
     ("bfloat16", 5, 2): "dw_nhwc_v8_row2_down2",
 }
 WALK_BY_NAME = {c.name: c for c in WALK_CONFIGS}
+#: Walks of STAGED_VEC_BYTES vectors in 16 bits may read the weight in place (the kernel's STAGED): a block
+#: copies its channels' [kh kw] rows of the caller's [C][kh kw] weight into shared memory once (at most
+#: ROW_BLOCK vectors of 4 channels: 9 KB for a 3x3, 25 KB for a 5x5, 50 KB for a 7x7), so that no launch
+#: prepares the weight. Inside a CUDA graph that launch runs before every call (the weight is the caller's to
+#: change between replays): 1.2-1.7 us on each of MobileNetV2's and EfficientNet-B0's depthwise layers (H200,
+#: fp16 channels_last, benchmarks/profile/model_conv_spans.py). Each block's copy costs it an L2 round trip
+#: before its first tap, which a launch of few blocks pays once and one of thousands pays many times over:
+#: MobileNetV2's 3x3 layers at batch 8 and 32 ran 0.5-1.3 us faster a call staged up to 1,176 blocks, 1.4-2.4 us
+#: slower from 3,136 (benchmarks/NOTES.md, "Each convolution inside the model's graph"), so a walk stages up to
+#: STAGED_MAX_BLOCKS blocks. Float32 walks (16-byte vectors: up to 100 KB a block) keep the prepared weight.
+STAGED_VEC_BYTES = 8
+STAGED_MAX_BLOCKS = 2048
 CONFIG_NAMES = frozenset(c.name for c in (*NHWC_DEPTHWISE_CONFIGS, *RUN_CONFIGS, *WALK_CONFIGS))
 
 
@@ -176,13 +192,34 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
     threads = (problem.n * math.ceil(problem.ho / cfg.rows) * math.ceil(problem.wo / cfg.pixels) * problem.c
                // _vec(cfg, problem.dtype))
     block = ROW_BLOCK if cfg.pixels > 1 else BLOCK
+    blocks = math.ceil(threads / block)
+    if stages_weight(cfg, problem.dtype, blocks):
+        cfg = dataclasses.replace(cfg, staged=True)
+        why += f"; the weight read in place ({blocks} blocks <= {STAGED_MAX_BLOCKS})"
     return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem, threads), config=cfg,
-                      grid=(math.ceil(threads / block), 1, 1), block=(block, 1, 1), shared_bytes=0,
+                      grid=(blocks, 1, 1), block=(block, 1, 1),
+                      shared_bytes=_staged_bytes(cfg, problem) if cfg.staged else 0,
                       reason=f"{reason}; {why}" if reason else why)
 
 
 def _vec(cfg: VectorConfig, dtype: str) -> int:
     return max(1, cfg.vec_bytes // STORAGE_BYTES[dtype])
+
+
+def can_stage(cfg: VectorConfig, dtype: str) -> bool:
+    """Whether ``cfg`` in ``dtype`` has an instance that reads the weight in place (STAGED_VEC_BYTES)."""
+    return cfg.rows > 1 and cfg.vec_bytes == STAGED_VEC_BYTES and STORAGE_BYTES[dtype] == 2
+
+
+def stages_weight(cfg: VectorConfig, dtype: str, blocks: int) -> bool:
+    """Whether a launch of ``blocks`` blocks of ``cfg`` reads the weight in place (STAGED_MAX_BLOCKS)."""
+    return can_stage(cfg, dtype) and blocks <= STAGED_MAX_BLOCKS
+
+
+def _staged_bytes(cfg: VectorConfig, problem: ConvProblem) -> int:
+    """A staged block's shared memory: the [kh kw] rows of its at most ROW_BLOCK channel vectors."""
+    vec = _vec(cfg, problem.dtype)
+    return min(ROW_BLOCK, problem.c // vec) * vec * problem.kh * problem.kw * STORAGE_BYTES[problem.dtype]
 
 
 def describe(plan: LaunchPlan) -> str:
@@ -193,28 +230,32 @@ def describe(plan: LaunchPlan) -> str:
               else "one output pixel")
     if c.rows > 1:
         pixels += f" in each of {c.rows} output rows"
+    weight = (f"weight read in place, {plan.shared_bytes} bytes of it staged a block" if c.staged
+              else "weight prepared as [kh kw][C]")
     return (f"{plan.kernel} [{c.name}: {_vec(c, plan.dtype)} channels of {pixels} per thread]\n"
-            f"  {plan.dtype}, {plan.index_type} indices; weight prepared as [kh kw][C]\n"
+            f"  {plan.dtype}, {plan.index_type} indices; {weight}\n"
             f"  grid {plan.grid}, block {plan.block}\n"
             f"  why: {plan.reason}")
 
 
-def specialisation(dtype: str, index: str, vec: int, kw: int = 0, sw: int = 1, pixels: int = 1, rows: int = 1) -> str:
+def specialisation(dtype: str, index: str, vec: int, kw: int = 0, sw: int = 1, pixels: int = 1, rows: int = 1,
+                   weight_staged: bool = False) -> str:
     """An instance: per pixel (kw 0), or rows of ``pixels`` for a kernel ``kw`` wide (-1: any), column stride ``sw``,
-    in ``rows`` output rows (a kernel ``kw`` tall, row stride ``sw``)."""
-    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{vec},{kw},{sw},{pixels},{rows}>"
+    in ``rows`` output rows (a kernel ``kw`` tall, row stride ``sw``), the weight read in place where
+    ``weight_staged``."""
+    return f"cupyconv::{KERNEL}<{CTYPES[dtype]},{index},{vec},{kw},{sw},{pixels},{rows},{str(weight_staged).lower()}>"
 
 
 def name_expression(plan: LaunchPlan) -> str:
     c = plan.config
     return specialisation(plan.dtype, plan.index_type, _vec(c, plan.dtype),
-                          *((c.kw, c.sw, c.pixels, c.rows) if c.pixels > 1 else ()))
+                          *((c.kw, c.sw, c.pixels, c.rows, c.staged) if c.pixels > 1 else ()))
 
 
 def specialisations() -> list[str]:
     """Every dtype, index width and vector width that dtype has, per pixel; the row instances (16-byte
     vectors) of every kernel width and column stride, and of run-time widths; and every walk of every
-    kernel width and stride."""
+    kernel width and stride (the 16-bit 8-byte ones also staged)."""
     per_pixel = [specialisation(dtype, index, _vec(cfg, dtype)) for dtype in CTYPES for index in INDEX_TYPES
                  for cfg in NHWC_DEPTHWISE_CONFIGS if cfg.pixels == 1 and cfg.vec_bytes >= STORAGE_BYTES[dtype]]
     rows = [specialisation(dtype, index, ROW_VEC_BYTES // STORAGE_BYTES[dtype], kw, sw, pixels)
@@ -222,9 +263,10 @@ def specialisations() -> list[str]:
             for pixels in ROW_PIXELS]
     runs = [specialisation(dtype, index, cfg.vec_bytes // STORAGE_BYTES[dtype], cfg.kw, cfg.sw, cfg.pixels)
             for dtype in ROW_DTYPES for index in INDEX_TYPES for cfg in RUN_CONFIGS]
-    walks = [specialisation(dtype, index, cfg.vec_bytes // STORAGE_BYTES[dtype], kw, sw, cfg.pixels, cfg.rows)
+    walks = [specialisation(dtype, index, cfg.vec_bytes // STORAGE_BYTES[dtype], kw, sw, cfg.pixels, cfg.rows, staged)
              for dtype in ROW_DTYPES for index in INDEX_TYPES for kw in ROW_KERNEL_WIDTHS for sw in ROW_STRIDES
-             for cfg in WALK_CONFIGS if cfg.vec_bytes >= STORAGE_BYTES[dtype]]
+             for cfg in WALK_CONFIGS if cfg.vec_bytes >= STORAGE_BYTES[dtype]
+             for staged in ((False, True) if can_stage(cfg, dtype) else (False,))]
     return list(dict.fromkeys(per_pixel + rows + runs + walks))
 
 
@@ -238,5 +280,8 @@ def _weight_preparation(problem: ConvProblem) -> WeightPreparation:
 
 
 def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
-    """One launch on the caller's x and output and the prepared weight."""
+    """One launch on the caller's x and output, and on the caller's weight where the plan stages it
+    (stages_weight), else on the prepared weight."""
+    if plan.config.staged:
+        return CallProgram((conv_launch(plan, problem),))
     return CallProgram((conv_launch(plan, problem, weight=Pointer(PREPARED)),), 0, _weight_preparation(problem))
