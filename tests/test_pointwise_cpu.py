@@ -63,14 +63,15 @@ def test_planner_takes_it_for_memory_bound_layers(c, k, dtype, taken):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_tiles_fit_and_the_rule_picks_by_width_then_channel_bytes(dtype):
     """Every tile fits the H100's shared memory; a plan takes, of the tiles holding C, the narrowest at
-    least K wide, else the widest, and of those the one of the fewest channel bytes."""
+    least K wide, else the widest, and of those the one of the fewest channel bytes (outputs of these widths:
+    no channel tile of the widest is wasted, and the layer makes more than a wave of tall tiles)."""
     item = 4 if dtype == "float32" else 2
     for cfg in POINTWISE_CONFIGS[dtype]:
         assert cfg.shared_bytes(dtype) <= MAX_SHARED_BYTES, cfg
         assert pointwise_nhwc.blocks_per_sm(cfg, dtype) >= 1
     for c in (8, 32, 64, 96, 128, 256, 384, 512):
         for k in (24, 32, 64, 128, 256):
-            problem = nhwc(4, c, k, 10, 10, dtype)
+            problem = nhwc(32, c, k, 28, 28, dtype)
             if c * item > 1024:
                 assert refusal(problem)
                 continue
@@ -103,8 +104,40 @@ def test_persistent_grid_covers_the_tiles_in_about_one_wave(n, k):
     (64, 256, "float16", "pw_c128_m64n128"), (32, 128, "bfloat16", "pw_c128_m64n128"),
     (320, 32, "bfloat16", "pw_c1024_m64n32")])
 def test_the_suites_layers_take_the_tiles_they_were_timed_fastest_on(c, k, dtype, tile):
-    plan = make_plan(nhwc(8, c, k, 28, 28, dtype), kernel=POINTWISE_KERNEL)
+    plan = make_plan(nhwc(32, c, k, 28, 28, dtype), kernel=POINTWISE_KERNEL)
     assert plan.config.name == tile and f"{plan.config.bn}-channel tile" in plan.reason
+
+
+@pytest.mark.parametrize("n,c,k,h,dtype,tile,why", [
+    (32, 24, 144, 56, "float16", "pw_c128_m64n64", "on 3 64-channel tiles (48 unused in the last)"),
+    (8, 32, 192, 28, "bfloat16", "pw_c128_m64n64", "on 3 64-channel tiles (0 unused in the last)"),
+    (8, 40, 240, 28, "float16", "pw_c128_m64n128", "on 2 128-channel tiles (16 unused in the last)"),  # ties: wider
+    (8, 64, 384, 14, "float16", "pw_c128_m64n128", "on 3 128-channel tiles"),
+    (8, 96, 576, 14, "float16", "pw_c256_m64n128", "on 5 128-channel tiles"),  # the only tile of 256-byte rows
+    (8, 16, 96, 28, "float32", "pw_c256_m64n64", "on 2 64-channel tiles"),
+])
+def test_outputs_past_every_tile_take_the_width_that_wastes_fewest_channels(n, c, k, h, dtype, tile, why):
+    """MobileNetV2's 24 -> 144: three channel tiles of 64, not two of 128 whose second is 16 wide
+    (pointwise_nhwc.BALANCED_MIN_WIDTH; narrower tiles are not taken)."""
+    plan = make_plan(nhwc(n, c, k, h, h, dtype), kernel=POINTWISE_KERNEL)
+    assert plan.config.name == tile and why in plan.reason, plan.reason
+    assert plan.grid[1] == math.ceil(k / plan.config.bn)
+
+
+@pytest.mark.parametrize("n,c,k,h,tile", [
+    (8, 192, 64, 14, "pw_c512_m64n32"),    # 13 tiles of 128 pixels
+    (32, 192, 64, 14, "pw_c512_m64n32"),   # 49
+    (8, 240, 80, 14, "pw_c512_m64n32"),    # 13 x 2
+    (32, 240, 80, 28, "pw_c512_m128n64"),  # 196 x 2: more than a wave
+    (32, 144, 40, 28, "pw_c512_m128n64"),  # 196
+])
+def test_a_tall_tile_of_less_than_a_wave_of_blocks_gives_way_to_a_short_one(n, c, k, h, tile):
+    """MobileNetV2's 192 -> 64 on 14^2: the 128 x 64 tile's 13 blocks at batch 8 leave most SMs idle; the 64 x
+    32 tile of the same rows makes 50 (pointwise_nhwc.SHORT_TILE_PIXELS)."""
+    plan = make_plan(nhwc(n, c, k, h, h), kernel=POINTWISE_KERNEL)
+    assert plan.config.name == tile, plan.reason
+    tall_blocks = math.ceil(n * h * h / 128) * math.ceil(k / 64)
+    assert (f"its {tall_blocks} blocks of 128 pixels (< {H100_SMS} SMs)" in plan.reason) == (tile == "pw_c512_m64n32")
 
 
 @pytest.mark.parametrize("n,c,k,h,dtype,taken", [

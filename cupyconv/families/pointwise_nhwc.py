@@ -70,6 +70,17 @@ class PointwiseConfig:
 #: EfficientNet-B0's 32 -> 16 on 112^2 17.8 us fp16 on 128-byte rows of 32 channels against 20.7 on
 #: 64, TF32 30.6 against 34.3; 96 -> 24 on 56^2 13.0 us fp16 on 512-byte rows of 32 against 17.0 on
 #: 256-byte rows of 128 channels.
+#: Outputs past every tile that holds C take, of the tiles of the widest one's rows and at least BALANCED_MIN_WIDTH
+#: channels wide, the one that leaves the fewest of its last channel tile unused (ties: the wider), not the widest:
+#: MobileNetV2's 24 -> 144 on 56^2 ran its two channel tiles of 128, the second 16 wide, at 17.4 us at batch 32
+#: against 16.6 on three of 64, 6.1 against 5.8 at batch 8; 32 -> 192 on 28^2 6.2 against 5.6 and 3.4 against 3.3
+#: (H200, fp16 channels_last, CUDA graphs of 20 calls, benchmarks/results/pointwise_rules_candidates_h200.txt).
+BALANCED_MIN_WIDTH = 64
+#: A tile of more than SHORT_TILE_PIXELS pixels whose pixel tiles times channel tiles make fewer blocks than the
+#: H100's SMs leaves SMs idle; the tile of the same rows SHORT_TILE_PIXELS tall (the widest such) takes the layer
+#: instead: MobileNetV2's 192 -> 64 on 14^2 on the 128 x 64 tile (13 blocks at batch 8, 49 at batch 32) 3.7 and 4.1
+#: us against 2.8 and 3.8 on the 64 x 32 one (same file; torch 2.8 and 3.1).
+SHORT_TILE_PIXELS = 64
 POINTWISE_CONFIGS = {
     "float16": (PointwiseConfig("pw_c128_m64n32", 64, 32, 128, 3, 4, 2, 3),
                 PointwiseConfig("pw_c128_m64n64", 64, 64, 128, 3, 4, 2, 3),
@@ -136,7 +147,7 @@ def refusal(problem: ConvProblem) -> str:
                 f"(its widest tile)")
     if p.k * item % 16:
         return f"{p.k} output channels of {p.dtype} are not whole 16-byte vectors"
-    return grid_refusal(_grid(p, _config(p)))
+    return grid_refusal(_grid(p, _config(p)[0]))
 
 
 def flop_per_byte(problem: ConvProblem) -> float:
@@ -158,14 +169,30 @@ def pays(problem: ConvProblem, compute_capability: int = 0) -> bool:
              p.k > min(c.bn for c in POINTWISE_CONFIGS[p.dtype]))
 
 
-def _config(problem: ConvProblem) -> PointwiseConfig:
-    """Of the tiles that hold the input channels, the narrowest at least K channels wide, else the
-    widest; of those, the one of the fewest channel bytes."""
+def _config(problem: ConvProblem) -> tuple[PointwiseConfig, str]:
+    """Of the tiles that hold the input channels, the narrowest at least K channels wide (of those, the one of the
+    fewest channel bytes), else the one of the widest tile's rows that wastes fewest channels (BALANCED_MIN_WIDTH);
+    a tall tile that makes less than a wave of blocks gives way to a short one (SHORT_TILE_PIXELS). With why."""
     item = STORAGE_BYTES[problem.dtype]
     holding = [c for c in POINTWISE_CONFIGS[problem.dtype] if problem.c * item <= c.channel_bytes]
     wide_enough = [c.bn for c in holding if c.bn >= problem.k]
-    bn = min(wide_enough) if wide_enough else max(c.bn for c in holding)
-    return next(c for c in holding if c.bn == bn)
+    if wide_enough:
+        cfg = next(c for c in holding if c.bn == min(wide_enough))
+        why = f"{problem.k} output channels on its {cfg.bn}-channel tile"
+    else:
+        widest = next(c for c in holding if c.bn == max(t.bn for t in holding))
+        rows = [c for c in holding if c.channel_bytes == widest.channel_bytes and
+                c.bn >= min(BALANCED_MIN_WIDTH, widest.bn)]
+        cfg = min(rows, key=lambda c: (-problem.k % c.bn, -c.bn))
+        why = (f"{problem.k} output channels on {math.ceil(problem.k / cfg.bn)} {cfg.bn}-channel tiles "
+               f"({-problem.k % cfg.bn} unused in the last)")
+    blocks = math.ceil(problem.n * problem.h * problem.w / cfg.bm) * math.ceil(problem.k / cfg.bn)
+    short = [c for c in holding if c.channel_bytes == cfg.channel_bytes and c.bm == SHORT_TILE_PIXELS]
+    if cfg.bm > SHORT_TILE_PIXELS and blocks < H100_SMS and short:
+        tall, cfg = cfg, max(short, key=lambda c: c.bn)
+        why += (f"; its {blocks} blocks of {tall.bm} pixels (< {H100_SMS} SMs): the {cfg.bm} x {cfg.bn} tile, "
+                f"{math.ceil(problem.k / cfg.bn)} channel tiles")
+    return cfg, why
 
 
 def blocks_per_sm(cfg: PointwiseConfig, dtype: str, index: str = "int") -> int:
@@ -199,9 +226,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
                              f"{problem.c} channels of {problem.dtype} ({problem.c * item} bytes)")
         why = "config forced by the caller"
     else:
-        cfg = _config(problem)
-        why = f"1x1 of {problem.c} channels ({problem.c * item} bytes): the whole reduction in one stage"
-        why += f", {problem.k} output channels on its {cfg.bn}-channel tile"
+        cfg, tile_why = _config(problem)
+        why = f"1x1 of {problem.c} channels ({problem.c * item} bytes): the whole reduction in one stage, {tile_why}"
     index = index_type(problem)
     grid = _grid(problem, cfg, index)
     tiles_m = math.ceil(problem.n * problem.h * problem.w / cfg.bm)
