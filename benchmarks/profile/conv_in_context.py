@@ -7,8 +7,11 @@ Contexts, 20 iterations a graph (graph_timing.graph_ms), us per call:
 - alone: the convolution back to back (its x, weight and output in L2; the same kernel before it);
 - after BN: BatchNorm + ReLU6 writing x, then the convolution, less the same graph without the convolution (the
   model's order: x written by torch's elementwise kernel just before);
-- cold: as after BN with a FLUSH_BYTES fill before the BatchNorm (the weight and the kernel's descriptors out of L2,
-  as a forward's other layers leave them), less the same without the convolution.
+- cold: as after BN with a FLUSH_BYTES fill before the BatchNorm (the weight, the kernel's code and its parameters
+  out of L2, as a forward's other layers leave them), less the same without the convolution;
+- cold, weight warm: as cold with the weight read (summed) after the fill: what is left is the code and parameters;
+- cold, code warm: as cold with a twin of the layer (the same kernel on another weight and input) run after the
+  fill: what is left is the weight and the parameters.
 The converted layer keeps its prepared weight (cupyconv.torch.convert), as a converted model's does."""
 import argparse
 import copy
@@ -32,20 +35,27 @@ FLUSH_BYTES = 256 << 20
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def contexts(conv: nn.Module, bn: nn.Module, pre: torch.Tensor, flush: torch.Tensor) -> dict:
-    """us per call of ``conv`` alone, after ``bn`` + ReLU6 on ``pre``, and after a fill of ``flush`` and those."""
+def contexts(conv: nn.Module, twin: nn.Module, bn: nn.Module, pre: torch.Tensor, flush: torch.Tensor) -> dict:
+    """us per call of ``conv`` in each context of the module's docstring; ``twin`` is a copy of ``conv`` with a
+    weight of its own."""
     x = torch.nn.functional.relu6(bn(pre))
+    twin_x = torch.randn_like(x)
 
-    def before(cold: bool):
+    def before(cold: bool, warm: str = ""):
         if cold:
             flush.fill_(1)
+        if warm == "weight":
+            conv.weight.sum()
+        elif warm == "code":
+            twin(twin_x)
         return torch.nn.functional.relu6(bn(pre))
 
     with torch.no_grad():
         times = {"alone": graph_ms(lambda _: conv(x))}
-        for name, cold in (("after BN", False), ("cold", True)):
-            with_conv = graph_ms(lambda _: conv(before(cold)))
-            without = graph_ms(lambda _: before(cold))
+        for name, cold, warm in (("after BN", False, ""), ("cold", True, ""), ("cold, weight warm", True, "weight"),
+                                 ("cold, code warm", True, "code")):
+            with_conv = graph_ms(lambda _: conv(before(cold, warm)))
+            without = graph_ms(lambda _: before(cold, warm))
             times[name] = with_conv - without
     return {k: 1e3 * v for k, v in times.items()}
 
@@ -56,12 +66,14 @@ def main(dtype: torch.dtype, layers) -> None:
     cl = torch.channels_last
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     print(f"{torch.cuda.get_device_name()}, {dtype}, channels_last; us per call: torch / cupyconv")
-    print("| layer | alone | after BN | cold | cupyconv's plan |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| layer | alone | after BN | cold | cold, weight warm | cold, code warm | cupyconv's plan |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for n, c, k, h, kh, s, g in layers:
         torch.manual_seed(0)
         theirs = nn.Conv2d(c, k, kh, s, kh // 2, groups=g, bias=False).cuda().to(dtype).to(memory_format=cl).eval()
         ours = ct.convert(nn.Sequential(copy.deepcopy(theirs)))[0]
+        their_twin = copy.deepcopy(theirs)
+        our_twin = ct.convert(nn.Sequential(copy.deepcopy(theirs)))[0]
         bn = nn.BatchNorm2d(c).cuda().to(dtype).eval()
         pre = torch.randn(n, c, h, h, device="cuda", dtype=dtype).contiguous(memory_format=cl)
         with torch.no_grad():
@@ -69,7 +81,7 @@ def main(dtype: torch.dtype, layers) -> None:
             reference = theirs(x).float()
             error = ((ours(x).float() - reference).norm() / reference.norm()).item()
         assert error < 1e-2, ((n, c, k, h, kh, s, g), error)
-        t, o = contexts(theirs, bn, pre, flush), contexts(ours, bn, pre, flush)
+        t, o = contexts(theirs, their_twin, bn, pre, flush), contexts(ours, our_twin, bn, pre, flush)
         problem = make_problem((n, h, h, c), (k, kh, kh, c // g), None, str(dtype).removeprefix("torch."), s, kh // 2,
                                1, g, layout="NHWC", weight_layout="KHWC")
         plan = label(planner.make_plan(problem, compute_capability=compute_capability()))
