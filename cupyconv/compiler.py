@@ -3,7 +3,8 @@
 The CUDA C lives in ``kernels/`` (in the source tree) or ``cupyconv/kernels/`` (in an installed
 package). Local ``#include "..."`` lines are expanded here, once, so that CuPy's on-disk cache, which
 keys on the source text, sees every header's content. Each specialisation is compiled once per
-(device, name expression) and kept in memory; CuPy's disk cache makes later processes fast.
+(device, name expression, epilogue) and kept in memory; CuPy's disk cache makes later processes fast.
+The epilogue (activation, has_residual) is compiled in through -D options (kernels/epilogue.cuh).
 """
 from __future__ import annotations
 
@@ -70,13 +71,19 @@ def source_file(kernel: str) -> str:
     return _SOURCE_FILES.get(kernel, f"{kernel}.cu")
 
 
+def epilogue_options(epilogue: tuple[int, int]) -> tuple[str, ...]:
+    """The NVRTC options that compile kernels/epilogue.cuh's one epilogue, (activation, has_residual)."""
+    activation, residual = epilogue
+    return f"-DCUPYCONV_ACTIVATION={int(activation)}", f"-DCUPYCONV_RESIDUAL={int(bool(residual))}"
+
+
 @functools.lru_cache(maxsize=None)
-def _module(device_id: int, filename: str, expression: str, arch: str):
+def _module(device_id: int, filename: str, expression: str, arch: str, epilogue: tuple[int, int]):
     import cupy
 
     # CuPy appends the device's own -arch=sm_XX; NVRTC keeps an architecture-specific target given
     # before it (sm_90a stays sm_90a: checked on the cubin's header).
-    options = NVRTC_OPTIONS + ((f"-arch={arch}",) if arch else ())
+    options = NVRTC_OPTIONS + epilogue_options(epilogue) + ((f"-arch={arch}",) if arch else ())
     with cupy.cuda.Device(device_id):
         module = cupy.RawModule(code=kernel_source(filename), options=options, name_expressions=(expression,))
         function = module.get_function(expression)
@@ -87,13 +94,16 @@ def _module(device_id: int, filename: str, expression: str, arch: str):
         return function
 
 
-def get_kernel(kernel: str, expression: str, arch: str = "", device_id: int | None = None):
+def get_kernel(kernel: str, expression: str, arch: str = "", device_id: int | None = None,
+               epilogue: tuple[int, int] = (0, 0)):
     """The compiled cupy.RawKernel for ``expression`` on device ``device_id`` (default: the current
     one), compiled on first use, for NVRTC target ``arch`` where the specialisation needs one
-    (planner.LaunchPlan.arch), else for the device's own."""
+    (planner.LaunchPlan.arch), else for the device's own, with the ``epilogue`` (activation,
+    has_residual) its launches pass (program.Launch.epilogue)."""
     import cupy
 
-    return _module(cupy.cuda.Device().id if device_id is None else device_id, source_file(kernel), expression, arch)
+    return _module(cupy.cuda.Device().id if device_id is None else device_id, source_file(kernel), expression, arch,
+                   (int(epilogue[0]), int(bool(epilogue[1]))))
 
 
 def compute_capability(device_id: int | None = None) -> int:
@@ -113,8 +123,10 @@ def _compute_capability(device_id: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def compile_offline(kernel: str, expressions: tuple[str, ...], arch: str) -> dict[str, dict[str, int]]:
-    """Compile with NVRTC for ``arch`` (e.g. 'sm_90') without a GPU; ptxas's resource report per expression.
+def compile_offline(kernel: str, expressions: tuple[str, ...], arch: str,
+                    epilogue: tuple[int, int] = (0, 0)) -> dict[str, dict[str, int]]:
+    """Compile with NVRTC for ``arch`` (e.g. 'sm_90') and ``epilogue`` (activation, has_residual) without
+    a GPU; ptxas's resource report per expression.
 
     Returns {expression: {'registers', 'stack_bytes', 'spill_stores', 'spill_loads'}}. Raises
     RuntimeError with the compiler log when compilation fails.
@@ -125,7 +137,7 @@ def compile_offline(kernel: str, expressions: tuple[str, ...], arch: str) -> dic
     try:
         for expression in expressions:
             nvrtc.addNameExpression(program, expression)
-        options = [*NVRTC_OPTIONS, f"-arch={arch}", "--ptxas-options=--verbose"]
+        options = [*NVRTC_OPTIONS, *epilogue_options(epilogue), f"-arch={arch}", "--ptxas-options=--verbose"]
         try:
             nvrtc.compileProgram(program, options)
         except nvrtc.NVRTCError as error:

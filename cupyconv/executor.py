@@ -70,7 +70,7 @@ class PackedLaunch:
         from cupy.cuda import driver
 
         self._launch_kernel = driver.launchKernel
-        kernel = get_kernel(launch.kernel, launch.name_expression, launch.arch, device_id)
+        kernel = get_kernel(launch.kernel, launch.name_expression, launch.arch, device_id, launch.epilogue)
         self.function = kernel.kernel.ptr  # compiles on first use (CuPy's disk cache makes later processes fast)
         self.launch_shape = (*launch.grid, *launch.block, launch.shared_bytes)
         # Every parameter gets an 8-byte slot: a pointer fills it, an int its low 4 bytes (x86-64 and

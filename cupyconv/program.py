@@ -88,11 +88,21 @@ class Im2colMap:
     pixels_per_column: int
 
 
+class ActivationArg(int):
+    """The ``activation`` int parameter of a kernel's epilogue (kernels/epilogue.cuh): ACTIVATIONS' index
+    (cupyconv/arguments.py). The kernel's module is compiled for this value (Launch.epilogue)."""
+
+
+class ResidualArg(int):
+    """The ``has_residual`` int parameter of a kernel's epilogue (0 or 1), compiled for as ActivationArg is."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Launch:
     """One kernel launch. ``args`` are the kernel's parameters in order: a Pointer for each pointer
-    parameter, a Python int for each ``int`` parameter (passed as a 32-bit int), a Table for a struct
-    of ints, a TensorMap or an Im2colMap for a TMA descriptor."""
+    parameter, a Python int for each ``int`` parameter (passed as a 32-bit int; the epilogue's as an
+    ActivationArg and a ResidualArg), a Table for a struct of ints, a TensorMap or an Im2colMap for a
+    TMA descriptor."""
 
     kernel: str
     name_expression: str
@@ -102,6 +112,16 @@ class Launch:
     args: tuple
     #: NVRTC target where the specialisation needs one (LaunchPlan.arch), else "" (the device's own).
     arch: str = ""
+
+    @property
+    def epilogue(self) -> tuple[int, int]:
+        """(activation, has_residual) that the kernel's module is compiled for: its epilogue arguments,
+        (0, 0) for a kernel without them or a launch that gives plain ints (no epilogue)."""
+        activation = [int(arg) for arg in self.args if isinstance(arg, ActivationArg)]
+        residual = [int(arg) for arg in self.args if isinstance(arg, ResidualArg)]
+        if len(activation) > 1 or len(residual) > 1:
+            raise ValueError(f"{self.kernel}: one epilogue a launch, got activations {activation}, residuals {residual}")
+        return (activation[0] if activation else 0, residual[0] if residual else 0)
 
 
 @dataclasses.dataclass(frozen=True)

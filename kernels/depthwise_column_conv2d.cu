@@ -95,7 +95,7 @@ __global__ void depthwise_column_conv2d(const T* __restrict__ x, const T* __rest
         }
     }
     const Index plane = (n * K + k) * static_cast<Index>(Ho) * Wo + ow;
-    with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
+    with_epilogue<T>(residual, [&](auto finish) {
 #pragma unroll
         for (int j = 0; j < RPT; ++j) {
             const Index o = plane + static_cast<Index>(oh0 + j) * Wo;

@@ -186,7 +186,7 @@ __global__ void depthwise_conv2d(const T* __restrict__ x, const T* __restrict__ 
                     }
             }
             const Index plane = (n * K + k) * static_cast<Index>(Ho) * Wo;
-            with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
+            with_epilogue<T>(residual, [&](auto finish) {
                 if constexpr (ROW_RUNS) {
                     // The run's RPT outputs as 16-byte vectors where the row holds them all and they are
                     // aligned (a lane per output RPT elements apart would store RPT times the sectors).

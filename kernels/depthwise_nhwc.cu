@@ -248,7 +248,7 @@ depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         }
     }
     const int pixels = Wo - ow0;  // of the run's PIX, those inside the row
-    with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
+    with_epilogue<T>(residual, [&](auto finish) {
 #pragma unroll
         for (int o = 0; o < ROWS; ++o) {
             if (oh + o >= Ho) continue;

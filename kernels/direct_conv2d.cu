@@ -166,7 +166,7 @@ direct_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
 
         // Epilogue: bias, the fused epilogue, conversion to the storage type, stores coalesced along
         // output columns.
-        with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
+        with_epilogue<T>(residual, [&](auto finish) {
 #pragma unroll
             for (int j = 0; j < RK; ++j) {
                 const int k = k0 + tk * RK + j;

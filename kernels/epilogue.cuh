@@ -1,12 +1,15 @@
 // The epilogue every convolution kernel ends with: y = activation(acc + bias + residual), computed in
 // the accumulator type (float; double for float64) and rounded once to the storage type.
 //
-// The activation is a kernel argument that with_epilogue turns into a template parameter of the
-// stores (one copy of them per activation inside each instance), not a template parameter of the
-// kernels: seven activations would make seven copies of every tile specialisation (thousands of NVRTC
-// instances, each compiled and checked for spills). The codes are ACTIVATIONS' indices in
-// cupyconv/arguments.py. The residual (has_residual) is an array of the output's shape and layout,
-// read at the output element's own offset, so the caller's output may be the residual itself.
+// Each module is compiled for one epilogue: CUPYCONV_ACTIVATION (ACTIVATIONS' index in
+// cupyconv/arguments.py) and CUPYCONV_RESIDUAL (0 or 1), NVRTC -D options that cupyconv/compiler.py
+// takes from the launch's own epilogue arguments (program.Launch.epilogue). A kernel carrying every
+// activation's copy of its stores was up to 20x larger (the 128 x 128 ping-pong tile: 520 KB of code,
+// 25 KB with one), and when a model's other layers had pushed that code out of L2, fetching it again
+// cost ~2 us a launch (benchmarks/NOTES.md, "One epilogue a module"). The kernels keep the runtime
+// arguments (has_residual, activation), which equal the module's. The residual (has_residual) is an array
+// of the output's shape and layout, read at the output element's own offset, so the caller's output
+// may be the residual itself.
 #pragma once
 
 #include "dtypes.cuh"
@@ -72,41 +75,29 @@ template <typename V> __device__ __forceinline__ V load_vector_here(const void* 
     return v;
 }
 
-// Runs body(finish) with the finish (above) of this call's epilogue, chosen once per thread outside
-// the stores: Out is the storage type T, or float for split-K's partial sums (which pass
-// has_residual 0 and ACT_NONE). A per-element switch made the memory-bound GEMMs up to 1.7x slower
-// without an epilogue and 5x with one (every activation's code issued, predicated off;
-// benchmarks/NOTES.md). Each activation is its own copy of the body's stores in every instance.
-// VECTOR_RESIDUAL: calls with a residual and no activation (inverted residual blocks' projections)
-// or relu (ResNet's) take finishes of their own, whose stores may read it as vectors, while the
-// others keep stores that read its elements: two more copies of the stores, not seven (a float32 TMA
-// instance has 5.8 thousand instructions without them, 6.0 with two, 8.0 with seven).
+#if !defined(CUPYCONV_ACTIVATION) || !defined(CUPYCONV_RESIDUAL)
+#error "compile with -DCUPYCONV_ACTIVATION=<code> -DCUPYCONV_RESIDUAL=<0|1> (cupyconv/compiler.py does)"
+#endif
+
+// Runs body(finish) with the finish (above) of the module's epilogue: Out is the storage type T, or
+// float for split-K's partial sums (whose launches pass has_residual 0 and ACT_NONE, and are compiled
+// for them). The kernels' runtime has_residual and activation equal the module's by construction: the
+// compiled epilogue is read off the launch's arguments, and tests/test_programs.py checks that every
+// family's launches carry them typed (a check here made the float32 ping-pong cluster tile and a
+// stream-K tile spill). VECTOR_RESIDUAL: with a residual and no activation (inverted residual blocks'
+// projections) or relu (ResNet's), the body's stores may read the residual as 16-byte vectors
+// (finish.with_residual); with the others they read its elements (with gelu the vector stores
+// spilled in the float32 ping-pong cluster tile).
 template <typename Out, bool VECTOR_RESIDUAL = false, typename T, typename Body>
-__device__ __forceinline__ void with_epilogue(const T* __restrict__ residual, int has_residual, int activation,
-                                              Body&& body) {
-    if (!has_residual && activation == ACT_NONE) {
+__device__ __forceinline__ void with_epilogue(const T* __restrict__ residual, Body&& body) {
+    constexpr int ACT = CUPYCONV_ACTIVATION;
+    constexpr bool RESIDUAL = CUPYCONV_RESIDUAL != 0;
+    if constexpr (!RESIDUAL && ACT == ACT_NONE)
         body(plain_finish<Out>{});
-        return;
-    }
-    if constexpr (VECTOR_RESIDUAL) {
-        if (has_residual && activation == ACT_NONE) {
-            body(fused_finish<Out, ACT_NONE, T, true>{residual, has_residual});
-            return;
-        }
-        if (has_residual && activation == ACT_RELU) {
-            body(fused_finish<Out, ACT_RELU, T, true>{residual, has_residual});
-            return;
-        }
-    }
-    switch (activation) {
-        case ACT_RELU: body(fused_finish<Out, ACT_RELU, T>{residual, has_residual}); break;
-        case ACT_RELU6: body(fused_finish<Out, ACT_RELU6, T>{residual, has_residual}); break;
-        case ACT_SILU: body(fused_finish<Out, ACT_SILU, T>{residual, has_residual}); break;
-        case ACT_GELU: body(fused_finish<Out, ACT_GELU, T>{residual, has_residual}); break;
-        case ACT_SIGMOID: body(fused_finish<Out, ACT_SIGMOID, T>{residual, has_residual}); break;
-        case ACT_TANH: body(fused_finish<Out, ACT_TANH, T>{residual, has_residual}); break;
-        default: body(fused_finish<Out, ACT_NONE, T>{residual, has_residual}); break;
-    }
+    else if constexpr (RESIDUAL && VECTOR_RESIDUAL && (ACT == ACT_NONE || ACT == ACT_RELU))
+        body(fused_finish<Out, ACT, T, true>{residual, 1});
+    else
+        body(fused_finish<Out, ACT, T>{residual, RESIDUAL});
 }
 
 }  // namespace cupyconv

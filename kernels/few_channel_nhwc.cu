@@ -156,7 +156,7 @@ few_channel_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __re
 
     Bits* my_staging = staging + warp * 16 * out_pitch;
     const int vectors_per_pixel = K / 8;
-    with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
+    with_epilogue<T>(residual, [&](auto finish) {
 #pragma unroll 1
         for (int tile = first_tile, i = 0; tile < all_tiles; tile += step, ++i) {
             // The next tile's patch into the other buffer (free: the last tile's rows were read before the

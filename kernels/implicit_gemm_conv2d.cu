@@ -269,7 +269,7 @@ implicit_gemm_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* 
             }
         }
         __syncthreads();
-        with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {
+        with_epilogue<T>(residual, [&](auto finish) {
             if constexpr (NHWC) {  // y[m][g Kg + n]: lanes on consecutive channels of pixel m
 #pragma unroll 1
                 for (int p = warp; p < BM && m0 + p < M; p += NWARPS) {

@@ -742,7 +742,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 // split-K's runs (no residual: the reduction adds it) or phase launches (costly
                 // pixel offsets): these read the residual's elements.
                 constexpr bool VECTOR_RESIDUAL = !(STREAM_K || SPLIT_K || PHASED);
-                with_epilogue<Y, VECTOR_RESIDUAL>(residual, has_residual, activation, [&](auto finish) {
+                with_epilogue<Y, VECTOR_RESIDUAL>(residual, [&](auto finish) {
                     // Two float4s per 16-bit vector: threads 32 channels apart read their halves in opposite
                     // orders, so that the 8 threads of a 128-bit shared-memory phase hit 8 different bank groups.
                     const int flip = WIDE == 8 ? (n >> 5) & 1 : 0;
@@ -806,7 +806,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         }
         constexpr int CV = 4, VECTORS = BN / CV;
         const bool vectors = aligned_to(CV);
-        with_epilogue<Y>(residual, has_residual, activation, [&](auto finish) {
+        with_epilogue<Y>(residual, [&](auto finish) {
             if (vectors) {
                 struct alignas(CV * sizeof(Y)) YVec { Y v[CV]; };
 #pragma unroll 1
@@ -855,7 +855,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 const Index m = m0 + (q * 32 + lane) * RUN;
                 y_run[q] = m < M ? pixel_offset(m) : Index(-1);
             }
-            with_epilogue<Y>(residual, has_residual, activation, [&](auto finish) {
+            with_epilogue<Y>(residual, [&](auto finish) {
 #pragma unroll 1
                 for (int n = warp; n < BN && n0 + n < Kg; n += NWARPS) {
                     const int channel = g * Kg + n0 + n;
@@ -883,7 +883,7 @@ nhwc_gemm_tile(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         const Index m = m0 + lane + 32 * i;
         y_pixel[i] = m < M ? pixel_offset(m) : Index(-1);
     }
-    with_epilogue<Y>(residual, has_residual, activation, [&](auto finish) {
+    with_epilogue<Y>(residual, [&](auto finish) {
 #pragma unroll 1
         for (int n = warp; n < BN && n0 + n < Kg && (!PHASED || g * Kg + n0 + n < out_channels); n += NWARPS) {
             const int channel = g * Kg + n0 + n;
@@ -1260,7 +1260,7 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 float b[8];
 #pragma unroll
                 for (int j = 0; j < 8; ++j) b[j] = has_bias ? to_acc<float>(bias[n0 + n + j]) : 0.0f;
-                with_epilogue<T, true>(residual, has_residual, activation, [&](auto finish) {
+                with_epilogue<T, true>(residual, [&](auto finish) {
                     constexpr bool VECTOR_RESIDUAL = decltype(finish)::MAY_READ_RESIDUAL;
 #pragma unroll
                     for (int row = row0; row < ROWS; row += ROW_STEP) {
@@ -1311,7 +1311,7 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         } else if constexpr (!RESIDUAL && sizeof(T) == 2) {
             T* staged = reinterpret_cast<T*>(out_stage);
             asm volatile("bar.sync %0, 128;\n" :: "r"(STAGING + consumer) : "memory");
-            with_epilogue<T>(residual, has_residual, activation, [&](auto finish) {  // has_residual: 0 here
+            with_epilogue<T>(residual, [&](auto finish) {  // has_residual: 0 here
 #pragma unroll
                 for (int nb = 0; nb < BN / 8; ++nb) {
                     const int col = nb * 8 + 2 * tq, channel = n0 + col;  // and channel + 1 (K % 8 == 0)
@@ -1359,7 +1359,7 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                             make_float2(acc[h][4 * nb + 2 * half], acc[h][4 * nb + 2 * half + 1]);
                 asm volatile("bar.sync %0, 128;\n" :: "r"(STAGING + consumer) : "memory");
                 if (n0 + n >= K) continue;
-                with_epilogue<T, RESIDUAL>(residual, has_residual, activation, [&](auto finish) {
+                with_epilogue<T, RESIDUAL>(residual, [&](auto finish) {
                     constexpr bool VECTOR_RESIDUAL = decltype(finish)::MAY_READ_RESIDUAL;
                     // CHUNK rows' residual vectors loaded before their sums: one row's latency at a time made
                     // the stores of a fused expansion slower than its MMAs. Rows past M read the first row's.

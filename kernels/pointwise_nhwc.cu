@@ -222,7 +222,7 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     constexpr int OUT_ELEMENTS = OUT_ROW / static_cast<int>(sizeof(T));  // a staged row, in elements
 
     // The epilogue reads the residual where it was staged: at the output's own place in out_smem.
-    with_epilogue<T>(reinterpret_cast<const T*>(out_smem), has_residual, activation, [&](auto finish) {
+    with_epilogue<T>(reinterpret_cast<const T*>(out_smem), [&](auto finish) {
 #pragma unroll 1
         for (int i = 0; i < count; ++i) {
             Index n_first = 0;

@@ -186,7 +186,7 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
         const int n = n0 + b_frag_off + (j >> 2) * (WN / 2) + (j & 3);
         b[j] = has_bias && n < Kg ? bias[g * Kg + n] : 0.0f;
     }
-    with_epilogue<float>(residual, has_residual, activation, [&](auto finish) {
+    with_epilogue<float>(residual, [&](auto finish) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const Index m = m0 + a_frag_off + half * (WM / 2);  // first of the run's 4 pixels

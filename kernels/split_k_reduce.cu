@@ -19,7 +19,7 @@ split_k_reduce(const float* __restrict__ partial, const T* __restrict__ bias, T*
     float sum = partial[i];
     for (int s = 1; s < splits; ++s) sum += partial[static_cast<Index>(s) * elements + i];
     if (has_bias) sum += to_acc<float>(bias[(i / plane) % K]);
-    with_epilogue<T>(residual, has_residual, activation, [&](auto finish) { y[i] = finish(sum, i); });
+    with_epilogue<T>(residual, [&](auto finish) { y[i] = finish(sum, i); });
 }
 
 }  // namespace cupyconv

@@ -269,7 +269,7 @@ winograd_output_transform(const float* __restrict__ m, const float* __restrict__
     sandwich(winograd<M>::AT, a, winograd<M>::AT, out);
     const float b = has_bias ? bias[k] : 0.0f;
     const Index plane = (tile.image * K + k) * Ho * Wo;
-    with_epilogue<float>(residual, has_residual, activation, [&](auto finish) {
+    with_epilogue<float>(residual, [&](auto finish) {
 #pragma unroll
         for (int r = 0; r < M; ++r)
 #pragma unroll

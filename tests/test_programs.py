@@ -22,7 +22,7 @@ from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, depthw
                                winograd_conv2d)
 from cupyconv.families.common import REDUCE_KERNEL, STORAGE_BYTES, gemm_grid
 from cupyconv.program import (BIAS, FLAGS, INPUT_SCALE, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X,
-                              Im2colMap, Pointer, Table, TensorMap, align, relocated)
+                              ActivationArg, Im2colMap, Pointer, ResidualArg, Table, TensorMap, align, relocated)
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: The grid, and 1x1 problems the channels-last GEMM reads in place (no copies) in every dtype.
@@ -156,12 +156,18 @@ def temporaries(plan, problem) -> list[int]:
     return []
 
 
+#: The epilogue's int parameters (kernels/epilogue.cuh) and the types their arguments carry, so that the kernel's
+#: module is compiled for them (program.Launch.epilogue); every other int is a plain int.
+EPILOGUE_ARGS = {"activation": ActivationArg, "has_residual": ResidualArg}
+
+
 def check_arguments(launch, kinds, reads: set, writes: set) -> None:
-    """Each int argument fits 32 bits; each pointer points into an operand the launch may read (or,
-    for a parameter its kernel writes, write)."""
-    for kind, arg in zip(kinds, launch.args):
+    """Each int argument fits 32 bits, the epilogue's typed (EPILOGUE_ARGS); each pointer points into an
+    operand the launch may read (or, for a parameter its kernel writes, write)."""
+    names = [name for _, name in signature(launch.kernel)]
+    for kind, name, arg in zip(kinds, names, launch.args):
         if kind == "int":
-            assert type(arg) is int and -2**31 <= arg < 2**31, (launch.kernel, arg)
+            assert type(arg) is EPILOGUE_ARGS.get(name, int) and -2**31 <= arg < 2**31, (launch.kernel, name, arg)
         elif kind == "table":
             assert isinstance(arg, Table) and all(-2**31 <= v < 2**31 for v in arg.values), (launch.kernel, arg)
         elif kind == "map":
@@ -472,4 +478,5 @@ def test_epilogue_programs(case, dtype, layouts):
                 finishing.append(launch)
             else:  # partial sums (split-K's runs, Winograd's GEMM) to the workspace: no epilogue
                 assert flags == (0, 0) and written.operand == WORKSPACE, (launch.kernel, launch.args)
+            assert launch.epilogue == (flags[1], flags[0]), "the module is compiled for the epilogue it is passed"
         assert finishing, [launch.kernel for launch in call.launches]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from ..arguments import ACTIVATIONS, ConvProblem
-from ..program import BIAS, OUT, RESIDUAL, WEIGHT, X, Launch, Pointer
+from ..program import BIAS, OUT, RESIDUAL, WEIGHT, X, ActivationArg, Launch, Pointer, ResidualArg
 
 #: Dynamic shared memory a block may use without opting in to more (the same on every GPU since sm_20).
 SHARED_MEMORY_BYTES = 48 * 1024
@@ -62,11 +62,12 @@ def grid_refusal(grid: tuple[int, int, int]) -> str:
 
 
 def epilogue_args(problem: ConvProblem, residual: Pointer = Pointer(RESIDUAL), partial: bool = False) -> tuple:
-    """The epilogue's kernel arguments (kernels/epilogue.cuh): residual, has_residual, activation;
-    none of it where the kernel writes partial sums (``partial``: split-K's runs, Winograd's GEMM)."""
+    """The epilogue's kernel arguments (kernels/epilogue.cuh): residual, has_residual, activation, the
+    last two typed so that the kernel is compiled for them (program.Launch.epilogue); none of it where
+    the kernel writes partial sums (``partial``: split-K's runs, Winograd's GEMM)."""
     if partial:
-        return residual, 0, 0
-    return residual, int(problem.has_residual), ACTIVATIONS.index(problem.activation)
+        return residual, ResidualArg(0), ActivationArg(0)
+    return residual, ResidualArg(problem.has_residual), ActivationArg(ACTIVATIONS.index(problem.activation))
 
 
 def conv_launch(plan, problem: ConvProblem, *plan_ints: int, x: Pointer = Pointer(X), weight: Pointer = Pointer(WEIGHT),
