@@ -22,7 +22,8 @@ from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, depthw
                                winograd_conv2d)
 from cupyconv.families.common import REDUCE_KERNEL, STORAGE_BYTES, gemm_grid
 from cupyconv.program import (BIAS, FLAGS, INPUT_SCALE, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X,
-                              ActivationArg, Im2colMap, Pointer, ResidualArg, Table, TensorMap, align, relocated)
+                              ActivationArg, Im2colMap, Launch, Pointer, ResidualArg, Table, TensorMap, align,
+                              relocated)
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: The grid, and 1x1 problems the channels-last GEMM reads in place (no copies) in every dtype.
@@ -364,6 +365,21 @@ def test_winograd_output_transform_adds_split_k_runs(monkeypatch, splits):
     assert {launch.name_expression for launch in unsplit.launches if launch.kernel == "winograd_output_transform"} \
         == {"cupyconv::winograd_output_transform<4,int,false>"}
     assert call.workspace_bytes > unsplit.workspace_bytes
+
+
+def test_a_launch_names_the_epilogue_its_module_is_compiled_for():
+    """Launch.epilogue is (activation, has_residual) as its typed arguments give them, (0, 0) without them; two of
+    either is refused."""
+    from cupyconv.compiler import epilogue_options
+
+    args = (Pointer(X), ResidualArg(1), ActivationArg(ACTIVATIONS.index("relu6")), 7)
+    launch = Launch("pointwise_nhwc", "cupyconv::k<1>", (1, 1, 1), (32, 1, 1), 0, args)
+    assert launch.epilogue == (ACTIVATIONS.index("relu6"), 1)
+    assert epilogue_options(launch.epilogue) == (f"-DCUPYCONV_ACTIVATION={ACTIVATIONS.index('relu6')}",
+                                                 "-DCUPYCONV_RESIDUAL=1")
+    assert dataclasses.replace(launch, args=(Pointer(X), 1, 2)).epilogue == (0, 0)
+    with pytest.raises(ValueError, match="one epilogue a launch"):
+        _ = dataclasses.replace(launch, args=args + (ActivationArg(1),)).epilogue
 
 
 def test_weight_preparations_name_their_form():
