@@ -138,11 +138,14 @@ def test_cuda_graph_of_a_fused_model_follows_load_state_dict():
         torch.testing.assert_close(static_y, other(static_x), rtol=1e-5, atol=1e-5)
 
 
-def test_cuda_graph_of_a_fused_model_reads_its_folded_weights(launches):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_cuda_graph_of_a_fused_model_reads_its_folded_weights(dtype, launches):
     """A fused module's folded weight is its own, refolded in place (load_state_dict; clear_weight_caches
     after a change through .data), so replays follow both. In fp16 every layer of this block reads it in
     place (the depthwise layer's walk stages it: depthwise_nhwc.stages_weight), so nothing is prepared in
-    the capture; the forms made before a capture are test_torch_gpu's static-weights tests'."""
+    the capture. In strict float32 the folded layers read forms made before the capture; the
+    squeeze-and-excitation's two 1x1 convolutions (on 1 x 1 planes) have no BatchNorm to fold, so their weight
+    is Conv2d's, read as it is at each replay: the capture prepares it."""
     import cupyconv.torch as ct
 
     build, x_shape, _ = MODELS["mbconv"]
@@ -150,22 +153,30 @@ def test_cuda_graph_of_a_fused_model_reads_its_folded_weights(launches):
     cl = torch.channels_last
 
     def on_gpu(model):
-        return model.cuda().half().eval().to(memory_format=cl)
+        return model.cuda().to(dtype).eval().to(memory_format=cl)
 
     original = on_gpu(_randomise(build()))
     fused = ct.convert(copy.deepcopy(original), fuse=True)
-    static_x = torch.randn(x_shape, device="cuda").half().contiguous(memory_format=cl)
+    static_x = torch.randn(x_shape, device="cuda").to(dtype).contiguous(memory_format=cl)
     graph, static_y = capture(fused, static_x)  # two forwards, then the captured one
     in_capture = launches[2 * len(launches) // 3:]
-    assert in_capture and not any(r["reads_prepared"] or r["prepares"] for r in in_capture), \
-        "every layer reads the folded weight in place"
+    assert in_capture
+    if dtype == torch.float16:
+        assert not any(r["reads_prepared"] or r["prepares"] for r in in_capture), \
+            "every layer reads the folded weight in place"
+    else:
+        squeeze_excitation = [r for r in in_capture if r["problem"].h == r["problem"].w == 1]
+        assert len(squeeze_excitation) == 2
+        assert [r for r in in_capture if r["prepares"]] == squeeze_excitation
+        assert any(r["reads_prepared"] and not r["prepares"] for r in in_capture), \
+            "the folded layers read forms made before the capture"
 
     def check(model):
         static_x.copy_(torch.randn_like(static_x))
         graph.replay()
         with torch.no_grad():
             ref = copy.deepcopy(model).double()(static_x.double())
-            check_against_torch(static_y, model(static_x), ref, torch.float16)
+            check_against_torch(static_y, model(static_x), ref, dtype)
 
     check(original)
     other = on_gpu(_randomise(build(), seed=9))

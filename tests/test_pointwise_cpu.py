@@ -143,15 +143,20 @@ def test_a_tall_tile_of_less_than_a_wave_of_blocks_gives_way_to_a_short_one(n, c
 @pytest.mark.parametrize("n,c,k,h,dtype,taken", [
     (8, 256, 64, 56, "float16", False),    # ResNet-50's 256 -> 64 at batch 8: 25088 pixels
     (32, 256, 128, 56, "bfloat16", False),
-    (32, 240, 80, 14, "float16", True),    # 6272 pixels: even
+    (32, 240, 80, 14, "float16", False),   # 6272 pixels: wgmma's 64 x 64 tile (from 4096 in 16 bits)
+    (8, 240, 80, 14, "float16", True),     # 1568 pixels
+    (8, 144, 40, 28, "bfloat16", False),   # 40 outputs on 6272 pixels
+    (8, 144, 32, 28, "float16", True),     # 32 outputs: a 32-channel tile
+    (8, 144, 40, 28, "float32", True),     # TF32: from 64 outputs on 16384 pixels
     (8, 128, 64, 56, "float16", True),     # 256 bytes of input channels: the 256-byte tiles
     (8, 256, 32, 56, "float16", True),     # 32 outputs: a 32-channel tile
     (32, 256, 64, 56, "float32", False),   # TF32: 1024 bytes
     (8, 64, 64, 56, "float32", True),      # TF32: 256 bytes
 ])
 def test_wide_large_layers_go_to_wgmma_on_sm90(n, c, k, h, dtype, taken):
-    """On sm_90 the wgmma GEMM takes layers of more than 256 bytes of input channels, >= 64 outputs and
-    >= 16384 pixels (pointwise_nhwc.WGMMA_MIN_*); any other GPU keeps them here."""
+    """On sm_90 the wgmma GEMM takes layers of more than 256 bytes of input channels, >= 40 outputs and
+    >= 4096 pixels in 16 bits, >= 64 and >= 16384 in TF32 (pointwise_nhwc.WGMMA_MIN_*); any other GPU keeps them
+    here."""
     problem = nhwc(n, c, k, h, h, dtype)
     assert not refusal(problem) and pointwise_nhwc.pays(problem)
     assert pointwise_nhwc.pays(problem, compute_capability=90) == taken

@@ -36,8 +36,8 @@ ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 @pytest.fixture(autouse=True)
 def launches(monkeypatch):
     """Every cupyconv call of the test: the output filled with NaN first (all bytes 0xFF: NaN in every
-    dtype) on the call's stream, and a record of the addresses, stream, device and plan it ran with,
-    whether it reads a prepared weight and whether it prepares that weight itself."""
+    dtype) on the call's stream, and a record of the addresses, stream and device it ran with, the
+    problem and plan it ran, whether it reads a prepared weight and whether it prepares that weight itself."""
     import cupy
 
     from cupyconv import executor
@@ -50,7 +50,7 @@ def launches(monkeypatch):
         p = self.problem
         cupy.cuda.runtime.memsetAsync(out, 0xFF, math.prod(p.out_shape) * ITEMSIZE[p.dtype], stream)
         records.append(dict(x=x, weight=weight, bias=bias if p.has_bias else None, out=out, stream=stream,
-                            device=cupy.cuda.runtime.getDevice(), plan=self.plan,
+                            device=cupy.cuda.runtime.getDevice(), problem=p, plan=self.plan,
                             reads_prepared=self.weight is not None, prepares=prepare_weight))
         return launch(self, x, weight, prepared, bias, out, workspace, prepare_weight, stream, residual, flags,
                       input_scale)

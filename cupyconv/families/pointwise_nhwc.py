@@ -122,10 +122,18 @@ MIN_FLOAT32_CHANNELS = 33
 #: 7.3), at 1568 the pointwise tiles as fast or faster (240 -> 80 7.3 against >= 7.3). TF32 alike: 256 -> 64
 #: on 56^2 at batch 32 43 us on wgmma's 128 x 64 channel-row tile against 76 on pw_c1024_m64n64
 #: (benchmarks/results/dstride_tf32_ab_h200.txt, candidates_tf32_256to64_h200.txt).
+#: In 16 bits from 4096 pixels and 40 outputs since session #30 (H200, fp16 channels_last, CUDA graphs of 20 calls,
+#: results/pointwise_rules_candidates_h200.txt, pointwise_rules_ab_h200.txt), us, wgmma's one-warpgroup 64 x 64 tile
+#: against the pointwise tiles' rules: batch 8, EfficientNet-B0's 144 -> 40 and 240 -> 40 on 28^2 (6272 pixels)
+#: 3.0 and 3.3 against 3.3 and 4.2 (torch 3.0, 3.1); batch 32, MobileNetV2's 192 -> 64 on 14^2 3.1 against 3.8
+#: (3.1), and 144 -> 40 and 240 -> 40 on 28^2 on the 256 x 64 channel-row tile 5.2 and 6.1 against 5.5 and 7.3 on
+#: pw_c512_m128n64 (4.7, 5.0; results/pointwise_wgmma_b32_candidates_h200.txt); at 1568 pixels even (192 -> 64 at
+#: batch 8 2.9 against 2.8). Outputs of up to 32 channels stay (144 -> 24 on 56^2 at batch 8: 4.8 on pw_c512_m64n32,
+#: the GEMM's tiles 5.0 and slower).
 WGMMA_COMPUTE_CAPABILITY = 90
 WGMMA_MIN_CHANNEL_BYTES = 257
-WGMMA_MIN_OUT_CHANNELS = 64
-WGMMA_MIN_PIXELS = 16384
+WGMMA_MIN_OUT_CHANNELS = {"float16": 40, "bfloat16": 40, "float32": 64}
+WGMMA_MIN_PIXELS = {"float16": 4096, "bfloat16": 4096, "float32": 16384}
 
 
 def refusal(problem: ConvProblem) -> str:
@@ -162,8 +170,8 @@ def pays(problem: ConvProblem, compute_capability: int = 0) -> bool:
     (WGMMA_MIN_*)."""
     p = problem
     wgmma_faster = compute_capability == WGMMA_COMPUTE_CAPABILITY and \
-        p.c * STORAGE_BYTES[p.dtype] >= WGMMA_MIN_CHANNEL_BYTES and p.k >= WGMMA_MIN_OUT_CHANNELS and \
-        p.n * p.h * p.w >= WGMMA_MIN_PIXELS
+        p.c * STORAGE_BYTES[p.dtype] >= WGMMA_MIN_CHANNEL_BYTES and p.k >= WGMMA_MIN_OUT_CHANNELS[p.dtype] and \
+        p.n * p.h * p.w >= WGMMA_MIN_PIXELS[p.dtype]
     return flop_per_byte(p) <= MAX_FLOP_PER_BYTE[p.dtype] and not wgmma_faster and \
         not (p.dtype == "float32" and p.c < MIN_FLOAT32_CHANNELS and
              p.k > min(c.bn for c in POINTWISE_CONFIGS[p.dtype]))
