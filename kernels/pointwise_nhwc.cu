@@ -11,7 +11,8 @@
 // (one per channel tile) run it at about the same time, so x comes from DRAM once and from L2 after.
 //
 // Per pixel tile: BM pixels x all C channels in one stage, rows of CB + 16 bytes (an odd number of
-// 16-byte units: ldmatrix is conflict-free); warps of (BM / WARPS_M) x (BN / WARPS_N), mma.sync
+// 16-byte units: ldmatrix is conflict-free); warps of (BM / WARPS_M) x (BN / WARPS_N) (BN need not be a power
+// of two: tiles of 96 and 144 channels fit MobileNetV2's expansions without an idle last tile), mma.sync
 // m16n8k16 (16-bit) or m16n8k8 (TF32) with float32 accumulators. Where a warp's weight fragments fit
 // 32 registers (B_IN_REGISTERS), they are loaded once for the launch: the weight does not change from
 // tile to tile, and its ldmatrix were half the shared-memory reads of a tile. A float32 x and weight
@@ -63,6 +64,8 @@ __host__ __device__ constexpr int pointwise_min_blocks(int min_blocks, int index
     return index_bytes == 8 && min_blocks > 2 ? 2 : min_blocks;
 }
 
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
 template <typename T, typename Index, int BM, int BN, int CB, int STAGES, int WARPS_M, int WARPS_N, int MIN_BLOCKS>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, pointwise_min_blocks(MIN_BLOCKS, sizeof(Index)))
 pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
@@ -79,9 +82,7 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     constexpr int VECTORS = BN * sizeof(T) / 16;               // 16-byte vectors per staged row
     constexpr int X_STAGE = BM * ROW;
     static_assert(CB % INST_BYTES == 0 && (CB / 16) % 2 == 0, "whole instructions of k; rows of odd 16-byte units");
-    static_assert(NT % PIECES == 0 && BM % (NT / PIECES) == 0 && BN % (NT / PIECES) == 0,
-                  "the loaders cover the tiles");
-    static_assert(NT % VECTORS == 0 && BM % (NT / VECTORS) == 0, "the stores cover the tile");
+    static_assert(NT % PIECES == 0 && NT >= VECTORS, "a loader a piece of a row; a row of vectors a pass at least");
     static_assert(WM % 16 == 0 && WN % 16 == 0 && STAGES >= 2, "x4 ldmatrix for A and B; a stage to load ahead");
     constexpr int K_STEPS = CB / INST_BYTES;
     // (32 registers at most, two blocks per SM at most, 32-bit indices: more spilled beside the
@@ -105,12 +106,16 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 
     const int piece = tid % PIECES, row0 = tid / PIECES;
     constexpr int ROWS_PER_PASS = NT / PIECES;
+    // Whether pass r's row (row0 + r ROWS_PER_PASS) is one of a tile's ROWS: tiles of 96 or 144 channels, or
+    // blocks of 6 warps, are not whole passes.
+    auto in_tile = [&](int rows, int r) { return rows % ROWS_PER_PASS == 0 || row0 + r * ROWS_PER_PASS < rows; };
     auto load_x = [&](int i) {
         if (i < count && piece < used_pieces) {
             const Index m_first = static_cast<Index>(blockIdx.x + gridDim.x * i) * BM;
             unsigned char* dst = x_smem + (i % STAGES) * X_STAGE + row0 * ROW + piece * 16;
 #pragma unroll
-            for (int r = 0; r < BM / ROWS_PER_PASS; ++r) {
+            for (int r = 0; r < ceil_div(BM, ROWS_PER_PASS); ++r) {
+                if (!in_tile(BM, r)) break;
                 const Index m = m_first + row0 + r * ROWS_PER_PASS;
                 const bool ok = m < M && piece < c_pieces;
                 cp_async<16>(dst + r * ROWS_PER_PASS * ROW, ok ? x + (m * C + piece * EPP) : x, ok);
@@ -137,9 +142,9 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         unsigned char* at = x_smem + (i % STAGES) * X_STAGE + row0 * ROW + piece * 16;
         Index next_image_at = (n + 1) * plane;  // the first pixel of image n + 1
 #pragma unroll
-        for (int r = 0; r < BM / ROWS_PER_PASS; ++r) {
+        for (int r = 0; r < ceil_div(BM, ROWS_PER_PASS); ++r) {
             const Index m = m_first + row0 + r * ROWS_PER_PASS;
-            if (m < M) {
+            if (in_tile(BM, r) && m < M) {
                 if (m >= next_image_at) {
                     while (m >= next_image_at) {
                         ++n;
@@ -155,7 +160,8 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // The weight's rows n0 .. n0 + BN - 1, with the first tile's copies.
     if (piece < used_pieces) {
 #pragma unroll
-        for (int r = 0; r < BN / ROWS_PER_PASS; ++r) {
+        for (int r = 0; r < ceil_div(BN, ROWS_PER_PASS); ++r) {
+            if (!in_tile(BN, r)) break;
             const int n = n0 + row0 + r * ROWS_PER_PASS;
             const bool ok = n < K && piece < c_pieces;
             cp_async<16>(w_smem + (row0 + r * ROWS_PER_PASS) * ROW + piece * 16,
@@ -202,8 +208,15 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll
         for (int kk = 0; kk < K_STEPS; ++kk) load_b(kk, held[kk]);  // past C: never multiplied
     }
+    // The staged rows' vectors: V_ROWS_PER_PASS rows a pass, by the first V_ROWS_PER_PASS VECTORS threads (all of
+    // them where VECTORS divides NT; 252 of 256 on the 96-channel tile).
+    constexpr int V_ROWS_PER_PASS = NT / VECTORS, V_PASSES = ceil_div(BM, V_ROWS_PER_PASS);
     const int v_col = tid % VECTORS, v_row0 = tid / VECTORS;
-    constexpr int V_ROWS_PER_PASS = NT / VECTORS;
+    // Whether pass r has a row of the tile for this thread.
+    auto v_in_tile = [&](int r) {
+        return (NT % VECTORS == 0 || v_row0 < V_ROWS_PER_PASS) &&
+               (BM % V_ROWS_PER_PASS == 0 || v_row0 + r * V_ROWS_PER_PASS < BM);
+    };
     const bool v_ok = n0 + v_col * EPP < K;
     // The residual of tile i, copied into the staged output's rows (where the tile's outputs go) in
     // 16-byte vectors while the tile multiplies: read element by element after the multiply, its
@@ -211,7 +224,8 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     auto load_residual = [&](int i) {
         const Index m0 = static_cast<Index>(blockIdx.x + gridDim.x * i) * BM;
 #pragma unroll
-        for (int r = 0; r < BM / V_ROWS_PER_PASS; ++r) {
+        for (int r = 0; r < V_PASSES; ++r) {
+            if (!v_in_tile(r)) break;
             const int row = v_row0 + r * V_ROWS_PER_PASS;
             const bool ok = v_ok && m0 + row < M;
             cp_async<16>(out_smem + row * OUT_ROW + v_col * 16,
@@ -286,10 +300,11 @@ pointwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                     }
             __syncthreads();
 #pragma unroll
-            for (int r = 0; r < BM / V_ROWS_PER_PASS; ++r) {
+            for (int r = 0; r < V_PASSES; ++r) {
                 const int row = v_row0 + r * V_ROWS_PER_PASS;
-                const uint4 v = *reinterpret_cast<const uint4*>(out_smem + row * OUT_ROW + v_col * 16);
-                if (v_ok && m0 + row < M) *reinterpret_cast<uint4*>(y + ((m0 + row) * K + n0 + v_col * EPP)) = v;
+                if (v_ok && v_in_tile(r) && m0 + row < M)
+                    *reinterpret_cast<uint4*>(y + ((m0 + row) * K + n0 + v_col * EPP)) =
+                        *reinterpret_cast<const uint4*>(out_smem + row * OUT_ROW + v_col * 16);
             }
         }
     });

@@ -32,6 +32,7 @@ CASES = [
     Case(2, 96, 200, 23, 29, 1, 1, bias=False),  # K 200: a partial channel tile
     Case(5, 32, 136, 50, 41, 1, 1),           # many pixel tiles a block
     Case(2, 320, 64, 9, 7, 1, 1),             # 640 bytes of 16-bit channels: the widest tile; float32 refused
+    Case(2, 24, 144, 21, 19, 1, 1),           # MobileNetV2's 24 -> 144: one 144-channel tile, 1.5 of 96
 ]
 
 
@@ -140,11 +141,12 @@ def test_epilogue_with_residual(activation, name):
     assert relative_error(out, ref) < TOLERANCE[name]
 
 
-def test_64_bit_indices():
-    """The long long instance computes the same as the int one."""
+@pytest.mark.parametrize("config", [None, "pw_c128_m64n144"])
+def test_64_bit_indices(config):
+    """The long long instance computes the same as the int one (the planner's tile and one of 6 warps)."""
     case = CASES[1]
     problem = _problem(case, "float16")
-    plan = dataclasses.replace(make_plan(problem, kernel=POINTWISE_KERNEL), index_type="long long")
+    plan = dataclasses.replace(make_plan(problem, config=config, kernel=POINTWISE_KERNEL), index_type="long long")
     g = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(case.n, case.h, case.w, case.c, device="cuda", generator=g).half()
     weight = torch.randn(case.k, case.c, 1, 1, device="cuda", generator=g).half()

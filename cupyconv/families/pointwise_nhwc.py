@@ -84,7 +84,9 @@ SHORT_TILE_PIXELS = 64
 POINTWISE_CONFIGS = {
     "float16": (PointwiseConfig("pw_c128_m64n32", 64, 32, 128, 3, 4, 2, 3),
                 PointwiseConfig("pw_c128_m64n64", 64, 64, 128, 3, 4, 2, 3),
+                PointwiseConfig("pw_c128_m64n96", 64, 96, 128, 3, 4, 2, 3),
                 PointwiseConfig("pw_c128_m64n128", 64, 128, 128, 3, 2, 4, 2),
+                PointwiseConfig("pw_c128_m64n144", 64, 144, 128, 3, 2, 3, 3),
                 PointwiseConfig("pw_c256_m64n128", 64, 128, 256, 3, 2, 4, 2),
                 PointwiseConfig("pw_c512_m64n32", 64, 32, 512, 2, 4, 2, 2),
                 PointwiseConfig("pw_c512_m128n64", 128, 64, 512, 2, 4, 2, 1),
