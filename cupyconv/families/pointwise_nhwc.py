@@ -70,11 +70,17 @@ class PointwiseConfig:
 #: EfficientNet-B0's 32 -> 16 on 112^2 17.8 us fp16 on 128-byte rows of 32 channels against 20.7 on
 #: 64, TF32 30.6 against 34.3; 96 -> 24 on 56^2 13.0 us fp16 on 512-byte rows of 32 against 17.0 on
 #: 256-byte rows of 128 channels.
+#: The 16-bit tiles of 96 and 144 channels hold MobileNetV2's and EfficientNet-B0's 16 -> 96 and 24 -> 144 in one
+#: channel tile, each pixel tile staged and multiplied once: at batch 32 28.0 us against 31.9 on 128 channels and
+#: 12.0 against 17.1 on three tiles of 64 and 16.1 on two of 96 (H200, fp16 channels_last, CUDA graphs of 20 calls,
+#: benchmarks/results/pointwise_96_144_channel_tiles_h200.txt). Wider is not always better: a 192-channel tile (two
+#: blocks an SM) ran 32 -> 192 on 28^2 5.9 us against 5.6 on 96 (pointwise_192_channel_tile_trial_h200.txt).
 #: Outputs past every tile that holds C take, of the tiles of the widest one's rows and at least BALANCED_MIN_WIDTH
 #: channels wide, the one that leaves the fewest of its last channel tile unused (ties: the wider), not the widest:
-#: MobileNetV2's 24 -> 144 on 56^2 ran its two channel tiles of 128, the second 16 wide, at 17.4 us at batch 32
-#: against 16.6 on three of 64, 6.1 against 5.8 at batch 8; 32 -> 192 on 28^2 6.2 against 5.6 and 3.4 against 3.3
-#: (H200, fp16 channels_last, CUDA graphs of 20 calls, benchmarks/results/pointwise_rules_candidates_h200.txt).
+#: before the 96- and 144-channel tiles, MobileNetV2's 24 -> 144 on 56^2 ran its two channel tiles of 128, the
+#: second 16 wide, at 17.4 us at batch 32 against 16.6 on three of 64, 6.1 against 5.8 at batch 8; 32 -> 192 on 28^2
+#: 6.2 against 5.6 and 3.4 against 3.3 (pointwise_rules_candidates_h200.txt); now it takes two of 96, as fast as
+#: three of 64.
 BALANCED_MIN_WIDTH = 64
 #: A tile of more than SHORT_TILE_PIXELS pixels whose pixel tiles times channel tiles make fewer blocks than the
 #: H100's SMs leaves SMs idle; the tile of the same rows SHORT_TILE_PIXELS tall (the widest such) takes the layer
