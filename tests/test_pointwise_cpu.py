@@ -116,7 +116,7 @@ def test_the_suites_layers_take_the_tiles_they_were_timed_fastest_on(c, k, dtype
     (32, 32, 192, 28, "float16", "pw_c128_m64n96", "on 2 96-channel tiles (0 unused in the last)"),
     (8, 32, 272, 28, "bfloat16", "pw_c128_m64n144", "on 2 144-channel tiles (16 unused in the last)"),
     (8, 40, 240, 28, "float16", "pw_c128_m64n128", "on 2 128-channel tiles (16 unused in the last)"),  # ties: wider
-    (8, 64, 384, 14, "float16", "pw_c128_m64n128", "on 3 128-channel tiles"),
+    (32, 64, 384, 14, "float16", "pw_c128_m64n128", "on 3 128-channel tiles"),
     (8, 96, 576, 14, "float16", "pw_c256_m64n128", "on 5 128-channel tiles"),  # the only tile of 256-byte rows
     (8, 16, 96, 28, "float32", "pw_c256_m64n64", "on 2 64-channel tiles"),
 ])
@@ -141,7 +141,24 @@ def test_a_tall_tile_of_less_than_a_wave_of_blocks_gives_way_to_a_short_one(n, c
     plan = make_plan(nhwc(n, c, k, h, h), kernel=POINTWISE_KERNEL)
     assert plan.config.name == tile, plan.reason
     tall_blocks = math.ceil(n * h * h / 128) * math.ceil(k / 64)
-    assert (f"its {tall_blocks} blocks of 128 pixels (< {H100_SMS} SMs)" in plan.reason) == (tile == "pw_c512_m64n32")
+    assert (f"its {tall_blocks} blocks of 128 x 64 (< {H100_SMS} SMs)" in plan.reason) == (tile == "pw_c512_m64n32")
+
+
+@pytest.mark.parametrize("n,c,k,h,dtype,tile", [
+    (1, 64, 384, 14, "float16", "pw_c128_m64n32"),    # 12 blocks of 64 x 128: 48 of 64 x 32
+    (1, 24, 144, 56, "bfloat16", "pw_c128_m64n32"),   # 49 of 64 x 144
+    (8, 64, 384, 14, "float16", "pw_c128_m64n32"),    # 75 of 64 x 128
+    (1, 16, 96, 112, "float16", "pw_c128_m64n96"),    # 196: a wave
+    (8, 24, 144, 56, "float16", "pw_c128_m64n144"),   # 392
+    (1, 144, 40, 28, "float32", "pw_c1024_m64n64"),   # 13 blocks on wider rows: kept
+    (1, 384, 64, 14, "float16", "pw_c1024_m64n64"),   # 4: kept
+])
+def test_under_a_wave_narrow_rows_take_the_narrowest_tile(n, c, k, h, dtype, tile):
+    """A layer of 128-byte rows (16-bit C <= 64) whose tile makes fewer blocks than the SMs takes the 32-channel
+    tile of its rows, more and shorter blocks (pointwise_nhwc.NARROW_MAX_CHANNEL_BYTES); wider rows keep theirs."""
+    plan = make_plan(nhwc(n, c, k, h, h, dtype), kernel=POINTWISE_KERNEL)
+    assert plan.config.name == tile, plan.reason
+    assert (f"(< {H100_SMS} SMs): the 64 x 32 tile" in plan.reason) == (tile == "pw_c128_m64n32"), plan.reason
 
 
 @pytest.mark.parametrize("n,c,k,h,dtype,taken", [

@@ -82,11 +82,18 @@ class PointwiseConfig:
 #: 6.2 against 5.6 and 3.4 against 3.3 (pointwise_rules_candidates_h200.txt); now it takes two of 96, as fast as
 #: three of 64.
 BALANCED_MIN_WIDTH = 64
-#: A tile of more than SHORT_TILE_PIXELS pixels whose pixel tiles times channel tiles make fewer blocks than the
-#: H100's SMs leaves SMs idle; the tile of the same rows SHORT_TILE_PIXELS tall (the widest such) takes the layer
-#: instead: MobileNetV2's 192 -> 64 on 14^2 on the 128 x 64 tile (13 blocks at batch 8, 49 at batch 32) 3.7 and 4.1
-#: us against 2.8 and 3.8 on the 64 x 32 one (same file; torch 2.8 and 3.1).
+#: A tile whose pixel tiles times channel tiles make fewer blocks than the H100's SMs leaves SMs idle, and each
+#: block's share is the layer's whole time. A tile of more than SHORT_TILE_PIXELS pixels gives way to the widest
+#: tile of the same rows SHORT_TILE_PIXELS tall: MobileNetV2's 192 -> 64 on 14^2 on the 128 x 64 tile (13 blocks at
+#: batch 8, 49 at batch 32) 3.7 and 4.1 us against 2.8 and 3.8 on the 64 x 32 one (same file; torch 2.8 and 3.1).
+#: One of rows of at most NARROW_MAX_CHANNEL_BYTES gives way to the narrowest of its rows: at batch 1
+#: (pointwise_b1_candidates_h200.txt) 64 -> 384 on 14^2 2.9 us on the 128-channel tile (12 blocks) against 2.3 on
+#: the 32-channel one (48), 32 -> 192 on 28^2 2.7 on 96 channels against 2.2, 40 -> 240 2.9 against 2.4, 24 -> 144 on
+#: 56^2 2.9 on 144 (49 blocks) against 2.6, ResNet-50's 64 -> 256 3.2 on 128 against 3.1 (torch 2.5, 2.7, 2.7, 3.0,
+#: 3.0); within 0.1 us of the fastest tile on all eight layers timed. There x is a small part of the bytes; on wider
+#: rows a narrower tile reads it again for every channel tile (not timed: those keep their tile).
 SHORT_TILE_PIXELS = 64
+NARROW_MAX_CHANNEL_BYTES = 128
 POINTWISE_CONFIGS = {
     "float16": (PointwiseConfig("pw_c128_m64n32", 64, 32, 128, 3, 4, 2, 3),
                 PointwiseConfig("pw_c128_m64n64", 64, 64, 128, 3, 4, 2, 3),
@@ -188,7 +195,8 @@ def pays(problem: ConvProblem, compute_capability: int = 0) -> bool:
 def _config(problem: ConvProblem) -> tuple[PointwiseConfig, str]:
     """Of the tiles that hold the input channels, the narrowest at least K channels wide (of those, the one of the
     fewest channel bytes), else the one of the widest tile's rows that wastes fewest channels (BALANCED_MIN_WIDTH);
-    a tall tile that makes less than a wave of blocks gives way to a short one (SHORT_TILE_PIXELS). With why."""
+    a tile that makes less than a wave of blocks gives way to a short one (SHORT_TILE_PIXELS) or, on narrow rows, the
+    narrowest (NARROW_MAX_CHANNEL_BYTES). With why."""
     item = STORAGE_BYTES[problem.dtype]
     holding = [c for c in POINTWISE_CONFIGS[problem.dtype] if problem.c * item <= c.channel_bytes]
     wide_enough = [c.bn for c in holding if c.bn >= problem.k]
@@ -202,12 +210,19 @@ def _config(problem: ConvProblem) -> tuple[PointwiseConfig, str]:
         cfg = min(rows, key=lambda c: (-problem.k % c.bn, -c.bn))
         why = (f"{problem.k} output channels on {math.ceil(problem.k / cfg.bn)} {cfg.bn}-channel tiles "
                f"({-problem.k % cfg.bn} unused in the last)")
-    blocks = math.ceil(problem.n * problem.h * problem.w / cfg.bm) * math.ceil(problem.k / cfg.bn)
+    def blocks(c: PointwiseConfig) -> int:
+        return math.ceil(problem.n * problem.h * problem.w / c.bm) * math.ceil(problem.k / c.bn)
+
     short = [c for c in holding if c.channel_bytes == cfg.channel_bytes and c.bm == SHORT_TILE_PIXELS]
-    if cfg.bm > SHORT_TILE_PIXELS and blocks < H100_SMS and short:
-        tall, cfg = cfg, max(short, key=lambda c: c.bn)
-        why += (f"; its {blocks} blocks of {tall.bm} pixels (< {H100_SMS} SMs): the {cfg.bm} x {cfg.bn} tile, "
-                f"{math.ceil(problem.k / cfg.bn)} channel tiles")
+    if blocks(cfg) < H100_SMS and short:
+        few = cfg
+        if cfg.bm > SHORT_TILE_PIXELS:
+            cfg = max(short, key=lambda c: c.bn)
+        elif cfg.channel_bytes <= NARROW_MAX_CHANNEL_BYTES:
+            cfg = min(short, key=lambda c: c.bn)
+        if cfg != few:
+            why += (f"; its {blocks(few)} blocks of {few.bm} x {few.bn} (< {H100_SMS} SMs): the {cfg.bm} x {cfg.bn} "
+                    f"tile, {blocks(cfg)} blocks")
     return cfg, why
 
 
