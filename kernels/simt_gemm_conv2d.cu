@@ -15,9 +15,12 @@
 //
 // Levels:
 //   thread block  BM pixels x BN channels, a STAGES-deep cp.async pipeline over k tiles of BK;
-//   warp          WM x WN, lanes as (WM / 8) x (WN / 8);
-//   thread        8 x 8 outputs: two 4-pixel runs WM / 2 apart times two 4-channel runs WN / 2 apart,
-//                 so each k costs four float4 shared loads that a warp serves conflict-free.
+//   warp          WM x WN, lanes as (WM / TM) x (WN / TN);
+//   thread        TM x TN outputs (8 or 4 each): TM / 4 4-pixel runs WM / 2 apart times TN / 4 4-channel
+//                 runs WN / 2 apart, so each k costs (TM + TN) / 4 float4 shared loads that a warp serves
+//                 conflict-free. 8 x 8 does the most multiply-adds per load; 4 x 4 makes four times the
+//                 threads of a tile's outputs, for short reductions on few tiles (batch 1), which wait on
+//                 each thread's chain of multiply-adds rather than on issue.
 // Shared memory: per stage A [BK][BM] and B [BK][BN], k-major (a thread's 4 pixels or 4 channels at
 // one k are one float4); after the stages a table of the kernel taps (offset in an input plane, row
 // and column offsets), so that a k costs one lookup instead of two divisions.
@@ -34,15 +37,15 @@
 
 namespace cupyconv {
 
-// Blocks per SM asked of the register allocator: enough that each thread may keep 160 registers
-// (64 accumulators, 16 operands, addresses and the gather state) without spilling.
-__host__ __device__ constexpr int simt_min_blocks(int threads) {
-    const int blocks = 65536 / (threads * 160);
+// Blocks per SM asked of the register allocator: enough that each thread may keep its accumulators
+// plus 96 registers (operands, addresses and the gather state) without spilling: 160 for 8 x 8.
+__host__ __device__ constexpr int simt_min_blocks(int threads, int outputs) {
+    const int blocks = 65536 / (threads * (outputs + 96));
     return blocks < 1 ? 1 : (blocks > 8 ? 8 : blocks);
 }
 
-template <typename Index, int BM, int BN, int BK, int WM, int WN, int STAGES, bool SPLIT_K>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, simt_min_blocks((BM / WM) * (BN / WN) * 32))
+template <typename Index, int BM, int BN, int BK, int WM, int WN, int TM, int TN, int STAGES, bool SPLIT_K>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, simt_min_blocks((BM / WM) * (BN / WN) * 32, TM * TN))
 simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, const float* __restrict__ bias,
                  float* __restrict__ y, int has_bias, const float* __restrict__ residual, int has_residual,
                  int activation,
@@ -50,7 +53,7 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
                  int sh, int sw, int pt, int pl, int dh, int dw, int groups, int Kgp, int splits,
                  int split_elements) {
     constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN, NT = WARPS_M * WARPS_N * 32;
-    constexpr int LM = WM / 8, LN = WN / 8;                  // lanes along pixels and along channels
+    constexpr int LM = WM / TM, LN = WN / TN;                // lanes along pixels and along channels
     constexpr int A_STAGE = BK * BM, B_STAGE = BK * BN;
     // A loader: each thread keeps A_PIXELS pixels and copies KPT consecutive k of each per tile; where
     // NT is not a multiple of BM, the last NT % BM threads copy only B.
@@ -61,7 +64,8 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
     // B loader: 16-byte pieces of BN / 4 channels per tile row.
     constexpr int B_PIECES = BK * BN / 4;
     constexpr int B_PASSES = (B_PIECES + NT - 1) / NT;
-    static_assert(LM * LN == 32, "a warp tile of 32 threads of 8 x 8");
+    static_assert(LM * LN == 32, "a warp tile of 32 threads of TM x TN");
+    static_assert((TM == 4 || TM == 8) && (TN == 4 || TN == 8), "one or two 4-wide runs each way");
     static_assert(BM % WM == 0 && BN % WN == 0, "whole warp tiles");
     static_assert(NT >= BM || BM % NT == 0, "the A loader covers whole pixels");
     static_assert(KPT >= 1 && BK % K_GROUPS == 0, "the A loader covers the k tile");
@@ -146,31 +150,37 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
         }
     };
 
-    // --- Thread tile: pixels wm + tm 4 + {0..3} and + WM / 2; channels wn + tn 4 + {0..3} and + WN / 2.
+    // --- Thread tile: pixels wm + tm 4 + {0..3} (and + WM / 2 where TM is 8); channels wn + tn 4 + {0..3}
+    // (and + WN / 2 where TN is 8).
     const int warp_m = warp % WARPS_M, warp_n = warp / WARPS_M;
     const int tm = lane % LM, tn = lane / LM;
     const int a_frag_off = warp_m * WM + tm * 4, b_frag_off = warp_n * WN + tn * 4;
-    float acc[8][8];
+    float acc[TM][TN];
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
 
     auto compute_tile = [&](int stage) {
         const float* a_buf = a_smem + stage * A_STAGE + a_frag_off;
         const float* b_buf = b_smem + stage * B_STAGE + b_frag_off;
 #pragma unroll
         for (int k = 0; k < BK; ++k) {
-            const float4 a_lo = *reinterpret_cast<const float4*>(a_buf + k * BM);
-            const float4 a_hi = *reinterpret_cast<const float4*>(a_buf + k * BM + WM / 2);
-            const float4 b_lo = *reinterpret_cast<const float4*>(b_buf + k * BN);
-            const float4 b_hi = *reinterpret_cast<const float4*>(b_buf + k * BN + WN / 2);
-            const float a[8] = {a_lo.x, a_lo.y, a_lo.z, a_lo.w, a_hi.x, a_hi.y, a_hi.z, a_hi.w};
-            const float b[8] = {b_lo.x, b_lo.y, b_lo.z, b_lo.w, b_hi.x, b_hi.y, b_hi.z, b_hi.w};
+            float a[TM], b[TN];
 #pragma unroll
-            for (int i = 0; i < 8; ++i)
+            for (int run = 0; run < TM / 4; ++run) {
+                const float4 v = *reinterpret_cast<const float4*>(a_buf + k * BM + run * (WM / 2));
+                a[4 * run] = v.x, a[4 * run + 1] = v.y, a[4 * run + 2] = v.z, a[4 * run + 3] = v.w;
+            }
 #pragma unroll
-                for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+            for (int run = 0; run < TN / 4; ++run) {
+                const float4 v = *reinterpret_cast<const float4*>(b_buf + k * BN + run * (WN / 2));
+                b[4 * run] = v.x, b[4 * run + 1] = v.y, b[4 * run + 2] = v.z, b[4 * run + 3] = v.w;
+            }
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
         }
     };
 
@@ -180,15 +190,15 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
     // --- Epilogue, from registers: + bias, NCHW stores; 4 consecutive pixels as one float4 where the
     // planes are a multiple of 4 pixels (a run then never crosses an image) and y is 16-byte aligned.
     const bool vector_store = HoWo % 4 == 0 && (reinterpret_cast<unsigned long long>(y) & 15) == 0;
-    float b[8];
+    float b[TN];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < TN; ++j) {
         const int n = n0 + b_frag_off + (j >> 2) * (WN / 2) + (j & 3);
         b[j] = has_bias && n < Kg ? bias[g * Kg + n] : 0.0f;
     }
     with_epilogue<float>(residual, [&](auto finish) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
+        for (int half = 0; half < TM / 4; ++half) {
             const Index m = m0 + a_frag_off + half * (WM / 2);  // first of the run's 4 pixels
             if (m >= M) continue;
             Index y_pixel[4];  // image K HoWo + p of each pixel of the run, or -1 past M
@@ -198,7 +208,7 @@ simt_gemm_conv2d(const float* __restrict__ x, const float* __restrict__ wt, cons
                 y_pixel[e] = m + e < M ? image * K * HoWo + (m + e - image * HoWo) : Index(-1);
             }
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
+            for (int j = 0; j < TN; ++j) {
                 const int n = n0 + b_frag_off + (j >> 2) * (WN / 2) + (j & 3);
                 if (n >= Kg) continue;
                 const Index channel_offset = static_cast<Index>(g * Kg + n) * HoWo;

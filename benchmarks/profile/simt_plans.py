@@ -2,6 +2,7 @@
 own CUDA graph (graph_timing.py: no interleaving, 20 calls of one plan a graph, 30 replays):
     PYTHONPATH=$PWD python3 benchmarks/profile/simt_plans.py --model mobilenet_v2 --batch 8 [--splits 1,2,3,4]
         [--rule-only]
+        [--sweep simt_m32n64t4]
 Every distinct conv of the torchvision model (random weights, NCHW, fp32 strict) whose fixed-rules plan
 is simt_gemm_conv2d: the rules' plan (marked *), its tile at each split count, and each other tile at
 the rules' splits for it, beside torch's F.conv2d timed the same way. The planner's own operands: the
@@ -21,8 +22,9 @@ from cupyconv.planner import make_plan
 from graph_timing import graph_ms
 
 
-def plans(problem, rule, split_counts, rule_only):
-    """(label, plan): the rules' plan ``rule``, its tile at each split count, every other tile at its own splits."""
+def plans(problem, rule, split_counts, rule_only, sweep=()):
+    """(label, plan): the rules' plan ``rule``, its tile at each split count, every other tile at its own splits
+    (and, for the tiles named in ``sweep``, at each split count too)."""
     yield f"*{rule.config.name}/{rule.splits}", rule
     if rule_only:
         return
@@ -36,6 +38,12 @@ def plans(problem, rule, split_counts, rule_only):
         if cfg.name != rule.config.name:
             plan = simt_gemm_conv2d.make_plan(problem, cfg.name)
             yield f"{cfg.name}/{plan.splits}", plan
+            for splits in split_counts if cfg.name in sweep else ():
+                if splits != plan.splits:
+                    try:
+                        yield f"{cfg.name}/{splits}", simt_gemm_conv2d.make_plan(problem, cfg.name, splits=splits)
+                    except ValueError:
+                        pass
 
 
 def main() -> None:
@@ -44,6 +52,7 @@ def main() -> None:
     parser.add_argument("--batch", action="append", type=int, required=True)
     parser.add_argument("--splits", default="1,2,3,4,6")
     parser.add_argument("--rule-only", action="store_true")
+    parser.add_argument("--sweep", action="append", default=[], help="a tile to time at every split count too")
     args = parser.parse_args()
     split_counts = [int(s) for s in args.splits.split(",")]
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
@@ -66,7 +75,7 @@ def main() -> None:
                 ref = torch.nn.functional.conv2d(xin, w, bias, m.stride, m.padding, m.dilation, m.groups)
                 out = torch.empty_like(ref)
                 timings = [f"torch {1e3 * graph_ms(lambda _: torch.nn.functional.conv2d(xin, w, bias, m.stride, m.padding, m.dilation, m.groups)):.1f}"]
-                for label, plan in plans(problem, rule, split_counts, args.rule_only):
+                for label, plan in plans(problem, rule, split_counts, args.rule_only, args.sweep):
                     exe = executable_for_plan(plan, problem, 0)
                     prepared = torch.empty(max(1, exe.weight.nbytes if exe.weight else 1), device="cuda", dtype=torch.uint8)
                     workspace = torch.empty(max(1, exe.workspace_bytes_for(False)), device="cuda", dtype=torch.uint8)

@@ -19,7 +19,8 @@ KERNEL = "simt_gemm_conv2d"
 @dataclasses.dataclass(frozen=True)
 class SimtConfig:
     """Thread-block tile of the FMA implicit GEMM: bm output pixels x bn output channels, bk of the
-    reduction per stage, `stages` cp.async buffers; warp tiles wm x wn, each thread 8 x 8 outputs."""
+    reduction per stage, `stages` cp.async buffers; warp tiles wm x wn, each thread tm x tn outputs (8 or 4
+    each way)."""
 
     name: str
     bm: int
@@ -28,6 +29,8 @@ class SimtConfig:
     wm: int
     wn: int
     stages: int
+    tm: int = 8
+    tn: int = 8
 
     @property
     def threads(self) -> int:
@@ -49,8 +52,12 @@ SIMT_CONFIGS = (
     SimtConfig("simt_m128n96k16", 128, 96, 16, 64, 32, 3),
     SimtConfig("simt_m128n128k16", 128, 128, 16, 64, 32, 3),
     SimtConfig("simt_m64n128k16", 64, 128, 16, 64, 32, 3),
+    # 4 x 4 outputs a thread, four warps of 32 x 16: for grids of few tiles (batch 1 and 8), where a thread's
+    # chain of multiply-adds, not issue, bounds the 8 x 8 tiles (SIMT_SMALL_TILE_MAX_BLOCKS).
+    SimtConfig("simt_m32n64t4", 32, 64, 16, 32, 16, 3, tm=4, tn=4),
 )
 _SIMT_BY_NAME = {c.name: c for c in SIMT_CONFIGS}
+_SMALL_TILE = "simt_m32n64t4"
 CONFIG_NAMES = frozenset(_SIMT_BY_NAME)
 #: SMs of the H100 the tiles were timed on: blocks beyond a multiple of it start another wave.
 SIMT_WAVE_BLOCKS = 132
@@ -63,6 +70,20 @@ SIMT_WIDE_TILE_SPEED = 1.1
 #: (58.6 against 68.6; 19.4 against 18.4 at b8, 6 waves).
 SIMT_SHORT_REDUCTION = 32
 SIMT_SHORT_REDUCTION_WAVES = 8
+#: Ungrouped layers whose grid of 32 x 64 tiles of 4 x 4 outputs a thread fits one wave of resident blocks
+#: (five an SM: 87-96 registers a thread) take that tile: four times the threads of an 8 x 8 tile's outputs,
+#: each with a quarter of the multiply-add chain. H200, graph-timed, MobileNetV2 and EfficientNet-B0 at batch
+#: 1 and 8: 35-50 % faster on 1x1 layers of 7^2-28^2 (MobileNetV2 b1 96 -> 576 on 14^2 11.6 -> 5.7 us, 960 ->
+#: 160 on 7^2 13.1 -> 7.4), as fast or faster up to 539 tiles (b8 112 -> 672 on 14^2 17.4 -> 14.7), slower
+#: from 784 (two waves: b1 16 -> 96 on 112^2 5.6 -> 6.9, b8 144 -> 24 on 56^2 18.3 -> 24.5;
+#: benchmarks/NOTES.md).
+SIMT_SMALL_TILE_MAX_BLOCKS = 5 * SIMT_WAVE_BLOCKS
+#: That tile splits its reduction (split-K) into as many runs as keep its grid within four blocks an SM, at
+#: least SPLIT_K_MIN_TILES k tiles a run: H200, MobileNetV2 b32's 960 -> 160 on 7^2 (147 tiles) 48.1 us whole,
+#: 35.5 in 2 runs, 31.2 in 4; b1's (6 tiles) 34.6 whole, 7.5 in 15. Over MobileNetV2, EfficientNet-B0 and ResNet-50's
+#: layers that take it, within 1 % of the 8 x 8 tiles' rule (_splits' warp count) at batch 1 and 8 and 5 %
+#: faster at 32.
+SIMT_SMALL_TILE_SPLIT_BLOCKS = 4 * SIMT_WAVE_BLOCKS
 #: Kernel taps the tap table holds at most (16 KB of shared memory); larger kernels run direct.
 SIMT_MAX_TAPS = 1024
 #: Split-K (common.split_k_runs): a grid of at most SPLIT_K_MAX_WARPS_PER_SM warps an SM on average
@@ -85,7 +106,8 @@ def weight_columns(problem: ConvProblem) -> int:
 
 
 def _choose_config(problem: ConvProblem) -> tuple[SimtConfig, str]:
-    """Up to 32 output channels per group the 256 x 32 tile, up to 64 the 64 x 64 one. Ungrouped layers
+    """Ungrouped layers of at most SIMT_SMALL_TILE_MAX_BLOCKS tiles of 32 x 64 the 4 x 4-output tile. Else
+    up to 32 output channels per group the 256 x 32 tile, up to 64 the 64 x 64 one. Ungrouped layers
     of more: the 64 x 128 tile on 1x1 kernels and up to 128 channels (four warps a block and twice the
     blocks of 128 x 128, which a short reduction or a small grid runs faster: ResNet-50 b32's 1x1 layers
     2-12 %, MobileNetV2's and EfficientNet-B0's at b8 8-25 %, H100, benchmarks/NOTES.md), else whichever
@@ -94,6 +116,11 @@ def _choose_config(problem: ConvProblem) -> tuple[SimtConfig, str]:
     stages fill few waves of 128-channel tiles). Grouped problems (Winograd's batched GEMM among them)
     keep the tiles they were timed with (_channel_fit_config), as do reductions shorter than
     SIMT_SHORT_REDUCTION on more than SIMT_SHORT_REDUCTION_WAVES waves of 64 x 128 tiles."""
+    small = _SIMT_BY_NAME[_SMALL_TILE]
+    small_blocks = math.prod(gemm_grid(problem, small))
+    if problem.groups == 1 and small_blocks <= SIMT_SMALL_TILE_MAX_BLOCKS:
+        return small, (f"{small.name}: its {small_blocks} tiles fit one wave of resident blocks (at most "
+                       f"{SIMT_SMALL_TILE_MAX_BLOCKS}), 4 x 4 outputs a thread")
     kg = problem.k // problem.groups
     if kg <= 64 or problem.groups > 1:
         return _channel_fit_config(problem)
@@ -148,13 +175,16 @@ def refusal(problem: ConvProblem) -> str:
 
 def _splits(problem: ConvProblem, cfg: SimtConfig, grid: tuple[int, int, int]) -> int:
     """Runs of the reduction for split-K (1: none): for grids of at most SPLIT_K_MAX_WARPS_PER_SM warps
-    an SM on average, enough runs to make SPLIT_K_TARGET_BLOCKS blocks and SPLIT_K_TARGET_WARPS warps."""
+    an SM on average, enough runs to make SPLIT_K_TARGET_BLOCKS blocks and SPLIT_K_TARGET_WARPS warps; for
+    the 4 x 4-output tile, as many as keep its grid within SIMT_SMALL_TILE_SPLIT_BLOCKS blocks."""
     blocks, warps = math.prod(grid), cfg.threads // 32
+    k_tiles = math.ceil(problem.c // problem.groups * problem.kh * problem.kw / cfg.bk)
+    if cfg.name == _SMALL_TILE:
+        return split_k_runs(problem, grid, k_tiles, SIMT_SMALL_TILE_SPLIT_BLOCKS // max(1, blocks), SPLIT_K_MIN_TILES)
     if blocks * warps > SPLIT_K_MAX_WARPS_PER_SM * SIMT_WAVE_BLOCKS:
         return 1
     wanted = max(SPLIT_K_TARGET_BLOCKS, math.ceil(SPLIT_K_TARGET_WARPS / warps))
-    return split_k_runs(problem, grid, math.ceil(problem.c // problem.groups * problem.kh * problem.kw / cfg.bk),
-                        math.ceil(wanted / max(1, blocks)), SPLIT_K_MIN_TILES)
+    return split_k_runs(problem, grid, k_tiles, math.ceil(wanted / max(1, blocks)), SPLIT_K_MIN_TILES)
 
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "", splits: int | None = None) -> LaunchPlan:
@@ -191,7 +221,7 @@ def describe(plan: LaunchPlan, added_by: str = REDUCE_KERNEL) -> str:
     that adds split-K's partial sums)."""
     c = plan.config
     return (f"{plan.kernel} [{c.name}: block {c.bm} px x {c.bn} ch, k {c.bk} per stage, {c.stages} stages, "
-            f"warps of {c.wm} px x {c.wn} ch, 8x8 outputs per thread, {c.threads} threads]\n"
+            f"warps of {c.wm} px x {c.wn} ch, {c.tm}x{c.tn} outputs per thread, {c.threads} threads]\n"
             f"  float32 (IEEE FMA, no TF32), {plan.index_type} indices; {plan.shared_bytes} B shared memory\n"
             f"  grid {plan.grid} (pixel tiles, channel tiles, groups{' x splits' if plan.splits > 1 else ''}), "
             f"block {plan.block}\n"
@@ -203,7 +233,7 @@ def describe(plan: LaunchPlan, added_by: str = REDUCE_KERNEL) -> str:
 
 def specialisation(index: str, cfg: SimtConfig, split_k: bool = False) -> str:
     """The C++ template instance of ``cfg`` (float32 only), with split-K or without."""
-    return (f"cupyconv::{KERNEL}<{index},{cfg.bm},{cfg.bn},{cfg.bk},{cfg.wm},{cfg.wn},{cfg.stages},"
+    return (f"cupyconv::{KERNEL}<{index},{cfg.bm},{cfg.bn},{cfg.bk},{cfg.wm},{cfg.wn},{cfg.tm},{cfg.tn},{cfg.stages},"
             f"{'true' if split_k else 'false'}>")
 
 
