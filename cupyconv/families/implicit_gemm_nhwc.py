@@ -46,19 +46,28 @@ SPACE_TO_DEPTH = "space_to_depth"
 #: stride 4 a 3x3 layer of 48, a patchify layer (kernel = stride) a 1x1 one.
 SPACE_TO_DEPTH_MAX_CHANNELS = 64
 
-#: Tiles per dtype: 128 pixels by 64, 96 or 128 output channels, each with k rows of 64 bytes (four
-#: stages) and of 128 bytes (three; half the barriers per multiply-add). Chosen by _choose_config
-#: from timings of these and of other tiles on the H100 (benchmarks/NOTES_igemm.md). The 32-channel
+#: Tiles per dtype: 128 pixels by 64, 96 or 128 output channels, and 64 by 64, each with k rows of 64 bytes
+#: (four stages) and of 128 bytes (three; half the barriers per multiply-add). Chosen by _choose_config
+#: from timings of these and of other tiles on the H100 (benchmarks/NOTES_igemm.md); the 64-pixel ones for
+#: small grids of NCHW 1x1 layers (SMALL_POINTWISE_MAX_TILES). The 32-channel
 #: tile (four warps) is the stride-phase launch's for outputs of at most 32 channels (phases_plan), and
 #: the tuner's to try on such outputs; the fixed rules of one convolution do not choose it.
 NHWC_CONFIGS = {
-    dtype: tuple(GemmConfig(f"nhwc_m128n{bn}k{bk}", 128, bn, bk, warps_m, warps_n, stages)
-                 for bn, warps_m, warps_n in ((64, 2, 2), (96, 4, 2), (128, 2, 4), (32, 4, 1))
+    dtype: tuple(GemmConfig(f"nhwc_m{bm}n{bn}k{bk}", bm, bn, bk, warps_m, warps_n, stages)
+                 for bm, bn, warps_m, warps_n in ((128, 64, 2, 2), (128, 96, 4, 2), (128, 128, 2, 4), (128, 32, 4, 1),
+                                                  (64, 64, 2, 2))
                  for bk, stages in ((short_k, 4), (2 * short_k, 3)))
     for dtype, short_k in (("float32", 16), ("float16", 32))
 }
 #: The 128-channel tile pays off (it gathers the input half as often) only with this many blocks.
 WIDE_TILE_BLOCKS = 1024
+#: NCHW 1x1 layers read in place whose 64 x 64 mma.sync tiles make at most this many (a third of the SMs,
+#: before split-K; timed up to 39, larger grids keep the 128-pixel tiles untimed) take them rather than
+#: the 128-pixel ones: half the rows of padding on 7^2 planes and twice the tiles to share the reduction. H200, batch 1, TF32: MobileNetV2's and EfficientNet-B0's 1x1 layers on
+#: 7^2-28^2 8-20 % faster (160 -> 960 on 7^2 9.9 -> 8.0 us, 192 -> 64 on 14^2 9.7 -> 8.2, 960 -> 160 on 7^2
+#: 12.0 -> 10.5); fp16 where no wgmma tile takes them 5-16 % (192 -> 64 7.9 -> 6.7, 576 -> 96 9.9 -> 8.9),
+#: one 2 % slower (672 -> 112 9.9 -> 10.1; benchmarks/NOTES.md).
+SMALL_POINTWISE_MAX_TILES = H100_SMS // 3
 #: Hopper (sm_90a) wgmma tiles, k rows of 128 bytes, 128-byte swizzled: two warpgroups of 64
 #: pixels x 128 channels (3 stages), or warpgroups of 64 channels x 128 pixels, two (256 pixels) or
 #: one (128), with 4 stages. The tuner's alone (no fixed rule takes them): the 128 x 128 tile with 5
@@ -939,9 +948,10 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
 
     mma.sync, channels: the 96-channel tile for 65-96 output channels per group (AlexNet), the
     128-channel one for more where it makes WIDE_TILE_BLOCKS blocks or more, else the 64-channel one,
-    and the 32-channel one for 32 or fewer. Depth: k rows of 128 bytes where the gather copies 16-byte
-    pieces of at least 64 bytes of channels per tap and the reduction spans MIN_DEEP_K_TILES of them,
-    else of 64 bytes (narrower pieces make a deep tile many copies per thread; few channels per tap
+    and the 32-channel one for 32 or fewer; NCHW 1x1 layers read in place, the 64 x 64 tile where its
+    tiles make at most SMALL_POINTWISE_MAX_TILES (k rows of 128 bytes from MIN_DEEP_K_TILES of them).
+    Depth: k rows of 128 bytes where the gather copies 16-byte pieces of at least 64 bytes of channels per
+    tap and the reduction spans MIN_DEEP_K_TILES of them, else of 64 bytes (narrower pieces make a deep tile many copies per thread; few channels per tap
     make it many taps; 1x1 problems read in place have short reductions).
 
     Before all of these, where ``pingpong`` and pingpong_small_pays, the 64 x 64 ping-pong tile; then the 64-pixel
@@ -1009,8 +1019,14 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
     elif not _wgmma_refusal(problem, compute_capability) and deep_k_tiles >= MIN_DEEP_K_TILES and \
             kg >= GEMM_MIN_GROUP_CHANNELS and not few_pixels:
         return _choose_wgmma_config(problem)
+    if _nchw_a_mode(problem) == NCHW_A_POINTWISE:
+        small = [c for c in NHWC_CONFIGS[problem.dtype] if c.bm == 64 and not c.wgmma and
+                 (c.bk * item == 128) == (deep_k_tiles >= MIN_DEEP_K_TILES)][0]
+        if (tiles := math.prod(gemm_grid(problem, small))) <= SMALL_POINTWISE_MAX_TILES:
+            return small, (f"1x1, NCHW read in place: {tiles} tiles of 64 x 64 (<= {SMALL_POINTWISE_MAX_TILES}), k "
+                           f"rows of {small.bk * item} bytes")
     deep = _deep(problem) and deep_k_tiles >= MIN_DEEP_K_TILES
-    candidates = [c for c in NHWC_CONFIGS[problem.dtype] if (c.bk * item == 128) == deep and not c.wgmma]
+    candidates = [c for c in NHWC_CONFIGS[problem.dtype] if (c.bk * item == 128) == deep and not c.wgmma and c.bm == 128]
     by_width = {c.bn: c for c in candidates}
     depth = f"k rows of {by_width[64].bk * item} bytes"
     if 64 < kg <= 96:
