@@ -31,7 +31,7 @@ planned again under the new mode.
 * the channels-last GEMM without space-to-depth where the rules block a strided layer's pixels
   (implicit_gemm_nhwc.space_to_depth_block).
 
-That is 5 to about 70 plans; equal plans are timed once.
+That is 5 to about 80 plans; equal plans are timed once.
 
 **Timing** (:class:`GpuTimer`; injectable: :func:`choose_plan` takes any ``timer(problem, device)``
 returning :func:`tune`'s ``measure(plan, best_ms) -> ms``, which the CPU tests fake): scratch

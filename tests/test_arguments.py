@@ -151,7 +151,8 @@ def test_strict_float32_tiles():
     """The channel tile fits the output channels per group; ungrouped layers of more than 64 take the
     64 x 128 tile on 1x1 kernels and up to 128 channels, else the tile of fewest whole waves; grouped
     problems, and short reductions on many waves, keep the 96-channel tile and the 128-pixel tiles; the
-    weight copy's columns are padded to a multiple of 4."""
+    weight copy's columns are padded to a multiple of 4. Grids of one resident wave of 32 x 64 tiles take the
+    4 x 4-output tile (test_small_grid_tiles_cpu.py)."""
     from cupyconv.arguments import make_problem
     from cupyconv.planner import make_plan
 
@@ -173,7 +174,8 @@ def test_strict_float32_tiles():
     assert plan(8, 24, 144, 56, kernel=1).config.name == "simt_m64n128k16"
     assert plan(32, 24, 144, 56, kernel=1).config.name == "simt_m128n64k16"
     assert plan(8, 16, 96, 112, kernel=1).config.name == "simt_m128n96k16"
-    assert "waves" in plan(32, 512, 512, 7).reason
+    assert "waves" in plan(32, 512, 512, 14).reason
+    assert plan(32, 512, 512, 7).config.name == "simt_m32n64t4"  # 392 tiles of 32 x 64: one resident wave
     assert plan(2, 8, 10, 9).weight_columns == 12
     assert plan(2, 12, 18, 9, groups=2).weight_columns == 12
 
@@ -181,19 +183,20 @@ def test_strict_float32_tiles():
 def test_strict_float32_split_k():
     """The FMA GEMM splits the reduction of grids of at most four warps an SM: a small grid, or up to a
     wave of four-warp blocks (more runs for two-warp blocks), not a wave of eight-warp ones; the runs
-    keep at least 4 k tiles each."""
+    keep at least 4 k tiles each. (The 4 x 4-output tile, which the rules take for these small grids, splits by
+    its block count: test_small_grid_tiles_cpu.py; here the 8 x 8 tiles are forced.)"""
     from cupyconv.arguments import make_problem
     from cupyconv.planner import make_plan
 
-    def plan(n, c, k, hw, kernel=1):
+    def plan(n, c, k, hw, kernel=1, config=None):
         return make_plan(make_problem((n, c, hw, hw), (k, c, kernel, kernel), None, "float32", 1, kernel // 2),
-                         kernel="simt_gemm_conv2d")
+                         config, kernel="simt_gemm_conv2d")
 
-    tall = plan(32, 2048, 512, 7)  # 100 blocks of four warps
+    tall = plan(32, 2048, 512, 7, config="simt_m64n128k16")  # 100 blocks of four warps
     assert (tall.config.name, tall.grid, tall.splits) == ("simt_m64n128k16", (25, 4, 3), 3)
     assert "100 tiles of 4 warps" in tall.reason
-    assert plan(8, 240, 40, 28).splits == 6     # 98 blocks of two warps: 528 blocks
-    assert plan(8, 96, 24, 56).splits == 3      # 98 blocks of four warps, 12 k tiles of 8
+    assert plan(8, 240, 40, 28, config="simt_m64n64").splits == 6  # 98 blocks of two warps: 528 blocks
+    assert plan(8, 96, 24, 56, config="simt_m256n32").splits == 3  # 98 blocks of four warps, 12 k tiles of 8
     wide = plan(32, 1024, 256, 14, kernel=3)     # 98 blocks of eight warps
     assert (wide.config.name, wide.splits) == ("simt_m128n128k16", 1)
     assert plan(32, 1024, 512, 14).splits == 1  # 392 blocks

@@ -421,10 +421,15 @@ PRINTED = [
         "implicit_gemm_nhwc [nhwc_m128n64k64: block 128 px x 64 ch, k 64 per stage, 3 stages, 2x2 warps, 128 "
         "threads]",
         "  float16 (float16 on tensor cores, float32 accumulators), int indices; 82944 B shared memory"]),
-    (((4, 64, 8, 8), (64, 64, 1, 1), "float32", 1, 0, 1, True, 0), [
+    (((64, 64, 8, 8), (64, 64, 1, 1), "float32", 1, 0, 1, True, 0), [
         "  float32 (TF32 on tensor cores, float32 accumulators), int indices; 55296 B shared memory",
         "  why: tensor cores in TF32 (allow_tf32=True), 64 output channels per group; 64 output channels per group: "
         "one 64-channel tile; k rows of 64 bytes; 1x1: the NCHW input and KCHW weight read in place, 16-byte pieces of pixels"]),
+    (((4, 64, 8, 8), (64, 64, 1, 1), "float32", 1, 0, 1, True, 0), [
+        "implicit_gemm_nhwc [nhwc_m64n64k32: block 64 px x 64 ch, k 32 per stage, 3 stages, 2x2 warps, 128 threads]",
+        "  why: tensor cores in TF32 (allow_tf32=True), 64 output channels per group; 1x1, NCHW read in place: 4 tiles "
+        "of 64 x 64 (<= 44), k rows of 128 bytes; 1x1: the NCHW input and KCHW weight read in place, 16-byte pieces "
+        "of pixels"]),
     (((2, 6, 9, 9), (16, 3, 3, 3), "float16", 1, 0, 2, False, 0), [
         "implicit_gemm_conv2d [m128n32k32: block 128 px x 32 ch, k 32 per stage, 2 stages, 4x1 warps, 128 threads]",
         "  why: tensor cores in float16, 8 output channels per group; NCHW gather: 3 channels per group is odd, with "

@@ -129,7 +129,7 @@ def test_candidates_are_valid_distinct_plans_the_fixed_rules_first(case, dtype, 
     (first_choice, first), *others = found
     assert first_choice == tuning.Choice() and first == planner.make_plan(problem, allow_tf32=tf32,
                                                                           compute_capability=cc)
-    assert 2 <= len(found) <= 75  # (TF32's ping-pong tiles, 128 and 64 pixels tall, and their runs: 71)
+    assert 2 <= len(found) <= 80  # (TF32's ping-pong tiles, 128 and 64 pixels tall, their runs, the 64 x 64 mma.sync tiles: 77)
     identities = [tuning._identity(plan) for _, plan in found]
     assert len(set(identities)) == len(identities), "a plan is timed twice"
     for choice, plan in found:
@@ -197,7 +197,7 @@ def test_every_grid_case_has_candidates_in_every_dtype():
             problem = problem_of(case, dtype)
             for tf32 in (False, True):
                 found = tuning.candidates(problem, tf32, 90)
-                assert 1 <= len(found) <= 50 and found[0][0] == tuning.Choice()
+                assert 1 <= len(found) <= 55 and found[0][0] == tuning.Choice()
 
 
 # --- the choice ---------------------------------------------------------------------------------------
