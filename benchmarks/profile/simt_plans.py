@@ -22,28 +22,29 @@ from cupyconv.planner import make_plan
 from graph_timing import graph_ms
 
 
+def other_splits(problem, name, splits_done, split_counts):
+    """(label, plan): tile ``name`` at each of ``split_counts`` but ``splits_done`` that it can run."""
+    for splits in split_counts:
+        if splits != splits_done:
+            try:
+                yield f"{name}/{splits}", simt_gemm_conv2d.make_plan(problem, name, splits=splits)
+            except ValueError:
+                pass
+
+
 def plans(problem, rule, split_counts, rule_only, sweep=()):
     """(label, plan): the rules' plan ``rule``, its tile at each split count, every other tile at its own splits
     (and, for the tiles named in ``sweep``, at each split count too)."""
     yield f"*{rule.config.name}/{rule.splits}", rule
     if rule_only:
         return
-    for splits in split_counts:
-        if splits != rule.splits:
-            try:
-                yield f"{rule.config.name}/{splits}", simt_gemm_conv2d.make_plan(problem, rule.config.name, splits=splits)
-            except ValueError:
-                pass
+    yield from other_splits(problem, rule.config.name, rule.splits, split_counts)
     for cfg in simt_gemm_conv2d.SIMT_CONFIGS:
         if cfg.name != rule.config.name:
             plan = simt_gemm_conv2d.make_plan(problem, cfg.name)
             yield f"{cfg.name}/{plan.splits}", plan
-            for splits in split_counts if cfg.name in sweep else ():
-                if splits != plan.splits:
-                    try:
-                        yield f"{cfg.name}/{splits}", simt_gemm_conv2d.make_plan(problem, cfg.name, splits=splits)
-                    except ValueError:
-                        pass
+            if cfg.name in sweep:
+                yield from other_splits(problem, cfg.name, plan.splits, split_counts)
 
 
 def main() -> None:

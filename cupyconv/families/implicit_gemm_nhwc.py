@@ -1020,8 +1020,8 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
             kg >= GEMM_MIN_GROUP_CHANNELS and not few_pixels:
         return _choose_wgmma_config(problem)
     if _nchw_a_mode(problem) == NCHW_A_POINTWISE:
-        small = [c for c in NHWC_CONFIGS[problem.dtype] if c.bm == 64 and not c.wgmma and
-                 (c.bk * item == 128) == (deep_k_tiles >= MIN_DEEP_K_TILES)][0]
+        small = next(c for c in NHWC_CONFIGS[problem.dtype] if c.bm == 64 and not c.wgmma and
+                     (c.bk * item == 128) == (deep_k_tiles >= MIN_DEEP_K_TILES))
         if (tiles := math.prod(gemm_grid(problem, small))) <= SMALL_POINTWISE_MAX_TILES:
             return small, (f"1x1, NCHW read in place: {tiles} tiles of 64 x 64 (<= {SMALL_POINTWISE_MAX_TILES}), k "
                            f"rows of {small.bk * item} bytes")
