@@ -40,7 +40,7 @@ class LaunchPlan:
     tiles_w: int = 0
     tiles: int = 0
     ktiles: int = 0
-    # implicit_gemm_nhwc only: bytes per cp.async piece, and the channels of the channels-last copies
+    # implicit_gemm_nhwc: bytes per cp.async piece (one_pixel_conv2d: of a lane's loads), and the channels of the channels-last copies
     # (C, or C rounded up with zero channels so that a piece never straddles two taps).
     vec: int = 0
     channels_padded: int = 0
@@ -116,15 +116,15 @@ class LaunchPlan:
 
 # The families build LaunchPlans: imported once the class exists.
 from .families import (depthwise_column_conv2d, depthwise_conv2d, depthwise_nhwc, direct_conv2d,  # noqa: E402
-                       few_channel_nhwc, implicit_gemm_conv2d, implicit_gemm_nhwc, pointwise_nhwc, simt_gemm_conv2d,
-                       winograd_conv2d)
+                       few_channel_nhwc, implicit_gemm_conv2d, implicit_gemm_nhwc, one_pixel_conv2d, pointwise_nhwc,
+                       simt_gemm_conv2d, winograd_conv2d)
 
 #: Kernel family -> its module. A new family is a module in families/ and an entry here (and, to be
 #: chosen without being forced, a rule in choose_kernel).
 FAMILIES = {family.KERNEL: family for family in (direct_conv2d, depthwise_conv2d, depthwise_column_conv2d,
                                                  depthwise_nhwc, simt_gemm_conv2d, winograd_conv2d,
                                                  implicit_gemm_conv2d, implicit_gemm_nhwc, pointwise_nhwc,
-                                                 few_channel_nhwc)}
+                                                 few_channel_nhwc, one_pixel_conv2d)}
 KERNELS = tuple(FAMILIES)
 DIRECT_KERNEL = direct_conv2d.KERNEL
 DEPTHWISE_KERNEL = depthwise_conv2d.KERNEL
@@ -166,6 +166,7 @@ GEMM_KERNEL = implicit_gemm_conv2d.KERNEL
 NHWC_KERNEL = implicit_gemm_nhwc.KERNEL
 POINTWISE_KERNEL = pointwise_nhwc.KERNEL
 FEW_CHANNEL_KERNEL = few_channel_nhwc.KERNEL
+ONE_PIXEL_KERNEL = one_pixel_conv2d.KERNEL
 
 
 def kernel_specialisations() -> list[str]:
@@ -187,7 +188,8 @@ def arch_specialisations() -> dict[str, list[str]]:
 def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: bool = False,
                   config: str | None = None, compute_capability: int = 0) -> tuple[str, str]:
     """The kernel family for ``problem`` and why: forced by ``kernel`` (or by a config name of one
-    family), else a tensor-core GEMM for float16/bfloat16, and for float32 when ``allow_tf32``: the
+    family), else for 1x1 layers on one-pixel planes of a small batch (squeeze-excitation's) a
+    matrix-vector product (one_pixel_conv2d), else a tensor-core GEMM for float16/bfloat16, and for float32 when ``allow_tf32``: the
     channels-last one (implicit_gemm_nhwc) wherever its copies can be made, else the NCHW gather;
     strict float32 takes Winograd (winograd_conv2d) for undilated, ungrouped layers where its phase
     channels and the multiplies they save pay (3x3 stride 1, AlexNet's 11x11 stride 4, the 5x9), else
@@ -204,6 +206,9 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
         if why_not:
             raise ValueError(f"kernel {kernel!r} cannot run this problem: {why_not}")
         return kernel, "forced by the caller"
+    if not one_pixel_conv2d.refusal(problem) and one_pixel_conv2d.pays(problem):
+        return ONE_PIXEL_KERNEL, (f"1x1 on one-pixel planes, {problem.n} image(s) of {problem.c} -> {problem.k} "
+                                  f"channels: a matrix-vector product per image in one launch")
     kg = problem.k // problem.groups
     tensor_cores = problem.dtype in ("float16", "bfloat16") or (problem.dtype == "float32" and allow_tf32)
     # One input channel in one group (a waveform's or a grayscale image's first layer) is a GEMM of

@@ -115,9 +115,12 @@ def test_plan_is_printable_and_explains_the_choice():
     x, weight, bias = arrays(n=1, c=3, h=32, w=32, k=4, kh=3, kw=3)  # 4 output channels: too few for a GEMM
     text = str(cupyconv.plan(x, weight, bias))
     assert "direct_conv2d" in text and "why:" in text and "4 output channel(s)" in text
-    x, weight, bias = arrays(n=8, c=192, h=1, w=1, k=4, kh=1, kw=1)  # ... unless there are few pixels too
+    x, weight, bias = arrays(n=2, c=192, h=2, w=2, k=4, kh=1, kw=1)  # ... unless there are few pixels too
     text = str(cupyconv.plan(x, weight, bias))
     assert "simt_gemm_conv2d" in text and "4 output channel(s) per group on 8 pixels" in text and "split-K" in text
+    x, weight, bias = arrays(n=8, c=192, h=1, w=1, k=4, kh=1, kw=1)  # one-pixel planes: a product per image
+    text = str(cupyconv.plan(x, weight, bias))
+    assert "one_pixel_conv2d" in text and "8 image(s) of 192 -> 4 channels" in text and "one launch" in text
 
 
 def test_strict_float32_dispatch():

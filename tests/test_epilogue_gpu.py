@@ -36,6 +36,7 @@ CASES = [
     Case(3, 6, 16, 9, 10, 3, 2, stride=(2, 1), padding=(1, 0), groups=2),
     Case(2, 32, 40, 9, 11, 1, 1),
     Case(2, 3, 24, 13, 15, 3, 3, stride=2, padding=1),  # an RGB stem (few_channel_nhwc)
+    Case(3, 40, 12, 1, 1, 1, 1),  # squeeze-excitation's one-pixel planes (one_pixel_conv2d)
 ]
 LAYOUTS = [("NCHW", "KCHW"), ("NHWC", "KHWC")]
 

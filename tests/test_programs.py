@@ -18,16 +18,18 @@ from cupyconv.layouts import native
 from cupyconv.arguments import ACTIVATIONS, make_problem
 from cupyconv.compiler import kernel_source, source_file
 from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, depthwise_nhwc, direct_conv2d, few_channel_nhwc,
-                               implicit_gemm_conv2d, implicit_gemm_nhwc, pointwise_nhwc, simt_gemm_conv2d,
-                               winograd_conv2d)
+                               implicit_gemm_conv2d, implicit_gemm_nhwc, one_pixel_conv2d, pointwise_nhwc,
+                               simt_gemm_conv2d, winograd_conv2d)
 from cupyconv.families.common import REDUCE_KERNEL, STORAGE_BYTES, gemm_grid
 from cupyconv.program import (BIAS, FLAGS, INPUT_SCALE, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X,
                               ActivationArg, Im2colMap, Launch, Pointer, ResidualArg, Table, TensorMap, align,
                               relocated)
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
-#: The grid, and 1x1 problems the channels-last GEMM reads in place (no copies) in every dtype.
-CASES = GRID + [Case(2, 64, 32, 8, 8, 1, 1), Case(3, 16, 24, 4, 6, 1, 1, bias=False)]
+#: The grid, 1x1 problems the channels-last GEMM reads in place (no copies) in every dtype, and one-pixel
+#: planes (one_pixel_conv2d's; 6 channels are not whole 16-byte pieces in any dtype).
+CASES = GRID + [Case(2, 64, 32, 8, 8, 1, 1), Case(3, 16, 24, 4, 6, 1, 1, bias=False), Case(9, 40, 12, 1, 1, 1, 1),
+                Case(1, 6, 5, 1, 1, 1, 1, bias=False)]
 #: Dynamic shared memory a block may opt in to on the H100 (227 KB).
 MAX_SHARED_BYTES = 227 * 1024
 
@@ -52,7 +54,8 @@ def config_names(kernel: str, dtype: str) -> list[str]:
               planner.GEMM_KERNEL: implicit_gemm_conv2d.GEMM_CONFIGS.get(dtype, ()),
               planner.NHWC_KERNEL: implicit_gemm_nhwc.NHWC_CONFIGS.get(dtype, ()),
               planner.POINTWISE_KERNEL: pointwise_nhwc.POINTWISE_CONFIGS.get(dtype, ()),
-              planner.FEW_CHANNEL_KERNEL: few_channel_nhwc.CONFIGS}
+              planner.FEW_CHANNEL_KERNEL: few_channel_nhwc.CONFIGS,
+              planner.ONE_PIXEL_KERNEL: one_pixel_conv2d.CONFIGS}
     return [c.name for c in tables[kernel]]
 
 
