@@ -171,13 +171,13 @@ def test_rgb_stems_take_the_few_channel_kernel_or_the_nchw_gather_in_place():
 def test_one_pixel_nchw_planes_are_planned_as_the_nhwc_problem_of_the_same_memory():
     """NCHW problems of 1x1 input and output planes (EfficientNet's squeeze-excitation layers, which torch
     hands over as contiguous tensors) run as NHWC where the rules' family reads NHWC in place: one launch,
-    no copy to NHWC first (one_pixel_conv2d's batches of at most MAX_IMAGES in any dtype, the channels-last
-    kernels past them); families that compute NCHW alone, and larger planes, keep NCHW."""
+    no copy to NHWC first (one_pixel_conv2d's batches in any dtype, the channels-last kernels past them);
+    families that compute NCHW alone, and larger planes, keep NCHW."""
     from cupyconv import planner
     from cupyconv.arguments import make_problem
 
-    for n, c, k, dtype, tf32 in ((32, 6, 144, "float16", False), (64, 144, 6, "bfloat16", False),
-                                 (64, 48, 1152, "float16", False), (64, 28, 672, "float32", True),
+    for n, c, k, dtype, tf32 in ((32, 6, 144, "float16", False), (160, 144, 6, "bfloat16", False),
+                                 (160, 48, 1152, "float16", False), (160, 28, 672, "float32", True),
                                  (32, 28, 672, "float32", False)):
         problem = make_problem((n, c, 1, 1), (k, c, 1, 1), (k,), dtype, activation="sigmoid",
                                residual_shape=(n, k, 1, 1))
@@ -185,7 +185,7 @@ def test_one_pixel_nchw_planes_are_planned_as_the_nhwc_problem_of_the_same_memor
         assert planned.layout == "NHWC" and planned.weight_layout == "KCHW"
         plan = planner.make_plan(planned, allow_tf32=tf32, compute_capability=90)
         assert len(planner.program(plan, planned).launches) == 1, str(plan)
-    strict = make_problem((64, 6, 1, 1), (144, 6, 1, 1), None, "float32")
+    strict = make_problem((160, 6, 1, 1), (144, 6, 1, 1), None, "float32")
     assert planner.as_planned(strict, False, 90) is strict
     plane = make_problem((32, 6, 2, 1), (144, 6, 1, 1), None, "float16")
     assert planner.as_planned(plane, False, 90) is plane
@@ -213,7 +213,7 @@ def test_one_pixel_planes_and_1x1_kernels_are_not_transposed():
         return ([launch.kernel not in kernels for launch in program.launches],
                 weight_launches(program) - weight_launches(own))
 
-    launches, weight = transposes((64, 96, 1, 1), (24, 96, 1, 1), residual=True)  # x, residual, output, weight
+    launches, weight = transposes((160, 96, 1, 1), (24, 96, 1, 1), residual=True)  # x, residual, output, weight
     assert not any(launches) and weight == 0
     launches, weight = transposes((8, 16, 1, 1), (24, 16, 3, 3), padding=1)  # the 3x3 weight alone
     assert not any(launches) and weight == 1

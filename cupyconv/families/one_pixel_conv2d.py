@@ -22,10 +22,22 @@ WEIGHT_LAYOUTS = ("KCHW", "KHWC")
 DTYPES = tuple(CTYPES)
 #: Output channels per block: one a warp (ONE_PIXEL_WARPS in the kernel).
 WARPS = 4
-#: Images the planner gives this kernel at most: a warp multiplies its weight row by IMAGES images at once
-#: and a batch of more reads the row again per IMAGES (from L2), where a GEMM tile reads it once for
-#: its pixels.
-MAX_IMAGES = 32
+#: Images the planner gives this kernel at most: a warp multiplies its weight row by a config's images at once
+#: and a batch of more reads the row again per warp (from L2), where a GEMM tile reads it once for its pixels;
+#: float32 layers that widen (C < K, squeeze-excitation's excitation) up to MAX_FLOAT32_WIDENING_IMAGES. H200,
+#: GPU time of every candidate plan (benchmarks/results/candidates_one_pixel_h200.txt), us, this kernel's best
+#: config against the rules' plan before it and torch: 1152 -> 48 at batch 32 TF32 5.7 (torch 12.3), fp16 5.4
+#: (9.5); at 64 6.0 against 15.6 on the channels-last GEMM, fp16 5.5 against 17.0; at 128 6.6 against 15.8,
+#: fp16 5.9 against 22.6; 48 -> 1152 at 64 TF32 8.5 against 13.1, fp16 8.9 against 15.0, strict fp32 8.6
+#: against 9.5 on the FMA GEMM; at 128 fp16 13.1 against 21.6, TF32 12.1 against 13.2, but strict fp32 12.1
+#: against 9.6 on the FMA GEMM's 4 x 4 tile.
+MAX_IMAGES = 128
+MAX_FLOAT32_WIDENING_IMAGES = 64
+#: A config's warps, K x ceil(N / images), at least this many where a config of more images per warp
+#: allows (else the config of one image): a long reduction on few output channels wants the warps, a short
+#: one the images a warp. 1152 -> 48 at batch 32 (same file): 5.7 us on one image a warp (1536 warps), 6.1
+#: on two, 8.0 on eight (192); 48 -> 1152: 6.7 on eight (4608), 7.3 on four.
+MIN_WARPS = 1024
 #: Bytes of a vector piece: a lane's loads where the channels are whole pieces (else single elements).
 PIECE_BYTES = 16
 
@@ -57,8 +69,10 @@ def refusal(problem: ConvProblem) -> str:
 
 
 def pays(problem: ConvProblem) -> bool:
-    """Whether the planner takes it for ``problem`` (one it can run): batches of at most MAX_IMAGES."""
-    return problem.n <= MAX_IMAGES
+    """Whether the planner takes it for ``problem`` (one it can run): batches of at most MAX_IMAGES, of
+    MAX_FLOAT32_WIDENING_IMAGES for float32 layers of more outputs than inputs."""
+    widening = problem.dtype == "float32" and problem.c < problem.k
+    return problem.n <= (MAX_FLOAT32_WIDENING_IMAGES if widening else MAX_IMAGES)
 
 
 def load_bytes(problem: ConvProblem) -> int:
@@ -69,8 +83,11 @@ def load_bytes(problem: ConvProblem) -> int:
 
 
 def _config(problem: ConvProblem) -> OnePixelConfig:
-    """The fewest images a warp that cover the batch, at most the widest config's."""
-    return next((c for c in CONFIGS if c.images >= problem.n), CONFIGS[-1])
+    """The config of the most images a warp (not past the batch's) that still makes MIN_WARPS warps, else
+    the config of one image."""
+    warps = lambda c: problem.k * math.ceil(problem.n / c.images)
+    fitting = [c for c in CONFIGS if c.images == 1 or (c.images // 2 < problem.n and warps(c) >= MIN_WARPS)]
+    return fitting[-1]
 
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "") -> LaunchPlan:
@@ -83,7 +100,8 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "")
         cfg, why = forced_config(CONFIGS, config, f"config for {KERNEL}"), "config forced by the caller"
     else:
         cfg = _config(problem)
-        why = f"{problem.n} image(s): {cfg.images} a warp"
+        warps = problem.k * math.ceil(problem.n / cfg.images)
+        why = f"{cfg.images} of {problem.n} image(s) a warp: {warps} warps (at least {MIN_WARPS} where more allow)"
     grid = (math.ceil(problem.k / WARPS), math.ceil(problem.n / cfg.images), 1)
     if grid[1] > MAX_GRID_Y:
         raise ValueError(f"{problem.n} images in blocks of {cfg.images} need grid {grid}, past CUDA's limits")
