@@ -1,6 +1,8 @@
 """A squeeze-and-excitation block's gate applied as the projection's input scale: conv(x * gate) in one
 call with cupyconv.conv2d(..., input_scale=gate), checked against the multiply then the convolution
 (NumPy; CuPy in channels-last float16 when there is a GPU, where the 1x1 kernel scales x as it loads it).
+On the GPU the gate's own layers run too: 1x1 convolutions of the pooled one-pixel planes, each a
+matrix-vector product per image in one launch (one_pixel_conv2d; its plan is printed).
 
     python examples/squeeze_excitation.py
 """
@@ -34,6 +36,13 @@ def main() -> None:
     except Exception:  # no CuPy, no driver or no device
         has_gpu = False
     if has_gpu:
+        on_gpu = lambda a: cupy.asarray(a, dtype=cupy.float32)
+        print(cupyconv.plan(on_gpu(pooled), on_gpu(reduce_w), on_gpu(reduce_b), activation="silu"))
+        hidden32 = cupyconv.conv2d(on_gpu(pooled), on_gpu(reduce_w), on_gpu(reduce_b), activation="silu")
+        gate32 = cupyconv.conv2d(hidden32, on_gpu(expand_w), on_gpu(expand_b), activation="sigmoid").reshape(n, c)
+        gate_error = float(cupy.abs(gate32 - on_gpu(gate)).max())
+        print(f"CuPy float32 gate on the GPU: max |difference| {gate_error:.2e}")
+        assert gate_error < 1e-5
         x16 = cupy.asarray(x.transpose(0, 2, 3, 1), dtype=cupy.float16)          # NHWC
         w16 = cupy.asarray(project_w.transpose(0, 2, 3, 1), dtype=cupy.float16)  # KHWC
         g16 = cupy.asarray(gate, dtype=cupy.float16)
