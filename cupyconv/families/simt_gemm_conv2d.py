@@ -176,10 +176,10 @@ def refusal(problem: ConvProblem) -> str:
 def _splits(problem: ConvProblem, cfg: SimtConfig, grid: tuple[int, int, int]) -> int:
     """Runs of the reduction for split-K (1: none): for grids of at most SPLIT_K_MAX_WARPS_PER_SM warps
     an SM on average, enough runs to make SPLIT_K_TARGET_BLOCKS blocks and SPLIT_K_TARGET_WARPS warps; for
-    the 4 x 4-output tile, as many as keep its grid within SIMT_SMALL_TILE_SPLIT_BLOCKS blocks."""
+    tiles of 4 x 4 outputs a thread, as many as keep the grid within SIMT_SMALL_TILE_SPLIT_BLOCKS blocks."""
     blocks, warps = math.prod(grid), cfg.threads // 32
     k_tiles = math.ceil(problem.c // problem.groups * problem.kh * problem.kw / cfg.bk)
-    if cfg.name == _SMALL_TILE:
+    if (cfg.tm, cfg.tn) == (4, 4):
         return split_k_runs(problem, grid, k_tiles, SIMT_SMALL_TILE_SPLIT_BLOCKS // max(1, blocks), SPLIT_K_MIN_TILES)
     if blocks * warps > SPLIT_K_MAX_WARPS_PER_SM * SIMT_WAVE_BLOCKS:
         return 1
