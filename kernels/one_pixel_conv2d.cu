@@ -17,9 +17,6 @@ namespace cupyconv {
 
 constexpr int ONE_PIXEL_WARPS = 4;
 
-__device__ __forceinline__ float multiply_add(float a, float b, float c) { return fmaf(a, b, c); }
-__device__ __forceinline__ double multiply_add(double a, double b, double c) { return fma(a, b, c); }
-
 template <typename T, int IMAGES, int VEC>
 __global__ void __launch_bounds__(ONE_PIXEL_WARPS * 32)
 one_pixel_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
@@ -59,7 +56,7 @@ one_pixel_conv2d(const T* __restrict__ x, const T* __restrict__ w, const T* __re
             for (int e = 0; e < VEC; ++e) {
                 const Acc wv = to_acc<Acc>(wp[u].v[e]);
 #pragma unroll
-                for (int i = 0; i < IMAGES; ++i) acc[i] = multiply_add(wv, to_acc<Acc>(xp[u][i].v[e]), acc[i]);
+                for (int i = 0; i < IMAGES; ++i) acc[i] = fma(wv, to_acc<Acc>(xp[u][i].v[e]), acc[i]);
             }
     }
 #pragma unroll
