@@ -40,8 +40,8 @@ class LaunchPlan:
     tiles_w: int = 0
     tiles: int = 0
     ktiles: int = 0
-    # implicit_gemm_nhwc: bytes per cp.async piece (one_pixel_conv2d: of a lane's loads), and the channels of the channels-last copies
-    # (C, or C rounded up with zero channels so that a piece never straddles two taps).
+    # implicit_gemm_nhwc: bytes per cp.async piece (one_pixel_conv2d: of a lane's loads), and the channels of
+    # the channels-last copies (C, or C rounded up with zero channels so that a piece never straddles two taps).
     vec: int = 0
     channels_padded: int = 0
     # ... or, for 1x1 stride-1 unpadded problems and 1-D ones whose taps shift whole pieces, no copies: A
@@ -189,8 +189,8 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
                   config: str | None = None, compute_capability: int = 0) -> tuple[str, str]:
     """The kernel family for ``problem`` and why: forced by ``kernel`` (or by a config name of one
     family), else for 1x1 layers on one-pixel planes of a small batch (squeeze-excitation's) a
-    matrix-vector product (one_pixel_conv2d), else a tensor-core GEMM for float16/bfloat16, and for float32 when ``allow_tf32``: the
-    channels-last one (implicit_gemm_nhwc) wherever its copies can be made, else the NCHW gather;
+    matrix-vector product (one_pixel_conv2d), else a tensor-core GEMM for float16/bfloat16, and for
+    float32 when ``allow_tf32``: the channels-last one (implicit_gemm_nhwc) wherever its copies can be made, else the NCHW gather;
     strict float32 takes Winograd (winograd_conv2d) for undilated, ungrouped layers where its phase
     channels and the multiplies they save pay (3x3 stride 1, AlexNet's 11x11 stride 4, the 5x9), else
     the FMA implicit GEMM (simt_gemm_conv2d) where it can run; depthwise layers

@@ -63,9 +63,9 @@ NHWC_CONFIGS = {
 WIDE_TILE_BLOCKS = 1024
 #: NCHW 1x1 layers read in place whose 64 x 64 mma.sync tiles make at most this many (a third of the SMs,
 #: before split-K; timed up to 39, larger grids keep the 128-pixel tiles untimed) take them rather than
-#: the 128-pixel ones: half the rows of padding on 7^2 planes and twice the tiles to share the reduction. H200, batch 1, TF32: MobileNetV2's and EfficientNet-B0's 1x1 layers on
-#: 7^2-28^2 8-20 % faster (160 -> 960 on 7^2 9.9 -> 8.0 us, 192 -> 64 on 14^2 9.7 -> 8.2, 960 -> 160 on 7^2
-#: 12.0 -> 10.5); fp16 where no wgmma tile takes them 5-16 % (192 -> 64 7.9 -> 6.7, 576 -> 96 9.9 -> 8.9),
+#: the 128-pixel ones: half the rows of padding on 7^2 planes and twice the tiles to share the reduction. H200,
+#: batch 1, TF32: MobileNetV2's and EfficientNet-B0's 1x1 layers on 7^2-28^2 8-20 % faster (160 -> 960 on 7^2
+#: 9.9 -> 8.0 us, 192 -> 64 on 14^2 9.7 -> 8.2, 960 -> 160 on 7^2 12.0 -> 10.5); fp16 where no wgmma tile takes them 5-16 % (192 -> 64 7.9 -> 6.7, 576 -> 96 9.9 -> 8.9),
 #: one 2 % slower (672 -> 112 9.9 -> 10.1; benchmarks/NOTES.md).
 SMALL_POINTWISE_MAX_TILES = H100_SMS // 3
 #: Hopper (sm_90a) wgmma tiles, k rows of 128 bytes, 128-byte swizzled: two warpgroups of 64
@@ -951,8 +951,9 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
     and the 32-channel one for 32 or fewer; NCHW 1x1 layers read in place, the 64 x 64 tile where its
     tiles make at most SMALL_POINTWISE_MAX_TILES (k rows of 128 bytes from MIN_DEEP_K_TILES of them).
     Depth: k rows of 128 bytes where the gather copies 16-byte pieces of at least 64 bytes of channels per
-    tap and the reduction spans MIN_DEEP_K_TILES of them, else of 64 bytes (narrower pieces make a deep tile many copies per thread; few channels per tap
-    make it many taps; 1x1 problems read in place have short reductions).
+    tap and the reduction spans MIN_DEEP_K_TILES of them, else of 64 bytes (narrower pieces make a deep tile
+    many copies per thread; few channels per tap make it many taps; 1x1 problems read in place have short
+    reductions).
 
     Before all of these, where ``pingpong`` and pingpong_small_pays, the 64 x 64 ping-pong tile; then the 64-pixel
     ping-pong tile where pingpong_64_pixel_runs takes it (whole where ``pingpong``, in runs of split-K where
@@ -1026,7 +1027,8 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
             return small, (f"1x1, NCHW read in place: {tiles} tiles of 64 x 64 (<= {SMALL_POINTWISE_MAX_TILES}), k "
                            f"rows of {small.bk * item} bytes")
     deep = _deep(problem) and deep_k_tiles >= MIN_DEEP_K_TILES
-    candidates = [c for c in NHWC_CONFIGS[problem.dtype] if (c.bk * item == 128) == deep and not c.wgmma and c.bm == 128]
+    candidates = [c for c in NHWC_CONFIGS[problem.dtype]
+                  if (c.bk * item == 128) == deep and not c.wgmma and c.bm == 128]
     by_width = {c.bn: c for c in candidates}
     depth = f"k rows of {by_width[64].bk * item} bytes"
     if 64 < kg <= 96:
