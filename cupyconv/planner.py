@@ -13,7 +13,7 @@ import functools
 
 from . import input_scale, layouts
 from .arguments import ConvProblem
-from .families.common import grid_fits
+from .families.common import STORAGE_BYTES, grid_fits
 from .program import CallProgram, Pointer
 
 
@@ -154,6 +154,16 @@ NHWC_GATHER_MAX_CHANNELS = 32
 #: 6 -> 144 .. 28 -> 672) fp16 0.0071-0.0073 ms against 0.0103-0.0105 on the channels-last GEMM, TF32
 #: 0.0065-0.0069 against 0.0088-0.0104; 4 -> 96 fp16 0.0071 against 0.0070.
 NHWC_GATHER_MAX_PIXELS = 128
+#: On NCHW arrays, strided, undilated layers whose input channels make no 16-byte piece (RGB stems) take
+#: the NCHW gather, x read in place in one launch, up to this many output pixels x reduction elements; the
+#: channels-last GEMM copies x first (space-to-depth, or channels-last with zero channels), a launch that
+#: a small batch's layer does not repay. H200, GPU time behind a spin, the same run
+#: (results/candidates_stems_nchw_h200.txt): 3 -> 32 3x3 s2 on 224^2 (MobileNetV2's, EfficientNet-B0's) at
+#: batch 1 fp16 7.5 us against 12.5, TF32 7.2 against 14.5; at batch 16 (5.4M) 24.0 against 30.7 and 25.0
+#: against 45.5; ResNet-50's 3 -> 64 7x7 s2 at batch 1 fp16 11.7 against 16.6, at batch 4 (7.4M) 22.6
+#: against 24.6, TF32 25.7 against 28.7; at batch 16 (29.5M) the channels-last GEMM's, fp16 54.6 against
+#: more than 57.6. (Batch 32 of the 3x3, 10.8M, was not timed: it keeps the channels-last GEMM.)
+NCHW_STEM_GATHER_MAX_TAPS = 2**23
 #: Strict float32 layers of fewer than GEMM_MIN_GROUP_CHANNELS output channels per group and at most this many
 #: output pixels (EfficientNet's squeeze-excitation reductions, on one-pixel planes) take the FMA GEMM with
 #: split-K, not the direct kernel, whose one block per image stages its channels 16 at a time in series:
@@ -276,6 +286,12 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
         if pixels <= NHWC_GATHER_MAX_PIXELS:
             return GEMM_KERNEL, (f"tensor cores in {precision}; {pixels} pixels and a reduction of {reduction}: "
                                  f"one k tile, the NHWC input gathered in place")
+    if problem.layout == "NCHW" and problem.stride != (1, 1) and problem.dilation == (1, 1) and \
+            problem.groups == 1 and problem.c * STORAGE_BYTES[problem.dtype] < 16 and \
+            pixels * reduction <= NCHW_STEM_GATHER_MAX_TAPS and not implicit_gemm_conv2d.refusal(problem):
+        return GEMM_KERNEL, (f"tensor cores in {precision}; a strided layer of {problem.c} input channels on "
+                             f"{pixels} output pixels, a reduction of {reduction} (<= {NCHW_STEM_GATHER_MAX_TAPS} "
+                             f"pixel-elements): the NCHW input gathered in place, one launch, not copied first")
     why_not = implicit_gemm_nhwc.refusal(problem)
     if not why_not:
         return NHWC_KERNEL, f"tensor cores in {precision}, {kg} output channels per group"
