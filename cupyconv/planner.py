@@ -162,8 +162,10 @@ NHWC_GATHER_MAX_PIXELS = 128
 #: batch 1 fp16 7.5 us against 12.5, TF32 7.2 against 14.5; at batch 16 (5.4M) 24.0 against 30.7 and 25.0
 #: against 45.5; ResNet-50's 3 -> 64 7x7 s2 at batch 1 fp16 11.7 against 16.6, at batch 4 (7.4M) 22.6
 #: against 24.6, TF32 25.7 against 28.7; at batch 16 (29.5M) the channels-last GEMM's, fp16 54.6 against
-#: more than 57.6. (Batch 32 of the 3x3, 10.8M, was not timed: it keeps the channels-last GEMM.)
+#: more than 57.6. (Batch 32 of the 3x3, 10.8M, and wider outputs than the 7x7's 64 channels were not timed:
+#: they keep the channels-last GEMM.)
 NCHW_STEM_GATHER_MAX_TAPS = 2**23
+NCHW_STEM_GATHER_MAX_CHANNELS = 64
 #: Strict float32 layers of fewer than GEMM_MIN_GROUP_CHANNELS output channels per group and at most this many
 #: output pixels (EfficientNet's squeeze-excitation reductions, on one-pixel planes) take the FMA GEMM with
 #: split-K, not the direct kernel, whose one block per image stages its channels 16 at a time in series:
@@ -288,7 +290,8 @@ def choose_kernel(problem: ConvProblem, kernel: str | None = None, allow_tf32: b
                                  f"one k tile, the NHWC input gathered in place")
     if problem.layout == "NCHW" and problem.stride != (1, 1) and problem.dilation == (1, 1) and \
             problem.groups == 1 and problem.c * STORAGE_BYTES[problem.dtype] < 16 and \
-            pixels * reduction <= NCHW_STEM_GATHER_MAX_TAPS and not implicit_gemm_conv2d.refusal(problem):
+            kg <= NCHW_STEM_GATHER_MAX_CHANNELS and pixels * reduction <= NCHW_STEM_GATHER_MAX_TAPS and \
+            not implicit_gemm_conv2d.refusal(problem):
         return GEMM_KERNEL, (f"tensor cores in {precision}; a strided layer of {problem.c} input channels on "
                              f"{pixels} output pixels, a reduction of {reduction} (<= {NCHW_STEM_GATHER_MAX_TAPS} "
                              f"pixel-elements): the NCHW input gathered in place, one launch, not copied first")

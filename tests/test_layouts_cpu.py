@@ -171,8 +171,8 @@ def test_rgb_stems_take_the_few_channel_kernel_or_the_nchw_gather_in_place():
 def test_nchw_rgb_stems_of_small_batches_are_gathered_in_place():
     """On NCHW arrays a strided stem of 3 input channels takes the NCHW-gather GEMM, one launch reading x in
     place, up to planner.NCHW_STEM_GATHER_MAX_TAPS output pixels x reduction elements (MobileNetV2's 3x3 to
-    batch 16, ResNet-50's 7x7 to batch 4), in 16 bits and TF32; past it, stride-1 and dilated layers, and
-    strict float32 keep their rules."""
+    batch 16, ResNet-50's 7x7 to batch 4) and NCHW_STEM_GATHER_MAX_CHANNELS output channels, in 16 bits and
+    TF32; past them, stride-1 and dilated layers, and strict float32 keep their rules."""
     import dataclasses
 
     from cupyconv import planner
@@ -197,6 +197,7 @@ def test_nchw_rgb_stems_of_small_batches_are_gathered_in_place():
             assert n * 112 * 112 * 3 * taps * taps > planner.NCHW_STEM_GATHER_MAX_TAPS
             assert plan(n, out, taps, dtype).kernel == planner.NHWC_KERNEL
         assert "gathered in place, one launch" not in plan(1, 64, 3, dtype, stride=1).reason
+        assert "gathered in place, one launch" not in plan(1, 128, 3, dtype).reason  # wider than timed
         assert "gathered in place, one launch" not in plan(1, 32, 3, dtype, dilation=2).reason
         nhwc = dataclasses.replace(problem(1, 32, 3, dtype), layout="NHWC")
         assert "gathered in place, one launch" not in planner.make_plan(nhwc, allow_tf32=True,
