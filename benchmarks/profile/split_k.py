@@ -5,8 +5,8 @@ NHWC arrays and TF32 on NCHW ones, run 20 times in one captured CUDA graph (as a
 graph mode runs it: no host between launches); the median over 30 replays per call. The planner's
 choice is marked with *, and torch's F.conv2d is timed the same way in the same layout. --config times
 that tile at every split count, beside the planner's plan (rows it cannot run are left out).
---row names the layers to time (default: every ungrouped one); --shape (candidates.py's NAME=n,c,k,h,w,kh,kw[,..])
-times other layers instead, n replaced by each --batch."""
+--row names the layers to time and --shape (candidates.py's NAME=n,c,k,h,w,kh,kw[,..]) other ones, n replaced by
+each --batch (default: every ungrouped layer of bench.LAYERS)."""
 import argparse
 import dataclasses
 
@@ -28,15 +28,16 @@ def main() -> None:
     parser.add_argument("--mode", action="append", choices=sorted(LAYOUT))
     parser.add_argument("--splits", default="1,2,3,4,6,8,12,16")
     parser.add_argument("--config", help="a channels-last tile to time instead of the planner's")
-    parser.add_argument("--row", action="append", help="layers to time")
+    parser.add_argument("--row", action="append", default=[], help="layers to time")
     parser.add_argument("--shape", action="append", type=parse_shape, default=[], help="other layers to time")
     args = parser.parse_args()
     candidates = [int(s) for s in args.splits.split(",")]
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     for mode in args.mode or ["fp16", "tf32"]:
         for batch in args.batch or [1, 8]:
-            for shape in args.shape + [s for s in LAYERS if not args.shape or args.row]:
-                if shape.groups != 1 or (args.row and shape not in args.shape and shape.name not in args.row):
+            rows = [s for s in LAYERS if s.name in args.row] if args.row else [] if args.shape else LAYERS
+            for shape in args.shape + rows:
+                if shape.groups != 1:
                     continue
                 shape = dataclasses.replace(shape, n=batch)
                 problem = shape.problem(MODE_DTYPE[mode], LAYOUT[mode])
