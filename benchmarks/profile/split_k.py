@@ -35,7 +35,7 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     for mode in args.mode or ["fp16", "tf32"]:
         for batch in args.batch or [1, 8]:
-            rows = [s for s in LAYERS if s.name in args.row] if args.row else [] if args.shape else LAYERS
+            rows = [s for s in LAYERS if s.name in args.row] if args.row else [] if args.shape else list(LAYERS)
             for shape in args.shape + rows:
                 if shape.groups != 1:
                     continue
