@@ -44,6 +44,9 @@ class LaunchPlan:
     # the channels-last copies (C, or C rounded up with zero channels so that a piece never straddles two taps).
     vec: int = 0
     channels_padded: int = 0
+    # ... and, on the ping-pong tile, the taps a k tile holds (2: 16-bit layers of 32 channels, two taps' 64-byte
+    # pixels side by side in a k tile's 128-byte rows).
+    taps_per_k_tile: int = 1
     # ... or, for 1x1 stride-1 unpadded problems and 1-D ones whose taps shift whole pieces, no copies: A
     # read from the NCHW input, vec bytes of consecutive pixels per piece (implicit_gemm_nhwc's
     # NCHW_A_POINTWISE or NCHW_A_ROW_TAPS; 0: none).
@@ -160,11 +163,11 @@ NHWC_GATHER_MAX_PIXELS = 128
 #: a small batch's layer does not repay. H200, GPU time behind a spin, the same run
 #: (results/candidates_stems_nchw_h200.txt): 3 -> 32 3x3 s2 on 224^2 (MobileNetV2's, EfficientNet-B0's) at
 #: batch 1 fp16 7.5 us against 12.5, TF32 7.2 against 14.5; at batch 16 (5.4M) 24.0 against 30.7 and 25.0
-#: against 45.5; ResNet-50's 3 -> 64 7x7 s2 at batch 1 fp16 11.7 against 16.6, at batch 4 (7.4M) 22.6
-#: against 24.6, TF32 25.7 against 28.7; at batch 16 (29.5M) the channels-last GEMM's, fp16 54.6 against
-#: more than 57.6. (Batch 32 of the 3x3, 10.8M, and wider outputs than the 7x7's 64 channels were not timed:
-#: they keep the channels-last GEMM.)
-NCHW_STEM_GATHER_MAX_TAPS = 2**23
+#: against 45.5; at batch 32 (10.8M) 43.6 against 50.6 and 44.3 against 87.3 (results/candidates_stem_b32_h200.txt);
+#: ResNet-50's 3 -> 64 7x7 s2 at batch 1 fp16 11.7 against 16.6, at batch 4 (7.4M) 22.6 against 24.6, TF32 25.7
+#: against 28.7; at batch 16 (29.5M) the channels-last GEMM's, fp16 54.6 against more than 57.6. (The 7x7 at batch
+#: 8, 14.7M, and wider outputs than the 7x7's 64 channels were not timed: they keep the channels-last GEMM.)
+NCHW_STEM_GATHER_MAX_TAPS = 12 * 2**20
 NCHW_STEM_GATHER_MAX_CHANNELS = 64
 #: Strict float32 layers of fewer than GEMM_MIN_GROUP_CHANNELS output channels per group and at most this many
 #: output pixels (EfficientNet's squeeze-excitation reductions, on one-pixel planes) take the FMA GEMM with

@@ -177,6 +177,25 @@ def test_column_config_and_grid():
     assert depthwise_column_conv2d.make_plan(long_rows).block == (500, 1, 1)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_strided_small_grids_take_the_shortest_rows(dtype):
+    """At row stride 2, where the fitting rows' grid has fewer than SHORT_ROWS_MAX_BLOCKS blocks (MobileNetV2's
+    strided depthwise layers at batch 1), 4 rows a thread, and the plan says why; at stride 1, on larger grids and
+    where the caller forces rows, the fitting rows."""
+    def plan(n, c, hw, stride, **options):
+        return make_plan(make_problem((n, c, hw, hw), (c, 1, 3, 3), None, dtype, stride, 1, 1, c), **options)
+
+    for c, hw in ((96, 112), (144, 56), (192, 28), (576, 14)):
+        strided = plan(1, c, hw, 2)
+        assert strided.kernel == DEPTHWISE_COLUMN_KERNEL and strided.config.name == "col_r4", str(strided)
+        assert "row stride 2 on fewer than" in strided.reason
+        assert plan(1, c, hw, 2, config="col_r8").config.name == "col_r8"  # forced
+    assert plan(1, 144, 56, 1).config.name == "col_r8"  # stride 1
+    assert plan(1, 960, 7, 1).config.name == "col_r7"
+    assert plan(32, 576, 14, 2).config.name == "col_r7"  # 1024 blocks
+    assert plan(32, 96, 112, 2).config.name == "col_r8"
+
+
 def test_channels_per_lane():
     """Channels per lane double while DEPTHWISE_BLOCKS blocks remain and a block's patches stay within
     DEPTHWISE_BLOCK_INPUT_BYTES, never past what a lane has; a

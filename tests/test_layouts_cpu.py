@@ -145,7 +145,8 @@ def test_rgb_stems_take_the_few_channel_kernel_or_the_nchw_gather_in_place():
     """On NHWC arrays a 3-channel stem of <= 48 reduction elements and <= 64 output channels (EfficientNet's,
     MobileNetV2's, VGG's) takes few_channel_nhwc in 16 bits; in TF32 one of <= 32 reduction elements and <= 32
     output channels the NCHW-gather GEMM's NHWC instance, no zero-channel copy (planner.NHWC_GATHER_MAX_*).
-    ResNet-50's 7x7 keeps the channels-last GEMM; NCHW arrays of batch 32 keep theirs."""
+    ResNet-50's 7x7 keeps the channels-last GEMM; on NCHW arrays the 3x3 of batch 32 reads x in place (the NCHW
+    gather, below)."""
     import dataclasses
 
     from cupyconv import planner
@@ -165,13 +166,13 @@ def test_rgb_stems_take_the_few_channel_kernel_or_the_nchw_gather_in_place():
     assert plan(64, 3, "float32").kernel == planner.NHWC_KERNEL
     for dtype in ("float16", "bfloat16", "float32"):
         assert plan(64, 7, dtype).kernel == planner.NHWC_KERNEL
-        assert plan(32, 3, dtype, "NCHW").kernel == planner.NHWC_KERNEL
+        assert plan(32, 3, dtype, "NCHW").kernel == planner.GEMM_KERNEL
 
 
 def test_nchw_rgb_stems_of_small_batches_are_gathered_in_place():
     """On NCHW arrays a strided stem of 3 input channels takes the NCHW-gather GEMM, one launch reading x in
     place, up to planner.NCHW_STEM_GATHER_MAX_TAPS output pixels x reduction elements (MobileNetV2's 3x3 to
-    batch 16, ResNet-50's 7x7 to batch 4) and NCHW_STEM_GATHER_MAX_CHANNELS output channels, in 16 bits and
+    batch 32, ResNet-50's 7x7 to batch 4) and NCHW_STEM_GATHER_MAX_CHANNELS output channels, in 16 bits and
     TF32; past them, stride-1 and dilated layers, and strict float32 keep their rules."""
     import dataclasses
 
@@ -186,14 +187,14 @@ def test_nchw_rgb_stems_of_small_batches_are_gathered_in_place():
         return planner.make_plan(problem(*args, **options), allow_tf32=tf32, compute_capability=90)
 
     for dtype in ("float16", "bfloat16", "float32"):
-        for n, out, taps in ((1, 32, 3), (16, 32, 3), (1, 64, 7), (4, 64, 7)):
+        for n, out, taps in ((1, 32, 3), (32, 32, 3), (1, 64, 7), (4, 64, 7)):
             stem = plan(n, out, taps, dtype)
             pixel_elements = n * 112 * 112 * 3 * taps * taps
             assert pixel_elements <= planner.NCHW_STEM_GATHER_MAX_TAPS
             assert stem.kernel == planner.GEMM_KERNEL and "gathered in place, one launch" in stem.reason, str(stem)
             (launch,) = planner.program(stem, problem(n, out, taps, dtype)).launches
             assert launch.kernel == planner.GEMM_KERNEL
-        for n, out, taps in ((32, 32, 3), (8, 64, 7)):  # past the bound
+        for n, out, taps in ((64, 32, 3), (8, 64, 7)):  # past the bound
             assert n * 112 * 112 * 3 * taps * taps > planner.NCHW_STEM_GATHER_MAX_TAPS
             assert plan(n, out, taps, dtype).kernel == planner.NHWC_KERNEL
         assert "gathered in place, one launch" not in plan(1, 64, 3, dtype, stride=1).reason

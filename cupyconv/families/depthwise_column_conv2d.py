@@ -29,8 +29,15 @@ class ColumnConfig:
 
 
 #: Rows per thread: 7 divides MobileNet's and ResNet's 7 x 2^n planes, 4 and 8 the rest. The plan
-#: takes the one that computes the fewest rows past Ho, the longest on a tie (fewer rows read twice).
+#: takes the one that computes the fewest rows past Ho, the longest on a tie (fewer rows read twice) --
+#: but the shortest for row stride 2 where that one's grid has fewer than SHORT_ROWS_MAX_BLOCKS blocks: a
+#: strided thread reads twice the rows an output row, and a small grid waits on its longest threads. H200,
+#: MobileNetV2's depthwise layers at batch 1, NCHW, GPU time behind a spin (results/
+#: candidates_depthwise_mobilenet_v2_b1_nchw_h200.txt), us, col_r4 against the longest rows': fp16 96 s2 on
+#: 112^2 (168 blocks) 5.2 against 5.6, 144 s2 on 56^2 4.9 against 5.8, 192 s2 on 28^2 4.8 against 5.8, 576 s2
+#: on 14^2 5.1 against 6.2; TF32 5.7/6.0, 5.3/5.4, 5.2/5.3, 5.0/5.1. At stride 1 it was within 0.1 us either way.
 COLUMN_CONFIGS = (ColumnConfig("col_r4", 4), ColumnConfig("col_r7", 7), ColumnConfig("col_r8", 8))
+SHORT_ROWS_MAX_BLOCKS = 264
 CONFIG_NAMES = frozenset(c.name for c in COLUMN_CONFIGS)
 #: Threads per block at most (whole output rows of as many channels as fit): the kernel shares nothing
 #: between threads, so this only sets the scheduling grain (H100: 64 to 256 within 4 % at 7 rows a thread).
@@ -67,7 +74,22 @@ def column_pairs(problem: ConvProblem) -> bool:
 
 
 def _choose_config(problem: ConvProblem) -> ColumnConfig:
-    return min(COLUMN_CONFIGS, key=lambda c: (math.ceil(problem.ho / c.rpt) * c.rpt, -c.rpt))
+    fitting = min(COLUMN_CONFIGS, key=lambda c: (math.ceil(problem.ho / c.rpt) * c.rpt, -c.rpt))
+    if problem.stride[0] == 2 and math.prod(_grid(problem, fitting, column_pairs(problem))) < SHORT_ROWS_MAX_BLOCKS:
+        return min(COLUMN_CONFIGS, key=lambda c: c.rpt)
+    return fitting
+
+
+def _block(problem: ConvProblem, pairs: bool, block: int | None = None) -> tuple[int, int, int]:
+    """A block: whole output rows (of pairs of columns where ``pairs``) of as many channels as fit in ``block``
+    threads (COLUMN_BLOCK)."""
+    threads = problem.wo // 2 if pairs else problem.wo
+    return threads, max(1, min(problem.k, (block or COLUMN_BLOCK) // threads)), 1
+
+
+def _grid(problem: ConvProblem, cfg: ColumnConfig, pairs: bool, block: int | None = None) -> tuple[int, int, int]:
+    """(channel groups, row segments of cfg.rpt rows, images)."""
+    return (math.ceil(problem.k / _block(problem, pairs, block)[1]), math.ceil(problem.ho / cfg.rpt), problem.n)
 
 
 def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
@@ -91,12 +113,13 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     pairs = column_pairs(problem) if pairs is None else pairs
     cfg = dataclasses.replace(cfg, taps=(problem.kh, problem.kw, problem.stride[0]),
                               pair_odd=problem.pad_left % 2 if pairs else -1)
-    threads = problem.wo // 2 if pairs else problem.wo  # a block's threads along a row
-    channels = max(1, min(problem.k, (block or COLUMN_BLOCK) // threads))
-    why = f"config {cfg.name}" + (" (forced by the caller)" if config or rows_per_thread else f", output {problem.ho} rows")
+    forced = config or rows_per_thread
+    why = f"config {cfg.name}" + (" (forced by the caller)" if forced else f", output {problem.ho} rows")
+    if not forced and problem.stride[0] == 2 and cfg.rpt == min(c.rpt for c in COLUMN_CONFIGS):
+        why += f" at row stride 2 on fewer than {SHORT_ROWS_MAX_BLOCKS} blocks: the shortest rows"
     return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem), config=cfg,
-                      grid=(math.ceil(problem.k / channels), math.ceil(problem.ho / cfg.rpt), problem.n),
-                      block=(threads, channels, 1), shared_bytes=0, reason=f"{reason}; {why}" if reason else why)
+                      grid=_grid(problem, cfg, pairs, block), block=_block(problem, pairs, block), shared_bytes=0,
+                      reason=f"{reason}; {why}" if reason else why)
 
 
 def describe(plan: LaunchPlan) -> str:
