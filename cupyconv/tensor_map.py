@@ -14,6 +14,7 @@ from .program import Im2colMap
 #: CUtensorMapDataType values (cuda.h) of the storage dtypes.
 DATA_TYPES = {"float16": 6, "float32": 7, "bfloat16": 9}
 SWIZZLE_NONE = 0
+SWIZZLE_64B = 2
 SWIZZLE_128B = 3
 L2_PROMOTION_128B = 2
 MAP_BYTES = 128
@@ -68,7 +69,8 @@ def encode_im2col(destination: int, dtype: str, address: int, shape: tuple[int, 
     """Write at ``destination`` the im2col map of the NHWC tensor of ``shape`` (n, h, w, c) of ``dtype`` at
     ``address``: each copy ``pixels_per_column`` window corners, walked along w, then h, then n, ``strides``
     (h, w) apart within the box from ``lower`` to (h, w) + ``upper`` (h, w), ``channels_per_pixel``
-    channels each, with the 128-byte swizzle; reads outside the tensor give zeros."""
+    channels each, swizzled across their row (128 bytes, or 64 where a pixel's row is 64 bytes: the ping-pong
+    tile's two taps a k tile); reads outside the tensor give zeros."""
     n, h, w, c = shape
     item = 4 if dtype == "float32" else 2
     if destination % MAP_ALIGNMENT or address % 16 or (c * item) % 16:
@@ -81,7 +83,8 @@ def encode_im2col(destination: int, dtype: str, address: int, shape: tuple[int, 
     high = (ctypes.c_int * 2)(upper[1], upper[0])
     element_strides = (ctypes.c_uint32 * 4)(1, strides[1], strides[0], 1)
     result = _encode_im2col()(destination, DATA_TYPES[dtype], 4, address, dims, byte_strides, low, high,
-                              channels_per_pixel, pixels_per_column, element_strides, 0, SWIZZLE_128B,
+                              channels_per_pixel, pixels_per_column, element_strides, 0,
+                              SWIZZLE_64B if channels_per_pixel * item == 64 else SWIZZLE_128B,
                               L2_PROMOTION_128B, 0)
     if result != 0:
         raise RuntimeError(f"cuTensorMapEncodeIm2col failed (CUresult {result}) for an NHWC {shape} {dtype} tensor at "

@@ -1023,7 +1023,12 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
 // its rows: the runs' sums read from its own shared memory and added in run order (the same bits every run),
 // bias, residual and activation, 16-byte stores. A block leaves only after every block has its rows (the
 // cluster barrier), as its copies out read its shared memory until then.
-template <typename T, int BM, int BN, int STAGES, bool RESIDUAL, bool SPLIT_K, int CLUSTER, bool ROUND_A>
+// TAPS 2 (16-bit layers of 32 channels, im2col copies): a k tile holds two taps' pixels, each tap's BM x 64 bytes a
+// copy of its own, 64-byte swizzled, in its half of the stage (the weight's 128-byte k rows hold the same two taps'
+// channels side by side), where one tap a k tile multiplied zeros half the time. An odd last tap's k tile copies
+// and multiplies its first half alone: the other holds an earlier tile's pixels, which the weight's zeros must not
+// meet (an inf there would make NaN).
+template <typename T, int BM, int BN, int STAGES, int TAPS, bool RESIDUAL, bool SPLIT_K, int CLUSTER, bool ROUND_A>
 __device__ __forceinline__ void
 pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
@@ -1033,11 +1038,13 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     static_assert((BM == 64 || BM == 128) && (BN == 64 || BN == 128), "one or two 64-row halves; 64 or 128 channels");
     static_assert(!(SPLIT_K && RESIDUAL), "split runs' sums are finished by the reduction");
     static_assert(!ROUND_A || sizeof(T) == 4, "ROUND_A: a float32 x read in place, unrounded");
+    static_assert(TAPS == 1 || (TAPS == 2 && sizeof(T) == 2 && !ROUND_A), "two taps a k tile: 16-bit, 32 channels");
     constexpr bool CLUSTER_SUMS = CLUSTER > 1;
     static_assert(!(CLUSTER_SUMS && (SPLIT_K || RESIDUAL)) && BM % (8 * CLUSTER) == 0,
                   "a cluster's runs finish their tile themselves, in whole passes of rows");
     constexpr int BK = 128 / sizeof(T), INST_K = mma_op<T>::k;   // a k tile: 128-byte rows
     constexpr int A_STAGE = BM * 128, B_STAGE = BN * 128;        // bytes
+    constexpr int TAP_BYTES = 128 / TAPS, A_TAP = A_STAGE / TAPS;  // a tap's pixel rows and copy in a stage
     constexpr int HALVES = BM / 64, H_STRIDE = BN + 8;
     constexpr int ORDER_0_TO_1 = 1, ORDER_1_TO_0 = 2, STAGING = 3;  // named barriers (0: __syncthreads)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -1053,7 +1060,10 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 
     const int HoWo = Ho * Wo, M = N * HoWo;
     const int tiles_n = (K + BN - 1) / BN, tiles = (M + BM - 1) / BM * tiles_n;
-    const int chunks = (C + BK - 1) / BK, k_tiles = kh * kw * chunks;  // k tiles per tap (whole ones past 1x1)
+    // k tiles per tap (whole ones past 1x1), or (TAPS 2) taps per k tile
+    const int chunks = TAPS == 1 ? (C + BK - 1) / BK : 1, taps = kh * kw;
+    const int k_tiles = TAPS == 1 ? taps * chunks : (taps + TAPS - 1) / TAPS;
+    const bool odd_last = TAPS == 2 && (taps & 1);  // the last k tile holds one tap
     const int runs = SPLIT_K ? splits : CLUSTER, items = tiles * runs, run_tiles = (k_tiles + runs - 1) / runs;
     // Work item -> its tile, its run and the run's k tiles [kt0, kt1): runs outermost, or (CLUSTER_SUMS)
     // innermost, a cluster's blocks on one tile.
@@ -1101,19 +1111,24 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                     h0 = p / Wo * sh - pt;
                     w0 = p % Wo * sw - pl;
                 }
-                TapWalk tap(kt0, chunks, kw, BK, 0);
+                TapWalk tap(kt0 * TAPS, chunks, kw, BK / TAPS, 0);
 #pragma unroll 1
                 for (int kt = kt0; kt < kt1; ++kt, ++seq) {
                     const int stage = seq % STAGES;
+                    const int copied_taps = odd_last && kt == k_tiles - 1 ? 1 : TAPS;
                     if (seq >= STAGES) mbarrier_wait(empty + stage, (seq / STAGES - 1) & 1);
-                    mbarrier_arrive_expect_tx(full + stage, A_STAGE + B_STAGE);
-                    if (x_is_matrix)
-                        tma_load_2d(a_smem + stage * A_STAGE, &x_map, tap.c, m0, full + stage);
-                    else
-                        tma_load_im2col_4d(a_smem + stage * A_STAGE, &x_map, tap.c, w0, h0, image, tap.s * dw,
-                                           tap.r * dh, full + stage);
+                    mbarrier_arrive_expect_tx(full + stage, copied_taps * A_TAP + B_STAGE);
+#pragma unroll 1
+                    for (int t = 0; t < copied_taps; ++t) {
+                        unsigned char* a_dst = a_smem + stage * A_STAGE + t * A_TAP;
+                        if (x_is_matrix)
+                            tma_load_2d(a_dst, &x_map, tap.c, m0, full + stage);
+                        else
+                            tma_load_im2col_4d(a_dst, &x_map, tap.c, w0, h0, image, tap.s * dw, tap.r * dh,
+                                               full + stage);
+                        tap.next(chunks, kw, BK / TAPS, 0);
+                    }
                     tma_load_2d(b_smem + stage * B_STAGE, &weight_map, kt * BK, n0, full + stage);
-                    tap.next(chunks, kw, BK, 0);
                 }
             }
         }
@@ -1177,13 +1192,18 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                     wgmma_commit();
                 }
             } else {
-                const unsigned long long pixels = wgmma_descriptor(shared_address(a_smem + stage * A_STAGE));
+                const unsigned long long pixels = wgmma_descriptor<TAP_BYTES>(shared_address(a_smem + stage * A_STAGE));
+                constexpr int TAP_K = BK / INST_K / TAPS;  // instructions a tap
+                const int live_k = odd_last && kt0 + kt == k_tiles - 1 ? TAP_K : BK / INST_K;
                 wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < BK / INST_K; ++kk)
+                for (int kk = 0; kk < BK / INST_K; ++kk) {
+                    if (TAPS > 1 && kk >= live_k) break;
 #pragma unroll
-                    for (int h = 0; h < HALVES; ++h)  // + 64 rows of 128 bytes; + 32 bytes of k per instruction
-                        wgmma_op<T, BN>::run(acc[h], pixels + h * (64 * 128 / 16) + kk * 2, channels + kk * 2);
+                    for (int h = 0; h < HALVES; ++h)  // + a tap's copy; + 64 rows; + 32 bytes of k per instruction
+                        wgmma_op<T, BN>::run(acc[h], pixels + (kk / TAP_K * A_TAP + h * 64 * TAP_BYTES) / 16 +
+                                                         kk % TAP_K * 2, channels + kk * 2);
+                }
                 wgmma_commit();
                 wgmma_wait<1>();  // tile kt - 1's MMAs retired: its stage may be refilled
                 if (kt > 0 && lane == 0) mbarrier_arrive(empty + (seq - 1) % STAGES);
@@ -1308,7 +1328,9 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                                 make_float2(acc[h][4 * nb + 2 * half], acc[h][4 * nb + 2 * half + 1]);
                     }
             }
-        } else if constexpr (!RESIDUAL && sizeof(T) == 2) {
+        } else if constexpr (!RESIDUAL && sizeof(T) == 2 && !(CUPYCONV_ACTIVATION == ACT_GELU && BM == 128)) {
+            // (gelu's erf on a 128-pixel tile's sums, all live at once, spilled at the 168 registers ptxas gives
+            // 384 threads: its calls stage float sums a 64-row half at a time, below.)
             T* staged = reinterpret_cast<T*>(out_stage);
             asm volatile("bar.sync %0, 128;\n" :: "r"(STAGING + consumer) : "memory");
             with_epilogue<T>(residual, [&](auto finish) {  // has_residual: 0 here
@@ -1400,7 +1422,7 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     }
 }
 
-template <typename T, int BM, int BN, int STAGES, bool RESIDUAL, bool SPLIT_K, bool ROUND_A>
+template <typename T, int BM, int BN, int STAGES, int TAPS, bool RESIDUAL, bool SPLIT_K, bool ROUND_A>
 __global__ void __launch_bounds__(384, 1)
 implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                             void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
@@ -1408,7 +1430,7 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
                             int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
                             const __grid_constant__ TensorMap weight_map, const __grid_constant__ TensorMap x_map,
                             int x_is_matrix) {
-    pingpong_tiles<T, BM, BN, STAGES, RESIDUAL, SPLIT_K, 1, ROUND_A>(
+    pingpong_tiles<T, BM, BN, STAGES, TAPS, RESIDUAL, SPLIT_K, 1, ROUND_A>(
         x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho, Wo, kh, kw, sh, sw, pt, pl,
         dh, dw, groups, splits, split_elements, weight_map, x_map, x_is_matrix);
 }
@@ -1423,7 +1445,7 @@ implicit_gemm_nhwc_pingpong_cluster(const T* __restrict__ x, const T* __restrict
                                     int kh, int kw, int sh, int sw, int pt, int pl, int dh, int dw, int groups,
                                     int splits, int split_elements, const __grid_constant__ TensorMap weight_map,
                                     const __grid_constant__ TensorMap x_map, int x_is_matrix) {
-    pingpong_tiles<T, BM, BN, STAGES, false, false, CLUSTER, ROUND_A>(
+    pingpong_tiles<T, BM, BN, STAGES, 1, false, false, CLUSTER, ROUND_A>(
         x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho, Wo, kh, kw, sh, sw, pt, pl,
         dh, dw, groups, splits, split_elements, weight_map, x_map, x_is_matrix);
 }

@@ -24,13 +24,16 @@ namespace cupyconv {
 // Slot of 16-byte piece `piece` of row `row` in a 128-byte-swizzled tile.
 __host__ __device__ constexpr int swizzle128_slot(int piece, int row) { return piece ^ (row & 7); }
 
-// Shared-memory matrix descriptor of a 128-byte-swizzled, K-major tile starting at shared address
-// `address` (+ 32 k-bytes per instruction, which the hardware swizzles like the rows): start
-// address / 16 in bits 0-13, leading-dimension offset 1 (unused for swizzled K-major), 1024 bytes
-// between groups of 8 rows (bits 32-45, / 16), swizzle mode 1 = 128 bytes in bits 62-63.
+// Shared-memory matrix descriptor of a K-major tile of ROW_BYTES-byte rows (128 or 64), swizzled across
+// its row (TMA's swizzle of the same width), starting at shared address `address` (+ 32 k-bytes per
+// instruction, which the hardware swizzles like the rows): start address / 16 in bits 0-13, leading-
+// dimension offset 1 (unused for swizzled K-major), 8 rows' bytes between groups of 8 rows (bits 32-45,
+// / 16), swizzle mode in bits 62-63 (1: 128 bytes, 2: 64).
+template <int ROW_BYTES = 128>
 __device__ __forceinline__ unsigned long long wgmma_descriptor(unsigned address) {
-    return static_cast<unsigned long long>((address & 0x3FFFF) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) |
-           (1ull << 62);
+    static_assert(ROW_BYTES == 128 || ROW_BYTES == 64, "128- or 64-byte swizzled rows");
+    return static_cast<unsigned long long>((address & 0x3FFFF) >> 4) | (1ull << 16) |
+           (static_cast<unsigned long long>(8 * ROW_BYTES >> 4) << 32) | ((ROW_BYTES == 128 ? 1ull : 2ull) << 62);
 }
 
 // Descriptor of an MN-major tile, 128-byte swizzled (wgmma's transposed operands, 16-bit types

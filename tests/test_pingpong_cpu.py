@@ -158,6 +158,38 @@ def test_taps_and_strides_copy_by_im2col(p):
     assert isinstance(maps[1], Im2colMap) and maps[2] == 0 and maps[0].columns == p.kh * p.kw * p.c
 
 
+@pytest.mark.parametrize("config", implicit_gemm_nhwc.PAIRED_TAP_CONFIGS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("p", [problem(n=8, c=32, k=64, h=64, kernel=5, padding=2), problem(n=8, c=32, k=64, stride=2)],
+                         ids=["5x5", "strided_1x1"])
+def test_two_taps_a_k_tile_for_32_channels(p, dtype, config):
+    """16-bit layers of 32 channels by im2col copies: two taps' 64-byte pixels a k tile (half the k tiles of one tap
+    a tile), each tap's copy 32 channels wide, the instance compiled; no split-K."""
+    p = dataclasses.replace(p, dtype=dtype)
+    plan = plan_of(p, config=config)
+    assert plan.taps_per_k_tile == 2 and "2 taps of 32 channels a k tile" in plan.reason
+    assert implicit_gemm_nhwc.reduction_tiles(p, plan.config, plan.channels_padded) == math.ceil(p.kh * p.kw / 2)
+    x_map = implicit_gemm_nhwc.program(plan, p).launches[-1].args[-2]
+    assert isinstance(x_map, Im2colMap) and x_map.channels_per_pixel == 32
+    assert f",{plan.config.stages},2," in implicit_gemm_nhwc.name_expression(plan)
+    assert implicit_gemm_nhwc.name_expression(plan) in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
+    with pytest.raises(ValueError, match="two taps run without split-K"):
+        plan_of(p, config=config, splits=2)
+
+
+@pytest.mark.parametrize("p,config", [
+    (problem(n=8, c=32, k=64, h=64, kernel=3, padding=1, dtype="float32"), PINGPONG),  # 128 bytes: a whole k tile
+    (problem(n=8, c=32, k=64), PINGPONG),                                              # 1x1: x is the matrix
+    (problem(n=8, c=32, k=64, h=64, kernel=3, padding=1), PIXELS_64),                  # no instance of two taps
+], ids=["float32", "1x1", "64_pixel_tile"])
+def test_one_tap_a_k_tile_elsewhere(p, config):
+    if config == PIXELS_64:
+        with pytest.raises(ValueError, match="two taps of 32 16-bit channels"):
+            plan_of(p, config=config)
+        return
+    assert plan_of(p, config=config).taps_per_k_tile == 1
+
+
 def test_wgmma_only():
     with pytest.raises(ValueError, match="wgmma needs compute capability"):
         planner.make_plan(problem(), config=PINGPONG, kernel=planner.NHWC_KERNEL, compute_capability=80)

@@ -189,3 +189,52 @@ def test_pingpong_tf32_on_a_rounded_copy_against_float64(config, splits, epilogu
     assert not plan.round_a and implicit_gemm_nhwc.program(plan, problem).launches[0].kernel == \
         implicit_gemm_nhwc.PAD_CHANNELS, str(plan)
     check_forced(COPY_CASE, "float32", epilogue, None, splits, seed=17, config=config)
+
+
+#: Two taps a k tile (implicit_gemm_nhwc.taps_per_k_tile: 16-bit layers of 32 channels by im2col copies): an odd
+#: number of taps (the last k tile's second half neither copied nor multiplied), an even number with strides,
+#: dilation and a partial channel tile, and one tap (a strided 1x1).
+PAIRED_TAP_CASES = [Case(2, 32, 64, 13, 17, 5, 9, padding=(2, 4)),
+                    Case(3, 32, 136, 11, 9, 3, 4, stride=2, padding=1, dilation=(1, 2)),
+                    Case(2, 32, 64, 15, 15, 1, 1, stride=2)]
+
+
+@pytest.mark.parametrize("config", implicit_gemm_nhwc.PAIRED_TAP_CONFIGS)
+@pytest.mark.parametrize("blocks", [None, 1, 3], ids=lambda b: "rules_grid" if b is None else f"{b}_blocks")
+@pytest.mark.parametrize("epilogue", EPILOGUES, ids=[f"{a}-{'residual' if r else 'no_residual'}" for a, r in EPILOGUES])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", PAIRED_TAP_CASES, ids=lambda c: c.id)
+def test_pingpong_two_taps_a_k_tile_against_float64(case, dtype, epilogue, blocks, config):
+    """Two taps' 64-byte pixels a k tile: every output written, within the dtype's tolerance, the same bits twice,
+    on the plan's grid and on 1-3 blocks (the ring's stages refilled across tiles)."""
+    problem = problem_of(case, dtype, "NHWC", "KHWC", *epilogue)
+    assert planner.make_plan(problem, config=config, kernel=planner.NHWC_KERNEL,
+                             compute_capability=90).taps_per_k_tile == 2
+    check_forced(case, dtype, epilogue, blocks, None, seed=case.k + case.kw + len(epilogue[0]), config=config)
+
+
+@pytest.mark.parametrize("config", implicit_gemm_nhwc.PAIRED_TAP_CONFIGS)
+def test_pingpong_two_taps_odd_last_tap_reads_nothing_stale(config):
+    """An infinite input pixel makes infinities or NaNs in exactly the outputs whose windows hold it, as in torch's
+    float64: the odd last k tile's second half (an earlier tile's pixels, against the weight's zero columns) is not
+    multiplied, or inf x 0 would make NaNs elsewhere."""
+    case = PAIRED_TAP_CASES[0]
+    problem = problem_of(case, "float16", "NHWC", "KHWC", "none", False)
+    plan = dataclasses.replace(planner.make_plan(problem, config=config, kernel=planner.NHWC_KERNEL,
+                                                 compute_capability=90), grid=(2, 1, 1))
+    x, weight, bias, _ = tensors(case, problem, "float16", seed=31)
+    x[1, 5, 6, 8] = float("inf")
+    out = run(plan, problem, x, weight, bias, None)
+    wanted = reference(case, x, weight, bias, None, "none")
+    assert torch.equal(out.isfinite(), wanted.isfinite()), str(plan)
+    finite = wanted.isfinite()
+    assert relative_error(out[finite], wanted[finite]) < TOLERANCE["float16"], str(plan)
+
+
+@pytest.mark.parametrize("config", WHOLE_TILES)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", [CASES[5], PAIRED_TAP_CASES[0]], ids=lambda c: c.id)
+def test_pingpong_gelu_against_float64(case, dtype, config):
+    """gelu without a residual on the 128-pixel tiles (16 bits: their float sums staged a 64-row half at a time,
+    where its erf on every sum at once spilled), one tap and two a k tile."""
+    check_forced(case, dtype, ("gelu", False), None, None, seed=case.k + 3, config=config)

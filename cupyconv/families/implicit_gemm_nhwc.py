@@ -365,6 +365,11 @@ PINGPONG_NARROW_K_TILES = (4, 32)
 #: layer, and the range MobileNetV2's 384 -> 96 on 14^2 at batch 32).
 PINGPONG_TF32_NARROW_K_TILES = (16, 36)
 PINGPONG_NARROW_MIN_WAVE = 0.7
+#: Two taps a k tile (the kernel's TAPS 2) on these ping-pong tiles, for 16-bit layers of PAIRED_TAP_CHANNELS
+#: channels read by im2col copies: a pixel's 64 bytes are half a k tile's 128-byte row, so one tap a k tile
+#: multiplied zeros in half of every k tile (the 5x9 seed, wide_5x9's 32 -> 64).
+PAIRED_TAP_CONFIGS = (PINGPONG_CONFIG, PINGPONG_NARROW_CONFIG)
+PAIRED_TAP_CHANNELS = 32
 
 
 def _pingpong_tile(name: str, bm: int, bn: int, stages: int, item: int = 2) -> GemmConfig:
@@ -706,6 +711,14 @@ def config_named(dtype: str, name: str) -> GemmConfig:
     return next(c for c in NHWC_CONFIGS[dtype] if c.name == name)
 
 
+def taps_per_k_tile(problem: ConvProblem, cfg: GemmConfig) -> int:
+    """Taps a k tile of the ping-pong tile ``cfg`` holds for ``problem``: 2 on PAIRED_TAP_CONFIGS for 16-bit layers
+    of one group and PAIRED_TAP_CHANNELS channels read by im2col copies (not 1x1 matrices), else 1."""
+    paired = cfg.name in PAIRED_TAP_CONFIGS and STORAGE_BYTES[problem.dtype] == 2 and problem.groups == 1 and \
+        problem.c == PAIRED_TAP_CHANNELS and not _is_matrix(problem)
+    return 2 if paired else 1
+
+
 def _pingpong_refusal(problem: ConvProblem, cfg: GemmConfig, channels_padded: int, index: str, splits,
                       stream_k) -> str:
     """Why the ping-pong tile ``cfg`` cannot run ``problem`` ("" where it can)."""
@@ -714,9 +727,13 @@ def _pingpong_refusal(problem: ConvProblem, cfg: GemmConfig, channels_padded: in
         return f"it runs 16-bit and TF32 NHWC layers (got {p.dtype}, {p.layout})"
     if p.groups != 1:
         return f"it runs layers of one group (got {p.groups})"
-    if not _is_matrix(p) and p.c % cfg.bk:
+    paired = taps_per_k_tile(p, cfg) > 1
+    if not _is_matrix(p) and p.c % cfg.bk and not paired:
         return (f"its im2col copies (layers other than 1x1, stride-1, unpadded ones) take whole k tiles of {cfg.bk} "
-                f"channels of one tap (got {p.c} channels)")
+                f"channels of one tap, or on {', '.join(PAIRED_TAP_CONFIGS)} two taps of {PAIRED_TAP_CHANNELS} 16-bit "
+                f"channels (got {p.c} channels of {p.dtype})")
+    if paired and (splits or 1) > 1:
+        return f"its k tiles of two taps run without split-K (got splits={splits!r})"
     if channels_padded != p.c or p.k % 8:
         return f"its x is read in place and its output stored in 8-channel vectors (got {p.c} -> {p.k} channels)"
     if index != "int":
@@ -1151,7 +1168,8 @@ def _fewest_waves(problem: ConvProblem, producer: GemmConfig, channels_padded: i
 
 
 def reduction_tiles(problem: ConvProblem, cfg: GemmConfig, channels_padded: int) -> int:
-    """k tiles of ``cfg``'s reduction: kh kw taps of the (padded) channels per group, bk at a time."""
+    """k tiles of ``cfg``'s reduction: kh kw taps of the (padded) channels per group, bk at a time (two taps of
+    PAIRED_TAP_CHANNELS a k tile: the same count)."""
     return math.ceil(problem.kh * problem.kw * (channels_padded // problem.groups) / cfg.bk)
 
 
@@ -1286,11 +1304,14 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
                 why += f"; split-K forced: {splits} runs, each its own work item"
             blocks = min(tiles * splits, H100_SMS)
             why += f"; {tiles * splits} work items on {blocks} persistent blocks, two consumer warpgroups taking turns"
+        taps = taps_per_k_tile(problem, cfg)
+        if taps > 1:
+            why += f"; {taps} taps of {problem.c} channels a k tile"
         return LaunchPlan(
             kernel=KERNEL, dtype=problem.dtype, index_type=index, config=cfg, grid=(blocks, 1, 1),
             block=(cfg.threads, 1, 1), shared_bytes=_shared_bytes(cfg, problem.dtype, False),
             reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded, splits=splits,
-            round_a=round_a, arch=WGMMA_ARCH)
+            round_a=round_a, arch=WGMMA_ARCH, taps_per_k_tile=taps)
     if splits is None:  # stream-K finishes its tiles itself
         splits = 1 if stream_k else _splits(problem, cfg, grid, channels_padded, index)
         if splits > 1:
@@ -1455,11 +1476,12 @@ def tma_specialisation(dtype: str, index: str, cfg: GemmConfig, nhwc_out: bool, 
 
 
 def pingpong_specialisation(dtype: str, cfg: GemmConfig, residual: bool, split_k: bool = False,
-                            round_a: bool = False) -> str:
+                            round_a: bool = False, taps: int = 1) -> str:
     """The C++ template instance of the ping-pong tile ``cfg``, for calls with a residual or without, or for
-    split-K's runs; ``round_a``: a float32 x read in place, rounded to TF32 in the consumers' registers."""
+    split-K's runs; ``round_a``: a float32 x read in place, rounded to TF32 in the consumers' registers; ``taps``
+    a k tile (taps_per_k_tile)."""
     flags = ",".join(str(flag).lower() for flag in (residual, split_k, round_a))
-    return f"cupyconv::{PINGPONG_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bn},{cfg.stages},{flags}>"
+    return f"cupyconv::{PINGPONG_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bn},{cfg.stages},{taps},{flags}>"
 
 
 def pingpong_cluster_specialisation(dtype: str, cfg: GemmConfig, splits: int, round_a: bool = False) -> str:
@@ -1474,7 +1496,7 @@ def name_expression(plan: LaunchPlan) -> str:
         return pingpong_cluster_specialisation(plan.dtype, plan.config, plan.splits, plan.round_a)
     if plan.config.wgmma == WGMMA_PINGPONG:
         return pingpong_specialisation(plan.dtype, plan.config, plan.has_residual and plan.splits == 1,
-                                       plan.splits > 1, plan.round_a)
+                                       plan.splits > 1, plan.round_a, plan.taps_per_k_tile)
     if plan.config.producer_warps:
         return tma_specialisation(plan.dtype, plan.index_type, plan.config, plan.layout == "NHWC", plan.round_a,
                                   plan.splits > 1)
@@ -1502,6 +1524,8 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
          for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.name in PINGPONG_WHOLE_CONFIGS
          for residual, split_k in ((False, False), (True, False), (False, True)) if cfg.bm == 128 or not residual
          for round_a in _pingpong_round_a(dtype, cfg)] + \
+        [pingpong_specialisation(dtype, cfg, residual, taps=2) for dtype in GEMM_DTYPES if STORAGE_BYTES[dtype] == 2
+         for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.name in PAIRED_TAP_CONFIGS for residual in (False, True)] + \
         [pingpong_cluster_specialisation(dtype, cfg, splits, round_a) for dtype in GEMM_DTYPES
          for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.name == PINGPONG_CLUSTER_CONFIG
          for splits in PINGPONG_CLUSTER_SPLITS for round_a in _pingpong_round_a(dtype, cfg)]
@@ -1721,7 +1745,7 @@ def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Point
         x_map = TensorMap(x, p.dtype, p.n * p.h * p.w, plan.channels_padded,
                           plan.channels_padded * STORAGE_BYTES[p.dtype], cfg.bm, cfg.bk)
     else:
-        x_map = input_im2col_map(p, x, plan.channels_padded, cfg.bk, cfg.bm // cfg.cluster)
+        x_map = input_im2col_map(p, x, plan.channels_padded, cfg.bk // plan.taps_per_k_tile, cfg.bm // cfg.cluster)
     if cfg.cluster > 1:
         return dataclasses.replace(launch, kernel=PAIR_KERNEL, args=(*launch.args, weight_map, x_map))
     kernel = PINGPONG_CLUSTER_KERNEL if cfg.name == PINGPONG_CLUSTER_CONFIG else \
