@@ -190,6 +190,30 @@ def test_one_tap_a_k_tile_elsewhere(p, config):
     assert plan_of(p, config=config).taps_per_k_tile == 1
 
 
+@pytest.mark.parametrize("n,k,h,taps,padding,taken", [
+    (32, 64, 112, (3, 3), 1, implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),  # 3136 tiles: 73.0 us against 85.7
+    (32, 128, 56, (3, 3), 1, PINGPONG),                                    # 784 tiles: 28.7 against 30.5
+    (8, 64, 56, (3, 3), 1, None),                                          # 196 tiles
+    (16, 64, 56, (5, 5), 2, None),                                         # 13 k tiles
+    (8, 64, 512, (5, 9), 0, None),                                         # the 5x9 seed: 23 k tiles
+], ids=["3x3_64_b32", "3x3_128_b32", "3x3_64_b8", "5x5", "wide_5x9"])
+def test_rules_take_two_taps_where_measured_faster(n, k, h, taps, padding, taken):
+    """The fixed rules' two taps a k tile (paired_taps_config): unfused 16-bit layers of 32 channels, short reductions
+    on four waves of tiles, as measured on the H200 (benchmarks/results/candidates_c32_h200.txt); not on sm_80, not
+    fused, not with 48 channels."""
+    def p(**options):
+        return make_problem((n, h, h, options.pop("c", 32)), (k, *taps, options.pop("wc", 32)), None, "float16",
+                            padding=padding, layout="NHWC", weight_layout="KHWC", **options)
+
+    plan = planner.make_plan(p(), compute_capability=90)
+    assert (plan.config.name if plan.taps_per_k_tile == 2 else None) == taken, str(plan)
+    if taken:
+        assert "two taps a k tile" in plan.reason
+        assert implicit_gemm_nhwc.paired_taps_config(p(), 80) is None
+        assert implicit_gemm_nhwc.paired_taps_config(p(activation="relu"), 90) is None
+        assert implicit_gemm_nhwc.paired_taps_config(p(c=48, wc=48), 90) is None
+
+
 def test_wgmma_only():
     with pytest.raises(ValueError, match="wgmma needs compute capability"):
         planner.make_plan(problem(), config=PINGPONG, kernel=planner.NHWC_KERNEL, compute_capability=80)

@@ -238,3 +238,18 @@ def test_pingpong_gelu_against_float64(case, dtype, config):
     """gelu without a residual on the 128-pixel tiles (16 bits: their float sums staged a 64-row half at a time,
     where its erf on every sum at once spilled), one tap and two a k tile."""
     check_forced(case, dtype, ("gelu", False), None, None, seed=case.k + 3, config=config)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("k", [64, 128])
+def test_pingpong_rules_two_taps_against_float64(k, dtype):
+    """The fixed rules' two taps a k tile (implicit_gemm_nhwc.paired_taps_config: a 3x3 of 32 channels on 576 tiles),
+    on the 128 x 64 and 128 x 128 tiles: every output written, within the dtype's tolerance."""
+    case = Case(8, 32, k, 96, 96, 3, 3, padding=1, bias=False)
+    problem = problem_of(case, dtype, "NHWC", "KHWC", "none", False)
+    plan = planner.make_plan(problem, compute_capability=90)
+    assert plan.taps_per_k_tile == 2, str(plan)
+    x, weight, bias, _ = tensors(case, problem, dtype, seed=k)
+    out = run(plan, problem, x, weight, bias, None)
+    assert not out.isnan().any(), f"an output element was never written: {plan}"
+    assert relative_error(out, reference(case, x, weight, bias, None, "none")) < TOLERANCE[dtype], str(plan)

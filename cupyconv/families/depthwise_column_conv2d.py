@@ -30,14 +30,16 @@ class ColumnConfig:
 
 #: Rows per thread: 7 divides MobileNet's and ResNet's 7 x 2^n planes, 4 and 8 the rest. The plan
 #: takes the one that computes the fewest rows past Ho, the longest on a tie (fewer rows read twice) --
-#: but the shortest for row stride 2 where that one's grid has fewer than SHORT_ROWS_MAX_BLOCKS blocks: a
+#: but the shortest for row stride 2 where that one's grid has fewer than SHORT_ROWS_MAX_BLOCKS blocks (four waves): a
 #: strided thread reads twice the rows an output row, and a small grid waits on its longest threads. H200,
 #: MobileNetV2's depthwise layers at batch 1, NCHW, GPU time behind a spin (results/
 #: candidates_depthwise_mobilenet_v2_b1_nchw_h200.txt), us, col_r4 against the longest rows': fp16 96 s2 on
 #: 112^2 (168 blocks) 5.2 against 5.6, 144 s2 on 56^2 4.9 against 5.8, 192 s2 on 28^2 4.8 against 5.8, 576 s2
 #: on 14^2 5.1 against 6.2; TF32 5.7/6.0, 5.3/5.4, 5.2/5.3, 5.0/5.1. At stride 1 it was within 0.1 us either way.
+#: At batch 8, fp16 (candidates_dw_s2_b8_h200.txt): 144 s2 on 56^2 (512 blocks) 6.6 against 7.2, 192 s2 on 28^2 5.6
+#: against 6.5; 96 s2 on 112^2 (1344 blocks) 10.0 against 9.5: the longest rows there.
 COLUMN_CONFIGS = (ColumnConfig("col_r4", 4), ColumnConfig("col_r7", 7), ColumnConfig("col_r8", 8))
-SHORT_ROWS_MAX_BLOCKS = 264
+SHORT_ROWS_MAX_BLOCKS = 528
 CONFIG_NAMES = frozenset(c.name for c in COLUMN_CONFIGS)
 #: Threads per block at most (whole output rows of as many channels as fit): the kernel shares nothing
 #: between threads, so this only sets the scheduling grain (H100: 64 to 256 within 4 % at 7 rows a thread).

@@ -370,6 +370,17 @@ PINGPONG_NARROW_MIN_WAVE = 0.7
 #: multiplied zeros in half of every k tile (the 5x9 seed, wide_5x9's 32 -> 64).
 PAIRED_TAP_CONFIGS = (PINGPONG_CONFIG, PINGPONG_NARROW_CONFIG)
 PAIRED_TAP_CHANNELS = 32
+#: The fixed rules take them (paired_taps_config) for unfused such layers of at most PAIRED_TAP_MAX_K_TILES k tiles
+#: (3x3 kernels) that make PAIRED_TAP_MIN_TILES tiles or more: the 128 x 64 tile for at most 64 output channels, else
+#: the 128 x 128 one. H200, fp16 channels_last, GPU time behind a spin (benchmarks/results/candidates_paired_taps_h200.txt,
+#: candidates_c32_h200.txt), us: 3x3 32 -> 64 on 112^2 at batch 32 (3136 tiles) 73.0 against the 256 x 64 channel-row
+#: tile's 85.7 (torch channels_last 47.8), 32 -> 128 on 56^2 at batch 32 28.7 against the 3-stage 128 x 128 tile's 30.5
+#: (24.7), 32 -> 32 on 112^2 at batch 32 76.0 against 84.3 (the 128 x 32 mma.sync tile, which no rule takes there,
+#: 61.2). Slower: 32 -> 64 on 56^2 at batch 8 (196 tiles) more than 11.1 against 10.3, 5x5 (13 k tiles) 28.7 against
+#: 25.8, the 5x9 seed (23 k tiles) over 1.5 ms against 0.996: every 128-pixel tile reads the whole weight from L2 (184
+#: KB for the seed), which the 256-pixel channel-row tile reads half as often.
+PAIRED_TAP_MAX_K_TILES = 5
+PAIRED_TAP_MIN_TILES = 4 * H100_SMS
 
 
 def _pingpong_tile(name: str, bm: int, bn: int, stages: int, item: int = 2) -> GemmConfig:
@@ -719,6 +730,22 @@ def taps_per_k_tile(problem: ConvProblem, cfg: GemmConfig) -> int:
     return 2 if paired else 1
 
 
+def paired_taps_config(problem: ConvProblem, compute_capability: int) -> GemmConfig | None:
+    """The ping-pong tile of two taps a k tile that the fixed rules take for ``problem`` (PAIRED_TAP_* above), or
+    None."""
+    if compute_capability != WGMMA_COMPUTE_CAPABILITY or _fused(problem) or problem.layout != "NHWC":
+        return None
+    cfg = config_named(problem.dtype, PINGPONG_NARROW_CONFIG if problem.k <= 64 else PINGPONG_CONFIG)
+    (_, channels_padded), why_not = _pieces(problem)
+    if why_not or taps_per_k_tile(problem, cfg) == 1 or \
+            _pingpong_refusal(problem, cfg, channels_padded, _index(problem, cfg, channels_padded), None, None):
+        return None
+    if reduction_tiles(problem, cfg, channels_padded) > PAIRED_TAP_MAX_K_TILES or \
+            math.prod(gemm_grid(problem, cfg)) < PAIRED_TAP_MIN_TILES:
+        return None
+    return cfg
+
+
 def _pingpong_refusal(problem: ConvProblem, cfg: GemmConfig, channels_padded: int, index: str, splits,
                       stream_k) -> str:
     """Why the ping-pong tile ``cfg`` cannot run ``problem`` ("" where it can)."""
@@ -972,13 +999,18 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
     many copies per thread; few channels per tap make it many taps; 1x1 problems read in place have short
     reductions).
 
-    Before all of these, where ``pingpong`` and pingpong_small_pays, the 64 x 64 ping-pong tile; then the 64-pixel
+    Before all of these, where ``pingpong``, the ping-pong tile of two taps a k tile paired_taps_config gives; then,
+    where ``pingpong`` and pingpong_small_pays, the 64 x 64 ping-pong tile; then the 64-pixel
     ping-pong tile where pingpong_64_pixel_runs takes it (whole where ``pingpong``, in runs of split-K where
     ``pingpong_split``); then, where ``pingpong`` and pingpong_narrow_pays, the 64-channel ping-pong tile; then the
     64 x 128 tile where _small_wide_tile takes it; then, where ``pingpong`` and pingpong_pays, the ping-pong tile;
     where ``pingpong_split`` and pingpong_split_runs, the ping-pong tile with split-K in clusters where
     pingpong_cluster_runs takes it, else with split-K's runs (make_plan asks
     pingpong_split_runs for them)."""
+    if pingpong and (paired := paired_taps_config(problem, compute_capability)):
+        return paired, (f"wgmma; {problem.kh}x{problem.kw} of {problem.c} -> {problem.k} channels, "
+                        f"{math.prod(gemm_grid(problem, paired))} tiles of {paired.bm} x {paired.bn}: the ping-pong "
+                        f"tile, two taps a k tile")
     if pingpong and pingpong_small_pays(problem, compute_capability):
         cfg = config_named(problem.dtype, PINGPONG_SMALL_CONFIG)
         return cfg, (f"wgmma; {math.prod(gemm_grid(problem, cfg))} tiles of 64 x 64 (<= {H100_SMS}), "
