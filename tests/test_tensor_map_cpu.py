@@ -221,3 +221,24 @@ def test_tiles_fed_by_tma_refuse_windows_past_the_im2col_map(case, layouts, dtyp
             continue  # the ping-pong tiles run 16-bit NHWC layers alone
         with pytest.raises(ValueError, match="im2col copies take strides up to 8"):
             make_plan(problem, cfg.name, NHWC_KERNEL, True, 90)
+
+
+@pytest.mark.parametrize("channels,dtype,swizzle", [(32, "float16", tensor_map.SWIZZLE_64B),
+                                                    (64, "bfloat16", tensor_map.SWIZZLE_128B),
+                                                    (32, "float32", tensor_map.SWIZZLE_128B)])
+def test_im2col_maps_swizzle_across_their_row(monkeypatch, channels, dtype, swizzle):
+    """An im2col map's swizzle spans a pixel's row of channels: 64 bytes (the ping-pong tiles' two taps a k tile,
+    whose wgmma descriptors read 64-byte swizzled rows) or 128."""
+    import ctypes
+
+    calls = []
+
+    def fake_encode(*args):
+        calls.append(args)
+        return 0
+
+    monkeypatch.setattr(tensor_map, "_encode_im2col", lambda: fake_encode)
+    buffer = ctypes.create_string_buffer(tensor_map.MAP_BYTES + tensor_map.MAP_ALIGNMENT)
+    destination = -(-ctypes.addressof(buffer) // tensor_map.MAP_ALIGNMENT) * tensor_map.MAP_ALIGNMENT
+    tensor_map.encode_im2col(destination, dtype, 1 << 20, (2, 16, 16, 64), (-1, -1), (-1, -1), (1, 1), channels, 128)
+    assert calls[0][12] == swizzle
