@@ -377,8 +377,8 @@ PAIRED_TAP_CHANNELS = 32
 #: tile's 85.7 (torch channels_last 47.8), 32 -> 128 on 56^2 at batch 32 28.7 against the 3-stage 128 x 128 tile's 30.5
 #: (24.7), 32 -> 32 on 112^2 at batch 32 76.0 against 84.3 (the 128 x 32 mma.sync tile, which no rule takes there,
 #: 61.2). Slower: 32 -> 64 on 56^2 at batch 8 (196 tiles) more than 11.1 against 10.3, 5x5 (13 k tiles) 28.7 against
-#: 25.8, the 5x9 seed (23 k tiles) over 1.5 ms against 0.996: every 128-pixel tile reads the whole weight from L2 (184
-#: KB for the seed), which the 256-pixel channel-row tile reads half as often.
+#: 25.8, the 5x9 seed (23 k tiles) over 1.5 ms against 0.996 (ncu: 25 % of compute, 51 % of L2 throughput -- it
+#: waits, most likely on its 64-byte im2col rows; benchmarks/NOTES.md).
 PAIRED_TAP_MAX_K_TILES = 5
 PAIRED_TAP_MIN_TILES = 4 * H100_SMS
 
