@@ -75,11 +75,16 @@ def column_pairs(problem: ConvProblem) -> bool:
             p.dilation[1] == 1 and not refusal(p))
 
 
-def _choose_config(problem: ConvProblem) -> ColumnConfig:
+def _choose_config(problem: ConvProblem, pairs: bool, block: int | None) -> tuple[ColumnConfig, str]:
+    """The rules' rows per thread (COLUMN_CONFIGS above) for the blocks ``pairs`` and ``block`` make, and why."""
     fitting = min(COLUMN_CONFIGS, key=lambda c: (math.ceil(problem.ho / c.rpt) * c.rpt, -c.rpt))
-    if problem.stride[0] == 2 and math.prod(_grid(problem, fitting, column_pairs(problem))) < SHORT_ROWS_MAX_BLOCKS:
-        return min(COLUMN_CONFIGS, key=lambda c: c.rpt)
-    return fitting
+    why = f"config {fitting.name}, output {problem.ho} rows"
+    blocks = math.prod(_grid(problem, fitting, pairs, block))
+    shortest = min(COLUMN_CONFIGS, key=lambda c: c.rpt)
+    if problem.stride[0] == 2 and blocks < SHORT_ROWS_MAX_BLOCKS and fitting != shortest:
+        return shortest, (f"config {shortest.name}: row stride 2 and {blocks} blocks of {fitting.name} (< "
+                          f"{SHORT_ROWS_MAX_BLOCKS}), the shortest rows")
+    return fitting, why
 
 
 def _block(problem: ConvProblem, pairs: bool, block: int | None = None) -> tuple[int, int, int]:
@@ -104,21 +109,21 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
     why_not = refusal(problem)
     if why_not:
         raise ValueError(f"kernel {KERNEL!r} cannot run this problem: {why_not}")
-    if rows_per_thread is not None:
-        cfg = ColumnConfig(f"col_r{rows_per_thread}", rows_per_thread)
-    else:
-        cfg = forced_config(COLUMN_CONFIGS, config, f"config for {KERNEL}") if config else _choose_config(problem)
     if pairs and not column_pairs(problem):
         raise ValueError(f"pairs of output columns need {'/'.join(PAIR_DTYPES)}, rows of even lengths and the "
                          f"column stride the row stride; got {problem.dtype} {problem.x_shape} -> {problem.out_shape}, "
                          f"stride {problem.stride}, dilation {problem.dilation}")
     pairs = column_pairs(problem) if pairs is None else pairs
+    if rows_per_thread is not None:
+        cfg = ColumnConfig(f"col_r{rows_per_thread}", rows_per_thread)
+    elif config:
+        cfg = forced_config(COLUMN_CONFIGS, config, f"config for {KERNEL}")
+    else:
+        cfg, why = _choose_config(problem, pairs, block)
+    if config or rows_per_thread is not None:
+        why = f"config {cfg.name} (forced by the caller)"
     cfg = dataclasses.replace(cfg, taps=(problem.kh, problem.kw, problem.stride[0]),
                               pair_odd=problem.pad_left % 2 if pairs else -1)
-    forced = config or rows_per_thread
-    why = f"config {cfg.name}" + (" (forced by the caller)" if forced else f", output {problem.ho} rows")
-    if not forced and problem.stride[0] == 2 and cfg.rpt == min(c.rpt for c in COLUMN_CONFIGS):
-        why += f" at row stride 2 on fewer than {SHORT_ROWS_MAX_BLOCKS} blocks: the shortest rows"
     return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem), config=cfg,
                       grid=_grid(problem, cfg, pairs, block), block=_block(problem, pairs, block), shared_bytes=0,
                       reason=f"{reason}; {why}" if reason else why)
