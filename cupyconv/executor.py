@@ -16,7 +16,7 @@ import threading
 from . import tensor_map, tuning
 from .arguments import ConvProblem
 from .compiler import compute_capability, get_kernel
-from .program import FLAG_COUNT, FLAGS, OPERANDS, CallProgram, Im2colMap, Launch, Pointer, Table, TensorMap, align
+from .program import FLAG_COUNT, FLAGS, MAP_TYPES, OPERANDS, CallProgram, Launch, Pointer, Table, align
 
 _SLOT = ctypes.sizeof(ctypes.c_uint64)
 #: Workspaces.flags' (buffer, address) for a program without stream-K.
@@ -28,7 +28,7 @@ MAPS_KEPT = 64
 
 
 class MapSlot:
-    """A TensorMap or Im2colMap parameter of a PackedLaunch: the MAP_BYTES at host address ``at`` that its
+    """A tensor map parameter (program.MAP_TYPES) of a PackedLaunch: the MAP_BYTES at host address ``at`` that its
     slot of the argument block points to, written for the address of its operand (index ``operand`` of
     OPERANDS, + ``offset``) before each launch. The driver encodes a map once per address (building its
     ctypes arguments costs several microseconds); later calls with that address copy the encoded bytes
@@ -87,7 +87,7 @@ class PackedLaunch:
             elif isinstance(arg, Table):
                 self._tables.append((ctypes.c_int32 * len(arg.values))(*arg.values))
                 self._params[slot] = ctypes.addressof(self._tables[-1])
-            elif isinstance(arg, (TensorMap, Im2colMap)):  # made at the call for its operand's address (tensor_map.py)
+            elif isinstance(arg, MAP_TYPES):  # made at the call for its operand's address (tensor_map.py)
                 buffer = (ctypes.c_uint8 * (tensor_map.MAP_BYTES + tensor_map.MAP_ALIGNMENT))()
                 self._tables.append(buffer)
                 at = -(-ctypes.addressof(buffer) // tensor_map.MAP_ALIGNMENT) * tensor_map.MAP_ALIGNMENT

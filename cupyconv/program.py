@@ -88,6 +88,23 @@ class Im2colMap:
     pixels_per_column: int
 
 
+@dataclasses.dataclass(frozen=True)
+class PixelStripMap:
+    """A TMA tensor map parameter (tiled, 4-D) of the NHWC tensor of ``shape`` (n, h, w, c) of ``dtype`` at
+    ``pointer``, read in boxes of ``pixels`` consecutive pixels of one row of one image, all c channels each,
+    swizzled across each pixel's row (c of 16 bits: 64 bytes), zeros outside the tensor (cupyconv/tensor_map.py);
+    made at the call for the pointer's address."""
+
+    pointer: Pointer
+    dtype: str
+    shape: tuple[int, int, int, int]
+    pixels: int
+
+
+#: The tensor map parameters: made by the executor at the call for their operand's address.
+MAP_TYPES = (TensorMap, Im2colMap, PixelStripMap)
+
+
 class ActivationArg(int):
     """The ``activation`` int parameter of a kernel's epilogue (kernels/epilogue.cuh): ACTIVATIONS' index
     (cupyconv/arguments.py). The kernel's module is compiled for this value (Launch.epilogue)."""
@@ -101,7 +118,7 @@ class ResidualArg(int):
 class Launch:
     """One kernel launch. ``args`` are the kernel's parameters in order: a Pointer for each pointer
     parameter, a Python int for each ``int`` parameter (passed as a 32-bit int; the epilogue's as an
-    ActivationArg and a ResidualArg), a Table for a struct of ints, a TensorMap or an Im2colMap for a
+    ActivationArg and a ResidualArg), a Table for a struct of ints, a TensorMap, an Im2colMap or a PixelStripMap for a
     TMA descriptor."""
 
     kernel: str
@@ -156,7 +173,7 @@ def relocated(launches, moves: dict[str, Pointer]) -> tuple[Launch, ...]:
         if isinstance(arg, Pointer) and arg.operand in moves:
             target = moves[arg.operand]
             return Pointer(target.operand, target.offset + arg.offset)
-        if isinstance(arg, (TensorMap, Im2colMap)):
+        if isinstance(arg, MAP_TYPES):
             return dataclasses.replace(arg, pointer=moved(arg.pointer))
         return arg
 

@@ -3,13 +3,14 @@ CUDA driver's cuTensorMapEncodeTiled through ctypes: CuPy does not wrap it, and 
 tensor's global address, so it is made at the call for each new address and kept per address
 (executor.MapSlot). The forms the channels-last GEMM's producer tile reads, 128-byte swizzled:
 a 2-D row-major matrix (program.TensorMap, its weight) and an NHWC tensor in im2col mode
-(program.Im2colMap, its input)."""
+(program.Im2colMap, its input), and an NHWC tensor read in strips of a row's pixels (program.PixelStripMap,
+the ping-pong tile's pixel strips)."""
 from __future__ import annotations
 
 import ctypes
 import functools
 
-from .program import Im2colMap
+from .program import Im2colMap, PixelStripMap
 
 #: CUtensorMapDataType values (cuda.h) of the storage dtypes.
 DATA_TYPES = {"float16": 6, "float32": 7, "bfloat16": 9}
@@ -53,9 +54,11 @@ def _encode_im2col():
 
 
 def encode(arg, destination: int, address: int) -> None:
-    """Write at ``destination`` the map ``arg`` (program.TensorMap or program.Im2colMap) describes, for
+    """Write at ``destination`` the map ``arg`` (program.TensorMap, Im2colMap or PixelStripMap) describes, for
     its operand at device ``address``."""
-    if isinstance(arg, Im2colMap):
+    if isinstance(arg, PixelStripMap):
+        encode_pixel_strips(destination, arg.dtype, address, arg.shape, arg.pixels)
+    elif isinstance(arg, Im2colMap):
         encode_im2col(destination, arg.dtype, address, arg.shape, arg.lower, arg.upper, arg.strides,
                       arg.channels_per_pixel, arg.pixels_per_column)
     else:
@@ -90,6 +93,28 @@ def encode_im2col(destination: int, dtype: str, address: int, shape: tuple[int, 
         raise RuntimeError(f"cuTensorMapEncodeIm2col failed (CUresult {result}) for an NHWC {shape} {dtype} tensor at "
                            f"{address:#x}, corners {lower} .. {upper}, strides {strides}, {pixels_per_column} pixels of "
                            f"{channels_per_pixel} channels")
+
+
+def encode_pixel_strips(destination: int, dtype: str, address: int, shape: tuple[int, int, int, int],
+                        pixels: int) -> None:
+    """Write at ``destination`` the tiled map of the NHWC tensor of ``shape`` (n, h, w, c) of ``dtype`` at
+    ``address`` read in boxes of ``pixels`` consecutive pixels of one row, all c channels (a row of 64 or 128 bytes,
+    swizzled across its width); reads outside the tensor (padding, rows past the image) give zeros."""
+    n, h, w, c = shape
+    item = 4 if dtype == "float32" else 2
+    if destination % MAP_ALIGNMENT or address % 16 or c * item not in (64, 128) or not 1 <= pixels <= 256:
+        raise ValueError(f"a pixel strip map needs a {MAP_ALIGNMENT}-byte aligned map, a 16-byte aligned tensor, pixels "
+                         f"of 64 or 128 bytes and 1-256 of them a box; got map {destination:#x}, address {address:#x}, "
+                         f"{c} channels of {dtype}, {pixels} pixels")
+    dims = (ctypes.c_uint64 * 4)(c, w, h, n)
+    strides = (ctypes.c_uint64 * 3)(c * item, w * c * item, h * w * c * item)
+    box = (ctypes.c_uint32 * 4)(c, pixels, 1, 1)
+    element_strides = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
+    result = _encode_tiled()(destination, DATA_TYPES[dtype], 4, address, dims, strides, box, element_strides, 0,
+                             SWIZZLE_64B if c * item == 64 else SWIZZLE_128B, L2_PROMOTION_128B, 0)
+    if result != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {result}) for pixel strips of an NHWC {shape} "
+                           f"{dtype} tensor at {address:#x}, {pixels} pixels a box")
 
 
 def encode_2d(destination: int, dtype: str, address: int, rows: int, columns: int, row_bytes: int,

@@ -1028,6 +1028,12 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
 // channels side by side), where one tap a k tile multiplied zeros half the time. An odd last tap's k tile copies
 // and multiplies its first half alone: the other holds an earlier tile's pixels, which the weight's zeros must not
 // meet (an inf there would make NaN).
+// TAPS 0, PIXEL_STRIPS (16-bit layers of 32 channels, stride 1 and no dilation along w): a k tile is a whole kernel
+// row r. Its pixels are not copied tap by tap: each 64-pixel half of the tile is one strip of 64 + kw - 1 input
+// pixels of 64 bytes (a 4-D tiled copy, zeros outside x), and tap s's A rows are that strip from pixel s on, a
+// descriptor s rows further (inside the swizzle's pattern: see wgmma_descriptor). The im2col copies read every pixel kw times
+// from L2 in rows of 64 bytes, whose count bounded the two-taps tile (benchmarks/NOTES.md, "Pixel strips"). A half
+// is one output row's 64-pixel segment (image, oh, 64 b ..), so its pixels are found by segment, not m0 + row.
 template <typename T, int BM, int BN, int STAGES, int TAPS, bool RESIDUAL, bool SPLIT_K, int CLUSTER, bool ROUND_A>
 __device__ __forceinline__ void
 pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
@@ -1038,31 +1044,42 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     static_assert((BM == 64 || BM == 128) && (BN == 64 || BN == 128), "one or two 64-row halves; 64 or 128 channels");
     static_assert(!(SPLIT_K && RESIDUAL), "split runs' sums are finished by the reduction");
     static_assert(!ROUND_A || sizeof(T) == 4, "ROUND_A: a float32 x read in place, unrounded");
-    static_assert(TAPS == 1 || (TAPS == 2 && sizeof(T) == 2 && !ROUND_A), "two taps a k tile: 16-bit, 32 channels");
-    constexpr bool CLUSTER_SUMS = CLUSTER > 1;
+    static_assert(TAPS <= 1 || (TAPS == 2 && sizeof(T) == 2 && !ROUND_A), "two taps a k tile: 16-bit, 32 channels");
+    constexpr bool PIXEL_STRIPS = TAPS == 0, CLUSTER_SUMS = CLUSTER > 1;
+    static_assert(!PIXEL_STRIPS || (sizeof(T) == 2 && !ROUND_A && !SPLIT_K && !CLUSTER_SUMS),
+                  "pixel strips: 16-bit, 32 channels, whole reductions");
     static_assert(!(CLUSTER_SUMS && (SPLIT_K || RESIDUAL)) && BM % (8 * CLUSTER) == 0,
                   "a cluster's runs finish their tile themselves, in whole passes of rows");
     constexpr int BK = 128 / sizeof(T), INST_K = mma_op<T>::k;   // a k tile: 128-byte rows
     constexpr int A_STAGE = BM * 128, B_STAGE = BN * 128;        // bytes
-    constexpr int TAP_BYTES = 128 / TAPS, A_TAP = A_STAGE / TAPS;  // a tap's pixel rows and copy in a stage
+    constexpr int TAP_BYTES = PIXEL_STRIPS ? 64 : 128 / TAPS;    // a tap's pixel rows
+    constexpr int A_TAP = A_STAGE / (PIXEL_STRIPS ? 1 : TAPS);     // a tap's copy in a stage
     constexpr int HALVES = BM / 64, H_STRIDE = BN + 8;
+    // PIXEL_STRIPS: a stage holds HALVES strips of strip_rows pixels (whole 8-row swizzle patterns) and kernel row
+    // r's weight, its kw taps' 64 bytes a channel in 128-byte k rows (an odd kw's last half is never multiplied).
+    const int strip_rows = PIXEL_STRIPS ? (64 + kw - 1 + 7) / 8 * 8 : 0, strip_bytes = strip_rows * TAP_BYTES;
+    const int weight_blocks = PIXEL_STRIPS ? (kw + 1) / 2 : 1;
+    const int a_stage_bytes = PIXEL_STRIPS ? HALVES * strip_bytes : A_STAGE, b_stage_bytes = weight_blocks * B_STAGE;
     constexpr int ORDER_0_TO_1 = 1, ORDER_1_TO_0 = 2, STAGING = 3;  // named barriers (0: __syncthreads)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
     unsigned char* a_smem = smem;
-    unsigned char* b_smem = smem + STAGES * A_STAGE;
+    unsigned char* b_smem = smem + STAGES * a_stage_bytes;
     // A consumer's: [BM][H_STRIDE] 16-bit values, or (float32) a 64-row half's float sums.
     constexpr int STAGING_BYTES = (sizeof(T) == 4 ? 64 * 4 : BM * 2) * H_STRIDE;
-    unsigned char* staging = b_smem + STAGES * B_STAGE;                             // [2][STAGING_BYTES]
+    unsigned char* staging = b_smem + STAGES * b_stage_bytes;                       // [2][STAGING_BYTES]
     unsigned long long* full = reinterpret_cast<unsigned long long*>(staging + 2 * STAGING_BYTES);
     unsigned long long* empty = full + STAGES;
     unsigned long long* ready = empty + STAGES;  // CLUSTER_SUMS: every run's sums of this block's rows here
 
     const int HoWo = Ho * Wo, M = N * HoWo;
-    const int tiles_n = (K + BN - 1) / BN, tiles = (M + BM - 1) / BM * tiles_n;
-    // k tiles per tap (whole ones past 1x1), or (TAPS 2) taps per k tile
+    // PIXEL_STRIPS: a pixel tile is HALVES segments of 64 pixels of an output row, segments_w of them a row.
+    const int segments_w = (Wo + 63) / 64, segments = N * Ho * segments_w;
+    const int tiles_n = (K + BN - 1) / BN;
+    const int tiles = (PIXEL_STRIPS ? (segments + HALVES - 1) / HALVES : (M + BM - 1) / BM) * tiles_n;
+    // k tiles per tap (whole ones past 1x1), or (TAPS 2) taps per k tile, or (PIXEL_STRIPS) kernel rows
     const int chunks = TAPS == 1 ? (C + BK - 1) / BK : 1, taps = kh * kw;
-    const int k_tiles = TAPS == 1 ? taps * chunks : (taps + TAPS - 1) / TAPS;
+    const int k_tiles = PIXEL_STRIPS ? kh : TAPS == 1 ? taps * chunks : (taps + 1) / 2;
     const bool odd_last = TAPS == 2 && (taps & 1);  // the last k tile holds one tap
     const int runs = SPLIT_K ? splits : CLUSTER, items = tiles * runs, run_tiles = (k_tiles + runs - 1) / runs;
     // Work item -> its tile, its run and the run's k tiles [kt0, kt1): runs outermost, or (CLUSTER_SUMS)
@@ -1101,6 +1118,33 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 int tile, run, kt0, kt1;
                 item_of(item, tile, run, kt0, kt1);
                 const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
+                if constexpr (PIXEL_STRIPS) {
+                    // Each half's strip: image, output row and first input column (zeros past x, and past the last
+                    // segment: its image is N).
+                    int image_of[HALVES], oh_of[HALVES], w_of[HALVES];
+#pragma unroll
+                    for (int h = 0; h < HALVES; ++h) {
+                        const int segment = tile / tiles_n * HALVES + h, row = segment / segments_w;
+                        image_of[h] = row / Ho;
+                        oh_of[h] = (row - image_of[h] * Ho) * sh - pt;
+                        w_of[h] = (segment - row * segments_w) * 64 - pl;
+                    }
+#pragma unroll 1
+                    for (int kt = kt0; kt < kt1; ++kt, ++seq) {
+                        const int stage = seq % STAGES;
+                        if (seq >= STAGES) mbarrier_wait(empty + stage, (seq / STAGES - 1) & 1);
+                        mbarrier_arrive_expect_tx(full + stage, a_stage_bytes + b_stage_bytes);
+#pragma unroll
+                        for (int h = 0; h < HALVES; ++h)
+                            tma_load_4d(a_smem + stage * a_stage_bytes + h * strip_bytes, &x_map, 0, w_of[h],
+                                        oh_of[h] + kt * dh, image_of[h], full + stage);
+#pragma unroll 1
+                        for (int j = 0; j < weight_blocks; ++j)
+                            tma_load_2d(b_smem + stage * b_stage_bytes + j * B_STAGE, &weight_map, kt * kw * C + j * BK,
+                                        n0, full + stage);
+                    }
+                    continue;
+                }
                 // im2col: the tile's first window corner (image, h0, w0); the map walks the others. The k tiles'
                 // taps counted along (TapWalk): the integer divisions before a block's first copy took ~0.4 us
                 // of its ~7 (H200, a 1x1 layer at batch 8).
@@ -1151,6 +1195,21 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             continue;
         }
         const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
+        // Half h's first output pixel and how many of its 64 rows are pixels: m0 + 64 h and up to M, or
+        // (PIXEL_STRIPS) its segment's, up to the end of its output row.
+        int half_m[HALVES], half_rows[HALVES];
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h) {
+            if constexpr (PIXEL_STRIPS) {
+                const int segment = tile / tiles_n * HALVES + h, row = segment / segments_w;
+                const int ow = (segment - row * segments_w) * 64;
+                half_m[h] = row * Wo + ow;
+                half_rows[h] = segment < segments ? min(64, Wo - ow) : 0;
+            } else {
+                half_m[h] = m0 + h * 64;
+                half_rows[h] = min(64, M - half_m[h]);
+            }
+        }
         if (i > 0)  // the other consumer has waited for all of item i - 1's copies
             asm volatile("bar.sync %0, 256;\n" :: "r"(consumer ? ORDER_0_TO_1 : ORDER_1_TO_0) : "memory");
         float acc[HALVES][BN / 2];
@@ -1191,6 +1250,28 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                             wgmma_rs<T, BN>::run(acc[h], a[g][j][h], channels + (g * GROUP + j) * 2);
                     wgmma_commit();
                 }
+            } else if constexpr (PIXEL_STRIPS) {
+                // Tap s, 16 channels j: the strips from pixel s on, the weight's k rows from s 32 + 16 j on.
+                const unsigned strips = shared_address(a_smem + stage * a_stage_bytes);
+                const unsigned weights = shared_address(b_smem + stage * b_stage_bytes);
+                wgmma_fence();
+#pragma unroll 1
+                for (int s = 0; s < kw; ++s)
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const int k = s * 32 + j * 16;
+                        const unsigned long long channels_k =
+                            wgmma_descriptor(weights + k / BK * B_STAGE + k % BK * static_cast<int>(sizeof(T)));
+#pragma unroll
+                        for (int h = 0; h < HALVES; ++h)
+                            wgmma_op<T, BN>::run(acc[h],
+                                                 wgmma_descriptor<TAP_BYTES>(strips + h * strip_bytes +
+                                                                             s * TAP_BYTES + j * 32),
+                                                 channels_k);
+                    }
+                wgmma_commit();
+                wgmma_wait<1>();  // tile kt - 1's MMAs retired: its stage may be refilled
+                if (kt > 0 && lane == 0) mbarrier_arrive(empty + (seq - 1) % STAGES);
             } else {
                 const unsigned long long pixels = wgmma_descriptor<TAP_BYTES>(shared_address(a_smem + stage * A_STAGE));
                 constexpr int TAP_K = BK / INST_K / TAPS;  // instructions a tap
@@ -1355,8 +1436,9 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             if (n0 + n < K) {
 #pragma unroll 4
                 for (int row = row0; row < BM; row += ROW_STEP) {
-                    if (m0 + row >= M) break;
-                    *reinterpret_cast<Vec*>(y + (m0 + row) * K + n0 + n) =
+                    const bool second = HALVES > 1 && row >= 64;  // (selected, not indexed: no local memory)
+                    if (row % 64 >= (second ? half_rows[HALVES - 1] : half_rows[0])) continue;
+                    *reinterpret_cast<Vec*>(y + ((second ? half_m[HALVES - 1] : half_m[0]) + row % 64) * K + n0 + n) =
                         *reinterpret_cast<const Vec*>(staged + row * H_STRIDE + n);
                 }
             }
@@ -1392,14 +1474,14 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                         if constexpr (VECTOR_RESIDUAL) {
 #pragma unroll
                             for (int c = 0; c < CHUNK; ++c) {
-                                const int m = m0 + h * 64 + row0 + (r0 + c) * ROW_STEP;
-                                res[c] = load_vector(residual + (m < M ? m * K + n0 + n : 0));
+                                const int row = row0 + (r0 + c) * ROW_STEP;
+                                res[c] = load_vector(residual + (row < half_rows[h] ? (half_m[h] + row) * K + n0 + n : 0));
                             }
                         }
 #pragma unroll
                         for (int c = 0; c < CHUNK; ++c) {
-                            const int row = row0 + (r0 + c) * ROW_STEP, m = m0 + h * 64 + row;
-                            if (m >= M) break;
+                            const int row = row0 + (r0 + c) * ROW_STEP, m = half_m[h] + row;
+                            if (row >= half_rows[h]) break;
                             const int at = m * K + n0 + n;
                             const float4* staged = reinterpret_cast<const float4*>(sums + row * F_STRIDE + n);
                             const float4 first = staged[flip], second = staged[1 - flip];

@@ -26,9 +26,11 @@ __host__ __device__ constexpr int swizzle128_slot(int piece, int row) { return p
 
 // Shared-memory matrix descriptor of a K-major tile of ROW_BYTES-byte rows (128 or 64), swizzled across
 // its row (TMA's swizzle of the same width), starting at shared address `address` (+ 32 k-bytes per
-// instruction, which the hardware swizzles like the rows): start address / 16 in bits 0-13, leading-
-// dimension offset 1 (unused for swizzled K-major), 8 rows' bytes between groups of 8 rows (bits 32-45,
-// / 16), swizzle mode in bits 62-63 (1: 128 bytes, 2: 64).
+// instruction, or whole rows into the swizzle's 8-row pattern, a pixel strip's taps: the hardware swizzles
+// by the address's bits, as TMA does; the base offset stays 0, and its documented (address >> 7) & 7 gave
+// wrong sums, H200): start address / 16 in bits 0-13, leading-dimension offset 1 (unused for swizzled
+// K-major), 8 rows' bytes between groups of 8 rows (bits 32-45, / 16), swizzle mode in bits 62-63 (1: 128
+// bytes, 2: 64).
 template <int ROW_BYTES = 128>
 __device__ __forceinline__ unsigned long long wgmma_descriptor(unsigned address) {
     static_assert(ROW_BYTES == 128 || ROW_BYTES == 64, "128- or 64-byte swizzled rows");
@@ -73,6 +75,15 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap* map, int
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(shared_address(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1),
                     "r"(shared_address(barrier)) : "memory");
+}
+
+// The box of the 4-D tiled `map` at (c0, c1, c2, c3), innermost first, into `dst`, counted on `barrier`.
+__device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap* map, int c0, int c1, int c2, int c3,
+                                            void* barrier) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                 :: "r"(shared_address(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1),
+                    "r"(c2), "r"(c3), "r"(shared_address(barrier)) : "memory");
 }
 
 // The im2col box of the 4-D (N, H, W, C) `map`: pixels from the window corner (w, h) of image n on,

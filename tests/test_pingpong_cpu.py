@@ -9,12 +9,13 @@ from cupyconv import planner
 from cupyconv.arguments import make_problem
 from cupyconv.families import implicit_gemm_nhwc
 from cupyconv.families.common import BLOCK_RESERVED_SHARED_BYTES, H100_SMS, gemm_grid
-from cupyconv.program import Im2colMap
+from cupyconv.program import Im2colMap, PixelStripMap
 from cupyconv.tuning import candidates, label
 
 PINGPONG = implicit_gemm_nhwc.PINGPONG_CONFIG
 PIXELS_64 = implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG
 COPY_AVOIDING = implicit_gemm_nhwc.TF32_COPY_AVOIDING_CONFIG
+STRIPS = implicit_gemm_nhwc.PIXEL_STRIPS_CONFIG
 
 
 def problem(n=32, c=256, k=1024, h=14, dtype="float16", kernel=1, stride=1, padding=0, groups=1, layout="NHWC"):
@@ -191,27 +192,73 @@ def test_one_tap_a_k_tile_elsewhere(p, config):
 
 
 @pytest.mark.parametrize("n,k,h,taps,padding,taken", [
-    (32, 64, 112, (3, 3), 1, implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),  # 3136 tiles: 73.0 us against 85.7
-    (32, 128, 56, (3, 3), 1, PINGPONG),                                    # 784 tiles: 28.7 against 30.5
-    (8, 64, 56, (3, 3), 1, None),                                          # 196 tiles
-    (16, 64, 56, (5, 5), 2, None),                                         # 13 k tiles
-    (8, 64, 512, (5, 9), 0, None),                                         # the 5x9 seed: 23 k tiles
-], ids=["3x3_64_b32", "3x3_128_b32", "3x3_64_b8", "5x5", "wide_5x9"])
-def test_rules_take_two_taps_where_measured_faster(n, k, h, taps, padding, taken):
-    """The fixed rules' two taps a k tile (paired_taps_config): unfused 16-bit layers of 32 channels, short reductions
-    on four waves of tiles, as measured on the H200 (benchmarks/results/candidates_c32_h200.txt); not on sm_80, not
-    fused, not with 48 channels."""
+    (32, 64, 112, (3, 3), 1, STRIPS),                                      # 56.9 us against paired taps' 72.2
+    (32, 128, 56, (3, 3), 1, PINGPONG),                                    # paired, 784 tiles: 28.3 against 29.2
+    (32, 32, 112, (3, 3), 1, implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),   # paired, 32 channels: 75.6 against 75.1
+    (8, 64, 56, (3, 3), 1, STRIPS),                                        # 9.4 against 10.3
+    (16, 64, 56, (5, 5), 2, STRIPS),
+    (8, 64, 512, (5, 9), 0, STRIPS),                                       # the 5x9 seed: 663.6 against 988.0
+    (32, 64, 28, (3, 3), 1, None),                                         # rows of 28: segments 44 % used
+], ids=["3x3_64_b32", "3x3_128_b32", "3x3_32_b32", "3x3_64_b8", "5x5", "wide_5x9", "rows_of_28"])
+def test_rules_take_strips_or_two_taps_where_measured_faster(n, k, h, taps, padding, taken):
+    """The fixed rules' pixel strips (pixel_strips_config: 16-bit layers of 32 -> 33-64 channels, rows whose 64-pixel
+    segments are 75 % used, fused or not) and two taps a k tile (paired_taps_config: unfused such layers elsewhere,
+    short reductions on four waves of tiles), as measured on the H200 (benchmarks/results/candidates_c32_h200.txt,
+    candidates_pixel_strips_shapes_h200.txt); neither on sm_80, paired taps not fused, neither with 48 channels."""
     def p(**options):
         return make_problem((n, h, h, options.pop("c", 32)), (k, *taps, options.pop("wc", 32)), None, "float16",
                             padding=padding, layout="NHWC", weight_layout="KHWC", **options)
 
     plan = planner.make_plan(p(), compute_capability=90)
-    assert (plan.config.name if plan.taps_per_k_tile == 2 else None) == taken, str(plan)
-    if taken:
+    assert (plan.config.name if plan.taps_per_k_tile != 1 else None) == taken, str(plan)
+    if taken == STRIPS:
+        assert "read from strips of pixels" in plan.reason
+        assert implicit_gemm_nhwc.pixel_strips_config(p(), 80) is None
+        assert implicit_gemm_nhwc.pixel_strips_config(p(activation="relu"), 90) is not None
+        assert implicit_gemm_nhwc.pixel_strips_config(p(c=48, wc=48), 90) is None
+    elif taken:
         assert "two taps a k tile" in plan.reason
         assert implicit_gemm_nhwc.paired_taps_config(p(), 80) is None
         assert implicit_gemm_nhwc.paired_taps_config(p(activation="relu"), 90) is None
         assert implicit_gemm_nhwc.paired_taps_config(p(c=48, wc=48), 90) is None
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(8, 512, 512, 5, 9, 0), (32, 112, 112, 3, 3, 1), (2, 13, 70, 3, 3, 1)],
+                         ids=["5x9_seed", "3x3_112", "rows_of_70"])
+def test_pixel_strips_plan(shape, dtype):
+    """A k tile a kernel row: kh k tiles, tiles of two 64-pixel segments of output rows, a strip map of 64 + kw - 1
+    pixels rounded to whole swizzle patterns, shared memory that fits, the instance compiled; no split-K."""
+    n, h, w, kh, kw, pad = shape
+    p = make_problem((n, h, w, 32), (64, kh, kw, 32), None, dtype, padding=pad, layout="NHWC", weight_layout="KHWC")
+    plan = plan_of(p, config=STRIPS)
+    assert plan.taps_per_k_tile == implicit_gemm_nhwc.PIXEL_STRIPS and f"its {kw} taps read from strips" in plan.reason
+    segments = n * p.ho * math.ceil(p.wo / 64)
+    assert implicit_gemm_nhwc.strip_tiles(p, plan.config) == math.ceil(segments / 2)
+    assert plan.grid == (min(math.ceil(segments / 2), H100_SMS), 1, 1)
+    assert plan.shared_bytes + BLOCK_RESERVED_SHARED_BYTES <= 228 * 1024
+    weight_map, x_map, _ = implicit_gemm_nhwc.program(plan, p).launches[-1].args[-3:]
+    assert isinstance(x_map, PixelStripMap) and x_map.shape == (n, h, w, 32)
+    assert x_map.pixels == math.ceil((63 + kw) / 8) * 8 and weight_map.columns == kh * kw * 32
+    assert ",0,false,false,false>" in implicit_gemm_nhwc.name_expression(plan)
+    assert implicit_gemm_nhwc.name_expression(plan) in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
+
+
+@pytest.mark.parametrize("x,w,options,reason", [
+    ((8, 64, 64, 64), (64, 3, 3, 64), {"padding": 1}, "pixels of 32 16-bit channels"),
+    ((8, 64, 64, 32), (64, 3, 3, 32), {"padding": 1, "dtype": "float32"}, "must be one of"),  # no float32 tile
+    ((8, 64, 64, 32), (60, 3, 3, 32), {"padding": 1}, "8-channel vectors"),
+    ((8, 64, 64, 32), (64, 3, 3, 32), {"stride": (1, 2)}, "stride and dilation 1 along w"),
+    ((8, 64, 64, 32), (64, 3, 3, 32), {"dilation": (1, 2)}, "stride and dilation 1 along w"),
+    ((8, 64, 64, 32), (64, 1, 13, 32), {}, "at most 11"),
+    ((8, 64, 64, 32), (64, 3, 3, 32), {"splits": 2}, "whole reductions"),
+], ids=["64_channels", "float32", "k60", "stride_w", "dilation_w", "kw13", "split_k"])
+def test_pixel_strips_refusals(x, w, options, reason):
+    options = dict(options)
+    dtype, splits = options.pop("dtype", "float16"), options.pop("splits", None)
+    p = make_problem(x, w, None, dtype, layout="NHWC", weight_layout="KHWC", **options)
+    with pytest.raises(ValueError, match=reason):
+        plan_of(p, config=STRIPS, **({"splits": splits} if splits else {}))
 
 
 def test_wgmma_only():

@@ -253,3 +253,45 @@ def test_pingpong_rules_two_taps_against_float64(k, dtype):
     out = run(plan, problem, x, weight, bias, None)
     assert not out.isnan().any(), f"an output element was never written: {plan}"
     assert relative_error(out, reference(case, x, weight, bias, None, "none")) < TOLERANCE[dtype], str(plan)
+
+
+#: Pixel strips (implicit_gemm_nhwc.PIXEL_STRIPS_CONFIG: 16-bit layers of 32 channels, stride 1 and no dilation along
+#: w): output rows of 70 pixels (a segment of 64 and one of 6, the last tile's second half past the last segment),
+#: padding on both sides; 5x9 unpadded on rows of 32 pixels; stride and dilation along h, an even kw, a partial
+#: channel tile; the widest kw with padding.
+PIXEL_STRIP_CASES = [Case(2, 32, 64, 13, 70, 3, 3, padding=1),
+                     Case(3, 32, 64, 12, 40, 5, 9),
+                     Case(3, 32, 136, 11, 9, 3, 4, stride=(2, 1), padding=(1, 2), dilation=(2, 1)),
+                     Case(2, 32, 72, 9, 131, 2, 11, padding=(1, 5), bias=False)]
+
+
+@pytest.mark.parametrize("blocks", [None, 1, 3], ids=lambda b: "rules_grid" if b is None else f"{b}_blocks")
+@pytest.mark.parametrize("epilogue", EPILOGUES + [("gelu", False)],
+                         ids=[f"{a}-{'residual' if r else 'no_residual'}" for a, r in EPILOGUES + [("gelu", False)]])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", PIXEL_STRIP_CASES, ids=lambda c: c.id)
+def test_pingpong_pixel_strips_against_float64(case, dtype, epilogue, blocks):
+    """A kernel row's taps read from one strip of pixels a 64-pixel half: every output written (segments that end
+    rows early, tiles past the last segment), within the dtype's tolerance, the same bits twice, on the plan's grid
+    and on 1-3 blocks."""
+    problem = problem_of(case, dtype, "NHWC", "KHWC", *epilogue)
+    assert planner.make_plan(problem, config=implicit_gemm_nhwc.PIXEL_STRIPS_CONFIG, kernel=planner.NHWC_KERNEL,
+                             compute_capability=90).taps_per_k_tile == implicit_gemm_nhwc.PIXEL_STRIPS
+    check_forced(case, dtype, epilogue, blocks, None, seed=case.k + case.kw + len(epilogue[0]),
+                 config=implicit_gemm_nhwc.PIXEL_STRIPS_CONFIG)
+
+
+def test_pingpong_pixel_strips_inf_reaches_its_windows_alone():
+    """An infinite input pixel makes infinities or NaNs in exactly the outputs whose windows hold it: a strip's rows
+    past its taps' reach and an odd kw's half k row of the next kernel row's weight are never multiplied."""
+    case = PIXEL_STRIP_CASES[1]
+    problem = problem_of(case, "float16", "NHWC", "KHWC", "none", False)
+    plan = dataclasses.replace(planner.make_plan(problem, config=implicit_gemm_nhwc.PIXEL_STRIPS_CONFIG,
+                                                 kernel=planner.NHWC_KERNEL, compute_capability=90), grid=(2, 1, 1))
+    x, weight, bias, _ = tensors(case, problem, "float16", seed=37)
+    x[1, 5, 6, 30] = float("inf")
+    out = run(plan, problem, x, weight, bias, None)
+    wanted = reference(case, x, weight, bias, None, "none")
+    assert torch.equal(out.isfinite(), wanted.isfinite()), str(plan)
+    finite = wanted.isfinite()
+    assert relative_error(out[finite], wanted[finite]) < TOLERANCE["float16"], str(plan)

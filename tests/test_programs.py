@@ -22,7 +22,7 @@ from cupyconv.families import (depthwise_column_conv2d, depthwise_conv2d, depthw
                                simt_gemm_conv2d, winograd_conv2d)
 from cupyconv.families.common import REDUCE_KERNEL, STORAGE_BYTES, gemm_grid
 from cupyconv.program import (BIAS, FLAGS, INPUT_SCALE, OUT, PREPARED, RESIDUAL, WEIGHT, WORKSPACE, WORKSPACE_ALIGNMENT, X,
-                              ActivationArg, Im2colMap, Launch, Pointer, ResidualArg, Table, TensorMap, align,
+                              MAP_TYPES, ActivationArg, Launch, Pointer, ResidualArg, Table, align,
                               relocated)
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -99,7 +99,7 @@ def signature(kernel: str) -> tuple[tuple[str, str], ...]:
         words = parameter.replace("*", " * ").split()
         if "*" in words:
             kinds.append(("in" if words[0] == "const" else "out", words[-1]))
-        elif "__grid_constant__" in words and "TensorMap" in words:  # a TMA descriptor (program.TensorMap, Im2colMap)
+        elif "__grid_constant__" in words and "TensorMap" in words:  # a TMA descriptor (program.MAP_TYPES)
             kinds.append(("map", words[-1]))
         elif "__grid_constant__" in words:  # a struct of ints by value (program.Table)
             kinds.append(("table", words[-1]))
@@ -175,7 +175,7 @@ def check_arguments(launch, kinds, reads: set, writes: set) -> None:
         elif kind == "table":
             assert isinstance(arg, Table) and all(-2**31 <= v < 2**31 for v in arg.values), (launch.kernel, arg)
         elif kind == "map":
-            assert isinstance(arg, (TensorMap, Im2colMap)) and arg.pointer.operand in reads, (launch.kernel, arg)
+            assert isinstance(arg, MAP_TYPES) and arg.pointer.operand in reads, (launch.kernel, arg)
         else:
             assert isinstance(arg, Pointer), (launch.kernel, arg)
             assert arg.operand in (writes if kind == "out" else reads), (launch.kernel, kind, arg)

@@ -18,7 +18,7 @@ import math
 from ..arguments import ConvProblem
 from ..planner import LaunchPlan
 from ..program import (BIAS, FLAG_COUNT, FLAGS, OUT, PREPARED, WEIGHT, WORKSPACE, X, CallProgram, Im2colMap, Launch,
-                       Pointer, Table, TensorMap, WeightPreparation, align)
+                       PixelStripMap, Pointer, Table, TensorMap, WeightPreparation, align)
 from .common import (BLOCK_RESERVED_SHARED_BYTES, CTYPES, H100_SMS, INDEX_TYPES, MAX_GRID_Y, REDUCE_KERNEL, SPLIT_K_MAX,
                      SM_SHARED_BYTES, STORAGE_BYTES, check_splits, conv_launch, epilogue_args, forced_config,
                      gemm_grid, grid_refusal, index_type, partial_bytes, reduce_specialisation, split_k_reduce,
@@ -487,6 +487,34 @@ NHWC_CONFIGS["float16"] += (_pingpong_tile(PINGPONG_SMALL_CONFIG, 64, 64, PINGPO
 NHWC_CONFIGS["float32"] += (_pingpong_tile(PINGPONG_SMALL_CONFIG, 64, 64, PINGPONG_TF32_SMALL_STAGES, 4),)
 #: The ping-pong tiles that run whole or split by split_k_reduce (the cluster config aside).
 PINGPONG_WHOLE_CONFIGS = (PINGPONG_CONFIG, PINGPONG_NARROW_CONFIG, PINGPONG_64_PIXEL_CONFIG, PINGPONG_SMALL_CONFIG)
+#: Pixel strips (the kernel's TAPS 0, PIXEL_STRIPS): 16-bit layers of PIXEL_STRIPS_CHANNELS channels, stride 1 and
+#: no dilation along w, on the 128 x 64 ping-pong tile, a k tile a kernel row. Each 64-pixel half of a tile is one
+#: output row's segment, and a k tile copies its strip of 64 + kw - 1 input pixels once (a 4-D tiled map, zeros
+#: outside x), from which tap s's A rows are read s rows on, beside the row's kw taps of the weight. The im2col
+#: copies of two taps a k tile read every pixel kw times from L2 in 64-byte rows; in 64 channels (128-byte rows, the
+#: same FLOPs: results/candidates_c64_5x9_h200.txt) the 128 x 64 tile ran the 5x9 seed's FLOPs in 776 us against
+#: the paired tile's 1530 on 32 channels, both ~60 G im2col rows a second (H200). Stages hold a kernel row's weight,
+#: (kw + 1) / 2 k rows of 64 channels: PIXEL_STRIPS_STAGES of them fit to kw = PIXEL_STRIPS_MAX_KW.
+#: The fixed rules take it first (pixel_strips_config), fused or not, for layers it runs of PIXEL_STRIPS_MIN_KW taps
+#: along w or more, PIXEL_STRIPS_OUT_CHANNELS output channels, and output rows of which the 64-pixel segments use
+#: PIXEL_STRIPS_MIN_ROW_USE or more. H200, GPU time behind a spin (results/candidates_pixel_strips*_h200.txt), us,
+#: against the rules' plan before (torch channels_last): the 5x9 seed 988.0 -> 663.6 in fp16 (874.5), 974.8 -> 655.9
+#: in bf16 (902.4); fp16, 3x3 32 -> 64 on 112^2 at batch 32 72.2 -> 56.9 (47.1), with a bias 86.2 -> 57.3, at batch
+#: 1 10.6 -> 8.3 (9.2), on 224^2 at batch 8 73.2 -> 56.6 (47.8), on 56^2 at batch 8 10.3 -> 9.4 (11.4); 5x5 on 56^2
+#: at batch 32 37.1 -> 31.7 (34.0), 7x7 on 112^2 at batch 8 56.5 -> 48.1 (54.2), 1x9 on 256^2 at batch 8 92.4 ->
+#: 51.1 (62.2). Slower: rows of 28 pixels (segments 44 % used: over 11.9 against 10.9), 128 output channels (two
+#: channel tiles: 29.2 against the paired 128 x 128 tile's 28.3), 32 (half a tile: 75.1 against the 128 x 32
+#: mma.sync tile's 60.5).
+PIXEL_STRIPS_CONFIG = "nhwc_wgmma_strips_m128n64"
+PIXEL_STRIPS_CHANNELS = 32
+PIXEL_STRIPS_STAGES = 3
+PIXEL_STRIPS_MAX_KW = 11
+PIXEL_STRIPS_MIN_KW = 3
+PIXEL_STRIPS_OUT_CHANNELS = range(33, 65)
+PIXEL_STRIPS_MIN_ROW_USE = 0.75
+#: taps_per_k_tile of its plans: a k tile is a whole kernel row.
+PIXEL_STRIPS = 0
+NHWC_CONFIGS["float16"] += (_pingpong_tile(PIXEL_STRIPS_CONFIG, 128, 64, PIXEL_STRIPS_STAGES),)
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 #: 1x1 NCHW layers read in place (NCHW_A) on wgmma's 3-stage pixel-row tile: each warp's A fragments
@@ -569,14 +597,22 @@ PAIR_KERNEL = "implicit_gemm_nhwc_tma_pair"
 MATRIX_MAP_MAX_PIXELS = 192
 
 
-def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool) -> int:
+def _strip_stage_bytes(cfg: GemmConfig, kw: int) -> int:
+    """A stage of the pixel strips' tile: bm / 64 strips of 64 + kw - 1 pixels (whole 8-row swizzle patterns) of 64
+    bytes, and a kernel row's weight, (kw + 1) / 2 k rows of 128 bytes a channel."""
+    return cfg.bm // 64 * math.ceil((63 + kw) / 8) * 8 * 64 + (kw + 1) // 2 * cfg.bn * 128
+
+
+def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool, kw: int = 1) -> int:
     """STAGES x (A + B): B [bn][bk + pad], rows of bk elements + 16 bytes; A the same with bm rows,
-    or (a_from_nchw) [bk][bm + 8]. wgmma: rows of 128 bytes, unpadded, and 1 KB to align the tiles."""
+    or (a_from_nchw) [bk][bm + 8]. wgmma: rows of 128 bytes, unpadded, and 1 KB to align the tiles. ``kw``: the
+    pixel strips' kernel width."""
     item = 4 if dtype == "float32" else 2
     if cfg.wgmma == WGMMA_PINGPONG:  # the ring, each consumer's staging of bm rows of 16-bit values (float32's of 64
         # rows of floats), the mbarriers, 1 KB to align (and the clusters' `ready` mbarrier)
         staging_rows_bytes = 64 * 4 if dtype == "float32" else cfg.bm * 2
-        return cfg.stages * (cfg.bm + cfg.bn) * 128 + 2 * staging_rows_bytes * (cfg.bn + 8) + 16 * cfg.stages + 8 + 1024
+        stage = _strip_stage_bytes(cfg, kw) if cfg.name == PIXEL_STRIPS_CONFIG else (cfg.bm + cfg.bn) * 128
+        return cfg.stages * stage + 2 * staging_rows_bytes * (cfg.bn + 8) + 16 * cfg.stages + 8 + 1024
     a_stage = cfg.bk * (cfg.bm + 8) * item if a_from_nchw else cfg.bm * (cfg.bk * item + (0 if cfg.wgmma else 16))
     if cfg.wgmma:  # and the producer's full and empty mbarriers, 8 bytes each per stage
         return cfg.stages * (a_stage + cfg.bn * 128) + 1024 + (16 * cfg.stages if cfg.producer_warps else 0)
@@ -724,10 +760,27 @@ def config_named(dtype: str, name: str) -> GemmConfig:
 
 def taps_per_k_tile(problem: ConvProblem, cfg: GemmConfig) -> int:
     """Taps a k tile of the ping-pong tile ``cfg`` holds for ``problem``: 2 on PAIRED_TAP_CONFIGS for 16-bit layers
-    of one group and PAIRED_TAP_CHANNELS channels read by im2col copies (not 1x1 matrices), else 1."""
+    of one group and PAIRED_TAP_CHANNELS channels read by im2col copies (not 1x1 matrices), PIXEL_STRIPS (a kernel
+    row) on PIXEL_STRIPS_CONFIG, else 1."""
+    if cfg.name == PIXEL_STRIPS_CONFIG:
+        return PIXEL_STRIPS
     paired = cfg.name in PAIRED_TAP_CONFIGS and STORAGE_BYTES[problem.dtype] == 2 and problem.groups == 1 and \
         problem.c == PAIRED_TAP_CHANNELS and not _is_matrix(problem)
     return 2 if paired else 1
+
+
+def pixel_strips_config(problem: ConvProblem, compute_capability: int) -> GemmConfig | None:
+    """The pixel strips' tile where the fixed rules take it for ``problem`` (PIXEL_STRIPS_* above), or None."""
+    if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.layout != "NHWC" or \
+            problem.dtype not in ("float16", "bfloat16") or problem.kw < PIXEL_STRIPS_MIN_KW or \
+            problem.k not in PIXEL_STRIPS_OUT_CHANNELS or \
+            problem.wo / (64 * math.ceil(problem.wo / 64)) < PIXEL_STRIPS_MIN_ROW_USE:
+        return None
+    cfg = config_named(problem.dtype, PIXEL_STRIPS_CONFIG)
+    (_, channels_padded), why_not = _pieces(problem)
+    if why_not or _pingpong_refusal(problem, cfg, channels_padded, _index(problem, cfg, channels_padded), None, None):
+        return None
+    return cfg
 
 
 def paired_taps_config(problem: ConvProblem, compute_capability: int) -> GemmConfig | None:
@@ -754,6 +807,8 @@ def _pingpong_refusal(problem: ConvProblem, cfg: GemmConfig, channels_padded: in
         return f"it runs 16-bit and TF32 NHWC layers (got {p.dtype}, {p.layout})"
     if p.groups != 1:
         return f"it runs layers of one group (got {p.groups})"
+    if cfg.name == PIXEL_STRIPS_CONFIG:
+        return _pixel_strips_refusal(p, cfg, channels_padded, index, splits, stream_k)
     paired = taps_per_k_tile(p, cfg) > 1
     if not _is_matrix(p) and p.c % cfg.bk and not paired:
         return (f"its im2col copies (layers other than 1x1, stride-1, unpadded ones) take whole k tiles of {cfg.bk} "
@@ -773,6 +828,28 @@ def _pingpong_refusal(problem: ConvProblem, cfg: GemmConfig, channels_padded: in
         return (f"its {cfg.bm}-row tile adds a residual only through split-K's reduction (a 64-row half's float sums "
                 f"need twice its staging); got a residual of {p.out_shape} and splits={splits!r}")
     return ""
+
+
+def _pixel_strips_refusal(p: ConvProblem, cfg: GemmConfig, channels_padded: int, index: str, splits,
+                          stream_k) -> str:
+    """Why the pixel strips' tile ``cfg`` cannot run ``p``, a layer of one group in NHWC ("" where it can)."""
+    if STORAGE_BYTES[p.dtype] != 2 or p.c != PIXEL_STRIPS_CHANNELS or channels_padded != p.c or p.k % 8:
+        return (f"its strips are pixels of {PIXEL_STRIPS_CHANNELS} 16-bit channels read in place, its output 8-channel "
+                f"vectors (got {p.c} -> {p.k} channels of {p.dtype})")
+    if p.stride[1] != 1 or p.dilation[1] != 1 or p.kw > PIXEL_STRIPS_MAX_KW:
+        return (f"its taps are a strip's rows one after another: stride and dilation 1 along w and at most "
+                f"{PIXEL_STRIPS_MAX_KW} of them (got stride {p.stride}, dilation {p.dilation}, kernel {p.kh}x{p.kw})")
+    if (splits or 1) > 1 or stream_k:
+        return f"it runs whole reductions (got splits={splits!r}, stream_k={stream_k!r})"
+    if index != "int" or p.n * p.h * p.w * p.c >= 2 ** 31:
+        return f"it takes 32-bit indices ({p.x_shape} -> {p.out_shape} needs 64-bit ones)"
+    return ""
+
+
+def strip_tiles(problem: ConvProblem, cfg: GemmConfig) -> int:
+    """Tiles of the pixel strips' tile ``cfg``: pairs of 64-pixel segments of output rows, by channel tiles."""
+    segments = problem.n * problem.ho * math.ceil(problem.wo / 64)
+    return math.ceil(segments / (cfg.bm // 64)) * math.ceil(problem.k / cfg.bn)
 
 
 def _pingpong_shape(problem: ConvProblem, compute_capability: int, config: str = PINGPONG_CONFIG,
@@ -999,7 +1076,8 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
     many copies per thread; few channels per tap make it many taps; 1x1 problems read in place have short
     reductions).
 
-    Before all of these, where ``pingpong``, the ping-pong tile of two taps a k tile paired_taps_config gives; then,
+    Before all of these, where ``pingpong``, the pixel strips' tile where pixel_strips_config takes it, then the
+    ping-pong tile of two taps a k tile paired_taps_config gives; then,
     where ``pingpong`` and pingpong_small_pays, the 64 x 64 ping-pong tile; then the 64-pixel
     ping-pong tile where pingpong_64_pixel_runs takes it (whole where ``pingpong``, in runs of split-K where
     ``pingpong_split``); then, where ``pingpong`` and pingpong_narrow_pays, the 64-channel ping-pong tile; then the
@@ -1007,6 +1085,9 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
     where ``pingpong_split`` and pingpong_split_runs, the ping-pong tile with split-K in clusters where
     pingpong_cluster_runs takes it, else with split-K's runs (make_plan asks
     pingpong_split_runs for them)."""
+    if pingpong and (strips := pixel_strips_config(problem, compute_capability)):
+        return strips, (f"wgmma; {problem.kh}x{problem.kw} of {problem.c} -> {problem.k} channels on output rows of "
+                        f"{problem.wo}: the ping-pong tile, a k tile a kernel row read from strips of pixels")
     if pingpong and (paired := paired_taps_config(problem, compute_capability)):
         return paired, (f"wgmma; {problem.kh}x{problem.kw} of {problem.c} -> {problem.k} channels, "
                         f"{math.prod(gemm_grid(problem, paired))} tiles of {paired.bm} x {paired.bn}: the ping-pong "
@@ -1314,7 +1395,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         why_not = _pingpong_refusal(problem, cfg, channels_padded, index, splits, stream_k)
         if why_not:
             raise ValueError(f"config {cfg.name!r} cannot run this problem: {why_not}")
-        tiles = math.prod(grid)
+        tiles = strip_tiles(problem, cfg) if cfg.name == PIXEL_STRIPS_CONFIG else math.prod(grid)
         if cfg.name == PINGPONG_CLUSTER_CONFIG:  # one block a work item, the clusters finishing their tiles
             splits = PINGPONG_CLUSTER_SPLITS[0] if splits is None else splits
             k_tiles = reduction_tiles(problem, cfg, channels_padded)
@@ -1339,9 +1420,11 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         taps = taps_per_k_tile(problem, cfg)
         if taps > 1:
             why += f"; {taps} taps of {problem.c} channels a k tile"
+        if taps == PIXEL_STRIPS:
+            why += f"; a k tile a kernel row, its {problem.kw} taps read from strips of 64 + {problem.kw - 1} pixels"
         return LaunchPlan(
             kernel=KERNEL, dtype=problem.dtype, index_type=index, config=cfg, grid=(blocks, 1, 1),
-            block=(cfg.threads, 1, 1), shared_bytes=_shared_bytes(cfg, problem.dtype, False),
+            block=(cfg.threads, 1, 1), shared_bytes=_shared_bytes(cfg, problem.dtype, False, problem.kw),
             reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded, splits=splits,
             round_a=round_a, arch=WGMMA_ARCH, taps_per_k_tile=taps)
     if splits is None:  # stream-K finishes its tiles itself
@@ -1558,6 +1641,8 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
          for round_a in _pingpong_round_a(dtype, cfg)] + \
         [pingpong_specialisation(dtype, cfg, residual, taps=2) for dtype in GEMM_DTYPES if STORAGE_BYTES[dtype] == 2
          for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.name in PAIRED_TAP_CONFIGS for residual in (False, True)] + \
+        [pingpong_specialisation(dtype, config_named(dtype, PIXEL_STRIPS_CONFIG), residual, taps=PIXEL_STRIPS)
+         for dtype in GEMM_DTYPES if STORAGE_BYTES[dtype] == 2 and wgmma for residual in (False, True)] + \
         [pingpong_cluster_specialisation(dtype, cfg, splits, round_a) for dtype in GEMM_DTYPES
          for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.name == PINGPONG_CLUSTER_CONFIG
          for splits in PINGPONG_CLUSTER_SPLITS for round_a in _pingpong_round_a(dtype, cfg)]
@@ -1776,6 +1861,8 @@ def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Point
     if matrix:
         x_map = TensorMap(x, p.dtype, p.n * p.h * p.w, plan.channels_padded,
                           plan.channels_padded * STORAGE_BYTES[p.dtype], cfg.bm, cfg.bk)
+    elif plan.taps_per_k_tile == PIXEL_STRIPS:
+        x_map = PixelStripMap(x, p.dtype, (p.n, p.h, p.w, plan.channels_padded), math.ceil((63 + p.kw) / 8) * 8)
     else:
         x_map = input_im2col_map(p, x, plan.channels_padded, cfg.bk // plan.taps_per_k_tile, cfg.bm // cfg.cluster)
     if cfg.cluster > 1:
