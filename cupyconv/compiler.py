@@ -128,7 +128,8 @@ def compile_offline(kernel: str, expressions: tuple[str, ...], arch: str,
     """Compile with NVRTC for ``arch`` (e.g. 'sm_90') and ``epilogue`` (activation, has_residual) without
     a GPU; ptxas's resource report per expression.
 
-    Returns {expression: {'registers', 'stack_bytes', 'spill_stores', 'spill_loads'}}. Raises
+    Returns {expression: {'registers', 'stack_bytes', 'spill_stores', 'spill_loads'}}, and 'wgmma_serialized': 1
+    where ptxas serialized the expression's wgmma instructions (its C7520 advisory). Raises
     RuntimeError with the compiler log when compilation fails.
     """
     from cupy.cuda import nvrtc
@@ -153,6 +154,12 @@ def _parse_ptxas_log(log: str, mangled: dict[str, str]) -> dict[str, dict[str, i
     report: dict[str, dict[str, int]] = {}
     current = None
     for line in log.splitlines():
+        # ptxas's C7520: a kernel's wgmma instructions run one at a time (~2.6x slower: the pixel strips' tile with
+        # its taps' loop broken early, benchmarks/NOTES.md), named by function wherever the line falls.
+        serialized = re.search(r"wgmma\.mma_async instructions are serialized.* in the function '([^']+)'", line)
+        if serialized:
+            report.setdefault(mangled.get(serialized.group(1), serialized.group(1)), {})["wgmma_serialized"] = 1
+            continue
         entry = re.search(r"Compiling entry function '([^']+)'", line)
         if entry:
             current = report.setdefault(mangled.get(entry.group(1), entry.group(1)), {})

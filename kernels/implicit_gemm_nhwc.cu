@@ -1028,10 +1028,9 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
 // channels side by side), where one tap a k tile multiplied zeros half the time. An odd last tap's k tile copies
 // and multiplies its first half alone: the other holds an earlier tile's pixels, which the weight's zeros must not
 // meet (an inf there would make NaN).
-// TAPS 0, PIXEL_STRIPS (16-bit layers of 32 or 64 channels, stride 1 and no dilation along w): a k tile is
-// `strip_taps` taps s0 .. of a kernel row r (the whole row where they fit). Its pixels are not copied tap by tap:
-// each 64-pixel half of the tile is one strip of 64 + strip_taps - 1 input pixels of 64 or 128 bytes (a 4-D tiled
-// copy, zeros outside x), and tap s0 + s's A rows are that strip from pixel s on, a
+// TAPS 0, PIXEL_STRIPS (16-bit layers of 32 channels, stride 1 and no dilation along w): a k tile is a whole kernel
+// row r. Its pixels are not copied tap by tap: each 64-pixel half of the tile is one strip of 64 + kw - 1 input
+// pixels of 64 bytes (a 4-D tiled copy, zeros outside x), and tap s's A rows are that strip from pixel s on, a
 // descriptor s rows further (inside the swizzle's pattern: see wgmma_descriptor). The im2col copies read every pixel kw times
 // from L2 in rows of 64 bytes, whose count bounded the two-taps tile (benchmarks/NOTES.md, "Pixel strips"). A half
 // is one output row's 64-pixel segment (image, oh, 64 b ..), so its pixels are found by segment, not m0 + row.
@@ -1041,27 +1040,25 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
                int activation, int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
-               const TensorMap& weight_map, const TensorMap& x_map, int x_is_matrix, int strip_taps) {
+               const TensorMap& weight_map, const TensorMap& x_map, int x_is_matrix) {
     static_assert((BM == 64 || BM == 128) && (BN == 64 || BN == 128), "one or two 64-row halves; 64 or 128 channels");
     static_assert(!(SPLIT_K && RESIDUAL), "split runs' sums are finished by the reduction");
     static_assert(!ROUND_A || sizeof(T) == 4, "ROUND_A: a float32 x read in place, unrounded");
     static_assert(TAPS <= 1 || (TAPS == 2 && sizeof(T) == 2 && !ROUND_A), "two taps a k tile: 16-bit, 32 channels");
     constexpr bool PIXEL_STRIPS = TAPS == 0, CLUSTER_SUMS = CLUSTER > 1;
     static_assert(!PIXEL_STRIPS || (sizeof(T) == 2 && !ROUND_A && !SPLIT_K && !CLUSTER_SUMS),
-                  "pixel strips: 16-bit, whole reductions");
+                  "pixel strips: 16-bit, 32 channels, whole reductions");
     static_assert(!(CLUSTER_SUMS && (SPLIT_K || RESIDUAL)) && BM % (8 * CLUSTER) == 0,
                   "a cluster's runs finish their tile themselves, in whole passes of rows");
     constexpr int BK = 128 / sizeof(T), INST_K = mma_op<T>::k;   // a k tile: 128-byte rows
     constexpr int A_STAGE = BM * 128, B_STAGE = BN * 128;        // bytes
-    constexpr int TAP_BYTES = 128 / (PIXEL_STRIPS ? 1 : TAPS);    // a tap's pixel rows (PIXEL_STRIPS: C's bytes)
+    constexpr int TAP_BYTES = PIXEL_STRIPS ? 64 : 128 / TAPS;    // a tap's pixel rows
     constexpr int A_TAP = A_STAGE / (PIXEL_STRIPS ? 1 : TAPS);     // a tap's copy in a stage
     constexpr int HALVES = BM / 64, H_STRIDE = BN + 8;
-    // PIXEL_STRIPS: a stage holds HALVES strips of strip_rows pixels of pixel_bytes (whole 8-row swizzle patterns)
-    // and its taps' weight, C channels a tap in 128-byte k rows (past the last tap, never multiplied: the next
-    // taps' or zeros).
-    const int pixel_bytes = PIXEL_STRIPS ? C * static_cast<int>(sizeof(T)) : TAP_BYTES;
-    const int strip_rows = PIXEL_STRIPS ? (64 + strip_taps - 1 + 7) / 8 * 8 : 0, strip_bytes = strip_rows * pixel_bytes;
-    const int weight_blocks = PIXEL_STRIPS ? (strip_taps * C + BK - 1) / BK : 1;
+    // PIXEL_STRIPS: a stage holds HALVES strips of strip_rows pixels (whole 8-row swizzle patterns) and kernel row
+    // r's weight, its kw taps' 64 bytes a channel in 128-byte k rows (an odd kw's last half is never multiplied).
+    const int strip_rows = PIXEL_STRIPS ? (64 + kw - 1 + 7) / 8 * 8 : 0, strip_bytes = strip_rows * TAP_BYTES;
+    const int weight_blocks = PIXEL_STRIPS ? (kw + 1) / 2 : 1;
     const int a_stage_bytes = PIXEL_STRIPS ? HALVES * strip_bytes : A_STAGE, b_stage_bytes = weight_blocks * B_STAGE;
     constexpr int ORDER_0_TO_1 = 1, ORDER_1_TO_0 = 2, STAGING = 3;  // named barriers (0: __syncthreads)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -1080,10 +1077,9 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     const int segments_w = (Wo + 63) / 64, segments = N * Ho * segments_w;
     const int tiles_n = (K + BN - 1) / BN;
     const int tiles = (PIXEL_STRIPS ? (segments + HALVES - 1) / HALVES : (M + BM - 1) / BM) * tiles_n;
-    // k tiles per tap (whole ones past 1x1), or (TAPS 2) taps per k tile, or (PIXEL_STRIPS) a kernel row's
+    // k tiles per tap (whole ones past 1x1), or (TAPS 2) taps per k tile, or (PIXEL_STRIPS) kernel rows
     const int chunks = TAPS == 1 ? (C + BK - 1) / BK : 1, taps = kh * kw;
-    const int row_tiles = PIXEL_STRIPS ? (kw + strip_taps - 1) / strip_taps : 1;
-    const int k_tiles = PIXEL_STRIPS ? kh * row_tiles : TAPS == 1 ? taps * chunks : (taps + 1) / 2;
+    const int k_tiles = PIXEL_STRIPS ? kh : TAPS == 1 ? taps * chunks : (taps + 1) / 2;
     const bool odd_last = TAPS == 2 && (taps & 1);  // the last k tile holds one tap
     const int runs = SPLIT_K ? splits : CLUSTER, items = tiles * runs, run_tiles = (k_tiles + runs - 1) / runs;
     // Work item -> its tile, its run and the run's k tiles [kt0, kt1): runs outermost, or (CLUSTER_SUMS)
@@ -1134,20 +1130,18 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                         w_of[h] = (segment - row * segments_w) * 64 - pl;
                     }
 #pragma unroll 1
-                    for (int kt = kt0, r = 0, s0 = 0; kt < kt1; ++kt, ++seq) {
+                    for (int kt = kt0; kt < kt1; ++kt, ++seq) {
                         const int stage = seq % STAGES;
                         if (seq >= STAGES) mbarrier_wait(empty + stage, (seq / STAGES - 1) & 1);
                         mbarrier_arrive_expect_tx(full + stage, a_stage_bytes + b_stage_bytes);
 #pragma unroll
                         for (int h = 0; h < HALVES; ++h)
-                            tma_load_4d(a_smem + stage * a_stage_bytes + h * strip_bytes, &x_map, 0, w_of[h] + s0,
-                                        oh_of[h] + r * dh, image_of[h], full + stage);
+                            tma_load_4d(a_smem + stage * a_stage_bytes + h * strip_bytes, &x_map, 0, w_of[h],
+                                        oh_of[h] + kt * dh, image_of[h], full + stage);
 #pragma unroll 1
                         for (int j = 0; j < weight_blocks; ++j)
-                            tma_load_2d(b_smem + stage * b_stage_bytes + j * B_STAGE, &weight_map,
-                                        (r * kw + s0) * C + j * BK, n0, full + stage);
-                        s0 += strip_taps;  // the next k tile's taps: on along the row, or the next row's first
-                        if (s0 >= kw) s0 = 0, ++r;
+                            tma_load_2d(b_smem + stage * b_stage_bytes + j * B_STAGE, &weight_map, kt * kw * C + j * BK,
+                                        n0, full + stage);
                     }
                     continue;
                 }
@@ -1257,25 +1251,23 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                     wgmma_commit();
                 }
             } else if constexpr (PIXEL_STRIPS) {
-                // Tap s0 + s, 16 channels j: the strips from pixel s on, the weight's k rows from s C + 16 j on.
+                // Tap s, 16 channels j: the strips from pixel s on, the weight's k rows from s 32 + 16 j on.
                 const unsigned strips = shared_address(a_smem + stage * a_stage_bytes);
                 const unsigned weights = shared_address(b_smem + stage * b_stage_bytes);
-                const int s0 = (kt0 + kt) % row_tiles * strip_taps, live_taps = min(strip_taps, kw - s0);
                 wgmma_fence();
 #pragma unroll 1
-                for (int s = 0; s < live_taps; ++s)
+                for (int s = 0; s < kw; ++s)
 #pragma unroll
-                    for (int j = 0; j < BK; j += INST_K) {  // C's channels, 16 an instruction (C 32 or 64)
-                        if (j >= C) break;
-                        const int k = s * C + j;
+                    for (int j = 0; j < 2; ++j) {
+                        const int k = s * 32 + j * 16;
                         const unsigned long long channels_k =
                             wgmma_descriptor(weights + k / BK * B_STAGE + k % BK * static_cast<int>(sizeof(T)));
 #pragma unroll
-                        for (int h = 0; h < HALVES; ++h) {
-                            const unsigned pixels = strips + h * strip_bytes + s * pixel_bytes + j * sizeof(T);
-                            wgmma_op<T, BN>::run(acc[h], pixel_bytes == 128 ? wgmma_descriptor<128>(pixels)
-                                                                            : wgmma_descriptor<64>(pixels), channels_k);
-                        }
+                        for (int h = 0; h < HALVES; ++h)
+                            wgmma_op<T, BN>::run(acc[h],
+                                                 wgmma_descriptor<TAP_BYTES>(strips + h * strip_bytes +
+                                                                             s * TAP_BYTES + j * 32),
+                                                 channels_k);
                     }
                 wgmma_commit();
                 wgmma_wait<1>();  // tile kt - 1's MMAs retired: its stage may be refilled
@@ -1519,10 +1511,10 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
                             int activation, int N, int C, int H, int W, int K, int Ho, int Wo, int kh, int kw,
                             int sh, int sw, int pt, int pl, int dh, int dw, int groups, int splits, int split_elements,
                             const __grid_constant__ TensorMap weight_map, const __grid_constant__ TensorMap x_map,
-                            int x_is_matrix, int strip_taps) {
+                            int x_is_matrix) {
     pingpong_tiles<T, BM, BN, STAGES, TAPS, RESIDUAL, SPLIT_K, 1, ROUND_A>(
         x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho, Wo, kh, kw, sh, sw, pt, pl,
-        dh, dw, groups, splits, split_elements, weight_map, x_map, x_is_matrix, strip_taps);
+        dh, dw, groups, splits, split_elements, weight_map, x_map, x_is_matrix);
 }
 
 // Clusters exist from sm_90 on (as implicit_gemm_nhwc_tma_pair's).
@@ -1537,7 +1529,7 @@ implicit_gemm_nhwc_pingpong_cluster(const T* __restrict__ x, const T* __restrict
                                     const __grid_constant__ TensorMap x_map, int x_is_matrix) {
     pingpong_tiles<T, BM, BN, STAGES, 1, false, false, CLUSTER, ROUND_A>(
         x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho, Wo, kh, kw, sh, sw, pt, pl,
-        dh, dw, groups, splits, split_elements, weight_map, x_map, x_is_matrix, 0);
+        dh, dw, groups, splits, split_elements, weight_map, x_map, x_is_matrix);
 }
 #endif
 

@@ -155,7 +155,7 @@ def test_taps_and_strides_copy_by_im2col(p):
     """Layers other than 1x1, stride-1, unpadded ones read x by the im2col map (whole k tiles a tap), the
     weight's kh kw C columns as a matrix."""
     plan = plan_of(p)
-    maps = implicit_gemm_nhwc.program(plan, p).launches[-1].args[-4:-1]
+    maps = implicit_gemm_nhwc.program(plan, p).launches[-1].args[-3:]
     assert isinstance(maps[1], Im2colMap) and maps[2] == 0 and maps[0].columns == p.kh * p.kw * p.c
 
 
@@ -170,7 +170,7 @@ def test_two_taps_a_k_tile_for_32_channels(p, dtype, config):
     plan = plan_of(p, config=config)
     assert plan.taps_per_k_tile == 2 and "2 taps of 32 channels a k tile" in plan.reason
     assert implicit_gemm_nhwc.reduction_tiles(p, plan.config, plan.channels_padded) == math.ceil(p.kh * p.kw / 2)
-    x_map = implicit_gemm_nhwc.program(plan, p).launches[-1].args[-3]
+    x_map = implicit_gemm_nhwc.program(plan, p).launches[-1].args[-2]
     assert isinstance(x_map, Im2colMap) and x_map.channels_per_pixel == 32
     assert f",{plan.config.stages},2," in implicit_gemm_nhwc.name_expression(plan)
     assert implicit_gemm_nhwc.name_expression(plan) in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
@@ -224,45 +224,35 @@ def test_rules_take_strips_or_two_taps_where_measured_faster(n, k, h, taps, padd
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("shape,taps", [
-    ((8, 32, 512, 512, 5, 9, 0), 9),     # the 5x9 seed: a k tile a kernel row
-    ((32, 32, 112, 112, 3, 3, 1), 3),
-    ((2, 32, 13, 70, 3, 3, 1), 3),       # rows of 70: segments of 64 and 6
-    ((4, 32, 64, 200, 1, 13, 6), 12),    # 13 taps' weight does not fit 3 stages: 12, then 1
-    ((32, 64, 56, 56, 3, 3, 1), 3),      # 128-byte pixels
-    ((8, 64, 224, 224, 7, 7, 3), 5),     # large_7x7_64_224sq: 5 taps, then 2
-], ids=["5x9_seed", "3x3_112", "rows_of_70", "1x13", "c64_3x3", "c64_7x7"])
-def test_pixel_strips_plan(shape, taps, dtype):
-    """A k tile a run of a kernel row's taps (all of them where their stages fit): kh ceil(kw / taps) k tiles, tiles of
-    two 64-pixel segments of output rows, a strip map of 64 + taps - 1 pixels rounded to whole swizzle patterns, the
-    taps passed to the kernel, shared memory that fits, the instance compiled; no split-K."""
-    n, c, h, w, kh, kw, pad = shape
-    p = make_problem((n, h, w, c), (64, kh, kw, c), None, dtype, padding=pad, layout="NHWC", weight_layout="KHWC")
+@pytest.mark.parametrize("shape", [(8, 512, 512, 5, 9, 0), (32, 112, 112, 3, 3, 1), (2, 13, 70, 3, 3, 1)],
+                         ids=["5x9_seed", "3x3_112", "rows_of_70"])
+def test_pixel_strips_plan(shape, dtype):
+    """A k tile a kernel row: kh k tiles, tiles of two 64-pixel segments of output rows, a strip map of 64 + kw - 1
+    pixels rounded to whole swizzle patterns, shared memory that fits, the instance compiled; no split-K."""
+    n, h, w, kh, kw, pad = shape
+    p = make_problem((n, h, w, 32), (64, kh, kw, 32), None, dtype, padding=pad, layout="NHWC", weight_layout="KHWC")
     plan = plan_of(p, config=STRIPS)
-    assert plan.taps_per_k_tile == taps and f"a k tile {taps} of a kernel row's {kw} taps" in plan.reason
-    assert implicit_gemm_nhwc.reduction_tiles(p, plan.config, c) == kh * math.ceil(kw / taps)
+    assert plan.taps_per_k_tile == implicit_gemm_nhwc.PIXEL_STRIPS and f"its {kw} taps read from strips" in plan.reason
     segments = n * p.ho * math.ceil(p.wo / 64)
     assert implicit_gemm_nhwc.strip_tiles(p, plan.config) == math.ceil(segments / 2)
     assert plan.grid == (min(math.ceil(segments / 2), H100_SMS), 1, 1)
     assert plan.shared_bytes + BLOCK_RESERVED_SHARED_BYTES <= 228 * 1024
-    if taps < kw:  # one more tap would not fit
-        assert implicit_gemm_nhwc._shared_bytes(plan.config, dtype, False, (c, taps + 1)) + \
-            BLOCK_RESERVED_SHARED_BYTES > 228 * 1024
-    weight_map, x_map, matrix, taps_arg = implicit_gemm_nhwc.program(plan, p).launches[-1].args[-4:]
-    assert isinstance(x_map, PixelStripMap) and x_map.shape == (n, h, w, c) and (matrix, taps_arg) == (0, taps)
-    assert x_map.pixels == math.ceil((63 + taps) / 8) * 8 and weight_map.columns == kh * kw * c
+    weight_map, x_map, _ = implicit_gemm_nhwc.program(plan, p).launches[-1].args[-3:]
+    assert isinstance(x_map, PixelStripMap) and x_map.shape == (n, h, w, 32)
+    assert x_map.pixels == math.ceil((63 + kw) / 8) * 8 and weight_map.columns == kh * kw * 32
     assert ",0,false,false,false>" in implicit_gemm_nhwc.name_expression(plan)
     assert implicit_gemm_nhwc.name_expression(plan) in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
 
 
 @pytest.mark.parametrize("x,w,options,reason", [
-    ((8, 64, 64, 96), (64, 3, 3, 96), {"padding": 1}, "pixels of 32 or 64 16-bit channels"),
+    ((8, 64, 64, 64), (64, 3, 3, 64), {"padding": 1}, "pixels of 32 16-bit channels"),
     ((8, 64, 64, 32), (64, 3, 3, 32), {"padding": 1, "dtype": "float32"}, "must be one of"),  # no float32 tile
     ((8, 64, 64, 32), (60, 3, 3, 32), {"padding": 1}, "8-channel vectors"),
     ((8, 64, 64, 32), (64, 3, 3, 32), {"stride": (1, 2)}, "stride and dilation 1 along w"),
     ((8, 64, 64, 32), (64, 3, 3, 32), {"dilation": (1, 2)}, "stride and dilation 1 along w"),
+    ((8, 64, 64, 32), (64, 1, 13, 32), {}, "at most 11"),
     ((8, 64, 64, 32), (64, 3, 3, 32), {"splits": 2}, "whole reductions"),
-], ids=["96_channels", "float32", "k60", "stride_w", "dilation_w", "split_k"])
+], ids=["64_channels", "float32", "k60", "stride_w", "dilation_w", "kw13", "split_k"])
 def test_pixel_strips_refusals(x, w, options, reason):
     options = dict(options)
     dtype, splits = options.pop("dtype", "float16"), options.pop("splits", None)

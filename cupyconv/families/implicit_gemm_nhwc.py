@@ -487,33 +487,33 @@ NHWC_CONFIGS["float16"] += (_pingpong_tile(PINGPONG_SMALL_CONFIG, 64, 64, PINGPO
 NHWC_CONFIGS["float32"] += (_pingpong_tile(PINGPONG_SMALL_CONFIG, 64, 64, PINGPONG_TF32_SMALL_STAGES, 4),)
 #: The ping-pong tiles that run whole or split by split_k_reduce (the cluster config aside).
 PINGPONG_WHOLE_CONFIGS = (PINGPONG_CONFIG, PINGPONG_NARROW_CONFIG, PINGPONG_64_PIXEL_CONFIG, PINGPONG_SMALL_CONFIG)
-#: Pixel strips (the kernel's TAPS 0, PIXEL_STRIPS): 16-bit layers of PIXEL_STRIPS_CHANNELS channels (pixels of 64
-#: or 128 bytes), stride 1 and no dilation along w, on the 128 x 64 ping-pong tile, a k tile a run of taps of one
-#: kernel row (strip_taps: the whole row where a ring of PIXEL_STRIPS_STAGES stages holds its taps' weight). Each
-#: 64-pixel half of a tile is one output row's segment, and a k tile copies its strip of 64 + taps - 1 input pixels
-#: once (a 4-D tiled map, zeros outside x), from which tap s's A rows are read s rows on, beside the taps' weight. The
-#: im2col copies of two taps a k tile read every pixel kw times from L2 in 64-byte rows; in 64 channels (128-byte
-#: rows, the same FLOPs: results/candidates_c64_5x9_h200.txt) the 128 x 64 tile ran the 5x9 seed's FLOPs in 776 us
-#: against the paired tile's 1530 on 32 channels, both ~60 G im2col rows a second (H200).
-#: The fixed rules take it first (pixel_strips_config), fused or not, for layers it runs of PIXEL_STRIPS_RULE_CHANNELS
-#: input channels, PIXEL_STRIPS_MIN_KW taps along w or more, PIXEL_STRIPS_OUT_CHANNELS output channels, and output
-#: rows of which the 64-pixel segments use PIXEL_STRIPS_MIN_ROW_USE or more. H200, GPU time behind a spin (results/candidates_pixel_strips*_h200.txt), us,
+#: Pixel strips (the kernel's TAPS 0, PIXEL_STRIPS): 16-bit layers of PIXEL_STRIPS_CHANNELS channels, stride 1 and
+#: no dilation along w, on the 128 x 64 ping-pong tile, a k tile a kernel row. Each 64-pixel half of a tile is one
+#: output row's segment, and a k tile copies its strip of 64 + kw - 1 input pixels once (a 4-D tiled map, zeros
+#: outside x), from which tap s's A rows are read s rows on, beside the row's kw taps of the weight. The im2col
+#: copies of two taps a k tile read every pixel kw times from L2 in 64-byte rows; in 64 channels (128-byte rows, the
+#: same FLOPs: results/candidates_c64_5x9_h200.txt) the 128 x 64 tile ran the 5x9 seed's FLOPs in 776 us against
+#: the paired tile's 1530 on 32 channels, both ~60 G im2col rows a second (H200). Stages hold a kernel row's weight,
+#: (kw + 1) / 2 k rows of 64 channels: PIXEL_STRIPS_STAGES of them fit to kw = PIXEL_STRIPS_MAX_KW.
+#: The fixed rules take it first (pixel_strips_config), fused or not, for layers it runs of PIXEL_STRIPS_MIN_KW taps
+#: along w or more, PIXEL_STRIPS_OUT_CHANNELS output channels, and output rows of which the 64-pixel segments use
+#: PIXEL_STRIPS_MIN_ROW_USE or more. H200, GPU time behind a spin (results/candidates_pixel_strips*_h200.txt), us,
 #: against the rules' plan before (torch channels_last): the 5x9 seed 988.0 -> 663.6 in fp16 (874.5), 974.8 -> 655.9
 #: in bf16 (902.4); fp16, 3x3 32 -> 64 on 112^2 at batch 32 72.2 -> 56.9 (47.1), with a bias 86.2 -> 57.3, at batch
 #: 1 10.6 -> 8.3 (9.2), on 224^2 at batch 8 73.2 -> 56.6 (47.8), on 56^2 at batch 8 10.3 -> 9.4 (11.4); 5x5 on 56^2
 #: at batch 32 37.1 -> 31.7 (34.0), 7x7 on 112^2 at batch 8 56.5 -> 48.1 (54.2), 1x9 on 256^2 at batch 8 92.4 ->
 #: 51.1 (62.2). Slower: rows of 28 pixels (segments 44 % used: over 11.9 against 10.9), 128 output channels (two
 #: channel tiles: 29.2 against the paired 128 x 128 tile's 28.3), 32 (half a tile: 75.1 against the 128 x 32
-#: mma.sync tile's 60.5). Not in 64 channels: the 128 x 64 tile's one-tap im2col copies won every 64-channel layer
-#: timed (results/candidates_pixel_strips_c64_h200.txt; r50_l1_3x3_64, vgg_conv1_2, large_7x7_64_224sq, the seed's
-#: FLOPs in 64 channels), the strips outside each's first five.
+#: mma.sync tile's 60.5).
 PIXEL_STRIPS_CONFIG = "nhwc_wgmma_strips_m128n64"
-PIXEL_STRIPS_CHANNELS = (32, 64)
+PIXEL_STRIPS_CHANNELS = 32
 PIXEL_STRIPS_STAGES = 3
-PIXEL_STRIPS_RULE_CHANNELS = (32,)
+PIXEL_STRIPS_MAX_KW = 11
 PIXEL_STRIPS_MIN_KW = 3
 PIXEL_STRIPS_OUT_CHANNELS = range(33, 65)
 PIXEL_STRIPS_MIN_ROW_USE = 0.75
+#: taps_per_k_tile of its plans: a k tile is a whole kernel row.
+PIXEL_STRIPS = 0
 NHWC_CONFIGS["float16"] += (_pingpong_tile(PIXEL_STRIPS_CONFIG, 128, 64, PIXEL_STRIPS_STAGES),)
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
@@ -597,26 +597,21 @@ PAIR_KERNEL = "implicit_gemm_nhwc_tma_pair"
 MATRIX_MAP_MAX_PIXELS = 192
 
 
-def strip_pixels(taps: int) -> int:
-    """Pixels of a strip that feeds 64 output pixels ``taps`` taps: whole 8-row patterns of the swizzle."""
-    return math.ceil((63 + taps) / 8) * 8
+def _strip_stage_bytes(cfg: GemmConfig, kw: int) -> int:
+    """A stage of the pixel strips' tile: bm / 64 strips of 64 + kw - 1 pixels (whole 8-row swizzle patterns) of 64
+    bytes, and a kernel row's weight, (kw + 1) / 2 k rows of 128 bytes a channel."""
+    return cfg.bm // 64 * math.ceil((63 + kw) / 8) * 8 * 64 + (kw + 1) // 2 * cfg.bn * 128
 
 
-def _strip_stage_bytes(cfg: GemmConfig, channels: int, taps: int) -> int:
-    """A stage of the pixel strips' tile: bm / 64 strips of strip_pixels(taps) pixels of ``channels`` 16-bit values,
-    and the taps' weight, ceil(taps channels / 64) k rows of 128 bytes a channel."""
-    return cfg.bm // 64 * strip_pixels(taps) * channels * 2 + math.ceil(taps * channels / 64) * cfg.bn * 128
-
-
-def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool, strip: tuple[int, int] = (0, 0)) -> int:
+def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool, kw: int = 1) -> int:
     """STAGES x (A + B): B [bn][bk + pad], rows of bk elements + 16 bytes; A the same with bm rows,
-    or (a_from_nchw) [bk][bm + 8]. wgmma: rows of 128 bytes, unpadded, and 1 KB to align the tiles. ``strip``: the
-    pixel strips' channels and taps a k tile."""
+    or (a_from_nchw) [bk][bm + 8]. wgmma: rows of 128 bytes, unpadded, and 1 KB to align the tiles. ``kw``: the
+    pixel strips' kernel width."""
     item = 4 if dtype == "float32" else 2
     if cfg.wgmma == WGMMA_PINGPONG:  # the ring, each consumer's staging of bm rows of 16-bit values (float32's of 64
         # rows of floats), the mbarriers, 1 KB to align (and the clusters' `ready` mbarrier)
         staging_rows_bytes = 64 * 4 if dtype == "float32" else cfg.bm * 2
-        stage = _strip_stage_bytes(cfg, *strip) if cfg.name == PIXEL_STRIPS_CONFIG else (cfg.bm + cfg.bn) * 128
+        stage = _strip_stage_bytes(cfg, kw) if cfg.name == PIXEL_STRIPS_CONFIG else (cfg.bm + cfg.bn) * 128
         return cfg.stages * stage + 2 * staging_rows_bytes * (cfg.bn + 8) + 16 * cfg.stages + 8 + 1024
     a_stage = cfg.bk * (cfg.bm + 8) * item if a_from_nchw else cfg.bm * (cfg.bk * item + (0 if cfg.wgmma else 16))
     if cfg.wgmma:  # and the producer's full and empty mbarriers, 8 bytes each per stage
@@ -765,10 +760,10 @@ def config_named(dtype: str, name: str) -> GemmConfig:
 
 def taps_per_k_tile(problem: ConvProblem, cfg: GemmConfig) -> int:
     """Taps a k tile of the ping-pong tile ``cfg`` holds for ``problem``: 2 on PAIRED_TAP_CONFIGS for 16-bit layers
-    of one group and PAIRED_TAP_CHANNELS channels read by im2col copies (not 1x1 matrices), strip_taps on
-    PIXEL_STRIPS_CONFIG, else 1."""
+    of one group and PAIRED_TAP_CHANNELS channels read by im2col copies (not 1x1 matrices), PIXEL_STRIPS (a kernel
+    row) on PIXEL_STRIPS_CONFIG, else 1."""
     if cfg.name == PIXEL_STRIPS_CONFIG:
-        return strip_taps(problem, cfg)
+        return PIXEL_STRIPS
     paired = cfg.name in PAIRED_TAP_CONFIGS and STORAGE_BYTES[problem.dtype] == 2 and problem.groups == 1 and \
         problem.c == PAIRED_TAP_CHANNELS and not _is_matrix(problem)
     return 2 if paired else 1
@@ -777,8 +772,7 @@ def taps_per_k_tile(problem: ConvProblem, cfg: GemmConfig) -> int:
 def pixel_strips_config(problem: ConvProblem, compute_capability: int) -> GemmConfig | None:
     """The pixel strips' tile where the fixed rules take it for ``problem`` (PIXEL_STRIPS_* above), or None."""
     if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.layout != "NHWC" or \
-            problem.dtype not in ("float16", "bfloat16") or problem.c not in PIXEL_STRIPS_RULE_CHANNELS or \
-            problem.kw < PIXEL_STRIPS_MIN_KW or \
+            problem.dtype not in ("float16", "bfloat16") or problem.kw < PIXEL_STRIPS_MIN_KW or \
             problem.k not in PIXEL_STRIPS_OUT_CHANNELS or \
             problem.wo / (64 * math.ceil(problem.wo / 64)) < PIXEL_STRIPS_MIN_ROW_USE:
         return None
@@ -839,27 +833,17 @@ def _pingpong_refusal(problem: ConvProblem, cfg: GemmConfig, channels_padded: in
 def _pixel_strips_refusal(p: ConvProblem, cfg: GemmConfig, channels_padded: int, index: str, splits,
                           stream_k) -> str:
     """Why the pixel strips' tile ``cfg`` cannot run ``p``, a layer of one group in NHWC ("" where it can)."""
-    if STORAGE_BYTES[p.dtype] != 2 or p.c not in PIXEL_STRIPS_CHANNELS or channels_padded != p.c or p.k % 8:
-        return (f"its strips are pixels of {' or '.join(map(str, PIXEL_STRIPS_CHANNELS))} 16-bit channels read in "
-                f"place, its output 8-channel vectors (got {p.c} -> {p.k} channels of {p.dtype})")
-    if p.stride[1] != 1 or p.dilation[1] != 1:
-        return (f"its taps are a strip's rows one after another: stride and dilation 1 along w (got stride "
-                f"{p.stride}, dilation {p.dilation})")
+    if STORAGE_BYTES[p.dtype] != 2 or p.c != PIXEL_STRIPS_CHANNELS or channels_padded != p.c or p.k % 8:
+        return (f"its strips are pixels of {PIXEL_STRIPS_CHANNELS} 16-bit channels read in place, its output 8-channel "
+                f"vectors (got {p.c} -> {p.k} channels of {p.dtype})")
+    if p.stride[1] != 1 or p.dilation[1] != 1 or p.kw > PIXEL_STRIPS_MAX_KW:
+        return (f"its taps are a strip's rows one after another: stride and dilation 1 along w and at most "
+                f"{PIXEL_STRIPS_MAX_KW} of them (got stride {p.stride}, dilation {p.dilation}, kernel {p.kh}x{p.kw})")
     if (splits or 1) > 1 or stream_k:
         return f"it runs whole reductions (got splits={splits!r}, stream_k={stream_k!r})"
     if index != "int" or p.n * p.h * p.w * p.c >= 2 ** 31:
         return f"it takes 32-bit indices ({p.x_shape} -> {p.out_shape} needs 64-bit ones)"
     return ""
-
-
-def strip_taps(problem: ConvProblem, cfg: GemmConfig) -> int:
-    """Taps of a kernel row a k tile of the pixel strips' tile ``cfg`` takes for ``problem``: all kw where the ring
-    of their stages fits an SM's shared memory, else as many as fit (the row in several k tiles)."""
-    taps = problem.kw
-    while taps > 1 and _shared_bytes(cfg, problem.dtype, False, (problem.c, taps)) + BLOCK_RESERVED_SHARED_BYTES > \
-            SM_SHARED_BYTES:
-        taps -= 1
-    return taps
 
 
 def strip_tiles(problem: ConvProblem, cfg: GemmConfig) -> int:
@@ -1298,9 +1282,7 @@ def _fewest_waves(problem: ConvProblem, producer: GemmConfig, channels_padded: i
 
 def reduction_tiles(problem: ConvProblem, cfg: GemmConfig, channels_padded: int) -> int:
     """k tiles of ``cfg``'s reduction: kh kw taps of the (padded) channels per group, bk at a time (two taps of
-    PAIRED_TAP_CHANNELS a k tile: the same count); the pixel strips' k tiles of strip_taps taps of a kernel row."""
-    if cfg.name == PIXEL_STRIPS_CONFIG:
-        return problem.kh * math.ceil(problem.kw / strip_taps(problem, cfg))
+    PAIRED_TAP_CHANNELS a k tile: the same count)."""
     return math.ceil(problem.kh * problem.kw * (channels_padded // problem.groups) / cfg.bk)
 
 
@@ -1436,14 +1418,13 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
             blocks = min(tiles * splits, H100_SMS)
             why += f"; {tiles * splits} work items on {blocks} persistent blocks, two consumer warpgroups taking turns"
         taps = taps_per_k_tile(problem, cfg)
-        if taps > 1 and cfg.name != PIXEL_STRIPS_CONFIG:
+        if taps > 1:
             why += f"; {taps} taps of {problem.c} channels a k tile"
-        if cfg.name == PIXEL_STRIPS_CONFIG:
-            why += (f"; a k tile {taps} of a kernel row's {problem.kw} taps, read from strips of 64 + {taps - 1} pixels"
-                    f" (tap s from pixel s)")
+        if taps == PIXEL_STRIPS:
+            why += f"; a k tile a kernel row, its {problem.kw} taps read from strips of 64 + {problem.kw - 1} pixels"
         return LaunchPlan(
             kernel=KERNEL, dtype=problem.dtype, index_type=index, config=cfg, grid=(blocks, 1, 1),
-            block=(cfg.threads, 1, 1), shared_bytes=_shared_bytes(cfg, problem.dtype, False, (problem.c, taps)),
+            block=(cfg.threads, 1, 1), shared_bytes=_shared_bytes(cfg, problem.dtype, False, problem.kw),
             reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded, splits=splits,
             round_a=round_a, arch=WGMMA_ARCH, taps_per_k_tile=taps)
     if splits is None:  # stream-K finishes its tiles itself
@@ -1613,7 +1594,7 @@ def pingpong_specialisation(dtype: str, cfg: GemmConfig, residual: bool, split_k
                             round_a: bool = False, taps: int = 1) -> str:
     """The C++ template instance of the ping-pong tile ``cfg``, for calls with a residual or without, or for
     split-K's runs; ``round_a``: a float32 x read in place, rounded to TF32 in the consumers' registers; ``taps``
-    a k tile of im2col copies (taps_per_k_tile), or 0: the pixel strips (their taps a launch argument)."""
+    a k tile (taps_per_k_tile)."""
     flags = ",".join(str(flag).lower() for flag in (residual, split_k, round_a))
     return f"cupyconv::{PINGPONG_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bn},{cfg.stages},{taps},{flags}>"
 
@@ -1630,8 +1611,7 @@ def name_expression(plan: LaunchPlan) -> str:
         return pingpong_cluster_specialisation(plan.dtype, plan.config, plan.splits, plan.round_a)
     if plan.config.wgmma == WGMMA_PINGPONG:
         return pingpong_specialisation(plan.dtype, plan.config, plan.has_residual and plan.splits == 1,
-                                       plan.splits > 1, plan.round_a,
-                                       0 if plan.config.name == PIXEL_STRIPS_CONFIG else plan.taps_per_k_tile)
+                                       plan.splits > 1, plan.round_a, plan.taps_per_k_tile)
     if plan.config.producer_warps:
         return tma_specialisation(plan.dtype, plan.index_type, plan.config, plan.layout == "NHWC", plan.round_a,
                                   plan.splits > 1)
@@ -1661,7 +1641,7 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
          for round_a in _pingpong_round_a(dtype, cfg)] + \
         [pingpong_specialisation(dtype, cfg, residual, taps=2) for dtype in GEMM_DTYPES if STORAGE_BYTES[dtype] == 2
          for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.name in PAIRED_TAP_CONFIGS for residual in (False, True)] + \
-        [pingpong_specialisation(dtype, config_named(dtype, PIXEL_STRIPS_CONFIG), residual, taps=0)
+        [pingpong_specialisation(dtype, config_named(dtype, PIXEL_STRIPS_CONFIG), residual, taps=PIXEL_STRIPS)
          for dtype in GEMM_DTYPES if STORAGE_BYTES[dtype] == 2 and wgmma for residual in (False, True)] + \
         [pingpong_cluster_specialisation(dtype, cfg, splits, round_a) for dtype in GEMM_DTYPES
          for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.name == PINGPONG_CLUSTER_CONFIG
@@ -1881,17 +1861,15 @@ def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Point
     if matrix:
         x_map = TensorMap(x, p.dtype, p.n * p.h * p.w, plan.channels_padded,
                           plan.channels_padded * STORAGE_BYTES[p.dtype], cfg.bm, cfg.bk)
-    elif cfg.name == PIXEL_STRIPS_CONFIG:
-        x_map = PixelStripMap(x, p.dtype, (p.n, p.h, p.w, plan.channels_padded), strip_pixels(plan.taps_per_k_tile))
+    elif plan.taps_per_k_tile == PIXEL_STRIPS:
+        x_map = PixelStripMap(x, p.dtype, (p.n, p.h, p.w, plan.channels_padded), math.ceil((63 + p.kw) / 8) * 8)
     else:
         x_map = input_im2col_map(p, x, plan.channels_padded, cfg.bk // plan.taps_per_k_tile, cfg.bm // cfg.cluster)
     if cfg.cluster > 1:
         return dataclasses.replace(launch, kernel=PAIR_KERNEL, args=(*launch.args, weight_map, x_map))
     kernel = PINGPONG_CLUSTER_KERNEL if cfg.name == PINGPONG_CLUSTER_CONFIG else \
         PINGPONG_KERNEL if cfg.wgmma == WGMMA_PINGPONG else TMA_KERNEL
-    # the ping-pong kernel's strip_taps: the pixel strips' taps a k tile (0 elsewhere)
-    strips = (plan.taps_per_k_tile if cfg.name == PIXEL_STRIPS_CONFIG else 0,) if kernel == PINGPONG_KERNEL else ()
-    return dataclasses.replace(launch, kernel=kernel, args=(*launch.args, weight_map, x_map, int(matrix), *strips))
+    return dataclasses.replace(launch, kernel=kernel, args=(*launch.args, weight_map, x_map, int(matrix)))
 
 
 # --- The stride phases of a transposed convolution in one launch (kernels/implicit_gemm_nhwc.cu,
