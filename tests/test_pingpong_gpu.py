@@ -218,12 +218,17 @@ def test_pingpong_two_taps_odd_last_tap_reads_nothing_stale(config):
     """An infinite input pixel makes infinities or NaNs in exactly the outputs whose windows hold it, as in torch's
     float64: the odd last k tile's second half (an earlier tile's pixels, against the weight's zero columns) is not
     multiplied, or inf x 0 would make NaNs elsewhere."""
-    case = PAIRED_TAP_CASES[0]
+    check_inf_reaches_its_windows_alone(PAIRED_TAP_CASES[0], config, (1, 5, 6, 8), seed=31)
+
+
+def check_inf_reaches_its_windows_alone(case, config, at, seed):
+    """fp16, ``config`` forced on 2 blocks, an inf at x[``at``] (N, C, H, W): non-finite outputs exactly where torch's
+    float64 has them, the others within tolerance."""
     problem = problem_of(case, "float16", "NHWC", "KHWC", "none", False)
     plan = dataclasses.replace(planner.make_plan(problem, config=config, kernel=planner.NHWC_KERNEL,
                                                  compute_capability=90), grid=(2, 1, 1))
-    x, weight, bias, _ = tensors(case, problem, "float16", seed=31)
-    x[1, 5, 6, 8] = float("inf")
+    x, weight, bias, _ = tensors(case, problem, "float16", seed=seed)
+    x[at] = float("inf")
     out = run(plan, problem, x, weight, bias, None)
     wanted = reference(case, x, weight, bias, None, "none")
     assert torch.equal(out.isfinite(), wanted.isfinite()), str(plan)
@@ -285,14 +290,5 @@ def test_pingpong_pixel_strips_against_float64(case, dtype, epilogue, blocks):
 def test_pingpong_pixel_strips_inf_reaches_its_windows_alone():
     """An infinite input pixel makes infinities or NaNs in exactly the outputs whose windows hold it: a strip's rows
     past its taps' reach and an odd kw's half k row of the next kernel row's weight are never multiplied."""
-    case = PIXEL_STRIP_CASES[1]
-    problem = problem_of(case, "float16", "NHWC", "KHWC", "none", False)
-    plan = dataclasses.replace(planner.make_plan(problem, config=implicit_gemm_nhwc.PIXEL_STRIPS_CONFIG,
-                                                 kernel=planner.NHWC_KERNEL, compute_capability=90), grid=(2, 1, 1))
-    x, weight, bias, _ = tensors(case, problem, "float16", seed=37)
-    x[1, 5, 6, 30] = float("inf")
-    out = run(plan, problem, x, weight, bias, None)
-    wanted = reference(case, x, weight, bias, None, "none")
-    assert torch.equal(out.isfinite(), wanted.isfinite()), str(plan)
-    finite = wanted.isfinite()
-    assert relative_error(out[finite], wanted[finite]) < TOLERANCE["float16"], str(plan)
+    check_inf_reaches_its_windows_alone(PIXEL_STRIP_CASES[1], implicit_gemm_nhwc.PIXEL_STRIPS_CONFIG, (1, 5, 6, 30),
+                                        seed=37)
