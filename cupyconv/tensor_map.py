@@ -53,6 +53,12 @@ def _encode_im2col():
     return encode
 
 
+def _row_swizzle(row_bytes: int) -> int:
+    """The swizzle across a box's rows of ``row_bytes``: 64 bytes where a row is that wide (a 16-bit pixel of 32
+    channels), else 128."""
+    return SWIZZLE_64B if row_bytes == 64 else SWIZZLE_128B
+
+
 def encode(arg, destination: int, address: int) -> None:
     """Write at ``destination`` the map ``arg`` (program.TensorMap, Im2colMap or PixelStripMap) describes, for
     its operand at device ``address``."""
@@ -87,7 +93,7 @@ def encode_im2col(destination: int, dtype: str, address: int, shape: tuple[int, 
     element_strides = (ctypes.c_uint32 * 4)(1, strides[1], strides[0], 1)
     result = _encode_im2col()(destination, DATA_TYPES[dtype], 4, address, dims, byte_strides, low, high,
                               channels_per_pixel, pixels_per_column, element_strides, 0,
-                              SWIZZLE_64B if channels_per_pixel * item == 64 else SWIZZLE_128B,
+                              _row_swizzle(channels_per_pixel * item),
                               L2_PROMOTION_128B, 0)
     if result != 0:
         raise RuntimeError(f"cuTensorMapEncodeIm2col failed (CUresult {result}) for an NHWC {shape} {dtype} tensor at "
@@ -111,7 +117,7 @@ def encode_pixel_strips(destination: int, dtype: str, address: int, shape: tuple
     box = (ctypes.c_uint32 * 4)(c, pixels, 1, 1)
     element_strides = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
     result = _encode_tiled()(destination, DATA_TYPES[dtype], 4, address, dims, strides, box, element_strides, 0,
-                             SWIZZLE_64B if c * item == 64 else SWIZZLE_128B, L2_PROMOTION_128B, 0)
+                             _row_swizzle(c * item), L2_PROMOTION_128B, 0)
     if result != 0:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {result}) for pixel strips of an NHWC {shape} "
                            f"{dtype} tensor at {address:#x}, {pixels} pixels a box")

@@ -114,14 +114,12 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
                          f"column stride the row stride; got {problem.dtype} {problem.x_shape} -> {problem.out_shape}, "
                          f"stride {problem.stride}, dilation {problem.dilation}")
     pairs = column_pairs(problem) if pairs is None else pairs
-    if rows_per_thread is not None:
-        cfg = ColumnConfig(f"col_r{rows_per_thread}", rows_per_thread)
-    elif config:
-        cfg = forced_config(COLUMN_CONFIGS, config, f"config for {KERNEL}")
+    if rows_per_thread is not None or config:
+        cfg = ColumnConfig(f"col_r{rows_per_thread}", rows_per_thread) if rows_per_thread is not None else \
+            forced_config(COLUMN_CONFIGS, config, f"config for {KERNEL}")
+        why = f"config {cfg.name} (forced by the caller)"
     else:
         cfg, why = _choose_config(problem, pairs, block)
-    if config or rows_per_thread is not None:
-        why = f"config {cfg.name} (forced by the caller)"
     cfg = dataclasses.replace(cfg, taps=(problem.kh, problem.kw, problem.stride[0]),
                               pair_odd=problem.pad_left % 2 if pairs else -1)
     return LaunchPlan(kernel=KERNEL, dtype=problem.dtype, index_type=index_type(problem), config=cfg,

@@ -597,10 +597,15 @@ PAIR_KERNEL = "implicit_gemm_nhwc_tma_pair"
 MATRIX_MAP_MAX_PIXELS = 192
 
 
+def strip_pixels(kw: int) -> int:
+    """Pixels of a strip feeding 64 output pixels ``kw`` taps: 64 + kw - 1, in whole 8-row swizzle patterns."""
+    return math.ceil((63 + kw) / 8) * 8
+
+
 def _strip_stage_bytes(cfg: GemmConfig, kw: int) -> int:
-    """A stage of the pixel strips' tile: bm / 64 strips of 64 + kw - 1 pixels (whole 8-row swizzle patterns) of 64
-    bytes, and a kernel row's weight, (kw + 1) / 2 k rows of 128 bytes a channel."""
-    return cfg.bm // 64 * math.ceil((63 + kw) / 8) * 8 * 64 + (kw + 1) // 2 * cfg.bn * 128
+    """A stage of the pixel strips' tile: bm / 64 strips of strip_pixels(kw) pixels of 64 bytes, and a kernel row's
+    weight, (kw + 1) / 2 k rows of 128 bytes a channel."""
+    return cfg.bm // 64 * strip_pixels(kw) * 64 + (kw + 1) // 2 * cfg.bn * 128
 
 
 def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool, kw: int = 1) -> int:
@@ -841,7 +846,7 @@ def _pixel_strips_refusal(p: ConvProblem, cfg: GemmConfig, channels_padded: int,
                 f"{PIXEL_STRIPS_MAX_KW} of them (got stride {p.stride}, dilation {p.dilation}, kernel {p.kh}x{p.kw})")
     if (splits or 1) > 1 or stream_k:
         return f"it runs whole reductions (got splits={splits!r}, stream_k={stream_k!r})"
-    if index != "int" or p.n * p.h * p.w * p.c >= 2 ** 31:
+    if index != "int":
         return f"it takes 32-bit indices ({p.x_shape} -> {p.out_shape} needs 64-bit ones)"
     return ""
 
@@ -1862,7 +1867,7 @@ def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Point
         x_map = TensorMap(x, p.dtype, p.n * p.h * p.w, plan.channels_padded,
                           plan.channels_padded * STORAGE_BYTES[p.dtype], cfg.bm, cfg.bk)
     elif plan.taps_per_k_tile == PIXEL_STRIPS:
-        x_map = PixelStripMap(x, p.dtype, (p.n, p.h, p.w, plan.channels_padded), math.ceil((63 + p.kw) / 8) * 8)
+        x_map = PixelStripMap(x, p.dtype, (p.n, p.h, p.w, plan.channels_padded), strip_pixels(p.kw))
     else:
         x_map = input_im2col_map(p, x, plan.channels_padded, cfg.bk // plan.taps_per_k_tile, cfg.bm // cfg.cluster)
     if cfg.cluster > 1:
