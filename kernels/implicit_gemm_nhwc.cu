@@ -1025,9 +1025,10 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
 // cluster barrier), as its copies out read its shared memory until then.
 // TAPS 2 (16-bit layers of 32 channels, im2col copies): a k tile holds two taps' pixels, each tap's BM x 64 bytes a
 // copy of its own, 64-byte swizzled, in its half of the stage (the weight's 128-byte k rows hold the same two taps'
-// channels side by side), where one tap a k tile multiplied zeros half the time. An odd last tap's k tile copies
-// and multiplies its first half alone: the other holds an earlier tile's pixels, which the weight's zeros must not
-// meet (an inf there would make NaN).
+// channels side by side), where one tap a k tile multiplied zeros half the time. An odd last tap's k tile holds that
+// tap in both halves, the second against the weight's zero columns past kh kw C: a stale half (an earlier tile's
+// pixels) could hold an inf that those zeros would make NaN in outputs that never saw it, and multiplying the first
+// half alone (a break out of the instruction loop) made ptxas serialize every wgmma of the tile (its C7520).
 // TAPS 0, PIXEL_STRIPS (16-bit layers of 32 channels, stride 1 and no dilation along w): a k tile is a whole kernel
 // row r. Its pixels are not copied tap by tap: each 64-pixel half of the tile is one strip of 64 + kw - 1 input
 // pixels of 64 bytes (a 4-D tiled copy, zeros outside x), and tap s's A rows are that strip from pixel s on, a
@@ -1159,18 +1160,18 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll 1
                 for (int kt = kt0; kt < kt1; ++kt, ++seq) {
                     const int stage = seq % STAGES;
-                    const int copied_taps = odd_last && kt == k_tiles - 1 ? 1 : TAPS;
+                    const bool repeated = odd_last && kt == k_tiles - 1;  // its one tap in both halves
                     if (seq >= STAGES) mbarrier_wait(empty + stage, (seq / STAGES - 1) & 1);
-                    mbarrier_arrive_expect_tx(full + stage, copied_taps * A_TAP + B_STAGE);
+                    mbarrier_arrive_expect_tx(full + stage, TAPS * A_TAP + B_STAGE);
 #pragma unroll 1
-                    for (int t = 0; t < copied_taps; ++t) {
+                    for (int t = 0; t < TAPS; ++t) {
                         unsigned char* a_dst = a_smem + stage * A_STAGE + t * A_TAP;
                         if (x_is_matrix)
                             tma_load_2d(a_dst, &x_map, tap.c, m0, full + stage);
                         else
                             tma_load_im2col_4d(a_dst, &x_map, tap.c, w0, h0, image, tap.s * dw, tap.r * dh,
                                                full + stage);
-                        tap.next(chunks, kw, BK / TAPS, 0);
+                        if (!repeated) tap.next(chunks, kw, BK / TAPS, 0);
                     }
                     tma_load_2d(b_smem + stage * B_STAGE, &weight_map, kt * BK, n0, full + stage);
                 }
@@ -1275,11 +1276,9 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             } else {
                 const unsigned long long pixels = wgmma_descriptor<TAP_BYTES>(shared_address(a_smem + stage * A_STAGE));
                 constexpr int TAP_K = BK / INST_K / TAPS;  // instructions a tap
-                const int live_k = odd_last && kt0 + kt == k_tiles - 1 ? TAP_K : BK / INST_K;
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < BK / INST_K; ++kk) {
-                    if (TAPS > 1 && kk >= live_k) break;
 #pragma unroll
                     for (int h = 0; h < HALVES; ++h)  // + a tap's copy; + 64 rows; + 32 bytes of k per instruction
                         wgmma_op<T, BN>::run(acc[h], pixels + (kk / TAP_K * A_TAP + h * 64 * TAP_BYTES) / 16 +

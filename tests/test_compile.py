@@ -42,12 +42,9 @@ COMPILE_ALL = os.environ.get("CUPYCONV_COMPILE_ALL") == "1"
 #: (activation, has_residual) of the compiled epilogue: ACTIVATIONS.index("gelu"), a residual.
 EPILOGUE = (ACTIVATIONS.index("gelu"), 1)
 #: Instances whose wgmma instructions ptxas serializes (its C7520 advisory), found when the check came
-#: (session #38, every sm_90a instance compiled): the ping-pong tiles of two taps a k tile (their odd last
-#: tap's early break from the instruction loop) and the TF32 weight gradient's TMA tiles. Each is slower
+#: (session #38, every sm_90a instance compiled): the TF32 weight gradient's TMA tiles. Each is slower
 #: than it could be (benchmarks/NOTES.md, "wgmma serialized by ptxas"); the set may only shrink.
 KNOWN_SERIALIZED = frozenset(
-    [f"cupyconv::implicit_gemm_nhwc_pingpong<cupyconv::{t},{tile},2,{residual},false,false>"
-     for t in ("half_t", "bfloat16_t") for tile in ("128,128,4", "128,64,7") for residual in ("false", "true")] +
     [f"cupyconv::wgrad_tensor_cores_tma_tf32<{tile},{flag}>" for tile, flags in (
         ("128,128,0,6", ("false",)), ("128,128,3,3", ("false", "true")), ("128,64,4,4", ("false", "true")),
         ("64,128,4,4", ("false", "true"))) for flag in flags])

@@ -216,8 +216,8 @@ def test_pingpong_two_taps_a_k_tile_against_float64(case, dtype, epilogue, block
 @pytest.mark.parametrize("config", implicit_gemm_nhwc.PAIRED_TAP_CONFIGS)
 def test_pingpong_two_taps_odd_last_tap_reads_nothing_stale(config):
     """An infinite input pixel makes infinities or NaNs in exactly the outputs whose windows hold it, as in torch's
-    float64: the odd last k tile's second half (an earlier tile's pixels, against the weight's zero columns) is not
-    multiplied, or inf x 0 would make NaNs elsewhere."""
+    float64: the odd last k tile's second half, multiplied by the weight's zero columns, holds that tile's own tap
+    again (an earlier tile's pixels there, inf x 0 would make NaNs elsewhere)."""
     check_inf_reaches_its_windows_alone(PAIRED_TAP_CASES[0], config, (1, 5, 6, 8), seed=31)
 
 
