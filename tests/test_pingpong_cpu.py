@@ -25,11 +25,14 @@ def problem(n=32, c=256, k=1024, h=14, dtype="float16", kernel=1, stride=1, padd
                         weight_layout="KHWC" if layout == "NHWC" else "KCHW")
 
 
-def layer(n, c, k, h, kernel, stride, fused=False):
-    """A ResNet-like 16-bit NHWC layer, padded to keep its plane; ``fused``: with a bias and ReLU."""
-    return make_problem((n, h, h, c), (k, kernel, kernel, c), (k,) if fused else None, "float16", stride=stride,
-                        padding=kernel // 2, layout="NHWC", weight_layout="KHWC",
-                        **({"activation": "relu"} if fused else {}))
+def layer(n, c, k, h, kernel, stride, fused=False, residual=False):
+    """A ResNet-like 16-bit NHWC layer, padded to keep its plane; ``fused``: with a bias and ReLU; ``residual``: and a
+    residual added."""
+    out = (h + 2 * (kernel // 2) - kernel) // stride + 1
+    return make_problem((n, h, h, c), (k, kernel, kernel, c), (k,) if fused or residual else None, "float16",
+                        stride=stride, padding=kernel // 2, layout="NHWC", weight_layout="KHWC",
+                        **({"activation": "relu"} if fused or residual else {}),
+                        residual_shape=(n, out, out, k) if residual else None)
 
 
 def plan_of(p, config=PINGPONG, **options):
@@ -194,17 +197,22 @@ def test_one_tap_a_k_tile_elsewhere(p, config):
 @pytest.mark.parametrize("n,k,h,taps,padding,taken", [
     (32, 64, 112, (3, 3), 1, STRIPS),                                      # 56.9 us against paired taps' 72.2
     (32, 128, 56, (3, 3), 1, PINGPONG),                                    # paired, 784 tiles: 28.3 against 29.2
-    (32, 32, 112, (3, 3), 1, implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),   # paired, 32 channels: 75.6 against 75.1
+    (32, 32, 112, (3, 3), 1, None),                                        # 32 channels: the 128 x 32 mma.sync tile
+    (32, 256, 56, (3, 3), 1, PINGPONG),                                    # paired: 39.7 against 54.7
+    (32, 128, 56, (5, 5), 2, PINGPONG),                                    # paired, 13 k tiles: 44.1 against 56.2
+    (8, 128, 112, (7, 7), 3, PINGPONG),                                    # paired, 25 k tiles: 77.6 against 99.2
     (8, 64, 56, (3, 3), 1, STRIPS),                                        # 9.4 against 10.3
     (16, 64, 56, (5, 5), 2, STRIPS),
     (8, 64, 512, (5, 9), 0, STRIPS),                                       # the 5x9 seed: 663.6 against 988.0
     (32, 64, 28, (3, 3), 1, None),                                         # rows of 28: segments 44 % used
-], ids=["3x3_64_b32", "3x3_128_b32", "3x3_32_b32", "3x3_64_b8", "5x5", "wide_5x9", "rows_of_28"])
+], ids=["3x3_64_b32", "3x3_128_b32", "3x3_32_b32", "3x3_256_b32", "5x5_128", "7x7_128", "3x3_64_b8", "5x5",
+        "wide_5x9", "rows_of_28"])
 def test_rules_take_strips_or_two_taps_where_measured_faster(n, k, h, taps, padding, taken):
     """The fixed rules' pixel strips (pixel_strips_config: 16-bit layers of 32 -> 33-64 channels, rows whose 64-pixel
-    segments are 75 % used, fused or not) and two taps a k tile (paired_taps_config: unfused such layers elsewhere,
-    short reductions on four waves of tiles), as measured on the H200 (benchmarks/results/candidates_c32_h200.txt,
-    candidates_pixel_strips_shapes_h200.txt); neither on sm_80, paired taps not fused, neither with 48 channels."""
+    segments are 75 % used, fused or not) and two taps a k tile (paired_taps_config: such layers of more than 32
+    output channels elsewhere, up to 7x7 kernels, on four waves of tiles), as measured on the H200
+    (benchmarks/results/candidates_c32_h200.txt, candidates_pixel_strips_shapes_h200.txt,
+    candidates_k32_paired_h200.txt); neither on sm_80, paired taps not with a residual, neither with 48 channels."""
     def p(**options):
         return make_problem((n, h, h, options.pop("c", 32)), (k, *taps, options.pop("wc", 32)), None, "float16",
                             padding=padding, layout="NHWC", weight_layout="KHWC", **options)
@@ -219,8 +227,54 @@ def test_rules_take_strips_or_two_taps_where_measured_faster(n, k, h, taps, padd
     elif taken:
         assert "two taps a k tile" in plan.reason
         assert implicit_gemm_nhwc.paired_taps_config(p(), 80) is None
-        assert implicit_gemm_nhwc.paired_taps_config(p(activation="relu"), 90) is None
+        assert implicit_gemm_nhwc.paired_taps_config(p(activation="relu"), 90) == plan.config
+        out = (h + 2 * padding - taps[0]) + 1
+        assert implicit_gemm_nhwc.paired_taps_config(p(residual_shape=(n, out, out, k)), 90) is None
         assert implicit_gemm_nhwc.paired_taps_config(p(c=48, wc=48), 90) is None
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("n,c,k,h,taken", [
+    (32, 32, 32, 112, True),    # 60.6 us against the paired 128 x 64 tile's 75.5
+    (8, 32, 32, 112, True),     # 20.7 against 22.1
+    (32, 32, 16, 56, True),
+    (32, 64, 32, 56, False),    # 29.5 on the 256 x 64 wgmma tile; 28.9 and 31.0 on the 128 x 32 ones
+    (32, 128, 32, 28, False),   # 17.5 there, 20.4 on this one
+])
+def test_rules_take_the_32_channel_tile_for_32_channel_taps(n, c, k, h, taken, dtype):
+    """16-bit 3x3 layers of 32 -> at most 32 channels on the 128 x 32 mma.sync tile of 64-byte k rows, fused or not
+    (narrow_out_taps_config; benchmarks/results/candidates_k32_paired_h200.txt); not on sm_80, not for 1x1 layers
+    read in place, not in NCHW."""
+    p = make_problem((n, h, h, c), (k, 3, 3, c), (k,), dtype, padding=1, layout="NHWC", weight_layout="KHWC",
+                     activation="relu")
+    plan = planner.make_plan(p, compute_capability=90)
+    assert (plan.config.name == implicit_gemm_nhwc.NARROW_OUT_TAPS_CONFIG) == taken, str(plan)
+    if taken:
+        assert "one 32-channel tile, a tap's 32 channels a k row of 64 bytes" in plan.reason
+        assert plan.config.bk * 2 == 64 and plan.config.bn == 32 and not plan.config.wgmma
+        assert implicit_gemm_nhwc.narrow_out_taps_config(p, 80) is None
+        pointwise = make_problem((n, h, h, c), (k, 1, 1, c), None, dtype, layout="NHWC", weight_layout="KHWC")
+        assert implicit_gemm_nhwc.narrow_out_taps_config(pointwise, 90) is None
+        nchw = make_problem((n, c, h, h), (k, c, 3, 3), None, dtype, padding=1)
+        assert implicit_gemm_nhwc.narrow_out_taps_config(nchw, 90) is None
+
+
+#: VGG-16's and ResNet-50's layers with a bias (fp16 channels_last, H200, GPU time behind a spin, us;
+#: benchmarks/results/candidates_fused_h200.txt): the ping-pong rules take 16-bit calls with a bias or activation as
+#: they take unfused ones, but not with a residual, nor in TF32.
+@pytest.mark.parametrize("n,c,k,h,expected", [
+    (32, 64, 64, 224, implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),  # vgg_conv1_2: 283.2 against 426.7
+    (32, 256, 256, 56, PINGPONG),                                  # vgg_conv3_2: 168.8 against 186.9
+    (32, 64, 64, 56, implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG),   # ResNet-50's 3x3 of 64: 24.2 against 31.2
+], ids=["vgg_conv1_2", "vgg_conv3_2", "r50_3x3_64"])
+def test_pingpong_rules_take_calls_with_a_bias(n, c, k, h, expected):
+    for fused in (False, True):
+        plan = planner.make_plan(layer(n, c, k, h, 3, 1, fused=fused), compute_capability=90)
+        assert plan.config.name == expected, str(plan)
+    residual = planner.make_plan(layer(n, c, k, h, 3, 1, residual=True), compute_capability=90)
+    assert residual.config.name not in implicit_gemm_nhwc.PAIRED_TAP_CONFIGS, str(residual)
+    tf32 = make_problem((n, h, h, c), (k, 3, 3, c), (k,), "float32", padding=1, layout="NHWC", weight_layout="KHWC")
+    assert planner.make_plan(tf32, allow_tf32=True, compute_capability=90).config.name != PINGPONG
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -337,13 +391,14 @@ def test_rules_take_it_where_measured_faster(n, c, k, h, w, taken):
 
 @pytest.mark.parametrize("epilogue", [{"bias_shape": (1024,)}, {"activation": "relu"},
                                       {"residual_shape": (32, 14, 14, 1024)}], ids=["bias", "relu", "residual"])
-def test_rules_leave_fused_calls_to_the_other_tiles(epilogue):
-    """Its epilogue with bias, activation or residual outlasted the other consumer's MMAs (ResNet-50 fused:
-    1.310 -> 1.361 ms); the tuner may still take it, the residual's calls on an instance of their own."""
+def test_rules_leave_calls_with_a_residual_to_the_other_tiles(epilogue):
+    """Its epilogue with a residual outlasted the other consumer's MMAs (ResNet-50 fused: 1.310 -> 1.364 ms); a
+    bias or activation alone did not (this layer with a bias 18.8 -> 12.9 us). The tuner may still take it, the
+    residual's calls on an instance of their own."""
     p = make_problem((32, 14, 14, 256), (1024, 1, 1, 256), epilogue.pop("bias_shape", None), "float16",
                      layout="NHWC", weight_layout="KHWC", **epilogue)
-    assert not implicit_gemm_nhwc.pingpong_pays(p, 90)
-    assert planner.make_plan(p, compute_capability=90).config.name != PINGPONG
+    assert implicit_gemm_nhwc.pingpong_pays(p, 90) == (not p.has_residual)
+    assert (planner.make_plan(p, compute_capability=90).config.name == PINGPONG) == (not p.has_residual)
     forced = plan_of(p)
     assert implicit_gemm_nhwc.name_expression(forced).endswith(",true,false,false>" if p.has_residual
                                                               else ",false,false,false>")
@@ -376,7 +431,8 @@ def test_rules_split_it_where_measured_faster(n, c, k, h, kernel, stride, runs, 
     assert implicit_gemm_nhwc.pingpong_cluster_runs(p, 90) == cluster
     plan = planner.make_plan(p, compute_capability=90)
     tiles = gemm_grid(p, plan.config)[0] * gemm_grid(p, plan.config)[1]
-    if cluster > 1:  # fused calls too (the bias here): the clusters' blocks run the epilogue
+    if cluster > 1 and not implicit_gemm_nhwc.pingpong_64_pixel_runs(p, 90):  # asked first; the bias here: the
+        # clusters' blocks run the epilogue
         assert plan.config.name == implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG and plan.splits == cluster, str(plan)
         assert plan.grid == (tiles * cluster, 1, 1) and "in a cluster of two blocks" in plan.reason
     elif runs > 1 and not implicit_gemm_nhwc.pingpong_64_pixel_runs(p, 90) and \
@@ -424,8 +480,8 @@ def test_rules_take_the_small_tile_where_measured_faster(n, c, k, h, kernel, str
         assert plan.shared_bytes + BLOCK_RESERVED_SHARED_BYTES <= 227 * 1024
         assert implicit_gemm_nhwc.name_expression(plan) in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
     assert not implicit_gemm_nhwc.pingpong_small_pays(p, 80)
-    fused = layer(n, c, k, h, kernel, stride, fused=True)
-    assert not implicit_gemm_nhwc.pingpong_small_pays(fused, 90)
+    assert implicit_gemm_nhwc.pingpong_small_pays(layer(n, c, k, h, kernel, stride, fused=True), 90) == taken
+    assert not implicit_gemm_nhwc.pingpong_small_pays(layer(n, c, k, h, kernel, stride, residual=True), 90)
 
 
 #: (batch, input channels, output channels, plane, kernel, stride, split-K's runs; 0: not taken): where the rules take
@@ -464,9 +520,11 @@ def test_rules_take_the_64_pixel_tile_where_measured_faster(n, c, k, h, kernel, 
         unsplit = planner.make_plan(p, compute_capability=90, kernel=planner.NHWC_KERNEL, splits=1)
         assert (unsplit.config.name == implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG) == (runs == 1)
     assert not implicit_gemm_nhwc.pingpong_64_pixel_runs(p, 80)
-    fused = layer(n, c, k, h, kernel, stride, fused=True)
-    assert not implicit_gemm_nhwc.pingpong_64_pixel_runs(fused, 90)
-    assert planner.make_plan(fused, compute_capability=90).config.name != implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG
+    assert implicit_gemm_nhwc.pingpong_64_pixel_runs(layer(n, c, k, h, kernel, stride, fused=True), 90) == runs
+    residual = layer(n, c, k, h, kernel, stride, residual=True)
+    assert not implicit_gemm_nhwc.pingpong_64_pixel_runs(residual, 90)
+    assert planner.make_plan(residual, compute_capability=90).config.name != \
+        implicit_gemm_nhwc.PINGPONG_64_PIXEL_CONFIG
 
 
 #: (batch, input channels, output channels, plane, kernel, stride, taken): where the rules take the 64-channel
@@ -502,8 +560,8 @@ def test_rules_take_the_narrow_tile_where_measured_faster(n, c, k, h, kernel, st
         # the 64-pixel tiles' rules are asked first
         assert (plan.config.name == implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG and plan.splits == 1) == taken, str(plan)
     assert not implicit_gemm_nhwc.pingpong_narrow_pays(p, 80)
-    fused = layer(n, c, k, h, kernel, stride, fused=True)
-    assert not implicit_gemm_nhwc.pingpong_narrow_pays(fused, 90)
+    assert implicit_gemm_nhwc.pingpong_narrow_pays(layer(n, c, k, h, kernel, stride, fused=True), 90) == taken
+    assert not implicit_gemm_nhwc.pingpong_narrow_pays(layer(n, c, k, h, kernel, stride, residual=True), 90)
 
 
 def test_space_to_depth_nchw_output_is_not_pingpong():

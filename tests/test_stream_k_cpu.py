@@ -34,8 +34,13 @@ LAYERS = {
 STREAM_K = {"vgg_conv5_2_488": {"float16", "bfloat16", "float32"}}
 
 
-def nhwc_problem(x_shape, w_shape, padding, dtype="float16"):
-    return make_problem(x_shape, w_shape, (w_shape[0],), dtype, 1, padding, 1, 1, "NHWC", "KHWC")
+def nhwc_problem(x_shape, w_shape, padding, dtype="float16", residual=False):
+    """A stride-1 NHWC layer with a bias; ``residual``: and a residual added (which keeps the ping-pong tiles'
+    rules off a 16-bit call, where a bias alone does not)."""
+    n, h, w, _ = x_shape
+    out = (n, h + 2 * padding - w_shape[1] + 1, w + 2 * padding - w_shape[2] + 1, w_shape[0])
+    return make_problem(x_shape, w_shape, (w_shape[0],), dtype, 1, padding, 1, 1, "NHWC", "KHWC",
+                        residual_shape=out if residual else None)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
@@ -70,9 +75,12 @@ PRODUCER_SPLITS = {
 def test_the_rule_splits_the_producer_tile_of_few_tiles(layer, dtype):
     """Below WGMMA_WIDE_TILE_BLOCKS tiles of 128 x 128, the producer tile with split-K where the
     reduction is long (>= PRODUCER_SPLIT_MIN_K_TILES), each run too (>= PRODUCER_SPLIT_MIN_RUN) and the
-    runs fill three quarters of the SMs; else the 64-channel tile, split by its own rule."""
+    runs fill three quarters of the SMs; else the 64-channel tile, split by its own rule. 16-bit calls carry a
+    residual, which the ping-pong tile's split-K takes (test_pingpong_cpu.SPLIT_RULE_CASES) where the other rules'
+    do not."""
     shapes, expected = PRODUCER_SPLITS[layer]
-    plan = planner.make_plan(nhwc_problem(*shapes, dtype), allow_tf32=True, compute_capability=90)
+    plan = planner.make_plan(nhwc_problem(*shapes, dtype, residual=dtype != "float32"), allow_tf32=True,
+                             compute_capability=90)
     if isinstance(expected[dtype], str):
         assert plan.config.name == expected[dtype], str(plan)
     elif expected[dtype] is None:
@@ -89,8 +97,8 @@ def test_the_rule_splits_the_producer_tile_of_few_tiles(layer, dtype):
 #: block's time), as pixels x channels, by dtype and layout (None: another tile); float32 NHWC inputs
 #: (read in place) never take 256 x 128, whose float32 input is a copy. r50_l1_3x3_64's 64 output
 #: channels take the channel-row tile, but in float32 NHWC the 256 x 64 producer tile (x in place). The layers
-#: carry a bias: the ping-pong tile takes plain 16-bit calls of r50_l3_3x3_256 and vgg_conv3_2
-#: (test_pingpong_cpu.py), biased ones are the producer tiles'.
+#: carry a bias, and in 16 bits a residual: the ping-pong tile takes 16-bit calls of r50_l3_3x3_256, vgg_conv3_2
+#: and r50_l1_3x3_64 without one (test_pingpong_cpu.py), those with one are the producer tiles'.
 TALL = {"r50_l2_3x3_128": ("192x128",) * 3, "r50_l3_3x3_256": ("128x128",) * 3,
         "r50_l1_3x3_64": (None, "256x64", None), "vgg_conv3_2": ("256x128", "192x128", "256x128"),
         "vgg_conv5_2": ("192x128",) * 3}
@@ -103,7 +111,9 @@ def test_the_rule_takes_the_producer_tile_of_fewest_waves(layer, column, dtype, 
     x_shape, w_shape, padding = LAYERS[layer]
     if layout == "NCHW":
         x_shape = (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
-    problem = make_problem(x_shape, w_shape, (w_shape[0],), dtype, 1, padding, 1, 1, layout, "KHWC")
+    residual = (*x_shape[:3], w_shape[0]) if layout == "NHWC" else (x_shape[0], w_shape[0], *x_shape[2:])
+    problem = make_problem(x_shape, w_shape, (w_shape[0],), dtype, 1, padding, 1, 1, layout, "KHWC",
+                           residual_shape=residual if dtype != "float32" else None)
     plan = planner.make_plan(problem, allow_tf32=True, compute_capability=90)
     tile = TALL[layer][column]
     assert (f"{plan.config.bm}x{plan.config.bn}" if plan.config.producer_warps else None) == tile, str(plan)
@@ -129,10 +139,11 @@ def test_the_taller_tiles_keep_a_wave_of_x_in_l2(dtype, layout, pixels, cluster)
     """64 x 28 x 28 x 512: a wave of 256-pixel blocks reads 35 MB of 16-bit x, 69 MB of float32, and of
     192-pixel ones 52 MB of float32 (past TALL_PRODUCER_MAX_WAVE_BYTES): float32 takes them in pairs,
     whose waves read half the pixels -- 256 where x is copied anyway (NCHW), 192 where it is read in
-    place (the 256-pixel tile reads float32 from a rounded copy). With a bias: plain 16-bit calls take the
-    ping-pong tile."""
-    problem = make_problem((64, 28, 28, 512) if layout == "NHWC" else (64, 512, 28, 28), (512, 512, 3, 3), (512,),
-                           dtype, 1, 1, 1, 1, layout, "KCHW")
+    place (the 256-pixel tile reads float32 from a rounded copy). With a bias and, in 16 bits, a residual: 16-bit
+    calls without one take the ping-pong tile."""
+    x_shape = (64, 28, 28, 512) if layout == "NHWC" else (64, 512, 28, 28)
+    problem = make_problem(x_shape, (512, 512, 3, 3), (512,), dtype, 1, 1, 1, 1, layout, "KCHW",
+                           residual_shape=x_shape if dtype != "float32" else None)
     plan = planner.make_plan(problem, allow_tf32=True, compute_capability=90)
     assert plan.config.producer_warps and (plan.config.bm, plan.config.cluster) == (pixels, cluster), str(plan)
     assert (plan.kernel, plan.grid[1] % 2) == (planner.NHWC_KERNEL, 0) and ("in pairs" in plan.reason) == (cluster > 1)

@@ -280,8 +280,13 @@ PINGPONG_STAGES = 4
 #: 144: 17.5 -> 26.4), fewer tiles than SMs where the rules split the reduction (2048 -> 512 on 7^2 at batch
 #: 8, 52 tiles: 7.7 -> 12.2), two short k tiles on half a wave (96 -> 576 on 14^2 at batch 8: 3.5 -> 3.9), and
 #: two waves of tiles where a 192-pixel producer tile makes one (1024 -> 512 on 14^2 at batch 32: 12.6 -> 13.6).
-#: Only for calls without bias, activation or residual (torchvision's convolutions, BatchNorm unfused): the
-#: epilogue of a fused call outlasts the other consumer's MMAs. ResNet-50 fused (convert(fuse=True), bias,
+#: Only for calls without a residual (_fused; in TF32 without bias or activation too): the epilogue of a fused call
+#: can outlast the other consumer's MMAs. A bias or activation alone no longer keeps a 16-bit call off it: H200,
+#: fp16 channels_last, with a bias, GPU time behind a spin, the rules' plan before against the ping-pong tile
+#: (benchmarks/results/candidates_fused_h200.txt), us: vgg_conv1_2 426.7 -> 283.2 (torch 521.2), vgg_conv3_2 186.9
+#: -> 168.8, ResNet-50's 3x3 of 64 on 56^2 31.2 -> 24.2, 256 -> 1024 1x1 on 14^2 18.8 -> 12.9; its 3x3 of 256 on
+#: 14^2 18.8 -> 19.2. In TF32 vgg_conv3_2 ran 359.8 on the producer tile, 398.3 on the ping-pong tile, so TF32 keeps
+#: fused calls off it. Before (H200, convert(fuse=True), bias,
 #: ReLU and residual adds in the convolutions), fp16 channels_last, batch 32, CUDA graph: 1.310 ms on the
 #: producer tiles, 1.361 with the ping-pong tile on its reductions (bias and ReLU; the bias read in the
 #: epilogue), 1.364 on its expansions too (the residual read by the stores as vectors), 1.645 (the residual
@@ -334,7 +339,7 @@ PINGPONG_CLUSTER_MIN_RUN = 16
 #: The ping-pong tile 64 channels wide (the same kernel, BN 64): its stages are 24 KB, not 32, so the ring holds
 #: PINGPONG_NARROW_STAGES of them, 112 KB of x in flight a block where the 128-channel tile's 4 hold 64 KB,
 #: and a layer makes twice the tiles. The fixed rules take it (pingpong_narrow_pays; the planner asks before the
-#: pointwise kernel's rule) for unfused calls, as pingpong_pays, of PINGPONG_MIN_IN_CHANNELS input channels or more:
+#: pointwise kernel's rule) for the calls pingpong_pays takes (_fused), of PINGPONG_MIN_IN_CHANNELS input channels or more:
 #: - of 64 output channels, a wave of tiles or more, and more than one k tile or PINGPONG_NARROW_SHORT_WAVES waves
 #:   of tiles (one k tile a tile leaves its epilogue the whole of its time); in TF32, layers of more than one tap from
 #:   PINGPONG_TF32_NARROW_MIN_WAVES waves (the 3x3 of 64 on 56^2 at batch 8, 196 tiles: 24.3 us on it, 21.9 on the
@@ -370,17 +375,27 @@ PINGPONG_NARROW_MIN_WAVE = 0.7
 #: multiplied zeros in half of every k tile (the 5x9 seed, wide_5x9's 32 -> 64).
 PAIRED_TAP_CONFIGS = (PINGPONG_CONFIG, PINGPONG_NARROW_CONFIG)
 PAIRED_TAP_CHANNELS = 32
-#: The fixed rules take them (paired_taps_config) for unfused such layers of at most PAIRED_TAP_MAX_K_TILES k tiles
-#: (3x3 kernels) that make PAIRED_TAP_MIN_TILES tiles or more: the 128 x 64 tile for at most 64 output channels, else
-#: the 128 x 128 one. H200, fp16 channels_last, GPU time behind a spin (benchmarks/results/candidates_paired_taps_h200.txt,
-#: candidates_c32_h200.txt), us: 3x3 32 -> 64 on 112^2 at batch 32 (3136 tiles) 73.0 against the 256 x 64 channel-row
-#: tile's 85.7 (torch channels_last 47.8), 32 -> 128 on 56^2 at batch 32 28.7 against the 3-stage 128 x 128 tile's 30.5
-#: (24.7), 32 -> 32 on 112^2 at batch 32 76.0 against 84.3 (the 128 x 32 mma.sync tile, which no rule takes there,
-#: 61.2). Slower: 32 -> 64 on 56^2 at batch 8 (196 tiles) more than 11.1 against 10.3, 5x5 (13 k tiles) 28.7 against
-#: 25.8, the 5x9 seed (23 k tiles) over 1.5 ms against 0.996 (ncu: 25 % of compute, 51 % of L2 throughput -- it
-#: waits, most likely on its 64-byte im2col rows; benchmarks/NOTES.md).
-PAIRED_TAP_MAX_K_TILES = 5
+#: The fixed rules take them (paired_taps_config) for such layers of more than PAIRED_TAP_MAX_OUT_CHANNELS output
+#: channels, at most PAIRED_TAP_MAX_K_TILES k tiles (7x7 kernels) and PAIRED_TAP_MIN_TILES tiles or more, fused
+#: as pingpong_pays allows (_fused): the 128 x 64 tile for at most 64 output channels, else the 128 x 128 one.
+#: H200, fp16 channels_last, GPU time behind a spin, us, since the odd last tap's k tile repeats it in both halves
+#: (before, its early break from the instruction loop made ptxas serialize the tile's wgmma; 323c84b,
+#: benchmarks/results/candidates_paired_unserialized_h200.txt, candidates_k32_paired_h200.txt): 3x3 32 -> 64 s2 on
+#: 112^2 at batch 32 24.6 -> 20.5 (torch channels_last 21.7), 32 -> 128 on 56^2 28.7 -> 22.9 (24.1), 32 -> 256 on
+#: 56^2 39.7 (36.7; the one-tap 128 x 128 tile 54.7), 5x5 32 -> 128 on 56^2 44.1 against the rules' one-tap tile's
+#: 56.2 (40.8), 7x7 32 -> 128 on 112^2 at batch 8 77.6 against 99.2 (98.6). Layers of 32 -> 33-64 channels go to the
+#: pixel strips first (pixel_strips_config); of 32 or fewer to the 128 x 32 mma.sync tile (narrow_out_config).
+PAIRED_TAP_MAX_K_TILES = 25
+PAIRED_TAP_MAX_OUT_CHANNELS = 32
 PAIRED_TAP_MIN_TILES = 4 * H100_SMS
+#: 16-bit layers of PAIRED_TAP_CHANNELS -> at most PAIRED_TAP_MAX_OUT_CHANNELS channels with taps run on the 128 x 32
+#: mma.sync tile of 64-byte k rows (narrow_out_taps_config), a tap's pixel a k row: the wgmma tiles are 64 channels
+#: wide, half of it zeros. H200, fp16 channels_last, GPU time behind a spin, against the rules' plan before
+#: (benchmarks/results/candidates_k32_paired_h200.txt), us: 3x3 32 -> 32 on 112^2 at batch 32 75.5 (the paired
+#: 128 x 64 tile) -> 60.6 (torch channels_last 42.1), at batch 8 22.1 -> 20.7 (17.2). Wider inputs stay on the
+#: wgmma tiles: 64 -> 32 on 56^2 29.5 (the 128 x 32 tiles 28.9 and 31.0 with 64- and 128-byte rows), 128 -> 32 on 28^2
+#: 17.5 (20.4 on this tile).
+NARROW_OUT_TAPS_CONFIG = "nhwc_m128n32k32"
 
 
 def _pingpong_tile(name: str, bm: int, bn: int, stages: int, item: int = 2) -> GemmConfig:
@@ -397,7 +412,7 @@ for _dtype, _item in (("float32", 4), ("float16", 2)):
 #: blocks, each copying 24 KB a k tile, not 32 (a k tile took ~0.23 us, against the 128 x 128 tile's ~0.29; H200).
 #: Its stages are 24 KB, 7 of them. No residual instance: a 64-row half's float sums need twice a consumer's staging
 #: of 64 rows (split-K's reduction adds it). The fixed rules take it (pingpong_64_pixel_runs; the planner asks after
-#: pingpong_small_pays, before any other tile's rule) for unfused calls of whole tiles of 128 output channels where
+#: pingpong_small_pays, before any other tile's rule) for calls _fused allows, of whole tiles of 128 output channels where
 #: the 128 x 128 tile makes fewer than PINGPONG_MIN_TILES tiles and the reduction has PINGPONG_64_PIXEL_MIN_K_TILES k
 #: tiles or more: in as many runs of split-K as keep one work item a block on one wave, each of at least
 #: PINGPONG_64_PIXEL_MIN_RUN k tiles, where the work items make PINGPONG_64_PIXEL_MIN_WAVE of a wave or more, and
@@ -450,7 +465,7 @@ NHWC_CONFIGS["float32"] += (_pingpong_tile(PINGPONG_64_PIXEL_CONFIG, 64, 128, PI
 #: block's copies bound these tiles at ~115 GB/s an SM (H200: the 64-pixel tile's k tiles took ~0.23 us, the 128 x
 #: 128 tile's ~0.29), so a layer of few 128 x 128 tiles spreads over twice the 64-pixel tile's blocks with a third
 #: less to copy each. PINGPONG_SMALL_STAGES of them hold as much in flight as the 64-pixel tile's 7. The fixed
-#: rules take it whole (pingpong_small_pays; asked before the 64-pixel tile's rule) for unfused calls where its
+#: rules take it whole (pingpong_small_pays; asked before the 64-pixel tile's rule) for calls _fused allows where its
 #: tiles make at most one wave (H100_SMS) and the reduction has
 #: PINGPONG_SMALL_MIN_K_TILES k tiles or more: up to PINGPONG_SMALL_SHORT_K_TILES on PINGPONG_SMALL_MIN_TILES tiles
 #: or more, up to PINGPONG_SMALL_LONG_K_TILES on PINGPONG_SMALL_MIN_WAVE of a wave or more. H200, fp16 channels_last,
@@ -795,13 +810,23 @@ def paired_taps_config(problem: ConvProblem, compute_capability: int) -> GemmCon
         return None
     cfg = config_named(problem.dtype, PINGPONG_NARROW_CONFIG if problem.k <= 64 else PINGPONG_CONFIG)
     (_, channels_padded), why_not = _pieces(problem)
-    if why_not or taps_per_k_tile(problem, cfg) == 1 or \
+    if why_not or taps_per_k_tile(problem, cfg) == 1 or problem.k <= PAIRED_TAP_MAX_OUT_CHANNELS or \
             _pingpong_refusal(problem, cfg, channels_padded, _index(problem, cfg, channels_padded), None, None):
         return None
     if reduction_tiles(problem, cfg, channels_padded) > PAIRED_TAP_MAX_K_TILES or \
             math.prod(gemm_grid(problem, cfg)) < PAIRED_TAP_MIN_TILES:
         return None
     return cfg
+
+
+def narrow_out_taps_config(problem: ConvProblem, compute_capability: int) -> GemmConfig | None:
+    """The 128 x 32 mma.sync tile where the fixed rules take it for ``problem`` (NARROW_OUT_TAPS_CONFIG above), or
+    None."""
+    if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.layout != "NHWC" or \
+            problem.dtype not in ("float16", "bfloat16") or problem.groups != 1 or _is_matrix(problem) or \
+            problem.c != PAIRED_TAP_CHANNELS or problem.k > PAIRED_TAP_MAX_OUT_CHANNELS:
+        return None
+    return config_named(problem.dtype, NARROW_OUT_TAPS_CONFIG)
 
 
 def _pingpong_refusal(problem: ConvProblem, cfg: GemmConfig, channels_padded: int, index: str, splits,
@@ -876,7 +901,7 @@ def _pingpong_shape(problem: ConvProblem, compute_capability: int, config: str =
 def pingpong_pays(problem: ConvProblem, compute_capability: int) -> bool:
     """Whether the fixed rules take the ping-pong tile for ``problem`` on a GPU of ``compute_capability``
     (PINGPONG_* above: wide enough, enough tiles, cheaper than the producer tile the rules would take
-    instead, no bias, activation or residual). The planner asks it before the pointwise kernel's rule."""
+    instead, no residual: _fused). The planner asks it before the pointwise kernel's rule."""
     shape = None if _fused(problem) else _pingpong_shape(problem, compute_capability)
     if shape is None:
         return False
@@ -1047,9 +1072,9 @@ def pingpong_cluster_runs(problem: ConvProblem, compute_capability: int) -> int:
 
 
 def _fused(problem: ConvProblem) -> bool:
-    """Whether ``problem`` has a bias, an activation or a residual in its epilogue (the ping-pong tiles' rules
-    leave such calls to the other tiles)."""
-    return problem.has_bias or problem.activation != "none" or problem.has_residual
+    """Whether the ping-pong tiles' rules leave ``problem`` to the other tiles for its epilogue (see
+    PINGPONG_MIN_TILES): a residual in any dtype, a bias or an activation in TF32."""
+    return problem.has_residual or (problem.dtype == "float32" and (problem.has_bias or problem.activation != "none"))
 
 
 def _pingpong_cost(tiles: int) -> float:
@@ -1082,7 +1107,8 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
     reductions).
 
     Before all of these, where ``pingpong``, the pixel strips' tile where pixel_strips_config takes it, then the
-    ping-pong tile of two taps a k tile paired_taps_config gives; then,
+    ping-pong tile of two taps a k tile paired_taps_config gives; then the 128 x 32 mma.sync tile where
+    narrow_out_taps_config takes it; then,
     where ``pingpong`` and pingpong_small_pays, the 64 x 64 ping-pong tile; then the 64-pixel
     ping-pong tile where pingpong_64_pixel_runs takes it (whole where ``pingpong``, in runs of split-K where
     ``pingpong_split``); then, where ``pingpong`` and pingpong_narrow_pays, the 64-channel ping-pong tile; then the
@@ -1097,6 +1123,9 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
         return paired, (f"wgmma; {problem.kh}x{problem.kw} of {problem.c} -> {problem.k} channels, "
                         f"{math.prod(gemm_grid(problem, paired))} tiles of {paired.bm} x {paired.bn}: the ping-pong "
                         f"tile, two taps a k tile")
+    if narrow := narrow_out_taps_config(problem, compute_capability):
+        return narrow, (f"{problem.kh}x{problem.kw} of {problem.c} -> {problem.k} channels: one 32-channel tile, a "
+                        f"tap's {problem.c} channels a k row of 64 bytes")
     if pingpong and pingpong_small_pays(problem, compute_capability):
         cfg = config_named(problem.dtype, PINGPONG_SMALL_CONFIG)
         return cfg, (f"wgmma; {math.prod(gemm_grid(problem, cfg))} tiles of 64 x 64 (<= {H100_SMS}), "
@@ -1124,9 +1153,9 @@ def _choose_config(problem: ConvProblem, compute_capability: int = 0, pingpong: 
                      f"128 channels rounding it in place, split-K's runs filling a wave")
     if pingpong and pingpong_pays(problem, compute_capability):
         cfg = config_named(problem.dtype, PINGPONG_CONFIG)
-        return cfg, (f"wgmma; 1x1 of {problem.c} -> {problem.k} channels, {math.prod(gemm_grid(problem, cfg))} "
-                     f"tiles of 128 x 128: the ping-pong tile (one consumer warpgroup's epilogue beside the "
-                     f"other's MMAs)")
+        return cfg, (f"wgmma; {problem.kh}x{problem.kw} of {problem.c} -> {problem.k} channels, "
+                     f"{math.prod(gemm_grid(problem, cfg))} tiles of 128 x 128: the ping-pong tile (one consumer "
+                     f"warpgroup's epilogue beside the other's MMAs)")
     if pingpong_split and pingpong_cluster_runs(problem, compute_capability) > 1:
         cfg = config_named(problem.dtype, PINGPONG_CLUSTER_CONFIG)
         return cfg, (f"wgmma; {math.prod(gemm_grid(problem, cfg))} tiles of 128 x 128 (< {PINGPONG_MIN_TILES}), "
