@@ -1,7 +1,7 @@
 """A/B of converted models between trees in one call: each tree's own package runs the models suite, the
 trees alternated round by round, and a table of every run's torch and cupyconv ms per tree.
     python benchmarks/profile/ab_models.py OLD=scratch/old NEW=. --model resnet50:8 --model resnet50:32 \
-        [--rounds 2] [--dtype fp16] [--layout channels_last] [--timing graph] [--out DIR] [--dry-run]
+        [--rounds 2] [--dtype fp16] [--layout channels_last] [--timing graph] [--fuse] [--out DIR] [--dry-run]
 Each run is `python -m cupyconv.bench --suite models` started inside its tree with the tree first on
 PYTHONPATH: `python -m` puts the working directory first on sys.path, so a tree's runs started from another
 directory would import that directory's package (NOTES.md, "Fewer launches for split-K calls"). Before any
@@ -30,7 +30,8 @@ def package_of(tree: pathlib.Path) -> pathlib.Path:
 def bench_command(args, model: str, batch: str, label: str) -> list[str]:
     return [sys.executable, "-m", "cupyconv.bench", "--suite", "models", "--model", model, "--batch", batch,
             "--dtype", args.dtype, "--layout", args.layout, "--timing", args.timing,
-            "--out", str(pathlib.Path(args.out).resolve() / label), "--commit", label]
+            "--out", str(pathlib.Path(args.out).resolve() / label), "--commit", label] + \
+        (["--fuse"] if args.fuse else [])
 
 
 def main() -> None:
@@ -43,6 +44,7 @@ def main() -> None:
     parser.add_argument("--timing", default="graph")
     parser.add_argument("--out", default=os.environ.get("OUT", "ab_models_out"))
     parser.add_argument("--timeout", type=int, default=60, help="seconds a run")
+    parser.add_argument("--fuse", action="store_true", help="convert(model, fuse=True) in every run")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
     trees = {}
