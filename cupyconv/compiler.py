@@ -60,6 +60,7 @@ _SOURCE_FILES = {"nchw_to_nhwc_tiled": "nchw_to_nhwc.cu", "nchw_to_nhwc_narrow":
                  "implicit_gemm_nhwc_tma_stacked": "implicit_gemm_nhwc.cu",
                  "implicit_gemm_nhwc_pingpong": "implicit_gemm_nhwc.cu",
                  "implicit_gemm_nhwc_pingpong_cluster": "implicit_gemm_nhwc.cu",
+                 "implicit_gemm_nhwc_pingpong_strips": "implicit_gemm_nhwc.cu",
                  "phase_weights": "phase_weight.cu", "mean_pixels_partial": "mean_pixels.cu",
                  "mean_pixels_finish": "mean_pixels.cu",
                  **{f"winograd_{part}_transform": "winograd_conv2d.cu"

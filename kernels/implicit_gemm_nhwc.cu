@@ -1029,13 +1029,17 @@ implicit_gemm_nhwc_tma_pair(const T* __restrict__ x, const T* __restrict__ w, co
 // tap in both halves, the second against the weight's zero columns past kh kw C: a stale half (an earlier tile's
 // pixels) could hold an inf that those zeros would make NaN in outputs that never saw it, and multiplying the first
 // half alone (a break out of the instruction loop) made ptxas serialize every wgmma of the tile (its C7520).
-// TAPS 0, PIXEL_STRIPS (16-bit layers of 32 channels, stride 1 and no dilation along w): a k tile is a whole kernel
-// row r. Its pixels are not copied tap by tap: each 64-pixel half of the tile is one strip of 64 + kw - 1 input
-// pixels of 64 bytes (a 4-D tiled copy, zeros outside x), and tap s's A rows are that strip from pixel s on, a
-// descriptor s rows further (inside the swizzle's pattern: see wgmma_descriptor). The im2col copies read every pixel kw times
-// from L2 in rows of 64 bytes, whose count bounded the two-taps tile (benchmarks/NOTES.md, "Pixel strips"). A half
-// is one output row's 64-pixel segment (image, oh, 64 b ..), so its pixels are found by segment, not m0 + row.
-template <typename T, int BM, int BN, int STAGES, int TAPS, bool RESIDUAL, bool SPLIT_K, int CLUSTER, bool ROUND_A>
+// STRIP_BYTES 64 or 128, PIXEL_STRIPS (implicit_gemm_nhwc_pingpong_strips: 16-bit layers of 32 or 64 channels, a
+// pixel's STRIP_BYTES, stride 1 and no dilation along w): a k tile is a whole kernel row r. Its pixels are not copied
+// tap by tap: each 64-pixel half of the tile is one strip of 64 + kw - 1 input pixels (a 4-D tiled copy, swizzled
+// across the pixel's bytes, zeros outside x), and tap s's A rows are that strip from pixel s on, a descriptor s rows
+// further (inside the swizzle's pattern: see wgmma_descriptor). The im2col copies read every pixel kw times from L2,
+// in rows of 64 bytes for 32 channels, whose count bounded the two-taps tile (benchmarks/NOTES.md, "Pixel strips").
+// The pixel's bytes are a template argument so that the tap loop's instructions take one descriptor form, unrolled
+// (a select between forms, or a trip count that changes from k tile to k tile, made ptxas serialize the wgmma). A
+// half is one output row's 64-pixel segment (image, oh, 64 b ..), so its pixels are found by segment, not m0 + row.
+template <typename T, int BM, int BN, int STAGES, int TAPS, bool RESIDUAL, bool SPLIT_K, int CLUSTER, bool ROUND_A,
+          int STRIP_BYTES = 0>
 __device__ __forceinline__ void
 pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                void* __restrict__ y_out, int has_bias, const T* __restrict__ residual, int has_residual,
@@ -1046,20 +1050,22 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     static_assert(!(SPLIT_K && RESIDUAL), "split runs' sums are finished by the reduction");
     static_assert(!ROUND_A || sizeof(T) == 4, "ROUND_A: a float32 x read in place, unrounded");
     static_assert(TAPS <= 1 || (TAPS == 2 && sizeof(T) == 2 && !ROUND_A), "two taps a k tile: 16-bit, 32 channels");
-    constexpr bool PIXEL_STRIPS = TAPS == 0, CLUSTER_SUMS = CLUSTER > 1;
-    static_assert(!PIXEL_STRIPS || (sizeof(T) == 2 && !ROUND_A && !SPLIT_K && !CLUSTER_SUMS),
-                  "pixel strips: 16-bit, 32 channels, whole reductions");
+    constexpr bool PIXEL_STRIPS = STRIP_BYTES > 0, CLUSTER_SUMS = CLUSTER > 1;
+    static_assert(!PIXEL_STRIPS || (sizeof(T) == 2 && TAPS == 1 && !ROUND_A && !SPLIT_K && !CLUSTER_SUMS &&
+                                    (STRIP_BYTES == 64 || STRIP_BYTES == 128)),
+                  "pixel strips: 16-bit pixels of 32 or 64 channels, whole reductions");
     static_assert(!(CLUSTER_SUMS && (SPLIT_K || RESIDUAL)) && BM % (8 * CLUSTER) == 0,
                   "a cluster's runs finish their tile themselves, in whole passes of rows");
     constexpr int BK = 128 / sizeof(T), INST_K = mma_op<T>::k;   // a k tile: 128-byte rows
     constexpr int A_STAGE = BM * 128, B_STAGE = BN * 128;        // bytes
-    constexpr int TAP_BYTES = PIXEL_STRIPS ? 64 : 128 / TAPS;    // a tap's pixel rows
-    constexpr int A_TAP = A_STAGE / (PIXEL_STRIPS ? 1 : TAPS);     // a tap's copy in a stage
+    constexpr int TAP_BYTES = PIXEL_STRIPS ? STRIP_BYTES : 128 / TAPS;  // a tap's pixel rows
+    constexpr int A_TAP = A_STAGE / TAPS;                                // a tap's copy in a stage
     constexpr int HALVES = BM / 64, H_STRIDE = BN + 8;
     // PIXEL_STRIPS: a stage holds HALVES strips of strip_rows pixels (whole 8-row swizzle patterns) and kernel row
-    // r's weight, its kw taps' 64 bytes a channel in 128-byte k rows (an odd kw's last half is never multiplied).
+    // r's weight, its kw taps' STRIP_BYTES a channel in 128-byte k rows (32 channels: an odd kw's last half is
+    // never multiplied).
     const int strip_rows = PIXEL_STRIPS ? (64 + kw - 1 + 7) / 8 * 8 : 0, strip_bytes = strip_rows * TAP_BYTES;
-    const int weight_blocks = PIXEL_STRIPS ? (kw + 1) / 2 : 1;
+    const int weight_blocks = PIXEL_STRIPS ? (kw * TAP_BYTES + 127) / 128 : 1;
     const int a_stage_bytes = PIXEL_STRIPS ? HALVES * strip_bytes : A_STAGE, b_stage_bytes = weight_blocks * B_STAGE;
     constexpr int ORDER_0_TO_1 = 1, ORDER_1_TO_0 = 2, STAGING = 3;  // named barriers (0: __syncthreads)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -1252,22 +1258,24 @@ pingpong_tiles(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                     wgmma_commit();
                 }
             } else if constexpr (PIXEL_STRIPS) {
-                // Tap s, 16 channels j: the strips from pixel s on, the weight's k rows from s 32 + 16 j on.
+                // Tap s, INST_K channels j: the strips from pixel s on, the weight's k rows from s C + INST_K j on.
+                constexpr int STRIP_CHANNELS = STRIP_BYTES / static_cast<int>(sizeof(T));
                 const unsigned strips = shared_address(a_smem + stage * a_stage_bytes);
                 const unsigned weights = shared_address(b_smem + stage * b_stage_bytes);
                 wgmma_fence();
 #pragma unroll 1
                 for (int s = 0; s < kw; ++s)
 #pragma unroll
-                    for (int j = 0; j < 2; ++j) {
-                        const int k = s * 32 + j * 16;
+                    for (int j = 0; j < STRIP_CHANNELS / INST_K; ++j) {
+                        const int k = s * STRIP_CHANNELS + j * INST_K;
                         const unsigned long long channels_k =
                             wgmma_descriptor(weights + k / BK * B_STAGE + k % BK * static_cast<int>(sizeof(T)));
 #pragma unroll
                         for (int h = 0; h < HALVES; ++h)
                             wgmma_op<T, BN>::run(acc[h],
                                                  wgmma_descriptor<TAP_BYTES>(strips + h * strip_bytes +
-                                                                             s * TAP_BYTES + j * 32),
+                                                                             s * TAP_BYTES + j * INST_K *
+                                                                             static_cast<int>(sizeof(T))),
                                                  channels_k);
                     }
                 wgmma_commit();
@@ -1512,6 +1520,20 @@ implicit_gemm_nhwc_pingpong(const T* __restrict__ x, const T* __restrict__ w, co
                             const __grid_constant__ TensorMap weight_map, const __grid_constant__ TensorMap x_map,
                             int x_is_matrix) {
     pingpong_tiles<T, BM, BN, STAGES, TAPS, RESIDUAL, SPLIT_K, 1, ROUND_A>(
+        x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho, Wo, kh, kw, sh, sw, pt, pl,
+        dh, dw, groups, splits, split_elements, weight_map, x_map, x_is_matrix);
+}
+
+// The pixel strips (PIXEL_STRIPS above): pixels of STRIP_BYTES (32 or 64 16-bit channels), whole reductions.
+template <typename T, int BM, int BN, int STAGES, int STRIP_BYTES, bool RESIDUAL>
+__global__ void __launch_bounds__(384, 1)
+implicit_gemm_nhwc_pingpong_strips(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                                   void* __restrict__ y_out, int has_bias, const T* __restrict__ residual,
+                                   int has_residual, int activation, int N, int C, int H, int W, int K, int Ho, int Wo,
+                                   int kh, int kw, int sh, int sw, int pt, int pl, int dh, int dw, int groups,
+                                   int splits, int split_elements, const __grid_constant__ TensorMap weight_map,
+                                   const __grid_constant__ TensorMap x_map, int x_is_matrix) {
+    pingpong_tiles<T, BM, BN, STAGES, 1, RESIDUAL, false, 1, false, STRIP_BYTES>(
         x, w, bias, y_out, has_bias, residual, has_residual, activation, N, C, H, W, K, Ho, Wo, kh, kw, sh, sw, pt, pl,
         dh, dw, groups, splits, split_elements, weight_map, x_map, x_is_matrix);
 }

@@ -233,6 +233,28 @@ def test_rules_take_strips_or_two_taps_where_measured_faster(n, k, h, taps, padd
         assert implicit_gemm_nhwc.paired_taps_config(p(c=48, wc=48), 90) is None
 
 
+@pytest.mark.parametrize("n,h,w,taps,padding,taken", [
+    (32, 56, 56, (5, 5), 2, STRIPS),                                          # 43.5 us against 52.1
+    (8, 512, 512, (5, 9), 0, implicit_gemm_nhwc.PIXEL_STRIPS_WIDE_CONFIG),    # 1355.9 against 1530.2
+    (32, 56, 56, (3, 3), 1, None),                                            # level: 22.9 against 23.5
+    (32, 224, 224, (3, 3), 1, None),                                          # vgg_conv1_2: 280.3 against 278.1
+    (8, 224, 224, (7, 7), 3, None),                                           # 372.7 against 335.8
+], ids=["5x5", "5x9", "r50_3x3", "vgg_3x3", "7x7"])
+def test_rules_take_64_channel_strips_where_measured_faster(n, h, w, taps, padding, taken):
+    """64 -> 64-channel layers on the pixel strips where the H200 ran them faster (PIXEL_STRIPS_RULE_TAPS;
+    benchmarks/results/candidates_pixel_strips_c64_templated_h200.txt): 5x5 on the 3-stage tile, 5x9 on the 2-stage
+    one; 3x3 and 7x7 stay on the 128 x 64 ping-pong tile."""
+    p = make_problem((n, h, w, 64), (64, *taps, 64), (64,), "float16", padding=padding, layout="NHWC",
+                     weight_layout="KHWC", activation="relu")
+    plan = planner.make_plan(p, compute_capability=90)
+    assert (plan.config.name if plan.taps_per_k_tile == implicit_gemm_nhwc.PIXEL_STRIPS else None) == taken, str(plan)
+    if taken is None:
+        assert plan.config.name == implicit_gemm_nhwc.PINGPONG_NARROW_CONFIG, str(plan)
+    else:
+        assert "read from strips of pixels" in plan.reason and "of 128 bytes" in plan.reason
+        assert implicit_gemm_nhwc.pixel_strips_config(p, 80) is None
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("n,c,k,h,taken", [
     (32, 32, 32, 112, True),    # 60.6 us against the paired 128 x 64 tile's 75.5
@@ -278,41 +300,61 @@ def test_pingpong_rules_take_calls_with_a_bias(n, c, k, h, expected):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("channels,config", [(32, STRIPS), (64, STRIPS),
+                                             (64, implicit_gemm_nhwc.PIXEL_STRIPS_WIDE_CONFIG)])
 @pytest.mark.parametrize("shape", [(8, 512, 512, 5, 9, 0), (32, 112, 112, 3, 3, 1), (2, 13, 70, 3, 3, 1)],
                          ids=["5x9_seed", "3x3_112", "rows_of_70"])
-def test_pixel_strips_plan(shape, dtype):
+def test_pixel_strips_plan(shape, channels, config, dtype):
     """A k tile a kernel row: kh k tiles, tiles of two 64-pixel segments of output rows, a strip map of 64 + kw - 1
-    pixels rounded to whole swizzle patterns, shared memory that fits, the instance compiled; no split-K."""
+    pixels of 64 or 128 bytes rounded to whole swizzle patterns, shared memory that fits (64 channels of 9 taps:
+    two stages), the instance compiled; no split-K."""
     n, h, w, kh, kw, pad = shape
-    p = make_problem((n, h, w, 32), (64, kh, kw, 32), None, dtype, padding=pad, layout="NHWC", weight_layout="KHWC")
-    plan = plan_of(p, config=STRIPS)
-    assert plan.taps_per_k_tile == implicit_gemm_nhwc.PIXEL_STRIPS and f"its {kw} taps read from strips" in plan.reason
+    p = make_problem((n, h, w, channels), (64, kh, kw, channels), None, dtype, padding=pad, layout="NHWC",
+                     weight_layout="KHWC")
+    if channels == 64 and kw == 9 and config == STRIPS:
+        with pytest.raises(ValueError, match="its 3 stages hold a kernel row's 9 taps of 64 channels"):
+            plan_of(p, config=config)
+        return
+    plan = plan_of(p, config=config)
+    assert plan.taps_per_k_tile == implicit_gemm_nhwc.PIXEL_STRIPS and \
+        f"its {kw} taps read from strips of 64 + {kw - 1} pixels of {2 * channels} bytes" in plan.reason
     segments = n * p.ho * math.ceil(p.wo / 64)
     assert implicit_gemm_nhwc.strip_tiles(p, plan.config) == math.ceil(segments / 2)
     assert plan.grid == (min(math.ceil(segments / 2), H100_SMS), 1, 1)
+    stage = 2 * math.ceil((63 + kw) / 8) * 8 * 2 * channels + math.ceil(kw * channels / 64) * 64 * 128
+    assert plan.shared_bytes >= plan.config.stages * stage
     assert plan.shared_bytes + BLOCK_RESERVED_SHARED_BYTES <= 228 * 1024
-    weight_map, x_map, _ = implicit_gemm_nhwc.program(plan, p).launches[-1].args[-3:]
-    assert isinstance(x_map, PixelStripMap) and x_map.shape == (n, h, w, 32)
-    assert x_map.pixels == math.ceil((63 + kw) / 8) * 8 and weight_map.columns == kh * kw * 32
-    assert ",0,false,false,false>" in implicit_gemm_nhwc.name_expression(plan)
-    assert implicit_gemm_nhwc.name_expression(plan) in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
+    launch = implicit_gemm_nhwc.program(plan, p).launches[-1]
+    weight_map, x_map, _ = launch.args[-3:]
+    assert launch.kernel == implicit_gemm_nhwc.PIXEL_STRIPS_KERNEL
+    assert isinstance(x_map, PixelStripMap) and x_map.shape == (n, h, w, channels)
+    assert x_map.pixels == math.ceil((63 + kw) / 8) * 8 and weight_map.columns == kh * kw * channels
+    expression = implicit_gemm_nhwc.name_expression(plan)
+    assert expression.startswith(f"cupyconv::{implicit_gemm_nhwc.PIXEL_STRIPS_KERNEL}<") and \
+        expression.endswith(f",{plan.config.stages},{2 * channels},false>")
+    assert expression in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
 
 
 @pytest.mark.parametrize("x,w,options,reason", [
-    ((8, 64, 64, 64), (64, 3, 3, 64), {"padding": 1}, "pixels of 32 16-bit channels"),
+    ((8, 64, 64, 48), (64, 3, 3, 48), {"padding": 1}, "pixels of 32 or 64 16-bit channels"),
     ((8, 64, 64, 32), (64, 3, 3, 32), {"padding": 1, "dtype": "float32"}, "must be one of"),  # no float32 tile
     ((8, 64, 64, 32), (60, 3, 3, 32), {"padding": 1}, "8-channel vectors"),
     ((8, 64, 64, 32), (64, 3, 3, 32), {"stride": (1, 2)}, "stride and dilation 1 along w"),
     ((8, 64, 64, 32), (64, 3, 3, 32), {"dilation": (1, 2)}, "stride and dilation 1 along w"),
-    ((8, 64, 64, 32), (64, 1, 13, 32), {}, "at most 11"),
+    ((8, 64, 64, 32), (64, 1, 13, 32), {}, "its 3 stages hold a kernel row's 13 taps of 32 channels"),
+    ((8, 64, 64, 64), (64, 1, 7, 64), {}, "its 3 stages hold a kernel row's 7 taps of 64 channels"),
     ((8, 64, 64, 32), (64, 3, 3, 32), {"splits": 2}, "whole reductions"),
-], ids=["64_channels", "float32", "k60", "stride_w", "dilation_w", "kw13", "split_k"])
+    ((8, 64, 64, 32), (64, 3, 3, 32), {"config": implicit_gemm_nhwc.PIXEL_STRIPS_WIDE_CONFIG}, "rows of 64 channels"),
+    ((8, 64, 64, 64), (64, 1, 11, 64), {"config": implicit_gemm_nhwc.PIXEL_STRIPS_WIDE_CONFIG}, "11 taps of 64"),
+], ids=["48_channels", "float32", "k60", "stride_w", "dilation_w", "kw13", "c64_kw7", "split_k", "wide_c32",
+        "wide_kw11"])
 def test_pixel_strips_refusals(x, w, options, reason):
     options = dict(options)
     dtype, splits = options.pop("dtype", "float16"), options.pop("splits", None)
+    config = options.pop("config", STRIPS)
     p = make_problem(x, w, None, dtype, layout="NHWC", weight_layout="KHWC", **options)
     with pytest.raises(ValueError, match=reason):
-        plan_of(p, config=STRIPS, **({"splits": splits} if splits else {}))
+        plan_of(p, config=config, **({"splits": splits} if splits else {}))
 
 
 def test_wgmma_only():

@@ -261,34 +261,41 @@ def test_pingpong_rules_strips_or_two_taps_against_float64(k, dtype):
     assert relative_error(out, reference(case, x, weight, bias, None, "none")) < TOLERANCE[dtype], str(plan)
 
 
-#: Pixel strips (implicit_gemm_nhwc.PIXEL_STRIPS_CONFIG: 16-bit layers of 32 channels, stride 1 and no dilation along
-#: w): output rows of 70 pixels (a segment of 64 and one of 6, the last tile's second half past the last segment),
-#: padding on both sides; 5x9 unpadded on rows of 32 pixels; stride and dilation along h, an even kw, a partial
-#: channel tile; the widest kw with padding.
-PIXEL_STRIP_CASES = [Case(2, 32, 64, 13, 70, 3, 3, padding=1),
-                     Case(3, 32, 64, 12, 40, 5, 9),
-                     Case(3, 32, 136, 11, 9, 3, 4, stride=(2, 1), padding=(1, 2), dilation=(2, 1)),
-                     Case(2, 32, 72, 9, 131, 2, 11, padding=(1, 5), bias=False)]
+STRIPS, WIDE_STRIPS = implicit_gemm_nhwc.PIXEL_STRIPS_CONFIG, implicit_gemm_nhwc.PIXEL_STRIPS_WIDE_CONFIG
+#: Pixel strips (implicit_gemm_nhwc.PIXEL_STRIPS_CONFIGS: 16-bit layers of 32 or 64 channels, stride 1 and no dilation
+#: along w), with the tile that runs each: output rows of 70 pixels (a segment of 64 and one of 6, the last tile's
+#: second half past the last segment), padding on both sides; 5x9 (5x5 in 64 channels) unpadded on rows of 32 pixels;
+#: stride and dilation along h, an even kw, a partial channel tile; the widest kw with padding (in 64 channels on the
+#: 2-stage tile, and a 5x7 there).
+PIXEL_STRIP_CASES = [(Case(2, 32, 64, 13, 70, 3, 3, padding=1), STRIPS),
+                     (Case(3, 32, 64, 12, 40, 5, 9), STRIPS),
+                     (Case(3, 32, 136, 11, 9, 3, 4, stride=(2, 1), padding=(1, 2), dilation=(2, 1)), STRIPS),
+                     (Case(2, 32, 72, 9, 131, 2, 11, padding=(1, 5), bias=False), STRIPS),
+                     (Case(2, 64, 64, 13, 70, 3, 3, padding=1), STRIPS),
+                     (Case(3, 64, 64, 12, 40, 5, 5), STRIPS),
+                     (Case(3, 64, 136, 11, 9, 3, 4, stride=(2, 1), padding=(1, 2), dilation=(2, 1)), STRIPS),
+                     (Case(2, 64, 72, 9, 131, 2, 9, padding=(1, 4), bias=False), WIDE_STRIPS),
+                     (Case(2, 64, 64, 12, 40, 5, 7), WIDE_STRIPS)]
 
 
 @pytest.mark.parametrize("blocks", [None, 1, 3], ids=lambda b: "rules_grid" if b is None else f"{b}_blocks")
 @pytest.mark.parametrize("epilogue", EPILOGUES + [("gelu", False)],
                          ids=[f"{a}-{'residual' if r else 'no_residual'}" for a, r in EPILOGUES + [("gelu", False)]])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("case", PIXEL_STRIP_CASES, ids=lambda c: c.id)
-def test_pingpong_pixel_strips_against_float64(case, dtype, epilogue, blocks):
+@pytest.mark.parametrize("case,config", PIXEL_STRIP_CASES, ids=lambda v: v.id if isinstance(v, Case) else v)
+def test_pingpong_pixel_strips_against_float64(case, config, dtype, epilogue, blocks):
     """A kernel row's taps read from one strip of pixels a 64-pixel half: every output written (segments that end
     rows early, tiles past the last segment), within the dtype's tolerance, the same bits twice, on the plan's grid
     and on 1-3 blocks."""
     problem = problem_of(case, dtype, "NHWC", "KHWC", *epilogue)
-    assert planner.make_plan(problem, config=implicit_gemm_nhwc.PIXEL_STRIPS_CONFIG, kernel=planner.NHWC_KERNEL,
+    assert planner.make_plan(problem, config=config, kernel=planner.NHWC_KERNEL,
                              compute_capability=90).taps_per_k_tile == implicit_gemm_nhwc.PIXEL_STRIPS
-    check_forced(case, dtype, epilogue, blocks, None, seed=case.k + case.kw + len(epilogue[0]),
-                 config=implicit_gemm_nhwc.PIXEL_STRIPS_CONFIG)
+    check_forced(case, dtype, epilogue, blocks, None, seed=case.k + case.kw + len(epilogue[0]), config=config)
 
 
-def test_pingpong_pixel_strips_inf_reaches_its_windows_alone():
+@pytest.mark.parametrize("case,config", [PIXEL_STRIP_CASES[1], PIXEL_STRIP_CASES[8]], ids=["c32_5x9", "c64_5x7"])
+def test_pingpong_pixel_strips_inf_reaches_its_windows_alone(case, config):
     """An infinite input pixel makes infinities or NaNs in exactly the outputs whose windows hold it: a strip's rows
-    past its taps' reach and an odd kw's half k row of the next kernel row's weight are never multiplied."""
-    check_inf_reaches_its_windows_alone(PIXEL_STRIP_CASES[1], implicit_gemm_nhwc.PIXEL_STRIPS_CONFIG, (1, 5, 6, 30),
-                                        seed=37)
+    past its taps' reach and (32 channels) an odd kw's half k row of the next kernel row's weight are never
+    multiplied."""
+    check_inf_reaches_its_windows_alone(case, config, (1, 5, 6, 30), seed=37)

@@ -261,7 +261,8 @@ def test_layout_programs(case, dtype, layouts):
             cluster = plan.config.name == implicit_gemm_nhwc.PINGPONG_CLUSTER_CONFIG
             gemm = implicit_gemm_nhwc.STREAM_K_KERNEL if plan.stream_k_blocks else \
                 implicit_gemm_nhwc.PINGPONG_CLUSTER_KERNEL if cluster else \
-                implicit_gemm_nhwc.PINGPONG_KERNEL if plan.config.wgmma == implicit_gemm_nhwc.WGMMA_PINGPONG else \
+                implicit_gemm_nhwc.PIXEL_STRIPS_KERNEL if plan.config.name in implicit_gemm_nhwc.PIXEL_STRIPS_CONFIGS \
+                else implicit_gemm_nhwc.PINGPONG_KERNEL if plan.config.wgmma == implicit_gemm_nhwc.WGMMA_PINGPONG else \
                 implicit_gemm_nhwc.PAIR_KERNEL if plan.config.cluster > 1 else \
                 implicit_gemm_nhwc.TMA_KERNEL if plan.config.producer_warps else planner.NHWC_KERNEL
             in_place = [gemm] + ([REDUCE_KERNEL] if plan.splits > 1 and not cluster else [])

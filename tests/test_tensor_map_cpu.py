@@ -201,9 +201,9 @@ PAST_THE_IM2COL_MAP = [Case(8, 64, 64, 200, 200, 3, 3, stride=9), Case(2, 64, 12
                        Case(1, 256, 256, 300, 300, 3, 3, stride=9, padding=1),
                        Case(4, 64, 256, 40, 40, 1, 1, padding=130),
                        Case(2, 64, 64, 300, 20, 1, 1, stride=(1, 16))]
-#: The tiles fed by im2col maps (the pixel strips' tile reads x by a tiled map, and 32 channels alone).
+#: The tiles fed by im2col maps (the pixel strips' tiles read x by a tiled map).
 TMA_TILES = [c for c in implicit_gemm_nhwc.NHWC_CONFIGS["float16"]
-             if c.producer_warps and c.name != implicit_gemm_nhwc.PIXEL_STRIPS_CONFIG]
+             if c.producer_warps and c.name not in implicit_gemm_nhwc.PIXEL_STRIPS_CONFIGS]
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])

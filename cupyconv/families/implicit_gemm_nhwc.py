@@ -339,7 +339,8 @@ PINGPONG_CLUSTER_MIN_RUN = 16
 #: The ping-pong tile 64 channels wide (the same kernel, BN 64): its stages are 24 KB, not 32, so the ring holds
 #: PINGPONG_NARROW_STAGES of them, 112 KB of x in flight a block where the 128-channel tile's 4 hold 64 KB,
 #: and a layer makes twice the tiles. The fixed rules take it (pingpong_narrow_pays; the planner asks before the
-#: pointwise kernel's rule) for the calls pingpong_pays takes (_fused), of PINGPONG_MIN_IN_CHANNELS input channels or more:
+#: pointwise kernel's rule) for the calls pingpong_pays takes (_fused), of PINGPONG_MIN_IN_CHANNELS input channels or
+#: more:
 #: - of 64 output channels, a wave of tiles or more, and more than one k tile or PINGPONG_NARROW_SHORT_WAVES waves
 #:   of tiles (one k tile a tile leaves its epilogue the whole of its time); in TF32, layers of more than one tap from
 #:   PINGPONG_TF32_NARROW_MIN_WAVES waves (the 3x3 of 64 on 56^2 at batch 8, 196 tiles: 24.3 us on it, 21.9 on the
@@ -502,34 +503,43 @@ NHWC_CONFIGS["float16"] += (_pingpong_tile(PINGPONG_SMALL_CONFIG, 64, 64, PINGPO
 NHWC_CONFIGS["float32"] += (_pingpong_tile(PINGPONG_SMALL_CONFIG, 64, 64, PINGPONG_TF32_SMALL_STAGES, 4),)
 #: The ping-pong tiles that run whole or split by split_k_reduce (the cluster config aside).
 PINGPONG_WHOLE_CONFIGS = (PINGPONG_CONFIG, PINGPONG_NARROW_CONFIG, PINGPONG_64_PIXEL_CONFIG, PINGPONG_SMALL_CONFIG)
-#: Pixel strips (the kernel's TAPS 0, PIXEL_STRIPS): 16-bit layers of PIXEL_STRIPS_CHANNELS channels, stride 1 and
-#: no dilation along w, on the 128 x 64 ping-pong tile, a k tile a kernel row. Each 64-pixel half of a tile is one
-#: output row's segment, and a k tile copies its strip of 64 + kw - 1 input pixels once (a 4-D tiled map, zeros
+#: Pixel strips (PIXEL_STRIPS_KERNEL, the kernel's PIXEL_STRIPS): 16-bit layers of PIXEL_STRIPS_CHANNELS channels
+#: (pixels of 64 or 128 bytes, the kernel's STRIP_BYTES), stride 1 and no dilation along w, on the 128 x 64 ping-pong
+#: tile, a k tile a kernel row. Each 64-pixel half of a tile is one output row's segment, and a k tile copies its strip of 64 + kw - 1 input pixels once (a 4-D tiled map, zeros
 #: outside x), from which tap s's A rows are read s rows on, beside the row's kw taps of the weight. The im2col
 #: copies of two taps a k tile read every pixel kw times from L2 in 64-byte rows; in 64 channels (128-byte rows, the
 #: same FLOPs: results/candidates_c64_5x9_h200.txt) the 128 x 64 tile ran the 5x9 seed's FLOPs in 776 us against
 #: the paired tile's 1530 on 32 channels, both ~60 G im2col rows a second (H200). Stages hold a kernel row's weight,
-#: (kw + 1) / 2 k rows of 64 channels: PIXEL_STRIPS_STAGES of them fit to kw = PIXEL_STRIPS_MAX_KW.
-#: The fixed rules take it first (pixel_strips_config), fused or not, for layers it runs of PIXEL_STRIPS_MIN_KW taps
-#: along w or more, PIXEL_STRIPS_OUT_CHANNELS output channels, and output rows of which the 64-pixel segments use
-#: PIXEL_STRIPS_MIN_ROW_USE or more. H200, GPU time behind a spin (results/candidates_pixel_strips*_h200.txt), us,
+#: kw C / 64 k rows of 64 channels: PIXEL_STRIPS_STAGES of them fit to kw 11 in 32 channels, 5 in 64; the 2-stage
+#: PIXEL_STRIPS_WIDE_CONFIG's to 9 in 64 (_pixel_strips_refusal asks _shared_bytes).
+#: The fixed rules take it first (pixel_strips_config), fused or not, for layers it runs of PIXEL_STRIPS_RULE_TAPS'
+#: input channels and taps along w, PIXEL_STRIPS_OUT_CHANNELS output channels, and output rows of which the 64-pixel
+#: segments use PIXEL_STRIPS_MIN_ROW_USE or more, on the first of PIXEL_STRIPS_CONFIGS that runs them. H200, GPU time behind a spin (results/candidates_pixel_strips*_h200.txt), us,
 #: against the rules' plan before (torch channels_last): the 5x9 seed 988.0 -> 663.6 in fp16 (874.5), 974.8 -> 655.9
 #: in bf16 (902.4); fp16, 3x3 32 -> 64 on 112^2 at batch 32 72.2 -> 56.9 (47.1), with a bias 86.2 -> 57.3, at batch
 #: 1 10.6 -> 8.3 (9.2), on 224^2 at batch 8 73.2 -> 56.6 (47.8), on 56^2 at batch 8 10.3 -> 9.4 (11.4); 5x5 on 56^2
 #: at batch 32 37.1 -> 31.7 (34.0), 7x7 on 112^2 at batch 8 56.5 -> 48.1 (54.2), 1x9 on 256^2 at batch 8 92.4 ->
 #: 51.1 (62.2). Slower: rows of 28 pixels (segments 44 % used: over 11.9 against 10.9), 128 output channels (two
 #: channel tiles: 29.2 against the paired 128 x 128 tile's 28.3), 32 (half a tile: 75.1 against the 128 x 32
-#: mma.sync tile's 60.5).
+#: mma.sync tile's 60.5). In 64 channels (fp16, against the 128 x 64 ping-pong tile's one tap a k tile;
+#: results/candidates_pixel_strips_c64_templated_h200.txt): 5x5 64 -> 64 on 56^2 at batch 32 52.1 -> 43.5 (55.1), the
+#: 5x9 seed's shape in 64 channels 1530.2 -> 1355.9 on the 2-stage tile (1833.3); level on 3x3 (vgg_conv1_2 278.1
+#: against 280.3, r50_l1_3x3_64 23.5 against 22.9), slower on 7x7 on the 2-stage tile (large_7x7_64_224sq 335.8
+#: against 372.7), so those stay on the ping-pong tile.
+PIXEL_STRIPS_KERNEL = "implicit_gemm_nhwc_pingpong_strips"
 PIXEL_STRIPS_CONFIG = "nhwc_wgmma_strips_m128n64"
-PIXEL_STRIPS_CHANNELS = 32
+PIXEL_STRIPS_WIDE_CONFIG = "nhwc_wgmma_strips_m128n64s2"
+PIXEL_STRIPS_CONFIGS = (PIXEL_STRIPS_CONFIG, PIXEL_STRIPS_WIDE_CONFIG)
+PIXEL_STRIPS_CHANNELS = (32, 64)
+#: Input channels -> kernel widths the fixed rules take the strips for (pixel_strips_config).
+PIXEL_STRIPS_RULE_TAPS = {32: range(3, 12), 64: (4, 5, 8, 9)}
 PIXEL_STRIPS_STAGES = 3
-PIXEL_STRIPS_MAX_KW = 11
-PIXEL_STRIPS_MIN_KW = 3
 PIXEL_STRIPS_OUT_CHANNELS = range(33, 65)
 PIXEL_STRIPS_MIN_ROW_USE = 0.75
 #: taps_per_k_tile of its plans: a k tile is a whole kernel row.
 PIXEL_STRIPS = 0
-NHWC_CONFIGS["float16"] += (_pingpong_tile(PIXEL_STRIPS_CONFIG, 128, 64, PIXEL_STRIPS_STAGES),)
+NHWC_CONFIGS["float16"] += (_pingpong_tile(PIXEL_STRIPS_CONFIG, 128, 64, PIXEL_STRIPS_STAGES),
+                             _pingpong_tile(PIXEL_STRIPS_WIDE_CONFIG, 128, 64, 2))
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 #: 1x1 NCHW layers read in place (NCHW_A) on wgmma's 3-stage pixel-row tile: each warp's A fragments
@@ -617,21 +627,21 @@ def strip_pixels(kw: int) -> int:
     return math.ceil((63 + kw) / 8) * 8
 
 
-def _strip_stage_bytes(cfg: GemmConfig, kw: int) -> int:
-    """A stage of the pixel strips' tile: bm / 64 strips of strip_pixels(kw) pixels of 64 bytes, and a kernel row's
-    weight, (kw + 1) / 2 k rows of 128 bytes a channel."""
-    return cfg.bm // 64 * strip_pixels(kw) * 64 + (kw + 1) // 2 * cfg.bn * 128
+def _strip_stage_bytes(cfg: GemmConfig, kw: int, pixel_bytes: int) -> int:
+    """A stage of the pixel strips' tile: bm / 64 strips of strip_pixels(kw) pixels of ``pixel_bytes``, and a kernel
+    row's weight, ceil(kw pixel_bytes / 128) k rows of 128 bytes a channel."""
+    return cfg.bm // 64 * strip_pixels(kw) * pixel_bytes + math.ceil(kw * pixel_bytes / 128) * cfg.bn * 128
 
 
-def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool, kw: int = 1) -> int:
+def _shared_bytes(cfg: GemmConfig, dtype: str, a_from_nchw: bool, strip: tuple[int, int] = (1, 64)) -> int:
     """STAGES x (A + B): B [bn][bk + pad], rows of bk elements + 16 bytes; A the same with bm rows,
-    or (a_from_nchw) [bk][bm + 8]. wgmma: rows of 128 bytes, unpadded, and 1 KB to align the tiles. ``kw``: the
-    pixel strips' kernel width."""
+    or (a_from_nchw) [bk][bm + 8]. wgmma: rows of 128 bytes, unpadded, and 1 KB to align the tiles. ``strip``: the
+    pixel strips' kernel width and pixel bytes."""
     item = 4 if dtype == "float32" else 2
     if cfg.wgmma == WGMMA_PINGPONG:  # the ring, each consumer's staging of bm rows of 16-bit values (float32's of 64
         # rows of floats), the mbarriers, 1 KB to align (and the clusters' `ready` mbarrier)
         staging_rows_bytes = 64 * 4 if dtype == "float32" else cfg.bm * 2
-        stage = _strip_stage_bytes(cfg, kw) if cfg.name == PIXEL_STRIPS_CONFIG else (cfg.bm + cfg.bn) * 128
+        stage = _strip_stage_bytes(cfg, *strip) if cfg.name in PIXEL_STRIPS_CONFIGS else (cfg.bm + cfg.bn) * 128
         return cfg.stages * stage + 2 * staging_rows_bytes * (cfg.bn + 8) + 16 * cfg.stages + 8 + 1024
     a_stage = cfg.bk * (cfg.bm + 8) * item if a_from_nchw else cfg.bm * (cfg.bk * item + (0 if cfg.wgmma else 16))
     if cfg.wgmma:  # and the producer's full and empty mbarriers, 8 bytes each per stage
@@ -781,8 +791,8 @@ def config_named(dtype: str, name: str) -> GemmConfig:
 def taps_per_k_tile(problem: ConvProblem, cfg: GemmConfig) -> int:
     """Taps a k tile of the ping-pong tile ``cfg`` holds for ``problem``: 2 on PAIRED_TAP_CONFIGS for 16-bit layers
     of one group and PAIRED_TAP_CHANNELS channels read by im2col copies (not 1x1 matrices), PIXEL_STRIPS (a kernel
-    row) on PIXEL_STRIPS_CONFIG, else 1."""
-    if cfg.name == PIXEL_STRIPS_CONFIG:
+    row) on PIXEL_STRIPS_CONFIGS, else 1."""
+    if cfg.name in PIXEL_STRIPS_CONFIGS:
         return PIXEL_STRIPS
     paired = cfg.name in PAIRED_TAP_CONFIGS and STORAGE_BYTES[problem.dtype] == 2 and problem.groups == 1 and \
         problem.c == PAIRED_TAP_CHANNELS and not _is_matrix(problem)
@@ -792,15 +802,17 @@ def taps_per_k_tile(problem: ConvProblem, cfg: GemmConfig) -> int:
 def pixel_strips_config(problem: ConvProblem, compute_capability: int) -> GemmConfig | None:
     """The pixel strips' tile where the fixed rules take it for ``problem`` (PIXEL_STRIPS_* above), or None."""
     if compute_capability != WGMMA_COMPUTE_CAPABILITY or problem.layout != "NHWC" or \
-            problem.dtype not in ("float16", "bfloat16") or problem.kw < PIXEL_STRIPS_MIN_KW or \
+            problem.dtype not in ("float16", "bfloat16") or \
+            problem.kw not in PIXEL_STRIPS_RULE_TAPS.get(problem.c, ()) or \
             problem.k not in PIXEL_STRIPS_OUT_CHANNELS or \
             problem.wo / (64 * math.ceil(problem.wo / 64)) < PIXEL_STRIPS_MIN_ROW_USE:
         return None
-    cfg = config_named(problem.dtype, PIXEL_STRIPS_CONFIG)
     (_, channels_padded), why_not = _pieces(problem)
-    if why_not or _pingpong_refusal(problem, cfg, channels_padded, _index(problem, cfg, channels_padded), None, None):
+    if why_not:
         return None
-    return cfg
+    index = _index(problem, config_named(problem.dtype, PIXEL_STRIPS_CONFIG), channels_padded)
+    return next((cfg for cfg in (config_named(problem.dtype, name) for name in PIXEL_STRIPS_CONFIGS)
+                 if not _pingpong_refusal(problem, cfg, channels_padded, index, None, None)), None)
 
 
 def paired_taps_config(problem: ConvProblem, compute_capability: int) -> GemmConfig | None:
@@ -837,7 +849,7 @@ def _pingpong_refusal(problem: ConvProblem, cfg: GemmConfig, channels_padded: in
         return f"it runs 16-bit and TF32 NHWC layers (got {p.dtype}, {p.layout})"
     if p.groups != 1:
         return f"it runs layers of one group (got {p.groups})"
-    if cfg.name == PIXEL_STRIPS_CONFIG:
+    if cfg.name in PIXEL_STRIPS_CONFIGS:
         return _pixel_strips_refusal(p, cfg, channels_padded, index, splits, stream_k)
     paired = taps_per_k_tile(p, cfg) > 1
     if not _is_matrix(p) and p.c % cfg.bk and not paired:
@@ -863,12 +875,19 @@ def _pingpong_refusal(problem: ConvProblem, cfg: GemmConfig, channels_padded: in
 def _pixel_strips_refusal(p: ConvProblem, cfg: GemmConfig, channels_padded: int, index: str, splits,
                           stream_k) -> str:
     """Why the pixel strips' tile ``cfg`` cannot run ``p``, a layer of one group in NHWC ("" where it can)."""
-    if STORAGE_BYTES[p.dtype] != 2 or p.c != PIXEL_STRIPS_CHANNELS or channels_padded != p.c or p.k % 8:
-        return (f"its strips are pixels of {PIXEL_STRIPS_CHANNELS} 16-bit channels read in place, its output 8-channel "
-                f"vectors (got {p.c} -> {p.k} channels of {p.dtype})")
-    if p.stride[1] != 1 or p.dilation[1] != 1 or p.kw > PIXEL_STRIPS_MAX_KW:
-        return (f"its taps are a strip's rows one after another: stride and dilation 1 along w and at most "
-                f"{PIXEL_STRIPS_MAX_KW} of them (got stride {p.stride}, dilation {p.dilation}, kernel {p.kh}x{p.kw})")
+    if STORAGE_BYTES[p.dtype] != 2 or p.c not in PIXEL_STRIPS_CHANNELS or channels_padded != p.c or p.k % 8:
+        return (f"its strips are pixels of {' or '.join(map(str, PIXEL_STRIPS_CHANNELS))} 16-bit channels read in "
+                f"place, its output 8-channel vectors (got {p.c} -> {p.k} channels of {p.dtype})")
+    if cfg.name == PIXEL_STRIPS_WIDE_CONFIG and p.c != PIXEL_STRIPS_CHANNELS[-1]:
+        return (f"its two stages serve wide kernel rows of {PIXEL_STRIPS_CHANNELS[-1]} channels ({PIXEL_STRIPS_CONFIG} "
+                f"runs {p.c})")
+    if p.stride[1] != 1 or p.dilation[1] != 1:
+        return (f"its taps are a strip's rows one after another: stride and dilation 1 along w (got stride "
+                f"{p.stride}, dilation {p.dilation})")
+    shared = _shared_bytes(cfg, p.dtype, False, (p.kw, p.c * 2))
+    if shared + BLOCK_RESERVED_SHARED_BYTES > SM_SHARED_BYTES:
+        return (f"its {cfg.stages} stages hold a kernel row's {p.kw} taps of {p.c} channels: {shared} bytes of shared "
+                f"memory, past an SM's {SM_SHARED_BYTES - BLOCK_RESERVED_SHARED_BYTES}")
     if (splits or 1) > 1 or stream_k:
         return f"it runs whole reductions (got splits={splits!r}, stream_k={stream_k!r})"
     if index != "int":
@@ -1429,7 +1448,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         why_not = _pingpong_refusal(problem, cfg, channels_padded, index, splits, stream_k)
         if why_not:
             raise ValueError(f"config {cfg.name!r} cannot run this problem: {why_not}")
-        tiles = strip_tiles(problem, cfg) if cfg.name == PIXEL_STRIPS_CONFIG else math.prod(grid)
+        tiles = strip_tiles(problem, cfg) if cfg.name in PIXEL_STRIPS_CONFIGS else math.prod(grid)
         if cfg.name == PINGPONG_CLUSTER_CONFIG:  # one block a work item, the clusters finishing their tiles
             splits = PINGPONG_CLUSTER_SPLITS[0] if splits is None else splits
             k_tiles = reduction_tiles(problem, cfg, channels_padded)
@@ -1454,11 +1473,13 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         taps = taps_per_k_tile(problem, cfg)
         if taps > 1:
             why += f"; {taps} taps of {problem.c} channels a k tile"
+        strip = (problem.kw, channels_padded * STORAGE_BYTES[problem.dtype])
         if taps == PIXEL_STRIPS:
-            why += f"; a k tile a kernel row, its {problem.kw} taps read from strips of 64 + {problem.kw - 1} pixels"
+            why += (f"; a k tile a kernel row, its {problem.kw} taps read from strips of 64 + {problem.kw - 1} pixels "
+                    f"of {strip[1]} bytes")
         return LaunchPlan(
             kernel=KERNEL, dtype=problem.dtype, index_type=index, config=cfg, grid=(blocks, 1, 1),
-            block=(cfg.threads, 1, 1), shared_bytes=_shared_bytes(cfg, problem.dtype, False, problem.kw),
+            block=(cfg.threads, 1, 1), shared_bytes=_shared_bytes(cfg, problem.dtype, False, strip),
             reason=f"{reason}; {why}" if reason else why, vec=vec, channels_padded=channels_padded, splits=splits,
             round_a=round_a, arch=WGMMA_ARCH, taps_per_k_tile=taps)
     if splits is None:  # stream-K finishes its tiles itself
@@ -1633,6 +1654,12 @@ def pingpong_specialisation(dtype: str, cfg: GemmConfig, residual: bool, split_k
     return f"cupyconv::{PINGPONG_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bn},{cfg.stages},{taps},{flags}>"
 
 
+def pixel_strips_specialisation(dtype: str, cfg: GemmConfig, pixel_bytes: int, residual: bool) -> str:
+    """The C++ template instance of the pixel strips' tile ``cfg`` for pixels of ``pixel_bytes``."""
+    return (f"cupyconv::{PIXEL_STRIPS_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bn},{cfg.stages},{pixel_bytes},"
+            f"{str(residual).lower()}>")
+
+
 def pingpong_cluster_specialisation(dtype: str, cfg: GemmConfig, splits: int, round_a: bool = False) -> str:
     """The C++ template instance of the ping-pong tile's split-K in clusters of ``splits`` blocks."""
     return (f"cupyconv::{PINGPONG_CLUSTER_KERNEL}<{CTYPES[dtype]},{cfg.bm},{cfg.bn},{cfg.stages},{splits},"
@@ -1643,6 +1670,9 @@ def name_expression(plan: LaunchPlan) -> str:
     """The specialisation ``plan`` launches."""
     if plan.config.name == PINGPONG_CLUSTER_CONFIG:
         return pingpong_cluster_specialisation(plan.dtype, plan.config, plan.splits, plan.round_a)
+    if plan.config.name in PIXEL_STRIPS_CONFIGS:
+        return pixel_strips_specialisation(plan.dtype, plan.config, plan.channels_padded * STORAGE_BYTES[plan.dtype],
+                                           plan.has_residual)
     if plan.config.wgmma == WGMMA_PINGPONG:
         return pingpong_specialisation(plan.dtype, plan.config, plan.has_residual and plan.splits == 1,
                                        plan.splits > 1, plan.round_a, plan.taps_per_k_tile)
@@ -1675,8 +1705,10 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
          for round_a in _pingpong_round_a(dtype, cfg)] + \
         [pingpong_specialisation(dtype, cfg, residual, taps=2) for dtype in GEMM_DTYPES if STORAGE_BYTES[dtype] == 2
          for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.name in PAIRED_TAP_CONFIGS for residual in (False, True)] + \
-        [pingpong_specialisation(dtype, config_named(dtype, PIXEL_STRIPS_CONFIG), residual, taps=PIXEL_STRIPS)
-         for dtype in GEMM_DTYPES if STORAGE_BYTES[dtype] == 2 and wgmma for residual in (False, True)] + \
+        [pixel_strips_specialisation(dtype, config_named(dtype, name), pixel_bytes, residual)
+         for dtype in GEMM_DTYPES if STORAGE_BYTES[dtype] == 2 and wgmma
+         for name, pixel_bytes in ((PIXEL_STRIPS_CONFIG, 64), (PIXEL_STRIPS_CONFIG, 128), (PIXEL_STRIPS_WIDE_CONFIG, 128))
+         for residual in (False, True)] + \
         [pingpong_cluster_specialisation(dtype, cfg, splits, round_a) for dtype in GEMM_DTYPES
          for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.name == PINGPONG_CLUSTER_CONFIG
          for splits in PINGPONG_CLUSTER_SPLITS for round_a in _pingpong_round_a(dtype, cfg)]
@@ -1902,6 +1934,7 @@ def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Point
     if cfg.cluster > 1:
         return dataclasses.replace(launch, kernel=PAIR_KERNEL, args=(*launch.args, weight_map, x_map))
     kernel = PINGPONG_CLUSTER_KERNEL if cfg.name == PINGPONG_CLUSTER_CONFIG else \
+        PIXEL_STRIPS_KERNEL if cfg.name in PIXEL_STRIPS_CONFIGS else \
         PINGPONG_KERNEL if cfg.wgmma == WGMMA_PINGPONG else TMA_KERNEL
     return dataclasses.replace(launch, kernel=kernel, args=(*launch.args, weight_map, x_map, int(matrix)))
 
