@@ -547,8 +547,11 @@ __device__ __forceinline__ void take_skewed_row(unsigned char* row_at, const flo
 // warpgroups take dy's fragments into registers, rounded there: no landing ring, no transposes, no pass over dy.
 // x's panels lie in one tap (C a multiple of 32, or a 1x1 kernel); a 1x1 layer's rows of a panel past an image's
 // channels hold the next image's, which only reach sums past K or J, never written or cut by the reduction.
+// One block an SM: every thread may take the registers its block's share of the SM's 64 K leaves (in the 8-register
+// steps they are granted in). Under __launch_bounds__(threads, 1) ptxas kept the K-major 128 x 128 tile to 96
+// registers and serialized its wgmma (C7520), and the stream-K 128 x 128 tile spilled once its wgmma ran async.
 template <int BM, int BJ, int LANDING, int STAGES, bool STREAM_K>
-__global__ void __launch_bounds__(BM / 64 * 128 + 32 + (LANDING == 0 ? 256 : 128), 1)
+__global__ void __maxnreg__(65536 / (BM / 64 * 128 + 32 + (LANDING == 0 ? 256 : 128)) / 8 * 8)
 wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int direct, int stream_k,
                             float* __restrict__ slots, int* __restrict__ flags, int L, int C, int J, int K,
                             int Ho, int Wo, int kw, int sh, int sw, int pt, int pl, int dh, int dw,
@@ -583,8 +586,8 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     const WgradShare<STREAM_K, BM, BJ> share(K_MAJOR ? L / (Ho * Wo) * plane_tiles : (L + BL - 1) / BL, J, K, stream_k);
     if (tid == 0) {
         for (int s = 0; s < LANDED; ++s) mbarrier_init(landed + s, 1);  // the copying thread's expect-tx arrival
-        for (int s = 0; s < LANDING; ++s)  // the lane 0s of the transposing warps (x's) and multiplying warps (dy's)
-            mbarrier_init(taken + s, TRANSPOSERS + CONSUMERS / 32);
+        for (int s = 0; s < LANDING; ++s)  // transposing warps' lane 0s (x's), every multiplying thread (dy's)
+            mbarrier_init(taken + s, TRANSPOSERS + CONSUMERS);
         for (int s = 0; s < STAGES; ++s) {
             mbarrier_init(full + s, TRANSPOSERS);      // the transposing (rounding) warps' lane 0s
             mbarrier_init(empty + s, CONSUMERS / 32);  // the lane 0s of the multiplying warps
@@ -780,10 +783,9 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
                                   (swizzle128_slot((o & 31) >> 2, l) << 4) + 4 * (o & 3);
                 a[kk][f] = to_tf32_for_mma(*reinterpret_cast<const float*>(at));
             }
-        if constexpr (!K_MAJOR) {
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(taken + from_stage);
-        }
+        // Every thread arrives, its fragments in its registers: lane 0's arrival alone, a branch between the loads
+        // and the MMAs, made ptxas serialize the wgmma (C7520).
+        if constexpr (!K_MAJOR) mbarrier_arrive(taken + from_stage);
         const unsigned long long b = wgmma_descriptor(shared_address(b_smem + stage * B_STAGE));
         wgmma_fence();
 #pragma unroll

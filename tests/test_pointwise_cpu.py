@@ -6,7 +6,7 @@ import math
 import pytest
 
 from cupyconv.arguments import make_problem
-from cupyconv.families import pointwise_nhwc
+from cupyconv.families import implicit_gemm_nhwc, pointwise_nhwc
 from cupyconv.families.common import H100_SMS
 from cupyconv.families.pointwise_nhwc import MAX_FLOP_PER_BYTE, MIN_FLOAT32_CHANNELS, POINTWISE_CONFIGS, refusal
 from cupyconv.planner import POINTWISE_KERNEL, make_plan
@@ -17,6 +17,13 @@ MAX_SHARED_BYTES = 227 * 1024
 
 def nhwc(n, c, k, h, w, dtype="float16", stride=1, padding=0, groups=1):
     return make_problem((n, h, w, c), (k, c // groups, 1, 1), (k,), dtype, stride, padding, 1, groups, layout="NHWC")
+
+
+def pingpong_first(problem) -> bool:
+    """Whether a ping-pong tile's rule, asked before the pointwise kernel's on sm_90, takes ``problem``."""
+    return bool(implicit_gemm_nhwc.pingpong_small_pays(problem, 90) or implicit_gemm_nhwc.pingpong_narrow_pays(
+        problem, 90) or implicit_gemm_nhwc.pingpong_pays(problem, 90) or implicit_gemm_nhwc.pingpong_64_pixel_runs(
+        problem, 90))
 
 
 @pytest.mark.parametrize("problem,why", [
@@ -55,7 +62,7 @@ def test_planner_takes_it_for_memory_bound_layers(c, k, dtype, taken):
     assert (pointwise_nhwc.flop_per_byte(problem) <= MAX_FLOP_PER_BYTE[dtype]
             and (dtype != "float32" or c >= MIN_FLOAT32_CHANNELS)) == taken
     plan = make_plan(problem, allow_tf32=True, compute_capability=90)
-    assert (plan.kernel == POINTWISE_KERNEL) == taken, plan
+    assert (plan.kernel == POINTWISE_KERNEL) == (taken and not pingpong_first(problem)), plan
     if dtype == "float32":  # strict float32 stays off the tensor cores
         assert make_plan(problem).kernel != POINTWISE_KERNEL
 
@@ -181,7 +188,8 @@ def test_wide_large_layers_go_to_wgmma_on_sm90(n, c, k, h, dtype, taken):
     problem = nhwc(n, c, k, h, h, dtype)
     assert not refusal(problem) and pointwise_nhwc.pays(problem)
     assert pointwise_nhwc.pays(problem, compute_capability=90) == taken
-    assert (make_plan(problem, allow_tf32=True, compute_capability=90).kernel == POINTWISE_KERNEL) == taken
+    assert (make_plan(problem, allow_tf32=True, compute_capability=90).kernel == POINTWISE_KERNEL) == \
+        (taken and not pingpong_first(problem))
     assert make_plan(problem, allow_tf32=True, compute_capability=80).kernel == POINTWISE_KERNEL
 
 

@@ -22,10 +22,14 @@ DTYPES = ("float16", "bfloat16", "float32")
 
 
 def problem(n, c, k, h, kh, s, dtype, layout="NHWC"):
+    """A layer with a bias, and in 16-bit NHWC a residual: the ping-pong tiles' rules leave such calls to the tiles
+    tested here (implicit_gemm_nhwc._fused)."""
     x = (n, h, h, c) if layout == "NHWC" else (n, c, h, h)
     w = (k, kh, kh, c) if layout == "NHWC" else (k, c, kh, kh)
+    out = (h + 2 * (kh // 2) - kh) // s + 1
+    residual = (n, out, out, k) if layout == "NHWC" and dtype != "float32" else None
     return make_problem(x, w, (k,), dtype, stride=s, padding=kh // 2, layout=layout,
-                        weight_layout="KHWC" if layout == "NHWC" else "KCHW")
+                        weight_layout="KHWC" if layout == "NHWC" else "KCHW", residual_shape=residual)
 
 
 @pytest.mark.parametrize("dtype,layout", [("float16", "NHWC"), ("bfloat16", "NHWC"), ("float32", "NCHW")])
