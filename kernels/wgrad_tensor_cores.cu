@@ -547,11 +547,8 @@ __device__ __forceinline__ void take_skewed_row(unsigned char* row_at, const flo
 // warpgroups take dy's fragments into registers, rounded there: no landing ring, no transposes, no pass over dy.
 // x's panels lie in one tap (C a multiple of 32, or a 1x1 kernel); a 1x1 layer's rows of a panel past an image's
 // channels hold the next image's, which only reach sums past K or J, never written or cut by the reduction.
-// One block an SM: every thread may take the registers its block's share of the SM's 64 K leaves (in the 8-register
-// steps they are granted in). Under __launch_bounds__(threads, 1) ptxas kept the K-major 128 x 128 tile to 96
-// registers and serialized its wgmma (C7520), and the stream-K 128 x 128 tile spilled once its wgmma ran async.
 template <int BM, int BJ, int LANDING, int STAGES, bool STREAM_K>
-__global__ void __maxnreg__(65536 / (BM / 64 * 128 + 32 + (LANDING == 0 ? 256 : 128)) / 8 * 8)
+__global__ void __launch_bounds__(BM / 64 * 128 + 32 + (LANDING == 0 ? 256 : 128), 1)
 wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int direct, int stream_k,
                             float* __restrict__ slots, int* __restrict__ flags, int L, int C, int J, int K,
                             int Ho, int Wo, int kw, int sh, int sw, int pt, int pl, int dh, int dw,
@@ -563,6 +560,12 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     constexpr int LAND_STAGE = PANELS * PANEL, A_STAGE = A_PANELS * PANEL, B_STAGE = B_PANELS * PANEL;
     constexpr int TAIL = 32 * 16, TAIL_STAGE = B_PANELS * TAIL;  // K_MAJOR: a panel's 4 pixels past its box
     constexpr int CONSUMERS = BM / 64 * 128, ACC = BJ / 2, INST_L = 8;
+    // dy's landing stage is given back by every multiplying thread once its fragments are in its registers: lane 0's
+    // arrival alone, a branch between the loads and the MMAs, made ptxas serialize the wgmma (C7520). But for the
+    // 128 x 128 stream-K tile: its MMAs in flight beside two register sets spill at the 128 registers a thread of
+    // 416 leaves (warps take registers four at a time: 16 x 32 x 128 = 64 K), so it keeps lane 0's (serialized).
+    constexpr bool EVERY_THREAD_GIVES_BACK = !(STREAM_K && BM == 128 && BJ == 128);
+    constexpr int GIVERS = EVERY_THREAD_GIVES_BACK ? CONSUMERS : CONSUMERS / 32;
     constexpr int TRANSPOSERS = 4, QUARTERS = 4 * TRANSPOSERS;  // warps (K_MAJOR: rounding), and their quarters
     constexpr int GROUPS = K_MAJOR ? 2 : 1;  // K_MAJOR: two groups of rounding warps, taking turns by l tile
     constexpr int LANDED = K_MAJOR ? STAGES : LANDING;          // the ring the copies land in
@@ -586,8 +589,8 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
     const WgradShare<STREAM_K, BM, BJ> share(K_MAJOR ? L / (Ho * Wo) * plane_tiles : (L + BL - 1) / BL, J, K, stream_k);
     if (tid == 0) {
         for (int s = 0; s < LANDED; ++s) mbarrier_init(landed + s, 1);  // the copying thread's expect-tx arrival
-        for (int s = 0; s < LANDING; ++s)  // transposing warps' lane 0s (x's), every multiplying thread (dy's)
-            mbarrier_init(taken + s, TRANSPOSERS + CONSUMERS);
+        for (int s = 0; s < LANDING; ++s)  // transposing warps' lane 0s (x's), the multiplying warps' GIVERS (dy's)
+            mbarrier_init(taken + s, TRANSPOSERS + GIVERS);
         for (int s = 0; s < STAGES; ++s) {
             mbarrier_init(full + s, TRANSPOSERS);      // the transposing (rounding) warps' lane 0s
             mbarrier_init(empty + s, CONSUMERS / 32);  // the lane 0s of the multiplying warps
@@ -783,9 +786,12 @@ wgrad_tensor_cores_tma_tf32(float* __restrict__ ws, float* __restrict__ out, int
                                   (swizzle128_slot((o & 31) >> 2, l) << 4) + 4 * (o & 3);
                 a[kk][f] = to_tf32_for_mma(*reinterpret_cast<const float*>(at));
             }
-        // Every thread arrives, its fragments in its registers: lane 0's arrival alone, a branch between the loads
-        // and the MMAs, made ptxas serialize the wgmma (C7520).
-        if constexpr (!K_MAJOR) mbarrier_arrive(taken + from_stage);
+        if constexpr (!K_MAJOR && EVERY_THREAD_GIVES_BACK) {
+            mbarrier_arrive(taken + from_stage);
+        } else if constexpr (!K_MAJOR) {
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(taken + from_stage);
+        }
         const unsigned long long b = wgmma_descriptor(shared_address(b_smem + stage * B_STAGE));
         wgmma_fence();
 #pragma unroll

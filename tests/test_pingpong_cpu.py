@@ -335,6 +335,16 @@ def test_pixel_strips_plan(shape, channels, config, dtype):
     assert expression in implicit_gemm_nhwc.arch_specialisations()["sm_90a"]
 
 
+@pytest.mark.parametrize("channels", [32, 64])
+def test_pixel_strips_copy_1x1_layers_by_strips(channels):
+    """A 1x1 unpadded layer (the other tiles' 2-D matrix map) on the strips' tile still gets the strips' 4-D map:
+    its kernel copies by that alone (a matrix map stopped it with an illegal instruction, H200)."""
+    p = make_problem((3, 7, 9, channels), (72, 1, 1, channels), None, "float16", layout="NHWC", weight_layout="KHWC")
+    plan = plan_of(p, config=STRIPS)
+    _, x_map, x_is_matrix = implicit_gemm_nhwc.program(plan, p).launches[-1].args[-3:]
+    assert isinstance(x_map, PixelStripMap) and x_map.pixels == 64 and x_is_matrix == 0
+
+
 @pytest.mark.parametrize("x,w,options,reason", [
     ((8, 64, 64, 48), (64, 3, 3, 48), {"padding": 1}, "pixels of 32 or 64 16-bit channels"),
     ((8, 64, 64, 32), (64, 3, 3, 32), {"padding": 1, "dtype": "float32"}, "must be one of"),  # no float32 tile

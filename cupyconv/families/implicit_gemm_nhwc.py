@@ -1876,8 +1876,10 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
 def _copies_matrix(p: ConvProblem, cfg: GemmConfig) -> bool:
     """Whether the producer tile ``cfg`` copies x by a 2-D map of the matrix [N H W][C], not in im2col
     mode (TMA_KERNEL's x_is_matrix): 1x1, stride-1, unpadded layers on tiles of at most
-    MATRIX_MAP_MAX_PIXELS pixels, alone (pairs multicast im2col copies)."""
-    return _is_matrix(p) and cfg.cluster == 1 and cfg.bm <= MATRIX_MAP_MAX_PIXELS
+    MATRIX_MAP_MAX_PIXELS pixels, alone (pairs multicast im2col copies); never the pixel strips' tiles, whose
+    kernel copies strips by their own 4-D map (a 2-D map there stopped it with an illegal instruction)."""
+    return _is_matrix(p) and cfg.cluster == 1 and cfg.bm <= MATRIX_MAP_MAX_PIXELS and \
+        cfg.name not in PIXEL_STRIPS_CONFIGS
 
 
 #: The im2col map's bounds (cuTensorMapEncodeIm2col, 4-D tensors): window corners within [-IM2COL_LIMIT,
