@@ -413,12 +413,12 @@ for _dtype, _item in (("float32", 4), ("float16", 2)):
 #: blocks, each copying 24 KB a k tile, not 32 (a k tile took ~0.23 us, against the 128 x 128 tile's ~0.29; H200).
 #: Its stages are 24 KB, 7 of them. No residual instance: a 64-row half's float sums need twice a consumer's staging
 #: of 64 rows (split-K's reduction adds it). The fixed rules take it (pingpong_64_pixel_runs; the planner asks after
-#: pingpong_small_pays, before any other tile's rule) for calls _fused allows, of whole tiles of 128 output channels where
-#: the 128 x 128 tile makes fewer than PINGPONG_MIN_TILES tiles and the reduction has PINGPONG_64_PIXEL_MIN_K_TILES k
-#: tiles or more: in as many runs of split-K as keep one work item a block on one wave, each of at least
-#: PINGPONG_64_PIXEL_MIN_RUN k tiles, where the work items make PINGPONG_64_PIXEL_MIN_WAVE of a wave or more, and
-#: whole only for reductions of PINGPONG_64_PIXEL_WHOLE_K_TILES k tiles or fewer. H200, fp16 channels_last, CUDA
-#: graphs, ResNet-50's layers against the rules' plan before (benchmarks/NOTES.md, "The ping-pong tile 64 pixels
+#: pingpong_small_pays, before any other tile's rule) for calls _fused allows, of whole tiles of 128 output channels
+#: where the 128 x 128 tile makes fewer than PINGPONG_MIN_TILES tiles and the reduction has
+#: PINGPONG_64_PIXEL_MIN_K_TILES k tiles or more: in as many runs of split-K as keep one work item a block on one wave,
+#: each of at least PINGPONG_64_PIXEL_MIN_RUN k tiles, where the work items make PINGPONG_64_PIXEL_MIN_WAVE of a wave or
+#: more, and whole only for reductions of PINGPONG_64_PIXEL_WHOLE_K_TILES k tiles or fewer. H200, fp16 channels_last,
+#: CUDA graphs, ResNet-50's layers against the rules' plan before (benchmarks/NOTES.md, "The ping-pong tile 64 pixels
 #: tall"; results/pingpong_64_pixel_sweep_h200.txt), us: batch 8, 1024 -> 256 on 14^2 (50 tiles, 16 k tiles) 6.8 ->
 #: 6.3 (torch 4.7), the 3x3 of 256 on 14^2 (36 k tiles) 10.4 -> 9.9 in 2 runs (9.0), 2048 -> 512 on 7^2 (28 tiles)
 #: 7.9 -> 7.1 in 3 (6.5), the 3x3 of 512 on 7^2 10.3 -> 9.8 in 4, 1024 -> 512 7.1 -> 6.7, the 3x3 of 128 on 28^2 7.7
@@ -505,41 +505,42 @@ NHWC_CONFIGS["float32"] += (_pingpong_tile(PINGPONG_SMALL_CONFIG, 64, 64, PINGPO
 PINGPONG_WHOLE_CONFIGS = (PINGPONG_CONFIG, PINGPONG_NARROW_CONFIG, PINGPONG_64_PIXEL_CONFIG, PINGPONG_SMALL_CONFIG)
 #: Pixel strips (PIXEL_STRIPS_KERNEL, the kernel's PIXEL_STRIPS): 16-bit layers of PIXEL_STRIPS_CHANNELS channels
 #: (pixels of 64 or 128 bytes, the kernel's STRIP_BYTES), stride 1 and no dilation along w, on the 128 x 64 ping-pong
-#: tile, a k tile a kernel row. Each 64-pixel half of a tile is one output row's segment, and a k tile copies its strip of 64 + kw - 1 input pixels once (a 4-D tiled map, zeros
-#: outside x), from which tap s's A rows are read s rows on, beside the row's kw taps of the weight. The im2col
-#: copies of two taps a k tile read every pixel kw times from L2 in 64-byte rows; in 64 channels (128-byte rows, the
-#: same FLOPs: results/candidates_c64_5x9_h200.txt) the 128 x 64 tile ran the 5x9 seed's FLOPs in 776 us against
-#: the paired tile's 1530 on 32 channels, both ~60 G im2col rows a second (H200). Stages hold a kernel row's weight,
-#: kw C / 64 k rows of 64 channels: PIXEL_STRIPS_STAGES of them fit to kw 11 in 32 channels, 5 in 64; the 2-stage
-#: PIXEL_STRIPS_WIDE_CONFIG's to 9 in 64 (_pixel_strips_refusal asks _shared_bytes).
-#: The fixed rules take it first (pixel_strips_config), fused or not, for layers it runs of PIXEL_STRIPS_RULE_TAPS'
-#: input channels and taps along w, PIXEL_STRIPS_OUT_CHANNELS output channels, and output rows of which the 64-pixel
-#: segments use PIXEL_STRIPS_MIN_ROW_USE or more, on the first of PIXEL_STRIPS_CONFIGS that runs them. H200, GPU time behind a spin (results/candidates_pixel_strips*_h200.txt), us,
-#: against the rules' plan before (torch channels_last): the 5x9 seed 988.0 -> 663.6 in fp16 (874.5), 974.8 -> 655.9
-#: in bf16 (902.4); fp16, 3x3 32 -> 64 on 112^2 at batch 32 72.2 -> 56.9 (47.1), with a bias 86.2 -> 57.3, at batch
-#: 1 10.6 -> 8.3 (9.2), on 224^2 at batch 8 73.2 -> 56.6 (47.8), on 56^2 at batch 8 10.3 -> 9.4 (11.4); 5x5 on 56^2
-#: at batch 32 37.1 -> 31.7 (34.0), 7x7 on 112^2 at batch 8 56.5 -> 48.1 (54.2), 1x9 on 256^2 at batch 8 92.4 ->
-#: 51.1 (62.2). Slower: rows of 28 pixels (segments 44 % used: over 11.9 against 10.9), 128 output channels (two
-#: channel tiles: 29.2 against the paired 128 x 128 tile's 28.3), 32 (half a tile: 75.1 against the 128 x 32
-#: mma.sync tile's 60.5). In 64 channels (fp16, against the 128 x 64 ping-pong tile's one tap a k tile;
-#: results/candidates_pixel_strips_c64_templated_h200.txt): 5x5 64 -> 64 on 56^2 at batch 32 52.1 -> 43.5 (55.1), the
-#: 5x9 seed's shape in 64 channels 1530.2 -> 1355.9 on the 2-stage tile (1833.3); level on 3x3 (vgg_conv1_2 278.1
-#: against 280.3, r50_l1_3x3_64 23.5 against 22.9), slower on 7x7 on the 2-stage tile (large_7x7_64_224sq 335.8
-#: against 372.7), so those stay on the ping-pong tile.
+#: tile, a k tile a kernel row. Each 64-pixel half of a tile is one output row's segment, and a k tile copies its strip
+#: of 64 + kw - 1 input pixels once (a 4-D tiled map, zeros outside x), from which tap s's A rows are read s rows on,
+#: beside the row's kw taps of the weight. The im2col copies of two taps a k tile read every pixel kw times from L2 in
+#: 64-byte rows; in 64 channels (128-byte rows, the same FLOPs: results/candidates_c64_5x9_h200.txt) the 128 x 64 tile
+#: ran the 5x9 seed's FLOPs in 776 us against the paired tile's 1530 on 32 channels, both ~60 G im2col rows a second
+#: (H200). Stages hold a kernel row's weight, kw C / 64 k rows of 64 channels: PIXEL_STRIPS_STAGES of them fit to kw 11
+#: in 32 channels, 5 in 64; the 2-stage PIXEL_STRIPS_WIDE_CONFIG's to 9 in 64 (_pixel_strips_refusal asks
+#: _shared_bytes). The fixed rules take it first (pixel_strips_config), fused or not, for layers it runs of
+#: PIXEL_STRIPS_RULE_TAPS' input channels and taps along w, PIXEL_STRIPS_OUT_CHANNELS output channels, and output rows
+#: of which the 64-pixel segments use PIXEL_STRIPS_MIN_ROW_USE or more, on the first of PIXEL_STRIPS_CONFIGS that runs
+#: them. H200, GPU time behind a spin (results/candidates_pixel_strips*_h200.txt), us, against the rules' plan before
+#: (torch channels_last): the 5x9 seed 988.0 -> 663.6 in fp16 (874.5), 974.8 -> 655.9 in bf16 (902.4); fp16, 3x3 32 ->
+#: 64 on 112^2 at batch 32 72.2 -> 56.9 (47.1), with a bias 86.2 -> 57.3, at batch 1 10.6 -> 8.3 (9.2), on 224^2 at
+#: batch 8 73.2 -> 56.6 (47.8), on 56^2 at batch 8 10.3 -> 9.4 (11.4); 5x5 on 56^2 at batch 32 37.1 -> 31.7 (34.0), 7x7
+#: on 112^2 at batch 8 56.5 -> 48.1 (54.2), 1x9 on 256^2 at batch 8 92.4 -> 51.1 (62.2). Slower: rows of 28 pixels
+#: (segments 44 % used: over 11.9 against 10.9), 128 output channels (two channel tiles: 29.2 against the paired 128 x
+#: 128 tile's 28.3), 32 (half a tile: 75.1 against the 128 x 32 mma.sync tile's 60.5). In 64 channels (fp16, against the
+#: 128 x 64 ping-pong tile's one tap a k tile; results/candidates_pixel_strips_c64_templated_h200.txt): 5x5 64 -> 64 on
+#: 56^2 at batch 32 52.1 -> 43.5 (55.1), the 5x9 seed's shape in 64 channels 1530.2 -> 1355.9 on the 2-stage tile
+#: (1833.3); level on 3x3 (vgg_conv1_2 278.1 against 280.3, r50_l1_3x3_64 23.5 against 22.9), slower on 7x7 on the
+#: 2-stage tile (large_7x7_64_224sq 335.8 against 372.7), so those stay on the ping-pong tile.
 PIXEL_STRIPS_KERNEL = "implicit_gemm_nhwc_pingpong_strips"
 PIXEL_STRIPS_CONFIG = "nhwc_wgmma_strips_m128n64"
 PIXEL_STRIPS_WIDE_CONFIG = "nhwc_wgmma_strips_m128n64s2"
 PIXEL_STRIPS_CONFIGS = (PIXEL_STRIPS_CONFIG, PIXEL_STRIPS_WIDE_CONFIG)
-PIXEL_STRIPS_CHANNELS = (32, 64)
+#: The input channels each strips tile runs (and has instances for): the 2-stage tile serves wide kernel rows of 64.
+PIXEL_STRIPS_CHANNELS = {PIXEL_STRIPS_CONFIG: (32, 64), PIXEL_STRIPS_WIDE_CONFIG: (64,)}
 #: Input channels -> kernel widths the fixed rules take the strips for (pixel_strips_config).
 PIXEL_STRIPS_RULE_TAPS = {32: range(3, 12), 64: (4, 5, 8, 9)}
-PIXEL_STRIPS_STAGES = 3
+PIXEL_STRIPS_STAGES, PIXEL_STRIPS_WIDE_STAGES = 3, 2
 PIXEL_STRIPS_OUT_CHANNELS = range(33, 65)
 PIXEL_STRIPS_MIN_ROW_USE = 0.75
 #: taps_per_k_tile of its plans: a k tile is a whole kernel row.
 PIXEL_STRIPS = 0
 NHWC_CONFIGS["float16"] += (_pingpong_tile(PIXEL_STRIPS_CONFIG, 128, 64, PIXEL_STRIPS_STAGES),
-                             _pingpong_tile(PIXEL_STRIPS_WIDE_CONFIG, 128, 64, 2))
+                             _pingpong_tile(PIXEL_STRIPS_WIDE_CONFIG, 128, 64, PIXEL_STRIPS_WIDE_STAGES))
 NHWC_CONFIGS["bfloat16"] = NHWC_CONFIGS["float16"]
 PIXEL_ROWS_CONFIG = "nhwc_wgmma_m128n128"
 #: 1x1 NCHW layers read in place (NCHW_A) on wgmma's 3-stage pixel-row tile: each warp's A fragments
@@ -625,6 +626,11 @@ MATRIX_MAP_MAX_PIXELS = 192
 def strip_pixels(kw: int) -> int:
     """Pixels of a strip feeding 64 output pixels ``kw`` taps: 64 + kw - 1, in whole 8-row swizzle patterns."""
     return math.ceil((63 + kw) / 8) * 8
+
+
+def strip_pixel_bytes(channels: int, dtype: str) -> int:
+    """A strip pixel's bytes (the kernel's STRIP_BYTES): its ``channels`` of ``dtype``."""
+    return channels * STORAGE_BYTES[dtype]
 
 
 def _strip_stage_bytes(cfg: GemmConfig, kw: int, pixel_bytes: int) -> int:
@@ -875,16 +881,17 @@ def _pingpong_refusal(problem: ConvProblem, cfg: GemmConfig, channels_padded: in
 def _pixel_strips_refusal(p: ConvProblem, cfg: GemmConfig, channels_padded: int, index: str, splits,
                           stream_k) -> str:
     """Why the pixel strips' tile ``cfg`` cannot run ``p``, a layer of one group in NHWC ("" where it can)."""
-    if STORAGE_BYTES[p.dtype] != 2 or p.c not in PIXEL_STRIPS_CHANNELS or channels_padded != p.c or p.k % 8:
-        return (f"its strips are pixels of {' or '.join(map(str, PIXEL_STRIPS_CHANNELS))} 16-bit channels read in "
-                f"place, its output 8-channel vectors (got {p.c} -> {p.k} channels of {p.dtype})")
-    if cfg.name == PIXEL_STRIPS_WIDE_CONFIG and p.c != PIXEL_STRIPS_CHANNELS[-1]:
-        return (f"its two stages serve wide kernel rows of {PIXEL_STRIPS_CHANNELS[-1]} channels ({PIXEL_STRIPS_CONFIG} "
-                f"runs {p.c})")
+    if STORAGE_BYTES[p.dtype] != 2 or p.c not in PIXEL_STRIPS_CHANNELS[PIXEL_STRIPS_CONFIG] or channels_padded != p.c \
+            or p.k % 8:
+        return (f"its strips are pixels of {' or '.join(map(str, PIXEL_STRIPS_CHANNELS[PIXEL_STRIPS_CONFIG]))} 16-bit "
+                f"channels read in place, its output 8-channel vectors (got {p.c} -> {p.k} channels of {p.dtype})")
+    if p.c not in PIXEL_STRIPS_CHANNELS[cfg.name]:
+        rows = " or ".join(map(str, PIXEL_STRIPS_CHANNELS[cfg.name]))
+        return f"its {cfg.stages} stages serve wide kernel rows of {rows} channels ({PIXEL_STRIPS_CONFIG} runs {p.c})"
     if p.stride[1] != 1 or p.dilation[1] != 1:
         return (f"its taps are a strip's rows one after another: stride and dilation 1 along w (got stride "
                 f"{p.stride}, dilation {p.dilation})")
-    shared = _shared_bytes(cfg, p.dtype, False, (p.kw, p.c * 2))
+    shared = _shared_bytes(cfg, p.dtype, False, (p.kw, strip_pixel_bytes(p.c, p.dtype)))
     if shared + BLOCK_RESERVED_SHARED_BYTES > SM_SHARED_BYTES:
         return (f"its {cfg.stages} stages hold a kernel row's {p.kw} taps of {p.c} channels: {shared} bytes of shared "
                 f"memory, past an SM's {SM_SHARED_BYTES - BLOCK_RESERVED_SHARED_BYTES}")
@@ -1473,7 +1480,7 @@ def make_plan(problem: ConvProblem, config: str | None = None, reason: str = "",
         taps = taps_per_k_tile(problem, cfg)
         if taps > 1:
             why += f"; {taps} taps of {problem.c} channels a k tile"
-        strip = (problem.kw, channels_padded * STORAGE_BYTES[problem.dtype])
+        strip = (problem.kw, strip_pixel_bytes(channels_padded, problem.dtype))
         if taps == PIXEL_STRIPS:
             why += (f"; a k tile a kernel row, its {problem.kw} taps read from strips of 64 + {problem.kw - 1} pixels "
                     f"of {strip[1]} bytes")
@@ -1671,7 +1678,7 @@ def name_expression(plan: LaunchPlan) -> str:
     if plan.config.name == PINGPONG_CLUSTER_CONFIG:
         return pingpong_cluster_specialisation(plan.dtype, plan.config, plan.splits, plan.round_a)
     if plan.config.name in PIXEL_STRIPS_CONFIGS:
-        return pixel_strips_specialisation(plan.dtype, plan.config, plan.channels_padded * STORAGE_BYTES[plan.dtype],
+        return pixel_strips_specialisation(plan.dtype, plan.config, strip_pixel_bytes(plan.channels_padded, plan.dtype),
                                            plan.has_residual)
     if plan.config.wgmma == WGMMA_PINGPONG:
         return pingpong_specialisation(plan.dtype, plan.config, plan.has_residual and plan.splits == 1,
@@ -1705,9 +1712,9 @@ def _gemm_specialisations(wgmma: bool) -> list[str]:
          for round_a in _pingpong_round_a(dtype, cfg)] + \
         [pingpong_specialisation(dtype, cfg, residual, taps=2) for dtype in GEMM_DTYPES if STORAGE_BYTES[dtype] == 2
          for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.name in PAIRED_TAP_CONFIGS for residual in (False, True)] + \
-        [pixel_strips_specialisation(dtype, config_named(dtype, name), pixel_bytes, residual)
+        [pixel_strips_specialisation(dtype, config_named(dtype, name), strip_pixel_bytes(channels, dtype), residual)
          for dtype in GEMM_DTYPES if STORAGE_BYTES[dtype] == 2 and wgmma
-         for name, pixel_bytes in ((PIXEL_STRIPS_CONFIG, 64), (PIXEL_STRIPS_CONFIG, 128), (PIXEL_STRIPS_WIDE_CONFIG, 128))
+         for name, tile_channels in PIXEL_STRIPS_CHANNELS.items() for channels in tile_channels
          for residual in (False, True)] + \
         [pingpong_cluster_specialisation(dtype, cfg, splits, round_a) for dtype in GEMM_DTYPES
          for cfg in NHWC_CONFIGS[dtype] if wgmma and cfg.name == PINGPONG_CLUSTER_CONFIG
@@ -1876,10 +1883,8 @@ def program(plan: LaunchPlan, problem: ConvProblem) -> CallProgram:
 def _copies_matrix(p: ConvProblem, cfg: GemmConfig) -> bool:
     """Whether the producer tile ``cfg`` copies x by a 2-D map of the matrix [N H W][C], not in im2col
     mode (TMA_KERNEL's x_is_matrix): 1x1, stride-1, unpadded layers on tiles of at most
-    MATRIX_MAP_MAX_PIXELS pixels, alone (pairs multicast im2col copies); never the pixel strips' tiles, whose
-    kernel copies strips by their own 4-D map (a 2-D map there stopped it with an illegal instruction)."""
-    return _is_matrix(p) and cfg.cluster == 1 and cfg.bm <= MATRIX_MAP_MAX_PIXELS and \
-        cfg.name not in PIXEL_STRIPS_CONFIGS
+    MATRIX_MAP_MAX_PIXELS pixels, alone (pairs multicast im2col copies)."""
+    return _is_matrix(p) and cfg.cluster == 1 and cfg.bm <= MATRIX_MAP_MAX_PIXELS
 
 
 #: The im2col map's bounds (cuTensorMapEncodeIm2col, 4-D tensors): window corners within [-IM2COL_LIMIT,
@@ -1925,18 +1930,21 @@ def _with_tensor_maps(plan: LaunchPlan, p: ConvProblem, launch: Launch, x: Point
         return launch
     cfg, columns = plan.config, p.kh * p.kw * plan.channels_padded
     weight_map = TensorMap(weight, p.dtype, p.k, columns, columns * STORAGE_BYTES[p.dtype], cfg.bn, cfg.bk)
-    matrix = _copies_matrix(p, cfg)
-    if matrix:
+    # The strips' kernel copies by its strip map alone, 1x1 layers too (a matrix map there stopped it with an
+    # illegal instruction).
+    strips = cfg.name in PIXEL_STRIPS_CONFIGS
+    matrix = not strips and _copies_matrix(p, cfg)
+    if strips:
+        x_map = PixelStripMap(x, p.dtype, (p.n, p.h, p.w, plan.channels_padded), strip_pixels(p.kw))
+    elif matrix:
         x_map = TensorMap(x, p.dtype, p.n * p.h * p.w, plan.channels_padded,
                           plan.channels_padded * STORAGE_BYTES[p.dtype], cfg.bm, cfg.bk)
-    elif plan.taps_per_k_tile == PIXEL_STRIPS:
-        x_map = PixelStripMap(x, p.dtype, (p.n, p.h, p.w, plan.channels_padded), strip_pixels(p.kw))
     else:
         x_map = input_im2col_map(p, x, plan.channels_padded, cfg.bk // plan.taps_per_k_tile, cfg.bm // cfg.cluster)
     if cfg.cluster > 1:
         return dataclasses.replace(launch, kernel=PAIR_KERNEL, args=(*launch.args, weight_map, x_map))
     kernel = PINGPONG_CLUSTER_KERNEL if cfg.name == PINGPONG_CLUSTER_CONFIG else \
-        PIXEL_STRIPS_KERNEL if cfg.name in PIXEL_STRIPS_CONFIGS else \
+        PIXEL_STRIPS_KERNEL if strips else \
         PINGPONG_KERNEL if cfg.wgmma == WGMMA_PINGPONG else TMA_KERNEL
     return dataclasses.replace(launch, kernel=kernel, args=(*launch.args, weight_map, x_map, int(matrix)))
 
